@@ -36,6 +36,7 @@ from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
 __all__ = [
+    "DEGENERATE_RTOL",
     "GRAM_RTOL_FLOOR",
     "Closure",
     "Grams",
@@ -53,19 +54,25 @@ __all__ = [
 GRAM_RTOL_FLOOR = 1e-7
 
 
-def rank_rtol(d_model: int, d_head: int, input_dtype: torch.dtype) -> float:
-    """Relative tolerance for numerical rank and for "zero"/"nilpotent" heads.
+def rank_rtol(d_model: int, d_head: int, input_dtype: torch.dtype | None = None) -> float:
+    """Relative tolerance for the numerical rank of O and V.
 
-    ``rtol = max(max(d_model, d_head) · eps(input_dtype), GRAM_RTOL_FLOOR)``:
-    the NumPy ``matrix_rank`` default for a matrix stored in ``input_dtype``
-    (weights are only known to the precision they were stored in), floored at
-    the float64 resolution of the Gram products. A singular value ``s`` of O
-    (or V) counts toward the rank when ``s > rtol · s_max``.
+    ``rtol = max(max(d_model, d_head) · eps(float32), GRAM_RTOL_FLOOR)``: the NumPy
+    ``matrix_rank`` default for a float32 matrix (the precision checkpoints are
+    trained in), used for every storage dtype so that the fp32/fp16/bf16 copies of
+    the same weights get the same ranks, and floored at the float64 resolution of the
+    Gram products. A singular value ``s`` of O (or V) counts toward the rank when
+    ``s > rtol · s_max``. ``input_dtype`` is accepted for API stability and ignored.
 
     Source: ours (SPEC section 3, "use the rank that is numerically there").
     """
-    eps = torch.finfo(input_dtype).eps if input_dtype.is_floating_point else torch.finfo(torch.float64).eps
-    return max(max(d_model, d_head) * eps, GRAM_RTOL_FLOOR)
+    return max(max(d_model, d_head) * torch.finfo(torch.float32).eps, GRAM_RTOL_FLOOR)
+
+
+#: Relative tolerance of the degeneracy tests (zero / nilpotent head): the float64
+#: noise level of the Gram-based norms (‖T‖ and ‖T²‖ carry an absolute error of about
+#: sqrt(eps64) relative to ‖O‖‖V‖ and ‖T‖² respectively).
+DEGENERATE_RTOL = GRAM_RTOL_FLOOR
 
 
 def check_finite(x: Tensor, name: str, index_names: tuple[str, ...] = ()) -> None:
@@ -138,6 +145,9 @@ def grams(
     Returns:
         :class:`Grams` in float64.
     """
+    lead = torch.broadcast_shapes(O.shape[:-2], V.shape[:-2])
+    O = O.expand(*lead, *O.shape[-2:])
+    V = V.expand(*lead, *V.shape[-2:])
     Ot = O.transpose(-1, -2)
     Vt = V.transpose(-1, -2)
     return Grams(
@@ -193,7 +203,7 @@ class Closure:
         norm_T2: ``‖T²‖_F``, ``[*batch]``.
         inner: ``⟨T², T⟩_F``, ``[*batch]``.
         rank_O, rank_V: numerical ranks (``s > rtol · s_max``, see :func:`rank_rtol`), ``[*batch]`` int64.
-        rtol: the relative tolerance used for ranks and degeneracy.
+        rtol: the relative rank tolerance used (degeneracy uses ``DEGENERATE_RTOL``).
         K: principal-coordinate transport ``[*batch, d_head, d_head]`` with
             ``T = Q_O K Q_Vᵀ`` and ``T² = Q_O (K D K) Q_Vᵀ`` (SPEC 3); ``None`` unless
             ``factors=True``. Rows/columns beyond the numerical ranks are zero.
@@ -260,7 +270,7 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
 
     Degenerate heads never raise: ``‖T‖ ≈ 0`` (zero head) gives α = P = NaN;
     ``‖T²‖ ≈ 0`` relative to ``‖T‖²`` (nilpotent head) gives α = 0 and P = NaN;
-    ``reason`` says which, with the tolerance.
+    ``reason`` says which, with the tolerance (:data:`DEGENERATE_RTOL`, relative).
     """
     G_O, G_V, M = g.G_O, g.G_V, g.M
     r = G_O.shape[-1]
@@ -279,8 +289,9 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
 
     # Degeneracy: ‖T‖ ≤ ‖O‖_F ‖V‖_F and ‖T²‖ ≤ ‖T‖², so both tests are scale-free.
     scale = (G_O.diagonal(dim1=-2, dim2=-1).sum(-1) * G_V.diagonal(dim1=-2, dim2=-1).sum(-1)).sqrt()
-    zero = (norm <= rtol * scale) | (norm == 0)
-    nil = ~zero & (norm_T2 <= rtol * norm2)
+    dtol = DEGENERATE_RTOL
+    zero = (norm <= dtol * scale) | (norm == 0)
+    nil = ~zero & (norm_T2 <= dtol * norm2)
 
     safe_norm2 = torch.where(zero, torch.ones_like(norm2), norm2)
     safe_T2 = torch.where(zero | nil, torch.ones_like(norm2_T2), norm2_T2)
@@ -294,10 +305,10 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
     zero_np = zero.numpy()
     nil_np = nil.numpy()
     ratio = (norm_T2 / safe_norm2).numpy()
-    reason[zero_np] = f"zero head: ||T||_F <= {rtol:.1e} * ||O||_F ||V||_F"
+    reason[zero_np] = f"zero head: ||T||_F <= {dtol:.0e} * ||O||_F ||V||_F"
     for idx in np.argwhere(nil_np):
         idx = tuple(idx)
-        reason[idx] = f"nilpotent head: ||T^2||_F / ||T||_F^2 = {float(ratio[idx]):.2e} <= {rtol:.1e}"
+        reason[idx] = f"nilpotent head: ||T^2||_F / ||T||_F^2 = {float(ratio[idx]):.2e} <= {dtol:.0e}"
 
     K = D = eig = None
     if factors:
