@@ -14,7 +14,12 @@ import tl_idempotence as tli
 from tl_idempotence.heads import LayerHeads, TLModelSource, head_source
 from tl_idempotence.testing import bridge_from_dir, hooked_from_dir, tiny_hf_dir
 
-HAS_HOOKED = hasattr(__import__("transformer_lens"), "HookedTransformer")
+try:
+    from transformer_lens import HookedTransformer  # noqa: F401  (removed in transformer-lens 4.x)
+
+    HAS_HOOKED = True
+except ImportError:
+    HAS_HOOKED = False
 needs_hooked = pytest.mark.skipif(not HAS_HOOKED, reason="HookedTransformer needs transformer-lens 3.x")
 
 LAYOUTS = {"mha": 6, "gqa": 3, "mqa": 1}  # n_kv_heads for 6 query heads (gqa: 9/3 below)
@@ -133,6 +138,7 @@ def test_processing_flags_recorded_for_folded_model():
     assert proc["fold_ln"] is True and proc["center_writing_weights"] is True and proc["raw"] is False
 
 
+@pytest.mark.bridge
 def test_report_html_is_standalone(tmp_path, tiny_gqa_bridge):
     rep = tiny_gqa_bridge.idempotence_report(progress=False)
     fig = rep.figure()

@@ -249,9 +249,12 @@ class Closure:
         return Closure(**out)
 
 
-def _ranks(G: Tensor, rtol: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Eigen-decomposition of a PSD Gram matrix -> (sqrt eigenvalues, eigenvectors, mask)."""
-    lam, W = torch.linalg.eigh(G)
+def _ranks(G: Tensor, rtol: float, vectors: bool) -> tuple[Tensor, Tensor | None, Tensor]:
+    """Eigen-decomposition of a PSD Gram matrix -> (sqrt eigenvalues, eigenvectors or None, mask)."""
+    if vectors:
+        lam, W = torch.linalg.eigh(G)
+    else:
+        lam, W = torch.linalg.eigvalsh(G), None
     s = lam.clamp_min(0).sqrt()
     smax = s.amax(-1, keepdim=True)
     mask = (s > rtol * smax) & (smax > 0)
@@ -282,8 +285,8 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
     norm = norm2.sqrt()
     norm_T2 = norm2_T2.sqrt()
 
-    s_O, W_O, mask_O = _ranks(G_O, rtol)
-    s_V, W_V, mask_V = _ranks(G_V, rtol)
+    s_O, W_O, mask_O = _ranks(G_O, rtol, factors)
+    s_V, W_V, mask_V = _ranks(G_V, rtol, factors)
     rank_O = mask_O.sum(-1)
     rank_V = mask_V.sum(-1)
 
@@ -312,6 +315,7 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
 
     K = D = eig = None
     if factors:
+        assert W_O is not None and W_V is not None
         inv_O = torch.where(mask_O, 1.0 / torch.where(mask_O, s_O, torch.ones_like(s_O)), torch.zeros_like(s_O))
         inv_V = torch.where(mask_V, 1.0 / torch.where(mask_V, s_V, torch.ones_like(s_V)), torch.zeros_like(s_V))
         sO = torch.where(mask_O, s_O, torch.zeros_like(s_O))
