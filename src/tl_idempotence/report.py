@@ -9,7 +9,11 @@ weights are then dropped, so memory is bounded by one layer.
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
+import pickle
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -152,6 +156,7 @@ def idempotence_report(
     layers: list[int] | None = None,
     compute_dtype: torch.dtype = torch.float64,
     progress: bool = True,
+    resume: str | os.PathLike | None = None,
     **source_kwargs: Any,
 ) -> IdempotenceReport:
     """Closure of every attention head of a model, with the paper's controls on request.
@@ -171,6 +176,12 @@ def idempotence_report(
         layers: restrict to these layer indices (default: all attention layers).
         compute_dtype: dtype of the ``d_model``-long products (float64 default).
         progress: show a tqdm bar per layer on stderr.
+        resume: a directory for per-layer part files. Each finished layer is written
+            there atomically (temp file + ``os.replace``) with a ``manifest.json`` of the
+            options and the source fingerprint; a later call with the same directory
+            skips the finished layers (an interrupted run resumes) and refuses
+            (``ValueError``) when the options or the checkpoint differ.
+        **source_kwargs: passed to the checkpoint source (``architecture``, ``prefix``, ...).
 
     Returns:
         :class:`IdempotenceReport`.
@@ -195,23 +206,33 @@ def idempotence_report(
             raise ValueError(f"Unknown layer index {bad}: this model's attention layers are {all_layers[0]}..{all_layers[-1]}.")
         todo = list(layers)
     options = {"nulls": n_draws, "seed": seed, "search": search, "algebra": algebra, "compute_dtype": str(compute_dtype)}
+    parts = _ResumeDir(resume, {"threshold": float(threshold), **options}, src) if resume is not None else None
 
     head_rows: list[pd.DataFrame] = []
     layer_rows: list[dict[str, Any]] = []
     algebra_parts: list[Any] = []
     bar = tqdm(todo, desc="layers", unit="layer", disable=not progress)
     for layer in bar:
-        lh = src.layer_heads(layer)
-        g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=compute_dtype)
-        c = closure_from_grams(g)
-        df, lrow = _analyse_layer(lh, g, c, threshold, n_draws, seed, search, compute_dtype)
+        done = parts.load(layer) if parts is not None else None
+        if done is not None:
+            df, lrow, apart = done
+        else:
+            lh = src.layer_heads(layer)
+            g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=compute_dtype)
+            c = closure_from_grams(g)
+            df, lrow = _analyse_layer(lh, g, c, threshold, n_draws, seed, search, compute_dtype)
+            apart = None
+            if algebra:
+                from .algebra import layer_algebra
+
+                apart = layer_algebra(lh, g, threshold=threshold)
+            del lh, g, c
+            if parts is not None:
+                parts.save(layer, (df, lrow, apart))
         head_rows.append(df)
         layer_rows.append(lrow)
         if algebra:
-            from .algebra import layer_algebra
-
-            algebra_parts.append(layer_algebra(lh, g, threshold=threshold))
-        del lh, g
+            algebra_parts.append(apart)
     heads_df = pd.concat(head_rows, ignore_index=True)
     layers_df = pd.DataFrame(layer_rows)
     summary = _summary(heads_df, src.info, threshold, options)
@@ -274,3 +295,67 @@ def _analyse_layer(
         df = pd.concat([df, sh.reset_index(drop=True)], axis=1)
         lrow.update(sl)
     return df, lrow
+
+
+class _ResumeDir:
+    """Per-layer part files of an interruptible report (``idempotence_report(..., resume=dir)``).
+
+    Layout: ``manifest.json`` (format, options, source fingerprint) and one
+    ``layer_{l:05d}.pkl`` per finished layer holding ``(heads rows, layer row,
+    algebra part)``. Every file is written to a temp name in the same directory and
+    moved into place with ``os.replace``, so a file with a final name is always
+    complete; stray ``*.tmp*`` files from a killed run are ignored. The parts are
+    pickles written by this library for this library: only resume from directories
+    you created.
+
+    Raises:
+        ValueError: the directory holds a manifest for other options or another checkpoint.
+    """
+
+    FORMAT = "tl_idempotence.resume/1"
+
+    def __init__(self, path: str | os.PathLike, options: dict[str, Any], src: Any) -> None:
+        self.dir = Path(path)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fp = src.fingerprint() if callable(getattr(src, "fingerprint", None)) else {
+            k: getattr(src.info, k) for k in ("model_name", "model_class", "n_layers", "n_heads", "n_kv_heads",
+                                              "d_model", "d_head", "processing")
+        }
+        manifest = json.loads(json.dumps({"format": self.FORMAT, "options": options, "source": fp},
+                                         sort_keys=True, default=str))
+        mfile = self.dir / "manifest.json"
+        if mfile.exists():
+            old = json.loads(mfile.read_text(encoding="utf-8"))
+            if old != manifest:
+                diff = [f"{sec}.{k}: {old.get(sec, {}).get(k)!r} -> {manifest[sec].get(k)!r}"
+                        for sec in ("options", "source") for k in sorted(set(old.get(sec, {})) | set(manifest[sec]))
+                        if old.get(sec, {}).get(k) != manifest[sec].get(k)]
+                if old.get("format") != manifest["format"]:
+                    diff.insert(0, f"format: {old.get('format')!r} -> {manifest['format']!r}")
+                raise ValueError(
+                    f"Cannot resume in {self.dir}: its parts were made with different options or from another "
+                    f"checkpoint ({'; '.join(diff[:6])}). Use a new directory, or delete this one to start over."
+                )
+        else:
+            self._write(mfile, json.dumps(manifest, indent=2, sort_keys=True).encode())
+
+    def _part(self, layer: int) -> Path:
+        return self.dir / f"layer_{int(layer):05d}.pkl"
+
+    def _write(self, path: Path, data: bytes) -> None:
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def load(self, layer: int) -> tuple[pd.DataFrame, dict[str, Any], Any] | None:
+        p = self._part(layer)
+        if not p.exists():
+            return None
+        with open(p, "rb") as f:
+            return pickle.load(f)
+
+    def save(self, layer: int, part: tuple[pd.DataFrame, dict[str, Any], Any]) -> None:
+        self._write(self._part(layer), pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL))
