@@ -49,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from importlib import resources
 from pathlib import Path
@@ -466,9 +467,31 @@ def gguf_path(name: str = "smollm2-135m", *, source: str | Path | None = None, p
 # ----------------------------------------------------------------------------- loading
 
 
+def _tl_applies(norm: str | None, final_rms: bool, adapter: Any = None) -> tuple[dict[str, bool], list[str]]:
+    """Which of TL's standard steps ``ProcessWeights.process_weights`` really applies.
+
+    Mirrors transformer-lens's rules: fold_ln needs LayerNorm/RMSNorm and an adapter that
+    supports it (post-LN BERT does not); center_writing_weights is applied only under
+    LayerNorm (centring is exact only where the next norm subtracts the mean), never under
+    RMSNorm; center_unembed and fold_value_biases always run (no-ops without biases).
+    """
+    notes = []
+    fold = norm in ("LN", "LNPre", "RMS", "RMSPre")
+    if fold and adapter is not None and not getattr(adapter, "supports_fold_ln", True):
+        fold = False
+        notes.append(f"fold_ln skipped by TransformerLens: {type(adapter).__name__} does not support it (post-LN)")
+    center = norm in ("LN", "LNPre") and not final_rms
+    if adapter is not None and not getattr(adapter, "supports_center_writing_weights", True):
+        center = False
+    if not center:
+        notes.append(f"center_writing_weights skipped by TransformerLens: it applies to LayerNorm models only (this one: {norm})")
+    return {"fold_ln": fold, "center_writing_weights": center, "center_unembed": True, "fold_value_biases": True}, notes
+
+
 def _processing_record(spec: dict[str, Any], processing: str, cls: str, applied: dict[str, bool], notes: list[str]) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "processing": processing,
+        "requested": list(_PROCESSING_FLAGS) if processing == "tl" else [],
         **{k: bool(applied.get(k, False)) for k in _PROCESSING_FLAGS},
         "raw": not any(applied.get(k, False) for k in _PROCESSING_FLAGS),
         "zoo_model": spec["name"],
@@ -504,6 +527,7 @@ def _load_bridge(hf: Path, spec: dict[str, Any], processing: str, device: str):
     notes: list[str] = []
     if spec["architecture"]["family"] == "bert":
         notes.append("MLM head not in the checkpoint (BertModel); initialized from seed 0, not measured")
+    norm, final_rms = getattr(model.cfg, "normalization_type", None), bool(getattr(model.cfg, "final_rms", False))
     if processing == "tl":
         import logging
 
@@ -511,13 +535,13 @@ def _load_bridge(hf: Path, spec: dict[str, Any], processing: str, device: str):
         level = logger.level
         logger.setLevel(logging.ERROR)
         try:
-            model.enable_compatibility_mode(disable_warnings=True)
+            with warnings.catch_warnings():  # "does not support fold_ln" is recorded in the notes below
+                warnings.simplefilter("ignore", UserWarning)
+                model.enable_compatibility_mode(disable_warnings=True)
         finally:
             logger.setLevel(level)
-        fold_ok = bool(getattr(model.adapter, "supports_fold_ln", True))
-        applied = {"fold_ln": fold_ok, "center_writing_weights": True, "center_unembed": True, "fold_value_biases": True}
-        if not fold_ok:
-            notes.append(f"fold_ln skipped: TransformerLens's {type(model.adapter).__name__} does not support it (post-LN)")
+        applied, more = _tl_applies(norm, final_rms, model.adapter)
+        notes += more
     return model, applied, notes
 
 
@@ -545,13 +569,13 @@ def _load_hooked(hf: Path, spec: dict[str, Any], processing: str, device: str):
     sd = lfp.get_pretrained_state_dict(str(hf), cfg, hf_model=hf_model)
     del hf_model
     model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(str(hf)))
+    applied, notes = _tl_applies(cfg.normalization_type, bool(getattr(cfg, "final_rms", False))) if tl else ({}, [])
     model.load_and_process_state_dict(
         sd, fold_ln=tl, center_writing_weights=tl, center_unembed=tl, fold_value_biases=tl,
         refactor_factored_attn_matrices=False,
     )
     model.eval()
-    applied = {k: tl for k in _PROCESSING_FLAGS}
-    return model, applied, []
+    return model, applied, notes
 
 
 def load(
@@ -571,7 +595,10 @@ def load(
             ``from_pretrained_no_processing``. ``"tl"``: TransformerLens's standard
             processing (fold_ln, center_writing_weights, center_unembed,
             fold_value_biases) — folding RMSNorm/LayerNorm scales into ``W_V`` and
-            centring ``W_O`` changes T and so P (SPEC section 10).
+            centring ``W_O`` changes T and so P (SPEC section 10). TransformerLens
+            applies each step only where it is exact: no weight centring under RMSNorm
+            (smollm2-135m), no LayerNorm folding in post-LN BERT (minilm-l6); the record
+            says what was applied.
         cls: ``"bridge"`` (TransformerBridge; transformer-lens 3.x and 4.x) or
             ``"hooked"`` (HookedTransformer; transformer-lens 3.x, decoder models only).
         device: torch device.
