@@ -15,6 +15,8 @@ from importlib.metadata import PackageNotFoundError, version
 from .heads import HeadSource, LayerHeads, ModelInfo, head_source, kv_layout
 from .linalg import Closure, closure
 from .report import IdempotenceReport, idempotence_report
+from .lineage import Lineage, train_lineage
+from .trajectory import Trajectory, trajectory
 
 try:
     __version__ = version("tl_idempotence")
@@ -31,6 +33,10 @@ __all__ = [
     "head_source",
     "idempotence_report",
     "kv_layout",
+    "Lineage",
+    "Trajectory",
+    "train_lineage",
+    "trajectory",
 ]
 
 
