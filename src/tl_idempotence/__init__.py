@@ -15,8 +15,11 @@ from importlib.metadata import PackageNotFoundError, version
 from .heads import HeadSource, LayerHeads, ModelInfo, head_source, kv_layout
 from .linalg import Closure, closure
 from .report import IdempotenceReport, idempotence_report
+from .nulls import MismatchResult, Scramble, mismatch, orientation_scramble
+from .search import SearchResult, constructive_search
 from .lineage import Lineage, train_lineage
 from .trajectory import Trajectory, trajectory
+from . import models  # the offline model zoo: tli.models.load("smollm2-135m")
 
 try:
     __version__ = version("tl_idempotence")
@@ -33,6 +36,12 @@ __all__ = [
     "head_source",
     "idempotence_report",
     "kv_layout",
+    "MismatchResult",
+    "Scramble",
+    "SearchResult",
+    "constructive_search",
+    "mismatch",
+    "orientation_scramble",
     "Lineage",
     "Trajectory",
     "train_lineage",

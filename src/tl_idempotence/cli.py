@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--algebra", action="store_true", help="shared-value algebra per kv group (GQA/MQA)")
     r.add_argument("--seed", type=int, default=0, help="seed of the scramble draws and search restarts (default 0)")
     r.add_argument("--resume", default=None, metavar="DIR",
-                   help="checkpoint paths only: keep per-layer results in DIR and resume an interrupted run")
+                   help="write per-layer part files to DIR; rerunning with the same DIR and options skips "
+                   "finished layers (resumes an interrupted run)")
     r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     r.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
 
@@ -153,8 +154,6 @@ def _resolve_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
     extra: dict[str, Any] = {}
     if args.model in models.known_models():
-        if args.resume:
-            raise _Failure("--resume works with checkpoint paths only; zoo models are loaded whole (seconds).")
         model = models.load(args.model, processing=args.processing, cls=args.cls, progress=not args.quiet)
         return model, extra
     path = Path(args.model).expanduser()
@@ -170,8 +169,6 @@ def _resolve_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
             f"Reading checkpoint paths ({path}) needs tl_idempotence.sources, which this installation lacks; "
             "load the model with TransformerLens and call model.idempotence_report() instead."
         )
-    if args.resume:
-        extra["resume"] = args.resume
     return str(path), extra
 
 
@@ -182,6 +179,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     kwargs: dict[str, Any] = dict(
         threshold=args.threshold, nulls=args.nulls, seed=args.seed, search=args.search,
         algebra=args.algebra, progress=not args.quiet, **extra,
+        **({"resume": args.resume} if args.resume else {}),
     )
     rep = tli.idempotence_report(model, **kwargs)
     out = Path(args.out)
