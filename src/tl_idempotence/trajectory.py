@@ -79,6 +79,15 @@ def _is_model_object(x: Any) -> bool:
         return False
 
 
+def _is_module(x: Any) -> bool:
+    try:
+        import torch
+
+        return isinstance(x, torch.nn.Module)
+    except ImportError:  # pragma: no cover
+        return False
+
+
 def _kind(label: str, spec: Any) -> str:
     if isinstance(spec, (str, os.PathLike)):
         p = Path(spec).expanduser()
@@ -435,7 +444,8 @@ def trajectory(
     """Per-head closure across an ordered list of training checkpoints (SPEC section 6).
 
     Each checkpoint is loaded, measured with :func:`~tl_idempotence.idempotence_report`
-    (same options for all), and dropped (``del`` + :func:`gc.collect`) before the next
+    (same options for all), and dropped (``del``, and :func:`gc.collect` for a loaded
+    ``nn.Module``, whose reference cycles would otherwise keep it alive) before the next
     one is loaded: at most one checkpoint loaded by this function is resident at a time.
 
     Args:
@@ -515,11 +525,14 @@ def trajectory(
             hd, ld = hit
         else:
             model = _load(c, loader)
+            # a loaded model (nn.Module) usually sits in reference cycles (hooks, parent links): collect
+            # them before the next checkpoint; a file source holds no weights between layers.
+            collect = c.kind != "object" and _is_module(model)
             try:
                 hd, ld = _measure(model, threshold, n_draws, seed, search, run_layers, report_kwargs)
             finally:
                 del model  # drop our reference before the next checkpoint is loaded
-                if c.kind != "object":
+                if collect:
                     gc.collect()
             if key is not None:
                 cache.write(key, c.label, hd, ld)
