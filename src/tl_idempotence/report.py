@@ -90,6 +90,18 @@ class IdempotenceReport:
         """Rows of :attr:`heads` with ``P >= threshold``, sorted by P descending."""
         return self.heads[self.heads["closed"]].sort_values("P", ascending=False)
 
+    def paper_table(self) -> pd.DataFrame:
+        """The abstract's headline quantities for this model next to the paper's figures.
+
+        Columns ``quantity, this model, paper``; see :func:`tl_idempotence.nulls.paper_table`.
+
+        Raises:
+            ValueError: the report was made without ``nulls`` (the controls did not run).
+        """
+        from .nulls import paper_table
+
+        return paper_table(self)
+
     def figure(self, value: str = "P"):
         """Plotly heatmap (layer x head) of ``value`` (default P); hover shows alpha, norm, kv head."""
         from .viz import heads_heatmap

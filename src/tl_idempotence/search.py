@@ -1,0 +1,415 @@
+"""Constructive search (SPEC section 5): how much closure a head's spectrum and angles allow.
+
+For a head with singular values ``S`` of ``K`` (= of ``T``) and principal cosines
+``D`` (SPEC 3), keep both fixed and maximize ``P`` over orientations
+``K = R₁ S R₂ᵀ``, ``R₁ ∈ O(rank_O)``, ``R₂ ∈ O(rank_V)``. The paper's claim is that
+high closure is *feasible* in every surveyed layer but usually not *attained*: the
+searched P is the feasible P, the trained P the attained one.
+
+Method (ours): with ``X = R₂ᵀ D R₁`` (see :mod:`tl_idempotence.nulls`)::
+
+    P(R₁, R₂) = (Σ_i s_i³ X_ii)² / (Σ_i s_i² · Σ_ij s_i² s_j² X_ij²)
+
+The Euclidean gradient ``G_X = ∂P/∂X`` is closed form; the Riemannian gradients in
+the left trivialization are ``Ω₁ = skew(Xᵀ G_X)`` and ``Ω₂ = skew(X G_Xᵀ)`` (restricted
+to the rank blocks). Each restart does Adam on these Lie-algebra coordinates and
+moves by the Cayley retraction ``R ← R (I − A/2)⁻¹ (I + A/2)`` (exactly orthogonal),
+halving its step after ``patience`` iterations without an improvement of ``tol``;
+it stops on *tolerance* after ``n_decays`` such halvings (or at P ≥ 1 − 10·eps of the working dtype) and on
+*budget* after ``max_iters``. Restart 0 starts at the trained orientation (full-rank
+heads), so the searched P is never below the trained P by more than rounding; the
+others start at Haar-random orientations seeded by ``(seed, layer)``. Restarts and
+heads are batched.
+
+Honesty: the reported ``P_searched`` is recomputed in float64 from the returned
+``K = R₁ S R₂ᵀ`` (``R``'s re-orthonormalized first) with the plain ``r x r`` formula
+``⟨KDK, K⟩² / (‖KDK‖² ‖K‖²)``, never the optimizer's running value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from .heads import LayerHeads, head_source
+from .linalg import Closure, Grams, closure_from_grams, layer_grams
+from .nulls import P_of_K, _embed, _factors, _closure_of, haar_orthogonal, layer_generator
+
+__all__ = ["SearchResult", "constructive_search", "search_layer", "DEFAULTS"]
+
+#: Default search budget: a SmolLM2 layer (9 heads, d_head 64) takes a few seconds.
+DEFAULTS: dict[str, Any] = {
+    "restarts": 2, "max_iters": 200, "lr": 0.1, "tol": 1e-6, "patience": 20, "n_decays": 3, "dtype": torch.float32,
+}
+
+
+def _skew(A: Tensor) -> Tensor:
+    return 0.5 * (A - A.transpose(-1, -2))
+
+
+def _qf(R: Tensor) -> Tensor:
+    """Orthonormalize (QR with the sign fix, so an orthogonal input is returned unchanged)."""
+    Q, Rr = torch.linalg.qr(R)
+    d = Rr.diagonal(dim1=-2, dim2=-1)
+    return Q * torch.where(d < 0, -1.0, 1.0).to(Q.dtype).unsqueeze(-2)
+
+
+def _optimize(
+    s: Tensor,
+    cos: Tensor,
+    blk_O: Tensor,
+    blk_V: Tensor,
+    R1: Tensor,
+    R2: Tensor,
+    max_iters: int,
+    lr: float,
+    tol: float,
+    patience: int,
+    n_decays: int,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Riemannian Adam on O(r) x O(r) for a batch of problems.
+
+    Args:
+        s, cos: ``[B, r]``; blk_O, blk_V: ``[B, r, r]`` 0/1 masks of the rank blocks;
+        R1, R2: ``[B, r, r]`` starting orientations.
+        dtype: working dtype of the iterations (float32 halves the cost; the caller
+            re-orthonormalizes and re-evaluates the result in float64).
+
+    Returns:
+        best R1, best R2 (``[B, r, r]``, ``dtype``), iterations ``[B]``, converged ``[B]`` bool.
+    """
+    s, cos, blk_O, blk_V, R1, R2 = (t.to(dtype) for t in (s, cos, blk_O, blk_V, R1, R2))
+    one_minus = 1.0 - max(1e-12, 10 * torch.finfo(dtype).eps)
+    tiny = torch.finfo(dtype).tiny
+    s = s / s.amax(-1, keepdim=True).clamp_min(tiny)  # P is invariant to the scale of s
+    B, r = s.shape
+    s2 = s * s
+    s3 = s2 * s
+    z = s2.sum(-1)
+    w = s2.unsqueeze(-1) * s2.unsqueeze(-2)
+    D = cos.unsqueeze(-1)  # scales rows
+    eye = torch.eye(r, dtype=s.dtype)
+    m1 = torch.zeros_like(R1)
+    v1 = torch.zeros_like(R1)
+    m2 = torch.zeros_like(R2)
+    v2 = torch.zeros_like(R2)
+    b1, b2, eps = 0.9, 0.999, 1e-12
+    best = torch.full((B,), -1.0, dtype=s.dtype)
+    best_R1, best_R2 = R1.clone(), R2.clone()
+    since = torch.zeros(B, dtype=torch.long)
+    decays = torch.zeros(B, dtype=torch.long)
+    step_scale = torch.full((B,), float(lr), dtype=s.dtype)
+    done = torch.zeros(B, dtype=torch.bool)
+    iters = torch.full((B,), max_iters, dtype=torch.long)
+    for it in range(1, max_iters + 1):
+        X = R2.transpose(-1, -2) @ (D * R1)
+        N = (s3 * X.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        Q = (w * X * X).sum((-1, -2)).clamp_min(tiny)
+        f = N * N / (z * Q)
+        # Track the best point; plateau -> decay the step; enough decays -> converged.
+        improved = f > best + tol
+        better = f > best
+        best_R1[better] = R1[better]
+        best_R2[better] = R2[better]
+        best = torch.where(better, f, best)
+        since = torch.where(improved, torch.zeros_like(since), since + 1)
+        plateau = ~done & (since >= patience)
+        decays = decays + plateau.long()
+        step_scale = torch.where(plateau, step_scale * 0.5, step_scale)
+        since = torch.where(plateau, torch.zeros_like(since), since)
+        newly = ~done & ((decays >= n_decays) | (best >= one_minus))
+        iters = torch.where(newly, torch.full_like(iters, it), iters)
+        done = done | newly
+        if bool(done.all()):
+            break
+        c1 = (2.0 * N / (z * Q)).unsqueeze(-1)
+        c2 = (2.0 * N * N / (z * Q * Q)).unsqueeze(-1).unsqueeze(-1)
+        Gx = -c2 * (w * X)
+        Gx.diagonal(dim1=-2, dim2=-1).add_(c1 * s3)
+        O1 = _skew(X.transpose(-1, -2) @ Gx) * blk_O
+        O2 = _skew(X @ Gx.transpose(-1, -2)) * blk_V
+        m1.mul_(b1).add_(O1, alpha=1 - b1)
+        v1.mul_(b2).addcmul_(O1, O1, value=1 - b2)
+        m2.mul_(b1).add_(O2, alpha=1 - b1)
+        v2.mul_(b2).addcmul_(O2, O2, value=1 - b2)
+        bc1, bc2 = 1 - b1**it, 1 - b2**it
+        sc = (step_scale * (~done).to(s.dtype)).view(B, 1, 1)
+        A1 = sc * (m1 / bc1) / ((v1 / bc2).sqrt() + eps)
+        A2 = sc * (m2 / bc1) / ((v2 / bc2).sqrt() + eps)
+        A = torch.stack([A1, A2])  # skew (m skew, v symmetric)
+        C = torch.linalg.solve(eye - 0.5 * A, eye + 0.5 * A)  # Cayley: orthogonal
+        R1 = R1 @ C[0]
+        R2 = R2 @ C[1]
+        if it % 50 == 0:
+            R1, R2 = _qf(R1), _qf(R2)
+    else:
+        X = R2.transpose(-1, -2) @ (D * R1)
+        N = (s3 * X.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        Q = (w * X * X).sum((-1, -2)).clamp_min(tiny)
+        f = N * N / (z * Q)
+        better = f > best
+        best_R1[better] = R1[better]
+        best_R2[better] = R2[better]
+    return best_R1, best_R2, iters, done
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Result of :func:`constructive_search`.
+
+    Attributes:
+        table: one row per searched head: ``layer, head, P`` (trained, attained),
+            ``P_searched`` (feasible; float64 check of ``K``), ``search_iters``,
+            ``search_stopped_on`` ("tolerance" | "budget"), ``search_restarts``,
+            ``search_best_restart`` (0 = the trained start), ``rank_O, rank_V, reason``.
+        K: ``[n_rows, r, r]`` float64, the best orientation ``K = R₁ S R₂ᵀ`` per row in
+            principal coordinates (``T = Q_O K Q_Vᵀ`` with ``Q_Vᵀ Q_O = diag(D)``; rows
+            act on the first ``rank_O`` O-side coordinates, columns on the first
+            ``rank_V`` V-side ones).
+        D: ``[n_rows, r]`` the principal cosines (unchanged by the search).
+        S: ``[n_rows, r]`` the singular values (unchanged by the search).
+    """
+
+    table: pd.DataFrame
+    K: Tensor
+    D: Tensor
+    S: Tensor
+
+
+def _search_factors(
+    c: Closure,
+    rows: list[int],
+    gen: torch.Generator,
+    restarts: int,
+    budget: dict[str, Any],
+) -> tuple[Tensor, Tensor, Tensor, Tensor, np.ndarray, Tensor, Tensor, Tensor]:
+    """Search heads ``rows`` of a flattened factored closure.
+
+    Returns (P_searched [n], iters [n], stopped [n] bool, best_restart [n], reason [n],
+    K [n, r, r], D [n, r], S [n, r]).
+    """
+    f = _factors(c)
+    r = f.S.shape[-1]
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    n = len(rows)
+    reason = f.reason[idx.numpy()] if n else np.array([], dtype=object)
+    ok = np.array([not str(x) or str(x).startswith("trained P undefined") for x in reason], dtype=bool)
+    P_out = torch.full((n,), float("nan"), dtype=torch.float64)
+    it_out = torch.zeros(n, dtype=torch.long)
+    conv_out = torch.zeros(n, dtype=torch.bool)
+    best_out = torch.full((n,), -1, dtype=torch.long)
+    K_out = torch.zeros((n, r, r), dtype=torch.float64)
+    S = f.S[idx]
+    cos = f.cos[idx]
+    if not ok.any():
+        return P_out, it_out, conv_out, best_out, reason, K_out, cos, S
+    sub = torch.from_numpy(np.nonzero(ok)[0])
+    hs = idx[sub]
+    b = len(hs)
+    rO, rV = f.rank_O[hs], f.rank_V[hs]
+    ar = torch.arange(r)
+    mO = (ar < rO.unsqueeze(-1)).to(torch.float64)
+    mV = (ar < rV.unsqueeze(-1)).to(torch.float64)
+    blk_O = mO.unsqueeze(-1) * mO.unsqueeze(-2)
+    blk_V = mV.unsqueeze(-1) * mV.unsqueeze(-2)
+    # Starts: restart 0 = trained orientation (full-rank heads), the others Haar in the rank blocks.
+    R1 = torch.empty(b, restarts, r, r, dtype=torch.float64)
+    R2 = torch.empty_like(R1)
+    for j in range(b):
+        R1[j] = _embed(haar_orthogonal(restarts, int(rO[j]), gen), r)
+        R2[j] = _embed(haar_orthogonal(restarts, int(rV[j]), gen), r)
+    U, _, Wh = torch.linalg.svd(f.K[hs])
+    Sk = f.S[hs]  # descending like svd's, exactly zero beyond min(rank_O, rank_V)
+    full = (rO == r) & (rV == r)
+    R1[full, 0] = U[full]
+    R2[full, 0] = Wh[full].transpose(-1, -2)
+    s_b = Sk.unsqueeze(1).expand(b, restarts, r).reshape(-1, r)
+    cos_b = f.cos[hs].unsqueeze(1).expand(b, restarts, r).reshape(-1, r)
+    bo = blk_O.unsqueeze(1).expand(b, restarts, r, r).reshape(-1, r, r)
+    bv = blk_V.unsqueeze(1).expand(b, restarts, r, r).reshape(-1, r, r)
+    R1b, R2b, iters, conv = _optimize(
+        s_b, cos_b, bo, bv, R1.reshape(-1, r, r), R2.reshape(-1, r, r),
+        max_iters=int(budget["max_iters"]), lr=float(budget["lr"]), tol=float(budget["tol"]),
+        patience=int(budget["patience"]), n_decays=int(budget["n_decays"]), dtype=budget["dtype"],
+    )
+    R1b, R2b = _qf(R1b.double()), _qf(R2b.double())
+    K = (R1b * s_b.unsqueeze(-2)) @ R2b.transpose(-1, -2)
+    Pk = P_of_K(K, cos_b).reshape(b, restarts)  # the honest float64 value
+    Pk = torch.nan_to_num(Pk, nan=-1.0)
+    best = Pk.argmax(-1)
+    ar_b = torch.arange(b)
+    P_out[sub] = Pk[ar_b, best]
+    it_out[sub] = iters.reshape(b, restarts)[ar_b, best]
+    conv_out[sub] = conv.reshape(b, restarts)[ar_b, best]
+    best_out[sub] = best
+    K_out[sub] = K.reshape(b, restarts, r, r)[ar_b, best]
+    S[sub] = Sk
+    return P_out, it_out, conv_out, best_out, reason, K_out, cos, S
+
+
+def _budget(restarts: int | None, max_iters: int | None, lr: float | None, tol: float | None) -> dict[str, Any]:
+    bud = dict(DEFAULTS)
+    for k, v in (("restarts", restarts), ("max_iters", max_iters), ("lr", lr), ("tol", tol)):
+        if v is not None:
+            bud[k] = v
+    if int(bud["restarts"]) < 1 or int(bud["max_iters"]) < 1:
+        raise ValueError(f"restarts and max_iters must be >= 1; got {bud['restarts']} and {bud['max_iters']}.")
+    if not float(bud["lr"]) > 0 or not float(bud["tol"]) >= 0:
+        raise ValueError(f"lr must be > 0 and tol >= 0; got {bud['lr']} and {bud['tol']}.")
+    return bud
+
+
+def _table(layer: Any, heads: Any, c: Closure, rows: list[int], res: tuple) -> pd.DataFrame:
+    P_s, it, conv, best, reason, *_ = res
+    f_P = c.P.reshape(-1)[torch.as_tensor(rows, dtype=torch.long)] if rows else torch.zeros(0)
+    return pd.DataFrame(
+        {
+            "layer": layer,
+            "head": heads,
+            "P": f_P.numpy(),
+            "P_searched": P_s.numpy(),
+            "search_iters": it.numpy(),
+            "search_stopped_on": np.where(conv.numpy(), "tolerance", "budget"),
+            "search_best_restart": best.numpy(),
+            "search_reason": np.asarray(reason, dtype=object).astype(str),
+        }
+    )
+
+
+def search_layer(
+    lh: LayerHeads,
+    g: Grams,
+    c: Closure,
+    seed: int,
+    threshold: float,
+    *,
+    restarts: int | None = None,
+    max_iters: int | None = None,
+    lr: float | None = None,
+    tol: float | None = None,
+) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Constructive search of every head of one layer (report contract, SPEC 5).
+
+    Args:
+        lh: the layer's heads (``lh.layer`` seeds the restarts with ``seed``).
+        g: the layer's Gram products; c: its closure (factors recomputed from g if absent).
+        seed: non-negative seed. threshold: P threshold for ``feasible``.
+        restarts, max_iters, lr, tol: override :data:`DEFAULTS`.
+
+    Returns:
+        ``(per_head, per_layer)``: per-head DataFrame (one row per query head in order)
+        with ``P_searched, search_iters, search_stopped_on, search_best_restart,
+        search_reason``; per-layer dict with ``feasible_P`` (best searched P in the
+        layer), ``feasible`` (``feasible_P >= threshold``), ``feasible_head``,
+        ``n_heads_feasible``, ``n_search_budget_stops``.
+    """
+    bud = _budget(restarts, max_iters, lr, tol)
+    cf = c if c.K is not None else closure_from_grams(g, factors=True)
+    rows = list(range(lh.n_heads))
+    gen = layer_generator(seed, lh.layer, "search")
+    res = _search_factors(cf, rows, gen, int(bud["restarts"]), bud)
+    df = _table(lh.layer, rows, cf, rows, res).drop(columns=["layer", "head", "P"])
+    Ps = df["P_searched"].to_numpy(dtype=float)
+    fin = np.isfinite(Ps)
+    fP = float(Ps[fin].max()) if fin.any() else float("nan")
+    layer_row = {
+        "feasible_P": fP,
+        "feasible": bool(fin.any() and fP >= threshold),
+        "feasible_head": int(np.nanargmax(np.where(fin, Ps, -np.inf))) if fin.any() else -1,
+        "n_heads_feasible": int((Ps[fin] >= threshold).sum()),
+        "n_search_budget_stops": int((df["search_stopped_on"] == "budget").sum()),
+    }
+    return df, layer_row
+
+
+def constructive_search(
+    x: Any,
+    heads: list[Any] | None = None,
+    *,
+    restarts: int | None = None,
+    max_iters: int | None = None,
+    lr: float | None = None,
+    tol: float | None = None,
+    seed: int = 0,
+    threshold: float = 0.9,
+    compute_dtype: torch.dtype = torch.float64,
+    **source_kwargs: Any,
+) -> SearchResult:
+    """Maximize P over orientations with S and D fixed, for chosen heads (SPEC 5; paper:
+    "high closure is feasible in every surveyed layer, but usually not attained").
+
+    Args:
+        x: a model or checkpoint (anything :func:`~tl_idempotence.heads.head_source`
+            takes), a :class:`~tl_idempotence.heads.LayerHeads`, a factored
+            :class:`~tl_idempotence.linalg.Closure` (``tli.closure(...)``), a
+            ``FactoredMatrix`` or a ``(W_V, W_O)`` pair.
+        heads: for a model, ``[(layer, head), ...]`` (default: every head); for a
+            LayerHeads, head indices; for a Closure/pair, indices into the flattened
+            batch (default: all).
+        restarts, max_iters, lr, tol: override :data:`DEFAULTS` (restart 0 starts at
+            the trained orientation).
+        seed: non-negative seed (mixed with the layer, see :func:`~tl_idempotence.nulls.layer_generator`).
+        threshold: P threshold, reported as ``feasible`` per row.
+        compute_dtype: dtype of the ``d_model``-long products.
+
+    Returns:
+        :class:`SearchResult` (``table`` has ``feasible = P_searched >= threshold``).
+
+    Raises:
+        ValueError: bad budget, unknown layer/head, threshold outside [0, 1].
+        TypeError: unsupported ``x``.
+    """
+    if not (0.0 <= float(threshold) <= 1.0):
+        raise ValueError(f"threshold must be in [0, 1]; got {threshold}.")
+    bud = _budget(restarts, max_iters, lr, tol)
+    tabs, Ks, Ds, Ss = [], [], [], []
+
+    def run(c: Closure, layer: int | None, rows: list[int], labels: list[Any]) -> None:
+        n = int(c.P.numel())
+        bad = [h for h in rows if not 0 <= h < n]
+        if bad:
+            raise ValueError(f"Head index {bad} out of range: there are {n} heads" + (f" in layer {layer}." if layer is not None else "."))
+        gen = layer_generator(seed, layer, "search")
+        res = _search_factors(c, rows, gen, int(bud["restarts"]), bud)
+        tabs.append(_table(layer if layer is not None else -1, labels, c, rows, res))
+        Ks.append(res[5])
+        Ds.append(res[6])
+        Ss.append(res[7])
+
+    if isinstance(x, LayerHeads) or isinstance(x, Closure) or isinstance(x, (tuple, list)) or (
+        hasattr(x, "A") and hasattr(x, "B")
+    ):
+        c, layer = _closure_of(x, compute_dtype)
+        rows = list(range(int(c.P.numel()))) if heads is None else [int(h) for h in heads]
+        run(c, layer, rows, rows)
+    else:
+        src = head_source(x, **source_kwargs)
+        all_layers = list(src.layers())
+        if heads is None:
+            want = {l: None for l in all_layers}
+        else:
+            want = {}
+            for item in heads:
+                try:
+                    l, h = item
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"heads must be (layer, head) pairs for a model; got {item!r}.") from e
+                want.setdefault(int(l), []).append(int(h))
+        bad = [l for l in want if l not in all_layers]
+        if bad:
+            raise ValueError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
+        for l, hs in want.items():
+            lh = src.layer_heads(l)
+            c = closure_from_grams(layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=compute_dtype), factors=True)
+            rows = list(range(lh.n_heads)) if hs is None else hs
+            run(c, l, rows, rows)
+    table = pd.concat(tabs, ignore_index=True)
+    table["feasible"] = np.nan_to_num(table["P_searched"].to_numpy(dtype=float), nan=-1.0) >= threshold
+    return SearchResult(table=table, K=torch.cat(Ks), D=torch.cat(Ds), S=torch.cat(Ss))
