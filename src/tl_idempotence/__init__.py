@@ -19,6 +19,9 @@ from .nulls import MismatchResult, Scramble, mismatch, orientation_scramble
 from .search import SearchResult, constructive_search
 from .lineage import Lineage, train_lineage
 from .trajectory import Trajectory, trajectory
+from .algebra import SharedValueAlgebra, shared_value_algebra
+from .activations import ActivationReturns, activation_returns, default_corpus
+from .attention import AttentionView, attention_view, flagged_heads
 from . import models  # the offline model zoo: tli.models.load("smollm2-135m")
 
 try:
@@ -46,6 +49,14 @@ __all__ = [
     "Trajectory",
     "train_lineage",
     "trajectory",
+    "ActivationReturns",
+    "AttentionView",
+    "SharedValueAlgebra",
+    "activation_returns",
+    "attention_view",
+    "default_corpus",
+    "flagged_heads",
+    "shared_value_algebra",
 ]
 
 

@@ -108,14 +108,63 @@ class IdempotenceReport:
 
         return heads_heatmap(self, value=value)
 
-    def save_html(self, path: str, **kwargs: Any) -> str:
-        """Write a standalone HTML report (plotly.js embedded, no CDN) and return the path."""
+    def save_html(
+        self,
+        path: str,
+        attention_text: str | None = None,
+        attention_heads: list[tuple[int, int]] | None = None,
+        top_k: int = 8,
+        **kwargs: Any,
+    ) -> str:
+        """Write a standalone HTML report (plotly.js embedded, no CDN) and return the path.
+
+        Args:
+            path: output file.
+            attention_text: when given, add a circuitsvis view of the flagged heads'
+                attention patterns on this text (JS bundle inlined, renders offline;
+                needs a report made from a TransformerLens model).
+            attention_heads: ``(layer, head)`` pairs to show (default: the closed heads,
+                or the ``top_k`` heads by P; see :func:`tl_idempotence.attention.flagged_heads`).
+            top_k: how many heads by default.
+            **kwargs: passed to :func:`tl_idempotence.viz.report_html` (``extra_figures``, ``extra_html``).
+        """
         from .viz import report_html
 
+        if attention_text is not None:
+            from .attention import attention_section_html
+
+            extra = list(kwargs.pop("extra_html", None) or [])
+            extra.append(attention_section_html(self, attention_text, heads=attention_heads, top_k=top_k))
+            kwargs["extra_html"] = extra
         html = report_html(self, **kwargs)
         with open(path, "w", encoding="utf-8") as f:
             f.write(html)
         return str(path)
+
+    def show_attention(self, text: str, heads: list[tuple[int, int]] | None = None, top_k: int = 8, max_tokens: int = 48):
+        """circuitsvis view of attention patterns of flagged heads on ``text`` (for notebooks, offline).
+
+        Args:
+            text: the text to run through :attr:`model`.
+            heads: ``(layer, head)`` pairs (default: closed heads, else the ``top_k`` by P).
+            top_k: how many heads by default.
+            max_tokens: truncate the text to this many tokens.
+
+        Returns:
+            :class:`tl_idempotence.attention.AttentionView` (displays itself in Jupyter).
+
+        Raises:
+            ValueError: the report has no TransformerLens model attached.
+        """
+        from .attention import attention_view, flagged_heads
+
+        if self.model is None:
+            raise ValueError(
+                "This report has no TransformerLens model attached (made from a checkpoint file or a transformers "
+                "model): call tl_idempotence.attention.attention_view(model, text, heads) with a TL model."
+            )
+        heads = list(heads) if heads is not None else flagged_heads(self, top_k=top_k)
+        return attention_view(self.model, text, heads, max_tokens=max_tokens, head_table=self.heads)
 
     def _repr_html_(self) -> str:  # notebooks
         s = self.summary
