@@ -149,6 +149,25 @@ def test_prepare_tokens_windows_and_special_positions(tmp_path):
 
 
 @pytest.mark.bridge
+def test_text_sources_files_and_datasets(tmp_path):
+    model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
+    text = " ".join(["w4 w5 w6 w7 w8 w9"] * 5)
+    f = tmp_path / "doc.txt"
+    f.write_text(text, encoding="utf-8")
+    ref = prepare_tokens(model, [text], seq_len=8, max_tokens=None)
+    got = prepare_tokens(model, [f], seq_len=8, max_tokens=None)
+    assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"body": [text]})
+    got = prepare_tokens(model, ds, seq_len=8, max_tokens=None, text_column="body")
+    assert torch.equal(ref[0], got[0])
+    with pytest.raises(ValueError, match="no column 'text'"):
+        prepare_tokens(model, ds)
+    res = activation_returns(model, [f], seq_len=8, progress=False)
+    assert res.summary["n_tokens"] == int(ref[1].sum()) == int(res.heads["n_tokens"].iloc[0])
+
+
+@pytest.mark.bridge
 def test_errors(tmp_path):
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
     toks = _tokens(n=1, pos=8)

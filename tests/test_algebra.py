@@ -179,6 +179,7 @@ def test_report_and_public_api_on_tiny_gqa_bridge(tmp_path):
     assert np.array_equal(merged["alpha"].to_numpy(), merged["alpha_core"].to_numpy())
     figs = alg.figures()
     assert len(figs) == 2 and len(figs[0].data) == 2 * 2  # alpha and P heatmap per kv group
+    assert rep.summary["algebra"] == alg.summary() and rep.summary["algebra"]["n_groups"] == 4
     direct = shared_value_algebra(model, progress=False, layers=[1])
     assert np.array_equal(direct.pairs["P_ij"].to_numpy(), alg.pairs[alg.pairs.layer == 1]["P_ij"].to_numpy())
     with pytest.raises(ValueError, match="Unknown layer"):

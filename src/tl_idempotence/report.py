@@ -302,6 +302,7 @@ def idempotence_report(
         from .algebra import combine_layers
 
         algebra_res = combine_layers(algebra_parts, src.info)
+        summary["algebra"] = algebra_res.summary()
     rep = IdempotenceReport(
         heads=heads_df,
         layers=layers_df,
