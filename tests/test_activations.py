@@ -149,6 +149,21 @@ def test_prepare_tokens_windows_and_special_positions(tmp_path):
 
 
 @pytest.mark.bridge
+def test_early_stop_leaves_model_untouched(tmp_path):
+    """Hooking only layer 0 stops the forward pass early; no hook stays registered, outputs unchanged."""
+    model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama"))
+    toks = _tokens(n=2, pos=10)
+    with torch.no_grad():
+        before = model(toks)
+    r1 = activation_returns(model, toks, heads=[(0, 1)], progress=False)
+    r2 = activation_returns(model, toks, heads=[(0, 1)], progress=False)
+    with torch.no_grad():
+        after = model(toks)
+    assert torch.equal(before, after) and r1.heads.equals(r2.heads)
+    assert len(model.hook_dict["blocks.0.attn.hook_z"].fwd_hooks) == 0
+
+
+@pytest.mark.bridge
 def test_text_sources_files_and_datasets(tmp_path):
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
     text = " ".join(["w4 w5 w6 w7 w8 w9"] * 5)
