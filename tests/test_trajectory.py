@@ -27,14 +27,6 @@ from tl_idempotence.trajectory import trajectory
 
 pytestmark = pytest.mark.bridge
 
-# TEMP: the controls (nulls.py) and the search (search.py) are written in parallel; these guards go
-# once both are committed.
-import importlib.util
-
-HAVE_NULLS = importlib.util.find_spec("tl_idempotence.nulls") is not None
-HAVE_SEARCH = importlib.util.find_spec("tl_idempotence.search") is not None
-needs_nulls = pytest.mark.skipif(not HAVE_NULLS, reason="tl_idempotence.nulls not there yet")
-needs_search = pytest.mark.skipif(not HAVE_SEARCH, reason="tl_idempotence.search not there yet")
 
 #: The lineage shared by this file and tests/test_demos.py (same config -> trained once per session).
 LINEAGE_KW = dict(steps=200, save_steps=(0, 20, 40, 60, 100, 200))
@@ -48,7 +40,7 @@ def lineage(tmp_path_factory):
 @pytest.fixture(scope="session")
 def traj(lineage):
     """Trajectory of every head with the scramble null (16 draws)."""
-    return trajectory(lineage.checkpoints, nulls=16 if HAVE_NULLS else 0, progress=False)
+    return trajectory(lineage.checkpoints, nulls=16, progress=False)
 
 
 def test_lineage_trains_induction(lineage):
@@ -97,8 +89,8 @@ def test_last_checkpoint_equals_direct_report(lineage, traj):
     label, path = lineage.checkpoints[-1]
     got = traj.final().reset_index(drop=True)
     assert traj.final_label == label == "step200"
-    direct = tli.idempotence_report(str(path), nulls=16 if HAVE_NULLS else 0, progress=False).heads
-    cols = ["layer", "head", "kv_head", "alpha", "P", "closed"] + (["P_scrambled_median"] if HAVE_NULLS else [])
+    direct = tli.idempotence_report(str(path), nulls=16, progress=False).heads
+    cols = ["layer", "head", "kv_head", "alpha", "P", "closed", "P_scrambled_median", "p_value"]
     pd.testing.assert_frame_equal(got[cols], direct[cols], check_exact=True)
     # and the same weights booted as a TransformerBridge give the same closure
     via_bridge = bridge_from_dir(path).idempotence_report(progress=False).heads
@@ -111,7 +103,6 @@ def test_last_checkpoint_equals_direct_report(lineage, traj):
     assert got.loc[got["layer"] == 0, "P"].max() < 0.6
 
 
-@needs_nulls
 def test_random_init_is_null_like(traj):
     h = traj.heads
     init = h[h["checkpoint"] == "step0"]
@@ -229,7 +220,7 @@ def test_heads_subset_and_figures(lineage, traj):
     fig = traj.figure()
     names = [t.name for t in fig.data]
     for h in range(4):
-        assert f"L1H{h} P" in names and (f"L1H{h} scramble median" in names or not HAVE_NULLS)
+        assert f"L1H{h} P" in names and f"L1H{h} scramble median" in names
     trace = next(t for t in fig.data if t.name == "L1H1 P")
     assert list(trace.x) == [0, 20, 40, 60, 100, 200]
     np.testing.assert_allclose(trace.y, traj.wide().loc[(1, 1)].to_numpy())
@@ -248,7 +239,6 @@ def test_heads_subset_and_figures(lineage, traj):
 
 
 @pytest.mark.slow  # ~55 s on a loaded 2-core machine (the search dominates)
-@needs_search
 def test_search_capacity(lineage):
     """The layer's feasible P (constructive search, SPEC 5) is tracked next to the attained P."""
     tr = trajectory(lineage.checkpoints[::5], heads=[(1, 1)], search=True, progress=False)
@@ -305,3 +295,34 @@ def test_lineage_dir_and_step_parsing(lineage):
     explicit = trajectory([("init", lineage.checkpoints[0][1], 0), ("end", lineage.checkpoints[-1][1], 200)],
                           heads=[(0, 0)], progress=False)
     assert explicit.heads["step"].tolist() == [0.0, 200.0]
+
+
+def test_hub_route_loads_by_checkpoint_index(lineage, traj, tmp_path, monkeypatch):
+    """(model_name, {"checkpoint_index"/"checkpoint_value": ...}) goes through TransformerBridge.boot_transformers
+    (the hub is replaced by the local lineage here); results are cached by name + index."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    orig = TransformerBridge.boot_transformers
+    paths = dict(lineage.checkpoints)
+    calls = []
+
+    def fake_boot(name, **kw):
+        calls.append((name, kw))
+        step = kw.get("checkpoint_value", [0, 20, 40, 60, 100, 200][kw.get("checkpoint_index", 0)])
+        return orig(str(paths[f"step{step}"]), device=kw["device"])
+
+    monkeypatch.setattr(TransformerBridge, "boot_transformers", fake_boot)
+    ck = [("first", ("org/lineage", {"checkpoint_index": 0})), ("last", ("org/lineage", {"checkpoint_value": 200}))]
+    tr = trajectory(ck, heads=[(1, 0), (1, 1)], cache_dir=tmp_path, progress=False)
+    assert calls == [("org/lineage", {"device": "cpu", "checkpoint_index": 0}),
+                     ("org/lineage", {"device": "cpu", "checkpoint_value": 200})]
+    assert tr.checkpoints["kind"].eq("hub").all()
+    # no number in "first" -> step unknown; "last" takes its checkpoint_value
+    assert tr.heads["step"].iloc[:2].isna().all() and tr.heads["step"].iloc[2:].eq(200.0).all()
+    ref = traj.heads.set_index(["checkpoint", "layer", "head"])["P"]
+    for lab, src in (("first", "step0"), ("last", "step200")):
+        got = tr.heads[tr.heads["checkpoint"] == lab].set_index(["layer", "head"])["P"]
+        for (l, h), p in got.items():
+            assert p == pytest.approx(ref.loc[(src, l, h)], rel=1e-10)
+    trajectory(ck, heads=[(1, 0), (1, 1)], cache_dir=tmp_path, progress=False)
+    assert len(calls) == 2  # both served from the cache
