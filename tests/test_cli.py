@@ -118,3 +118,21 @@ def test_default_command_end_to_end(tmp_path):
     remote = re.findall(r"<script[^>]*\bsrc\s*=\s*[\"']?\s*(?:https?:)?//", page, re.I)
     assert remote == []
     assert not re.search(r"<link[^>]*href\s*=\s*[\"']?(?:https?:)?//", page, re.I)
+
+
+def test_checkpoint_path_with_csv_and_resume(tmp_path, capsys):
+    from tl_idempotence.testing import tiny_hf_dir
+
+    ckpt = tiny_hf_dir(tmp_path / "ckpt", n_layers=2, d_model=72, n_heads=9, n_kv_heads=3, seed=1)
+    args = ["report", str(ckpt), "--out", str(tmp_path / "r.html"), "--csv", str(tmp_path / "h.csv"),
+            "--resume", str(tmp_path / "parts"), "--threshold", "0.5", "--quiet"]
+    assert cli.main(args) == 0
+    out1 = capsys.readouterr().out
+    assert "2 attention layers x 9 heads (3 kv heads), d_model 72, d_head 8" in out1
+    assert "heads: 18; closed (P >= 0.5)" in out1
+    heads = pd.read_csv(tmp_path / "h.csv")
+    assert len(heads) == 18 and list(heads["kv_head"][:9]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert any((tmp_path / "parts").iterdir())  # per-layer parts were written
+    assert cli.main(args) == 0  # resumed from the parts: same numbers
+    assert capsys.readouterr().out.replace("wrote", "") == out1.replace("wrote", "")
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "h.csv"), heads)
