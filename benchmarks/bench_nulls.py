@@ -1,7 +1,8 @@
 """Benchmark: the paper's controls (orientation scramble, O/V mismatch, constructive search).
 
-Usage:  python benchmarks/bench_nulls.py [--threads N] [--draws 64] [--skip-smollm2] [--skip-projection]
-                                         [--projection-layers 2] [--search]
+Usage:  python benchmarks/bench_nulls.py [--threads N] [--draws 64] [--skip-throughput] [--skip-smollm2]
+                                         [--skip-projection] [--projection-layers 2] [--search]
+                                         [--compute-dtype float64|float32]
 
 Prints
 1. scramble throughput (heads x draws per second) at d_head 64 and 128, on the factors
@@ -79,22 +80,22 @@ def bench_smollm2(draws: int, search: bool) -> None:
         print(rep.paper_table().to_string(index=False))
 
 
-def bench_projection(draws: int, n_layers_measured: int) -> None:
+def bench_projection(draws: int, n_layers_measured: int, compute_dtype: torch.dtype = torch.float64) -> None:
     L, n_heads, n_kv, d_model, r = 94, 64, 4, 4096, 128
     print(f"\n== projection: {L} layers x {n_heads}/{n_kv} heads, d_model {d_model}, d_head {r} "
-          f"({L * n_heads} heads), nulls={draws}; measured on {n_layers_measured} layers")
+          f"({L * n_heads} heads), nulls={draws}, compute_dtype={compute_dtype}; measured on {n_layers_measured} layers")
     tot = {"core closure": 0.0, "scramble": 0.0, "mismatch": 0.0}
     for layer in range(n_layers_measured):
         lh = random_layer(layer, n_heads, n_kv, d_model, r)  # fp32 weights, like a bf16/fp32 checkpoint
         t = time.perf_counter()
-        g = layer_grams(lh.O, lh.V, lh.kv_head_of)
+        g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=compute_dtype)
         c = closure_from_grams(g)
         tot["core closure"] += time.perf_counter() - t
         t = time.perf_counter()
         nulls.scramble_layer(lh, g, c, n_draws=draws, seed=0, threshold=0.9)
         tot["scramble"] += time.perf_counter() - t
         t = time.perf_counter()
-        nulls.mismatch_layer(lh, threshold=0.9)
+        nulls.mismatch_layer(lh, threshold=0.9, compute_dtype=compute_dtype, g=g)
         tot["mismatch"] += time.perf_counter() - t
     per = {k: v / n_layers_measured for k, v in tot.items()}
     for k, v in per.items():
@@ -112,14 +113,18 @@ def main() -> None:
     ap.add_argument("--skip-projection", action="store_true")
     ap.add_argument("--projection-layers", type=int, default=2)
     ap.add_argument("--search", action="store_true", help="also time the SmolLM2 report with search=True")
+    ap.add_argument("--compute-dtype", choices=["float64", "float32"], default="float64",
+                    help="dtype of the d_model-long products in the projection (the report's compute_dtype)")
+    ap.add_argument("--skip-throughput", action="store_true")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    bench_throughput(a.draws)
+    if not a.skip_throughput:
+        bench_throughput(a.draws)
     if not a.skip_smollm2:
         bench_smollm2(a.draws, a.search)
     if not a.skip_projection:
-        bench_projection(a.draws, a.projection_layers)
+        bench_projection(a.draws, a.projection_layers, getattr(torch, a.compute_dtype))
 
 
 if __name__ == "__main__":

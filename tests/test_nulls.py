@@ -300,6 +300,9 @@ def test_mismatch_pairs_are_exactly_the_cross_kv_pairs(n_heads, n_kv):
         assert abs(row["alpha"] - float(ref["alpha"])) < 1e-10 * abs(float(ref["alpha"])) + 1e-12
         assert int(row["kv_head"]) == kv[int(row["head"])]
     assert summ["mismatch_P_max"] == pytest.approx(tab["P"].max())
+    # reusing the layer's Gram products gives the same table
+    tab_g, _ = nulls.mismatch_pairs(lh, g=layer_grams(lh.O, lh.V, lh.kv_head_of))
+    pd.testing.assert_frame_equal(tab, tab_g, check_exact=False, rtol=1e-12)
     assert summ["mismatch_P_median"] == pytest.approx(tab["P"].median())
 
 
@@ -390,6 +393,20 @@ def smollm2():
         pytest.skip(f"smollm2-135m not available offline: {e}")
 
 
+def test_smollm2_controls_on_three_layers(smollm2):
+    """Measured (seed 0, 32 draws): in layers 5, 10, 27 the trained median P (0.48, 0.50, 0.81) is
+    >= 300x the scrambled median (~3e-4) and no cross-kv pair gets near closure (max P < 0.02)."""
+    rep = smollm2.idempotence_report(layers=[5, 10, 27], nulls=32, progress=False)
+    L, s = rep.layers, rep.summary
+    assert list(L["layer"]) == [5, 10, 27] and (L["n_mismatch_pairs"] == 18).all()
+    assert (L["mismatch_P_max"] < 0.05).all() and s["n_mismatch_closed"] == 0
+    assert (L["median_P"] > 300 * L["median_P_scrambled"]).all() and L["trained_wins"].all()
+    assert s["frac_beats_scramble"] >= 0.85
+    assert (rep.heads["P_scrambled_q95"] < 0.05).all()
+    tab = rep.paper_table()
+    assert tab.loc[4, "this model"] == "3/3"
+
+
 @pytest.mark.slow
 def test_smollm2_controls_end_to_end(smollm2):
     """Measured on SmolLM2-135M-Instruct (raw weights, 64 draws, seed 0):
@@ -404,7 +421,7 @@ def test_smollm2_controls_end_to_end(smollm2):
     assert s["median_P_trained"] / s["median_P_scrambled"] > 300
     assert s["frac_beats_scramble"] > 0.95
     assert s["n_layers_trained_wins"] == 30 and (L["median_P"] > L["median_P_scrambled"]).all()
-    assert (L["median_P_scrambled"] < 0.02).all()
+    assert (L["median_P_scrambled"] < 0.05).all()  # layer 0 is the highest: 0.016
     # internal consistency of the per-head columns
     h = rep.heads
     assert ((h["P"] > h["P_scrambled_median"]) == h["beats_scramble"]).all()

@@ -186,6 +186,36 @@ def _factors(c: Closure) -> _Factors:
                     rtol=c.rtol, reason=reason)
 
 
+def _factors_from_grams(g: Grams, c: Closure, need_K: bool = False) -> _Factors:
+    """:class:`_Factors` straight from the Gram products (no eigenvalues of M, no full SVD
+    unless ``need_K``): the same principal-coordinate construction as
+    :func:`~tl_idempotence.linalg.closure_from_grams`, with ``c``'s tolerance and P."""
+    from .linalg import _ranks
+
+    rtol = c.rtol
+    s_O, W_O, mask_O = _ranks(g.G_O, rtol, True)
+    s_V, W_V, mask_V = _ranks(g.G_V, rtol, True)
+    zero = torch.zeros_like(s_O)
+    inv_O = torch.where(mask_O, 1.0 / torch.where(mask_O, s_O, torch.ones_like(s_O)), zero)
+    inv_V = torch.where(mask_V, 1.0 / torch.where(mask_V, s_V, torch.ones_like(s_V)), zero)
+    sO = torch.where(mask_O, s_O, zero)
+    sV = torch.where(mask_V, s_V, zero)
+    C = inv_V.unsqueeze(-1) * (W_V.transpose(-1, -2) @ g.M @ W_O) * inv_O.unsqueeze(-2)  # Q_Vᵀ Q_O
+    K_raw = sO.unsqueeze(-1) * (W_O.transpose(-1, -2) @ W_V) * sV.unsqueeze(-2)  # T = Q_O K_raw Q_Vᵀ
+    if need_K:
+        U, D, Wh = torch.linalg.svd(C)
+        K = Wh @ K_raw @ U
+    else:
+        D = torch.linalg.svdvals(C)
+        K = K_raw  # same singular values; orientation not in principal coordinates
+    r = D.shape[-1]
+    n_ang = torch.minimum(mask_O.sum(-1), mask_V.sum(-1)).unsqueeze(-1)
+    D = torch.where(torch.arange(r) < n_ang, D, torch.zeros_like(D))
+    cf = Closure(alpha=c.alpha, P=c.P, norm=c.norm, norm_T2=c.norm_T2, inner=c.inner, rank_O=mask_O.sum(-1),
+                 rank_V=mask_V.sum(-1), rtol=rtol, reason=c.reason, K=K, D=D)
+    return _factors(cf)
+
+
 def _P_from_X(s: Tensor, X: Tensor, rtol: float) -> Tensor:
     """P of ``K = R₁ S R₂ᵀ`` from ``X = R₂ᵀ D R₁`` (see module docstring).
 
@@ -204,7 +234,7 @@ def _P_from_Z(s: Tensor, Z: Tensor, rtol: float) -> Tensor:
     ``⟨KDK, K⟩ = Σ_i s_i² Z_ii`` and ``‖KDK‖² = Σ_ij Z_ij² s_j²``."""
     s2 = s * s
     num = (s2 * Z.diagonal(dim1=-2, dim2=-1)).sum(-1)
-    q = (Z.square() @ s2.unsqueeze(-1)).squeeze(-1).sum(-1)
+    q = (torch.linalg.vector_norm(Z, dim=-2).square() * s2).sum(-1)  # Σ_j s_j² ‖Z[:, j]‖²
     z = s2.sum(-1)
     nil = q.sqrt() <= rtol * z
     P = (num * num / torch.where(nil, torch.ones_like(q), q * z)).clamp(0.0, 1.0)
@@ -425,8 +455,7 @@ def scramble_layer(lh: LayerHeads, g: Grams, c: Closure, n_draws: int, seed: int
     """
     if int(n_draws) < 1:
         raise ValueError(f"n_draws must be >= 1, got {n_draws}.")
-    cf = c if c.K is not None else closure_from_grams(g, factors=True)
-    f = _factors(cf)
+    f = _factors(c) if c.K is not None else _factors_from_grams(g, c)
     Pd, _ = _scramble_draws(f, int(n_draws), seed, lh.layer, return_K=False)
     summ = _summarize_draws(f.P, Pd)
     Pd_np = Pd.numpy()
@@ -441,52 +470,66 @@ def scramble_layer(lh: LayerHeads, g: Grams, c: Closure, n_draws: int, seed: int
 # --------------------------------------------------------------------------- mismatch
 
 
-def mismatch_pairs(lh: LayerHeads, compute_dtype: torch.dtype = torch.float64) -> tuple[pd.DataFrame, str]:
+def mismatch_pairs(
+    lh: LayerHeads, compute_dtype: torch.dtype = torch.float64, g: Grams | None = None
+) -> tuple[pd.DataFrame, str]:
     """Every distinct mismatched product ``T_ig = O_i V_gᵀ``, ``g ≠ kv(i)``, of one layer (SPEC 4a).
 
     Args:
         lh: the layer's heads (``O [n_heads, d_model, d_head]``, unexpanded ``V [n_kv, ...]``).
         compute_dtype: dtype of the ``d_model``-long products (float64 default).
+        g: the layer's :class:`~tl_idempotence.linalg.Grams` if already computed (reuses
+            ``G_O`` and ``G_V``; only the cross products ``V_gᵀ O_i`` are new).
 
     Returns:
         ``(table, note)``: one row per pair with ``layer, head, kv_head, v_head, alpha,
         P, norm, reason`` (``head`` = i, ``kv_head`` = kv(i), ``v_head`` = g), ordered by
         ``v_head`` then ``head``; ``note`` is "" or why there is no valid pair.
+
+    Cost: one GEMM ``[n_kv·r, d] @ [d, n·r]`` (chunked over query heads), i.e. ``2 d r²``
+    flops per (query head, kv head), plus ``r x r`` algebra per pair.
     """
     kv = lh.kv_head_of.long()
     cols = ["layer", "head", "kv_head", "v_head", "alpha", "P", "norm", "reason"]
     if lh.n_kv_heads < 2:
         note = "no valid pair: one kv head (MQA), every query head reads the same V"
         return pd.DataFrame({k: [] for k in cols}), note
-    Oc = lh.O.to(compute_dtype)
+    n, d, r, nkv = lh.n_heads, lh.d_model, lh.d_head, lh.n_kv_heads
     Vc = lh.V.to(compute_dtype)
-    G_O = (Oc.transpose(-1, -2) @ Oc).to(torch.float64)
-    G_V = (Vc.transpose(-1, -2) @ Vc).to(torch.float64)
+    if g is not None:
+        G_O = g.G_O
+        first = torch.stack([(kv == gk).nonzero().flatten()[0] for gk in range(nkv)])
+        G_V = g.G_V[first]
+    else:
+        Oc = lh.O.to(compute_dtype)
+        G_O = (Oc.transpose(-1, -2) @ Oc).to(torch.float64)
+        G_V = (Vc.transpose(-1, -2) @ Vc).to(torch.float64)
+        del Oc
     input_dtype = torch.promote_types(lh.O.dtype, lh.V.dtype)
-    parts = []
-    for gk in range(lh.n_kv_heads):
-        heads = (kv != gk).nonzero().flatten()
-        if heads.numel() == 0:
-            continue
-        M = (Vc[gk].transpose(-1, -2) @ Oc[heads]).to(torch.float64)
-        cl = closure_from_grams(
-            Grams(G_O=G_O[heads], G_V=G_V[gk].expand_as(M), M=M, d_model=lh.d_model, input_dtype=input_dtype)
-        )
-        parts.append(
-            pd.DataFrame(
-                {
-                    "layer": lh.layer,
-                    "head": heads.numpy(),
-                    "kv_head": kv[heads].numpy(),
-                    "v_head": gk,
-                    "alpha": cl.alpha.numpy(),
-                    "P": cl.P.numpy(),
-                    "norm": cl.norm.numpy(),
-                    "reason": cl.reason.astype(str),
-                }
-            )
-        )
-    return pd.concat(parts, ignore_index=True), ""
+    Vt = Vc.transpose(-1, -2).reshape(nkv * r, d)
+    M = torch.empty(nkv, n, r, r, dtype=torch.float64)  # M[g, i] = V_gᵀ O_i
+    hc = max(1, _CHUNK_ELEMS // (d * r))
+    for a in range(0, n, hc):
+        Of = lh.O[a : a + hc].to(compute_dtype).permute(1, 0, 2).reshape(d, -1)
+        M[:, a : a + hc] = (Vt @ Of).reshape(nkv, r, -1, r).permute(0, 2, 1, 3).to(torch.float64)
+        del Of
+    gi, hi = (kv.unsqueeze(0) != torch.arange(nkv).unsqueeze(1)).nonzero(as_tuple=True)  # ordered by g, then head
+    cl = closure_from_grams(
+        Grams(G_O=G_O[hi], G_V=G_V[gi], M=M[gi, hi], d_model=d, input_dtype=input_dtype)
+    )
+    tab = pd.DataFrame(
+        {
+            "layer": lh.layer,
+            "head": hi.numpy(),
+            "kv_head": kv[hi].numpy(),
+            "v_head": gi.numpy(),
+            "alpha": cl.alpha.numpy(),
+            "P": cl.P.numpy(),
+            "norm": cl.norm.numpy(),
+            "reason": cl.reason.astype(str),
+        }
+    )
+    return tab, ""
 
 
 def _mismatch_summary(tab: pd.DataFrame, note: str, threshold: float) -> dict[str, Any]:
@@ -501,15 +544,18 @@ def _mismatch_summary(tab: pd.DataFrame, note: str, threshold: float) -> dict[st
     }
 
 
-def mismatch_layer(lh: LayerHeads, threshold: float, compute_dtype: torch.dtype = torch.float64) -> dict[str, Any]:
-    """Per-layer matched O/V mismatch summary (report contract, SPEC 4a).
+def mismatch_layer(
+    lh: LayerHeads, threshold: float, compute_dtype: torch.dtype = torch.float64, g: Grams | None = None
+) -> dict[str, Any]:
+    """Per-layer matched O/V mismatch summary (report contract, SPEC 4a). ``g``: the layer's
+    Gram products if already computed (reused, see :func:`mismatch_pairs`).
 
     Returns:
         dict with ``n_mismatch_pairs, mismatch_P_max, mismatch_P_median,
         n_mismatch_closed`` (pairs with P >= threshold) and ``mismatch_note``
         ("" or why there is no pair, e.g. MQA).
     """
-    tab, note = mismatch_pairs(lh, compute_dtype=compute_dtype)
+    tab, note = mismatch_pairs(lh, compute_dtype=compute_dtype, g=g)
     return _mismatch_summary(tab, note, threshold)
 
 

@@ -346,7 +346,7 @@ def _analyse_layer(
 
         sc = scramble_layer(lh, g, c, n_draws=n_draws, seed=seed, threshold=threshold)
         df = pd.concat([df, sc.reset_index(drop=True)], axis=1)
-        lrow.update(mismatch_layer(lh, threshold=threshold, compute_dtype=compute_dtype))
+        lrow.update(mismatch_layer(lh, threshold=threshold, compute_dtype=compute_dtype, g=g))
         lrow["median_P_scrambled"] = float(np.nanmedian(sc["P_scrambled_median"].to_numpy(dtype=float)))
         lrow["frac_beats_scramble"] = float(sc["beats_scramble"].mean())
         lrow["trained_wins"] = bool(lrow["median_P"] > lrow["median_P_scrambled"])
