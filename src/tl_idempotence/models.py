@@ -568,7 +568,9 @@ def _load_hooked(hf: Path, spec: dict[str, Any], processing: str, device: str):
     hf_model = AutoModelForCausalLM.from_pretrained(str(hf), dtype="float32")
     sd = lfp.get_pretrained_state_dict(str(hf), cfg, hf_model=hf_model)
     del hf_model
-    model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(str(hf)))
+    with warnings.catch_warnings():  # 3.9's "HookedTransformer is deprecated": the user asked for it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(str(hf)))
     applied, notes = _tl_applies(cfg.normalization_type, bool(getattr(cfg, "final_rms", False))) if tl else ({}, [])
     model.load_and_process_state_dict(
         sd, fold_ln=tl, center_writing_weights=tl, center_unembed=tl, fold_value_biases=tl,
