@@ -136,3 +136,22 @@ def test_checkpoint_path_with_csv_and_resume(tmp_path, capsys):
     assert cli.main(args) == 0  # resumed from the parts: same numbers
     assert capsys.readouterr().out.replace("wrote", "") == out1.replace("wrote", "")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "h.csv"), heads)
+
+
+def test_analysis_flags_pass_through(tmp_path, capsys):
+    from tl_idempotence.testing import tiny_hf_dir
+
+    ckpt = tiny_hf_dir(tmp_path / "ckpt", n_layers=2, seed=2)
+    csv = tmp_path / "h.csv"
+    args = ["report", str(ckpt), "--nulls", "8", "--algebra", "--seed", "3", "--quiet",
+            "--out", str(tmp_path / "r.html"), "--csv", str(csv)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^frac_beats_scramble: [\d.]+$", out, re.M) and re.search(r"^n_mismatch_closed: \d+$", out, re.M)
+    heads = pd.read_csv(csv)
+    assert {"P_scrambled_median", "p_value", "beats_scramble"} <= set(heads.columns)
+    assert (heads["n_scramble_draws"] == 8).all()
+    p = heads["p_value"].to_numpy()
+    assert ((p >= 1 / 9 - 1e-12) & (p <= 1)).all()  # (1 + #{P~ >= P}) / (n + 1) with n = 8
+    assert cli.main(args) == 0  # same seed, same draws
+    pd.testing.assert_frame_equal(pd.read_csv(csv), heads)
