@@ -134,6 +134,15 @@ def phase_report(d: Path, dtype: torch.dtype, nulls: int, only: int = 0) -> dict
     return out
 
 
+def vm_hwm_bytes() -> int:
+    """Peak resident set size of this process (``VmHWM`` in /proc/self/status), bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads) if args.threads else None
     d = Path(args.dir)
@@ -144,7 +153,10 @@ def child(args: argparse.Namespace) -> None:
         out = phase_products(args.layers, dtype)
     else:
         out = phase_report(d, dtype, args.nulls, args.only)
-    out["peak_rss_GB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+    # VmHWM: this process's own peak resident set. (ru_maxrss of a child started by fork+exec starts at the
+    # parent's RSS at fork time on Linux, so it over-reports after the parent wrote the checkpoint.)
+    out["peak_rss_GB"] = vm_hwm_bytes() / 1e9
+    out["ru_maxrss_GB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
     print(json.dumps(out))
 
 
