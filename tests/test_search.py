@@ -9,7 +9,6 @@ import torch
 
 import tl_idempotence as tli
 from tl_idempotence import nulls, search
-from tl_idempotence.heads import LayerHeads, kv_layout
 from tl_idempotence.linalg import closure_from_grams, layer_grams
 
 from test_nulls import SyntheticSource, dense_closure_T, gaussian_layer, head_with, pair, principal_bases
@@ -94,16 +93,12 @@ def test_search_is_honest_on_random_heads_and_rank_deficient_head():
         Pd = dense_check(O[i], V[i], res.K[i])
         # the reported value is the dense float64 value of the returned K, never above it
         assert t.loc[i, "P_searched"] <= Pd + 1e-12 and abs(t.loc[i, "P_searched"] - Pd) < 1e-10
-        sv = torch.linalg.svdvals(dense_closure(O[i], V[i]))[:r]
+        sv = torch.linalg.svdvals(O[i] @ V[i].T)[:r]  # singular values of the dense T
         assert torch.allclose(torch.linalg.svdvals(res.K[i]), sv, atol=1e-9 * float(sv[0]))
     # full-rank heads start at the trained orientation: the search never loses what training attained
     assert (t["P_searched"][:2] >= t["P"][:2] - 1e-6).all()
     assert (t["P_searched"] > t["P"]).all()
     assert set(t["search_stopped_on"]) <= {"tolerance", "budget"}
-
-
-def dense_closure(O, V):
-    return O @ V.T
 
 
 def test_stopping_is_reported_honestly():

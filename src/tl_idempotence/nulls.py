@@ -53,7 +53,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from .heads import LayerHeads, head_source
-from .linalg import Closure, Grams, closure_from_grams, grams, layer_grams
+from .linalg import Closure, Grams, closure_from_grams, layer_grams
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go

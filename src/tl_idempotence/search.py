@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from .heads import LayerHeads, head_source
