@@ -637,6 +637,10 @@ def summarize_controls(rep: "IdempotenceReport") -> None:
     ``infeasible_layers``.
     """
     h, L, s = rep.heads, rep.layers, rep.summary
+    if "feasible" in L.columns:
+        feas = L["feasible"].to_numpy(dtype=bool)
+        s["n_feasible_layers"] = int(feas.sum())
+        s["infeasible_layers"] = [int(l) for l in L.loc[~feas, "layer"]]
     if "P_scrambled_median" not in h.columns:
         return
     defined = np.isfinite(h["p_value"].to_numpy(dtype=float))
@@ -657,10 +661,6 @@ def summarize_controls(rep: "IdempotenceReport") -> None:
         notes = sorted({str(n) for n in L["mismatch_note"] if str(n)})
         if notes:
             s["mismatch_notes"] = notes
-    if "feasible" in L.columns:
-        feas = L["feasible"].to_numpy(dtype=bool)
-        s["n_feasible_layers"] = int(feas.sum())
-        s["infeasible_layers"] = [int(l) for l in L.loc[~feas, "layer"]]
 
 
 def _nanmax(a: Any) -> float:

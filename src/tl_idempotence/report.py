@@ -313,7 +313,7 @@ def idempotence_report(
         model=getattr(src, "model", None),
         options=options,
     )
-    if n_draws:
+    if n_draws or search:
         from .nulls import summarize_controls
 
         summarize_controls(rep)
