@@ -64,7 +64,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from .heads import ModelInfo, TLModelSource, _is_tl_model
-from .linalg import closure_from_grams, layer_grams
+from .linalg import _ranks, closure_from_grams, layer_grams
 
 __all__ = [
     "ActivationReturns",
@@ -305,9 +305,9 @@ class _LayerOps:
 
 
 def _eig_factors(G: Tensor, rtol: float) -> tuple[Tensor, Tensor, Tensor]:
-    lam, W = torch.linalg.eigh(G)
-    s = lam.clamp_min(0).sqrt()
-    mask = s > rtol * s.amax(-1, keepdim=True)
+    """Gram eigenbasis as in :mod:`tl_idempotence.linalg`, singular values zeroed beyond the rank."""
+    s, W, mask = _ranks(G, rtol, True)
+    assert W is not None
     return torch.where(mask, s, torch.zeros_like(s)), W, mask
 
 
@@ -331,14 +331,7 @@ def head_returns(
     Mz = torch.einsum("hij,...hj->...hi", M, z)
     Gz = torch.einsum("hij,...hj->...hi", G_O, z)
     GMz = torch.einsum("hij,...hj->...hi", G_O, Mz)
-    ip = (Mz * Gz).sum(-1)
-    ny2 = (z * Gz).sum(-1)
-    nTy2 = (Mz * GMz).sum(-1)
-    nan = torch.full_like(ip, float("nan"))
-    a = torch.where(ny2 > 0, ip / torch.where(ny2 > 0, ny2, torch.ones_like(ny2)), nan)
-    den = ny2 * nTy2
-    cos2 = torch.where(den > 0, ip**2 / torch.where(den > 0, den, torch.ones_like(den)), nan).clamp(0.0, 1.0)
-    return a, cos2
+    return _ratio((Mz * Gz).sum(-1), (z * Gz).sum(-1), (Mz * GMz).sum(-1))
 
 
 def _ratio(ip: Tensor, ny2: Tensor, nTy2: Tensor) -> tuple[Tensor, Tensor]:

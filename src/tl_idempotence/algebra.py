@@ -67,7 +67,7 @@ import scipy.linalg
 import torch
 
 from .heads import LayerHeads, ModelInfo, head_source
-from .linalg import Grams, layer_grams, rank_rtol
+from .linalg import Grams, closure_scalars, layer_grams, rank_rtol
 
 __all__ = ["AlgebraPart", "SharedValueAlgebra", "combine_layers", "layer_algebra", "shared_value_algebra"]
 
@@ -118,41 +118,14 @@ def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum((-1, -2))
 
 
-def _row(G_Oi: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor, rtol: float):
+def _row(G_Oi: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor):
     """α_ij, P_ij, ‖T_iT_j‖ and reasons for one left factor ``i`` against right factors ``M = M_j`` [n, r, r].
 
-    The operations, their order and the degeneracy rules are those of
-    :func:`~tl_idempotence.linalg.closure_from_grams` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
-    so ``i = j`` reproduces the core's α and P bit for bit (tested). The core's rank
-    eigendecompositions are skipped (they are not needed here).
+    :func:`~tl_idempotence.linalg.closure_scalars` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
+    so ``i = j`` reproduces the core's α and P bit for bit (tested), degeneracy rules included.
     """
-    G_Oi = G_Oi.expand_as(M).contiguous()
-    G_Vb = G_V.expand_as(M).contiguous()
-    norm2 = (G_Oi * G_Vb).sum((-1, -2)).clamp_min(0)
-    inner = (M * (G_Oi @ G_Vb)).sum((-1, -2))
-    norm2_T2 = ((G_Oi @ M) * (M @ G_Vb)).sum((-1, -2)).clamp_min(0)
-    norm = norm2.sqrt()
-    norm_T2 = norm2_T2.sqrt()
-    scale = (G_Oi.diagonal(dim1=-2, dim2=-1).sum(-1) * G_Vb.diagonal(dim1=-2, dim2=-1).sum(-1)).sqrt()
-    zero = (norm <= rtol * scale) | (norm == 0)
-    nil = ~zero & (norm_T2 <= rtol * norm2)
-    safe_norm2 = torch.where(zero, torch.ones_like(norm2), norm2)
-    safe_T2 = torch.where(zero | nil, torch.ones_like(norm2_T2), norm2_T2)
-    alpha = inner / safe_norm2
-    P = (inner**2 / (safe_T2 * safe_norm2)).clamp(0.0, 1.0)
-    nan = torch.full_like(P, float("nan"))
-    alpha = torch.where(zero, nan, torch.where(nil, torch.zeros_like(alpha), alpha))
-    P = torch.where(zero | nil, nan, P)
-    ratio = norm_T2 / safe_norm2
-    reasons = []
-    for b in range(M.shape[0]):
-        if bool(zero[b]):
-            reasons.append(f"zero head: ||T||_F <= {rtol:.1e} * ||O||_F ||V||_F")
-        elif bool(nil[b]):
-            reasons.append(f"nilpotent head: ||T^2||_F / ||T||_F^2 = {float(ratio[b]):.2e} <= {rtol:.1e}")
-        else:
-            reasons.append("")
-    return alpha, P, norm_T2, reasons
+    alpha, P, _, norm_T2, _, reason = closure_scalars(G_Oi.expand_as(M), G_V.expand_as(M), M)
+    return alpha, P, norm_T2, [str(x) for x in reason]
 
 
 def _kernel_defects(G_O: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor, alpha: np.ndarray, rtol: float):
@@ -221,7 +194,7 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> AlgebraPa
         diag_reason = [""] * n
         for a, i in enumerate(idx):
             # Row i: left factor O_i against every right factor j of the group.
-            al, pp, nT2, reasons = _row(g.G_O[i], G_V, M_g, rtol)
+            al, pp, nT2, reasons = _row(g.G_O[i], G_V, M_g)
             A[a] = al.numpy()
             P[a] = pp.numpy()
             diag_reason[a] = reasons[a]

@@ -43,6 +43,8 @@ __all__ = [
     "check_finite",
     "closure",
     "closure_from_grams",
+    "closure_scalars",
+    "principal_factors",
     "grams",
     "layer_grams",
     "rank_rtol",
@@ -261,34 +263,72 @@ def _ranks(G: Tensor, rtol: float, vectors: bool) -> tuple[Tensor, Tensor | None
     return s, W, mask
 
 
-def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
-    """Closure metrics from precomputed :class:`Grams` (SPEC sections 2-3).
+def principal_factors(
+    g: Grams, rtol: float, principal_K: bool = True
+) -> tuple[Float[Tensor, "*batch r r"], Float[Tensor, "*batch r"], Int[Tensor, "*batch"], Int[Tensor, "*batch"]]:
+    """Principal-coordinate factors ``K``, ``D`` and the numerical ranks, from Grams (SPEC 3).
+
+    With the eigenbases of the Grams (``G_O = W_O Λ_O W_Oᵀ``), ``Q_O = O W_O Λ_O^{-1/2}``
+    and ``Q_V = V W_V Λ_V^{-1/2}`` (columns beyond the numerical rank dropped), so
+    ``T = Q_O K_raw Q_Vᵀ`` with ``K_raw = Λ_O^{1/2} W_Oᵀ W_V Λ_V^{1/2}``. The SVD
+    ``Q_Vᵀ Q_O = U Σ Wᵀ`` rotates to principal coordinates: ``K = Wᵀ K_raw U``,
+    ``D = Σ`` (cosines of the principal angles, descending; entries at index
+    ``>= min(rank_O, rank_V)`` set to 0).
 
     Args:
-        g: Gram products, batch shape ``[*batch]``.
-        factors: also compute K, D (principal coordinates) and eigenvalues of T.
+        g: Gram products ``[*batch]``.
+        rtol: relative rank tolerance (:func:`rank_rtol`).
+        principal_K: rotate K to principal coordinates (full SVD). ``False`` returns
+            ``K_raw`` (same singular values, orientation not principal) and needs only
+            the singular values of ``Q_Vᵀ Q_O`` — enough for orientation-only controls.
 
     Returns:
-        :class:`Closure` with batch shape ``[*batch]``.
-
-    Degenerate heads never raise: ``‖T‖ ≈ 0`` (zero head) gives α = P = NaN;
-    ``‖T²‖ ≈ 0`` relative to ``‖T‖²`` (nilpotent head) gives α = 0 and P = NaN;
-    ``reason`` says which, with the tolerance (:data:`DEGENERATE_RTOL`, relative).
+        ``(K [*batch, r, r], D [*batch, r], rank_O [*batch], rank_V [*batch])``.
     """
-    G_O, G_V, M = g.G_O, g.G_V, g.M
-    r = G_O.shape[-1]
-    rtol = rank_rtol(g.d_model, r, g.input_dtype)
+    s_O, W_O, mask_O = _ranks(g.G_O, rtol, True)
+    s_V, W_V, mask_V = _ranks(g.G_V, rtol, True)
+    assert W_O is not None and W_V is not None
+    zero = torch.zeros_like(s_O)
+    inv_O = torch.where(mask_O, 1.0 / torch.where(mask_O, s_O, torch.ones_like(s_O)), zero)
+    inv_V = torch.where(mask_V, 1.0 / torch.where(mask_V, s_V, torch.ones_like(s_V)), zero)
+    sO = torch.where(mask_O, s_O, zero)
+    sV = torch.where(mask_V, s_V, zero)
+    C = inv_V.unsqueeze(-1) * (W_V.transpose(-1, -2) @ g.M @ W_O) * inv_O.unsqueeze(-2)  # Q_Vᵀ Q_O
+    K = sO.unsqueeze(-1) * (W_O.transpose(-1, -2) @ W_V) * sV.unsqueeze(-2)  # T = Q_O K_raw Q_Vᵀ
+    if principal_K:
+        U, S, Wh = torch.linalg.svd(C)
+        K = Wh @ K @ U
+    else:
+        S = torch.linalg.svdvals(C)
+    rank_O, rank_V = mask_O.sum(-1), mask_V.sum(-1)
+    n_ang = torch.minimum(rank_O, rank_V).unsqueeze(-1)
+    D = torch.where(torch.arange(S.shape[-1]).expand_as(S) < n_ang, S, torch.zeros_like(S))
+    return K, D, rank_O, rank_V
 
+
+def closure_scalars(
+    G_O: Float[Tensor, "*batch r r"], G_V: Float[Tensor, "*batch r r"], M: Float[Tensor, "*batch r r"]
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, np.ndarray]:
+    """α, P, ‖T‖, ‖T²‖, ⟨T², T⟩ and the degeneracy reasons from Gram products (SPEC 2).
+
+    The scalar part of :func:`closure_from_grams`, shared with the shared-value
+    algebra (where ``(G_O, G_V, M) = (G_O_i, G_V, M_j)`` gives ``α_ij``, ``P_ij``).
+
+    Args:
+        G_O, G_V, M: ``[*batch, r, r]`` float64 (``OᵀO``, ``VᵀV``, ``VᵀO``; broadcast).
+
+    Returns:
+        ``(alpha, P, norm, norm_T2, inner, reason)``: tensors ``[*batch]`` and a numpy
+        object array of reasons ("" where P is defined). Zero head (``‖T‖ ≤
+        DEGENERATE_RTOL · ‖O‖_F‖V‖_F``): α = P = NaN; nilpotent head (``‖T²‖ ≤
+        DEGENERATE_RTOL · ‖T‖²``): α = 0, P = NaN.
+    """
+    G_O, G_V, M = torch.broadcast_tensors(G_O, G_V, M)
     norm2 = (G_O * G_V).sum((-1, -2)).clamp_min(0)
     inner = (M * (G_O @ G_V)).sum((-1, -2))
     norm2_T2 = ((G_O @ M) * (M @ G_V)).sum((-1, -2)).clamp_min(0)
     norm = norm2.sqrt()
     norm_T2 = norm2_T2.sqrt()
-
-    s_O, W_O, mask_O = _ranks(G_O, rtol, factors)
-    s_V, W_V, mask_V = _ranks(G_V, rtol, factors)
-    rank_O = mask_O.sum(-1)
-    rank_V = mask_V.sum(-1)
 
     # Degeneracy: ‖T‖ ≤ ‖O‖_F ‖V‖_F and ‖T²‖ ≤ ‖T‖², so both tests are scale-free.
     scale = (G_O.diagonal(dim1=-2, dim2=-1).sum(-1) * G_V.diagonal(dim1=-2, dim2=-1).sum(-1)).sqrt()
@@ -313,26 +353,37 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
         idx = tuple(idx)
         reason[idx] = f"nilpotent head: ||T^2||_F / ||T||_F^2 = {float(ratio[idx]):.2e} <= {dtol:.0e}"
 
+    return alpha, P, norm, norm_T2, inner, reason
+
+
+def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
+    """Closure metrics from precomputed :class:`Grams` (SPEC sections 2-3).
+
+    Args:
+        g: Gram products, batch shape ``[*batch]``.
+        factors: also compute K, D (principal coordinates) and eigenvalues of T.
+
+    Returns:
+        :class:`Closure` with batch shape ``[*batch]``.
+
+    Degenerate heads never raise: ``‖T‖ ≈ 0`` (zero head) gives α = P = NaN;
+    ``‖T²‖ ≈ 0`` relative to ``‖T‖²`` (nilpotent head) gives α = 0 and P = NaN;
+    ``reason`` says which, with the tolerance (:data:`DEGENERATE_RTOL`, relative).
+    """
+    G_O, G_V, M = g.G_O, g.G_V, g.M
+    r = G_O.shape[-1]
+    rtol = rank_rtol(g.d_model, r, g.input_dtype)
+
+    alpha, P, norm, norm_T2, inner, reason = closure_scalars(G_O, G_V, M)
     K = D = eig = None
     if factors:
-        assert W_O is not None and W_V is not None
-        inv_O = torch.where(mask_O, 1.0 / torch.where(mask_O, s_O, torch.ones_like(s_O)), torch.zeros_like(s_O))
-        inv_V = torch.where(mask_V, 1.0 / torch.where(mask_V, s_V, torch.ones_like(s_V)), torch.zeros_like(s_V))
-        sO = torch.where(mask_O, s_O, torch.zeros_like(s_O))
-        sV = torch.where(mask_V, s_V, torch.zeros_like(s_V))
-        WtV = W_V.transpose(-1, -2)
-        WtO = W_O.transpose(-1, -2)
-        # C = Q_Vᵀ Q_O with Q_O = O W_O diag(inv_O), Q_V = V W_V diag(inv_V).
-        C = inv_V.unsqueeze(-1) * (WtV @ M @ W_O) * inv_O.unsqueeze(-2)
-        # K_raw: T = Q_O K_raw Q_Vᵀ.
-        K_raw = sO.unsqueeze(-1) * (WtO @ W_V) * sV.unsqueeze(-2)
-        U, S, Wh = torch.linalg.svd(C)
-        K = Wh @ K_raw @ U
-        n_ang = torch.minimum(rank_O, rank_V).unsqueeze(-1)
-        D = torch.where(torch.arange(r).expand_as(S) < n_ang, S, torch.zeros_like(S))
+        K, D, rank_O, rank_V = principal_factors(g, rtol)
         ev = torch.linalg.eigvals(M)
         order = ev.abs().argsort(dim=-1, descending=True)
         eig = torch.gather(ev, -1, order)
+    else:
+        rank_O = _ranks(G_O, rtol, False)[2].sum(-1)
+        rank_V = _ranks(G_V, rtol, False)[2].sum(-1)
 
     return Closure(
         alpha=alpha,

@@ -190,29 +190,12 @@ def _factors_from_grams(g: Grams, c: Closure, need_K: bool = False) -> _Factors:
     """:class:`_Factors` straight from the Gram products (no eigenvalues of M, no full SVD
     unless ``need_K``): the same principal-coordinate construction as
     :func:`~tl_idempotence.linalg.closure_from_grams`, with ``c``'s tolerance and P."""
-    from .linalg import _ranks
+    from .linalg import principal_factors
 
     rtol = c.rtol
-    s_O, W_O, mask_O = _ranks(g.G_O, rtol, True)
-    s_V, W_V, mask_V = _ranks(g.G_V, rtol, True)
-    zero = torch.zeros_like(s_O)
-    inv_O = torch.where(mask_O, 1.0 / torch.where(mask_O, s_O, torch.ones_like(s_O)), zero)
-    inv_V = torch.where(mask_V, 1.0 / torch.where(mask_V, s_V, torch.ones_like(s_V)), zero)
-    sO = torch.where(mask_O, s_O, zero)
-    sV = torch.where(mask_V, s_V, zero)
-    C = inv_V.unsqueeze(-1) * (W_V.transpose(-1, -2) @ g.M @ W_O) * inv_O.unsqueeze(-2)  # Q_Vᵀ Q_O
-    K_raw = sO.unsqueeze(-1) * (W_O.transpose(-1, -2) @ W_V) * sV.unsqueeze(-2)  # T = Q_O K_raw Q_Vᵀ
-    if need_K:
-        U, D, Wh = torch.linalg.svd(C)
-        K = Wh @ K_raw @ U
-    else:
-        D = torch.linalg.svdvals(C)
-        K = K_raw  # same singular values; orientation not in principal coordinates
-    r = D.shape[-1]
-    n_ang = torch.minimum(mask_O.sum(-1), mask_V.sum(-1)).unsqueeze(-1)
-    D = torch.where(torch.arange(r) < n_ang, D, torch.zeros_like(D))
-    cf = Closure(alpha=c.alpha, P=c.P, norm=c.norm, norm_T2=c.norm_T2, inner=c.inner, rank_O=mask_O.sum(-1),
-                 rank_V=mask_V.sum(-1), rtol=rtol, reason=c.reason, K=K, D=D)
+    K, D, rank_O, rank_V = principal_factors(g, rtol, principal_K=need_K)
+    cf = Closure(alpha=c.alpha, P=c.P, norm=c.norm, norm_T2=c.norm_T2, inner=c.inner, rank_O=rank_O,
+                 rank_V=rank_V, rtol=rtol, reason=c.reason, K=K, D=D)
     return _factors(cf)
 
 
