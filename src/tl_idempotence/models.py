@@ -280,13 +280,17 @@ def _find_local(spec: dict[str, Any], root: Path, source: str | Path | None) -> 
     return None
 
 
-def _files_ok(files: Path, spec: dict[str, Any]) -> bool:
-    marker = files / _VERIFIED
-    if not marker.is_file():
-        return False
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    """A cache marker's JSON record, or None when it is missing or unreadable."""
     try:
-        rec = json.loads(marker.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
+        return None
+
+
+def _files_ok(files: Path, spec: dict[str, Any]) -> bool:
+    rec = _read_marker(files / _VERIFIED)
+    if rec is None:
         return False
     for member, sha in spec["members"].items():
         f = files / Path(member).name
@@ -371,12 +375,8 @@ def _convert_gguf(files: Path, spec: dict[str, Any], out: Path) -> None:
 
 
 def _hf_ok(hf: Path, spec: dict[str, Any]) -> bool:
-    meta = hf / _META
-    if not meta.is_file():
-        return False
-    try:
-        rec = json.loads(meta.read_text())
-    except (OSError, ValueError):
+    rec = _read_marker(hf / _META)
+    if rec is None:
         return False
     return rec.get("checkpoint_sha256") == spec["members"][spec["weights"]] and (hf / "model.safetensors").is_file()
 
