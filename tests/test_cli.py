@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tl_idempotence import cli, models
+from tl_idempotence import cli
+from tl_idempotence.sources import zoo as models
 
 
 def _exit_code(argv) -> int:

@@ -46,7 +46,7 @@ def lineage_dir(tmp_path_factory):
     """The session lineage of tests/test_trajectory.py (trained once, reused by train_lineage)."""
     from test_trajectory import LINEAGE_KW
 
-    from tl_idempotence.lineage import train_lineage
+    from tl_idempotence.sources.lineage import train_lineage
 
     return train_lineage(tmp_path_factory.getbasetemp() / "tli_lineage", **LINEAGE_KW).root
 

@@ -3,90 +3,144 @@
 Implements the analyses of "Scaled Idempotence in Transformer Attention: Paired OV
 Geometry and Shared-Value Algebras" (arXiv 2609.01129); definitions in ``docs/definitions.md``.
 
-Importing this package attaches :func:`idempotence_report` as a method
-``model.idempotence_report(...)`` to TransformerLens's HookedTransformer,
-HookedEncoder (when the installed transformer-lens has them) and TransformerBridge.
+The package is layered (``docs/architecture.md``); data flows one way:
+
+    core (closure maths) -> sources (models, files -> LayerHeads) -> analyses (per layer)
+    -> report (loop, summary, save) -> studies (trajectories, comparisons, sweeps)
+    -> views (figures, HTML) -> cli
+
+``import tl_idempotence`` is cheap: it imports nothing heavy (no torch until a function is
+used, never transformer_lens, transformers or plotly); every public name below is loaded
+on first use. ``model.idempotence_report(...)`` appears on TransformerLens's
+``HookedTransformer``, ``HookedEncoder`` and ``TransformerBridge`` as soon as
+transformer_lens (or ``transformer_lens.model_bridge``) is imported — before or after this
+package — through a post-import hook (``wrapt.register_post_import_hook``); it keeps the
+real signature and docstring of :func:`idempotence_report`.
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
-
-from .heads import HeadSource, LayerHeads, ModelInfo, head_source, kv_layout
-from .linalg import Closure, closure
-from .report import IdempotenceReport, idempotence_report
-from .nulls import MismatchResult, Scramble, mismatch, orientation_scramble
-from .search import SearchResult, constructive_search
-from .lineage import Lineage, train_lineage
-from .trajectory import Trajectory, trajectory
-from .algebra import SharedValueAlgebra, shared_value_algebra
-from .activations import ActivationReturns, activation_returns, default_corpus
-from .attention import AttentionView, attention_view, flagged_heads
-from . import models  # the offline model zoo: tli.models.load("smollm2-135m")
+from typing import Any
 
 try:
     __version__ = version("tl_idempotence")
 except PackageNotFoundError:  # pragma: no cover
     __version__ = "0+unknown"
 
-__all__ = [
-    "Closure",
-    "HeadSource",
-    "IdempotenceReport",
-    "LayerHeads",
-    "ModelInfo",
-    "closure",
-    "head_source",
-    "idempotence_report",
-    "kv_layout",
-    "MismatchResult",
-    "Scramble",
-    "SearchResult",
-    "constructive_search",
-    "mismatch",
-    "orientation_scramble",
-    "Lineage",
-    "Trajectory",
-    "train_lineage",
-    "trajectory",
-    "ActivationReturns",
-    "AttentionView",
-    "SharedValueAlgebra",
-    "activation_returns",
-    "attention_view",
-    "default_corpus",
-    "flagged_heads",
-    "shared_value_algebra",
-]
+#: Public name -> module that defines it (loaded on first access).
+_EXPORTS: dict[str, str] = {
+    # core: the closure maths
+    "Closure": "tl_idempotence.core.closure",
+    "closure": "tl_idempotence.core.closure",
+    "HeadSource": "tl_idempotence.core.heads",
+    "LayerHeads": "tl_idempotence.core.heads",
+    "ModelInfo": "tl_idempotence.core.heads",
+    "kv_layout": "tl_idempotence.core.heads",
+    "ReportOptions": "tl_idempotence.core.options",
+    # sources
+    "head_source": "tl_idempotence.sources.dispatch",
+    "Lineage": "tl_idempotence.sources.lineage",
+    "train_lineage": "tl_idempotence.sources.lineage",
+    # analyses
+    "MismatchResult": "tl_idempotence.analyses.mismatch",
+    "mismatch": "tl_idempotence.analyses.mismatch",
+    "Scramble": "tl_idempotence.analyses.scramble",
+    "orientation_scramble": "tl_idempotence.analyses.scramble",
+    "SearchResult": "tl_idempotence.analyses.search",
+    "constructive_search": "tl_idempotence.analyses.search",
+    "SharedValueAlgebra": "tl_idempotence.analyses.algebra",
+    "shared_value_algebra": "tl_idempotence.analyses.algebra",
+    "ActivationReturns": "tl_idempotence.analyses.activations",
+    "activation_returns": "tl_idempotence.analyses.activations",
+    "default_corpus": "tl_idempotence.analyses.tokens",
+    "flagged_heads": "tl_idempotence.analyses.attention",
+    "Ablation": "tl_idempotence.analyses.ablation",
+    "ablation": "tl_idempotence.analyses.ablation",
+    # report
+    "IdempotenceReport": "tl_idempotence.report.report",
+    "idempotence_report": "tl_idempotence.report.report",
+    "load_report": "tl_idempotence.report.store",
+    # studies
+    "Trajectory": "tl_idempotence.studies.trajectory",
+    "trajectory": "tl_idempotence.studies.trajectory",
+    "Comparison": "tl_idempotence.studies.compare",
+    "compare": "tl_idempotence.studies.compare",
+    "SweepResult": "tl_idempotence.studies.sweep",
+    "sweep": "tl_idempotence.studies.sweep",
+    # views
+    "AttentionView": "tl_idempotence.views.attention",
+    "attention_view": "tl_idempotence.views.attention",
+}
+#: Public submodules reachable as attributes (``tli.models.load(...)``, ``tli.errors``).
+_MODULES: dict[str, str] = {
+    "models": "tl_idempotence.sources.zoo",
+    "errors": "tl_idempotence.errors",
+}
+
+__all__ = sorted(_EXPORTS) + sorted(_MODULES)
 
 
-def _method(self, *args, **kwargs):
-    return idempotence_report(self, *args, **kwargs)
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        mod = importlib.import_module(_MODULES[name])
+        globals()[name] = mod
+        return mod
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tl_idempotence' has no attribute {name!r}")
 
 
-_method.__doc__ = idempotence_report.__doc__
-_method.__name__ = "idempotence_report"
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
-def _attach() -> list[str]:
-    """Attach ``idempotence_report`` to the TransformerLens model classes that exist."""
-    attached = []
-    targets = [
-        ("transformer_lens", "HookedTransformer"),
-        ("transformer_lens", "HookedEncoder"),
-        ("transformer_lens.model_bridge", "TransformerBridge"),
-    ]
-    import importlib
+#: TransformerLens classes that got ``idempotence_report`` (filled by the post-import hook).
+ATTACHED_TO: list[str] = []
+_TL_CLASSES = {
+    "transformer_lens": ("HookedTransformer", "HookedEncoder"),
+    "transformer_lens.model_bridge": ("TransformerBridge",),
+}
 
-    for mod_name, cls_name in targets:
-        try:
-            mod = importlib.import_module(mod_name)
-            cls = getattr(mod, cls_name)
-        except (ImportError, AttributeError):
+
+def _report_method() -> Any:
+    """``idempotence_report`` as a method: ``model.idempotence_report(threshold, nulls=..., ...)``,
+    with the function's real signature (``inspect.signature`` follows ``__wrapped__``) and docstring."""
+    import functools
+
+    from .report.report import idempotence_report
+
+    @functools.wraps(idempotence_report)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return idempotence_report(self, *args, **kwargs)
+
+    return method
+
+
+def _attach(module: Any) -> None:
+    """Post-import hook: attach ``idempotence_report`` to the TransformerLens classes in ``module``."""
+    for cls_name in _TL_CLASSES.get(module.__name__, ()):
+        cls = getattr(module, cls_name, None)
+        if not isinstance(cls, type):
             continue
-        setattr(cls, "idempotence_report", _method)
-        attached.append(cls_name)
-    return attached
+        current = cls.__dict__.get("idempotence_report")
+        if current is not None and getattr(current, "__tli_method__", False):
+            continue
+        method = _report_method()
+        method.__tli_method__ = True  # type: ignore[attr-defined]
+        setattr(cls, "idempotence_report", method)
+        if cls_name not in ATTACHED_TO:
+            ATTACHED_TO.append(cls_name)
 
 
-ATTACHED_TO = _attach()
+def _install_hooks() -> None:
+    from wrapt import register_post_import_hook
+
+    for mod_name in _TL_CLASSES:
+        register_post_import_hook(_attach, mod_name)
+
+
+_install_hooks()

@@ -16,7 +16,6 @@ to stdout.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -49,7 +48,7 @@ def _nonneg_int(s: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argparse parser of ``tl-idempotence`` (exposed for docs and tests)."""
-    from . import models
+    from .sources import zoo as models
 
     known = ", ".join(models.known_models())
     p = argparse.ArgumentParser(
@@ -155,7 +154,7 @@ def _summary_text(rep: Any) -> str:
 
 def _resolve_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The object to pass to idempotence_report and extra kwargs for it."""
-    from . import models
+    from .sources import zoo as models
 
     extra: dict[str, Any] = {}
     if args.model in models.known_models():
@@ -169,18 +168,13 @@ def _resolve_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         )
     if args.processing != "raw" or args.cls != "bridge":
         raise _Failure("--processing/--cls apply to zoo models only; checkpoint paths are read raw from the files.")
-    if importlib.util.find_spec("tl_idempotence.sources") is None:
-        raise _Failure(
-            f"Reading checkpoint paths ({path}) needs tl_idempotence.sources, which this installation lacks; "
-            "load the model with TransformerLens and call model.idempotence_report() instead."
-        )
     return str(path), extra
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     import torch
 
-    import tl_idempotence as tli
+    from .report.report import idempotence_report
 
     model, extra = _resolve_model(args)
     kwargs: dict[str, Any] = dict(
@@ -189,7 +183,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         algebra=args.algebra, progress=not args.quiet, **extra,
         **({"resume": args.resume} if args.resume else {}),
     )
-    rep = tli.idempotence_report(model, **kwargs)
+    rep = idempotence_report(model, **kwargs)
     out = Path(args.out)
     if out.parent and not out.parent.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +198,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_models(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from . import models
+    from .sources import zoo as models
 
     rows = []
     for name in models.known_models():
@@ -226,7 +220,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from . import models
+    from .sources import zoo as models
 
     path = models.checkpoint_dir(args.name, source=args.source, progress=not args.quiet)
     print(path)

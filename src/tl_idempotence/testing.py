@@ -15,18 +15,10 @@ from typing import Any
 
 import torch
 
+from .sources.lineage import tiny_tokenizer
+from .sources.tl import bridge_from_dir
+
 __all__ = ["bridge_from_dir", "hooked_from_dir", "tiny_hf_dir", "tiny_tokenizer"]
-
-
-def tiny_tokenizer(vocab_size: int = 100):
-    """Word-level fast tokenizer over tokens ``w0..w{vocab_size-1}`` (w1 = BOS, w2 = EOS, w3 = PAD)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {f"w{i}": i for i in range(vocab_size)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="w0", bos_token="w1", eos_token="w2", pad_token="w3")
 
 
 def tiny_hf_dir(
@@ -82,13 +74,6 @@ def tiny_hf_dir(
     model.save_pretrained(path)
     tiny_tokenizer(vocab_size).save_pretrained(path)
     return path
-
-
-def bridge_from_dir(path: str | Path, **kwargs: Any):
-    """TransformerBridge over a local HF directory, raw weights (no processing)."""
-    from transformer_lens.model_bridge import TransformerBridge
-
-    return TransformerBridge.boot_transformers(str(path), device="cpu", **kwargs)
 
 
 def hooked_from_dir(path: str | Path, hf_model: Any = None):

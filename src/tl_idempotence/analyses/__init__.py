@@ -1,0 +1,8 @@
+"""Layer 3 — the paper's analyses, each a per-layer function of a ``LayerContext`` (SPEC 4-8).
+
+:mod:`.base` defines the contract (``LayerContext`` -> ``LayerResult``) and the list of
+report analyses; :mod:`.closure`, :mod:`.scramble`, :mod:`.mismatch`, :mod:`.search`,
+:mod:`.algebra` implement it. :mod:`.orientation` holds what the orientation-only
+controls share; :mod:`.activations`, :mod:`.attention`, :mod:`.ablation` run a model on
+text (:mod:`.tokens`).
+"""

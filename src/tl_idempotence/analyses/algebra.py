@@ -1,0 +1,526 @@
+"""Shared-value algebra of GQA/MQA heads (SPEC section 7).
+
+**[paper]** In GQA/MQA the query heads of one kv group share the value read ``V``,
+so (column form) ``T_i = O_i Vᵀ`` and::
+
+    T_i T_j = O_i (Vᵀ O_j) Vᵀ = O_i M_j Vᵀ,     M_j = Vᵀ O_j   (d_head x d_head)
+
+If ``M_j ≈ α_j I`` then ``T_i T_j ≈ α_j T_i`` for every ``i`` of the group: a right
+action whose scale depends only on the right factor ``j``.
+
+**[ours]** Everything reduces to the Gram products the core already has
+(``G_O_i = O_iᵀ O_i``, ``G_V = Vᵀ V``, ``M_j = Vᵀ O_j``; :mod:`tl_idempotence.core.closure`).
+Using ``‖O X Vᵀ‖²_F = ⟨G_O X, X G_V⟩_F`` and ``⟨O X Vᵀ, O Y Vᵀ⟩_F = ⟨G_O X, Y G_V⟩_F``::
+
+    ‖T_i‖²            = ⟨G_O_i, G_V⟩
+    ⟨T_i T_j, T_i⟩    = tr(V M_jᵀ O_iᵀ O_i Vᵀ)        = ⟨M_j, G_O_i G_V⟩
+    ‖T_i T_j‖²        = tr(V M_jᵀ G_O_i M_j Vᵀ)        = ⟨G_O_i M_j, M_j G_V⟩
+
+    α_ij = ⟨M_j, G_O_i G_V⟩ / ⟨G_O_i, G_V⟩
+    P_ij = ⟨M_j, G_O_i G_V⟩² / (⟨G_O_i M_j, M_j G_V⟩ ⟨G_O_i, G_V⟩)
+
+These are exactly the core's formulas for ``α`` and ``P`` with ``M`` replaced by
+``M_j`` and ``G_O`` by ``G_O_i``; so this module evaluates them with
+:func:`~tl_idempotence.core.closure.closure_scalars` on the Grams ``(G_O_i, G_V, M_j)``,
+and ``i = j`` reproduces the core's ``α`` and ``P`` bit for bit, with the same
+degeneracy rules (zero ``T_i`` -> NaN; ``T_i T_j ≈ 0`` -> ``α_ij = 0``, ``P_ij`` NaN).
+
+Per right factor ``j`` (table ``heads``):
+
+* ``alpha_spread`` — the right-action law predicts ``α_ij`` independent of ``i``:
+  ``(max_i α_ij − min_i α_ij) / max_i |α_ij|`` (0 when the law holds; at most 2).
+* ``law_P`` / ``law_alpha`` — the law for *every* possible left factor: ``T T_j = α T``
+  for all ``T = O Vᵀ`` iff ``M_j Vᵀ = α Vᵀ``; ``law_P = cos²(M_j Vᵀ, Vᵀ) =
+  ⟨M_j, G_V⟩² / (⟨M_j G_V, M_j⟩ tr G_V)`` and ``law_alpha = ⟨M_j, G_V⟩ / tr G_V``.
+* ``idempotence_defect = ‖E² − E‖_F / ‖E‖_F`` for ``E = T_j / α_j``. Expanding with
+  ``⟨T², T⟩ = α‖T‖²`` gives exactly ``sqrt(1/P_j − 1)``: the core's ``P`` already is the
+  projection test; it is reported in this unit for reading convenience.
+* ``kernel_defect`` — how close ``T_j / α_j`` is to *the* projection onto span(O_j)
+  along the shared kernel ker(Vᵀ), ``E_j = O_j M_j⁻¹ Vᵀ`` (the unique idempotent with
+  that range and kernel; every head of the group shares ker(Vᵀ), so the group's
+  ``E_j`` are a family of projections with one kernel and distinct ranges):
+  ``‖T_j/α_j − E_j‖_F / ‖E_j‖_F`` with ``X = I/α_j − M_j⁻¹``:
+  ``sqrt(⟨G_O X, X G_V⟩ / ⟨G_O M_j⁻¹, M_j⁻¹ G_V⟩)``. It is 0 iff ``M_j = α_j I``
+  (then ``α_ij = α_j`` for all ``i``). A closed head whose ``Vᵀ O_j`` has eigenvalues
+  at ``α`` *and* at 0 is a projection with a kernel larger than ker(Vᵀ) and gets a
+  large kernel defect although its ``P`` is high. NaN when ``M_j`` is singular
+  (condition number above ``1/rtol``) or ``α_j`` is 0/NaN.
+
+Closed heads of one group (table ``closed_ranges``): principal angles between their
+ranges span(O_a) and span(O_b) (``scipy.linalg.subspace_angles`` on the
+``d_model x d_head`` factors; never ``d_model x d_model``).
+
+Group membership comes from the model's kv layout (``LayerHeads.kv_head_of``), never
+from comparing floats. MHA layers (every kv group has one query head) have no exact
+value sharing: the result is empty with ``reason = "no exact value sharing (MHA)"``.
+No approximate-sharing analysis is offered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..core.closure import Grams, apply_exponents, closure_scalars
+from ..core.factors import rank_rtol
+from ..core.heads import LayerHeads, ModelInfo
+from ..core.options import (
+    ReportOptions,
+    check_bool,
+    check_compute_dtype,
+    check_device,
+    check_layers,
+    check_threshold,
+    resolve_layers,
+    strict_kwargs,
+)
+from ..core.results import Result
+from ..errors import OptionError
+from ..sources.dispatch import head_source
+from .base import LayerContext, LayerResult
+
+__all__ = ["MHA_REASON", "AlgebraAnalysis", "SharedValueAlgebra", "layer_algebra", "shared_value_algebra"]
+
+MHA_REASON = "no exact value sharing (MHA)"
+
+PAIR_COLUMNS = ["layer", "kv_head", "i", "j", "alpha_ij", "P_ij", "norm_TiTj", "diagonal", "reason"]
+HEAD_COLUMNS = [
+    "layer", "kv_head", "head", "alpha", "P", "closed", "alpha_ij_min", "alpha_ij_max", "alpha_spread",
+    "law_alpha", "law_P", "idempotence_defect", "kernel_defect", "reason",
+]
+GROUP_COLUMNS = [
+    "layer", "kv_head", "n_heads", "heads", "n_closed", "median_P_pairs", "median_P_offdiag", "min_P_offdiag",
+    "median_alpha_spread", "max_alpha_spread", "law_score",
+]
+RANGE_COLUMNS = ["layer", "kv_head", "head_a", "head_b", "min_angle_deg", "max_angle_deg", "mean_cos2", "n_angles"]
+TABLES = {"pairs": PAIR_COLUMNS, "heads": HEAD_COLUMNS, "groups": GROUP_COLUMNS, "closed_ranges": RANGE_COLUMNS}
+
+
+def _empty(cols: list[str]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
+
+
+@dataclass(repr=False)
+class SharedValueAlgebra(Result):
+    """Shared-value algebra of one layer or a whole model (SPEC section 7), from
+    :func:`shared_value_algebra` or ``idempotence_report(..., algebra=True).algebra``.
+
+    One record type for one layer (:func:`layer_algebra`) and many (:meth:`concat`).
+
+    Attributes:
+        pairs: one row per ordered pair ``(i, j)`` within a kv group: ``alpha_ij``
+            (units of the weights, like α), ``P_ij`` in [0, 1], ``norm_TiTj``, ``diagonal``
+            (``i == j``: equals the core's α, P), ``reason`` (why NaN).
+        heads: one row per right factor ``j``: α, P, ``alpha_ij_min/max``,
+            ``alpha_spread`` (dimensionless, 0 when the right-action law holds),
+            ``law_alpha``, ``law_P``, ``idempotence_defect``, ``kernel_defect``.
+        groups: one row per (layer, kv group): ``median_P_pairs``, ``median_P_offdiag``,
+            ``min_P_offdiag``, ``median/max_alpha_spread``, ``law_score`` (= median
+            off-diagonal ``P_ij``).
+        closed_ranges: principal angles (degrees) between span(O_a), span(O_b) for
+            pairs of heads of one group closed at ``ranges_threshold``.
+        reason: "" when there is value sharing, else why the result is empty
+            (``"no exact value sharing (MHA)"``).
+        info: what was measured.
+        threshold: P threshold for "closed".
+        ranges_threshold: the threshold ``closed_ranges`` was computed at (the angles need the
+            weights, so they are not recomputed when the threshold changes).
+    """
+
+    pairs: pd.DataFrame
+    heads: pd.DataFrame
+    groups: pd.DataFrame
+    closed_ranges: pd.DataFrame
+    reason: str
+    info: ModelInfo | None = None
+    threshold: float = 0.9
+    ranges_threshold: float | None = None
+
+    repr_keys: ClassVar[tuple[str, ...]] = ("n_groups", "median_P_offdiag", "median_alpha_spread", "algebra_reason")
+
+    def __post_init__(self) -> None:
+        if self.ranges_threshold is None:
+            self.ranges_threshold = self.threshold
+
+    @property
+    def empty(self) -> bool:
+        """True when no layer has value sharing (see :attr:`reason`)."""
+        return len(self.pairs) == 0
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """Headline numbers: pair counts, median off-diagonal P_ij, spreads, closed-range angles."""
+        if self.empty:
+            return {"algebra_reason": self.reason}
+        off = self.pairs.loc[~self.pairs["diagonal"].astype(bool), "P_ij"].to_numpy(dtype=float)
+        off = off[np.isfinite(off)]
+        sp = self.heads["alpha_spread"].to_numpy(dtype=float)
+        sp = sp[np.isfinite(sp)]
+        out: dict[str, Any] = {
+            "n_groups": int(len(self.groups)),
+            "n_pairs_offdiag": int(off.size),
+            "median_P_offdiag": float(np.median(off)) if off.size else float("nan"),
+            "frac_offdiag_P_ge_threshold": float((off >= self.threshold).mean()) if off.size else float("nan"),
+            "median_alpha_spread": float(np.median(sp)) if sp.size else float("nan"),
+            "n_closed_range_pairs": int(len(self.closed_ranges)),
+        }
+        if len(self.closed_ranges):
+            out["median_min_angle_deg_closed"] = float(self.closed_ranges["min_angle_deg"].median())
+        return out
+
+    def matrices(self, layer: int) -> dict[int, tuple[list[int], np.ndarray, np.ndarray]]:
+        """``{kv_head: (heads, alpha [n, n], P [n, n])}`` of one layer, row = ``i`` (left), column = ``j`` (right)."""
+        out: dict[int, tuple[list[int], np.ndarray, np.ndarray]] = {}
+        d = self.pairs[self.pairs["layer"] == layer]
+        for k, grp in d.groupby("kv_head", sort=True):
+            heads = sorted(set(grp["i"].astype(int)))
+            pos = {h: n for n, h in enumerate(heads)}
+            A = np.full((len(heads), len(heads)), np.nan)
+            P = np.full_like(A, np.nan)
+            for i, j, a, p in zip(grp["i"], grp["j"], grp["alpha_ij"], grp["P_ij"]):
+                A[pos[int(i)], pos[int(j)]] = a
+                P[pos[int(i)], pos[int(j)]] = p
+            out[int(k)] = (heads, A, P)
+        return out
+
+    @property
+    def layers(self) -> list[int]:
+        """Layers with value sharing."""
+        return sorted({int(v) for v in self.pairs["layer"]}) if len(self.pairs) else []
+
+    def figures(self, layers: list[int] | None = None) -> list[Any]:
+        """One plotly figure per layer: α_ij and P_ij per kv group (drawn by ``tl_idempotence.views``)."""
+        from ..core.results import views
+
+        return list(views().algebra_figures(self, layers=layers))
+
+    @classmethod
+    def concat(cls, parts: list[SharedValueAlgebra], info: ModelInfo | None = None,
+               threshold: float | None = None) -> SharedValueAlgebra:
+        """Concatenate per-layer results (from :func:`layer_algebra`) into one.
+
+        The ``reason`` is ``"no exact value sharing (MHA)"`` when no layer has a kv group with
+        two or more query heads.
+        """
+        shared = [p for p in parts if not p.reason]
+        if threshold is None:
+            threshold = parts[0].threshold if parts else 0.9
+
+        def cat(attr: str, cols: list[str]) -> pd.DataFrame:
+            frames = [getattr(p, attr) for p in shared if len(getattr(p, attr))]
+            return pd.concat(frames, ignore_index=True) if frames else _empty(cols)
+
+        if shared:
+            reason = ""
+        elif parts:
+            reason = parts[0].reason or MHA_REASON
+        else:
+            reason = "no layers were analysed"
+        if not shared and info is not None and info.n_kv_heads == info.n_heads:
+            reason = MHA_REASON
+        return cls(pairs=cat("pairs", PAIR_COLUMNS), heads=cat("heads", HEAD_COLUMNS), groups=cat("groups", GROUP_COLUMNS),
+                   closed_ranges=cat("closed_ranges", RANGE_COLUMNS), reason=reason, info=info, threshold=threshold,
+                   ranges_threshold=parts[0].ranges_threshold if parts else threshold)
+
+    def at_threshold(self, threshold: float) -> SharedValueAlgebra:
+        """The same algebra with ``closed`` flags and group counts at another threshold (``closed_ranges``
+        keeps the pairs closed at both thresholds: the angles need the weights)."""
+        t = check_threshold(threshold)
+        heads = self.heads.copy()
+        if len(heads):
+            heads["closed"] = np.isfinite(heads["P"].to_numpy(dtype=float)) & (heads["P"].to_numpy(dtype=float) >= t)
+        groups = self.groups.copy()
+        if len(groups):
+            n = heads.groupby(["layer", "kv_head"])["closed"].sum()
+            groups["n_closed"] = [int(n.get((lay, k), 0)) for lay, k in zip(groups["layer"], groups["kv_head"])]
+        ranges = self.closed_ranges
+        if len(ranges):
+            ok = set(zip(heads.loc[heads["closed"], "layer"], heads.loc[heads["closed"], "head"]))
+            keep = [(lay, a) in ok and (lay, b) in ok for lay, a, b in zip(ranges["layer"], ranges["head_a"], ranges["head_b"])]
+            ranges = ranges[keep].reset_index(drop=True)
+        return SharedValueAlgebra(pairs=self.pairs, heads=heads, groups=groups, closed_ranges=ranges, reason=self.reason,
+                                  info=self.info, threshold=t, ranges_threshold=self.ranges_threshold)
+
+
+def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum((-1, -2))
+
+
+def _row(G_Oi: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    """α_ij, P_ij, ‖T_iT_j‖ and reasons for one left factor ``i`` against right factors ``M = M_j`` [n, r, r].
+
+    :func:`~tl_idempotence.core.closure.closure_scalars` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
+    so ``i = j`` reproduces the core's α and P bit for bit (tested), degeneracy rules included.
+    """
+    alpha, P, _, norm_T2, _, reason = closure_scalars(G_Oi.expand_as(M), G_V.expand_as(M), M)
+    return alpha, P, norm_T2, [str(x) for x in reason]
+
+
+def _kernel_defects(
+    G_O: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor, alpha: np.ndarray, rtol: float
+) -> tuple[np.ndarray, list[str]]:
+    """``‖T_j/α_j − O_j M_j⁻¹ Vᵀ‖_F / ‖O_j M_j⁻¹ Vᵀ‖_F`` from r x r Grams (module docstring), batched over j.
+
+    Args: ``G_O, M`` ``[n, r, r]``, ``G_V`` ``[r, r]``, ``alpha`` ``[n]``. Returns (defects ``[n]``, reasons).
+    """
+    n, r = M.shape[0], M.shape[-1]
+    s = torch.linalg.svdvals(M)
+    singular = (s[:, 0] == 0) | (s[:, -1] <= rtol * s[:, 0])
+    Msafe = torch.where(singular[:, None, None], torch.eye(r, dtype=M.dtype).expand_as(M), M)
+    Minv = torch.linalg.inv(Msafe)
+    a = torch.as_tensor(np.where(np.isfinite(alpha) & (alpha != 0), alpha, 1.0), dtype=M.dtype)
+    X = torch.eye(r, dtype=M.dtype) / a[:, None, None] - Minv
+    num = _inner(G_O @ X, X @ G_V).clamp_min(0)
+    den = _inner(G_O @ Minv, Minv @ G_V)
+    out = (num / den).sqrt().numpy().copy()
+    reasons = [""] * n
+    for j in range(n):
+        if not np.isfinite(alpha[j]) or alpha[j] == 0:
+            out[j], reasons[j] = np.nan, "kernel defect: alpha is 0 or undefined"
+        elif bool(singular[j]):
+            out[j] = np.nan
+            reasons[j] = f"kernel defect: V^T O_j is singular (cond > 1/{rtol:.1e}), no projection along ker(V^T) onto span(O_j)"
+    return out, reasons
+
+
+def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedValueAlgebra:
+    """Shared-value algebra of one layer from its Gram products (SPEC section 7).
+
+    Args:
+        lh: the layer's heads (column form; ``V`` unexpanded, ``kv_head_of`` from the layout).
+        g: ``layer_grams(lh.O, lh.V, lh.kv_head_of)``: ``G_O, G_V, M`` with batch ``[n_heads]``, float64.
+        threshold: P threshold for "closed" heads (paper: 0.9).
+
+    Returns:
+        :class:`SharedValueAlgebra` of this one layer (in the weights' units: the Grams' power-of-two
+        rescaling, if any, is undone). Cost: ``n_group²`` products of ``d_head x d_head``
+        matrices per group (plus ``subspace_angles`` on ``d_model x d_head`` factors
+        for pairs of closed heads); nothing ``d_model x d_model``.
+
+    Raises:
+        OptionError: ``g`` does not have one Gram triple per query head of ``lh``.
+    """
+    if tuple(g.M.shape[:1]) != (lh.n_heads,):
+        raise OptionError(f"Grams have batch shape {tuple(g.M.shape[:-2])}; expected ({lh.n_heads},) = one per query head.")
+    kv = lh.kv_head_of.long().cpu()
+    # Exponent of T_j in the Grams (0 unless layer_grams rescaled a head by a power of two).
+    E = np.zeros(lh.n_heads, dtype=np.int64) if g.e_T is None else g.e_T.numpy().astype(np.int64)
+    groups = [(int(k), (kv == k).nonzero().flatten().tolist()) for k in torch.unique(kv).tolist()]
+    if all(len(idx) == 1 for _, idx in groups):
+        return SharedValueAlgebra(
+            pairs=_empty(PAIR_COLUMNS), heads=_empty(HEAD_COLUMNS), groups=_empty(GROUP_COLUMNS),
+            closed_ranges=_empty(RANGE_COLUMNS), reason=MHA_REASON, threshold=threshold,
+        )
+    pair_rows: list[dict[str, Any]] = []
+    head_rows: list[dict[str, Any]] = []
+    group_rows: list[dict[str, Any]] = []
+    range_rows: list[dict[str, Any]] = []
+    for k, idx in groups:
+        n = len(idx)
+        it = torch.tensor(idx)
+        G_V = g.G_V[it[0]]
+        M_g = g.M[it]
+        A = np.empty((n, n))
+        P = np.empty((n, n))
+        rtol = rank_rtol(g.d_model, int(G_V.shape[-1]))
+        Ej = E[idx]  # exponent of T_j, j in the group (alpha_ij carries 2^E_j, ||T_i T_j|| 2^(E_i + E_j))
+        diag_reason = [""] * n
+        for a, i in enumerate(idx):
+            # Row i: left factor O_i against every right factor j of the group.
+            al, pp, nT2, reasons = _row(g.G_O[i], G_V, M_g)
+            A[a] = al.numpy()
+            P[a] = pp.numpy()
+            nT2_true = np.ldexp(nT2.numpy(), -(Ej + E[i]))
+            diag_reason[a] = reasons[a]
+            for b, j in enumerate(idx):
+                reason = reasons[b]
+                if i != j and reason.startswith("nilpotent head"):
+                    reason = reason.replace("nilpotent head: ||T^2||_F / ||T||_F^2", "T_i T_j ~ 0: ||T_i T_j||_F / ||T_i||_F^2")
+                elif i != j and reason.startswith("zero head"):
+                    reason = reason.replace("zero head", "zero left factor T_i")
+                pair_rows.append(
+                    {"layer": lh.layer, "kv_head": k, "i": i, "j": j, "alpha_ij": float(np.ldexp(A[a, b], -Ej[b])),
+                     "P_ij": P[a, b], "norm_TiTj": float(nT2_true[b]), "diagonal": i == j, "reason": reason}
+                )
+        trGV = float(G_V.diagonal().sum())
+        closed = []
+        spreads = []
+        kdefs, kreasons = _kernel_defects(g.G_O[it], G_V, M_g, np.diag(A).copy(), rtol)
+        A = np.ldexp(A, -Ej[None, :])  # alpha_ij in the weights' units (exact)
+        for b, j in enumerate(idx):
+            col = A[:, b]
+            fin = col[np.isfinite(col)]
+            alpha_j, P_j = float(A[b, b]), float(P[b, b])
+            if fin.size and np.abs(fin).max() > 0:
+                spread = float((fin.max() - fin.min()) / np.abs(fin).max())
+            else:
+                spread = float("nan")
+            spreads.append(spread)
+            Mj = g.M[j]
+            ip = float(_inner(Mj, G_V))
+            nMV = float(_inner(Mj @ G_V, Mj))
+            law_alpha = float(np.ldexp(ip / trGV, -Ej[b])) if trGV > 0 else float("nan")
+            law_P = ip**2 / (nMV * trGV) if nMV > 0 and trGV > 0 else float("nan")
+            idem = float(np.sqrt(1.0 / P_j - 1.0)) if np.isfinite(P_j) and P_j > 0 else float("nan")
+            kd, kreason = float(kdefs[b]), kreasons[b]
+            is_closed = bool(np.isfinite(P_j) and P_j >= threshold)
+            if is_closed:
+                closed.append(j)
+            head_rows.append(
+                {"layer": lh.layer, "kv_head": k, "head": j, "alpha": alpha_j, "P": P_j, "closed": is_closed,
+                 "alpha_ij_min": float(fin.min()) if fin.size else float("nan"),
+                 "alpha_ij_max": float(fin.max()) if fin.size else float("nan"),
+                 "alpha_spread": spread, "law_alpha": law_alpha, "law_P": law_P, "idempotence_defect": idem,
+                 "kernel_defect": kd, "reason": "; ".join(r for r in (diag_reason[b], kreason) if r)}
+            )
+        off = P[~np.eye(n, dtype=bool)]
+        off = off[np.isfinite(off)]
+        allp = P[np.isfinite(P)]
+        sp = np.asarray(spreads, dtype=float)
+        sp = sp[np.isfinite(sp)]
+        group_rows.append(
+            {"layer": lh.layer, "kv_head": k, "n_heads": n, "heads": ",".join(map(str, idx)), "n_closed": len(closed),
+             "median_P_pairs": float(np.median(allp)) if allp.size else float("nan"),
+             "median_P_offdiag": float(np.median(off)) if off.size else float("nan"),
+             "min_P_offdiag": float(off.min()) if off.size else float("nan"),
+             "median_alpha_spread": float(np.median(sp)) if sp.size else float("nan"),
+             "max_alpha_spread": float(sp.max()) if sp.size else float("nan"),
+             "law_score": float(np.median(off)) if off.size else float("nan")}
+        )
+        if len(closed) >= 2:
+            import scipy.linalg
+
+            Os = {j: apply_exponents(lh.O[j : j + 1].cpu(), None if g.e_O is None else g.e_O[j : j + 1],
+                                     torch.float64)[0].numpy() for j in closed}
+            for x in range(len(closed)):
+                for y in range(x + 1, len(closed)):
+                    a_, b_ = closed[x], closed[y]
+                    ang = scipy.linalg.subspace_angles(Os[a_], Os[b_])
+                    range_rows.append(
+                        {"layer": lh.layer, "kv_head": k, "head_a": a_, "head_b": b_,
+                         "min_angle_deg": float(np.degrees(ang.min())), "max_angle_deg": float(np.degrees(ang.max())),
+                         "mean_cos2": float(np.mean(np.cos(ang) ** 2)), "n_angles": int(ang.size)}
+                    )
+    return SharedValueAlgebra(
+        pairs=pd.DataFrame(pair_rows, columns=PAIR_COLUMNS),
+        heads=pd.DataFrame(head_rows, columns=HEAD_COLUMNS),
+        groups=pd.DataFrame(group_rows, columns=GROUP_COLUMNS),
+        closed_ranges=pd.DataFrame(range_rows, columns=RANGE_COLUMNS) if range_rows else _empty(RANGE_COLUMNS),
+        reason="",
+        threshold=threshold,
+    )
+
+
+@strict_kwargs
+def shared_value_algebra(
+    model: Any,
+    *,
+    threshold: float = 0.9,
+    layers: Any = None,
+    compute_dtype: Any = torch.float64,
+    device: Any = "cpu",
+    progress: bool = True,
+    architecture: Any = None,
+    prefix: str | None = None,
+) -> SharedValueAlgebra:
+    """Shared-value algebra ``T_i T_j ≈ α_j T_i`` of every kv group of a model (SPEC section 7).
+
+    For each GQA/MQA kv group and each ordered pair ``(i, j)`` of its query heads:
+    ``α_ij = ⟨T_iT_j, T_i⟩/‖T_i‖²`` and ``P_ij = cos²(T_iT_j, T_i)`` in ``d_head x d_head``
+    form; per right factor ``j`` the spread of ``α_ij`` over ``i``; per group the law score;
+    for closed heads the principal angles between their ranges and the distance of
+    ``T_j/α_j`` from the projection along the shared kernel ker(Vᵀ). See the module
+    docstring for the formulas. Paper: Feng & Li, arXiv 2609.01129 ("shared-value algebras").
+
+    Args:
+        model: anything :func:`~tl_idempotence.sources.dispatch.head_source` accepts
+            (TransformerLens model, ``transformers`` model, checkpoint path, HeadSource, LayerHeads).
+        threshold: P threshold for "closed" heads, in [0, 1].
+        layers: restrict to these attention layers (default: all).
+        compute_dtype: dtype of the ``d_model``-long Gram products (float64 default).
+        device: where the products run.
+        progress: tqdm bar over layers.
+        architecture, prefix: checkpoint options.
+
+    Returns:
+        :class:`SharedValueAlgebra`; empty with ``reason == "no exact value sharing (MHA)"``
+        for MHA models.
+
+    Raises:
+        OptionError / OptionTypeError: bad threshold, unknown layer indices.
+        WeightError: NaN/inf weights. UnsupportedModelError: unsupported model object.
+    """
+    from tqdm.auto import tqdm
+
+    from ..core.closure import layer_grams
+
+    threshold = check_threshold(threshold)
+    want = check_layers(layers)
+    dtype = check_compute_dtype(compute_dtype)
+    dev = check_device(device)
+    progress = check_bool(progress, "progress")
+    src = head_source(model, architecture=architecture, prefix=prefix)
+    todo = resolve_layers(want, list(src.layers()))
+    if src.info.n_kv_heads == src.info.n_heads:
+        return SharedValueAlgebra.concat([], src.info, threshold)
+    parts = []
+    for layer in tqdm(todo, desc="algebra", unit="layer", disable=not progress):
+        lh = src.layer_heads(layer)
+        lh.check_finite()
+        g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=dtype, device=dev)
+        parts.append(layer_algebra(lh, g, threshold))
+    return SharedValueAlgebra.concat(parts, src.info, threshold)
+
+
+class AlgebraAnalysis:
+    """The shared-value algebra as a report analysis (SPEC 7); runs when ``algebra=True``.
+
+    Tables: ``algebra_pairs``, ``algebra_heads``, ``algebra_groups``, ``algebra_closed_ranges``
+    (the :class:`SharedValueAlgebra` tables of the layer; empty for MHA layers).
+    """
+
+    name: ClassVar[str] = "algebra"
+    reason_column: ClassVar[str | None] = None
+
+    def enabled(self, options: ReportOptions) -> bool:
+        return options.algebra
+
+    def run(self, ctx: LayerContext) -> LayerResult:
+        part = layer_algebra(ctx.heads, ctx.grams, threshold=ctx.options.threshold)
+        tables = {f"algebra_{k}": getattr(part, k) for k in TABLES}
+        return LayerResult(tables=tables, values={}, notes={})
+
+    @staticmethod
+    def combine(tables: dict[str, pd.DataFrame], info: ModelInfo, threshold: float,
+                ranges_threshold: float | None = None) -> SharedValueAlgebra:
+        """The model's :class:`SharedValueAlgebra` from the report's concatenated ``algebra_*`` tables."""
+        got = {k: tables.get(f"algebra_{k}", _empty(cols)) for k, cols in TABLES.items()}
+        got = {k: (v if len(v) else _empty(TABLES[k])) for k, v in got.items()}
+        if len(got["pairs"]):
+            reason = ""
+        elif info.n_kv_heads == info.n_heads:
+            reason = MHA_REASON
+        else:
+            reason = "no layer with a kv group of two or more query heads was analysed"
+        return SharedValueAlgebra(pairs=got["pairs"], heads=got["heads"], groups=got["groups"],
+                                  closed_ranges=got["closed_ranges"], reason=reason, info=info, threshold=threshold,
+                                  ranges_threshold=ranges_threshold if ranges_threshold is not None else threshold)
+
+    def apply_threshold(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                        threshold: float) -> None:
+        """Recompute the algebra's ``closed`` flags and group counts (``closed_ranges`` keeps its threshold)."""
+        if "algebra_heads" not in tables or not len(tables["algebra_heads"]):
+            return
+        alg = SharedValueAlgebra(pairs=tables["algebra_pairs"], heads=tables["algebra_heads"],
+                                 groups=tables["algebra_groups"], closed_ranges=tables["algebra_closed_ranges"],
+                                 reason="").at_threshold(threshold)
+        tables["algebra_heads"], tables["algebra_groups"] = alg.heads, alg.groups
+        tables["algebra_closed_ranges"] = alg.closed_ranges
+
+    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                  options: ReportOptions) -> dict[str, Any]:
+        return {}

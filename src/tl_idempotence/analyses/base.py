@@ -1,0 +1,149 @@
+"""The per-layer contract every report analysis implements.
+
+An analysis is a callable from a :class:`LayerContext` — one layer's heads, its Gram
+products, its closure and the validated options — to a :class:`LayerResult`: per-head
+columns in head order, per-layer values, optional long tables (e.g. the algebra's
+pairs), and a reason for every NaN it produces. The report loop
+(:func:`tl_idempotence.report.report.idempotence_report`) runs the enabled analyses of
+:data:`tl_idempotence.analyses.registry.REPORT_ANALYSES` on every layer and concatenates
+their results; adding an analysis does not touch the loop.
+
+Rules every analysis keeps (checked by one parametrized contract test):
+
+* one entry per query head, in head order, in every per-head column;
+* deterministic for ``(seed, layer)``: randomness comes from :meth:`LayerContext.generator`;
+* independent of which other layers ran (a context holds one layer only);
+* every NaN it writes has a reason: per head in its ``reason_column`` (or the closure's
+  ``reason``), per layer in ``LayerResult.notes`` under the value's key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from ..core.closure import Closure, Grams, closure_from_grams, layer_grams
+from ..core.factors import principal_factors
+from ..core.heads import LayerHeads
+from ..core.options import ReportOptions
+from ..core.random import layer_generator
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+__all__ = ["Analysis", "LayerContext", "LayerResult"]
+
+
+@dataclass
+class LayerContext:
+    """Everything an analysis may use about one layer (and nothing about any other).
+
+    Attributes:
+        heads: the layer's :class:`~tl_idempotence.core.heads.LayerHeads` (column form).
+        grams: its Gram products (``[n_heads]``, CPU float64; maybe power-of-two rescaled).
+        closure: its :class:`~tl_idempotence.core.closure.Closure` without factors.
+        options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
+    """
+
+    heads: LayerHeads
+    grams: Grams
+    closure: Closure
+    options: ReportOptions
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, heads: LayerHeads, options: ReportOptions) -> LayerContext:
+        """Compute the layer's Gram products (on ``options.device``) and closure once."""
+        g = layer_grams(heads.O, heads.V, heads.kv_head_of, compute_dtype=options.compute_dtype, device=options.device)
+        return cls(heads=heads, grams=g, closure=closure_from_grams(g), options=options)
+
+    @property
+    def layer(self) -> int:
+        return self.heads.layer
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads.n_heads
+
+    @property
+    def device(self) -> torch.device:
+        return self.options.device
+
+    def factored_closure(self) -> Closure:
+        """The closure with K, D and eigenvalues (computed once per layer)."""
+        if "factored" not in self._cache:
+            self._cache["factored"] = closure_from_grams(self.grams, factors=True)
+        return self._cache["factored"]
+
+    def principal(self, principal_K: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``principal_factors(grams, rtol, principal_K)`` computed once per flag: ``(K, D, rank_O, rank_V)``,
+        K in the Grams' units (see :func:`~tl_idempotence.core.factors.principal_factors`)."""
+        key = f"principal_{principal_K}"
+        if key not in self._cache:
+            self._cache[key] = principal_factors(self.grams, self.closure.rtol, principal_K=principal_K)
+        return self._cache[key]
+
+    def generator(self, tag: str, *extra: int) -> torch.Generator:
+        """The seeded generator of stream ``tag`` for this layer (``(seed, layer, tag, *extra)``)."""
+        return layer_generator(self.options.seed, self.layer, tag, *extra)
+
+
+@dataclass
+class LayerResult:
+    """What an analysis returns for one layer.
+
+    Attributes:
+        columns: per-head columns, each a 1-D array of length ``n_heads`` in head order.
+        values: per-layer values (JSON scalars or short lists).
+        tables: named long tables (DataFrames with a ``layer`` column), concatenated over layers.
+        notes: for every NaN in ``values``, the reason, under the same key.
+    """
+
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, Any] = field(default_factory=dict)
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Analysis(Protocol):
+    """A report analysis (module docstring).
+
+    Attributes:
+        name: short name (``"scramble"``).
+        reason_column: the per-head column that explains this analysis's NaNs, or None when
+            the closure's ``reason`` does.
+    """
+
+    name: ClassVar[str]
+    reason_column: ClassVar[str | None]
+
+    def enabled(self, options: ReportOptions) -> bool:
+        """Whether the options ask for this analysis."""
+        ...
+
+    def run(self, ctx: LayerContext) -> LayerResult:
+        """The analysis of one layer."""
+        ...
+
+    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                  options: ReportOptions) -> dict[str, Any]:
+        """Model-level headline numbers from the concatenated per-layer results (JSON values)."""
+        ...
+
+
+def nan_median(a: Any) -> float:
+    """Median of the finite entries (NaN when there is none)."""
+    x = np.asarray(a, dtype=float)
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if x.size else float("nan")
+
+
+def nan_max(a: Any) -> float:
+    """Max of the finite entries (NaN when there is none)."""
+    x = np.asarray(a, dtype=float)
+    x = x[np.isfinite(x)]
+    return float(x.max()) if x.size else float("nan")

@@ -1,0 +1,487 @@
+"""Constructive search (SPEC section 5): how much closure a head's spectrum and angles allow.
+
+For a head with singular values ``S`` of ``K`` (= of ``T``) and principal cosines
+``D`` (SPEC 3), keep both fixed and maximize ``P`` over orientations
+``K = R₁ S R₂ᵀ``, ``R₁ ∈ O(rank_O)``, ``R₂ ∈ O(rank_V)``. The paper's claim is that
+high closure is *feasible* in every surveyed layer but usually not *attained*: the
+searched P is the feasible P, the trained P the attained one.
+
+Method (ours): with ``X = R₂ᵀ D R₁`` (see :mod:`tl_idempotence.analyses.orientation`)::
+
+    P(R₁, R₂) = (Σ_i s_i³ X_ii)² / (Σ_i s_i² · Σ_ij s_i² s_j² X_ij²)
+
+The Euclidean gradient ``G_X = ∂P/∂X`` is closed form; the Riemannian gradients in
+the left trivialization are ``Ω₁ = skew(Xᵀ G_X)`` and ``Ω₂ = skew(X G_Xᵀ)`` (restricted
+to the rank blocks). Each restart does Adam on these Lie-algebra coordinates and
+moves by the Cayley retraction ``R ← R (I − A/2)⁻¹ (I + A/2)`` (exactly orthogonal),
+halving its step after ``patience`` iterations without an improvement of ``tol``;
+it stops on *tolerance* after ``n_decays`` such halvings (or at P ≥ 1 − 10·eps of the working dtype) and on
+*budget* after ``max_iters``. Restart 0 starts at the trained orientation (full-rank
+heads), so the searched P is never below the trained P by more than rounding; the
+others start at Haar-random orientations seeded by ``(seed, layer)``. Restarts and
+heads are batched.
+
+Honesty: the reported ``P_searched`` is recomputed in float64 from the returned
+``K = R₁ S R₂ᵀ`` (``R``'s re-orthonormalized first) with the plain ``r x r`` formula
+``⟨KDK, K⟩² / (‖KDK‖² ‖K‖²)``, never the optimizer's running value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ..core.closure import Closure, closure
+from ..core.heads import LayerHeads
+from ..core.options import (
+    ReportOptions,
+    check_compute_dtype,
+    check_device,
+    check_int,
+    check_seed,
+    check_threshold,
+    strict_kwargs,
+)
+from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator, sign_fixed_qr
+from ..core.results import Result
+from ..errors import OptionError, OptionTypeError
+from ..sources.dispatch import head_source
+from .base import LayerContext, LayerResult
+from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
+
+__all__ = ["DEFAULTS", "SearchAnalysis", "SearchResult", "constructive_search", "search_factors"]
+
+#: Default search budget: a SmolLM2 layer (9 heads, d_head 64) takes a few seconds.
+DEFAULTS: dict[str, Any] = {
+    "restarts": 2, "max_iters": 200, "lr": 0.1, "tol": 1e-6, "patience": 20, "n_decays": 3, "dtype": torch.float32,
+}
+
+
+def _skew(A: Tensor) -> Tensor:
+    return 0.5 * (A - A.transpose(-1, -2))
+
+
+def _optimize(
+    s: Tensor,
+    cos: Tensor,
+    blk_O: Tensor,
+    blk_V: Tensor,
+    R1: Tensor,
+    R2: Tensor,
+    max_iters: int,
+    lr: float,
+    tol: float,
+    patience: int,
+    n_decays: int,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Riemannian Adam on O(r) x O(r) for a batch of problems.
+
+    Args:
+        s, cos: ``[B, r]``; blk_O, blk_V: ``[B, r, r]`` 0/1 masks of the rank blocks;
+        R1, R2: ``[B, r, r]`` starting orientations.
+        dtype: working dtype of the iterations (float32 halves the cost; the caller
+            re-orthonormalizes and re-evaluates the result in float64).
+
+    Returns:
+        best R1, best R2 (``[B, r, r]``, ``dtype``), iterations ``[B]``, converged ``[B]`` bool.
+    """
+    s, cos, blk_O, blk_V, R1, R2 = (t.to(dtype) for t in (s, cos, blk_O, blk_V, R1, R2))
+    one_minus = 1.0 - max(1e-12, 10 * torch.finfo(dtype).eps)
+    tiny = torch.finfo(dtype).tiny
+    s = s / s.amax(-1, keepdim=True).clamp_min(tiny)  # P is invariant to the scale of s
+    B, r = s.shape
+    s2 = s * s
+    s3 = s2 * s
+    z = s2.sum(-1)
+    w = s2.unsqueeze(-1) * s2.unsqueeze(-2)
+    D = cos.unsqueeze(-1)  # scales rows
+    eye = torch.eye(r, dtype=s.dtype, device=s.device)
+    m1 = torch.zeros_like(R1)
+    v1 = torch.zeros_like(R1)
+    m2 = torch.zeros_like(R2)
+    v2 = torch.zeros_like(R2)
+    b1, b2, eps = 0.9, 0.999, 1e-12
+    best = torch.full((B,), -1.0, dtype=s.dtype, device=s.device)
+    best_R1, best_R2 = R1.clone(), R2.clone()
+    since = torch.zeros(B, dtype=torch.long, device=s.device)
+    decays = torch.zeros(B, dtype=torch.long, device=s.device)
+    step_scale = torch.full((B,), float(lr), dtype=s.dtype, device=s.device)
+    done = torch.zeros(B, dtype=torch.bool, device=s.device)
+    iters = torch.full((B,), max_iters, dtype=torch.long, device=s.device)
+    for it in range(1, max_iters + 1):
+        X = R2.transpose(-1, -2) @ (D * R1)
+        N = (s3 * X.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        Q = (w * X * X).sum((-1, -2)).clamp_min(tiny)
+        f = N * N / (z * Q)
+        # Track the best point; plateau -> decay the step; enough decays -> converged.
+        improved = f > best + tol
+        better = f > best
+        best_R1[better] = R1[better]
+        best_R2[better] = R2[better]
+        best = torch.where(better, f, best)
+        since = torch.where(improved, torch.zeros_like(since), since + 1)
+        plateau = ~done & (since >= patience)
+        decays = decays + plateau.long()
+        step_scale = torch.where(plateau, step_scale * 0.5, step_scale)
+        since = torch.where(plateau, torch.zeros_like(since), since)
+        newly = ~done & ((decays >= n_decays) | (best >= one_minus))
+        iters = torch.where(newly, torch.full_like(iters, it), iters)
+        done = done | newly
+        if bool(done.all()):
+            break
+        c1 = (2.0 * N / (z * Q)).unsqueeze(-1)
+        c2 = (2.0 * N * N / (z * Q * Q)).unsqueeze(-1).unsqueeze(-1)
+        Gx = -c2 * (w * X)
+        Gx.diagonal(dim1=-2, dim2=-1).add_(c1 * s3)
+        O1 = _skew(X.transpose(-1, -2) @ Gx) * blk_O
+        O2 = _skew(X @ Gx.transpose(-1, -2)) * blk_V
+        m1.mul_(b1).add_(O1, alpha=1 - b1)
+        v1.mul_(b2).addcmul_(O1, O1, value=1 - b2)
+        m2.mul_(b1).add_(O2, alpha=1 - b1)
+        v2.mul_(b2).addcmul_(O2, O2, value=1 - b2)
+        bc1, bc2 = 1 - b1**it, 1 - b2**it
+        sc = (step_scale * (~done).to(s.dtype)).view(B, 1, 1)
+        A1 = sc * (m1 / bc1) / ((v1 / bc2).sqrt() + eps)
+        A2 = sc * (m2 / bc1) / ((v2 / bc2).sqrt() + eps)
+        A = torch.stack([A1, A2])  # skew (m skew, v symmetric)
+        C = torch.linalg.solve(eye - 0.5 * A, eye + 0.5 * A)  # Cayley: orthogonal
+        R1 = R1 @ C[0]
+        R2 = R2 @ C[1]
+        if it % 50 == 0:
+            R1, R2 = sign_fixed_qr(R1), sign_fixed_qr(R2)
+    else:
+        X = R2.transpose(-1, -2) @ (D * R1)
+        N = (s3 * X.diagonal(dim1=-2, dim2=-1)).sum(-1)
+        Q = (w * X * X).sum((-1, -2)).clamp_min(tiny)
+        f = N * N / (z * Q)
+        better = f > best
+        best_R1[better] = R1[better]
+        best_R2[better] = R2[better]
+    return best_R1, best_R2, iters, done
+
+
+@dataclass(frozen=True, repr=False)
+class SearchResult(Result):
+    """Result of :func:`constructive_search`.
+
+    Attributes:
+        table: one row per searched head: ``layer, head, P`` (trained, attained),
+            ``P_searched`` (feasible; float64 check of ``K``), ``search_iters``,
+            ``search_stopped_on`` ("tolerance" | "budget"), ``search_best_restart``
+            (0 = the trained start), ``search_reason``, ``feasible``. Also :attr:`heads`.
+        K: ``[n_rows, r, r]`` float64, the best orientation ``K = R₁ S R₂ᵀ`` per row in
+            principal coordinates (``T = Q_O K Q_Vᵀ`` with ``Q_Vᵀ Q_O = diag(D)``; rows
+            act on the first ``rank_O`` O-side coordinates, columns on the first
+            ``rank_V`` V-side ones), in the weights' units.
+        D: ``[n_rows, r]`` the principal cosines (unchanged by the search).
+        S: ``[n_rows, r]`` the singular values (unchanged by the search).
+        threshold: the P threshold of ``feasible``.
+    """
+
+    table: pd.DataFrame
+    K: Tensor
+    D: Tensor
+    S: Tensor
+    threshold: float = 0.9
+
+    repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "max_P_searched", "n_feasible", "n_budget_stops")
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        """The per-head table (:attr:`table`)."""
+        return self.table
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``n_heads, max_P_searched, median_P_searched, n_feasible, n_budget_stops, threshold``."""
+        Ps = self.table["P_searched"].to_numpy(dtype=float)
+        fin = Ps[np.isfinite(Ps)]
+        return {
+            "n_heads": int(len(self.table)),
+            "max_P_searched": float(fin.max()) if fin.size else float("nan"),
+            "median_P_searched": float(np.median(fin)) if fin.size else float("nan"),
+            "n_feasible": int((fin >= self.threshold).sum()),
+            "n_budget_stops": int((self.table["search_stopped_on"] == "budget").sum()),
+            "threshold": self.threshold,
+        }
+
+
+def search_factors(
+    f: Factors,
+    rows: list[int],
+    gen: torch.Generator,
+    budget: dict[str, Any],
+    device: torch.device | str = "cpu",
+) -> tuple[Tensor, Tensor, Tensor, Tensor, np.ndarray, Tensor, Tensor, Tensor]:
+    """Search heads ``rows`` of flattened :class:`~tl_idempotence.analyses.orientation.Factors`.
+
+    Args:
+        f: the heads' factors.
+        rows: indices into ``f``'s batch.
+        gen: the seeded generator of the random restarts.
+        budget: the validated budget (:data:`DEFAULTS` keys).
+        device: where the optimizer iterations run.
+
+    Returns:
+        ``(P_searched [n], iters [n], converged [n] bool, best_restart [n], reason [n],
+        K [n, r, r], D [n, r], S [n, r])``, CPU, K and S in ``f``'s units (``2^e_S``).
+    """
+    restarts = int(budget["restarts"])
+    r = f.S.shape[-1]
+    idx = torch.as_tensor(rows, dtype=torch.long)
+    n = len(rows)
+    reason = f.reason[idx.numpy()] if n else np.array([], dtype=object)
+    ok = defined_for_orientation(reason)
+    P_out = torch.full((n,), float("nan"), dtype=torch.float64)
+    it_out = torch.zeros(n, dtype=torch.long)
+    conv_out = torch.zeros(n, dtype=torch.bool)
+    best_out = torch.full((n,), -1, dtype=torch.long)
+    K_out = torch.zeros((n, r, r), dtype=torch.float64)
+    S = f.S[idx]
+    cos = f.cos[idx]
+    if not ok.any():
+        return P_out, it_out, conv_out, best_out, reason, K_out, cos, S
+    sub = torch.from_numpy(np.nonzero(ok)[0])
+    hs = idx[sub]
+    b = len(hs)
+    rO, rV = f.rank_O[hs], f.rank_V[hs]
+    ar = torch.arange(r)
+    mO = (ar < rO.unsqueeze(-1)).to(torch.float64)
+    mV = (ar < rV.unsqueeze(-1)).to(torch.float64)
+    blk_O = mO.unsqueeze(-1) * mO.unsqueeze(-2)
+    blk_V = mV.unsqueeze(-1) * mV.unsqueeze(-2)
+    # Starts: restart 0 = trained orientation (full-rank heads), the others Haar in the rank blocks.
+    R1 = torch.empty(b, restarts, r, r, dtype=torch.float64)
+    R2 = torch.empty_like(R1)
+    for j in range(b):
+        R1[j] = embed_orthogonal(haar_orthogonal(restarts, int(rO[j]), gen), r)
+        R2[j] = embed_orthogonal(haar_orthogonal(restarts, int(rV[j]), gen), r)
+    U, _, Wh = torch.linalg.svd(f.K[hs])
+    Sk = f.S[hs]  # descending like svd's, exactly zero beyond min(rank_O, rank_V)
+    full = (rO == r) & (rV == r)
+    R1[full, 0] = U[full]
+    R2[full, 0] = Wh[full].transpose(-1, -2)
+    s_b = Sk.unsqueeze(1).expand(b, restarts, r).reshape(-1, r)
+    cos_b = f.cos[hs].unsqueeze(1).expand(b, restarts, r).reshape(-1, r)
+    bo = blk_O.unsqueeze(1).expand(b, restarts, r, r).reshape(-1, r, r)
+    bv = blk_V.unsqueeze(1).expand(b, restarts, r, r).reshape(-1, r, r)
+    dev = torch.device(device)
+    R1b, R2b, iters, conv = _optimize(
+        s_b.to(dev), cos_b.to(dev), bo.to(dev), bv.to(dev), R1.reshape(-1, r, r).to(dev), R2.reshape(-1, r, r).to(dev),
+        max_iters=int(budget["max_iters"]), lr=float(budget["lr"]), tol=float(budget["tol"]),
+        patience=int(budget["patience"]), n_decays=int(budget["n_decays"]), dtype=budget["dtype"],
+    )
+    R1b, R2b = sign_fixed_qr(R1b.double().cpu()), sign_fixed_qr(R2b.double().cpu())
+    iters, conv = iters.cpu(), conv.cpu()
+    K = (R1b * s_b.unsqueeze(-2)) @ R2b.transpose(-1, -2)
+    Pk = P_of_K(K, cos_b).reshape(b, restarts)  # the honest float64 value
+    Pk = torch.nan_to_num(Pk, nan=-1.0)
+    best = Pk.argmax(-1)
+    ar_b = torch.arange(b)
+    P_out[sub] = Pk[ar_b, best]
+    it_out[sub] = iters.reshape(b, restarts)[ar_b, best]
+    conv_out[sub] = conv.reshape(b, restarts)[ar_b, best]
+    best_out[sub] = best
+    K_out[sub] = K.reshape(b, restarts, r, r)[ar_b, best]
+    S[sub] = Sk
+    return P_out, it_out, conv_out, best_out, reason, K_out, cos, S
+
+
+def _budget(restarts: Any, max_iters: Any, lr: Any, tol: Any) -> dict[str, Any]:
+    bud = dict(DEFAULTS)
+    if restarts is not None:
+        bud["restarts"] = check_int(restarts, "restarts", 1, 10_000)
+    if max_iters is not None:
+        bud["max_iters"] = check_int(max_iters, "max_iters", 1, 10_000_000)
+    for k, v in (("lr", lr), ("tol", tol)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)):
+            raise OptionTypeError(f"{k} must be a real number; got {type(v).__name__} {v!r}.")
+        bud[k] = float(v)
+    if not (np.isfinite(bud["lr"]) and bud["lr"] > 0) or not (np.isfinite(bud["tol"]) and bud["tol"] >= 0):
+        raise OptionError(f"lr must be a finite number > 0 and tol finite >= 0; got {bud['lr']} and {bud['tol']}.")
+    return bud
+
+
+def _table(layer: Any, heads: Any, P: Tensor, res: tuple) -> pd.DataFrame:
+    P_s, it, conv, best, reason, *_ = res
+    return pd.DataFrame(
+        {
+            "layer": layer,
+            "head": heads,
+            "P": P.numpy(),
+            "P_searched": P_s.numpy(),
+            "search_iters": it.numpy(),
+            "search_stopped_on": np.where(conv.numpy(), "tolerance", "budget"),
+            "search_best_restart": best.numpy(),
+            "search_reason": np.asarray(reason, dtype=object).astype(str),
+        }
+    )
+
+
+@strict_kwargs
+def constructive_search(
+    model: Any,
+    heads: Any = None,
+    *,
+    restarts: int | None = None,
+    max_iters: int | None = None,
+    lr: float | None = None,
+    tol: float | None = None,
+    seed: int = 0,
+    threshold: float = 0.9,
+    compute_dtype: Any = torch.float64,
+    device: Any = "cpu",
+    architecture: Any = None,
+    prefix: str | None = None,
+) -> SearchResult:
+    """Maximize P over orientations with S and D fixed, for chosen heads (SPEC 5; paper:
+    "high closure is feasible in every surveyed layer, but usually not attained").
+
+    Args:
+        model: a model or checkpoint (anything :func:`~tl_idempotence.sources.dispatch.head_source`
+            takes), a :class:`~tl_idempotence.core.heads.LayerHeads`, a factored
+            :class:`~tl_idempotence.core.closure.Closure` (``tli.closure(...)``), a
+            ``FactoredMatrix`` or a ``(W_V, W_O)`` pair.
+        heads: for a model, ``[(layer, head), ...]`` (default: every head); for a
+            LayerHeads, head indices; for a Closure/pair, indices into the flattened
+            batch (default: all).
+        restarts, max_iters, lr, tol: override :data:`DEFAULTS` (restart 0 starts at
+            the trained orientation).
+        seed: non-negative seed (mixed with the layer, see
+            :func:`~tl_idempotence.core.random.layer_generator`).
+        threshold: P threshold, reported as ``feasible`` per row.
+        compute_dtype: dtype of the ``d_model``-long products.
+        device: where the optimizer runs ("cpu", "cuda", "auto").
+        architecture, prefix: checkpoint options (see ``head_source``).
+
+    Returns:
+        :class:`SearchResult` (``table`` has ``feasible = P_searched >= threshold``).
+
+    Raises:
+        OptionError / OptionTypeError: bad budget, unknown layer/head, threshold outside [0, 1].
+        UnsupportedModelError: unsupported ``model``.
+    """
+    threshold = check_threshold(threshold)
+    seed = check_seed(seed)
+    dtype = check_compute_dtype(compute_dtype)
+    dev = check_device(device)
+    bud = _budget(restarts, max_iters, lr, tol)
+    tabs, Ks, Ds, Ss = [], [], [], []
+
+    def run(f: Factors, P: Tensor, layer: int | None, rows: list[int]) -> None:
+        n = int(P.numel())
+        bad = [h for h in rows if not 0 <= h < n]
+        if bad:
+            where = f" in layer {layer}." if layer is not None else "."
+            raise OptionError(f"Head index {bad} out of range: there are {n} heads{where}")
+        gen = layer_generator(seed, layer, "search")
+        res = search_factors(f, rows, gen, bud, dev)
+        tabs.append(_table(layer if layer is not None else -1, rows, P.reshape(-1)[torch.as_tensor(rows, dtype=torch.long)], res))
+        sel = torch.as_tensor(rows, dtype=torch.long)
+        e = Factors(S=f.S[sel], cos=f.cos[sel], rank_O=f.rank_O[sel], rank_V=f.rank_V[sel], P=f.P[sel], K=f.K[sel],
+                    rtol=f.rtol, reason=f.reason[sel.numpy()], e_S=f.e_S[sel])
+        Ks.append(e.unscale(res[5]))
+        Ds.append(res[6])
+        Ss.append(e.unscale(res[7]))
+
+    def as_rows(hs: Any, n: int) -> list[int]:
+        if hs is None:
+            return list(range(n))
+        try:
+            out = [int(h) for h in hs]
+        except (TypeError, ValueError) as e:
+            raise OptionTypeError(f"heads must be a sequence of head indices here; got {hs!r:.80}.") from e
+        if not out:
+            raise OptionError("heads is empty; pass None for every head.")
+        return out
+
+    if isinstance(model, (LayerHeads, Closure, tuple, list)) or (hasattr(model, "A") and hasattr(model, "B")):
+        c = model if isinstance(model, Closure) else closure(model, factors=True, compute_dtype=dtype, device=dev)
+        layer = model.layer if isinstance(model, LayerHeads) else None
+        run(factors_of_closure(c), c.P, layer, as_rows(heads, int(c.P.numel())))
+    else:
+        src = head_source(model, architecture=architecture, prefix=prefix)
+        all_layers = list(src.layers())
+        want: dict[int, list[int] | None] = {}
+        if heads is None:
+            want = {layer: None for layer in all_layers}
+        else:
+            items = list(heads)
+            if not items:
+                raise OptionError("heads is empty; pass None for every head.")
+            for item in items:
+                try:
+                    layer, h = item
+                    want.setdefault(int(layer), []).append(int(h))  # type: ignore[union-attr]
+                except (TypeError, ValueError) as e:
+                    raise OptionTypeError(f"heads must be (layer, head) pairs for a model; got {item!r}.") from e
+        bad = [layer for layer in want if layer not in all_layers]
+        if bad:
+            raise OptionError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
+        for layer, hs in want.items():
+            lh = src.layer_heads(layer)
+            lh.check_finite()
+            c = closure(lh, factors=True, compute_dtype=dtype, device=dev)
+            run(factors_of_closure(c), c.P, layer, as_rows(hs, lh.n_heads))
+    table = pd.concat(tabs, ignore_index=True)
+    table["feasible"] = np.nan_to_num(table["P_searched"].to_numpy(dtype=float), nan=-1.0) >= threshold
+    return SearchResult(table=table, K=torch.cat(Ks), D=torch.cat(Ds), S=torch.cat(Ss), threshold=threshold)
+
+
+class SearchAnalysis:
+    """Constructive search of every head of a layer (report contract, SPEC 5); runs when ``search=True``.
+
+    Per head: ``P_searched, search_iters, search_stopped_on, search_best_restart, search_reason``.
+    Per layer: ``feasible_P`` (best searched P in the layer), ``feasible`` (``feasible_P >=
+    threshold``), ``feasible_head``, ``n_heads_feasible``, ``n_search_budget_stops``.
+    """
+
+    name: ClassVar[str] = "search"
+    reason_column: ClassVar[str | None] = "search_reason"
+
+    def enabled(self, options: ReportOptions) -> bool:
+        return options.search
+
+    def run(self, ctx: LayerContext) -> LayerResult:
+        K, D, rank_O, rank_V = ctx.principal(principal_K=True)
+        f = factors_of(K, D, rank_O, rank_V, ctx.closure, ctx.grams.e_T)
+        rows = list(range(ctx.n_heads))
+        res = search_factors(f, rows, ctx.generator("search"), dict(DEFAULTS), ctx.device)
+        df = _table(ctx.layer, rows, ctx.closure.P, res)
+        Ps = df["P_searched"].to_numpy(dtype=float)
+        fin = np.isfinite(Ps)
+        fP = float(Ps[fin].max()) if fin.any() else float("nan")
+        values = {
+            "feasible_P": fP,
+            "feasible": bool(fin.any() and fP >= ctx.options.threshold),
+            "feasible_head": int(np.nanargmax(np.where(fin, Ps, -np.inf))) if fin.any() else -1,
+            "n_heads_feasible": int((Ps[fin] >= ctx.options.threshold).sum()),
+            "n_search_budget_stops": int((df["search_stopped_on"] == "budget").sum()),
+        }
+        notes = {} if fin.any() else {"feasible_P": "no head of the layer could be searched (see search_reason)"}
+        cols = {c: df[c].to_numpy() for c in ("P_searched", "search_iters", "search_stopped_on",
+                                               "search_best_restart", "search_reason")}
+        return LayerResult(columns=cols, values=values, notes=notes)
+
+    def apply_threshold(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                        threshold: float) -> None:
+        """Recompute ``feasible`` and ``n_heads_feasible`` per layer."""
+        Ps = heads["P_searched"].to_numpy(dtype=float)
+        hit = pd.Series(np.nan_to_num(Ps, nan=-1.0) >= threshold, index=heads.index).groupby(heads["layer"]).sum()
+        layers["n_heads_feasible"] = layers["layer"].map(hit).fillna(0).astype(int).to_numpy()
+        fP = layers["feasible_P"].to_numpy(dtype=float)
+        layers["feasible"] = np.isfinite(fP) & (np.nan_to_num(fP, nan=-1.0) >= threshold)
+
+    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                  options: ReportOptions) -> dict[str, Any]:
+        feas = layers["feasible"].to_numpy(dtype=bool)
+        return {"n_feasible_layers": int(feas.sum()),
+                "infeasible_layers": [int(v) for v in layers.loc[~feas, "layer"]]}

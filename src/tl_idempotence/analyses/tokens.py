@@ -1,0 +1,312 @@
+"""Real text as token windows for the model-running analyses (SPEC 8; attention views; ablations).
+
+* :func:`default_corpus` — English text that exists on every machine: the docstrings of
+  a fixed list of standard-library modules.
+* :func:`prepare_tokens` — texts (or token ids) -> windows of ``seq_len`` tokens wrapped
+  the way the model expects, and the mask of positions that count in statistics (every
+  special-token position — BOS/CLS/EOS/SEP/PAD — is run but not counted).
+* :func:`tokenizer_of`, :func:`special_ids`, :func:`special_wrapping` — what those need
+  from a TransformerLens model's tokenizer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from ..core.options import check_int
+from ..errors import OptionError, OptionTypeError
+
+__all__ = [
+    "DEFAULT_CORPUS_MODULES",
+    "default_corpus",
+    "prepare_tokens",
+    "select_heads",
+    "special_ids",
+    "special_wrapping",
+    "tokenizer_of",
+]
+
+#: Standard-library modules whose docstrings form the default corpus (sorted, fixed).
+#: Pure-Python modules with long English docstrings, present in every CPython >= 3.9.
+DEFAULT_CORPUS_MODULES = (
+    "argparse", "ast", "base64", "bisect", "calendar", "collections", "configparser", "contextlib", "copy",
+    "csv", "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum", "fractions", "functools",
+    "heapq", "inspect", "ipaddress", "json", "logging", "mailbox", "numbers", "operator", "pathlib",
+    "pickle", "pprint", "queue", "random", "shlex", "shutil", "statistics", "string", "subprocess",
+    "tarfile", "tempfile", "textwrap", "threading", "typing", "unittest", "urllib.parse", "uuid",
+    "warnings", "weakref", "zipfile",
+)
+
+
+def default_corpus(min_chars: int = 200) -> list[str]:
+    """English text that exists on every machine: docstrings of the Python standard library.
+
+    For each module of :data:`DEFAULT_CORPUS_MODULES` (in that order): the module's
+    docstring, then the docstrings of its public classes and functions in sorted name
+    order, each via ``inspect.getdoc`` (dedented), keeping those with at least
+    ``min_chars`` characters and dropping exact duplicates. Deterministic for a given
+    Python version (docstrings change slightly between versions).
+
+    Returns:
+        A list of strings (a few hundred documents, ~1M characters).
+
+    Raises:
+        RuntimeError: no docstrings are available (Python run with ``-OO``).
+    """
+    import importlib
+
+    seen: set[str] = set()
+    out: list[str] = []
+
+    def add(doc: str | None) -> None:
+        if doc and len(doc) >= min_chars and doc not in seen:
+            seen.add(doc)
+            out.append(doc)
+
+    for name in DEFAULT_CORPUS_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:  # pragma: no cover - stdlib stripped
+            continue
+        add(inspect.getdoc(mod))
+        for attr in sorted(dir(mod)):
+            if attr.startswith("_"):
+                continue
+            with warnings.catch_warnings():  # e.g. typing.io is deprecated
+                warnings.simplefilter("ignore", DeprecationWarning)
+                obj = getattr(mod, attr, None)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and getattr(obj, "__module__", None) == mod.__name__:
+                add(inspect.getdoc(obj))
+    if not out:
+        raise RuntimeError(
+            "The default corpus is empty: this Python has no docstrings (run with -OO?). "
+            "Pass texts explicitly: activation_returns(model, ['some text', ...])."
+        )
+    return out
+
+
+
+def tokenizer_of(model: Any) -> Any:
+    """``model.tokenizer``.
+
+    Raises:
+        OptionError: the model has none (pass token ids instead of text).
+    """
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise OptionError(
+            f"{type(model).__name__} has no tokenizer (model.tokenizer is None): pass token ids "
+            "(a LongTensor [batch, pos]) instead of text, or set model.tokenizer."
+        )
+    return tok
+
+
+def special_ids(tok: Any) -> set[int]:
+    """Every special token id of a tokenizer (BOS/CLS/EOS/SEP/PAD and ``all_special_ids``)."""
+    ids = set(int(i) for i in (getattr(tok, "all_special_ids", None) or []))
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id"):
+        v = getattr(tok, attr, None)
+        if isinstance(v, int):
+            ids.add(v)
+    return ids
+
+
+def special_wrapping(model: Any, tok: Any) -> tuple[list[int], list[int]]:
+    """Special tokens to put around each window: (prefix, suffix)."""
+    probe = "text"
+    with_sp = list(tok(probe, add_special_tokens=True)["input_ids"])
+    without = list(tok(probe, add_special_tokens=False)["input_ids"])
+    prefix: list[int] = []
+    suffix: list[int] = []
+    if without and len(with_sp) > len(without):
+        for start in range(len(with_sp) - len(without) + 1):
+            if with_sp[start : start + len(without)] == without:
+                prefix, suffix = with_sp[:start], with_sp[start + len(without) :]
+                break
+    bos = getattr(tok, "bos_token_id", None)
+    if not prefix and bool(getattr(model.cfg, "default_prepend_bos", False)) and isinstance(bos, int):
+        prefix = [bos]
+    return prefix, suffix
+
+
+def texts_from(texts: Any, text_column: str) -> list[str]:
+    """Texts from ``None`` (the default corpus), a string, ``Path`` files, a list of those or a ``datasets.Dataset``.
+
+    Raises:
+        OptionTypeError: an unsupported item. OptionError: empty input, a missing file or column.
+    """
+    if texts is None:
+        return default_corpus()
+    if isinstance(texts, (str, Path)):
+        texts = [texts]
+    if hasattr(texts, "column_names") and hasattr(texts, "__getitem__") and not isinstance(texts, (list, tuple)):
+        if text_column not in texts.column_names:
+            raise OptionError(
+                f"The dataset has no column {text_column!r} (columns: {texts.column_names}); pass text_column=..."
+            )
+        return [str(t) for t in texts[text_column]]
+    out = []
+    for t in texts:
+        if isinstance(t, Path):
+            if not t.is_file():
+                raise OptionError(f"{t} is not a file; pass text as str and files as pathlib.Path.")
+            out.append(t.read_text(encoding="utf-8", errors="replace"))
+        elif isinstance(t, str):
+            out.append(t)
+        else:
+            raise OptionTypeError(
+                f"texts must be strings, pathlib.Path files or a datasets.Dataset; got an item of type {type(t).__name__}."
+            )
+    if not out:
+        raise OptionError("No texts given (an empty list); pass None for the default corpus.")
+    return out
+
+
+def prepare_tokens(
+    model: Any,
+    texts_or_tokens: Any = None,
+    *,
+    seq_len: int = 128,
+    max_tokens: int | None = 8192,
+    text_column: str = "text",
+) -> tuple[Int[Tensor, "n_windows pos"], Bool[Tensor, "n_windows pos"]]:
+    """Token windows to run and the mask of positions that count in statistics.
+
+    Args:
+        model: a TransformerLens model with ``model.tokenizer`` (for text input).
+        texts_or_tokens: ``None`` (the :func:`default_corpus`), a string, a list of
+            strings and/or ``pathlib.Path`` files, a ``datasets.Dataset`` (column
+            ``text_column``), or a LongTensor ``[batch, pos]`` of token ids (run as given).
+        seq_len: window length in tokens including the special tokens (text input).
+        max_tokens: stop once at least this many *counted* (non-special) positions are
+            collected, rounded up to whole windows (None: no limit).
+        text_column: the text column of a ``datasets.Dataset``.
+
+    Returns:
+        ``(tokens [n_windows, pos] int64, counted [n_windows, pos] bool)``; ``counted``
+        is False at special-token positions (BOS/CLS/EOS/SEP/PAD).
+
+    Raises:
+        OptionError: empty input, token ids outside the vocabulary, ``seq_len`` too short for
+            the special tokens, text without a tokenizer, ``max_tokens``/``seq_len`` < 1.
+        OptionTypeError: unsupported input type.
+    """
+    seq_len = check_int(seq_len, "seq_len", 1)
+    if max_tokens is not None:
+        max_tokens = check_int(max_tokens, "max_tokens", 1)
+    if isinstance(texts_or_tokens, Tensor) or isinstance(texts_or_tokens, np.ndarray):
+        toks = torch.as_tensor(texts_or_tokens)
+        if toks.ndim == 1:
+            toks = toks[None]
+        if toks.ndim != 2 or toks.is_floating_point() or toks.is_complex() or toks.dtype == torch.bool:
+            raise OptionTypeError(
+                f"Token ids must be an integer tensor [batch, pos]; got {tuple(toks.shape)} {toks.dtype}."
+            )
+        if toks.numel() == 0:
+            raise OptionError(f"No token ids given (shape {tuple(toks.shape)}).")
+        toks = toks.long().cpu()
+        vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)
+        lo, hi = int(toks.min()), int(toks.max())
+        if lo < 0 or (isinstance(vocab, int) and hi >= vocab):
+            raise OptionError(
+                f"Token ids must lie in [0, d_vocab={vocab}); got ids from {lo} to {hi}. "
+                "They would index outside the embedding (or wrap around silently)."
+            )
+        tok = getattr(model, "tokenizer", None)
+        special = special_ids(tok) if tok is not None else set()
+        counted = torch.ones_like(toks, dtype=torch.bool)
+        for s in special:
+            counted &= toks != s
+        if max_tokens is not None:
+            keep = int((counted.sum(1).cumsum(0) < max_tokens).sum()) + 1
+            toks, counted = toks[:keep], counted[:keep]
+        return toks, counted
+    tok = tokenizer_of(model)
+    texts = texts_from(texts_or_tokens, text_column)
+    prefix, suffix = special_wrapping(model, tok)
+    body = int(seq_len) - len(prefix) - len(suffix)
+    if body < 1:
+        raise OptionError(f"seq_len={seq_len} leaves no room for text between the special tokens {prefix} ... {suffix}.")
+    # Document separator: [SEP] for tokenizers that have one (BERT), else EOS (causal LMs).
+    sep = getattr(tok, "sep_token_id", None) if getattr(tok, "sep_token", None) else None
+    if not isinstance(sep, int):
+        sep = getattr(tok, "eos_token_id", None) if getattr(tok, "eos_token", None) else None
+    special = special_ids(tok)
+    stream: list[int] = []
+    windows: list[list[int]] = []
+    n_counted = 0
+    for text in texts:
+        ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        stream += ids + ([sep] if isinstance(sep, int) else [])
+        while len(stream) >= body:
+            w = prefix + stream[:body] + suffix
+            stream = stream[body:]
+            windows.append(w)
+            n_counted += sum(1 for t in w if t not in special)
+            if max_tokens is not None and n_counted >= max_tokens:
+                break
+        if max_tokens is not None and n_counted >= max_tokens:
+            break
+    if not windows and stream:
+        windows.append(prefix + stream + suffix)  # a single short text: one shorter window
+    if not windows:
+        raise OptionError("The texts tokenized to nothing.")
+    toks = torch.tensor(windows, dtype=torch.long)
+    counted = torch.ones_like(toks, dtype=torch.bool)
+    for s in special:
+        counted &= toks != s
+    return toks, counted
+
+
+def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[int]]:
+    """``{layer: sorted heads}`` from ``None`` (all), ``(layer, head)`` pairs or a DataFrame with
+    ``layer``/``head`` columns (e.g. ``report.closed_heads``); duplicates are merged.
+
+    Args:
+        heads: the selection.
+        layers: the model's attention layers.
+        n_heads: query heads per layer.
+
+    Raises:
+        OptionTypeError: not pairs of integers / no layer, head columns.
+        OptionError: an empty selection, an unknown layer or head.
+    """
+    if heads is None:
+        return {layer: list(range(n_heads)) for layer in layers}
+    if hasattr(heads, "columns") and hasattr(heads, "__getitem__"):
+        if not {"layer", "head"} <= set(heads.columns):
+            raise OptionTypeError(f"A heads DataFrame needs 'layer' and 'head' columns; got {list(heads.columns)}.")
+        items = list(zip(heads["layer"], heads["head"]))
+    else:
+        if isinstance(heads, (str, bytes)):
+            raise OptionTypeError(f"heads must be (layer, head) pairs; got {heads!r:.60}.")
+        items = list(heads)
+    pairs: list[tuple[int, int]] = []
+    for item in items:
+        try:
+            layer, head = item
+        except (TypeError, ValueError) as e:
+            raise OptionTypeError(
+                f"heads must be None, a DataFrame with layer/head columns, or (layer, head) pairs; got an item {item!r:.60}."
+            ) from e
+        pairs.append((check_int(layer, "layer of a head", 0), check_int(head, "head index", 0)))
+    if not pairs:
+        raise OptionError("heads is empty: pass None for every head, or the (layer, head) pairs to use.")
+    out: dict[int, list[int]] = {}
+    for layer, head in pairs:
+        if layer not in layers:
+            raise OptionError(f"Layer {layer} is not an attention layer of this model (attention layers: {layers}).")
+        if not 0 <= head < n_heads:
+            raise OptionError(f"Head {head} of layer {layer} does not exist (n_heads = {n_heads}).")
+        out.setdefault(layer, [])
+        if head not in out[layer]:
+            out[layer].append(head)
+    return {layer: sorted(v) for layer, v in sorted(out.items())}

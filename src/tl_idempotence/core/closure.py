@@ -1,0 +1,534 @@
+"""Closure of OV circuits from Gram products (SPEC sections 1-3): α, P, norms, ranks, K, D.
+
+Conventions
+-----------
+Everything here is in the paper's **column form**: a head has a value read ``V`` and an
+output write ``O``, both ``[d_model, d_head]``, and its OV operator is ``T = O Vᵀ``
+(``d_model x d_model``, never formed). TransformerLens's row form is ``W_V = V`` and
+``W_O = Oᵀ``, so ``W_V @ W_O == Tᵀ``; every quantity computed here is invariant under that
+transposition.
+
+All metrics reduce to three ``d_head x d_head`` Gram products per head (SPEC 3)::
+
+    G_O = Oᵀ O,   G_V = Vᵀ V,   M = Vᵀ O
+    ‖T‖²_F     = ⟨G_O, G_V⟩_F
+    ⟨T², T⟩_F  = ⟨M, G_O G_V⟩_F
+    ‖T²‖²_F    = ⟨G_O M, M G_V⟩_F
+
+so the cost is ``O(d_model · d_head²)`` per head. Products are accumulated in float64
+whatever the weight dtype (or float32 for the ``d_model``-long products when
+``compute_dtype=torch.float32``); the ``d_head``-sized algebra is always float64.
+
+Scale
+-----
+``P`` does not depend on the scale of O or V and ``α`` scales like ``‖O‖·‖V‖``, but the
+products above are of degree up to 12 in the weights and over/underflow float64 for
+weights of size ~1e±25 (float32 products: ~1e±9). :func:`layer_grams` and :func:`grams`
+therefore check the Gram diagonals (the squared column norms) and, only when they leave
+``[2^-64, 2^64]``, rescale each offending head by an exact power of two ``2^e``
+(``e_O``, ``e_V`` in :class:`Grams`) before the products. Powers of two commute with every
+floating-point operation, so the scale-free outputs (``P``, ranks, ``D``) are exactly
+those of the rescaled weights and the scaled ones (``α``, norms, ``K``, eigenvalues) are
+rescaled back exactly (``torch.ldexp``); weights of ordinary size are never touched, so
+their numbers are bit for bit what the plain products give. Only outputs whose own value
+exceeds float64 (``‖T²‖`` of weights ~1e±100) become ``inf``/0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Complex, Float, Int
+from torch import Tensor
+
+from ..errors import OptionTypeError, WeightError
+from .factors import DEGENERATE_RTOL, gram_eig, principal_factors, rank_rtol
+from .heads import LayerHeads, check_weights
+from .options import check_bool, check_compute_dtype, check_device, strict_kwargs
+from .results import Result
+
+__all__ = [
+    "Closure",
+    "apply_exponents",
+    "Grams",
+    "closure",
+    "closure_from_grams",
+    "closure_scalars",
+    "grams",
+    "head_pair",
+    "layer_grams",
+]
+
+#: Gram diagonals (squared column norms) inside ``[2^-LOG2_SAFE, 2^LOG2_SAFE]`` are used as
+#: computed; outside, the head is rescaled by a power of two first (module docstring).
+LOG2_SAFE = 64
+
+
+@dataclass(frozen=True)
+class Grams:
+    """The three ``d_head x d_head`` products a head's closure needs (column form).
+
+    Attributes:
+        G_O: ``Oᵀ O``, ``[*batch, d_head, d_head]``, float64, CPU.
+        G_V: ``Vᵀ V`` (of the head's kv head), ``[*batch, d_head, d_head]``, float64, CPU.
+        M: ``Vᵀ O``, ``[*batch, d_head, d_head]``, float64, CPU. Its eigenvalues are the
+            nonzero eigenvalues of ``T`` (SPEC section 3).
+        d_model: residual width (for tolerances).
+        input_dtype: dtype the weights were stored in.
+        e_O, e_V: ``[*batch]`` int64 power-of-two exponents the products were computed
+            with (``O·2^e_O``, ``V·2^e_V``), or ``None`` when no head needed rescaling
+            (module docstring). ``M`` carries ``2^(e_O + e_V)``.
+    """
+
+    G_O: Float[Tensor, "*batch r r"]
+    G_V: Float[Tensor, "*batch r r"]
+    M: Float[Tensor, "*batch r r"]
+    d_model: int
+    input_dtype: torch.dtype
+    e_O: Int[Tensor, "*batch"] | None = None
+    e_V: Int[Tensor, "*batch"] | None = None
+
+    @property
+    def e_T(self) -> Int[Tensor, "*batch"] | None:
+        """Exponent of ``T`` in these Grams (``e_O + e_V``), or None when unscaled."""
+        if self.e_O is None or self.e_V is None:
+            return None
+        return self.e_O + self.e_V
+
+    def index(self, idx: Any) -> Grams:
+        """The Grams of a subset of heads (``idx`` indexes the leading dim)."""
+        return Grams(
+            G_O=self.G_O[idx], G_V=self.G_V[idx], M=self.M[idx], d_model=self.d_model, input_dtype=self.input_dtype,
+            e_O=None if self.e_O is None else self.e_O[idx], e_V=None if self.e_V is None else self.e_V[idx],
+        )
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def _pow2(x: Tensor, e: Tensor) -> Tensor:
+    """``x · 2^e`` exactly (float64; two steps so that neither factor overflows)."""
+    e = e.to(torch.float64)
+    half = torch.floor(e / 2)
+    return x * torch.exp2(half) * torch.exp2(e - half)
+
+
+def _unscale(x: Tensor, e: Tensor | None) -> Tensor:
+    """``x · 2^-e`` (identity when ``e`` is None or zero)."""
+    if e is None or not bool(e.any()):
+        return x
+    e = e.to(x.device)
+    while e.ndim < x.ndim:
+        e = e.unsqueeze(-1)
+    return _pow2(x, -e)
+
+
+def scale_exponents(X: Float[Tensor, "*lead d r"]) -> Int[Tensor, "*lead"]:
+    """Per-matrix power-of-two exponents that bring ``max|X|`` into ``[0.5, 1)``; 0 when it is
+    already inside ``[2^-16, 2^16]`` (those matrices are never touched) or zero."""
+    m = X.detach().abs().amax(dim=(-1, -2)).to(torch.float64)
+    _, e = torch.frexp(m)
+    outside = (m > 0) & ((m < 2.0**-16) | (m > 2.0**16))
+    return torch.where(outside, -e.to(torch.int64), torch.zeros_like(e, dtype=torch.int64)).cpu()
+
+
+def apply_exponents(X: Tensor, e: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """``X · 2^e`` per leading index (``e`` ``[*lead]`` or None), exactly, cast to ``dtype`` (see :func:`layer_grams`)."""
+    if e is None or not bool(e.any()):
+        return X.to(dtype)
+    ed = e.to(X.device)
+    return _pow2(X.to(torch.float64), ed[..., None, None]).to(dtype)
+
+
+def _needs_scale(G: Tensor, X: Tensor) -> bool:
+    """Whether the Gram diagonals of ``X`` left the safe range (overflow, underflow, lost precision)."""
+    d = G.diagonal(dim1=-2, dim2=-1)
+    if not bool(torch.isfinite(d).all()):
+        return True
+    m = d.amax(-1)
+    if bool((m > 2.0**LOG2_SAFE).any()):
+        return True
+    small = m < 2.0**-LOG2_SAFE
+    if bool(small.any()):
+        # A zero Gram is fine for an all-zero factor; for anything else it is underflow.
+        flat = X.reshape(-1, *X.shape[-2:])
+        idx = small.reshape(-1).nonzero().flatten().to(X.device)
+        return bool((flat[idx] != 0).any())
+    return False
+
+
+def _gram_products(
+    O: Tensor, V: Tensor, kv: Tensor | None, dtype: torch.dtype, e_O: Tensor | None, e_V: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(G_O [n], G_V [n_kv or n], M [n]) on O's device in float64; ``kv`` None = paired (broadcast) form."""
+    Oc = apply_exponents(O, e_O, dtype)
+    Vc = apply_exponents(V, e_V, dtype)
+    G_O = torch.matmul(Oc.transpose(-1, -2), Oc).to(torch.float64)
+    G_V = torch.matmul(Vc.transpose(-1, -2), Vc).to(torch.float64)
+    if kv is None:
+        M = torch.matmul(Vc.transpose(-1, -2), Oc).to(torch.float64)
+        return G_O, G_V, M
+    M = torch.empty_like(G_O)
+    for g in torch.unique(kv).tolist():
+        idx = (kv == g).nonzero().flatten()
+        M[idx] = torch.matmul(Vc[g].transpose(-1, -2), Oc[idx]).to(torch.float64)
+    return G_O, G_V, M
+
+
+def layer_grams(
+    O: Float[Tensor, "n_heads d_model d_head"],
+    V: Float[Tensor, "n_kv_heads d_model d_head"],
+    kv_head_of: Int[Tensor, " n_heads"],
+    compute_dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Grams:
+    """Gram products for one layer with shared value heads (MHA, GQA, MQA).
+
+    ``Vᵀ V`` is computed once per kv head and ``Vᵀ O`` once per query head, so a GQA
+    layer costs ``n_heads + n_kv_heads`` products, not ``2 n_heads``. The products run on
+    ``device`` (default: where ``O`` is); the returned Grams are CPU float64.
+
+    Args:
+        O: ``[n_heads, d_model, d_head]`` column form.
+        V: ``[n_kv_heads, d_model, d_head]`` unexpanded value weights.
+        kv_head_of: ``[n_heads]`` query head -> kv head index.
+        compute_dtype: dtype of the ``d_model``-long products (float64 or float32).
+        device: where to run the products.
+
+    Returns:
+        :class:`Grams` with batch shape ``[n_heads]`` (rescaled heads: module docstring).
+    """
+    kv = kv_head_of.long().to("cpu")
+    if device is not None:
+        O, V = O.to(device), V.to(device)
+    kv_dev = kv.to(O.device)
+    G_O, G_Vk, M = _gram_products(O, V, kv_dev, compute_dtype, None, None)
+    e_O = e_V = None
+    if _needs_scale(G_O, O) or _needs_scale(G_Vk, V):
+        e_O, e_Vk = scale_exponents(O), scale_exponents(V)
+        G_O, G_Vk, M = _gram_products(O, V, kv_dev, compute_dtype, e_O, e_Vk)
+        e_V = e_Vk[kv]
+    G_V = G_Vk[kv_dev]
+    return Grams(G_O=G_O.cpu(), G_V=G_V.cpu(), M=M.cpu(), d_model=int(O.shape[-2]),
+                 input_dtype=torch.promote_types(O.dtype, V.dtype), e_O=e_O, e_V=e_V)
+
+
+def grams(
+    O: Float[Tensor, "*batch_o d_model d_head"],
+    V: Float[Tensor, "*batch_v d_model d_head"],
+    compute_dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> Grams:
+    """Gram products of paired factors; the leading dims of ``O`` and ``V`` broadcast.
+
+    Args:
+        O: output write, column form (``= W_Oᵀ``), ``[*batch_o, d_model, d_head]``.
+        V: value read (``= W_V``), ``[*batch_v, d_model, d_head]``.
+        compute_dtype: dtype of the ``d_model``-long products (float64 default;
+            float32 trades ~1e-6 relative accuracy for speed).
+        device: where to run the products (default: where ``O`` is).
+
+    Returns:
+        :class:`Grams` in float64 on the CPU, batch shape ``broadcast(batch_o, batch_v)``.
+    """
+    lead = torch.broadcast_shapes(O.shape[:-2], V.shape[:-2])
+    if device is not None:
+        O, V = O.to(device), V.to(device)
+    O = O.expand(*lead, *O.shape[-2:])
+    V = V.expand(*lead, *V.shape[-2:])
+    G_O, G_V, M = _gram_products(O, V, None, compute_dtype, None, None)
+    e_O = e_V = None
+    if _needs_scale(G_O, O) or _needs_scale(G_V, V):
+        e_O, e_V = scale_exponents(O), scale_exponents(V)
+        G_O, G_V, M = _gram_products(O, V, None, compute_dtype, e_O, e_V)
+    return Grams(G_O=G_O.cpu(), G_V=G_V.cpu(), M=M.cpu(), d_model=int(O.shape[-2]),
+                 input_dtype=torch.promote_types(O.dtype, V.dtype), e_O=e_O, e_V=e_V)
+
+
+# --------------------------------------------------------------------------- closure
+
+
+def closure_scalars(
+    G_O: Float[Tensor, "*batch r r"],
+    G_V: Float[Tensor, "*batch r r"],
+    M: Float[Tensor, "*batch r r"],
+    exponents: tuple[Tensor, Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, np.ndarray]:
+    """α, P, ‖T‖, ‖T²‖, ⟨T², T⟩ and the degeneracy reasons from Gram products (SPEC 2).
+
+    The scalar part of :func:`closure_from_grams`, shared with the mismatch control and the
+    shared-value algebra (where ``(G_O, G_V, M) = (G_O_i, G_V, M_j)`` gives ``α_ij``, ``P_ij``).
+
+    Args:
+        G_O, G_V, M: ``[*batch, r, r]`` float64 (``OᵀO``, ``VᵀV``, ``VᵀO``; broadcast).
+        exponents: ``(e_O, e_V, e_M)``, each ``[*batch]``: the power-of-two exponents the
+            three Grams carry (``G_O`` is in units of ``2^(2 e_O)``, ``G_V`` of ``2^(2 e_V)``,
+            ``M`` of ``2^e_M``); the outputs are rescaled back. ``None``: unscaled.
+
+    Returns:
+        ``(alpha, P, norm, norm_T2, inner, reason)``: tensors ``[*batch]`` and a numpy
+        object array of reasons ("" where P is defined). Zero head (``‖T‖ ≤
+        DEGENERATE_RTOL · ‖O‖_F‖V‖_F``): α = P = NaN; nilpotent head (``‖T²‖ ≤
+        DEGENERATE_RTOL · ‖T‖²``): α = 0, P = NaN.
+    """
+    G_O, G_V, M = torch.broadcast_tensors(G_O, G_V, M)
+    norm2 = (G_O * G_V).sum((-1, -2)).clamp_min(0)
+    inner = (M * (G_O @ G_V)).sum((-1, -2))
+    norm2_T2 = ((G_O @ M) * (M @ G_V)).sum((-1, -2)).clamp_min(0)
+    norm = norm2.sqrt()
+    norm_T2 = norm2_T2.sqrt()
+
+    # Degeneracy: ‖T‖ ≤ ‖O‖_F ‖V‖_F and ‖T²‖ ≤ ‖T‖², so both tests are scale-free.
+    scale = (G_O.diagonal(dim1=-2, dim2=-1).sum(-1) * G_V.diagonal(dim1=-2, dim2=-1).sum(-1)).sqrt()
+    dtol = DEGENERATE_RTOL
+    zero = (norm <= dtol * scale) | (norm == 0)
+    nil = ~zero & (norm_T2 <= dtol * norm2)
+
+    safe_norm2 = torch.where(zero, torch.ones_like(norm2), norm2)
+    safe_T2 = torch.where(zero | nil, torch.ones_like(norm2_T2), norm2_T2)
+    alpha = inner / safe_norm2
+    P = (inner**2 / (safe_T2 * safe_norm2)).clamp(0.0, 1.0)
+    nan = torch.full_like(P, float("nan"))
+    alpha = torch.where(zero, nan, torch.where(nil, torch.zeros_like(alpha), alpha))
+    P = torch.where(zero | nil, nan, P)
+    ratio = norm_T2 / safe_norm2
+    if exponents is not None:
+        e_O, e_V, e_M = (torch.broadcast_to(e.to(alpha.device), alpha.shape) for e in exponents)
+        alpha = _unscale(alpha, e_M)
+        inner = _unscale(inner, e_M + 2 * e_O + 2 * e_V)
+        norm = _unscale(norm, e_O + e_V)
+        norm_T2 = _unscale(norm_T2, e_O + e_V + e_M)
+        ratio = _unscale(ratio, e_M - e_O - e_V)
+
+    reason = np.full(tuple(P.shape), "", dtype=object)
+    zero_np = zero.cpu().numpy()
+    nil_np = nil.cpu().numpy()
+    ratio_np = ratio.cpu().numpy()
+    reason[zero_np] = f"zero head: ||T||_F <= {dtol:.0e} * ||O||_F ||V||_F"
+    for idx in np.argwhere(nil_np):
+        key = tuple(idx)
+        reason[key] = f"nilpotent head: ||T^2||_F / ||T||_F^2 = {float(ratio_np[key]):.2e} <= {dtol:.0e}"
+    return alpha, P, norm, norm_T2, inner, reason
+
+
+@dataclass(frozen=True, repr=False)
+class Closure(Result):
+    """Closure of a batch of heads (SPEC sections 2-3). All tensors float64 on the CPU.
+
+    Attributes:
+        alpha: best scale ``α = ⟨T², T⟩_F / ‖T‖²_F``, ``[*batch]`` (units of the
+            weights: α scales like ‖O‖·‖V‖). 0 for nilpotent heads, NaN for zero heads.
+        P: squared closure alignment ``⟨T², T⟩² / (‖T²‖² ‖T‖²) ∈ [0, 1]``, ``[*batch]``;
+            NaN when undefined (see ``reason``).
+        norm: ``‖T‖_F``, ``[*batch]``.
+        norm_T2: ``‖T²‖_F``, ``[*batch]``.
+        inner: ``⟨T², T⟩_F``, ``[*batch]``.
+        rank_O, rank_V: numerical ranks (``s > rtol · s_max``, see
+            :func:`~tl_idempotence.core.factors.rank_rtol`), ``[*batch]`` int64.
+        rtol: the relative rank tolerance used (degeneracy uses ``DEGENERATE_RTOL``).
+        reason: numpy object array ``[*batch]``: "" where P is defined, otherwise why not.
+        K: principal-coordinate transport ``[*batch, d_head, d_head]`` with
+            ``T = Q_O K Q_Vᵀ`` and ``T² = Q_O (K D K) Q_Vᵀ`` (SPEC 3); ``None`` unless
+            ``factors=True``. Rows/columns beyond the numerical ranks are zero.
+        D: ``[*batch, d_head]`` diagonal of ``Q_Vᵀ Q_O`` in principal coordinates =
+            cosines of the principal angles between span(V) and span(O), descending.
+            Entries at index ``>= min(rank_O, rank_V)`` are structural zeros.
+            ``None`` unless ``factors=True``.
+        eigenvalues: ``[*batch, d_head]`` complex128 eigenvalues of ``Vᵀ O`` (= the
+            nonzero eigenvalues of T, padded with zeros), sorted by descending
+            modulus; ``None`` unless ``factors=True``.
+    """
+
+    alpha: Float[Tensor, "*batch"]
+    P: Float[Tensor, "*batch"]
+    norm: Float[Tensor, "*batch"]
+    norm_T2: Float[Tensor, "*batch"]
+    inner: Float[Tensor, "*batch"]
+    rank_O: Int[Tensor, "*batch"]
+    rank_V: Int[Tensor, "*batch"]
+    rtol: float
+    reason: np.ndarray
+    K: Float[Tensor, "*batch r r"] | None = None
+    D: Float[Tensor, "*batch r"] | None = None
+    eigenvalues: Complex[Tensor, "*batch r"] | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        """Leading (batch) shape."""
+        return self.P.shape
+
+    def __getitem__(self, idx: Any) -> Closure:
+        """Index every field by the same leading index (e.g. ``c[3]`` or ``c[:, 2]``)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                out[f.name] = v[idx]
+            elif isinstance(v, np.ndarray):
+                out[f.name] = np.asarray(v[idx if not isinstance(idx, Tensor) else idx.numpy()], dtype=object)
+            else:
+                out[f.name] = v
+        return Closure(**out)
+
+    @property
+    def heads(self) -> Any:
+        """One row per head (flattened batch): ``index, alpha, P, norm, norm_T2, rank_O, rank_V, reason``."""
+        import pandas as pd
+
+        n = int(self.P.numel())
+        return pd.DataFrame({
+            "index": np.arange(n),
+            "alpha": self.alpha.reshape(-1).numpy(),
+            "P": self.P.reshape(-1).numpy(),
+            "norm": self.norm.reshape(-1).numpy(),
+            "norm_T2": self.norm_T2.reshape(-1).numpy(),
+            "rank_O": self.rank_O.reshape(-1).numpy(),
+            "rank_V": self.rank_V.reshape(-1).numpy(),
+            "reason": np.asarray(self.reason, dtype=object).reshape(-1).astype(str),
+        })
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``n_heads``, ``median_P``, ``max_P``, ``n_undefined_P``, ``batch_shape``."""
+        P = self.P.reshape(-1).numpy()
+        fin = P[np.isfinite(P)]
+        return {
+            "n_heads": int(P.size),
+            "batch_shape": list(self.P.shape),
+            "median_P": float(np.median(fin)) if fin.size else float("nan"),
+            "max_P": float(fin.max()) if fin.size else float("nan"),
+            "n_undefined_P": int(P.size - fin.size),
+        }
+
+
+def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
+    """Closure metrics from precomputed :class:`Grams` (SPEC sections 2-3).
+
+    Args:
+        g: Gram products, batch shape ``[*batch]``.
+        factors: also compute K, D (principal coordinates) and eigenvalues of T.
+
+    Returns:
+        :class:`Closure` with batch shape ``[*batch]``, in the weights' own units (any
+        power-of-two rescaling of ``g`` undone).
+
+    Degenerate heads never raise: ``‖T‖ ≈ 0`` (zero head) gives α = P = NaN;
+    ``‖T²‖ ≈ 0`` relative to ``‖T‖²`` (nilpotent head) gives α = 0 and P = NaN;
+    ``reason`` says which, with the tolerance (:data:`DEGENERATE_RTOL`, relative).
+    """
+    G_O, G_V, M = g.G_O, g.G_V, g.M
+    rtol = rank_rtol(g.d_model, G_O.shape[-1])
+    exps = None if g.e_T is None else (g.e_O, g.e_V, g.e_T)
+    alpha, P, norm, norm_T2, inner, reason = closure_scalars(G_O, G_V, M, exps)  # type: ignore[arg-type]
+    K = D = eig = None
+    if factors:
+        K, D, rank_O, rank_V = principal_factors(g, rtol)
+        ev = torch.linalg.eigvals(M)
+        order = ev.abs().argsort(dim=-1, descending=True)
+        eig = torch.gather(ev, -1, order)
+        K = _unscale(K, g.e_T)
+        if g.e_T is not None and bool(g.e_T.any()):
+            s = torch.exp2(-g.e_T.to(torch.float64)).unsqueeze(-1)
+            eig = eig * s
+    else:
+        rank_O = gram_eig(G_O, rtol, False)[2].sum(-1)
+        rank_V = gram_eig(G_V, rtol, False)[2].sum(-1)
+    return Closure(alpha=alpha, P=P, norm=norm, norm_T2=norm_T2, inner=inner, rank_O=rank_O, rank_V=rank_V,
+                   rtol=rtol, reason=reason, K=K, D=D, eigenvalues=eig)
+
+
+def _as_tensor(x: Any, name: str) -> Tensor:
+    if isinstance(x, Tensor):
+        return x.detach()
+    if isinstance(x, np.ndarray):
+        if x.dtype == object:
+            raise OptionTypeError(f"{name} is a numpy object array; pass numbers.")
+        return torch.from_numpy(x)
+    raise OptionTypeError(f"{name} must be a torch.Tensor or numpy array, got {type(x).__name__}.")
+
+
+def head_pair(x: Any, what: str = "closure()") -> tuple[Tensor, Tensor]:
+    """``(W_V, W_O)`` in TransformerLens row form from a FactoredMatrix or a pair, checked.
+
+    Args:
+        x: a TransformerLens ``FactoredMatrix`` (``A = W_V [*batch, d_model, d_head]``,
+            ``B = W_O [*batch, d_head, d_model]``, ``A @ B = Tᵀ``) such as ``model.OV`` or
+            ``model.OV[l, h]``, or a pair ``(W_V, W_O)`` of tensors / numpy arrays.
+        what: the caller, for messages.
+
+    Returns:
+        ``(W_V [*batch, d_model, d_head], W_O [*batch, d_head, d_model])``.
+
+    Raises:
+        OptionTypeError: neither a FactoredMatrix nor a pair of arrays.
+        WeightError: shapes that do not pair or broadcast, non-float or non-finite weights.
+    """
+    if hasattr(x, "A") and hasattr(x, "B") and not isinstance(x, (tuple, list)):
+        W_V, W_O = _as_tensor(x.A, "FactoredMatrix.A (W_V)"), _as_tensor(x.B, "FactoredMatrix.B (W_O)")
+    elif isinstance(x, (tuple, list)) and len(x) == 2:
+        W_V, W_O = _as_tensor(x[0], "W_V"), _as_tensor(x[1], "W_O")
+    else:
+        raise OptionTypeError(
+            f"{what} expects a TransformerLens FactoredMatrix (e.g. model.OV or model.OV[l, h]; A = W_V, B = W_O), a "
+            f"(W_V, W_O) pair of tensors in TransformerLens row form, or a LayerHeads; got {type(x).__name__}."
+        )
+    if W_V.ndim < 2 or W_O.ndim < 2:
+        raise WeightError(f"W_V and W_O must be at least 2-D; got shapes {tuple(W_V.shape)} and {tuple(W_O.shape)}.")
+    d_model, d_head = W_V.shape[-2:]
+    if W_O.shape[-2:] != (d_head, d_model):
+        raise WeightError(
+            f"W_V {tuple(W_V.shape)} and W_O {tuple(W_O.shape)} do not pair: expected W_V [..., d_model, d_head] and "
+            "W_O [..., d_head, d_model] (TransformerLens row form). Did you pass (W_O, W_V) or the column form?"
+        )
+    try:
+        torch.broadcast_shapes(W_V.shape[:-2], W_O.shape[:-2])
+    except RuntimeError as e:
+        raise WeightError(f"Leading dims of W_V {tuple(W_V.shape)} and W_O {tuple(W_O.shape)} do not broadcast.") from e
+    if d_model == 0 or d_head == 0:
+        raise WeightError(f"Empty heads: W_V {tuple(W_V.shape)}, W_O {tuple(W_O.shape)}.")
+    check_weights(W_V, "W_V", "head")
+    check_weights(W_O, "W_O", "head")
+    return W_V, W_O
+
+
+@strict_kwargs
+def closure(
+    heads: Any,
+    *,
+    factors: bool = True,
+    compute_dtype: torch.dtype | str = torch.float64,
+    device: torch.device | str = "cpu",
+) -> Closure:
+    """Closure of every head in a FactoredMatrix, a ``(W_V, W_O)`` pair or a LayerHeads (SPEC 2-3).
+
+    Args:
+        heads: a TransformerLens ``FactoredMatrix`` such as ``model.OV`` (all heads) or
+            ``model.OV[l, h]`` (one), a pair ``(W_V, W_O)`` of tensors / numpy arrays in TL
+            row form (``W_V [*batch, d_model, d_head]``, ``W_O [*batch, d_head, d_model]``,
+            leading dims broadcast; ``W_V @ W_O == Tᵀ``), or a
+            :class:`~tl_idempotence.core.heads.LayerHeads` (column form, kv heads shared).
+            Any real float dtype.
+        factors: also return K, D and the eigenvalues (default True).
+        compute_dtype: dtype of the ``d_model``-long products (float64 default, or float32).
+        device: where the products run ("cpu", "cuda", "auto"); results are CPU float64.
+
+    Returns:
+        :class:`Closure` with the broadcast leading shape (``[n_heads]`` for a LayerHeads).
+
+    Raises:
+        OptionTypeError: ``heads`` is not one of the above; a bad option type.
+        WeightError: shapes do not pair, non-float or NaN/inf weights (names the head).
+        OptionError / DeviceError: a bad ``compute_dtype`` or ``device``.
+    """
+    factors = check_bool(factors, "factors")
+    dtype = check_compute_dtype(compute_dtype)
+    dev = check_device(device)
+    if isinstance(heads, LayerHeads):
+        heads.check_finite()
+        g = layer_grams(heads.O, heads.V, heads.kv_head_of, compute_dtype=dtype, device=dev)
+        return closure_from_grams(g, factors=factors)
+    W_V, W_O = head_pair(heads)
+    return closure_from_grams(grams(W_O.transpose(-1, -2), W_V, compute_dtype=dtype, device=dev), factors=factors)

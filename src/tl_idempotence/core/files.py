@@ -1,0 +1,97 @@
+"""File helpers every layer shares: sha256 of files and bytes, atomic writes, JSON that names its file.
+
+* :func:`sha256_file` — streamed hex sha256 (optionally of the first ``limit`` bytes).
+* :func:`atomic_write_bytes` / :func:`atomic_write_text` — write a temp file in the same
+  directory, ``fsync``, ``os.replace``: a file with its final name is always complete.
+* :func:`read_json` — parse a JSON file; an unreadable or malformed file raises the
+  caller's error class with the file's name (never a bare ``JSONDecodeError``).
+
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "read_json", "sha256_bytes", "sha256_file"]
+
+
+def sha256_file(path: str | os.PathLike[str], limit: int | None = None, chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file (or of its first ``limit`` bytes), streamed.
+
+    Raises:
+        OSError: the file cannot be read (the caller turns it into an error naming the file).
+    """
+    h = hashlib.sha256()
+    remaining = limit
+    with open(path, "rb") as f:
+        while True:
+            n = chunk if remaining is None else min(chunk, remaining)
+            if n <= 0:
+                break
+            block = f.read(n)
+            if not block:
+                break
+            h.update(block)
+            if remaining is not None:
+                remaining -= len(block)
+    return h.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex sha256 of bytes."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same directory + fsync + ``os.replace``).
+
+    Returns the path. A killed writer leaves at most a ``*.tmp<pid>`` file, never a partial
+    file under the final name.
+    """
+    p = Path(path)
+    tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return p
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """:func:`atomic_write_bytes` of UTF-8 text."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_json(path: str | os.PathLike[str], error: type[Exception], what: str = "JSON file") -> Any:
+    """Parse a JSON file, raising ``error`` with the file's name when it cannot be read or parsed.
+
+    Args:
+        path: the file.
+        error: the exception class to raise (e.g. ``CheckpointError``).
+        what: what the file is, for the message ("config.json", "resume manifest").
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except IsADirectoryError as e:
+        raise error(f"{what} {p} is a directory, not a file.") from e
+    except OSError as e:
+        raise error(f"Cannot read {what} {p}: {e.strerror or e}.") from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{what} {p} is not UTF-8 text (byte {e.start}): the file is corrupt or not JSON.") from e
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise error(f"{what} {p} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}).") from e

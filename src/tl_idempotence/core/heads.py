@@ -1,0 +1,244 @@
+"""The per-layer head factors every analysis consumes (SPEC section 1), and what describes a model.
+
+* :class:`LayerHeads` — one attention layer in the paper's **column form**: ``O`` (output
+  writes, ``= W_O[l]ᵀ`` per head), ``V`` (value reads, ``= W_V[l]``, *unexpanded* kv heads)
+  and ``kv_head_of`` (query head -> kv head). It checks its own shapes and dtypes, finds
+  non-finite weights (naming layer and head) and fingerprints its exact bytes.
+* :class:`Sizes` / :class:`ModelInfo` — attention sizes, and what was measured (name,
+  class, weight processing; SPEC 10).
+* :class:`HeadSource` — anything that yields ``LayerHeads`` layer by layer.
+* :func:`kv_layout` — the standard GQA layout ``h -> h // (n_heads // n_kv_heads)``.
+
+Sources (``tl_idempotence.sources``) produce these; analyses consume them. Imports torch only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from ..errors import WeightError
+
+__all__ = ["HeadSource", "LayerHeads", "ModelInfo", "Sizes", "check_weights", "kv_layout"]
+
+
+def _is_weight_dtype(t: Tensor) -> bool:
+    return t.is_floating_point() and not t.is_complex()
+
+
+def check_weights(x: Tensor, name: str, index_name: str | None = None) -> None:
+    """Refuse weights that have no closure: non-float dtypes and NaN/inf values.
+
+    One float64 sum per leading index detects NaN/inf (a finite bf16/fp16/fp32 tensor never
+    sums to inf in float64); the elementwise scan runs only when something is wrong.
+
+    Args:
+        x: ``[*lead, rows, cols]`` weights (a batch of heads, or one head).
+        name: what ``x`` is, for the message ("W_O of layer 3").
+        index_name: the name of the first leading dim ("head", "kv head").
+
+    Raises:
+        WeightError: integer/bool/complex dtype, or NaN/inf (names the first bad index).
+    """
+    if not _is_weight_dtype(x):
+        raise WeightError(
+            f"{name} has dtype {x.dtype}; OV weights must be real floating point (float16/bfloat16/float32/float64). "
+            "Integer or quantized weights need dequantizing first; complex weights are not an OV circuit."
+        )
+    if x.numel() == 0:
+        return
+    lead = x.shape[:-2]
+    flat = x.reshape(-1, *x.shape[-2:]) if x.ndim >= 2 else x.reshape(1, 1, -1)
+    if bool(torch.isfinite(flat.sum(dim=(-1, -2), dtype=torch.float64)).all()):
+        return
+    bad = (~torch.isfinite(flat).flatten(1).all(dim=1)).nonzero().flatten().tolist()
+    if not bad:  # a finite tensor whose float64 sum overflowed (|x| near float64 max): scan exactly
+        return
+    first = bad[0]
+    where = "the matrix"
+    if lead:
+        idx = list(torch.unravel_index(torch.tensor(first), lead)) if len(lead) > 1 else [torch.tensor(first)]
+        label = index_name or "index"
+        where = f"{label} {[int(i) for i in idx] if len(idx) > 1 else int(idx[0])}"
+        if len(bad) > 1:
+            where += f" (and {len(bad) - 1} more: {bad[1:10]}{' ...' if len(bad) > 10 else ''})"
+    n_nan = int(torch.isnan(flat[first]).sum())
+    raise WeightError(
+        f"{name} contains NaN or inf at {where} ({n_nan} NaN in the first). Closure is undefined for non-finite "
+        "weights: check the checkpoint file or the weight processing that produced them."
+    )
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Attention sizes of a model (``d_head`` may differ from ``d_model // n_heads``, e.g. Gemma).
+
+    Raises:
+        WeightError: a size that is not a positive integer, or ``n_heads`` not a multiple of
+            ``n_kv_heads``.
+    """
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+
+    def __post_init__(self) -> None:
+        for f in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise WeightError(f"Attention size {f}={v!r} must be a positive integer.")
+        if self.n_heads % self.n_kv_heads:
+            raise WeightError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}: query heads cannot be "
+                "grouped onto kv heads."
+            )
+
+    @property
+    def sizes(self) -> Sizes:
+        """The sizes alone (drops any description a subclass adds)."""
+        return Sizes(self.n_layers, self.n_heads, self.n_kv_heads, self.d_model, self.d_head)
+
+
+@dataclass(frozen=True)
+class ModelInfo(Sizes):
+    """What was measured: sizes, the model's name and class, and its weight processing (SPEC 10).
+
+    Attributes:
+        model_name, model_class: for the report.
+        processing: flags of the weights measured (``raw``, ``fold_ln``,
+            ``center_writing_weights``, ...), where they come from, and file provenance.
+        extra: source details (format, path, architecture, tensor root, notes such as a
+            post-attention norm after ``W_O``).
+    """
+
+    model_name: str = "model"
+    model_class: str = "unknown"
+    processing: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def kv_layout(n_heads: int, n_kv_heads: int) -> Int[Tensor, " n_heads"]:
+    """Query head -> kv head for the standard ``repeat_interleave`` GQA layout.
+
+    Used by TransformerLens, Hugging Face Llama/Qwen/Mistral/Gemma (``repeat_kv``)
+    and llama.cpp: query head ``h`` reads kv head ``h // (n_heads // n_kv_heads)``.
+
+    Raises:
+        WeightError: ``n_heads`` is not a positive multiple of ``n_kv_heads``.
+    """
+    if isinstance(n_heads, bool) or isinstance(n_kv_heads, bool) or n_kv_heads <= 0 or n_heads <= 0 or n_heads % n_kv_heads:
+        raise WeightError(f"n_heads={n_heads} is not a positive multiple of n_kv_heads={n_kv_heads}.")
+    return torch.arange(n_heads) // (n_heads // n_kv_heads)
+
+
+@dataclass(frozen=True)
+class LayerHeads:
+    """One attention layer's heads in the paper's column form (SPEC section 1).
+
+    Attributes:
+        layer: layer index in the model (>= 0).
+        O: ``[n_heads, d_model, d_head]`` output writes, ``O = W_O[l].transpose(-1, -2)``.
+        V: ``[n_kv_heads, d_model, d_head]`` value reads, unexpanded (``= W_V`` per kv head).
+        kv_head_of: ``[n_heads]`` int64, query head -> kv head, from the model's layout.
+
+    Tensors keep the stored dtype (fp32/fp16/bf16); analyses promote to float64.
+
+    Raises:
+        WeightError: O/V of another rank or disagreeing on ``(d_model, d_head)``, a non-float
+            dtype, or a ``kv_head_of`` of the wrong shape/dtype or pointing outside ``V``.
+    """
+
+    layer: int
+    O: Float[Tensor, "n_heads d_model d_head"]
+    V: Float[Tensor, "n_kv_heads d_model d_head"]
+    kv_head_of: Int[Tensor, " n_heads"]
+
+    def __post_init__(self) -> None:
+        where = f"Layer {self.layer}"
+        if isinstance(self.layer, bool) or not isinstance(self.layer, int) or self.layer < 0:
+            raise WeightError(f"LayerHeads.layer must be a non-negative int; got {self.layer!r}.")
+        for name, t in (("O", self.O), ("V", self.V)):
+            if not isinstance(t, Tensor) or t.ndim != 3:
+                raise WeightError(f"{where}: {name} must be a 3-D tensor [heads, d_model, d_head]; got "
+                                  f"{getattr(t, 'shape', type(t).__name__)}.")
+            if not _is_weight_dtype(t):
+                raise WeightError(f"{where}: {name} has dtype {t.dtype}; OV weights must be real floating point.")
+        n_heads, d_model, d_head = self.O.shape
+        n_kv, d_model_v, d_head_v = self.V.shape
+        if (d_model, d_head) != (d_model_v, d_head_v):
+            raise WeightError(
+                f"{where}: O {tuple(self.O.shape)} and V {tuple(self.V.shape)} disagree on (d_model, d_head)."
+            )
+        if n_heads == 0 or n_kv == 0 or d_model == 0 or d_head == 0:
+            raise WeightError(f"{where}: empty O {tuple(self.O.shape)} or V {tuple(self.V.shape)}.")
+        kv = self.kv_head_of
+        if not isinstance(kv, Tensor) or kv.is_floating_point() or kv.is_complex() or kv.dtype == torch.bool:
+            raise WeightError(f"{where}: kv_head_of must be an integer tensor; got {getattr(kv, 'dtype', type(kv))}.")
+        if kv.shape != (n_heads,):
+            raise WeightError(f"{where}: kv_head_of has shape {tuple(kv.shape)}, expected ({n_heads},).")
+        if int(kv.min()) < 0 or int(kv.max()) >= n_kv:
+            raise WeightError(f"{where}: kv_head_of points outside the {n_kv} kv heads ({kv.tolist()}).")
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.O.shape[0])
+
+    @property
+    def n_kv_heads(self) -> int:
+        return int(self.V.shape[0])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.O.shape[1])
+
+    @property
+    def d_head(self) -> int:
+        return int(self.O.shape[2])
+
+    def V_of_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:
+        """V expanded to query heads (a gather; avoid on huge layers)."""
+        return self.V[self.kv_head_of]
+
+    def check_finite(self) -> None:
+        """Raise :class:`~tl_idempotence.errors.WeightError` naming layer and head if O or V holds NaN/inf."""
+        check_weights(self.O, f"W_O of layer {self.layer}", "head")
+        check_weights(self.V, f"W_V of layer {self.layer}", "kv head")
+
+    def fingerprint(self) -> str:
+        """sha256 (hex) of exactly what is measured: dtype, shapes, the bytes of O and V, the kv layout.
+
+        Two layers with the same fingerprint have bit-identical factors (so identical
+        numbers); any changed bit changes it. Cost: one pass over the layer's bytes
+        (~1.7 GB/s here), small next to the products.
+        """
+        h = hashlib.sha256()
+        for name, t in (("O", self.O), ("V", self.V), ("kv", self.kv_head_of.to(torch.int64))):
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+            h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
+        return h.hexdigest()
+
+
+@runtime_checkable
+class HeadSource(Protocol):
+    """Anything that streams :class:`LayerHeads` layer by layer.
+
+    ``info`` describes the model; ``layers()`` lists the attention layer indices;
+    ``layer_heads(l)`` reads one layer (and may raise ``IndexError`` for others).
+    """
+
+    info: ModelInfo
+
+    def layers(self) -> Iterator[int]: ...
+
+    def layer_heads(self, layer: int) -> LayerHeads: ...
+
+    def __iter__(self) -> Iterator[LayerHeads]: ...

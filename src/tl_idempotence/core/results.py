@@ -1,0 +1,81 @@
+"""What every result object shares: a short ``repr`` and a notebook display drawn by ``views``.
+
+Every result of the library (``Closure``, ``Scramble``, ``SearchResult``,
+``MismatchResult``, ``SharedValueAlgebra``, ``ActivationReturns``, ``IdempotenceReport``,
+``Trajectory``, ...) has ``.heads`` (a DataFrame), ``.summary`` (a dict of JSON-able
+headline numbers) and derives from :class:`Result`, which gives it
+
+* ``repr(x)``: one line, the class name and a few headline numbers — never a tensor dump;
+* ``x._repr_html_()``: the notebook display, drawn by :mod:`tl_idempotence.views`.
+
+Data flows one way (core -> sources -> analyses -> report -> studies -> views -> cli), so
+nothing below ``views`` imports it. Like pandas' plotting backend (``DataFrame.plot``
+resolves ``pandas.plotting`` by its module name when called), a result resolves its
+display module by name, :data:`VIEWS_MODULE`, only when a display or figure is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from types import ModuleType
+from typing import Any
+
+__all__ = ["VIEWS_MODULE", "Result", "short_value", "views"]
+
+#: The module that draws every figure and display, resolved by name when one is asked for.
+VIEWS_MODULE = "tl_idempotence.views"
+
+
+def views() -> ModuleType:
+    """The views module (plotly figures, HTML pages, notebook displays), imported on first use."""
+    return importlib.import_module(VIEWS_MODULE)
+
+
+def short_value(v: Any) -> str | None:
+    """A scalar summary value as short text, or None for anything that is not a scalar."""
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    if isinstance(v, str):
+        return repr(v) if len(v) <= 40 else repr(v[:37] + "...")
+    try:  # numpy scalars
+        import numpy as np
+
+        if isinstance(v, np.generic):
+            return short_value(v.item())
+    except ImportError:  # pragma: no cover
+        pass
+    return None
+
+
+class Result:
+    """Mixin of every result object: short ``repr`` and ``_repr_html_`` (module docstring).
+
+    Subclasses provide ``heads`` and ``summary`` (attributes or properties; not declared
+    here, so that dataclass fields of those names work); :attr:`repr_keys` chooses which summary
+    entries the one-line ``repr`` shows (default: the first eight scalar ones).
+    """
+
+    repr_keys: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        try:
+            s = self.summary  # type: ignore[attr-defined]
+        except Exception as e:  # noqa: BLE001 - a repr must never raise
+            return f"<{type(self).__name__} (summary unavailable: {type(e).__name__})>"
+        keys = [k for k in self.repr_keys if k in s] or list(s)
+        items = []
+        for k in keys:
+            t = short_value(s[k])
+            if t is not None:
+                items.append(f"{k}={t}")
+            if len(items) >= 8:
+                break
+        return f"{type(self).__name__}({', '.join(items)})"
+
+    def _repr_html_(self) -> str:
+        return str(views().result_html(self))

@@ -1,0 +1,90 @@
+"""The errors tl_idempotence raises: one family, each with a documented cause and fix.
+
+Every exception the library raises on purpose is a :class:`TLIError`. Each subclass
+also derives from the built-in exception a caller would expect (``ValueError``,
+``TypeError``, ``FileNotFoundError``, ``RuntimeError``), so ``except ValueError`` keeps
+working. ``docs/errors.md`` lists each one with its cause and fix; every message names
+what was wrong (the argument, the file, the tensor, the layer and head) and what to do.
+
+This module imports nothing from the package (it is the bottom of every layer).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheError",
+    "CheckpointError",
+    "ChecksumError",
+    "DeviceError",
+    "MissingFileError",
+    "OptionError",
+    "OptionTypeError",
+    "RegistryUnreachableError",
+    "ResumeError",
+    "TLIError",
+    "UnknownModelError",
+    "UnknownOptionError",
+    "UnsupportedModelError",
+    "WeightError",
+    "ZooError",
+]
+
+
+class TLIError(Exception):
+    """Base class of every error tl_idempotence raises on purpose."""
+
+
+class OptionError(TLIError, ValueError):
+    """An argument has a value outside its range (``threshold=1.5``, ``nulls=-1``, an unknown layer)."""
+
+
+class OptionTypeError(TLIError, TypeError):
+    """An argument has the wrong type (``threshold="0.5"``, ``nulls=1.7``, ``compute_dtype=torch.int64``)."""
+
+
+class UnknownOptionError(TLIError, TypeError):
+    """A keyword argument no function of this route accepts (the message lists the closest valid names)."""
+
+
+class UnsupportedModelError(TLIError, TypeError):
+    """The object passed as a model is none of the supported kinds (the message lists them)."""
+
+
+class WeightError(TLIError, ValueError):
+    """Weights that have no closure: NaN/inf, integer, complex or mis-shaped O/V (names layer and head)."""
+
+
+class CheckpointError(TLIError, ValueError):
+    """A checkpoint file or directory that lies: corrupt, truncated, ambiguous or inconsistent (names the file)."""
+
+
+class MissingFileError(TLIError, FileNotFoundError):
+    """A path that does not exist: a checkpoint, a shard an index points to, a source file (names it)."""
+
+
+class ResumeError(TLIError, ValueError):
+    """A resume directory that belongs to other options or is damaged beyond recomputation (names the file)."""
+
+
+class DeviceError(TLIError, ValueError):
+    """A device that is not there (``device="cuda"`` without CUDA) or not understood."""
+
+
+class ZooError(TLIError, RuntimeError):
+    """A zoo model could not be made available (the message says why and what to do)."""
+
+
+class UnknownModelError(ZooError, ValueError):
+    """The name is not in the zoo (the message lists the known names)."""
+
+
+class ChecksumError(ZooError):
+    """A downloaded, supplied or cached file does not match its recorded sha256 (names the file)."""
+
+
+class CacheError(ZooError):
+    """The cache directory cannot be used (read-only, a file where a folder should be, ...)."""
+
+
+class RegistryUnreachableError(ZooError):
+    """``pip download`` failed (no network / index unreachable); the message names the file to fetch by hand."""

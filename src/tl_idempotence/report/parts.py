@@ -1,0 +1,228 @@
+"""One layer's finished report rows, and the resume directory that keeps them on disk.
+
+A :class:`LayerPart` is everything the report loop keeps of a layer: its per-head rows,
+its layer row, its long tables, and what it was computed from (the layer's weight
+fingerprint and the options key). :class:`ResumeDir` writes each part as parquet tables
+plus one JSON record (no pickle: a file from a directory is never executed) and hands a
+part back only when its record says it was computed from the *same* weights (the
+layer's sha256 fingerprint) with the *same* options; otherwise the layer is recomputed.
+
+Layout of a resume directory::
+
+    manifest.json                 format, the options key, the model's sizes and name
+    layer_00003.json              the part record (written last): layer, fingerprint,
+                                  options key, layer row, notes, and the sha256 of every
+                                  table file of the part
+    layer_00003.heads.parquet     per-head rows
+    layer_00003.<table>.parquet   the analyses' long tables (scramble draws, ...)
+
+Every file is written atomically (temp file + ``os.replace``); stray ``*.tmp<pid>``
+files from a killed run are ignored and removed when the directory is next opened.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
+from ..core.heads import ModelInfo
+from ..core.options import ReportOptions
+from ..errors import ResumeError
+
+__all__ = ["FORMAT", "LayerPart", "ResumeDir", "json_safe"]
+
+FORMAT = "tl_idempotence.resume/2"
+
+
+def json_safe(x: Any) -> Any:
+    """``x`` with numpy scalars as Python scalars and NaN/inf as the strings "NaN"/"Infinity"/"-Infinity"
+    (strict JSON); :func:`json_restore` undoes it."""
+    try:
+        import numpy as np
+
+        if isinstance(x, np.generic):
+            x = x.item()
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [json_safe(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    return x
+
+
+def json_restore(x: Any, float_keys: set[str] | None = None) -> Any:
+    """Undo :func:`json_safe` for the values of ``float_keys`` (or of every key when None)."""
+    special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+    if isinstance(x, dict):
+        return {k: (special[v] if isinstance(v, str) and v in special and (float_keys is None or k in float_keys)
+                    else json_restore(v, float_keys)) for k, v in x.items()}
+    if isinstance(x, list):
+        return [json_restore(v, float_keys) for v in x]
+    return x
+
+
+@dataclass
+class LayerPart:
+    """One layer's finished rows (what the report loop concatenates).
+
+    Attributes:
+        layer: the layer index.
+        fingerprint: sha256 of the layer's O, V and kv layout (:meth:`LayerHeads.fingerprint`).
+        heads: per-head rows (identity columns and every analysis's columns).
+        row: the layer row (identity, values, ``fingerprint``, ``note``).
+        tables: the analyses' long tables of this layer.
+    """
+
+    layer: int
+    fingerprint: str
+    heads: pd.DataFrame
+    row: dict[str, Any]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def _parquet_bytes(df: pd.DataFrame) -> bytes:
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
+
+
+class ResumeDir:
+    """Per-layer parts of an interruptible report (``idempotence_report(..., resume=dir)``).
+
+    Args:
+        path: the directory (created).
+        options: the report's validated options (their :meth:`~ReportOptions.key` must match
+            the manifest's).
+        info: the model's description (recorded in a new manifest).
+
+    Raises:
+        ResumeError: the directory's manifest was written for other options (names them), or
+            the manifest is unreadable (names the file); a path that is a file; an unwritable
+            directory.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], options: ReportOptions, info: ModelInfo) -> None:
+        self.dir = Path(path).expanduser()
+        if self.dir.exists() and not self.dir.is_dir():
+            raise ResumeError(f"resume={str(path)!r} is a file, not a directory.")
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ResumeError(f"Cannot create the resume directory {self.dir}: {e.strerror or e}.") from e
+        self.key = options.key()
+        for stale in self.dir.glob("*.tmp*"):
+            stale.unlink(missing_ok=True)
+        manifest = {"format": FORMAT, "options": self.key, "model": {
+            "model_name": info.model_name, "n_layers": info.n_layers, "n_heads": info.n_heads,
+            "n_kv_heads": info.n_kv_heads, "d_model": info.d_model, "d_head": info.d_head}}
+        mfile = self.dir / "manifest.json"
+        if mfile.exists():
+            old = read_json(mfile, ResumeError, "resume manifest")
+            if not isinstance(old, dict) or old.get("format") != FORMAT:
+                fmt = old.get("format") if isinstance(old, dict) else type(old).__name__
+                raise ResumeError(
+                    f"{mfile} is not a {FORMAT} manifest (format {fmt!r}): this directory was written by another "
+                    "version or program. Use a new directory, or delete this one to start over."
+                )
+            oldopt = old.get("options", {})
+            diff = [f"options.{k}: {oldopt.get(k)!r} -> {self.key.get(k)!r}"
+                    for k in sorted(set(oldopt) | set(self.key)) if oldopt.get(k) != self.key.get(k)]
+            if diff:
+                raise ResumeError(
+                    f"Cannot resume in {self.dir}: its parts were made with different options ({'; '.join(diff)}). "
+                    "Use a new directory, or delete this one to start over."
+                )
+        else:
+            try:
+                atomic_write_text(mfile, json.dumps(manifest, indent=2, sort_keys=True))
+            except OSError as e:
+                raise ResumeError(f"Cannot write {mfile}: {e.strerror or e}. Is the directory writable?") from e
+
+    def _record(self, layer: int) -> Path:
+        return self.dir / f"layer_{int(layer):05d}.json"
+
+    def _table_file(self, layer: int, name: str) -> Path:
+        return self.dir / f"layer_{int(layer):05d}.{name}.parquet"
+
+    def load(self, layer: int, fingerprint: str) -> LayerPart | None:
+        """The stored part of ``layer`` when it was made from these weights with these options, else None.
+
+        A part that is missing returns None silently; one that belongs to other weights,
+        other options or another layer, or whose files are damaged, returns None with a
+        ``UserWarning`` naming the file and why (the layer is then recomputed and overwritten).
+        """
+        rec_file = self._record(layer)
+        if not rec_file.exists():
+            return None
+
+        def stale(why: str) -> None:
+            warnings.warn(f"Resume part {rec_file}: {why}; recomputing layer {layer}.", UserWarning, stacklevel=4)
+
+        try:
+            rec = read_json(rec_file, ResumeError, "resume part")
+        except ResumeError as e:
+            stale(str(e))
+            return None
+        if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+            stale("not a part record of this format")
+            return None
+        if rec.get("layer") != int(layer):
+            stale(f"it records layer {rec.get('layer')!r} (a part copied from another layer)")
+            return None
+        if rec.get("options") != self.key:
+            stale("it was made with other options")
+            return None
+        if rec.get("fingerprint") != fingerprint:
+            stale("the layer's weights changed since it was written (sha256 fingerprint differs)")
+            return None
+        tables: dict[str, pd.DataFrame] = {}
+        files = rec.get("files")
+        if not isinstance(files, dict) or "heads" not in files:
+            stale("its record lists no table files")
+            return None
+        for name, digest in files.items():
+            f = self._table_file(layer, name)
+            try:
+                if sha256_file(f) != digest:
+                    stale(f"{f.name} does not match its recorded sha256 (changed or damaged)")
+                    return None
+                tables[name] = pd.read_parquet(f)
+            except OSError as e:
+                stale(f"{f.name} cannot be read ({e.strerror or e})")
+                return None
+            except Exception as e:  # noqa: BLE001 - a damaged parquet file: recompute, naming it
+                stale(f"{f.name} is not a readable parquet file ({type(e).__name__})")
+                return None
+        heads = tables.pop("heads")
+        row = json_restore(rec.get("row", {}))
+        return LayerPart(layer=int(layer), fingerprint=fingerprint, heads=heads, row=row, tables=tables)
+
+    def save(self, part: LayerPart) -> None:
+        """Write ``part`` (tables first, the record last; each atomically).
+
+        Raises:
+            ResumeError: the directory cannot be written (disk full, read-only).
+        """
+        files: dict[str, str] = {}
+        try:
+            for name, df in {"heads": part.heads, **part.tables}.items():
+                data = _parquet_bytes(df)
+                atomic_write_bytes(self._table_file(part.layer, name), data)
+                files[name] = sha256_bytes(data)
+            rec = {"format": FORMAT, "layer": int(part.layer), "fingerprint": part.fingerprint, "options": self.key,
+                   "row": json_safe(part.row), "files": files}
+            atomic_write_text(self._record(part.layer), json.dumps(rec, indent=1, sort_keys=True))
+        except OSError as e:
+            raise ResumeError(f"Cannot write resume part of layer {part.layer} in {self.dir}: {e.strerror or e}.") from e

@@ -1,0 +1,415 @@
+"""The per-head idempotence report: one pass over the layers, every analysis per layer.
+
+Data flow: a :class:`~tl_idempotence.core.heads.HeadSource` yields one
+:class:`~tl_idempotence.core.heads.LayerHeads` at a time; the loop checks it (type,
+layer index, sizes, dtype, NaN/inf — for every source, built-in or user-written),
+fingerprints its bytes, computes its Gram products and closure once
+(:class:`~tl_idempotence.analyses.base.LayerContext`) and runs every enabled analysis of
+:data:`~tl_idempotence.analyses.registry.REPORT_ANALYSES` on it; the layer's weights are
+then dropped, so memory is bounded by one layer.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..analyses.algebra import AlgebraAnalysis, SharedValueAlgebra
+from ..analyses.base import Analysis, LayerContext
+from ..analyses.registry import REPORT_ANALYSES
+from ..core.heads import LayerHeads, ModelInfo
+from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
+from ..core.results import Result, views
+from ..errors import OptionError, OptionTypeError, UnsupportedModelError, WeightError
+from ..sources.dispatch import head_source
+from .parts import LayerPart, ResumeDir
+from .summary import build_summary, format_paper_table, paper_table
+
+__all__ = ["HEAD_COLUMNS", "IdempotenceReport", "head_label", "idempotence_report", "run_layer"]
+
+#: Columns of :attr:`IdempotenceReport.heads` always present (SPEC sections 2-3).
+HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"]
+
+
+def head_label(layer: int, head: int) -> str:
+    """TransformerLens's head label, e.g. ``"L10H8"``."""
+    return f"L{int(layer)}H{int(head)}"
+
+
+class IdempotenceReport(Result):
+    """Result of :func:`idempotence_report`.
+
+    Attributes:
+        heads: one row per (layer, head), indexed by TransformerLens labels (``"L10H8"``):
+            ``layer, head, kv_head, alpha, P, norm, norm_T2, rank_O, rank_V, closed, reason``
+            (SPEC 2-3); with ``nulls`` the scramble columns (SPEC 4b); with ``search`` the
+            searched (feasible) P (SPEC 5).
+        layers: one row per layer: counts and medians; with ``nulls`` trained-vs-scrambled
+            medians and the O/V mismatch (SPEC 4a); with ``search`` the feasible P; the layer's
+            weight ``fingerprint`` (sha256) and a ``note`` for every NaN.
+        tables: long tables of the analyses (``scramble_draws``, ``mismatch_pairs``,
+            ``algebra_pairs``, ...).
+        summary: headline numbers, model sizes, processing flags, options, versions.
+        info: the :class:`~tl_idempotence.core.heads.ModelInfo` of what was measured.
+        options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
+        threshold: P threshold of ``closed`` (paper: 0.9). Assigning it recomputes every
+            threshold-dependent column, count and summary number.
+
+    The report holds no model: :meth:`show_attention` and the attention section of
+    :meth:`save_html` take the model as an argument (or use a weak reference to the model
+    the report was made from, while it is alive), so a report pickles and saves
+    (:meth:`save`, :func:`~tl_idempotence.report.store.load_report`).
+    """
+
+    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "threshold", "median_P",
+                                            "median_P_scrambled", "frac_beats_scramble", "n_feasible_layers")
+
+    def __init__(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
+                 summary: dict[str, Any], info: ModelInfo, options: ReportOptions, model: Any = None) -> None:
+        self.heads = heads
+        self.layers = layers
+        self.tables = tables
+        self.summary = summary
+        self.info = info
+        self.options = options
+        self._model_ref: Any = None
+        if model is not None:
+            try:
+                self._model_ref = weakref.ref(model)
+            except TypeError:  # pragma: no cover - objects without weakref support
+                self._model_ref = None
+
+    # ------------------------------------------------------------------ state
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_model_ref"] = None  # never pickle (or keep alive) the model
+        return state
+
+    @property
+    def model(self) -> Any:
+        """The TransformerLens model the report was made from while it is alive (a weak reference), else None."""
+        return self._model_ref() if self._model_ref is not None else None
+
+    @property
+    def threshold(self) -> float:
+        """The P threshold of ``closed`` (settable: recomputes every threshold-dependent number)."""
+        return self.options.threshold
+
+    @threshold.setter
+    def threshold(self, value: float) -> None:
+        t = check_threshold(value)
+        heads, layers = self.heads.copy(), self.layers.copy()
+        tables = {k: v.copy() for k, v in self.tables.items()}
+        ran = [a for a in REPORT_ANALYSES if a.enabled(self.options)]
+        for a in ran:
+            a.apply_threshold(heads, layers, tables, t)  # type: ignore[attr-defined]
+        opts = self.options.with_threshold(t)
+        summary = build_summary(heads, layers, tables, self.info, opts, ran)
+        summary["versions"] = self.summary.get("versions", summary["versions"])
+        if opts.algebra:
+            rt = self.summary.get("algebra_ranges_threshold", self.options.threshold)
+            summary["algebra"] = AlgebraAnalysis.combine(tables, self.info, t, rt).summary
+            summary["algebra_ranges_threshold"] = rt
+        self.heads, self.layers, self.tables, self.options, self.summary = heads, layers, tables, opts, summary
+
+    # ------------------------------------------------------------------ views of the data
+    @property
+    def closed_heads(self) -> pd.DataFrame:
+        """Rows of :attr:`heads` with ``P >= threshold``, sorted by P descending."""
+        return self.heads[self.heads["closed"]].sort_values("P", ascending=False, kind="stable")
+
+    @property
+    def algebra(self) -> SharedValueAlgebra | None:
+        """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
+        if not self.options.algebra:
+            return None
+        return AlgebraAnalysis.combine(self.tables, self.info, self.threshold,
+                                       self.summary.get("algebra_ranges_threshold", self.threshold))
+
+    def paper_table(self, formatted: bool = False) -> pd.DataFrame:
+        """The abstract's headline quantities for this model next to the paper's figures.
+
+        Args:
+            formatted: return display strings (``quantity, this model, paper``) instead of numbers.
+
+        Returns:
+            Numbers (default): ``quantity, value, n, of, paper_low, paper_high, note`` (see
+            :func:`~tl_idempotence.report.summary.paper_table`); rows whose analysis did not run
+            have NaN and say so in ``note``.
+        """
+        t = paper_table(self.summary, int(len(self.layers)))
+        return format_paper_table(t) if formatted else t
+
+    def to_tensor(self, column: str = "P") -> torch.Tensor:
+        """A numeric column as a ``[n_layers, n_heads]`` float64 tensor (TransformerLens layout);
+        NaN where a layer was not measured or has no attention.
+
+        Raises:
+            OptionError: ``column`` is not a numeric column of :attr:`heads`.
+        """
+        if column not in self.heads.columns:
+            raise OptionError(f"{column!r} is not a column of report.heads; columns: {list(self.heads.columns)}.")
+        col = self.heads[column]
+        if col.dtype.kind not in "biuf":
+            raise OptionError(f"Column {column!r} is not numeric (dtype {col.dtype}).")
+        out = torch.full((self.info.n_layers, self.info.n_heads), float("nan"), dtype=torch.float64)
+        L = torch.as_tensor(self.heads["layer"].to_numpy(dtype=np.int64))
+        H = torch.as_tensor(self.heads["head"].to_numpy(dtype=np.int64))
+        out[L, H] = torch.as_tensor(col.to_numpy(dtype=np.float64))
+        return out
+
+    def hook_points(self, heads: Any = "closed", hook: str = "z") -> list[tuple[str, int]]:
+        """``(hook name, head index)`` pairs of the chosen heads, e.g. ``("blocks.10.attn.hook_z", 8)``,
+        ready for ``run_with_hooks``, activation patching or an ``ActivationCache``.
+
+        Args:
+            heads: ``"closed"`` (default), ``"all"``, or ``(layer, head)`` pairs / a DataFrame.
+            hook: the per-head hook: ``"z"``, ``"pattern"``, ``"result"``, ``"q"``, ``"k"``, ``"v"``
+                (TransformerLens names ``blocks.{l}.attn.hook_{hook}``).
+
+        Raises:
+            OptionError: an unknown selector or hook name.
+        """
+        known = ("z", "pattern", "result", "q", "k", "v", "attn_scores")
+        if hook not in known:
+            raise OptionError(f"hook must be one of {known}; got {hook!r}.")
+        if isinstance(heads, str):
+            if heads == "closed":
+                df = self.closed_heads
+            elif heads == "all":
+                df = self.heads
+            else:
+                raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
+            pairs = list(zip(df["layer"], df["head"]))
+        else:
+            from ..analyses.tokens import select_heads
+
+            sel = select_heads(heads, sorted({int(v) for v in self.heads["layer"]}), self.info.n_heads)
+            pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
+        return [(f"blocks.{int(layer)}.attn.hook_{hook}", int(h)) for layer, h in pairs]
+
+    # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
+    def figure(self, value: str = "P") -> Any:
+        """Plotly heatmap (layer x head) of ``value`` (default P) with the closed heads marked."""
+        return views().heads_heatmap(self, value=value)
+
+    def figures(self) -> list[Any]:
+        """Every figure of the report page (heatmap, controls, algebra summary)."""
+        return list(views().report_figures(self))
+
+    def save_html(self, path: str | os.PathLike[str], attention_text: str | None = None, model: Any = None,
+                  attention_heads: Sequence[tuple[int, int]] | None = None, top_k: int | None = None,
+                  max_tokens: int = 64) -> str:
+        """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
+
+        Args:
+            path: output file (its folder must exist).
+            attention_text: add a circuitsvis view of the flagged heads' attention on this text
+                (needs ``model``, or the TransformerLens model the report was made from).
+            model: the TransformerLens model for the attention view.
+            attention_heads: ``(layer, head)`` pairs to show (default: every closed head, else the top 8 by P).
+            top_k: cap on the default heads.
+            max_tokens: cut the text to this many tokens (the page says so when it cuts).
+
+        Raises:
+            OptionError: the folder of ``path`` does not exist; an attention view without a model.
+        """
+        return str(views().save_report_html(self, path, attention_text=attention_text, model=model,
+                                            attention_heads=attention_heads, top_k=top_k, max_tokens=max_tokens))
+
+    def show_attention(self, text: str, model: Any = None, heads: Sequence[tuple[int, int]] | None = None,
+                       top_k: int | None = None, max_tokens: int = 64) -> Any:
+        """circuitsvis view of the flagged heads' attention patterns on ``text`` (notebooks, offline).
+
+        Args:
+            text: the text to run.
+            model: the TransformerLens model (default: the one the report was made from, if alive).
+            heads: ``(layer, head)`` pairs (default: every closed head, else the top 8 by P).
+            top_k: cap on the default heads.
+            max_tokens: cut the text to this many tokens (the view says so when it cuts).
+
+        Returns:
+            :class:`tl_idempotence.views.attention.AttentionView` (displays itself in Jupyter).
+
+        Raises:
+            OptionError: no TransformerLens model is available.
+        """
+        return views().report_attention_view(self, text, model=model, heads=heads, top_k=top_k,
+                                             max_tokens=max_tokens)
+
+    def ablation(self, model: Any = None, **kwargs: Any) -> Any:
+        """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
+        from ..analyses.ablation import ablation
+
+        m = model if model is not None else self.model
+        if m is None:
+            raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
+        return ablation(m, self.closed_heads, **kwargs)
+
+    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> str:
+        """Save the report as a folder of parquet tables and JSON (no pickle); see
+        :func:`~tl_idempotence.report.store.save_report`."""
+        from .store import save_report
+
+        return str(save_report(self, path, overwrite=overwrite))
+
+
+def _check_layer(lh: Any, layer: int, info: ModelInfo) -> LayerHeads:
+    """Refuse a layer that is not what the source promised (every source, built-in or user-written)."""
+    if not isinstance(lh, LayerHeads):
+        raise UnsupportedModelError(f"The head source returned a {type(lh).__name__} for layer {layer}; expected LayerHeads.")
+    if lh.layer != layer:
+        raise WeightError(f"The head source returned layer {lh.layer} when asked for layer {layer}.")
+    got = (lh.n_heads, lh.n_kv_heads, lh.d_model, lh.d_head)
+    want = (info.n_heads, info.n_kv_heads, info.d_model, info.d_head)
+    if got != want:
+        raise WeightError(
+            f"Layer {layer}: (n_heads, n_kv_heads, d_model, d_head) = {got}, but the model's info says {want}."
+        )
+    lh.check_finite()
+    return lh
+
+
+def run_layer(lh: LayerHeads, options: ReportOptions, analyses: Sequence[Analysis], fingerprint: str) -> LayerPart:
+    """Every analysis on one layer -> its :class:`~tl_idempotence.report.parts.LayerPart`."""
+    ctx = LayerContext.build(lh, options)
+    cols: dict[str, Any] = {"layer": lh.layer, "head": np.arange(lh.n_heads), "kv_head": lh.kv_head_of.cpu().numpy()}
+    row: dict[str, Any] = {"layer": lh.layer, "n_heads": lh.n_heads, "n_kv_heads": lh.n_kv_heads}
+    tables: dict[str, pd.DataFrame] = {}
+    notes: dict[str, str] = {}
+    for a in analyses:
+        res = a.run(ctx)
+        for k, v in res.columns.items():
+            if len(v) != lh.n_heads:
+                raise AssertionError(f"analysis {a.name} returned {len(v)} rows of {k!r} for {lh.n_heads} heads")
+            cols[k] = v
+        row.update(res.values)
+        tables.update(res.tables)
+        notes.update(res.notes)
+    row["fingerprint"] = fingerprint
+    row["note"] = "; ".join(f"{k}: {v}" for k, v in notes.items())
+    return LayerPart(layer=lh.layer, fingerprint=fingerprint, heads=pd.DataFrame(cols), row=row, tables=tables)
+
+
+def _source_info(src: Any) -> ModelInfo:
+    info = getattr(src, "info", None)
+    if not isinstance(info, ModelInfo):
+        raise UnsupportedModelError(
+            f"The head source {type(src).__name__} has no ModelInfo in .info (got {type(info).__name__})."
+        )
+    return info
+
+
+@strict_kwargs
+def idempotence_report(
+    model: Any,
+    threshold: float = 0.9,
+    *,
+    nulls: bool | int = False,
+    seed: int = 0,
+    search: bool = False,
+    algebra: bool = False,
+    layers: Sequence[int] | None = None,
+    compute_dtype: torch.dtype | str = torch.float64,
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+    resume: str | os.PathLike[str] | None = None,
+    architecture: str | dict[str, Any] | None = None,
+    prefix: str | None = None,
+) -> IdempotenceReport:
+    """Closure of every attention head of a model, with the paper's controls on request.
+
+    Args:
+        model: a TransformerLens model (HookedTransformer, HookedEncoder,
+            TransformerBridge), a ``transformers`` model, a path to a checkpoint
+            directory or ``.gguf`` file, ``LayerHeads`` (one or a list) or a
+            :class:`~tl_idempotence.core.heads.HeadSource`.
+        threshold: P threshold for a "closed" head (paper: 0.9), a real number in [0, 1].
+        nulls: ``True`` (64 draws) or an int number of orientation-scramble draws per
+            head; also runs the matched O/V mismatch (SPEC 4).
+        seed: non-negative seed of the scramble draws and the search restarts (per layer,
+            the generator is seeded with ``(seed, layer)`` so results do not depend on
+            which layers were run).
+        search: run the constructive search per layer (SPEC 5; ~2-5 s per layer).
+        algebra: run the shared-value algebra per kv group (SPEC 7).
+        layers: restrict to these layer indices (default: all attention layers).
+        compute_dtype: dtype of the ``d_model``-long products (float64 default, or float32).
+        device: where the products and the batched controls run ("cpu", "cuda", "cuda:N",
+            "auto"); results are CPU float64 and agree across devices to float64 rounding.
+        progress: show a tqdm bar per layer on stderr.
+        resume: a directory for per-layer parts (parquet + JSON). Each finished layer is
+            written there; a later call with the same directory and options reuses a layer's
+            part only when that layer's weights have the same sha256 fingerprint (otherwise it
+            is recomputed); other options refuse (``ResumeError``).
+        architecture, prefix: for checkpoint directories / ``transformers`` models: force the
+            architecture-table entry / the tensor-name root.
+
+    Returns:
+        :class:`IdempotenceReport`.
+
+    Raises:
+        UnknownOptionError: a misspelled keyword (names the closest valid ones).
+        OptionTypeError / OptionError / DeviceError: a bad option (type, range, an unknown layer).
+        UnsupportedModelError: unsupported model object.
+        WeightError: NaN/inf, integer or mis-shaped weights (names layer and head).
+        CheckpointError / MissingFileError: a checkpoint that cannot be read (names the file).
+        ResumeError: a resume directory made with other options.
+    """
+    from tqdm.auto import tqdm
+
+    opts = ReportOptions(threshold=threshold, nulls=nulls, seed=seed, search=search, algebra=algebra, layers=layers,
+                         compute_dtype=compute_dtype, device=device)
+    progress = check_bool(progress, "progress")
+    if resume is not None and not isinstance(resume, (str, os.PathLike)):
+        raise OptionTypeError(f"resume must be a directory path; got {type(resume).__name__}.")
+    src = head_source(model, architecture=architecture, prefix=prefix)
+    info = _source_info(src)
+    todo = resolve_layers(opts.layers, list(src.layers()))
+    analyses = [a for a in REPORT_ANALYSES if a.enabled(opts)]
+    parts_dir = ResumeDir(resume, opts, info) if resume is not None else None
+    names = "+".join(a.name for a in analyses)
+    done: list[LayerPart] = []
+    n_resumed = 0
+    bar = tqdm(todo, desc=f"layers ({names})", unit="layer", disable=not progress)
+    for layer in bar:
+        lh = _check_layer(src.layer_heads(layer), layer, info)
+        fp = lh.fingerprint()
+        part = parts_dir.load(layer, fp) if parts_dir is not None else None
+        n_resumed += part is not None
+        if part is None:
+            part = run_layer(lh, opts, analyses, fp)
+            if parts_dir is not None:
+                parts_dir.save(part)
+        del lh
+        done.append(part)
+    rep = assemble(done, info, opts, analyses, model=model)
+    if parts_dir is not None:
+        rep.summary["n_layers_resumed"] = n_resumed
+    return rep
+
+
+def assemble(parts: Sequence[LayerPart], info: ModelInfo, options: ReportOptions, analyses: Sequence[Analysis],
+             model: Any = None) -> IdempotenceReport:
+    """The report from finished layer parts (the end of the loop; also used by resumed and loaded reports)."""
+    heads = pd.concat([p.heads for p in parts], ignore_index=True)
+    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
+    layers = pd.DataFrame([p.row for p in parts])
+    tables: dict[str, pd.DataFrame] = {}
+    for name in sorted({k for p in parts for k in p.tables}):
+        frames = [p.tables[name] for p in parts if name in p.tables and len(p.tables[name])]
+        tables[name] = pd.concat(frames, ignore_index=True) if frames else next(p.tables[name] for p in parts if name in p.tables)
+    summary = build_summary(heads, layers, tables, info, options, analyses)
+    if options.algebra:
+        alg = AlgebraAnalysis.combine(tables, info, options.threshold)
+        summary["algebra"] = alg.summary
+        summary["algebra_ranges_threshold"] = options.threshold
+    from ..sources.tl import is_tl_model
+
+    return IdempotenceReport(heads=heads, layers=layers, tables=tables, summary=summary, info=info, options=options,
+                             model=model if is_tl_model(model) else None)

@@ -1,0 +1,139 @@
+"""Reports that outlive the kernel: a folder of parquet tables and one JSON record (no pickle).
+
+Layout written by :func:`save_report`::
+
+    report.json            format, summary, options, what was measured (ModelInfo), and
+                           the sha256 of every table file
+    heads.parquet          per-head rows (the "L10H8" labels restored as the index on load)
+    layers.parquet         per-layer rows
+    <table>.parquet        the analyses' long tables (scramble_draws, mismatch_pairs, algebra_*)
+
+:func:`load_report` refuses a folder whose files do not match their recorded sha256, a
+missing file, or a record of another format — each error names the file — so a loaded
+report is exactly what was saved: same tables, summary, figures and HTML.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
+from ..core.heads import ModelInfo
+from ..core.options import ReportOptions
+from ..errors import CheckpointError, MissingFileError, OptionError
+from .parts import json_restore, json_safe
+from .report import IdempotenceReport, head_label
+
+__all__ = ["FORMAT", "load_report", "save_report"]
+
+FORMAT = "tl_idempotence.report/1"
+RECORD = "report.json"
+
+
+class ReportFileError(CheckpointError):
+    """A saved report folder whose files lie (changed, missing, another format); names the file."""
+
+
+def _info_record(info: ModelInfo) -> dict[str, Any]:
+    return json_safe({
+        "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads, "d_model": info.d_model,
+        "d_head": info.d_head, "model_name": info.model_name, "model_class": info.model_class,
+        "processing": info.processing, "extra": info.extra,
+    })
+
+
+def save_report(rep: IdempotenceReport, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+    """Write ``rep`` to the folder ``path`` (created); the record is written last.
+
+    Args:
+        rep: the report.
+        path: a folder that does not exist yet, or an existing report folder with ``overwrite=True``.
+        overwrite: replace an existing report folder.
+
+    Returns:
+        The folder.
+
+    Raises:
+        OptionError: ``path`` exists and is not an empty folder (without ``overwrite``), or is
+            a file, or its parent folder does not exist.
+    """
+    d = Path(path).expanduser()
+    if d.exists():
+        if not d.is_dir():
+            raise OptionError(f"Cannot save the report to {d}: it is a file.")
+        if any(d.iterdir()):
+            if not overwrite:
+                raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
+            if not (d / RECORD).is_file():
+                raise OptionError(f"{d} is not a saved report folder (no {RECORD}); refusing to overwrite it.")
+            shutil.rmtree(d)
+    if not d.parent.exists():
+        raise OptionError(f"Cannot save the report to {d}: the folder {d.parent} does not exist.")
+    d.mkdir(exist_ok=True)
+    files: dict[str, str] = {}
+    for name, df in {"heads": rep.heads, "layers": rep.layers, **rep.tables}.items():
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
+        files[name] = sha256_bytes(buf.getvalue())
+    record = {
+        "format": FORMAT,
+        "summary": json_safe(rep.summary),
+        "options": rep.options.as_dict(),
+        "info": _info_record(rep.info),
+        "files": files,
+        "tables": sorted(rep.tables),
+    }
+    atomic_write_text(d / RECORD, json.dumps(record, indent=1, sort_keys=True))
+    return d
+
+
+def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
+    """A report saved with :meth:`IdempotenceReport.save` (same tables, summary, figures and HTML).
+
+    Raises:
+        MissingFileError: no such folder, or a file the record lists is missing.
+        ReportFileError (a ``CheckpointError``/``ValueError``): the record is malformed or of
+            another format, or a table file does not match its recorded sha256 (names the file).
+    """
+    d = Path(path).expanduser()
+    if not d.is_dir():
+        raise MissingFileError(f"{d} is not a folder; pass the folder written by rep.save(...).")
+    rec_file = d / RECORD
+    if not rec_file.is_file():
+        raise MissingFileError(f"{d} has no {RECORD}: it is not a saved report (or the save was interrupted).")
+    rec = read_json(rec_file, ReportFileError, "report record")
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
+        raise ReportFileError(f"{rec_file} is not a {FORMAT} record (format {fmt!r}).")
+    files = rec.get("files")
+    if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
+        raise ReportFileError(f"{rec_file} lists no heads/layers tables.")
+    frames: dict[str, pd.DataFrame] = {}
+    for name, digest in files.items():
+        f = d / f"{name}.parquet"
+        if not f.is_file():
+            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
+        if sha256_file(f) != digest:
+            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
+        try:
+            frames[name] = pd.read_parquet(f)
+        except Exception as e:  # noqa: BLE001 - name the file whatever pyarrow raises
+            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    try:
+        info = ModelInfo(**json_restore(rec["info"], set()))
+        options = ReportOptions.from_record(rec["options"])
+        summary = json_restore(rec["summary"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportFileError(f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e}).") from e
+    heads = frames.pop("heads")
+    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
+    layers = frames.pop("layers")
+    return IdempotenceReport(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)

@@ -1,0 +1,196 @@
+"""A report's summary (what was measured, headline numbers) and the paper table (SPEC 2-5).
+
+:func:`build_summary` collects the model's sizes, the weights' processing flags, the
+options, package versions and a content fingerprint of the weights, then asks every
+analysis that ran for its model-level numbers. :func:`paper_table` puts the abstract's
+headline quantities for this model next to the paper's figures, as numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..analyses.base import Analysis
+from ..core.heads import ModelInfo
+from ..core.options import ReportOptions
+
+__all__ = ["PAPER", "build_summary", "combined_fingerprint", "format_paper_table", "paper_table", "versions"]
+
+#: The abstract's headline figures (arXiv 2609.01129), as numbers.
+PAPER = {
+    "frac_closed": (0.0398, 0.0800),  # 3.98-8.00 % of heads with P >= 0.9, per model (six endpoints)
+    "mismatch_closed": (0.0, 0.0),  # no matched within-layer O/V mismatch reaches P >= 0.9
+    "median_P_trained": (0.336, 0.336),  # over 7,304 heads in nine MHA/GQA models
+    "median_P_scrambled": (1.04e-4, 1.04e-4),
+    "frac_beats_scramble": (0.9864, 0.9864),
+    "frac_layers_trained_wins": (1.0, 1.0),  # "in every layer"
+    "frac_layers_feasible": (1.0, 1.0),  # "feasible in every surveyed layer"
+}
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of this package, transformer-lens and torch (None when not installed)."""
+
+    def v(pkg: str) -> str | None:
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    return {"tl_idempotence": v("tl_idempotence"), "transformer_lens": v("transformer-lens"), "torch": torch.__version__}
+
+
+def combined_fingerprint(layer_fingerprints: Sequence[tuple[int, str]]) -> str:
+    """sha256 over ``layer:fingerprint`` lines in layer order: one key for all measured weights."""
+    h = hashlib.sha256()
+    for layer, fp in sorted(layer_fingerprints):
+        h.update(f"{int(layer)}:{fp}\n".encode())
+    return h.hexdigest()
+
+
+def build_summary(
+    heads: pd.DataFrame,
+    layers: pd.DataFrame,
+    tables: dict[str, pd.DataFrame],
+    info: ModelInfo,
+    options: ReportOptions,
+    analyses: Sequence[Analysis],
+) -> dict[str, Any]:
+    """The report's summary dict (JSON values only).
+
+    Keys: ``model_name, model_class, n_layers, n_attention_layers, n_heads`` (measured),
+    ``n_heads_per_layer, n_kv_heads, d_model, d_head, threshold``, each analysis's numbers
+    (``n_closed, frac_closed, median_P, ...``; with controls ``median_P_scrambled, ...``),
+    ``processing`` (what weights were measured, SPEC 10), ``options``, ``versions``,
+    ``weights_fingerprint`` (sha256 over the measured layers' fingerprints), ``source``
+    (format, path, ...), ``notes`` (e.g. a norm after ``W_O`` that T does not include).
+    """
+    s: dict[str, Any] = {
+        "model_name": info.model_name,
+        "model_class": info.model_class,
+        "n_layers": info.n_layers,
+        "n_attention_layers": int(heads["layer"].nunique()),
+        "n_heads": int(len(heads)),
+        "n_heads_per_layer": info.n_heads,
+        "n_kv_heads": info.n_kv_heads,
+        "d_model": info.d_model,
+        "d_head": info.d_head,
+        "threshold": options.threshold,
+    }
+    for a in analyses:
+        s.update(a.summarize(heads, layers, tables, options))
+    s["processing"] = dict(info.processing)
+    s["options"] = options.as_dict()
+    s["versions"] = versions()
+    if "fingerprint" in layers.columns:
+        s["weights_fingerprint"] = combined_fingerprint(list(zip(layers["layer"], layers["fingerprint"])))
+    if info.extra:
+        s["source"] = dict(info.extra)
+    notes = []
+    if info.extra.get("post_attention_norm"):
+        notes.append(f"{info.extra['post_attention_norm']}: T = O V^T is measured on W_O alone, before that norm")
+    if notes:
+        s["notes"] = notes
+    return s
+
+
+def _frac(n: Any, of: Any) -> float:
+    return float(n) / float(of) if of else float("nan")
+
+
+def paper_table(summary: dict[str, Any], n_layers: int) -> pd.DataFrame:
+    """The abstract's headline quantities for this model next to the paper's, as numbers (SPEC 4-5).
+
+    Args:
+        summary: a report's summary.
+        n_layers: how many layers were measured (denominator of the per-layer rows).
+
+    Returns:
+        DataFrame, one row per quantity, columns ``quantity`` (str), ``value`` (float: a
+        fraction in [0, 1] or a median P), ``n`` and ``of`` (the counts behind a fraction, or
+        NaN), ``paper_low``, ``paper_high`` (the paper's figure or range), ``note`` ("" or why
+        the value is NaN, e.g. the controls did not run). Rows: heads with P >= threshold;
+        matched mismatch pairs with P >= threshold (paper: none); median P trained; median P
+        scrambled; heads whose trained orientation beats its scramble median; layers where the
+        trained orientation wins; layers where P >= threshold is feasible (search).
+    """
+    t = summary["threshold"]
+    nan = float("nan")
+    rows: list[dict[str, Any]] = []
+
+    def row(q: str, key: str, value: float, n: Any = nan, of: Any = nan, note: str = "") -> None:
+        lo, hi = PAPER[key]
+        rows.append({"quantity": q, "value": value, "n": n, "of": of, "paper_low": lo, "paper_high": hi, "note": note})
+
+    row(f"heads with P >= {t:g}", "frac_closed", summary["frac_closed"], summary["n_closed"], summary["n_heads"])
+    no_nulls = "not run: make the report with nulls=True (orientation scramble + O/V mismatch)"
+    if "n_mismatch_pairs" in summary:
+        if summary["n_mismatch_pairs"]:
+            row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed",
+                _frac(summary["n_mismatch_closed"], summary["n_mismatch_pairs"]), summary["n_mismatch_closed"],
+                summary["n_mismatch_pairs"])
+        else:
+            row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed", nan, 0, 0,
+                "no valid pair: " + "; ".join(summary.get("mismatch_notes", ["MQA"])))
+    else:
+        row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed", nan, note=no_nulls)
+    if "median_P_scrambled" in summary:
+        row("median P, trained", "median_P_trained", summary["median_P_trained"], n=summary["n_heads"])
+        row("median P, orientation-scrambled", "median_P_scrambled", summary["median_P_scrambled"],
+            n=summary["n_heads_compared"])
+        row("heads whose trained orientation beats its scramble median", "frac_beats_scramble",
+            summary["frac_beats_scramble"], summary["n_heads_beating_scramble"], summary["n_heads_compared"])
+        row("layers where the trained orientation wins (median P)", "frac_layers_trained_wins",
+            _frac(summary["n_layers_trained_wins"], n_layers), summary["n_layers_trained_wins"], n_layers)
+    else:
+        row("median P, trained", "median_P_trained", summary["median_P"], n=summary["n_heads"])
+        row("median P, orientation-scrambled", "median_P_scrambled", nan, note=no_nulls)
+        row("heads whose trained orientation beats its scramble median", "frac_beats_scramble", nan, note=no_nulls)
+        row("layers where the trained orientation wins (median P)", "frac_layers_trained_wins", nan, note=no_nulls)
+    if "n_feasible_layers" in summary:
+        row(f"layers where P >= {t:g} is feasible (constructive search)", "frac_layers_feasible",
+            _frac(summary["n_feasible_layers"], n_layers), summary["n_feasible_layers"], n_layers)
+    else:
+        row(f"layers where P >= {t:g} is feasible (constructive search)", "frac_layers_feasible", nan,
+            note="not run: make the report with search=True")
+    df = pd.DataFrame(rows)
+    for c in ("n", "of"):
+        df[c] = pd.array([None if (isinstance(v, float) and math.isnan(v)) else int(v) for v in df[c]], dtype="Int64")
+    return df
+
+
+def _pct(v: float) -> str:
+    return "not run" if not np.isfinite(v) else f"{100 * v:.2f} %"
+
+
+def format_paper_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The paper table as display strings: ``quantity``, ``this model``, ``paper``.
+
+    Fractions print as percentages with their counts, medians with 3 significant digits; a
+    value that was not computed prints its note.
+    """
+    out = []
+    for r in table.itertuples(index=False):
+        median = r.quantity.startswith("median")
+        if not np.isfinite(r.value):
+            this = r.note or "undefined"
+        elif median:
+            this = f"{r.value:.3g}"
+        else:
+            this = _pct(r.value) + (f" ({r.n}/{r.of})" if not pd.isna(r.n) and not pd.isna(r.of) else "")
+        if median:
+            paper = f"{r.paper_low:.3g}"
+        elif r.paper_low == r.paper_high:
+            paper = "none" if r.paper_low == 0 else ("all" if r.paper_low == 1 else _pct(r.paper_low))
+        else:
+            paper = f"{100 * r.paper_low:.2f}-{100 * r.paper_high:.2f} % (per model)"
+        out.append({"quantity": r.quantity, "this model": this, "paper": paper})
+    return pd.DataFrame(out)

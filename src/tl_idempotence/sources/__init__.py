@@ -1,0 +1,9 @@
+"""Layer 2 — every route from a model or a file to per-layer head factors (``LayerHeads``).
+
+Modules: :mod:`.tl` (TransformerLens models), :mod:`.checkpoint` (safetensors / GGUF files
+and ``transformers`` models, streamed layer by layer), :mod:`.architectures` (where each
+architecture keeps its attention O/V tensors), :mod:`.stores` (tensor stores),
+:mod:`.zoo` (the offline model zoo), :mod:`.lineage` (a small seeded training lineage),
+:mod:`.dispatch` (:func:`~tl_idempotence.sources.dispatch.head_source`: any model -> a HeadSource).
+Sources produce factors and never compute a metric.
+"""

@@ -1,0 +1,175 @@
+"""TransformerLens models as head sources (HookedTransformer, HookedEncoder, TransformerBridge).
+
+* ``HookedTransformer`` / ``HookedEncoder`` (transformer-lens 3.x): GQA/MQA value heads
+  are read unexpanded from ``blocks[l].attn._W_V``.
+* ``TransformerBridge`` (3.x and 4.x): its per-block ``attn.W_V`` is already unexpanded
+  ``[n_kv_heads, d_model, d_head]``.
+
+Query head ``h`` reads kv head ``h // (n_heads // n_kv_heads)``, the ``repeat_interleave``
+layout TransformerLens itself uses — taken from the configuration, never by comparing
+floats. Weights stay on the model's device (a model on a GPU is read one layer at a time,
+never copied whole to the CPU). Nothing here imports transformer_lens: models are
+recognised by class name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..core.heads import LayerHeads, ModelInfo, kv_layout
+from ..errors import UnsupportedModelError, WeightError
+
+__all__ = ["TL_CLASSES", "TLModelSource", "attention_layers", "bridge_from_dir", "is_tl_model", "tl_processing"]
+
+#: TransformerLens model classes this package reads (by name, through the MRO).
+TL_CLASSES = ("HookedTransformer", "HookedEncoder", "HookedEncoderDecoder", "TransformerBridge")
+
+
+def _class_names(obj: Any) -> list[str]:
+    return [c.__name__ for c in type(obj).__mro__]
+
+
+def is_tl_model(model: Any) -> bool:
+    """Whether ``model`` is a TransformerLens model (checked by class name; transformer_lens is not imported)."""
+    return any(n in TL_CLASSES for n in _class_names(model))
+
+
+def attention_layers(model: Any) -> list[int]:
+    """Indices ``l`` of ``model.blocks`` whose ``attn`` has a ``W_O`` (the layers with an OV circuit)."""
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        return []
+    return [i for i, b in enumerate(blocks) if getattr(b, "attn", None) is not None and hasattr(b.attn, "W_O")]
+
+
+def tl_processing(model: Any) -> dict[str, Any]:
+    """Best-effort record of TransformerLens weight processing (SPEC section 10).
+
+    A model from :func:`tl_idempotence.models.load` carries its exact record
+    (``model._tli_processing``); otherwise the flags are read from the TransformerBridge
+    (``_weights_processed``) or the HookedTransformer config (``normalization_type`` LNPre/RMSPre
+    means fold_ln), and ``center_writing_weights`` is inferred from layer-0 ``W_O`` row means
+    (TransformerLens keeps no flag for it). The record also says whether the attention output
+    passes through a norm after ``W_O`` (Gemma-2/3 ``use_normalization_before_and_after``),
+    which T = O Vᵀ does not include.
+    """
+    recorded = getattr(model, "_tli_processing", None)
+    if isinstance(recorded, dict):
+        return dict(recorded)
+    cfg = model.cfg
+    names = _class_names(model)
+    out: dict[str, Any] = {}
+    if "TransformerBridge" in names:
+        processed = bool(getattr(model, "_weights_processed", False))
+        out["weights_processed"] = processed
+        adapter = getattr(model, "adapter", None)
+        fold = getattr(adapter, "_fold_ln_requested", None)
+        out["fold_ln"] = bool(processed and (fold is None or fold))
+        out["source"] = "TransformerBridge flags (_weights_processed, adapter._fold_ln_requested)"
+    else:
+        norm = getattr(cfg, "normalization_type", None)
+        out["normalization_type"] = norm
+        out["fold_ln"] = norm in ("LNPre", "RMSPre")
+        out["source"] = "HookedTransformer cfg.normalization_type (LNPre/RMSPre => fold_ln)"
+    try:
+        W_O = model.blocks[attention_layers(model)[0]].attn.W_O.detach().double()
+        rel = (W_O.mean(-1).abs().max() / W_O.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+        out["center_writing_weights"] = bool(rel < 1e-6)
+        out["center_writing_weights_note"] = "inferred from layer-0 W_O row means (TL records no flag)"
+    except Exception:  # noqa: BLE001 - informational only  # pragma: no cover
+        out["center_writing_weights"] = None
+    out["raw"] = not out.get("fold_ln") and not out.get("center_writing_weights")
+    return out
+
+
+def _post_attention_norm(cfg: Any) -> str | None:
+    if bool(getattr(cfg, "use_normalization_before_and_after", False)):
+        return "the attention output passes through a norm after W_O (use_normalization_before_and_after)"
+    return None
+
+
+class TLModelSource:
+    """Streams :class:`~tl_idempotence.core.heads.LayerHeads` from a TransformerLens model
+    (HookedTransformer, HookedEncoder or TransformerBridge), one layer at a time, on the
+    model's device.
+
+    Raises:
+        UnsupportedModelError: not a TransformerLens model, or one without attention layers.
+        WeightError: a config inconsistent with the weights (e.g. ``n_heads`` not a multiple
+            of ``n_key_value_heads``, or ``W_V`` with another number of heads).
+    """
+
+    def __init__(self, model: Any):
+        if not is_tl_model(model):
+            raise UnsupportedModelError(f"TLModelSource needs a TransformerLens model; got {type(model).__name__}.")
+        self.model = model
+        cfg = model.cfg
+        self._attn = attention_layers(model)
+        if not self._attn:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} has no attention layers (no blocks[l].attn with W_O): "
+                "there is no OV circuit to measure."
+            )
+        n_heads = int(cfg.n_heads)
+        n_kv = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
+        self._kv = kv_layout(n_heads, n_kv)
+        extra: dict[str, Any] = {}
+        note = _post_attention_norm(cfg)
+        if note:
+            extra["post_attention_norm"] = note
+        self.info = ModelInfo(
+            n_layers=int(cfg.n_layers), n_heads=n_heads, n_kv_heads=n_kv, d_model=int(cfg.d_model),
+            d_head=int(cfg.d_head), model_name=str(getattr(cfg, "model_name", None) or type(model).__name__),
+            model_class=type(model).__name__, processing=tl_processing(model), extra=extra,
+        )
+
+    def layers(self) -> Iterator[int]:
+        """The attention layer indices."""
+        return iter(self._attn)
+
+    def layer_heads(self, layer: int) -> LayerHeads:
+        """One layer's O (``= W_Oᵀ``) and unexpanded V, on the model's device.
+
+        Raises:
+            IndexError: not an attention layer. WeightError: shapes inconsistent with the config.
+        """
+        if layer not in self._attn:
+            raise IndexError(f"Layer {layer} is not an attention layer of this model (attention layers: {self._attn}).")
+        attn = self.model.blocks[layer].attn
+        with torch.no_grad():
+            W_O = attn.W_O.detach()
+            W_V = getattr(attn, "_W_V", None)
+            if W_V is None or "TransformerBridge" in _class_names(self.model):
+                W_V = attn.W_V
+            W_V = W_V.detach()
+        n_heads, n_kv = self.info.n_heads, self.info.n_kv_heads
+        if W_V.ndim != 3 or W_O.ndim != 3:
+            raise WeightError(
+                f"Layer {layer}: unexpected W_V {tuple(W_V.shape)} / W_O {tuple(W_O.shape)}; expected "
+                "[n_kv_heads, d_model, d_head] and [n_heads, d_head, d_model]."
+            )
+        if W_V.shape[0] == n_heads and n_kv != n_heads:
+            # An expanded W_V (e.g. a custom attention module): keep the kv heads' first copy only.
+            W_V = W_V[torch.arange(n_kv, device=W_V.device) * (n_heads // n_kv)]
+        if W_V.shape[0] != n_kv or W_O.shape[0] != n_heads:
+            raise WeightError(
+                f"Layer {layer}: W_V has {W_V.shape[0]} heads and W_O {W_O.shape[0]}, but the config says "
+                f"n_key_value_heads={n_kv}, n_heads={n_heads}."
+            )
+        return LayerHeads(layer=layer, O=W_O.transpose(-1, -2), V=W_V, kv_head_of=self._kv.clone())
+
+    def __iter__(self) -> Iterator[LayerHeads]:
+        for layer in self._attn:
+            yield self.layer_heads(layer)
+
+
+def bridge_from_dir(path: Any, **kwargs: Any) -> Any:
+    """``TransformerBridge.boot_transformers(path, device="cpu")``: a local HF directory as a
+    TransformerBridge with its raw weights (no processing). Imports transformer_lens."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    kwargs.setdefault("device", "cpu")
+    return TransformerBridge.boot_transformers(str(path), **kwargs)

@@ -1,0 +1,493 @@
+"""Closure of every head across training checkpoints (SPEC section 6).
+
+:func:`trajectory` runs :func:`~tl_idempotence.report.report.idempotence_report` on an
+ordered list of checkpoints — loading ONE checkpoint at a time, measuring it, dropping it
+and collecting garbage before the next is loaded, so memory is bounded by one checkpoint —
+and returns a long table (one row per checkpoint x head) plus figures that track the
+heads closed at the end back through training, next to their layer's feasible P (the
+constructive search's capacity, SPEC 5) and their orientation-scramble null (SPEC 4b).
+That is what separates "capacity was available early" (feasible P high from the start)
+from "orientation was attained late" (P rises towards it only later).
+
+A checkpoint can be given as
+
+* a TransformerLens model (or any object ``idempotence_report`` accepts) — already
+  resident, so it is not loaded or dropped by this function;
+* a path to a checkpoint directory / ``.safetensors`` / ``.gguf`` file (read layer by
+  layer by :mod:`tl_idempotence.sources.checkpoint`);
+* ``(model_name, {"checkpoint_index": i})`` or ``{"checkpoint_value": v}`` —
+  TransformerLens's published-lineage route (Pythia, ...) through
+  ``TransformerBridge.boot_transformers``; this one needs the Hugging Face hub;
+* a zero-argument callable returning a model (your own loader).
+
+What goes into a trajectory is checked: every checkpoint's attention weights are
+fingerprinted layer by layer (sha256), so checkpoints that are byte-identical, or that
+share some layers with another checkpoint (a shard copied between releases), are marked in
+``checkpoints`` (``identical_to``, ``shares_layers_with``) and in the figures, with a
+warning; checkpoints whose weights were processed differently (raw vs ``fold_ln``) are
+refused unless ``allow_mixed_processing=True`` (then marked and warned about).
+
+Results are cached per checkpoint (``cache_dir``) as resume parts of the report
+(:mod:`tl_idempotence.report.parts`): keyed on each layer's weight fingerprint and the
+options, so a cached layer is reused only when its weights are byte for byte the same.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from ..core.heads import HeadSource, LayerHeads
+from ..core.options import ReportOptions, check_bool, check_layers, check_threshold, strict_kwargs
+from ..core.results import Result, views
+from ..errors import MissingFileError, OptionError, OptionTypeError
+from ..report.report import idempotence_report
+from ..sources.dispatch import head_source
+from ..sources.lineage import Lineage, lineage_checkpoints
+from ..sources.tl import bridge_from_dir, is_tl_model
+
+__all__ = ["Trajectory", "checkpoint_relations", "trajectory"]
+
+_HUB_KEYS = {"checkpoint_index", "checkpoint_value", "revision"}
+#: The processing flags that must agree along a trajectory (they change T; SPEC 10).
+PROCESSING_FLAGS = ("raw", "fold_ln", "center_writing_weights", "fold_value_biases")
+
+
+@dataclass
+class _Ckpt:
+    order: int
+    label: str
+    spec: Any
+    kind: str  # "object" | "path" | "hub" | "callable"
+    step: float
+
+
+def _is_module(x: Any) -> bool:
+    import torch
+
+    return isinstance(x, torch.nn.Module)
+
+
+def _is_model_object(x: Any) -> bool:
+    return is_tl_model(x) or isinstance(x, (HeadSource, LayerHeads)) or _is_module(x)
+
+
+def _kind(label: str, spec: Any) -> str:
+    if isinstance(spec, (str, os.PathLike)):
+        p = Path(spec).expanduser()
+        if not p.exists():
+            raise MissingFileError(
+                f"Checkpoint {label!r}: {str(spec)!r} does not exist. Pass an existing checkpoint directory or file "
+                "(nothing is downloaded for paths)."
+            )
+        return "path"
+    if _is_model_object(spec):
+        return "object"
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[0], str) and isinstance(spec[1], dict):
+        bad = set(spec[1]) - _HUB_KEYS
+        if bad or not spec[1]:
+            raise OptionError(
+                f"Checkpoint {label!r}: a (model_name, options) checkpoint takes options from {sorted(_HUB_KEYS)}, "
+                f"e.g. ('EleutherAI/pythia-70m', {{'checkpoint_index': 3}}); got {spec[1]!r}."
+            )
+        return "hub"
+    if callable(spec):
+        return "callable"
+    raise OptionTypeError(
+        f"Checkpoint {label!r}: cannot load a {type(spec).__name__}. Give a TransformerLens model, a path to a "
+        "checkpoint directory/file, (model_name, {'checkpoint_index': i}), or a zero-argument callable returning a model."
+    )
+
+
+def _step_of(label: Any, spec: Any) -> float:
+    if isinstance(label, (int, np.integer)):
+        return float(label)
+    m = re.search(r"(\d+)\D*$", str(label))
+    if m:
+        return float(m.group(1))
+    if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict) and "checkpoint_value" in spec[1]:
+        return float(spec[1]["checkpoint_value"])
+    return float("nan")
+
+
+def _normalize(checkpoints: Any) -> list[_Ckpt]:
+    if isinstance(checkpoints, Lineage):
+        checkpoints = checkpoints.checkpoints
+    elif isinstance(checkpoints, (str, os.PathLike)):
+        checkpoints = lineage_checkpoints(checkpoints)
+    if isinstance(checkpoints, dict):
+        checkpoints = list(checkpoints.items())
+    if not isinstance(checkpoints, Sequence) or isinstance(checkpoints, (str, bytes)):
+        raise OptionTypeError(
+            "checkpoints must be an ordered sequence of (label, model-or-path) pairs (or (label, spec, step) triples), "
+            f"a lineage directory or a Lineage; got {type(checkpoints).__name__}."
+        )
+    if len(checkpoints) == 0:
+        raise OptionError("checkpoints is empty: give at least one (label, model-or-path) pair.")
+    out: list[_Ckpt] = []
+    for i, entry in enumerate(checkpoints):
+        if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
+            raise OptionTypeError(
+                f"checkpoints[{i}] must be a (label, model-or-path) pair or (label, spec, step) triple; got {entry!r:.80}."
+            )
+        label, spec = entry[0], entry[1]
+        step = float(entry[2]) if len(entry) == 3 else _step_of(label, spec)
+        out.append(_Ckpt(order=i, label=str(label), spec=spec, kind=_kind(str(label), spec), step=step))
+    labels = [c.label for c in out]
+    dup = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if dup:
+        raise OptionError(f"Checkpoint labels must be unique; repeated: {dup}.")
+    return out
+
+
+def _load_hub(name: str, options: dict[str, Any]) -> Any:
+    """``TransformerBridge.boot_transformers(name, checkpoint_index=...)`` with a clear offline error."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    try:
+        return TransformerBridge.boot_transformers(name, device="cpu", **options)
+    except OSError as e:
+        offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+        raise OSError(
+            f"Could not load {name!r} with {options}: published training checkpoints are downloaded from the Hugging Face "
+            f"hub{' and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set' if offline else ' and it could not be reached'}. "
+            "Download the checkpoints once (e.g. huggingface_hub.snapshot_download(name, revision='step1000')) and pass "
+            f"their local directories instead. Original error: {e}"
+        ) from e
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60] or "ckpt"
+
+
+def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFrame:
+    """Which checkpoints are identical to, or share layers with, an earlier one.
+
+    Args:
+        fingerprints: ``{label: {layer: sha256}}`` in checkpoint order.
+
+    Returns:
+        One row per checkpoint: ``checkpoint``, ``identical_to`` (the first earlier checkpoint
+        whose every measured layer has the same fingerprint, else ""), ``shares_layers_with``
+        (earlier checkpoints with some but not all layers identical, comma-separated, else ""),
+        ``n_shared_layers`` (layers identical to some earlier checkpoint's same layer).
+    """
+    rows = []
+    seen: list[tuple[str, dict[int, str]]] = []
+    for label, fp in fingerprints.items():
+        identical = ""
+        partial: list[str] = []
+        shared: set[int] = set()
+        for other, ofp in seen:
+            common = [layer for layer in fp if layer in ofp]
+            same = [layer for layer in common if fp[layer] == ofp[layer]]
+            shared.update(same)
+            if common and len(same) == len(common) == len(fp) and not identical:
+                identical = other
+            elif same and len(same) < len(fp):
+                partial.append(other)
+        rows.append({"checkpoint": label, "identical_to": identical,
+                     "shares_layers_with": ",".join(partial) if not identical else "",
+                     "n_shared_layers": len(shared)})
+        seen.append((label, fp))
+    return pd.DataFrame(rows)
+
+
+@dataclass(repr=False)
+class Trajectory(Result):
+    """Result of :func:`trajectory`.
+
+    Attributes:
+        heads: long table, one row per (checkpoint, layer, head): ``checkpoint`` (label),
+            ``order`` (position in the input), ``step`` (training step parsed from the
+            label, NaN if unknown), then every column of the report's ``heads`` table
+            (``layer, head, kv_head, alpha, P, closed, ...``; with ``nulls`` the scramble
+            columns incl. ``P_scrambled_median``) and, with ``search``, ``feasible_P``
+            (the head's layer's feasible P) and ``layer_feasible_P``.
+        layers: one row per (checkpoint, layer) with the report's ``layers`` columns
+            (incl. the layer's weight ``fingerprint``).
+        checkpoints: one row per checkpoint: ``order, checkpoint, step, kind, cached``
+            (every layer came from the cache), ``seconds`` (wall time to load and measure),
+            ``n_heads, n_closed, median_P`` (and ``median_P_scrambled`` with nulls),
+            ``weights_fingerprint``, ``identical_to``, ``shares_layers_with``,
+            ``n_shared_layers`` (see :func:`checkpoint_relations`) and the processing flags.
+        threshold: P threshold of "closed" (paper: 0.9).
+        options: the analysis options (nulls, seed, search, layers, heads).
+    """
+
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    checkpoints: pd.DataFrame
+    threshold: float
+    options: dict[str, Any] = field(default_factory=dict)
+
+    repr_keys: ClassVar[tuple[str, ...]] = ("n_checkpoints", "first", "final", "n_closed_final", "n_identical",
+                                            "n_mixed")
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``n_checkpoints, first, final, n_closed_final, n_identical, n_mixed, threshold``."""
+        ck = self.checkpoints.sort_values("order")
+        return {
+            "n_checkpoints": int(len(ck)),
+            "first": str(ck["checkpoint"].iloc[0]),
+            "final": self.final_label,
+            "n_closed_final": int(ck["n_closed"].iloc[-1]),
+            "n_identical": int((ck["identical_to"].astype(str) != "").sum()) if "identical_to" in ck else 0,
+            "n_mixed": int((ck["shares_layers_with"].astype(str) != "").sum()) if "shares_layers_with" in ck else 0,
+            "threshold": self.threshold,
+        }
+
+    @property
+    def final_label(self) -> str:
+        """Label of the last checkpoint (the one "final-closed" refers to)."""
+        return str(self.checkpoints.sort_values("order")["checkpoint"].iloc[-1])
+
+    def final(self) -> pd.DataFrame:
+        """Rows of :attr:`heads` at the last checkpoint."""
+        return self.heads[self.heads["checkpoint"] == self.final_label]
+
+    def tracked_heads(self, top_k: int = 5) -> pd.DataFrame:
+        """The heads the figures follow: ``layer, head, final_P, why``.
+
+        The heads with final ``P >= threshold`` (``why = "final P >= threshold"``), or —
+        if none closed — the ``top_k`` heads by final P (``why = "top-k by final P (none closed)"``).
+        When ``heads=`` was given to :func:`trajectory`, exactly those heads.
+        """
+        fin = self.final().dropna(subset=["P"]).sort_values("P", ascending=False)
+        if self.options.get("heads"):
+            sel, why = fin, "selected"
+        else:
+            closed = fin[fin["P"] >= self.threshold]
+            sel, why = (closed, "final P >= threshold") if len(closed) else (fin.head(top_k), "top-k by final P (none closed)")
+        out = sel[["layer", "head", "P"]].rename(columns={"P": "final_P"}).reset_index(drop=True)
+        out["why"] = why
+        return out
+
+    def wide(self, value: str = "P") -> pd.DataFrame:
+        """``value`` as a (layer, head) x checkpoint table, checkpoints in input order."""
+        order = self.checkpoints.sort_values("order")["checkpoint"].tolist()
+        w = self.heads.pivot_table(index=["layer", "head"], columns="checkpoint", values=value, sort=False)
+        return w[[c for c in order if c in w.columns]]
+
+    def x_axis(self) -> tuple[str, str]:
+        """``(column, title)`` of the figures' x axis: the training step when every checkpoint has one."""
+        return ("step", "training step") if self.heads["step"].notna().all() else ("order", "checkpoint")
+
+    def figure(self, top_k: int = 5, log_y: bool = True) -> Any:
+        """P over training for the tracked heads (:meth:`tracked_heads`), one panel per layer (drawn by views)."""
+        return views().trajectory_figure(self, top_k=top_k, log_y=log_y)
+
+    def summary_figure(self, log_y: bool = True) -> Any:
+        """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P."""
+        return views().trajectory_summary_figure(self, log_y=log_y)
+
+    def figures(self, top_k: int = 5) -> list[Any]:
+        """``[figure(), summary_figure()]``."""
+        return [self.figure(top_k=top_k), self.summary_figure()]
+
+
+def _load(c: _Ckpt, loader: Callable[[Any], Any] | None) -> Any:
+    if c.kind == "callable":
+        return c.spec()
+    if c.kind == "hub":
+        return loader(c.spec) if loader is not None else _load_hub(*c.spec)
+    if c.kind == "path":
+        if loader is not None:
+            return loader(c.spec)
+        try:
+            return head_source(c.spec)  # streams the file layer by layer
+        except OptionTypeError:  # pragma: no cover - no file source for this path: boot it with TransformerBridge
+            return bridge_from_dir(c.spec)
+    return c.spec
+
+
+def _processing_key(summary: dict[str, Any]) -> tuple[Any, ...]:
+    proc = summary.get("processing") or {}
+    return tuple(bool(proc.get(k)) if proc.get(k) is not None else None for k in PROCESSING_FLAGS)
+
+
+@strict_kwargs
+def trajectory(
+    checkpoints: Any,
+    heads: Sequence[tuple[int, int]] | None = None,
+    *,
+    threshold: float = 0.9,
+    nulls: bool | int = False,
+    search: bool = False,
+    seed: int = 0,
+    layers: Sequence[int] | None = None,
+    compute_dtype: Any = "float64",
+    device: Any = "cpu",
+    cache_dir: str | os.PathLike[str] | None = None,
+    loader: Callable[[Any], Any] | None = None,
+    allow_mixed_processing: bool = False,
+    progress: bool = True,
+    client: Any = None,
+) -> Trajectory:
+    """Per-head closure across an ordered list of training checkpoints (SPEC section 6).
+
+    Each checkpoint is loaded, measured with :func:`~tl_idempotence.report.report.idempotence_report`
+    (same options for all), and dropped (``del``, and :func:`gc.collect` for a loaded
+    ``nn.Module``) before the next one is loaded: at most one checkpoint loaded by this
+    function is resident at a time.
+
+    Args:
+        checkpoints: ordered ``[(label, spec)]`` or ``[(label, spec, step)]`` where ``spec``
+            is a TransformerLens model, a path (checkpoint directory, ``.safetensors``,
+            ``.gguf``), ``(model_name, {"checkpoint_index": i})`` /
+            ``{"checkpoint_value": v}`` (downloads through
+            ``TransformerBridge.boot_transformers``: needs the hub), or a zero-argument
+            callable returning a model. Also accepted: a lineage directory of
+            ``ckpt_step{N}`` dirs or a :class:`~tl_idempotence.sources.lineage.Lineage`. The
+            step of a pair is parsed from the label's last number (``"step1000"`` -> 1000)
+            or the ``checkpoint_value``; NaN if neither (figures then use the order).
+        heads: ``[(layer, head)]`` to keep (default: all heads); only their layers are measured.
+        threshold: P threshold of a "closed" head (paper: 0.9).
+        nulls: orientation-scramble draws per head (``True`` = 64), adds ``P_scrambled_median``.
+        search: run the constructive search (adds the layer's ``feasible_P``; slow).
+        seed: seed of the nulls and the search (the same for every checkpoint).
+        layers: restrict to these layer indices.
+        compute_dtype, device: as for the report.
+        cache_dir: directory of per-checkpoint resume parts (parquet + JSON), keyed on each
+            layer's weight fingerprint and the options (see the module docstring).
+        loader: ``loader(spec) -> model`` used instead of the built-in loading for path and
+            hub checkpoints (e.g. ``tl_idempotence.sources.tl.bridge_from_dir``).
+        allow_mixed_processing: measure checkpoints whose weights were processed differently
+            (raw vs TransformerLens ``fold_ln``/centring) anyway, marking them; by default refuse.
+        progress: tqdm bar over checkpoints.
+        client: a ``distributed.Client``: run one task per checkpoint on that Dask cluster
+            (see :func:`tl_idempotence.studies.sweep.sweep`); paths only.
+
+    Returns:
+        :class:`Trajectory` (``.heads`` long table, ``.layers``, ``.checkpoints``, ``.figure()``).
+
+    Raises:
+        OptionTypeError: ``checkpoints`` is not a sequence of pairs, or a spec of unknown type.
+        OptionError: empty or duplicate labels, bad hub options, bad threshold/layers,
+            a ``heads`` entry that is not a head of the measured model, mixed processing.
+        MissingFileError: a checkpoint path that does not exist.
+        OSError: a hub checkpoint that cannot be downloaded (offline); the message says what to do.
+    """
+    from tqdm.auto import tqdm
+
+    threshold = check_threshold(threshold)
+    progress = check_bool(progress, "progress")
+    allow_mixed_processing = check_bool(allow_mixed_processing, "allow_mixed_processing")
+    ckpts = _normalize(checkpoints)
+    head_set: list[tuple[int, int]] | None = None
+    if heads is not None:
+        try:
+            head_set = sorted({(int(a), int(b)) for a, b in heads})
+        except (TypeError, ValueError) as e:
+            raise OptionTypeError(f"heads must be a sequence of (layer, head) integer pairs; got {heads!r:.80}.") from e
+        if not head_set:
+            raise OptionError("heads is empty; pass None for all heads.")
+    want = check_layers(layers)
+    run_layers: list[int] | None = None if want is None else sorted(want)
+    if head_set is not None:
+        hl = sorted({a for a, _ in head_set})
+        if run_layers is not None:
+            missing = sorted(set(hl) - set(run_layers))
+            if missing:
+                raise OptionError(f"heads name layers {missing} that are not in layers={run_layers}.")
+        run_layers = hl
+    opts = ReportOptions(threshold=threshold, nulls=nulls, seed=seed, search=search, layers=run_layers,
+                         compute_dtype=compute_dtype, device=device)
+    options = {**opts.as_dict(), "heads": head_set}
+    if cache_dir is not None:
+        Path(cache_dir).expanduser().mkdir(parents=True, exist_ok=True)
+    if client is not None:
+        from .sweep import run_trajectory_on_cluster
+
+        results = run_trajectory_on_cluster(ckpts, opts, client=client, cache_dir=cache_dir, progress=progress)
+    else:
+        results = []
+        bar = tqdm(ckpts, desc="checkpoints", unit="ckpt", disable=not progress)
+        for c in bar:
+            bar.set_postfix_str(c.label)
+            t0 = time.perf_counter()
+            model = _load(c, loader)
+            collect = c.kind != "object" and _is_module(model)
+            try:
+                resume = None if cache_dir is None else Path(cache_dir).expanduser() / f"{c.order:04d}-{_slug(c.label)}"
+                rep = idempotence_report(model, threshold, nulls=opts.nulls, seed=opts.seed, search=opts.search,
+                                         layers=run_layers, compute_dtype=opts.compute_dtype, device=opts.device,
+                                         progress=False, resume=resume)
+            finally:
+                del model  # drop our reference before the next checkpoint is loaded
+                if collect:
+                    gc.collect()
+            results.append((c, rep, time.perf_counter() - t0))
+    return _combine(results, opts, options, head_set, allow_mixed_processing)
+
+
+def _combine(results: list[tuple[_Ckpt, Any, float]], opts: ReportOptions, options: dict[str, Any],
+             head_set: list[tuple[int, int]] | None, allow_mixed: bool) -> Trajectory:
+    """The trajectory tables from per-checkpoint reports (in checkpoint order)."""
+    threshold = opts.threshold
+    procs = {c.label: _processing_key(rep.summary) for c, rep, _ in results}
+    if len(set(procs.values())) > 1:
+        detail = "; ".join(f"{lab}: " + ", ".join(f"{k}={v}" for k, v in zip(PROCESSING_FLAGS, key))
+                           for lab, key in procs.items())
+        msg = (f"The checkpoints' weights were processed differently ({detail}); processing changes T and so P "
+               "(SPEC 10), so a jump between them is not training.")
+        if not allow_mixed:
+            raise OptionError(msg + " Measure them all raw (or all processed), or pass allow_mixed_processing=True.")
+        warnings.warn(msg, UserWarning, stacklevel=3)
+    fps = {c.label: dict(zip(rep.layers["layer"].astype(int), rep.layers["fingerprint"])) for c, rep, _ in results}
+    rel = checkpoint_relations(fps).set_index("checkpoint")
+    dup = rel[(rel["identical_to"] != "") | (rel["shares_layers_with"] != "")]
+    if len(dup):
+        parts = [f"{lab} is identical to {r.identical_to}" if r.identical_to else
+                 f"{lab} shares {r.n_shared_layers} layer(s) with {r.shares_layers_with}" for lab, r in dup.iterrows()]
+        warnings.warn("Checkpoints that are not genuine distinct points: " + "; ".join(parts) +
+                      " (marked in Trajectory.checkpoints and the figures).", UserWarning, stacklevel=3)
+    head_tables, layer_tables, rows = [], [], []
+    for c, rep, seconds in results:
+        hd, ld = rep.heads.reset_index(drop=True), rep.layers
+        if head_set is not None:
+            have = set(zip(hd["layer"].astype(int), hd["head"].astype(int)))
+            absent = [lh for lh in head_set if lh not in have]
+            if absent:
+                raise OptionError(f"Checkpoint {c.label!r} has no heads {absent[:10]} (layer, head).")
+            keep = [(int(a), int(b)) in set(head_set) for a, b in zip(hd["layer"], hd["head"])]
+            hd = hd[keep]
+        if "feasible_P" in ld:
+            lf = ld.set_index("layer")["feasible_P"]
+            hd = hd.assign(feasible_P=hd["layer"].map(lf).to_numpy(), layer_feasible_P=hd["layer"].map(lf).to_numpy())
+        meta = {"checkpoint": c.label, "order": c.order, "step": c.step}
+        hd = hd.assign(**meta)
+        ld = ld.assign(**meta)
+        head_tables.append(hd)
+        layer_tables.append(ld)
+        P = hd["P"].to_numpy(dtype=float)
+        r = rel.loc[c.label]
+        row = {**meta, "kind": c.kind, "cached": bool(rep.summary.get("n_layers_resumed", 0) == len(rep.layers)),
+               "seconds": seconds, "n_heads": len(hd),
+               "n_closed": int((np.nan_to_num(P, nan=-1.0) >= threshold).sum()),
+               "median_P": float(np.nanmedian(P)) if np.isfinite(P).any() else float("nan"),
+               "weights_fingerprint": rep.summary.get("weights_fingerprint", ""),
+               "identical_to": r["identical_to"], "shares_layers_with": r["shares_layers_with"],
+               "n_shared_layers": int(r["n_shared_layers"]),
+               **{f"processing_{k}": v for k, v in zip(PROCESSING_FLAGS, procs[c.label])}}
+        if "P_scrambled_median" in hd:
+            row["median_P_scrambled"] = float(np.nanmedian(hd["P_scrambled_median"].to_numpy(dtype=float)))
+        rows.append(row)
+    lead = ["checkpoint", "order", "step"]
+    heads_df = pd.concat(head_tables, ignore_index=True)
+    heads_df = heads_df[lead + [c for c in heads_df.columns if c not in lead]]
+    layers_df = pd.concat(layer_tables, ignore_index=True)
+    layers_df = layers_df[lead + [c for c in layers_df.columns if c not in lead]]
+    return Trajectory(heads=heads_df, layers=layers_df, checkpoints=pd.DataFrame(rows), threshold=threshold,
+                      options=options)

@@ -1,0 +1,349 @@
+"""Every plotly figure of the package, drawn from result objects (never from a model).
+
+* :func:`heads_heatmap` — a numeric head column over layer x head, closed heads marked.
+* :func:`scramble_figures` — trained P against the orientation-scramble null (log P up to 1).
+* :func:`algebra_summary_figure`, :func:`algebra_figures` — the shared-value algebra.
+* :func:`activation_figure` — activation-level returns vs weight-level P.
+* :func:`trajectory_figure`, :func:`trajectory_summary_figure` — closure over training.
+* :func:`report_figures` — the figures of a report page, in order.
+
+Log-P axes run from just below the smallest positive value shown to 1 (P is at most 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:  # pragma: no cover
+    import plotly.graph_objects as go
+
+__all__ = [
+    "activation_figure",
+    "algebra_figures",
+    "algebra_summary_figure",
+    "heads_heatmap",
+    "log_P_range",
+    "report_figures",
+    "scramble_figures",
+    "trajectory_figure",
+    "trajectory_summary_figure",
+]
+
+
+def log_P_range(*arrays: Any, floor: float = 1e-8) -> list[float]:
+    """``[log10 lo, log10 1]`` (plus a small margin) for a log axis of P values in (0, 1]."""
+    vals = np.concatenate([np.asarray(a, dtype=float).ravel() for a in arrays]) if arrays else np.zeros(0)
+    vals = vals[np.isfinite(vals) & (vals > 0)]
+    lo = max(float(vals.min()), floor) if vals.size else 1e-4
+    return [math.floor(math.log10(lo) * 4) / 4 - 0.1, 0.05]
+
+
+def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.Figure:
+    """Heatmap of ``value`` over layer (y) x head (x); closed heads (P >= threshold) marked with a ring.
+
+    Hover: the head's label (``L10H8``), P, α, ‖T‖, kv head, ranks.
+
+    Args:
+        rep: an :class:`~tl_idempotence.report.report.IdempotenceReport`.
+        value: a numeric column of ``rep.heads`` (default ``"P"``; the colour scale is [0, 1] for P).
+        height: figure height in px (default: 22 px per layer).
+
+    Raises:
+        OptionError: ``value`` is not a numeric column of ``rep.heads``.
+    """
+    import plotly.graph_objects as go
+
+    from ..errors import OptionError
+
+    df = rep.heads
+    if value not in df.columns or df[value].dtype.kind not in "biuf":
+        raise OptionError(f"{value!r} is not a numeric column of report.heads; columns: {list(df.columns)}")
+    piv = df.pivot(index="layer", columns="head", values=value)
+    custom_cols = ["alpha", "P", "norm", "kv_head", "rank_O", "rank_V"]
+    custom = np.stack([df.pivot(index="layer", columns="head", values=c).to_numpy(dtype=float) for c in custom_cols], -1)
+    zmin, zmax = (0.0, 1.0) if value == "P" else (None, None)
+    fig = go.Figure(
+        go.Heatmap(
+            z=piv.to_numpy(dtype=float), x=list(piv.columns), y=list(piv.index), zmin=zmin, zmax=zmax,
+            colorscale="Viridis", colorbar={"title": value}, customdata=custom,
+            hovertemplate=(
+                "L%{y}H%{x}<br>P = %{customdata[1]:.4f}<br>alpha = %{customdata[0]:.4g}"
+                "<br>||T||_F = %{customdata[2]:.4g}<br>kv head %{customdata[3]}"
+                "<br>rank O/V = %{customdata[4]}/%{customdata[5]}<extra></extra>"
+            ),
+        )
+    )
+    closed = df[df["closed"]]
+    if len(closed):
+        fig.add_trace(go.Scatter(
+            x=closed["head"], y=closed["layer"], mode="markers", name=f"P >= {rep.threshold:g}",
+            marker={"symbol": "circle-open", "size": 14, "color": "#e8175d", "line": {"width": 2.5}},
+            text=[f"L{a}H{b}: P = {p:.4f}" for a, b, p in zip(closed["layer"], closed["head"], closed["P"])],
+            hovertemplate="%{text}<extra>closed</extra>", showlegend=True,
+        ))
+    s = rep.summary
+    fig.update_layout(
+        title=f"{value} per head: {s['model_name']} ({s['n_closed']} of {s['n_heads']} heads with P >= {rep.threshold:g},"
+              " ringed)",
+        xaxis_title="head", yaxis_title="layer", yaxis={"autorange": "reversed"},
+        xaxis={"dtick": 1 if rep.info.n_heads <= 32 else None},
+        legend={"orientation": "h", "y": -0.08},
+        height=height or max(350, 22 * len(piv.index) + 170),
+    )
+    return fig
+
+
+def scramble_figures(rep: Any) -> list[go.Figure]:
+    """Trained P vs the orientation-scramble null (log P axis up to 1; SPEC 4b).
+
+    1. per head (x = heads in layer order): trained P, the scramble median and q95;
+    2. per layer: median trained P vs median scrambled P, max mismatch P, feasible P.
+
+    Raises:
+        OptionError: the report has no scramble columns (run with ``nulls=True``).
+    """
+    import plotly.graph_objects as go
+
+    from ..errors import OptionError
+
+    h = rep.heads
+    if "P_scrambled_median" not in h.columns:
+        raise OptionError("This report has no scramble columns: run idempotence_report(model, nulls=True).")
+    label = [f"L{a}H{b}" for a, b in zip(h["layer"], h["head"])]
+    x = np.arange(len(h))
+    hover = "%{text}<br>%{y:.3g}<extra>%{fullData.name}</extra>"
+    f1 = go.Figure()
+    f1.add_trace(go.Scatter(x=x, y=h["P_scrambled_q95"], mode="lines", name="scrambled q95",
+                            line={"color": "rgba(150,150,150,0.9)", "width": 1}, text=label, hovertemplate=hover))
+    f1.add_trace(go.Scatter(x=x, y=h["P_scrambled_median"], mode="lines", name="scrambled median",
+                            line={"color": "gray", "width": 1.5}, text=label, hovertemplate=hover))
+    f1.add_trace(go.Scatter(x=x, y=h["P"], mode="markers", name="trained P", marker={"size": 5, "color": "crimson"},
+                            text=label, hovertemplate=hover))
+    f1.add_hline(y=rep.threshold, line_dash="dot", annotation_text=f"P = {rep.threshold:g}")
+    s = rep.summary
+    frac = s.get("frac_beats_scramble", float("nan"))
+    f1.update_layout(
+        title=(f"Trained P vs orientation scramble per head ({s.get('n_scramble_draws', '')} Haar draws): "
+               f"{100 * frac:.2f}% of heads beat their scramble median"),
+        xaxis_title="head (layer order)", yaxis_title="P",
+        yaxis={"type": "log", "range": log_P_range(h["P"], h["P_scrambled_median"], h["P_scrambled_q95"])}, height=420,
+    )
+    L = rep.layers
+    f2 = go.Figure()
+    f2.add_trace(go.Scatter(x=L["layer"], y=L["median_P"], mode="lines+markers", name="median trained P"))
+    f2.add_trace(go.Scatter(x=L["layer"], y=L["median_P_scrambled"], mode="lines+markers", name="median scrambled P"))
+    arrays = [L["median_P"], L["median_P_scrambled"]]
+    if "mismatch_P_max" in L.columns:
+        f2.add_trace(go.Scatter(x=L["layer"], y=L["mismatch_P_max"], mode="markers", name="max mismatch P",
+                                marker={"symbol": "x"}))
+        arrays.append(L["mismatch_P_max"])
+    if "feasible_P" in L.columns:
+        f2.add_trace(go.Scatter(x=L["layer"], y=L["feasible_P"], mode="markers", name="feasible P (search)",
+                                marker={"symbol": "triangle-up"}))
+        arrays.append(L["feasible_P"])
+    f2.add_hline(y=rep.threshold, line_dash="dot")
+    f2.update_layout(title="Per layer: trained vs scrambled median P (log scale)", xaxis_title="layer",
+                     yaxis_title="P", yaxis={"type": "log", "range": log_P_range(*arrays)}, height=380)
+    return [f1, f2]
+
+
+def algebra_summary_figure(alg: Any) -> go.Figure:
+    """Per layer and kv group: median off-diagonal P_ij and median α spread (SPEC 7) — one compact figure."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    g = alg.groups
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("median off-diagonal P_ij (law: 1)",
+                                                        "median alpha spread over i (law: 0)"))
+    for k, d in g.groupby("kv_head"):
+        fig.add_trace(go.Scatter(x=d["layer"], y=d["median_P_offdiag"], mode="lines+markers", name=f"kv group {k}",
+                                 legendgroup=str(k)), row=1, col=1)
+        fig.add_trace(go.Scatter(x=d["layer"], y=d["median_alpha_spread"], mode="lines+markers", name=f"kv group {k}",
+                                 legendgroup=str(k), showlegend=False), row=1, col=2)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
+    fig.update_xaxes(title_text="layer")
+    fig.update_layout(title="Shared-value algebra T_i T_j ≈ α_j T_i, per layer and kv group", height=380)
+    return fig
+
+
+def algebra_figures(alg: Any, layers: list[int] | None = None) -> list[go.Figure]:
+    """One plotly figure per layer: α_ij (top row) and P_ij (bottom row) per kv group.
+
+    Rows of each matrix are the left factor ``i``, columns the right factor ``j``; the
+    right-action law predicts constant columns of α_ij and P_ij ≈ 1. α_ij uses a diverging
+    colour scale centred at 0 (α can be negative). Empty when there is no value sharing.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    figs = []
+    for layer in alg.layers:
+        if layers is not None and layer not in layers:
+            continue
+        mats = alg.matrices(layer)
+        ks = sorted(mats)
+        titles = [f"alpha_ij, kv {k}" for k in ks] + [f"P_ij, kv {k}" for k in ks]
+        fig = make_subplots(rows=2, cols=len(ks), subplot_titles=titles, horizontal_spacing=0.04, vertical_spacing=0.12)
+        amax = max(float(np.nanmax(np.abs(m[1]))) if np.isfinite(m[1]).any() else 1.0 for m in mats.values()) or 1.0
+        for c, k in enumerate(ks, start=1):
+            heads, A, P = mats[k]
+            labels = [str(h) for h in heads]
+            fig.add_trace(go.Heatmap(z=A, x=labels, y=labels, coloraxis="coloraxis",
+                                     hovertemplate="i=%{y}, j=%{x}<br>alpha_ij=%{z:.4g}<extra></extra>"), row=1, col=c)
+            fig.add_trace(go.Heatmap(z=P, x=labels, y=labels, coloraxis="coloraxis2",
+                                     hovertemplate="i=%{y}, j=%{x}<br>P_ij=%{z:.4f}<extra></extra>"), row=2, col=c)
+            fig.update_yaxes(autorange="reversed", row=1, col=c)
+            fig.update_yaxes(autorange="reversed", row=2, col=c)
+        fig.update_layout(
+            title=f"Shared-value algebra, layer {layer}: rows i (left factor), columns j (right factor)",
+            coloraxis={"colorscale": "RdBu", "cmin": -amax, "cmax": amax,
+                       "colorbar": {"title": "alpha_ij", "y": 0.78, "len": 0.42}},
+            coloraxis2={"colorscale": "Viridis", "cmin": 0.0, "cmax": 1.0,
+                        "colorbar": {"title": "P_ij", "y": 0.22, "len": 0.42}},
+            height=560,
+        )
+        figs.append(fig)
+    return figs
+
+
+def activation_figure(res: Any) -> go.Figure:
+    """Per head, median cos²(T y_t, y_t) on text vs weight-level P (control in grey; SPEC 8)."""
+    import plotly.graph_objects as go
+
+    df = res.heads
+    fig = go.Figure()
+    text = [f"L{a}H{b}" for a, b in zip(df["layer"], df["head"])]
+    if "ctrl_cos2_median" in df:
+        fig.add_trace(go.Scatter(x=df["P"], y=df["ctrl_cos2_median"], mode="markers",
+                                 name=f"control ({res.options.get('control')})",
+                                 marker={"color": "lightgrey", "size": 5}, text=text))
+    fig.add_trace(go.Scatter(x=df["P"], y=df["cos2_median"], mode="markers", name="trained head on text",
+                             marker={"color": np.where(df["closed"], "crimson", "steelblue"), "size": 6}, text=text,
+                             hovertemplate="%{text}<br>P=%{x:.4f}<br>median cos2=%{y:.4f}<extra></extra>"))
+    fig.update_layout(title="Activation-level returns: median cos²(T y_t, y_t) over tokens vs weight-level P",
+                      xaxis_title="weight-level P", yaxis_title="median cos²(T y_t, y_t)")
+    return fig
+
+
+def _suspect_points(tr: Any) -> pd.DataFrame:
+    ck = tr.checkpoints
+    if "identical_to" not in ck:
+        return ck.iloc[0:0]
+    return ck[(ck["identical_to"].astype(str) != "") | (ck["shares_layers_with"].astype(str) != "")]
+
+
+def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
+    """P over training for the tracked heads (``tr.tracked_heads``), one panel per layer (SPEC 6).
+
+    Each head's P is a solid line; its scramble-null median (``nulls``) the same colour dotted;
+    with ``search`` its own searched P the same colour long-dashed and the layer's feasible P
+    (best searched P in the layer) a black dashed line; the threshold a grey line. Checkpoints
+    identical to an earlier one, or sharing layers with one, are marked with a grey band.
+    """
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+    from plotly.subplots import make_subplots
+
+    tracked = tr.tracked_heads(top_k=top_k)
+    xcol, xtitle = tr.x_axis()
+    if tracked.empty:
+        fig = go.Figure()
+        fig.update_layout(title="No head has a defined P at the final checkpoint")
+        return fig
+    layers = sorted(tracked["layer"].unique().tolist())
+    why = tracked["why"].iloc[0]
+    fig = make_subplots(rows=len(layers), cols=1, shared_xaxes=True,
+                        vertical_spacing=min(0.08, 0.3 / max(len(layers), 1)),
+                        subplot_titles=[f"layer {layer}" for layer in layers])
+    colors = qualitative.Plotly
+    lay = tr.layers.sort_values("order")
+    has_search = has_null = False
+    arrays = []
+    for i, (layer, head) in enumerate(zip(tracked["layer"], tracked["head"])):
+        row = layers.index(layer) + 1
+        d = tr.heads[(tr.heads["layer"] == layer) & (tr.heads["head"] == head)].sort_values("order")
+        color = colors[i % len(colors)]
+        name = f"L{layer}H{head}"
+        arrays.append(d["P"])
+        fig.add_trace(go.Scatter(x=d[xcol], y=d["P"], mode="lines+markers", name=f"{name} P", legendgroup=name,
+                                 line={"color": color}, customdata=np.stack([d["checkpoint"], d["alpha"]], -1),
+                                 hovertemplate=f"{name}<br>%{{customdata[0]}}<br>P=%{{y:.4g}}<br>α=%{{customdata[1]:.4g}}"
+                                               "<extra></extra>"), row=row, col=1)
+        if "P_searched" in d and d["P_searched"].notna().any():
+            has_search = True
+            arrays.append(d["P_searched"])
+            fig.add_trace(go.Scatter(x=d[xcol], y=d["P_searched"], mode="lines", name=f"{name} searched P",
+                                     legendgroup=name, line={"color": color, "dash": "longdash", "width": 1}),
+                          row=row, col=1)
+        if "P_scrambled_median" in d:
+            has_null = True
+            arrays.append(d["P_scrambled_median"])
+            fig.add_trace(go.Scatter(x=d[xcol], y=d["P_scrambled_median"], mode="lines", name=f"{name} scramble median",
+                                     legendgroup=name, line={"color": color, "dash": "dot"}), row=row, col=1)
+    for layer in layers:
+        row = layers.index(layer) + 1
+        ld = lay[lay["layer"] == layer]
+        if "feasible_P" in ld and ld["feasible_P"].notna().any():
+            arrays.append(ld["feasible_P"])
+            fig.add_trace(go.Scatter(x=ld[xcol], y=ld["feasible_P"], mode="lines", name=f"layer {layer} feasible P (search)",
+                                     line={"color": "black", "dash": "dash"}), row=row, col=1)
+        fig.add_hline(y=tr.threshold, line={"color": "grey", "width": 1, "dash": "dashdot"}, row=row, col=1)
+    for _, ck in _suspect_points(tr).iterrows():
+        x = ck[xcol]
+        what = f"identical to {ck['identical_to']}" if ck["identical_to"] else f"shares layers with {ck['shares_layers_with']}"
+        fig.add_vrect(x0=x, x1=x, line={"color": "grey", "width": 6}, opacity=0.3, annotation_text=what,
+                      annotation_position="top left")
+    if log_y:
+        fig.update_yaxes(title_text="P", type="log", range=log_P_range(*arrays))
+    else:
+        fig.update_yaxes(title_text="P", range=[0, 1.02])
+    fig.update_xaxes(title_text=xtitle, row=len(layers), col=1)
+    head_note = f"heads with final P ≥ {tr.threshold:g}" if why == "final P >= threshold" else (
+        f"NO head reached P ≥ {tr.threshold:g}: top {len(tracked)} heads by final P" if why.startswith("top")
+        else "selected heads")
+    keys = ["solid: P"] + (["dotted: scramble null"] if has_null else []) + (
+        ["long-dash: searched P", "black dashed: layer feasible P"] if has_search else [])
+    fig.update_layout(title=f"Closure over training — {head_note}; " + ", ".join(keys),
+                      height=260 * len(layers) + 120, template="plotly_white")
+    return fig
+
+
+def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
+    """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P."""
+    import plotly.graph_objects as go
+
+    ck = tr.checkpoints.sort_values("order")
+    xcol, xtitle = tr.x_axis()
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=ck[xcol], y=ck["median_P"], mode="lines+markers", name="median P (all heads)"))
+    fig.add_trace(go.Scatter(x=ck[xcol], y=ck["n_closed"] / ck["n_heads"], mode="lines+markers",
+                             name=f"fraction with P ≥ {tr.threshold:g}"))
+    arrays = [ck["median_P"], ck["n_closed"] / ck["n_heads"]]
+    if "median_P_scrambled" in ck:
+        arrays.append(ck["median_P_scrambled"])
+        fig.add_trace(go.Scatter(x=ck[xcol], y=ck["median_P_scrambled"], mode="lines", name="median scrambled P",
+                                 line={"dash": "dot"}))
+    sus = _suspect_points(tr)
+    if len(sus):
+        fig.add_trace(go.Scatter(x=sus[xcol], y=sus["median_P"], mode="markers", name="identical / shared-layer checkpoint",
+                                 marker={"symbol": "x-open", "size": 14, "color": "black"}))
+    fig.update_layout(title="All heads over training", xaxis_title=xtitle, yaxis_title="P / fraction",
+                      yaxis={"type": "log", "range": log_P_range(*arrays)} if log_y else {"range": [0, 1.02]},
+                      template="plotly_white")
+    return fig
+
+
+def report_figures(rep: Any) -> list[go.Figure]:
+    """The figures of a report page, in order: heatmap; with controls the scramble figures;
+    with the algebra its per-layer summary."""
+    figs = [heads_heatmap(rep)]
+    if "P_scrambled_median" in rep.heads.columns:
+        figs += scramble_figures(rep)
+    alg = rep.algebra
+    if alg is not None and not alg.empty:
+        figs.append(algebra_summary_figure(alg))
+    return figs

@@ -1,0 +1,171 @@
+"""The standalone report page: leads with the answer, then the evidence, then the details.
+
+Order: a headline sentence (model, weights, how many heads closed, against what null);
+the closed heads sorted by P; the heatmap with closed cells ringed; the paper comparison;
+the controls' figures; the shared-value algebra summarized (per-layer panels folded
+away); the attention view when asked; then every head and layer in sortable tables and
+the summary as readable tables. Figures are plotly (plotly.js inlined once), sortable tables
+itables' DataTables in offline mode, the page a jinja2 template
+(``data/report.html.j2``): it renders with no network.
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import OptionError
+from .figures import algebra_figures, algebra_summary_figure, heads_heatmap, scramble_figures
+from .text import format_P, headline, summary_sections
+
+__all__ = ["closed_heads_table", "report_html", "save_report_html"]
+
+
+def _fig_div(fig: Any, first: bool) -> str:
+    return str(fig.to_html(full_html=False, include_plotlyjs=True if first else False))
+
+
+def _table_html(df: pd.DataFrame) -> str:
+    return str(df.to_html(index=False, classes="tli", border=0, escape=True))
+
+
+def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
+    """The closed heads sorted by P as display strings (or, when none is closed, the top 10 by P).
+
+    Columns: ``head`` (``L10H8``), ``layer``, ``head index``, ``kv head``, ``alpha``, ``P`` (never
+    rounded across the threshold); with controls ``scramble median P`` and ``scramble p-value``;
+    with the search ``feasible P``.
+    """
+    df = rep.closed_heads
+    if not len(df):
+        df = rep.heads.dropna(subset=["P"]).sort_values("P", ascending=False).head(10)
+    if limit is not None:
+        df = df.head(limit)
+    t = rep.threshold
+    out = pd.DataFrame({
+        "head": list(df.index),
+        "layer": df["layer"].astype(int).to_numpy(),
+        "head index": df["head"].astype(int).to_numpy(),
+        "kv head": df["kv_head"].astype(int).to_numpy(),
+        "alpha": [f"{a:.4g}" for a in df["alpha"]],
+        "P": [format_P(p, t) for p in df["P"]],
+    })
+    if "P_scrambled_median" in df.columns:
+        out["scramble median P"] = [f"{v:.3g}" for v in df["P_scrambled_median"]]
+        out["scramble p-value"] = [f"{v:.3g}" for v in df["p_value"]]
+    if "P_searched" in df.columns:
+        out["feasible P (search)"] = [format_P(v, t) for v in df["P_searched"]]
+    return out
+
+
+def _datatables_init() -> str:
+    """itables' offline init block (DataTables JS/CSS inlined)."""
+    import itables
+    from itables.javascript import generate_init_offline_itables_html
+
+    bundle = resources.files(itables).joinpath("html/dt_bundle.js")
+    return str(generate_init_offline_itables_html(str(bundle)))
+
+
+def _datatable(df: pd.DataFrame) -> str:
+    """A sortable, searchable table (itables, offline mode)."""
+    from itables import to_html_datatable
+
+    return str(to_html_datatable(df, connected=False, display_logo_when_loading=False, showIndex=False, maxBytes=0))
+
+
+def _display_frame(df: pd.DataFrame) -> pd.DataFrame:
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype.kind == "f":
+            out[col] = out[col].map(lambda v: f"{v:.6g}")
+    return out
+
+
+def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
+    """The standalone report page as a string (plotly.js inlined once; no remote scripts)."""
+    import jinja2
+
+    first = True
+
+    def div(fig: Any) -> str:
+        nonlocal first
+        out = _fig_div(fig, first)
+        first = False
+        return out
+
+    heat = div(heads_heatmap(rep))
+    sections: list[dict[str, Any]] = []
+    s = rep.summary
+    if "P_scrambled_median" in rep.heads.columns:
+        sections.append({"id": "controls", "title": "Null controls: orientation scramble and O/V mismatch",
+                         "note": "Each head's P against its own scramble null (same singular values, spans and "
+                                 "principal angles; Haar-random orientation), and per layer the matched O/V mismatch.",
+                         "figures": [div(f) for f in scramble_figures(rep)], "folded": []})
+    alg = rep.algebra
+    if alg is not None:
+        if alg.empty:
+            sections.append({"id": "algebra", "title": "Shared-value algebra", "note": alg.reason, "figures": [],
+                             "folded": []})
+        else:
+            per_layer = [div(f) for f in algebra_figures(alg)]
+            a = alg.summary
+            sections.append({
+                "id": "algebra", "title": "Shared-value algebra (GQA kv groups)",
+                "note": (f"{a['n_groups']} kv groups; median off-diagonal P_ij {a['median_P_offdiag']:.3g} "
+                         f"(the right-action law T_i T_j = α_j T_i predicts 1); median α spread "
+                         f"{a['median_alpha_spread']:.3g} (law: 0)."),
+                "figures": [div(algebra_summary_figure(alg))],
+                "folded": per_layer, "folded_title": f"Per-layer α_ij and P_ij matrices ({len(per_layer)} layers)"})
+    paper = rep.paper_table(formatted=True)
+    numeric = rep.paper_table()
+    not_run = numeric[~np.isfinite(numeric["value"].to_numpy(dtype=float))]
+    template = resources.files("tl_idempotence").joinpath("data/report.html.j2").read_text(encoding="utf-8")
+    env = jinja2.Environment(autoescape=jinja2.select_autoescape(default=True))
+    heads = _display_frame(rep.heads.reset_index())
+    return env.from_string(template).render(
+        title=f"Idempotence report: {s['model_name']}",
+        headline=headline(s, rep.threshold),
+        threshold=f"{rep.threshold:g}",
+        n_closed=int(s["n_closed"]),
+        closed_table=_table_html(closed_heads_table(rep)),
+        heatmap=heat,
+        paper_table=_table_html(paper),
+        paper_note=("Rows marked 'not run' need the controls: " + "; ".join(sorted(set(not_run["note"])))
+                    if len(not_run) else ""),
+        sections=sections,
+        extra_html=list(extra_html or []),
+        n_heads=len(rep.heads),
+        n_layers=len(rep.layers),
+        heads_table=_datatable(heads),
+        layers_table=_datatable(_display_frame(rep.layers)),
+        summary_tables=summary_sections(s),
+        datatables_init=_datatables_init(),
+    )
+
+
+def save_report_html(rep: Any, path: str | os.PathLike[str], attention_text: str | None = None, model: Any = None,
+                     attention_heads: Any = None, top_k: int | None = None, max_tokens: int = 64) -> Path:
+    """Write the report page to ``path`` (see :meth:`IdempotenceReport.save_html`).
+
+    Raises:
+        OptionError: the folder of ``path`` does not exist, or ``path`` is a folder.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise OptionError(f"Cannot write the report page to {p}: it is a folder; give a file name.")
+    if not p.parent.exists():
+        raise OptionError(f"Cannot write the report page to {p}: the folder {p.parent} does not exist.")
+    extra = []
+    if attention_text is not None:
+        from .attention import attention_section_html
+
+        extra.append(attention_section_html(rep, attention_text, model=model, heads=attention_heads, top_k=top_k,
+                                            max_tokens=max_tokens))
+    p.write_text(report_html(rep, extra_html=extra), encoding="utf-8")
+    return p

@@ -1,0 +1,224 @@
+"""Shared-value algebra (SPEC section 7): exact constructions, dense float64 reference, real model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import dense_T
+
+import tl_idempotence as tli
+from tl_idempotence.algebra import MHA_REASON, combine_layers, layer_algebra, shared_value_algebra
+from tl_idempotence.core.heads import LayerHeads, kv_layout
+from tl_idempotence.core.closure import closure_from_grams, layer_grams
+
+
+def _law_layer(seed: int = 1, d: int = 24, r: int = 4, n: int = 6, n_kv: int = 2, alphas=None):
+    """A GQA layer with Vᵀ O_j = alpha_j I exactly: O_j = alpha_j V (VᵀV)⁻¹ + N_j with Vᵀ N_j = 0."""
+    g = torch.Generator().manual_seed(seed)
+    V = torch.randn(n_kv, d, r, generator=g, dtype=torch.float64)
+    alphas = torch.tensor(alphas if alphas is not None else [1.5, -0.7, 2.0, 0.3, -3.0, 1.0][:n], dtype=torch.float64)
+    kv = kv_layout(n, n_kv)
+    O = []
+    for j in range(n):
+        Vg = V[kv[j]]
+        N = torch.randn(d, r, generator=g, dtype=torch.float64)
+        N = N - Vg @ torch.linalg.solve(Vg.T @ Vg, Vg.T @ N)
+        O.append(alphas[j] * Vg @ torch.linalg.inv(Vg.T @ Vg) + N)
+    return torch.stack(O), V, kv, alphas, g
+
+
+def _part(O, V, kv, threshold=0.9):
+    lh = LayerHeads(0, O, V, kv)
+    return layer_algebra(lh, layer_grams(lh.O, lh.V, lh.kv_head_of), threshold)
+
+
+def test_exact_right_action_law():
+    O, V, kv, alphas, _ = _law_layer()
+    p = _part(O, V, kv)
+    assert p.reason == ""
+    assert len(p.pairs) == 2 * 3 * 3
+    for row in p.pairs.itertuples():
+        assert row.alpha_ij == pytest.approx(float(alphas[row.j]), abs=1e-10, rel=1e-10)
+        assert abs(row.P_ij - 1.0) < 1e-10
+    h = p.heads.set_index("head")
+    assert (h["alpha_spread"] < 1e-10).all()
+    assert (np.abs(h["law_P"] - 1) < 1e-10).all()
+    np.testing.assert_allclose(h["law_alpha"], alphas.numpy(), rtol=1e-10)
+    assert (h["kernel_defect"] < 1e-10).all()
+    assert (h["idempotence_defect"] < 1e-6).all()  # sqrt(1/P - 1) with P = 1 - O(1e-16)
+    assert h["closed"].all()
+    g = p.groups
+    assert list(g["n_closed"]) == [3, 3]
+    assert (np.abs(g["median_P_offdiag"] - 1) < 1e-10).all()
+    # Every pair of closed heads of a group: distinct ranges (random N_j), angles in degrees.
+    assert len(p.closed_ranges) == 2 * 3
+    assert (p.closed_ranges["min_angle_deg"] > 1.0).all()
+    assert (p.closed_ranges["max_angle_deg"] <= 90.0 + 1e-9).all()
+
+
+def test_perturbation_lowers_P_monotonically():
+    O, V, kv, _, g = _law_layer()
+    E = torch.randn(O.shape, generator=g, dtype=torch.float64)
+    prev = None
+    for eps in [0.0, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]:
+        P = _part(O + eps * E, V, kv).pairs["P_ij"].to_numpy()
+        if prev is not None:
+            assert (P < prev).all(), f"P_ij did not drop at eps={eps}"
+        prev = P
+    assert prev.max() < 0.999
+
+
+def _dense_pair(Oi, Oj, V):
+    Ti, Tj = dense_T(Oi, V), dense_T(Oj, V)
+    TT = Ti @ Tj
+    ip = (TT * Ti).sum()
+    return float(ip / (Ti * Ti).sum()), float(ip**2 / ((TT * TT).sum() * (Ti * Ti).sum()))
+
+
+@pytest.mark.parametrize("n,n_kv", [(6, 2), (4, 1), (8, 2)])
+def test_pairs_match_dense_reference(n, n_kv):
+    g = torch.Generator().manual_seed(10 * n + n_kv)
+    d, r = 40, 5
+    O = torch.randn(n, d, r, generator=g, dtype=torch.float64)
+    V = torch.randn(n_kv, d, r, generator=g, dtype=torch.float64)
+    kv = kv_layout(n, n_kv)
+    p = _part(O, V, kv)
+    assert len(p.pairs) == n_kv * (n // n_kv) ** 2
+    for row in p.pairs.itertuples():
+        assert kv[row.i] == kv[row.j] == row.kv_head
+        a, P = _dense_pair(O[row.i], O[row.j], V[row.kv_head])
+        assert row.alpha_ij == pytest.approx(a, rel=1e-10)
+        assert row.P_ij == pytest.approx(P, rel=1e-9, abs=1e-14)
+    # Per-head derived columns against dense matrices.
+    for row in p.heads.itertuples():
+        Oj, Vg = O[row.head], V[row.kv_head]
+        T = dense_T(Oj, Vg)
+        Ebest = T / row.alpha
+        idem = float(torch.linalg.norm(Ebest @ Ebest - Ebest) / torch.linalg.norm(Ebest))
+        assert row.idempotence_defect == pytest.approx(idem, rel=1e-8)
+        Eproj = Oj @ torch.linalg.inv(Vg.T @ Oj) @ Vg.T  # projection onto span(O_j) along ker(Vᵀ)
+        assert torch.allclose(Eproj @ Eproj, Eproj, atol=1e-8)
+        kd = float(torch.linalg.norm(Ebest - Eproj) / torch.linalg.norm(Eproj))
+        assert row.kernel_defect == pytest.approx(kd, rel=1e-8)
+        MV = (Vg.T @ Oj) @ Vg.T
+        law_P = float((MV * Vg.T).sum() ** 2 / ((MV * MV).sum() * (Vg * Vg).sum()))
+        assert row.law_P == pytest.approx(law_P, rel=1e-9)
+        col = p.pairs[p.pairs["j"] == row.head]["alpha_ij"].to_numpy()
+        assert row.alpha_spread == pytest.approx((col.max() - col.min()) / np.abs(col).max(), rel=1e-12)
+
+
+def test_diagonal_is_core_closure_exactly():
+    g = torch.Generator().manual_seed(3)
+    O = torch.randn(9, 64, 8, generator=g)  # float32 weights, as in a real model
+    V = torch.randn(3, 64, 8, generator=g)
+    lh = LayerHeads(4, O, V, kv_layout(9, 3))
+    gr = layer_grams(lh.O, lh.V, lh.kv_head_of)
+    c = closure_from_grams(gr)
+    p = layer_algebra(lh, gr)
+    diag = p.pairs[p.pairs["diagonal"]].sort_values("i")
+    assert np.array_equal(diag["alpha_ij"].to_numpy(), c.alpha.numpy())
+    assert np.array_equal(diag["P_ij"].to_numpy(), c.P.numpy())
+    h = p.heads.sort_values("head")
+    assert np.array_equal(h["P"].to_numpy(), c.P.numpy())
+
+
+def test_closed_range_angles_match_independent_qr():
+    O, V, kv, _, _ = _law_layer(seed=5)
+    p = _part(O, V, kv)
+    for row in p.closed_ranges.itertuples():
+        Qa, _ = torch.linalg.qr(O[row.head_a])
+        Qb, _ = torch.linalg.qr(O[row.head_b])
+        cos = torch.linalg.svdvals(Qa.T @ Qb).clamp(max=1.0)
+        ang = np.degrees(np.arccos(cos.numpy()))
+        assert row.min_angle_deg == pytest.approx(ang.min(), abs=1e-6)
+        assert row.max_angle_deg == pytest.approx(ang.max(), abs=1e-6)
+        assert row.mean_cos2 == pytest.approx(float((cos**2).mean()), abs=1e-10)
+
+
+def test_mha_is_empty_with_reason():
+    g = torch.Generator().manual_seed(0)
+    O = torch.randn(4, 16, 4, generator=g)
+    V = torch.randn(4, 16, 4, generator=g)
+    p = _part(O, V, kv_layout(4, 4))
+    assert p.reason == MHA_REASON and len(p.pairs) == 0
+    res = combine_layers([p])
+    assert res.empty and res.reason == MHA_REASON
+    assert res.figures() == []
+    assert res.summary() == {"algebra_reason": MHA_REASON}
+
+
+def test_degenerate_heads_give_nan_with_reason():
+    O, V, kv, _, _ = _law_layer(n=3, n_kv=1, alphas=[1.0, 2.0, 0.5])
+    O[1] = 0.0  # zero head: T_1 = 0
+    p = _part(O, V, kv)
+    row = p.pairs[(p.pairs.i == 1)]
+    assert row["alpha_ij"].isna().all() and row["P_ij"].isna().all()
+    assert row["reason"].str.contains("zero").all()
+    # Right factor 1 (T_i T_1 = 0 for every i): alpha 0, P NaN, reason about the product.
+    col = p.pairs[(p.pairs.j == 1) & (p.pairs.i != 1)]
+    assert (col["alpha_ij"] == 0).all() and col["P_ij"].isna().all()
+    assert col["reason"].str.contains("T_i T_j ~ 0").all()
+    h1 = p.heads.set_index("head").loc[1]
+    assert np.isnan(h1["kernel_defect"]) and "kernel defect" in h1["reason"]
+    # The other heads are unaffected: exact law.
+    ok = p.pairs[(p.pairs.i != 1) & (p.pairs.j != 1)]
+    assert (np.abs(ok["P_ij"] - 1) < 1e-10).all()
+
+
+@pytest.mark.bridge
+def test_report_and_public_api_on_tiny_gqa_bridge(tmp_path):
+    from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+
+    model = bridge_from_dir(tiny_hf_dir(tmp_path / "tinyq", arch="llama", n_heads=8, n_kv_heads=2, d_model=64))
+    rep = tli.idempotence_report(model, algebra=True, progress=False)
+    alg = rep.algebra
+    assert alg.reason == "" and len(alg.groups) == 2 * 2 and len(alg.pairs) == 2 * 2 * 16
+    merged = alg.heads.merge(rep.heads, on=["layer", "head"], suffixes=("", "_core"))
+    assert np.array_equal(merged["P"].to_numpy(), merged["P_core"].to_numpy())
+    assert np.array_equal(merged["alpha"].to_numpy(), merged["alpha_core"].to_numpy())
+    figs = alg.figures()
+    assert len(figs) == 2 and len(figs[0].data) == 2 * 2  # alpha and P heatmap per kv group
+    assert rep.summary["algebra"] == alg.summary() and rep.summary["algebra"]["n_groups"] == 4
+    direct = shared_value_algebra(model, progress=False, layers=[1])
+    assert np.array_equal(direct.pairs["P_ij"].to_numpy(), alg.pairs[alg.pairs.layer == 1]["P_ij"].to_numpy())
+    with pytest.raises(ValueError, match="Unknown layer"):
+        shared_value_algebra(model, layers=[7], progress=False)
+    with pytest.raises(ValueError, match="threshold"):
+        shared_value_algebra(model, threshold=2.0, progress=False)
+    html = rep.save_html(str(tmp_path / "r.html"))
+    assert "Shared-value algebra, layer 1" in open(html, encoding="utf-8").read()
+
+
+@pytest.mark.bridge
+def test_mha_model_says_so(tmp_path):
+    from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+
+    model = bridge_from_dir(tiny_hf_dir(tmp_path / "tinyg", arch="gpt2", n_heads=4, d_model=32))
+    res = shared_value_algebra(model, progress=False)
+    assert res.empty and res.reason == "no exact value sharing (MHA)"
+    rep = tli.idempotence_report(model, algebra=True, progress=False)
+    assert rep.algebra.reason == "no exact value sharing (MHA)" and rep.algebra.figures() == []
+
+
+@pytest.mark.slow
+def test_smollm2_algebra():
+    """Real SmolLM2-135M (raw weights): 30 layers x 3 kv groups of 3 query heads."""
+    model = tli.models.load("smollm2-135m", progress=False)
+    rep = tli.idempotence_report(model, algebra=True, progress=False)
+    alg = rep.algebra
+    assert len(alg.groups) == 90 and len(alg.pairs) == 810
+    diag = alg.pairs[alg.pairs["diagonal"]].merge(rep.heads, left_on=["layer", "i"], right_on=["layer", "head"])
+    assert np.array_equal(diag["P_ij"].to_numpy(), diag["P"].to_numpy())
+    assert not alg.pairs["P_ij"].isna().any()
+    closed = alg.heads[alg.heads["closed"]]
+    assert len(closed) == int(rep.heads["closed"].sum()) == 13
+    # Measured (raw weights): closed heads follow the right-action law closely: alpha_ij spread
+    # over i <= 0.15 and law_P >= 0.88; across all groups the median off-diagonal P_ij is ~0.15.
+    assert (closed["alpha_spread"] < 0.2).all()
+    assert (closed["law_P"] > 0.85).all()
+    s = alg.summary()
+    assert 0.1 < s["median_P_offdiag"] < 0.25
+    # Closed heads sharing a kv group have distinct ranges (smallest principal angle ~19-27 degrees).
+    assert len(alg.closed_ranges) == 4
+    assert (alg.closed_ranges["min_angle_deg"] > 10).all()

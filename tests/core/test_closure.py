@@ -1,0 +1,252 @@
+"""Closure maths (SPEC 2-3) against exact constructions and the dense float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import dense_closure, oblique_projection, principal_cosines
+
+import tl_idempotence as tli
+from tl_idempotence.core.closure import closure_from_grams, grams, layer_grams
+from tl_idempotence.core.factors import rank_rtol
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def pair(O: torch.Tensor, V: torch.Tensor):
+    """(W_V, W_O) in TL row form from column-form (O, V)."""
+    return V, O.transpose(-1, -2)
+
+
+# ---------------------------------------------------------------- exact constructions
+
+
+def test_oblique_projection_has_P_1_alpha_1():
+    O, V = oblique_projection(40, 7, gen(1))
+    c = tli.closure(pair(O, V))
+    assert c.P.item() == pytest.approx(1.0, abs=1e-12)
+    assert c.alpha.item() == pytest.approx(1.0, abs=1e-12)
+    assert c.reason.item() == ""
+    # its eigenvalues are exactly 1 (r times)
+    assert torch.allclose(c.eigenvalues, torch.ones(7, dtype=torch.complex128), atol=1e-10)
+
+
+@pytest.mark.parametrize("scale", [3.5, -0.25, 1e-3])
+def test_scaled_projection_gives_alpha_c_same_P(scale):
+    O, V = oblique_projection(30, 5, gen(2))
+    c = tli.closure(pair(O * scale, V))
+    assert c.alpha.item() == pytest.approx(scale, rel=1e-12)
+    assert c.P.item() == pytest.approx(1.0, abs=1e-12)
+
+
+def test_nilpotent_head_alpha_zero_P_nan_with_reason():
+    d, r = 20, 4
+    E = torch.eye(d, dtype=torch.float64)
+    O = E[:, :r] @ torch.randn(r, r, generator=gen(3), dtype=torch.float64)
+    V = E[:, r : 2 * r]  # span(O) ⊂ ker(Vᵀ): T² = 0 but T ≠ 0
+    c = tli.closure(pair(O, V))
+    assert c.alpha.item() == 0.0
+    assert np.isnan(c.P.item())
+    assert "nilpotent" in c.reason.item()
+    assert c.norm.item() > 0
+
+
+def test_zero_head_nan_with_reason():
+    O = torch.zeros(16, 4, dtype=torch.float64)
+    V = torch.randn(16, 4, generator=gen(4), dtype=torch.float64)
+    c = tli.closure(pair(O, V))
+    assert np.isnan(c.alpha.item()) and np.isnan(c.P.item())
+    assert "zero head" in c.reason.item()
+    assert c.rank_O.item() == 0 and c.rank_V.item() == 4
+
+
+def test_degenerate_heads_in_a_batch_do_not_poison_others():
+    g = gen(5)
+    O = torch.randn(3, 16, 4, generator=g, dtype=torch.float64)
+    V = torch.randn(3, 16, 4, generator=g, dtype=torch.float64)
+    O[1] = 0
+    c = tli.closure(pair(O, V))
+    ref = dense_closure(O, V)
+    assert np.isnan(c.P[1].item())
+    for i in (0, 2):
+        assert c.P[i].item() == pytest.approx(ref["P"][i].item(), rel=1e-10)
+    assert list(c.reason) == ["", c.reason[1], ""]
+
+
+def test_negative_alpha_is_kept():
+    O, V = oblique_projection(25, 3, gen(6))
+    c = tli.closure(pair(-2.0 * O, V))
+    assert c.alpha.item() == pytest.approx(-2.0, rel=1e-12)
+
+
+# ---------------------------------------------------------------- dense reference
+
+
+def _rank_deficient(d: int, r: int, k: int, g: torch.Generator) -> torch.Tensor:
+    return torch.randn(d, k, generator=g, dtype=torch.float64) @ torch.randn(k, r, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(
+    "d,r,rank_O,rank_V",
+    [(48, 8, 8, 8), (96, 16, 16, 16), (300, 64, 64, 64), (600, 256, 256, 256), (64, 16, 10, 16), (64, 16, 12, 7)],
+)
+def test_every_field_matches_dense_reference(d, r, rank_O, rank_V):
+    g = gen(d + r)
+    O = _rank_deficient(d, r, rank_O, g)
+    V = _rank_deficient(d, r, rank_V, g)
+    c = tli.closure(pair(O, V))
+    ref = dense_closure(O, V)
+    for k in ["alpha", "P", "norm", "norm_T2", "inner"]:
+        assert getattr(c, k).item() == pytest.approx(ref[k].item(), rel=1e-10), k
+    assert c.rank_O.item() == rank_O and c.rank_V.item() == rank_V
+    assert c.rank_O.item() == np.linalg.matrix_rank(O.numpy())
+    # K: same singular values as T, ⟨KDK, K⟩ = ⟨T², T⟩, ‖KDK‖ = ‖T²‖
+    K, D = c.K, c.D
+    sv_T = torch.linalg.svdvals(ref["T"])[:r]
+    sv_K = torch.linalg.svdvals(K)
+    n = min(rank_O, rank_V)
+    assert torch.allclose(sv_K[:n], sv_T[:n], rtol=1e-10, atol=1e-10 * sv_T[0].item())
+    KDK = K @ torch.diag(D) @ K
+    assert (KDK * K).sum().item() == pytest.approx(ref["inner"].item(), rel=1e-10)
+    assert KDK.norm().item() == pytest.approx(ref["norm_T2"].item(), rel=1e-10)
+    # D: cosines of the principal angles between span(V) and span(O) (scipy)
+    cos_ref = principal_cosines(O, V)[:n]
+    assert np.allclose(D[:n].numpy(), cos_ref, atol=1e-10)
+    assert torch.all(D[n:] == 0)
+    # nonzero eigenvalues of T = eigenvalues of Vᵀ O
+    ev_T = torch.linalg.eigvals(ref["T"])
+    ev_T = ev_T[ev_T.abs().argsort(descending=True)][:n]
+    assert torch.allclose(c.eigenvalues[:n].abs(), ev_T.abs(), rtol=1e-8, atol=1e-8 * ev_T.abs()[0].item())
+
+
+def test_reconstruction_from_principal_coordinates():
+    """T = Q_O K Q_Vᵀ and T² = Q_O KDK Q_Vᵀ with Q's recovered from the returned factors."""
+    g = gen(11)
+    O = torch.randn(50, 6, generator=g, dtype=torch.float64)
+    V = torch.randn(50, 6, generator=g, dtype=torch.float64)
+    c = tli.closure(pair(O, V))
+    ref = dense_closure(O, V)
+    # Q_O, Q_V in principal coordinates: orthonormal bases with Q_Vᵀ Q_O = diag(D)
+    Qo, _ = torch.linalg.qr(O)
+    Qv, _ = torch.linalg.qr(V)
+    U, S, Wh = torch.linalg.svd(Qv.T @ Qo)
+    Qo, Qv = Qo @ Wh.T, Qv @ U
+    assert torch.allclose(S, c.D, atol=1e-12)
+    K = Qo.T @ ref["T"] @ Qv  # the principal-coordinate K up to signs of paired columns
+    assert torch.allclose(torch.linalg.svdvals(K), torch.linalg.svdvals(c.K), rtol=1e-10)
+    T2 = Qo @ (K @ torch.diag(S) @ K) @ Qv.T
+    assert torch.allclose(T2, ref["T2"], rtol=1e-9, atol=1e-9 * ref["T2"].abs().max().item())
+
+
+def test_batched_leading_dims_and_broadcast():
+    g = gen(12)
+    O = torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64)
+    V = torch.randn(1, 3, 40, 8, generator=g, dtype=torch.float64)
+    c = tli.closure(pair(O, V))
+    assert c.P.shape == (2, 3) and c.K.shape == (2, 3, 8, 8) and c.reason.shape == (2, 3)
+    ref = dense_closure(O, V.expand(2, 3, 40, 8))
+    assert torch.allclose(c.P, ref["P"], rtol=1e-10)
+    assert c[1, 2].P.item() == pytest.approx(ref["P"][1, 2].item(), rel=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_low_precision_input_gives_float64_on_the_stored_values(dtype):
+    g = gen(13)
+    O = torch.randn(64, 8, generator=g).to(dtype)
+    V = torch.randn(64, 8, generator=g).to(dtype)
+    c = tli.closure(pair(O, V))
+    assert c.P.dtype == torch.float64 and c.alpha.dtype == torch.float64
+    ref = dense_closure(O.double(), V.double())  # exactly the stored values, in float64
+    assert c.P.item() == pytest.approx(ref["P"].item(), rel=1e-10)
+    assert c.rtol == rank_rtol(64, 8, dtype)
+
+
+def test_float32_products_accuracy_bound():
+    g = gen(14)
+    O = torch.randn(16, 512, 64, generator=g)
+    V = torch.randn(16, 512, 64, generator=g)
+    c64 = closure_from_grams(grams(O, V))
+    c32 = closure_from_grams(grams(O, V, compute_dtype=torch.float32))
+    rel = ((c32.alpha - c64.alpha).abs() / c64.alpha.abs()).max().item()
+    assert rel < 1e-3
+    assert (c32.P - c64.P).abs().max().item() < 1e-5
+
+
+def test_factored_matrix_input_equals_pair():
+    from transformer_lens import FactoredMatrix
+
+    g = gen(15)
+    W_V = torch.randn(4, 32, 8, generator=g)
+    W_O = torch.randn(4, 8, 32, generator=g)
+    a = tli.closure(FactoredMatrix(W_V, W_O))
+    b = tli.closure((W_V, W_O))
+    assert torch.equal(a.P, b.P) and torch.equal(a.alpha, b.alpha)
+    ref = dense_closure(W_O.transpose(-1, -2), W_V)
+    assert torch.allclose(a.P, ref["P"], rtol=1e-10)
+
+
+def test_rotation_of_residual_basis_leaves_alpha_and_P_unchanged():
+    g = gen(16)
+    O = torch.randn(5, 64, 8, generator=g, dtype=torch.float64)
+    V = torch.randn(5, 64, 8, generator=g, dtype=torch.float64)
+    R, _ = torch.linalg.qr(torch.randn(64, 64, generator=g, dtype=torch.float64))
+    a = tli.closure(pair(O, V))
+    b = tli.closure(pair(R @ O, R @ V))
+    assert torch.allclose(a.P, b.P, rtol=1e-10) and torch.allclose(a.alpha, b.alpha, rtol=1e-10)
+    assert torch.allclose(a.D, b.D, atol=1e-10)
+
+
+def test_layer_grams_matches_expanded_pairs():
+    g = gen(17)
+    O = torch.randn(9, 48, 8, generator=g, dtype=torch.float64)
+    V = torch.randn(3, 48, 8, generator=g, dtype=torch.float64)
+    kv = torch.arange(9) // 3
+    a = closure_from_grams(layer_grams(O, V, kv))
+    b = closure_from_grams(grams(O, V[kv]))
+    assert torch.allclose(a.P, b.P, rtol=1e-12) and torch.allclose(a.alpha, b.alpha, rtol=1e-12)
+
+
+def test_random_gaussian_heads_have_small_P():
+    """SPEC 2: a random Gaussian head gives P = O(1/r²) on average."""
+    g = gen(18)
+    r = 32
+    O = torch.randn(200, 256, r, generator=g, dtype=torch.float64)
+    V = torch.randn(200, 256, r, generator=g, dtype=torch.float64)
+    P = tli.closure(pair(O, V), factors=False).P
+    assert 0.1 / r**2 < P.mean().item() < 10 / r**2
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_raise_clear_errors():
+    W_V = torch.randn(32, 8)
+    W_O = torch.randn(8, 32)
+    with pytest.raises(ValueError, match="do not pair"):
+        tli.closure((W_O, W_V.T.contiguous()[:4]))
+    with pytest.raises(ValueError, match="do not pair"):
+        tli.closure((W_V, torch.randn(8, 31)))
+    with pytest.raises(TypeError, match="FactoredMatrix"):
+        tli.closure(W_V)
+    with pytest.raises(TypeError, match="torch.Tensor or numpy"):
+        tli.closure(([1.0], [2.0]))
+    with pytest.raises(ValueError, match="broadcast"):
+        tli.closure((torch.randn(3, 32, 8), torch.randn(2, 8, 32)))
+    bad = W_V.clone()
+    bad[5, 2] = float("nan")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        tli.closure((bad, W_O))
+    with pytest.raises(TypeError, match="floating point"):
+        tli.closure((W_V.long(), W_O.long()))
+
+
+def test_numpy_input_accepted():
+    g = np.random.default_rng(0)
+    W_V = g.standard_normal((32, 8))
+    W_O = g.standard_normal((8, 32))
+    c = tli.closure((W_V, W_O))
+    ref = dense_closure(torch.from_numpy(W_O.T), torch.from_numpy(W_V))
+    assert c.P.item() == pytest.approx(ref["P"].item(), rel=1e-10)

@@ -1,0 +1,287 @@
+"""Shared test helpers: the dense float64 reference and synthetic checkpoint writers.
+
+* Dense reference (test-only): materializes T = O Vᵀ and T² (column form); every test that
+  checks a factored computation compares against these functions.
+* Checkpoint writers: safetensors directories with real tensor names and layouts.
+* ``Interrupting``: a HeadSource that dies at a chosen layer and counts what it read.
+
+Tests import this module (``from helpers import ...``; tests/conftest.py puts tests/ on the
+path); test modules never import each other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+from safetensors.torch import save_file
+
+from tl_idempotence.core.closure import closure_from_grams, layer_grams
+from tl_idempotence.core.heads import LayerHeads, ModelInfo, kv_layout
+
+
+def dense_T(O: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """T = O Vᵀ, [..., d_model, d_model], float64."""
+    return O.double() @ V.double().transpose(-1, -2)
+
+
+def dense_closure(O: torch.Tensor, V: torch.Tensor) -> dict:
+    """alpha, P, norms from materialized T and T² (SPEC section 2)."""
+    T = dense_T(O, V)
+    T2 = T @ T
+    inner = (T2 * T).sum((-1, -2))
+    nT = T.pow(2).sum((-1, -2)).sqrt()
+    nT2 = T2.pow(2).sum((-1, -2)).sqrt()
+    alpha = inner / nT**2
+    P = inner**2 / (nT2**2 * nT**2)
+    return {"alpha": alpha, "P": P, "norm": nT, "norm_T2": nT2, "inner": inner, "T": T, "T2": T2}
+
+
+def principal_cosines(O: torch.Tensor, V: torch.Tensor) -> np.ndarray:
+    """Cosines of principal angles between span(V) and span(O), descending (scipy)."""
+    ang = scipy.linalg.subspace_angles(V.double().numpy(), O.double().numpy())
+    return np.sort(np.cos(ang))[::-1]
+
+
+def oblique_projection(d: int, r: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, V) with O Vᵀ = A (B A)^{-1} B, an exact oblique projection (P = 1, α = 1)."""
+    A = torch.randn(d, r, generator=gen, dtype=torch.float64)
+    B = torch.randn(r, d, generator=gen, dtype=torch.float64)
+    O = A @ torch.linalg.inv(B @ A)
+    V = B.T.contiguous()
+    return O, V
+
+
+ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def write_sparse_shard(path: Path, specs: dict[str, tuple[list[int], str]],
+                       tensors: dict[str, torch.Tensor] | None = None) -> int:
+    """A safetensors file whose ``specs`` tensors are all-zero holes (no disk, no write time).
+
+    The safetensors format (8-byte little-endian header length, JSON header with
+    ``dtype``/``shape``/``data_offsets``, then data) is written by hand only because the
+    library needs every tensor in memory; ``tensors`` (real data) are written at their
+    offsets, the rest of the data region is left as a sparse hole. Returns the file size.
+    """
+    size_of = {"F32": 4, "BF16": 2, "F16": 2}
+    tensors = tensors or {}
+    entries = {**{n: (list(t.shape), ST_DTYPES[t.dtype]) for n, t in tensors.items()}, **specs}
+    header, off = {}, 0
+    for name, (shape, dt) in entries.items():
+        n = int(np.prod(shape)) * size_of[dt]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    start = 8 + len(hb)
+    with open(path, "wb") as f:
+        f.write(len(hb).to_bytes(8, "little"))
+        f.write(hb)
+        for name, t in tensors.items():
+            f.seek(start + header[name]["data_offsets"][0])
+            f.write(t.contiguous().view(torch.uint8).numpy().tobytes())
+        f.truncate(start + off)
+    return start + off
+
+
+def write_checkpoint(
+    d: Path,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    n_shards: int = 3,
+    sparse: dict[str, tuple[list[int], str]] | None = None,
+) -> Path:
+    """config.json + ``n_shards`` safetensors shards (round robin) + index; optional sparse shard."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(config))
+    names = list(tensors)
+    total = n_shards + (1 if sparse else 0)
+    weight_map = {}
+    for i in range(n_shards):
+        fname = f"model-{i + 1:05d}-of-{total:05d}.safetensors"
+        part = {n: tensors[n].contiguous() for n in names[i::n_shards]}
+        save_file(part, str(d / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    if sparse:
+        fname = f"model-{total:05d}-of-{total:05d}.safetensors"
+        write_sparse_shard(d / fname, sparse)
+        weight_map.update({n: fname for n in sparse})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return d
+
+
+def random_heads(n_layers, nq, nkv, dm, dh, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    O = [torch.randn(nq, dm, dh, generator=g) / dm**0.5 for _ in range(n_layers)]
+    V = [torch.randn(nkv, dm, dh, generator=g) / dm**0.5 for _ in range(n_layers)]
+    return O, V, g
+
+
+def llama_like(d: Path, model_type="llama", n_layers=3, nq=6, nkv=2, dm=48, dh=8, dtype=torch.float32,
+               n_experts=0, **kw) -> tuple[Path, list, list]:
+    """Llama/Qwen3(-MoE) names: model.layers.{l}.self_attn.{q,k,v,o}_proj.weight (+ MLP or experts)."""
+    O, V, g = random_heads(n_layers, nq, nkv, dm, dh)
+    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": torch.randn(50, dm, generator=g),
+                                  "model.norm.weight": torch.ones(dm), "lm_head.weight": torch.randn(50, dm, generator=g)}
+    for l in range(n_layers):
+        p = f"model.layers.{l}."
+        t[p + "self_attn.q_proj.weight"] = torch.randn(nq * dh, dm, generator=g)
+        t[p + "self_attn.k_proj.weight"] = torch.randn(nkv * dh, dm, generator=g)
+        t[p + "self_attn.v_proj.weight"] = V[l].transpose(1, 2).reshape(nkv * dh, dm)
+        t[p + "self_attn.o_proj.weight"] = O[l].permute(1, 0, 2).reshape(dm, nq * dh)
+        t[p + "input_layernorm.weight"] = torch.ones(dm)
+        if n_experts:
+            t[p + "mlp.gate.weight"] = torch.randn(n_experts, dm, generator=g)
+            for e in range(n_experts):
+                for w, shp in (("gate_proj", (16, dm)), ("up_proj", (16, dm)), ("down_proj", (dm, 16))):
+                    t[p + f"mlp.experts.{e}.{w}.weight"] = torch.randn(*shp, generator=g)
+        else:
+            t[p + "mlp.down_proj.weight"] = torch.randn(dm, 2 * dm, generator=g)
+    t = {k: v.to(dtype) for k, v in t.items()}
+    cfg = {"model_type": model_type, "architectures": ["X"], "hidden_size": dm, "num_attention_heads": nq,
+           "num_key_value_heads": nkv, "num_hidden_layers": n_layers, "head_dim": dh, "torch_dtype": str(dtype)}
+    return write_checkpoint(d, cfg, t, **kw), O, V
+
+
+def neox_like(d: Path, n_layers=2, nq=4, dm=32) -> tuple[Path, list, list]:
+    """GPT-NeoX: gpt_neox.layers.{l}.attention.query_key_value.weight, per head [q; k; v] interleaved."""
+    dh = dm // nq
+    O, V, g = random_heads(n_layers, nq, nq, dm, dh)
+    t = {"gpt_neox.embed_in.weight": torch.randn(50, dm, generator=g)}
+    for l in range(n_layers):
+        p = f"gpt_neox.layers.{l}.attention."
+        q = torch.randn(nq, dh, dm, generator=g)
+        k = torch.randn(nq, dh, dm, generator=g)
+        qkv = torch.stack([q, k, V[l].transpose(1, 2)], dim=1)  # [n_heads, 3, d_head, d_model]
+        t[p + "query_key_value.weight"] = qkv.reshape(3 * nq * dh, dm)
+        t[p + "query_key_value.bias"] = torch.randn(3 * nq * dh, generator=g)
+        t[p + "dense.weight"] = O[l].permute(1, 0, 2).reshape(dm, nq * dh)
+    cfg = {"model_type": "gpt_neox", "hidden_size": dm, "num_attention_heads": nq, "num_hidden_layers": n_layers}
+    return write_checkpoint(d, cfg, t, n_shards=2), O, V
+
+
+def gpt2_like(d: Path, n_layers=2, nq=4, dm=32) -> tuple[Path, list, list]:
+    """GPT-2: transformer.h.{l}.attn.c_attn.weight Conv1D [d_model, 3 d_model]; c_proj Conv1D [d_model, d_model]."""
+    dh = dm // nq
+    O, V, g = random_heads(n_layers, nq, nq, dm, dh)
+    t = {"transformer.wte.weight": torch.randn(50, dm, generator=g)}
+    for l in range(n_layers):
+        p = f"transformer.h.{l}.attn."
+        qk = torch.randn(dm, 2 * dm, generator=g)
+        t[p + "c_attn.weight"] = torch.cat([qk, V[l].permute(1, 0, 2).reshape(dm, nq * dh)], dim=1)
+        t[p + "c_proj.weight"] = O[l].transpose(1, 2).reshape(nq * dh, dm)  # y = z @ W: rows = head inputs
+        t[f"transformer.h.{l}.mlp.c_fc.weight"] = torch.randn(dm, 4 * dm, generator=g)
+    cfg = {"model_type": "gpt2", "n_embd": dm, "n_head": nq, "n_layer": n_layers}
+    return write_checkpoint(d, cfg, t, n_shards=2), O, V
+
+
+def expected_heads(O, V, nq, nkv):
+    """Report rows computed in memory from the same tensors (float64, same code path as the report)."""
+    kv = kv_layout(nq, nkv)
+    out = []
+    for l in range(len(O)):
+        c = closure_from_grams(layer_grams(O[l], V[l], kv))
+        out.append((c.P.numpy(), c.alpha.numpy()))
+    return np.concatenate([p for p, _ in out]), np.concatenate([a for _, a in out])
+
+
+def assert_matches(rep, O, V, nq, nkv):
+    P, alpha = expected_heads(O, V, nq, nkv)
+    np.testing.assert_allclose(rep.heads["P"].to_numpy(), P, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(rep.heads["alpha"].to_numpy(), alpha, rtol=1e-10, atol=1e-12)
+    # and one head against the dense float64 reference (T materialized)
+    kv = kv_layout(nq, nkv)
+    ref = dense_closure(O[1][3].double(), V[1][kv[3]].double())
+    h = rep.heads
+    row = h[(h["layer"] == 1) & (h["head"] == 3)].iloc[0]
+    assert row["P"] == pytest.approx(float(ref["P"]), abs=1e-10)
+    assert row["alpha"] == pytest.approx(float(ref["alpha"]), rel=1e-9)
+
+
+
+
+# --------------------------------------------------------------------------- heads with known geometry
+
+F64 = torch.float64
+
+
+def head_with(S, cos, d, gen, R1=None, R2=None):
+    """(O, V) column form with Q_Vᵀ Q_O = diag(cos) and K = R1 diag(S) R2ᵀ (T = Q_O K Q_Vᵀ)."""
+    r = len(S)
+    E, _ = torch.linalg.qr(torch.randn(d, 2 * r, generator=gen, dtype=F64))
+    E1, E2 = E[:, :r], E[:, r:]
+    cos = torch.as_tensor(cos, dtype=F64)
+    Q_V = E1
+    Q_O = E1 * cos + E2 * (1 - cos**2).clamp_min(0).sqrt()
+    R1 = torch.eye(r, dtype=F64) if R1 is None else R1
+    R2 = torch.eye(r, dtype=F64) if R2 is None else R2
+    K = (R1 * torch.as_tensor(S, dtype=F64)) @ R2.T
+    return Q_O @ K, Q_V
+
+
+def closed_head_for(V, cos, gen):
+    """O such that T = O Vᵀ = Q_O diag(1/cos) Q_Vᵀ (an oblique projection, P = 1, α = 1) with the
+    principal cosines ``cos`` between span(O) and span(V): well-conditioned when cos is not small."""
+    d, r = V.shape
+    Q_V, _ = torch.linalg.qr(V)
+    E = torch.randn(d, r, generator=gen, dtype=F64)
+    E2, _ = torch.linalg.qr(E - Q_V @ (Q_V.T @ E))
+    cos = torch.as_tensor(cos, dtype=F64)
+    Q_O = Q_V * cos + E2 * (1 - cos**2).sqrt()
+    T = (Q_O / cos) @ Q_V.T
+    return T @ V @ torch.linalg.inv(V.T @ V)
+
+
+def principal_bases(O, V):
+    """Test-side principal coordinates: orthonormal Q_O [d, rank_O], Q_V [d, rank_V] with Q_Vᵀ Q_O = diag."""
+    Q_O0 = torch.from_numpy(scipy.linalg.orth(O.numpy(), rcond=1e-9))
+    Q_V0 = torch.from_numpy(scipy.linalg.orth(V.numpy(), rcond=1e-9))
+    U, sig, Wh = torch.linalg.svd(Q_V0.T @ Q_O0)
+    return Q_O0 @ Wh.T, Q_V0 @ U, sig
+
+
+def pair(O, V):
+    """TL row form (W_V, W_O) from the column form."""
+    return V, O.transpose(-1, -2)
+
+
+class SyntheticSource:
+    """A minimal HeadSource over given LayerHeads (no TransformerLens)."""
+
+    def __init__(self, lhs, name="synthetic"):
+        self._lhs = {lh.layer: lh for lh in lhs}
+        lh0 = lhs[0]
+        self.info = ModelInfo(
+            model_name=name, model_class="SyntheticSource", n_layers=len(lhs), n_heads=lh0.n_heads,
+            n_kv_heads=lh0.n_kv_heads, d_model=lh0.d_model, d_head=lh0.d_head,
+        )
+
+    def layers(self):
+        return iter(self._lhs)
+
+    def layer_heads(self, layer):
+        return self._lhs[layer]
+
+    def __iter__(self):
+        return iter(self._lhs.values())
+
+
+def gaussian_layer(layer, n_heads, n_kv, d, r, seed):
+    g = torch.Generator().manual_seed(seed)
+    O = torch.randn(n_heads, d, r, generator=g, dtype=F64)
+    V = torch.randn(n_kv, d, r, generator=g, dtype=F64)
+    return LayerHeads(layer, O, V, kv_layout(n_heads, n_kv))
+
+
+
+
+def dense_closure_T(T):
+    T2 = T @ T
+    inner = (T2 * T).sum()
+    return inner**2 / ((T2 * T2).sum() * (T * T).sum())
