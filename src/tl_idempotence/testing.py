@@ -47,26 +47,48 @@ def tiny_hf_dir(
     """
     import transformers
 
+    cfg: Any
+    model: Any
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     if arch == "llama":
         cfg = transformers.LlamaConfig(
-            hidden_size=d_model, intermediate_size=2 * d_model, num_hidden_layers=n_layers,
-            num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, vocab_size=vocab_size,
-            max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=3, **config_kwargs,
+            hidden_size=d_model,
+            intermediate_size=2 * d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            num_key_value_heads=n_kv_heads,
+            vocab_size=vocab_size,
+            max_position_embeddings=128,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=3,
+            **config_kwargs,
         )
         model = transformers.LlamaForCausalLM(cfg)
     elif arch == "gpt2":
         cfg = transformers.GPT2Config(
-            n_embd=d_model, n_layer=n_layers, n_head=n_heads, vocab_size=vocab_size, n_positions=128,
-            bos_token_id=1, eos_token_id=2, **config_kwargs,
+            n_embd=d_model,
+            n_layer=n_layers,
+            n_head=n_heads,
+            vocab_size=vocab_size,
+            n_positions=128,
+            bos_token_id=1,
+            eos_token_id=2,
+            **config_kwargs,
         )
         model = transformers.GPT2LMHeadModel(cfg)
     elif arch == "bert":
         cfg = transformers.BertConfig(
-            hidden_size=d_model, num_hidden_layers=n_layers, num_attention_heads=n_heads,
-            intermediate_size=2 * d_model, vocab_size=vocab_size, max_position_embeddings=128, **config_kwargs,
+            hidden_size=d_model,
+            num_hidden_layers=n_layers,
+            num_attention_heads=n_heads,
+            intermediate_size=2 * d_model,
+            vocab_size=vocab_size,
+            max_position_embeddings=128,
+            **config_kwargs,
         )
         model = transformers.BertForMaskedLM(cfg)
     else:
@@ -87,8 +109,8 @@ def hooked_from_dir(path: str | Path, hf_model: Any = None):
         ImportError: the installed transformer-lens has no HookedTransformer (4.x).
     """
     try:
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
         import transformer_lens.loading_from_pretrained as lfp
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
     except ImportError as e:  # pragma: no cover - TL 4.x
         raise ImportError("HookedTransformer needs transformer-lens 3.x; use bridge_from_dir on 4.x.") from e
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -101,8 +123,12 @@ def hooked_from_dir(path: str | Path, hf_model: Any = None):
     sd = lfp.get_pretrained_state_dict(path, cfg, hf_model=hf)
     model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(path))
     model.load_and_process_state_dict(
-        sd, fold_ln=False, center_writing_weights=False, center_unembed=False,
-        fold_value_biases=False, refactor_factored_attn_matrices=False,
+        sd,
+        fold_ln=False,
+        center_writing_weights=False,
+        center_unembed=False,
+        fold_value_biases=False,
+        refactor_factored_attn_matrices=False,
     )
     model.eval()
     return model

@@ -39,7 +39,8 @@ Controls (same tokens, same ``y_t``; both statistics are scale-invariant in ``y`
 
 Tokens and special positions: texts are tokenized without special tokens, joined with
 a separator (``[SEP]`` when the tokenizer has one, else EOS) into one stream and cut
-into windows of ``seq_len`` tokens, each wrapped the way the model expects (the tokenizer's own special tokens, e.g. BERT's
+into windows of ``seq_len`` tokens, each wrapped the way the model expects (the tokenizer's own special tokens,
+e.g. BERT's
 ``[CLS] … [SEP]``; otherwise, when ``cfg.default_prepend_bos`` is set, the BOS token
 that TransformerLens's ``to_tokens`` would prepend — ``<|im_start|>`` for SmolLM2). So
 no window is padded. Every position whose token is a special token of the tokenizer
@@ -131,14 +132,16 @@ def _ratio(ip: Tensor, ny2: Tensor, nTy2: Tensor) -> tuple[Tensor, Tensor]:
     return a, cos2
 
 
-def _layer_ops(src: TLModelSource, layer: int, heads: list[int], control: str | None, n_control_draws: int,
-               seed: int) -> _LayerOps:
+def _layer_ops(
+    src: TLModelSource, layer: int, heads: list[int], control: str | None, n_control_draws: int, seed: int
+) -> _LayerOps:
     lh = src.layer_heads(layer)
     lh.check_finite()
     g = layer_grams(lh.O, lh.V, lh.kv_head_of)
     if g.e_T is not None:
         raise WeightError(
-            f"Layer {layer}: the weights are far outside the ordinary range (they had to be rescaled by 2^{int(g.e_T.abs().max())} "
+            f"Layer {layer}: the weights are far outside the ordinary range (rescaled by "
+            f"2^{int(g.e_T.abs().max())} for the products); "
             "for the products); a forward pass through them overflows, so activation returns are not defined."
         )
     c = closure_from_grams(g)
@@ -146,8 +149,17 @@ def _layer_ops(src: TLModelSource, layer: int, heads: list[int], control: str | 
     G_O, M = g.G_O[idx], g.M[idx]
     G_V = g.G_V[idx]
     ops = _LayerOps(
-        layer=layer, heads=list(heads), kv=lh.kv_head_of[idx].tolist(), G_O=G_O, M=M,
-        alpha=c.alpha[idx].numpy(), P=c.P[idx].numpy(), ctrl=None, Aw=None, V=None, O=None,
+        layer=layer,
+        heads=list(heads),
+        kv=lh.kv_head_of[idx].tolist(),
+        G_O=G_O,
+        M=M,
+        alpha=c.alpha[idx].numpy(),
+        P=c.P[idx].numpy(),
+        ctrl=None,
+        Aw=None,
+        V=None,
+        O=None,
     )
     if control == "scramble":
         s_O, W_O, _ = _eig_factors(G_O, c.rtol)
@@ -171,7 +183,9 @@ def _layer_ops(src: TLModelSource, layer: int, heads: list[int], control: str | 
     return ops
 
 
-def _control_returns(ops: _LayerOps, z: Tensor, control: str | None, gen: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def _control_returns(
+    ops: _LayerOps, z: Tensor, control: str | None, gen: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
     """Control (a, cos2) per token and head: ``[n_tok * draws, h]``."""
     z = z.to(torch.float64)  # [n_tok, h, r]
     if control == "scramble":
@@ -185,7 +199,7 @@ def _control_returns(ops: _LayerOps, z: Tensor, control: str | None, gen: torch.
         return a.flatten(0, 1), c2.flatten(0, 1)
     # random: isotropic Gaussian residual vectors through the real T.
     assert ops.O is not None and ops.V is not None
-    n_tok, h, _ = z.shape
+    n_tok = z.shape[0]
     d = ops.O.shape[1]
     x = torch.randn(n_tok, d, generator=gen, dtype=torch.float64)
     Vx = torch.einsum("kdr,td->tkr", ops.V, x)[:, ops.kv]
@@ -229,8 +243,13 @@ class ActivationReturns(Result):
     info: ModelInfo
     options: dict[str, Any] = field(default_factory=dict)
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "n_tokens", "median_cos2_all", "median_cos2_closed",
-                                            "median_ctrl_cos2_all")
+    repr_keys: ClassVar[tuple[str, ...]] = (
+        "n_heads",
+        "n_tokens",
+        "median_cos2_all",
+        "median_cos2_closed",
+        "median_ctrl_cos2_all",
+    )
 
     def figure(self) -> Any:
         """Plotly scatter: per head, median cos²(Ty, y) on text vs weight-level P (control in grey)."""
@@ -298,8 +317,9 @@ def activation_returns(
     from tqdm.auto import tqdm
 
     if n_control_draws is not None:
-        warnings.warn("activation_returns(n_control_draws=...) is deprecated; use nulls=...", DeprecationWarning,
-                      stacklevel=2)
+        warnings.warn(
+            "activation_returns(n_control_draws=...) is deprecated; use nulls=...", DeprecationWarning, stacklevel=2
+        )
         nulls = n_control_draws
     if not is_tl_model(model):
         raise UnsupportedModelError(
@@ -315,7 +335,9 @@ def activation_returns(
     progress = check_bool(progress, "progress")
     src = TLModelSource(model)
     sel = select_heads(heads, list(src.layers()), src.info.n_heads)
-    toks, counted = prepare_tokens(model, texts_or_tokens, seq_len=seq_len, max_tokens=max_tokens, text_column=text_column)
+    toks, counted = prepare_tokens(
+        model, texts_or_tokens, seq_len=seq_len, max_tokens=max_tokens, text_column=text_column
+    )
     if not bool(counted.any()):
         raise OptionError("Every position is a special token (BOS/EOS/PAD/CLS/SEP): there is no text to measure.")
     ops = {l: _layer_ops(src, l, hs, control, n_control_draws, seed) for l, hs in sel.items()}
@@ -351,7 +373,9 @@ def activation_returns(
     device = getattr(model.cfg, "device", None) or "cpu"
     try:
         with torch.no_grad():
-            for start in tqdm(range(0, len(toks), batch_size), desc="activation returns", unit="batch", disable=not progress):
+            for start in tqdm(
+                range(0, len(toks), batch_size), desc="activation returns", unit="batch", disable=not progress
+            ):
                 batch = toks[start : start + batch_size]
                 cur_mask["m"] = counted[start : start + batch_size]
                 if not bool(cur_mask["m"].any()):
@@ -373,18 +397,29 @@ def activation_returns(
         for k, h in enumerate(o.heads):
             ak, ck = a[:, k], c2[:, k]
             row = {
-                "layer": l, "head": h, "kv_head": o.kv[k], "alpha": float(o.alpha[k]), "P": float(o.P[k]),
+                "layer": l,
+                "head": h,
+                "kv_head": o.kv[k],
+                "alpha": float(o.alpha[k]),
+                "P": float(o.P[k]),
                 "closed": bool(np.isfinite(o.P[k]) and o.P[k] >= threshold),
                 "n_tokens": int(np.isfinite(ak).sum()),
-                "a_median": _q(ak, 0.5), "a_q25": _q(ak, 0.25), "a_q75": _q(ak, 0.75),
-                "a_min": _q(ak, 0.0), "a_max": _q(ak, 1.0),
-                "cos2_median": _q(ck, 0.5), "cos2_q25": _q(ck, 0.25), "cos2_q75": _q(ck, 0.75), "cos2_min": _q(ck, 0.0),
+                "a_median": _q(ak, 0.5),
+                "a_q25": _q(ak, 0.25),
+                "a_q75": _q(ak, 0.75),
+                "a_min": _q(ak, 0.0),
+                "a_max": _q(ak, 1.0),
+                "cos2_median": _q(ck, 0.5),
+                "cos2_q25": _q(ck, 0.25),
+                "cos2_q75": _q(ck, 0.75),
+                "cos2_min": _q(ck, 0.0),
             }
             row["a_iqr"] = row["a_q75"] - row["a_q25"]
             row["cos2_iqr"] = row["cos2_q75"] - row["cos2_q25"]
             row["a_median_over_alpha"] = row["a_median"] / row["alpha"] if row["alpha"] else float("nan")
             row["cos2_median_minus_P"] = row["cos2_median"] - row["P"]
             if control:
+                assert ca is not None and cc is not None
                 row["ctrl_a_median"] = _q(ca[:, k], 0.5)
                 row["ctrl_a_iqr"] = _q(ca[:, k], 0.75) - _q(ca[:, k], 0.25)
                 row["ctrl_cos2_median"] = _q(cc[:, k], 0.5)
@@ -404,7 +439,7 @@ def activation_returns(
         "model_name": src.info.model_name,
         "n_heads": len(df),
         "n_tokens": n_tok,
-        "n_windows": int(len(toks)),
+        "n_windows": len(toks),
         "n_closed": int(closed.sum()),
         "median_cos2_all": med("cos2_median"),
         "median_cos2_closed": med("cos2_median", closed),
@@ -418,12 +453,19 @@ def activation_returns(
                 "median_ctrl_cos2_all": med("ctrl_cos2_median"),
                 "median_ctrl_cos2_closed": med("ctrl_cos2_median", closed),
                 "frac_beats_control": float(df["cos2_beats_control"].mean()),
-                "frac_closed_beats_control": float(df.loc[closed, "cos2_beats_control"].mean()) if closed.any() else float("nan"),
+                "frac_closed_beats_control": float(df.loc[closed, "cos2_beats_control"].mean())
+                if closed.any()
+                else float("nan"),
             }
         )
     options = {
-        "control": control, "nulls": n_control_draws if control == "scramble" else None, "seed": seed,
-        "seq_len": seq_len, "max_tokens": max_tokens, "batch_size": batch_size, "threshold": threshold,
+        "control": control,
+        "nulls": n_control_draws if control == "scramble" else None,
+        "seed": seed,
+        "seq_len": seq_len,
+        "max_tokens": max_tokens,
+        "batch_size": batch_size,
+        "threshold": threshold,
         "corpus": "default (stdlib docstrings)" if texts_or_tokens is None else type(texts_or_tokens).__name__,
         "excluded_positions": "special tokens (BOS/CLS/EOS/SEP/PAD)",
     }

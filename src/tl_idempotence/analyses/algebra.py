@@ -58,7 +58,7 @@ No approximate-sharing analysis is offered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -89,12 +89,33 @@ MHA_REASON = "no exact value sharing (MHA)"
 
 PAIR_COLUMNS = ["layer", "kv_head", "i", "j", "alpha_ij", "P_ij", "norm_TiTj", "diagonal", "reason"]
 HEAD_COLUMNS = [
-    "layer", "kv_head", "head", "alpha", "P", "closed", "alpha_ij_min", "alpha_ij_max", "alpha_spread",
-    "law_alpha", "law_P", "idempotence_defect", "kernel_defect", "reason",
+    "layer",
+    "kv_head",
+    "head",
+    "alpha",
+    "P",
+    "closed",
+    "alpha_ij_min",
+    "alpha_ij_max",
+    "alpha_spread",
+    "law_alpha",
+    "law_P",
+    "idempotence_defect",
+    "kernel_defect",
+    "reason",
 ]
 GROUP_COLUMNS = [
-    "layer", "kv_head", "n_heads", "heads", "n_closed", "median_P_pairs", "median_P_offdiag", "min_P_offdiag",
-    "median_alpha_spread", "max_alpha_spread", "law_score",
+    "layer",
+    "kv_head",
+    "n_heads",
+    "heads",
+    "n_closed",
+    "median_P_pairs",
+    "median_P_offdiag",
+    "min_P_offdiag",
+    "median_alpha_spread",
+    "max_alpha_spread",
+    "law_score",
 ]
 RANGE_COLUMNS = ["layer", "kv_head", "head_a", "head_b", "min_angle_deg", "max_angle_deg", "mean_cos2", "n_angles"]
 TABLES = {"pairs": PAIR_COLUMNS, "heads": HEAD_COLUMNS, "groups": GROUP_COLUMNS, "closed_ranges": RANGE_COLUMNS}
@@ -161,12 +182,12 @@ class SharedValueAlgebra(Result):
         sp = self.heads["alpha_spread"].to_numpy(dtype=float)
         sp = sp[np.isfinite(sp)]
         out: dict[str, Any] = {
-            "n_groups": int(len(self.groups)),
+            "n_groups": len(self.groups),
             "n_pairs_offdiag": int(off.size),
             "median_P_offdiag": float(np.median(off)) if off.size else float("nan"),
             "frac_offdiag_P_ge_threshold": float((off >= self.threshold).mean()) if off.size else float("nan"),
             "median_alpha_spread": float(np.median(sp)) if sp.size else float("nan"),
-            "n_closed_range_pairs": int(len(self.closed_ranges)),
+            "n_closed_range_pairs": len(self.closed_ranges),
         }
         if len(self.closed_ranges):
             out["median_min_angle_deg_closed"] = float(self.closed_ranges["min_angle_deg"].median())
@@ -199,8 +220,9 @@ class SharedValueAlgebra(Result):
         return list(views().algebra_figures(self, layers=layers))
 
     @classmethod
-    def concat(cls, parts: list[SharedValueAlgebra], info: ModelInfo | None = None,
-               threshold: float | None = None) -> SharedValueAlgebra:
+    def concat(
+        cls, parts: list[SharedValueAlgebra], info: ModelInfo | None = None, threshold: float | None = None
+    ) -> SharedValueAlgebra:
         """Concatenate per-layer results (from :func:`layer_algebra`) into one.
 
         The ``reason`` is ``"no exact value sharing (MHA)"`` when no layer has a kv group with
@@ -222,9 +244,16 @@ class SharedValueAlgebra(Result):
             reason = "no layers were analysed"
         if not shared and info is not None and info.n_kv_heads == info.n_heads:
             reason = MHA_REASON
-        return cls(pairs=cat("pairs", PAIR_COLUMNS), heads=cat("heads", HEAD_COLUMNS), groups=cat("groups", GROUP_COLUMNS),
-                   closed_ranges=cat("closed_ranges", RANGE_COLUMNS), reason=reason, info=info, threshold=threshold,
-                   ranges_threshold=parts[0].ranges_threshold if parts else threshold)
+        return cls(
+            pairs=cat("pairs", PAIR_COLUMNS),
+            heads=cat("heads", HEAD_COLUMNS),
+            groups=cat("groups", GROUP_COLUMNS),
+            closed_ranges=cat("closed_ranges", RANGE_COLUMNS),
+            reason=reason,
+            info=info,
+            threshold=threshold,
+            ranges_threshold=parts[0].ranges_threshold if parts else threshold,
+        )
 
     def at_threshold(self, threshold: float) -> SharedValueAlgebra:
         """The same algebra with ``closed`` flags and group counts at another threshold (``closed_ranges``
@@ -240,17 +269,30 @@ class SharedValueAlgebra(Result):
         ranges = self.closed_ranges
         if len(ranges):
             ok = set(zip(heads.loc[heads["closed"], "layer"], heads.loc[heads["closed"], "head"]))
-            keep = [(lay, a) in ok and (lay, b) in ok for lay, a, b in zip(ranges["layer"], ranges["head_a"], ranges["head_b"])]
+            keep = [
+                (lay, a) in ok and (lay, b) in ok
+                for lay, a, b in zip(ranges["layer"], ranges["head_a"], ranges["head_b"])
+            ]
             ranges = ranges[keep].reset_index(drop=True)
-        return SharedValueAlgebra(pairs=self.pairs, heads=heads, groups=groups, closed_ranges=ranges, reason=self.reason,
-                                  info=self.info, threshold=t, ranges_threshold=self.ranges_threshold)
+        return SharedValueAlgebra(
+            pairs=self.pairs,
+            heads=heads,
+            groups=groups,
+            closed_ranges=ranges,
+            reason=self.reason,
+            info=self.info,
+            threshold=t,
+            ranges_threshold=self.ranges_threshold,
+        )
 
 
 def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a * b).sum((-1, -2))
 
 
-def _row(G_Oi: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+def _row(
+    G_Oi: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     """α_ij, P_ij, ‖T_iT_j‖ and reasons for one left factor ``i`` against right factors ``M = M_j`` [n, r, r].
 
     :func:`~tl_idempotence.core.closure.closure_scalars` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
@@ -283,7 +325,9 @@ def _kernel_defects(
             out[j], reasons[j] = np.nan, "kernel defect: alpha is 0 or undefined"
         elif bool(singular[j]):
             out[j] = np.nan
-            reasons[j] = f"kernel defect: V^T O_j is singular (cond > 1/{rtol:.1e}), no projection along ker(V^T) onto span(O_j)"
+            reasons[j] = (
+                f"kernel defect: V^T O_j is singular (cond > 1/{rtol:.1e}), no projection along ker(V^T) onto span(O_j)"
+            )
     return out, reasons
 
 
@@ -305,15 +349,21 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
         OptionError: ``g`` does not have one Gram triple per query head of ``lh``.
     """
     if tuple(g.M.shape[:1]) != (lh.n_heads,):
-        raise OptionError(f"Grams have batch shape {tuple(g.M.shape[:-2])}; expected ({lh.n_heads},) = one per query head.")
+        raise OptionError(
+            f"Grams have batch shape {tuple(g.M.shape[:-2])}; expected ({lh.n_heads},) = one per query head."
+        )
     kv = lh.kv_head_of.long().cpu()
     # Exponent of T_j in the Grams (0 unless layer_grams rescaled a head by a power of two).
     E = np.zeros(lh.n_heads, dtype=np.int64) if g.e_T is None else g.e_T.numpy().astype(np.int64)
     groups = [(int(k), (kv == k).nonzero().flatten().tolist()) for k in torch.unique(kv).tolist()]
     if all(len(idx) == 1 for _, idx in groups):
         return SharedValueAlgebra(
-            pairs=_empty(PAIR_COLUMNS), heads=_empty(HEAD_COLUMNS), groups=_empty(GROUP_COLUMNS),
-            closed_ranges=_empty(RANGE_COLUMNS), reason=MHA_REASON, threshold=threshold,
+            pairs=_empty(PAIR_COLUMNS),
+            heads=_empty(HEAD_COLUMNS),
+            groups=_empty(GROUP_COLUMNS),
+            closed_ranges=_empty(RANGE_COLUMNS),
+            reason=MHA_REASON,
+            threshold=threshold,
         )
     pair_rows: list[dict[str, Any]] = []
     head_rows: list[dict[str, Any]] = []
@@ -339,12 +389,23 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
             for b, j in enumerate(idx):
                 reason = reasons[b]
                 if i != j and reason.startswith("nilpotent head"):
-                    reason = reason.replace("nilpotent head: ||T^2||_F / ||T||_F^2", "T_i T_j ~ 0: ||T_i T_j||_F / ||T_i||_F^2")
+                    reason = reason.replace(
+                        "nilpotent head: ||T^2||_F / ||T||_F^2", "T_i T_j ~ 0: ||T_i T_j||_F / ||T_i||_F^2"
+                    )
                 elif i != j and reason.startswith("zero head"):
                     reason = reason.replace("zero head", "zero left factor T_i")
                 pair_rows.append(
-                    {"layer": lh.layer, "kv_head": k, "i": i, "j": j, "alpha_ij": float(np.ldexp(A[a, b], -Ej[b])),
-                     "P_ij": P[a, b], "norm_TiTj": float(nT2_true[b]), "diagonal": i == j, "reason": reason}
+                    {
+                        "layer": lh.layer,
+                        "kv_head": k,
+                        "i": i,
+                        "j": j,
+                        "alpha_ij": float(np.ldexp(A[a, b], -Ej[b])),
+                        "P_ij": P[a, b],
+                        "norm_TiTj": float(nT2_true[b]),
+                        "diagonal": i == j,
+                        "reason": reason,
+                    }
                 )
         trGV = float(G_V.diagonal().sum())
         closed = []
@@ -371,11 +432,22 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
             if is_closed:
                 closed.append(j)
             head_rows.append(
-                {"layer": lh.layer, "kv_head": k, "head": j, "alpha": alpha_j, "P": P_j, "closed": is_closed,
-                 "alpha_ij_min": float(fin.min()) if fin.size else float("nan"),
-                 "alpha_ij_max": float(fin.max()) if fin.size else float("nan"),
-                 "alpha_spread": spread, "law_alpha": law_alpha, "law_P": law_P, "idempotence_defect": idem,
-                 "kernel_defect": kd, "reason": "; ".join(r for r in (diag_reason[b], kreason) if r)}
+                {
+                    "layer": lh.layer,
+                    "kv_head": k,
+                    "head": j,
+                    "alpha": alpha_j,
+                    "P": P_j,
+                    "closed": is_closed,
+                    "alpha_ij_min": float(fin.min()) if fin.size else float("nan"),
+                    "alpha_ij_max": float(fin.max()) if fin.size else float("nan"),
+                    "alpha_spread": spread,
+                    "law_alpha": law_alpha,
+                    "law_P": law_P,
+                    "idempotence_defect": idem,
+                    "kernel_defect": kd,
+                    "reason": "; ".join(r for r in (diag_reason[b], kreason) if r),
+                }
             )
         off = P[~np.eye(n, dtype=bool)]
         off = off[np.isfinite(off)]
@@ -383,27 +455,44 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
         sp = np.asarray(spreads, dtype=float)
         sp = sp[np.isfinite(sp)]
         group_rows.append(
-            {"layer": lh.layer, "kv_head": k, "n_heads": n, "heads": ",".join(map(str, idx)), "n_closed": len(closed),
-             "median_P_pairs": float(np.median(allp)) if allp.size else float("nan"),
-             "median_P_offdiag": float(np.median(off)) if off.size else float("nan"),
-             "min_P_offdiag": float(off.min()) if off.size else float("nan"),
-             "median_alpha_spread": float(np.median(sp)) if sp.size else float("nan"),
-             "max_alpha_spread": float(sp.max()) if sp.size else float("nan"),
-             "law_score": float(np.median(off)) if off.size else float("nan")}
+            {
+                "layer": lh.layer,
+                "kv_head": k,
+                "n_heads": n,
+                "heads": ",".join(map(str, idx)),
+                "n_closed": len(closed),
+                "median_P_pairs": float(np.median(allp)) if allp.size else float("nan"),
+                "median_P_offdiag": float(np.median(off)) if off.size else float("nan"),
+                "min_P_offdiag": float(off.min()) if off.size else float("nan"),
+                "median_alpha_spread": float(np.median(sp)) if sp.size else float("nan"),
+                "max_alpha_spread": float(sp.max()) if sp.size else float("nan"),
+                "law_score": float(np.median(off)) if off.size else float("nan"),
+            }
         )
         if len(closed) >= 2:
             import scipy.linalg
 
-            Os = {j: apply_exponents(lh.O[j : j + 1].cpu(), None if g.e_O is None else g.e_O[j : j + 1],
-                                     torch.float64)[0].numpy() for j in closed}
+            Os = {
+                j: apply_exponents(lh.O[j : j + 1].cpu(), None if g.e_O is None else g.e_O[j : j + 1], torch.float64)[
+                    0
+                ].numpy()
+                for j in closed
+            }
             for x in range(len(closed)):
                 for y in range(x + 1, len(closed)):
                     a_, b_ = closed[x], closed[y]
                     ang = scipy.linalg.subspace_angles(Os[a_], Os[b_])
                     range_rows.append(
-                        {"layer": lh.layer, "kv_head": k, "head_a": a_, "head_b": b_,
-                         "min_angle_deg": float(np.degrees(ang.min())), "max_angle_deg": float(np.degrees(ang.max())),
-                         "mean_cos2": float(np.mean(np.cos(ang) ** 2)), "n_angles": int(ang.size)}
+                        {
+                            "layer": lh.layer,
+                            "kv_head": k,
+                            "head_a": a_,
+                            "head_b": b_,
+                            "min_angle_deg": float(np.degrees(ang.min())),
+                            "max_angle_deg": float(np.degrees(ang.max())),
+                            "mean_cos2": float(np.mean(np.cos(ang) ** 2)),
+                            "n_angles": int(ang.size),
+                        }
                     )
     return SharedValueAlgebra(
         pairs=pd.DataFrame(pair_rows, columns=PAIR_COLUMNS),
@@ -495,8 +584,9 @@ class AlgebraAnalysis:
         return LayerResult(tables=tables, values={}, notes={})
 
     @staticmethod
-    def combine(tables: dict[str, pd.DataFrame], info: ModelInfo, threshold: float,
-                ranges_threshold: float | None = None) -> SharedValueAlgebra:
+    def combine(
+        tables: dict[str, pd.DataFrame], info: ModelInfo, threshold: float, ranges_threshold: float | None = None
+    ) -> SharedValueAlgebra:
         """The model's :class:`SharedValueAlgebra` from the report's concatenated ``algebra_*`` tables."""
         got = {k: tables.get(f"algebra_{k}", _empty(cols)) for k, cols in TABLES.items()}
         got = {k: (v if len(v) else _empty(TABLES[k])) for k, v in got.items()}
@@ -506,21 +596,34 @@ class AlgebraAnalysis:
             reason = MHA_REASON
         else:
             reason = "no layer with a kv group of two or more query heads was analysed"
-        return SharedValueAlgebra(pairs=got["pairs"], heads=got["heads"], groups=got["groups"],
-                                  closed_ranges=got["closed_ranges"], reason=reason, info=info, threshold=threshold,
-                                  ranges_threshold=ranges_threshold if ranges_threshold is not None else threshold)
+        return SharedValueAlgebra(
+            pairs=got["pairs"],
+            heads=got["heads"],
+            groups=got["groups"],
+            closed_ranges=got["closed_ranges"],
+            reason=reason,
+            info=info,
+            threshold=threshold,
+            ranges_threshold=ranges_threshold if ranges_threshold is not None else threshold,
+        )
 
-    def apply_threshold(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                        threshold: float) -> None:
+    def apply_threshold(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> None:
         """Recompute the algebra's ``closed`` flags and group counts (``closed_ranges`` keeps its threshold)."""
         if "algebra_heads" not in tables or not len(tables["algebra_heads"]):
             return
-        alg = SharedValueAlgebra(pairs=tables["algebra_pairs"], heads=tables["algebra_heads"],
-                                 groups=tables["algebra_groups"], closed_ranges=tables["algebra_closed_ranges"],
-                                 reason="").at_threshold(threshold)
+        alg = SharedValueAlgebra(
+            pairs=tables["algebra_pairs"],
+            heads=tables["algebra_heads"],
+            groups=tables["algebra_groups"],
+            closed_ranges=tables["algebra_closed_ranges"],
+            reason="",
+        ).at_threshold(threshold)
         tables["algebra_heads"], tables["algebra_groups"] = alg.heads, alg.groups
         tables["algebra_closed_ranges"] = alg.closed_ranges
 
-    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  options: ReportOptions) -> dict[str, Any]:
+    def summarize(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+    ) -> dict[str, Any]:
         return {}

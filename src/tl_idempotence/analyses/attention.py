@@ -24,7 +24,7 @@ from .tokens import special_wrapping, tokenizer_of
 __all__ = ["AttentionPatterns", "FlaggedHeads", "attention_patterns", "flagged_heads"]
 
 
-class FlaggedHeads(list):  # type: ignore[type-arg]
+class FlaggedHeads(list[tuple[int, int]]):
     """The heads an attention view shows: a list of ``(layer, head)`` pairs, highest P first,
     that also says why they were chosen.
 
@@ -133,9 +133,7 @@ def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, l
     return torch.tensor([ids], dtype=torch.long), strs, len(all_ids), kept
 
 
-def attention_patterns(
-    model: Any, text: str, heads: list[tuple[int, int]], max_tokens: int = 64
-) -> AttentionPatterns:
+def attention_patterns(model: Any, text: str, heads: list[tuple[int, int]], max_tokens: int = 64) -> AttentionPatterns:
     """Attention patterns of ``heads`` on ``text`` via ``blocks.{l}.attn.hook_pattern``.
 
     Args:
@@ -178,9 +176,13 @@ def attention_patterns(
 
     device = getattr(model.cfg, "device", None) or "cpu"
     with torch.no_grad():
-        model.run_with_hooks(toks.to(device), fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", make(layer)) for layer in need],
-                             return_type=None)
+        model.run_with_hooks(
+            toks.to(device),
+            fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", make(layer)) for layer in need],
+            return_type=None,
+        )
     pats = torch.stack([got[layer][h] for layer, h in heads]).numpy()
     causal = bool(np.abs(np.triu(pats, k=1)).max() < 1e-6) if pats.shape[-1] > 1 else True
-    return AttentionPatterns(heads=list(heads), tokens=strs, patterns=pats, causal=causal, n_text_tokens=n_text,
-                             truncated=n_text > kept)
+    return AttentionPatterns(
+        heads=list(heads), tokens=strs, patterns=pats, causal=causal, n_text_tokens=n_text, truncated=n_text > kept
+    )

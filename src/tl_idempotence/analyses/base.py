@@ -79,11 +79,12 @@ class LayerContext:
         return self._cache["factored"]
 
     def principal(self, principal_K: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``principal_factors(grams, rtol, principal_K)`` computed once per flag: ``(K, D, rank_O, rank_V)``,
+        """``principal_factors(G_O, G_V, M, rtol, principal_K)`` computed once per flag: ``(K, D, rank_O, rank_V)``,
         K in the Grams' units (see :func:`~tl_idempotence.core.factors.principal_factors`)."""
         key = f"principal_{principal_K}"
         if key not in self._cache:
-            self._cache[key] = principal_factors(self.grams, self.closure.rtol, principal_K=principal_K)
+            g = self.grams
+            self._cache[key] = principal_factors(g.G_O, g.G_V, g.M, self.closure.rtol, principal_K=principal_K)
         return self._cache[key]
 
     def generator(self, tag: str, *extra: int) -> torch.Generator:
@@ -129,8 +130,9 @@ class Analysis(Protocol):
         """The analysis of one layer."""
         ...
 
-    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  options: ReportOptions) -> dict[str, Any]:
+    def summarize(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+    ) -> dict[str, Any]:
         """Model-level headline numbers from the concatenated per-layer results (JSON values)."""
         ...
 

@@ -55,15 +55,17 @@ class ClosureAnalysis:
             res.notes.update(median_P=_NO_P, max_P=_NO_P)
         return res
 
-    def apply_threshold(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                        threshold: float) -> None:
+    def apply_threshold(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> None:
         """Recompute the threshold-dependent columns in place (``closed``, per-layer ``n_closed``)."""
         heads["closed"] = closed_flags(heads["P"], threshold)
         counts = heads.groupby("layer")["closed"].sum()
         layers["n_closed"] = layers["layer"].map(counts).fillna(0).astype(int).to_numpy()
 
-    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  options: ReportOptions) -> dict[str, Any]:
+    def summarize(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+    ) -> dict[str, Any]:
         P = heads["P"].to_numpy(dtype=float)
         n = len(heads)
         n_closed = int(heads["closed"].sum())

@@ -84,8 +84,15 @@ def mismatch_pairs(
         del Of
     gi, hi = (kv.unsqueeze(0) != torch.arange(nkv).unsqueeze(1)).nonzero(as_tuple=True)  # ordered by g, then head
     cl = closure_from_grams(
-        Grams(G_O=G_O[hi], G_V=G_V[gi], M=M[gi, hi], d_model=d, input_dtype=torch.promote_types(lh.O.dtype, lh.V.dtype),
-              e_O=None if e_O is None else e_O[hi], e_V=None if e_Vk is None else e_Vk[gi])
+        Grams(
+            G_O=G_O[hi],
+            G_V=G_V[gi],
+            M=M[gi, hi],
+            d_model=d,
+            input_dtype=torch.promote_types(lh.O.dtype, lh.V.dtype),
+            e_O=None if e_O is None else e_O[hi],
+            e_V=None if e_Vk is None else e_Vk[gi],
+        )
     )
     tab = pd.DataFrame(
         {
@@ -106,7 +113,7 @@ def _layer_values(tab: pd.DataFrame, note: str, threshold: float) -> tuple[dict[
     P = tab["P"].to_numpy(dtype=float)
     fin = P[np.isfinite(P)]
     values = {
-        "n_mismatch_pairs": int(len(tab)),
+        "n_mismatch_pairs": len(tab),
         "mismatch_P_max": float(fin.max()) if fin.size else float("nan"),
         "mismatch_P_median": float(np.median(fin)) if fin.size else float("nan"),
         "n_mismatch_closed": int((fin >= threshold).sum()),
@@ -144,8 +151,13 @@ class MismatchResult(Result):
         """``n_pairs``, ``n_closed`` (P >= threshold), ``max_P``, ``threshold``, ``notes``."""
         P = self.pairs["P"].to_numpy(dtype=float) if len(self.pairs) else np.zeros(0)
         notes = sorted({str(v) for v in self.layers.get("mismatch_note", []) if str(v)})
-        return {"n_pairs": int(len(self.pairs)), "n_closed": int(closed_flags(P, self.threshold).sum()),
-                "max_P": nan_max(P), "threshold": self.threshold, "notes": notes}
+        return {
+            "n_pairs": len(self.pairs),
+            "n_closed": int(closed_flags(P, self.threshold).sum()),
+            "max_P": nan_max(P),
+            "threshold": self.threshold,
+            "notes": notes,
+        }
 
 
 @strict_kwargs
@@ -209,13 +221,13 @@ class MismatchAnalysis:
         return options.nulls > 0
 
     def run(self, ctx: LayerContext) -> LayerResult:
-        tab, note = mismatch_pairs(ctx.heads, g=ctx.grams, compute_dtype=ctx.options.compute_dtype,
-                                   device=ctx.device)
+        tab, note = mismatch_pairs(ctx.heads, g=ctx.grams, compute_dtype=ctx.options.compute_dtype, device=ctx.device)
         values, notes = _layer_values(tab, note, ctx.options.threshold)
         return LayerResult(values=values, notes=notes, tables={"mismatch_pairs": tab})
 
-    def apply_threshold(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                        threshold: float) -> None:
+    def apply_threshold(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> None:
         """Recompute ``n_mismatch_closed`` per layer from the stored pairs."""
         t = tables.get("mismatch_pairs")
         if t is None:
@@ -223,8 +235,9 @@ class MismatchAnalysis:
         hit = pd.Series(closed_flags(t["P"], threshold), index=t.index).groupby(t["layer"]).sum()
         layers["n_mismatch_closed"] = layers["layer"].map(hit).fillna(0).astype(int).to_numpy()
 
-    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  options: ReportOptions) -> dict[str, Any]:
+    def summarize(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+    ) -> dict[str, Any]:
         s: dict[str, Any] = {
             "n_mismatch_pairs": int(layers["n_mismatch_pairs"].sum()),
             "n_mismatch_closed": int(layers["n_mismatch_closed"].sum()),

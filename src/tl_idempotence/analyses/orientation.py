@@ -116,8 +116,17 @@ def factors_of(
         elif reason[i]:
             # Trained head nilpotent: the orientation analyses are defined, the comparison is not.
             reason[i] = f"trained P undefined ({reason[i]})"
-    return Factors(S=S, cos=cos, rank_O=rank_O.reshape(-1), rank_V=rank_V.reshape(-1), P=P, K=K, rtol=c.rtol,
-                   reason=reason, e_S=e_S)
+    return Factors(
+        S=S,
+        cos=cos,
+        rank_O=rank_O.reshape(-1),
+        rank_V=rank_V.reshape(-1),
+        P=P,
+        K=K,
+        rtol=c.rtol,
+        reason=reason,
+        e_S=e_S,
+    )
 
 
 def factors_of_closure(c: Closure) -> Factors:
@@ -127,8 +136,10 @@ def factors_of_closure(c: Closure) -> Factors:
         OptionError: the closure has no K/D factors.
     """
     if c.K is None or c.D is None:
-        raise OptionError("The Closure has no K/D factors: compute it with tli.closure(..., factors=True) "
-                          "or closure_from_grams(g, factors=True).")
+        raise OptionError(
+            "The Closure has no K/D factors: compute it with tli.closure(..., factors=True) "
+            "or closure_from_grams(g, factors=True)."
+        )
     return factors_of(c.K, c.D, c.rank_O, c.rank_V, c)
 
 

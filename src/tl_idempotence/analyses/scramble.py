@@ -178,8 +178,13 @@ class Scramble(Result):
     K_draws: Tensor | None
     reason: np.ndarray
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "n_draws", "median_P_trained", "median_P_scrambled",
-                                            "frac_beats_scramble")
+    repr_keys: ClassVar[tuple[str, ...]] = (
+        "n_heads",
+        "n_draws",
+        "median_P_trained",
+        "median_P_scrambled",
+        "frac_beats_scramble",
+    )
 
     def table(self) -> pd.DataFrame:
         """One row per head (flattened batch) with the per-head summary columns (same as :attr:`heads`)."""
@@ -263,7 +268,9 @@ def orientation_scramble(
         WeightError: bad shapes or non-finite weights.
     """
     if n_draws is not None:
-        warnings.warn("orientation_scramble(n_draws=...) is deprecated; use nulls=...", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            "orientation_scramble(n_draws=...) is deprecated; use nulls=...", DeprecationWarning, stacklevel=2
+        )
         nulls = n_draws
     nulls = check_int(nulls, "nulls", 1)
     seed = check_seed(seed)
@@ -295,7 +302,7 @@ def orientation_scramble(
         D=sh(f.cos, r),
         rank_O=sh(f.rank_O),
         rank_V=sh(f.rank_V),
-        K_draws=None if Kd is None else f.unscale(Kd).reshape(shape + (nulls, r, r)),
+        K_draws=None if Kd is None else f.unscale(Kd).reshape((*shape, nulls, r, r)),
         reason=np.asarray(f.reason, dtype=object).reshape(shape),
     )
 
@@ -327,8 +334,11 @@ class ScrambleAnalysis:
         cols["scramble_reason"] = np.asarray(f.reason, dtype=object).astype(str)
         P = ctx.closure.P.numpy()
         med_trained = nan_median(P)
-        med_scr = float(np.nanmedian(summ["P_scrambled_median"])) if np.isfinite(summ["P_scrambled_median"]).any() \
+        med_scr = (
+            float(np.nanmedian(summ["P_scrambled_median"]))
+            if np.isfinite(summ["P_scrambled_median"]).any()
             else float("nan")
+        )
         res = LayerResult(
             columns=cols,
             values={
@@ -336,19 +346,24 @@ class ScrambleAnalysis:
                 "frac_beats_scramble": float(summ["beats_scramble"].mean()),
                 "trained_wins": bool(med_trained > med_scr),
             },
-            tables={"scramble_draws": pd.DataFrame({
-                "layer": ctx.layer,
-                "head": np.repeat(np.arange(ctx.n_heads), n),
-                "draw": np.tile(np.arange(n), ctx.n_heads),
-                "P": Pd_np.reshape(-1),
-            })},
+            tables={
+                "scramble_draws": pd.DataFrame(
+                    {
+                        "layer": ctx.layer,
+                        "head": np.repeat(np.arange(ctx.n_heads), n),
+                        "draw": np.tile(np.arange(n), ctx.n_heads),
+                        "P": Pd_np.reshape(-1),
+                    }
+                )
+            },
         )
         if not np.isfinite(med_scr):
             res.notes["median_P_scrambled"] = "no head of the layer has a defined scramble (see scramble_reason)"
         return res
 
-    def apply_threshold(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                        threshold: float) -> None:
+    def apply_threshold(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> None:
         """Recompute ``frac_scrambled_closed`` from the stored draws."""
         d = tables.get("scramble_draws")
         if d is None or not len(d):
@@ -360,8 +375,9 @@ class ScrambleAnalysis:
         key = pd.MultiIndex.from_arrays([heads["layer"], heads["head"]])
         heads["frac_scrambled_closed"] = frac.reindex(key).to_numpy()
 
-    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  options: ReportOptions) -> dict[str, Any]:
+    def summarize(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+    ) -> dict[str, Any]:
         defined = np.isfinite(heads["p_value"].to_numpy(dtype=float))
         s: dict[str, Any] = {
             "n_scramble_draws": int(options.nulls),
@@ -370,10 +386,10 @@ class ScrambleAnalysis:
             "n_heads_compared": int(defined.sum()),
         }
         s["n_heads_beating_scramble"] = int(heads["beats_scramble"].to_numpy(dtype=bool)[defined].sum())
-        s["frac_beats_scramble"] = s["n_heads_beating_scramble"] / s["n_heads_compared"] if defined.any() \
-            else float("nan")
+        s["frac_beats_scramble"] = (
+            s["n_heads_beating_scramble"] / s["n_heads_compared"] if defined.any() else float("nan")
+        )
         wins = layers["trained_wins"].to_numpy(dtype=bool)
         s["n_layers_trained_wins"] = int(wins.sum())
         s["layers_trained_loses"] = [int(v) for v in layers.loc[~wins, "layer"]]
         return s
-

@@ -58,7 +58,13 @@ __all__ = ["DEFAULTS", "SearchAnalysis", "SearchResult", "constructive_search", 
 
 #: Default search budget: a SmolLM2 layer (9 heads, d_head 64) takes a few seconds.
 DEFAULTS: dict[str, Any] = {
-    "restarts": 2, "max_iters": 200, "lr": 0.1, "tol": 1e-6, "patience": 20, "n_decays": 3, "dtype": torch.float32,
+    "restarts": 2,
+    "max_iters": 200,
+    "lr": 0.1,
+    "tol": 1e-6,
+    "patience": 20,
+    "n_decays": 3,
+    "dtype": torch.float32,
 }
 
 
@@ -203,7 +209,7 @@ class SearchResult(Result):
         Ps = self.table["P_searched"].to_numpy(dtype=float)
         fin = Ps[np.isfinite(Ps)]
         return {
-            "n_heads": int(len(self.table)),
+            "n_heads": len(self.table),
             "max_P_searched": float(fin.max()) if fin.size else float("nan"),
             "median_P_searched": float(np.median(fin)) if fin.size else float("nan"),
             "n_feasible": int((fin >= self.threshold).sum()),
@@ -273,9 +279,18 @@ def search_factors(
     bv = blk_V.unsqueeze(1).expand(b, restarts, r, r).reshape(-1, r, r)
     dev = torch.device(device)
     R1b, R2b, iters, conv = _optimize(
-        s_b.to(dev), cos_b.to(dev), bo.to(dev), bv.to(dev), R1.reshape(-1, r, r).to(dev), R2.reshape(-1, r, r).to(dev),
-        max_iters=int(budget["max_iters"]), lr=float(budget["lr"]), tol=float(budget["tol"]),
-        patience=int(budget["patience"]), n_decays=int(budget["n_decays"]), dtype=budget["dtype"],
+        s_b.to(dev),
+        cos_b.to(dev),
+        bo.to(dev),
+        bv.to(dev),
+        R1.reshape(-1, r, r).to(dev),
+        R2.reshape(-1, r, r).to(dev),
+        max_iters=int(budget["max_iters"]),
+        lr=float(budget["lr"]),
+        tol=float(budget["tol"]),
+        patience=int(budget["patience"]),
+        n_decays=int(budget["n_decays"]),
+        dtype=budget["dtype"],
     )
     R1b, R2b = sign_fixed_qr(R1b.double().cpu()), sign_fixed_qr(R2b.double().cpu())
     iters, conv = iters.cpu(), conv.cpu()
@@ -384,10 +399,23 @@ def constructive_search(
             raise OptionError(f"Head index {bad} out of range: there are {n} heads{where}")
         gen = layer_generator(seed, layer, "search")
         res = search_factors(f, rows, gen, bud, dev)
-        tabs.append(_table(layer if layer is not None else -1, rows, P.reshape(-1)[torch.as_tensor(rows, dtype=torch.long)], res))
+        tabs.append(
+            _table(
+                layer if layer is not None else -1, rows, P.reshape(-1)[torch.as_tensor(rows, dtype=torch.long)], res
+            )
+        )
         sel = torch.as_tensor(rows, dtype=torch.long)
-        e = Factors(S=f.S[sel], cos=f.cos[sel], rank_O=f.rank_O[sel], rank_V=f.rank_V[sel], P=f.P[sel], K=f.K[sel],
-                    rtol=f.rtol, reason=f.reason[sel.numpy()], e_S=f.e_S[sel])
+        e = Factors(
+            S=f.S[sel],
+            cos=f.cos[sel],
+            rank_O=f.rank_O[sel],
+            rank_V=f.rank_V[sel],
+            P=f.P[sel],
+            K=f.K[sel],
+            rtol=f.rtol,
+            reason=f.reason[sel.numpy()],
+            e_S=f.e_S[sel],
+        )
         Ks.append(e.unscale(res[5]))
         Ds.append(res[6])
         Ss.append(e.unscale(res[7]))
@@ -467,12 +495,15 @@ class SearchAnalysis:
             "n_search_budget_stops": int((df["search_stopped_on"] == "budget").sum()),
         }
         notes = {} if fin.any() else {"feasible_P": "no head of the layer could be searched (see search_reason)"}
-        cols = {c: df[c].to_numpy() for c in ("P_searched", "search_iters", "search_stopped_on",
-                                               "search_best_restart", "search_reason")}
+        cols = {
+            c: df[c].to_numpy()
+            for c in ("P_searched", "search_iters", "search_stopped_on", "search_best_restart", "search_reason")
+        }
         return LayerResult(columns=cols, values=values, notes=notes)
 
-    def apply_threshold(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                        threshold: float) -> None:
+    def apply_threshold(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> None:
         """Recompute ``feasible`` and ``n_heads_feasible`` per layer."""
         Ps = heads["P_searched"].to_numpy(dtype=float)
         hit = pd.Series(np.nan_to_num(Ps, nan=-1.0) >= threshold, index=heads.index).groupby(heads["layer"]).sum()
@@ -480,8 +511,8 @@ class SearchAnalysis:
         fP = layers["feasible_P"].to_numpy(dtype=float)
         layers["feasible"] = np.isfinite(fP) & (np.nan_to_num(fP, nan=-1.0) >= threshold)
 
-    def summarize(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                  options: ReportOptions) -> dict[str, Any]:
+    def summarize(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+    ) -> dict[str, Any]:
         feas = layers["feasible"].to_numpy(dtype=bool)
-        return {"n_feasible_layers": int(feas.sum()),
-                "infeasible_layers": [int(v) for v in layers.loc[~feas, "layer"]]}
+        return {"n_feasible_layers": int(feas.sum()), "infeasible_layers": [int(v) for v in layers.loc[~feas, "layer"]]}

@@ -37,12 +37,53 @@ __all__ = [
 #: Standard-library modules whose docstrings form the default corpus (sorted, fixed).
 #: Pure-Python modules with long English docstrings, present in every CPython >= 3.9.
 DEFAULT_CORPUS_MODULES = (
-    "argparse", "ast", "base64", "bisect", "calendar", "collections", "configparser", "contextlib", "copy",
-    "csv", "dataclasses", "datetime", "decimal", "difflib", "email.message", "enum", "fractions", "functools",
-    "heapq", "inspect", "ipaddress", "json", "logging", "mailbox", "numbers", "operator", "pathlib",
-    "pickle", "pprint", "queue", "random", "shlex", "shutil", "statistics", "string", "subprocess",
-    "tarfile", "tempfile", "textwrap", "threading", "typing", "unittest", "urllib.parse", "uuid",
-    "warnings", "weakref", "zipfile",
+    "argparse",
+    "ast",
+    "base64",
+    "bisect",
+    "calendar",
+    "collections",
+    "configparser",
+    "contextlib",
+    "copy",
+    "csv",
+    "dataclasses",
+    "datetime",
+    "decimal",
+    "difflib",
+    "email.message",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "inspect",
+    "ipaddress",
+    "json",
+    "logging",
+    "mailbox",
+    "numbers",
+    "operator",
+    "pathlib",
+    "pickle",
+    "pprint",
+    "queue",
+    "random",
+    "shlex",
+    "shutil",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "textwrap",
+    "threading",
+    "typing",
+    "unittest",
+    "urllib.parse",
+    "uuid",
+    "warnings",
+    "weakref",
+    "zipfile",
 )
 
 
@@ -91,7 +132,6 @@ def default_corpus(min_chars: int = 200) -> list[str]:
             "Pass texts explicitly: activation_returns(model, ['some text', ...])."
         )
     return out
-
 
 
 def tokenizer_of(model: Any) -> Any:
@@ -163,7 +203,8 @@ def texts_from(texts: Any, text_column: str) -> list[str]:
             out.append(t)
         else:
             raise OptionTypeError(
-                f"texts must be strings, pathlib.Path files or a datasets.Dataset; got an item of type {type(t).__name__}."
+                "texts must be strings, pathlib.Path files or a datasets.Dataset; "
+                f"got an item of type {type(t).__name__}."
             )
     if not out:
         raise OptionError("No texts given (an empty list); pass None for the default corpus.")
@@ -234,7 +275,9 @@ def prepare_tokens(
     prefix, suffix = special_wrapping(model, tok)
     body = int(seq_len) - len(prefix) - len(suffix)
     if body < 1:
-        raise OptionError(f"seq_len={seq_len} leaves no room for text between the special tokens {prefix} ... {suffix}.")
+        raise OptionError(
+            f"seq_len={seq_len} leaves no room for text between the special tokens {prefix} ... {suffix}."
+        )
     # Document separator: [SEP] for tokenizers that have one (BERT), else EOS (causal LMs).
     sep = getattr(tok, "sep_token_id", None) if getattr(tok, "sep_token", None) else None
     if not isinstance(sep, int):
@@ -295,7 +338,8 @@ def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[
             layer, head = item
         except (TypeError, ValueError) as e:
             raise OptionTypeError(
-                f"heads must be None, a DataFrame with layer/head columns, or (layer, head) pairs; got an item {item!r:.60}."
+                "heads must be None, a DataFrame with layer/head columns, or (layer, head) pairs; "
+                f"got an item {item!r:.60}."
             ) from e
         pairs.append((check_int(layer, "layer of a head", 0), check_int(head, "head index", 0)))
     if not pairs:

@@ -52,8 +52,8 @@ from .results import Result
 
 __all__ = [
     "Closure",
-    "apply_exponents",
     "Grams",
+    "apply_exponents",
     "closure",
     "closure_from_grams",
     "closure_scalars",
@@ -101,8 +101,13 @@ class Grams:
     def index(self, idx: Any) -> Grams:
         """The Grams of a subset of heads (``idx`` indexes the leading dim)."""
         return Grams(
-            G_O=self.G_O[idx], G_V=self.G_V[idx], M=self.M[idx], d_model=self.d_model, input_dtype=self.input_dtype,
-            e_O=None if self.e_O is None else self.e_O[idx], e_V=None if self.e_V is None else self.e_V[idx],
+            G_O=self.G_O[idx],
+            G_V=self.G_V[idx],
+            M=self.M[idx],
+            d_model=self.d_model,
+            input_dtype=self.input_dtype,
+            e_O=None if self.e_O is None else self.e_O[idx],
+            e_V=None if self.e_V is None else self.e_V[idx],
         )
 
 
@@ -136,7 +141,10 @@ def scale_exponents(X: Float[Tensor, "*lead d r"]) -> Int[Tensor, "*lead"]:
 
 
 def apply_exponents(X: Tensor, e: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """``X · 2^e`` per leading index (``e`` ``[*lead]`` or None), exactly, cast to ``dtype`` (see :func:`layer_grams`)."""
+    """``X · 2^e`` per leading index (``e`` ``[*lead]`` or None), exactly, cast to ``dtype``.
+
+    See :func:`layer_grams` for when heads are rescaled.
+    """
     if e is None or not bool(e.any()):
         return X.to(dtype)
     ed = e.to(X.device)
@@ -181,7 +189,7 @@ def _gram_products(
 def layer_grams(
     O: Float[Tensor, "n_heads d_model d_head"],
     V: Float[Tensor, "n_kv_heads d_model d_head"],
-    kv_head_of: Int[Tensor, " n_heads"],
+    kv_head_of: Int[Tensor, " n_heads"],  # type: ignore[name-defined]
     compute_dtype: torch.dtype = torch.float64,
     device: torch.device | str | None = None,
 ) -> Grams:
@@ -212,8 +220,15 @@ def layer_grams(
         G_O, G_Vk, M = _gram_products(O, V, kv_dev, compute_dtype, e_O, e_Vk)
         e_V = e_Vk[kv]
     G_V = G_Vk[kv_dev]
-    return Grams(G_O=G_O.cpu(), G_V=G_V.cpu(), M=M.cpu(), d_model=int(O.shape[-2]),
-                 input_dtype=torch.promote_types(O.dtype, V.dtype), e_O=e_O, e_V=e_V)
+    return Grams(
+        G_O=G_O.cpu(),
+        G_V=G_V.cpu(),
+        M=M.cpu(),
+        d_model=int(O.shape[-2]),
+        input_dtype=torch.promote_types(O.dtype, V.dtype),
+        e_O=e_O,
+        e_V=e_V,
+    )
 
 
 def grams(
@@ -244,8 +259,15 @@ def grams(
     if _needs_scale(G_O, O) or _needs_scale(G_V, V):
         e_O, e_V = scale_exponents(O), scale_exponents(V)
         G_O, G_V, M = _gram_products(O, V, None, compute_dtype, e_O, e_V)
-    return Grams(G_O=G_O.cpu(), G_V=G_V.cpu(), M=M.cpu(), d_model=int(O.shape[-2]),
-                 input_dtype=torch.promote_types(O.dtype, V.dtype), e_O=e_O, e_V=e_V)
+    return Grams(
+        G_O=G_O.cpu(),
+        G_V=G_V.cpu(),
+        M=M.cpu(),
+        d_model=int(O.shape[-2]),
+        input_dtype=torch.promote_types(O.dtype, V.dtype),
+        e_O=e_O,
+        e_V=e_V,
+    )
 
 
 # --------------------------------------------------------------------------- closure
@@ -379,16 +401,18 @@ class Closure(Result):
         import pandas as pd
 
         n = int(self.P.numel())
-        return pd.DataFrame({
-            "index": np.arange(n),
-            "alpha": self.alpha.reshape(-1).numpy(),
-            "P": self.P.reshape(-1).numpy(),
-            "norm": self.norm.reshape(-1).numpy(),
-            "norm_T2": self.norm_T2.reshape(-1).numpy(),
-            "rank_O": self.rank_O.reshape(-1).numpy(),
-            "rank_V": self.rank_V.reshape(-1).numpy(),
-            "reason": np.asarray(self.reason, dtype=object).reshape(-1).astype(str),
-        })
+        return pd.DataFrame(
+            {
+                "index": np.arange(n),
+                "alpha": self.alpha.reshape(-1).numpy(),
+                "P": self.P.reshape(-1).numpy(),
+                "norm": self.norm.reshape(-1).numpy(),
+                "norm_T2": self.norm_T2.reshape(-1).numpy(),
+                "rank_O": self.rank_O.reshape(-1).numpy(),
+                "rank_V": self.rank_V.reshape(-1).numpy(),
+                "reason": np.asarray(self.reason, dtype=object).reshape(-1).astype(str),
+            }
+        )
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -425,7 +449,7 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
     alpha, P, norm, norm_T2, inner, reason = closure_scalars(G_O, G_V, M, exps)  # type: ignore[arg-type]
     K = D = eig = None
     if factors:
-        K, D, rank_O, rank_V = principal_factors(g, rtol)
+        K, D, rank_O, rank_V = principal_factors(G_O, G_V, M, rtol)
         ev = torch.linalg.eigvals(M)
         order = ev.abs().argsort(dim=-1, descending=True)
         eig = torch.gather(ev, -1, order)
@@ -436,8 +460,20 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
     else:
         rank_O = gram_eig(G_O, rtol, False)[2].sum(-1)
         rank_V = gram_eig(G_V, rtol, False)[2].sum(-1)
-    return Closure(alpha=alpha, P=P, norm=norm, norm_T2=norm_T2, inner=inner, rank_O=rank_O, rank_V=rank_V,
-                   rtol=rtol, reason=reason, K=K, D=D, eigenvalues=eig)
+    return Closure(
+        alpha=alpha,
+        P=P,
+        norm=norm,
+        norm_T2=norm_T2,
+        inner=inner,
+        rank_O=rank_O,
+        rank_V=rank_V,
+        rtol=rtol,
+        reason=reason,
+        K=K,
+        D=D,
+        eigenvalues=eig,
+    )
 
 
 def _as_tensor(x: Any, name: str) -> Tensor:

@@ -10,14 +10,9 @@ the numerical rank dropped), so ``T = Q_O K Q_Vᵀ`` and ``T² = Q_O (K D K) Q_V
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .closure import Grams
 
 __all__ = ["DEGENERATE_RTOL", "GRAM_RTOL_FLOOR", "gram_eig", "principal_factors", "rank_rtol"]
 
@@ -73,7 +68,11 @@ def gram_eig(
 
 
 def principal_factors(
-    g: Grams, rtol: float, principal_K: bool = True
+    G_O: Float[Tensor, "*batch r r"],
+    G_V: Float[Tensor, "*batch r r"],
+    M: Float[Tensor, "*batch r r"],
+    rtol: float,
+    principal_K: bool = True,
 ) -> tuple[Float[Tensor, "*batch r r"], Float[Tensor, "*batch r"], Int[Tensor, "*batch"], Int[Tensor, "*batch"]]:
     """Principal-coordinate factors ``K``, ``D`` and the numerical ranks, from Grams (SPEC 3).
 
@@ -83,11 +82,11 @@ def principal_factors(
     ``>= min(rank_O, rank_V)`` set to 0).
 
     ``K`` is in the units of the Grams: when :func:`~tl_idempotence.core.closure.layer_grams`
-    rescaled a head by a power of two (``g.e_O``, ``g.e_V``), ``K`` carries the factor
+    rescaled a head by a power of two (``Grams.e_O``, ``Grams.e_V``), ``K`` carries the factor
     ``2^(e_O + e_V)``; ``D`` and the ranks do not depend on scale.
 
     Args:
-        g: Gram products ``[*batch]``.
+        G_O, G_V, M: the Gram products ``Oᵀ O``, ``Vᵀ V``, ``Vᵀ O``, ``[*batch, r, r]`` float64.
         rtol: relative rank tolerance (:func:`rank_rtol`).
         principal_K: rotate K to principal coordinates (full SVD). ``False`` returns
             ``K_raw`` (same singular values, orientation not principal) and needs only
@@ -96,15 +95,15 @@ def principal_factors(
     Returns:
         ``(K [*batch, r, r], D [*batch, r], rank_O [*batch], rank_V [*batch])``, float64 / int64.
     """
-    s_O, W_O, mask_O = gram_eig(g.G_O, rtol, True)
-    s_V, W_V, mask_V = gram_eig(g.G_V, rtol, True)
+    s_O, W_O, mask_O = gram_eig(G_O, rtol, True)
+    s_V, W_V, mask_V = gram_eig(G_V, rtol, True)
     assert W_O is not None and W_V is not None
     zero = torch.zeros_like(s_O)
     inv_O = torch.where(mask_O, 1.0 / torch.where(mask_O, s_O, torch.ones_like(s_O)), zero)
     inv_V = torch.where(mask_V, 1.0 / torch.where(mask_V, s_V, torch.ones_like(s_V)), zero)
     sO = torch.where(mask_O, s_O, zero)
     sV = torch.where(mask_V, s_V, zero)
-    C = inv_V.unsqueeze(-1) * (W_V.transpose(-1, -2) @ g.M @ W_O) * inv_O.unsqueeze(-2)  # Q_Vᵀ Q_O
+    C = inv_V.unsqueeze(-1) * (W_V.transpose(-1, -2) @ M @ W_O) * inv_O.unsqueeze(-2)  # Q_Vᵀ Q_O
     K = sO.unsqueeze(-1) * (W_O.transpose(-1, -2) @ W_V) * sV.unsqueeze(-2)  # T = Q_O K_raw Q_Vᵀ
     if principal_K:
         U, S, Wh = torch.linalg.svd(C)

@@ -125,7 +125,7 @@ class ModelInfo(Sizes):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def kv_layout(n_heads: int, n_kv_heads: int) -> Int[Tensor, " n_heads"]:
+def kv_layout(n_heads: int, n_kv_heads: int) -> Int[Tensor, " n_heads"]:  # type: ignore[name-defined]
     """Query head -> kv head for the standard ``repeat_interleave`` GQA layout.
 
     Used by TransformerLens, Hugging Face Llama/Qwen/Mistral/Gemma (``repeat_kv``)
@@ -134,7 +134,13 @@ def kv_layout(n_heads: int, n_kv_heads: int) -> Int[Tensor, " n_heads"]:
     Raises:
         WeightError: ``n_heads`` is not a positive multiple of ``n_kv_heads``.
     """
-    if isinstance(n_heads, bool) or isinstance(n_kv_heads, bool) or n_kv_heads <= 0 or n_heads <= 0 or n_heads % n_kv_heads:
+    if (
+        isinstance(n_heads, bool)
+        or isinstance(n_kv_heads, bool)
+        or n_kv_heads <= 0
+        or n_heads <= 0
+        or n_heads % n_kv_heads
+    ):
         raise WeightError(f"n_heads={n_heads} is not a positive multiple of n_kv_heads={n_kv_heads}.")
     return torch.arange(n_heads) // (n_heads // n_kv_heads)
 
@@ -167,8 +173,10 @@ class LayerHeads:
             raise WeightError(f"LayerHeads.layer must be a non-negative int; got {self.layer!r}.")
         for name, t in (("O", self.O), ("V", self.V)):
             if not isinstance(t, Tensor) or t.ndim != 3:
-                raise WeightError(f"{where}: {name} must be a 3-D tensor [heads, d_model, d_head]; got "
-                                  f"{getattr(t, 'shape', type(t).__name__)}.")
+                raise WeightError(
+                    f"{where}: {name} must be a 3-D tensor [heads, d_model, d_head]; got "
+                    f"{getattr(t, 'shape', type(t).__name__)}."
+                )
             if not _is_weight_dtype(t):
                 raise WeightError(f"{where}: {name} has dtype {t.dtype}; OV weights must be real floating point.")
         n_heads, d_model, d_head = self.O.shape

@@ -193,9 +193,15 @@ def check_compute_dtype(x: Any, name: str = "compute_dtype") -> torch.dtype:
         raise OptionTypeError(f"{name} must be torch.float64 or torch.float32 (or their names); got {_given(x)}.")
     if x in (torch.float64, torch.float32):
         return x
-    why = "an integer/bool dtype truncates the products" if not (x.is_floating_point or x.is_complex) else (
-        "complex products are not the real OV circuit" if x.is_complex else
-        "half-precision products over d_model lose most of their digits")
+    why = (
+        "an integer/bool dtype truncates the products"
+        if not (x.is_floating_point or x.is_complex)
+        else (
+            "complex products are not the real OV circuit"
+            if x.is_complex
+            else "half-precision products over d_model lose most of their digits"
+        )
+    )
     raise OptionError(f"{name}={x} is not supported ({why}); use torch.float64 (default) or torch.float32.")
 
 
@@ -246,9 +252,7 @@ def unknown_option_error(where: str, unknown: Iterable[str], valid: Iterable[str
     for k in unknown:
         close = difflib.get_close_matches(k, valid, n=3, cutoff=0.5)
         parts.append(f"{k!r}" + (f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""))
-    return UnknownOptionError(
-        f"{where} got unknown option(s) {', '.join(parts)}. Valid options: {', '.join(valid)}."
-    )
+    return UnknownOptionError(f"{where} got unknown option(s) {', '.join(parts)}. Valid options: {', '.join(valid)}.")
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -261,8 +265,11 @@ def strict_kwargs(fn: F) -> F:
     Functions that take ``**kwargs`` on purpose are not decorated with it.
     """
     sig = inspect.signature(fn)
-    names = [p.name for p in sig.parameters.values()
-             if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    names = [
+        p.name
+        for p in sig.parameters.values()
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    ]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -274,7 +281,7 @@ def strict_kwargs(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class ReportOptions:
     """The validated options of a report (and of every route into it). Frozen.
 
@@ -294,25 +301,35 @@ class ReportOptions:
         OptionTypeError / OptionError / DeviceError: see the ``check_*`` functions.
     """
 
-    threshold: float = 0.9
-    nulls: int = 0
-    seed: int = 0
-    search: bool = False
-    algebra: bool = False
-    layers: tuple[int, ...] | None = None
-    compute_dtype: torch.dtype = torch.float64
-    device: torch.device = torch.device("cpu")
+    threshold: float
+    nulls: int
+    seed: int
+    search: bool
+    algebra: bool
+    layers: tuple[int, ...] | None
+    compute_dtype: torch.dtype
+    device: torch.device
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        threshold: Any = 0.9,
+        nulls: Any = 0,
+        seed: Any = 0,
+        search: Any = False,
+        algebra: Any = False,
+        layers: Any = None,
+        compute_dtype: Any = torch.float64,
+        device: Any = "cpu",
+    ) -> None:
         set_ = functools.partial(object.__setattr__, self)
-        set_("threshold", check_threshold(self.threshold))
-        set_("nulls", check_nulls(self.nulls))
-        set_("seed", check_seed(self.seed))
-        set_("search", check_bool(self.search, "search"))
-        set_("algebra", check_bool(self.algebra, "algebra"))
-        set_("layers", check_layers(self.layers))
-        set_("compute_dtype", check_compute_dtype(self.compute_dtype))
-        set_("device", check_device(self.device))
+        set_("threshold", check_threshold(threshold))
+        set_("nulls", check_nulls(nulls))
+        set_("seed", check_seed(seed))
+        set_("search", check_bool(search, "search"))
+        set_("algebra", check_bool(algebra, "algebra"))
+        set_("layers", check_layers(layers))
+        set_("compute_dtype", check_compute_dtype(compute_dtype))
+        set_("device", check_device(device))
 
     @classmethod
     def names(cls) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 import math
 from types import ModuleType
-from typing import Any
+from typing import Any, ClassVar
 
 __all__ = ["VIEWS_MODULE", "Result", "short_value", "views"]
 
@@ -60,7 +60,7 @@ class Result:
     entries the one-line ``repr`` shows (default: the first eight scalar ones).
     """
 
-    repr_keys: tuple[str, ...] = ()
+    repr_keys: ClassVar[tuple[str, ...]] = ()
 
     def __repr__(self) -> str:
         try:

@@ -66,8 +66,14 @@ def json_restore(x: Any, float_keys: set[str] | None = None) -> Any:
     """Undo :func:`json_safe` for the values of ``float_keys`` (or of every key when None)."""
     special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
     if isinstance(x, dict):
-        return {k: (special[v] if isinstance(v, str) and v in special and (float_keys is None or k in float_keys)
-                    else json_restore(v, float_keys)) for k, v in x.items()}
+        return {
+            k: (
+                special[v]
+                if isinstance(v, str) and v in special and (float_keys is None or k in float_keys)
+                else json_restore(v, float_keys)
+            )
+            for k, v in x.items()
+        }
     if isinstance(x, list):
         return [json_restore(v, float_keys) for v in x]
     return x
@@ -124,9 +130,18 @@ class ResumeDir:
         self.key = options.key()
         for stale in self.dir.glob("*.tmp*"):
             stale.unlink(missing_ok=True)
-        manifest = {"format": FORMAT, "options": self.key, "model": {
-            "model_name": info.model_name, "n_layers": info.n_layers, "n_heads": info.n_heads,
-            "n_kv_heads": info.n_kv_heads, "d_model": info.d_model, "d_head": info.d_head}}
+        manifest = {
+            "format": FORMAT,
+            "options": self.key,
+            "model": {
+                "model_name": info.model_name,
+                "n_layers": info.n_layers,
+                "n_heads": info.n_heads,
+                "n_kv_heads": info.n_kv_heads,
+                "d_model": info.d_model,
+                "d_head": info.d_head,
+            },
+        }
         mfile = self.dir / "manifest.json"
         if mfile.exists():
             old = read_json(mfile, ResumeError, "resume manifest")
@@ -137,8 +152,11 @@ class ResumeDir:
                     "version or program. Use a new directory, or delete this one to start over."
                 )
             oldopt = old.get("options", {})
-            diff = [f"options.{k}: {oldopt.get(k)!r} -> {self.key.get(k)!r}"
-                    for k in sorted(set(oldopt) | set(self.key)) if oldopt.get(k) != self.key.get(k)]
+            diff = [
+                f"options.{k}: {oldopt.get(k)!r} -> {self.key.get(k)!r}"
+                for k in sorted(set(oldopt) | set(self.key))
+                if oldopt.get(k) != self.key.get(k)
+            ]
             if diff:
                 raise ResumeError(
                     f"Cannot resume in {self.dir}: its parts were made with different options ({'; '.join(diff)}). "
@@ -221,8 +239,16 @@ class ResumeDir:
                 data = _parquet_bytes(df)
                 atomic_write_bytes(self._table_file(part.layer, name), data)
                 files[name] = sha256_bytes(data)
-            rec = {"format": FORMAT, "layer": int(part.layer), "fingerprint": part.fingerprint, "options": self.key,
-                   "row": json_safe(part.row), "files": files}
+            rec = {
+                "format": FORMAT,
+                "layer": int(part.layer),
+                "fingerprint": part.fingerprint,
+                "options": self.key,
+                "row": json_safe(part.row),
+                "files": files,
+            }
             atomic_write_text(self._record(part.layer), json.dumps(rec, indent=1, sort_keys=True))
         except OSError as e:
-            raise ResumeError(f"Cannot write resume part of layer {part.layer} in {self.dir}: {e.strerror or e}.") from e
+            raise ResumeError(
+                f"Cannot write resume part of layer {part.layer} in {self.dir}: {e.strerror or e}."
+            ) from e

@@ -29,9 +29,18 @@ from ..core.results import Result, views
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError, WeightError
 from ..sources.dispatch import head_source
 from .parts import LayerPart, ResumeDir
+from .store import ReportRecord, read_record, write_record
 from .summary import build_summary, format_paper_table, paper_table
 
-__all__ = ["HEAD_COLUMNS", "IdempotenceReport", "head_label", "idempotence_report", "run_layer"]
+__all__ = [
+    "HEAD_COLUMNS",
+    "IdempotenceReport",
+    "assemble",
+    "head_label",
+    "idempotence_report",
+    "load_report",
+    "run_layer",
+]
 
 #: Columns of :attr:`IdempotenceReport.heads` always present (SPEC sections 2-3).
 HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"]
@@ -67,11 +76,27 @@ class IdempotenceReport(Result):
     (:meth:`save`, :func:`~tl_idempotence.report.store.load_report`).
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "threshold", "median_P",
-                                            "median_P_scrambled", "frac_beats_scramble", "n_feasible_layers")
+    repr_keys: ClassVar[tuple[str, ...]] = (
+        "model_name",
+        "n_heads",
+        "n_closed",
+        "threshold",
+        "median_P",
+        "median_P_scrambled",
+        "frac_beats_scramble",
+        "n_feasible_layers",
+    )
 
-    def __init__(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame],
-                 summary: dict[str, Any], info: ModelInfo, options: ReportOptions, model: Any = None) -> None:
+    def __init__(
+        self,
+        heads: pd.DataFrame,
+        layers: pd.DataFrame,
+        tables: dict[str, pd.DataFrame],
+        summary: dict[str, Any],
+        info: ModelInfo,
+        options: ReportOptions,
+        model: Any = None,
+    ) -> None:
         self.heads = heads
         self.layers = layers
         self.tables = tables
@@ -129,8 +154,9 @@ class IdempotenceReport(Result):
         """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
         if not self.options.algebra:
             return None
-        return AlgebraAnalysis.combine(self.tables, self.info, self.threshold,
-                                       self.summary.get("algebra_ranges_threshold", self.threshold))
+        return AlgebraAnalysis.combine(
+            self.tables, self.info, self.threshold, self.summary.get("algebra_ranges_threshold", self.threshold)
+        )
 
     def paper_table(self, formatted: bool = False) -> pd.DataFrame:
         """The abstract's headline quantities for this model next to the paper's figures.
@@ -143,7 +169,7 @@ class IdempotenceReport(Result):
             :func:`~tl_idempotence.report.summary.paper_table`); rows whose analysis did not run
             have NaN and say so in ``note``.
         """
-        t = paper_table(self.summary, int(len(self.layers)))
+        t = paper_table(self.summary, len(self.layers))
         return format_paper_table(t) if formatted else t
 
     def to_tensor(self, column: str = "P") -> torch.Tensor:
@@ -203,9 +229,15 @@ class IdempotenceReport(Result):
         """Every figure of the report page (heatmap, controls, algebra summary)."""
         return list(views().report_figures(self))
 
-    def save_html(self, path: str | os.PathLike[str], attention_text: str | None = None, model: Any = None,
-                  attention_heads: Sequence[tuple[int, int]] | None = None, top_k: int | None = None,
-                  max_tokens: int = 64) -> str:
+    def save_html(
+        self,
+        path: str | os.PathLike[str],
+        attention_text: str | None = None,
+        model: Any = None,
+        attention_heads: Sequence[tuple[int, int]] | None = None,
+        top_k: int | None = None,
+        max_tokens: int = 64,
+    ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
         Args:
@@ -220,11 +252,26 @@ class IdempotenceReport(Result):
         Raises:
             OptionError: the folder of ``path`` does not exist; an attention view without a model.
         """
-        return str(views().save_report_html(self, path, attention_text=attention_text, model=model,
-                                            attention_heads=attention_heads, top_k=top_k, max_tokens=max_tokens))
+        return str(
+            views().save_report_html(
+                self,
+                path,
+                attention_text=attention_text,
+                model=model,
+                attention_heads=attention_heads,
+                top_k=top_k,
+                max_tokens=max_tokens,
+            )
+        )
 
-    def show_attention(self, text: str, model: Any = None, heads: Sequence[tuple[int, int]] | None = None,
-                       top_k: int | None = None, max_tokens: int = 64) -> Any:
+    def show_attention(
+        self,
+        text: str,
+        model: Any = None,
+        heads: Sequence[tuple[int, int]] | None = None,
+        top_k: int | None = None,
+        max_tokens: int = 64,
+    ) -> Any:
         """circuitsvis view of the flagged heads' attention patterns on ``text`` (notebooks, offline).
 
         Args:
@@ -240,8 +287,7 @@ class IdempotenceReport(Result):
         Raises:
             OptionError: no TransformerLens model is available.
         """
-        return views().report_attention_view(self, text, model=model, heads=heads, top_k=top_k,
-                                             max_tokens=max_tokens)
+        return views().report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
 
     def ablation(self, model: Any = None, **kwargs: Any) -> Any:
         """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
@@ -253,17 +299,45 @@ class IdempotenceReport(Result):
         return ablation(m, self.closed_heads, **kwargs)
 
     def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> str:
-        """Save the report as a folder of parquet tables and JSON (no pickle); see
-        :func:`~tl_idempotence.report.store.save_report`."""
-        from .store import save_report
+        """Save the report as a folder of parquet tables and one JSON record (no pickle); reload it with
+        :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.
 
-        return str(save_report(self, path, overwrite=overwrite))
+        Raises:
+            OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
+        """
+        rec = ReportRecord(
+            heads=self.heads,
+            layers=self.layers,
+            tables=self.tables,
+            summary=self.summary,
+            info=self.info,
+            options=self.options,
+        )
+        return str(write_record(rec, path, overwrite=overwrite))
+
+
+def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
+    """A report saved with :meth:`IdempotenceReport.save`: the same tables, summary, figures and HTML.
+
+    Raises:
+        MissingFileError: no such folder, or a file its record lists is missing.
+        ReportFileError (a ``ValueError``): a file that does not match its recorded sha256, a malformed
+            record or another format (names the file).
+    """
+    rec = read_record(path)
+    heads = rec.heads
+    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
+    return IdempotenceReport(
+        heads=heads, layers=rec.layers, tables=rec.tables, summary=rec.summary, info=rec.info, options=rec.options
+    )
 
 
 def _check_layer(lh: Any, layer: int, info: ModelInfo) -> LayerHeads:
     """Refuse a layer that is not what the source promised (every source, built-in or user-written)."""
     if not isinstance(lh, LayerHeads):
-        raise UnsupportedModelError(f"The head source returned a {type(lh).__name__} for layer {layer}; expected LayerHeads.")
+        raise UnsupportedModelError(
+            f"The head source returned a {type(lh).__name__} for layer {layer}; expected LayerHeads."
+        )
     if lh.layer != layer:
         raise WeightError(f"The head source returned layer {lh.layer} when asked for layer {layer}.")
     got = (lh.n_heads, lh.n_kv_heads, lh.d_model, lh.d_head)
@@ -363,8 +437,16 @@ def idempotence_report(
     """
     from tqdm.auto import tqdm
 
-    opts = ReportOptions(threshold=threshold, nulls=nulls, seed=seed, search=search, algebra=algebra, layers=layers,
-                         compute_dtype=compute_dtype, device=device)
+    opts = ReportOptions(
+        threshold=threshold,
+        nulls=nulls,
+        seed=seed,
+        search=search,
+        algebra=algebra,
+        layers=layers,
+        compute_dtype=compute_dtype,
+        device=device,
+    )
     progress = check_bool(progress, "progress")
     if resume is not None and not isinstance(resume, (str, os.PathLike)):
         raise OptionTypeError(f"resume must be a directory path; got {type(resume).__name__}.")
@@ -394,8 +476,9 @@ def idempotence_report(
     return rep
 
 
-def assemble(parts: Sequence[LayerPart], info: ModelInfo, options: ReportOptions, analyses: Sequence[Analysis],
-             model: Any = None) -> IdempotenceReport:
+def assemble(
+    parts: Sequence[LayerPart], info: ModelInfo, options: ReportOptions, analyses: Sequence[Analysis], model: Any = None
+) -> IdempotenceReport:
     """The report from finished layer parts (the end of the loop; also used by resumed and loaded reports)."""
     heads = pd.concat([p.heads for p in parts], ignore_index=True)
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
@@ -403,7 +486,9 @@ def assemble(parts: Sequence[LayerPart], info: ModelInfo, options: ReportOptions
     tables: dict[str, pd.DataFrame] = {}
     for name in sorted({k for p in parts for k in p.tables}):
         frames = [p.tables[name] for p in parts if name in p.tables and len(p.tables[name])]
-        tables[name] = pd.concat(frames, ignore_index=True) if frames else next(p.tables[name] for p in parts if name in p.tables)
+        tables[name] = (
+            pd.concat(frames, ignore_index=True) if frames else next(p.tables[name] for p in parts if name in p.tables)
+        )
     summary = build_summary(heads, layers, tables, info, options, analyses)
     if options.algebra:
         alg = AlgebraAnalysis.combine(tables, info, options.threshold)
@@ -411,5 +496,12 @@ def assemble(parts: Sequence[LayerPart], info: ModelInfo, options: ReportOptions
         summary["algebra_ranges_threshold"] = options.threshold
     from ..sources.tl import is_tl_model
 
-    return IdempotenceReport(heads=heads, layers=layers, tables=tables, summary=summary, info=info, options=options,
-                             model=model if is_tl_model(model) else None)
+    return IdempotenceReport(
+        heads=heads,
+        layers=layers,
+        tables=tables,
+        summary=summary,
+        info=info,
+        options=options,
+        model=model if is_tl_model(model) else None,
+    )

@@ -1,16 +1,17 @@
-"""Reports that outlive the kernel: a folder of parquet tables and one JSON record (no pickle).
+"""The report save format: a folder of parquet tables and one JSON record (no pickle).
 
-Layout written by :func:`save_report`::
+Layout written by :func:`write_record`::
 
     report.json            format, summary, options, what was measured (ModelInfo), and
                            the sha256 of every table file
-    heads.parquet          per-head rows (the "L10H8" labels restored as the index on load)
+    heads.parquet          per-head rows
     layers.parquet         per-layer rows
     <table>.parquet        the analyses' long tables (scramble_draws, mismatch_pairs, algebra_*)
 
-:func:`load_report` refuses a folder whose files do not match their recorded sha256, a
-missing file, or a record of another format — each error names the file — so a loaded
-report is exactly what was saved: same tables, summary, figures and HTML.
+:func:`read_record` refuses a folder whose files do not match their recorded sha256, a
+missing file, or a record of another format — each error names the file — so what is
+read back is exactly what was written. The report object
+(:mod:`tl_idempotence.report.report`) saves and loads itself through these two functions.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import io
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,8 @@ from ..core.heads import ModelInfo
 from ..core.options import ReportOptions
 from ..errors import CheckpointError, MissingFileError, OptionError
 from .parts import json_restore, json_safe
-from .report import IdempotenceReport, head_label
 
-__all__ = ["FORMAT", "load_report", "save_report"]
+__all__ = ["FORMAT", "RECORD", "ReportFileError", "ReportRecord", "read_record", "write_record"]
 
 FORMAT = "tl_idempotence.report/1"
 RECORD = "report.json"
@@ -41,28 +42,50 @@ class ReportFileError(CheckpointError):
     """A saved report folder whose files lie (changed, missing, another format); names the file."""
 
 
+@dataclass
+class ReportRecord:
+    """Everything a saved report holds: its tables, summary, what was measured and the options."""
+
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    tables: dict[str, pd.DataFrame]
+    summary: dict[str, Any]
+    info: ModelInfo
+    options: ReportOptions
+
+
 def _info_record(info: ModelInfo) -> dict[str, Any]:
-    return json_safe({
-        "n_layers": info.n_layers, "n_heads": info.n_heads, "n_kv_heads": info.n_kv_heads, "d_model": info.d_model,
-        "d_head": info.d_head, "model_name": info.model_name, "model_class": info.model_class,
-        "processing": info.processing, "extra": info.extra,
-    })
+    return dict(
+        json_safe(
+            {
+                "n_layers": info.n_layers,
+                "n_heads": info.n_heads,
+                "n_kv_heads": info.n_kv_heads,
+                "d_model": info.d_model,
+                "d_head": info.d_head,
+                "model_name": info.model_name,
+                "model_class": info.model_class,
+                "processing": info.processing,
+                "extra": info.extra,
+            }
+        )
+    )
 
 
-def save_report(rep: IdempotenceReport, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
-    """Write ``rep`` to the folder ``path`` (created); the record is written last.
+def write_record(rec: ReportRecord, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+    """Write ``rec`` to the folder ``path`` (created); ``report.json`` is written last.
 
     Args:
-        rep: the report.
-        path: a folder that does not exist yet, or an existing report folder with ``overwrite=True``.
+        rec: what to save.
+        path: a folder that does not exist yet (or is empty), or an existing report folder with ``overwrite=True``.
         overwrite: replace an existing report folder.
 
     Returns:
         The folder.
 
     Raises:
-        OptionError: ``path`` exists and is not an empty folder (without ``overwrite``), or is
-            a file, or its parent folder does not exist.
+        OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder that is
+            not a saved report, or its parent folder does not exist.
     """
     d = Path(path).expanduser()
     if d.exists():
@@ -78,25 +101,25 @@ def save_report(rep: IdempotenceReport, path: str | os.PathLike[str], overwrite:
         raise OptionError(f"Cannot save the report to {d}: the folder {d.parent} does not exist.")
     d.mkdir(exist_ok=True)
     files: dict[str, str] = {}
-    for name, df in {"heads": rep.heads, "layers": rep.layers, **rep.tables}.items():
+    for name, df in {"heads": rec.heads, "layers": rec.layers, **rec.tables}.items():
         buf = io.BytesIO()
         df.to_parquet(buf, index=False)
         atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
         files[name] = sha256_bytes(buf.getvalue())
     record = {
         "format": FORMAT,
-        "summary": json_safe(rep.summary),
-        "options": rep.options.as_dict(),
-        "info": _info_record(rep.info),
+        "summary": json_safe(rec.summary),
+        "options": rec.options.as_dict(),
+        "info": _info_record(rec.info),
         "files": files,
-        "tables": sorted(rep.tables),
+        "tables": sorted(rec.tables),
     }
     atomic_write_text(d / RECORD, json.dumps(record, indent=1, sort_keys=True))
     return d
 
 
-def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
-    """A report saved with :meth:`IdempotenceReport.save` (same tables, summary, figures and HTML).
+def read_record(path: str | os.PathLike[str]) -> ReportRecord:
+    """Read a folder written by :func:`write_record`, checking every file against its recorded sha256.
 
     Raises:
         MissingFileError: no such folder, or a file the record lists is missing.
@@ -125,15 +148,16 @@ def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
             raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
         try:
             frames[name] = pd.read_parquet(f)
-        except Exception as e:  # noqa: BLE001 - name the file whatever pyarrow raises
+        except Exception as e:
             raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
         summary = json_restore(rec["summary"])
     except (KeyError, TypeError, ValueError) as e:
-        raise ReportFileError(f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e}).") from e
+        raise ReportFileError(
+            f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e})."
+        ) from e
     heads = frames.pop("heads")
-    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     layers = frames.pop("layers")
-    return IdempotenceReport(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)
+    return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)

@@ -45,7 +45,11 @@ def versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    return {"tl_idempotence": v("tl_idempotence"), "transformer_lens": v("transformer-lens"), "torch": torch.__version__}
+    return {
+        "tl_idempotence": v("tl_idempotence"),
+        "transformer_lens": v("transformer-lens"),
+        "torch": torch.__version__,
+    }
 
 
 def combined_fingerprint(layer_fingerprints: Sequence[tuple[int, str]]) -> str:
@@ -78,7 +82,7 @@ def build_summary(
         "model_class": info.model_class,
         "n_layers": info.n_layers,
         "n_attention_layers": int(heads["layer"].nunique()),
-        "n_heads": int(len(heads)),
+        "n_heads": len(heads),
         "n_heads_per_layer": info.n_heads,
         "n_kv_heads": info.n_kv_heads,
         "d_model": info.d_model,
@@ -134,33 +138,66 @@ def paper_table(summary: dict[str, Any], n_layers: int) -> pd.DataFrame:
     no_nulls = "not run: make the report with nulls=True (orientation scramble + O/V mismatch)"
     if "n_mismatch_pairs" in summary:
         if summary["n_mismatch_pairs"]:
-            row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed",
-                _frac(summary["n_mismatch_closed"], summary["n_mismatch_pairs"]), summary["n_mismatch_closed"],
-                summary["n_mismatch_pairs"])
+            row(
+                f"matched O/V mismatch pairs with P >= {t:g}",
+                "mismatch_closed",
+                _frac(summary["n_mismatch_closed"], summary["n_mismatch_pairs"]),
+                summary["n_mismatch_closed"],
+                summary["n_mismatch_pairs"],
+            )
         else:
-            row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed", nan, 0, 0,
-                "no valid pair: " + "; ".join(summary.get("mismatch_notes", ["MQA"])))
+            row(
+                f"matched O/V mismatch pairs with P >= {t:g}",
+                "mismatch_closed",
+                nan,
+                0,
+                0,
+                "no valid pair: " + "; ".join(summary.get("mismatch_notes", ["MQA"])),
+            )
     else:
         row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed", nan, note=no_nulls)
     if "median_P_scrambled" in summary:
         row("median P, trained", "median_P_trained", summary["median_P_trained"], n=summary["n_heads"])
-        row("median P, orientation-scrambled", "median_P_scrambled", summary["median_P_scrambled"],
-            n=summary["n_heads_compared"])
-        row("heads whose trained orientation beats its scramble median", "frac_beats_scramble",
-            summary["frac_beats_scramble"], summary["n_heads_beating_scramble"], summary["n_heads_compared"])
-        row("layers where the trained orientation wins (median P)", "frac_layers_trained_wins",
-            _frac(summary["n_layers_trained_wins"], n_layers), summary["n_layers_trained_wins"], n_layers)
+        row(
+            "median P, orientation-scrambled",
+            "median_P_scrambled",
+            summary["median_P_scrambled"],
+            n=summary["n_heads_compared"],
+        )
+        row(
+            "heads whose trained orientation beats its scramble median",
+            "frac_beats_scramble",
+            summary["frac_beats_scramble"],
+            summary["n_heads_beating_scramble"],
+            summary["n_heads_compared"],
+        )
+        row(
+            "layers where the trained orientation wins (median P)",
+            "frac_layers_trained_wins",
+            _frac(summary["n_layers_trained_wins"], n_layers),
+            summary["n_layers_trained_wins"],
+            n_layers,
+        )
     else:
         row("median P, trained", "median_P_trained", summary["median_P"], n=summary["n_heads"])
         row("median P, orientation-scrambled", "median_P_scrambled", nan, note=no_nulls)
         row("heads whose trained orientation beats its scramble median", "frac_beats_scramble", nan, note=no_nulls)
         row("layers where the trained orientation wins (median P)", "frac_layers_trained_wins", nan, note=no_nulls)
     if "n_feasible_layers" in summary:
-        row(f"layers where P >= {t:g} is feasible (constructive search)", "frac_layers_feasible",
-            _frac(summary["n_feasible_layers"], n_layers), summary["n_feasible_layers"], n_layers)
+        row(
+            f"layers where P >= {t:g} is feasible (constructive search)",
+            "frac_layers_feasible",
+            _frac(summary["n_feasible_layers"], n_layers),
+            summary["n_feasible_layers"],
+            n_layers,
+        )
     else:
-        row(f"layers where P >= {t:g} is feasible (constructive search)", "frac_layers_feasible", nan,
-            note="not run: make the report with search=True")
+        row(
+            f"layers where P >= {t:g} is feasible (constructive search)",
+            "frac_layers_feasible",
+            nan,
+            note="not run: make the report with search=True",
+        )
     df = pd.DataFrame(rows)
     for c in ("n", "of"):
         df[c] = pd.array([None if (isinstance(v, float) and math.isnan(v)) else int(v) for v in df[c]], dtype="Int64")

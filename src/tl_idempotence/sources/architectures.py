@@ -51,7 +51,9 @@ def how_to_add() -> str:
     )
 
 
-def resolve_architecture(config: dict[str, Any], architecture: str | dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+def resolve_architecture(
+    config: dict[str, Any], architecture: str | dict[str, Any] | None
+) -> tuple[str, dict[str, Any]]:
     """The table entry for a config (by ``model_type``, ``architectures`` or ``text_config``), or the forced one.
 
     Args:
@@ -77,12 +79,18 @@ def resolve_architecture(config: dict[str, Any], architecture: str | dict[str, A
             if not isinstance(sub, dict) or not isinstance(sub.get("tensor"), str):
                 raise OptionError(f"architecture['{k}'] must be {{'tensor': name, 'layout': layout}}; got {sub!r}.")
             if sub.get("layout") not in t["_format"]["layouts"]:
-                raise OptionError(f"architecture['{k}']['layout'] = {sub.get('layout')!r} is not a known layout. {how_to_add()}")
+                raise OptionError(
+                    f"architecture['{k}']['layout'] = {sub.get('layout')!r} is not a known layout. {how_to_add()}"
+                )
         if not isinstance(architecture["layer"], str) or "{l}" not in architecture["layer"]:
-            raise OptionError(f"architecture['layer'] must be a name template with '{{l}}'; got {architecture['layer']!r}.")
+            raise OptionError(
+                f"architecture['layer'] must be a name template with '{{l}}'; got {architecture['layer']!r}."
+            )
         return "custom", architecture
     if architecture is not None and not isinstance(architecture, str):
-        raise OptionTypeError(f"architecture must be None, a model_type name or an entry dict; got {type(architecture).__name__}.")
+        raise OptionTypeError(
+            f"architecture must be None, a model_type name or an entry dict; got {type(architecture).__name__}."
+        )
     candidates: list[str] = []
     if architecture is not None:
         candidates = [architecture]
@@ -97,8 +105,10 @@ def resolve_architecture(config: dict[str, Any], architecture: str | dict[str, A
         key = aliases.get(name, name)
         if key in archs:
             return key, archs[key]
-    what = f"architecture={architecture!r}" if architecture is not None else (
-        f"model_type={config.get('model_type')!r} (architectures={config.get('architectures')})"
+    what = (
+        f"architecture={architecture!r}"
+        if architecture is not None
+        else (f"model_type={config.get('model_type')!r} (architectures={config.get('architectures')})")
     )
     raise CheckpointError(f"No attention-tensor layout is known for {what}. {how_to_add()}")
 
@@ -112,7 +122,8 @@ def sizes_from_config(config: dict[str, Any], where: str) -> Sizes:
     if not isinstance(config, dict):
         raise CheckpointError(f"{where}: the config is a JSON {type(config).__name__}, not an object.")
     fields = architecture_table()["config_fields"]
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = config.get("text_config")
+    cfg: dict[str, Any] = text if isinstance(text, dict) else config
 
     def get(key: str, required: bool = True) -> int | None:
         for name in fields[key]:

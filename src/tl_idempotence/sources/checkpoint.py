@@ -83,8 +83,17 @@ class CheckpointSource:
             non-finite weight (on reading the layer; names file, tensor, layer, head).
     """
 
-    def __init__(self, store: Any, sizes: Sizes, entry: dict[str, Any], arch: str, root: str,
-                 info: ModelInfo, check_finite: bool = True, v_entry: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        store: Any,
+        sizes: Sizes,
+        entry: dict[str, Any],
+        arch: str,
+        root: str,
+        info: ModelInfo,
+        check_finite: bool = True,
+        v_entry: dict[str, Any] | None = None,
+    ):
         self.store, self.sizes, self.arch, self.root = store, sizes, arch, root
         self.v_entry = v_entry or entry["v"]
         self.o_entry = entry["o"]
@@ -93,8 +102,10 @@ class CheckpointSource:
         self.info = info
         self._kv = kv_layout(sizes.n_heads, sizes.n_kv_heads)
         if self.v_entry["layout"] == "neox_qkv" and sizes.n_kv_heads != sizes.n_heads:
-            raise CheckpointError(f"{arch}: the neox_qkv layout has one kv head per query head; config says "
-                             f"{sizes.n_heads} heads, {sizes.n_kv_heads} kv heads.")
+            raise CheckpointError(
+                f"{arch}: the neox_qkv layout has one kv head per query head; config says "
+                f"{sizes.n_heads} heads, {sizes.n_kv_heads} kv heads."
+            )
         self._validate()
 
     def names(self, layer: int) -> tuple[str, str]:
@@ -114,7 +125,7 @@ class CheckpointSource:
                     )
                 wanted.append((l, kind, name))
         meta = self.store.meta([n for _, _, n in wanted])
-        for l, kind, name in wanted:
+        for _, kind, name in wanted:
             shape, dtype = meta[name]
             entry = self.v_entry if kind == "v" else self.o_entry
             exp = expected_shape(entry["layout"], kind, self.sizes)
@@ -154,12 +165,20 @@ class CheckpointSource:
             if lv == "linear":
                 V = r.read(v_name).reshape(nkv, dh, dm).transpose(1, 2)
             elif lv == "fused_qkv":
-                V = r.read(v_name, rows=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh)).reshape(nkv, dh, dm).transpose(1, 2)
+                V = (
+                    r.read(v_name, rows=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh))
+                    .reshape(nkv, dh, dm)
+                    .transpose(1, 2)
+                )
             elif lv == "neox_qkv":
                 V = torch.stack([r.read(v_name, rows=slice((3 * h + 2) * dh, (3 * h + 3) * dh)) for h in range(nq)])
                 V = V.transpose(1, 2)
             elif lv == "conv1d_qkv":
-                V = r.read(v_name, cols=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh)).reshape(dm, nkv, dh).permute(1, 0, 2)
+                V = (
+                    r.read(v_name, cols=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh))
+                    .reshape(dm, nkv, dh)
+                    .permute(1, 0, 2)
+                )
             else:  # pragma: no cover - checked in resolve_architecture
                 raise CheckpointError(f"Unknown V layout {lv!r}.")
             lo = self.o_entry["layout"]
@@ -183,8 +202,12 @@ def _info(name: str, cls: str, s: Sizes, processing: dict[str, Any], extra: dict
     return ModelInfo(**vars(s.sizes), model_name=name, model_class=cls, processing=processing, extra=extra)
 
 
-def from_hf_dir(path: str | os.PathLike, architecture: str | dict[str, Any] | None = None,
-                prefix: str | None = None, check_finite: bool = True) -> CheckpointSource:
+def from_hf_dir(
+    path: str | os.PathLike,
+    architecture: str | dict[str, Any] | None = None,
+    prefix: str | None = None,
+    check_finite: bool = True,
+) -> CheckpointSource:
     """Source over a Hugging Face directory (``config.json`` + safetensors shards).
 
     Args:
@@ -222,10 +245,12 @@ def from_hf_dir(path: str | os.PathLike, architecture: str | dict[str, Any] | No
     if store.index_file is not None:
         processing["index_sha256"] = sha256_file(store.index_file)
     else:
+        headers: dict[str, str] = {}
         for f in files:  # the header (names, shapes, offsets) identifies a single-file checkpoint cheaply
             with open(d / f, "rb") as fh:
                 n = int.from_bytes(fh.read(8), "little")
-            processing.setdefault("header_sha256", {})[f] = sha256_file(d / f, limit=8 + n)
+            headers[f] = sha256_file(d / f, limit=8 + n)
+        processing["header_sha256"] = headers
     name = str(config.get("_name_or_path") or d.name)
     extra = {"format": "safetensors", "path": str(d), "architecture": arch, "tensor_root": root}
     info = _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra)
@@ -255,25 +280,43 @@ def from_gguf(path: str | os.PathLike, check_finite: bool = True) -> CheckpointS
             raise CheckpointError(f"{p}: GGUF metadata lacks {arch}.{key}.")
         if isinstance(v, (list, tuple)):
             if len(set(v)) != 1:
-                raise CheckpointError(f"{p}: {arch}.{key} varies by layer ({v}); per-layer head counts are not supported.")
+                raise CheckpointError(
+                    f"{p}: {arch}.{key} varies by layer ({v}); per-layer head counts are not supported."
+                )
             v = v[0]
         return int(v)
 
     n_heads = num("attention.head_count")
     d_model = num("embedding_length")
-    sizes = Sizes(n_layers=num("block_count"), n_heads=n_heads, n_kv_heads=num("attention.head_count_kv", n_heads),
-                  d_model=d_model, d_head=num("attention.key_length", d_model // n_heads))
+    sizes = Sizes(
+        n_layers=num("block_count"),
+        n_heads=n_heads,
+        n_kv_heads=num("attention.head_count_kv", n_heads),
+        d_model=d_model,
+        d_head=num("attention.key_length", d_model // n_heads),
+    )
     entry = dict(architecture_table()["gguf"])
     v_entry = entry["v"]
     if entry["layer"].format(l=0) + entry["v"]["tensor"] not in store.tensors:
         v_entry = entry["v_fused"]
     entry = {**entry, "v": v_entry}
     processing = {
-        "raw": True, "fold_ln": False, "center_writing_weights": False, "source": "checkpoint file", "format": "gguf",
-        "path": str(p.resolve()), "files": [p.name], "file_size": p.stat().st_size,
+        "raw": True,
+        "fold_ln": False,
+        "center_writing_weights": False,
+        "source": "checkpoint file",
+        "format": "gguf",
+        "path": str(p.resolve()),
+        "files": [p.name],
+        "file_size": p.stat().st_size,
         "header_sha256": sha256_file(p, limit=int(store.reader_.data_offset)),
-        "dequantized": sorted({store.tensors[n].tensor_type.name for n in store.tensors
-                               if n.endswith((v_entry["tensor"], entry["o"]["tensor"]))}),
+        "dequantized": sorted(
+            {
+                store.tensors[n].tensor_type.name
+                for n in store.tensors
+                if n.endswith((v_entry["tensor"], entry["o"]["tensor"]))
+            }
+        ),
     }
     name = str(store.field("general.name") or p.stem)
     extra = {"format": "gguf", "path": str(p), "architecture": f"gguf:{arch}", "tensor_root": ""}
@@ -281,8 +324,9 @@ def from_gguf(path: str | os.PathLike, check_finite: bool = True) -> CheckpointS
     return CheckpointSource(store, sizes, entry, f"gguf:{arch}", "", info, check_finite=check_finite)
 
 
-def from_transformers(model: Any, architecture: str | dict[str, Any] | None = None, prefix: str | None = None,
-                      check_finite: bool = True) -> CheckpointSource:
+def from_transformers(
+    model: Any, architecture: str | dict[str, Any] | None = None, prefix: str | None = None, check_finite: bool = True
+) -> CheckpointSource:
     """Source over a loaded ``transformers`` ``PreTrainedModel`` (read only; nothing is copied or modified).
 
     Raises:
@@ -294,8 +338,13 @@ def from_transformers(model: Any, architecture: str | dict[str, Any] | None = No
     sizes = sizes_from_config(config, f"{type(model).__name__}.config")
     store = ModuleStore(model)
     root = _find_root(store.keys(), entry, sizes, prefix, type(model).__name__)
-    processing = {"raw": True, "fold_ln": False, "center_writing_weights": False,
-                  "source": "transformers model parameters", "format": "transformers"}
+    processing = {
+        "raw": True,
+        "fold_ln": False,
+        "center_writing_weights": False,
+        "source": "transformers model parameters",
+        "format": "transformers",
+    }
     name = str(config.get("_name_or_path") or type(model).__name__)
     extra = {"format": "transformers", "architecture": arch, "tensor_root": root}
     info = _info(name, type(model).__name__, sizes, processing, extra)

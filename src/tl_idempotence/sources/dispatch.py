@@ -44,12 +44,20 @@ class LayerHeadsSource:
             raise OptionError(f"LayerHeads with repeated layer indices {sorted({i for i in idx if idx.count(i) > 1})}.")
         shapes = {(x.n_heads, x.n_kv_heads, x.d_model, x.d_head) for x in items}
         if len(shapes) != 1:
-            raise OptionError(f"LayerHeads of different sizes (n_heads, n_kv_heads, d_model, d_head): {sorted(shapes)}.")
+            raise OptionError(
+                f"LayerHeads of different sizes (n_heads, n_kv_heads, d_model, d_head): {sorted(shapes)}."
+            )
         n, nkv, d, r = shapes.pop()
         self._by_layer = {x.layer: x for x in items}
         self.info = info or ModelInfo(
-            n_layers=max(idx) + 1, n_heads=n, n_kv_heads=nkv, d_model=d, d_head=r, model_name="LayerHeads",
-            model_class="LayerHeads", processing={"source": "LayerHeads given directly"},
+            n_layers=max(idx) + 1,
+            n_heads=n,
+            n_kv_heads=nkv,
+            d_model=d,
+            d_head=r,
+            model_name="LayerHeads",
+            model_class="LayerHeads",
+            processing={"source": "LayerHeads given directly"},
         )
 
     def layers(self) -> Iterator[int]:

@@ -27,6 +27,7 @@ Runtime: ~10 s on one idle CPU thread for the defaults (20-30 s measured on a lo
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from collections.abc import Sequence
@@ -36,6 +37,10 @@ from typing import Any
 
 import pandas as pd
 import torch
+
+from ..core.files import read_json
+from ..core.options import check_bool, check_int, check_seed
+from ..errors import CheckpointError, MissingFileError, OptionError
 
 __all__ = ["Lineage", "lineage_checkpoints", "tiny_tokenizer", "train_lineage"]
 
@@ -155,21 +160,41 @@ def train_lineage(
         :class:`Lineage` with the checkpoint list and the per-checkpoint loss/accuracy.
 
     Raises:
-        ValueError: non-positive ``steps``/``save_every``, ``n_heads`` not a multiple of
-            ``n_kv_heads``, ``d_model`` not divisible by ``n_heads``, or a vocabulary with
-            fewer than 2 non-special tokens.
+        OptionTypeError / OptionError: a non-integer or non-positive size, ``seq_len < 2``, a
+            non-finite or negative ``lr``/``weight_decay``, ``n_heads`` not a multiple of
+            ``n_kv_heads``, ``d_model`` not divisible by ``n_heads``, or a vocabulary with fewer
+            than 2 non-special tokens.
     """
     import transformers
 
-    if steps < 1 or save_every < 1:
-        raise ValueError(f"steps and save_every must be >= 1; got steps={steps}, save_every={save_every}.")
+    steps = check_int(steps, "steps", 1, 10_000_000)
+    save_every = check_int(save_every, "save_every", 1)
+    seed = check_seed(seed)
+    n_layers = check_int(n_layers, "n_layers", 1, 1024)
+    d_model = check_int(d_model, "d_model", 1, 1 << 16)
+    n_heads = check_int(n_heads, "n_heads", 1, 1024)
+    n_kv_heads = check_int(n_kv_heads, "n_kv_heads", 1, 1024)
+    vocab_size = check_int(vocab_size, "vocab_size", N_SPECIAL + 2, 1 << 20)
+    seq_len = check_int(seq_len, "seq_len", 2, 1 << 14)  # the loss needs at least one repeated token
+    batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
+    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or not math.isfinite(v)
+            or v < 0
+            or (name == "lr" and v == 0)
+        ):
+            raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
+    tie_word_embeddings = check_bool(tie_word_embeddings, "tie_word_embeddings")
+    reuse = check_bool(reuse, "reuse")
+    if num_threads is not None:
+        num_threads = check_int(num_threads, "num_threads", 1, 1024)
     if n_heads % n_kv_heads or d_model % n_heads:
-        raise ValueError(
+        raise OptionError(
             f"Need n_heads % n_kv_heads == 0 and d_model % n_heads == 0; got d_model={d_model}, "
             f"n_heads={n_heads}, n_kv_heads={n_kv_heads}."
         )
-    if vocab_size < N_SPECIAL + 2:
-        raise ValueError(f"vocab_size must be >= {N_SPECIAL + 2} (ids 0..3 are special tokens); got {vocab_size}.")
     if save_steps is None:
         to_save = set(range(0, steps + 1, save_every))
     else:
@@ -177,30 +202,52 @@ def train_lineage(
     to_save |= {0, steps}
 
     root = Path(out_dir)
-    config = dict(
-        steps=steps, save_every=save_every, seed=seed, n_layers=n_layers, d_model=d_model, n_heads=n_heads,
-        n_kv_heads=n_kv_heads, vocab_size=vocab_size, seq_len=seq_len, batch_size=batch_size, lr=lr,
-        weight_decay=weight_decay, tie_word_embeddings=tie_word_embeddings, task="BOS x x (repeat), loss on repeat",
-        architecture="LlamaForCausalLM", saved_steps=sorted(to_save), num_threads=num_threads,
+    config: dict[str, Any] = dict(
+        steps=steps,
+        save_every=save_every,
+        seed=seed,
+        n_layers=n_layers,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        tie_word_embeddings=tie_word_embeddings,
+        task="BOS x x (repeat), loss on repeat",
+        architecture="LlamaForCausalLM",
+        saved_steps=sorted(to_save),
+        num_threads=num_threads,
     )
     manifest = root / "lineage.json"
     if reuse and manifest.is_file():
         try:
-            old = json.loads(manifest.read_text())
+            old: Any = json.loads(manifest.read_text())
         except json.JSONDecodeError:
             old = None
-        if old and old.get("config") == config and all(
-            (root / f"ckpt_step{s}" / "model.safetensors").is_file() for s in config["saved_steps"]
+        if (
+            old
+            and old.get("config") == config
+            and all((root / f"ckpt_step{s}" / "model.safetensors").is_file() for s in config["saved_steps"])
         ):
             ckpts = [(f"step{s}", root / f"ckpt_step{s}") for s in config["saved_steps"]]
             return Lineage(root=root, checkpoints=ckpts, metrics=pd.DataFrame(old["metrics"]), config=config)
     root.mkdir(parents=True, exist_ok=True)
     manifest.unlink(missing_ok=True)  # re-written when the new lineage is complete
     hf_cfg = transformers.LlamaConfig(
-        hidden_size=d_model, intermediate_size=2 * d_model, num_hidden_layers=n_layers,
-        num_attention_heads=n_heads, num_key_value_heads=n_kv_heads, vocab_size=vocab_size,
-        max_position_embeddings=max(64, 2 * seq_len + 1), tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3,
+        hidden_size=d_model,
+        intermediate_size=2 * d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        vocab_size=vocab_size,
+        max_position_embeddings=max(64, 2 * seq_len + 1),
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
     )
     tokenizer = tiny_tokenizer(vocab_size)
     old_threads = torch.get_num_threads()
@@ -243,25 +290,30 @@ def train_lineage(
     return Lineage(root=root, checkpoints=checkpoints, metrics=metrics, config=config)
 
 
-def lineage_checkpoints(root: str | Path) -> list[tuple[str, Path]]:
+def lineage_checkpoints(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
     """``[("step{N}", root/ckpt_step{N})]`` for the checkpoints of a lineage directory, by step.
 
     Uses the saved steps of ``root/lineage.json`` when present (so stale directories of an
     earlier run with other settings are ignored), else every ``ckpt_step{N}`` directory.
 
     Raises:
-        FileNotFoundError: ``root`` is not a directory, holds no ``ckpt_step{N}`` directory,
+        MissingFileError: ``root`` is not a directory, holds no ``ckpt_step{N}`` directory,
             or lacks one that its ``lineage.json`` lists.
+        CheckpointError: ``lineage.json`` is unreadable or malformed (names it).
     """
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root} is not a directory; expected a lineage written by train_lineage().")
+        raise MissingFileError(f"{root} is not a directory; expected a lineage written by train_lineage().")
     manifest = root / "lineage.json"
     if manifest.is_file():
-        steps = [int(s) for s in json.loads(manifest.read_text())["config"]["saved_steps"]]
+        rec = read_json(manifest, CheckpointError, "lineage manifest")
+        try:
+            steps = [int(v) for v in rec["config"]["saved_steps"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{manifest} has no list config.saved_steps of integers ({type(e).__name__}).") from e
         missing = [s for s in steps if not (root / f"ckpt_step{s}").is_dir()]
         if missing:
-            raise FileNotFoundError(f"{manifest} lists steps {missing} but their ckpt_step directories are missing.")
+            raise MissingFileError(f"{manifest} lists steps {missing} but their ckpt_step directories are missing.")
         return [(f"step{s}", root / f"ckpt_step{s}") for s in steps]
     found = []
     for p in root.iterdir():
@@ -269,5 +321,5 @@ def lineage_checkpoints(root: str | Path) -> list[tuple[str, Path]]:
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     if not found:
-        raise FileNotFoundError(f"No ckpt_step{{N}} directories under {root}.")
+        raise MissingFileError(f"No ckpt_step{{N}} directories under {root}.")
     return [(f"step{s}", p) for s, p in sorted(found)]

@@ -48,8 +48,14 @@ class SafetensorsStore:
             files = sorted(directory.glob("*.safetensors"))
             if not files:
                 bins = sorted(p.name for p in directory.glob("*.bin"))
-                hint = (f" It has {bins[:3]}: convert them to safetensors (e.g. load with transformers and "
-                        "save_pretrained(safe_serialization=True)) or pass the loaded transformers model.") if bins else ""
+                hint = (
+                    (
+                        f" It has {bins[:3]}: convert them to safetensors (e.g. load with transformers and "
+                        "save_pretrained(safe_serialization=True)) or pass the loaded transformers model."
+                    )
+                    if bins
+                    else ""
+                )
                 raise CheckpointError(f"{directory}: no *.safetensors files and no model.safetensors.index.json.{hint}")
             self.map = {}
             for f in files:
@@ -146,7 +152,9 @@ class ModuleStore:
         for n in names:
             p = self.params[n]
             if p.device.type == "meta":
-                raise CheckpointError(f"Parameter {n!r} of the {self.name} is on the meta device (not loaded / offloaded).")
+                raise CheckpointError(
+                    f"Parameter {n!r} of the {self.name} is on the meta device (not loaded / offloaded)."
+                )
             out[n] = (tuple(p.shape), str(p.dtype))
         return out
 
@@ -173,7 +181,9 @@ class GGUFStore:
         try:
             self.reader_ = gguf.GGUFReader(str(path), "r")
         except Exception as e:
-            raise CheckpointError(f"Cannot read GGUF file {path}: {e}. The file is truncated or not a GGUF file.") from e
+            raise CheckpointError(
+                f"Cannot read GGUF file {path}: {e}. The file is truncated or not a GGUF file."
+            ) from e
         self.path = path
         self.tensors = {t.name: t for t in self.reader_.tensors}
         end = max((int(t.data_offset) + int(t.n_bytes) for t in self.reader_.tensors), default=0)
@@ -195,8 +205,10 @@ class GGUFStore:
 
     def meta(self, names: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
         # GGUF shapes are stored ne0-first (reversed); report the torch (row-major) shape.
-        return {n: (tuple(int(x) for x in reversed(self.tensors[n].shape.tolist())), self.tensors[n].tensor_type.name)
-                for n in names}
+        return {
+            n: (tuple(int(x) for x in reversed(self.tensors[n].shape.tolist())), self.tensors[n].tensor_type.name)
+            for n in names
+        }
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[Any]:
@@ -211,7 +223,9 @@ class GGUFStore:
                     # Quantization blocks run along ne0 (the torch last dim), so whole rows dequantize alone.
                     arr = gguf.quants.dequantize(np.asarray(t.data[rows]), t.tensor_type)
                 except Exception as e:
-                    raise CheckpointError(f"Cannot dequantize tensor {name!r} ({t.tensor_type.name}) of {path}: {e}") from e
+                    raise CheckpointError(
+                        f"Cannot dequantize tensor {name!r} ({t.tensor_type.name}) of {path}: {e}"
+                    ) from e
                 arr = arr[:, cols]
                 if not (arr.flags.writeable and arr.flags.c_contiguous):  # F32/F16 come back as memmap views
                     arr = np.array(arr, order="C")

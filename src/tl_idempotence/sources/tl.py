@@ -121,9 +121,15 @@ class TLModelSource:
         if note:
             extra["post_attention_norm"] = note
         self.info = ModelInfo(
-            n_layers=int(cfg.n_layers), n_heads=n_heads, n_kv_heads=n_kv, d_model=int(cfg.d_model),
-            d_head=int(cfg.d_head), model_name=str(getattr(cfg, "model_name", None) or type(model).__name__),
-            model_class=type(model).__name__, processing=tl_processing(model), extra=extra,
+            n_layers=int(cfg.n_layers),
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            d_model=int(cfg.d_model),
+            d_head=int(cfg.d_head),
+            model_name=str(getattr(cfg, "model_name", None) or type(model).__name__),
+            model_class=type(model).__name__,
+            processing=tl_processing(model),
+            extra=extra,
         )
 
     def layers(self) -> Iterator[int]:

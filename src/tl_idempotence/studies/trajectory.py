@@ -105,7 +105,8 @@ def _kind(label: str, spec: Any) -> str:
         return "callable"
     raise OptionTypeError(
         f"Checkpoint {label!r}: cannot load a {type(spec).__name__}. Give a TransformerLens model, a path to a "
-        "checkpoint directory/file, (model_name, {'checkpoint_index': i}), or a zero-argument callable returning a model."
+        "checkpoint directory/file, (model_name, {'checkpoint_index': i}), or a zero-argument callable returning "
+        "a model."
     )
 
 
@@ -138,7 +139,8 @@ def _normalize(checkpoints: Any) -> list[_Ckpt]:
     for i, entry in enumerate(checkpoints):
         if not isinstance(entry, (tuple, list)) or len(entry) not in (2, 3):
             raise OptionTypeError(
-                f"checkpoints[{i}] must be a (label, model-or-path) pair or (label, spec, step) triple; got {entry!r:.80}."
+                f"checkpoints[{i}] must be a (label, model-or-path) pair or (label, spec, step) triple; "
+                f"got {entry!r:.80}."
             )
         label, spec = entry[0], entry[1]
         step = float(entry[2]) if len(entry) == 3 else _step_of(label, spec)
@@ -157,11 +159,16 @@ def _load_hub(name: str, options: dict[str, Any]) -> Any:
     try:
         return TransformerBridge.boot_transformers(name, device="cpu", **options)
     except OSError as e:
-        offline = any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+        offline = any(
+            os.environ.get(v, "").strip().lower() in ("1", "true", "yes")
+            for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+        )
         raise OSError(
-            f"Could not load {name!r} with {options}: published training checkpoints are downloaded from the Hugging Face "
+            f"Could not load {name!r} with {options}: published training checkpoints are downloaded from the "
+            "Hugging Face "
             f"hub{' and HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE is set' if offline else ' and it could not be reached'}. "
-            "Download the checkpoints once (e.g. huggingface_hub.snapshot_download(name, revision='step1000')) and pass "
+            "Download the checkpoints once (e.g. huggingface_hub.snapshot_download(name, revision='step1000')) "
+            "and pass "
             f"their local directories instead. Original error: {e}"
         ) from e
 
@@ -196,9 +203,14 @@ def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFram
                 identical = other
             elif same and len(same) < len(fp):
                 partial.append(other)
-        rows.append({"checkpoint": label, "identical_to": identical,
-                     "shares_layers_with": ",".join(partial) if not identical else "",
-                     "n_shared_layers": len(shared)})
+        rows.append(
+            {
+                "checkpoint": label,
+                "identical_to": identical,
+                "shares_layers_with": ",".join(partial) if not identical else "",
+                "n_shared_layers": len(shared),
+            }
+        )
         seen.append((label, fp))
     return pd.DataFrame(rows)
 
@@ -231,15 +243,21 @@ class Trajectory(Result):
     threshold: float
     options: dict[str, Any] = field(default_factory=dict)
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("n_checkpoints", "first", "final", "n_closed_final", "n_identical",
-                                            "n_mixed")
+    repr_keys: ClassVar[tuple[str, ...]] = (
+        "n_checkpoints",
+        "first",
+        "final",
+        "n_closed_final",
+        "n_identical",
+        "n_mixed",
+    )
 
     @property
     def summary(self) -> dict[str, Any]:
         """``n_checkpoints, first, final, n_closed_final, n_identical, n_mixed, threshold``."""
         ck = self.checkpoints.sort_values("order")
         return {
-            "n_checkpoints": int(len(ck)),
+            "n_checkpoints": len(ck),
             "first": str(ck["checkpoint"].iloc[0]),
             "final": self.final_label,
             "n_closed_final": int(ck["n_closed"].iloc[-1]),
@@ -269,7 +287,9 @@ class Trajectory(Result):
             sel, why = fin, "selected"
         else:
             closed = fin[fin["P"] >= self.threshold]
-            sel, why = (closed, "final P >= threshold") if len(closed) else (fin.head(top_k), "top-k by final P (none closed)")
+            sel, why = (
+                (closed, "final P >= threshold") if len(closed) else (fin.head(top_k), "top-k by final P (none closed)")
+            )
         out = sel[["layer", "head", "P"]].rename(columns={"P": "final_P"}).reset_index(drop=True)
         out["why"] = why
         return out
@@ -402,8 +422,15 @@ def trajectory(
             if missing:
                 raise OptionError(f"heads name layers {missing} that are not in layers={run_layers}.")
         run_layers = hl
-    opts = ReportOptions(threshold=threshold, nulls=nulls, seed=seed, search=search, layers=run_layers,
-                         compute_dtype=compute_dtype, device=device)
+    opts = ReportOptions(
+        threshold=threshold,
+        nulls=nulls,
+        seed=seed,
+        search=search,
+        layers=run_layers,
+        compute_dtype=compute_dtype,
+        device=device,
+    )
     options = {**opts.as_dict(), "heads": head_set}
     if cache_dir is not None:
         Path(cache_dir).expanduser().mkdir(parents=True, exist_ok=True)
@@ -421,9 +448,18 @@ def trajectory(
             collect = c.kind != "object" and _is_module(model)
             try:
                 resume = None if cache_dir is None else Path(cache_dir).expanduser() / f"{c.order:04d}-{_slug(c.label)}"
-                rep = idempotence_report(model, threshold, nulls=opts.nulls, seed=opts.seed, search=opts.search,
-                                         layers=run_layers, compute_dtype=opts.compute_dtype, device=opts.device,
-                                         progress=False, resume=resume)
+                rep = idempotence_report(
+                    model,
+                    threshold,
+                    nulls=opts.nulls,
+                    seed=opts.seed,
+                    search=opts.search,
+                    layers=run_layers,
+                    compute_dtype=opts.compute_dtype,
+                    device=opts.device,
+                    progress=False,
+                    resume=resume,
+                )
             finally:
                 del model  # drop our reference before the next checkpoint is loaded
                 if collect:
@@ -432,16 +468,24 @@ def trajectory(
     return _combine(results, opts, options, head_set, allow_mixed_processing)
 
 
-def _combine(results: list[tuple[_Ckpt, Any, float]], opts: ReportOptions, options: dict[str, Any],
-             head_set: list[tuple[int, int]] | None, allow_mixed: bool) -> Trajectory:
+def _combine(
+    results: list[tuple[_Ckpt, Any, float]],
+    opts: ReportOptions,
+    options: dict[str, Any],
+    head_set: list[tuple[int, int]] | None,
+    allow_mixed: bool,
+) -> Trajectory:
     """The trajectory tables from per-checkpoint reports (in checkpoint order)."""
     threshold = opts.threshold
     procs = {c.label: _processing_key(rep.summary) for c, rep, _ in results}
     if len(set(procs.values())) > 1:
-        detail = "; ".join(f"{lab}: " + ", ".join(f"{k}={v}" for k, v in zip(PROCESSING_FLAGS, key))
-                           for lab, key in procs.items())
-        msg = (f"The checkpoints' weights were processed differently ({detail}); processing changes T and so P "
-               "(SPEC 10), so a jump between them is not training.")
+        detail = "; ".join(
+            f"{lab}: " + ", ".join(f"{k}={v}" for k, v in zip(PROCESSING_FLAGS, key)) for lab, key in procs.items()
+        )
+        msg = (
+            f"The checkpoints' weights were processed differently ({detail}); processing changes T and so P "
+            "(SPEC 10), so a jump between them is not training."
+        )
         if not allow_mixed:
             raise OptionError(msg + " Measure them all raw (or all processed), or pass allow_mixed_processing=True.")
         warnings.warn(msg, UserWarning, stacklevel=3)
@@ -449,10 +493,19 @@ def _combine(results: list[tuple[_Ckpt, Any, float]], opts: ReportOptions, optio
     rel = checkpoint_relations(fps).set_index("checkpoint")
     dup = rel[(rel["identical_to"] != "") | (rel["shares_layers_with"] != "")]
     if len(dup):
-        parts = [f"{lab} is identical to {r.identical_to}" if r.identical_to else
-                 f"{lab} shares {r.n_shared_layers} layer(s) with {r.shares_layers_with}" for lab, r in dup.iterrows()]
-        warnings.warn("Checkpoints that are not genuine distinct points: " + "; ".join(parts) +
-                      " (marked in Trajectory.checkpoints and the figures).", UserWarning, stacklevel=3)
+        parts = [
+            f"{lab} is identical to {r.identical_to}"
+            if r.identical_to
+            else f"{lab} shares {r.n_shared_layers} layer(s) with {r.shares_layers_with}"
+            for lab, r in dup.iterrows()
+        ]
+        warnings.warn(
+            "Checkpoints that are not genuine distinct points: "
+            + "; ".join(parts)
+            + " (marked in Trajectory.checkpoints and the figures).",
+            UserWarning,
+            stacklevel=3,
+        )
     head_tables, layer_tables, rows = [], [], []
     for c, rep, seconds in results:
         hd, ld = rep.heads.reset_index(drop=True), rep.layers
@@ -473,14 +526,20 @@ def _combine(results: list[tuple[_Ckpt, Any, float]], opts: ReportOptions, optio
         layer_tables.append(ld)
         P = hd["P"].to_numpy(dtype=float)
         r = rel.loc[c.label]
-        row = {**meta, "kind": c.kind, "cached": bool(rep.summary.get("n_layers_resumed", 0) == len(rep.layers)),
-               "seconds": seconds, "n_heads": len(hd),
-               "n_closed": int((np.nan_to_num(P, nan=-1.0) >= threshold).sum()),
-               "median_P": float(np.nanmedian(P)) if np.isfinite(P).any() else float("nan"),
-               "weights_fingerprint": rep.summary.get("weights_fingerprint", ""),
-               "identical_to": r["identical_to"], "shares_layers_with": r["shares_layers_with"],
-               "n_shared_layers": int(r["n_shared_layers"]),
-               **{f"processing_{k}": v for k, v in zip(PROCESSING_FLAGS, procs[c.label])}}
+        row = {
+            **meta,
+            "kind": c.kind,
+            "cached": bool(rep.summary.get("n_layers_resumed", 0) == len(rep.layers)),
+            "seconds": seconds,
+            "n_heads": len(hd),
+            "n_closed": int((np.nan_to_num(P, nan=-1.0) >= threshold).sum()),
+            "median_P": float(np.nanmedian(P)) if np.isfinite(P).any() else float("nan"),
+            "weights_fingerprint": rep.summary.get("weights_fingerprint", ""),
+            "identical_to": r["identical_to"],
+            "shares_layers_with": r["shares_layers_with"],
+            "n_shared_layers": int(r["n_shared_layers"]),
+            **{f"processing_{k}": v for k, v in zip(PROCESSING_FLAGS, procs[c.label])},
+        }
         if "P_scrambled_median" in hd:
             row["median_P_scrambled"] = float(np.nanmedian(hd["P_scrambled_median"].to_numpy(dtype=float)))
         rows.append(row)
@@ -489,5 +548,6 @@ def _combine(results: list[tuple[_Ckpt, Any, float]], opts: ReportOptions, optio
     heads_df = heads_df[lead + [c for c in heads_df.columns if c not in lead]]
     layers_df = pd.concat(layer_tables, ignore_index=True)
     layers_df = layers_df[lead + [c for c in layers_df.columns if c not in lead]]
-    return Trajectory(heads=heads_df, layers=layers_df, checkpoints=pd.DataFrame(rows), threshold=threshold,
-                      options=options)
+    return Trajectory(
+        heads=heads_df, layers=layers_df, checkpoints=pd.DataFrame(rows), threshold=threshold, options=options
+    )

@@ -50,7 +50,9 @@ class AttentionView:
     caption: str = ""
 
     def __repr__(self) -> str:
-        return f"AttentionView({len(self.heads)} heads, {len(self.tokens)} tokens, causal={self.causal}: {self.caption!r})"
+        return (
+            f"AttentionView({len(self.heads)} heads, {len(self.tokens)} tokens, causal={self.causal}: {self.caption!r})"
+        )
 
     def _repr_html_(self) -> str:  # notebooks: always the inlined local bundle
         return self.html
@@ -60,8 +62,10 @@ class AttentionView:
 
     def save(self, path: str | Path) -> str:
         """Write a standalone page with just this view; returns the path."""
-        page = ('<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention</title></head><body>'
-                f"{self.html}</body></html>")
+        page = (
+            '<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention</title></head><body>'
+            f"{self.html}</body></html>"
+        )
         Path(path).write_text(page, encoding="utf-8")
         return str(path)
 
@@ -110,22 +114,28 @@ def attention_view(
 
     pats = attention_patterns(model, text, list(heads), max_tokens=max_tokens)
     names = _head_names(pats.heads, head_table, threshold)
-    rendered = attention_heads(attention=pats.patterns, tokens=pats.tokens, attention_head_names=names,
-                               mask_upper_tri=pats.causal)
+    rendered = attention_heads(
+        attention=pats.patterns, tokens=pats.tokens, attention_head_names=names, mask_upper_tri=pats.causal
+    )
     src = rendered.local_src  # never the CDN source (blank offline), never _repr_html_ (network probe)
     # circuitsvis writes a self-closing <div .../>, which HTML parses as an open div; close it explicitly.
     src = re.sub(r'(<div id="circuits-vis-[^"]+"[^>]*?)\s*/>', r"\1></div>", src, count=1)
     what = why or (heads.describe() if isinstance(heads, FlaggedHeads) else f"{len(pats.heads)} chosen heads")
-    cut = (f"; the text has {pats.n_text_tokens} tokens, the first {len(pats.tokens)} (with special tokens) are shown"
-           if pats.truncated else f"; all {pats.n_text_tokens} tokens of the text are shown")
+    cut = (
+        f"; the text has {pats.n_text_tokens} tokens, the first {len(pats.tokens)} (with special tokens) are shown"
+        if pats.truncated
+        else f"; all {pats.n_text_tokens} tokens of the text are shown"
+    )
     caption = f"Showing {what}{cut}."
     body = f'<p class="tli-caption">{_html.escape(caption)}</p><div class="tli-attention">{src}</div>'
-    return AttentionView(html=body, heads=pats.heads, names=names, tokens=pats.tokens, causal=pats.causal,
-                         caption=caption)
+    return AttentionView(
+        html=body, heads=pats.heads, names=names, tokens=pats.tokens, causal=pats.causal, caption=caption
+    )
 
 
-def report_attention_view(rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None,
-                          max_tokens: int = 64) -> AttentionView:
+def report_attention_view(
+    rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None, max_tokens: int = 64
+) -> AttentionView:
     """The attention view of a report's flagged heads (every closed head, else the top 8 by P).
 
     Raises:
@@ -141,11 +151,14 @@ def report_attention_view(rep: Any, text: str, model: Any = None, heads: Any = N
     return attention_view(m, text, chosen, max_tokens=max_tokens, head_table=rep.heads, threshold=rep.threshold)
 
 
-def attention_section_html(rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None,
-                           max_tokens: int = 64) -> str:
+def attention_section_html(
+    rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None, max_tokens: int = 64
+) -> str:
     """An HTML section (heading, caption, circuitsvis view) of the report page."""
     view = report_attention_view(rep, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
-    intro = ("<h2>Attention patterns of the flagged heads</h2>"
-             "<p>Patterns (query rows, key columns) from <code>hook_pattern</code>; click a head to enlarge. "
-             f"Text: <q>{_html.escape(text[:200])}{'…' if len(text) > 200 else ''}</q></p>")
+    intro = (
+        "<h2>Attention patterns of the flagged heads</h2>"
+        "<p>Patterns (query rows, key columns) from <code>hook_pattern</code>; click a head to enlarge. "
+        f"Text: <q>{_html.escape(text[:200])}{'…' if len(text) > 200 else ''}</q></p>"
+    )
     return intro + view.html

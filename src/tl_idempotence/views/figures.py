@@ -64,12 +64,20 @@ def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.F
         raise OptionError(f"{value!r} is not a numeric column of report.heads; columns: {list(df.columns)}")
     piv = df.pivot(index="layer", columns="head", values=value)
     custom_cols = ["alpha", "P", "norm", "kv_head", "rank_O", "rank_V"]
-    custom = np.stack([df.pivot(index="layer", columns="head", values=c).to_numpy(dtype=float) for c in custom_cols], -1)
+    custom = np.stack(
+        [df.pivot(index="layer", columns="head", values=c).to_numpy(dtype=float) for c in custom_cols], -1
+    )
     zmin, zmax = (0.0, 1.0) if value == "P" else (None, None)
     fig = go.Figure(
         go.Heatmap(
-            z=piv.to_numpy(dtype=float), x=list(piv.columns), y=list(piv.index), zmin=zmin, zmax=zmax,
-            colorscale="Viridis", colorbar={"title": value}, customdata=custom,
+            z=piv.to_numpy(dtype=float),
+            x=list(piv.columns),
+            y=list(piv.index),
+            zmin=zmin,
+            zmax=zmax,
+            colorscale="Viridis",
+            colorbar={"title": value},
+            customdata=custom,
             hovertemplate=(
                 "L%{y}H%{x}<br>P = %{customdata[1]:.4f}<br>alpha = %{customdata[0]:.4g}"
                 "<br>||T||_F = %{customdata[2]:.4g}<br>kv head %{customdata[3]}"
@@ -79,17 +87,26 @@ def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.F
     )
     closed = df[df["closed"]]
     if len(closed):
-        fig.add_trace(go.Scatter(
-            x=closed["head"], y=closed["layer"], mode="markers", name=f"P >= {rep.threshold:g}",
-            marker={"symbol": "circle-open", "size": 14, "color": "#e8175d", "line": {"width": 2.5}},
-            text=[f"L{a}H{b}: P = {p:.4f}" for a, b, p in zip(closed["layer"], closed["head"], closed["P"])],
-            hovertemplate="%{text}<extra>closed</extra>", showlegend=True,
-        ))
+        fig.add_trace(
+            go.Scatter(
+                x=closed["head"],
+                y=closed["layer"],
+                mode="markers",
+                name=f"P >= {rep.threshold:g}",
+                marker={"symbol": "circle-open", "size": 14, "color": "#e8175d", "line": {"width": 2.5}},
+                text=[f"L{a}H{b}: P = {p:.4f}" for a, b, p in zip(closed["layer"], closed["head"], closed["P"])],
+                hovertemplate="%{text}<extra>closed</extra>",
+                showlegend=True,
+            )
+        )
     s = rep.summary
     fig.update_layout(
-        title=f"{value} per head: {s['model_name']} ({s['n_closed']} of {s['n_heads']} heads with P >= {rep.threshold:g},"
-              " ringed)",
-        xaxis_title="head", yaxis_title="layer", yaxis={"autorange": "reversed"},
+        title=f"{value} per head: {s['model_name']} ({s['n_closed']} of {s['n_heads']} heads with "
+        f"P >= {rep.threshold:g},"
+        " ringed)",
+        xaxis_title="head",
+        yaxis_title="layer",
+        yaxis={"autorange": "reversed"},
         xaxis={"dtick": 1 if rep.info.n_heads <= 32 else None},
         legend={"orientation": "h", "y": -0.08},
         height=height or max(350, 22 * len(piv.index) + 170),
@@ -117,20 +134,51 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
     x = np.arange(len(h))
     hover = "%{text}<br>%{y:.3g}<extra>%{fullData.name}</extra>"
     f1 = go.Figure()
-    f1.add_trace(go.Scatter(x=x, y=h["P_scrambled_q95"], mode="lines", name="scrambled q95",
-                            line={"color": "rgba(150,150,150,0.9)", "width": 1}, text=label, hovertemplate=hover))
-    f1.add_trace(go.Scatter(x=x, y=h["P_scrambled_median"], mode="lines", name="scrambled median",
-                            line={"color": "gray", "width": 1.5}, text=label, hovertemplate=hover))
-    f1.add_trace(go.Scatter(x=x, y=h["P"], mode="markers", name="trained P", marker={"size": 5, "color": "crimson"},
-                            text=label, hovertemplate=hover))
+    f1.add_trace(
+        go.Scatter(
+            x=x,
+            y=h["P_scrambled_q95"],
+            mode="lines",
+            name="scrambled q95",
+            line={"color": "rgba(150,150,150,0.9)", "width": 1},
+            text=label,
+            hovertemplate=hover,
+        )
+    )
+    f1.add_trace(
+        go.Scatter(
+            x=x,
+            y=h["P_scrambled_median"],
+            mode="lines",
+            name="scrambled median",
+            line={"color": "gray", "width": 1.5},
+            text=label,
+            hovertemplate=hover,
+        )
+    )
+    f1.add_trace(
+        go.Scatter(
+            x=x,
+            y=h["P"],
+            mode="markers",
+            name="trained P",
+            marker={"size": 5, "color": "crimson"},
+            text=label,
+            hovertemplate=hover,
+        )
+    )
     f1.add_hline(y=rep.threshold, line_dash="dot", annotation_text=f"P = {rep.threshold:g}")
     s = rep.summary
     frac = s.get("frac_beats_scramble", float("nan"))
     f1.update_layout(
-        title=(f"Trained P vs orientation scramble per head ({s.get('n_scramble_draws', '')} Haar draws): "
-               f"{100 * frac:.2f}% of heads beat their scramble median"),
-        xaxis_title="head (layer order)", yaxis_title="P",
-        yaxis={"type": "log", "range": log_P_range(h["P"], h["P_scrambled_median"], h["P_scrambled_q95"])}, height=420,
+        title=(
+            f"Trained P vs orientation scramble per head ({s.get('n_scramble_draws', '')} Haar draws): "
+            f"{100 * frac:.2f}% of heads beat their scramble median"
+        ),
+        xaxis_title="head (layer order)",
+        yaxis_title="P",
+        yaxis={"type": "log", "range": log_P_range(h["P"], h["P_scrambled_median"], h["P_scrambled_q95"])},
+        height=420,
     )
     L = rep.layers
     f2 = go.Figure()
@@ -138,16 +186,31 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
     f2.add_trace(go.Scatter(x=L["layer"], y=L["median_P_scrambled"], mode="lines+markers", name="median scrambled P"))
     arrays = [L["median_P"], L["median_P_scrambled"]]
     if "mismatch_P_max" in L.columns:
-        f2.add_trace(go.Scatter(x=L["layer"], y=L["mismatch_P_max"], mode="markers", name="max mismatch P",
-                                marker={"symbol": "x"}))
+        f2.add_trace(
+            go.Scatter(
+                x=L["layer"], y=L["mismatch_P_max"], mode="markers", name="max mismatch P", marker={"symbol": "x"}
+            )
+        )
         arrays.append(L["mismatch_P_max"])
     if "feasible_P" in L.columns:
-        f2.add_trace(go.Scatter(x=L["layer"], y=L["feasible_P"], mode="markers", name="feasible P (search)",
-                                marker={"symbol": "triangle-up"}))
+        f2.add_trace(
+            go.Scatter(
+                x=L["layer"],
+                y=L["feasible_P"],
+                mode="markers",
+                name="feasible P (search)",
+                marker={"symbol": "triangle-up"},
+            )
+        )
         arrays.append(L["feasible_P"])
     f2.add_hline(y=rep.threshold, line_dash="dot")
-    f2.update_layout(title="Per layer: trained vs scrambled median P (log scale)", xaxis_title="layer",
-                     yaxis_title="P", yaxis={"type": "log", "range": log_P_range(*arrays)}, height=380)
+    f2.update_layout(
+        title="Per layer: trained vs scrambled median P (log scale)",
+        xaxis_title="layer",
+        yaxis_title="P",
+        yaxis={"type": "log", "range": log_P_range(*arrays)},
+        height=380,
+    )
     return [f1, f2]
 
 
@@ -157,13 +220,29 @@ def algebra_summary_figure(alg: Any) -> go.Figure:
     from plotly.subplots import make_subplots
 
     g = alg.groups
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("median off-diagonal P_ij (law: 1)",
-                                                        "median alpha spread over i (law: 0)"))
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("median off-diagonal P_ij (law: 1)", "median alpha spread over i (law: 0)")
+    )
     for k, d in g.groupby("kv_head"):
-        fig.add_trace(go.Scatter(x=d["layer"], y=d["median_P_offdiag"], mode="lines+markers", name=f"kv group {k}",
-                                 legendgroup=str(k)), row=1, col=1)
-        fig.add_trace(go.Scatter(x=d["layer"], y=d["median_alpha_spread"], mode="lines+markers", name=f"kv group {k}",
-                                 legendgroup=str(k), showlegend=False), row=1, col=2)
+        fig.add_trace(
+            go.Scatter(
+                x=d["layer"], y=d["median_P_offdiag"], mode="lines+markers", name=f"kv group {k}", legendgroup=str(k)
+            ),
+            row=1,
+            col=1,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=d["layer"],
+                y=d["median_alpha_spread"],
+                mode="lines+markers",
+                name=f"kv group {k}",
+                legendgroup=str(k),
+                showlegend=False,
+            ),
+            row=1,
+            col=2,
+        )
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
     fig.update_xaxes(title_text="layer")
     fig.update_layout(title="Shared-value algebra T_i T_j ≈ α_j T_i, per layer and kv group", height=380)
@@ -192,18 +271,44 @@ def algebra_figures(alg: Any, layers: list[int] | None = None) -> list[go.Figure
         for c, k in enumerate(ks, start=1):
             heads, A, P = mats[k]
             labels = [str(h) for h in heads]
-            fig.add_trace(go.Heatmap(z=A, x=labels, y=labels, coloraxis="coloraxis",
-                                     hovertemplate="i=%{y}, j=%{x}<br>alpha_ij=%{z:.4g}<extra></extra>"), row=1, col=c)
-            fig.add_trace(go.Heatmap(z=P, x=labels, y=labels, coloraxis="coloraxis2",
-                                     hovertemplate="i=%{y}, j=%{x}<br>P_ij=%{z:.4f}<extra></extra>"), row=2, col=c)
+            fig.add_trace(
+                go.Heatmap(
+                    z=A,
+                    x=labels,
+                    y=labels,
+                    coloraxis="coloraxis",
+                    hovertemplate="i=%{y}, j=%{x}<br>alpha_ij=%{z:.4g}<extra></extra>",
+                ),
+                row=1,
+                col=c,
+            )
+            fig.add_trace(
+                go.Heatmap(
+                    z=P,
+                    x=labels,
+                    y=labels,
+                    coloraxis="coloraxis2",
+                    hovertemplate="i=%{y}, j=%{x}<br>P_ij=%{z:.4f}<extra></extra>",
+                ),
+                row=2,
+                col=c,
+            )
             fig.update_yaxes(autorange="reversed", row=1, col=c)
             fig.update_yaxes(autorange="reversed", row=2, col=c)
         fig.update_layout(
             title=f"Shared-value algebra, layer {layer}: rows i (left factor), columns j (right factor)",
-            coloraxis={"colorscale": "RdBu", "cmin": -amax, "cmax": amax,
-                       "colorbar": {"title": "alpha_ij", "y": 0.78, "len": 0.42}},
-            coloraxis2={"colorscale": "Viridis", "cmin": 0.0, "cmax": 1.0,
-                        "colorbar": {"title": "P_ij", "y": 0.22, "len": 0.42}},
+            coloraxis={
+                "colorscale": "RdBu",
+                "cmin": -amax,
+                "cmax": amax,
+                "colorbar": {"title": "alpha_ij", "y": 0.78, "len": 0.42},
+            },
+            coloraxis2={
+                "colorscale": "Viridis",
+                "cmin": 0.0,
+                "cmax": 1.0,
+                "colorbar": {"title": "P_ij", "y": 0.22, "len": 0.42},
+            },
             height=560,
         )
         figs.append(fig)
@@ -218,14 +323,32 @@ def activation_figure(res: Any) -> go.Figure:
     fig = go.Figure()
     text = [f"L{a}H{b}" for a, b in zip(df["layer"], df["head"])]
     if "ctrl_cos2_median" in df:
-        fig.add_trace(go.Scatter(x=df["P"], y=df["ctrl_cos2_median"], mode="markers",
-                                 name=f"control ({res.options.get('control')})",
-                                 marker={"color": "lightgrey", "size": 5}, text=text))
-    fig.add_trace(go.Scatter(x=df["P"], y=df["cos2_median"], mode="markers", name="trained head on text",
-                             marker={"color": np.where(df["closed"], "crimson", "steelblue"), "size": 6}, text=text,
-                             hovertemplate="%{text}<br>P=%{x:.4f}<br>median cos2=%{y:.4f}<extra></extra>"))
-    fig.update_layout(title="Activation-level returns: median cos²(T y_t, y_t) over tokens vs weight-level P",
-                      xaxis_title="weight-level P", yaxis_title="median cos²(T y_t, y_t)")
+        fig.add_trace(
+            go.Scatter(
+                x=df["P"],
+                y=df["ctrl_cos2_median"],
+                mode="markers",
+                name=f"control ({res.options.get('control')})",
+                marker={"color": "lightgrey", "size": 5},
+                text=text,
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=df["P"],
+            y=df["cos2_median"],
+            mode="markers",
+            name="trained head on text",
+            marker={"color": np.where(df["closed"], "crimson", "steelblue"), "size": 6},
+            text=text,
+            hovertemplate="%{text}<br>P=%{x:.4f}<br>median cos2=%{y:.4f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title="Activation-level returns: median cos²(T y_t, y_t) over tokens vs weight-level P",
+        xaxis_title="weight-level P",
+        yaxis_title="median cos²(T y_t, y_t)",
+    )
     return fig
 
 
@@ -256,9 +379,13 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
         return fig
     layers = sorted(tracked["layer"].unique().tolist())
     why = tracked["why"].iloc[0]
-    fig = make_subplots(rows=len(layers), cols=1, shared_xaxes=True,
-                        vertical_spacing=min(0.08, 0.3 / max(len(layers), 1)),
-                        subplot_titles=[f"layer {layer}" for layer in layers])
+    fig = make_subplots(
+        rows=len(layers),
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=min(0.08, 0.3 / max(len(layers), 1)),
+        subplot_titles=[f"layer {layer}" for layer in layers],
+    )
     colors = qualitative.Plotly
     lay = tr.layers.sort_values("order")
     has_search = has_null = False
@@ -269,46 +396,107 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
         color = colors[i % len(colors)]
         name = f"L{layer}H{head}"
         arrays.append(d["P"])
-        fig.add_trace(go.Scatter(x=d[xcol], y=d["P"], mode="lines+markers", name=f"{name} P", legendgroup=name,
-                                 line={"color": color}, customdata=np.stack([d["checkpoint"], d["alpha"]], -1),
-                                 hovertemplate=f"{name}<br>%{{customdata[0]}}<br>P=%{{y:.4g}}<br>α=%{{customdata[1]:.4g}}"
-                                               "<extra></extra>"), row=row, col=1)
+        fig.add_trace(
+            go.Scatter(
+                x=d[xcol],
+                y=d["P"],
+                mode="lines+markers",
+                name=f"{name} P",
+                legendgroup=name,
+                line={"color": color},
+                customdata=np.stack([d["checkpoint"], d["alpha"]], -1),
+                hovertemplate=f"{name}<br>%{{customdata[0]}}<br>P=%{{y:.4g}}<br>α=%{{customdata[1]:.4g}}"
+                "<extra></extra>",
+            ),
+            row=row,
+            col=1,
+        )
         if "P_searched" in d and d["P_searched"].notna().any():
             has_search = True
             arrays.append(d["P_searched"])
-            fig.add_trace(go.Scatter(x=d[xcol], y=d["P_searched"], mode="lines", name=f"{name} searched P",
-                                     legendgroup=name, line={"color": color, "dash": "longdash", "width": 1}),
-                          row=row, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=d[xcol],
+                    y=d["P_searched"],
+                    mode="lines",
+                    name=f"{name} searched P",
+                    legendgroup=name,
+                    line={"color": color, "dash": "longdash", "width": 1},
+                ),
+                row=row,
+                col=1,
+            )
         if "P_scrambled_median" in d:
             has_null = True
             arrays.append(d["P_scrambled_median"])
-            fig.add_trace(go.Scatter(x=d[xcol], y=d["P_scrambled_median"], mode="lines", name=f"{name} scramble median",
-                                     legendgroup=name, line={"color": color, "dash": "dot"}), row=row, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=d[xcol],
+                    y=d["P_scrambled_median"],
+                    mode="lines",
+                    name=f"{name} scramble median",
+                    legendgroup=name,
+                    line={"color": color, "dash": "dot"},
+                ),
+                row=row,
+                col=1,
+            )
     for layer in layers:
         row = layers.index(layer) + 1
         ld = lay[lay["layer"] == layer]
         if "feasible_P" in ld and ld["feasible_P"].notna().any():
             arrays.append(ld["feasible_P"])
-            fig.add_trace(go.Scatter(x=ld[xcol], y=ld["feasible_P"], mode="lines", name=f"layer {layer} feasible P (search)",
-                                     line={"color": "black", "dash": "dash"}), row=row, col=1)
+            fig.add_trace(
+                go.Scatter(
+                    x=ld[xcol],
+                    y=ld["feasible_P"],
+                    mode="lines",
+                    name=f"layer {layer} feasible P (search)",
+                    line={"color": "black", "dash": "dash"},
+                ),
+                row=row,
+                col=1,
+            )
         fig.add_hline(y=tr.threshold, line={"color": "grey", "width": 1, "dash": "dashdot"}, row=row, col=1)
     for _, ck in _suspect_points(tr).iterrows():
         x = ck[xcol]
-        what = f"identical to {ck['identical_to']}" if ck["identical_to"] else f"shares layers with {ck['shares_layers_with']}"
-        fig.add_vrect(x0=x, x1=x, line={"color": "grey", "width": 6}, opacity=0.3, annotation_text=what,
-                      annotation_position="top left")
+        what = (
+            f"identical to {ck['identical_to']}"
+            if ck["identical_to"]
+            else f"shares layers with {ck['shares_layers_with']}"
+        )
+        fig.add_vrect(
+            x0=x,
+            x1=x,
+            line={"color": "grey", "width": 6},
+            opacity=0.3,
+            annotation_text=what,
+            annotation_position="top left",
+        )
     if log_y:
         fig.update_yaxes(title_text="P", type="log", range=log_P_range(*arrays))
     else:
         fig.update_yaxes(title_text="P", range=[0, 1.02])
     fig.update_xaxes(title_text=xtitle, row=len(layers), col=1)
-    head_note = f"heads with final P ≥ {tr.threshold:g}" if why == "final P >= threshold" else (
-        f"NO head reached P ≥ {tr.threshold:g}: top {len(tracked)} heads by final P" if why.startswith("top")
-        else "selected heads")
-    keys = ["solid: P"] + (["dotted: scramble null"] if has_null else []) + (
-        ["long-dash: searched P", "black dashed: layer feasible P"] if has_search else [])
-    fig.update_layout(title=f"Closure over training — {head_note}; " + ", ".join(keys),
-                      height=260 * len(layers) + 120, template="plotly_white")
+    head_note = (
+        f"heads with final P ≥ {tr.threshold:g}"
+        if why == "final P >= threshold"
+        else (
+            f"NO head reached P ≥ {tr.threshold:g}: top {len(tracked)} heads by final P"
+            if why.startswith("top")
+            else "selected heads"
+        )
+    )
+    keys = (
+        ["solid: P"]
+        + (["dotted: scramble null"] if has_null else [])
+        + (["long-dash: searched P", "black dashed: layer feasible P"] if has_search else [])
+    )
+    fig.update_layout(
+        title=f"Closure over training — {head_note}; " + ", ".join(keys),
+        height=260 * len(layers) + 120,
+        template="plotly_white",
+    )
     return fig
 
 
@@ -320,20 +508,40 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
     xcol, xtitle = tr.x_axis()
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=ck[xcol], y=ck["median_P"], mode="lines+markers", name="median P (all heads)"))
-    fig.add_trace(go.Scatter(x=ck[xcol], y=ck["n_closed"] / ck["n_heads"], mode="lines+markers",
-                             name=f"fraction with P ≥ {tr.threshold:g}"))
+    fig.add_trace(
+        go.Scatter(
+            x=ck[xcol],
+            y=ck["n_closed"] / ck["n_heads"],
+            mode="lines+markers",
+            name=f"fraction with P ≥ {tr.threshold:g}",
+        )
+    )
     arrays = [ck["median_P"], ck["n_closed"] / ck["n_heads"]]
     if "median_P_scrambled" in ck:
         arrays.append(ck["median_P_scrambled"])
-        fig.add_trace(go.Scatter(x=ck[xcol], y=ck["median_P_scrambled"], mode="lines", name="median scrambled P",
-                                 line={"dash": "dot"}))
+        fig.add_trace(
+            go.Scatter(
+                x=ck[xcol], y=ck["median_P_scrambled"], mode="lines", name="median scrambled P", line={"dash": "dot"}
+            )
+        )
     sus = _suspect_points(tr)
     if len(sus):
-        fig.add_trace(go.Scatter(x=sus[xcol], y=sus["median_P"], mode="markers", name="identical / shared-layer checkpoint",
-                                 marker={"symbol": "x-open", "size": 14, "color": "black"}))
-    fig.update_layout(title="All heads over training", xaxis_title=xtitle, yaxis_title="P / fraction",
-                      yaxis={"type": "log", "range": log_P_range(*arrays)} if log_y else {"range": [0, 1.02]},
-                      template="plotly_white")
+        fig.add_trace(
+            go.Scatter(
+                x=sus[xcol],
+                y=sus["median_P"],
+                mode="markers",
+                name="identical / shared-layer checkpoint",
+                marker={"symbol": "x-open", "size": 14, "color": "black"},
+            )
+        )
+    fig.update_layout(
+        title="All heads over training",
+        xaxis_title=xtitle,
+        yaxis_title="P / fraction",
+        yaxis={"type": "log", "range": log_P_range(*arrays)} if log_y else {"range": [0, 1.02]},
+        template="plotly_white",
+    )
     return fig
 
 

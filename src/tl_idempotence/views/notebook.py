@@ -31,8 +31,8 @@ def _value(v: Any) -> str | None:
 
 
 def _summary_table(summary: dict[str, Any], limit: int = 14) -> str:
-    rows = [(k, _value(v)) for k, v in summary.items()]
-    rows = [(k, v) for k, v in rows if v is not None][:limit]
+    values = [(k, _value(v)) for k, v in summary.items()]
+    rows = [(k, v) for k, v in values if v is not None][:limit]
     return pd.DataFrame(rows, columns=["", "value"]).to_html(index=False, border=0)
 
 
@@ -55,11 +55,16 @@ def mini_heatmap(rep: Any, value: str = "P") -> str:
                 color = sample_colorscale("Viridis", [min(max((v - lo) / ((hi - lo) or 1.0), 0.0), 1.0)])[0]
             ring = "outline:2px solid #e8175d;outline-offset:-2px;" if bool(closed.iloc[i, j]) else ""
             title = f"L{layer}H{head}: {value} = {format_P(v, rep.threshold) if value == 'P' else f'{v:.4g}'}"
-            tds.append(f'<td title="{html.escape(title)}" style="background:{color};{ring}width:12px;height:9px;padding:0"></td>')
+            tds.append(
+                f'<td title="{html.escape(title)}" '
+                f'style="background:{color};{ring}width:12px;height:9px;padding:0"></td>'
+            )
         cells.append(f'<tr><th style="font-size:9px;padding:0 3px">{layer}</th>{"".join(tds)}</tr>')
-    return ('<table style="border-collapse:collapse;margin:4px 0">' + "".join(cells) + "</table>"
-            f'<div style="font-size:11px;color:#555">{value} per layer (rows) x head (columns), Viridis [{lo:g}, {hi:g}];'
-            " ringed: closed heads. Hover a cell for its value.</div>")
+    return (
+        '<table style="border-collapse:collapse;margin:4px 0">' + "".join(cells) + "</table>"
+        f'<div style="font-size:11px;color:#555">{value} per layer (rows) x head (columns), Viridis [{lo:g}, {hi:g}];'
+        " ringed: closed heads. Hover a cell for its value.</div>"
+    )
 
 
 def _report_html(rep: Any) -> str:
@@ -69,9 +74,11 @@ def _report_html(rep: Any) -> str:
     n = int(rep.summary["n_closed"])
     more = f"<div style='font-size:11px'>({n - 20} more in <code>rep.closed_heads</code>)</div>" if n > 20 else ""
     title = f"Near-idempotent heads ({n}), by P" if n else "No head is closed; the highest P"
-    return (f"<div><b>IdempotenceReport</b><p>{html.escape(headline(rep.summary, rep.threshold))}</p>"
-            f"<details open><summary>{title}</summary>{table}{more}</details>"
-            f"<details><summary>P over layer x head</summary>{mini_heatmap(rep)}</details></div>")
+    return (
+        f"<div><b>IdempotenceReport</b><p>{html.escape(headline(rep.summary, rep.threshold))}</p>"
+        f"<details open><summary>{title}</summary>{table}{more}</details>"
+        f"<details><summary>P over layer x head</summary>{mini_heatmap(rep)}</details></div>"
+    )
 
 
 def result_html(obj: Any) -> str:
@@ -88,6 +95,8 @@ def result_html(obj: Any) -> str:
     out = f"<div><b>{html.escape(name)}</b>{_summary_table(summary)}"
     heads = getattr(obj, "heads", None)
     if isinstance(heads, pd.DataFrame) and len(heads):
-        out += (f"<details><summary>heads ({len(heads)} rows; first 10)</summary>"
-                f"{heads.head(10).to_html(border=0, float_format=lambda v: f'{v:.4g}')}</details>")
+        out += (
+            f"<details><summary>heads ({len(heads)} rows; first 10)</summary>"
+            f"{heads.head(10).to_html(border=0, float_format=lambda v: f'{v:.4g}')}</details>"
+        )
     return out + "</div>"

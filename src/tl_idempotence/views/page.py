@@ -47,14 +47,16 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
     if limit is not None:
         df = df.head(limit)
     t = rep.threshold
-    out = pd.DataFrame({
-        "head": list(df.index),
-        "layer": df["layer"].astype(int).to_numpy(),
-        "head index": df["head"].astype(int).to_numpy(),
-        "kv head": df["kv_head"].astype(int).to_numpy(),
-        "alpha": [f"{a:.4g}" for a in df["alpha"]],
-        "P": [format_P(p, t) for p in df["P"]],
-    })
+    out = pd.DataFrame(
+        {
+            "head": list(df.index),
+            "layer": df["layer"].astype(int).to_numpy(),
+            "head index": df["head"].astype(int).to_numpy(),
+            "kv head": df["kv_head"].astype(int).to_numpy(),
+            "alpha": [f"{a:.4g}" for a in df["alpha"]],
+            "P": [format_P(p, t) for p in df["P"]],
+        }
+    )
     if "P_scrambled_median" in df.columns:
         out["scramble median P"] = [f"{v:.3g}" for v in df["P_scrambled_median"]]
         out["scramble p-value"] = [f"{v:.3g}" for v in df["p_value"]]
@@ -103,25 +105,39 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
     sections: list[dict[str, Any]] = []
     s = rep.summary
     if "P_scrambled_median" in rep.heads.columns:
-        sections.append({"id": "controls", "title": "Null controls: orientation scramble and O/V mismatch",
-                         "note": "Each head's P against its own scramble null (same singular values, spans and "
-                                 "principal angles; Haar-random orientation), and per layer the matched O/V mismatch.",
-                         "figures": [div(f) for f in scramble_figures(rep)], "folded": []})
+        sections.append(
+            {
+                "id": "controls",
+                "title": "Null controls: orientation scramble and O/V mismatch",
+                "note": "Each head's P against its own scramble null (same singular values, spans and "
+                "principal angles; Haar-random orientation), and per layer the matched O/V mismatch.",
+                "figures": [div(f) for f in scramble_figures(rep)],
+                "folded": [],
+            }
+        )
     alg = rep.algebra
     if alg is not None:
         if alg.empty:
-            sections.append({"id": "algebra", "title": "Shared-value algebra", "note": alg.reason, "figures": [],
-                             "folded": []})
+            sections.append(
+                {"id": "algebra", "title": "Shared-value algebra", "note": alg.reason, "figures": [], "folded": []}
+            )
         else:
             per_layer = [div(f) for f in algebra_figures(alg)]
             a = alg.summary
-            sections.append({
-                "id": "algebra", "title": "Shared-value algebra (GQA kv groups)",
-                "note": (f"{a['n_groups']} kv groups; median off-diagonal P_ij {a['median_P_offdiag']:.3g} "
-                         f"(the right-action law T_i T_j = α_j T_i predicts 1); median α spread "
-                         f"{a['median_alpha_spread']:.3g} (law: 0)."),
-                "figures": [div(algebra_summary_figure(alg))],
-                "folded": per_layer, "folded_title": f"Per-layer α_ij and P_ij matrices ({len(per_layer)} layers)"})
+            sections.append(
+                {
+                    "id": "algebra",
+                    "title": "Shared-value algebra (GQA kv groups)",
+                    "note": (
+                        f"{a['n_groups']} kv groups; median off-diagonal P_ij {a['median_P_offdiag']:.3g} "
+                        f"(the right-action law T_i T_j = α_j T_i predicts 1); median α spread "
+                        f"{a['median_alpha_spread']:.3g} (law: 0)."
+                    ),
+                    "figures": [div(algebra_summary_figure(alg))],
+                    "folded": per_layer,
+                    "folded_title": f"Per-layer α_ij and P_ij matrices ({len(per_layer)} layers)",
+                }
+            )
     paper = rep.paper_table(formatted=True)
     numeric = rep.paper_table()
     not_run = numeric[~np.isfinite(numeric["value"].to_numpy(dtype=float))]
@@ -136,8 +152,11 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
         closed_table=_table_html(closed_heads_table(rep)),
         heatmap=heat,
         paper_table=_table_html(paper),
-        paper_note=("Rows marked 'not run' need the controls: " + "; ".join(sorted(set(not_run["note"])))
-                    if len(not_run) else ""),
+        paper_note=(
+            "Rows marked 'not run' need the controls: " + "; ".join(sorted(set(not_run["note"])))
+            if len(not_run)
+            else ""
+        ),
         sections=sections,
         extra_html=list(extra_html or []),
         n_heads=len(rep.heads),
@@ -149,8 +168,15 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
     )
 
 
-def save_report_html(rep: Any, path: str | os.PathLike[str], attention_text: str | None = None, model: Any = None,
-                     attention_heads: Any = None, top_k: int | None = None, max_tokens: int = 64) -> Path:
+def save_report_html(
+    rep: Any,
+    path: str | os.PathLike[str],
+    attention_text: str | None = None,
+    model: Any = None,
+    attention_heads: Any = None,
+    top_k: int | None = None,
+    max_tokens: int = 64,
+) -> Path:
     """Write the report page to ``path`` (see :meth:`IdempotenceReport.save_html`).
 
     Raises:
@@ -165,7 +191,10 @@ def save_report_html(rep: Any, path: str | os.PathLike[str], attention_text: str
     if attention_text is not None:
         from .attention import attention_section_html
 
-        extra.append(attention_section_html(rep, attention_text, model=model, heads=attention_heads, top_k=top_k,
-                                            max_tokens=max_tokens))
+        extra.append(
+            attention_section_html(
+                rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
+            )
+        )
     p.write_text(report_html(rep, extra_html=extra), encoding="utf-8")
     return p

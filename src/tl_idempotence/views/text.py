@@ -49,18 +49,27 @@ def headline(summary: dict[str, Any], threshold: float) -> str:
     s = summary
     n, k = int(s["n_heads"]), int(s["n_closed"])
     pct = 100.0 * k / n if n else float("nan")
-    text = (f"{s['model_name']} ({s['model_class']}, {weights_phrase(s)}): {k} of {n} heads ({pct:.2f} %) are "
-            f"near-idempotent, P ≥ {threshold:g}; median P {s['median_P']:.3g}.")
+    text = (
+        f"{s['model_name']} ({s['model_class']}, {weights_phrase(s)}): {k} of {n} heads ({pct:.2f} %) are "
+        f"near-idempotent, P ≥ {threshold:g}; median P {s['median_P']:.3g}."
+    )
     if "median_P_scrambled" in s:
-        text += (f" Against the orientation-scramble null ({s['n_scramble_draws']} Haar draws per head) "
-                 f"{100 * s['frac_beats_scramble']:.2f} % of heads beat their scramble median (median scrambled P "
-                 f"{s['median_P_scrambled']:.3g})")
+        text += (
+            f" Against the orientation-scramble null ({s['n_scramble_draws']} Haar draws per head) "
+            f"{100 * s['frac_beats_scramble']:.2f} % of heads beat their scramble median (median scrambled P "
+            f"{s['median_P_scrambled']:.3g})"
+        )
         if s.get("n_mismatch_pairs"):
-            text += f", and {s['n_mismatch_closed']} of {s['n_mismatch_pairs']} matched O/V mismatch pairs reach P ≥ {threshold:g}."
+            text += (
+                f", and {s['n_mismatch_closed']} of {s['n_mismatch_pairs']} matched O/V mismatch pairs reach "
+                f"P ≥ {threshold:g}."
+            )
         else:
             text += "; there is no matched O/V mismatch pair (one kv head)."
     else:
-        text += " No null control was run (nulls=0): use nulls=64 (CLI --nulls 64) for the scramble and mismatch controls."
+        text += (
+            " No null control was run (nulls=0): use nulls=64 (CLI --nulls 64) for the scramble and mismatch controls."
+        )
     if "n_feasible_layers" in s:
         n_layers = int(s.get("n_attention_layers", 0))
         text += f" Constructive search: P ≥ {threshold:g} is feasible in {s['n_feasible_layers']} of {n_layers} layers."
@@ -80,15 +89,39 @@ def summary_sections(summary: dict[str, Any]) -> list[tuple[str, list[tuple[str,
         return str(v)
 
     s = summary
-    measured = [(k, fmt(s[k])) for k in ("model_name", "model_class", "n_layers", "n_attention_layers", "n_heads",
-                                        "n_heads_per_layer", "n_kv_heads", "d_model", "d_head", "threshold",
-                                        "weights_fingerprint") if k in s]
-    headline_keys = [k for k in s if k not in {m for m, _ in measured} and not isinstance(s[k], dict)
-                     and k not in ("closed_per_layer",)]
-    out = [("What was measured", measured),
-           ("Headline numbers", [(k, fmt(s[k])) for k in headline_keys])]
-    for title, key in (("Weights: processing flags (SPEC 10)", "processing"), ("Options", "options"),
-                       ("Source", "source"), ("Shared-value algebra", "algebra"), ("Versions", "versions")):
+    measured: list[tuple[str, str]] = [
+        (k, fmt(s[k]))
+        for k in (
+            "model_name",
+            "model_class",
+            "n_layers",
+            "n_attention_layers",
+            "n_heads",
+            "n_heads_per_layer",
+            "n_kv_heads",
+            "d_model",
+            "d_head",
+            "threshold",
+            "weights_fingerprint",
+        )
+        if k in s
+    ]
+    headline_keys = [
+        k
+        for k in s
+        if k not in {m for m, _ in measured} and not isinstance(s[k], dict) and k not in ("closed_per_layer",)
+    ]
+    out: list[tuple[str, list[tuple[str, str]]]] = [
+        ("What was measured", measured),
+        ("Headline numbers", [(k, fmt(s[k])) for k in headline_keys]),
+    ]
+    for title, key in (
+        ("Weights: processing flags (SPEC 10)", "processing"),
+        ("Options", "options"),
+        ("Source", "source"),
+        ("Shared-value algebra", "algebra"),
+        ("Versions", "versions"),
+    ):
         if isinstance(s.get(key), dict) and s[key]:
             out.append((title, [(k, fmt(v)) for k, v in s[key].items()]))
     return out

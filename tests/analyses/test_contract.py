@@ -1,0 +1,134 @@
+"""The per-layer contract, checked for every report analysis (analyses/base.py):
+
+one row per query head in head order; deterministic for (seed, layer); independent of which other
+layers ran; every NaN it writes has a reason (per head in its reason column or the closure's reason,
+per layer in LayerResult.notes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from helpers import SyntheticSource, gaussian_layer
+
+import tl_idempotence as tli
+from tl_idempotence.analyses.base import LayerContext, LayerResult
+from tl_idempotence.analyses.registry import REPORT_ANALYSES
+from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.core.options import ReportOptions
+
+OPTIONS = ReportOptions(nulls=8, seed=3, search=True, algebra=True)
+ANALYSES = {a.name: a for a in REPORT_ANALYSES}
+
+
+def degenerate_layer(layer: int = 1) -> LayerHeads:
+    """6 query heads on 2 kv heads: head 0 zero, head 1 with span(O) ⟂ span(V) (nilpotent), head 4 exactly
+    idempotent (T = projection), the rest Gaussian."""
+    lh = gaussian_layer(layer, 6, 2, 24, 4, seed=11)
+    g = torch.Generator().manual_seed(5)
+    O = lh.O.clone()
+    O[0] = 0.0
+    Q, _ = torch.linalg.qr(torch.cat([lh.V[0], torch.randn(24, 4, generator=g, dtype=torch.float64)], 1))
+    O[1] = Q[:, 4:] @ torch.randn(4, 4, generator=g, dtype=torch.float64)  # range ⟂ span(V_0): T² = 0
+    A = torch.randn(24, 4, generator=g, dtype=torch.float64)
+    O[4] = A @ torch.linalg.inv(lh.V[1].T @ A)  # T = A (Vᵀ A)⁻¹ Vᵀ, an oblique projection
+    return LayerHeads(layer, O, lh.V, lh.kv_head_of)
+
+
+def run(name: str, lh: LayerHeads, options: ReportOptions = OPTIONS) -> LayerResult:
+    return ANALYSES[name].run(LayerContext.build(lh, options))
+
+
+def test_every_report_analysis_is_checked_here():
+    assert [a.name for a in REPORT_ANALYSES] == ["closure", "scramble", "mismatch", "search", "algebra"]
+    assert REPORT_ANALYSES[0].name == "closure"  # its columns come first in the report
+
+
+@pytest.mark.parametrize("name", list(ANALYSES))
+def test_one_row_per_head_in_order(name):
+    lh = degenerate_layer()
+    res = run(name, lh)
+    for col, v in res.columns.items():
+        assert len(v) == lh.n_heads, col
+    for tname, t in res.tables.items():
+        assert (t["layer"] == lh.layer).all(), tname
+    if name == "closure":
+        c = tli.closure(lh, factors=False)
+        np.testing.assert_array_equal(res.columns["P"], c.P.numpy())  # head order = LayerHeads order
+    if name == "scramble":
+        d = res.tables["scramble_draws"]
+        assert list(d["head"].unique()) == list(range(lh.n_heads))
+
+
+@pytest.mark.parametrize("name", list(ANALYSES))
+def test_deterministic_for_seed_and_layer(name):
+    a, b = run(name, degenerate_layer()), run(name, degenerate_layer())
+    for col in a.columns:
+        np.testing.assert_array_equal(np.asarray(a.columns[col]), np.asarray(b.columns[col]))
+    assert a.values.keys() == b.values.keys()
+    for k in a.values:
+        assert a.values[k] == b.values[k] or (a.values[k] != a.values[k] and b.values[k] != b.values[k]), k
+    for t in a.tables:
+        pd.testing.assert_frame_equal(a.tables[t], b.tables[t])
+    if name in ("scramble", "search"):  # another seed, or another layer index, gives other draws
+        other = run(name, degenerate_layer(), ReportOptions(nulls=8, seed=4, search=True, algebra=True))
+        moved = run(name, degenerate_layer(layer=2))
+        col = "P_scrambled_median" if name == "scramble" else "search_best_restart"
+        key = "scramble_draws" if name == "scramble" else None
+        if key:
+            assert not a.tables[key]["P"].equals(other.tables[key]["P"])
+            assert not a.tables[key]["P"].equals(moved.tables[key]["P"])
+        else:
+            assert np.isfinite(np.asarray(other.columns["P_searched"], dtype=float)).sum() > 0
+        assert col in a.columns
+
+
+@pytest.mark.parametrize("name", list(ANALYSES))
+def test_independent_of_which_other_layers_ran(name):
+    lhs = [gaussian_layer(0, 6, 2, 24, 4, seed=1), degenerate_layer(1), gaussian_layer(2, 6, 2, 24, 4, seed=2)]
+    src = SyntheticSource(lhs)
+    kw = {"nulls": 8, "seed": 3, "search": name == "search", "algebra": name == "algebra", "progress": False}
+    full = tli.idempotence_report(src, **kw)
+    alone = tli.idempotence_report(src, layers=[1], **kw)
+    pd.testing.assert_frame_equal(full.heads[full.heads["layer"] == 1], alone.heads)
+    pd.testing.assert_frame_equal(full.layers[full.layers["layer"] == 1].reset_index(drop=True), alone.layers)
+    for t, df in alone.tables.items():
+        pd.testing.assert_frame_equal(full.tables[t][full.tables[t]["layer"] == 1].reset_index(drop=True), df)
+
+
+@pytest.mark.parametrize("name", list(ANALYSES))
+def test_every_nan_has_a_reason(name):
+    lh = degenerate_layer()
+    closure = run("closure", lh)
+    res = run(name, lh)
+    reason_col = ANALYSES[name].reason_column
+    reasons = np.asarray(res.columns.get(reason_col, closure.columns["reason"]), dtype=str)
+    base = np.asarray(closure.columns["reason"], dtype=str)
+    n_nan = 0
+    for col, v in res.columns.items():
+        arr = np.asarray(v)
+        if arr.dtype.kind != "f":
+            continue
+        for i in np.nonzero(np.isnan(arr))[0]:
+            n_nan += 1
+            assert reasons[i] or base[i], f"{name}: {col}[{i}] is NaN without a reason"
+    for k, v in res.values.items():
+        if isinstance(v, float) and np.isnan(v):
+            assert res.notes.get(k), f"{name}: layer value {k} is NaN without a note"
+    for tname, t in res.tables.items():
+        if "reason" in t.columns:
+            for col in t.columns:
+                if t[col].dtype.kind == "f":
+                    bad = t[np.isnan(t[col].to_numpy()) & (t["reason"].astype(str) == "")]
+                    if tname != "scramble_draws":
+                        assert bad.empty, f"{name}: {tname}.{col} NaN without a reason:\n{bad}"
+    if name in ("closure", "scramble", "search"):
+        assert n_nan >= 2  # the zero and the nilpotent head: the check above did run
+
+
+def test_degenerate_layer_is_what_it_says():
+    c = tli.closure(degenerate_layer(), factors=False)
+    assert "zero head" in c.reason[0] and "nilpotent" in c.reason[1]
+    assert float(c.P[4]) == pytest.approx(1.0, abs=1e-10) and float(c.alpha[4]) == pytest.approx(1.0, abs=1e-8)

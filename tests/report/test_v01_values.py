@@ -1,0 +1,89 @@
+"""Every number is unchanged by the redesign: the per-head tables of both zoo models and of their
+checkpoint files are bit for bit what tl_idempotence 0.1 gave (stored in tests/data/v0_1/, written by
+tests/data/v0_1/make_reference.py at commit 046f01e). Parquet keeps every float64 bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import tl_idempotence as tli
+
+REF = Path(__file__).resolve().parents[1] / "data" / "v0_1"
+
+
+def assert_same_bits(got: pd.DataFrame, stem: str) -> None:
+    ref = pd.read_parquet(REF / f"{stem}.parquet")
+    got = got.reset_index(drop=True)
+    missing = [c for c in ref.columns if c not in got.columns]
+    assert not missing, f"{stem}: columns of 0.1 missing now: {missing}"
+    assert len(got) == len(ref), stem
+    for c in ref.columns:
+        a, b = got[c].to_numpy(), ref[c].to_numpy()
+        if b.dtype.kind == "f":
+            # same bits: equal where finite, NaN exactly where 0.1 had NaN
+            assert np.array_equal(a.astype(np.float64).view(np.int64), b.astype(np.float64).view(np.int64)) or (
+                np.array_equal(a.astype(float), b.astype(float), equal_nan=True)
+                and np.array_equal(np.signbit(a.astype(float)), np.signbit(b.astype(float)))
+            ), f"{stem}: column {c} differs (max |d| {np.nanmax(np.abs(a.astype(float) - b.astype(float)))})"
+        else:
+            assert [str(x) for x in a] == [str(x) for x in b], f"{stem}: column {c} differs"
+
+
+@pytest.fixture(scope="module")
+def zoo_ready():
+    """The zoo's cached files of both models (fetched once when missing), or skip/fail (conftest.unavailable)."""
+    from conftest import unavailable
+
+    try:
+        for name in ("smollm2-135m", "minilm-l6"):
+            tli.models.checkpoint_dir(name, progress=False)
+    except Exception as e:  # noqa: BLE001 - offline without a cache: skip here, fail under CI
+        unavailable("the zoo models' files", e)
+
+
+@pytest.fixture(scope="module")
+def smol_files(zoo_ready):
+    return str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
+
+
+def test_smollm2_checkpoint_files_nulls(smol_files):
+    rep = tli.idempotence_report(smol_files, nulls=16, progress=False)
+    assert_same_bits(rep.heads, "smollm2_files_nulls16.heads")
+    assert_same_bits(rep.layers, "smollm2_files_nulls16.layers")
+
+
+def test_smollm2_gguf_file(zoo_ready):
+    rep = tli.idempotence_report(str(tli.models.gguf_path("smollm2-135m", progress=False)), progress=False)
+    assert_same_bits(rep.heads, "smollm2_gguf.heads")
+
+
+def test_smollm2_search_layers(smol_files):
+    rep = tli.idempotence_report(smol_files, layers=[5, 10], nulls=8, search=True, progress=False)
+    assert_same_bits(rep.heads, "smollm2_bridge_l5_l10_search.heads")
+    assert_same_bits(rep.layers, "smollm2_bridge_l5_l10_search.layers")
+
+
+def test_minilm_checkpoint_files_nulls(zoo_ready):
+    rep = tli.idempotence_report(str(tli.models.checkpoint_dir("minilm-l6", progress=False)), nulls=16, progress=False)
+    assert_same_bits(rep.heads, "minilm_files_nulls16.heads")
+    assert_same_bits(rep.layers, "minilm_files_nulls16.layers")
+
+
+@pytest.mark.bridge
+def test_smollm2_bridge_nulls_and_algebra(smollm2):
+    rep = tli.idempotence_report(smollm2, nulls=16, algebra=True, progress=False)
+    assert_same_bits(rep.heads, "smollm2_bridge_nulls16_algebra.heads")
+    assert_same_bits(rep.layers, "smollm2_bridge_nulls16_algebra.layers")
+    assert_same_bits(rep.algebra.pairs, "smollm2_bridge_nulls16_algebra.algebra_pairs")
+    assert_same_bits(rep.algebra.heads, "smollm2_bridge_nulls16_algebra.algebra_heads")
+
+
+@pytest.mark.bridge
+def test_minilm_bridge_nulls(minilm):
+    rep = tli.idempotence_report(minilm, nulls=16, progress=False)
+    assert_same_bits(rep.heads, "minilm_bridge_nulls16.heads")
+    assert_same_bits(rep.layers, "minilm_bridge_nulls16.layers")
