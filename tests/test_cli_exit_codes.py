@@ -1,0 +1,161 @@
+"""The CLI's exit codes, table-driven (issue 11 class 5, issue 12, issue 13's CLI flags).
+
+0 success; 2 bad arguments — every value is checked before any work starts; 1 failure with a one-line
+reason and no traceback. Each case runs the real command in a fresh process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import llama_like
+
+CLI = [sys.executable, "-m", "tl_idempotence.cli"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d, _, _ = llama_like(tmp_path_factory.mktemp("ck") / "tiny", n_layers=2)
+    return d
+
+
+@pytest.fixture(scope="module")
+def broken(tmp_path_factory, ckpt):
+    import shutil
+
+    d = tmp_path_factory.mktemp("broken") / "tiny"
+    shutil.copytree(ckpt, d)
+    shard = sorted(d.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])  # truncated
+    return d
+
+
+def run(args, cwd=None, env_extra=None):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+USAGE = [  # (argv, a fragment the message must contain): exit 2, before any work
+    ([], "COMMAND"),
+    (["report", "--nul", "3"], "unrecognized arguments: --nul"),  # no prefix matching of flags
+    (["report", "--seed", "-1"], "--seed: must be >= 0"),
+    (["report", "--seed", "1.5"], "--seed: not an integer"),
+    (["report", "--threshold", "1.5"], "must be in [0, 1]"),
+    (["report", "--threshold", "nan"], "must be in [0, 1]"),
+    (["report", "--threshold", "x"], "not a number"),
+    (["report", "--nulls", "-1"], "--nulls: must be >= 0"),
+    (["report", "--nulls", "1.7"], "--nulls: not an integer"),
+    (["report", "--layers", ""], "empty item"),
+    (["report", "--layers", "3-1"], "bad layer range"),
+    (["report", "--layers", "a"], "not a layer index"),
+    (["report", "--layers", "1,1"], "given twice"),
+    (["report", "--out", "/nonexistent-tli/x.html"], "--out: the folder /nonexistent-tli does not exist"),
+    (["report", "--csv", "/nonexistent-tli/x.csv"], "--csv: the folder /nonexistent-tli does not exist"),
+    (["report", "--out", "/tmp"], "is a folder"),
+    (["report", "--compute-dtype", "int64"], "invalid choice"),
+    (["report", "--processing", "folded"], "invalid choice"),
+    (["report", "--device", "cuda"], "CUDA is not available"),
+    (["report", "--device", "banana"], "not a device name"),
+    (["report", "zoo:nope"], "unknown zoo model 'nope'"),
+    (["report", "./no-such-folder"], "no such file or folder"),
+    (["report", "/no/such/file.gguf"], "no such file or folder"),
+    (["fetch", "nope"], "unknown zoo model 'nope'"),
+    (["fetch", "smollm2-135m", "--source", "/nonexistent-tli.whl"], "no such file or folder"),
+    (["sweep"], "ITEM"),
+    (["sweep", "a"], "--out"),
+]
+
+
+@pytest.mark.parametrize("argv,fragment", USAGE, ids=[" ".join(a) or "<none>" for a, _ in USAGE])
+def test_bad_arguments_exit_2_before_any_work(argv, fragment, tmp_path):
+    if "CUDA is not available" in fragment:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    proc = run(argv, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert fragment in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "report.html").exists()
+
+
+def test_path_only_flags_and_runtime_option_errors_exit_2(ckpt, tmp_path):
+    for argv, fragment in [
+        ([str(ckpt), "--processing", "tl"], "apply to zoo models"),
+        ([str(ckpt), "--cls", "hooked"], "apply to zoo models"),
+        ([str(ckpt), "--attention-text", "hello"], "needs a model TransformerLens can run"),
+        ([str(ckpt), "--attention-text", "  "], "must not be empty"),
+        ([str(ckpt), "--layers", "7"], "Unknown layer index [7]"),  # checked against the model's layers
+    ]:
+        proc = run(["report", *argv, "--out", str(tmp_path / "r.html"), "--quiet"])
+        assert proc.returncode == 2, (argv, proc.stderr)
+        assert fragment in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "r.html").exists()
+
+
+def test_local_folder_named_like_a_zoo_model_is_not_silently_replaced(tmp_path):
+    (tmp_path / "minilm-l6").mkdir()
+    proc = run(["report", "minilm-l6", "--out", "r.html"], cwd=tmp_path)
+    assert proc.returncode == 2 and "both a zoo model and a local path" in proc.stderr
+    assert "./minilm-l6" in proc.stderr and "zoo:minilm-l6" in proc.stderr
+
+
+def test_failures_exit_1_with_one_line(broken, tmp_path):
+    proc = run(["report", str(broken), "--out", str(tmp_path / "r.html"), "--quiet"])
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tl-idempotence: error:"), proc.stderr
+    assert "model-00001-of-00003.safetensors" in lines[0] or ".safetensors" in lines[0]
+    proc = run(["report", "some-org/some-model", "--out", str(tmp_path / "r.html")])
+    assert proc.returncode == 1 and "HF_HUB_OFFLINE is set" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_success_layers_csv_and_json(ckpt, tmp_path):
+    out, csv = tmp_path / "r.html", tmp_path / "h.csv"
+    proc = run(["report", str(ckpt), "--out", str(out), "--csv", str(csv), "--layers", "1", "--json", "--quiet"])
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["summary"]["n_heads"] == 6 and data["summary"]["options"]["layers"] == [1]
+    assert isinstance(data["closed_heads"], list)
+    assert out.stat().st_size > 100_000  # plotly.js and the tables are inlined
+    import pandas as pd
+
+    h = pd.read_csv(csv)
+    assert list(h["label"]) == [f"L1H{i}" for i in range(6)] and (h["layer"] == 1).all()
+
+
+def test_closed_stdout_pipe_is_quiet(ckpt, tmp_path):
+    """`tl-idempotence report ... | head -1` must not print a BrokenPipeError."""
+    cmd = " ".join([*CLI, "report", str(ckpt), "--out", str(tmp_path / "r.html"), "--quiet"]) + " | head -1"
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert len(proc.stdout.splitlines()) == 1
+    assert "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr
+    assert (tmp_path / "r.html").is_file()
+
+
+def test_help_and_argument_errors_import_no_torch():
+    code = ("import sys; from tl_idempotence.cli import main\n"
+            "for argv in (['--help'], ['report', '--nul', '1'], ['report', '--seed', '-1']):\n"
+            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+            "print('torch' in sys.modules, 'pandas' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip().splitlines()[-1] == "False False", proc.stdout + proc.stderr
+
+
+def test_models_lists_the_zoo():
+    proc = run(["models"])
+    assert proc.returncode == 0 and "smollm2-135m" in proc.stdout and "minilm-l6" in proc.stdout
+    assert "verifies the cached files" in proc.stdout
+
+
+def test_out_folder_check_happens_before_reading_the_model(tmp_path):
+    """A bad --out fails in well under the time a report takes (no model is read)."""
+    proc = run(["report", "smollm2-135m", "--out", str(tmp_path / "missing" / "r.html")])
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert Path(tmp_path / "missing").exists() is False
