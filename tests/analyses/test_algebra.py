@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
-from helpers import dense_T
 
 import tl_idempotence as tli
-from tl_idempotence.algebra import MHA_REASON, combine_layers, layer_algebra, shared_value_algebra
-from tl_idempotence.core.heads import LayerHeads, kv_layout
+from helpers import dense_T
+from tl_idempotence.analyses.algebra import MHA_REASON, SharedValueAlgebra, layer_algebra, shared_value_algebra
 from tl_idempotence.core.closure import closure_from_grams, layer_grams
+from tl_idempotence.core.heads import LayerHeads, kv_layout
+from tl_idempotence.errors import OptionError
 
 
 def _law_layer(seed: int = 1, d: int = 24, r: int = 4, n: int = 6, n_kv: int = 2, alphas=None):
@@ -36,7 +38,7 @@ def _part(O, V, kv, threshold=0.9):
 def test_exact_right_action_law():
     O, V, kv, alphas, _ = _law_layer()
     p = _part(O, V, kv)
-    assert p.reason == ""
+    assert isinstance(p, SharedValueAlgebra) and p.reason == "" and not p.empty and p.layers == [0]
     assert len(p.pairs) == 2 * 3 * 3
     for row in p.pairs.itertuples():
         assert row.alpha_ij == pytest.approx(float(alphas[row.j]), abs=1e-10, rel=1e-10)
@@ -55,6 +57,14 @@ def test_exact_right_action_law():
     assert len(p.closed_ranges) == 2 * 3
     assert (p.closed_ranges["min_angle_deg"] > 1.0).all()
     assert (p.closed_ranges["max_angle_deg"] <= 90.0 + 1e-9).all()
+    # matrices(layer): {kv: (heads, alpha_ij [i, j], P_ij [i, j])}, rows = left factor i
+    mats = p.matrices(0)
+    assert sorted(mats) == [0, 1]
+    for k, (heads, A, P) in mats.items():
+        assert heads == [h for h in range(6) if int(kv[h]) == k] and A.shape == P.shape == (3, 3)
+        np.testing.assert_allclose(A, np.tile(alphas.numpy()[heads], (3, 1)), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(P, 1.0, atol=1e-10)
+    assert p.matrices(5) == {}
 
 
 def test_perturbation_lowers_P_monotonically():
@@ -141,11 +151,46 @@ def test_mha_is_empty_with_reason():
     O = torch.randn(4, 16, 4, generator=g)
     V = torch.randn(4, 16, 4, generator=g)
     p = _part(O, V, kv_layout(4, 4))
-    assert p.reason == MHA_REASON and len(p.pairs) == 0
-    res = combine_layers([p])
-    assert res.empty and res.reason == MHA_REASON
-    assert res.figures() == []
-    assert res.summary() == {"algebra_reason": MHA_REASON}
+    assert p.reason == MHA_REASON and len(p.pairs) == 0 and p.empty
+    res = SharedValueAlgebra.concat([p])
+    assert isinstance(res, SharedValueAlgebra) and res.empty and res.reason == MHA_REASON
+    assert res.figures() == [] and res.layers == []
+    assert res.summary == {"algebra_reason": MHA_REASON}  # a property now
+
+
+def test_concat_of_layers_keeps_every_row():
+    O, V, kv, alphas, _ = _law_layer()
+    parts = []
+    for layer in (0, 2):
+        lh = LayerHeads(layer, O, V, kv)
+        parts.append(layer_algebra(lh, layer_grams(lh.O, lh.V, lh.kv_head_of), 0.9))
+    g = torch.Generator().manual_seed(0)
+    Omha = torch.randn(4, 24, 4, generator=g, dtype=torch.float64)
+    lh_mha = LayerHeads(1, Omha, torch.randn(4, 24, 4, generator=g, dtype=torch.float64), kv_layout(4, 4))
+    parts.append(layer_algebra(lh_mha, layer_grams(lh_mha.O, lh_mha.V, lh_mha.kv_head_of), 0.9))
+    res = SharedValueAlgebra.concat(parts, threshold=0.9)
+    assert res.reason == "" and res.layers == [0, 2]  # the MHA layer contributes nothing
+    assert len(res.pairs) == 2 * 18 and len(res.heads) == 2 * 6 and len(res.groups) == 2 * 2
+    assert sorted(set(res.pairs["layer"])) == [0, 2]
+    assert res.summary["n_groups"] == 4 and res.summary["n_pairs_offdiag"] == 2 * 12
+    assert res.summary["median_P_offdiag"] == pytest.approx(1.0, abs=1e-10)
+    assert res.summary["n_closed_range_pairs"] == 2 * 6
+    # at another threshold: closed flags and counts follow, the angles keep their threshold
+    # at another threshold: closed flags and counts follow; closed_ranges keeps the pairs closed at both
+    E = torch.randn(O.shape, generator=g, dtype=torch.float64)
+    O2 = O.clone()
+    O2[[1, 4]] += 0.3 * E[[1, 4]]  # heads 1 and 4 leave the law: P = 0.42 and 0.60
+    lh2 = LayerHeads(3, O2, V, kv)
+    part = layer_algebra(lh2, layer_grams(lh2.O, lh2.V, lh2.kv_head_of), 0.5)
+    assert list(part.heads["closed"]) == [True, False, True, True, True, True]
+    assert list(part.groups["n_closed"]) == [2, 3]
+    assert list(zip(part.closed_ranges["head_a"], part.closed_ranges["head_b"])) == [(0, 2), (3, 4), (3, 5), (4, 5)]
+    hi = part.at_threshold(0.9)
+    assert hi.threshold == 0.9 and hi.ranges_threshold == 0.5 and hi.pairs is part.pairs
+    assert list(hi.heads["closed"]) == [True, False, True, True, False, True]
+    assert list(hi.groups["n_closed"]) == [2, 2]
+    assert list(zip(hi.closed_ranges["head_a"], hi.closed_ranges["head_b"])) == [(0, 2), (3, 5)]
+    pd.testing.assert_frame_equal(hi.closed_ranges, part.closed_ranges.iloc[[0, 2]].reset_index(drop=True))
 
 
 def test_degenerate_heads_give_nan_with_reason():
@@ -179,13 +224,24 @@ def test_report_and_public_api_on_tiny_gqa_bridge(tmp_path):
     assert np.array_equal(merged["alpha"].to_numpy(), merged["alpha_core"].to_numpy())
     figs = alg.figures()
     assert len(figs) == 2 and len(figs[0].data) == 2 * 2  # alpha and P heatmap per kv group
-    assert rep.summary["algebra"] == alg.summary() and rep.summary["algebra"]["n_groups"] == 4
+    assert rep.summary["algebra"] == alg.summary and rep.summary["algebra"]["n_groups"] == 4
+    for layer in (0, 1):  # matrices(layer): per kv group the 4 x 4 alpha_ij and P_ij of the pairs table
+        mats = alg.matrices(layer)
+        assert sorted(mats) == [0, 1]
+        for k, (heads, A, P) in mats.items():
+            d = alg.pairs[(alg.pairs.layer == layer) & (alg.pairs.kv_head == k)]
+            assert heads == sorted(set(d["i"])) and A.shape == P.shape == (4, 4)
+            for row in d.itertuples():
+                assert P[heads.index(row.i), heads.index(row.j)] == row.P_ij
+                assert A[heads.index(row.i), heads.index(row.j)] == row.alpha_ij
     direct = shared_value_algebra(model, progress=False, layers=[1])
     assert np.array_equal(direct.pairs["P_ij"].to_numpy(), alg.pairs[alg.pairs.layer == 1]["P_ij"].to_numpy())
-    with pytest.raises(ValueError, match="Unknown layer"):
+    with pytest.raises(OptionError, match=r"Unknown layer index \[7\]"):
         shared_value_algebra(model, layers=[7], progress=False)
-    with pytest.raises(ValueError, match="threshold"):
+    with pytest.raises(OptionError, match="threshold must be in"):
         shared_value_algebra(model, threshold=2.0, progress=False)
+    with pytest.raises(TypeError):  # threshold is keyword-only
+        shared_value_algebra(model, 0.5)
     html = rep.save_html(str(tmp_path / "r.html"))
     assert "Shared-value algebra, layer 1" in open(html, encoding="utf-8").read()
 
@@ -202,10 +258,9 @@ def test_mha_model_says_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_smollm2_algebra():
+def test_smollm2_algebra(smollm2):
     """Real SmolLM2-135M (raw weights): 30 layers x 3 kv groups of 3 query heads."""
-    model = tli.models.load("smollm2-135m", progress=False)
-    rep = tli.idempotence_report(model, algebra=True, progress=False)
+    rep = tli.idempotence_report(smollm2, algebra=True, progress=False)
     alg = rep.algebra
     assert len(alg.groups) == 90 and len(alg.pairs) == 810
     diag = alg.pairs[alg.pairs["diagonal"]].merge(rep.heads, left_on=["layer", "i"], right_on=["layer", "head"])
@@ -217,7 +272,7 @@ def test_smollm2_algebra():
     # over i <= 0.15 and law_P >= 0.88; across all groups the median off-diagonal P_ij is ~0.15.
     assert (closed["alpha_spread"] < 0.2).all()
     assert (closed["law_P"] > 0.85).all()
-    s = alg.summary()
+    s = alg.summary
     assert 0.1 < s["median_P_offdiag"] < 0.25
     # Closed heads sharing a kv group have distinct ranges (smallest principal angle ~19-27 degrees).
     assert len(alg.closed_ranges) == 4

@@ -1,7 +1,7 @@
 """The paper's null controls (SPEC 4): orientation scramble and matched O/V mismatch.
 
 Every check is against an exact construction or the dense float64 reference
-(``tests/reference.py``); the real-model test measures SmolLM2-135M.
+(``tests/helpers.py``); the real-model test measures SmolLM2-135M.
 """
 
 from __future__ import annotations
@@ -14,11 +14,27 @@ import scipy.stats
 import torch
 
 import tl_idempotence as tli
-from tl_idempotence import nulls
-from tl_idempotence.core.heads import LayerHeads, ModelInfo, kv_layout
+from helpers import (
+    SyntheticSource,
+    closed_head_for,
+    dense_closure,
+    dense_closure_T,
+    gaussian_layer,
+    head_with,
+    oblique_projection,
+    pair,
+    principal_bases,
+    principal_cosines,
+)
+from tl_idempotence.analyses.base import LayerContext
+from tl_idempotence.analyses.mismatch import MismatchAnalysis, mismatch_pairs
+from tl_idempotence.analyses.scramble import ScrambleAnalysis, orientation_scramble
 from tl_idempotence.core.closure import closure_from_grams, layer_grams
-
-from helpers import dense_closure, oblique_projection, principal_cosines
+from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.core.options import ReportOptions
+from tl_idempotence.core.random import haar_orthogonal, layer_generator
+from tl_idempotence.errors import OptionError, OptionTypeError
+from tl_idempotence.views.figures import scramble_figures
 
 F64 = torch.float64
 
@@ -27,21 +43,21 @@ F64 = torch.float64
 
 
 def test_haar_sampler_is_orthogonal_and_seeded():
-    g = nulls.layer_generator(0, 3)
-    Q = nulls.haar_orthogonal(50, 6, g)
+    g = layer_generator(0, 3)
+    Q = haar_orthogonal(50, 6, g)
     assert torch.allclose(Q.transpose(-1, -2) @ Q, torch.eye(6, dtype=F64).expand(50, 6, 6), atol=1e-13)
     # Same (seed, layer) -> same stream; the seed hash is numpy's SeedSequence (platform independent).
-    a = torch.randn(4, generator=nulls.layer_generator(0, 3), dtype=F64)
-    b = torch.randn(4, generator=nulls.layer_generator(0, 3), dtype=F64)
-    c = torch.randn(4, generator=nulls.layer_generator(0, 4), dtype=F64)
+    a = torch.randn(4, generator=layer_generator(0, 3), dtype=F64)
+    b = torch.randn(4, generator=layer_generator(0, 3), dtype=F64)
+    c = torch.randn(4, generator=layer_generator(0, 4), dtype=F64)
     assert torch.equal(a, b) and not torch.equal(a, c)
     # Sign fix: the mean of Q[0, 0] over Haar draws is 0 (without it, QR's diag(R) > 0 convention
     # of LAPACK biases it); the first column is uniform on the sphere so E[Q00^2] = 1/r.
-    Q = nulls.haar_orthogonal(20000, 6, nulls.layer_generator(1, 0))
+    Q = haar_orthogonal(20000, 6, layer_generator(1, 0))
     assert abs(float(Q[:, 0, 0].mean())) < 0.02
     assert abs(float((Q[:, 0, 0] ** 2).mean()) - 1 / 6) < 0.01
-    with pytest.raises(ValueError, match="non-negative"):
-        nulls.layer_generator(-1, 0)
+    with pytest.raises(OptionError, match=r"seed must be >= 0; got -1"):
+        layer_generator(-1, 0)
 
 
 def test_scramble_preserves_singular_values_norm_angles_and_spans():
@@ -52,7 +68,7 @@ def test_scramble_preserves_singular_values_norm_angles_and_spans():
     # head 2: rank-deficient O (rank 5) — the scramble must stay inside span(O).
     O[2] = torch.randn(d, 5, generator=g, dtype=F64) @ torch.randn(5, r, generator=g, dtype=F64)
     n = 6
-    sc = tli.orientation_scramble(pair(O, V), n_draws=n, seed=3)
+    sc = tli.orientation_scramble(pair(O, V), nulls=n, seed=3)
     assert sc.K_draws.shape == (3, n, r, r)
     assert sc.rank_O.tolist() == [8, 8, 5] and sc.rank_V.tolist() == [8, 8, 8]
     for h in range(3):
@@ -98,7 +114,7 @@ def test_oblique_projection_beats_every_draw():
     O = torch.cat([torch.stack(Os), O2])
     V = torch.cat([torch.stack(Vs), V2])
     n = 99
-    sc = tli.orientation_scramble(pair(O, V), n_draws=n, seed=0, return_K=False)
+    sc = tli.orientation_scramble(pair(O, V), nulls=n, seed=0, return_K=False)
     assert torch.allclose(sc.P, torch.ones(5, dtype=F64), atol=1e-10)
     assert float(sc.P_draws.max()) < 1 - 1e-6
     assert float(sc.P_draws[3:].max()) < 0.5
@@ -118,11 +134,11 @@ def test_p_value_uniform_when_trained_K_is_itself_haar():
     for batch in range(40):
         heads = []
         for _ in range(10):
-            R1, R2 = nulls.haar_orthogonal(2, r, gen)
+            R1, R2 = haar_orthogonal(2, r, gen)
             heads.append(head_with(S, cos, d, gen, R1, R2))
         O = torch.stack([h[0] for h in heads])
         V = torch.stack([h[1] for h in heads])
-        sc = tli.orientation_scramble(pair(O, V), n_draws=n, seed=5, layer=batch, return_K=False)
+        sc = tli.orientation_scramble(pair(O, V), nulls=n, seed=5, layer=batch, return_K=False)
         ps.append(sc.p_value)
     p = torch.cat(ps).numpy()
     assert np.all(np.isin(np.round(p * (n + 1)), np.arange(1, n + 2)))
@@ -143,7 +159,7 @@ def test_gaussian_heads_scrambled_median_is_order_one_over_r_squared(r):
     lh = gaussian_layer(0, 8, 8, 4 * r, r, seed=r)
     g = layer_grams(lh.O, lh.V, lh.kv_head_of)
     c = closure_from_grams(g, factors=True)
-    sc = nulls.orientation_scramble(c, n_draws=64, seed=0, return_K=False)
+    sc = orientation_scramble(c, nulls=64, seed=0, return_K=False)
     s2 = sc.S**2
     predicted = scipy.stats.chi2(1).median() * (s2**3).sum(-1) / s2.sum(-1) ** 3
     ratio = (sc.P_scrambled_median / predicted).numpy()
@@ -154,23 +170,52 @@ def test_gaussian_heads_scrambled_median_is_order_one_over_r_squared(r):
     assert 0.01 / r**2 < float(c.P.median()) < 10 / r**2
 
 
-def test_scramble_layer_contract_and_determinism():
+def _scramble_run(lh, seed, nulls=16, threshold=0.9):
+    return ScrambleAnalysis().run(LayerContext.build(lh, ReportOptions(nulls=nulls, seed=seed, threshold=threshold)))
+
+
+def test_scramble_analysis_contract_and_determinism():
     lh = gaussian_layer(4, 9, 3, 40, 8, seed=2)
-    g = layer_grams(lh.O, lh.V, lh.kv_head_of)
-    c = closure_from_grams(g)  # no factors: scramble_layer recomputes them
-    a = nulls.scramble_layer(lh, g, c, n_draws=16, seed=7, threshold=0.9)
-    b = nulls.scramble_layer(lh, g, c, n_draws=16, seed=7, threshold=0.9)
-    other = nulls.scramble_layer(lh, g, c, n_draws=16, seed=8, threshold=0.9)
-    assert list(a.columns[:4]) == ["P_scrambled_median", "P_scrambled_q95", "p_value", "beats_scramble"]
-    assert len(a) == 9
-    pd.testing.assert_frame_equal(a, b)
-    assert not np.allclose(a["P_scrambled_median"], other["P_scrambled_median"])
-    # same numbers as the public function on the same layer
-    sc = tli.orientation_scramble(lh, n_draws=16, seed=7, return_K=False)
-    assert np.allclose(a["P_scrambled_median"], sc.P_scrambled_median.numpy(), rtol=0, atol=1e-15)
-    assert np.array_equal(a["p_value"], sc.p_value.numpy())
-    assert (a["P_scrambled_q95"] >= a["P_scrambled_median"]).all()
-    assert (a["n_scramble_draws"] == 16).all()
+    a = _scramble_run(lh, seed=7)
+    b = _scramble_run(lh, seed=7)
+    other = _scramble_run(lh, seed=8)
+    assert list(a.columns)[:4] == ["P_scrambled_median", "P_scrambled_q95", "p_value", "beats_scramble"]
+    assert set(a.columns) == {"P_scrambled_median", "P_scrambled_q95", "p_value", "beats_scramble",
+                              "n_scramble_draws", "frac_scrambled_closed", "scramble_reason"}
+    assert all(len(v) == 9 for v in a.columns.values())
+    A, B = pd.DataFrame(a.columns), pd.DataFrame(b.columns)
+    pd.testing.assert_frame_equal(A, B)
+    pd.testing.assert_frame_equal(a.tables["scramble_draws"], b.tables["scramble_draws"])
+    assert a.values == b.values
+    assert not np.allclose(A["P_scrambled_median"], pd.DataFrame(other.columns)["P_scrambled_median"])
+    # same numbers as the public function on the same layer (a LayerHeads supplies its layer to the seed)
+    sc = tli.orientation_scramble(lh, nulls=16, seed=7, return_K=False)
+    assert np.allclose(A["P_scrambled_median"], sc.P_scrambled_median.numpy(), rtol=0, atol=1e-15)
+    assert np.array_equal(A["p_value"], sc.p_value.numpy())
+    assert np.array_equal(A["beats_scramble"], sc.beats_scramble.numpy())
+    assert (A["P_scrambled_q95"] >= A["P_scrambled_median"]).all()
+    assert (A["n_scramble_draws"] == 16).all() and (A["scramble_reason"] == "").all()
+    # every draw is in the long table, in (head, draw) order, equal to the public function's draws
+    d = a.tables["scramble_draws"]
+    assert list(d.columns) == ["layer", "head", "draw", "P"] and len(d) == 9 * 16 and (d["layer"] == 4).all()
+    assert np.allclose(d["P"].to_numpy(), sc.P_draws.reshape(-1).numpy(), rtol=0, atol=1e-15)
+    # Gaussian heads never reach P >= 0.9 in a scrambled orientation; at threshold 0 every draw does
+    assert (A["frac_scrambled_closed"] == 0).all()
+    assert (pd.DataFrame(_scramble_run(lh, seed=7, threshold=0.0).columns)["frac_scrambled_closed"] == 1).all()
+    # per-layer values
+    P = closure_from_grams(layer_grams(lh.O, lh.V, lh.kv_head_of)).P.numpy()
+    assert a.values["median_P_scrambled"] == pytest.approx(float(np.median(A["P_scrambled_median"])), rel=1e-12)
+    assert a.values["frac_beats_scramble"] == pytest.approx(float(A["beats_scramble"].mean()))
+    assert a.values["trained_wins"] == bool(np.median(P) > a.values["median_P_scrambled"])
+    assert a.notes == {}
+
+
+def test_n_draws_is_a_deprecated_alias_of_nulls():
+    lh = gaussian_layer(1, 4, 2, 24, 4, seed=3)
+    new = tli.orientation_scramble(lh, nulls=8, seed=2, return_K=False)
+    with pytest.warns(DeprecationWarning, match="n_draws.*nulls"):
+        old = tli.orientation_scramble(lh, n_draws=8, seed=2, return_K=False)
+    assert old.P_draws.shape == (4, 8) and torch.equal(old.P_draws, new.P_draws)
 
 
 def test_degenerate_heads_get_nan_and_reason():
@@ -182,7 +227,7 @@ def test_degenerate_heads_get_nan_and_reason():
     # head 1: span(O) ⟂ span(V) -> every orientation is nilpotent
     E, _ = torch.linalg.qr(torch.randn(d, 2 * r, generator=g, dtype=F64))
     V[1], O[1] = E[:, :r], E[:, r:] @ torch.randn(r, r, generator=g, dtype=F64)
-    sc = tli.orientation_scramble(pair(O, V), n_draws=8, seed=0, return_K=False)
+    sc = tli.orientation_scramble(pair(O, V), nulls=8, seed=0, return_K=False)
     assert torch.isnan(sc.P_draws[:2]).all() and torch.isnan(sc.p_value[:2]).all()
     assert not bool(sc.beats_scramble[:2].any())
     assert "zero head" in sc.reason[0] and "orthogonal" in sc.reason[1]
@@ -190,11 +235,11 @@ def test_degenerate_heads_get_nan_and_reason():
 
 
 def test_scramble_bad_input():
-    with pytest.raises(ValueError, match="n_draws"):
-        tli.orientation_scramble((torch.randn(8, 2), torch.randn(2, 8)), n_draws=0)
-    with pytest.raises(ValueError, match="factors"):
+    with pytest.raises(OptionError, match=r"nulls must be >= 1; got 0"):
+        tli.orientation_scramble((torch.randn(8, 2), torch.randn(2, 8)), nulls=0)
+    with pytest.raises(OptionError, match="factors"):
         tli.orientation_scramble(tli.closure((torch.randn(8, 2), torch.randn(2, 8)), factors=False))
-    with pytest.raises(TypeError):
+    with pytest.raises(OptionTypeError, match="FactoredMatrix"):
         tli.orientation_scramble("not a head")
 
 
@@ -204,17 +249,23 @@ def test_scramble_bad_input():
 @pytest.mark.parametrize("n_heads,n_kv", [(4, 4), (9, 3), (9, 1)])
 def test_mismatch_pairs_are_exactly_the_cross_kv_pairs(n_heads, n_kv):
     lh = gaussian_layer(2, n_heads, n_kv, 36, 6, seed=n_heads + n_kv)
-    tab, note = nulls.mismatch_pairs(lh)
+    tab, note = mismatch_pairs(lh)
     kv = lh.kv_head_of.tolist()
     expected = {(i, g) for i in range(n_heads) for g in range(n_kv) if g != kv[i]}
     got = set(zip(tab["head"].tolist(), tab["v_head"].tolist())) if len(tab) else set()
     assert got == expected and len(tab) == len(expected)
     assert len(expected) == n_heads * (n_kv - 1)
-    summ = nulls.mismatch_layer(lh, threshold=0.9)
+    res = MismatchAnalysis().run(LayerContext.build(lh, ReportOptions(nulls=16, threshold=0.9)))
+    summ = res.values
+    assert set(summ) == {
+        "n_mismatch_pairs", "mismatch_P_max", "mismatch_P_median", "n_mismatch_closed", "mismatch_note"
+    }
+    pd.testing.assert_frame_equal(res.tables["mismatch_pairs"], tab)
     assert summ["n_mismatch_pairs"] == len(expected)
     if n_kv == 1:
         assert "one kv head" in note and summ["mismatch_note"] == note
         assert np.isnan(summ["mismatch_P_max"]) and summ["n_mismatch_closed"] == 0
+        assert res.notes == {"mismatch_P_max": note, "mismatch_P_median": note}
         return
     assert note == ""
     for _, row in tab.sample(n=min(5, len(tab)), random_state=0).iterrows():
@@ -224,9 +275,10 @@ def test_mismatch_pairs_are_exactly_the_cross_kv_pairs(n_heads, n_kv):
         assert int(row["kv_head"]) == kv[int(row["head"])]
     assert summ["mismatch_P_max"] == pytest.approx(tab["P"].max())
     # reusing the layer's Gram products gives the same table
-    tab_g, _ = nulls.mismatch_pairs(lh, g=layer_grams(lh.O, lh.V, lh.kv_head_of))
+    tab_g, _ = mismatch_pairs(lh, g=layer_grams(lh.O, lh.V, lh.kv_head_of))
     pd.testing.assert_frame_equal(tab, tab_g, check_exact=False, rtol=1e-12)
     assert summ["mismatch_P_median"] == pytest.approx(tab["P"].median())
+    assert summ["n_mismatch_closed"] == int((tab["P"] >= 0.9).sum()) and res.notes == {}
 
 
 def test_mismatch_counts_a_closed_cross_pair():
@@ -258,6 +310,26 @@ def _synthetic_model():
     return SyntheticSource(lhs)
 
 
+PAPER_TABLE_COLUMNS = ["quantity", "value", "n", "of", "paper_low", "paper_high", "note"]
+PAPER_ROWS = [  # (quantity, paper_low, paper_high) in row order
+    ("heads with P >= 0.9", 0.0398, 0.08),
+    ("matched O/V mismatch pairs with P >= 0.9", 0.0, 0.0),
+    ("median P, trained", 0.336, 0.336),
+    ("median P, orientation-scrambled", 1.04e-4, 1.04e-4),
+    ("heads whose trained orientation beats its scramble median", 0.9864, 0.9864),
+    ("layers where the trained orientation wins (median P)", 1.0, 1.0),
+    ("layers where P >= 0.9 is feasible (constructive search)", 1.0, 1.0),
+]
+
+
+def _check_paper_columns(tab):
+    assert list(tab.columns) == PAPER_TABLE_COLUMNS and len(tab) == len(PAPER_ROWS)
+    assert list(tab["quantity"]) == [q for q, _, _ in PAPER_ROWS]
+    assert list(tab["paper_low"]) == [lo for _, lo, _ in PAPER_ROWS]
+    assert list(tab["paper_high"]) == [hi for _, _, hi in PAPER_ROWS]
+    assert tab["value"].dtype == np.float64 and str(tab["n"].dtype) == "Int64" and str(tab["of"].dtype) == "Int64"
+
+
 def test_report_with_controls_and_paper_table():
     src = _synthetic_model()
     rep = tli.idempotence_report(src, nulls=16, seed=1, progress=False)
@@ -268,52 +340,90 @@ def test_report_with_controls_and_paper_table():
     s = rep.summary
     assert s["n_mismatch_pairs"] == 3 * 18
     assert s["n_closed"] == 1
-    row = rep.heads[(rep.heads["layer"] == 1) & (rep.heads["head"] == 4)].iloc[0]
+    row = rep.heads.loc["L1H4"]  # heads are indexed by TransformerLens labels
+    assert row["layer"] == 1 and row["head"] == 4
     assert row["P"] == pytest.approx(1.0) and row["beats_scramble"] and row["p_value"] == pytest.approx(1 / 17)
     assert s["median_P_trained"] == pytest.approx(float(np.median(rep.heads["P"])))
     assert s["median_P_scrambled"] == pytest.approx(float(np.median(rep.heads["P_scrambled_median"])))
     assert s["n_heads_beating_scramble"] == int(rep.heads["beats_scramble"].sum())
     assert s["n_layers_trained_wins"] == int(rep.layers["trained_wins"].sum())
+    # the paper table: numbers (one row per headline quantity of the abstract)
     tab = rep.paper_table()
-    assert list(tab.columns) == ["quantity", "this model", "paper"] and len(tab) == 6
-    assert tab.loc[0, "this model"].startswith(f"{100 / 27:.2f} % (1/27)")
-    assert tab.loc[2, "paper"] == "0.336 vs 1.04e-4" and tab.loc[3, "paper"] == "98.64 %"
-    assert "not run" in tab.loc[5, "this model"]
-    figs = nulls.scramble_figures(rep)
+    _check_paper_columns(tab)
+    assert tab.loc[0, "value"] == pytest.approx(1 / 27) and (tab.loc[0, "n"], tab.loc[0, "of"]) == (1, 27)
+    assert tab.loc[1, "value"] == pytest.approx(s["n_mismatch_closed"] / 54)
+    assert (tab.loc[1, "n"], tab.loc[1, "of"]) == (s["n_mismatch_closed"], 54)
+    assert tab.loc[2, "value"] == pytest.approx(s["median_P_trained"]) and tab.loc[2, "n"] == 27
+    assert tab.loc[3, "value"] == pytest.approx(s["median_P_scrambled"]) and tab.loc[3, "n"] == 27
+    assert tab.loc[4, "value"] == pytest.approx(s["n_heads_beating_scramble"] / 27)
+    assert (tab.loc[4, "n"], tab.loc[4, "of"]) == (s["n_heads_beating_scramble"], 27)
+    assert tab.loc[5, "value"] == pytest.approx(s["n_layers_trained_wins"] / 3)
+    assert (tab.loc[5, "n"], tab.loc[5, "of"]) == (s["n_layers_trained_wins"], 3)
+    assert list(tab["note"][:6]) == [""] * 6
+    # search did not run: NaN with a note, no exception
+    assert np.isnan(tab.loc[6, "value"]) and pd.isna(tab.loc[6, "n"]) and pd.isna(tab.loc[6, "of"])
+    assert tab.loc[6, "note"] == "not run: make the report with search=True"
+    # ... and the same table as display strings
+    f = rep.paper_table(formatted=True)
+    assert list(f.columns) == ["quantity", "this model", "paper"] and len(f) == 7
+    assert list(f["quantity"]) == list(tab["quantity"])
+    assert f.loc[0, "this model"] == f"{100 / 27:.2f} % (1/27)"
+    assert f.loc[0, "paper"] == "3.98-8.00 % (per model)" and f.loc[1, "paper"] == "none"
+    assert f.loc[2, "this model"] == f"{s['median_P_trained']:.3g}" and f.loc[2, "paper"] == "0.336"
+    assert f.loc[3, "paper"] == "0.000104" and f.loc[4, "paper"] == "98.64 %" and f.loc[5, "paper"] == "all"
+    assert f.loc[6, "this model"] == "not run: make the report with search=True"
+    figs = scramble_figures(rep)
     assert len(figs) == 2 and all(f.layout.yaxis.type == "log" for f in figs)
     assert len(figs[0].data) == 3 and len(figs[0].data[2].y) == 27
+    # the log P axis runs up to 1 (P <= 1) and down to below the smallest positive P shown
+    for fig, shown in zip(figs, [rep.heads[["P", "P_scrambled_median", "P_scrambled_q95"]],
+                                 rep.layers[["median_P", "median_P_scrambled", "mismatch_P_max"]]]):
+        lo, hi = fig.layout.yaxis.range
+        v = shown.to_numpy(dtype=float)
+        assert 0.0 <= hi <= 0.1 and lo < np.log10(v[np.isfinite(v) & (v > 0)].min())
     # per-layer seeding: a report on layer 2 alone gives the same scramble columns for layer 2
     rep2 = tli.idempotence_report(src, nulls=16, seed=1, layers=[2], progress=False)
-    a = rep.heads[rep.heads["layer"] == 2].reset_index(drop=True)
+    a = rep.heads[rep.heads["layer"] == 2]
+    assert list(rep2.heads.index) == list(a.index) == [f"L2H{h}" for h in range(9)]
     assert np.array_equal(a["P_scrambled_median"].to_numpy(), rep2.heads["P_scrambled_median"].to_numpy())
 
 
-def test_paper_table_needs_nulls():
+def test_paper_table_without_controls_has_nan_rows_with_notes():
     rep = tli.idempotence_report(_synthetic_model(), progress=False)
-    with pytest.raises(ValueError, match="nulls=True"):
-        rep.paper_table()
-    with pytest.raises(ValueError, match="nulls=True"):
-        nulls.scramble_figures(rep)
+    tab = rep.paper_table()  # never raises: rows that did not run are NaN and say why
+    _check_paper_columns(tab)
+    assert tab.loc[0, "value"] == pytest.approx(1 / 27) and (tab.loc[0, "n"], tab.loc[0, "of"]) == (1, 27)
+    assert tab.loc[2, "value"] == pytest.approx(rep.summary["median_P"]) and tab.loc[2, "note"] == ""
+    for i in (1, 3, 4, 5):
+        assert np.isnan(tab.loc[i, "value"])
+        assert tab.loc[i, "note"] == "not run: make the report with nulls=True (orientation scramble + O/V mismatch)"
+    assert np.isnan(tab.loc[6, "value"]) and tab.loc[6, "note"] == "not run: make the report with search=True"
+    f = rep.paper_table(formatted=True)
+    assert f.loc[1, "this model"].startswith("not run: make the report with nulls=True")
+    with pytest.raises(OptionError, match="nulls=True"):
+        scramble_figures(rep)
 
 
 def test_mqa_report_says_no_pair():
     lhs = [gaussian_layer(l, 6, 1, 24, 4, seed=l) for l in range(2)]
     rep = tli.idempotence_report(SyntheticSource(lhs), nulls=8, progress=False)
     assert rep.summary["n_mismatch_pairs"] == 0
-    assert "no valid pair" in rep.paper_table().loc[1, "this model"]
+    tab = rep.paper_table()
+    assert np.isnan(tab.loc[1, "value"]) and (tab.loc[1, "n"], tab.loc[1, "of"]) == (0, 0)
+    assert tab.loc[1, "note"].startswith("no valid pair: ")
+    assert tab.loc[1, "note"].endswith("one kv head (MQA), every query head reads the same V")
+    assert rep.paper_table(formatted=True).loc[1, "this model"] == tab.loc[1, "note"]
+
+
+@pytest.mark.xfail(reason="SRC BUG: report/summary.py paper_table() prefixes 'no valid pair: ' to the MQA note, "
+                   "which already starts with it ('no valid pair: no valid pair: one kv head ...')", strict=True)
+def test_mqa_paper_table_note_says_no_valid_pair_once():
+    lhs = [gaussian_layer(l, 6, 1, 24, 4, seed=l) for l in range(2)]
+    rep = tli.idempotence_report(SyntheticSource(lhs), nulls=8, progress=False)
+    assert rep.paper_table().loc[1, "note"].count("no valid pair") == 1
 
 
 # ----------------------------------------------------------------------------- real model
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    from tl_idempotence import models
-
-    try:
-        return models.load("smollm2-135m")
-    except Exception as e:  # pragma: no cover - zoo unavailable on this machine
-        pytest.skip(f"smollm2-135m not available offline: {e}")
 
 
 def test_smollm2_controls_on_three_layers(smollm2):
@@ -327,7 +437,8 @@ def test_smollm2_controls_on_three_layers(smollm2):
     assert s["frac_beats_scramble"] >= 0.85
     assert (rep.heads["P_scrambled_q95"] < 0.05).all()
     tab = rep.paper_table()
-    assert tab.loc[4, "this model"] == "3/3"
+    assert tab.loc[5, "value"] == 1.0 and (tab.loc[5, "n"], tab.loc[5, "of"]) == (3, 3)
+    assert rep.paper_table(formatted=True).loc[5, "this model"] == "100.00 % (3/3)"
 
 
 @pytest.mark.slow
@@ -354,4 +465,5 @@ def test_smollm2_controls_end_to_end(smollm2):
     assert (h["P_searched"] >= h["P"] - 1e-6).all()
     assert (L["feasible_P"] >= L["max_P"] - 1e-6).all()
     tab = rep.paper_table()
-    assert tab.loc[4, "this model"] == "30/30" and tab.loc[5, "this model"] == "30/30"
+    for i in (5, 6):  # trained orientation wins / P >= 0.9 feasible: every layer
+        assert tab.loc[i, "value"] == 1.0 and (tab.loc[i, "n"], tab.loc[i, "of"]) == (30, 30)

@@ -4,21 +4,27 @@ about its value (float64 dense check of the returned K) and about convergence.""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 import tl_idempotence as tli
-from tl_idempotence import nulls, search
+from helpers import SyntheticSource, dense_closure_T, gaussian_layer, head_with, pair, principal_bases
+from tl_idempotence.analyses import search
+from tl_idempotence.analyses.base import LayerContext
+from tl_idempotence.analyses.orientation import P_of_K
+from tl_idempotence.analyses.search import SearchAnalysis
 from tl_idempotence.core.closure import closure_from_grams, layer_grams
-
-from test_nulls import SyntheticSource, dense_closure_T, gaussian_layer, head_with, pair, principal_bases
+from tl_idempotence.core.options import ReportOptions
+from tl_idempotence.core.random import haar_orthogonal
+from tl_idempotence.errors import OptionError, OptionTypeError, UnknownOptionError
 
 F64 = torch.float64
 
 
 def haar_head(S, cos, d, seed):
     g = torch.Generator().manual_seed(seed)
-    R1, R2 = nulls.haar_orthogonal(2, len(S), g)
+    R1, R2 = haar_orthogonal(2, len(S), g)
     return head_with(S, cos, d, g, R1, R2)
 
 
@@ -37,11 +43,11 @@ def dense_check(O, V, K):
 def test_riemannian_gradient_matches_autograd():
     r = 7
     g = torch.Generator().manual_seed(3)
-    R1, R2 = (q.requires_grad_() for q in nulls.haar_orthogonal(2, r, g))
+    R1, R2 = (q.requires_grad_() for q in haar_orthogonal(2, r, g))
     s = torch.rand(r, generator=g, dtype=F64) + 0.2
     cos = torch.rand(r, generator=g, dtype=F64)
     K = (R1 * s) @ R2.T
-    val = nulls.P_of_K(K, cos)
+    val = P_of_K(K, cos)
     val.backward()
     val = val.detach()
     X = (R2.T @ (cos[:, None] * R1)).detach()
@@ -111,22 +117,47 @@ def test_stopping_is_reported_honestly():
     assert row["P_searched"] >= 0.999
 
 
-def test_search_layer_contract_and_determinism():
+def test_search_on_a_layer_is_deterministic_and_matches_the_model_route():
     lh = gaussian_layer(3, 9, 3, 40, 8, seed=4)
-    g = layer_grams(lh.O, lh.V, lh.kv_head_of)
-    c = closure_from_grams(g)
-    df, row = search.search_layer(lh, g, c, seed=2, threshold=0.9, max_iters=60)
-    df2, row2 = search.search_layer(lh, g, c, seed=2, threshold=0.9, max_iters=60)
+    c = closure_from_grams(layer_grams(lh.O, lh.V, lh.kv_head_of))
+    a = tli.constructive_search(lh, seed=2, max_iters=60)
+    b = tli.constructive_search(lh, seed=2, max_iters=60)
+    df = a.table
     assert len(df) == 9 and {"P_searched", "search_iters", "search_stopped_on"} <= set(df.columns)
-    assert np.array_equal(df["P_searched"], df2["P_searched"]) and row == row2
+    assert list(df["layer"]) == [3] * 9 and list(df["head"]) == list(range(9))
+    assert np.array_equal(df["P_searched"], b.table["P_searched"]) and torch.equal(a.K, b.K)
+    assert (df["search_iters"] <= 60).all()
+    assert not np.array_equal(df["P_searched"], tli.constructive_search(lh, seed=3, max_iters=60).table["P_searched"])
+    assert (df["P_searched"].to_numpy() >= c.P.numpy() - 1e-6).all()
+    assert np.array_equal(df["feasible"], df["P_searched"] >= 0.9)
+    # the public API on the model gives the same numbers for the same (seed, layer)
+    res = tli.constructive_search(SyntheticSource([lh]), heads=[(3, h) for h in range(9)], seed=2, max_iters=60)
+    assert np.allclose(res.table["P_searched"], df["P_searched"], atol=1e-12)
+
+
+def test_search_analysis_contract_and_determinism():
+    """The report's per-layer search (default budget, ``DEFAULTS``) is the public search with that budget."""
+    lh = gaussian_layer(3, 9, 3, 40, 8, seed=4)
+    c = closure_from_grams(layer_grams(lh.O, lh.V, lh.kv_head_of))
+    opts = ReportOptions(search=True, seed=2, threshold=0.9)
+    a = SearchAnalysis().run(LayerContext.build(lh, opts))
+    b = SearchAnalysis().run(LayerContext.build(lh, opts))
+    assert list(a.columns) == ["P_searched", "search_iters", "search_stopped_on", "search_best_restart",
+                               "search_reason"]
+    assert all(len(v) == 9 for v in a.columns.values())
+    df, row = pd.DataFrame(a.columns), a.values
+    pd.testing.assert_frame_equal(df, pd.DataFrame(b.columns))
+    assert row == b.values and a.notes == {} and a.tables == {}
     assert row["feasible_P"] == pytest.approx(df["P_searched"].max())
     assert row["feasible"] == (row["feasible_P"] >= 0.9)
     assert row["feasible_head"] == int(df["P_searched"].idxmax())
     assert row["n_heads_feasible"] == int((df["P_searched"] >= 0.9).sum())
+    assert row["n_search_budget_stops"] == int((df["search_stopped_on"] == "budget").sum())
+    assert (df["search_iters"] <= search.DEFAULTS["max_iters"]).all() and (df["search_reason"] == "").all()
     assert (df["P_searched"].to_numpy() >= c.P.numpy() - 1e-6).all()
-    # the public API on the model gives the same numbers for the same (seed, layer)
-    res = tli.constructive_search(SyntheticSource([lh]), heads=[(3, h) for h in range(9)], seed=2, max_iters=60)
-    assert np.allclose(res.table["P_searched"], df["P_searched"], atol=1e-12)
+    pub = tli.constructive_search(lh, seed=2)  # default budget = DEFAULTS, same (seed, layer) stream
+    assert np.allclose(pub.table["P_searched"], df["P_searched"], rtol=0, atol=1e-12)
+    assert np.array_equal(pub.table["search_iters"], df["search_iters"])
 
 
 def test_report_search_columns_and_feasible_layers():
@@ -135,19 +166,25 @@ def test_report_search_columns_and_feasible_layers():
     assert {"P_searched", "search_iters", "search_stopped_on"} <= set(rep.heads.columns)
     assert {"feasible_P", "feasible"} <= set(rep.layers.columns)
     assert rep.summary["n_feasible_layers"] == int(rep.layers["feasible"].sum())
-    assert rep.paper_table().loc[5, "this model"].startswith(f"{rep.summary['n_feasible_layers']}/2")
+    n = rep.summary["n_feasible_layers"]
+    row = rep.paper_table().loc[6]
+    assert row["quantity"] == "layers where P >= 0.9 is feasible (constructive search)"
+    assert row["value"] == pytest.approx(n / 2) and (row["n"], row["of"]) == (n, 2) and row["note"] == ""
+    assert rep.paper_table(formatted=True).loc[6, "this model"] == f"{100 * n / 2:.2f} % ({n}/2)"
 
 
 def test_search_bad_input():
     W = (torch.randn(8, 2), torch.randn(2, 8))
-    with pytest.raises(ValueError, match="restarts"):
+    with pytest.raises(OptionError, match="restarts must be >= 1"):
         tli.constructive_search(W, restarts=0)
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(OptionError, match=r"Head index \[3\] out of range: there are 1 heads"):
         tli.constructive_search(W, heads=[3])
-    with pytest.raises(ValueError, match="threshold"):
+    with pytest.raises(OptionError, match="threshold must be in"):
         tli.constructive_search(W, threshold=2.0)
     src = SyntheticSource([gaussian_layer(0, 2, 2, 8, 2, seed=0)])
-    with pytest.raises(ValueError, match="layer"):
+    with pytest.raises(OptionError, match=r"Unknown layer index \[5\]"):
         tli.constructive_search(src, heads=[(5, 0)])
-    with pytest.raises(ValueError, match="pairs"):
+    with pytest.raises(OptionTypeError, match="pairs"):
         tli.constructive_search(src, heads=[0])
+    with pytest.raises(UnknownOptionError, match=r"'max_iter' \(did you mean 'max_iters'"):
+        tli.constructive_search(W, max_iter=5)

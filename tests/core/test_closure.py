@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers import dense_closure, oblique_projection, principal_cosines
 
 import tl_idempotence as tli
+from helpers import dense_closure, oblique_projection, principal_cosines
 from tl_idempotence.core.closure import closure_from_grams, grams, layer_grams
 from tl_idempotence.core.factors import rank_rtol
+from tl_idempotence.errors import OptionTypeError, WeightError
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -161,7 +162,9 @@ def test_low_precision_input_gives_float64_on_the_stored_values(dtype):
     assert c.P.dtype == torch.float64 and c.alpha.dtype == torch.float64
     ref = dense_closure(O.double(), V.double())  # exactly the stored values, in float64
     assert c.P.item() == pytest.approx(ref["P"].item(), rel=1e-10)
-    assert c.rtol == rank_rtol(64, 8, dtype)
+    assert c.rtol == rank_rtol(64, 8)
+    # the tolerance does not depend on the storage dtype (same ranks for fp32/fp16/bf16 copies)
+    assert c.rtol == tli.closure(pair(O.double(), V.double())).rtol == 64 * torch.finfo(torch.float32).eps
 
 
 def test_float32_products_accuracy_bound():
@@ -225,22 +228,25 @@ def test_random_gaussian_heads_have_small_P():
 def test_bad_inputs_raise_clear_errors():
     W_V = torch.randn(32, 8)
     W_O = torch.randn(8, 32)
-    with pytest.raises(ValueError, match="do not pair"):
+    with pytest.raises(WeightError, match="do not pair"):
         tli.closure((W_O, W_V.T.contiguous()[:4]))
-    with pytest.raises(ValueError, match="do not pair"):
+    with pytest.raises(WeightError, match="do not pair"):
         tli.closure((W_V, torch.randn(8, 31)))
-    with pytest.raises(TypeError, match="FactoredMatrix"):
+    with pytest.raises(OptionTypeError, match="FactoredMatrix"):
         tli.closure(W_V)
-    with pytest.raises(TypeError, match="torch.Tensor or numpy"):
+    with pytest.raises(OptionTypeError, match="torch.Tensor or numpy"):
         tli.closure(([1.0], [2.0]))
-    with pytest.raises(ValueError, match="broadcast"):
+    with pytest.raises(WeightError, match="broadcast"):
         tli.closure((torch.randn(3, 32, 8), torch.randn(2, 8, 32)))
     bad = W_V.clone()
     bad[5, 2] = float("nan")
-    with pytest.raises(ValueError, match="NaN or inf"):
+    with pytest.raises(WeightError, match="NaN or inf"):
         tli.closure((bad, W_O))
-    with pytest.raises(TypeError, match="floating point"):
+    # integer weights: a WeightError (a ValueError, no longer a TypeError) naming the dtype
+    with pytest.raises(WeightError, match=r"torch\.int64.*real floating point"):
         tli.closure((W_V.long(), W_O.long()))
+    # the new error classes keep the built-in bases callers catch
+    assert issubclass(WeightError, ValueError) and issubclass(OptionTypeError, TypeError)
 
 
 def test_numpy_input_accepted():

@@ -8,10 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import dense_closure
 
 import tl_idempotence as tli
+from helpers import dense_closure
 from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.errors import (
+    OptionError,
+    UnknownOptionError,
+    UnsupportedModelError,
+    WeightError,
+)
 from tl_idempotence.sources.dispatch import head_source
 from tl_idempotence.sources.tl import TLModelSource
 from tl_idempotence.testing import bridge_from_dir, hooked_from_dir, tiny_hf_dir
@@ -69,6 +75,13 @@ def test_bridge_report_matches_dense_reference(tiny_dir):
     rep = model.idempotence_report(progress=False)
     assert len(rep.heads) == 2 * n_heads
     assert list(rep.heads.columns[:10]) == ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed"]
+    # heads are indexed by TransformerLens labels, in (layer, head) order
+    assert rep.heads.index.name == "label"
+    assert list(rep.heads.index) == [f"L{l}H{h}" for l in (0, 1) for h in range(n_heads)]
+    # every layer row carries its weights' sha256 fingerprint and a note ("" when nothing is NaN)
+    assert {"fingerprint", "note"} <= set(rep.layers.columns)
+    assert list(rep.layers["fingerprint"]) == [lh.fingerprint() for lh in head_source(model)]
+    assert all(len(f) == 64 for f in rep.layers["fingerprint"]) and rep.layers["fingerprint"].nunique() == 2
     for layer in (0, 1):
         o, v = _raw_attention(path, layer)
         d_model = o.shape[0]
@@ -87,6 +100,11 @@ def test_bridge_report_matches_dense_reference(tiny_dir):
     # tli.closure(model.OV) gives the same numbers
     c = tli.closure(model.OV)
     np.testing.assert_allclose(c.P.numpy().ravel(), rep.heads.P.to_numpy(), rtol=1e-10)
+    # to_tensor: a column in TransformerLens's [n_layers, n_heads] layout
+    P = rep.to_tensor("P")
+    assert P.shape == (2, n_heads) and P.dtype == torch.float64
+    np.testing.assert_array_equal(P.reshape(-1).numpy(), rep.heads["P"].to_numpy())
+    np.testing.assert_array_equal(rep.to_tensor("kv_head")[1].numpy(), np.arange(n_heads) // (n_heads // n_kv))
 
 
 @needs_hooked
@@ -142,13 +160,31 @@ def test_processing_flags_recorded_for_folded_model():
 
 @pytest.mark.bridge
 def test_report_html_is_standalone(tmp_path, tiny_gqa_bridge):
+    from plotly.offline import get_plotlyjs_version
+
     rep = tiny_gqa_bridge.idempotence_report(progress=False)
     fig = rep.figure()
     assert fig.data[0].type == "heatmap" and np.asarray(fig.data[0].z).shape == (2, 9)
     out = rep.save_html(tmp_path / "r.html")
+    assert out == str(tmp_path / "r.html")
     html = open(out, encoding="utf-8").read()
-    assert "Plotly.newPlot" in html or "plotly" in html.lower()
-    assert not re.search(r"<script[^>]+src=[\"']https?://", html), "report references a remote script"
+    # plotly.js is inlined exactly once (its licence banner names the bundled version) and every figure is drawn
+    banner = f"* plotly.js v{get_plotlyjs_version()}\n* Copyright 2012-"
+    assert html.count(banner) == 1
+    assert html.count("Plotly.newPlot(") == len(rep.figures()) >= 1
+    # no remote script or stylesheet: it renders offline
+    assert not re.search(r"<script[^>]+src=[\"']?(https?:)?//", html, re.I), "report references a remote script"
+    assert not re.search(r"<link[^>]+href=[\"']?(https?:)?//", html, re.I), "report references a remote stylesheet"
+    assert "unpkg.com" not in html
+    # the page leads with the answer: headline, closed heads (none here: the highest P), heatmap, paper comparison
+    s = rep.summary
+    head = f"{s['model_name']} ({s['model_class']}, "
+    order = [html.index(x) for x in ('<p class="headline" id="headline">' + head, 'id="closed-heads"',
+                                      'id="heatmap"', 'id="paper"', 'id="details"')]
+    assert order == sorted(order)
+    assert f"0 of 18 heads (0.00 %) are near-idempotent, P ≥ 0.9; median P {s['median_P']:.3g}." in html
+    top = rep.heads.sort_values("P", ascending=False).index[0]
+    assert html.index(f"<td>{top}</td>") < html.index('id="heatmap"')  # the highest-P head is in the first table
     assert "kv_head" in html
 
 
@@ -161,14 +197,84 @@ def tiny_gqa_bridge(tmp_path_factory):
 
 @pytest.mark.bridge
 def test_bad_input_errors(tiny_gqa_bridge):
-    with pytest.raises(TypeError, match="Cannot read attention heads"):
+    with pytest.raises(UnsupportedModelError, match="Cannot read attention heads from a object"):
         tli.idempotence_report(object())
-    with pytest.raises(ValueError, match="threshold"):
+    with pytest.raises(OptionError, match=r"threshold must be in \[0, 1\].*got 1.5"):
         tli.idempotence_report(tiny_gqa_bridge, threshold=1.5)
-    with pytest.raises(ValueError, match="Unknown layer"):
+    # a wrong type is a TypeError: OptionTypeError from the library, or (in this test suite, which
+    # instruments the package with jaxtyping/beartype) the annotation check that runs first
+    with pytest.raises(TypeError, match="threshold"):
+        tli.idempotence_report(tiny_gqa_bridge, threshold="0.5")
+    with pytest.raises(OptionError, match=r"Unknown layer index \[5\]: this model's attention layers are 0\.\.1"):
         tli.idempotence_report(tiny_gqa_bridge, layers=[5], progress=False)
+    with pytest.raises(TypeError, match="nulls"):
+        tli.idempotence_report(tiny_gqa_bridge, nulls=1.7, progress=False)
+    with pytest.raises(UnknownOptionError, match=r"'nuls' \(did you mean 'nulls'"):
+        tli.idempotence_report(tiny_gqa_bridge, nuls=16)
+    with pytest.raises(TypeError):  # every option after threshold is keyword-only
+        tli.idempotence_report(tiny_gqa_bridge, 0.9, 16)
     rep = tli.idempotence_report(tiny_gqa_bridge, layers=[1], progress=False)
     assert set(rep.heads.layer) == {1} and len(rep.heads) == 9
+    assert list(rep.heads.index) == [f"L1H{h}" for h in range(9)]
+    # a layer that was not measured is NaN in the [n_layers, n_heads] tensor
+    P = rep.to_tensor("P")
+    assert torch.isnan(P[0]).all() and torch.equal(P[1], torch.as_tensor(rep.heads["P"].to_numpy()))
+    with pytest.raises(OptionError, match="'nope' is not a column"):
+        rep.to_tensor("nope")
+    with pytest.raises(OptionError, match="'reason' is not numeric"):
+        rep.to_tensor("reason")
+
+
+@pytest.mark.bridge
+def test_threshold_is_settable_and_recomputes(tiny_gqa_bridge):
+    rep = tli.idempotence_report(tiny_gqa_bridge, nulls=8, progress=False)
+    P = rep.heads["P"].to_numpy()
+    assert rep.threshold == 0.9 and rep.summary["n_closed"] == 0
+    t = float(np.sort(P)[-3])  # exactly three heads at or above it
+    rep.threshold = t
+    assert rep.threshold == t and rep.options.threshold == t and rep.summary["threshold"] == t
+    assert rep.heads["closed"].sum() == 3 and rep.summary["n_closed"] == 3
+    assert np.array_equal(rep.heads["closed"].to_numpy(), P >= t)
+    assert list(rep.closed_heads.index) == list(rep.heads.sort_values("P", ascending=False).index[:3])
+    assert rep.summary["frac_closed"] == pytest.approx(3 / 18)
+    # the mismatch counts follow from the stored pairs
+    pairs = rep.tables["mismatch_pairs"]
+    assert rep.summary["n_mismatch_closed"] == int((pairs["P"] >= t).sum())
+    # hook points of the closed heads, ready for run_with_hooks
+    closed = rep.closed_heads
+    assert rep.hook_points() == [(f"blocks.{l}.attn.hook_z", h) for l, h in zip(closed["layer"], closed["head"])]
+    assert rep.hook_points([(1, 2)], hook="pattern") == [("blocks.1.attn.hook_pattern", 2)]
+    assert len(rep.hook_points("all")) == 18
+    with pytest.raises(OptionError, match="hook must be one of"):
+        rep.hook_points(hook="zz")
+    with pytest.raises(OptionError, match=r"threshold must be in \[0, 1\]"):
+        rep.threshold = 2.0
+    assert rep.threshold == t  # unchanged by a refused value
+
+
+@pytest.mark.bridge
+def test_save_and_load_round_trip(tmp_path, tiny_gqa_bridge):
+    rep = tli.idempotence_report(tiny_gqa_bridge, nulls=8, algebra=True, progress=False)
+    out = rep.save(tmp_path / "saved")
+    assert out == str(tmp_path / "saved")
+    names = sorted(p.name for p in (tmp_path / "saved").iterdir())
+    assert "report.json" in names and "heads.parquet" in names and "layers.parquet" in names
+    assert not [n for n in names if n.endswith((".pkl", ".pickle"))]  # no pickles
+    back = tli.load_report(tmp_path / "saved")
+    pd.testing.assert_frame_equal(back.heads, rep.heads)
+    pd.testing.assert_frame_equal(back.layers, rep.layers)
+    assert sorted(back.tables) == sorted(rep.tables)
+    for k in rep.tables:
+        pd.testing.assert_frame_equal(back.tables[k].reset_index(drop=True), rep.tables[k].reset_index(drop=True))
+    assert back.options == rep.options and back.model is None
+    # every summary number comes back (closed_per_layer: see the xfail test below for its key type)
+    assert {k: v for k, v in back.summary.items() if k != "closed_per_layer"} == {
+        k: v for k, v in rep.summary.items() if k != "closed_per_layer"
+    }
+    assert {int(k): v for k, v in back.summary["closed_per_layer"].items()} == rep.summary["closed_per_layer"]
+    pd.testing.assert_frame_equal(back.algebra.pairs, rep.algebra.pairs)
+    with pytest.raises(OptionError, match="exists and is not empty"):
+        rep.save(tmp_path / "saved")
 
 
 @pytest.mark.bridge
@@ -177,7 +283,7 @@ def test_nan_weight_names_layer_and_head(tmp_path):
     model = bridge_from_dir(path)
     with torch.no_grad():
         model.blocks[1].attn.o.original_component.weight[5, 8 * 4 + 2] = float("nan")  # head 4 of layer 1
-    with pytest.raises(ValueError, match=r"layer 1.*head=4"):
+    with pytest.raises(WeightError, match=r"W_O of layer 1 contains NaN or inf at head 4 \(1 NaN"):
         tli.idempotence_report(model, progress=False)
 
 
@@ -188,20 +294,73 @@ def test_model_without_attention_is_rejected():
         d_model = 8
         d_head = 2
 
-    class NoAttn(torch.nn.Module):
+    class HookedTransformer(torch.nn.Module):  # a TransformerLens class name (recognised by name), no attention
         def __init__(self):
             super().__init__()
             self.cfg = Cfg()
             self.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
 
-    with pytest.raises(ValueError, match="no attention layers"):
-        TLModelSource(NoAttn())
+    with pytest.raises(UnsupportedModelError, match="HookedTransformer has no attention layers"):
+        TLModelSource(HookedTransformer())
+    with pytest.raises(UnsupportedModelError, match="needs a TransformerLens model; got Module"):
+        TLModelSource(torch.nn.Module())
+
+
+def _unchecked_layer_heads(layer, O, V, kv):
+    """A LayerHeads built without its (jaxtyping-instrumented) __init__, to reach its own validation."""
+    lh = object.__new__(LayerHeads)
+    for k, v in {"layer": layer, "O": O, "V": V, "kv_head_of": kv}.items():
+        object.__setattr__(lh, k, v)
+    return lh
 
 
 def test_layer_heads_validates_shapes():
-    with pytest.raises(ValueError, match="disagree"):
-        LayerHeads(0, torch.zeros(4, 16, 4), torch.zeros(2, 16, 5), torch.zeros(4, dtype=torch.long))
-    with pytest.raises(ValueError, match="outside"):
-        LayerHeads(0, torch.zeros(4, 16, 4), torch.zeros(2, 16, 4), torch.tensor([0, 1, 2, 3]))
-    with pytest.raises(ValueError, match="multiple"):
+    O, V = torch.zeros(4, 16, 4), torch.zeros(2, 16, 4)
+    kv = torch.tensor([0, 0, 1, 1])
+    # LayerHeads' own checks (what users get; under this test suite jaxtyping checks the annotated
+    # shapes/dtypes of __init__ first, so those cases are driven through __post_init__ directly)
+    with pytest.raises(WeightError, match=r"Layer 0: O \(4, 16, 4\) and V \(2, 16, 5\) disagree"):
+        _unchecked_layer_heads(0, O, torch.zeros(2, 16, 5), kv).__post_init__()
+    with pytest.raises(WeightError, match="O has dtype torch.int64; OV weights must be real floating point"):
+        _unchecked_layer_heads(0, O.long(), V, kv).__post_init__()
+    with pytest.raises(WeightError, match="kv_head_of must be an integer tensor"):
+        _unchecked_layer_heads(0, O, V, kv.float()).__post_init__()
+    with pytest.raises(WeightError, match=r"kv_head_of has shape \(3,\), expected \(4,\)"):
+        _unchecked_layer_heads(0, O, V, kv[:3]).__post_init__()
+    # ... and through the public constructor: the library's WeightError, or jaxtyping's shape check
+    with pytest.raises((WeightError, TypeError)) as ei:
+        LayerHeads(0, O, torch.zeros(2, 16, 5), kv)
+    assert isinstance(ei.value, WeightError) or type(ei.value).__name__ == "TypeCheckError"
+    # value checks no annotation can make
+    with pytest.raises(WeightError, match=r"kv_head_of points outside the 2 kv heads \(\[0, 1, 2, 3\]\)"):
+        LayerHeads(0, O, V, torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(WeightError, match="layer must be a non-negative int; got -1"):
+        LayerHeads(-1, O, V, kv)
+    with pytest.raises(WeightError, match="n_heads=9 is not a positive multiple of n_kv_heads=2"):
         tli.kv_layout(9, 2)
+
+
+def test_layer_heads_fingerprint_is_sha256_of_the_bytes():
+    g = torch.Generator().manual_seed(0)
+    O, V = torch.randn(4, 16, 4, generator=g), torch.randn(2, 16, 4, generator=g)
+    kv = tli.kv_layout(4, 2)
+    a = LayerHeads(3, O, V, kv).fingerprint()
+    assert re.fullmatch(r"[0-9a-f]{64}", a)  # a sha256 hex digest
+    assert LayerHeads(3, O.clone(), V.clone(), kv.clone()).fingerprint() == a  # same bytes, same fingerprint
+    assert LayerHeads(5, O, V, kv).fingerprint() == a  # the layer index is not part of the weights
+    O2 = O.clone()
+    O2.view(torch.int32)[2, 7, 1] ^= 1  # flip one bit
+    assert LayerHeads(3, O2, V, kv).fingerprint() != a
+    assert LayerHeads(3, O.double(), V.double(), kv).fingerprint() != a  # same values, other dtype
+    assert LayerHeads(3, O, V, torch.tensor([0, 1, 0, 1])).fingerprint() != a  # other kv layout
+
+
+@pytest.mark.xfail(reason="SRC BUG: report/store.py save/load turns summary['closed_per_layer'] int keys {0: n} into "
+                   "str keys {'0': n} (json_safe str()s dict keys, json_restore does not undo it)", strict=True)
+def test_saved_summary_reads_back_exactly(tmp_path):
+    lhs = [LayerHeads(l, torch.randn(4, 16, 4, dtype=torch.float64), torch.randn(2, 16, 4, dtype=torch.float64),
+                      tli.kv_layout(4, 2)) for l in range(2)]
+    rep = tli.idempotence_report(lhs, progress=False)
+    assert rep.summary["closed_per_layer"] == {0: 0, 1: 0}
+    back = tli.load_report(rep.save(tmp_path / "saved"))
+    assert back.summary == rep.summary

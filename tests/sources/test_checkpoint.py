@@ -22,15 +22,29 @@ import torch
 from safetensors.torch import save_file
 
 import tl_idempotence as tli
-from tl_idempotence import sources
-from tl_idempotence.core.heads import kv_layout
-from tl_idempotence.core.closure import closure_from_grams, layer_grams
+from helpers import (
+    assert_matches,
+    gpt2_like,
+    llama_like,
+    neox_like,
+    random_heads,
+    write_checkpoint,
+    write_sparse_shard,
+)
+from tl_idempotence.core.heads import Sizes, kv_layout
+from tl_idempotence.errors import (
+    CheckpointError,
+    MissingFileError,
+    UnknownOptionError,
+    UnsupportedModelError,
+    WeightError,
+)
+from tl_idempotence.sources.architectures import architecture_table, supported_architectures
+from tl_idempotence.sources.checkpoint import _find_root, from_path
+from tl_idempotence.sources.dispatch import head_source
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir, tiny_tokenizer
-from helpers import dense_closure
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 # --------------------------------------------------------------------------- layouts
@@ -38,7 +52,7 @@ ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 def test_llama_gqa_sharded_exact(tmp_path):
     d, O, V = llama_like(tmp_path / "ck", nq=6, nkv=2, dm=48, dh=8, n_shards=3)
-    src = sources.maybe_source(d)
+    src = from_path(d)
     assert src.info.n_kv_heads == 2 and src.info.d_head == 8 and src.info.processing["raw"] is True
     assert len(set(json.loads((d / "model.safetensors.index.json").read_text())["weight_map"].values())) == 3
     for l in range(3):
@@ -91,7 +105,7 @@ def test_qwen3_moe_bf16_never_reads_experts(tmp_path, monkeypatch):
     rep = tli.idempotence_report(str(d), progress=False)
     assert read and all(("self_attn.v_proj" in n or "self_attn.o_proj" in n) for n in read), set(read)
     assert last.name not in opened
-    lh = sources.maybe_source(d).layer_heads(2)
+    lh = from_path(d).layer_heads(2)
     assert lh.O.dtype == torch.bfloat16 and lh.V.dtype == torch.bfloat16
     Ob = [o.to(torch.bfloat16) for o in O]
     Vb = [v.to(torch.bfloat16) for v in V]
@@ -101,7 +115,7 @@ def test_qwen3_moe_bf16_never_reads_experts(tmp_path, monkeypatch):
 
 def test_gpt_neox_fused_interleaved_qkv(tmp_path):
     d, O, V = neox_like(tmp_path / "ck")
-    src = sources.maybe_source(d)
+    src = from_path(d)
     for l in range(2):
         lh = src.layer_heads(l)
         assert torch.equal(lh.O, O[l]) and torch.equal(lh.V, V[l])
@@ -110,7 +124,7 @@ def test_gpt_neox_fused_interleaved_qkv(tmp_path):
 
 def test_gpt2_conv1d(tmp_path):
     d, O, V = gpt2_like(tmp_path / "ck")
-    src = sources.maybe_source(d)
+    src = from_path(d)
     assert src.root == "transformer."
     for l in range(2):
         lh = src.layer_heads(l)
@@ -181,11 +195,10 @@ def test_tiny_hf_dir_equals_bridge(tmp_path, arch):
 
 
 @pytest.mark.slow
-def test_real_smollm2_gguf_equals_zoo_model():
+def test_real_smollm2_gguf_equals_zoo_model(smollm2_gguf, smollm2):
     """The Q4_1 GGUF dequantized layer by layer equals the zoo's (fp32, raw) TransformerBridge report."""
-    path = tli.models.gguf_path("smollm2-135m", progress=False)
-    r_gguf = tli.idempotence_report(str(path), progress=False)
-    r_zoo = tli.idempotence_report(tli.models.load("smollm2-135m", progress=False), progress=False)
+    r_gguf = tli.idempotence_report(str(smollm2_gguf), progress=False)
+    r_zoo = tli.idempotence_report(smollm2, progress=False)
     assert r_gguf.info.n_layers == 30 and r_gguf.info.n_kv_heads == 3 and r_gguf.info.d_head == 64
     assert r_gguf.summary["processing"]["format"] == "gguf"
     np.testing.assert_allclose(r_gguf.heads["P"], r_zoo.heads["P"], rtol=0, atol=1e-10)
@@ -203,8 +216,8 @@ def test_truncated_shard(tmp_path):
     shard = d / wm["model.layers.1.self_attn.v_proj.weight"]
     with open(shard, "r+b") as f:
         f.truncate(os.path.getsize(shard) - 100)
-    with pytest.raises(ValueError, match=rf"{shard.name}.*truncated"):
-        sources.maybe_source(d)
+    with pytest.raises(CheckpointError, match=rf"{shard.name}.*truncated"):
+        from_path(d)
 
 
 def test_missing_tensor(tmp_path):
@@ -213,8 +226,9 @@ def test_missing_tensor(tmp_path):
     m = json.loads(idx.read_text())
     del m["weight_map"]["model.layers.2.self_attn.v_proj.weight"]
     idx.write_text(json.dumps(m))
-    with pytest.raises(ValueError, match=r"Missing tensor 'model\.layers\.2\.self_attn\.v_proj\.weight'.*index\.json"):
-        sources.maybe_source(d)
+    with pytest.raises(CheckpointError,
+                       match=r"Missing tensor 'model\.layers\.2\.self_attn\.v_proj\.weight'.*index\.json"):
+        from_path(d)
 
 
 def test_tensor_missing_from_its_shard(tmp_path):
@@ -225,8 +239,8 @@ def test_tensor_missing_from_its_shard(tmp_path):
     other = next(f for f in sorted(set(m["weight_map"].values())) if f != m["weight_map"][name])
     m["weight_map"][name] = other
     idx.write_text(json.dumps(m))
-    with pytest.raises(ValueError, match=rf"'{name}' is missing from shard .*{other}"):
-        sources.maybe_source(d)
+    with pytest.raises(CheckpointError, match=rf"'{name}' is missing from shard .*{other}"):
+        from_path(d)
 
 
 def test_shape_mismatch_with_config(tmp_path):
@@ -234,9 +248,10 @@ def test_shape_mismatch_with_config(tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["num_key_value_heads"] = 3
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"'model\.layers\.0\.self_attn\.v_proj\.weight' in .*model-0000\d-of-00003"
-                                         r"\.safetensors has shape \[16, 48\].*need \[24, 48\]"):
-        sources.maybe_source(d)
+    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.self_attn\.v_proj\.weight' in "
+                                              r".*model-0000\d-of-00003"
+                                              r"\.safetensors has shape \[16, 48\].*need \[24, 48\]"):
+        from_path(d)
 
 
 def test_nan_in_weight_names_file_tensor_layer_head(tmp_path):
@@ -250,11 +265,11 @@ def test_nan_in_weight_names_file_tensor_layer_head(tmp_path):
     t = load_file(str(shard))
     t[name][5, 4 * 8 + 2] = float("nan")
     save_file(t, str(shard))
-    src = sources.maybe_source(d)
+    src = from_path(d)
     src.layer_heads(0)  # other layers fine
-    with pytest.raises(ValueError, match=rf"'{name}' \(.*{shard.name}\), layer 1, head \[4\]"):
+    with pytest.raises(WeightError, match=rf"'{name}' \(.*{shard.name}\), layer 1, .*NaN or inf at head 4\b"):
         src.layer_heads(1)
-    with pytest.raises(ValueError, match="layer 1, head"):
+    with pytest.raises(WeightError, match="layer 1, .*head 4"):
         tli.idempotence_report(str(d), progress=False)
 
 
@@ -262,14 +277,14 @@ def test_index_points_to_missing_shard(tmp_path):
     d, _, _ = llama_like(tmp_path / "ck")
     shard = sorted(d.glob("model-*.safetensors"))[0]
     shard.unlink()
-    with pytest.raises(FileNotFoundError, match=rf"Shard .*{shard.name} does not exist.*model\.layers"):
-        sources.maybe_source(d)
+    with pytest.raises(MissingFileError, match=rf"Shard .*{shard.name} does not exist.*model\.layers"):
+        from_path(d)
 
 
 def test_unknown_architecture_lists_supported_and_how_to_add(tmp_path):
     d, O, V = llama_like(tmp_path / "ck", model_type="frobnicator")
-    with pytest.raises(ValueError, match=r"frobnicator.*gpt_neox.*llama.*architecture='<that name>'.*\"layer\""):
-        sources.maybe_source(d)
+    with pytest.raises(CheckpointError, match=r"frobnicator.*gpt_neox.*llama.*architecture='<that name>'.*\"layer\""):
+        from_path(d)
     # the documented escape hatches: an existing entry, or a custom entry dict
     assert_matches(tli.idempotence_report(str(d), architecture="llama", progress=False), O, V, 6, 2)
     entry = {"layer": "layers.{l}.", "v": {"tensor": "self_attn.v_proj.weight", "layout": "linear"},
@@ -277,16 +292,22 @@ def test_unknown_architecture_lists_supported_and_how_to_add(tmp_path):
     assert_matches(tli.idempotence_report(str(d), architecture=entry, progress=False), O, V, 6, 2)
 
 
-def test_not_a_path_or_model():
-    assert sources.maybe_source(3.5) is None
-    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
-        sources.maybe_source("no/such/dir")
-    with pytest.raises(TypeError, match="Unknown source option"):
-        sources.maybe_source(".", frobnicate=True)
+def test_not_a_path_or_model(tmp_path):
+    with pytest.raises(UnsupportedModelError, match=r"Cannot read attention heads from a float\. Supported: "):
+        head_source(3.5)
+    with pytest.raises(MissingFileError, match="nothing is downloaded"):
+        from_path("no/such/dir")
+    with pytest.raises(MissingFileError, match="nothing is downloaded"):
+        head_source("no/such/dir")
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match=r"weights\.bin: not a \.gguf file, a \.safetensors file or a model directory"):
+        from_path(tmp_path / "weights.bin")
+    with pytest.raises(UnknownOptionError, match=r"'architectur' \(did you mean 'architecture'"):
+        tli.idempotence_report(str(tmp_path), architectur="llama")
 
 
 def test_table_is_well_formed():
-    t = sources.architecture_table()
+    t = architecture_table()
     layouts = set(t["_format"]["layouts"])
     for name, e in t["architectures"].items():
         assert "{l}" in e["layer"], name
@@ -294,7 +315,7 @@ def test_table_is_well_formed():
     for alias, target in t["aliases"].items():
         assert target in t["architectures"], alias
     assert {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "gpt_neox", "gpt2",
-            "olmo", "olmo2", "phi3", "bert"} <= set(sources.supported_architectures())
+            "olmo", "olmo2", "phi3", "bert"} <= set(supported_architectures())
 
 
 # --------------------------------------------------------------------------- memory
@@ -304,13 +325,15 @@ _RSS_CHILD = textwrap.dedent(
     """
     import sys, json
     import tl_idempotence as tli
-    from tl_idempotence import sources
+    from tl_idempotence.sources.checkpoint import from_path
 
     def hwm_kb():  # this process's peak RSS (ru_maxrss would start at the forking parent's RSS)
         return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM:")).split()[1])
 
-    src = sources.maybe_source(sys.argv[1])
-    src.layer_heads(0)  # warm imports and allocator on a one-layer read
+    src = from_path(sys.argv[1])
+    # warm imports and allocator on a one-layer report (tl_idempotence imports lazily: the report's
+    # modules, pandas and tqdm load on first use and must not count as weight memory)
+    tli.idempotence_report(src, layers=[0], progress=False)
     base = hwm_kb()
     rep = tli.idempotence_report(src, progress=False)
     print(json.dumps({"base_kb": base, "peak_kb": hwm_kb(), "n": len(rep.heads)}))
@@ -344,7 +367,7 @@ def test_peak_rss_independent_of_mlp_and_layers(tmp_path):
     apparent = sum(os.path.getsize(f) for f in d.glob("*.safetensors"))
     on_disk = sum(os.stat(f).st_blocks * 512 for f in d.glob("*.safetensors"))
     assert apparent > 6e9 and on_disk < 50e6, (apparent, on_disk)
-    assert torch.equal(sources.maybe_source(d).layer_heads(5).O, O[5])
+    assert torch.equal(from_path(d).layer_heads(5).O, O[5])
 
     out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(d)], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -431,7 +454,7 @@ def write_gguf(path: Path, O, V, fused: bool = False, nan_at=None) -> list:
 def test_gguf_synthetic(tmp_path, fused):
     O, V, _ = random_heads(2, 6, 2, 64, 16, seed=4)
     O_q = write_gguf(tmp_path / "m.gguf", O, V, fused=fused)
-    src = sources.maybe_source(tmp_path / "m.gguf")
+    src = from_path(tmp_path / "m.gguf")
     assert (src.info.n_heads, src.info.n_kv_heads, src.info.d_head) == (6, 2, 16)
     assert src.info.processing["dequantized"] == ["F32", "Q8_0"]
     for l in range(2):
@@ -446,22 +469,23 @@ def test_gguf_truncated_and_nan(tmp_path):
     write_gguf(tmp_path / "m.gguf", O, V)
     data = (tmp_path / "m.gguf").read_bytes()
     (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 3000])
-    with pytest.raises(ValueError, match=r"cut\.gguf.*truncated"):
-        sources.maybe_source(tmp_path / "cut.gguf")
+    with pytest.raises(CheckpointError, match=r"cut\.gguf.*truncated"):
+        from_path(tmp_path / "cut.gguf")
     write_gguf(tmp_path / "nan.gguf", O, V, nan_at=(1, 1))
-    with pytest.raises(ValueError, match=r"'blk\.1\.attn_v\.weight' \(.*nan\.gguf\), layer 1, kv head \[1\]"):
+    with pytest.raises(WeightError,
+                       match=r"'blk\.1\.attn_v\.weight' \(.*nan\.gguf\), layer 1, .*NaN or inf at kv head 1\b"):
         tli.idempotence_report(str(tmp_path / "nan.gguf"), progress=False)
 
 
 def test_root_detection_prefers_the_language_model():
     """Multimodal checkpoints (e.g. Gemma 3) hold other towers with layer-like names; the text model wins, and
     an explicit prefix= overrides."""
-    entry = sources.architecture_table()["architectures"]["gemma3_text"]
-    s = sources.Sizes(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16)
+    entry = architecture_table()["architectures"]["gemma3_text"]
+    s = Sizes(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16)
     keys = [f"{root}layers.{l}.self_attn.{w}_proj.weight" for root in ("vision_tower.encoder.", "model.language_model.")
             for l in range(2) for w in ("v", "o")]
     keys += ["multi_modal_projector.layers.0.self_attn.v_proj.weight", "multi_modal_projector.layers.0.self_attn.o_proj.weight"]
-    assert sources._find_root(keys, entry, s, None, "x") == "model.language_model."
-    assert sources._find_root(keys, entry, s, "vision_tower.encoder.", "x") == "vision_tower.encoder."
-    with pytest.raises(ValueError, match="missing tensor.*layers.0.self_attn.v_proj.weight"):
-        sources._find_root(["model.embed.weight"], entry, s, None, "x")
+    assert _find_root(keys, entry, s, None, "x") == "model.language_model."
+    assert _find_root(keys, entry, s, "vision_tower.encoder.", "x") == "vision_tower.encoder."
+    with pytest.raises(CheckpointError, match="missing tensor.*layers.0.self_attn.v_proj.weight"):
+        _find_root(["model.embed.weight"], entry, s, None, "x")

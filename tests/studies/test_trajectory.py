@@ -10,31 +10,43 @@ P = 0.907-0.928 and the layer-0 heads 0.15-0.46.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
+import shutil
 import weakref
 
 import numpy as np
 import pandas as pd
 import pytest
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
+import tl_idempotence.report.report as report_mod
+from helpers import SyntheticSource, gaussian_layer
+from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError, ResumeError
 from tl_idempotence.sources.lineage import lineage_checkpoints, train_lineage
-from tl_idempotence.testing import bridge_from_dir
 from tl_idempotence.studies.trajectory import trajectory
+from tl_idempotence.testing import bridge_from_dir
 
 pytestmark = pytest.mark.bridge
 
-
-#: The lineage shared by this file and tests/test_demos.py (same config -> trained once per session).
-LINEAGE_KW = dict(steps=200, save_steps=(0, 20, 40, 60, 100, 200))
+# The lineage (conftest.lineage, trained with helpers.LINEAGE_KW) is shared with tests/test_demos.py.
 
 
-@pytest.fixture(scope="session")
-def lineage(tmp_path_factory):
-    return train_lineage(tmp_path_factory.getbasetemp() / "tli_lineage", **LINEAGE_KW)
+@pytest.fixture
+def analysed(monkeypatch):
+    """The layers the report loop analyses (``run_layer`` calls) — a layer served from the cache is not."""
+    calls: list[int] = []
+    real = report_mod.run_layer
+
+    def counting(lh, *args, **kwargs):
+        calls.append(lh.layer)
+        return real(lh, *args, **kwargs)
+
+    monkeypatch.setattr(report_mod, "run_layer", counting)
+    return calls
 
 
 @pytest.fixture(scope="session")
@@ -77,11 +89,11 @@ def test_lineage_is_deterministic_and_reused(tmp_path):
 
 
 def test_lineage_bad_arguments(tmp_path):
-    with pytest.raises(ValueError, match="n_kv_heads"):
+    with pytest.raises(OptionError, match=r"Need n_heads % n_kv_heads == 0 .*n_heads=4, n_kv_heads=3"):
         train_lineage(tmp_path, n_heads=4, n_kv_heads=3)
-    with pytest.raises(ValueError, match="steps"):
+    with pytest.raises(OptionError, match="steps must be >= 1; got 0"):
         train_lineage(tmp_path, steps=0)
-    with pytest.raises(FileNotFoundError, match="ckpt_step"):
+    with pytest.raises(MissingFileError, match="ckpt_step"):
         lineage_checkpoints(tmp_path)
 
 
@@ -89,7 +101,7 @@ def test_last_checkpoint_equals_direct_report(lineage, traj):
     label, path = lineage.checkpoints[-1]
     got = traj.final().reset_index(drop=True)
     assert traj.final_label == label == "step200"
-    direct = tli.idempotence_report(str(path), nulls=16, progress=False).heads
+    direct = tli.idempotence_report(str(path), nulls=16, progress=False).heads.reset_index(drop=True)
     cols = ["layer", "head", "kv_head", "alpha", "P", "closed", "P_scrambled_median", "p_value"]
     pd.testing.assert_frame_equal(got[cols], direct[cols], check_exact=True)
     # and the same weights booted as a TransformerBridge give the same closure
@@ -177,31 +189,111 @@ def test_callable_checkpoints_are_dropped(lineage):
     assert tr.checkpoints["step"].tolist() == [0.0, 20.0]
 
 
-def test_cache(lineage, tmp_path):
+def _copy_checkpoints(ck, root):
+    """Copies of some lineage checkpoints (the session lineage itself must never be modified)."""
+    out = []
+    for lab, p in ck:
+        shutil.copytree(p, root / p.name)
+        out.append((lab, root / p.name))
+    return out
+
+
+def test_cache(lineage, tmp_path, analysed):
+    """The cache is a resume directory per checkpoint, keyed on each layer's weight fingerprint: a checkpoint
+    is loaded again (to fingerprint its layers) but a layer whose weights did not change is not analysed again."""
     calls: list[str] = []
 
     def loader(path):
         calls.append(os.path.basename(path))
         return tli.head_source(path)  # the checkpoint-file source (no model is built)
 
-    ck = lineage.checkpoints[:3]
-    first = trajectory(ck, loader=loader, cache_dir=tmp_path, progress=False)
-    assert len(calls) == 3 and not first.checkpoints["cached"].any()
-    assert len(list(tmp_path.glob("*.heads.parquet"))) == 3
-    second = trajectory(ck, loader=loader, cache_dir=tmp_path, progress=False)
-    assert len(calls) == 3, "a cached checkpoint was loaded again"
+    ck = _copy_checkpoints(lineage.checkpoints[:3], tmp_path / "ck")
+    cache = tmp_path / "cache"
+    first = trajectory(ck, loader=loader, cache_dir=cache, progress=False)
+    assert calls == ["ckpt_step0", "ckpt_step20", "ckpt_step40"] and analysed == [0, 1] * 3
+    assert not first.checkpoints["cached"].any()
+    # one resume directory per checkpoint, one part (JSON record + parquet) per layer, no pickles
+    dirs = sorted(p for p in cache.iterdir() if p.is_dir())
+    assert [d.name for d in dirs] == ["0000-step0", "0001-step20", "0002-step40"]
+    for d in dirs:
+        assert sorted(p.name for p in d.glob("layer_*.json")) == ["layer_00000.json", "layer_00001.json"]
+        assert (d / "manifest.json").is_file() and not list(d.glob("*.pkl"))
+    analysed.clear()
+    second = trajectory(ck, loader=loader, cache_dir=cache, progress=False)
+    assert len(calls) == 6  # loaded again, to fingerprint the layers ...
+    assert analysed == []  # ... but nothing was analysed again
     assert second.checkpoints["cached"].all()
     pd.testing.assert_frame_equal(first.heads, second.heads)
-    # other options -> other key
-    trajectory(ck, loader=loader, cache_dir=tmp_path, progress=False, threshold=0.5)
-    assert len(calls) == 6
-    # a changed weight file invalidates that checkpoint only
-    f = ck[1][1] / "model.safetensors"
+    # the new checkpoints columns: fingerprints and relations between checkpoints
+    c = second.checkpoints
+    assert (c["weights_fingerprint"].str.len() == 64).all() and c["weights_fingerprint"].nunique() == 3
+    assert (c["identical_to"] == "").all() and (c["shares_layers_with"] == "").all()
+    assert (c["n_shared_layers"] == 0).all() and c["processing_raw"].all()
+    # a changed weight invalidates that checkpoint's changed layer only (content, not file times)
+    f = ck[0][1] / "model.safetensors"
     st = f.stat()
-    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-    third = trajectory(ck, loader=loader, cache_dir=tmp_path, progress=False)
-    assert calls[6:] == ["ckpt_step20"]
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a touched file is still the same weights
+    w = load_file(str(ck[1][1] / "model.safetensors"))
+    w["model.layers.1.self_attn.o_proj.weight"] = w["model.layers.1.self_attn.o_proj.weight"] * 1.5
+    save_file(w, str(ck[1][1] / "model.safetensors"), metadata={"format": "pt"})
+    analysed.clear()
+    with pytest.warns(UserWarning, match=r"0001-step20/layer_00001\.json: the layer's weights changed"):
+        third = trajectory(ck, loader=loader, cache_dir=cache, progress=False)
+    assert analysed == [1]
     assert third.checkpoints["cached"].tolist() == [True, False, True]
+    changed = third.heads[third.heads["checkpoint"] == "step20"]
+    direct = tli.idempotence_report(str(ck[1][1]), progress=False).heads.reset_index(drop=True)
+    np.testing.assert_array_equal(changed["P"].to_numpy(), direct["P"].to_numpy())
+    assert not np.array_equal(changed["P"].to_numpy(), first.heads[first.heads["checkpoint"] == "step20"]["P"])
+
+
+@pytest.mark.xfail(reason="SRC BUG: studies/trajectory.py names each checkpoint's cache directory by order and label "
+                   "only ({order:04d}-{label}), so a cache_dir reused with other options (here threshold=0.5) raises "
+                   "ResumeError instead of computing under another key as tl_idempotence 0.1 did",
+                   raises=ResumeError, strict=True)
+def test_cache_with_other_options_is_another_key(lineage, tmp_path):
+    ck = lineage.checkpoints[:2]
+    trajectory(ck, cache_dir=tmp_path, progress=False)
+    other = trajectory(ck, cache_dir=tmp_path, progress=False, threshold=0.5)
+    assert not other.checkpoints["cached"].any() and other.threshold == 0.5
+
+
+def test_identical_and_shared_checkpoints_are_marked(lineage, tmp_path):
+    p0, p200 = lineage.checkpoints[0][1], lineage.checkpoints[-1][1]
+    # a "checkpoint" whose layer 1 is step 200's and layer 0 is step 0's (a shard copied between releases)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(p0, mixed)
+    w0, w200 = load_file(str(p0 / "model.safetensors")), load_file(str(p200 / "model.safetensors"))
+    w = {k: (w200[k] if k.startswith("model.layers.1.") else v) for k, v in w0.items()}
+    save_file(w, str(mixed / "model.safetensors"), metadata={"format": "pt"})
+    ck = [("step0", p0), ("again", p0), ("step200", p200), ("mixed", mixed)]
+    with pytest.warns(UserWarning,
+                      match=r"again is identical to step0; mixed shares 2 layer\(s\) with step0,again,step200"):
+        tr = trajectory(ck, progress=False)
+    c = tr.checkpoints.set_index("checkpoint")
+    assert c["identical_to"].to_dict() == {"step0": "", "again": "step0", "step200": "", "mixed": ""}
+    # layer 0 is step0's (and so also "again"'s), layer 1 is step200's
+    assert c.loc["mixed", "shares_layers_with"] == "step0,again,step200" and c.loc["mixed", "n_shared_layers"] == 2
+    assert c.loc["again", "weights_fingerprint"] == c.loc["step0", "weights_fingerprint"]
+    assert c.loc["mixed", "weights_fingerprint"] not in (c.loc["step0", "weights_fingerprint"],
+                                                          c.loc["step200", "weights_fingerprint"])
+    assert tr.summary["n_identical"] == 1 and tr.summary["n_mixed"] == 1
+
+
+def test_mixed_processing_is_refused_unless_allowed():
+    a = SyntheticSource([gaussian_layer(l, 4, 2, 16, 4, seed=l) for l in range(2)], name="a")
+    b = SyntheticSource([gaussian_layer(l, 4, 2, 16, 4, seed=10 + l) for l in range(2)], name="b")
+    a.info = dataclasses.replace(a.info, processing={"raw": True, "fold_ln": False})
+    b.info = dataclasses.replace(b.info, processing={"raw": False, "fold_ln": True})
+    with pytest.raises(OptionError, match=r"processed differently \(a: raw=True, fold_ln=False.*b: raw=False, "
+                                          r"fold_ln=True.*allow_mixed_processing=True"):
+        trajectory([("a", a), ("b", b)], progress=False)
+    with pytest.warns(UserWarning, match="processed differently"):
+        tr = trajectory([("a", a), ("b", b)], allow_mixed_processing=True, progress=False)
+    c = tr.checkpoints.set_index("checkpoint")
+    assert c["processing_raw"].to_dict() == {"a": True, "b": False}
+    assert c["processing_fold_ln"].to_dict() == {"a": False, "b": True}
+    assert c["kind"].eq("object").all()
 
 
 def test_heads_subset_and_figures(lineage, traj):
@@ -259,22 +351,26 @@ def test_search_capacity(lineage):
 
 def test_bad_inputs(lineage, tmp_path, monkeypatch):
     ck = lineage.checkpoints
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(OptionError, match="checkpoints is empty"):
         trajectory([], progress=False)
-    with pytest.raises(ValueError, match="unique"):
+    with pytest.raises(OptionError, match=r"labels must be unique; repeated: \['step0'\]"):
         trajectory([ck[0], ck[0]], progress=False)
-    with pytest.raises(TypeError, match="pair"):
+    with pytest.raises(OptionTypeError, match="pair"):
         trajectory([ck[0][1]], progress=False)
-    with pytest.raises(TypeError, match="cannot load a int"):
+    with pytest.raises(OptionTypeError, match="cannot load a int"):
         trajectory([("a", 3)], progress=False)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(MissingFileError, match="does not exist"):
         trajectory([("a", tmp_path / "nope")], progress=False)
-    with pytest.raises(ValueError, match="checkpoint_index"):
+    with pytest.raises(OptionError, match=r"takes options from \['checkpoint_index', 'checkpoint_value', 'revision'\]"):
         trajectory([("a", ("EleutherAI/pythia-14m", {"step": 3}))], progress=False)
-    with pytest.raises(ValueError, match=r"no heads \[\(1, 7\)\]"):
+    with pytest.raises(OptionError, match=r"Checkpoint 'step0' has no heads \[\(1, 7\)\]"):
         trajectory(ck[:1], heads=[(1, 7)], progress=False)
-    with pytest.raises(ValueError, match="threshold"):
+    with pytest.raises(OptionError, match="threshold must be in"):
         trajectory(ck[:1], threshold=1.5, progress=False)
+    with pytest.raises(OptionError, match=r"heads name layers \[1\] that are not in layers=\[0\]"):
+        trajectory(ck[:1], heads=[(1, 0)], layers=[0], progress=False)
+    with pytest.raises(TypeError, match="report_kwargs"):  # no passthrough any more: every option is explicit
+        trajectory(ck[:1], report_kwargs={"nulls": 4}, progress=False)
     # the hub route fails clearly offline
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(OSError, match="HF_HUB_OFFLINE") as e:
@@ -289,17 +385,19 @@ def test_lineage_dir_and_step_parsing(lineage):
     unnamed = trajectory([("init", lineage.checkpoints[0][1]), ("end", lineage.checkpoints[-1][1])],
                          heads=[(0, 0)], progress=False)
     assert unnamed.heads["step"].isna().all()
+    assert unnamed.x_axis() == ("order", "checkpoint") and tr.x_axis() == ("step", "training step")
     fig = unnamed.figure()  # x falls back to the checkpoint order
     assert fig.layout.xaxis.title.text == "checkpoint"
     assert list(fig.data[0].x) == [0, 1]
+    assert tr.figure().layout.xaxis.title.text == "training step"
     explicit = trajectory([("init", lineage.checkpoints[0][1], 0), ("end", lineage.checkpoints[-1][1], 200)],
                           heads=[(0, 0)], progress=False)
     assert explicit.heads["step"].tolist() == [0.0, 200.0]
 
 
-def test_hub_route_loads_by_checkpoint_index(lineage, traj, tmp_path, monkeypatch):
+def test_hub_route_loads_by_checkpoint_index(lineage, traj, tmp_path, monkeypatch, analysed):
     """(model_name, {"checkpoint_index"/"checkpoint_value": ...}) goes through TransformerBridge.boot_transformers
-    (the hub is replaced by the local lineage here); results are cached by name + index."""
+    (the hub is replaced by the local lineage here); results are cached by the layers' content."""
     from transformer_lens.model_bridge import TransformerBridge
 
     orig = TransformerBridge.boot_transformers
@@ -324,5 +422,9 @@ def test_hub_route_loads_by_checkpoint_index(lineage, traj, tmp_path, monkeypatc
         got = tr.heads[tr.heads["checkpoint"] == lab].set_index(["layer", "head"])["P"]
         for (l, h), p in got.items():
             assert p == pytest.approx(ref.loc[(src, l, h)], rel=1e-10)
-    trajectory(ck, heads=[(1, 0), (1, 1)], cache_dir=tmp_path, progress=False)
-    assert len(calls) == 2  # both served from the cache
+    assert analysed == [1, 1]  # only the layer of the selected heads, once per checkpoint
+    analysed.clear()
+    again = trajectory(ck, heads=[(1, 0), (1, 1)], cache_dir=tmp_path, progress=False)
+    assert len(calls) == 4  # booted again, to fingerprint the layer ...
+    assert analysed == [] and again.checkpoints["cached"].all()  # ... but served from the cache
+    pd.testing.assert_frame_equal(again.heads, tr.heads)

@@ -7,6 +7,7 @@ when either is missing.
 
 from __future__ import annotations
 
+import gc
 import re
 import shutil
 import subprocess
@@ -16,8 +17,10 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-from tl_idempotence.attention import attention_patterns, attention_view, flagged_heads
+from tl_idempotence.analyses.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
+from tl_idempotence.errors import OptionError
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+from tl_idempotence.views.attention import AttentionView, attention_view
 
 pytestmark = pytest.mark.bridge  # TransformerBridge only: must also pass on transformer-lens 4.x
 
@@ -25,49 +28,110 @@ TEXT = "w5 w6 w7 w8 w9 w4 w5 w6 w7 w8 w9 w4"
 
 
 @pytest.fixture(scope="module")
-def tiny_q(tmp_path_factory):
-    return bridge_from_dir(tiny_hf_dir(tmp_path_factory.mktemp("att") / "tq", arch="llama"))
+def tiny_dir(tmp_path_factory):
+    return tiny_hf_dir(tmp_path_factory.mktemp("att") / "tq", arch="llama")  # 2 layers x 9 heads (3 kv)
+
+
+@pytest.fixture(scope="module")
+def tiny_q(tiny_dir):
+    return bridge_from_dir(tiny_dir)
 
 
 def test_flagged_heads_closed_first_then_top_k():
     df = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "P": [0.95, 0.2, np.nan, 0.91]})
     df["closed"] = df["P"] >= 0.9
-    assert flagged_heads(df) == [(0, 0), (1, 1)]
-    assert flagged_heads(df, top_k=1) == [(0, 0)]
-    assert flagged_heads(df, threshold=0.99, top_k=2) == [(0, 0), (1, 1)]  # none closed: top-2 by P
-    with pytest.raises(ValueError, match="top_k"):
+    f = flagged_heads(df)
+    assert isinstance(f, FlaggedHeads) and f == [(0, 0), (1, 1)]
+    assert (f.why, f.n_closed, f.top_k) == ("closed", 2, None) and f.describe() == "all 2 heads"
+    f = flagged_heads(df, top_k=1)
+    assert f == [(0, 0)] and (f.why, f.n_closed, f.top_k) == ("closed", 2, 1)
+    assert f.describe() == "the 1 heads with the highest P of the 2"
+    f = flagged_heads(df, threshold=0.99, top_k=2)  # none closed: top-2 by P (the NaN head never)
+    assert f == [(0, 0), (1, 1)] and (f.why, f.n_closed) == ("top_k", 0)
+    assert f.describe() == "no head with P >= 0.99: the 2 heads with the highest P"
+    with pytest.raises(OptionError, match="top_k must be >= 1; got 0"):
         flagged_heads(df, top_k=0)
+    with pytest.raises(OptionError, match="columns layer, head, P"):
+        flagged_heads(df.drop(columns="P"))
+
+
+def test_flagged_heads_default_is_every_closed_head_else_top_8():
+    P = np.linspace(0.99, 0.01, 20)  # 20 heads, descending P; the first 10 are >= 0.5
+    df = pd.DataFrame({"layer": np.repeat([0, 1], 10), "head": np.tile(np.arange(10), 2), "P": P[::-1]})
+    df["closed"] = df["P"] >= 0.5
+    by_P = list(zip(df.sort_values("P", ascending=False)["layer"], df.sort_values("P", ascending=False)["head"]))
+    f = flagged_heads(df)  # default: ALL closed heads (10 > the old cap of 8), highest P first
+    assert f == by_P[:10] and f.why == "closed" and f.n_closed == 10 and f.top_k is None
+    assert f.describe() == "all 10 heads"
+    f = flagged_heads(df, threshold=0.995)  # none closed: the top 8 by P
+    assert f == by_P[:8] and f.why == "top_k" and f.n_closed == 0 and f.top_k == 8
+    assert f.describe() == "no head with P >= 0.995: the 8 heads with the highest P"
+    assert flagged_heads(df, threshold=0.995, top_k=3) == by_P[:3]
 
 
 def test_patterns_and_offline_html(tiny_q):
     heads = [(1, 3), (0, 0)]
-    toks, pats, causal = attention_patterns(tiny_q, TEXT, heads)
-    assert toks[0] == "w1" and len(toks) == 13  # BOS + 12 words
-    assert pats.shape == (2, 13, 13) and causal
-    np.testing.assert_allclose(pats.sum(-1), 1.0, atol=1e-5)
+    ap = attention_patterns(tiny_q, TEXT, heads)
+    assert isinstance(ap, AttentionPatterns) and ap.heads == heads
+    assert ap.tokens[0] == "w1" and len(ap.tokens) == 13  # BOS + 12 words
+    assert ap.patterns.shape == (2, 13, 13) and ap.causal
+    assert ap.n_text_tokens == 12 and not ap.truncated
+    np.testing.assert_allclose(ap.patterns.sum(-1), 1.0, atol=1e-5)
+    # max_tokens cuts the text (special tokens included) and says so
+    cut = attention_patterns(tiny_q, TEXT, heads, max_tokens=5)
+    assert cut.tokens == ["w1", "w5", "w6", "w7", "w8"] and cut.patterns.shape == (2, 5, 5)
+    assert cut.truncated and cut.n_text_tokens == 12
+    np.testing.assert_allclose(cut.patterns, ap.patterns[:, :5, :5], rtol=1e-5, atol=1e-6)  # causal: a prefix
     view = attention_view(tiny_q, TEXT, heads)
+    assert isinstance(view, AttentionView)
     assert "unpkg.com" not in view.html and "CircuitsVis.render" in view.html
     assert re.search(r'<div id="circuits-vis-[^"]+"[^>]*></div>', view.html)  # no self-closing div
     assert view.names == ["L1H3", "L0H0"] and view._repr_html_() == view.html
-    with pytest.raises(ValueError, match="does not exist"):
+    assert view.caption == "Showing 2 chosen heads; all 12 tokens of the text are shown."
+    assert view.caption in view.html
+    short = attention_view(tiny_q, TEXT, heads, max_tokens=5)
+    assert short.caption == ("Showing 2 chosen heads; the text has 12 tokens, the first 5 (with special tokens) "
+                             "are shown.")
+    with pytest.raises(OptionError, match="does not exist"):
         attention_patterns(tiny_q, TEXT, [(0, 42)])
+    with pytest.raises(OptionError, match="No heads"):
+        attention_patterns(tiny_q, TEXT, [])
 
 
 def test_encoder_patterns_are_not_causal(tmp_path):
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tb", arch="bert", n_heads=6, n_kv_heads=6))
-    _, pats, causal = attention_patterns(model, TEXT, [(0, 1)])
-    assert not causal and np.abs(np.triu(pats, 1)).max() > 1e-3
+    ap = attention_patterns(model, TEXT, [(0, 1)])
+    assert not ap.causal and np.abs(np.triu(ap.patterns, 1)).max() > 1e-3
 
 
-def test_report_show_attention(tiny_q):
+def test_report_show_attention(tiny_q, tiny_dir):
     rep = tli.idempotence_report(tiny_q, progress=False)
+    assert rep.summary["n_closed"] == 0  # a random model
     view = rep.show_attention(TEXT, top_k=3)
-    top = rep.heads.sort_values("P", ascending=False).head(3)
-    assert view.heads == list(zip(top["layer"], top["head"]))  # none closed in a random model: top-3 by P
+    top = rep.heads.sort_values("P", ascending=False, kind="stable")
+    assert view.heads == list(zip(top["layer"], top["head"]))[:3]  # none closed: top-3 by P
     assert view.names[0].startswith(f"L{top['layer'].iloc[0]}H{top['head'].iloc[0]} P=")
-    rep.model = None
-    with pytest.raises(ValueError, match="no TransformerLens model"):
-        rep.show_attention(TEXT)
+    assert view.caption.startswith("Showing no head with P >= 0.9: the 3 heads with the highest P;")
+    # default (top_k=None): every closed head, or the top 8 by P when none is closed
+    assert rep.show_attention(TEXT).heads == list(zip(top["layer"], top["head"]))[:8]
+    # the report holds only a weak reference to its model: read-only, and None once the model is gone
+    assert rep.model is tiny_q
+    with pytest.raises(AttributeError):
+        rep.model = None
+    model = bridge_from_dir(tiny_dir)
+    rep2 = tli.idempotence_report(model, progress=False)
+    assert rep2.model is model
+    del model
+    gc.collect()
+    assert rep2.model is None
+    with pytest.raises(OptionError, match="No TransformerLens model to run"):
+        rep2.show_attention(TEXT)
+    assert rep2.show_attention(TEXT, model=tiny_q, top_k=3).heads == view.heads  # same weights, same heads
+    # a report made from a checkpoint directory never had a TransformerLens model
+    rep3 = tli.idempotence_report(tiny_dir, progress=False)
+    assert rep3.model is None
+    with pytest.raises(OptionError, match="No TransformerLens model to run"):
+        rep3.show_attention(TEXT)
 
 
 def _chromium(*args: str, tmp) -> subprocess.CompletedProcess:
@@ -89,7 +153,7 @@ def test_report_with_attention_renders_offline_in_chromium(tiny_q, tmp_path):
     rep = tli.idempotence_report(tiny_q, progress=False)
     page = rep.save_html(str(tmp_path / "report.html"), attention_text=TEXT, top_k=3)
     html = open(page, encoding="utf-8").read()
-    assert "unpkg.com" not in html and "Attention patterns of flagged heads" in html
+    assert "unpkg.com" not in html and "Attention patterns of the flagged heads" in html
     # 1. The full report: after its scripts ran, the circuitsvis div holds the rendered React view
     #    (head labels as <h4> elements, canvases), not just the inline script.
     dom = _chromium("--dump-dom", f"file://{page}", tmp=tmp_path / "profile1").stdout
