@@ -11,8 +11,9 @@ Layout of a resume directory::
 
     manifest.json                 format, the options key, the model's sizes and name
     layer_00003.json              the part record (written last): layer, fingerprint,
-                                  options key, layer row, notes, and the sha256 of every
-                                  table file of the part
+                                  options key, layer row, notes, the sha256 of every
+                                  table file of the part, and the sha256 ``digest`` of the
+                                  record itself (so an edited number is detected)
     layer_00003.heads.parquet     per-head rows
     layer_00003.<table>.parquet   the analyses' long tables (scramble draws, ...)
 
@@ -96,6 +97,20 @@ class LayerPart:
     heads: pd.DataFrame
     row: dict[str, Any]
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def _record_digest(rec: dict[str, Any]) -> str:
+    """sha256 of a part record without its ``digest`` field (canonical JSON: sorted keys, no spaces).
+
+    The record holds the layer row's numbers itself, so an edit or a damaged byte anywhere in it
+    (a number, the layer, the fingerprint, a table's sha256) is detected.
+    """
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return ""
+    return sha256_bytes(text.encode("utf-8"))
 
 
 def _parquet_bytes(df: pd.DataFrame) -> bytes:
@@ -196,6 +211,9 @@ class ResumeDir:
         if not isinstance(rec, dict) or rec.get("format") != FORMAT:
             stale("not a part record of this format")
             return None
+        if rec.get("digest") != _record_digest(rec):
+            stale("its record does not match its recorded sha256 digest (edited or damaged)")
+            return None
         if rec.get("layer") != int(layer):
             stale(f"it records layer {rec.get('layer')!r} (a part copied from another layer)")
             return None
@@ -225,6 +243,11 @@ class ResumeDir:
                 return None
         heads = tables.pop("heads")
         row = json_restore(rec.get("row", {}))
+        keys = rec.get("row_keys")
+        if not isinstance(row, dict) or not isinstance(keys, list) or sorted(keys) != sorted(row):
+            stale("its layer row is malformed")
+            return None
+        row = {k: row[k] for k in keys}  # the column order of a fresh run (JSON keys are sorted)
         return LayerPart(layer=int(layer), fingerprint=fingerprint, heads=heads, row=row, tables=tables)
 
     def save(self, part: LayerPart) -> None:
@@ -245,10 +268,16 @@ class ResumeDir:
                 "fingerprint": part.fingerprint,
                 "options": self.key,
                 "row": json_safe(part.row),
+                "row_keys": [str(k) for k in part.row],
                 "files": files,
             }
+            rec["digest"] = _record_digest(rec)
             atomic_write_text(self._record(part.layer), json.dumps(rec, indent=1, sort_keys=True))
         except OSError as e:
+            where = Path(e.filename).name if getattr(e, "filename", None) else self.dir
+            if getattr(e, "filename2", None):
+                where = Path(e.filename2).name
             raise ResumeError(
-                f"Cannot write resume part of layer {part.layer} in {self.dir}: {e.strerror or e}."
+                f"Cannot write resume part of layer {part.layer} in {self.dir} ({where}): {e.strerror or e}. "
+                "Is the directory writable, and is that name a file?"
             ) from e
