@@ -662,3 +662,41 @@ def test_report_options_object_checks_too():
     assert_raises(lambda: tli.ReportOptions(layers=[]), OptionError, ["layers"])
     assert_raises(lambda: tli.ReportOptions.from_record({"nul": 3}), UnknownOptionError, ["'nul'", "'nulls'"])
     assert_raises(lambda: tli.ReportOptions.from_record([1]), OptionTypeError, ["dict", "list"])
+
+
+def test_result_objects_check_their_arguments(env):
+    rep = tli.idempotence_report(env.source, nulls=2, progress=False)
+    before = rep.heads["closed"].copy()
+    assert_raises(lambda: setattr(rep, "threshold", "0.5"), OptionTypeError, ["threshold", "'0.5'"])
+    assert_raises(lambda: setattr(rep, "threshold", 2), OptionError, ["threshold", "[0, 1]"])
+    assert rep.threshold == 0.9 and rep.heads["closed"].equals(before)  # unchanged by a refused value
+    assert_raises(lambda: rep.to_tensor("nope"), OptionError, ["'nope'", "column"])
+    assert_raises(lambda: rep.to_tensor("reason"), OptionError, ["'reason'", "not numeric"])
+    assert_raises(lambda: rep.hook_points(hook="x"), OptionError, ["hook", "'x'"])
+    assert_raises(lambda: rep.hook_points(heads="some"), OptionError, ["heads", "'some'"])
+    assert_raises(lambda: rep.hook_points(heads=[(0, 99)]), OptionError, ["Head 99 of layer 0"])
+    t = tli.trajectory([("a", env.source)], progress=False)
+    assert_raises(lambda: t.tracked_heads(top_k=0), OptionError, ["top_k", ">= 1"])
+    assert_raises(lambda: t.tracked_heads(top_k=1.5), OptionTypeError, ["top_k", "1.5"])
+    assert_raises(lambda: t.wide("nope"), OptionError, ["value='nope'", "columns"])
+    assert list(t.wide("P").columns) == ["a"]
+
+
+def test_flagged_heads_and_attention_patterns_check_their_arguments(env):
+    from tl_idempotence.analyses.attention import attention_patterns
+
+    rep = tli.idempotence_report(env.bridge, progress=False)
+    assert_raises(lambda: tli.flagged_heads(rep, top_k=0), OptionError, ["top_k", ">= 1"])
+    assert_raises(lambda: tli.flagged_heads(rep, top_k=2.5), OptionTypeError, ["top_k", "2.5"])
+    assert_raises(lambda: tli.flagged_heads(rep, threshold="x"), OptionTypeError, ["threshold", "'x'"])
+    assert_raises(lambda: tli.flagged_heads(pd.DataFrame({"x": [1]})), OptionError, ["layer, head, P"])
+    assert len(tli.flagged_heads(rep, top_k=2)) == 2
+    m = env.bridge
+    assert_raises(lambda: attention_patterns(m, 3, [(0, 1)]), OptionTypeError, ["text", "int"])
+    assert_raises(lambda: attention_patterns(m, TEXT, 3), OptionTypeError, ["heads", "int 3"])
+    assert_raises(lambda: attention_patterns(m, TEXT, ["ab"]), OptionTypeError, ["heads", "'ab'"])
+    assert_raises(lambda: attention_patterns(m, TEXT, [(0, 1.5)]), OptionTypeError, ["head", "1.5"])
+    assert_raises(lambda: attention_patterns(m, TEXT, [(0, 9)]), OptionError, ["Head (0, 9)", "n_heads 4"])
+    assert_raises(lambda: attention_patterns(m, TEXT, []), OptionError, ["No heads"])
+    assert_raises(lambda: attention_patterns(m, TEXT, [(0, 1)], max_tokens=1), OptionError, ["max_tokens", ">= 2"])
+    assert_raises(lambda: attention_patterns(str(env.dir), TEXT, [(0, 1)]), UnsupportedModelError, ["TransformerLens"])

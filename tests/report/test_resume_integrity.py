@@ -352,3 +352,64 @@ def test_trajectory_cache_recomputes_a_checkpoint_whose_bytes_changed_with_same_
     got = t3.heads.drop(columns=["checkpoint", "order", "step"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, fresh.heads.reset_index(drop=True), check_exact=True)
     assert t3.checkpoints["weights_fingerprint"].iloc[0] != t1.checkpoints["weights_fingerprint"].iloc[0]
+
+
+# --------------------------------------------------------------------------- saved reports (rep.save / load_report)
+
+
+def _edit_summary(f: Path) -> None:
+    rec = json.loads(f.read_text())
+    rec["summary"]["n_closed"] = rec["summary"]["n_closed"] + 5  # valid JSON, plausible number
+    f.write_text(json.dumps(rec, indent=1, sort_keys=True))
+
+
+SAVED_DAMAGE = {
+    "edited summary number": ("report.json", _edit_summary, "ReportFileError", "digest"),
+    "edited options": (
+        "report.json",
+        lambda f: f.write_text(f.read_text().replace('"threshold": 0.9', '"threshold": 0.5')),
+        "ReportFileError",
+        "digest",
+    ),
+    "flipped byte in heads": ("heads.parquet", lambda f: flip_byte(f, 100), "ReportFileError", "sha256"),
+    "truncated layers": ("layers.parquet", lambda f: f.write_bytes(f.read_bytes()[:50]), "ReportFileError", "sha256"),
+    "table deleted": ("scramble_draws.parquet", lambda f: f.unlink(), "MissingFileError", "missing"),
+    "record not JSON": ("report.json", lambda f: f.write_text("{"), "ReportFileError", "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("name", list(SAVED_DAMAGE))
+def test_a_changed_saved_report_is_refused_naming_the_file(ckpt, tmp_path, name):
+    rep = report(str(ckpt))
+    rep.save(tmp_path / "saved")
+    fname, damage, exc, word = SAVED_DAMAGE[name]
+    damage(tmp_path / "saved" / fname)
+    with pytest.raises(tli.errors.TLIError) as ei:
+        tli.load_report(tmp_path / "saved")
+    assert type(ei.value).__name__ == exc and fname in str(ei.value) and word in str(ei.value), str(ei.value)
+
+
+def test_saved_report_round_trip_is_exact_and_save_checks_its_arguments(ckpt, tmp_path):
+    rep = report(str(ckpt))
+    rep.save(tmp_path / "saved")
+    same(tli.load_report(tmp_path / "saved"), rep)
+    with pytest.raises(tli.errors.OptionTypeError, match="overwrite"):
+        rep.save(tmp_path / "saved", overwrite="no")  # a truthy string must not delete the folder
+    assert (tmp_path / "saved" / "report.json").is_file()
+    with pytest.raises(tli.errors.OptionTypeError, match="path"):
+        rep.save(3)
+    with pytest.raises(tli.errors.OptionTypeError, match="path"):
+        tli.load_report(3)
+
+
+def test_part_made_by_another_package_version_is_recomputed(ckpt, tmp_path, counter, monkeypatch):
+    import tl_idempotence.report.parts as parts_mod
+
+    rd = tmp_path / "parts"
+    fresh = report(str(ckpt), rd, layers=[0, 1])
+    monkeypatch.setattr(parts_mod, "_VERSION", "99.0")
+    counter.clear()
+    with pytest.warns(UserWarning, match="made by tl_idempotence '0"):
+        resumed = report(str(ckpt), rd, layers=[0, 1])
+    assert counter == [0, 1]
+    same(resumed, fresh)

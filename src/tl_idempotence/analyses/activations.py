@@ -328,9 +328,7 @@ def activation_returns(
             f"to run with hooks; got {type(model).__name__}. Load one with tl_idempotence.models.load(...)."
         )
     if not (control is None or (isinstance(control, str) and control in ("scramble", "random"))):
-        raise OptionError(
-            f"control must be 'scramble', 'random' or None; got {control!r:.60}."
-        )
+        raise OptionError(f"control must be 'scramble', 'random' or None; got {control!r:.60}.")
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 20)
     seq_len = check_int(seq_len, "seq_len", 1, 1 << 24)
     if max_tokens is not None:

@@ -5,7 +5,8 @@ its layer row, its long tables, and what it was computed from (the layer's weigh
 fingerprint and the options key). :class:`ResumeDir` writes each part as parquet tables
 plus one JSON record (no pickle: a file from a directory is never executed) and hands a
 part back only when its record says it was computed from the *same* weights (the
-layer's sha256 fingerprint) with the *same* options; otherwise the layer is recomputed.
+layer's sha256 fingerprint) with the *same* options by the *same* package version, and the
+record and its tables are intact (sha256); otherwise the layer is recomputed.
 
 Layout of a resume directory::
 
@@ -23,6 +24,7 @@ files from a killed run are ignored and removed when the directory is next opene
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import math
@@ -42,6 +44,17 @@ from ..errors import ResumeError
 __all__ = ["FORMAT", "LayerPart", "ResumeDir", "json_safe"]
 
 FORMAT = "tl_idempotence.resume/2"
+
+
+def _package_version() -> str | None:
+    try:
+        return importlib.metadata.version("tl_idempotence")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return None
+
+
+#: The package version a part was computed by (parts of another version are recomputed: the maths may differ).
+_VERSION = _package_version()
 
 
 def json_safe(x: Any) -> Any:
@@ -220,6 +233,9 @@ class ResumeDir:
         if rec.get("options") != self.key:
             stale("it was made with other options")
             return None
+        if rec.get("version") != _VERSION:
+            stale(f"it was made by tl_idempotence {rec.get('version')!r}, this is {_VERSION!r}")
+            return None
         if rec.get("fingerprint") != fingerprint:
             stale("the layer's weights changed since it was written (sha256 fingerprint differs)")
             return None
@@ -267,6 +283,7 @@ class ResumeDir:
                 "layer": int(part.layer),
                 "fingerprint": part.fingerprint,
                 "options": self.key,
+                "version": _VERSION,
                 "row": json_safe(part.row),
                 "row_keys": [str(k) for k in part.row],
                 "files": files,

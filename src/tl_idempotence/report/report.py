@@ -298,12 +298,13 @@ class IdempotenceReport(Result):
             raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
         return ablation(m, self.closed_heads, **kwargs)
 
-    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> str:
+    def save(self, path: Any, overwrite: Any = False) -> str:
         """Save the report as a folder of parquet tables and one JSON record (no pickle); reload it with
         :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.
 
         Raises:
             OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
+            OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
         rec = ReportRecord(
             heads=self.heads,
@@ -316,7 +317,7 @@ class IdempotenceReport(Result):
         return str(write_record(rec, path, overwrite=overwrite))
 
 
-def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
+def load_report(path: Any) -> IdempotenceReport:
     """A report saved with :meth:`IdempotenceReport.save`: the same tables, summary, figures and HTML.
 
     Raises:
@@ -330,12 +331,6 @@ def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
     return IdempotenceReport(
         heads=heads, layers=rec.layers, tables=rec.tables, summary=rec.summary, info=rec.info, options=rec.options
     )
-
-
-def _check_layer(src: Any, layer: int, info: ModelInfo) -> LayerHeads:
-    """Read and refuse a layer that is not what the source promised (every source, built-in or user-written):
-    :func:`~tl_idempotence.core.heads.read_layer`."""
-    return read_layer(src, layer, info)
 
 
 def run_layer(lh: LayerHeads, options: ReportOptions, analyses: Sequence[Analysis], fingerprint: str) -> LayerPart:
@@ -444,7 +439,7 @@ def idempotence_report(
     n_resumed = 0
     bar = tqdm(todo, desc=f"layers ({names})", unit="layer", disable=not progress)
     for layer in bar:
-        lh = _check_layer(src, layer, info)
+        lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
         fp = lh.fingerprint()
         part = parts_dir.load(layer, fp) if parts_dir is not None else None
         n_resumed += part is not None

@@ -303,13 +303,14 @@ class Trajectory(Result):
         """Rows of :attr:`heads` at the last checkpoint."""
         return self.heads[self.heads["checkpoint"] == self.final_label]
 
-    def tracked_heads(self, top_k: int = 5) -> pd.DataFrame:
+    def tracked_heads(self, top_k: Any = 5) -> pd.DataFrame:
         """The heads the figures follow: ``layer, head, final_P, why``.
 
         The heads with final ``P >= threshold`` (``why = "final P >= threshold"``), or —
         if none closed — the ``top_k`` heads by final P (``why = "top-k by final P (none closed)"``).
         When ``heads=`` was given to :func:`trajectory`, exactly those heads.
         """
+        top_k = check_int(top_k, "top_k", 1)
         fin = self.final().dropna(subset=["P"]).sort_values("P", ascending=False)
         if self.options.get("heads"):
             sel, why = fin, "selected"
@@ -322,8 +323,17 @@ class Trajectory(Result):
         out["why"] = why
         return out
 
-    def wide(self, value: str = "P") -> pd.DataFrame:
-        """``value`` as a (layer, head) x checkpoint table, checkpoints in input order."""
+    def wide(self, value: Any = "P") -> pd.DataFrame:
+        """``value`` as a (layer, head) x checkpoint table, checkpoints in input order.
+
+        Raises:
+            OptionError: ``value`` is not a numeric column of :attr:`heads`.
+        """
+        if not isinstance(value, str) or value not in self.heads.columns or self.heads[value].dtype.kind not in "biuf":
+            raise OptionError(
+                f"value={value!r} is not a numeric column of the trajectory's heads table; columns: "
+                f"{[c for c in self.heads.columns if self.heads[c].dtype.kind in 'biuf']}."
+            )
         order = self.checkpoints.sort_values("order")["checkpoint"].tolist()
         w = self.heads.pivot_table(index=["layer", "head"], columns="checkpoint", values=value, sort=False)
         return w[[c for c in order if c in w.columns]]
