@@ -413,3 +413,13 @@ def test_part_made_by_another_package_version_is_recomputed(ckpt, tmp_path, coun
         resumed = report(str(ckpt), rd, layers=[0, 1])
     assert counter == [0, 1]
     same(resumed, fresh)
+
+
+def test_opening_a_resume_directory_removes_only_its_own_temp_files(ckpt, tmp_path):
+    rd = tmp_path / "parts"
+    rd.mkdir()
+    (rd / "notes.tmp.txt").write_text("a user's file")
+    (rd / "layer_00001.json.tmp123").write_text("{")  # a killed writer's temp file
+    report(str(ckpt), rd, layers=[0])
+    assert (rd / "notes.tmp.txt").read_text() == "a user's file"
+    assert not (rd / "layer_00001.json.tmp123").exists()

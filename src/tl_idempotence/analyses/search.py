@@ -457,8 +457,10 @@ def constructive_search(
         else:
             if isinstance(heads, Iterable) and not isinstance(heads, (str, bytes)) and not hasattr(heads, "columns"):
                 heads = list(heads)
-                named = {it[0] for it in heads if isinstance(it, (tuple, list)) and len(it) == 2}
-                bad = sorted(v for v in named if isinstance(v, int) and not isinstance(v, bool) and v not in all_layers)
+                named = [it[0] for it in heads if isinstance(it, (tuple, list)) and len(it) == 2]
+                bad = sorted(
+                    {int(v) for v in named if isinstance(v, int) and not isinstance(v, bool) and v not in all_layers}
+                )
                 if bad:
                     raise OptionError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
             want.update(select_heads(heads, all_layers, info.n_heads))

@@ -156,8 +156,11 @@ class ResumeDir:
         except OSError as e:
             raise ResumeError(f"Cannot create the resume directory {self.dir}: {e.strerror or e}.") from e
         self.key = options.key()
-        for stale in self.dir.glob("*.tmp*"):
-            stale.unlink(missing_ok=True)
+        # Temp files of a killed writer: only this directory's own names (never a user's other files).
+        for pattern in ("layer_*.tmp[0-9]*", "manifest.json.tmp[0-9]*"):
+            for stale in self.dir.glob(pattern):
+                if stale.is_file():
+                    stale.unlink(missing_ok=True)
         manifest = {
             "format": FORMAT,
             "options": self.key,
