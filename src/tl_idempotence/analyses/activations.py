@@ -64,7 +64,7 @@ from torch import Tensor
 
 from ..core.closure import closure_from_grams, layer_grams
 from ..core.factors import gram_eig
-from ..core.heads import ModelInfo
+from ..core.heads import ModelInfo, read_layer
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, layer_generator
 from ..core.results import Result
@@ -135,14 +135,13 @@ def _ratio(ip: Tensor, ny2: Tensor, nTy2: Tensor) -> tuple[Tensor, Tensor]:
 def _layer_ops(
     src: TLModelSource, layer: int, heads: list[int], control: str | None, n_control_draws: int, seed: int
 ) -> _LayerOps:
-    lh = src.layer_heads(layer)
-    lh.check_finite()
+    lh = read_layer(src, layer, src.info)
     g = layer_grams(lh.O, lh.V, lh.kv_head_of)
     if g.e_T is not None:
         raise WeightError(
             f"Layer {layer}: the weights are far outside the ordinary range (rescaled by "
-            f"2^{int(g.e_T.abs().max())} for the products); "
-            "for the products); a forward pass through them overflows, so activation returns are not defined."
+            f"2^{int(g.e_T.abs().max())} for the products); a forward pass through them overflows, so activation "
+            "returns are not defined."
         )
     c = closure_from_grams(g)
     idx = torch.tensor(heads, dtype=torch.long)
@@ -264,16 +263,16 @@ def activation_returns(
     texts_or_tokens: Any = None,
     heads: Any = None,
     *,
-    batch_size: int = 8,
-    seq_len: int = 128,
-    max_tokens: int | None = 8192,
-    control: str | None = "scramble",
-    nulls: int = 4,
-    seed: int = 0,
-    threshold: float = 0.9,
-    text_column: str = "text",
-    progress: bool = True,
-    n_control_draws: int | None = None,
+    batch_size: Any = 8,
+    seq_len: Any = 128,
+    max_tokens: Any = 8192,
+    control: Any = "scramble",
+    nulls: Any = 4,
+    seed: Any = 0,
+    threshold: Any = 0.9,
+    text_column: Any = "text",
+    progress: Any = True,
+    n_control_draws: Any = None,
 ) -> ActivationReturns:
     """α-scaled returns on real text: ``a_t = ⟨T y_t, y_t⟩/‖y_t‖²`` and ``cos²(T y_t, y_t)`` per head (SPEC 8).
 
@@ -290,19 +289,21 @@ def activation_returns(
             or an int tensor ``[batch, pos]`` of token ids (see :func:`prepare_tokens`).
         heads: ``None`` (all heads), ``(layer, head)`` pairs, or a DataFrame with
             ``layer``/``head`` columns (e.g. ``report.closed_heads``).
-        batch_size: windows per forward pass.
-        seq_len: window length in tokens (including special tokens).
-        max_tokens: counted tokens to collect (None: all). Memory is
+        batch_size (int): windows per forward pass.
+        seq_len (int): window length in tokens (including special tokens).
+        max_tokens (int | None): counted tokens to collect (None: all). Memory is
             ``O(max_tokens · n_heads · (1 + nulls))`` floats for the per-token
             statistics, plus one forward pass of ``batch_size x seq_len``.
-        control: ``"scramble"`` (orientation-scramble null of the same head),
+        control (str | None): ``"scramble"`` (orientation-scramble null of the same head),
             ``"random"`` (Gaussian residual input to the real T) or ``None``.
-        nulls: scramble-control draws per head (pooled over tokens), >= 1 when ``control="scramble"``.
-        seed: seed of the control draws (per layer, see :func:`~tl_idempotence.core.random.layer_generator`).
-        threshold: P threshold for the weight-level ``closed`` flag.
-        text_column: text column of a ``datasets.Dataset``.
-        progress: tqdm bar over batches.
-        n_control_draws: deprecated name of ``nulls``.
+        nulls (int): scramble-control draws per head (pooled over tokens), >= 1 when ``control="scramble"``.
+        seed (int): seed of the control draws (per layer, see :func:`~tl_idempotence.core.random.layer_generator`).
+        threshold (float): P threshold for the weight-level ``closed`` flag.
+        text_column (str): text column of a ``datasets.Dataset``.
+        progress (bool): tqdm bar over batches.
+        n_control_draws (int): deprecated name of ``nulls``.
+
+    Options are annotated ``Any``: each is validated here, where it enters.
 
     Returns:
         :class:`ActivationReturns`.
@@ -326,9 +327,12 @@ def activation_returns(
             f"activation_returns needs a TransformerLens model (HookedTransformer, HookedEncoder or TransformerBridge) "
             f"to run with hooks; got {type(model).__name__}. Load one with tl_idempotence.models.load(...)."
         )
-    if control not in ("scramble", "random", None):
-        raise OptionError(f"control must be 'scramble', 'random' or None; got {control!r}.")
+    if not (control is None or (isinstance(control, str) and control in ("scramble", "random"))):
+        raise OptionError(f"control must be 'scramble', 'random' or None; got {control!r:.60}.")
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 20)
+    seq_len = check_int(seq_len, "seq_len", 1, 1 << 24)
+    if max_tokens is not None:
+        max_tokens = check_int(max_tokens, "max_tokens", 1)
     n_control_draws = check_int(nulls, "nulls", 1 if control == "scramble" else 0, 100_000)
     seed = check_seed(seed)
     threshold = check_threshold(threshold)

@@ -67,7 +67,7 @@ import torch
 
 from ..core.closure import Grams, apply_exponents, closure_scalars
 from ..core.factors import rank_rtol
-from ..core.heads import LayerHeads, ModelInfo
+from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
 from ..core.options import (
     ReportOptions,
     check_bool,
@@ -384,7 +384,8 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
             al, pp, nT2, reasons = _row(g.G_O[i], G_V, M_g)
             A[a] = al.numpy()
             P[a] = pp.numpy()
-            nT2_true = np.ldexp(nT2.numpy(), -(Ej + E[i]))
+            with np.errstate(over="ignore", under="ignore"):  # ||T_i T_j|| of weights ~1e±100 exceeds float64
+                nT2_true = np.ldexp(nT2.numpy(), -(Ej + E[i]))
             diag_reason[a] = reasons[a]
             for b, j in enumerate(idx):
                 reason = reasons[b]
@@ -508,13 +509,13 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
 def shared_value_algebra(
     model: Any,
     *,
-    threshold: float = 0.9,
+    threshold: Any = 0.9,
     layers: Any = None,
     compute_dtype: Any = torch.float64,
     device: Any = "cpu",
-    progress: bool = True,
+    progress: Any = True,
     architecture: Any = None,
-    prefix: str | None = None,
+    prefix: Any = None,
 ) -> SharedValueAlgebra:
     """Shared-value algebra ``T_i T_j ≈ α_j T_i`` of every kv group of a model (SPEC section 7).
 
@@ -528,12 +529,14 @@ def shared_value_algebra(
     Args:
         model: anything :func:`~tl_idempotence.sources.dispatch.head_source` accepts
             (TransformerLens model, ``transformers`` model, checkpoint path, HeadSource, LayerHeads).
-        threshold: P threshold for "closed" heads, in [0, 1].
-        layers: restrict to these attention layers (default: all).
-        compute_dtype: dtype of the ``d_model``-long Gram products (float64 default).
-        device: where the products run.
-        progress: tqdm bar over layers.
+        threshold (float): P threshold for "closed" heads, in [0, 1].
+        layers (Sequence[int] | None): restrict to these attention layers (default: all).
+        compute_dtype (torch.dtype | str): dtype of the ``d_model``-long Gram products (float64 default).
+        device (str | torch.device): where the products run; results are CPU float64.
+        progress (bool): tqdm bar over layers.
         architecture, prefix: checkpoint options.
+
+    Options are annotated ``Any``: each is validated here, where it enters.
 
     Returns:
         :class:`SharedValueAlgebra`; empty with ``reason == "no exact value sharing (MHA)"``
@@ -553,16 +556,16 @@ def shared_value_algebra(
     dev = check_device(device)
     progress = check_bool(progress, "progress")
     src = head_source(model, architecture=architecture, prefix=prefix)
+    info = source_info(src)
     todo = resolve_layers(want, list(src.layers()))
-    if src.info.n_kv_heads == src.info.n_heads:
-        return SharedValueAlgebra.concat([], src.info, threshold)
+    if info.n_kv_heads == info.n_heads:
+        return SharedValueAlgebra.concat([], info, threshold)
     parts = []
     for layer in tqdm(todo, desc="algebra", unit="layer", disable=not progress):
-        lh = src.layer_heads(layer)
-        lh.check_finite()
+        lh = read_layer(src, layer, info)
         g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=dtype, device=dev)
         parts.append(layer_algebra(lh, g, threshold))
-    return SharedValueAlgebra.concat(parts, src.info, threshold)
+    return SharedValueAlgebra.concat(parts, info, threshold)
 
 
 class AlgebraAnalysis:

@@ -9,6 +9,7 @@ with circuitsvis.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ import pandas as pd
 import torch
 
 from ..core.options import check_int, check_threshold
-from ..errors import OptionError, UnsupportedModelError
+from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import attention_layers, is_tl_model
 from .tokens import special_wrapping, tokenizer_of
 
@@ -53,7 +54,7 @@ class FlaggedHeads(list[tuple[int, int]]):
         return f"{len(self)} chosen heads"
 
 
-def flagged_heads(heads: Any, top_k: int | None = None, threshold: float | None = None) -> FlaggedHeads:
+def flagged_heads(heads: Any, top_k: Any = None, threshold: Any = None) -> FlaggedHeads:
     """Heads worth looking at: the closed ones (P >= threshold), else the top-k by P.
 
     Args:
@@ -133,7 +134,7 @@ def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, l
     return torch.tensor([ids], dtype=torch.long), strs, len(all_ids), kept
 
 
-def attention_patterns(model: Any, text: str, heads: list[tuple[int, int]], max_tokens: int = 64) -> AttentionPatterns:
+def attention_patterns(model: Any, text: Any, heads: Any, max_tokens: Any = 64) -> AttentionPatterns:
     """Attention patterns of ``heads`` on ``text`` via ``blocks.{l}.attn.hook_pattern``.
 
     Args:
@@ -150,13 +151,21 @@ def attention_patterns(model: Any, text: str, heads: list[tuple[int, int]], max_
     Raises:
         UnsupportedModelError: not a TransformerLens model.
         OptionError: unknown layer/head, no heads, empty text, ``max_tokens`` too small.
+        OptionTypeError: ``text`` not a string, ``heads`` not (layer, head) pairs of integers.
     """
     if not is_tl_model(model):
         raise UnsupportedModelError(f"Attention views need a TransformerLens model to run; got {type(model).__name__}.")
     if not isinstance(text, str):
-        raise OptionError(f"text must be a string; got {type(text).__name__}.")
+        raise OptionTypeError(f"text must be a string; got {type(text).__name__}.")
     max_tokens = check_int(max_tokens, "max_tokens", 2)
-    heads = [(check_int(a, "layer", 0), check_int(b, "head", 0)) for a, b in heads]
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise OptionTypeError(f"heads must be (layer, head) pairs; got {type(heads).__name__} {heads!r:.60}.")
+    pairs = []
+    for item in heads:
+        if isinstance(item, (str, bytes)) or not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise OptionTypeError(f"heads must be (layer, head) pairs; got an item {item!r:.60}.")
+        pairs.append((check_int(item[0], "layer", 0), check_int(item[1], "head", 0)))
+    heads = pairs
     if not heads:
         raise OptionError("No heads to show.")
     layers_ok = attention_layers(model)

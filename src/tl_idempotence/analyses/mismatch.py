@@ -16,7 +16,7 @@ import pandas as pd
 import torch
 
 from ..core.closure import Grams, apply_exponents, closure_from_grams, layer_grams
-from ..core.heads import LayerHeads
+from ..core.heads import LayerHeads, read_layer, source_info
 from ..core.options import (
     ReportOptions,
     check_compute_dtype,
@@ -164,12 +164,12 @@ class MismatchResult(Result):
 def mismatch(
     model: Any,
     *,
-    threshold: float = 0.9,
+    threshold: Any = 0.9,
     layers: Any = None,
     compute_dtype: Any = torch.float64,
     device: Any = "cpu",
     architecture: Any = None,
-    prefix: str | None = None,
+    prefix: Any = None,
 ) -> MismatchResult:
     """Matched within-layer O/V mismatch control (SPEC 4a; paper: no mismatched pair reaches P >= 0.9).
 
@@ -177,11 +177,13 @@ def mismatch(
         model: a :class:`~tl_idempotence.core.heads.LayerHeads` or anything
             :func:`~tl_idempotence.sources.dispatch.head_source` accepts (TransformerLens model,
             ``transformers`` model, checkpoint path, HeadSource).
-        threshold: P threshold in [0, 1].
-        layers: restrict to these layers (default: all attention layers).
-        compute_dtype: dtype of the ``d_model``-long products.
-        device: where the products run.
+        threshold (float): P threshold in [0, 1].
+        layers (Sequence[int] | None): restrict to these layers (default: all attention layers).
+        compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products.
+        device (str | torch.device): where the products run; results are CPU float64.
         architecture, prefix: checkpoint options (see ``head_source``).
+
+    Options are annotated ``Any``: each is validated here, where it enters.
 
     Returns:
         :class:`MismatchResult`.
@@ -195,11 +197,11 @@ def mismatch(
     dtype = check_compute_dtype(compute_dtype)
     dev = check_device(device)
     src = head_source(model, architecture=architecture, prefix=prefix)
+    info = source_info(src)
     todo = resolve_layers(want, list(src.layers()))
     tabs, rows = [], []
     for layer in todo:
-        lh = src.layer_heads(layer)
-        lh.check_finite()
+        lh = read_layer(src, layer, info)
         tab, note = mismatch_pairs(lh, compute_dtype=dtype, device=dev)
         tabs.append(tab)
         rows.append({"layer": lh.layer, **_layer_values(tab, note, threshold)[0]})

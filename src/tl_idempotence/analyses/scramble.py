@@ -39,7 +39,15 @@ from torch import Tensor
 
 from ..core.closure import Closure, closure
 from ..core.heads import LayerHeads
-from ..core.options import ReportOptions, check_bool, check_int, check_seed, strict_kwargs
+from ..core.options import (
+    ReportOptions,
+    check_bool,
+    check_compute_dtype,
+    check_device,
+    check_int,
+    check_seed,
+    strict_kwargs,
+)
 from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator
 from ..core.results import Result
 from ..errors import OptionError
@@ -223,25 +231,25 @@ class Scramble(Result):
         }
 
 
-def _factors_for(x: Any, compute_dtype: Any) -> tuple[Factors, Closure, int | None]:
+def _factors_for(x: Any, compute_dtype: torch.dtype, device: torch.device) -> tuple[Factors, Closure, int | None]:
     if isinstance(x, Closure):
         return factors_of_closure(x), x, None
     layer = x.layer if isinstance(x, LayerHeads) else None
-    c = closure(x, factors=True, compute_dtype=compute_dtype)
+    c = closure(x, factors=True, compute_dtype=compute_dtype, device=device)
     return factors_of_closure(c), c, layer
 
 
 @strict_kwargs
 def orientation_scramble(
     heads: Any,
-    nulls: int = 64,
-    seed: int = 0,
+    nulls: Any = 64,
+    seed: Any = 0,
     *,
-    layer: int | None = None,
-    return_K: bool = True,
+    layer: Any = None,
+    return_K: Any = True,
     compute_dtype: Any = torch.float64,
     device: Any = "cpu",
-    n_draws: int | None = None,
+    n_draws: Any = None,
 ) -> Scramble:
     """Orientation-scramble null for a batch of heads (SPEC 4b; paper: trained median P
     0.336 vs scrambled 1.04e-4 over 7,304 heads).
@@ -251,14 +259,17 @@ def orientation_scramble(
             a :class:`~tl_idempotence.core.heads.LayerHeads`, a TransformerLens
             ``FactoredMatrix`` (``model.OV`` or one head ``model.OV[l, h]``) or a ``(W_V, W_O)``
             pair in TL row form (``[*batch, d_model, d_head]`` / ``[*batch, d_head, d_model]``).
-        nulls: Haar draws per head (>= 1).
-        seed: non-negative seed; with ``layer`` it seeds the generator
+        nulls (int): Haar draws per head (>= 1).
+        seed (int): non-negative seed; with ``layer`` it seeds the generator
             (:func:`~tl_idempotence.core.random.layer_generator`). A LayerHeads supplies its layer.
-        layer: layer index mixed into the seed (``None`` when not from a model).
-        return_K: also return the scrambled ``K~`` (``[*batch, n, r, r]`` float64).
-        compute_dtype: dtype of the ``d_model``-long products (for weight inputs).
-        device: where the batched products run ("cpu", "cuda", "auto").
-        n_draws: deprecated name of ``nulls``.
+        layer (int | None): layer index mixed into the seed (``None`` when not from a model).
+        return_K (bool): also return the scrambled ``K~`` (``[*batch, n, r, r]`` float64).
+        compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products (for weight inputs).
+        device (str | torch.device): where the Gram products and the batched draws run ("cpu",
+            "cuda", "auto"); results are CPU float64.
+        n_draws (int): deprecated name of ``nulls``.
+
+    Options are annotated ``Any``: each is validated here, where it enters.
 
     Returns:
         :class:`Scramble` with the input's batch shape (``()`` for one head).
@@ -277,10 +288,9 @@ def orientation_scramble(
     return_K = check_bool(return_K, "return_K")
     if layer is not None:
         layer = check_int(layer, "layer", 0)
-    from ..core.options import check_device
-
+    dtype = check_compute_dtype(compute_dtype)
     dev = check_device(device)
-    f, c, lay = _factors_for(heads, compute_dtype)
+    f, c, lay = _factors_for(heads, dtype, dev)
     layer = lay if layer is None else layer
     Pd, Kd = scramble_draws(f, nulls, seed, layer, return_K, dev)
     summ = _summarize_draws(f.P, Pd)

@@ -28,6 +28,7 @@ Honesty: the reported ``P_searched`` is recomputed in float64 from the returned
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,7 +38,7 @@ import torch
 from torch import Tensor
 
 from ..core.closure import Closure, closure
-from ..core.heads import LayerHeads
+from ..core.heads import LayerHeads, read_layer, source_info
 from ..core.options import (
     ReportOptions,
     check_compute_dtype,
@@ -53,6 +54,7 @@ from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
+from .tokens import select_heads
 
 __all__ = ["DEFAULTS", "SearchAnalysis", "SearchResult", "constructive_search", "search_factors"]
 
@@ -325,6 +327,11 @@ def _budget(restarts: Any, max_iters: Any, lr: Any, tol: Any) -> dict[str, Any]:
     return bud
 
 
+def _is_pair(x: Any) -> bool:
+    """A ``(W_V, W_O)`` pair of tensors / arrays (not a list of LayerHeads or of (layer, head) pairs)."""
+    return isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, (Tensor, np.ndarray)) for t in x)
+
+
 def _table(layer: Any, heads: Any, P: Tensor, res: tuple) -> pd.DataFrame:
     P_s, it, conv, best, reason, *_ = res
     return pd.DataFrame(
@@ -346,16 +353,16 @@ def constructive_search(
     model: Any,
     heads: Any = None,
     *,
-    restarts: int | None = None,
-    max_iters: int | None = None,
-    lr: float | None = None,
-    tol: float | None = None,
-    seed: int = 0,
-    threshold: float = 0.9,
+    restarts: Any = None,
+    max_iters: Any = None,
+    lr: Any = None,
+    tol: Any = None,
+    seed: Any = 0,
+    threshold: Any = 0.9,
     compute_dtype: Any = torch.float64,
     device: Any = "cpu",
     architecture: Any = None,
-    prefix: str | None = None,
+    prefix: Any = None,
 ) -> SearchResult:
     """Maximize P over orientations with S and D fixed, for chosen heads (SPEC 5; paper:
     "high closure is feasible in every surveyed layer, but usually not attained").
@@ -368,14 +375,17 @@ def constructive_search(
         heads: for a model, ``[(layer, head), ...]`` (default: every head); for a
             LayerHeads, head indices; for a Closure/pair, indices into the flattened
             batch (default: all).
-        restarts, max_iters, lr, tol: override :data:`DEFAULTS` (restart 0 starts at
-            the trained orientation).
-        seed: non-negative seed (mixed with the layer, see
+        restarts, max_iters (int), lr, tol (float): override :data:`DEFAULTS` (restart 0 starts
+            at the trained orientation).
+        seed (int): non-negative seed (mixed with the layer, see
             :func:`~tl_idempotence.core.random.layer_generator`).
-        threshold: P threshold, reported as ``feasible`` per row.
-        compute_dtype: dtype of the ``d_model``-long products.
-        device: where the optimizer runs ("cpu", "cuda", "auto").
+        threshold (float): P threshold, reported as ``feasible`` per row.
+        compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products.
+        device (str | torch.device): where the Gram products and the optimizer run ("cpu",
+            "cuda", "auto"); results are CPU float64.
         architecture, prefix: checkpoint options (see ``head_source``).
+
+    Options are annotated ``Any``: each is validated here, where it enters.
 
     Returns:
         :class:`SearchResult` (``table`` has ``feasible = P_searched >= threshold``).
@@ -423,42 +433,41 @@ def constructive_search(
     def as_rows(hs: Any, n: int) -> list[int]:
         if hs is None:
             return list(range(n))
-        try:
-            out = [int(h) for h in hs]
-        except (TypeError, ValueError) as e:
-            raise OptionTypeError(f"heads must be a sequence of head indices here; got {hs!r:.80}.") from e
+        if isinstance(hs, (str, bytes)) or not isinstance(hs, Iterable):
+            raise OptionTypeError(f"heads must be a sequence of head indices here; got {type(hs).__name__} {hs!r:.80}.")
+        out = [check_int(h, f"heads[{i}]", 0) for i, h in enumerate(hs)]
         if not out:
             raise OptionError("heads is empty; pass None for every head.")
+        dup = sorted({h for h in out if out.count(h) > 1})
+        if dup:
+            raise OptionError(f"heads repeats head(s) {dup}: each head is searched once.")
         return out
 
-    if isinstance(model, (LayerHeads, Closure, tuple, list)) or (hasattr(model, "A") and hasattr(model, "B")):
+    if isinstance(model, (LayerHeads, Closure)) or _is_pair(model) or (hasattr(model, "A") and hasattr(model, "B")):
         c = model if isinstance(model, Closure) else closure(model, factors=True, compute_dtype=dtype, device=dev)
         layer = model.layer if isinstance(model, LayerHeads) else None
         run(factors_of_closure(c), c.P, layer, as_rows(heads, int(c.P.numel())))
     else:
         src = head_source(model, architecture=architecture, prefix=prefix)
+        info = source_info(src)
         all_layers = list(src.layers())
         want: dict[int, list[int] | None] = {}
         if heads is None:
             want = {layer: None for layer in all_layers}
         else:
-            items = list(heads)
-            if not items:
-                raise OptionError("heads is empty; pass None for every head.")
-            for item in items:
-                try:
-                    layer, h = item
-                    want.setdefault(int(layer), []).append(int(h))  # type: ignore[union-attr]
-                except (TypeError, ValueError) as e:
-                    raise OptionTypeError(f"heads must be (layer, head) pairs for a model; got {item!r}.") from e
-        bad = [layer for layer in want if layer not in all_layers]
-        if bad:
-            raise OptionError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
-        for layer, hs in want.items():
-            lh = src.layer_heads(layer)
-            lh.check_finite()
+            if isinstance(heads, Iterable) and not isinstance(heads, (str, bytes)) and not hasattr(heads, "columns"):
+                heads = list(heads)
+                named = [it[0] for it in heads if isinstance(it, (tuple, list)) and len(it) == 2]
+                bad = sorted(
+                    {int(v) for v in named if isinstance(v, int) and not isinstance(v, bool) and v not in all_layers}
+                )
+                if bad:
+                    raise OptionError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
+            want.update(select_heads(heads, all_layers, info.n_heads))
+        for layer, sel in want.items():
+            lh = read_layer(src, layer, info)
             c = closure(lh, factors=True, compute_dtype=dtype, device=dev)
-            run(factors_of_closure(c), c.P, layer, as_rows(hs, lh.n_heads))
+            run(factors_of_closure(c), c.P, layer, as_rows(sel, lh.n_heads))
     table = pd.concat(tabs, ignore_index=True)
     table["feasible"] = np.nan_to_num(table["P_searched"].to_numpy(dtype=float), nan=-1.0) >= threshold
     return SearchResult(table=table, K=torch.cat(Ks), D=torch.cat(Ds), S=torch.cat(Ss), threshold=threshold)

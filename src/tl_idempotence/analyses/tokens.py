@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -215,9 +216,9 @@ def prepare_tokens(
     model: Any,
     texts_or_tokens: Any = None,
     *,
-    seq_len: int = 128,
-    max_tokens: int | None = 8192,
-    text_column: str = "text",
+    seq_len: Any = 128,
+    max_tokens: Any = 8192,
+    text_column: Any = "text",
 ) -> tuple[Int[Tensor, "n_windows pos"], Bool[Tensor, "n_windows pos"]]:
     """Token windows to run and the mask of positions that count in statistics.
 
@@ -243,8 +244,16 @@ def prepare_tokens(
     seq_len = check_int(seq_len, "seq_len", 1)
     if max_tokens is not None:
         max_tokens = check_int(max_tokens, "max_tokens", 1)
+    if not isinstance(text_column, str):
+        raise OptionTypeError(f"text_column must be a column name (str); got {type(text_column).__name__}.")
     if isinstance(texts_or_tokens, Tensor) or isinstance(texts_or_tokens, np.ndarray):
-        toks = torch.as_tensor(texts_or_tokens)
+        try:
+            toks = torch.as_tensor(texts_or_tokens)
+        except (TypeError, RuntimeError) as e:
+            raise OptionTypeError(
+                f"Token ids must be an integer tensor [batch, pos]; got an array of dtype "
+                f"{getattr(texts_or_tokens, 'dtype', '?')} ({e})."
+            ) from e
         if toks.ndim == 1:
             toks = toks[None]
         if toks.ndim != 2 or toks.is_floating_point() or toks.is_complex() or toks.dtype == torch.bool:
@@ -329,12 +338,17 @@ def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[
             raise OptionTypeError(f"A heads DataFrame needs 'layer' and 'head' columns; got {list(heads.columns)}.")
         items = list(zip(heads["layer"], heads["head"]))
     else:
-        if isinstance(heads, (str, bytes)):
-            raise OptionTypeError(f"heads must be (layer, head) pairs; got {heads!r:.60}.")
+        if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+            raise OptionTypeError(
+                "heads must be None, a DataFrame with layer/head columns, or (layer, head) pairs; got "
+                f"{type(heads).__name__} {heads!r:.60}."
+            )
         items = list(heads)
     pairs: list[tuple[int, int]] = []
     for item in items:
         try:
+            if isinstance(item, (str, bytes)):
+                raise TypeError("a string is not a (layer, head) pair")
             layer, head = item
         except (TypeError, ValueError) as e:
             raise OptionTypeError(

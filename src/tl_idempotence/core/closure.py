@@ -455,8 +455,7 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
         eig = torch.gather(ev, -1, order)
         K = _unscale(K, g.e_T)
         if g.e_T is not None and bool(g.e_T.any()):
-            s = torch.exp2(-g.e_T.to(torch.float64)).unsqueeze(-1)
-            eig = eig * s
+            eig = torch.complex(_unscale(eig.real, g.e_T), _unscale(eig.imag, g.e_T))
     else:
         rank_O = gram_eig(G_O, rtol, False)[2].sum(-1)
         rank_V = gram_eig(G_V, rtol, False)[2].sum(-1)
@@ -534,9 +533,9 @@ def head_pair(x: Any, what: str = "closure()") -> tuple[Tensor, Tensor]:
 def closure(
     heads: Any,
     *,
-    factors: bool = True,
-    compute_dtype: torch.dtype | str = torch.float64,
-    device: torch.device | str = "cpu",
+    factors: Any = True,
+    compute_dtype: Any = torch.float64,
+    device: Any = "cpu",
 ) -> Closure:
     """Closure of every head in a FactoredMatrix, a ``(W_V, W_O)`` pair or a LayerHeads (SPEC 2-3).
 
@@ -547,9 +546,11 @@ def closure(
             leading dims broadcast; ``W_V @ W_O == Tᵀ``), or a
             :class:`~tl_idempotence.core.heads.LayerHeads` (column form, kv heads shared).
             Any real float dtype.
-        factors: also return K, D and the eigenvalues (default True).
-        compute_dtype: dtype of the ``d_model``-long products (float64 default, or float32).
-        device: where the products run ("cpu", "cuda", "auto"); results are CPU float64.
+        factors (bool): also return K, D and the eigenvalues (default True).
+        compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products (float64
+            default, or float32).
+        device (str | torch.device): where the products run ("cpu", "cuda", "auto"); results
+            are CPU float64. (Options are annotated ``Any``: they are validated here.)
 
     Returns:
         :class:`Closure` with the broadcast leading shape (``[n_heads]`` for a LayerHeads).

@@ -23,9 +23,18 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..errors import WeightError
+from ..errors import TLIError, UnsupportedModelError, WeightError
 
-__all__ = ["HeadSource", "LayerHeads", "ModelInfo", "Sizes", "check_weights", "kv_layout"]
+__all__ = [
+    "HeadSource",
+    "LayerHeads",
+    "ModelInfo",
+    "Sizes",
+    "check_weights",
+    "kv_layout",
+    "read_layer",
+    "source_info",
+]
 
 
 def _is_weight_dtype(t: Tensor) -> bool:
@@ -155,7 +164,10 @@ class LayerHeads:
         V: ``[n_kv_heads, d_model, d_head]`` value reads, unexpanded (``= W_V`` per kv head).
         kv_head_of: ``[n_heads]`` int64, query head -> kv head, from the model's layout.
 
-    Tensors keep the stored dtype (fp32/fp16/bf16); analyses promote to float64.
+    Tensors keep the stored dtype (fp32/fp16/bf16); analyses promote to float64. The fields
+    are annotated ``Tensor`` (not their jaxtyping shapes) because this constructor is where
+    user tensors enter: ``__post_init__`` checks ranks, sizes and dtypes itself and raises
+    :class:`~tl_idempotence.errors.WeightError` naming the layer.
 
     Raises:
         WeightError: O/V of another rank or disagreeing on ``(d_model, d_head)``, a non-float
@@ -163,9 +175,9 @@ class LayerHeads:
     """
 
     layer: int
-    O: Float[Tensor, "n_heads d_model d_head"]
-    V: Float[Tensor, "n_kv_heads d_model d_head"]
-    kv_head_of: Int[Tensor, " n_heads"]
+    O: Tensor  # [n_heads, d_model, d_head], checked in __post_init__
+    V: Tensor  # [n_kv_heads, d_model, d_head]
+    kv_head_of: Tensor  # [n_heads] integer
 
     def __post_init__(self) -> None:
         where = f"Layer {self.layer}"
@@ -233,6 +245,64 @@ class LayerHeads:
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
             h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
         return h.hexdigest()
+
+
+def source_info(src: Any) -> ModelInfo:
+    """``src.info`` when it is a :class:`ModelInfo`.
+
+    Raises:
+        UnsupportedModelError: the source has no ``ModelInfo`` in ``.info`` (names its class).
+    """
+    info = getattr(src, "info", None)
+    if not isinstance(info, ModelInfo):
+        raise UnsupportedModelError(
+            f"The head source {type(src).__name__} has no ModelInfo in .info (got {type(info).__name__}); a "
+            "HeadSource must describe its model with tl_idempotence.ModelInfo."
+        )
+    return info
+
+
+def read_layer(src: Any, layer: int, info: ModelInfo | None = None) -> LayerHeads:
+    """``src.layer_heads(layer)``, checked: for every source, built-in or user-written.
+
+    Every analysis reads layers through this function, so what reaches the maths is a
+    :class:`LayerHeads` of the layer asked for, with the sizes ``info`` promises, and finite
+    weights.
+
+    Args:
+        src: a :class:`HeadSource`.
+        layer: the layer index asked for.
+        info: the source's :class:`ModelInfo` (sizes checked against it), or None.
+
+    Raises:
+        UnsupportedModelError: the source returned something that is not a ``LayerHeads``.
+        WeightError: another layer than asked for, sizes that disagree with ``info``, NaN/inf
+            weights (names layer and head), or the source itself failed (its error is chained
+            and named).
+    """
+    name = type(src).__name__
+    try:
+        lh = src.layer_heads(layer)
+    except (TLIError, MemoryError):
+        raise
+    except Exception as e:
+        raise WeightError(f"The head source {name} failed to read layer {layer}: {type(e).__name__}: {e}") from e
+    if not isinstance(lh, LayerHeads):
+        raise UnsupportedModelError(
+            f"The head source {name} returned a {type(lh).__name__} for layer {layer}; expected LayerHeads."
+        )
+    if lh.layer != layer:
+        raise WeightError(f"The head source {name} returned layer {lh.layer} when asked for layer {layer}.")
+    if info is not None:
+        got = (lh.n_heads, lh.n_kv_heads, lh.d_model, lh.d_head)
+        want = (info.n_heads, info.n_kv_heads, info.d_model, info.d_head)
+        if got != want:
+            raise WeightError(
+                f"Layer {layer} from {name}: (n_heads, n_kv_heads, d_model, d_head) = {got}, but the source's "
+                f"info says {want}."
+            )
+    lh.check_finite()
+    return lh
 
 
 @runtime_checkable

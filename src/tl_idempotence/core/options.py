@@ -364,7 +364,7 @@ class ReportOptions:
         return out
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> ReportOptions:
+    def from_record(cls, record: Any) -> ReportOptions:
         """Options from :meth:`as_dict` (a saved report's record), validated.
 
         The device is restored as recorded without asking whether it exists here: a report

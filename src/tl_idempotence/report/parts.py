@@ -5,14 +5,16 @@ its layer row, its long tables, and what it was computed from (the layer's weigh
 fingerprint and the options key). :class:`ResumeDir` writes each part as parquet tables
 plus one JSON record (no pickle: a file from a directory is never executed) and hands a
 part back only when its record says it was computed from the *same* weights (the
-layer's sha256 fingerprint) with the *same* options; otherwise the layer is recomputed.
+layer's sha256 fingerprint) with the *same* options by the *same* package version, and the
+record and its tables are intact (sha256); otherwise the layer is recomputed.
 
 Layout of a resume directory::
 
     manifest.json                 format, the options key, the model's sizes and name
     layer_00003.json              the part record (written last): layer, fingerprint,
-                                  options key, layer row, notes, and the sha256 of every
-                                  table file of the part
+                                  options key, layer row, notes, the sha256 of every
+                                  table file of the part, and the sha256 ``digest`` of the
+                                  record itself (so an edited number is detected)
     layer_00003.heads.parquet     per-head rows
     layer_00003.<table>.parquet   the analyses' long tables (scramble draws, ...)
 
@@ -22,6 +24,7 @@ files from a killed run are ignored and removed when the directory is next opene
 
 from __future__ import annotations
 
+import importlib.metadata
 import io
 import json
 import math
@@ -41,6 +44,17 @@ from ..errors import ResumeError
 __all__ = ["FORMAT", "LayerPart", "ResumeDir", "json_safe"]
 
 FORMAT = "tl_idempotence.resume/2"
+
+
+def _package_version() -> str | None:
+    try:
+        return importlib.metadata.version("tl_idempotence")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return None
+
+
+#: The package version a part was computed by (parts of another version are recomputed: the maths may differ).
+_VERSION = _package_version()
 
 
 def json_safe(x: Any) -> Any:
@@ -98,6 +112,20 @@ class LayerPart:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
+def _record_digest(rec: dict[str, Any]) -> str:
+    """sha256 of a part record without its ``digest`` field (canonical JSON: sorted keys, no spaces).
+
+    The record holds the layer row's numbers itself, so an edit or a damaged byte anywhere in it
+    (a number, the layer, the fingerprint, a table's sha256) is detected.
+    """
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return ""
+    return sha256_bytes(text.encode("utf-8"))
+
+
 def _parquet_bytes(df: pd.DataFrame) -> bytes:
     buf = io.BytesIO()
     df.to_parquet(buf, index=False)
@@ -128,8 +156,11 @@ class ResumeDir:
         except OSError as e:
             raise ResumeError(f"Cannot create the resume directory {self.dir}: {e.strerror or e}.") from e
         self.key = options.key()
-        for stale in self.dir.glob("*.tmp*"):
-            stale.unlink(missing_ok=True)
+        # Temp files of a killed writer: only this directory's own names (never a user's other files).
+        for pattern in ("layer_*.tmp[0-9]*", "manifest.json.tmp[0-9]*"):
+            for stale in self.dir.glob(pattern):
+                if stale.is_file():
+                    stale.unlink(missing_ok=True)
         manifest = {
             "format": FORMAT,
             "options": self.key,
@@ -196,11 +227,17 @@ class ResumeDir:
         if not isinstance(rec, dict) or rec.get("format") != FORMAT:
             stale("not a part record of this format")
             return None
+        if rec.get("digest") != _record_digest(rec):
+            stale("its record does not match its recorded sha256 digest (edited or damaged)")
+            return None
         if rec.get("layer") != int(layer):
             stale(f"it records layer {rec.get('layer')!r} (a part copied from another layer)")
             return None
         if rec.get("options") != self.key:
             stale("it was made with other options")
+            return None
+        if rec.get("version") != _VERSION:
+            stale(f"it was made by tl_idempotence {rec.get('version')!r}, this is {_VERSION!r}")
             return None
         if rec.get("fingerprint") != fingerprint:
             stale("the layer's weights changed since it was written (sha256 fingerprint differs)")
@@ -225,6 +262,11 @@ class ResumeDir:
                 return None
         heads = tables.pop("heads")
         row = json_restore(rec.get("row", {}))
+        keys = rec.get("row_keys")
+        if not isinstance(row, dict) or not isinstance(keys, list) or sorted(keys) != sorted(row):
+            stale("its layer row is malformed")
+            return None
+        row = {k: row[k] for k in keys}  # the column order of a fresh run (JSON keys are sorted)
         return LayerPart(layer=int(layer), fingerprint=fingerprint, heads=heads, row=row, tables=tables)
 
     def save(self, part: LayerPart) -> None:
@@ -244,11 +286,18 @@ class ResumeDir:
                 "layer": int(part.layer),
                 "fingerprint": part.fingerprint,
                 "options": self.key,
+                "version": _VERSION,
                 "row": json_safe(part.row),
+                "row_keys": [str(k) for k in part.row],
                 "files": files,
             }
+            rec["digest"] = _record_digest(rec)
             atomic_write_text(self._record(part.layer), json.dumps(rec, indent=1, sort_keys=True))
         except OSError as e:
+            where = Path(e.filename).name if getattr(e, "filename", None) else self.dir
+            if getattr(e, "filename2", None):
+                where = Path(e.filename2).name
             raise ResumeError(
-                f"Cannot write resume part of layer {part.layer} in {self.dir}: {e.strerror or e}."
+                f"Cannot write resume part of layer {part.layer} in {self.dir} ({where}): {e.strerror or e}. "
+                "Is the directory writable, and is that name a file?"
             ) from e

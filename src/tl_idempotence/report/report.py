@@ -23,10 +23,10 @@ import torch
 from ..analyses.algebra import AlgebraAnalysis, SharedValueAlgebra
 from ..analyses.base import Analysis, LayerContext
 from ..analyses.registry import REPORT_ANALYSES
-from ..core.heads import LayerHeads, ModelInfo
+from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
-from ..errors import OptionError, OptionTypeError, UnsupportedModelError, WeightError
+from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .parts import LayerPart, ResumeDir
 from .store import ReportRecord, read_record, write_record
@@ -127,7 +127,7 @@ class IdempotenceReport(Result):
         return self.options.threshold
 
     @threshold.setter
-    def threshold(self, value: float) -> None:
+    def threshold(self, value: Any) -> None:
         t = check_threshold(value)
         heads, layers = self.heads.copy(), self.layers.copy()
         tables = {k: v.copy() for k, v in self.tables.items()}
@@ -298,12 +298,13 @@ class IdempotenceReport(Result):
             raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
         return ablation(m, self.closed_heads, **kwargs)
 
-    def save(self, path: str | os.PathLike[str], overwrite: bool = False) -> str:
+    def save(self, path: Any, overwrite: Any = False) -> str:
         """Save the report as a folder of parquet tables and one JSON record (no pickle); reload it with
         :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.
 
         Raises:
             OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
+            OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
         rec = ReportRecord(
             heads=self.heads,
@@ -316,7 +317,7 @@ class IdempotenceReport(Result):
         return str(write_record(rec, path, overwrite=overwrite))
 
 
-def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
+def load_report(path: Any) -> IdempotenceReport:
     """A report saved with :meth:`IdempotenceReport.save`: the same tables, summary, figures and HTML.
 
     Raises:
@@ -330,24 +331,6 @@ def load_report(path: str | os.PathLike[str]) -> IdempotenceReport:
     return IdempotenceReport(
         heads=heads, layers=rec.layers, tables=rec.tables, summary=rec.summary, info=rec.info, options=rec.options
     )
-
-
-def _check_layer(lh: Any, layer: int, info: ModelInfo) -> LayerHeads:
-    """Refuse a layer that is not what the source promised (every source, built-in or user-written)."""
-    if not isinstance(lh, LayerHeads):
-        raise UnsupportedModelError(
-            f"The head source returned a {type(lh).__name__} for layer {layer}; expected LayerHeads."
-        )
-    if lh.layer != layer:
-        raise WeightError(f"The head source returned layer {lh.layer} when asked for layer {layer}.")
-    got = (lh.n_heads, lh.n_kv_heads, lh.d_model, lh.d_head)
-    want = (info.n_heads, info.n_kv_heads, info.d_model, info.d_head)
-    if got != want:
-        raise WeightError(
-            f"Layer {layer}: (n_heads, n_kv_heads, d_model, d_head) = {got}, but the model's info says {want}."
-        )
-    lh.check_finite()
-    return lh
 
 
 def run_layer(lh: LayerHeads, options: ReportOptions, analyses: Sequence[Analysis], fingerprint: str) -> LayerPart:
@@ -371,53 +354,49 @@ def run_layer(lh: LayerHeads, options: ReportOptions, analyses: Sequence[Analysi
     return LayerPart(layer=lh.layer, fingerprint=fingerprint, heads=pd.DataFrame(cols), row=row, tables=tables)
 
 
-def _source_info(src: Any) -> ModelInfo:
-    info = getattr(src, "info", None)
-    if not isinstance(info, ModelInfo):
-        raise UnsupportedModelError(
-            f"The head source {type(src).__name__} has no ModelInfo in .info (got {type(info).__name__})."
-        )
-    return info
-
-
 @strict_kwargs
 def idempotence_report(
     model: Any,
-    threshold: float = 0.9,
+    threshold: Any = 0.9,
     *,
-    nulls: bool | int = False,
-    seed: int = 0,
-    search: bool = False,
-    algebra: bool = False,
-    layers: Sequence[int] | None = None,
-    compute_dtype: torch.dtype | str = torch.float64,
-    device: torch.device | str = "cpu",
-    progress: bool = True,
-    resume: str | os.PathLike[str] | None = None,
-    architecture: str | dict[str, Any] | None = None,
-    prefix: str | None = None,
+    nulls: Any = False,
+    seed: Any = 0,
+    search: Any = False,
+    algebra: Any = False,
+    layers: Any = None,
+    compute_dtype: Any = torch.float64,
+    device: Any = "cpu",
+    progress: Any = True,
+    resume: Any = None,
+    architecture: Any = None,
+    prefix: Any = None,
 ) -> IdempotenceReport:
     """Closure of every attention head of a model, with the paper's controls on request.
+
+    Every argument is validated here, where it enters (``core/options.py``), so the signature
+    annotates the options ``Any``; the types each one takes are listed below.
 
     Args:
         model: a TransformerLens model (HookedTransformer, HookedEncoder,
             TransformerBridge), a ``transformers`` model, a path to a checkpoint
             directory or ``.gguf`` file, ``LayerHeads`` (one or a list) or a
             :class:`~tl_idempotence.core.heads.HeadSource`.
-        threshold: P threshold for a "closed" head (paper: 0.9), a real number in [0, 1].
-        nulls: ``True`` (64 draws) or an int number of orientation-scramble draws per
+        threshold (float): P threshold for a "closed" head (paper: 0.9), a real number in [0, 1].
+        nulls (bool | int): ``True`` (64 draws) or an int number of orientation-scramble draws per
             head; also runs the matched O/V mismatch (SPEC 4).
-        seed: non-negative seed of the scramble draws and the search restarts (per layer,
+        seed (int): non-negative seed of the scramble draws and the search restarts (per layer,
             the generator is seeded with ``(seed, layer)`` so results do not depend on
             which layers were run).
-        search: run the constructive search per layer (SPEC 5; ~2-5 s per layer).
-        algebra: run the shared-value algebra per kv group (SPEC 7).
-        layers: restrict to these layer indices (default: all attention layers).
-        compute_dtype: dtype of the ``d_model``-long products (float64 default, or float32).
-        device: where the products and the batched controls run ("cpu", "cuda", "cuda:N",
-            "auto"); results are CPU float64 and agree across devices to float64 rounding.
-        progress: show a tqdm bar per layer on stderr.
-        resume: a directory for per-layer parts (parquet + JSON). Each finished layer is
+        search (bool): run the constructive search per layer (SPEC 5; ~2-5 s per layer).
+        algebra (bool): run the shared-value algebra per kv group (SPEC 7).
+        layers (Sequence[int] | None): restrict to these layer indices (default: all attention layers).
+        compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products (float64 default,
+            or float32).
+        device (str | torch.device): where the products and the batched controls run ("cpu",
+            "cuda", "cuda:N", "auto"); results are CPU float64 and agree across devices to
+            float64 rounding.
+        progress (bool): show a tqdm bar per layer on stderr.
+        resume (str | os.PathLike | None): a directory for per-layer parts (parquet + JSON). Each finished layer is
             written there; a later call with the same directory and options reuses a layer's
             part only when that layer's weights have the same sha256 fingerprint (otherwise it
             is recomputed); other options refuse (``ResumeError``).
@@ -451,7 +430,7 @@ def idempotence_report(
     if resume is not None and not isinstance(resume, (str, os.PathLike)):
         raise OptionTypeError(f"resume must be a directory path; got {type(resume).__name__}.")
     src = head_source(model, architecture=architecture, prefix=prefix)
-    info = _source_info(src)
+    info = source_info(src)
     todo = resolve_layers(opts.layers, list(src.layers()))
     analyses = [a for a in REPORT_ANALYSES if a.enabled(opts)]
     parts_dir = ResumeDir(resume, opts, info) if resume is not None else None
@@ -460,7 +439,7 @@ def idempotence_report(
     n_resumed = 0
     bar = tqdm(todo, desc=f"layers ({names})", unit="layer", disable=not progress)
     for layer in bar:
-        lh = _check_layer(src.layer_heads(layer), layer, info)
+        lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
         fp = lh.fingerprint()
         part = parts_dir.load(layer, fp) if parts_dir is not None else None
         n_resumed += part is not None

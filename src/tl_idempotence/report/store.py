@@ -2,8 +2,9 @@
 
 Layout written by :func:`write_record`::
 
-    report.json            format, summary, options, what was measured (ModelInfo), and
-                           the sha256 of every table file
+    report.json            format, summary, options, what was measured (ModelInfo), the
+                           sha256 of every table file, and the sha256 ``digest`` of the
+                           record itself (so an edited summary number is detected)
     heads.parquet          per-head rows
     layers.parquet         per-layer rows
     <table>.parquet        the analyses' long tables (scramble_draws, mismatch_pairs, algebra_*)
@@ -19,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +30,8 @@ import pandas as pd
 
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
 from ..core.heads import ModelInfo
-from ..core.options import ReportOptions
-from ..errors import CheckpointError, MissingFileError, OptionError
+from ..core.options import ReportOptions, check_bool
+from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
 from .parts import json_restore, json_safe
 
 __all__ = ["FORMAT", "RECORD", "ReportFileError", "ReportRecord", "read_record", "write_record"]
@@ -72,7 +74,16 @@ def _info_record(info: ModelInfo) -> dict[str, Any]:
     )
 
 
-def write_record(rec: ReportRecord, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+def _digest(record: dict[str, Any]) -> str:
+    """sha256 of the record without its ``digest`` (canonical JSON), or "" when it is not JSON-able."""
+    body = {k: v for k, v in record.items() if k != "digest"}
+    try:
+        return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+    except (TypeError, ValueError):
+        return ""
+
+
+def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
     """Write ``rec`` to the folder ``path`` (created); ``report.json`` is written last.
 
     Args:
@@ -86,7 +97,11 @@ def write_record(rec: ReportRecord, path: str | os.PathLike[str], overwrite: boo
     Raises:
         OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder that is
             not a saved report, or its parent folder does not exist.
+        OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
     """
+    overwrite = check_bool(overwrite, "overwrite")
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The report folder must be a path; got {type(path).__name__}.")
     d = Path(path).expanduser()
     if d.exists():
         if not d.is_dir():
@@ -114,18 +129,23 @@ def write_record(rec: ReportRecord, path: str | os.PathLike[str], overwrite: boo
         "files": files,
         "tables": sorted(rec.tables),
     }
+    record["digest"] = _digest(record)
     atomic_write_text(d / RECORD, json.dumps(record, indent=1, sort_keys=True))
     return d
 
 
-def read_record(path: str | os.PathLike[str]) -> ReportRecord:
+def read_record(path: Any) -> ReportRecord:
     """Read a folder written by :func:`write_record`, checking every file against its recorded sha256.
 
     Raises:
         MissingFileError: no such folder, or a file the record lists is missing.
-        ReportFileError (a ``CheckpointError``/``ValueError``): the record is malformed or of
-            another format, or a table file does not match its recorded sha256 (names the file).
+        ReportFileError (a ``CheckpointError``/``ValueError``): the record is malformed, edited (its
+            digest does not match) or of another format, or a table file does not match its recorded
+            sha256 (names the file).
+        OptionTypeError: ``path`` is not a path.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The report folder must be a path; got {type(path).__name__}.")
     d = Path(path).expanduser()
     if not d.is_dir():
         raise MissingFileError(f"{d} is not a folder; pass the folder written by rep.save(...).")
@@ -136,11 +156,18 @@ def read_record(path: str | os.PathLike[str]) -> ReportRecord:
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
         raise ReportFileError(f"{rec_file} is not a {FORMAT} record (format {fmt!r}).")
+    if rec.get("digest") != _digest(rec):
+        raise ReportFileError(
+            f"{rec_file} does not match its recorded sha256 digest: the record (summary, options, file list) was "
+            "edited or damaged. Save the report again from its source."
+        )
     files = rec.get("files")
     if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
         raise ReportFileError(f"{rec_file} lists no heads/layers tables.")
     frames: dict[str, pd.DataFrame] = {}
     for name, digest in files.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
         f = d / f"{name}.parquet"
         if not f.is_file():
             raise MissingFileError(f"{f} is missing (listed in {rec_file}).")

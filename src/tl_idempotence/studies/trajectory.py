@@ -35,11 +35,12 @@ options, so a cached layer is reused only when its weights are byte for byte the
 from __future__ import annotations
 
 import gc
+import numbers
 import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.heads import HeadSource, LayerHeads
-from ..core.options import ReportOptions, check_bool, check_layers, check_threshold, strict_kwargs
+from ..core.options import ReportOptions, check_bool, check_int, check_layers, check_threshold, strict_kwargs
 from ..core.results import Result, views
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.report import idempotence_report
@@ -143,13 +144,37 @@ def _normalize(checkpoints: Any) -> list[_Ckpt]:
                 f"got {entry!r:.80}."
             )
         label, spec = entry[0], entry[1]
-        step = float(entry[2]) if len(entry) == 3 else _step_of(label, spec)
+        if len(entry) == 3:
+            st = entry[2]
+            if isinstance(st, bool) or not isinstance(st, numbers.Real):
+                raise OptionTypeError(
+                    f"checkpoints[{i}]: the step (third item) must be a number; got {type(st).__name__} {st!r:.40}."
+                )
+            step = float(st)
+        else:
+            step = _step_of(label, spec)
         out.append(_Ckpt(order=i, label=str(label), spec=spec, kind=_kind(str(label), spec), step=step))
     labels = [c.label for c in out]
     dup = sorted({lab for lab in labels if labels.count(lab) > 1})
     if dup:
         raise OptionError(f"Checkpoint labels must be unique; repeated: {dup}.")
     return out
+
+
+def _head_pairs(heads: Any) -> list[tuple[int, int]]:
+    """Sorted distinct ``(layer, head)`` pairs of non-negative integers (floats are refused, never truncated)."""
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise OptionTypeError(
+            f"heads must be a sequence of (layer, head) integer pairs; got {type(heads).__name__} {heads!r:.80}."
+        )
+    out: set[tuple[int, int]] = set()
+    for i, item in enumerate(heads):
+        if isinstance(item, (str, bytes)) or not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise OptionTypeError(f"heads[{i}] must be a (layer, head) pair of integers; got {item!r:.60}.")
+        out.add((check_int(item[0], f"heads[{i}] layer", 0), check_int(item[1], f"heads[{i}] head", 0)))
+    if not out:
+        raise OptionError("heads is empty; pass None for all heads.")
+    return sorted(out)
 
 
 def _load_hub(name: str, options: dict[str, Any]) -> Any:
@@ -232,7 +257,10 @@ class Trajectory(Result):
             (every layer came from the cache), ``seconds`` (wall time to load and measure),
             ``n_heads, n_closed, median_P`` (and ``median_P_scrambled`` with nulls),
             ``weights_fingerprint``, ``identical_to``, ``shares_layers_with``,
-            ``n_shared_layers`` (see :func:`checkpoint_relations`) and the processing flags.
+            ``n_shared_layers`` (see :func:`checkpoint_relations`), the processing flags
+            (``processing_raw``, ``processing_fold_ln``, ...) and ``processing_differs`` (the flags
+            on which this checkpoint's weights were processed differently from the first
+            checkpoint's, "" when none; only with ``allow_mixed_processing=True``).
         threshold: P threshold of "closed" (paper: 0.9).
         options: the analysis options (nulls, seed, search, layers, heads).
     """
@@ -275,13 +303,14 @@ class Trajectory(Result):
         """Rows of :attr:`heads` at the last checkpoint."""
         return self.heads[self.heads["checkpoint"] == self.final_label]
 
-    def tracked_heads(self, top_k: int = 5) -> pd.DataFrame:
+    def tracked_heads(self, top_k: Any = 5) -> pd.DataFrame:
         """The heads the figures follow: ``layer, head, final_P, why``.
 
         The heads with final ``P >= threshold`` (``why = "final P >= threshold"``), or —
         if none closed — the ``top_k`` heads by final P (``why = "top-k by final P (none closed)"``).
         When ``heads=`` was given to :func:`trajectory`, exactly those heads.
         """
+        top_k = check_int(top_k, "top_k", 1)
         fin = self.final().dropna(subset=["P"]).sort_values("P", ascending=False)
         if self.options.get("heads"):
             sel, why = fin, "selected"
@@ -294,8 +323,17 @@ class Trajectory(Result):
         out["why"] = why
         return out
 
-    def wide(self, value: str = "P") -> pd.DataFrame:
-        """``value`` as a (layer, head) x checkpoint table, checkpoints in input order."""
+    def wide(self, value: Any = "P") -> pd.DataFrame:
+        """``value`` as a (layer, head) x checkpoint table, checkpoints in input order.
+
+        Raises:
+            OptionError: ``value`` is not a numeric column of :attr:`heads`.
+        """
+        if not isinstance(value, str) or value not in self.heads.columns or self.heads[value].dtype.kind not in "biuf":
+            raise OptionError(
+                f"value={value!r} is not a numeric column of the trajectory's heads table; columns: "
+                f"{[c for c in self.heads.columns if self.heads[c].dtype.kind in 'biuf']}."
+            )
         order = self.checkpoints.sort_values("order")["checkpoint"].tolist()
         w = self.heads.pivot_table(index=["layer", "head"], columns="checkpoint", values=value, sort=False)
         return w[[c for c in order if c in w.columns]]
@@ -340,19 +378,19 @@ def _processing_key(summary: dict[str, Any]) -> tuple[Any, ...]:
 @strict_kwargs
 def trajectory(
     checkpoints: Any,
-    heads: Sequence[tuple[int, int]] | None = None,
+    heads: Any = None,
     *,
-    threshold: float = 0.9,
-    nulls: bool | int = False,
-    search: bool = False,
-    seed: int = 0,
-    layers: Sequence[int] | None = None,
+    threshold: Any = 0.9,
+    nulls: Any = False,
+    search: Any = False,
+    seed: Any = 0,
+    layers: Any = None,
     compute_dtype: Any = "float64",
     device: Any = "cpu",
-    cache_dir: str | os.PathLike[str] | None = None,
-    loader: Callable[[Any], Any] | None = None,
-    allow_mixed_processing: bool = False,
-    progress: bool = True,
+    cache_dir: Any = None,
+    loader: Any = None,
+    allow_mixed_processing: Any = False,
+    progress: Any = True,
     client: Any = None,
 ) -> Trajectory:
     """Per-head closure across an ordered list of training checkpoints (SPEC section 6).
@@ -372,20 +410,27 @@ def trajectory(
             ``ckpt_step{N}`` dirs or a :class:`~tl_idempotence.sources.lineage.Lineage`. The
             step of a pair is parsed from the label's last number (``"step1000"`` -> 1000)
             or the ``checkpoint_value``; NaN if neither (figures then use the order).
-        heads: ``[(layer, head)]`` to keep (default: all heads); only their layers are measured.
-        threshold: P threshold of a "closed" head (paper: 0.9).
-        nulls: orientation-scramble draws per head (``True`` = 64), adds ``P_scrambled_median``.
-        search: run the constructive search (adds the layer's ``feasible_P``; slow).
-        seed: seed of the nulls and the search (the same for every checkpoint).
-        layers: restrict to these layer indices.
+        heads (Sequence[tuple[int, int]] | None): ``[(layer, head)]`` to keep (default: all
+            heads); only their layers are measured.
+        threshold (float): P threshold of a "closed" head (paper: 0.9).
+        nulls (bool | int): orientation-scramble draws per head (``True`` = 64), adds
+            ``P_scrambled_median``.
+        search (bool): run the constructive search (adds the layer's ``feasible_P``; slow).
+        seed (int): seed of the nulls and the search (the same for every checkpoint).
+        layers (Sequence[int] | None): restrict to these layer indices.
         compute_dtype, device: as for the report.
-        cache_dir: directory of per-checkpoint resume parts (parquet + JSON), keyed on each
-            layer's weight fingerprint and the options (see the module docstring).
-        loader: ``loader(spec) -> model`` used instead of the built-in loading for path and
-            hub checkpoints (e.g. ``tl_idempotence.sources.tl.bridge_from_dir``).
-        allow_mixed_processing: measure checkpoints whose weights were processed differently
-            (raw vs TransformerLens ``fold_ln``/centring) anyway, marking them; by default refuse.
-        progress: tqdm bar over checkpoints.
+        cache_dir (str | os.PathLike | None): directory of per-checkpoint resume parts (parquet +
+            JSON), keyed on each layer's weight fingerprint and the options (see the module
+            docstring): a cached layer is reused only when its weights are byte for byte the
+            same, whatever the file's name, size or mtime.
+        loader (Callable | None): ``loader(spec) -> model`` used instead of the built-in loading
+            for path and hub checkpoints (e.g. ``tl_idempotence.sources.tl.bridge_from_dir``).
+        allow_mixed_processing (bool): measure checkpoints whose weights were processed
+            differently (raw vs TransformerLens ``fold_ln``/centring) anyway, marking them; by
+            default refuse.
+        progress (bool): tqdm bar over checkpoints.
+
+    Options are annotated ``Any``: each is validated here, where it enters.
         client: a ``distributed.Client``: run one task per checkpoint on that Dask cluster
             (see :func:`tl_idempotence.studies.sweep.sweep`); paths only.
 
@@ -404,15 +449,14 @@ def trajectory(
     threshold = check_threshold(threshold)
     progress = check_bool(progress, "progress")
     allow_mixed_processing = check_bool(allow_mixed_processing, "allow_mixed_processing")
+    if loader is not None and not callable(loader):
+        raise OptionTypeError(f"loader must be None or a callable loader(spec) -> model; got {type(loader).__name__}.")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise OptionTypeError(f"cache_dir must be None or a directory path; got {type(cache_dir).__name__}.")
     ckpts = _normalize(checkpoints)
     head_set: list[tuple[int, int]] | None = None
     if heads is not None:
-        try:
-            head_set = sorted({(int(a), int(b)) for a, b in heads})
-        except (TypeError, ValueError) as e:
-            raise OptionTypeError(f"heads must be a sequence of (layer, head) integer pairs; got {heads!r:.80}.") from e
-        if not head_set:
-            raise OptionError("heads is empty; pass None for all heads.")
+        head_set = _head_pairs(heads)
     want = check_layers(layers)
     run_layers: list[int] | None = None if want is None else sorted(want)
     if head_set is not None:
@@ -433,7 +477,13 @@ def trajectory(
     )
     options = {**opts.as_dict(), "heads": head_set}
     if cache_dir is not None:
-        Path(cache_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        cdir = Path(cache_dir).expanduser()
+        if cdir.exists() and not cdir.is_dir():
+            raise OptionError(f"cache_dir={str(cache_dir)!r} is a file, not a directory.")
+        try:
+            cdir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OptionError(f"Cannot create cache_dir {cdir}: {e.strerror or e}.") from e
     if client is not None:
         from .sweep import run_trajectory_on_cluster
 
@@ -464,8 +514,31 @@ def trajectory(
                 del model  # drop our reference before the next checkpoint is loaded
                 if collect:
                     gc.collect()
+            if head_set is not None:
+                _check_heads(c, rep, head_set)
             results.append((c, rep, time.perf_counter() - t0))
     return _combine(results, opts, options, head_set, allow_mixed_processing)
+
+
+def _differs(key: tuple[Any, ...], ref: tuple[Any, ...], conflicts: list[str]) -> str:
+    """The conflicting processing flags on which ``key`` differs from the first checkpoint's ``ref`` ("" if none)."""
+    out = []
+    for n, k in enumerate(PROCESSING_FLAGS):
+        if k in conflicts and key[n] is not None and ref[n] is not None and key[n] != ref[n]:
+            out.append(f"{k}={key[n]} (first checkpoint: {ref[n]})")
+    return ", ".join(out)
+
+
+def _check_heads(c: _Ckpt, rep: Any, head_set: list[tuple[int, int]]) -> None:
+    """Refuse ``heads`` that the checkpoint does not have (checked as soon as it is measured)."""
+    hd = rep.heads
+    have = set(zip(hd["layer"].astype(int), hd["head"].astype(int)))
+    absent = [lh for lh in head_set if lh not in have]
+    if absent:
+        raise OptionError(
+            f"Checkpoint {c.label!r} has no heads {absent[:10]} (layer, head): it has {rep.info.n_heads} heads per "
+            "layer."
+        )
 
 
 def _combine(
@@ -478,9 +551,14 @@ def _combine(
     """The trajectory tables from per-checkpoint reports (in checkpoint order)."""
     threshold = opts.threshold
     procs = {c.label: _processing_key(rep.summary) for c, rep, _ in results}
-    if len(set(procs.values())) > 1:
+    # A flag conflicts when two checkpoints record different known values (None = not recorded).
+    conflicts = [
+        k for n, k in enumerate(PROCESSING_FLAGS) if len({key[n] for key in procs.values() if key[n] is not None}) > 1
+    ]
+    if conflicts:
         detail = "; ".join(
-            f"{lab}: " + ", ".join(f"{k}={v}" for k, v in zip(PROCESSING_FLAGS, key)) for lab, key in procs.items()
+            f"{lab}: " + ", ".join(f"{k}={v}" for k, v in zip(PROCESSING_FLAGS, key) if k in conflicts)
+            for lab, key in procs.items()
         )
         msg = (
             f"The checkpoints' weights were processed differently ({detail}); processing changes T and so P "
@@ -489,6 +567,7 @@ def _combine(
         if not allow_mixed:
             raise OptionError(msg + " Measure them all raw (or all processed), or pass allow_mixed_processing=True.")
         warnings.warn(msg, UserWarning, stacklevel=3)
+    first_proc = procs[results[0][0].label] if results else ()
     fps = {c.label: dict(zip(rep.layers["layer"].astype(int), rep.layers["fingerprint"])) for c, rep, _ in results}
     rel = checkpoint_relations(fps).set_index("checkpoint")
     dup = rel[(rel["identical_to"] != "") | (rel["shares_layers_with"] != "")]
@@ -510,10 +589,7 @@ def _combine(
     for c, rep, seconds in results:
         hd, ld = rep.heads.reset_index(drop=True), rep.layers
         if head_set is not None:
-            have = set(zip(hd["layer"].astype(int), hd["head"].astype(int)))
-            absent = [lh for lh in head_set if lh not in have]
-            if absent:
-                raise OptionError(f"Checkpoint {c.label!r} has no heads {absent[:10]} (layer, head).")
+            _check_heads(c, rep, head_set)
             keep = [(int(a), int(b)) in set(head_set) for a, b in zip(hd["layer"], hd["head"])]
             hd = hd[keep]
         if "feasible_P" in ld:
@@ -539,6 +615,7 @@ def _combine(
             "shares_layers_with": r["shares_layers_with"],
             "n_shared_layers": int(r["n_shared_layers"]),
             **{f"processing_{k}": v for k, v in zip(PROCESSING_FLAGS, procs[c.label])},
+            "processing_differs": _differs(procs[c.label], first_proc, conflicts),
         }
         if "P_scrambled_median" in hd:
             row["median_P_scrambled"] = float(np.nanmedian(hd["P_scrambled_median"].to_numpy(dtype=float)))
