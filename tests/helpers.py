@@ -307,3 +307,56 @@ class Interrupting:
 
     def __iter__(self):
         return (self.layer_heads(l) for l in self.layers())
+
+
+# --------------------------------------------------------------------------- GGUF files with chosen metadata
+
+
+def write_gguf_file(path: Path, O, V, *, meta=None, drop=(), tensors=None, post_norm=False, arch="llama") -> Path:
+    """A GGUF file with llama.cpp names: ``blk.{l}.attn_v`` / ``attn_output`` (F32) and ``ffn_norm`` per layer.
+
+    ``meta`` overrides or adds metadata (int -> uint32, negative int -> int32, float -> float32, bool,
+    str, list -> array), ``drop`` leaves keys out (also ``general.architecture``), ``tensors`` adds
+    more tensors, ``post_norm`` adds ``blk.{l}.post_attention_norm.weight`` (Gemma-2/OLMo-2 style).
+    """
+    import gguf
+
+    nq, dm, dh = O[0].shape
+    nkv = V[0].shape[0]
+    w = gguf.GGUFWriter(str(path), arch)
+    kv = {
+        f"{arch}.block_count": len(O),
+        f"{arch}.embedding_length": dm,
+        f"{arch}.attention.head_count": nq,
+        f"{arch}.attention.head_count_kv": nkv,
+        f"{arch}.attention.key_length": dh,
+        **(meta or {}),
+    }
+    for k in drop:
+        kv.pop(k, None)
+        w.kv_data[0].pop(k, None)
+    for k, v in kv.items():
+        w.kv_data[0].pop(k, None)  # the writer adds general.architecture itself
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, int):
+            (w.add_uint32 if v >= 0 else w.add_int32)(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        elif isinstance(v, str):
+            w.add_string(k, v)
+        else:
+            w.add_array(k, list(v))
+    for l in range(len(O)):
+        w.add_tensor(f"blk.{l}.attn_v.weight", V[l].transpose(1, 2).reshape(nkv * dh, dm).numpy().copy())
+        w.add_tensor(f"blk.{l}.attn_output.weight", O[l].permute(1, 0, 2).reshape(dm, nq * dh).numpy().copy())
+        w.add_tensor(f"blk.{l}.ffn_norm.weight", np.ones(dm, np.float32))
+        if post_norm:
+            w.add_tensor(f"blk.{l}.post_attention_norm.weight", np.ones(dm, np.float32))
+    for name, arr in (tensors or {}).items():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

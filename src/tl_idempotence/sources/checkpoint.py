@@ -17,29 +17,74 @@ Where each architecture keeps those tensors is :mod:`.architectures`; how bytes 
 is :mod:`.stores`. The weights are the checkpoint's own: no LayerNorm folding, no centring
 (``processing["raw"] = True``).
 
-Errors name the file and the tensor (:class:`~tl_idempotence.errors.CheckpointError`): a
-truncated shard, a missing tensor, a shape that does not match ``config.json``, NaN/inf
-in a weight (also the layer and head), an index that points to a missing shard
-(:class:`~tl_idempotence.errors.MissingFileError`), an unknown architecture.
+Files are checked before anything is measured, and every way a file can lie is refused with
+an error naming the file (:class:`~tl_idempotence.errors.CheckpointError` unless said otherwise;
+details in :mod:`.stores`):
+
+* **ambiguous directories** — without an index, two ``*.safetensors`` files holding a tensor of
+  the same name, or two complete sets of attention tensors (different roots) in disjoint files;
+  with an index, an unindexed ``*.safetensors`` file holding attention tensors. Safe, and read
+  together: unindexed shards with disjoint tensor names; unindexed files without attention
+  tensors next to an index;
+* **layer counts that lie** — a config / GGUF ``block_count`` declaring fewer layers than the
+  files hold tensors for (``layers.{l}.`` / ``blk.{l}.`` with ``l >= n_layers``; extra
+  multi-token-prediction layers declared by ``num_nextn_predict_layers`` are allowed), or more
+  than they hold (a missing tensor; both name the declared and the found counts);
+* **malformed metadata** — a ``config.json`` that is not a JSON object or not UTF-8, a size
+  that is not a positive integer (``"four"``, ``4.0``, ``true``, ``0``, ``-1``), an index whose
+  ``weight_map`` is not an object of ``.safetensors`` file names in the directory, GGUF
+  metadata that is missing, not an integer or not positive (names the file and the field);
+* **broken files** — missing (:class:`~tl_idempotence.errors.MissingFileError`), a directory,
+  FIFO or other non-regular file (never opened), a dangling symbolic link or a link loop,
+  permission denied, empty, a Git LFS pointer, a corrupt header, a truncated file, a file with
+  trailing bytes, a missing tensor, a shape that does not match the config, NaN/inf in a
+  weight (also the layer and head);
+* **options** — ``architecture`` (``None``, a table name, an entry dict), ``prefix`` (``None``
+  or a string), ``check_finite`` (a bool) and unknown keywords
+  (:class:`~tl_idempotence.errors.UnknownOptionError`) are checked where they enter.
+
+Models whose attention output passes through a norm after ``W_O`` (Gemma-2/3, OLMo-2: the
+table entry's ``post_attention_norm``, checked to be in the files) are measured on ``W_O``
+alone; ``info.extra["post_attention_norm"]`` says so, and the report's summary notes it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..core.files import read_json, sha256_file
+from ..core.files import sha256_file
 from ..core.heads import LayerHeads, ModelInfo, Sizes, check_weights, kv_layout
-from ..core.options import check_bool
-from ..errors import CheckpointError, MissingFileError, OptionError
-from .architectures import architecture_table, expected_shape, how_to_add, resolve_architecture, sizes_from_config
-from .stores import FLOAT_DTYPES, GGUFStore, ModuleStore, SafetensorsStore
+from ..core.options import check_bool, strict_kwargs
+from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
+from .architectures import (
+    architecture_table,
+    attention_regex,
+    check_architecture,
+    expected_shape,
+    how_to_add,
+    layer_regex,
+    resolve_architecture,
+    sizes_from_config,
+)
+from .stores import FLOAT_DTYPES, GGUFStore, ModuleStore, SafetensorsStore, check_file, read_metadata_json
 
 __all__ = ["CheckpointSource", "from_gguf", "from_hf_dir", "from_path", "from_transformers", "is_transformers_model"]
+
+
+def _complete_roots(keys: list[str], entry: dict[str, Any]) -> list[str]:
+    """Tensor-name roots under which layer 0 has both its V and its O tensor."""
+    keyset = set(keys)
+    v0 = entry["layer"].format(l=0) + entry["v"]["tensor"]
+    o0 = entry["layer"].format(l=0) + entry["o"]["tensor"]
+    roots = {k[: -len(v0)] for k in keys if k.endswith(v0) and k[: -len(v0)] + o0 in keyset}
+    return sorted(r for r in roots if r == "" or r.endswith("."))
 
 
 def _find_root(keys: list[str], entry: dict[str, Any], s: Sizes, prefix: str | None, where: str) -> str:
@@ -50,8 +95,7 @@ def _find_root(keys: list[str], entry: dict[str, Any], s: Sizes, prefix: str | N
         if prefix + v0 not in keyset:
             raise CheckpointError(f"{where}: tensor {prefix + v0!r} not found (prefix={prefix!r}).")
         return prefix
-    roots = [k[: -len(v0)] for k in keys if k.endswith(v0) and k[: -len(v0)] + o0 in keyset]
-    roots = [r for r in roots if r == "" or r.endswith(".")]
+    roots = _complete_roots(keys, entry)
     if not roots:
         near = [k for k in keys if ".0." in k and ("attn" in k or "attention" in k)][:6]
         raise CheckpointError(
@@ -64,7 +108,51 @@ def _find_root(keys: list[str], entry: dict[str, Any], s: Sizes, prefix: str | N
     def rank(r: str) -> tuple[int, int, int]:
         return (r + last not in keyset, not any(w in r for w in ("language_model", "text")), len(r))
 
-    return sorted(set(roots), key=rank)[0]
+    return sorted(roots, key=rank)[0]
+
+
+def _layer_list(layers: list[int]) -> str:
+    """``"layers 0..29"`` for a contiguous run, else the first indices."""
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}..{layers[-1]}"
+    return f"layers {layers[:12]}{' ...' if len(layers) > 12 else ''}"
+
+
+def _attention_files(store: SafetensorsStore, entry: dict[str, Any], root: str) -> set[str]:
+    """The files that hold ``root``'s attention V/O tensors (any layer)."""
+    rx = layer_regex(root, entry)
+    ends = (entry["v"]["tensor"], entry["o"]["tensor"])
+    return {f for k, f in store.map.items() if rx.match(k) and k.endswith(ends)}
+
+
+def _check_roots_unambiguous(store: SafetensorsStore, entry: dict[str, Any], root: str) -> None:
+    """Without an index, two complete attention sets in disjoint files are two models, not one."""
+    if store.index_file is not None or len(set(store.map.values())) < 2:
+        return
+    mine = _attention_files(store, entry, root)
+    for other in _complete_roots(store.keys(), entry):
+        theirs = _attention_files(store, entry, other)
+        if other != root and not (theirs & mine):
+            raise CheckpointError(
+                f"{store.dir} is ambiguous: it holds two complete sets of attention tensors in different files and "
+                f"no model.safetensors.index.json — root {root!r} in {sorted(mine)} and root {other!r} in "
+                f"{sorted(theirs)}. One is likely a stray file from another model: move it out of the directory, "
+                "or pass prefix= to say which root to measure."
+            )
+
+
+def _post_attention_note(keys: list[str], entry: dict[str, Any], root: str, n_layers: int) -> str | None:
+    """The ``info.extra["post_attention_norm"]`` note, when the entry names such a norm and the files hold it."""
+    name = entry.get("post_attention_norm")
+    if not name:
+        return None
+    keyset = set(keys)
+    have = [l for l in range(n_layers) if root + entry["layer"].format(l=l) + name in keyset]
+    if not have:
+        return None
+    example = root + entry["layer"].format(l=have[0]) + name
+    layers = "every layer" if len(have) == n_layers else f"{len(have)} of {n_layers} layers ({have[:8]})"
+    return f"the attention output passes through a norm after W_O ({example!r}, {layers})"
 
 
 class CheckpointSource:
@@ -76,11 +164,23 @@ class CheckpointSource:
     per layer. Memory: one layer's O and V.
 
     Every layer's tensor names, shapes and dtypes are checked against the config
-    when the source is made (headers only), so a bad file fails before any work.
+    when the source is made (headers only), so a bad file fails before any work; so is
+    the layer count: tensors of a layer ``>= n_layers`` (beyond ``extra_layers`` declared
+    multi-token-prediction layers) mean the config does not describe these files.
+
+    Args:
+        store, sizes, entry, arch, root, info: the tensor store, the config's sizes, the
+            architecture entry and name, the tensor-name root, what is measured.
+        check_finite: raise on NaN/inf as each layer is read.
+        v_entry: the V part to use instead of ``entry["v"]`` (GGUF fused QKV).
+        declared_by: where ``sizes.n_layers`` comes from, for messages.
+        extra_layers: layers after ``n_layers`` the files may hold and that are not measured.
+        sizes_from: where the other sizes come from, for messages (default ``declared_by``).
 
     Raises:
-        ValueError: missing tensor, shape mismatch with the config, unsupported dtype,
-            non-finite weight (on reading the layer; names file, tensor, layer, head).
+        CheckpointError: missing tensor, more or fewer layers in the files than declared, shape
+            mismatch with the config, unsupported dtype (names the file and the tensor);
+            non-finite weight on reading the layer (names file, tensor, layer, head).
     """
 
     def __init__(
@@ -93,6 +193,9 @@ class CheckpointSource:
         info: ModelInfo,
         check_finite: bool = True,
         v_entry: dict[str, Any] | None = None,
+        declared_by: str = "the config",
+        extra_layers: int = 0,
+        sizes_from: str | None = None,
     ):
         self.store, self.sizes, self.arch, self.root = store, sizes, arch, root
         self.v_entry = v_entry or entry["v"]
@@ -100,28 +203,55 @@ class CheckpointSource:
         self.layer_tpl = entry["layer"]
         self.check = check_finite
         self.info = info
-        self._kv = kv_layout(sizes.n_heads, sizes.n_kv_heads)
+        self.declared_by = declared_by
+        self.sizes_from = sizes_from or declared_by
+        self.extra_layers = extra_layers
         if self.v_entry["layout"] == "neox_qkv" and sizes.n_kv_heads != sizes.n_heads:
             raise CheckpointError(
-                f"{arch}: the neox_qkv layout has one kv head per query head; config says "
+                f"{arch}: the neox_qkv layout has one kv head per query head; {declared_by} says "
                 f"{sizes.n_heads} heads, {sizes.n_kv_heads} kv heads."
             )
         self._validate()
+        self._kv = kv_layout(sizes.n_heads, sizes.n_kv_heads)  # after _validate: the sizes fit the tensors
 
     def names(self, layer: int) -> tuple[str, str]:
         """Full tensor names ``(v_name, o_name)`` of one layer."""
         pre = self.root + self.layer_tpl.format(l=layer)
         return pre + self.v_entry["tensor"], pre + self.o_entry["tensor"]
 
+    def _layers_found(self, keys: set[str]) -> dict[int, str]:
+        """Layer index -> one tensor name of that layer, for every layer the store holds tensors of."""
+        rx = layer_regex(self.root, {"layer": self.layer_tpl})
+        found: dict[int, str] = {}
+        for k in sorted(keys):
+            m = rx.match(k)
+            if m:
+                found.setdefault(int(m.group(1)), k)
+        return found
+
     def _validate(self) -> None:
         keys = set(self.store.keys())
+        n = self.sizes.n_layers
+        found = self._layers_found(keys)
+        beyond = sorted(l for l in found if l >= n + self.extra_layers)
+        if beyond:
+            mtp = f" (+{self.extra_layers} multi-token-prediction layers)" if self.extra_layers else ""
+            key = found[beyond[0]]
+            raise CheckpointError(
+                f"{self._where_all()} holds tensors of {len(found)} layers ({_layer_list(sorted(found))}; e.g. "
+                f"{key!r} in {self.store.where(key)}), but {self.declared_by} declares {n} layers{mtp}: measuring "
+                f"only the first {n} would silently leave layers out. The config does not describe these files: fix "
+                "its layer count or use the matching config."
+            )
         wanted: list[tuple[int, str, str]] = []
-        for l in range(self.sizes.n_layers):
+        for l in range(n):
             for kind, name in zip(("v", "o"), self.names(l)):
                 if name not in keys:
+                    held = f"{len(found)} layers ({_layer_list(sorted(found))})" if found else "no layer tensors"
                     raise CheckpointError(
                         f"Missing tensor {name!r} (layer {l} attention {'value' if kind == 'v' else 'output'}) in "
-                        f"{self._where_all()}; config.json says {self.sizes.n_layers} layers."
+                        f"{self._where_all()}; {self.declared_by} declares {n} layers, the files hold tensors of "
+                        f"{held}."
                     )
                 wanted.append((l, kind, name))
         meta = self.store.meta([n for _, _, n in wanted])
@@ -132,10 +262,10 @@ class CheckpointSource:
             if shape != exp:
                 s = self.sizes
                 raise CheckpointError(
-                    f"Tensor {name!r} in {self.store.where(name)} has shape {list(shape)}, but the config "
-                    f"(d_model={s.d_model}, n_heads={s.n_heads}, n_kv_heads={s.n_kv_heads}, d_head={s.d_head}) "
-                    f"and layout {entry['layout']!r} need {list(exp)}. The config does not belong to these weights "
-                    "(or head_dim is wrong)."
+                    f"Tensor {name!r} in {self.store.where(name)} has shape {list(shape)}, but the sizes of "
+                    f"{self.sizes_from} (d_model={s.d_model}, n_heads={s.n_heads}, n_kv_heads={s.n_kv_heads}, "
+                    f"d_head={s.d_head}) and layout {entry['layout']!r} need {list(exp)}. The config does not belong "
+                    "to these weights (or head_dim is wrong)."
                 )
             if self.store.format == "safetensors" and dtype not in FLOAT_DTYPES:
                 raise CheckpointError(
@@ -202,35 +332,102 @@ def _info(name: str, cls: str, s: Sizes, processing: dict[str, Any], extra: dict
     return ModelInfo(**vars(s.sizes), model_name=name, model_class=cls, processing=processing, extra=extra)
 
 
-def from_hf_dir(
-    path: str | os.PathLike,
-    architecture: str | dict[str, Any] | None = None,
-    prefix: str | None = None,
-    check_finite: bool = True,
-) -> CheckpointSource:
+def _check_prefix(prefix: Any) -> str | None:
+    if prefix is not None and not isinstance(prefix, str):
+        raise OptionTypeError(
+            f"prefix must be None (auto-detect) or the tensor-name root as a string such as 'model.'; got "
+            f"{type(prefix).__name__} {prefix!r}."
+        )
+    return prefix
+
+
+def _check_path(path: Any, name: str = "path") -> Path:
+    if isinstance(path, bytes) or not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"{name} must be a str or os.PathLike path; got {type(path).__name__} {path!r}.")
+    p = Path(path).expanduser()
+    if str(path) == "":
+        raise OptionError(f"{name} is an empty string; pass a model directory or a .gguf file.")
+    return p
+
+
+def _stat_path(p: Path, what: str) -> os.stat_result:
+    """``os.stat`` of a path given by the user, every failure turned into a message naming it."""
+    try:
+        return os.stat(p)
+    except FileNotFoundError as e:
+        if os.path.islink(p):
+            raise CheckpointError(
+                f"{what} {p} is a dangling symbolic link: it points to {os.readlink(p)!r}, which does not exist."
+            ) from e
+        raise MissingFileError(
+            f"{str(p)!r} is not an existing file or directory. Pass a local Hugging Face model directory or a .gguf "
+            "file (nothing is downloaded), or a model from tl_idempotence.models.load(...)."
+        ) from e
+    except PermissionError as e:
+        raise CheckpointError(f"Cannot read {what} {p}: permission denied ({e.strerror}).") from e
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CheckpointError(f"{what} {p} is a symbolic-link loop; replace it with the real path.") from e
+        raise CheckpointError(f"Cannot read {what} {p}: {e.strerror or e}.") from e
+
+
+def _extra_layers(config: dict[str, Any], where: str) -> int:
+    """Multi-token-prediction layers stored after the declared ones (``num_nextn_predict_layers``)."""
+    v = config.get("num_nextn_predict_layers")
+    if v is None:
+        return 0
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise CheckpointError(f"{where}: 'num_nextn_predict_layers' = {v!r} is not a non-negative integer.")
+    return v
+
+
+@strict_kwargs
+def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_finite: Any = True) -> CheckpointSource:
     """Source over a Hugging Face directory (``config.json`` + safetensors shards).
 
+    What a directory may hold: ``model.safetensors.index.json`` naming the shard of every
+    tensor (other ``*.safetensors`` files must then hold no attention tensors), or, without an
+    index, ``*.safetensors`` shards with disjoint tensor names (see the module docstring for
+    everything that is refused).
+
     Args:
-        path: the directory.
-        architecture: force a table entry (a ``model_type`` key) or pass a custom entry dict.
-        prefix: the tensor-name root (e.g. ``"model."``); auto-detected by default.
+        path: the directory (``str`` or ``os.PathLike``).
+        architecture: ``None`` (from ``config.json``), a table name (a ``model_type`` key or
+            alias) to force, or a custom entry dict
+            (:func:`~tl_idempotence.sources.architectures.check_entry`).
+        prefix: ``None`` or the tensor-name root (e.g. ``"model."``); auto-detected by default.
         check_finite: raise on NaN/inf weights (names file, tensor, layer, head).
 
     Raises:
-        MissingFileError: no config.json, or the index points to a missing shard.
-        CheckpointError: unknown architecture, malformed config, truncated shard, missing tensor,
-            shape mismatch (each names the file).
+        OptionTypeError / OptionError / UnknownOptionError: a bad argument.
+        MissingFileError: no directory, no config.json, or the index points to a missing shard.
+        CheckpointError: an ambiguous directory, a malformed config or index, a broken shard
+            (truncated, trailing bytes, corrupt header, not a file, ...), a layer count that
+            does not match the files, a missing tensor, a shape mismatch, an unknown
+            architecture (each names the file).
     """
+    d = _check_path(path)
+    architecture = check_architecture(architecture)
+    prefix = _check_prefix(prefix)
     check_finite = check_bool(check_finite, "check_finite")
-    d = Path(path)
+    st = _stat_path(d, "model directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise CheckpointError(f"{d} is not a directory: a Hugging Face checkpoint is a folder with config.json.")
     cfg_file = d / "config.json"
-    if not cfg_file.is_file():
+    if not os.path.lexists(cfg_file):
         raise MissingFileError(f"{d} has no config.json: a Hugging Face model directory needs it for the head sizes.")
-    config = read_json(cfg_file, CheckpointError, "config.json")
-    arch, entry = resolve_architecture(config, architecture)
+    config = read_metadata_json(cfg_file, "config.json")
+    if not isinstance(config, dict):
+        raise CheckpointError(
+            f"config.json {cfg_file} is a JSON {type(config).__name__}, not an object: it is not a model config."
+        )
+    arch, entry = resolve_architecture(config, architecture, str(cfg_file))
     sizes = sizes_from_config(config, str(cfg_file))
-    store = SafetensorsStore(d)
+    extra_layers = _extra_layers(config, str(cfg_file))
+    store = SafetensorsStore(d, attention=attention_regex(entry))
     root = _find_root(store.keys(), entry, sizes, prefix, str(store.index_file or d))
+    if prefix is None:
+        _check_roots_unambiguous(store, entry, root)
     files = sorted(set(store.map.values()))
     processing = {
         "raw": True,
@@ -245,56 +442,101 @@ def from_hf_dir(
     if store.index_file is not None:
         processing["index_sha256"] = sha256_file(store.index_file)
     else:
-        headers: dict[str, str] = {}
-        for f in files:  # the header (names, shapes, offsets) identifies a single-file checkpoint cheaply
-            with open(d / f, "rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-            headers[f] = sha256_file(d / f, limit=8 + n)
-        processing["header_sha256"] = headers
+        # the header (names, shapes, offsets) identifies a single-file checkpoint cheaply
+        processing["header_sha256"] = {f: sha256_file(d / f, limit=8 + store.header(f).header_len) for f in files}
     name = str(config.get("_name_or_path") or d.name)
-    extra = {"format": "safetensors", "path": str(d), "architecture": arch, "tensor_root": root}
+    extra: dict[str, Any] = {"format": "safetensors", "path": str(d), "architecture": arch, "tensor_root": root}
+    note = _post_attention_note(store.keys(), entry, root, sizes.n_layers)
+    if note:
+        extra["post_attention_norm"] = note
     info = _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra)
-    return CheckpointSource(store, sizes, entry, arch, root, info, check_finite=check_finite)
+    return CheckpointSource(
+        store,
+        sizes,
+        entry,
+        arch,
+        root,
+        info,
+        check_finite=check_finite,
+        declared_by=f"config.json ({cfg_file})",
+        extra_layers=extra_layers,
+    )
 
 
-def from_gguf(path: str | os.PathLike, check_finite: bool = True) -> CheckpointSource:
+@strict_kwargs
+def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
     """Source over a GGUF file: llama.cpp tensor names, sizes from its metadata.
 
     ``{arch}.attention.head_count`` / ``head_count_kv`` / ``embedding_length`` /
-    ``block_count`` / ``key_length`` (d_head; default ``embedding_length // head_count``).
-    Quantized tensors are dequantized one layer at a time with :func:`gguf.quants.dequantize`.
+    ``block_count`` / ``value_length`` (d_head, the width of V and O per head; else
+    ``key_length``, else ``embedding_length // head_count``),
+    where ``arch`` is ``general.architecture``; each must be a positive integer (a per-layer
+    array must be constant). Quantized tensors are dequantized one layer at a time with
+    :func:`gguf.quants.dequantize`.
 
     Raises:
-        CheckpointError: truncated/unreadable file, missing metadata or tensor, shape mismatch.
+        OptionTypeError / UnknownOptionError: a bad argument.
+        MissingFileError: no such file.
+        CheckpointError: not a regular file / not GGUF / truncated / trailing bytes / corrupt
+            metadata; a missing, non-integer or non-positive metadata value (names the key); a
+            layer count that does not match the tensors; a missing tensor; a shape mismatch.
     """
+    p = _check_path(path)
     check_finite = check_bool(check_finite, "check_finite")
-    p = Path(path)
     store = GGUFStore(p)
+    parts = store.field("split.count")
+    if isinstance(parts, int) and not isinstance(parts, bool) and parts > 1:
+        no = store.field("split.no")
+        which = f"part {no + 1} of {parts}" if isinstance(no, int) else f"one of {parts} parts"
+        raise CheckpointError(
+            f"GGUF file {p} is {which} of a split GGUF (split.count = {parts}): it holds only some of the layers. "
+            "Merge the parts first (llama-gguf-split --merge FIRST_PART OUT.gguf)."
+        )
     arch = store.field("general.architecture")
-    if not arch:
-        raise CheckpointError(f"{p}: no general.architecture in the GGUF metadata.")
+    if arch is None:
+        raise CheckpointError(f"GGUF file {p}: no general.architecture in its metadata (the key that names the sizes).")
+    if not isinstance(arch, str) or not arch:
+        raise CheckpointError(f"GGUF file {p}: general.architecture = {arch!r} is not an architecture name.")
 
-    def num(key: str, default: Any = None) -> int:
-        v = store.field(f"{arch}.{key}", default)
+    def num(key: str, default: int | None = None) -> int:
+        full = f"{arch}.{key}"
+        v = store.field(full)
         if v is None:
-            raise CheckpointError(f"{p}: GGUF metadata lacks {arch}.{key}.")
+            if default is None:
+                raise CheckpointError(f"GGUF file {p}: its metadata lacks {full} (needed for the attention sizes).")
+            return default
         if isinstance(v, (list, tuple)):
-            if len(set(v)) != 1:
+            if not v or len(set(v)) != 1:
                 raise CheckpointError(
-                    f"{p}: {arch}.{key} varies by layer ({v}); per-layer head counts are not supported."
+                    f"GGUF file {p}: {full} varies by layer ({v[:8]}{' ...' if len(v) > 8 else ''}); per-layer head "
+                    "counts are not supported."
                 )
             v = v[0]
-        return int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise CheckpointError(f"GGUF file {p}: {full} = {v!r} is a {type(v).__name__}, not an integer.")
+        if v <= 0:
+            raise CheckpointError(f"GGUF file {p}: {full} = {v} must be a positive integer.")
+        return v
 
     n_heads = num("attention.head_count")
     d_model = num("embedding_length")
-    sizes = Sizes(
-        n_layers=num("block_count"),
-        n_heads=n_heads,
-        n_kv_heads=num("attention.head_count_kv", n_heads),
-        d_model=d_model,
-        d_head=num("attention.key_length", d_model // n_heads),
-    )
+    n_layers = num("block_count")
+    n_kv = num("attention.head_count_kv", n_heads)
+    if store.field(f"{arch}.attention.value_length") is not None:  # V and O are value_length wide
+        d_head = num("attention.value_length")
+    elif store.field(f"{arch}.attention.key_length") is not None:
+        d_head = num("attention.key_length")
+    elif d_model % n_heads:
+        raise CheckpointError(
+            f"GGUF file {p}: no {arch}.attention.value_length or key_length, and embedding_length={d_model} is not "
+            f"a multiple of head_count={n_heads}: the head size is unknown."
+        )
+    else:
+        d_head = d_model // n_heads
+    try:
+        sizes = Sizes(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head)
+    except ValueError as e:
+        raise CheckpointError(f"GGUF file {p}: inconsistent attention sizes ({e})") from e
     entry = dict(architecture_table()["gguf"])
     v_entry = entry["v"]
     if entry["layer"].format(l=0) + entry["v"]["tensor"] not in store.tensors:
@@ -319,23 +561,48 @@ def from_gguf(path: str | os.PathLike, check_finite: bool = True) -> CheckpointS
         ),
     }
     name = str(store.field("general.name") or p.stem)
-    extra = {"format": "gguf", "path": str(p), "architecture": f"gguf:{arch}", "tensor_root": ""}
+    extra: dict[str, Any] = {"format": "gguf", "path": str(p), "architecture": f"gguf:{arch}", "tensor_root": ""}
+    note = _post_attention_note(store.keys(), entry, "", sizes.n_layers)
+    if note:
+        extra["post_attention_norm"] = note
     info = _info(name, f"GGUF checkpoint ({arch})", sizes, processing, extra)
-    return CheckpointSource(store, sizes, entry, f"gguf:{arch}", "", info, check_finite=check_finite)
+    return CheckpointSource(
+        store,
+        sizes,
+        entry,
+        f"gguf:{arch}",
+        "",
+        info,
+        check_finite=check_finite,
+        declared_by=f"the GGUF metadata ({arch}.block_count = {n_layers})",
+        sizes_from=f"the GGUF metadata of {p}",
+    )
 
 
+@strict_kwargs
 def from_transformers(
-    model: Any, architecture: str | dict[str, Any] | None = None, prefix: str | None = None, check_finite: bool = True
+    model: Any, architecture: Any = None, prefix: Any = None, check_finite: Any = True
 ) -> CheckpointSource:
     """Source over a loaded ``transformers`` ``PreTrainedModel`` (read only; nothing is copied or modified).
 
+    Args:
+        model: the model.
+        architecture, prefix, check_finite: see :func:`from_hf_dir`.
+
     Raises:
-        CheckpointError: unknown architecture, missing parameter, shape mismatch, meta-device weights.
+        OptionTypeError / OptionError / UnknownOptionError: a bad argument.
+        CheckpointError: unknown architecture, a config that is not a dict of sizes, missing
+            parameter, more layers than the config declares, shape mismatch, meta-device weights.
     """
+    architecture = check_architecture(architecture)
+    prefix = _check_prefix(prefix)
     check_finite = check_bool(check_finite, "check_finite")
     config = model.config.to_dict()
-    arch, entry = resolve_architecture(config, architecture)
-    sizes = sizes_from_config(config, f"{type(model).__name__}.config")
+    where = f"{type(model).__name__}.config"
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{where}.to_dict() gave a {type(config).__name__}, not a dict.")
+    arch, entry = resolve_architecture(config, architecture, where)
+    sizes = sizes_from_config(config, where)
     store = ModuleStore(model)
     root = _find_root(store.keys(), entry, sizes, prefix, type(model).__name__)
     processing = {
@@ -346,9 +613,22 @@ def from_transformers(
         "format": "transformers",
     }
     name = str(config.get("_name_or_path") or type(model).__name__)
-    extra = {"format": "transformers", "architecture": arch, "tensor_root": root}
+    extra: dict[str, Any] = {"format": "transformers", "architecture": arch, "tensor_root": root}
+    note = _post_attention_note(store.keys(), entry, root, sizes.n_layers)
+    if note:
+        extra["post_attention_norm"] = note
     info = _info(name, type(model).__name__, sizes, processing, extra)
-    return CheckpointSource(store, sizes, entry, arch, root, info, check_finite=check_finite)
+    return CheckpointSource(
+        store,
+        sizes,
+        entry,
+        arch,
+        root,
+        info,
+        check_finite=check_finite,
+        declared_by=where,
+        extra_layers=_extra_layers(config, where),
+    )
 
 
 def is_transformers_model(x: Any) -> bool:
@@ -356,43 +636,42 @@ def is_transformers_model(x: Any) -> bool:
     return any(c.__name__ == "PreTrainedModel" for c in type(x).__mro__) and hasattr(x, "config")
 
 
-def from_path(
-    path: str | os.PathLike,
-    *,
-    architecture: str | dict[str, Any] | None = None,
-    prefix: str | None = None,
-    check_finite: bool = True,
-) -> CheckpointSource:
+@strict_kwargs
+def from_path(path: Any, *, architecture: Any = None, prefix: Any = None, check_finite: Any = True) -> CheckpointSource:
     """A source over a checkpoint path: a HF model directory, a ``.gguf`` file, or a
     ``.safetensors`` / ``config.json`` file inside a model directory.
 
     Args:
-        path: the path (``~`` expanded); nothing is downloaded.
+        path: the path (``str`` or ``os.PathLike``; ``~`` expanded); nothing is downloaded.
         architecture, prefix: see :func:`from_hf_dir` (safetensors directories only).
         check_finite: raise on NaN/inf weights.
 
     Raises:
+        OptionTypeError / OptionError / UnknownOptionError: a bad argument;
+            ``architecture``/``prefix`` given for a GGUF file (it uses llama.cpp names).
         MissingFileError: the path does not exist.
-        OptionError: ``architecture``/``prefix`` given for a GGUF file (it uses llama.cpp names).
-        CheckpointError: a file that is none of the above, or a bad checkpoint (see :func:`from_hf_dir`).
+        CheckpointError: a path that is none of the above (a FIFO, a symbolic-link loop, a
+            dangling link, another suffix), or a bad checkpoint (see :func:`from_hf_dir`,
+            :func:`from_gguf`).
     """
-    p = Path(path).expanduser()
-    if p.is_dir():
+    p = _check_path(path)
+    architecture = check_architecture(architecture)
+    prefix = _check_prefix(prefix)
+    check_finite = check_bool(check_finite, "check_finite")
+    st = _stat_path(p, "checkpoint path")
+    if stat.S_ISDIR(st.st_mode):
         return from_hf_dir(p, architecture=architecture, prefix=prefix, check_finite=check_finite)
-    if p.is_file():
-        if p.suffix.lower() == ".gguf":
-            if architecture is not None or prefix is not None:
-                raise OptionError(
-                    f"architecture= and prefix= apply to safetensors directories; the GGUF file {p} names its "
-                    "tensors the llama.cpp way (blk.{l}.attn_v.weight) and needs neither."
-                )
-            return from_gguf(p, check_finite=check_finite)
-        if p.suffix in (".safetensors", ".json"):
-            return from_hf_dir(p.parent, architecture=architecture, prefix=prefix, check_finite=check_finite)
-        raise CheckpointError(f"{p}: not a .gguf file, a .safetensors file or a model directory.")
-    if p.exists():
-        raise CheckpointError(f"{p} is neither a regular file nor a directory (a FIFO, socket or device?).")
-    raise MissingFileError(
-        f"{str(path)!r} is not an existing file or directory. Pass a local Hugging Face model directory or a .gguf "
-        "file (nothing is downloaded), or a model from tl_idempotence.models.load(...)."
-    )
+    if p.suffix.lower() == ".gguf":
+        if architecture is not None or prefix is not None:
+            raise OptionError(
+                f"architecture= and prefix= apply to safetensors directories; the GGUF file {p} names its "
+                "tensors the llama.cpp way (blk.{l}.attn_v.weight) and needs neither."
+            )
+        return from_gguf(p, check_finite=check_finite)
+    if p.suffix in (".safetensors", ".json"):
+        if not stat.S_ISREG(st.st_mode):
+            check_file(p, "checkpoint file")  # says what it is instead (a FIFO, a socket, ...)
+        return from_hf_dir(p.parent, architecture=architecture, prefix=prefix, check_finite=check_finite)
+    if not stat.S_ISREG(st.st_mode):
+        check_file(p, "checkpoint path")
+    raise CheckpointError(f"{p}: not a .gguf file, a .safetensors file or a model directory.")

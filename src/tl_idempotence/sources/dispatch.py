@@ -12,7 +12,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..core.heads import HeadSource, LayerHeads, ModelInfo
-from ..errors import OptionError, UnsupportedModelError
+from ..core.options import check_bool, strict_kwargs
+from ..errors import OptionError, OptionTypeError, UnsupportedModelError
+from .architectures import check_architecture
 from .checkpoint import from_path, from_transformers, is_transformers_model
 from .tl import TLModelSource, is_tl_model
 from .zoo import known_models
@@ -75,13 +77,8 @@ class LayerHeadsSource:
             yield self._by_layer[layer]
 
 
-def head_source(
-    model: Any,
-    *,
-    architecture: str | dict[str, Any] | None = None,
-    prefix: str | None = None,
-    check_finite: bool = True,
-) -> HeadSource:
+@strict_kwargs
+def head_source(model: Any, *, architecture: Any = None, prefix: Any = None, check_finite: Any = True) -> HeadSource:
     """Turn a model, a loaded ``transformers`` model, a checkpoint path or LayerHeads into a HeadSource.
 
     Args:
@@ -91,16 +88,24 @@ def head_source(
             ``"zoo:smollm2-135m"``; an existing path of the same name wins unless ``zoo:`` is
             written), a ``LayerHeads`` or a list of them, or an existing
             :class:`~tl_idempotence.core.heads.HeadSource` (returned as is).
-        architecture, prefix: for checkpoint directories and ``transformers`` models only:
-            force the architecture-table entry / the tensor-name root.
-        check_finite: for checkpoint and ``transformers`` sources: raise on NaN/inf as each
-            layer is read (the report loop checks every source's layers in any case).
+        architecture: for checkpoint directories and ``transformers`` models only: ``None``,
+            a table name (``str``) or an entry dict forcing the architecture-table entry.
+        prefix: for the same: ``None`` or the tensor-name root (``str``).
+        check_finite: (``bool``) for checkpoint and ``transformers`` sources: raise on NaN/inf
+            as each layer is read (the report loop checks every source's layers in any case).
 
     Raises:
+        OptionTypeError / OptionError: an option of the wrong type or value (checked for every
+            kind of model, before anything is read).
+        UnknownOptionError: an unknown keyword (names the closest valid ones).
         UnsupportedModelError: an unsupported object (names what is supported).
         OptionError: ``architecture``/``prefix`` with a model that has no use for them.
         MissingFileError / CheckpointError: see :func:`~tl_idempotence.sources.checkpoint.from_path`.
     """
+    architecture = check_architecture(architecture)
+    if prefix is not None and not isinstance(prefix, str):
+        raise OptionTypeError(f"prefix must be None or the tensor-name root as a string; got {type(prefix).__name__}.")
+    check_finite = check_bool(check_finite, "check_finite")
     file_opts = architecture is not None or prefix is not None
     if is_tl_model(model) or (isinstance(model, HeadSource) and not isinstance(model, (str, os.PathLike))):
         if file_opts:
