@@ -9,6 +9,7 @@ Result objects reach these functions by this module's name
 from __future__ import annotations
 
 from .attention import AttentionView, attention_view, report_attention_view
+from .compare import comparison_figure, comparison_headline, comparison_html, save_comparison_html
 from .figures import (
     activation_figure,
     algebra_figures,
@@ -28,11 +29,15 @@ __all__ = [
     "algebra_figures",
     "algebra_summary_figure",
     "attention_view",
+    "comparison_figure",
+    "comparison_headline",
+    "comparison_html",
     "heads_heatmap",
     "report_attention_view",
     "report_figures",
     "report_html",
     "result_html",
+    "save_comparison_html",
     "save_report_html",
     "scramble_figures",
     "trajectory_figure",

@@ -23,7 +23,14 @@ from ..errors import OptionError
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap, scramble_figures
 from .text import format_P, headline, summary_sections
 
-__all__ = ["closed_heads_table", "report_html", "save_report_html"]
+__all__ = [
+    "closed_heads_table",
+    "datatable_html",
+    "datatables_init_html",
+    "display_frame",
+    "report_html",
+    "save_report_html",
+]
 
 
 def _fig_div(fig: Any, first: bool) -> str:
@@ -87,6 +94,21 @@ def _display_frame(df: pd.DataFrame) -> pd.DataFrame:
         if out[col].dtype.kind == "f":
             out[col] = out[col].map(lambda v: f"{v:.6g}")
     return out
+
+
+def datatables_init_html() -> str:
+    """The offline DataTables block (JS/CSS inlined) that a page with :func:`datatable_html` tables needs once."""
+    return _datatables_init()
+
+
+def datatable_html(df: pd.DataFrame) -> str:
+    """A sortable, searchable HTML table of ``df`` (itables, offline mode)."""
+    return _datatable(df)
+
+
+def display_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of ``df`` with float columns as 6-significant-digit strings, for display tables."""
+    return _display_frame(df)
 
 
 def report_html(rep: Any, extra_html: list[str] | None = None) -> str:

@@ -1,0 +1,772 @@
+"""The paper's cross-model table: many models measured with the same options, side by side.
+
+:func:`compare` takes reports, or anything :func:`~tl_idempotence.report.report.idempotence_report`
+accepts (a TransformerLens model, a checkpoint path, a zoo name, a saved report folder, ...),
+measures the ones that are not reports yet with one validated set of options, and returns a
+:class:`Comparison`: ``.table`` (one row per model, numbers only, and the paper's figures for
+reference), ``.heads`` (every per-head row with a ``model`` column), ``.figure()`` and
+``.save_html(path)`` (drawn by :mod:`tl_idempotence.views`).
+
+What is compared is checked, never silently mixed:
+
+* one set of options (threshold, nulls, seed, search, algebra, compute dtype, layers) for
+  every model; a report made with other options is refused, naming it and the options;
+* reports whose weights were processed differently (raw vs TransformerLens ``fold_ln`` /
+  centring, SPEC 10) are flagged (``processing_differs``) and warned about;
+* models with identical measured weights (the same ``weights_fingerprint``) are flagged
+  (``identical_weights``, ``weights_group``) and warned about;
+* labels are unique (a repeated label is refused).
+
+The item model shared with :mod:`tl_idempotence.studies.sweep` lives here: :func:`resolve_items`
+turns the user's items into labelled :class:`Item` records, :func:`open_item` opens one as a
+head source (checkpoint files are streamed layer by layer; a zoo name is read from its cached
+checkpoint files, no TransformerLens model is loaded).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from ..core.heads import HeadSource, LayerHeads
+from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
+from ..core.results import Result, views
+from ..errors import MissingFileError, OptionError, OptionTypeError, TLIError
+from ..report.report import IdempotenceReport, idempotence_report, load_report
+from ..report.store import RECORD
+from ..report.summary import PAPER
+from ..sources.checkpoint import CheckpointSource, is_transformers_model
+from ..sources.dispatch import head_source
+from ..sources.tl import TLModelSource, is_tl_model
+from ..sources.zoo import checkpoint_dir, known_models, model_spec
+
+__all__ = [
+    "COMPARED_OPTIONS",
+    "ITEM_KINDS",
+    "PAPER_LABEL",
+    "PROCESSING_FLAGS",
+    "TABLE_COLUMNS",
+    "Comparison",
+    "Item",
+    "compare",
+    "comparison_table",
+    "measure_item",
+    "open_item",
+    "option_differences",
+    "parameter_count",
+    "processing_key",
+    "resolve_items",
+]
+
+#: What an item can be: a report object, a saved report folder, a checkpoint path, a zoo name,
+#: a model object (TransformerLens / transformers / HeadSource / LayerHeads) or a zero-argument callable.
+ITEM_KINDS = ("report", "saved", "path", "zoo", "object", "callable")
+#: The options every compared report must share (``ReportOptions.key()`` without ``device``, plus ``layers``).
+COMPARED_OPTIONS = ("threshold", "nulls", "seed", "search", "algebra", "compute_dtype", "layers")
+#: The processing flags that change T (SPEC 10), compared between models (the same flags
+#: :data:`tl_idempotence.studies.trajectory.PROCESSING_FLAGS` compares along a trajectory).
+PROCESSING_FLAGS = ("raw", "fold_ln", "center_writing_weights", "fold_value_biases")
+#: ``model`` of the paper's reference rows.
+PAPER_LABEL = "paper"
+#: Columns of :attr:`Comparison.table`, in order.
+TABLE_COLUMNS = [
+    "model",
+    "model_name",
+    "is_paper",
+    "n_params",
+    "n_layers",
+    "n_attention_layers",
+    "n_heads_per_layer",
+    "n_kv_heads",
+    "n_heads_total",
+    "d_model",
+    "d_head",
+    "n_closed",
+    "pct_closed",
+    "median_P",
+    "median_P_scrambled",
+    "pct_beats_scramble",
+    "n_layers_trained_wins",
+    "pct_layers_trained_wins",
+    "n_mismatch_closed",
+    "mismatch_P_max",
+    "n_feasible_layers",
+    "pct_layers_feasible",
+    "raw_weights",
+    "processing_differs",
+    "identical_weights",
+    "weights_group",
+]
+_INT_COLUMNS = (
+    "n_params",
+    "n_layers",
+    "n_attention_layers",
+    "n_heads_per_layer",
+    "n_kv_heads",
+    "n_heads_total",
+    "d_model",
+    "d_head",
+    "n_closed",
+    "n_layers_trained_wins",
+    "n_mismatch_closed",
+    "n_feasible_layers",
+    "weights_group",
+)
+_BOOL_COLUMNS = ("is_paper", "raw_weights", "processing_differs", "identical_weights")
+_ZOO_PREFIX = "zoo:"
+
+
+# --------------------------------------------------------------------------- items
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing to compare or sweep, with its label.
+
+    Attributes:
+        label: the model's label in tables (unique within a comparison).
+        kind: one of :data:`ITEM_KINDS`.
+        value: the report, the ``Path``, the zoo name, the model object or the callable.
+    """
+
+    label: str
+    kind: str
+    value: Any
+
+    def describe(self) -> str:
+        """The item in words (for tables, errors and the sweep record)."""
+        if self.kind in ("path", "saved"):
+            return f"{self.kind} {self.value}"
+        if self.kind == "zoo":
+            return f"zoo model {self.value}"
+        if self.kind == "callable":
+            return f"callable {getattr(self.value, '__qualname__', type(self.value).__name__)}"
+        return f"{self.kind} {type(self.value).__name__}"
+
+
+def _classify_path(p: Path, given: Any) -> str:
+    if not p.exists():
+        raise MissingFileError(
+            f"{str(given)!r} does not exist. Give an existing checkpoint directory or .gguf file, a saved report "
+            f"folder, or a zoo model name ({', '.join(known_models())})."
+        )
+    if p.is_dir() and (p / RECORD).is_file() and not (p / "config.json").exists():
+        return "saved"
+    return "path"
+
+
+def _classify(value: Any, where: str) -> tuple[str, Any]:
+    """``(kind, value)`` of one item."""
+    if isinstance(value, IdempotenceReport):
+        return "report", value
+    if isinstance(value, str):
+        if value.startswith(_ZOO_PREFIX):
+            name = value[len(_ZOO_PREFIX) :]
+            model_spec(name)  # UnknownModelError naming the known models
+            return "zoo", name
+        p = Path(value).expanduser()
+        zoo = value in known_models()
+        if zoo and p.exists():
+            raise OptionError(
+                f"{where}: {value!r} is both a zoo model name and an existing path ({p.resolve()}). Pass "
+                f"pathlib.Path({value!r}) for the folder or {_ZOO_PREFIX + value!r} for the zoo model."
+            )
+        if zoo:
+            return "zoo", value
+        if not p.exists():
+            raise MissingFileError(
+                f"{where}: {value!r} is neither an existing path nor a zoo model name "
+                f"({', '.join(known_models())}). Nothing is downloaded for paths."
+            )
+        return _classify_path(p, value), p
+    if isinstance(value, os.PathLike):
+        p = Path(value).expanduser()
+        return _classify_path(p, value), p
+    if is_tl_model(value) or is_transformers_model(value) or isinstance(value, (HeadSource, LayerHeads)):
+        return "object", value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(x, LayerHeads) for x in value):
+        return "object", value
+    if callable(value):
+        return "callable", value
+    raise OptionTypeError(
+        f"{where}: cannot compare a {type(value).__name__}. Give a report, a TransformerLens or transformers model, "
+        "a checkpoint path, a saved report folder, a zoo model name, LayerHeads, a HeadSource, or a zero-argument "
+        "callable returning one of those."
+    )
+
+
+def _default_label(kind: str, value: Any, where: str) -> str:
+    if kind == "report":
+        return str(value.summary.get("model_name") or "report")
+    if kind in ("path", "saved"):
+        p = Path(value)
+        return p.name if p.is_dir() or p.suffix.lower() not in (".gguf", ".safetensors", ".json") else p.stem
+    if kind == "zoo":
+        return str(value)
+    if kind == "object":
+        for owner, attr in (("cfg", "model_name"), ("info", "model_name"), ("config", "_name_or_path")):
+            name = getattr(getattr(value, owner, None), attr, None)
+            if isinstance(name, str) and name:
+                return name
+        return type(value).__name__
+    raise OptionError(
+        f"{where} is a callable and has no name to show: give the items as a dict {{label: item}} to label it."
+    )
+
+
+def _check_label(label: Any, where: str) -> str:
+    if isinstance(label, bool) or not isinstance(label, (str, int, np.integer)):
+        raise OptionTypeError(f"{where}: a label must be a string (or an int); got {type(label).__name__}.")
+    text = str(label).strip()
+    if not text:
+        raise OptionError(f"{where}: a label must not be empty.")
+    return text
+
+
+def resolve_items(items: Any, allowed: Sequence[str] = ITEM_KINDS, what: str = "compare") -> list[Item]:
+    """Labelled :class:`Item` records from the user's items (order kept).
+
+    Args:
+        items: one item, a sequence of items, or a dict ``{label: item}``. An item is a report,
+            a saved report folder, a checkpoint path (``str``/``Path``), a zoo name (or
+            ``"zoo:NAME"``), a model object or a zero-argument callable (see :data:`ITEM_KINDS`).
+        allowed: the kinds the caller accepts (a sweep runs items on workers: no objects).
+        what: the caller's name, for messages.
+
+    Returns:
+        The items with labels: a dict's keys, else the report's model name, the folder name
+        (or the file stem), the zoo name, the model's ``cfg.model_name``.
+
+    Raises:
+        OptionError: no items, a repeated or empty label, an unlabelled callable, an item kind the
+            caller does not accept, a string that is both a zoo name and a local folder.
+        OptionTypeError: an item of an unsupported type, a label that is not a string.
+        MissingFileError: a path that does not exist. UnknownModelError: ``"zoo:NAME"`` with an unknown name.
+    """
+    if isinstance(items, Mapping):
+        pairs: list[tuple[Any, Any]] = list(items.items())
+        labelled = True
+    else:
+        if isinstance(items, (str, os.PathLike, IdempotenceReport)) or not isinstance(items, Sequence):
+            items = [items]
+        pairs = [(None, v) for v in items]
+        labelled = False
+    if not pairs:
+        raise OptionError(f"{what}() got no items: give reports, models, checkpoint paths or zoo names.")
+    out: list[Item] = []
+    for i, (label, value) in enumerate(pairs):
+        where = f"{what} item {label!r}" if labelled else f"{what} item {i}"
+        kind, val = _classify(value, where)
+        if kind not in allowed:
+            raise OptionError(
+                f"{where} is a {kind} ({type(value).__name__}); {what}() accepts {', '.join(allowed)} items."
+                + (
+                    " A sweep opens each item on a worker process: give a checkpoint path, a zoo name or a "
+                    "zero-argument callable, not a loaded model (use tli.compare for models in memory)."
+                    if kind in ("object", "report", "saved")
+                    else ""
+                )
+            )
+        text = _check_label(label, where) if labelled else _default_label(kind, val, where)
+        out.append(Item(label=text, kind=kind, value=val))
+    labels = [it.label for it in out]
+    dup = sorted({lab for lab in labels if labels.count(lab) > 1})
+    if dup:
+        raise OptionError(
+            f"{what}() got repeated labels {dup}: every model needs its own label. Give the items as a dict "
+            "{label: item}."
+        )
+    return out
+
+
+def open_item(item: Item) -> Any:
+    """What :func:`~tl_idempotence.report.report.idempotence_report` is given for an item.
+
+    A checkpoint path and a zoo name become a streaming head source over the checkpoint
+    files (the zoo's cached fp32 directory, :func:`~tl_idempotence.sources.zoo.checkpoint_dir`);
+    a callable is called (its result is opened the same way); a model object is returned as is.
+
+    Raises:
+        OptionError: a report or saved report (nothing to open), a callable returning a report.
+        The errors of :func:`~tl_idempotence.sources.dispatch.head_source` and of the zoo.
+    """
+    if item.kind in ("report", "saved"):
+        raise OptionError(f"Item {item.label!r} is already a report; there is nothing to measure.")
+    if item.kind == "path":
+        return head_source(Path(item.value))
+    if item.kind == "zoo":
+        return head_source(checkpoint_dir(str(item.value), progress=False))
+    if item.kind == "callable":
+        value = item.value()
+        if isinstance(value, IdempotenceReport):
+            raise OptionError(f"The callable of item {item.label!r} returned a report; return a model or a path.")
+        if isinstance(value, (str, os.PathLike)):
+            kind, val = _classify(value, f"the result of item {item.label!r}")
+            if kind in ("report", "saved"):
+                raise OptionError(f"The callable of item {item.label!r} returned a saved report folder {val}.")
+            return open_item(Item(item.label, kind, val))
+        return value
+    return item.value
+
+
+def parameter_count(source: Any) -> int | None:
+    """Parameters of what a source reads, if known: every tensor of a checkpoint (from the file
+    headers, no data read) or every parameter of a TransformerLens model; else None."""
+    if isinstance(source, CheckpointSource):
+        store = source.store
+        keys = list(store.keys())
+        meta = store.meta(keys)
+        return int(sum(math.prod(shape) for shape, _ in meta.values()))
+    if isinstance(source, TLModelSource):
+        source = source.model
+    if is_tl_model(source) or is_transformers_model(source):
+        return int(sum(p.numel() for p in source.parameters()))
+    return None
+
+
+# --------------------------------------------------------------------------- options
+
+
+def _option_values(opts: ReportOptions) -> dict[str, Any]:
+    key = opts.key()
+    out = {k: key[k] for k in COMPARED_OPTIONS if k != "layers"}
+    out["layers"] = None if opts.layers is None else sorted(opts.layers)
+    return out
+
+
+def option_differences(have: ReportOptions, want: ReportOptions) -> dict[str, tuple[Any, Any]]:
+    """``{option: (have, want)}`` for the :data:`COMPARED_OPTIONS` that differ (the device is not compared:
+    results agree across devices to float64 rounding)."""
+    a, b = _option_values(have), _option_values(want)
+    return {k: (a[k], b[k]) for k in COMPARED_OPTIONS if a[k] != b[k]}
+
+
+def _resolve_options(
+    given: dict[str, Any], reports: dict[str, IdempotenceReport], layers: Any, device: Any
+) -> ReportOptions:
+    """Options: each one given, else the value every report item shares, else the report default."""
+    chosen: dict[str, Any] = {}
+    for name, value in given.items():
+        if value is not None:
+            chosen[name] = value
+            continue
+        seen = {label: getattr(rep.options, name) for label, rep in reports.items()}
+        distinct = {str(v) for v in seen.values()}
+        if len(distinct) > 1:
+            detail = ", ".join(f"{lab}: {v}" for lab, v in seen.items())
+            raise OptionError(
+                f"The reports given were made with different {name} ({detail}); a comparison needs one value. "
+                f"Pass {name}=... and remake the reports that differ."
+            )
+        if seen:
+            chosen[name] = next(iter(seen.values()))
+    return ReportOptions(**chosen, layers=layers, device=device)
+
+
+def processing_key(summary: Mapping[str, Any]) -> tuple[bool, ...]:
+    """The processing flags that change T (SPEC 10) as a tuple: ``raw`` then :data:`PROCESSING_FLAGS`
+    without it; a flag a source does not record counts as not applied."""
+    proc = summary.get("processing") or {}
+    flags = tuple(bool(proc.get(k)) for k in PROCESSING_FLAGS if k != "raw")
+    raw = proc.get("raw")
+    return (bool(raw) if raw is not None else not any(flags), *flags)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _nan(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _pct(n: Any, of: Any) -> float:
+    return 100.0 * float(n) / float(of) if n is not None and of else float("nan")
+
+
+def _model_row(label: str, rep: IdempotenceReport) -> dict[str, Any]:
+    s = rep.summary
+    n_att = int(s["n_attention_layers"])
+    row: dict[str, Any] = {
+        "model": label,
+        "model_name": str(s.get("model_name", "")),
+        "is_paper": False,
+        "n_params": s.get("n_params"),
+        "n_layers": int(s["n_layers"]),
+        "n_attention_layers": n_att,
+        "n_heads_per_layer": int(s["n_heads_per_layer"]),
+        "n_kv_heads": int(s["n_kv_heads"]),
+        "n_heads_total": int(s["n_heads"]),
+        "d_model": int(s["d_model"]),
+        "d_head": int(s["d_head"]),
+        "n_closed": int(s["n_closed"]),
+        "pct_closed": 100.0 * float(s["frac_closed"]),
+        "median_P": _nan(s.get("median_P")),
+        "median_P_scrambled": _nan(s.get("median_P_scrambled")),
+        "pct_beats_scramble": 100.0 * _nan(s.get("frac_beats_scramble")),
+        "n_layers_trained_wins": s.get("n_layers_trained_wins"),
+        "pct_layers_trained_wins": _pct(s.get("n_layers_trained_wins"), n_att),
+        "n_mismatch_closed": s.get("n_mismatch_closed"),
+        "mismatch_P_max": _nan(s.get("mismatch_P_max")),
+        "n_feasible_layers": s.get("n_feasible_layers"),
+        "pct_layers_feasible": _pct(s.get("n_feasible_layers"), n_att),
+        "raw_weights": processing_key(s)[0],
+    }
+    return row
+
+
+def _pct_exact(frac: float) -> float:
+    """A fraction from the paper as a percentage without binary noise (0.0398 -> 3.98, not 3.9800000000000004)."""
+    return round(100.0 * frac, 10)
+
+
+def _paper_rows() -> list[dict[str, Any]]:
+    rows = []
+    for end, i in (("low", 0), ("high", 1)):
+        rows.append(
+            {
+                "model": f"{PAPER_LABEL} ({end})",
+                "model_name": "arXiv 2609.01129",
+                "is_paper": True,
+                "pct_closed": _pct_exact(PAPER["frac_closed"][i]),
+                "median_P": PAPER["median_P_trained"][i],
+                "median_P_scrambled": PAPER["median_P_scrambled"][i],
+                "pct_beats_scramble": _pct_exact(PAPER["frac_beats_scramble"][i]),
+                "pct_layers_trained_wins": _pct_exact(PAPER["frac_layers_trained_wins"][i]),
+                "n_mismatch_closed": 0 if PAPER["mismatch_closed"][i] == 0 else None,
+                "pct_layers_feasible": _pct_exact(PAPER["frac_layers_feasible"][i]),
+            }
+        )
+    return rows
+
+
+def comparison_table(reports: Mapping[str, IdempotenceReport], paper: bool = True) -> pd.DataFrame:
+    """The cross-model table (see :attr:`Comparison.table` for the columns).
+
+    Args:
+        reports: ``{label: report}`` in display order.
+        paper: append the paper's reference rows.
+    """
+    rows = [_model_row(label, rep) for label, rep in reports.items()]
+    keys = [processing_key(rep.summary) for rep in reports.values()]
+    if keys:
+        counts = {k: keys.count(k) for k in keys}
+        best = max(counts.values())
+        majority = next(k for k in keys if counts[k] == best)  # ties: the first model's
+        for row, k in zip(rows, keys):
+            row["processing_differs"] = k != majority
+    fps = [str(rep.summary.get("weights_fingerprint", "")) for rep in reports.values()]
+    first: dict[str, int] = {}
+    for row, fp in zip(rows, fps):
+        group = first.setdefault(fp, len(first) + 1) if fp else None
+        row["weights_group"] = group
+        row["identical_weights"] = bool(fp) and fps.count(fp) > 1
+    if paper:
+        rows += _paper_rows()
+    df = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    for c in _INT_COLUMNS:
+        df[c] = pd.array(
+            [None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v) for v in df[c]], dtype="Int64"
+        )
+    for c in _BOOL_COLUMNS:
+        df[c] = pd.array(
+            [None if v is None or (isinstance(v, float) and math.isnan(v)) else bool(v) for v in df[c]], dtype="boolean"
+        )
+    for c in TABLE_COLUMNS:
+        if c not in _INT_COLUMNS and c not in _BOOL_COLUMNS and c not in ("model", "model_name"):
+            df[c] = df[c].astype("float64")
+    return df
+
+
+def _combined_heads(reports: Mapping[str, IdempotenceReport]) -> pd.DataFrame:
+    frames = []
+    for label, rep in reports.items():
+        h = rep.heads.reset_index(names="head_label") if rep.heads.index.name else rep.heads.reset_index(drop=True)
+        h.insert(0, "model", label)
+        frames.append(h)
+    if not frames:
+        return pd.DataFrame(columns=["model", "head_label", "layer", "head"])
+    return pd.concat(frames, ignore_index=True)
+
+
+class Comparison(Result):
+    """Result of :func:`compare`: many models measured with the same options.
+
+    Attributes:
+        reports: ``{label: IdempotenceReport}`` in the order given.
+        table: one row per model, then the paper's reference rows (``is_paper``). Numbers only
+            besides ``model`` (the label) and ``model_name``:
+
+            * sizes: ``n_params`` (every tensor of the checkpoint / parameter of the model, when
+              known), ``n_layers``, ``n_attention_layers`` (measured), ``n_heads_per_layer``,
+              ``n_kv_heads``, ``n_heads_total`` (measured), ``d_model``, ``d_head``;
+            * closure: ``n_closed``, ``pct_closed`` (% of measured heads with P >= threshold),
+              ``median_P``;
+            * controls (``nulls``; NaN otherwise): ``median_P_scrambled`` (median over heads of each
+              head's scramble median), ``pct_beats_scramble``, ``n_layers_trained_wins``,
+              ``pct_layers_trained_wins``, ``n_mismatch_closed``, ``mismatch_P_max``;
+            * search (``search``; NA otherwise): ``n_feasible_layers``, ``pct_layers_feasible``;
+            * checks: ``raw_weights``, ``processing_differs`` (the weights' processing flags differ
+              from the majority's: the rows are not comparable as they stand, SPEC 10),
+              ``identical_weights`` (another row has the same ``weights_fingerprint``),
+              ``weights_group`` (rows with identical weights share it).
+
+            Paper rows: ``paper (low)`` and ``paper (high)`` hold the abstract's figures
+            (:data:`tl_idempotence.report.summary.PAPER`); where the paper gives one figure
+            (median P 0.336 trained and 1.04e-4 scrambled, 98.64 % beating the scramble — pooled
+            over 7,304 heads; every layer; no mismatch pair closed) both rows hold it, where it gives
+            a per-model range (3.98–8.00 % closed) the rows hold its ends.
+        heads: every per-head row of every report with ``model`` (label) and ``head_label`` (``L10H8``) first.
+        options: the :class:`~tl_idempotence.core.options.ReportOptions` every report shares.
+        warnings: the warnings raised when the comparison was made (processing, identical weights).
+    """
+
+    repr_keys: ClassVar[tuple[str, ...]] = (
+        "n_models",
+        "threshold",
+        "n_heads",
+        "n_closed",
+        "min_pct_closed",
+        "max_pct_closed",
+        "n_processing_differs",
+        "n_identical_weights",
+    )
+
+    def __init__(
+        self,
+        reports: Mapping[str, IdempotenceReport],
+        options: ReportOptions,
+        warn: bool = True,
+    ) -> None:
+        self.reports: dict[str, IdempotenceReport] = dict(reports)
+        self.options = options
+        self.table = comparison_table(self.reports)
+        self.heads = _combined_heads(self.reports)
+        self.warnings: list[str] = []
+        models = self.models_table
+        differs = models.loc[models["processing_differs"].fillna(False).astype(bool), "model"].tolist()
+        if differs:
+            detail = "; ".join(
+                f"{lab}: " + ", ".join(f"{k}={v}" for k, v in zip(PROCESSING_FLAGS, processing_key(rep.summary)))
+                for lab, rep in self.reports.items()
+            )
+            self.warnings.append(
+                f"Models {differs} were measured on weights processed differently from the others ({detail}); "
+                "processing changes T and so P (SPEC 10): measure every model raw (or every model processed)."
+            )
+        ident = models[models["identical_weights"].fillna(False).astype(bool)]
+        if len(ident):
+            groups = ident.groupby("weights_group")["model"].apply(list).tolist()
+            self.warnings.append(
+                f"Models with identical measured weights (same weights_fingerprint): {groups}; they are one model "
+                "counted more than once."
+            )
+        if warn:
+            for w in self.warnings:
+                warnings.warn(w, UserWarning, stacklevel=3)
+
+    @classmethod
+    def from_reports(
+        cls, reports: Mapping[str, IdempotenceReport], options: ReportOptions | None = None, warn: bool = True
+    ) -> Comparison:
+        """A comparison of finished reports (e.g. loaded from a sweep folder), checking their options.
+
+        Args:
+            reports: ``{label: report}``.
+            options: the options they must share (default: the first report's).
+            warn: emit the processing / identical-weights warnings.
+
+        Raises:
+            OptionError: a report made with other options (names it and the options).
+        """
+        reps = dict(reports)
+        if options is None:
+            if not reps:
+                raise OptionError("No reports to compare.")
+            options = next(iter(reps.values())).options
+        for label, rep in reps.items():
+            diff = option_differences(rep.options, options)
+            if diff:
+                raise _options_error(label, diff)
+        return cls(reps, options, warn=warn)
+
+    @property
+    def models_table(self) -> pd.DataFrame:
+        """:attr:`table` without the paper's rows."""
+        return self.table[~self.table["is_paper"].astype(bool)].reset_index(drop=True)
+
+    @property
+    def paper(self) -> pd.DataFrame:
+        """The paper's reference rows of :attr:`table`."""
+        return self.table[self.table["is_paper"].astype(bool)].reset_index(drop=True)
+
+    @property
+    def threshold(self) -> float:
+        """The P threshold every report shares."""
+        return self.options.threshold
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """``n_models, threshold, nulls, n_heads, n_closed, min_pct_closed, max_pct_closed,
+        n_processing_differs, n_identical_weights``."""
+        m = self.models_table
+        pct = m["pct_closed"].to_numpy(dtype=float)
+        return {
+            "n_models": len(m),
+            "threshold": self.threshold,
+            "nulls": self.options.nulls,
+            "n_heads": int(m["n_heads_total"].sum()) if len(m) else 0,
+            "n_closed": int(m["n_closed"].sum()) if len(m) else 0,
+            "min_pct_closed": float(np.min(pct)) if len(pct) else float("nan"),
+            "max_pct_closed": float(np.max(pct)) if len(pct) else float("nan"),
+            "n_processing_differs": int(m["processing_differs"].fillna(False).astype(bool).sum()),
+            "n_identical_weights": int(m["identical_weights"].fillna(False).astype(bool).sum()),
+        }
+
+    def figure(self) -> Any:
+        """Per model: the distribution of trained P against the scramble null on one log axis (views)."""
+        return views().comparison_figure(self)
+
+    def save_html(self, path: str | os.PathLike[str]) -> str:
+        """Write a standalone HTML page (plotly.js and the table code inlined, no CDN); returns the path.
+
+        Raises:
+            OptionError: ``path`` is a folder, or its folder does not exist.
+        """
+        return str(views().save_comparison_html(self, path))
+
+
+def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:
+    detail = ", ".join(f"{k}={have!r} (asked: {want!r})" for k, (have, want) in diff.items())
+    hint = " Set rep.threshold = ... to re-threshold a report exactly." if set(diff) == {"threshold"} else ""
+    return OptionError(
+        f"Item {label!r} is a report made with other options: {detail}. A comparison uses one set of options for "
+        f"every model: remake it with the options asked, or ask for its options.{hint}"
+    )
+
+
+@strict_kwargs
+def compare(
+    items: Any,
+    *,
+    threshold: float | None = None,
+    nulls: bool | int | None = None,
+    seed: int | None = None,
+    search: bool | None = None,
+    algebra: bool | None = None,
+    compute_dtype: Any = None,
+    layers: Sequence[int] | None = None,
+    device: Any = "cpu",
+    progress: bool = True,
+) -> Comparison:
+    """The paper's cross-model table: every item measured with the same options (SPEC 2-5).
+
+    Args:
+        items: one item, a list, or a dict ``{label: item}``. An item is an
+            :class:`~tl_idempotence.report.report.IdempotenceReport`, a saved report folder
+            (``rep.save(dir)``), a checkpoint directory or ``.gguf`` file (streamed layer by
+            layer), a zoo name (``"smollm2-135m"``, or ``"zoo:NAME"`` when a local folder has
+            the same name; read from the zoo's cached checkpoint files), a TransformerLens or
+            ``transformers`` model, ``LayerHeads`` / a ``HeadSource``, or a zero-argument
+            callable returning one of those (give it a label with a dict).
+        threshold, nulls, seed, search, algebra, compute_dtype: the report options
+            (:func:`~tl_idempotence.report.report.idempotence_report`), the same for every
+            item. ``None`` (default): the value every report item shares, else the report's
+            default (0.9, 0, 0, False, False, float64).
+        layers: restrict every model to these layer indices (default: all layers).
+        device: where new reports are computed ("cpu", "cuda", ...); not compared (results
+            agree across devices to float64 rounding).
+        progress: tqdm bar over the items that are measured.
+
+    Returns:
+        :class:`Comparison` (``.table``, ``.heads``, ``.figure()``, ``.save_html(path)``).
+
+    Raises:
+        OptionError: no items, repeated labels, a report made with other options (names it and
+            the options), report items that disagree on an option left to ``None``, a bad option.
+        OptionTypeError / UnknownOptionError / DeviceError: a bad option or item type.
+        MissingFileError, UnknownModelError, CheckpointError, ZooError, WeightError: an item
+            that cannot be read (each names it).
+
+    Warns:
+        UserWarning: models whose weights were processed differently, or are identical (both are
+            flagged in the table).
+    """
+    from tqdm.auto import tqdm
+
+    progress = check_bool(progress, "progress")
+    resolved = resolve_items(items)
+    given_reports = {it.label: it.value for it in resolved if it.kind == "report"}
+    for it in resolved:
+        if it.kind == "saved":
+            given_reports[it.label] = load_report(it.value)
+    given = {
+        "threshold": threshold,
+        "nulls": nulls,
+        "seed": seed,
+        "search": search,
+        "algebra": algebra,
+        "compute_dtype": compute_dtype,
+    }
+    opts = _resolve_options(given, given_reports, check_layers(layers), device)
+    for label, rep in given_reports.items():
+        diff = option_differences(rep.options, opts)
+        if diff:
+            raise _options_error(label, diff)
+    todo = [it for it in resolved if it.label not in given_reports]
+    reports: dict[str, IdempotenceReport] = {}
+    made: dict[str, IdempotenceReport] = {}
+    bar = tqdm(todo, desc="compare", unit="model", disable=not progress or not todo)
+    for it in bar:
+        bar.set_postfix_str(it.label)
+        made[it.label] = measure_item(it, opts)
+    for it in resolved:
+        reports[it.label] = given_reports[it.label] if it.label in given_reports else made[it.label]
+    return Comparison(reports, opts)
+
+
+def measure_item(
+    item: Item,
+    options: ReportOptions,
+    resume: str | os.PathLike[str] | None = None,
+    source: Any = None,
+) -> IdempotenceReport:
+    """The report of one item with ``options`` (its summary gets ``n_params`` when the source knows it).
+
+    Args:
+        item: the item.
+        options: the validated report options.
+        resume: a resume directory for the report's per-layer parts (see ``idempotence_report``).
+        source: what :func:`open_item` returned for ``item`` already (not opened again), or None.
+
+    Raises:
+        The errors of :func:`open_item` and :func:`~tl_idempotence.report.report.idempotence_report`.
+    """
+    src = open_item(item) if source is None else source
+    rep = idempotence_report(
+        src,
+        options.threshold,
+        nulls=options.nulls,
+        seed=options.seed,
+        search=options.search,
+        algebra=options.algebra,
+        layers=options.layers,
+        compute_dtype=options.compute_dtype,
+        device=options.device,
+        progress=False,
+        resume=resume,
+    )
+    try:
+        n = parameter_count(src)
+    except (TLIError, OSError):  # informational: n_params stays unknown (NA) when the headers cannot be read
+        n = None
+    if n is not None:
+        rep.summary["n_params"] = n
+    return rep

@@ -1,0 +1,337 @@
+"""Sweeps on a real Dask cluster: a ``distributed.LocalCluster`` with 2 worker processes (started once for
+the module) on small checkpoints written here.
+
+What is checked: the sweep's per-head tables equal single-process reports bit for bit; a task that raises
+once is retried and succeeds; a task that always fails lands in ``.failed`` (after exactly ``retries + 1``
+attempts) while the others are kept; a rerun skips only items whose saved report matches their current
+weights and options — a deleted, half-written or damaged report folder, a changed checkpoint layer or other
+options are recomputed; trajectories run the same way; every argument is checked before a cluster starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import cloudpickle
+import pandas as pd
+import pytest
+from safetensors.torch import load_file, save_file
+
+import tl_idempotence as tli
+from helpers import gpt2_like, llama_like, neox_like
+from tl_idempotence.errors import OptionError, OptionTypeError, UnknownOptionError
+from tl_idempotence.studies.sweep import (
+    LOCK_NAME,
+    RECORD_NAME,
+    item_dirname,
+    saved_report_matches,
+    sweep,
+)
+
+# The callables below are defined in this test module, which the worker processes cannot import:
+# ship them by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+OPTS = {"nulls": 4, "seed": 1}
+# checkpoints B and C hold the same heads (asserted where it matters); elsewhere that warning is expected
+pytestmark = pytest.mark.filterwarnings("ignore:Models with identical measured weights:UserWarning")
+
+
+class FlakyOnce:
+    """An item that raises on its first call (leaving a marker file) and returns its checkpoint path after."""
+
+    def __init__(self, path: Path, marker: Path):
+        self.path, self.marker = str(path), str(marker)
+
+    def __call__(self):
+        m = Path(self.marker)
+        if not m.exists():
+            m.write_text("failed once")
+            raise RuntimeError("transient failure (first attempt)")
+        return self.path
+
+
+class AlwaysFails:
+    """An item that records every attempt in a file and always raises."""
+
+    def __init__(self, log: Path):
+        self.log = str(log)
+
+    def __call__(self):
+        with open(self.log, "a") as f:
+            f.write("attempt\n")
+        raise ValueError("this checkpoint is broken for good")
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR
+    )
+    c = Client(cluster)
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep_ckpts")
+    return {
+        "A": llama_like(root / "ckA")[0],
+        "B": neox_like(root / "ckB")[0],
+        "C": gpt2_like(root / "ckC")[0],
+        "D": llama_like(root / "ckD", n_layers=2, nq=4, nkv=4, dm=40)[0],
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(ckpts):
+    """Single-process reports of every checkpoint, made with the same options."""
+    return {k: tli.idempotence_report(p, **OPTS, progress=False) for k, p in ckpts.items()}
+
+
+def assert_same_report(got, ref):
+    pd.testing.assert_frame_equal(got.heads, ref.heads, check_exact=True)
+    pd.testing.assert_frame_equal(got.layers, ref.layers, check_exact=True)
+    assert sorted(got.tables) == sorted(ref.tables)
+    for name in ref.tables:
+        pd.testing.assert_frame_equal(got.tables[name], ref.tables[name], check_exact=True)
+
+
+def mtimes(out: Path) -> dict[str, float]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in out.glob("*/report.json")}
+
+
+def test_sweep_equals_single_process_bit_for_bit(client, ckpts, reference, tmp_path):
+    out = tmp_path / "out"
+    with pytest.warns(UserWarning, match=r"identical measured weights .*\[\['B', 'C'\]\]"):
+        res = sweep(ckpts, out, client=client, progress=False, **OPTS)
+    assert list(res.tasks["status"]) == ["computed"] * 4
+    assert list(res.reports) == ["A", "B", "C", "D"]
+    assert res.failed.empty
+    for k, ref in reference.items():
+        assert_same_report(res.reports[k], ref)
+        assert (out / k / "report.json").is_file()
+    # two worker processes shared the work
+    assert res.tasks["pid"].nunique() == 2
+    # the combined table is compare()'s table of the same reports (n_params from the checkpoint headers)
+    expected = tli.compare(dict(ckpts), **OPTS, progress=False).table
+    pd.testing.assert_frame_equal(res.table, expected, check_exact=True)
+    n_params = sum(t.numel() for f in Path(ckpts["A"]).glob("*.safetensors") for t in load_file(f).values())
+    assert res.table.set_index("model").loc["A", "n_params"] == n_params
+    heads = res.heads[res.heads["model"] == "B"].drop(columns=["model", "head_label"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(heads, reference["B"].heads.reset_index(drop=True), check_exact=True)
+    # B (GPT-NeoX fused qkv) and C (GPT-2 Conv1D) hold the same random heads in two layouts: same weights
+    t = res.table.set_index("model")
+    assert list(t["identical_weights"][:4]) == [False, True, True, False]
+    assert list(t["weights_group"][:4]) == [1, 2, 2, 3]
+    rec = json.loads((out / RECORD_NAME).read_text())
+    assert [i["status"] for i in rec["items"]] == ["computed"] * 4
+    assert rec["options"]["nulls"] == 4
+    assert "n_computed=4" in repr(res)
+
+
+def test_rerun_finishes_only_missing_damaged_or_changed_items(client, ckpts, reference, tmp_path):
+    out = tmp_path / "out"
+    sweep(ckpts, out, client=client, progress=False, **OPTS)
+    before = mtimes(out)
+    shutil.rmtree(out / "A")  # killed before A was written
+    (out / "B" / "report.json").unlink()  # half-written: tables but no record
+    heads = out / "C" / "heads.parquet"  # damaged after writing: sha256 no longer matches
+    data = bytearray(heads.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    heads.write_bytes(bytes(data))
+    (out / ".tli-tmp-D-deadbeef").mkdir()  # a temp folder left by a killed task
+    res = sweep(ckpts, out, client=client, progress=False, **OPTS)
+    st = res.tasks.set_index("label")
+    assert st.loc["A", "status"] == "computed" and st.loc["A", "reason"] == "no saved report"
+    assert st.loc["B", "status"] == "computed" and st.loc["B", "reason"] == "no report.json"
+    assert st.loc["C", "status"] == "computed" and "unreadable" in st.loc["C", "reason"]
+    assert st.loc["D", "status"] == "skipped"
+    assert mtimes(out)["D"] == before["D"]  # D was not rewritten
+    assert not (out / ".tli-tmp-D-deadbeef").exists()
+    for k, ref in reference.items():
+        assert_same_report(res.reports[k], ref)
+    # a third run has nothing to do
+    res = sweep(ckpts, out, client=client, progress=False, **OPTS)
+    assert list(res.tasks["status"]) == ["skipped"] * 4
+    for k, ref in reference.items():
+        assert_same_report(res.reports[k], ref)
+    # other options: everything is recomputed, with the new options
+    res = sweep(ckpts, out, client=client, progress=False, nulls=4, seed=2)
+    assert list(res.tasks["status"]) == ["computed"] * 4
+    assert all(r.startswith("options differ: seed 1 -> 2") for r in res.tasks["reason"])
+    assert all(rep.options.seed == 2 for rep in res.reports.values())
+
+
+def test_changed_checkpoint_is_recomputed(client, tmp_path):
+    ck = {"A": llama_like(tmp_path / "ckA")[0], "D": llama_like(tmp_path / "ckD", n_layers=2)[0]}
+    out = tmp_path / "out"
+    first = sweep(ck, out, client=client, progress=False, **OPTS)
+    # re-save checkpoint A with layer 2's value weights changed (same names, shapes and dtype)
+    name = "model.layers.2.self_attn.v_proj.weight"
+    shard = next(f for f in Path(ck["A"]).glob("*.safetensors") if name in load_file(f))
+    tensors = load_file(shard)
+    tensors[name] = tensors[name] * 1.5 + 0.01
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    res = sweep(ck, out, client=client, progress=False, **OPTS)
+    st = res.tasks.set_index("label")
+    assert st.loc["A", "status"] == "computed"
+    assert st.loc["A", "reason"] == "layer 2 changed (weight fingerprint differs)"
+    assert st.loc["D", "status"] == "skipped"
+    fresh = tli.idempotence_report(ck["A"], **OPTS, progress=False)
+    assert_same_report(res.reports["A"], fresh)
+    old, new = first.reports["A"].heads, res.reports["A"].heads
+    pd.testing.assert_frame_equal(old[old["layer"] < 2], new[new["layer"] < 2], check_exact=True)
+    assert not (old.loc[old["layer"] == 2, "P"].to_numpy() == new.loc[new["layer"] == 2, "P"].to_numpy()).any()
+
+
+def test_retried_and_failed_tasks(client, ckpts, reference, tmp_path):
+    out = tmp_path / "out"
+    items = {
+        "flaky": FlakyOnce(ckpts["A"], tmp_path / "marker"),
+        "broken": AlwaysFails(tmp_path / "attempts.log"),
+        "bad-config": tmp_path / "bad",
+        "D": ckpts["D"],
+    }
+    shutil.copytree(ckpts["D"], tmp_path / "bad")
+    (tmp_path / "bad" / "config.json").write_text("[1, 2")
+    with pytest.warns(UserWarning, match=r"2 of 4 sweep items failed after 1 retries"):
+        res = sweep(items, out, client=client, retries=1, progress=False, **OPTS)
+    st = res.tasks.set_index("label")["status"].to_dict()
+    assert st == {"flaky": "computed", "broken": "failed", "bad-config": "failed", "D": "computed"}
+    assert (tmp_path / "marker").read_text() == "failed once"  # the first attempt did fail
+    assert (tmp_path / "attempts.log").read_text().count("attempt") == 2  # 1 try + 1 retry
+    f = res.failed.set_index("label")
+    assert f.loc["broken", "error_type"] == "ValueError"
+    assert f.loc["broken", "message"] == "this checkpoint is broken for good"
+    assert f.loc["bad-config", "error_type"] == "CheckpointError"
+    assert "config.json" in f.loc["bad-config", "message"] and "not valid JSON" in f.loc["bad-config", "message"]
+    assert list(res.reports) == ["flaky", "D"]
+    assert_same_report(res.reports["flaky"], reference["A"])
+    assert_same_report(res.reports["D"], reference["D"])
+    assert list(res.table["model"]) == ["flaky", "D", "paper (low)", "paper (high)"]
+    assert not (out / "broken").exists()
+    rec = json.loads((out / RECORD_NAME).read_text())
+    assert {r["label"] for r in rec["failed"]} == {"broken", "bad-config"}
+
+
+def test_a_sweep_where_everything_failed_still_reports(client, tmp_path):
+    with pytest.warns(UserWarning, match="1 of 1 sweep items failed after 0 retries"):
+        res = sweep(
+            {"broken": AlwaysFails(tmp_path / "log")}, tmp_path / "out", client=client, retries=0, progress=False
+        )
+    assert res.reports == {} and list(res.failed["label"]) == ["broken"]
+    assert list(res.table["model"]) == ["paper (low)", "paper (high)"]
+    assert "No model finished" in Path(res.save_html(tmp_path / "page.html")).read_text(encoding="utf-8")
+    assert res.summary["n_failed"] == 1 and res.summary["n_models"] == 0
+
+
+def test_trajectory_on_the_cluster_equals_serial(client, ckpts, tmp_path):
+    copy = tmp_path / "ckA_copy"
+    shutil.copytree(ckpts["A"], copy)
+    points = [("step0", ckpts["A"]), ("step1", copy), ("step2", ckpts["A"])]
+    with pytest.warns(UserWarning, match="identical"):
+        serial = tli.trajectory(points, nulls=4, progress=False)
+    with pytest.warns(UserWarning, match="identical"):
+        dist = tli.trajectory(points, nulls=4, progress=False, client=client, cache_dir=tmp_path / "cache")
+    pd.testing.assert_frame_equal(dist.heads, serial.heads, check_exact=True)
+    assert list(dist.checkpoints["identical_to"]) == ["", "step0", "step0"]
+    assert len(list((tmp_path / "cache").glob("*/manifest.json"))) == 3
+    with pytest.raises(OptionError, match="not paths"):
+        tli.trajectory([("a", lambda: ckpts["A"])], client=client, progress=False)
+
+
+def test_saved_report_matches_reads_current_weights(ckpts, tmp_path):
+    rep = tli.idempotence_report(ckpts["D"], **OPTS, progress=False)
+    rep.save(tmp_path / "D")
+    opts = rep.options
+    assert saved_report_matches(tmp_path / "D", ckpts["D"], opts) is None
+    other = tli.ReportOptions(nulls=4, seed=1, threshold=0.5)
+    assert saved_report_matches(tmp_path / "D", ckpts["D"], other) == "options differ: threshold 0.9 -> 0.5"
+    assert saved_report_matches(tmp_path / "D", ckpts["A"], opts).startswith("model sizes differ")
+    part = tli.ReportOptions(nulls=4, seed=1, layers=[0])
+    assert saved_report_matches(tmp_path / "D", ckpts["D"], part).startswith("options differ: layers")
+    (tmp_path / "D" / "layers.parquet").write_bytes(b"junk")
+    assert "unreadable" in saved_report_matches(tmp_path / "D", ckpts["D"], opts)
+    assert saved_report_matches(tmp_path / "nothing", ckpts["D"], opts) == "no report.json"
+
+
+def test_labels_become_safe_folder_names():
+    assert item_dirname("EleutherAI/pythia-70m@step1000") == "EleutherAI_pythia-70m_step1000"
+    assert item_dirname("../../etc") == "_.._etc"
+    assert item_dirname("a" * 300) == "a" * 100
+    with pytest.raises(OptionError, match="no usable folder name"):
+        item_dirname("...")
+
+
+@pytest.mark.parametrize(
+    "kwargs, err, match",
+    [
+        ({"retries": -1}, OptionError, "retries must be >= 0"),
+        # a wrong type is a TypeError naming the argument: OptionTypeError from the library, or (in this test
+        # suite, which instruments the package with jaxtyping/beartype) the annotation check that runs first
+        ({"retries": 1.5}, TypeError, "retries"),
+        ({"workers": 0}, OptionError, "workers must be >= 1"),
+        ({"threshold": 1.5}, OptionError, r"threshold must be in \[0, 1\]"),
+        ({"nulls": "many"}, TypeError, "nulls"),
+        ({"device": "tpu"}, OptionError, "device='tpu'"),
+        ({"device": 3}, OptionTypeError, "device must be a device name"),
+        ({"client": object()}, OptionTypeError, "client must be a distributed.Client"),
+        ({"scheduler": "tcp://x:1", "workers": 2}, OptionError, "workers sizes a LocalCluster"),
+        ({"retrys": 2}, UnknownOptionError, "did you mean 'retries'"),
+        ({"scheduler": "nonsense://x"}, OptionError, r"Cannot connect to the Dask scheduler.*unknown address scheme"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(ckpts, tmp_path, kwargs, err, match):
+    t0 = time.perf_counter()
+    with pytest.raises(err, match=match):
+        sweep({"A": ckpts["A"]}, tmp_path / "out", progress=False, **kwargs)
+    assert time.perf_counter() - t0 < 5  # no cluster was started
+
+
+def test_bad_items_and_folders_are_refused_before_any_work(ckpts, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(OptionError, match="map to the same folder 'a_b'"):
+        sweep({"a b": ckpts["A"], "a_b": ckpts["D"]}, out, progress=False)
+    with pytest.raises(OptionError, match="same folder"):
+        sweep({"Model": ckpts["A"], "model": ckpts["D"]}, out, progress=False)
+    with pytest.raises(OptionError, match="not a loaded model"):
+        sweep({"r": tli.idempotence_report(ckpts["D"], progress=False)}, out, progress=False)
+    shutil.copytree(ckpts["A"], tmp_path / "x" / "ckA")
+    with pytest.raises(OptionError, match=r"repeated labels \['ckA'\].*dict"):
+        sweep([ckpts["A"], tmp_path / "x" / "ckA"], out, progress=False)
+    with pytest.raises(tli.errors.MissingFileError, match="does not exist"):
+        sweep([tmp_path / "nope"], out, progress=False)
+    with pytest.raises(OptionError, match="has no name"):
+        sweep([lambda: ckpts["A"]], out, progress=False)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OptionError, match="is a file"):
+        sweep({"A": ckpts["A"]}, tmp_path / "file", progress=False)
+    (out / "A").mkdir(parents=True, exist_ok=True)
+    (out / "A" / "notes.txt").write_text("mine")
+    with pytest.raises(OptionError, match="holds files that are not a saved report"):
+        sweep({"A": ckpts["A"]}, out, progress=False)
+    assert (out / "A" / "notes.txt").read_text() == "mine"
+    from filelock import FileLock
+
+    other = tmp_path / "busy"
+    other.mkdir()
+    with FileLock(str(other / LOCK_NAME)), pytest.raises(OptionError, match="Another sweep is writing"):
+        sweep({"A": ckpts["A"]}, other, progress=False)
+
+
+@pytest.mark.slow
+def test_default_local_cluster(ckpts, reference, tmp_path):
+    res = sweep({"A": ckpts["A"], "D": ckpts["D"]}, tmp_path / "out", workers=2, progress=False, **OPTS)
+    assert_same_report(res.reports["A"], reference["A"])
+    assert_same_report(res.reports["D"], reference["D"])
+    assert res.tasks["pid"].nunique() == 2
