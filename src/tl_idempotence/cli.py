@@ -520,7 +520,7 @@ def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         items[key] = value
     opts = _report_options(args)
     progress = opts.pop("progress")
-    res = sweep(items, out=args.out, n_workers=args.workers, scheduler=args.scheduler, progress=progress, **opts)
+    res = sweep(items, args.out, scheduler=args.scheduler, workers=args.workers, progress=progress, **opts)
     import pandas as pd
 
     with pd.option_context("display.max_columns", 50, "display.width", 200):
@@ -530,7 +530,7 @@ def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if res.failed is not None and len(res.failed):
         print(f"{len(res.failed)} item(s) failed:", file=sys.stderr)
         for row in res.failed.itertuples(index=False):
-            print(f"  {row.label}: {row.error}: {row.message}", file=sys.stderr)
+            print(f"  {row.label}: {row.error_type}: {row.message}", file=sys.stderr)
         return EXIT_FAILURE
     return EXIT_OK
 

@@ -415,8 +415,6 @@ def test_mqa_report_says_no_pair():
     assert rep.paper_table(formatted=True).loc[1, "this model"] == tab.loc[1, "note"]
 
 
-@pytest.mark.xfail(reason="SRC BUG: report/summary.py paper_table() prefixes 'no valid pair: ' to the MQA note, "
-                   "which already starts with it ('no valid pair: no valid pair: one kv head ...')", strict=True)
 def test_mqa_paper_table_note_says_no_valid_pair_once():
     lhs = [gaussian_layer(l, 6, 1, 24, 4, seed=l) for l in range(2)]
     rep = tli.idempotence_report(SyntheticSource(lhs), nulls=8, progress=False)

@@ -9,6 +9,8 @@ with a ``UserWarning`` naming its file.
 
 from __future__ import annotations
 
+import re
+
 import json
 import os
 import shutil
@@ -109,10 +111,6 @@ def test_interrupt_then_resume_equals_full_run(ckpt, tmp_path, analysed):
     pd.testing.assert_frame_equal(third.heads, full.heads)
 
 
-@pytest.mark.xfail(reason="SRC BUG: report/parts.py ResumeDir stores the layer row with json.dumps(sort_keys=True), "
-                   "so a resumed report's `layers` has its columns in alphabetical order ('fingerprint', "
-                   "'frac_beats_scramble', 'layer', ...) instead of the computed order ('layer', 'n_heads', ...)",
-                   strict=True)
 def test_resumed_layers_keep_the_column_order(ckpt, tmp_path):
     rd = tmp_path / "parts"
     full = tli.idempotence_report(str(ckpt), nulls=8, progress=False, resume=rd)
@@ -253,7 +251,7 @@ def test_nothing_half_written_looks_complete(ckpt, tmp_path, monkeypatch, analys
         return real_replace(src, dst)
 
     monkeypatch.setattr(files_mod.os, "replace", crashing_replace)
-    with pytest.raises(ResumeError, match=rf"Cannot write resume part of layer 1 in {rd}: No space left on device"):
+    with pytest.raises(ResumeError, match=rf"Cannot write resume part of layer 1 in {re.escape(str(rd))} .*No space left on device"):
         tli.idempotence_report(str(ckpt), progress=False, resume=rd)
     monkeypatch.setattr(files_mod.os, "replace", real_replace)
     assert calls["n"] == 1

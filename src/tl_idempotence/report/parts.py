@@ -77,11 +77,16 @@ def json_safe(x: Any) -> Any:
 
 
 def json_restore(x: Any, float_keys: set[str] | None = None) -> Any:
-    """Undo :func:`json_safe` for the values of ``float_keys`` (or of every key when None)."""
+    """Undo :func:`json_safe` for the values of ``float_keys`` (or of every key when None).
+
+    A dict whose keys are all decimal integers (``"0"``, ``"12"``) gets int keys back: JSON keys are
+    strings, and the only such dicts this package writes are keyed by layer (``closed_per_layer``).
+    """
     special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
     if isinstance(x, dict):
+        int_keys = bool(x) and all(isinstance(k, str) and k.isdecimal() for k in x)
         return {
-            k: (
+            (int(k) if int_keys else k): (
                 special[v]
                 if isinstance(v, str) and v in special and (float_keys is None or k in float_keys)
                 else json_restore(v, float_keys)

@@ -152,7 +152,7 @@ def paper_table(summary: dict[str, Any], n_layers: int) -> pd.DataFrame:
                 nan,
                 0,
                 0,
-                "no valid pair: " + "; ".join(summary.get("mismatch_notes", ["MQA"])),
+                "; ".join(summary.get("mismatch_notes", ["no valid pair: one kv head (MQA)"])),
             )
     else:
         row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed", nan, note=no_nulls)

@@ -198,6 +198,16 @@ def _load_hub(name: str, options: dict[str, Any]) -> Any:
         ) from e
 
 
+def cache_name(c: _Ckpt, opts: ReportOptions) -> str:
+    """The cache folder of one checkpoint: its order, label and a hash of the options key (another set of
+    options is another folder, never a refusal; the weights are keyed per layer inside)."""
+    import hashlib
+    import json
+
+    key = hashlib.sha256(json.dumps(opts.key(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{c.order:04d}-{_slug(c.label)}-{key}"
+
+
 def _slug(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60] or "ckpt"
 
@@ -497,7 +507,7 @@ def trajectory(
             model = _load(c, loader)
             collect = c.kind != "object" and _is_module(model)
             try:
-                resume = None if cache_dir is None else Path(cache_dir).expanduser() / f"{c.order:04d}-{_slug(c.label)}"
+                resume = None if cache_dir is None else Path(cache_dir).expanduser() / cache_name(c, opts)
                 rep = idempotence_report(
                     model,
                     threshold,
