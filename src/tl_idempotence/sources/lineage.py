@@ -30,7 +30,6 @@ import json
 import math
 import os
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ import torch
 
 from ..core.files import read_json
 from ..core.options import check_bool, check_int, check_seed
-from ..errors import CheckpointError, MissingFileError, OptionError
+from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
 
 __all__ = ["Lineage", "lineage_checkpoints", "tiny_tokenizer", "train_lineage"]
 
@@ -106,24 +105,24 @@ def _repeat_loss(model: Any, ids: torch.Tensor, seq_len: int) -> tuple[torch.Ten
 
 
 def train_lineage(
-    out_dir: str | Path,
+    out_dir: Any,
     *,
-    steps: int = 200,
-    save_every: int = 20,
-    seed: int = 0,
-    n_layers: int = 2,
-    d_model: int = 64,
-    n_heads: int = 4,
-    n_kv_heads: int = 2,
-    vocab_size: int = 64,
-    seq_len: int = 16,
-    batch_size: int = 32,
-    lr: float = 3e-3,
-    weight_decay: float = 0.01,
-    tie_word_embeddings: bool = True,
-    num_threads: int | None = 1,
-    save_steps: Sequence[int] | None = None,
-    reuse: bool = True,
+    steps: Any = 200,
+    save_every: Any = 20,
+    seed: Any = 0,
+    n_layers: Any = 2,
+    d_model: Any = 64,
+    n_heads: Any = 4,
+    n_kv_heads: Any = 2,
+    vocab_size: Any = 64,
+    seq_len: Any = 16,
+    batch_size: Any = 32,
+    lr: Any = 3e-3,
+    weight_decay: Any = 0.01,
+    tie_word_embeddings: Any = True,
+    num_threads: Any = 1,
+    save_steps: Any = None,
+    reuse: Any = True,
 ) -> Lineage:
     """Train a tiny GQA Llama on repeated random sequences, saving HF checkpoints (SPEC section 6).
 
@@ -198,9 +197,13 @@ def train_lineage(
     if save_steps is None:
         to_save = set(range(0, steps + 1, save_every))
     else:
-        to_save = {int(s) for s in save_steps if 0 <= int(s) <= steps}
+        if isinstance(save_steps, (str, bytes)) or not hasattr(save_steps, "__iter__"):
+            raise OptionTypeError(f"save_steps must be None or a sequence of integer steps; got {save_steps!r:.60}.")
+        to_save = {check_int(v, f"save_steps[{i}]", 0, steps) for i, v in enumerate(save_steps)}
     to_save |= {0, steps}
 
+    if not isinstance(out_dir, (str, os.PathLike)):
+        raise OptionTypeError(f"out_dir must be a folder path; got {type(out_dir).__name__}.")
     root = Path(out_dir)
     config: dict[str, Any] = dict(
         steps=steps,
