@@ -99,8 +99,8 @@ def _p_value_note(rep: Any) -> str:
     )
 
 
-def _display_frame(df: pd.DataFrame, threshold: float) -> pd.DataFrame:
-    """Float columns as text with 6 significant digits, never rounded across the threshold."""
+def _display_frame(df: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
+    """Float columns as text with 6 significant digits, never rounded across ``threshold`` (when given)."""
     out = df.copy()
     for col in out.columns:
         if out[col].dtype.kind == "f":
@@ -118,9 +118,10 @@ def datatable_html(df: pd.DataFrame) -> str:
     return _datatable(df)
 
 
-def display_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``df`` with float columns as 6-significant-digit strings, for display tables."""
-    return _display_frame(df)
+def display_frame(df: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
+    """A copy of ``df`` with float columns as 6-significant-digit strings, for display tables; with
+    ``threshold``, a value is never printed rounded across it (:func:`~tl_idempotence.views.text.format_sig`)."""
+    return _display_frame(df, threshold)
 
 
 def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
