@@ -215,7 +215,7 @@ def ablation(
             ``n_controls`` outside 0..1000, empty texts, no counted target token, bad counts.
         OptionTypeError: an argument of the wrong type.
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     if not is_tl_model(model):
         raise UnsupportedModelError(
@@ -300,7 +300,7 @@ def ablation(
     losses: dict[str, float] = {}
     was_training = bool(getattr(model, "training", False))
     model.eval()
-    bar = tqdm(total=1 + len(conditions), desc=f"ablation ({kind})", unit="pass", disable=not progress)
+    bar = progress_bar(total=1 + len(conditions), desc=f"ablation ({kind})", unit="pass", enabled=bool(progress))
     try:
         with torch.no_grad():
             clean_hooks = [mean_hook(layer) for layer in layers] if kind == "mean" else []

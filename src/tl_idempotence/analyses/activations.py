@@ -315,7 +315,7 @@ def activation_returns(
             vocabulary, empty input, no tokenizer for text, no counted tokens (every position was
             a special token), counts < 1.
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     if n_control_draws is not None:
         warnings.warn(
@@ -377,8 +377,10 @@ def activation_returns(
     device = getattr(model.cfg, "device", None) or "cpu"
     try:
         with torch.no_grad():
-            for start in tqdm(
-                range(0, len(toks), batch_size), desc="activation returns", unit="batch", disable=not progress
+            n_batches = (len(toks) + batch_size - 1) // batch_size
+            desc = f"activation returns ({len(toks)} windows x {toks.shape[1]} tokens; ~6 CPU-ms/token on SmolLM2)"
+            for start in progress_bar(
+                range(0, len(toks), batch_size), desc=desc, total=n_batches, unit="batch", enabled=progress
             ):
                 batch = toks[start : start + batch_size]
                 cur_mask["m"] = counted[start : start + batch_size]

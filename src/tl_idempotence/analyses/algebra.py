@@ -546,9 +546,8 @@ def shared_value_algebra(
         OptionError / OptionTypeError: bad threshold, unknown layer indices.
         WeightError: NaN/inf weights. UnsupportedModelError: unsupported model object.
     """
-    from tqdm.auto import tqdm
-
     from ..core.closure import layer_grams
+    from ..core.progress import progress_bar
 
     threshold = check_threshold(threshold)
     want = check_layers(layers)
@@ -561,7 +560,7 @@ def shared_value_algebra(
     if info.n_kv_heads == info.n_heads:
         return SharedValueAlgebra.concat([], info, threshold)
     parts = []
-    for layer in tqdm(todo, desc="algebra", unit="layer", disable=not progress):
+    for layer in progress_bar(todo, desc="algebra", unit="layer", enabled=progress):
         lh = read_layer(src, layer, info)
         g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=dtype, device=dev)
         parts.append(layer_algebra(lh, g, threshold))
@@ -599,7 +598,8 @@ class AlgebraAnalysis:
             reason = MHA_REASON
         else:
             reason = "no layer with a kv group of two or more query heads was analysed"
-        return SharedValueAlgebra(
+        rt = ranges_threshold if ranges_threshold is not None else threshold
+        alg = SharedValueAlgebra(
             pairs=got["pairs"],
             heads=got["heads"],
             groups=got["groups"],
@@ -607,13 +607,18 @@ class AlgebraAnalysis:
             reason=reason,
             info=info,
             threshold=threshold,
-            ranges_threshold=ranges_threshold if ranges_threshold is not None else threshold,
+            ranges_threshold=rt,
         )
+        # the stored closed_ranges table keeps every pair closed at ranges_threshold; the view at
+        # another threshold keeps the pairs closed at both (see at_threshold)
+        return alg.at_threshold(threshold) if threshold != rt and len(alg.closed_ranges) else alg
 
     def apply_threshold(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
     ) -> None:
-        """Recompute the algebra's ``closed`` flags and group counts (``closed_ranges`` keeps its threshold)."""
+        """Recompute the algebra's ``closed`` flags and group counts. The ``algebra_closed_ranges`` table is
+        left as computed (at the report's ``algebra_ranges_threshold``: the angles need the weights), so a
+        threshold can be raised and set back without losing pairs; :meth:`combine` filters it."""
         if "algebra_heads" not in tables or not len(tables["algebra_heads"]):
             return
         alg = SharedValueAlgebra(
@@ -624,7 +629,6 @@ class AlgebraAnalysis:
             reason="",
         ).at_threshold(threshold)
         tables["algebra_heads"], tables["algebra_groups"] = alg.heads, alg.groups
-        tables["algebra_closed_ranges"] = alg.closed_ranges
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

@@ -42,6 +42,10 @@ __all__ = [
     "run_layer",
 ]
 
+#: Measured cost of the constructive search per SmolLM2-135M layer (9 heads, d_head 64), one CPU thread
+#: (``benchmarks/bench_costs.py``, README "What each analysis costs"); shown in the progress bar.
+SEARCH_CPU_S_PER_LAYER = 1.4
+
 #: Columns of :attr:`IdempotenceReport.heads` always present (SPEC sections 2-3).
 HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"]
 
@@ -127,7 +131,7 @@ class IdempotenceReport(Result):
         return self.options.threshold
 
     @threshold.setter
-    def threshold(self, value: Any) -> None:
+    def threshold(self, value: Any) -> None:  # checked here (OptionTypeError), not by annotation
         t = check_threshold(value)
         heads, layers = self.heads.copy(), self.layers.copy()
         tables = {k: v.copy() for k, v in self.tables.items()}
@@ -185,9 +189,9 @@ class IdempotenceReport(Result):
         if col.dtype.kind not in "biuf":
             raise OptionError(f"Column {column!r} is not numeric (dtype {col.dtype}).")
         out = torch.full((self.info.n_layers, self.info.n_heads), float("nan"), dtype=torch.float64)
-        L = torch.as_tensor(self.heads["layer"].to_numpy(dtype=np.int64))
-        H = torch.as_tensor(self.heads["head"].to_numpy(dtype=np.int64))
-        out[L, H] = torch.as_tensor(col.to_numpy(dtype=np.float64))
+        L = torch.tensor(self.heads["layer"].to_numpy(dtype=np.int64))  # copies: pandas' arrays may be read-only
+        H = torch.tensor(self.heads["head"].to_numpy(dtype=np.int64))
+        out[L, H] = torch.tensor(col.to_numpy(dtype=np.float64))
         return out
 
     def hook_points(self, heads: Any = "closed", hook: str = "z") -> list[tuple[str, int]]:
@@ -387,7 +391,8 @@ def idempotence_report(
         seed (int): non-negative seed of the scramble draws and the search restarts (per layer,
             the generator is seeded with ``(seed, layer)`` so results do not depend on
             which layers were run).
-        search (bool): run the constructive search per layer (SPEC 5; ~2-5 s per layer).
+        search (bool): run the constructive search per layer (SPEC 5; ~1.4 CPU-seconds per SmolLM2-135M
+            layer, README "What each analysis costs").
         algebra (bool): run the shared-value algebra per kv group (SPEC 7).
         layers (Sequence[int] | None): restrict to these layer indices (default: all attention layers).
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products (float64 default,
@@ -414,7 +419,7 @@ def idempotence_report(
         CheckpointError / MissingFileError: a checkpoint that cannot be read (names the file).
         ResumeError: a resume directory made with other options.
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     opts = ReportOptions(
         threshold=threshold,
@@ -437,7 +442,10 @@ def idempotence_report(
     names = "+".join(a.name for a in analyses)
     done: list[LayerPart] = []
     n_resumed = 0
-    bar = tqdm(todo, desc=f"layers ({names})", unit="layer", disable=not progress)
+    desc = f"layers ({names})"
+    if opts.search:  # the one report option that takes minutes (README: "What each analysis costs")
+        desc += f"; search ~{SEARCH_CPU_S_PER_LAYER:g} CPU-s/layer at SmolLM2 size"
+    bar = progress_bar(todo, desc=desc, unit="layer", enabled=progress)
     for layer in bar:
         lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
         fp = lh.fingerprint()

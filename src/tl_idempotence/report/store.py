@@ -10,8 +10,8 @@ Layout written by :func:`write_record`::
     <table>.parquet        the analyses' long tables (scramble_draws, mismatch_pairs, algebra_*)
 
 :func:`read_record` refuses a folder whose files do not match their recorded sha256, a
-missing file, or a record of another format — each error names the file — so what is
-read back is exactly what was written. The report object
+record that was edited after it was written, a missing file, or a record of another
+format — each error names the file — so what is read back is exactly what was written. The report object
 (:mod:`tl_idempotence.report.report`) saves and loads itself through these two functions.
 """
 
@@ -42,6 +42,30 @@ RECORD = "report.json"
 
 class ReportFileError(CheckpointError):
     """A saved report folder whose files lie (changed, missing, another format); names the file."""
+
+
+INT_KEYS = "__int_keys__"
+
+
+def _tag_int_keys(x: Any) -> Any:
+    """Dicts keyed by ints (``closed_per_layer``) as ``{"__int_keys__": [[k, v], ...]}``: JSON keys are strings."""
+    if isinstance(x, dict):
+        if x and all(isinstance(k, int) and not isinstance(k, bool) for k in x):
+            return {INT_KEYS: [[k, _tag_int_keys(v)] for k, v in x.items()]}
+        return {k: _tag_int_keys(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_tag_int_keys(v) for v in x]
+    return x
+
+
+def _untag_int_keys(x: Any) -> Any:
+    if isinstance(x, dict):
+        if set(x) == {INT_KEYS} and isinstance(x[INT_KEYS], list):
+            return {int(k): _untag_int_keys(v) for k, v in x[INT_KEYS]}
+        return {k: _untag_int_keys(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_untag_int_keys(v) for v in x]
+    return x
 
 
 @dataclass
@@ -123,14 +147,14 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
         files[name] = sha256_bytes(buf.getvalue())
     record = {
         "format": FORMAT,
-        "summary": json_safe(rec.summary),
+        "summary": json_safe(_tag_int_keys(rec.summary)),
         "options": rec.options.as_dict(),
         "info": _info_record(rec.info),
         "files": files,
         "tables": sorted(rec.tables),
     }
     record["digest"] = _digest(record)
-    atomic_write_text(d / RECORD, json.dumps(record, indent=1, sort_keys=True))
+    atomic_write_text(d / RECORD, json.dumps(record, indent=1))  # insertion order: the summary reads back as it was
     return d
 
 
@@ -180,7 +204,7 @@ def read_record(path: Any) -> ReportRecord:
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
-        summary = json_restore(rec["summary"])
+        summary = _untag_int_keys(json_restore(rec["summary"]))
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(
             f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e})."

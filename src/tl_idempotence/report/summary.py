@@ -48,7 +48,7 @@ def versions() -> dict[str, str | None]:
     return {
         "tl_idempotence": v("tl_idempotence"),
         "transformer_lens": v("transformer-lens"),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # a plain str (torch's TorchVersion does not survive JSON as itself)
     }
 
 

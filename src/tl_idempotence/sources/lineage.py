@@ -39,6 +39,7 @@ import torch
 
 from ..core.files import read_json
 from ..core.options import check_bool, check_int, check_seed
+from ..core.progress import quiet_transformers
 from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
 
 __all__ = ["Lineage", "lineage_checkpoints", "tiny_tokenizer", "train_lineage"]
@@ -271,8 +272,9 @@ def train_lineage(
             with torch.no_grad():
                 loss, acc = _repeat_loss(model, eval_ids, seq_len)
             d = root / f"ckpt_step{step}"
-            model.save_pretrained(d)
-            tokenizer.save_pretrained(d)
+            with quiet_transformers():  # no "Writing model shards" bar per checkpoint
+                model.save_pretrained(d)
+                tokenizer.save_pretrained(d)
             rows.append({"step": step, "loss": float(loss), "induction_acc": float(acc)})
             checkpoints.append((f"step{step}", d))
 

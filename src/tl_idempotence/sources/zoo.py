@@ -562,9 +562,9 @@ def _lock(root: Path, name: str) -> Iterator[None]:
 
 
 def _progress(desc: str, total: int, enabled: bool) -> Any:
-    from tqdm import tqdm
+    from ..core.progress import progress_bar
 
-    return tqdm(total=total, desc=desc, unit="step", disable=not enabled, file=sys.stderr, leave=False)
+    return progress_bar(total=total, desc=desc, unit="step", enabled=enabled, leave=False)
 
 
 def _offline_hint(spec: dict[str, Any], root: Path) -> str:

@@ -699,7 +699,7 @@ def compare(
         UserWarning: models whose weights were processed differently, or are identical (both are
             flagged in the table).
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     progress = check_bool(progress, "progress")
     resolved = resolve_items(items)
@@ -723,7 +723,7 @@ def compare(
     todo = [it for it in resolved if it.label not in given_reports]
     reports: dict[str, IdempotenceReport] = {}
     made: dict[str, IdempotenceReport] = {}
-    bar = tqdm(todo, desc="compare", unit="model", disable=not progress or not todo)
+    bar = progress_bar(todo, desc="compare", unit="model", enabled=bool(progress and todo))
     for it in bar:
         bar.set_postfix_str(it.label)
         made[it.label] = measure_item(it, opts)

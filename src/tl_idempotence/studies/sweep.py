@@ -485,7 +485,8 @@ def sweep(
         UserWarning: items that failed (also in ``.failed``); models with processed or identical weights.
     """
     from filelock import FileLock, Timeout
-    from tqdm.auto import tqdm
+
+    from ..core.progress import progress_bar
 
     t_start = time.perf_counter()
     progress = check_bool(progress, "progress")
@@ -540,7 +541,7 @@ def sweep(
                 cl.submit(run_sweep_task, t, key=f"tli-sweep-{t.dirname}-{token}", retries=retries, pure=False): t
                 for t in tasks
             }
-            bar = tqdm(total=len(tasks), desc="sweep", unit="task", disable=not progress)
+            bar = progress_bar(total=len(tasks), desc="sweep", unit="task", enabled=bool(progress))
             try:
                 for fut in as_completed(list(futures)):
                     t = futures[fut]
@@ -673,7 +674,7 @@ def run_trajectory_on_cluster(
             that is not a ``distributed.Client``.
         The first error of a checkpoint that failed after its retries (with a note naming it).
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
         raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
@@ -706,7 +707,7 @@ def run_trajectory_on_cluster(
         )
         futures[fut] = c
     done: dict[int, tuple[Any, IdempotenceReport, float]] = {}
-    bar = tqdm(total=len(ckpts), desc="checkpoints", unit="ckpt", disable=not progress)
+    bar = progress_bar(total=len(ckpts), desc="checkpoints", unit="ckpt", enabled=bool(progress))
     try:
         for fut in as_completed(list(futures)):
             c = futures[fut]

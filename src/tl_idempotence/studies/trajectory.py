@@ -454,7 +454,7 @@ def trajectory(
         MissingFileError: a checkpoint path that does not exist.
         OSError: a hub checkpoint that cannot be downloaded (offline); the message says what to do.
     """
-    from tqdm.auto import tqdm
+    from ..core.progress import progress_bar
 
     threshold = check_threshold(threshold)
     progress = check_bool(progress, "progress")
@@ -500,7 +500,7 @@ def trajectory(
         results = run_trajectory_on_cluster(ckpts, opts, client=client, cache_dir=cache_dir, progress=progress)
     else:
         results = []
-        bar = tqdm(ckpts, desc="checkpoints", unit="ckpt", disable=not progress)
+        bar = progress_bar(ckpts, desc="checkpoints", unit="ckpt", enabled=progress)
         for c in bar:
             bar.set_postfix_str(c.label)
             t0 = time.perf_counter()

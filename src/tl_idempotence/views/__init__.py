@@ -1,6 +1,7 @@
 """Layer 6 — every figure, page and display: plotly figures (:mod:`.figures`), the standalone
 HTML report (:mod:`.page`), circuitsvis attention views (:mod:`.attention`), notebook
-displays (:mod:`.notebook`) and the words around the numbers (:mod:`.text`).
+displays and :func:`use_offline_plotly` (figures that also render in a static HTML render of an
+executed notebook, offline; :mod:`.notebook`) and the words around the numbers (:mod:`.text`).
 
 Result objects reach these functions by this module's name
 (:data:`tl_idempotence.core.results.VIEWS_MODULE`); nothing below imports it.
@@ -20,7 +21,7 @@ from .figures import (
     trajectory_figure,
     trajectory_summary_figure,
 )
-from .notebook import result_html
+from .notebook import result_html, use_offline_plotly
 from .page import report_html, save_report_html
 
 __all__ = [
@@ -42,4 +43,5 @@ __all__ = [
     "scramble_figures",
     "trajectory_figure",
     "trajectory_summary_figure",
+    "use_offline_plotly",
 ]

@@ -35,11 +35,46 @@ __all__ = [
 
 
 def log_P_range(*arrays: Any, floor: float = 1e-8) -> list[float]:
-    """``[log10 lo, log10 1]`` (plus a small margin) for a log axis of P values in (0, 1]."""
+    """The ``range`` of a plotly log axis of P values in (0, 1]: ``[log10 lo, 0]``.
+
+    The axis ends exactly at P = 1 (``log10 1 = 0``; P is at most 1), so the band
+    ``P >= threshold`` sits at the top of the plot; it starts a quarter decade (plus a
+    margin) below the smallest positive finite value of ``arrays`` (at least ``floor``;
+    ``1e-4`` when there is none). Traces drawn on such an axis set ``cliponaxis=False`` so
+    a marker at P = 1 is not cut in half.
+    """
     vals = np.concatenate([np.asarray(a, dtype=float).ravel() for a in arrays]) if arrays else np.zeros(0)
     vals = vals[np.isfinite(vals) & (vals > 0)]
     lo = max(float(vals.min()), floor) if vals.size else 1e-4
-    return [math.floor(math.log10(lo) * 4) / 4 - 0.1, 0.05]
+    return [math.floor(math.log10(lo) * 4) / 4 - 0.1, 0.0]
+
+
+def _P_text(values: Any, threshold: float) -> list[str]:
+    """P values as hover text that never rounds across ``threshold`` (``views.text.format_P``)."""
+    from .text import format_P
+
+    return [format_P(float(v), threshold) for v in np.asarray(values, dtype=float)]
+
+
+def _threshold_band(fig: Any, threshold: float, x0: float, x1: float, row: int | None = None) -> None:
+    """Shade ``threshold <= P <= 1`` and draw the threshold as a legend entry (shapes are in data units
+    on log axes, annotations are not, so the label goes to the legend)."""
+    import plotly.graph_objects as go
+
+    kw: dict[str, Any] = {} if row is None else {"row": row, "col": 1}
+    fig.add_hrect(y0=threshold, y1=1.0, fillcolor="#e8175d", opacity=0.08, line_width=0, layer="below", **kw)
+    fig.add_trace(
+        go.Scatter(
+            x=[x0, x1],
+            y=[threshold, threshold],
+            mode="lines",
+            name=f"P = {threshold:g} (closed above)",
+            line={"color": "#e8175d", "width": 1, "dash": "dot"},
+            hoverinfo="skip",
+            showlegend=row is None or row == 1,
+        ),
+        **kw,
+    )
 
 
 def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.Figure:
@@ -68,6 +103,8 @@ def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.F
         [df.pivot(index="layer", columns="head", values=c).to_numpy(dtype=float) for c in custom_cols], -1
     )
     zmin, zmax = (0.0, 1.0) if value == "P" else (None, None)
+    P_piv = df.pivot(index="layer", columns="head", values="P")
+    P_text = np.array(_P_text(P_piv.to_numpy(dtype=float).ravel(), rep.threshold)).reshape(P_piv.shape)
     fig = go.Figure(
         go.Heatmap(
             z=piv.to_numpy(dtype=float),
@@ -78,8 +115,9 @@ def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.F
             colorscale="Viridis",
             colorbar={"title": value},
             customdata=custom,
+            text=P_text,
             hovertemplate=(
-                "L%{y}H%{x}<br>P = %{customdata[1]:.4f}<br>alpha = %{customdata[0]:.4g}"
+                "L%{y}H%{x}<br>P = %{text}<br>alpha = %{customdata[0]:.4g}"
                 "<br>||T||_F = %{customdata[2]:.4g}<br>kv head %{customdata[3]}"
                 "<br>rank O/V = %{customdata[4]}/%{customdata[5]}<extra></extra>"
             ),
@@ -94,7 +132,10 @@ def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.F
                 mode="markers",
                 name=f"P >= {rep.threshold:g}",
                 marker={"symbol": "circle-open", "size": 14, "color": "#e8175d", "line": {"width": 2.5}},
-                text=[f"L{a}H{b}: P = {p:.4f}" for a, b, p in zip(closed["layer"], closed["head"], closed["P"])],
+                text=[
+                    f"L{a}H{b}: P = {p}"
+                    for a, b, p in zip(closed["layer"], closed["head"], _P_text(closed["P"], rep.threshold))
+                ],
                 hovertemplate="%{text}<extra>closed</extra>",
                 showlegend=True,
             )
@@ -115,9 +156,10 @@ def heads_heatmap(rep: Any, value: str = "P", height: int | None = None) -> go.F
 
 
 def scramble_figures(rep: Any) -> list[go.Figure]:
-    """Trained P vs the orientation-scramble null (log P axis up to 1; SPEC 4b).
+    """Trained P vs the orientation-scramble null (log P axis ending at P = 1; SPEC 4b).
 
-    1. per head (x = heads in layer order): trained P, the scramble median and q95;
+    1. per head (x = heads in layer order): trained P (closed heads ringed), the scramble
+       median and q95, the band ``P >= threshold`` shaded;
     2. per layer: median trained P vs median scrambled P, max mismatch P, feasible P.
 
     Raises:
@@ -130,6 +172,7 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
     h = rep.heads
     if "P_scrambled_median" not in h.columns:
         raise OptionError("This report has no scramble columns: run idempotence_report(model, nulls=True).")
+    t = rep.threshold
     label = [f"L{a}H{b}" for a, b in zip(h["layer"], h["head"])]
     x = np.arange(len(h))
     hover = "%{text}<br>%{y:.3g}<extra>%{fullData.name}</extra>"
@@ -156,6 +199,7 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
             hovertemplate=hover,
         )
     )
+    P_txt = _P_text(h["P"], t)
     f1.add_trace(
         go.Scatter(
             x=x,
@@ -163,11 +207,25 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
             mode="markers",
             name="trained P",
             marker={"size": 5, "color": "crimson"},
-            text=label,
-            hovertemplate=hover,
+            text=[f"{lab}: P = {p}" for lab, p in zip(label, P_txt)],
+            hovertemplate="%{text}<extra></extra>",
+            cliponaxis=False,
         )
     )
-    f1.add_hline(y=rep.threshold, line_dash="dot", annotation_text=f"P = {rep.threshold:g}")
+    closed = h["closed"].to_numpy(dtype=bool)
+    if closed.any():
+        f1.add_trace(
+            go.Scatter(
+                x=x[closed],
+                y=h["P"][closed],
+                mode="markers",
+                name=f"closed (P >= {t:g})",
+                marker={"symbol": "circle-open", "size": 11, "color": "#e8175d", "line": {"width": 2}},
+                hoverinfo="skip",
+                cliponaxis=False,
+            )
+        )
+    _threshold_band(f1, t, 0, max(len(h) - 1, 1))
     s = rep.summary
     frac = s.get("frac_beats_scramble", float("nan"))
     f1.update_layout(
@@ -176,19 +234,30 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
             f"{100 * frac:.2f}% of heads beat their scramble median"
         ),
         xaxis_title="head (layer order)",
-        yaxis_title="P",
+        yaxis_title="P (log scale, up to 1)",
         yaxis={"type": "log", "range": log_P_range(h["P"], h["P_scrambled_median"], h["P_scrambled_q95"])},
         height=420,
     )
     L = rep.layers
     f2 = go.Figure()
-    f2.add_trace(go.Scatter(x=L["layer"], y=L["median_P"], mode="lines+markers", name="median trained P"))
-    f2.add_trace(go.Scatter(x=L["layer"], y=L["median_P_scrambled"], mode="lines+markers", name="median scrambled P"))
+    f2.add_trace(
+        go.Scatter(x=L["layer"], y=L["median_P"], mode="lines+markers", name="median trained P", cliponaxis=False)
+    )
+    f2.add_trace(
+        go.Scatter(
+            x=L["layer"], y=L["median_P_scrambled"], mode="lines+markers", name="median scrambled P", cliponaxis=False
+        )
+    )
     arrays = [L["median_P"], L["median_P_scrambled"]]
     if "mismatch_P_max" in L.columns:
         f2.add_trace(
             go.Scatter(
-                x=L["layer"], y=L["mismatch_P_max"], mode="markers", name="max mismatch P", marker={"symbol": "x"}
+                x=L["layer"],
+                y=L["mismatch_P_max"],
+                mode="markers",
+                name="max mismatch P",
+                marker={"symbol": "x"},
+                cliponaxis=False,
             )
         )
         arrays.append(L["mismatch_P_max"])
@@ -200,14 +269,16 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
                 mode="markers",
                 name="feasible P (search)",
                 marker={"symbol": "triangle-up"},
+                cliponaxis=False,
             )
         )
         arrays.append(L["feasible_P"])
-    f2.add_hline(y=rep.threshold, line_dash="dot")
+    layer_x = L["layer"].to_numpy(dtype=float)
+    _threshold_band(f2, t, float(layer_x.min()) if layer_x.size else 0.0, float(layer_x.max()) if layer_x.size else 1.0)
     f2.update_layout(
-        title="Per layer: trained vs scrambled median P (log scale)",
+        title="Per layer: trained vs scrambled median P",
         xaxis_title="layer",
-        yaxis_title="P",
+        yaxis_title="P (log scale, up to 1)",
         yaxis={"type": "log", "range": log_P_range(*arrays)},
         height=380,
     )
@@ -223,10 +294,18 @@ def algebra_summary_figure(alg: Any) -> go.Figure:
     fig = make_subplots(
         rows=1, cols=2, subplot_titles=("median off-diagonal P_ij (law: 1)", "median alpha spread over i (law: 0)")
     )
-    for k, d in g.groupby("kv_head"):
+    from plotly.colors import qualitative
+
+    for i, (k, d) in enumerate(g.groupby("kv_head")):
+        line = {"color": qualitative.Plotly[i % len(qualitative.Plotly)]}  # one colour per group in both panels
         fig.add_trace(
             go.Scatter(
-                x=d["layer"], y=d["median_P_offdiag"], mode="lines+markers", name=f"kv group {k}", legendgroup=str(k)
+                x=d["layer"],
+                y=d["median_P_offdiag"],
+                mode="lines+markers",
+                name=f"kv group {k}",
+                legendgroup=str(k),
+                line=line,
             ),
             row=1,
             col=1,
@@ -239,6 +318,7 @@ def algebra_summary_figure(alg: Any) -> go.Figure:
                 name=f"kv group {k}",
                 legendgroup=str(k),
                 showlegend=False,
+                line=line,
             ),
             row=1,
             col=2,
@@ -501,27 +581,42 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
 
 
 def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
-    """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P."""
+    """Per checkpoint: median P over all heads and (nulls) median scrambled P on the P axis (log, ending at
+    P = 1), and the fraction of heads with P >= threshold on its own linear axis (right; a fraction of 0
+    has no place on a log axis)."""
     import plotly.graph_objects as go
 
     ck = tr.checkpoints.sort_values("order")
     xcol, xtitle = tr.x_axis()
+
+    def on_P_axis(v: Any) -> np.ndarray:
+        """Values as drawn on the P axis: on a log axis a 0 is left out (a gap), never drawn off the axis."""
+        a = np.asarray(v, dtype=float)
+        return np.where(a > 0, a, np.nan) if log_y else a
+
     fig = go.Figure()
-    fig.add_trace(go.Scatter(x=ck[xcol], y=ck["median_P"], mode="lines+markers", name="median P (all heads)"))
+    fig.add_trace(
+        go.Scatter(x=ck[xcol], y=on_P_axis(ck["median_P"]), mode="lines+markers", name="median P (all heads)")
+    )
     fig.add_trace(
         go.Scatter(
             x=ck[xcol],
             y=ck["n_closed"] / ck["n_heads"],
             mode="lines+markers",
             name=f"fraction with P ≥ {tr.threshold:g}",
+            yaxis="y2",
         )
     )
-    arrays = [ck["median_P"], ck["n_closed"] / ck["n_heads"]]
+    arrays = [ck["median_P"]]
     if "median_P_scrambled" in ck:
         arrays.append(ck["median_P_scrambled"])
         fig.add_trace(
             go.Scatter(
-                x=ck[xcol], y=ck["median_P_scrambled"], mode="lines", name="median scrambled P", line={"dash": "dot"}
+                x=ck[xcol],
+                y=on_P_axis(ck["median_P_scrambled"]),
+                mode="lines",
+                name="median scrambled P",
+                line={"dash": "dot"},
             )
         )
     sus = _suspect_points(tr)
@@ -529,7 +624,7 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
         fig.add_trace(
             go.Scatter(
                 x=sus[xcol],
-                y=sus["median_P"],
+                y=on_P_axis(sus["median_P"]),
                 mode="markers",
                 name="identical / shared-layer checkpoint",
                 marker={"symbol": "x-open", "size": 14, "color": "black"},
@@ -538,8 +633,18 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
     fig.update_layout(
         title="All heads over training",
         xaxis_title=xtitle,
-        yaxis_title="P / fraction",
-        yaxis={"type": "log", "range": log_P_range(*arrays)} if log_y else {"range": [0, 1.02]},
+        yaxis={
+            "title": "median P",
+            **({"type": "log", "range": log_P_range(*arrays)} if log_y else {"range": [0, 1.02]}),
+        },
+        yaxis2={
+            "title": f"fraction of heads with P ≥ {tr.threshold:g}",
+            "overlaying": "y",
+            "side": "right",
+            "range": [0, 1.02],
+            "showgrid": False,
+        },
+        legend={"orientation": "h", "y": -0.2},
         template="plotly_white",
     )
     return fig

@@ -1,23 +1,106 @@
-"""Notebook displays (``_repr_html_``) of result objects: a few lines that say what the result is.
+"""Notebook displays of result objects and of plotly figures, online and in static renders, offline.
 
-* :func:`result_html` — any result: its class, its headline numbers and the first rows of
-  its ``heads`` table.
-* a report: the headline sentence, the closed heads and a small colour-table heatmap of
-  P (plain HTML and inline CSS, so it shows in a static render of a notebook, offline).
+* :func:`result_html` — the ``_repr_html_`` of any result: its class, its headline numbers and
+  the first rows of its ``heads`` table; a report shows its headline sentence, the closed
+  heads and a small colour-table heatmap of P (plain HTML and inline CSS, so it shows in a
+  static render of a notebook, offline).
+* :func:`use_offline_plotly` — make every plotly figure of the kernel render in Jupyter *and*
+  in a static HTML render of the executed notebook (nbconvert), with no network: each figure
+  output carries the plotly JSON mimetype (JupyterLab, VS Code) and an HTML ``<div>`` with its
+  drawing script, and plotly.js is embedded once, in the output of the first figure shown.
+  Plotly's own ``"notebook"`` renderer embeds plotly.js too but adds a MathJax ``<script>``
+  from a CDN to every figure; the default renderer in JupyterLab writes only the JSON
+  mimetype, which static renders (nbconvert, GitHub) cannot draw — figures come out blank.
 """
 
 from __future__ import annotations
 
 import html
 import math
+from functools import cache
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from .text import format_P, headline
+from .text import format_P, format_sig, headline
 
-__all__ = ["mini_heatmap", "result_html"]
+__all__ = ["OFFLINE_RENDERER", "mini_heatmap", "result_html", "use_offline_plotly"]
+
+#: Name under which :func:`use_offline_plotly` registers its renderer in ``plotly.io.renderers``.
+OFFLINE_RENDERER = "tli_offline"
+
+
+@cache
+def _offline_renderer_class() -> type:
+    """The renderer class (built on first use, so that importing this module does not import plotly)."""
+    from plotly.io import to_html
+    from plotly.io.base_renderers import MimetypeRenderer, PlotlyRenderer
+
+    class OfflineNotebookRenderer(MimetypeRenderer):
+        """plotly.js embedded once (on activation); per figure the plotly mimetype plus an HTML div."""
+
+        def __init__(self, config: dict[str, Any] | None = None) -> None:
+            self.config = dict(config or {})
+
+        def activate(self) -> None:
+            try:
+                from IPython import get_ipython
+                from IPython.display import HTML, display
+            except ImportError:  # pragma: no cover - plotly calls this only under IPython
+                return
+            if get_ipython() is None:
+                return
+            from plotly.offline import get_plotlyjs
+
+            display(
+                HTML(
+                    "<!-- plotly.js, embedded by tl_idempotence.views.use_offline_plotly -->"
+                    '<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>'
+                    f'<script charset="utf-8" type="text/javascript">{get_plotlyjs()}</script>'
+                )
+            )
+
+        def to_mimebundle(self, fig_dict: dict[str, Any]) -> dict[str, Any]:
+            div = to_html(
+                fig_dict,
+                config=self.config,
+                include_plotlyjs=False,
+                include_mathjax=False,
+                full_html=False,
+                default_width="100%",
+                default_height=525,
+                validate=False,
+            )
+            bundle = dict(PlotlyRenderer(config=self.config).to_mimebundle(dict(fig_dict)))
+            bundle["text/html"] = div
+            return bundle
+
+    return OfflineNotebookRenderer
+
+
+def use_offline_plotly() -> str:
+    """Show plotly figures in notebooks so that they also render offline in static HTML (module docstring).
+
+    Call it once, near the top of a notebook (the demos do)::
+
+        from tl_idempotence.views import use_offline_plotly
+        use_offline_plotly()
+
+    It registers a renderer named :data:`OFFLINE_RENDERER` and makes it plotly's default
+    (``plotly.io.renderers.default``); the first figure shown after the call embeds plotly.js
+    (~5 MB) in its output, later figures reuse it. Calling it again embeds plotly.js once more
+    at the next figure (harmless). Outside IPython it only sets the default.
+
+    Returns:
+        The renderer's name.
+    """
+    import plotly.io as pio
+
+    if OFFLINE_RENDERER not in pio.renderers:
+        pio.renderers[OFFLINE_RENDERER] = _offline_renderer_class()()
+    pio.renderers.default = OFFLINE_RENDERER
+    return OFFLINE_RENDERER
 
 
 def _value(v: Any) -> str | None:
@@ -60,8 +143,12 @@ def mini_heatmap(rep: Any, value: str = "P") -> str:
                 f'style="background:{color};{ring}width:12px;height:9px;padding:0"></td>'
             )
         cells.append(f'<tr><th style="font-size:9px;padding:0 3px">{layer}</th>{"".join(tds)}</tr>')
+    head_row = "".join(f'<th style="font-size:8px;padding:0;font-weight:normal">{h}</th>' for h in piv.columns)
     return (
-        '<table style="border-collapse:collapse;margin:4px 0">' + "".join(cells) + "</table>"
+        '<table style="border-collapse:collapse;margin:4px 0">'
+        f'<tr><th style="font-size:8px;padding:0 3px;font-weight:normal">L\\H</th>{head_row}</tr>'
+        + "".join(cells)
+        + "</table>"
         f'<div style="font-size:11px;color:#555">{value} per layer (rows) x head (columns), Viridis [{lo:g}, {hi:g}];'
         " ringed: closed heads. Hover a cell for its value.</div>"
     )
@@ -77,12 +164,26 @@ def _report_html(rep: Any) -> str:
     return (
         f"<div><b>IdempotenceReport</b><p>{html.escape(headline(rep.summary, rep.threshold))}</p>"
         f"<details open><summary>{title}</summary>{table}{more}</details>"
-        f"<details><summary>P over layer x head</summary>{mini_heatmap(rep)}</details></div>"
+        f"<details open><summary>P over layer x head</summary>{mini_heatmap(rep)}</details></div>"
     )
 
 
+def _frame_html(df: pd.DataFrame, threshold: float | None) -> str:
+    """A small DataFrame as HTML, floats with 4 significant digits never rounded across ``threshold``."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype.kind == "f":
+            out[col] = out[col].map(lambda v: format_sig(v, threshold, sig=4))
+    return str(out.to_html(border=0))
+
+
 def result_html(obj: Any) -> str:
-    """The notebook display of a result object (reports get their own, see the module docstring)."""
+    """The notebook display of a result object (reports get their own, see the module docstring).
+
+    Any other result: its class name, its scalar summary numbers, its ``checkpoints`` table when
+    it has one (a trajectory), and its ``heads`` rows (the 10 with the highest P when there is a
+    P column). Plain HTML, no script: it shows in static renders too.
+    """
     from ..report.report import IdempotenceReport
 
     if isinstance(obj, IdempotenceReport):
@@ -92,11 +193,21 @@ def result_html(obj: Any) -> str:
         summary = obj.summary
     except Exception as e:  # noqa: BLE001 - a display must not raise
         return f"<b>{html.escape(name)}</b> (summary unavailable: {html.escape(type(e).__name__)})"
+    t = summary.get("threshold") if isinstance(summary, dict) else None
+    t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
     out = f"<div><b>{html.escape(name)}</b>{_summary_table(summary)}"
+    ck = getattr(obj, "checkpoints", None)
+    if isinstance(ck, pd.DataFrame) and len(ck):
+        out += (
+            f"<details><summary>checkpoints ({len(ck)} rows{'; first 20' if len(ck) > 20 else ''})</summary>"
+            f"{_frame_html(ck.head(20), t)}</details>"
+        )
     heads = getattr(obj, "heads", None)
     if isinstance(heads, pd.DataFrame) and len(heads):
+        by_P = "P" in heads.columns and heads["P"].dtype.kind == "f"
+        first = heads.sort_values("P", ascending=False, kind="stable") if by_P else heads
+        what = ("highest P first" if by_P else "in order") + ("; the first 10" if len(heads) > 10 else "")
         out += (
-            f"<details><summary>heads ({len(heads)} rows; first 10)</summary>"
-            f"{heads.head(10).to_html(border=0, float_format=lambda v: f'{v:.4g}')}</details>"
+            f"<details><summary>heads ({len(heads)} rows, {what})</summary>{_frame_html(first.head(10), t)}</details>"
         )
     return out + "</div>"

@@ -16,12 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ..errors import OptionError
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap, scramble_figures
-from .text import format_P, headline, summary_sections
+from .text import format_P, format_sig, headline, summary_sections
 
 __all__ = [
     "closed_heads_table",
@@ -44,9 +43,9 @@ def _table_html(df: pd.DataFrame) -> str:
 def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
     """The closed heads sorted by P as display strings (or, when none is closed, the top 10 by P).
 
-    Columns: ``head`` (``L10H8``), ``layer``, ``head index``, ``kv head``, ``alpha``, ``P`` (never
+    Columns: ``head`` (``L10H8``), ``layer``, ``head index``, ``kv head``, ``α``, ``P`` (never
     rounded across the threshold); with controls ``scramble median P`` and ``scramble p-value``;
-    with the search ``feasible P``.
+    with the search ``feasible P (search)`` (the head's own searched P).
     """
     df = rep.closed_heads
     if not len(df):
@@ -60,7 +59,7 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
             "layer": df["layer"].astype(int).to_numpy(),
             "head index": df["head"].astype(int).to_numpy(),
             "kv head": df["kv_head"].astype(int).to_numpy(),
-            "alpha": [f"{a:.4g}" for a in df["alpha"]],
+            "α": [f"{a:.4g}" for a in df["alpha"]],
             "P": [format_P(p, t) for p in df["P"]],
         }
     )
@@ -88,11 +87,24 @@ def _datatable(df: pd.DataFrame) -> str:
     return str(to_html_datatable(df, connected=False, display_logo_when_loading=False, showIndex=False, maxBytes=0))
 
 
-def _display_frame(df: pd.DataFrame) -> pd.DataFrame:
+def _p_value_note(rep: Any) -> str:
+    """What the scramble p-value can resolve with this many draws (empty without controls)."""
+    n = rep.summary.get("n_scramble_draws")
+    if "p_value" not in rep.heads.columns or not n:
+        return ""
+    return (
+        f"scramble p-value = (1 + number of draws with scrambled P ≥ P) / (n + 1) over n = {int(n)} Haar draws per "
+        f"head, so it cannot go below 1/{int(n) + 1} = {1 / (int(n) + 1):.3g}; more draws (nulls=...) resolve "
+        "smaller p-values."
+    )
+
+
+def _display_frame(df: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
+    """Float columns as text with 6 significant digits, never rounded across ``threshold`` (when given)."""
     out = df.copy()
     for col in out.columns:
         if out[col].dtype.kind == "f":
-            out[col] = out[col].map(lambda v: f"{v:.6g}")
+            out[col] = out[col].map(lambda v: format_sig(v, threshold))
     return out
 
 
@@ -106,9 +118,10 @@ def datatable_html(df: pd.DataFrame) -> str:
     return _datatable(df)
 
 
-def display_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy of ``df`` with float columns as 6-significant-digit strings, for display tables."""
-    return _display_frame(df)
+def display_frame(df: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
+    """A copy of ``df`` with float columns as 6-significant-digit strings, for display tables; with
+    ``threshold``, a value is never printed rounded across it (:func:`~tl_idempotence.views.text.format_sig`)."""
+    return _display_frame(df, threshold)
 
 
 def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
@@ -161,30 +174,28 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
                 }
             )
     paper = rep.paper_table(formatted=True)
-    numeric = rep.paper_table()
-    not_run = numeric[~np.isfinite(numeric["value"].to_numpy(dtype=float))]
     template = resources.files("tl_idempotence").joinpath("data/report.html.j2").read_text(encoding="utf-8")
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(default=True))
-    heads = _display_frame(rep.heads.reset_index())
+    heads = _display_frame(rep.heads.reset_index(), rep.threshold)
     return env.from_string(template).render(
         title=f"Idempotence report: {s['model_name']}",
         headline=headline(s, rep.threshold),
         threshold=f"{rep.threshold:g}",
         n_closed=int(s["n_closed"]),
         closed_table=_table_html(closed_heads_table(rep)),
+        closed_note=_p_value_note(rep),
         heatmap=heat,
         paper_table=_table_html(paper),
         paper_note=(
-            "Rows marked 'not run' need the controls: " + "; ".join(sorted(set(not_run["note"])))
-            if len(not_run)
-            else ""
+            "paper: the figures of the paper's abstract (arXiv 2609.01129), over the models it surveyed; "
+            "rows that say 'not run' need an analysis this report did not run."
         ),
         sections=sections,
         extra_html=list(extra_html or []),
         n_heads=len(rep.heads),
         n_layers=len(rep.layers),
         heads_table=_datatable(heads),
-        layers_table=_datatable(_display_frame(rep.layers)),
+        layers_table=_datatable(_display_frame(rep.layers, rep.threshold)),
         summary_tables=summary_sections(s),
         datatables_init=_datatables_init(),
     )

@@ -2,6 +2,7 @@
 
 * :func:`format_P` — P with as many decimals as it takes to stay on its side of the
   threshold (0.8998 at threshold 0.9 prints ``0.8998``, never ``0.900``).
+* :func:`format_sig` — the same guarantee with significant digits, for tables of mixed scales.
 * :func:`headline` — one sentence that leads a report: the model, what weights were
   measured, how many heads closed, and against what null.
 * :func:`summary_sections` — a report's summary as readable (key, value) tables.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["format_P", "headline", "summary_sections", "weights_phrase"]
+__all__ = ["format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
 
 
 def format_P(P: float, threshold: float | None = None, digits: int = 4) -> str:
@@ -32,20 +33,39 @@ def format_P(P: float, threshold: float | None = None, digits: int = 4) -> str:
     return repr(P)  # pragma: no cover
 
 
+def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> str:
+    """``value`` with ``sig`` significant digits (``g`` format), or more when fewer would round it
+    across ``threshold``; NaN prints as ``"NaN"``. For tables where P sits next to small numbers
+    (scrambled medians ~1e-4) that fixed decimals would flatten."""
+    v = float(value)
+    if math.isnan(v):
+        return "NaN"
+    d = sig
+    while d < 17:
+        text = f"{v:.{d}g}"
+        if threshold is None or (float(text) >= threshold) == (v >= threshold):
+            return text
+        d += 1
+    return repr(v)  # pragma: no cover
+
+
 def weights_phrase(summary: dict[str, Any]) -> str:
-    """What weights were measured, in words (SPEC 10)."""
+    """What weights were measured, in words (SPEC 10): ``"raw checkpoint weights"`` or the
+    TransformerLens processing that was applied (where the flags came from is in the summary's
+    ``processing`` table)."""
     proc = summary.get("processing") or {}
     if proc.get("raw", True):
-        what = "raw checkpoint weights"
-    else:
-        flags = [k for k in ("fold_ln", "center_writing_weights", "fold_value_biases") if proc.get(k)]
-        what = "TransformerLens-processed weights (" + ", ".join(flags) + ")" if flags else "processed weights"
-    src = proc.get("source") or (summary.get("source") or {}).get("format")
-    return f"{what}" + (f", read via {src}" if src else "")
+        return "raw checkpoint weights"
+    flags = [k for k in ("fold_ln", "center_writing_weights", "fold_value_biases") if proc.get(k)]
+    return "TransformerLens-processed weights (" + ", ".join(flags) + ")" if flags else "processed weights"
 
 
 def headline(summary: dict[str, Any], threshold: float) -> str:
-    """One sentence: model, weights, closed heads, and the null they were measured against."""
+    """One sentence: model, weights, closed heads, and the null they were measured against.
+
+    E.g. ``"smollm2-135m (TransformerBridge, raw checkpoint weights): 13 of 270 heads (4.81 %) are
+    near-idempotent, P ≥ 0.9; median P 0.265. Against the orientation-scramble null ..."``.
+    """
     s = summary
     n, k = int(s["n_heads"]), int(s["n_closed"])
     pct = 100.0 * k / n if n else float("nan")

@@ -1,0 +1,128 @@
+"""Benchmark: what each analysis costs on SmolLM2-135M on this CPU (the README's cost table).
+
+Usage:  python benchmarks/bench_costs.py [--repeats 3] [--threads 1]
+
+One run measures, with the weights read from the zoo's cached files (``tli.models.checkpoint_dir``,
+fetched once when missing) and nothing else of the process timed:
+
+* ``idempotence_report(path)`` — closure of all 270 heads;
+* ``idempotence_report(path, nulls=64)`` — orientation scramble (64 Haar draws per head) and the
+  matched O/V mismatch;
+* ``idempotence_report(path, search=True)`` — the constructive search, per layer;
+* ``idempotence_report(path, algebra=True)`` — the shared-value algebra of every kv group;
+* ``activation_returns(model)`` — activation-level returns on the default corpus (stdlib
+  docstrings, ``max_tokens`` default 8,192) with its default scramble control, on the SmolLM2
+  TransformerBridge (its loading is timed separately).
+
+Each is timed ``--repeats`` times (median) when one run takes under 20 CPU seconds, once otherwise, as wall
+seconds and as CPU seconds of the process (all threads). The result is printed as a markdown table
+with the date, the machine's load average, torch's thread count and the command line. With one
+torch thread (the default here) the CPU seconds are what the run costs on an idle core and barely
+change when other jobs share the machine, while the wall seconds grow with the load; a laptop with
+several cores and torch's default threads finishes the batched parts faster than the CPU column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+CHEAP_S = 20.0
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:  # pragma: no cover
+        return "n/a"
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, int, Any]:
+    """(median wall seconds, median CPU seconds, runs, the last result): repeats only when one run is cheap."""
+    walls, cpus = [], []
+    out = None
+    for i in range(repeats):
+        t, c = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - t)
+        cpus.append(time.process_time() - c)
+        if i == 0 and cpus[0] >= CHEAP_S:
+            break
+    return statistics.median(walls), statistics.median(cpus), len(walls), out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3, help="runs per cheap measurement (median); default 3")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; 0: torch's own)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import tl_idempotence as tli
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    path = str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
+    rows: list[tuple[str, str, float, float, int, str]] = []
+
+    def add(label: str, call: str, wall: float, cpu: float, n: int, unit: str) -> None:
+        rows.append((label, call, wall, cpu, n, unit))
+        print(f"{label}: wall {wall:.2f} s, CPU {cpu:.2f} s (median of {n})", file=sys.stderr, flush=True)
+
+    def report(label: str, call: str, **kw: Any) -> None:
+        wall, cpu, n, rep = timed(lambda: tli.idempotence_report(path, progress=False, **kw), args.repeats)
+        add(label, call, wall, cpu, n, f"{cpu / len(rep.layers):.2f} s/layer (CPU)")
+
+    load_before = loadavg()
+    report("report (closure)", "tli.idempotence_report(model)")
+    report("controls, 64 draws", "tli.idempotence_report(model, nulls=64)", nulls=64)
+    report("constructive search", "tli.idempotence_report(model, search=True)", search=True)
+    report("shared-value algebra", "tli.idempotence_report(model, algebra=True)", algebra=True)
+
+    t, c = time.perf_counter(), time.process_time()
+    model = tli.models.load("smollm2-135m", progress=False)
+    add(
+        "load the TransformerBridge",
+        'tli.models.load("smollm2-135m")',
+        time.perf_counter() - t,
+        time.process_time() - c,
+        1,
+        "",
+    )
+    wall, cpu, n, ret = timed(lambda: tli.activation_returns(model, progress=False), args.repeats)
+    add(
+        "activation returns, default corpus",
+        "tli.activation_returns(model)",
+        wall,
+        cpu,
+        n,
+        f"{int(ret.summary['n_tokens']):,} tokens, {int(ret.summary['n_heads'])} heads",
+    )
+
+    cmd = " ".join(["python benchmarks/bench_costs.py", *(argv if argv is not None else sys.argv[1:])])
+    print(
+        f"\nSmolLM2-135M (30 layers x 9 heads, weights from the zoo's cached files), {dt.date.today().isoformat()}, "
+        f"{platform.machine()} with {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} torch "
+        f"thread(s)); load average before {load_before}, after {loadavg()}.\nCommand: `{cmd}`\n"
+    )
+    print("| analysis | call | CPU time | wall time | runs | per unit |")
+    print("| --- | --- | --- | --- | --- | --- |")
+
+    def fmt(sec: float) -> str:
+        return f"{sec:.1f} s" if sec < 120 else f"{sec / 60:.1f} min"
+
+    for label, call, wall, cpu, n, unit in rows:
+        runs = f"median of {n}" if n > 1 else "1"
+        print(f"| {label} | `{call}` | {fmt(cpu)} | {fmt(wall)} | {runs} | {unit} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Saving and loading a report (``rep.save(path)``, ``tli.load_report(path)``): parquet tables plus one JSON
+record, no pickle.
+
+A loaded report has the same heads, layers, long tables and summary bit for bit, the same figures (their
+plotly JSON) and the same HTML page (up to the random element ids plotly and itables draw). A folder that
+lies is refused with the file named: a changed or truncated table file, an edited ``report.json``, a missing
+file, a folder that is not a saved report.
+
+Real values: SmolLM2-135M-Instruct's raw weights from the zoo's cached checkpoint files, two layers with
+every analysis (scramble, mismatch, search, shared-value algebra), so every table kind is saved.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import tl_idempotence as tli
+from tl_idempotence.errors import MissingFileError, OptionError
+from tl_idempotence.report.store import RECORD, ReportFileError
+from tl_idempotence.views.page import report_html
+
+pytestmark = pytest.mark.bridge  # checkpoint files only: must also pass on transformer-lens 4.x
+
+#: plotly's and itables' element ids are random per render; everything else of the page is deterministic.
+RANDOM_IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|itables_[0-9a-f_]{20,}")
+
+
+@pytest.fixture(scope="module")
+def rep():
+    from conftest import unavailable
+
+    try:
+        path = str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
+    except Exception as e:
+        unavailable("the zoo's smollm2-135m checkpoint files", e)
+    return tli.idempotence_report(path, nulls=8, search=True, algebra=True, layers=[5, 10], progress=False)
+
+
+@pytest.fixture
+def saved(rep, tmp_path):
+    return Path(rep.save(tmp_path / "smol_report"))
+
+
+def frames_identical(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
+    pd.testing.assert_frame_equal(a, b, check_exact=True, check_dtype=True, obj=name)
+    for col in a.columns:
+        if a[col].dtype.kind == "f":  # bit for bit, NaN payloads included
+            assert a[col].to_numpy().tobytes() == b[col].to_numpy().tobytes(), f"{name}.{col}"
+
+
+def assert_same_value(a, b, where: str = "summary") -> None:
+    """Equal values of the same types, dict keys in the same order, floats bit for bit (NaN included)."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same_value(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_value(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def page(rep) -> str:
+    return RANDOM_IDS.sub("ID", report_html(rep))
+
+
+def test_save_load_round_trip_is_identical(rep, saved):
+    back = tli.load_report(saved)
+    assert sorted(p.name for p in saved.iterdir()) == sorted(
+        [RECORD, "heads.parquet", "layers.parquet"] + [f"{k}.parquet" for k in rep.tables]
+    )
+    assert {"scramble_draws", "mismatch_pairs", "algebra_pairs", "algebra_closed_ranges"} <= set(rep.tables)
+    frames_identical(back.heads, rep.heads, "heads")
+    assert list(back.heads.index) == list(rep.heads.index) and back.heads.index.name == "label"
+    frames_identical(back.layers, rep.layers, "layers")
+    assert sorted(back.tables) == sorted(rep.tables)
+    for k in rep.tables:
+        frames_identical(back.tables[k], rep.tables[k], k)
+    assert_same_value(back.summary, rep.summary)  # every value, type and key order; floats bit for bit
+    assert back.info == rep.info and back.options == rep.options and back.threshold == 0.9
+    # what the report shows: the same closed heads, figures (plotly JSON) and page
+    assert list(back.closed_heads.index) == ["L10H8", "L5H2", "L10H6"]
+    assert back.closed_heads["P"].iloc[0] == rep.heads.loc["L10H8", "P"] == pytest.approx(0.953258, abs=5e-7)
+    figs, figs_back = rep.figures(), back.figures()
+    assert len(figs) == len(figs_back) == 4  # heatmap, two scramble figures, algebra summary
+    assert [f.to_json() for f in figs_back] == [f.to_json() for f in figs]
+    assert page(back) == page(rep)
+    assert back.paper_table().equals(rep.paper_table())
+    # a loaded report is a report: its threshold can move, and it saves again to the same bytes
+    back.threshold = 0.95
+    assert list(back.closed_heads.index) == ["L10H8"]
+    back.threshold = 0.9
+    again = Path(back.save(saved.parent / "again"))
+    for f in saved.iterdir():
+        assert (again / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def test_saving_refuses_to_clobber(rep, saved, tmp_path):
+    with pytest.raises(OptionError, match="not empty; pass overwrite=True"):
+        rep.save(saved)
+    assert tli.load_report(rep.save(saved, overwrite=True)).summary["n_closed"] == 3
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(OptionError, match="not a saved report folder"):
+        rep.save(other, overwrite=True)
+    assert (other / "notes.txt").read_text() == "mine"
+    with pytest.raises(OptionError, match="does not exist"):
+        rep.save(tmp_path / "no" / "such" / "folder")
+    with pytest.raises(OptionError, match="it is a file"):
+        rep.save(other / "notes.txt")
+
+
+@pytest.mark.parametrize("table", ["heads", "layers", "scramble_draws", "algebra_closed_ranges"])
+def test_a_changed_table_file_is_refused_with_its_name(saved, table):
+    f = saved / f"{table}.parquet"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit
+    f.write_bytes(bytes(data))
+    with pytest.raises(ReportFileError, match=rf"{re.escape(str(f))} does not match the sha256"):
+        tli.load_report(saved)
+
+
+def test_a_replaced_table_is_refused_even_when_it_is_valid_parquet(saved):
+    f = saved / "heads.parquet"
+    df = pd.read_parquet(f)
+    df.loc[0, "P"] = 0.99  # a plausible, valid, wrong value
+    df.to_parquet(f, index=False)
+    with pytest.raises(ReportFileError, match=r"heads\.parquet does not match the sha256"):
+        tli.load_report(saved)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda r: r["summary"].__setitem__("n_closed", 4),
+        lambda r: r["options"].__setitem__("threshold", 0.5),
+        lambda r: r["info"].__setitem__("n_heads", 8),
+        lambda r: r.pop("digest"),
+    ],
+    ids=["summary", "options", "info", "no-digest"],
+)
+def test_an_edited_record_is_refused_with_its_name(saved, edit):
+    f = saved / RECORD
+    rec = json.loads(f.read_text())
+    edit(rec)
+    f.write_text(json.dumps(rec, indent=1, sort_keys=True))
+    with pytest.raises(ReportFileError, match=rf"{re.escape(str(f))} does not match its recorded sha256 digest"):
+        tli.load_report(saved)
+
+
+def test_a_damaged_or_foreign_record_is_refused(saved):
+    f = saved / RECORD
+    text = f.read_text()
+    f.write_text(text[: len(text) // 2])  # truncated JSON
+    with pytest.raises(ReportFileError, match=re.escape(str(f))):
+        tli.load_report(saved)
+    f.write_text(json.dumps({"format": "something-else/1"}))
+    with pytest.raises(ReportFileError, match=r"is not a tl_idempotence\.report/1 record"):
+        tli.load_report(saved)
+    f.write_text("[1, 2, 3]")
+    with pytest.raises(ReportFileError, match=r"is not a tl_idempotence\.report/1 record"):
+        tli.load_report(saved)
+
+
+@pytest.mark.parametrize("missing", ["layers.parquet", "mismatch_pairs.parquet"])
+def test_a_missing_table_file_is_refused_with_its_name(saved, missing):
+    (saved / missing).unlink()
+    with pytest.raises(MissingFileError, match=rf"{re.escape(str(saved / missing))} is missing"):
+        tli.load_report(saved)
+
+
+def test_a_folder_that_is_not_a_report_is_refused(saved, tmp_path):
+    (saved / RECORD).unlink()
+    with pytest.raises(MissingFileError, match=f"has no {RECORD}"):
+        tli.load_report(saved)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(MissingFileError, match=rf"{re.escape(str(empty))} has no {RECORD}"):
+        tli.load_report(empty)
+    with pytest.raises(MissingFileError, match="is not a folder"):
+        tli.load_report(tmp_path / "nowhere")
+    a_file = tmp_path / "report.html"
+    a_file.write_text("<html></html>")
+    with pytest.raises(MissingFileError, match="is not a folder"):
+        tli.load_report(a_file)
