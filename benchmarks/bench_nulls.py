@@ -60,7 +60,9 @@ def bench_throughput(draws: int) -> None:
         t = time.perf_counter()
         scramble_draws(f, draws, 0, 1, return_K=False)
         dt = time.perf_counter() - t
-        print(f"d_head {r:4d}: {n_heads} heads x {draws} draws in {dt:6.2f} s -> {n_heads * draws / dt:9.0f} heads x draws / s")
+        print(
+            f"d_head {r:4d}: {n_heads} heads x {draws} draws in {dt:6.2f} s -> {n_heads * draws / dt:9.0f} heads x draws / s"
+        )
 
 
 def bench_smollm2(draws: int, search: bool) -> None:
@@ -86,8 +88,10 @@ def bench_smollm2(draws: int, search: bool) -> None:
 
 def bench_projection(draws: int, n_layers_measured: int, compute_dtype: torch.dtype = torch.float64) -> None:
     L, n_heads, n_kv, d_model, r = 94, 64, 4, 4096, 128
-    print(f"\n== projection: {L} layers x {n_heads}/{n_kv} heads, d_model {d_model}, d_head {r} "
-          f"({L * n_heads} heads), nulls={draws}, compute_dtype={compute_dtype}; measured on {n_layers_measured} layers")
+    print(
+        f"\n== projection: {L} layers x {n_heads}/{n_kv} heads, d_model {d_model}, d_head {r} "
+        f"({L * n_heads} heads), nulls={draws}, compute_dtype={compute_dtype}; measured on {n_layers_measured} layers"
+    )
     tot = {"core closure": 0.0, "scramble": 0.0, "mismatch": 0.0}
     for layer in range(n_layers_measured):
         lh = random_layer(layer, n_heads, n_kv, d_model, r)  # fp32 weights, like a bf16/fp32 checkpoint
@@ -104,8 +108,10 @@ def bench_projection(draws: int, n_layers_measured: int, compute_dtype: torch.dt
     for k, v in per.items():
         print(f"{k:13s}: {v:6.2f} s per layer -> {v * L / 60:6.2f} min for {L} layers")
     total = sum(per.values()) * L
-    print(f"projected total: {total / 60:.1f} min for {L * n_heads} heads (target < 10 min; {load()}, "
-          f"torch threads {torch.get_num_threads()})")
+    print(
+        f"projected total: {total / 60:.1f} min for {L * n_heads} heads (target < 10 min; {load()}, "
+        f"torch threads {torch.get_num_threads()})"
+    )
 
 
 def main() -> None:
@@ -116,8 +122,12 @@ def main() -> None:
     ap.add_argument("--skip-projection", action="store_true")
     ap.add_argument("--projection-layers", type=int, default=2)
     ap.add_argument("--search", action="store_true", help="also time the SmolLM2 report with search=True")
-    ap.add_argument("--compute-dtype", choices=["float64", "float32"], default="float64",
-                    help="dtype of the d_model-long products in the projection (the report's compute_dtype)")
+    ap.add_argument(
+        "--compute-dtype",
+        choices=["float64", "float32"],
+        default="float64",
+        help="dtype of the d_model-long products in the projection (the report's compute_dtype)",
+    )
     ap.add_argument("--skip-throughput", action="store_true")
     a = ap.parse_args()
     if a.threads:

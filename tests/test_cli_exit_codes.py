@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers import llama_like
 
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
@@ -133,17 +134,21 @@ def test_success_layers_csv_and_json(ckpt, tmp_path):
 def test_closed_stdout_pipe_is_quiet(ckpt, tmp_path):
     """`tl-idempotence report ... | head -1` must not print a BrokenPipeError."""
     cmd = " ".join([*CLI, "report", str(ckpt), "--out", str(tmp_path / "r.html"), "--quiet"]) + " | head -1"
-    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        ["bash", "-c", cmd], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+    )
     assert len(proc.stdout.splitlines()) == 1
     assert "BrokenPipe" not in proc.stderr and "Traceback" not in proc.stderr
     assert (tmp_path / "r.html").is_file()
 
 
 def test_help_and_argument_errors_import_no_torch():
-    code = ("import sys; from tl_idempotence.cli import main\n"
-            "for argv in (['--help'], ['report', '--nul', '1'], ['report', '--seed', '-1']):\n"
-            "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
-            "print('torch' in sys.modules, 'pandas' in sys.modules)")
+    code = (
+        "import sys; from tl_idempotence.cli import main\n"
+        "for argv in (['--help'], ['report', '--nul', '1'], ['report', '--seed', '-1']):\n"
+        "    try:\n        main(argv)\n    except SystemExit:\n        pass\n"
+        "print('torch' in sys.modules, 'pandas' in sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.strip().splitlines()[-1] == "False False", proc.stdout + proc.stderr
 

@@ -79,7 +79,9 @@ def _run(name: str, tmp_path: Path, monkeypatch, env: dict[str, str]):
 def _text(nb) -> str:
     return "\n".join(
         str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
-        for c in nb.cells if c.cell_type == "code" for o in c.outputs
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
     )
 
 

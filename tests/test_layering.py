@@ -17,8 +17,18 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tl_idempotence"
-LAYERS = {"errors": 0, "core": 1, "sources": 2, "analyses": 3, "report": 4, "studies": 5, "views": 6, "cli": 7,
-          "testing": 8, "__init__": 9}
+LAYERS = {
+    "errors": 0,
+    "core": 1,
+    "sources": 2,
+    "analyses": 3,
+    "report": 4,
+    "studies": 5,
+    "views": 6,
+    "cli": 7,
+    "testing": 8,
+    "__init__": 9,
+}
 #: (module, the higher-layer module it may name in a string) — the documented display backend.
 NAMED_BY_STRING = {("tl_idempotence.core.results", "tl_idempotence.views")}
 
@@ -63,7 +73,8 @@ def imports() -> list[tuple[str, str, str | None, int]]:
                     for a in node.names:
                         full = f"{target}.{a.name}"
                         is_mod = (SRC.parent / Path(*full.split("."))).with_suffix(".py").exists() or (
-                            SRC.parent / Path(*full.split(".")) / "__init__.py").exists()
+                            SRC.parent / Path(*full.split(".")) / "__init__.py"
+                        ).exists()
                         out.append((mod, full if is_mod else target, None if is_mod else a.name, node.lineno))
     return out
 
@@ -76,8 +87,11 @@ def test_the_walk_sees_the_package():
 
 
 def test_imports_only_run_down_the_layers():
-    bad = [f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)}) at line {line}"
-           for a, b, _, line in imports() if layer_of(b) > layer_of(a)]
+    bad = [
+        f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)}) at line {line}"
+        for a, b, _, line in imports()
+        if layer_of(b) > layer_of(a)
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -92,8 +106,11 @@ def test_no_private_name_of_another_module():
 
 
 def test_library_never_imports_testing():
-    bad = [f"{a} imports {b} at line {line}" for a, b, _, line in imports()
-           if b.startswith("tl_idempotence.testing") and a != "tl_idempotence.testing"]
+    bad = [
+        f"{a} imports {b} at line {line}"
+        for a, b, _, line in imports()
+        if b.startswith("tl_idempotence.testing") and a != "tl_idempotence.testing"
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -110,7 +127,7 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in graph.get(node, ()):
             if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt):], nxt] if nxt in stack else [node, nxt])
+                cycles.append([*stack[stack.index(nxt) :], nxt] if nxt in stack else [node, nxt])
             elif state.get(nxt) is None:
                 visit(nxt, [*stack, nxt])
         state[node] = 2

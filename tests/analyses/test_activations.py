@@ -49,7 +49,9 @@ def _projection_dir(tmp_path, arch: str, alpha: float, seed: int = 0):
     import transformers
 
     tag = {"llama": "q", "bert": "b"}[arch]  # no family words in paths (TL 3.x dispatches on them)
-    src = tiny_hf_dir(tmp_path / f"src_{tag}", arch=arch, seed=seed, **({"n_heads": 6, "n_kv_heads": 6} if arch == "bert" else {}))
+    src = tiny_hf_dir(
+        tmp_path / f"src_{tag}", arch=arch, seed=seed, **({"n_heads": 6, "n_kv_heads": 6} if arch == "bert" else {})
+    )
     if arch == "bert":
         model = transformers.BertForMaskedLM.from_pretrained(src)
         att = model.bert.encoder.layer[0].attention
@@ -237,7 +239,9 @@ def test_smollm2_returns_on_stdlib_docstrings(smollm2):
 @pytest.mark.slow
 def test_minilm_encoder_returns(minilm):
     model = minilm
-    res = activation_returns(model, ["The encoder reads the whole sentence at once."] * 4, max_tokens=None, progress=False)
+    res = activation_returns(
+        model, ["The encoder reads the whole sentence at once."] * 4, max_tokens=None, progress=False
+    )
     assert len(res.heads) == 72 and not res.heads[["a_median", "cos2_median"]].isna().any().any()
     # [CLS] and [SEP] are excluded: 4 copies of the sentence, joined and wrapped once.
     toks, counted = prepare_tokens(model, ["The encoder reads the whole sentence at once."] * 4, max_tokens=None)

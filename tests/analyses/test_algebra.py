@@ -159,7 +159,7 @@ def test_mha_is_empty_with_reason():
 
 
 def test_concat_of_layers_keeps_every_row():
-    O, V, kv, alphas, _ = _law_layer()
+    O, V, kv, _alphas, _ = _law_layer()
     parts = []
     for layer in (0, 2):
         lh = LayerHeads(layer, O, V, kv)

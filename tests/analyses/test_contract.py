@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import SyntheticSource, gaussian_layer
 
 import tl_idempotence as tli
+from helpers import SyntheticSource, gaussian_layer
 from tl_idempotence.analyses.base import LayerContext, LayerResult
 from tl_idempotence.analyses.registry import REPORT_ANALYSES
 from tl_idempotence.core.heads import LayerHeads

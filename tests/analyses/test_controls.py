@@ -180,8 +180,15 @@ def test_scramble_analysis_contract_and_determinism():
     b = _scramble_run(lh, seed=7)
     other = _scramble_run(lh, seed=8)
     assert list(a.columns)[:4] == ["P_scrambled_median", "P_scrambled_q95", "p_value", "beats_scramble"]
-    assert set(a.columns) == {"P_scrambled_median", "P_scrambled_q95", "p_value", "beats_scramble",
-                              "n_scramble_draws", "frac_scrambled_closed", "scramble_reason"}
+    assert set(a.columns) == {
+        "P_scrambled_median",
+        "P_scrambled_q95",
+        "p_value",
+        "beats_scramble",
+        "n_scramble_draws",
+        "frac_scrambled_closed",
+        "scramble_reason",
+    }
     assert all(len(v) == 9 for v in a.columns.values())
     A, B = pd.DataFrame(a.columns), pd.DataFrame(b.columns)
     pd.testing.assert_frame_equal(A, B)
@@ -258,7 +265,11 @@ def test_mismatch_pairs_are_exactly_the_cross_kv_pairs(n_heads, n_kv):
     res = MismatchAnalysis().run(LayerContext.build(lh, ReportOptions(nulls=16, threshold=0.9)))
     summ = res.values
     assert set(summ) == {
-        "n_mismatch_pairs", "mismatch_P_max", "mismatch_P_median", "n_mismatch_closed", "mismatch_note"
+        "n_mismatch_pairs",
+        "mismatch_P_max",
+        "mismatch_P_median",
+        "n_mismatch_closed",
+        "mismatch_note",
     }
     pd.testing.assert_frame_equal(res.tables["mismatch_pairs"], tab)
     assert summ["n_mismatch_pairs"] == len(expected)
@@ -376,8 +387,13 @@ def test_report_with_controls_and_paper_table():
     assert len(figs) == 2 and all(f.layout.yaxis.type == "log" for f in figs)
     assert len(figs[0].data) == 3 and len(figs[0].data[2].y) == 27
     # the log P axis runs up to 1 (P <= 1) and down to below the smallest positive P shown
-    for fig, shown in zip(figs, [rep.heads[["P", "P_scrambled_median", "P_scrambled_q95"]],
-                                 rep.layers[["median_P", "median_P_scrambled", "mismatch_P_max"]]]):
+    for fig, shown in zip(
+        figs,
+        [
+            rep.heads[["P", "P_scrambled_median", "P_scrambled_q95"]],
+            rep.layers[["median_P", "median_P_scrambled", "mismatch_P_max"]],
+        ],
+    ):
         lo, hi = fig.layout.yaxis.range
         v = shown.to_numpy(dtype=float)
         assert 0.0 <= hi <= 0.1 and lo < np.log10(v[np.isfinite(v) & (v > 0)].min())

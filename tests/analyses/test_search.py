@@ -51,7 +51,7 @@ def test_riemannian_gradient_matches_autograd():
     val.backward()
     val = val.detach()
     X = (R2.T @ (cos[:, None] * R1)).detach()
-    s2, s3, z, w = s * s, s**3, (s * s).sum(), (s * s)[:, None] * (s * s)[None, :]
+    s3, z, w = s**3, (s * s).sum(), (s * s)[:, None] * (s * s)[None, :]
     N, Q = (s3 * X.diagonal()).sum(), (w * X * X).sum()
     assert float(N * N / (z * Q)) == pytest.approx(float(val), rel=1e-12)
     Gx = torch.diag(2 * N / (z * Q) * s3) - (2 * N * N / (z * Q * Q)) * (w * X)
@@ -142,8 +142,13 @@ def test_search_analysis_contract_and_determinism():
     opts = ReportOptions(search=True, seed=2, threshold=0.9)
     a = SearchAnalysis().run(LayerContext.build(lh, opts))
     b = SearchAnalysis().run(LayerContext.build(lh, opts))
-    assert list(a.columns) == ["P_searched", "search_iters", "search_stopped_on", "search_best_restart",
-                               "search_reason"]
+    assert list(a.columns) == [
+        "P_searched",
+        "search_iters",
+        "search_stopped_on",
+        "search_best_restart",
+        "search_reason",
+    ]
     assert all(len(v) == 9 for v in a.columns.values())
     df, row = pd.DataFrame(a.columns), a.values
     pd.testing.assert_frame_equal(df, pd.DataFrame(b.columns))

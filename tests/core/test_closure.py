@@ -212,6 +212,31 @@ def test_layer_grams_matches_expanded_pairs():
     assert torch.allclose(a.P, b.P, rtol=1e-12) and torch.allclose(a.alpha, b.alpha, rtol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "kv",
+    [torch.arange(9) // 3, torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2]), torch.tensor([2, 2, 0, 1, 0, 2, 1, 1, 0])],
+    ids=["contiguous", "interleaved", "scattered"],
+)
+def test_layer_grams_any_kv_layout_equals_per_head_products(kv):
+    # M is computed per kv group (a slice for contiguous groups, an index otherwise) and the rank of
+    # G_V once per kv head: every head must get exactly its own products and ranks.
+    g = gen(18)
+    O = torch.randn(9, 48, 8, generator=g, dtype=torch.float64)
+    V = torch.randn(3, 48, 8, generator=g, dtype=torch.float64)
+    V[1, :, 5:] = 0  # kv head 1 has rank 5: a wrong kv lookup shows up in rank_V
+    lg = layer_grams(O, V, kv)
+    assert lg.kv_head_of is not None and lg.kv_head_of.tolist() == kv.tolist()
+    for h in range(9):
+        Vh = V[kv[h]]
+        assert torch.equal(lg.M[h], Vh.T @ O[h]) and torch.equal(lg.G_V[h], Vh.T @ Vh)
+    a = closure_from_grams(lg)
+    assert a.rank_V.tolist() == [5 if int(k) == 1 else 8 for k in kv]
+    b = closure_from_grams(grams(O, V[kv]))
+    assert torch.equal(a.P, b.P) and torch.equal(a.alpha, b.alpha) and torch.equal(a.rank_V, b.rank_V)
+    sub = closure_from_grams(lg.index(torch.tensor([4, 0])))
+    assert sub.rank_V.tolist() == a.rank_V[[4, 0]].tolist()
+
+
 def test_random_gaussian_heads_have_small_P():
     """SPEC 2: a random Gaussian head gives P = O(1/r²) on average."""
     g = gen(18)
@@ -234,7 +259,7 @@ def test_bad_inputs_raise_clear_errors():
         tli.closure((W_V, torch.randn(8, 31)))
     with pytest.raises(OptionTypeError, match="FactoredMatrix"):
         tli.closure(W_V)
-    with pytest.raises(OptionTypeError, match="torch.Tensor or numpy"):
+    with pytest.raises(OptionTypeError, match=r"torch\.Tensor or numpy"):
         tli.closure(([1.0], [2.0]))
     with pytest.raises(WeightError, match="broadcast"):
         tli.closure((torch.randn(3, 32, 8), torch.randn(2, 8, 32)))

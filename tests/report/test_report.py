@@ -74,7 +74,18 @@ def test_bridge_report_matches_dense_reference(tiny_dir):
     model = bridge_from_dir(path)
     rep = model.idempotence_report(progress=False)
     assert len(rep.heads) == 2 * n_heads
-    assert list(rep.heads.columns[:10]) == ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed"]
+    assert list(rep.heads.columns[:10]) == [
+        "layer",
+        "head",
+        "kv_head",
+        "alpha",
+        "P",
+        "norm",
+        "norm_T2",
+        "rank_O",
+        "rank_V",
+        "closed",
+    ]
     # heads are indexed by TransformerLens labels, in (layer, head) order
     assert rep.heads.index.name == "label"
     assert list(rep.heads.index) == [f"L{l}H{h}" for l in (0, 1) for h in range(n_heads)]
@@ -132,8 +143,16 @@ def test_hooked_transformer_from_config(n_kv):
     from transformer_lens import HookedTransformer, HookedTransformerConfig
 
     cfg = HookedTransformerConfig(
-        n_layers=3, d_model=48, n_ctx=16, d_head=8, n_heads=6, d_vocab=20, act_fn="gelu",
-        n_key_value_heads=None if n_kv == 6 else n_kv, normalization_type="LN", seed=3,
+        n_layers=3,
+        d_model=48,
+        n_ctx=16,
+        d_head=8,
+        n_heads=6,
+        d_vocab=20,
+        act_fn="gelu",
+        n_key_value_heads=None if n_kv == 6 else n_kv,
+        normalization_type="LN",
+        seed=3,
     )
     model = HookedTransformer(cfg)
     rep = tli.idempotence_report(model, progress=False)
@@ -179,8 +198,16 @@ def test_report_html_is_standalone(tmp_path, tiny_gqa_bridge):
     # the page leads with the answer: headline, closed heads (none here: the highest P), heatmap, paper comparison
     s = rep.summary
     head = f"{s['model_name']} ({s['model_class']}, "
-    order = [html.index(x) for x in ('<p class="headline" id="headline">' + head, 'id="closed-heads"',
-                                      'id="heatmap"', 'id="paper"', 'id="details"')]
+    order = [
+        html.index(x)
+        for x in (
+            '<p class="headline" id="headline">' + head,
+            'id="closed-heads"',
+            'id="heatmap"',
+            'id="paper"',
+            'id="details"',
+        )
+    ]
     assert order == sorted(order)
     assert f"0 of 18 heads (0.00 %) are near-idempotent, P ≥ 0.9; median P {s['median_P']:.3g}." in html
     top = rep.heads.sort_values("P", ascending=False).index[0]
@@ -319,7 +346,7 @@ def test_layer_heads_validates_shapes():
     # shapes/dtypes of __init__ first, so those cases are driven through __post_init__ directly)
     with pytest.raises(WeightError, match=r"Layer 0: O \(4, 16, 4\) and V \(2, 16, 5\) disagree"):
         _unchecked_layer_heads(0, O, torch.zeros(2, 16, 5), kv).__post_init__()
-    with pytest.raises(WeightError, match="O has dtype torch.int64; OV weights must be real floating point"):
+    with pytest.raises(WeightError, match=r"O has dtype torch\.int64; OV weights must be real floating point"):
         _unchecked_layer_heads(0, O.long(), V, kv).__post_init__()
     with pytest.raises(WeightError, match="kv_head_of must be an integer tensor"):
         _unchecked_layer_heads(0, O, V, kv.float()).__post_init__()
@@ -354,8 +381,15 @@ def test_layer_heads_fingerprint_is_sha256_of_the_bytes():
 
 
 def test_saved_summary_reads_back_exactly(tmp_path):
-    lhs = [LayerHeads(l, torch.randn(4, 16, 4, dtype=torch.float64), torch.randn(2, 16, 4, dtype=torch.float64),
-                      tli.kv_layout(4, 2)) for l in range(2)]
+    lhs = [
+        LayerHeads(
+            l,
+            torch.randn(4, 16, 4, dtype=torch.float64),
+            torch.randn(2, 16, 4, dtype=torch.float64),
+            tli.kv_layout(4, 2),
+        )
+        for l in range(2)
+    ]
     rep = tli.idempotence_report(lhs, progress=False)
     assert rep.summary["closed_per_layer"] == {0: 0, 1: 0}
     back = tli.load_report(rep.save(tmp_path / "saved"))

@@ -9,10 +9,9 @@ with a ``UserWarning`` naming its file.
 
 from __future__ import annotations
 
-import re
-
 import json
 import os
+import re
 import shutil
 import warnings
 
@@ -76,8 +75,12 @@ def test_interrupt_then_resume_equals_full_run(ckpt, tmp_path, analysed):
     assert analysed == [0, 1, 2]
     assert parts(rd) == ["layer_00000.json", "layer_00001.json", "layer_00002.json"]
     # no pickles: one JSON record and parquet tables per layer, plus the manifest
-    assert layer_files(rd, 0) == ["layer_00000.heads.parquet", "layer_00000.json",
-                                  "layer_00000.mismatch_pairs.parquet", "layer_00000.scramble_draws.parquet"]
+    assert layer_files(rd, 0) == [
+        "layer_00000.heads.parquet",
+        "layer_00000.json",
+        "layer_00000.mismatch_pairs.parquet",
+        "layer_00000.scramble_draws.parquet",
+    ]
     assert not [p for p in rd.iterdir() if p.suffix in (".pkl", ".pickle")]
     manifest = json.loads((rd / "manifest.json").read_text())
     assert manifest["format"] == "tl_idempotence.resume/2"
@@ -146,8 +149,11 @@ def test_resume_with_other_options_refuses(ckpt, tmp_path, change, old, new):
     rd = tmp_path / "parts"
     tli.idempotence_report(str(ckpt), layers=[0], progress=False, resume=rd)
     key = next(iter(change))
-    with pytest.raises(ResumeError, match=rf"Cannot resume in .*different options \(options\.{key}: {old} -> {new}\)"
-                                          r".*new directory"):
+    with pytest.raises(
+        ResumeError,
+        match=rf"Cannot resume in .*different options \(options\.{key}: {old} -> {new}\)"
+        r".*new directory",
+    ):
         tli.idempotence_report(str(ckpt), progress=False, resume=rd, **change)
     assert parts(rd) == ["layer_00000.json"]  # nothing was touched
 
@@ -176,8 +182,11 @@ def test_resume_on_another_checkpoint_recomputes_with_a_warning(ckpt, tmp_path, 
     msgs = [str(w.message) for w in rec if issubclass(w.category, UserWarning)]
     for layer in (0, 1):
         assert any(
-            m.startswith(f"Resume part {rd / f'layer_{layer:05d}.json'}: the layer's weights changed since it was "
-                         "written (sha256 fingerprint differs); recomputing layer") for m in msgs
+            m.startswith(
+                f"Resume part {rd / f'layer_{layer:05d}.json'}: the layer's weights changed since it was "
+                "written (sha256 fingerprint differs); recomputing layer"
+            )
+            for m in msgs
         ), msgs
     assert analysed == [0, 1, 2, 3, 4] and rep.summary["n_layers_resumed"] == 0
     pd.testing.assert_frame_equal(rep.heads, tli.idempotence_report(str(other), progress=False).heads)
@@ -208,8 +217,12 @@ def test_a_part_from_another_layer_or_damaged_is_recomputed(ckpt, tmp_path, anal
         rep = tli.idempotence_report(str(ckpt), progress=False, resume=rd)
     msgs = [str(w.message) for w in rec]
     assert any(m.startswith(f"Resume part {rd / 'layer_00002.json'}: it records layer 1") for m in msgs), msgs
-    assert any(m.startswith(f"Resume part {rd / 'layer_00004.json'}: layer_00004.heads.parquet does not match "
-                            "its recorded sha256") for m in msgs), msgs
+    assert any(
+        m.startswith(
+            f"Resume part {rd / 'layer_00004.json'}: layer_00004.heads.parquet does not match its recorded sha256"
+        )
+        for m in msgs
+    ), msgs
     assert analysed == [2, 4] and rep.summary["n_layers_resumed"] == 3
     pd.testing.assert_frame_equal(rep.heads, full.heads)
 
@@ -251,7 +264,9 @@ def test_nothing_half_written_looks_complete(ckpt, tmp_path, monkeypatch, analys
         return real_replace(src, dst)
 
     monkeypatch.setattr(files_mod.os, "replace", crashing_replace)
-    with pytest.raises(ResumeError, match=rf"Cannot write resume part of layer 1 in {re.escape(str(rd))} .*No space left on device"):
+    with pytest.raises(
+        ResumeError, match=rf"Cannot write resume part of layer 1 in {re.escape(str(rd))} .*No space left on device"
+    ):
         tli.idempotence_report(str(ckpt), progress=False, resume=rd)
     monkeypatch.setattr(files_mod.os, "replace", real_replace)
     assert calls["n"] == 1

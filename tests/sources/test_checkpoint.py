@@ -70,10 +70,24 @@ def test_qwen3_moe_bf16_never_reads_experts(tmp_path, monkeypatch):
     """Attention tensors are read as stored (bf16); expert tensors are never read (spied), and a shard holding
     only (huge, sparse) expert tensors is never even opened."""
     dm, dh, nq, nkv, L, E = 64, 24, 8, 2, 3, 4  # head_dim != d_model / n_heads, as in Qwen3
-    sparse = {f"model.layers.{l}.mlp.experts.{e}.{w}.weight": ([512, dm], "BF16")
-              for l in range(L) for e in range(E, E + 2) for w in ("gate_proj", "up_proj")}
-    d, O, V = llama_like(tmp_path / "ck", model_type="qwen3_moe", n_layers=L, nq=nq, nkv=nkv, dm=dm, dh=dh,
-                         dtype=torch.bfloat16, n_experts=E, sparse=sparse)
+    sparse = {
+        f"model.layers.{l}.mlp.experts.{e}.{w}.weight": ([512, dm], "BF16")
+        for l in range(L)
+        for e in range(E, E + 2)
+        for w in ("gate_proj", "up_proj")
+    }
+    d, O, V = llama_like(
+        tmp_path / "ck",
+        model_type="qwen3_moe",
+        n_layers=L,
+        nq=nq,
+        nkv=nkv,
+        dm=dm,
+        dh=dh,
+        dtype=torch.bfloat16,
+        n_experts=E,
+        sparse=sparse,
+    )
     # make the experts-only shard corrupt: opening it would fail
     last = sorted(d.glob("model-*.safetensors"))[-1]
     with open(last, "r+b") as f:
@@ -149,8 +163,18 @@ def test_single_file_and_path_forms(tmp_path):
 def _tiny_transformers(model_type: str, path: Path):
     import transformers
 
-    kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-              vocab_size=100, max_position_embeddings=64, pad_token_id=3, bos_token_id=1, eos_token_id=2)
+    kw = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=100,
+        max_position_embeddings=64,
+        pad_token_id=3,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     if model_type == "gpt_neox":
         kw.pop("num_key_value_heads")
     if model_type in ("gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe"):
@@ -165,7 +189,19 @@ def _tiny_transformers(model_type: str, path: Path):
     return model
 
 
-TABLE_ARCHS = ["mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "olmo", "olmo2", "phi3", "gpt_neox"]
+TABLE_ARCHS = [
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo",
+    "olmo2",
+    "phi3",
+    "gpt_neox",
+]
 
 
 @pytest.mark.parametrize("model_type", TABLE_ARCHS)
@@ -226,8 +262,9 @@ def test_missing_tensor(tmp_path):
     m = json.loads(idx.read_text())
     del m["weight_map"]["model.layers.2.self_attn.v_proj.weight"]
     idx.write_text(json.dumps(m))
-    with pytest.raises(CheckpointError,
-                       match=r"Missing tensor 'model\.layers\.2\.self_attn\.v_proj\.weight'.*index\.json"):
+    with pytest.raises(
+        CheckpointError, match=r"Missing tensor 'model\.layers\.2\.self_attn\.v_proj\.weight'.*index\.json"
+    ):
         from_path(d)
 
 
@@ -248,14 +285,17 @@ def test_shape_mismatch_with_config(tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["num_key_value_heads"] = 3
     (d / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.self_attn\.v_proj\.weight' in "
-                                              r".*model-0000\d-of-00003"
-                                              r"\.safetensors has shape \[16, 48\].*need \[24, 48\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"'model\.layers\.0\.self_attn\.v_proj\.weight' in "
+        r".*model-0000\d-of-00003"
+        r"\.safetensors has shape \[16, 48\].*need \[24, 48\]",
+    ):
         from_path(d)
 
 
 def test_nan_in_weight_names_file_tensor_layer_head(tmp_path):
-    d, O, V = llama_like(tmp_path / "ck")
+    d, _O, _V = llama_like(tmp_path / "ck")
     # poison layer 1, head 4 of W_O on disk
     idx = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
     name = "model.layers.1.self_attn.o_proj.weight"
@@ -269,7 +309,7 @@ def test_nan_in_weight_names_file_tensor_layer_head(tmp_path):
     src.layer_heads(0)  # other layers fine
     with pytest.raises(WeightError, match=rf"'{name}' \(.*{shard.name}\), layer 1, .*NaN or inf at head 4\b"):
         src.layer_heads(1)
-    with pytest.raises(WeightError, match="layer 1, .*head 4"):
+    with pytest.raises(WeightError, match=r"layer 1, .*head 4"):
         tli.idempotence_report(str(d), progress=False)
 
 
@@ -287,8 +327,11 @@ def test_unknown_architecture_lists_supported_and_how_to_add(tmp_path):
         from_path(d)
     # the documented escape hatches: an existing entry, or a custom entry dict
     assert_matches(tli.idempotence_report(str(d), architecture="llama", progress=False), O, V, 6, 2)
-    entry = {"layer": "layers.{l}.", "v": {"tensor": "self_attn.v_proj.weight", "layout": "linear"},
-             "o": {"tensor": "self_attn.o_proj.weight", "layout": "linear"}}
+    entry = {
+        "layer": "layers.{l}.",
+        "v": {"tensor": "self_attn.v_proj.weight", "layout": "linear"},
+        "o": {"tensor": "self_attn.o_proj.weight", "layout": "linear"},
+    }
     assert_matches(tli.idempotence_report(str(d), architecture=entry, progress=False), O, V, 6, 2)
 
 
@@ -300,7 +343,9 @@ def test_not_a_path_or_model(tmp_path):
     with pytest.raises(MissingFileError, match="nothing is downloaded"):
         head_source("no/such/dir")
     (tmp_path / "weights.bin").write_bytes(b"x")
-    with pytest.raises(CheckpointError, match=r"weights\.bin: not a \.gguf file, a \.safetensors file or a model directory"):
+    with pytest.raises(
+        CheckpointError, match=r"weights\.bin: not a \.gguf file, a \.safetensors file or a model directory"
+    ):
         from_path(tmp_path / "weights.bin")
     with pytest.raises(UnknownOptionError, match=r"'architectur' \(did you mean 'architecture'"):
         tli.idempotence_report(str(tmp_path), architectur="llama")
@@ -314,8 +359,22 @@ def test_table_is_well_formed():
         assert e["v"]["layout"] in layouts and e["o"]["layout"] in layouts, name
     for alias, target in t["aliases"].items():
         assert target in t["architectures"], alias
-    assert {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3_text", "gpt_neox", "gpt2",
-            "olmo", "olmo2", "phi3", "bert"} <= set(supported_architectures())
+    assert {
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "qwen3_moe",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "gpt_neox",
+        "gpt2",
+        "olmo",
+        "olmo2",
+        "phi3",
+        "bert",
+    } <= set(supported_architectures())
 
 
 # --------------------------------------------------------------------------- memory
@@ -345,7 +404,7 @@ def test_peak_rss_independent_of_mlp_and_layers(tmp_path):
     """8 layers whose shards hold 6 GiB of (sparse) expert tensors next to the attention tensors, memory-mapped
     whole: peak RSS grows by a few layers' O and V in float64 over a one-layer read, far below the file size."""
     L, dm, dh, nq, nkv = 8, 256, 32, 8, 2
-    O, V, g = random_heads(L, nq, nkv, dm, dh)
+    O, V, _g = random_heads(L, nq, nkv, dm, dh)
     d = tmp_path / "ck"
     d.mkdir()
     weight_map = {}
@@ -361,16 +420,27 @@ def test_peak_rss_independent_of_mlp_and_layers(tmp_path):
         write_sparse_shard(d / fname, holes, tensors=dict(reversed(list(att.items()))))
         weight_map.update({n: fname for n in [*att, *holes]})
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-    cfg = {"model_type": "qwen3_moe", "hidden_size": dm, "num_attention_heads": nq, "num_key_value_heads": nkv,
-           "num_hidden_layers": L, "head_dim": dh}
+    cfg = {
+        "model_type": "qwen3_moe",
+        "hidden_size": dm,
+        "num_attention_heads": nq,
+        "num_key_value_heads": nkv,
+        "num_hidden_layers": L,
+        "head_dim": dh,
+    }
     (d / "config.json").write_text(json.dumps(cfg))
     apparent = sum(os.path.getsize(f) for f in d.glob("*.safetensors"))
     on_disk = sum(os.stat(f).st_blocks * 512 for f in d.glob("*.safetensors"))
     assert apparent > 6e9 and on_disk < 50e6, (apparent, on_disk)
     assert torch.equal(from_path(d).layer_heads(5).O, O[5])
 
-    out = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(d)], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, str(d)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["n"] == L * nq
@@ -389,7 +459,7 @@ def test_float32_products_accuracy_bound(tmp_path):
     checkpoint with P spread over [0, 1]: |ΔP| <= 1e-6 and |Δα| <= 1e-5 ‖T‖_F against the float64 path.
     Measured (d_model 4096, d_head 128, 16 heads): max |ΔP| = 5.8e-9, max relative Δα on closed heads 2.3e-7."""
     dm, dh, nq, nkv = 1024, 64, 12, 4
-    O, V, g = random_heads(1, nq, nkv, dm, dh, seed=3)
+    O, V, _g = random_heads(1, nq, nkv, dm, dh, seed=3)
     O, V = O[0], V[0]
     kv = kv_layout(nq, nkv)
     for h in range(nq):  # blend an exact oblique projection (P = 1) with a random head (P ~ 0)
@@ -397,10 +467,18 @@ def test_float32_products_accuracy_bound(tmp_path):
         proj = (Vk @ torch.linalg.inv(Vk.T @ Vk)).float()
         w = h / (nq - 1)
         O[h] = (1 - w) * proj / proj.norm() * O[h].norm() + w * O[h]
-    t = {"model.layers.0.self_attn.v_proj.weight": V.transpose(1, 2).reshape(nkv * dh, dm),
-         "model.layers.0.self_attn.o_proj.weight": O.permute(1, 0, 2).reshape(dm, nq * dh)}
-    cfg = {"model_type": "qwen3", "hidden_size": dm, "num_attention_heads": nq, "num_key_value_heads": nkv,
-           "num_hidden_layers": 1, "head_dim": dh}
+    t = {
+        "model.layers.0.self_attn.v_proj.weight": V.transpose(1, 2).reshape(nkv * dh, dm),
+        "model.layers.0.self_attn.o_proj.weight": O.permute(1, 0, 2).reshape(dm, nq * dh),
+    }
+    cfg = {
+        "model_type": "qwen3",
+        "hidden_size": dm,
+        "num_attention_heads": nq,
+        "num_key_value_heads": nkv,
+        "num_hidden_layers": 1,
+        "head_dim": dh,
+    }
     d = write_checkpoint(tmp_path / "ck", cfg, {k: v.to(torch.bfloat16) for k, v in t.items()}, n_shards=1)
     r64 = tli.idempotence_report(str(d), progress=False).heads
     r32 = tli.idempotence_report(str(d), compute_dtype=torch.float32, progress=False).heads
@@ -472,8 +550,9 @@ def test_gguf_truncated_and_nan(tmp_path):
     with pytest.raises(CheckpointError, match=r"cut\.gguf.*truncated"):
         from_path(tmp_path / "cut.gguf")
     write_gguf(tmp_path / "nan.gguf", O, V, nan_at=(1, 1))
-    with pytest.raises(WeightError,
-                       match=r"'blk\.1\.attn_v\.weight' \(.*nan\.gguf\), layer 1, .*NaN or inf at kv head 1\b"):
+    with pytest.raises(
+        WeightError, match=r"'blk\.1\.attn_v\.weight' \(.*nan\.gguf\), layer 1, .*NaN or inf at kv head 1\b"
+    ):
         tli.idempotence_report(str(tmp_path / "nan.gguf"), progress=False)
 
 
@@ -482,10 +561,17 @@ def test_root_detection_prefers_the_language_model():
     an explicit prefix= overrides."""
     entry = architecture_table()["architectures"]["gemma3_text"]
     s = Sizes(n_layers=2, n_heads=4, n_kv_heads=2, d_model=64, d_head=16)
-    keys = [f"{root}layers.{l}.self_attn.{w}_proj.weight" for root in ("vision_tower.encoder.", "model.language_model.")
-            for l in range(2) for w in ("v", "o")]
-    keys += ["multi_modal_projector.layers.0.self_attn.v_proj.weight", "multi_modal_projector.layers.0.self_attn.o_proj.weight"]
+    keys = [
+        f"{root}layers.{l}.self_attn.{w}_proj.weight"
+        for root in ("vision_tower.encoder.", "model.language_model.")
+        for l in range(2)
+        for w in ("v", "o")
+    ]
+    keys += [
+        "multi_modal_projector.layers.0.self_attn.v_proj.weight",
+        "multi_modal_projector.layers.0.self_attn.o_proj.weight",
+    ]
     assert _find_root(keys, entry, s, None, "x") == "model.language_model."
     assert _find_root(keys, entry, s, "vision_tower.encoder.", "x") == "vision_tower.encoder."
-    with pytest.raises(CheckpointError, match="missing tensor.*layers.0.self_attn.v_proj.weight"):
+    with pytest.raises(CheckpointError, match=r"missing tensor.*layers\.0\.self_attn\.v_proj\.weight"):
         _find_root(["model.embed.weight"], entry, s, None, "x")

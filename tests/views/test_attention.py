@@ -90,8 +90,9 @@ def test_patterns_and_offline_html(tiny_q):
     assert view.caption == "Showing 2 chosen heads; all 12 tokens of the text are shown."
     assert view.caption in view.html
     short = attention_view(tiny_q, TEXT, heads, max_tokens=5)
-    assert short.caption == ("Showing 2 chosen heads; the text has 12 tokens, the first 5 (with special tokens) "
-                             "are shown.")
+    assert short.caption == (
+        "Showing 2 chosen heads; the text has 12 tokens, the first 5 (with special tokens) are shown."
+    )
     with pytest.raises(OptionError, match="does not exist"):
         attention_patterns(tiny_q, TEXT, [(0, 42)])
     with pytest.raises(OptionError, match="No heads"):
@@ -137,9 +138,18 @@ def test_report_show_attention(tiny_q, tiny_dir):
 def _chromium(*args: str, tmp) -> subprocess.CompletedProcess:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     cmd = [
-        exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={tmp}", "--virtual-time-budget=15000", *args,
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp}",
+        "--virtual-time-budget=15000",
+        *args,
     ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
 

@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..core.closure import Closure
+from ..core.closure import Closure, pow2_scale
 from ..errors import OptionError
 
 __all__ = ["Factors", "P_from_Z", "P_of_K", "defined_for_orientation", "factors_of"]
@@ -56,13 +56,7 @@ class Factors:
 
     def unscale(self, x: Tensor, power: int = 1) -> Tensor:
         """``x · 2^(-power · e_S)`` per head (leading dim ``b``): back to the weights' units."""
-        if not bool(self.e_S.any()):
-            return x
-        e = (-power * self.e_S).to(torch.float64)
-        while e.ndim < x.ndim:
-            e = e.unsqueeze(-1)
-        half = torch.floor(e / 2)
-        return x * torch.exp2(half) * torch.exp2(e - half)
+        return pow2_scale(x, -power * self.e_S)
 
 
 def factors_of(
@@ -99,8 +93,7 @@ def factors_of(
     outside = (smax > 0) & ((smax < 2.0**-16) | (smax > 2.0**16))
     if bool(outside.any()):
         extra = torch.where(outside, -ex.to(torch.int64), torch.zeros_like(e_S))
-        half = torch.floor(extra.to(torch.float64) / 2)
-        S = S * (torch.exp2(half) * torch.exp2(extra.to(torch.float64) - half)).unsqueeze(-1)
+        S = pow2_scale(S, extra)
         e_S = e_S + extra
     P = c.P.reshape(-1)
     reason = np.asarray(c.reason, dtype=object).reshape(-1).copy()

@@ -60,6 +60,7 @@ __all__ = [
     "grams",
     "head_pair",
     "layer_grams",
+    "pow2_scale",
 ]
 
 #: Gram diagonals (squared column norms) inside ``[2^-LOG2_SAFE, 2^LOG2_SAFE]`` are used as
@@ -81,6 +82,9 @@ class Grams:
         e_O, e_V: ``[*batch]`` int64 power-of-two exponents the products were computed
             with (``O·2^e_O``, ``V·2^e_V``), or ``None`` when no head needed rescaling
             (module docstring). ``M`` carries ``2^(e_O + e_V)``.
+        kv_head_of: ``[n_heads]`` int64 kv head of each query head (batch shape ``[n_heads]``
+            only), or ``None``. Heads with the same entry share ``G_V``, so its spectrum is
+            computed once per kv head (GQA/MQA); :func:`layer_grams` sets it.
     """
 
     G_O: Float[Tensor, "*batch r r"]
@@ -90,6 +94,7 @@ class Grams:
     input_dtype: torch.dtype
     e_O: Int[Tensor, "*batch"] | None = None
     e_V: Int[Tensor, "*batch"] | None = None
+    kv_head_of: Int[Tensor, " n_heads"] | None = None  # type: ignore[name-defined]
 
     @property
     def e_T(self) -> Int[Tensor, "*batch"] | None:
@@ -108,6 +113,7 @@ class Grams:
             input_dtype=self.input_dtype,
             e_O=None if self.e_O is None else self.e_O[idx],
             e_V=None if self.e_V is None else self.e_V[idx],
+            kv_head_of=None if self.kv_head_of is None else self.kv_head_of[idx],
         )
 
 
@@ -121,14 +127,23 @@ def _pow2(x: Tensor, e: Tensor) -> Tensor:
     return x * torch.exp2(half) * torch.exp2(e - half)
 
 
-def _unscale(x: Tensor, e: Tensor | None) -> Tensor:
-    """``x · 2^-e`` (identity when ``e`` is None or zero)."""
+def pow2_scale(x: Tensor, e: Tensor | None) -> Tensor:
+    """``x · 2^e`` exactly, ``e`` indexing the leading dims of ``x`` (identity when ``e`` is None or zero).
+
+    Powers of two commute with every floating-point operation, so this is how every rescaling of
+    this package is applied and undone (module docstring).
+    """
     if e is None or not bool(e.any()):
         return x
     e = e.to(x.device)
     while e.ndim < x.ndim:
         e = e.unsqueeze(-1)
-    return _pow2(x, -e)
+    return _pow2(x, e)
+
+
+def _unscale(x: Tensor, e: Tensor | None) -> Tensor:
+    """``x · 2^-e`` (identity when ``e`` is None or zero)."""
+    return pow2_scale(x, None if e is None else -e)
 
 
 def scale_exponents(X: Float[Tensor, "*lead d r"]) -> Int[Tensor, "*lead"]:
@@ -140,15 +155,17 @@ def scale_exponents(X: Float[Tensor, "*lead d r"]) -> Int[Tensor, "*lead"]:
     return torch.where(outside, -e.to(torch.int64), torch.zeros_like(e, dtype=torch.int64)).cpu()
 
 
-def apply_exponents(X: Tensor, e: Tensor | None, dtype: torch.dtype) -> Tensor:
-    """``X · 2^e`` per leading index (``e`` ``[*lead]`` or None), exactly, cast to ``dtype``.
+def apply_exponents(X: Tensor, e: Tensor | None, dtype: torch.dtype, contiguous: bool = False) -> Tensor:
+    """``X · 2^e`` per leading index (``e`` ``[*lead]`` or None), exactly, cast to ``dtype``
+    (``contiguous``: in a contiguous copy whatever the layout of ``X``).
 
     See :func:`layer_grams` for when heads are rescaled.
     """
+    fmt = torch.contiguous_format if contiguous else torch.preserve_format
     if e is None or not bool(e.any()):
-        return X.to(dtype)
+        return X.to(dtype, memory_format=fmt)
     ed = e.to(X.device)
-    return _pow2(X.to(torch.float64), ed[..., None, None]).to(dtype)
+    return _pow2(X.to(torch.float64), ed[..., None, None]).to(dtype, memory_format=fmt)
 
 
 def _needs_scale(G: Tensor, X: Tensor) -> bool:
@@ -172,7 +189,11 @@ def _gram_products(
     O: Tensor, V: Tensor, kv: Tensor | None, dtype: torch.dtype, e_O: Tensor | None, e_V: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(G_O [n], G_V [n_kv or n], M [n]) on O's device in float64; ``kv`` None = paired (broadcast) form."""
-    Oc = apply_exponents(O, e_O, dtype)
+    # One layer's heads (kv given; never a broadcast view): the products of O as a strided view (a
+    # checkpoint's o_proj split into heads) run ~1.5x slower than of a contiguous copy made in the
+    # cast, with the same bits (tests/report/test_v01_values.py). V keeps its layout: a contiguous
+    # V changes the last bit of VᵀO for some shapes.
+    Oc = apply_exponents(O, e_O, dtype, contiguous=kv is not None)
     Vc = apply_exponents(V, e_V, dtype)
     G_O = torch.matmul(Oc.transpose(-1, -2), Oc).to(torch.float64)
     G_V = torch.matmul(Vc.transpose(-1, -2), Vc).to(torch.float64)
@@ -180,10 +201,29 @@ def _gram_products(
         M = torch.matmul(Vc.transpose(-1, -2), Oc).to(torch.float64)
         return G_O, G_V, M
     M = torch.empty_like(G_O)
-    for g in torch.unique(kv).tolist():
-        idx = (kv == g).nonzero().flatten()
-        M[idx] = torch.matmul(Vc[g].transpose(-1, -2), Oc[idx]).to(torch.float64)
+    kv_list = kv.tolist()
+    for g in sorted(set(kv_list)):
+        idx = [i for i, k in enumerate(kv_list) if k == g]
+        # The usual layouts (MHA, GQA's repeat_interleave, MQA) give each kv head a contiguous run
+        # of query heads: a slice is a view, where a fancy index would copy the group's O.
+        rows: slice | Tensor = (
+            slice(idx[0], idx[-1] + 1) if idx[-1] - idx[0] + 1 == len(idx) else torch.tensor(idx, device=O.device)
+        )
+        M[rows] = torch.matmul(Vc[g].transpose(-1, -2), Oc[rows]).to(torch.float64)
     return G_O, G_V, M
+
+
+def _safe_gram_products(
+    O: Tensor, V: Tensor, kv: Tensor | None, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """The products as computed, or — when a Gram diagonal left the safe range — recomputed with every
+    head rescaled by its power of two: ``(G_O, G_V, M, e_O or None, e_V or None)`` (module docstring)."""
+    G_O, G_V, M = _gram_products(O, V, kv, dtype, None, None)
+    if not (_needs_scale(G_O, O) or _needs_scale(G_V, V)):
+        return G_O, G_V, M, None, None
+    e_O, e_V = scale_exponents(O), scale_exponents(V)
+    G_O, G_V, M = _gram_products(O, V, kv, dtype, e_O, e_V)
+    return G_O, G_V, M, e_O, e_V
 
 
 def layer_grams(
@@ -213,12 +253,8 @@ def layer_grams(
     if device is not None:
         O, V = O.to(device), V.to(device)
     kv_dev = kv.to(O.device)
-    G_O, G_Vk, M = _gram_products(O, V, kv_dev, compute_dtype, None, None)
-    e_O = e_V = None
-    if _needs_scale(G_O, O) or _needs_scale(G_Vk, V):
-        e_O, e_Vk = scale_exponents(O), scale_exponents(V)
-        G_O, G_Vk, M = _gram_products(O, V, kv_dev, compute_dtype, e_O, e_Vk)
-        e_V = e_Vk[kv]
+    G_O, G_Vk, M, e_O, e_Vk = _safe_gram_products(O, V, kv_dev, compute_dtype)
+    e_V = None if e_Vk is None else e_Vk[kv]
     G_V = G_Vk[kv_dev]
     return Grams(
         G_O=G_O.cpu(),
@@ -228,6 +264,7 @@ def layer_grams(
         input_dtype=torch.promote_types(O.dtype, V.dtype),
         e_O=e_O,
         e_V=e_V,
+        kv_head_of=kv,
     )
 
 
@@ -254,11 +291,7 @@ def grams(
         O, V = O.to(device), V.to(device)
     O = O.expand(*lead, *O.shape[-2:])
     V = V.expand(*lead, *V.shape[-2:])
-    G_O, G_V, M = _gram_products(O, V, None, compute_dtype, None, None)
-    e_O = e_V = None
-    if _needs_scale(G_O, O) or _needs_scale(G_V, V):
-        e_O, e_V = scale_exponents(O), scale_exponents(V)
-        G_O, G_V, M = _gram_products(O, V, None, compute_dtype, e_O, e_V)
+    G_O, G_V, M, e_O, e_V = _safe_gram_products(O, V, None, compute_dtype)
     return Grams(
         G_O=G_O.cpu(),
         G_V=G_V.cpu(),
@@ -458,7 +491,7 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
             eig = torch.complex(_unscale(eig.real, g.e_T), _unscale(eig.imag, g.e_T))
     else:
         rank_O = gram_eig(G_O, rtol, False)[2].sum(-1)
-        rank_V = gram_eig(G_V, rtol, False)[2].sum(-1)
+        rank_V = _shared_rank(G_V, g.kv_head_of, rtol)
     return Closure(
         alpha=alpha,
         P=P,
@@ -473,6 +506,17 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
         D=D,
         eigenvalues=eig,
     )
+
+
+def _shared_rank(G_V: Tensor, kv_head_of: Tensor | None, rtol: float) -> Tensor:
+    """Numerical rank of each ``G_V``; one eigendecomposition per kv head when heads share it."""
+    if kv_head_of is None or G_V.ndim != 3 or kv_head_of.shape != G_V.shape[:1]:
+        return gram_eig(G_V, rtol, False)[2].sum(-1)
+    kvs, inverse = torch.unique(kv_head_of, return_inverse=True)
+    if len(kvs) == len(kv_head_of):
+        return gram_eig(G_V, rtol, False)[2].sum(-1)
+    first = torch.stack([(kv_head_of == k).nonzero()[0, 0] for k in kvs])
+    return gram_eig(G_V[first], rtol, False)[2].sum(-1)[inverse]
 
 
 def _as_tensor(x: Any, name: str) -> Tensor:

@@ -39,6 +39,7 @@ __all__ = [
     "head_label",
     "idempotence_report",
     "load_report",
+    "report_with_options",
     "run_layer",
 ]
 
@@ -419,8 +420,6 @@ def idempotence_report(
         CheckpointError / MissingFileError: a checkpoint that cannot be read (names the file).
         ResumeError: a resume directory made with other options.
     """
-    from ..core.progress import progress_bar
-
     opts = ReportOptions(
         threshold=threshold,
         nulls=nulls,
@@ -431,6 +430,34 @@ def idempotence_report(
         compute_dtype=compute_dtype,
         device=device,
     )
+    return report_with_options(model, opts, progress=progress, resume=resume, architecture=architecture, prefix=prefix)
+
+
+def report_with_options(
+    model: Any,
+    options: ReportOptions,
+    *,
+    progress: Any = True,
+    resume: Any = None,
+    architecture: Any = None,
+    prefix: Any = None,
+) -> IdempotenceReport:
+    """:func:`idempotence_report` with options already validated (what comparisons, sweeps and
+    trajectories call, so the options travel as one object).
+
+    Args:
+        model: as for :func:`idempotence_report`.
+        options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
+        progress, resume, architecture, prefix: as for :func:`idempotence_report`.
+
+    Raises:
+        The errors of :func:`idempotence_report`.
+    """
+    from ..core.progress import progress_bar
+
+    if not isinstance(options, ReportOptions):
+        raise OptionTypeError(f"options must be a ReportOptions; got {type(options).__name__}.")
+    opts = options
     progress = check_bool(progress, "progress")
     if resume is not None and not isinstance(resume, (str, os.PathLike)):
         raise OptionTypeError(f"resume must be a directory path; got {type(resume).__name__}.")

@@ -40,7 +40,7 @@ from ..core.heads import HeadSource, LayerHeads
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
 from ..core.results import Result, views
 from ..errors import MissingFileError, OptionError, OptionTypeError, TLIError
-from ..report.report import IdempotenceReport, idempotence_report, load_report
+from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
 from ..report.summary import PAPER
 from ..sources.checkpoint import CheckpointSource, is_transformers_model
@@ -750,19 +750,7 @@ def measure_item(
         The errors of :func:`open_item` and :func:`~tl_idempotence.report.report.idempotence_report`.
     """
     src = open_item(item) if source is None else source
-    rep = idempotence_report(
-        src,
-        options.threshold,
-        nulls=options.nulls,
-        seed=options.seed,
-        search=options.search,
-        algebra=options.algebra,
-        layers=options.layers,
-        compute_dtype=options.compute_dtype,
-        device=options.device,
-        progress=False,
-        resume=resume,
-    )
+    rep = report_with_options(src, options, progress=False, resume=resume)
     try:
         n = parameter_count(src)
     except (TLIError, OSError):  # informational: n_params stays unknown (NA) when the headers cannot be read

@@ -55,7 +55,7 @@ import pandas as pd
 from ..core.files import atomic_write_text
 from ..core.options import ReportOptions, check_bool, check_int, resolve_layers, strict_kwargs
 from ..errors import OptionError, OptionTypeError, TLIError
-from ..report.report import IdempotenceReport, idempotence_report, load_report
+from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
 from .compare import (
     Comparison,
@@ -626,19 +626,7 @@ def _trajectory_task(
 ) -> tuple[IdempotenceReport, float]:
     t0 = time.perf_counter()
     opts = ReportOptions(**{k: v for k, v in record.items() if k != "device"}, device=device)
-    rep = idempotence_report(
-        path,
-        opts.threshold,
-        nulls=opts.nulls,
-        seed=opts.seed,
-        search=opts.search,
-        algebra=opts.algebra,
-        layers=opts.layers,
-        compute_dtype=opts.compute_dtype,
-        device=opts.device,
-        progress=False,
-        resume=resume,
-    )
+    rep = report_with_options(path, opts, progress=False, resume=resume)
     return rep, time.perf_counter() - t0
 
 

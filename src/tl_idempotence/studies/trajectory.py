@@ -52,7 +52,7 @@ from ..core.heads import HeadSource, LayerHeads
 from ..core.options import ReportOptions, check_bool, check_int, check_layers, check_threshold, strict_kwargs
 from ..core.results import Result, views
 from ..errors import MissingFileError, OptionError, OptionTypeError
-from ..report.report import idempotence_report
+from ..report.report import report_with_options
 from ..sources.dispatch import head_source
 from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
@@ -508,18 +508,7 @@ def trajectory(
             collect = c.kind != "object" and _is_module(model)
             try:
                 resume = None if cache_dir is None else Path(cache_dir).expanduser() / cache_name(c, opts)
-                rep = idempotence_report(
-                    model,
-                    threshold,
-                    nulls=opts.nulls,
-                    seed=opts.seed,
-                    search=opts.search,
-                    layers=run_layers,
-                    compute_dtype=opts.compute_dtype,
-                    device=opts.device,
-                    progress=False,
-                    resume=resume,
-                )
+                rep = report_with_options(model, opts, progress=False, resume=resume)
             finally:
                 del model  # drop our reference before the next checkpoint is loaded
                 if collect:
