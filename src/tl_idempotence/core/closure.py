@@ -94,7 +94,7 @@ class Grams:
     input_dtype: torch.dtype
     e_O: Int[Tensor, "*batch"] | None = None
     e_V: Int[Tensor, "*batch"] | None = None
-    kv_head_of: Int[Tensor, " n_heads"] | None = None  # type: ignore[name-defined]
+    kv_head_of: Int[Tensor, " n_heads"] | None = None
 
     @property
     def e_T(self) -> Int[Tensor, "*batch"] | None:
