@@ -146,7 +146,7 @@ def test_default_command_end_to_end(tmp_path):
     from tl_idempotence.views.text import format_P
 
     # the default zoo route streams the cached checkpoint files (no model object is built)
-    assert out.startswith("smollm2-135m (zoo checkpoint (llama), raw checkpoint weights, read via tl_idempotence zoo")
+    assert out.startswith("smollm2-135m (zoo checkpoint (llama), raw checkpoint weights): ")
     assert (
         "model: smollm2-135m (zoo checkpoint (llama)), 30 attention layers x 9 heads (3 kv heads), d_model 576, "
         "d_head 64"

@@ -385,7 +385,10 @@ def test_report_with_controls_and_paper_table():
     assert f.loc[6, "this model"] == "not run: make the report with search=True"
     figs = scramble_figures(rep)
     assert len(figs) == 2 and all(f.layout.yaxis.type == "log" for f in figs)
-    assert len(figs[0].data) == 3 and len(figs[0].data[2].y) == 27
+    names = [tr.name for tr in figs[0].data]
+    assert names == ["scrambled q95", "scrambled median", "trained P", "closed (P >= 0.9)", "P = 0.9 (closed above)"]
+    assert len(figs[0].data[2].y) == 27 and np.array_equal(figs[0].data[2].y, rep.heads["P"].to_numpy())
+    assert len(figs[0].data[3].y) == 1 and figs[0].data[3].y[0] == rep.heads.loc[rep.heads["closed"], "P"].iloc[0]
     # the log P axis runs up to 1 (P <= 1) and down to below the smallest positive P shown
     for fig, shown in zip(
         figs,
