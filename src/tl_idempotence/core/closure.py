@@ -44,7 +44,7 @@ import torch
 from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
-from ..errors import OptionTypeError, WeightError
+from ..errors import OptionError, OptionTypeError, WeightError
 from .factors import DEGENERATE_RTOL, gram_eig, principal_factors, rank_rtol
 from .heads import LayerHeads, check_weights
 from .options import check_bool, check_compute_dtype, check_device, strict_kwargs
@@ -85,6 +85,9 @@ class Grams:
         kv_head_of: ``[n_heads]`` int64 kv head of each query head (batch shape ``[n_heads]``
             only), or ``None``. Heads with the same entry share ``G_V``, so its spectrum is
             computed once per kv head (GQA/MQA); :func:`layer_grams` sets it.
+
+    Raises:
+        OptionError: only one of ``e_O``/``e_V`` given, or one whose shape does not fit the batch.
     """
 
     G_O: Float[Tensor, "*batch r r"]
@@ -95,6 +98,15 @@ class Grams:
     e_O: Int[Tensor, "*batch"] | None = None
     e_V: Int[Tensor, "*batch"] | None = None
     kv_head_of: Int[Tensor, " n_heads"] | None = None
+
+    def __post_init__(self) -> None:
+        # Exponents half given would be silently ignored by e_T (M left in scaled units).
+        if (self.e_O is None) != (self.e_V is None):
+            raise OptionError("Grams: give both e_O and e_V (the power-of-two exponents) or neither.")
+        batch = torch.broadcast_shapes(self.G_O.shape[:-2], self.G_V.shape[:-2], self.M.shape[:-2])
+        for name, e in (("e_O", self.e_O), ("e_V", self.e_V)):
+            if e is not None and torch.broadcast_shapes(e.shape, batch) != batch:
+                raise OptionError(f"Grams: {name} has shape {tuple(e.shape)}; the batch shape is {tuple(batch)}.")
 
     @property
     def e_T(self) -> Int[Tensor, "*batch"] | None:
@@ -163,9 +175,11 @@ def apply_exponents(X: Tensor, e: Tensor | None, dtype: torch.dtype, contiguous:
     """
     fmt = torch.contiguous_format if contiguous else torch.preserve_format
     if e is None or not bool(e.any()):
-        return X.to(dtype, memory_format=fmt)
-    ed = e.to(X.device)
-    return _pow2(X.to(torch.float64), ed[..., None, None]).to(dtype, memory_format=fmt)
+        out = X.to(dtype, memory_format=fmt)
+    else:
+        out = _pow2(X.to(torch.float64), e.to(X.device)[..., None, None]).to(dtype, memory_format=fmt)
+    # .to() returns X itself when nothing changes, whatever its layout
+    return out.contiguous() if contiguous else out
 
 
 def _needs_scale(G: Tensor, X: Tensor) -> bool:
@@ -340,7 +354,12 @@ def closure_scalars(
     scale = (G_O.diagonal(dim1=-2, dim2=-1).sum(-1) * G_V.diagonal(dim1=-2, dim2=-1).sum(-1)).sqrt()
     dtol = DEGENERATE_RTOL
     zero = (norm <= dtol * scale) | (norm == 0)
-    nil = ~zero & (norm_T2 <= dtol * norm2)
+    exps = None
+    if exponents is not None:
+        exps = tuple(torch.broadcast_to(e.to(norm.device), norm.shape) for e in exponents)
+    # ‖T²‖/‖T‖² carries 2^(e_M - e_O - e_V): compare it in the weights' own units.
+    T2_unscaled = norm_T2 if exps is None else _unscale(norm_T2, exps[2] - exps[0] - exps[1])
+    nil = ~zero & (T2_unscaled <= dtol * norm2)
 
     safe_norm2 = torch.where(zero, torch.ones_like(norm2), norm2)
     safe_T2 = torch.where(zero | nil, torch.ones_like(norm2_T2), norm2_T2)
@@ -350,8 +369,8 @@ def closure_scalars(
     alpha = torch.where(zero, nan, torch.where(nil, torch.zeros_like(alpha), alpha))
     P = torch.where(zero | nil, nan, P)
     ratio = norm_T2 / safe_norm2
-    if exponents is not None:
-        e_O, e_V, e_M = (torch.broadcast_to(e.to(alpha.device), alpha.shape) for e in exponents)
+    if exps is not None:
+        e_O, e_V, e_M = exps
         alpha = _unscale(alpha, e_M)
         inner = _unscale(inner, e_M + 2 * e_O + 2 * e_V)
         norm = _unscale(norm, e_O + e_V)

@@ -95,3 +95,7 @@ def read_json(path: str | os.PathLike[str], error: type[Exception], what: str = 
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise error(f"{what} {p} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}).") from e
+    except RecursionError as e:
+        raise error(f"{what} {p} nests too deeply to be read: the file is corrupt or not what it claims.") from e
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise error(f"{what} {p} holds a value that cannot be read: {e}.") from e

@@ -19,17 +19,16 @@ key on (:meth:`ReportOptions.key`). Imports torch and the standard library only.
 
 from __future__ import annotations
 
-import difflib
 import functools
-import inspect
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from ..errors import DeviceError, OptionError, OptionTypeError, UnknownOptionError
+from ..errors import DeviceError, OptionError, OptionTypeError
+from .kwargs import strict_kwargs, unknown_option_error
 
 __all__ = [
     "DEFAULT_NULLS",
@@ -142,7 +141,8 @@ def check_layers(x: Any, name: str = "layers") -> tuple[int, ...] | None:
     """
     if x is None:
         return None
-    if isinstance(x, (str, bytes)) or isinstance(x, numbers.Number) or not isinstance(x, Iterable):
+    if isinstance(x, (str, bytes, Mapping, Set)) or isinstance(x, numbers.Number) or not isinstance(x, Iterable):
+        # sets have no order and mappings would give their keys: neither says which layers in which order
         raise OptionTypeError(f"{name} must be None or a sequence of layer indices such as [0, 5]; got {_given(x)}.")
     if isinstance(x, torch.Tensor):
         x = x.tolist()
@@ -245,42 +245,6 @@ def check_device(x: Any, name: str = "device") -> torch.device:
     raise DeviceError(f"{name}={x!r}: device type {dev.type!r} is not supported; use 'cpu', 'cuda' or 'auto'.")
 
 
-def unknown_option_error(where: str, unknown: Iterable[str], valid: Iterable[str]) -> UnknownOptionError:
-    """The error for unknown keywords: names each and the closest valid names (difflib)."""
-    valid = sorted(set(valid))
-    parts = []
-    for k in unknown:
-        close = difflib.get_close_matches(k, valid, n=3, cutoff=0.5)
-        parts.append(f"{k!r}" + (f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""))
-    return UnknownOptionError(f"{where} got unknown option(s) {', '.join(parts)}. Valid options: {', '.join(valid)}.")
-
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def strict_kwargs(fn: F) -> F:
-    """Decorator: an unknown keyword raises :class:`UnknownOptionError` naming the closest valid ones.
-
-    The wrapper keeps the real signature (``inspect.signature`` follows ``__wrapped__``).
-    Functions that take ``**kwargs`` on purpose are not decorated with it.
-    """
-    sig = inspect.signature(fn)
-    names = [
-        p.name
-        for p in sig.parameters.values()
-        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    ]
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        unknown = [k for k in kwargs if k not in names]
-        if unknown:
-            raise unknown_option_error(f"{fn.__qualname__}()", unknown, names)
-        return fn(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
 @dataclass(frozen=True, init=False)
 class ReportOptions:
     """The validated options of a report (and of every route into it). Frozen.
@@ -371,13 +335,18 @@ class ReportOptions:
         computed on a GPU loads on a CPU-only machine.
 
         Raises:
-            OptionTypeError / OptionError: a record that is not a dict of valid options.
+            OptionTypeError / OptionError: a record that is not a dict of valid options, or that
+                lacks one (a missing option is never filled with its default: the numbers were
+                computed with whatever value it had).
         """
         if not isinstance(record, dict):
             raise OptionTypeError(f"options record must be a dict; got {type(record).__name__}.")
         unknown = set(record) - set(cls.names())
         if unknown:
             raise unknown_option_error("ReportOptions record", sorted(unknown), cls.names())
+        missing = [n for n in cls.names() if n not in record]
+        if missing:
+            raise OptionError(f"options record lacks {missing}: it does not say how its numbers were computed.")
         dev = record.get("device", "cpu")
         if not isinstance(dev, str):
             raise OptionTypeError(f"options.device must be a device name; got {dev!r}.")

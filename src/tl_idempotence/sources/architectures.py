@@ -8,6 +8,7 @@ attention sizes. Biases never enter ``T = O Vᵀ`` and are not read.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import re
@@ -131,7 +132,8 @@ def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
     pan = entry.get("post_attention_norm")
     if pan is not None and (not isinstance(pan, str) or not pan):
         raise OptionError(f"{where}['post_attention_norm'] must be a tensor name below the layer prefix; got {pan!r}.")
-    return entry
+    # A copy: a source keeps reading with the entry it was checked with, whatever the caller's dict becomes.
+    return copy.deepcopy(entry)
 
 
 def check_architecture(x: Any, name: str = "architecture") -> str | dict[str, Any] | None:

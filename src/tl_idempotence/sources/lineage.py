@@ -38,7 +38,7 @@ import pandas as pd
 import torch
 
 from ..core.files import read_json
-from ..core.options import check_bool, check_int, check_seed
+from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.progress import quiet_transformers
 from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
 
@@ -105,6 +105,7 @@ def _repeat_loss(model: Any, ids: torch.Tensor, seq_len: int) -> tuple[torch.Ten
     return loss, acc
 
 
+@strict_kwargs
 def train_lineage(
     out_dir: Any,
     *,
@@ -178,13 +179,9 @@ def train_lineage(
     seq_len = check_int(seq_len, "seq_len", 2, 1 << 14)  # the loss needs at least one repeated token
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
     for name, v in (("lr", lr), ("weight_decay", weight_decay)):
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, (int, float))
-            or not math.isfinite(v)
-            or v < 0
-            or (name == "lr" and v == 0)
-        ):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise OptionTypeError(f"{name} must be a number; got {type(v).__name__} {v!r}.")
+        if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
             raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
     tie_word_embeddings = check_bool(tie_word_embeddings, "tie_word_embeddings")
     reuse = check_bool(reuse, "reuse")
@@ -227,17 +224,25 @@ def train_lineage(
     )
     manifest = root / "lineage.json"
     if reuse and manifest.is_file():
+        # A manifest that cannot be read, or is not what train_lineage writes, is not reused: the
+        # lineage is trained again (and the manifest rewritten).
         try:
-            old: Any = json.loads(manifest.read_text())
-        except json.JSONDecodeError:
+            old: Any = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
             old = None
+        metrics = None
         if (
-            old
+            isinstance(old, dict)
             and old.get("config") == config
             and all((root / f"ckpt_step{s}" / "model.safetensors").is_file() for s in config["saved_steps"])
         ):
+            try:
+                metrics = pd.DataFrame(old["metrics"])
+            except (KeyError, TypeError, ValueError):
+                metrics = None
+        if metrics is not None and list(metrics.columns) == ["step", "loss", "induction_acc"]:
             ckpts = [(f"step{s}", root / f"ckpt_step{s}") for s in config["saved_steps"]]
-            return Lineage(root=root, checkpoints=ckpts, metrics=pd.DataFrame(old["metrics"]), config=config)
+            return Lineage(root=root, checkpoints=ckpts, metrics=metrics, config=config)
     root.mkdir(parents=True, exist_ok=True)
     manifest.unlink(missing_ok=True)  # re-written when the new lineage is complete
     hf_cfg = transformers.LlamaConfig(
@@ -295,7 +300,8 @@ def train_lineage(
     return Lineage(root=root, checkpoints=checkpoints, metrics=metrics, config=config)
 
 
-def lineage_checkpoints(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
+@strict_kwargs
+def lineage_checkpoints(root: Any) -> list[tuple[str, Path]]:
     """``[("step{N}", root/ckpt_step{N})]`` for the checkpoints of a lineage directory, by step.
 
     Uses the saved steps of ``root/lineage.json`` when present (so stale directories of an
@@ -306,6 +312,8 @@ def lineage_checkpoints(root: str | os.PathLike[str]) -> list[tuple[str, Path]]:
             or lacks one that its ``lineage.json`` lists.
         CheckpointError: ``lineage.json`` is unreadable or malformed (names it).
     """
+    if not isinstance(root, (str, os.PathLike)):
+        raise OptionTypeError(f"root must be a directory path; got {type(root).__name__}.")
     root = Path(root)
     if not root.is_dir():
         raise MissingFileError(f"{root} is not a directory; expected a lineage written by train_lineage().")

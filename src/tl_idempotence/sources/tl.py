@@ -57,8 +57,23 @@ def tl_processing(model: Any) -> dict[str, Any]:
     which T = O Vᵀ does not include.
     """
     recorded = getattr(model, "_tli_processing", None)
+    live = _live_processing(model)
     if isinstance(recorded, dict):
-        return dict(recorded)
+        out = dict(recorded)
+        if out.get("raw") and not live["raw"]:
+            # Processed after tli.models.load (enable_compatibility_mode, process_weights_, ...):
+            # the record of raw weights no longer describes what is measured.
+            out.update(live)
+            out["stale_record"] = (
+                "the model was loaded with raw weights, but its weights were processed since "
+                f"({'fold_ln' if live.get('fold_ln') else 'centred W_O'}): these flags are read from the model now"
+            )
+        return out
+    return live
+
+
+def _live_processing(model: Any) -> dict[str, Any]:
+    """The processing flags read from the model itself (see :func:`tl_processing`)."""
     cfg = model.cfg
     names = _class_names(model)
     out: dict[str, Any] = {}
@@ -105,6 +120,12 @@ class TLModelSource:
     def __init__(self, model: Any):
         if not is_tl_model(model):
             raise UnsupportedModelError(f"TLModelSource needs a TransformerLens model; got {type(model).__name__}.")
+        if "HookedEncoderDecoder" in _class_names(model):
+            raise UnsupportedModelError(
+                "HookedEncoderDecoder (T5-style) is not supported: its attention layers live in model.encoder and "
+                "model.decoder (with cross-attention), not in model.blocks. Measure the checkpoint's files instead "
+                "(idempotence_report(path, architecture=...) with an architecture entry for its layers)."
+            )
         self.model = model
         cfg = model.cfg
         self._attn = attention_layers(model)
@@ -158,8 +179,20 @@ class TLModelSource:
                 "[n_kv_heads, d_model, d_head] and [n_heads, d_head, d_model]."
             )
         if W_V.shape[0] == n_heads and n_kv != n_heads:
-            # An expanded W_V (e.g. a custom attention module): keep the kv heads' first copy only.
-            W_V = W_V[torch.arange(n_kv, device=W_V.device) * (n_heads // n_kv)]
+            # An expanded W_V (e.g. a custom attention module): keep one copy per kv head, after
+            # checking that every query head's W_V is exactly its kv head's (TransformerLens expands
+            # with repeat_interleave; any other layout would pair heads with the wrong V).
+            kv = self._kv.to(W_V.device)
+            first = torch.stack([(kv == k).nonzero()[0, 0] for k in range(n_kv)])
+            kept = W_V[first]
+            if not torch.equal(W_V, kept[kv]):
+                bad = [h for h in range(n_heads) if not torch.equal(W_V[h], kept[kv[h]])]
+                raise WeightError(
+                    f"Layer {layer}: W_V is expanded to {n_heads} heads, but heads {bad[:10]} differ from the "
+                    f"first head of their kv group (kv_head_of = {kv.tolist()}); the GQA layout of this model "
+                    "is not the one its config gives (n_key_value_heads), so the value heads cannot be paired."
+                )
+            W_V = kept
         if W_V.shape[0] != n_kv or W_O.shape[0] != n_heads:
             raise WeightError(
                 f"Layer {layer}: W_V has {W_V.shape[0]} heads and W_O {W_O.shape[0]}, but the config says "

