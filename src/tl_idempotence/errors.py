@@ -20,6 +20,7 @@ __all__ = [
     "OptionError",
     "OptionTypeError",
     "RegistryUnreachableError",
+    "ReportFileError",
     "ResumeError",
     "TLIError",
     "UnknownModelError",
@@ -56,6 +57,10 @@ class WeightError(TLIError, ValueError):
 
 class CheckpointError(TLIError, ValueError):
     """A checkpoint file or directory that lies: corrupt, truncated, ambiguous or inconsistent (names the file)."""
+
+
+class ReportFileError(CheckpointError):
+    """A saved report folder whose files lie (changed, missing, another format); names the file."""
 
 
 class MissingFileError(TLIError, FileNotFoundError):

@@ -448,3 +448,22 @@ def test_a_zoo_record_of_raw_weights_is_not_trusted_after_the_model_was_processe
     rec = tl_processing(m)
     assert rec["raw"] is False and rec["fold_ln"] is True and rec["zoo_model"] == "fake"
     assert "processed since (fold_ln)" in rec["stale_record"]
+
+
+def test_paper_table_at_another_threshold_says_the_papers_figures_are_at_0_9():
+    from tl_idempotence.core.heads import kv_layout
+
+    g = torch.Generator().manual_seed(9)
+    layers = [
+        LayerHeads(l, torch.randn(4, 16, 4, generator=g), torch.randn(2, 16, 4, generator=g), kv_layout(4, 2))
+        for l in range(2)
+    ]
+    rep = tli.idempotence_report(layers, progress=False)
+    assert not rep.paper_table()["note"].str.contains("paper's figure is at").any()  # at the paper's threshold
+    rep.threshold = 0.01
+    tab = rep.paper_table()
+    caveat = "the paper's figure is at P >= 0.9, this model's at P >= 0.01"
+    assert tab.loc[0, "note"] == caveat and np.isfinite(tab.loc[0, "value"])
+    assert (tab.loc[1:, "note"].str.contains("paper's figure is at").sum()) == 0  # NaN rows keep their reason only
+    f = rep.paper_table(formatted=True)
+    assert f.loc[0, "paper"] == f"3.98-8.00 % (per model) [{caveat}]"

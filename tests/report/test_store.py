@@ -160,6 +160,26 @@ def test_an_edited_record_is_refused_with_its_name(saved, edit):
         tli.load_report(saved)
 
 
+def test_tables_whose_closed_column_disagrees_with_P_and_the_threshold_are_refused(saved):
+    # A consistent forgery (every sha256 recomputed, as a script that rewrote the files would):
+    # the digests pass, but 'closed' no longer follows from P and the recorded threshold.
+    import hashlib
+
+    f = saved / "heads.parquet"
+    df = pd.read_parquet(f)
+    df.loc[0, "closed"] = not bool(df.loc[0, "closed"])
+    df.to_parquet(f, index=False)
+    rf = saved / RECORD
+    rec = json.loads(rf.read_text())
+    rec["files"]["heads"] = hashlib.sha256(f.read_bytes()).hexdigest()
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    rf.write_text(json.dumps(rec, indent=1, sort_keys=True))
+    with pytest.raises(ReportFileError, match=r"'closed' disagrees with P >= threshold \(0\.9\) for 1 head"):
+        tli.load_report(saved)
+
+
 def test_a_damaged_or_foreign_record_is_refused(saved):
     f = saved / RECORD
     text = f.read_text()

@@ -139,6 +139,17 @@ def test_progress_helper_outside_a_kernel(capsys):
         assert not hf_logging.is_progress_bar_enabled()  # a bar the user turned off stays off
     finally:
         hf_logging.enable_progress_bar()
+    # transformers' GGUF loader draws its bar with tqdm.auto directly: silenced too, and restored
+    import contextlib
+    import io
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    theirs = gguf_utils.tqdm
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), quiet_transformers():
+        assert list(gguf_utils.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors...")) == [0, 1, 2]
+    assert err.getvalue() == "" and gguf_utils.tqdm is theirs
 
 
 # --------------------------------------------------------------------------- executed notebooks, static HTML

@@ -5,19 +5,50 @@
   directory, ``fsync``, ``os.replace``: a file with its final name is always complete.
 * :func:`read_json` — parse a JSON file; an unreadable or malformed file raises the
   caller's error class with the file's name (never a bare ``JSONDecodeError``).
+* :func:`package_code_sha256` — sha256 of this package's own code and data files: what resumed
+  parts and reused sweep results key on besides the version number (an editable install or a
+  source tree keeps one version number across changes of the maths).
 
 Imports the standard library only.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "read_json", "sha256_bytes", "sha256_file"]
+__all__ = [
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "package_code_sha256",
+    "read_json",
+    "sha256_bytes",
+    "sha256_file",
+]
+
+#: The file types of the package that make up its behaviour (code, architecture table, templates).
+_CODE_SUFFIXES = (".py", ".json", ".j2")
+
+
+@functools.lru_cache(maxsize=1)
+def package_code_sha256() -> str:
+    """Hex sha256 over the relative path and bytes of every ``.py``, ``.json`` and ``.j2`` file of the
+    installed ``tl_idempotence`` package, in path order (computed once per process, ~5 ms).
+
+    Two installations with the same value run the same code; any edit changes it.
+    """
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for p in sorted(q for q in root.rglob("*") if q.suffix in _CODE_SUFFIXES and q.is_file()):
+        if "__pycache__" in p.parts:
+            continue
+        h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0".encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 def sha256_file(path: str | os.PathLike[str], limit: int | None = None, chunk: int = 1 << 20) -> str:

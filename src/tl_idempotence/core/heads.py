@@ -9,7 +9,7 @@
 * :class:`HeadSource` — anything that yields ``LayerHeads`` layer by layer.
 * :func:`kv_layout` — the standard GQA layout ``h -> h // (n_heads // n_kv_heads)``.
 
-Sources (``tl_idempotence.sources``) produce these; analyses consume them. Imports torch only.
+Sources (``tl_idempotence.sources``) produce these; analyses consume them. Imports torch and jaxtyping.
 """
 
 from __future__ import annotations
@@ -208,18 +208,22 @@ class LayerHeads:
 
     @property
     def n_heads(self) -> int:
+        """Number of query heads (``O.shape[0]``)."""
         return int(self.O.shape[0])
 
     @property
     def n_kv_heads(self) -> int:
+        """Number of kv heads (``V.shape[0]``; = n_heads for MHA, 1 for MQA)."""
         return int(self.V.shape[0])
 
     @property
     def d_model(self) -> int:
+        """Residual width (``O.shape[1]``)."""
         return int(self.O.shape[1])
 
     @property
     def d_head(self) -> int:
+        """Head dimension (``O.shape[2]``)."""
         return int(self.O.shape[2])
 
     def V_of_heads(self) -> Float[Tensor, "n_heads d_model d_head"]:

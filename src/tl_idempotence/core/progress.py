@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import sys
 from collections.abc import Iterable, Iterator
@@ -81,8 +83,18 @@ def quiet_transformers(active: bool = True) -> Iterator[None]:
 
     was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    # transformers' GGUF loader draws its "Converting and de-quantizing GGUF tensors" bar with
+    # tqdm.auto directly (not through its logging switch): give it a disabled tqdm while the block runs.
+    gguf_utils: Any = sys.modules.get("transformers.modeling_gguf_pytorch_utils")
+    if gguf_utils is None and importlib.util.find_spec("gguf") is not None:
+        gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    their_tqdm = getattr(gguf_utils, "tqdm", None)
+    if their_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(their_tqdm, disable=True)
     try:
         yield
     finally:
+        if their_tqdm is not None:
+            gguf_utils.tqdm = their_tqdm
         if was_on:
             hf_logging.enable_progress_bar()

@@ -5,8 +5,9 @@ its layer row, its long tables, and what it was computed from (the layer's weigh
 fingerprint and the options key). :class:`ResumeDir` writes each part as parquet tables
 plus one JSON record (no pickle: a file from a directory is never executed) and hands a
 part back only when its record says it was computed from the *same* weights (the
-layer's sha256 fingerprint) with the *same* options by the *same* package version, and the
-record and its tables are intact (sha256); otherwise the layer is recomputed.
+layer's sha256 fingerprint) with the *same* options by the *same* package version and code
+(:func:`~tl_idempotence.core.files.package_code_sha256`), and the record and its tables are intact
+(sha256); otherwise the layer is recomputed.
 
 Layout of a resume directory::
 
@@ -36,7 +37,14 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
+from ..core.files import (
+    atomic_write_bytes,
+    atomic_write_text,
+    package_code_sha256,
+    read_json,
+    sha256_bytes,
+    sha256_file,
+)
 from ..core.heads import ModelInfo
 from ..core.options import ReportOptions
 from ..errors import ResumeError
@@ -244,6 +252,9 @@ class ResumeDir:
         if rec.get("version") != _VERSION:
             stale(f"it was made by tl_idempotence {rec.get('version')!r}, this is {_VERSION!r}")
             return None
+        if rec.get("code") != package_code_sha256():
+            stale("it was made by other code of tl_idempotence (the package's code sha256 differs)")
+            return None
         if rec.get("fingerprint") != fingerprint:
             stale("the layer's weights changed since it was written (sha256 fingerprint differs)")
             return None
@@ -292,6 +303,7 @@ class ResumeDir:
                 "fingerprint": part.fingerprint,
                 "options": self.key,
                 "version": _VERSION,
+                "code": package_code_sha256(),
                 "row": json_safe(part.row),
                 "row_keys": [str(k) for k in part.row],
                 "files": files,

@@ -163,7 +163,7 @@ class IdempotenceReport(Result):
             self.tables, self.info, self.threshold, self.summary.get("algebra_ranges_threshold", self.threshold)
         )
 
-    def paper_table(self, formatted: bool = False) -> pd.DataFrame:
+    def paper_table(self, formatted: Any = False) -> pd.DataFrame:
         """The abstract's headline quantities for this model next to the paper's figures.
 
         Args:
@@ -173,17 +173,23 @@ class IdempotenceReport(Result):
             Numbers (default): ``quantity, value, n, of, paper_low, paper_high, note`` (see
             :func:`~tl_idempotence.report.summary.paper_table`); rows whose analysis did not run
             have NaN and say so in ``note``.
+
+        Raises:
+            OptionTypeError: ``formatted`` is not a bool.
         """
+        formatted = check_bool(formatted, "formatted")
         t = paper_table(self.summary, len(self.layers))
         return format_paper_table(t) if formatted else t
 
-    def to_tensor(self, column: str = "P") -> torch.Tensor:
+    def to_tensor(self, column: Any = "P") -> torch.Tensor:
         """A numeric column as a ``[n_layers, n_heads]`` float64 tensor (TransformerLens layout);
         NaN where a layer was not measured or has no attention.
 
         Raises:
-            OptionError: ``column`` is not a numeric column of :attr:`heads`.
+            OptionTypeError: ``column`` is not a string. OptionError: not a numeric column of :attr:`heads`.
         """
+        if not isinstance(column, str):
+            raise OptionTypeError(f"column must be a column name (str); got {type(column).__name__}.")
         if column not in self.heads.columns:
             raise OptionError(f"{column!r} is not a column of report.heads; columns: {list(self.heads.columns)}.")
         col = self.heads[column]
@@ -195,7 +201,7 @@ class IdempotenceReport(Result):
         out[L, H] = torch.tensor(col.to_numpy(dtype=np.float64))
         return out
 
-    def hook_points(self, heads: Any = "closed", hook: str = "z") -> list[tuple[str, int]]:
+    def hook_points(self, heads: Any = "closed", hook: Any = "z") -> list[tuple[str, int]]:
         """``(hook name, head index)`` pairs of the chosen heads, e.g. ``("blocks.10.attn.hook_z", 8)``,
         ready for ``run_with_hooks``, activation patching or an ``ActivationCache``.
 
@@ -205,9 +211,11 @@ class IdempotenceReport(Result):
                 (TransformerLens names ``blocks.{l}.attn.hook_{hook}``).
 
         Raises:
-            OptionError: an unknown selector or hook name.
+            OptionTypeError: ``hook`` is not a string. OptionError: an unknown selector or hook name.
         """
         known = ("z", "pattern", "result", "q", "k", "v", "attn_scores")
+        if not isinstance(hook, str):
+            raise OptionTypeError(f"hook must be one of {known}; got {type(hook).__name__} {hook!r}.")
         if hook not in known:
             raise OptionError(f"hook must be one of {known}; got {hook!r}.")
         if isinstance(heads, str):
@@ -226,7 +234,7 @@ class IdempotenceReport(Result):
         return [(f"blocks.{int(layer)}.attn.hook_{hook}", int(h)) for layer, h in pairs]
 
     # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
-    def figure(self, value: str = "P") -> Any:
+    def figure(self, value: Any = "P") -> Any:
         """Plotly heatmap (layer x head) of ``value`` (default P) with the closed heads marked."""
         return views().heads_heatmap(self, value=value)
 
@@ -236,12 +244,12 @@ class IdempotenceReport(Result):
 
     def save_html(
         self,
-        path: str | os.PathLike[str],
-        attention_text: str | None = None,
+        path: Any,
+        attention_text: Any = None,
         model: Any = None,
-        attention_heads: Sequence[tuple[int, int]] | None = None,
-        top_k: int | None = None,
-        max_tokens: int = 64,
+        attention_heads: Any = None,
+        top_k: Any = None,
+        max_tokens: Any = 64,
     ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
@@ -271,11 +279,11 @@ class IdempotenceReport(Result):
 
     def show_attention(
         self,
-        text: str,
+        text: Any,
         model: Any = None,
-        heads: Sequence[tuple[int, int]] | None = None,
-        top_k: int | None = None,
-        max_tokens: int = 64,
+        heads: Any = None,
+        top_k: Any = None,
+        max_tokens: Any = 64,
     ) -> Any:
         """circuitsvis view of the flagged heads' attention patterns on ``text`` (notebooks, offline).
 

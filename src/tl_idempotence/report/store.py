@@ -31,17 +31,13 @@ import pandas as pd
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
 from ..core.heads import ModelInfo
 from ..core.options import ReportOptions, check_bool
-from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
+from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
 
 __all__ = ["FORMAT", "RECORD", "ReportFileError", "ReportRecord", "read_record", "write_record"]
 
 FORMAT = "tl_idempotence.report/1"
 RECORD = "report.json"
-
-
-class ReportFileError(CheckpointError):
-    """A saved report folder whose files lie (changed, missing, another format); names the file."""
 
 
 INT_KEYS = "__int_keys__"
@@ -211,4 +207,14 @@ def read_record(path: Any) -> ReportRecord:
         ) from e
     heads = frames.pop("heads")
     layers = frames.pop("layers")
+    # What the threshold decides must agree with the numbers it was decided from.
+    if {"P", "closed"} <= set(heads.columns):
+        want = (heads["P"] >= options.threshold).to_numpy(dtype=bool)
+        got = heads["closed"].to_numpy(dtype=bool)
+        if not (want == got).all():
+            n = int((want != got).sum())
+            raise ReportFileError(
+                f"{d / 'heads.parquet'}: 'closed' disagrees with P >= threshold ({options.threshold:g}) for {n} "
+                "head(s): the tables and the record do not belong together."
+            )
     return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)

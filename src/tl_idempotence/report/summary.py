@@ -19,12 +19,25 @@ import pandas as pd
 import torch
 
 from ..analyses.base import Analysis
+from ..core.files import package_code_sha256
 from ..core.heads import ModelInfo
 from ..core.options import ReportOptions
 
-__all__ = ["PAPER", "build_summary", "combined_fingerprint", "format_paper_table", "paper_table", "versions"]
+__all__ = [
+    "PAPER",
+    "PAPER_THRESHOLD",
+    "build_summary",
+    "combined_fingerprint",
+    "format_paper_table",
+    "paper_table",
+    "versions",
+]
 
 #: The abstract's headline figures (arXiv 2609.01129), as numbers.
+#: The threshold of the paper's "closed" figures (``frac_closed``, ``mismatch_closed``,
+#: ``frac_layers_feasible``).
+PAPER_THRESHOLD = 0.9
+
 PAPER = {
     "frac_closed": (0.0398, 0.0800),  # 3.98-8.00 % of heads with P >= 0.9, per model (six endpoints)
     "mismatch_closed": (0.0, 0.0),  # no matched within-layer O/V mismatch reaches P >= 0.9
@@ -37,7 +50,9 @@ PAPER = {
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of this package, transformer-lens and torch (None when not installed)."""
+    """Versions of this package (and the first 16 hex of its code's sha256,
+    :func:`~tl_idempotence.core.files.package_code_sha256`), transformer-lens and torch (None when not
+    installed)."""
 
     def v(pkg: str) -> str | None:
         try:
@@ -47,6 +62,7 @@ def versions() -> dict[str, str | None]:
 
     return {
         "tl_idempotence": v("tl_idempotence"),
+        "tl_idempotence_code": package_code_sha256()[:16],
         "transformer_lens": v("transformer-lens"),
         "torch": str(torch.__version__),  # a plain str (torch's TorchVersion does not survive JSON as itself)
     }
@@ -121,7 +137,8 @@ def paper_table(summary: dict[str, Any], n_layers: int) -> pd.DataFrame:
         DataFrame, one row per quantity, columns ``quantity`` (str), ``value`` (float: a
         fraction in [0, 1] or a median P), ``n`` and ``of`` (the counts behind a fraction, or
         NaN), ``paper_low``, ``paper_high`` (the paper's figure or range), ``note`` ("" or why
-        the value is NaN, e.g. the controls did not run). Rows: heads with P >= threshold;
+        the value is NaN, e.g. the controls did not run; at a threshold other than the paper's
+        0.9 the threshold rows say that their paper figure is at P >= 0.9). Rows: heads with P >= threshold;
         matched mismatch pairs with P >= threshold (paper: none); median P trained; median P
         scrambled; heads whose trained orientation beats its scramble median; layers where the
         trained orientation wins; layers where P >= threshold is feasible (search).
@@ -130,8 +147,17 @@ def paper_table(summary: dict[str, Any], n_layers: int) -> pd.DataFrame:
     nan = float("nan")
     rows: list[dict[str, Any]] = []
 
+    at_other_threshold = t != PAPER_THRESHOLD
+
     def row(q: str, key: str, value: float, n: Any = nan, of: Any = nan, note: str = "") -> None:
         lo, hi = PAPER[key]
+        if (
+            at_other_threshold
+            and math.isfinite(value)
+            and key in ("frac_closed", "mismatch_closed", "frac_layers_feasible")
+        ):
+            other = f"the paper's figure is at P >= {PAPER_THRESHOLD:g}, this model's at P >= {t:g}"
+            note = f"{note}; {other}" if note else other
         rows.append({"quantity": q, "value": value, "n": n, "of": of, "paper_low": lo, "paper_high": hi, "note": note})
 
     row(f"heads with P >= {t:g}", "frac_closed", summary["frac_closed"], summary["n_closed"], summary["n_heads"])
@@ -229,5 +255,7 @@ def format_paper_table(table: pd.DataFrame) -> pd.DataFrame:
             paper = "none" if r.paper_low == 0 else ("all" if r.paper_low == 1 else _pct(r.paper_low))
         else:
             paper = f"{100 * r.paper_low:.2f}-{100 * r.paper_high:.2f} % (per model)"
+        if np.isfinite(r.value) and r.note:  # a defined value with a caveat (another threshold than the paper's)
+            paper += f" [{r.note}]"
         out.append({"quantity": r.quantity, "this model": this, "paper": paper})
     return pd.DataFrame(out)

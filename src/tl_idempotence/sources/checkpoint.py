@@ -281,6 +281,7 @@ class CheckpointSource:
         return str(getattr(st, "path", st.where("")))
 
     def layers(self) -> Iterator[int]:
+        """The attention layer indices (every layer of the checkpoint)."""
         return iter(range(self.sizes.n_layers))
 
     def layer_heads(self, layer: int) -> LayerHeads:

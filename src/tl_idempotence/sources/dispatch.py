@@ -65,9 +65,11 @@ class LayerHeadsSource:
         )
 
     def layers(self) -> Iterator[int]:
+        """The layer indices of the given LayerHeads, ascending."""
         return iter(sorted(self._by_layer))
 
     def layer_heads(self, layer: int) -> LayerHeads:
+        """The LayerHeads given for ``layer`` (IndexError for any other layer)."""
         if layer not in self._by_layer:
             raise IndexError(f"Layer {layer} was not given (layers: {sorted(self._by_layer)}).")
         return self._by_layer[layer]

@@ -85,6 +85,7 @@ class Lineage:
 
     @property
     def steps(self) -> list[int]:
+        """The training steps of the saved checkpoints, in order."""
         return [int(s) for s in self.metrics["step"]]
 
 

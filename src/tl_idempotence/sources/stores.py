@@ -174,12 +174,7 @@ def read_metadata_json(path: Path, what: str) -> Any:
             key twice in one object, nesting too deep, an integer too long to parse (names the file).
     """
     check_file(path, what)
-    try:
-        return read_json(path, CheckpointError, what)
-    except CheckpointError:
-        raise
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError(f"{what} {path} cannot be parsed: {type(e).__name__}: {e}") from e
+    return read_json(path, CheckpointError, what)
 
 
 def _read_prefix(p: Path, n: int, what: str) -> bytes:
@@ -465,9 +460,11 @@ class SafetensorsStore:
         return self._headers[fname]
 
     def keys(self) -> list[str]:
+        """Every tensor name the store holds."""
         return list(self.map)
 
     def where(self, name: str) -> str:
+        """Where ``name`` lives (file or module), for messages."""
         return str(self.dir / self.map[name])
 
     def _open(self, fname: str) -> Any:
@@ -551,12 +548,15 @@ class ModuleStore:
         self.name = type(model).__name__
 
     def keys(self) -> list[str]:
+        """Every tensor name the store holds."""
         return list(self.params)
 
     def where(self, name: str) -> str:
+        """Where ``name`` lives (file or module), for messages."""
         return f"{self.name} parameter"
 
     def meta(self, names: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{name: (shape, dtype name)}`` of ``names``, read from headers only (no tensor data)."""
         out = {}
         for n in names:
             p = self.params[n]
@@ -569,6 +569,7 @@ class ModuleStore:
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[Any]:
+        """A context manager yielding an object whose ``read(name)`` returns that tensor."""
         params = self.params
 
         class _R:
@@ -652,12 +653,15 @@ class GGUFStore:
             raise CheckpointError(f"GGUF file {self.path}: metadata {key!r} cannot be decoded ({e}).") from e
 
     def keys(self) -> list[str]:
+        """Every tensor name the store holds."""
         return list(self.tensors)
 
     def where(self, name: str) -> str:
+        """Where ``name`` lives (file or module), for messages."""
         return str(self.path)
 
     def meta(self, names: list[str]) -> dict[str, tuple[tuple[int, ...], str]]:
+        """``{name: (shape, dtype name)}`` of ``names``, read from headers only (no tensor data)."""
         # GGUF shapes are stored ne0-first (reversed); report the torch (row-major) shape.
         return {
             n: (tuple(int(x) for x in reversed(self.tensors[n].shape.tolist())), self.tensors[n].tensor_type.name)
@@ -666,6 +670,7 @@ class GGUFStore:
 
     @contextlib.contextmanager
     def reader(self) -> Iterator[Any]:
+        """A context manager yielding an object whose ``read(name)`` returns that tensor."""
         import gguf
 
         tensors, path = self.tensors, self.path

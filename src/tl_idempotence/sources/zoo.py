@@ -713,16 +713,17 @@ def _convert_gguf(files: Path, spec: dict[str, Any], out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from ..core.progress import quiet_transformers
+
     gguf_file = Path(spec["weights"]).name
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(files), gguf_file=gguf_file, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(str(files), gguf_file=gguf_file)
+        with quiet_transformers():  # our own bar says what is happening; no transformers bars in a notebook
+            model = AutoModelForCausalLM.from_pretrained(str(files), gguf_file=gguf_file, dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(str(files), gguf_file=gguf_file)
     finally:
         hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
     cfg = model.config
     if hasattr(cfg, "quantization_config"):
         delattr(cfg, "quantization_config")

@@ -57,6 +57,7 @@ from ..core.options import ReportOptions, check_bool, check_int, resolve_layers,
 from ..errors import OptionError, OptionTypeError, TLIError
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
+from ..report.summary import versions
 from .compare import (
     Comparison,
     Item,
@@ -148,8 +149,8 @@ def _task_options(task: SweepTask) -> ReportOptions:
 
 def saved_report_matches(folder: str | os.PathLike[str], source: Any, options: ReportOptions) -> str | None:
     """Why the report saved in ``folder`` cannot stand for ``source`` measured with ``options`` — or None
-    when it can (same options, same sizes and processing, and every layer's current weight fingerprint
-    equal to the saved one).
+    when it can (made by this version and code of tl_idempotence, same options, same sizes and processing,
+    and every layer's current weight fingerprint equal to the saved one).
 
     The current fingerprints are computed by reading each layer's O and V from ``source``
     (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, the same bytes the report loop
@@ -172,6 +173,11 @@ def saved_report_matches(folder: str | os.PathLike[str], source: Any, options: R
         rep = load_report(d)
     except (TLIError, OSError) as e:
         return f"the saved report is unreadable ({type(e).__name__}: {e})"
+    saved_v = rep.summary.get("versions") or {}
+    now_v = versions()
+    for key in ("tl_idempotence", "tl_idempotence_code"):
+        if saved_v.get(key) != now_v.get(key):
+            return f"made by another tl_idempotence ({key} {saved_v.get(key)!r} -> {now_v.get(key)!r})"
     diff = option_differences(rep.options, options)
     if rep.options.device.type != options.device.type:
         diff["device"] = (rep.options.device.type, options.device.type)
