@@ -153,6 +153,19 @@ def test_help_and_argument_errors_import_no_torch():
     assert proc.stdout.strip().splitlines()[-1] == "False False", proc.stdout + proc.stderr
 
 
+def test_report_job_imports_only_what_it_uses(ckpt, tmp_path):
+    """The main job's path (a checkpoint report and its page) never imports sympy, transformer_lens or
+    transformers: torch.broadcast_shapes' first call imports sympy (~0.5 s), so core uses numpy's rule."""
+    code = (
+        "import sys; from tl_idempotence.cli import main\n"
+        f"main(['report', {str(ckpt)!r}, '--out', {str(tmp_path / 'r.html')!r}, '--quiet'])\n"
+        "print(sorted(m for m in ('sympy', 'transformer_lens', 'transformers') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
+
+
 def test_models_lists_the_zoo():
     proc = run(["models"])
     assert proc.returncode == 0 and "smollm2-135m" in proc.stdout and "minilm-l6" in proc.stdout

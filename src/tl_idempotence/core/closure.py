@@ -68,6 +68,19 @@ __all__ = [
 LOG2_SAFE = 64
 
 
+def broadcast_batch(*shapes: tuple[int, ...] | torch.Size) -> torch.Size:
+    """``torch.broadcast_shapes`` without its first-call cost.
+
+    ``torch.broadcast_shapes`` goes through ``torch._refs``, whose first use imports
+    ``torch.fx.experimental.symbolic_shapes`` and sympy (~0.5 s, a fifth of the main job);
+    numpy's rule is the same. Raises ``RuntimeError`` when the shapes do not broadcast, as torch does.
+    """
+    try:
+        return torch.Size(np.broadcast_shapes(*(tuple(s) for s in shapes)))
+    except ValueError as e:
+        raise RuntimeError(f"shapes {[tuple(s) for s in shapes]} do not broadcast") from e
+
+
 @dataclass(frozen=True)
 class Grams:
     """The three ``d_head x d_head`` products a head's closure needs (column form).
@@ -103,9 +116,9 @@ class Grams:
         # Exponents half given would be silently ignored by e_T (M left in scaled units).
         if (self.e_O is None) != (self.e_V is None):
             raise OptionError("Grams: give both e_O and e_V (the power-of-two exponents) or neither.")
-        batch = torch.broadcast_shapes(self.G_O.shape[:-2], self.G_V.shape[:-2], self.M.shape[:-2])
+        batch = broadcast_batch(self.G_O.shape[:-2], self.G_V.shape[:-2], self.M.shape[:-2])
         for name, e in (("e_O", self.e_O), ("e_V", self.e_V)):
-            if e is not None and torch.broadcast_shapes(e.shape, batch) != batch:
+            if e is not None and broadcast_batch(e.shape, batch) != batch:
                 raise OptionError(f"Grams: {name} has shape {tuple(e.shape)}; the batch shape is {tuple(batch)}.")
 
     @property
@@ -300,7 +313,7 @@ def grams(
     Returns:
         :class:`Grams` in float64 on the CPU, batch shape ``broadcast(batch_o, batch_v)``.
     """
-    lead = torch.broadcast_shapes(O.shape[:-2], V.shape[:-2])
+    lead = broadcast_batch(O.shape[:-2], V.shape[:-2])
     if device is not None:
         O, V = O.to(device), V.to(device)
     O = O.expand(*lead, *O.shape[-2:])
@@ -582,7 +595,7 @@ def head_pair(x: Any, what: str = "closure()") -> tuple[Tensor, Tensor]:
             "W_O [..., d_head, d_model] (TransformerLens row form). Did you pass (W_O, W_V) or the column form?"
         )
     try:
-        torch.broadcast_shapes(W_V.shape[:-2], W_O.shape[:-2])
+        broadcast_batch(W_V.shape[:-2], W_O.shape[:-2])
     except RuntimeError as e:
         raise WeightError(f"Leading dims of W_V {tuple(W_V.shape)} and W_O {tuple(W_O.shape)} do not broadcast.") from e
     if d_model == 0 or d_head == 0:
