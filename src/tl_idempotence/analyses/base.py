@@ -11,7 +11,9 @@ their results; adding an analysis does not touch the loop.
 Rules every analysis keeps (checked by one parametrized contract test):
 
 * one entry per query head, in head order, in every per-head column;
-* deterministic for ``(seed, layer)``: randomness comes from :meth:`LayerContext.generator`;
+* deterministic for ``(seed, layer)``: randomness comes from :meth:`LayerContext.generator`
+  (per layer) or :meth:`LayerContext.head_generator` (per head, so a head's numbers depend only
+  on ``(seed, layer, head)``);
 * independent of which other layers ran (a context holds one layer only);
 * every NaN it writes has a reason: per head in its ``reason_column`` (or the closure's
   ``reason``), per layer in ``LayerResult.notes`` under the value's key.
@@ -29,7 +31,7 @@ from ..core.closure import Closure, Grams, closure_from_grams, layer_grams
 from ..core.factors import principal_factors
 from ..core.heads import LayerHeads
 from ..core.options import ReportOptions
-from ..core.random import layer_generator
+from ..core.random import head_generator, layer_generator
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -90,6 +92,11 @@ class LayerContext:
     def generator(self, tag: str, *extra: int) -> torch.Generator:
         """The seeded generator of stream ``tag`` for this layer (``(seed, layer, tag, *extra)``)."""
         return layer_generator(self.options.seed, self.layer, tag, *extra)
+
+    def head_generator(self, tag: str, head: int, *extra: int) -> torch.Generator:
+        """The seeded generator of stream ``tag`` for one head of this layer (``(seed, layer, head, tag, *extra)``):
+        a head's draws never depend on which other heads ran (:func:`~tl_idempotence.core.random.head_generator`)."""
+        return head_generator(self.options.seed, self.layer, head, tag, *extra)
 
 
 @dataclass
