@@ -247,3 +247,45 @@ def test_minilm_encoder_returns(minilm):
     toks, counted = prepare_tokens(model, ["The encoder reads the whole sentence at once."] * 4, max_tokens=None)
     assert toks[0, 0] == model.tokenizer.cls_token_id and not counted[0, 0]
     assert int(res.heads["n_tokens"].iloc[0]) == int(counted.sum())
+
+
+def _rank_one_dir(tmp_path):
+    """Tiny llama checkpoint: kv head 0 reads a rank-1 V (one nonzero column, column form) and query head 0
+    writes through a rank-1 O, so T_0 = O_0 V_0ᵀ has rank 1 exactly; head 4 (kv head 1) stays random."""
+    import shutil
+
+    import transformers
+
+    src = tiny_hf_dir(tmp_path / "src_r1", arch="llama", n_layers=1)
+    model = transformers.LlamaForCausalLM.from_pretrained(src)
+    att = model.model.layers[0].self_attn
+    dh = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        att.v_proj.weight[1:dh] = 0.0  # V_0 = v e_0ᵀ
+        att.o_proj.weight[:, 1:dh] = 0.0  # O_0 = o e_0ᵀ
+    out = tmp_path / "r1"
+    model.save_pretrained(out)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_scramble_control_keeps_a_rank_deficient_heads_rank(tmp_path):
+    """Findings F1/F4: the control draws within the head's own ranks. A head of rank 1 on both sides can only
+    be scrambled to ±T, so its control's cos² equals its own on every token (a full O(d_head) draw would not);
+    and a head's control depends on (seed, layer, head) only, not on which other heads were selected."""
+    from tl_idempotence.testing import hooked_from_dir
+
+    model = hooked_from_dir(_rank_one_dir(tmp_path))
+    toks = _tokens(n=2, pos=12)
+    res = activation_returns(model, toks, heads=[(0, 0), (0, 4)], nulls=6, progress=False)
+    row = res.heads.set_index("head").loc[0]
+    assert np.isfinite(row["cos2_median"])
+    assert row["ctrl_cos2_median"] == pytest.approx(row["cos2_median"], rel=1e-9, abs=1e-12)
+    assert row["ctrl_cos2_iqr"] == pytest.approx(row["cos2_iqr"], rel=1e-9, abs=1e-12)
+    assert not row["cos2_beats_control"]  # equal, not better
+    alone = activation_returns(model, toks, heads=[(0, 4)], nulls=6, progress=False).heads.iloc[0]
+    other = res.heads.set_index("head").loc[4]
+    for col in ("ctrl_a_median", "ctrl_cos2_median", "ctrl_cos2_iqr"):
+        assert alone[col] == other[col], col
