@@ -296,7 +296,7 @@ def test_scramble_counts_refuse_bools_floats_negatives_and_huge():
         tli.orientation_scramble(W, nulls=True)
     with pytest.warns(DeprecationWarning), pytest.raises(OptionTypeError, match="nulls must be an integer"):
         tli.orientation_scramble(W, n_draws=False)
-    with pytest.raises(OptionTypeError, match="nulls must be an integer; got float 2.0"):
+    with pytest.raises(OptionTypeError, match=r"nulls must be an integer; got float 2\.0"):
         tli.orientation_scramble(W, nulls=2.0)
     with pytest.raises(OptionError, match="nulls must be >= 1; got -3"):
         tli.orientation_scramble(W, nulls=-3)
