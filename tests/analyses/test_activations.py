@@ -289,3 +289,22 @@ def test_scramble_control_keeps_a_rank_deficient_heads_rank(tmp_path):
     other = res.heads.set_index("head").loc[4]
     for col in ("ctrl_a_median", "ctrl_cos2_median", "ctrl_cos2_iqr"):
         assert alone[col] == other[col], col
+
+
+def test_public_entry_points_refuse_typod_keywords():
+    """Finding F7: every public entry point of analyses/ refuses an unknown keyword naming the close match."""
+    from tl_idempotence.analyses.attention import attention_patterns, flagged_heads
+    from tl_idempotence.errors import UnknownOptionError
+
+    with pytest.raises(UnknownOptionError, match=r"'min_char' \(did you mean 'min_chars'"):
+        default_corpus(min_char=10)
+    with pytest.raises(OptionTypeError, match="min_chars must be an integer; got bool"):
+        default_corpus(min_chars=True)
+    with pytest.raises(UnknownOptionError, match=r"'seqlen' \(did you mean 'seq_len'"):
+        prepare_tokens(None, torch.ones(1, 3, dtype=torch.long), seqlen=4)
+    with pytest.raises(UnknownOptionError, match=r"'topk' \(did you mean 'top_k'"):
+        flagged_heads(None, topk=3)
+    with pytest.raises(UnknownOptionError, match=r"'max_token' \(did you mean 'max_tokens'"):
+        attention_patterns(None, "x", [(0, 0)], max_token=3)
+    with pytest.raises(UnknownOptionError, match=r"'null' \(did you mean 'nulls'"):
+        activation_returns(None, null=3)

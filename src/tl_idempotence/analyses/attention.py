@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.options import check_int, check_threshold
+from ..core.options import check_int, check_threshold, strict_kwargs
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import attention_layers, is_tl_model
 from .tokens import special_wrapping, tokenizer_of
@@ -54,6 +54,7 @@ class FlaggedHeads(list[tuple[int, int]]):
         return f"{len(self)} chosen heads"
 
 
+@strict_kwargs
 def flagged_heads(heads: Any, top_k: Any = None, threshold: Any = None) -> FlaggedHeads:
     """Heads worth looking at: the closed ones (P >= threshold), else the top-k by P.
 
@@ -134,6 +135,7 @@ def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, l
     return torch.tensor([ids], dtype=torch.long), strs, len(all_ids), kept
 
 
+@strict_kwargs
 def attention_patterns(model: Any, text: Any, heads: Any, max_tokens: Any = 64) -> AttentionPatterns:
     """Attention patterns of ``heads`` on ``text`` via ``blocks.{l}.attn.hook_pattern``.
 
