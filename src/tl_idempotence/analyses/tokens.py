@@ -207,7 +207,8 @@ def texts_from(texts: Any, text_column: str) -> list[str]:
     if hasattr(texts, "column_names") and hasattr(texts, "__getitem__") and not isinstance(texts, (list, tuple)):
         if text_column not in texts.column_names:
             raise OptionError(
-                f"texts_or_tokens: the dataset has no column {text_column!r} (columns: {texts.column_names}); pass text_column=..."
+                f"texts_or_tokens: the dataset has no column {text_column!r} (columns: {texts.column_names}); "
+                "pass text_column=..."
             )
         return [str(t) for t in texts[text_column]]
     out = []
