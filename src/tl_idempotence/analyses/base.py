@@ -137,6 +137,22 @@ class Analysis(Protocol):
         """The analysis of one layer."""
         ...
 
+    def apply_threshold(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> None:
+        """Re-derive, in place, every column, layer value and table entry of this analysis that depends on the
+        P threshold (e.g. ``closed``), from the stored results alone, so that the result equals what
+        :meth:`run` gives at ``threshold`` (checked by the contract test). An analysis without such
+        columns does nothing.
+
+        Args:
+            heads: the report's per-head table (all layers; ``layer``, ``head`` and this analysis's columns).
+            layers: the per-layer table (``layer`` and this analysis's values).
+            tables: the long tables (this analysis's, e.g. ``scramble_draws``).
+            threshold: the new threshold, already validated (in [0, 1]).
+        """
+        ...
+
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
