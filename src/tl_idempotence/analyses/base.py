@@ -74,12 +74,6 @@ class LayerContext:
     def device(self) -> torch.device:
         return self.options.device
 
-    def factored_closure(self) -> Closure:
-        """The closure with K, D and eigenvalues (computed once per layer)."""
-        if "factored" not in self._cache:
-            self._cache["factored"] = closure_from_grams(self.grams, factors=True)
-        return self._cache["factored"]
-
     def principal(self, principal_K: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``principal_factors(G_O, G_V, M, rtol, principal_K)`` computed once per flag: ``(K, D, rank_O, rank_V)``,
         K in the Grams' units (see :func:`~tl_idempotence.core.factors.principal_factors`)."""
