@@ -109,7 +109,7 @@ def head_returns(
     G_O: Float[Tensor, "h r r"],
     M: Float[Tensor, "h r r"],
 ) -> tuple[Float[Tensor, "*tok h"], Float[Tensor, "*tok h"]]:
-    """Return coefficient and alignment of ``T y`` vs ``y = O z`` in ``d_head`` form.
+    """Return coefficient and alignment of ``T y`` vs ``y = O z`` in ``d_head`` form (SPEC 8).
 
     Args:
         z: per-token, per-head ``hook_z`` values ``[..., n_heads, d_head]`` (any float dtype).
@@ -119,6 +119,9 @@ def head_returns(
     Returns:
         ``(a, cos2)``, each ``[..., n_heads]`` float64: ``a = ⟨Ty, y⟩/‖y‖²`` (units of α)
         and ``cos²(Ty, y)`` in [0, 1]; NaN where ``y = 0`` (or ``Ty = 0`` for cos²).
+
+    Raises:
+        RuntimeError (torch): shapes that do not broadcast (internal; :func:`activation_returns` checks its inputs).
     """
     z = z.to(torch.float64)
     Mz = torch.einsum("hij,...hj->...hi", M, z)

@@ -625,9 +625,14 @@ class AlgebraAnalysis:
     reason_column: ClassVar[str | None] = None
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (when ``options.algebra``)."""
         return options.algebra
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 7): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         part = layer_algebra(ctx.heads, ctx.grams, threshold=ctx.options.threshold)
         tables = {f"algebra_{k}": getattr(part, k) for k in TABLES}
         return LayerResult(tables=tables, values={}, notes={})
@@ -680,4 +685,5 @@ class AlgebraAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 7) from the concatenated per-layer results (JSON values)."""
         return {}

@@ -56,7 +56,7 @@ class FlaggedHeads(list[tuple[int, int]]):
 
 @strict_kwargs
 def flagged_heads(heads: Any, top_k: Any = None, threshold: Any = None) -> FlaggedHeads:
-    """Heads worth looking at: the closed ones (P >= threshold), else the top-k by P.
+    """Heads worth looking at: the closed ones (P >= threshold, SPEC 2), else the top-k by P.
 
     Args:
         heads: an :class:`~tl_idempotence.report.report.IdempotenceReport` or its ``heads``
@@ -137,7 +137,8 @@ def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, l
 
 @strict_kwargs
 def attention_patterns(model: Any, text: Any, heads: Any, max_tokens: Any = 64) -> AttentionPatterns:
-    """Attention patterns of ``heads`` on ``text`` via ``blocks.{l}.attn.hook_pattern``.
+    """Attention patterns of ``heads`` on ``text`` via ``blocks.{l}.attn.hook_pattern`` (a view for the
+    flagged heads of SPEC 2; not a SPEC quantity).
 
     Args:
         model: a TransformerLens model with a tokenizer.

@@ -64,14 +64,17 @@ class LayerContext:
 
     @property
     def layer(self) -> int:
+        """The layer's index in the model."""
         return self.heads.layer
 
     @property
     def n_heads(self) -> int:
+        """Query heads of the layer."""
         return self.heads.n_heads
 
     @property
     def device(self) -> torch.device:
+        """Where the batched products run (``options.device``)."""
         return self.options.device
 
     def principal(self, principal_K: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -155,14 +158,14 @@ class Analysis(Protocol):
 
 
 def nan_median(a: Any) -> float:
-    """Median of the finite entries (NaN when there is none)."""
+    """Median of the finite entries of ``a`` (any shape, flattened; NaN when there is none; same units as ``a``)."""
     x = np.asarray(a, dtype=float)
     x = x[np.isfinite(x)]
     return float(np.median(x)) if x.size else float("nan")
 
 
 def nan_max(a: Any) -> float:
-    """Max of the finite entries (NaN when there is none)."""
+    """Max of the finite entries of ``a`` (any shape, flattened; NaN when there is none; same units as ``a``)."""
     x = np.asarray(a, dtype=float)
     x = x[np.isfinite(x)]
     return float(x.max()) if x.size else float("nan")

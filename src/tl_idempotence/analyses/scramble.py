@@ -67,7 +67,7 @@ MAX_POOL_BYTES = 8 << 30
 def scramble_draws(
     f: Factors, n_draws: int, seed: int, layer: int | None, return_K: bool, device: torch.device | str = "cpu"
 ) -> tuple[Float[Tensor, "b n"], Float[Tensor, "b n r r"] | None]:
-    """P of ``n_draws`` scrambled orientations per head (module docstring for the draw design).
+    """P of ``n_draws`` scrambled orientations per head (SPEC 4b; module docstring for the draw design).
 
     Args:
         f: the heads' :class:`~tl_idempotence.analyses.orientation.Factors` (flattened batch ``b``).
@@ -349,9 +349,14 @@ class ScrambleAnalysis:
     reason_column: ClassVar[str | None] = "scramble_reason"
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (when ``options.nulls > 0``)."""
         return options.nulls > 0
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 4b): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         n = ctx.options.nulls
         K, D, rank_O, rank_V = ctx.principal(principal_K=False)
         f = factors_of(K, D, rank_O, rank_V, ctx.closure, ctx.grams.e_T)
@@ -416,6 +421,7 @@ class ScrambleAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 4b) from the concatenated per-layer results (JSON values)."""
         defined = np.isfinite(heads["p_value"].to_numpy(dtype=float))
         s: dict[str, Any] = {
             "n_scramble_draws": int(options.nulls),

@@ -229,7 +229,7 @@ def search_factors(
     budget: dict[str, Any],
     device: torch.device | str = "cpu",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, np.ndarray, Tensor, Tensor, Tensor]:
-    """Search heads ``rows`` of flattened :class:`~tl_idempotence.analyses.orientation.Factors`.
+    """Constructive search (SPEC 5) of heads ``rows`` of flattened :class:`~.orientation.Factors`.
 
     Args:
         f: the heads' factors.
@@ -243,6 +243,9 @@ def search_factors(
     Returns:
         ``(P_searched [n], iters [n], converged [n] bool, best_restart [n], reason [n],
         K [n, r, r], D [n, r], S [n, r])``, CPU, K and S in ``f``'s units (``2^e_S``).
+
+    Raises:
+        OptionError / OptionTypeError: from ``gen_of`` (a bad seed or head index).
     """
     restarts = int(budget["restarts"])
     r = f.S.shape[-1]
@@ -489,9 +492,14 @@ class SearchAnalysis:
     reason_column: ClassVar[str | None] = "search_reason"
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (when ``options.search``)."""
         return options.search
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 5): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         K, D, rank_O, rank_V = ctx.principal(principal_K=True)
         f = factors_of(K, D, rank_O, rank_V, ctx.closure, ctx.grams.e_T)
         rows = list(range(ctx.n_heads))
@@ -527,5 +535,6 @@ class SearchAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 5) from the concatenated per-layer results (JSON values)."""
         feas = layers["feasible"].to_numpy(dtype=bool)
         return {"n_feasible_layers": int(feas.sum()), "infeasible_layers": [int(v) for v in layers.loc[~feas, "layer"]]}

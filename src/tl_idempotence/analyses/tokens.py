@@ -94,7 +94,7 @@ MAX_SEQ_LEN = 1 << 24
 
 @strict_kwargs
 def default_corpus(min_chars: Any = 200) -> list[str]:
-    """English text that exists on every machine: docstrings of the Python standard library.
+    """English text that exists on every machine: docstrings of the Python standard library (SPEC 8 corpus).
 
     For each module of :data:`DEFAULT_CORPUS_MODULES` (in that order): the module's
     docstring, then the docstrings of its public classes and functions in sorted name
@@ -147,7 +147,7 @@ def default_corpus(min_chars: Any = 200) -> list[str]:
 
 
 def tokenizer_of(model: Any) -> Any:
-    """``model.tokenizer``.
+    """``model.tokenizer`` (for the text inputs of SPEC 8).
 
     Raises:
         OptionError: the model has none (pass token ids instead of text).
@@ -162,7 +162,8 @@ def tokenizer_of(model: Any) -> Any:
 
 
 def special_ids(tok: Any) -> set[int]:
-    """Every special token id of a tokenizer (BOS/CLS/EOS/SEP/PAD and ``all_special_ids``)."""
+    """Every special token id of a tokenizer (BOS/CLS/EOS/SEP/PAD and ``all_special_ids``): excluded from SPEC 8's
+    statistics. Raises nothing (attributes a tokenizer lacks are skipped)."""
     ids = set(int(i) for i in (getattr(tok, "all_special_ids", None) or []))
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id"):
         v = getattr(tok, attr, None)
@@ -172,7 +173,12 @@ def special_ids(tok: Any) -> set[int]:
 
 
 def special_wrapping(model: Any, tok: Any) -> tuple[list[int], list[int]]:
-    """Special tokens to put around each window: (prefix, suffix)."""
+    """Special tokens to put around each window, ``(prefix ids, suffix ids)`` (SPEC 8 windows): what the tokenizer
+    adds to a probe text, else BOS when ``cfg.default_prepend_bos``.
+
+    Raises:
+        Whatever the tokenizer raises on the probe text ``"text"`` (a broken tokenizer).
+    """
     probe = "text"
     with_sp = list(tok(probe, add_special_tokens=True)["input_ids"])
     without = list(tok(probe, add_special_tokens=False)["input_ids"])
@@ -190,7 +196,8 @@ def special_wrapping(model: Any, tok: Any) -> tuple[list[int], list[int]]:
 
 
 def texts_from(texts: Any, text_column: str) -> list[str]:
-    """Texts from ``None`` (the default corpus), a string, ``Path`` files, a list of those or a ``datasets.Dataset``.
+    """Texts (SPEC 8 input) from ``None`` (the default corpus), a string, ``Path`` files, a list of those or a
+    ``datasets.Dataset``.
 
     Raises:
         OptionTypeError: an unsupported item. OptionError: empty input, a missing file or column.
@@ -238,7 +245,7 @@ def prepare_tokens(
     max_tokens: Any = 8192,
     text_column: Any = "text",
 ) -> tuple[Int[Tensor, "n_windows pos"], Bool[Tensor, "n_windows pos"]]:
-    """Token windows to run and the mask of positions that count in statistics.
+    """Token windows to run and the mask of positions that count in statistics (SPEC 8).
 
     Args:
         model: a TransformerLens model with ``model.tokenizer`` (for text input).
@@ -346,7 +353,8 @@ def prepare_tokens(
 
 def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[int]]:
     """``{layer: sorted heads}`` from ``None`` (all), ``(layer, head)`` pairs or a DataFrame with
-    ``layer``/``head`` columns (e.g. ``report.closed_heads``); duplicates are merged.
+    ``layer``/``head`` columns (e.g. ``report.closed_heads``); duplicates are merged (head selection for
+    SPEC 5, 8 and the ablation).
 
     Args:
         heads: the selection.
