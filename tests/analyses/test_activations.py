@@ -249,7 +249,7 @@ def test_minilm_encoder_returns(minilm):
     assert int(res.heads["n_tokens"].iloc[0]) == int(counted.sum())
 
 
-def _rank_one_dir(tmp_path):
+def _rank_one_dir(tmp_path, zero_O: bool = False):
     """Tiny llama checkpoint: kv head 0 reads a rank-1 V (one nonzero column, column form) and query head 0
     writes through a rank-1 O, so T_0 = O_0 V_0ᵀ has rank 1 exactly; head 4 (kv head 1) stays random."""
     import shutil
@@ -263,7 +263,9 @@ def _rank_one_dir(tmp_path):
     with torch.no_grad():
         att.v_proj.weight[1:dh] = 0.0  # V_0 = v e_0ᵀ
         att.o_proj.weight[:, 1:dh] = 0.0  # O_0 = o e_0ᵀ
-    out = tmp_path / "r1"
+        if zero_O:
+            att.o_proj.weight[:, :dh] = 0.0  # T_0 = 0: head 0 writes nothing
+    out = tmp_path / ("z0" if zero_O else "r1")
     model.save_pretrained(out)
     for f in src.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
@@ -308,3 +310,15 @@ def test_public_entry_points_refuse_typod_keywords():
         attention_patterns(None, "x", [(0, 0)], max_token=3)
     with pytest.raises(UnknownOptionError, match=r"'null' \(did you mean 'nulls'"):
         activation_returns(None, null=3)
+
+
+def test_fraction_beating_the_control_is_over_compared_heads(tmp_path):
+    """A head whose output is always 0 has no defined cos²: it is in neither count of frac_beats_control."""
+    from tl_idempotence.testing import hooked_from_dir
+
+    model = hooked_from_dir(_rank_one_dir(tmp_path, zero_O=True))
+    res = activation_returns(model, _tokens(n=2, pos=12), heads=[(0, 0), (0, 4)], nulls=4, progress=False)
+    h = res.heads.set_index("head")
+    assert np.isnan(h.loc[0, "cos2_median"]) and np.isfinite(h.loc[4, "cos2_median"])
+    assert res.summary["n_heads_compared"] == 1
+    assert res.summary["frac_beats_control"] == float(h.loc[4, "cos2_beats_control"])

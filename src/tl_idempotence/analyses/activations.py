@@ -496,15 +496,23 @@ def activation_returns(
         "median_a_over_alpha_closed": med("a_median_over_alpha", closed),
     }
     if control:
+        # Over the heads whose comparison is defined (both medians finite): an undefined head is in neither count.
+        compared = np.isfinite(df["cos2_median"].to_numpy(dtype=float)) & np.isfinite(
+            df["ctrl_cos2_median"].to_numpy(dtype=float)
+        )
+        beats = df["cos2_beats_control"].to_numpy(dtype=bool)
+
+        def frac(m: np.ndarray) -> float:
+            return float(beats[m].mean()) if m.any() else float("nan")
+
         summary.update(
             {
                 "control": control,
                 "median_ctrl_cos2_all": med("ctrl_cos2_median"),
                 "median_ctrl_cos2_closed": med("ctrl_cos2_median", closed),
-                "frac_beats_control": float(df["cos2_beats_control"].mean()),
-                "frac_closed_beats_control": float(df.loc[closed, "cos2_beats_control"].mean())
-                if closed.any()
-                else float("nan"),
+                "n_heads_compared": int(compared.sum()),
+                "frac_beats_control": frac(compared),
+                "frac_closed_beats_control": frac(compared & closed),
             }
         )
     options = {
