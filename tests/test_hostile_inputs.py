@@ -784,3 +784,50 @@ def test_flagged_heads_and_attention_patterns_check_their_arguments(env):
     assert_raises(lambda: attention_patterns(m, TEXT, []), OptionError, ["No heads"])
     assert_raises(lambda: attention_patterns(m, TEXT, [(0, 1)], max_tokens=1), OptionError, ["max_tokens", ">= 2"])
     assert_raises(lambda: attention_patterns(str(env.dir), TEXT, [(0, 1)]), UnsupportedModelError, ["TransformerLens"])
+
+
+# ------------------------------------------------------------------ token inputs (analyses/tokens.py, finding F6)
+
+TOKEN_CASES = [
+    ("empty text", "", OptionError, ["texts_or_tokens", "no (non-special) token"]),
+    ("list of one empty text", [""], OptionError, ["texts_or_tokens", "no (non-special) token"]),
+    ("an int", 5, OptionTypeError, ["texts_or_tokens", "int 5"]),
+    ("a float", 2.5, OptionTypeError, ["texts_or_tokens", "float"]),
+    ("bytes", b"w5 w6", OptionTypeError, ["texts_or_tokens", "bytes"]),
+    ("a dict", {"text": "w5 w6"}, OptionTypeError, ["texts_or_tokens", "dict"]),
+    ("a list of ints", [1, 2, 3], OptionTypeError, ["texts_or_tokens", "int"]),
+    ("a list of lists", [[1, 2]], OptionTypeError, ["texts_or_tokens", "list"]),
+    ("None in the texts", ["w5", None], OptionTypeError, ["texts_or_tokens", "NoneType"]),
+    ("out-of-vocab id", torch.tensor([[5, VOCAB + 7]]), OptionError, ["texts_or_tokens", f"d_vocab={VOCAB}"]),
+    ("negative id", torch.tensor([[5, -3]]), OptionError, ["texts_or_tokens", "-3"]),
+    ("huge id", torch.tensor([[2**62]]), OptionError, ["texts_or_tokens", str(2**62)]),
+    ("3-D ids", torch.ones(2, 2, 2, dtype=torch.long), OptionTypeError, ["texts_or_tokens", "(2, 2, 2)"]),
+    ("0-D ids", torch.tensor(3), OptionTypeError, ["texts_or_tokens", "()"]),
+    ("float ids", torch.ones(1, 3), OptionTypeError, ["texts_or_tokens", "float32"]),
+    ("bool ids", torch.ones(1, 3, dtype=torch.bool), OptionTypeError, ["texts_or_tokens", "bool"]),
+    ("complex ids", torch.ones(1, 3, dtype=torch.complex64), OptionTypeError, ["texts_or_tokens", "complex64"]),
+    ("object array", np.array([["a"]], dtype=object), OptionTypeError, ["texts_or_tokens", "object"]),
+    ("numpy float ids", np.ones((1, 3)), OptionTypeError, ["texts_or_tokens", "float64"]),
+    ("no ids", torch.zeros(0, 3, dtype=torch.long), OptionError, ["texts_or_tokens", "(0, 3)"]),
+]
+
+
+@pytest.mark.parametrize("bad,exc,words", [c[1:] for c in TOKEN_CASES], ids=[c[0] for c in TOKEN_CASES])
+def test_prepare_tokens_refuses_bad_token_inputs_naming_the_argument(env, bad, exc, words):
+    from tl_idempotence.analyses.tokens import prepare_tokens
+
+    assert_raises(lambda: prepare_tokens(env.bridge, bad), exc, words)
+
+
+def test_prepare_tokens_refuses_bad_options(env):
+    from tl_idempotence.analyses.tokens import MAX_SEQ_LEN, prepare_tokens
+
+    m = env.bridge
+    assert_raises(lambda: prepare_tokens(m, TEXT, seq_len=True), OptionTypeError, ["seq_len", "bool"])
+    assert_raises(lambda: prepare_tokens(m, TEXT, seq_len=MAX_SEQ_LEN + 1), OptionError, ["seq_len", "<="])
+    assert_raises(lambda: prepare_tokens(m, TEXT, seq_len=float("nan")), OptionTypeError, ["seq_len", "nan"])
+    assert_raises(lambda: prepare_tokens(m, TEXT, max_tokens=False), OptionTypeError, ["max_tokens", "bool"])
+    assert_raises(lambda: prepare_tokens(m, TEXT, text_column=3), OptionTypeError, ["text_column", "int"])
+    assert_raises(lambda: prepare_tokens(m, TEXT, seqlen=4), UnknownOptionError, ["'seqlen'", "'seq_len'"])
+    toks, counted = prepare_tokens(m, TEXT, seq_len=6)  # still works: windows of 6 with the special tokens
+    assert toks.shape[1] <= 6 and bool(counted.any())

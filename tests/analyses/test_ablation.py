@@ -264,7 +264,7 @@ def test_an_encoder_is_refused(tmp_path):
         ({"heads": [(0, 9)]}, OptionError, r"Head 9 of layer 0 does not exist \(n_heads = 9\)"),
         ({"heads": "L0H1"}, TypeError, "heads must be"),
         ({"texts": []}, OptionError, "No texts given"),
-        ({"texts": ""}, OptionError, "No counted target token"),
+        ({"texts": ""}, OptionError, "tokenized to no \\(non-special\\) token"),
         ({"texts": torch.tensor([[1, 5, 500]])}, OptionError, r"Token ids must lie in \[0, d_vocab=100\)"),
         ({"nconrols": 3}, UnknownOptionError, "did you mean 'n_controls'"),
     ],

@@ -247,3 +247,78 @@ def test_minilm_encoder_returns(minilm):
     toks, counted = prepare_tokens(model, ["The encoder reads the whole sentence at once."] * 4, max_tokens=None)
     assert toks[0, 0] == model.tokenizer.cls_token_id and not counted[0, 0]
     assert int(res.heads["n_tokens"].iloc[0]) == int(counted.sum())
+
+
+def _rank_one_dir(tmp_path, zero_O: bool = False):
+    """Tiny llama checkpoint: kv head 0 reads a rank-1 V (one nonzero column, column form) and query head 0
+    writes through a rank-1 O, so T_0 = O_0 V_0ᵀ has rank 1 exactly; head 4 (kv head 1) stays random."""
+    import shutil
+
+    import transformers
+
+    src = tiny_hf_dir(tmp_path / "src_r1", arch="llama", n_layers=1)
+    model = transformers.LlamaForCausalLM.from_pretrained(src)
+    att = model.model.layers[0].self_attn
+    dh = model.config.hidden_size // model.config.num_attention_heads
+    with torch.no_grad():
+        att.v_proj.weight[1:dh] = 0.0  # V_0 = v e_0ᵀ
+        att.o_proj.weight[:, 1:dh] = 0.0  # O_0 = o e_0ᵀ
+        if zero_O:
+            att.o_proj.weight[:, :dh] = 0.0  # T_0 = 0: head 0 writes nothing
+    out = tmp_path / ("z0" if zero_O else "r1")
+    model.save_pretrained(out)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_scramble_control_keeps_a_rank_deficient_heads_rank(tmp_path):
+    """Findings F1/F4: the control draws within the head's own ranks. A head of rank 1 on both sides can only
+    be scrambled to ±T, so its control's cos² equals its own on every token (a full O(d_head) draw would not);
+    and a head's control depends on (seed, layer, head) only, not on which other heads were selected."""
+    from tl_idempotence.testing import hooked_from_dir
+
+    model = hooked_from_dir(_rank_one_dir(tmp_path))
+    toks = _tokens(n=2, pos=12)
+    res = activation_returns(model, toks, heads=[(0, 0), (0, 4)], nulls=6, progress=False)
+    row = res.heads.set_index("head").loc[0]
+    assert np.isfinite(row["cos2_median"])
+    assert row["ctrl_cos2_median"] == pytest.approx(row["cos2_median"], rel=1e-9, abs=1e-12)
+    assert row["ctrl_cos2_iqr"] == pytest.approx(row["cos2_iqr"], rel=1e-9, abs=1e-12)
+    assert not row["cos2_beats_control"]  # equal, not better
+    alone = activation_returns(model, toks, heads=[(0, 4)], nulls=6, progress=False).heads.iloc[0]
+    other = res.heads.set_index("head").loc[4]
+    for col in ("ctrl_a_median", "ctrl_cos2_median", "ctrl_cos2_iqr"):
+        assert alone[col] == other[col], col
+
+
+def test_public_entry_points_refuse_typod_keywords():
+    """Finding F7: every public entry point of analyses/ refuses an unknown keyword naming the close match."""
+    from tl_idempotence.analyses.attention import attention_patterns, flagged_heads
+    from tl_idempotence.errors import UnknownOptionError
+
+    with pytest.raises(UnknownOptionError, match=r"'min_char' \(did you mean 'min_chars'"):
+        default_corpus(min_char=10)
+    with pytest.raises(OptionTypeError, match="min_chars must be an integer; got bool"):
+        default_corpus(min_chars=True)
+    with pytest.raises(UnknownOptionError, match=r"'seqlen' \(did you mean 'seq_len'"):
+        prepare_tokens(None, torch.ones(1, 3, dtype=torch.long), seqlen=4)
+    with pytest.raises(UnknownOptionError, match=r"'topk' \(did you mean 'top_k'"):
+        flagged_heads(None, topk=3)
+    with pytest.raises(UnknownOptionError, match=r"'max_token' \(did you mean 'max_tokens'"):
+        attention_patterns(None, "x", [(0, 0)], max_token=3)
+    with pytest.raises(UnknownOptionError, match=r"'null' \(did you mean 'nulls'"):
+        activation_returns(None, null=3)
+
+
+def test_fraction_beating_the_control_is_over_compared_heads(tmp_path):
+    """A head whose output is always 0 has no defined cos²: it is in neither count of frac_beats_control."""
+    from tl_idempotence.testing import hooked_from_dir
+
+    model = hooked_from_dir(_rank_one_dir(tmp_path, zero_O=True))
+    res = activation_returns(model, _tokens(n=2, pos=12), heads=[(0, 0), (0, 4)], nulls=4, progress=False)
+    h = res.heads.set_index("head")
+    assert np.isnan(h.loc[0, "cos2_median"]) and np.isfinite(h.loc[4, "cos2_median"])
+    assert res.summary["n_heads_compared"] == 1
+    assert res.summary["frac_beats_control"] == float(h.loc[4, "cos2_beats_control"])

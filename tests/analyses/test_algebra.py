@@ -277,3 +277,45 @@ def test_smollm2_algebra(smollm2):
     # Closed heads sharing a kv group have distinct ranges (smallest principal angle ~19-27 degrees).
     assert len(alg.closed_ranges) == 4
     assert (alg.closed_ranges["min_angle_deg"] > 10).all()
+
+
+def _near_nilpotent_pair_layer(eps: float = 1e-9):
+    """One kv group of 3 heads: T_0 T_1 = O_0 (Vᵀ O_1) Vᵀ ~ eps (O_0 nearly kills range(Vᵀ O_1)), T_1 itself is not
+    nilpotent, head 2 Gaussian."""
+    g = torch.Generator().manual_seed(3)
+    d, r = 16, 4
+    V = torch.randn(1, d, r, generator=g, dtype=torch.float64)
+    Vp = V[0] @ torch.linalg.inv(V[0].T @ V[0])  # Vᵀ Vp = I
+    Nperp = torch.eye(d, dtype=torch.float64) - Vp @ V[0].T  # projector along span(V)
+    M1 = torch.zeros(r, r, dtype=torch.float64)
+    M1[:2] = torch.randn(2, r, generator=g, dtype=torch.float64)  # range(M_1) = span(e_1, e_2)
+    O1 = Vp @ M1 + Nperp @ torch.randn(d, r, generator=g, dtype=torch.float64)
+    O0 = torch.randn(d, r, generator=g, dtype=torch.float64)
+    O0[:, :2] *= eps
+    O2 = torch.randn(d, r, generator=g, dtype=torch.float64)
+    return torch.stack([O0, O1, O2]), V, torch.zeros(3, dtype=torch.long)
+
+
+@pytest.mark.parametrize("scale", [2.0**30, 2.0**-30, 1e3, 1e-3, 1e150, 1e-150])
+@pytest.mark.parametrize("which", ["all", "O_1", "O_0"])
+def test_offdiagonal_nilpotent_decision_is_scale_free(scale, which):
+    """Finding F5: whether T_i T_j ~ 0 is decided relative to ||T_i|| ||T_j|| in the weights' units, so rescaling
+    every weight, or one head's O, by 2^k, 1e3 or 1e±150 (power-of-two rescaled Grams) changes no decision; and
+    P_ij, which is invariant under those rescalings, keeps its value."""
+    O, V, kv = _near_nilpotent_pair_layer()
+    base = _part(O, V, kv).pairs
+    nil0 = base["reason"].str.startswith("T_i T_j ~ 0").to_numpy()
+    b01 = base[(base.i == 0) & (base.j == 1)].iloc[0]
+    assert b01["alpha_ij"] == 0 and np.isnan(b01["P_ij"]) and "(||T_i||_F ||T_j||_F)" in b01["reason"]
+    assert nil0.sum() == 1 and base["P_ij"].isna().sum() == 1  # only the pair (0, 1)
+    O2, V2 = O.clone(), V.clone()
+    if which == "all":
+        O2, V2 = O2 * scale, V2 * scale
+    else:
+        O2[int(which[-1])] *= scale
+    got = _part(O2, V2, kv).pairs
+    assert np.array_equal(got["reason"].str.startswith("T_i T_j ~ 0").to_numpy(), nil0)
+    assert np.array_equal(got["P_ij"].isna().to_numpy(), base["P_ij"].isna().to_numpy())
+    fin = base["P_ij"].notna().to_numpy()
+    np.testing.assert_allclose(got["P_ij"].to_numpy()[fin], base["P_ij"].to_numpy()[fin], rtol=1e-9)
+    assert (got["diagonal"] | (got["reason"] == "") | nil0).all()

@@ -132,3 +132,43 @@ def test_degenerate_layer_is_what_it_says():
     c = tli.closure(degenerate_layer(), factors=False)
     assert "zero head" in c.reason[0] and "nilpotent" in c.reason[1]
     assert float(c.P[4]) == pytest.approx(1.0, abs=1e-10) and float(c.alpha[4]) == pytest.approx(1.0, abs=1e-8)
+
+
+def _frame_equal(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
+    a, b = a.reset_index(drop=True), b.reset_index(drop=True)
+    assert list(a.columns) == list(b.columns), what
+    for c in a.columns:
+        x, y = a[c].to_numpy(), b[c].to_numpy()
+        if x.dtype.kind == "f" or y.dtype.kind == "f":
+            assert np.array_equal(x.astype(float), y.astype(float), equal_nan=True), f"{what}: {c}"
+        else:
+            assert [str(v) for v in x] == [str(v) for v in y], f"{what}: {c}"
+
+
+def test_every_analysis_declares_apply_threshold():
+    from tl_idempotence.analyses.base import Analysis
+
+    assert "apply_threshold" in Analysis.__dict__  # declared in the protocol
+    for a in REPORT_ANALYSES:
+        assert isinstance(a, Analysis) and callable(getattr(a, "apply_threshold", None)), a.name
+
+
+@pytest.mark.parametrize("name", list(ANALYSES))
+@pytest.mark.parametrize("t_new", [0.0, 0.5, 1.0])
+def test_apply_threshold_equals_a_run_at_that_threshold(name, t_new):
+    """Finding F10: re-deriving the threshold-dependent results of a run at 0.9 gives what a run at ``t_new`` gives
+    (every column, layer value and table; the algebra's closed_ranges excepted: the angles need the weights, so
+    that table keeps the pairs closed at the run's threshold, as documented)."""
+    lh = degenerate_layer()
+    old = run(name, lh)
+    new = run(name, lh, ReportOptions(nulls=8, seed=3, search=True, algebra=True, threshold=t_new))
+    heads = pd.DataFrame({"layer": lh.layer, "head": np.arange(lh.n_heads), **old.columns})
+    layers = pd.DataFrame([{"layer": lh.layer, **old.values}])
+    tables = {k: v.copy() for k, v in old.tables.items()}
+    ANALYSES[name].apply_threshold(heads, layers, tables, t_new)
+    _frame_equal(heads, pd.DataFrame({"layer": lh.layer, "head": np.arange(lh.n_heads), **new.columns}), "heads")
+    _frame_equal(layers, pd.DataFrame([{"layer": lh.layer, **new.values}]), "layers")
+    assert set(tables) == set(new.tables)
+    for k in tables:
+        if k != "algebra_closed_ranges":
+            _frame_equal(tables[k], new.tables[k], k)

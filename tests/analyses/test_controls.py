@@ -241,6 +241,73 @@ def test_degenerate_heads_get_nan_and_reason():
     assert sc.reason[2] == "" and torch.isfinite(sc.P_draws[2]).all()
 
 
+def _layer_with_undefined_heads(n_bad: int) -> LayerHeads:
+    """4 heads on 4 kv heads (MHA): the first ``n_bad`` are zero heads (no comparison, no draw), head 2 (when not
+    zeroed) an exact oblique projection (beats every draw), head 3 Gaussian."""
+    lh = gaussian_layer(2, 4, 4, 24, 4, seed=13)
+    O = lh.O.clone()
+    A = torch.randn(24, 4, generator=torch.Generator().manual_seed(1), dtype=F64)
+    O[2] = A @ torch.linalg.inv(lh.V[2].T @ A)
+    O[:n_bad] = 0.0
+    return LayerHeads(2, O, lh.V, lh.kv_head_of)
+
+
+def test_layer_fractions_are_over_defined_heads_and_nan_without_one():
+    """Findings F2/F3: per-layer frac_beats_scramble counts only the heads whose comparison is defined (NaN heads
+    are in neither the numerator nor the denominator); frac_scrambled_closed of a head without a defined draw is
+    NaN with a reason (also after a threshold change), never 0; a layer without a defined head gets NaN + note."""
+    lh = _layer_with_undefined_heads(2)
+    res = _scramble_run(lh, seed=3, nulls=8, threshold=0.0)
+    A = pd.DataFrame(res.columns)
+    assert np.isnan(A["p_value"][:2]).all() and np.isfinite(A["p_value"][2:]).all()
+    beats = A["beats_scramble"].to_numpy(dtype=bool)
+    assert beats[2]  # the projection beats its scramble median
+    assert res.values["frac_beats_scramble"] == beats[2:].mean()  # of the 2 compared heads, not of all 4
+    assert res.values["frac_beats_scramble"] != beats.mean()
+    assert res.values["n_heads_compared"] == 2
+    fc = A["frac_scrambled_closed"].to_numpy()
+    assert np.isnan(fc[:2]).all() and (fc[2:] == 1.0).all()  # threshold 0: every defined draw is closed
+    assert all("zero head" in r for r in A["scramble_reason"][:2])
+    # a threshold change re-derives the column from the stored draws, keeping NaN where there is no draw
+    heads = pd.DataFrame({"layer": 2, "head": range(4), "frac_scrambled_closed": fc})
+    ScrambleAnalysis().apply_threshold(heads, pd.DataFrame({"layer": [2]}), res.tables, 1.1)
+    got = heads["frac_scrambled_closed"].to_numpy()
+    assert np.isnan(got[:2]).all() and (got[2:] == 0.0).all()
+    # no defined head at all
+    none = _scramble_run(_layer_with_undefined_heads(4), seed=3, nulls=8)
+    assert np.isnan(none.values["frac_beats_scramble"]) and none.values["n_heads_compared"] == 0
+    assert "no head of the layer" in none.notes["frac_beats_scramble"]
+    assert np.isnan(pd.DataFrame(none.columns)["frac_scrambled_closed"]).all()
+
+
+def test_a_defined_head_without_a_defined_draw_gets_a_reason():
+    from tl_idempotence.analyses.scramble import NO_DRAWS, _frac_closed, _scramble_reasons
+
+    Pd = np.array([[np.nan, np.nan], [0.2, 0.95]])
+    n_valid = np.array([0, 2])
+    fc = _frac_closed(Pd, n_valid, 0.9)
+    assert np.isnan(fc[0]) and fc[1] == 0.5
+    assert list(_scramble_reasons(np.array(["", ""], dtype=object), n_valid)) == [NO_DRAWS, ""]
+
+
+def test_scramble_counts_refuse_bools_floats_negatives_and_huge():
+    W = (torch.randn(8, 2, dtype=F64), torch.randn(2, 8, dtype=F64))
+    with pytest.raises(OptionTypeError, match="nulls must be an integer; got bool True"):
+        tli.orientation_scramble(W, nulls=True)
+    with pytest.warns(DeprecationWarning), pytest.raises(OptionTypeError, match="nulls must be an integer"):
+        tli.orientation_scramble(W, n_draws=False)
+    with pytest.raises(OptionTypeError, match=r"nulls must be an integer; got float 2\.0"):
+        tli.orientation_scramble(W, nulls=2.0)
+    with pytest.raises(OptionError, match="nulls must be >= 1; got -3"):
+        tli.orientation_scramble(W, nulls=-3)
+    with pytest.raises(OptionError, match="nulls must be <= "):
+        tli.orientation_scramble(W, nulls=10**12)
+    with pytest.raises(OptionTypeError, match="seed"):
+        tli.orientation_scramble(W, seed=True)
+    with pytest.raises(OptionTypeError, match="layer must be an integer"):
+        tli.orientation_scramble(W, layer=1.0)
+
+
 def test_scramble_bad_input():
     with pytest.raises(OptionError, match=r"nulls must be >= 1; got 0"):
         tli.orientation_scramble((torch.randn(8, 2), torch.randn(2, 8)), nulls=0)

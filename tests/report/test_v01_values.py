@@ -1,6 +1,8 @@
 """Every number is unchanged by the redesign: the per-head tables of both zoo models and of their
 checkpoint files are bit for bit what tl_idempotence 0.1 gave (stored in tests/data/v0_1/, written by
-tests/data/v0_1/make_reference.py at commit 046f01e). Parquet keeps every float64 bit."""
+tests/data/v0_1/make_reference.py at commit 046f01e). Parquet keeps every float64 bit.
+The search columns of smollm2_bridge_l5_l10_search were rewritten once, on purpose (per-head
+generators; tests/data/v0_1/README.md says why)."""
 
 from __future__ import annotations
 

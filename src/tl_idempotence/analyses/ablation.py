@@ -128,7 +128,18 @@ def next_token_loss(
 ) -> tuple[float, int]:
     """Sum of the next-token cross-entropies (nats, float64) over counted target positions, and their number.
 
-    Position ``p``'s logits predict ``tokens[:, p + 1]``; a target counts when ``counted[:, p + 1]``.
+    Position ``p``'s logits predict ``tokens[:, p + 1]``; a target counts when ``counted[:, p + 1]``
+    (the ablation check of the module docstring; not a SPEC quantity).
+
+    Args:
+        logits: ``[batch, pos, d_vocab]`` (any float dtype; evaluated in float32).
+        tokens: ``[batch, pos]`` int64 ids; counted: ``[batch, pos]`` bool.
+
+    Returns:
+        ``(sum of cross-entropies in nats, number of counted targets)``.
+
+    Raises:
+        Nothing of its own (internal; the caller checked the shapes).
     """
     ce = torch.nn.functional.cross_entropy(
         logits[:, :-1].reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1), reduction="none"
@@ -141,6 +152,13 @@ def matched_controls(
     flagged: dict[int, list[int]], n_heads: int, n_controls: int, seed: int
 ) -> tuple[list[dict[int, list[int]]], list[int]]:
     """Random head sets matched to ``flagged`` layer by layer (the rule is in the module docstring).
+
+    Args:
+        flagged: ``{layer: heads}``; n_heads: query heads per layer; n_controls: sets to draw (>= 0);
+        seed: seed of ``layer_generator(seed, layer, "ablation")`` (one stream per layer).
+
+    Raises:
+        OptionError / OptionTypeError: a bad seed (from the generator).
 
     Returns:
         ``(sets, fallback_layers)``: ``n_controls`` dicts ``{layer: sorted heads}``, and the layers

@@ -27,8 +27,11 @@ Controls (same tokens, same ``y_t``; both statistics are scale-invariant in ``y`
 "norm-matched" holds automatically):
 
 * ``control="scramble"`` (default): the orientation-scramble null of the same head
-  (SPEC 4b), ``T̃ = Q_O K̃ Q_Vᵀ`` with ``K̃ = R₁ S R₂ᵀ``, ``S`` the singular values of
-  ``T``, ``R₁, R₂`` Haar-random (``n_control_draws`` draws, pooled over tokens).
+  (SPEC 4b), ``T̃ = Q_O K̃ Q_Vᵀ`` with ``K̃ = R₁ K R₂ᵀ`` (in law ``R₁ S R₂ᵀ``, ``S`` the
+  singular values of ``T``), ``R₁`` Haar in ``O(rank_O)`` on span(O) and ``R₂`` Haar in
+  ``O(rank_V)`` on span(V), within the head's own numerical ranks, so a rank-deficient head's
+  control keeps its rank (``nulls`` draws, pooled over tokens; one generator per head, seeded
+  by ``(seed, layer, head)``).
   ``Q_O, Q_V`` are orthonormal bases of span(O), span(V) taken from the Gram
   eigenbases (``Q_O = O W diag(1/s)``), so ``Q_Oᵀ y = diag(s) Wᵀ z`` and
   ``Q_Vᵀ y = diag(1/s_V) W_Vᵀ M z`` are ``d_head``-sized. Haar invariance makes the
@@ -59,14 +62,14 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..core.closure import closure_from_grams, layer_grams
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
-from ..core.random import haar_orthogonal, layer_generator
+from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.results import Result
 from ..errors import OptionError, UnsupportedModelError, WeightError
 from ..sources.tl import TLModelSource, is_tl_model
@@ -106,7 +109,7 @@ def head_returns(
     G_O: Float[Tensor, "h r r"],
     M: Float[Tensor, "h r r"],
 ) -> tuple[Float[Tensor, "*tok h"], Float[Tensor, "*tok h"]]:
-    """Return coefficient and alignment of ``T y`` vs ``y = O z`` in ``d_head`` form.
+    """Return coefficient and alignment of ``T y`` vs ``y = O z`` in ``d_head`` form (SPEC 8).
 
     Args:
         z: per-token, per-head ``hook_z`` values ``[..., n_heads, d_head]`` (any float dtype).
@@ -116,6 +119,9 @@ def head_returns(
     Returns:
         ``(a, cos2)``, each ``[..., n_heads]`` float64: ``a = ⟨Ty, y⟩/‖y‖²`` (units of α)
         and ``cos²(Ty, y)`` in [0, 1]; NaN where ``y = 0`` (or ``Ty = 0`` for cos²).
+
+    Raises:
+        RuntimeError (torch): shapes that do not broadcast (internal; :func:`activation_returns` checks its inputs).
     """
     z = z.to(torch.float64)
     Mz = torch.einsum("hij,...hj->...hi", M, z)
@@ -161,25 +167,62 @@ def _layer_ops(
         O=None,
     )
     if control == "scramble":
-        s_O, W_O, _ = _eig_factors(G_O, c.rtol)
+        s_O, W_O, m_O = _eig_factors(G_O, c.rtol)
         s_V, W_V, m_V = _eig_factors(G_V, c.rtol)
         inv_V = torch.where(m_V, 1.0 / torch.where(m_V, s_V, torch.ones_like(s_V)), torch.zeros_like(s_V))
         # Q_O = O W_O diag(1/s_O), Q_V = V W_V diag(1/s_V) (on the numerical ranks).
         Aw = s_O.unsqueeze(-1) * W_O.transpose(-1, -2)  # z -> Q_Oᵀ y
         Au = inv_V.unsqueeze(-1) * (W_V.transpose(-1, -2) @ M)  # z -> Q_Vᵀ y
         K = s_O.unsqueeze(-1) * (W_O.transpose(-1, -2) @ W_V) * s_V.unsqueeze(-2)  # T = Q_O K Q_Vᵀ
-        S = torch.linalg.svdvals(K)  # [h, r]
-        h, r = len(heads), M.shape[-1]
-        # One batched draw per layer: [2, draws, h, r, r] Haar matrices, seeded by (seed, layer).
-        gen = layer_generator(seed, layer, "scramble", 8)  # 8: the activation-control stream
-        R = haar_orthogonal(2 * n_control_draws * h, r, gen).view(2, n_control_draws, h, r, r)
-        Kt = (R[0] * S.view(1, h, 1, r)) @ R[1].transpose(-1, -2)  # K~ = R1 diag(S) R2ᵀ
-        ctrl = Kt @ Au.unsqueeze(0)  # [draws, h, r, r]: z -> K~ Q_Vᵀ y
-        ops.ctrl, ops.Aw = ctrl, Aw
+        ops.ctrl, ops.Aw = _scrambled_K(K, m_O, m_V, n_control_draws, seed, layer, heads) @ Au.unsqueeze(0), Aw
     elif control == "random":
         ops.V = lh.V.to("cpu", torch.float64)  # [n_kv, d_model, r], unexpanded
         ops.O = lh.O[idx.to(lh.O.device)].to("cpu", torch.float64)
     return ops
+
+
+def _scrambled_K(
+    K: Float[Tensor, "h r r"],
+    mask_O: Bool[Tensor, "h r"],
+    mask_V: Bool[Tensor, "h r"],
+    n_draws: int,
+    seed: int,
+    layer: int,
+    heads: list[int],
+) -> Float[Tensor, "d h r r"]:
+    """``n_draws`` orientation-scrambled ``K̃ = R₁ K R₂ᵀ`` per head, within the head's own ranks (SPEC 4b).
+
+    ``R₁`` is Haar in ``O(rank_O)`` on the coordinates of span(O) (``mask_O``) and the identity
+    elsewhere, ``R₂`` likewise in ``O(rank_V)`` on span(V) (``mask_V``): ``K̃`` keeps the
+    singular values of ``K`` and lives in the same rank blocks, so ``T̃ = Q_O K̃ Q_Vᵀ`` has the
+    head's rank and ``‖T̃‖_F = ‖T‖_F``. By Haar invariance this is the law of ``R₁ S R₂ᵀ`` of
+    :mod:`.scramble` (whose rotations also act on the rank blocks only). A head of rank 1 on both
+    sides gets ``K̃ = ±K``. Each head draws from its own generator
+    (:func:`~tl_idempotence.core.random.head_generator` of ``(seed, layer, head)``), so its control
+    never depends on which other heads were selected.
+
+    Args:
+        K: ``[h, r, r]`` float64, ``T = Q_O K Q_Vᵀ`` in the Gram eigenbases (zero outside the masks).
+        mask_O, mask_V: ``[h, r]`` bool, the eigen-coordinates counted in the numerical ranks.
+        n_draws: draws per head (>= 1).
+        seed, layer, heads: seed the per-head generators (``heads``: the heads' indices in the layer).
+
+    Returns:
+        ``[n_draws, h, r, r]`` float64.
+    """
+    h, r = K.shape[0], K.shape[-1]
+    out = torch.empty((n_draws, h, r, r), dtype=K.dtype)
+    for k, head in enumerate(heads):
+        gen = head_generator(seed, layer, head, "scramble", 8)  # 8: the activation-control stream
+        rot = []
+        for m in (mask_O[k], mask_V[k]):
+            E = torch.eye(r, dtype=K.dtype).repeat(n_draws, 1, 1)
+            i = m.nonzero().flatten()
+            if len(i):
+                E[:, i.unsqueeze(-1), i] = haar_orthogonal(n_draws, len(i), gen)
+            rot.append(E)
+        out[:, k] = rot[0] @ K[k] @ rot[1].transpose(-1, -2)
+    return out
 
 
 def _control_returns(
@@ -453,15 +496,23 @@ def activation_returns(
         "median_a_over_alpha_closed": med("a_median_over_alpha", closed),
     }
     if control:
+        # Over the heads whose comparison is defined (both medians finite): an undefined head is in neither count.
+        compared = np.isfinite(df["cos2_median"].to_numpy(dtype=float)) & np.isfinite(
+            df["ctrl_cos2_median"].to_numpy(dtype=float)
+        )
+        beats = df["cos2_beats_control"].to_numpy(dtype=bool)
+
+        def frac(m: np.ndarray) -> float:
+            return float(beats[m].mean()) if m.any() else float("nan")
+
         summary.update(
             {
                 "control": control,
                 "median_ctrl_cos2_all": med("ctrl_cos2_median"),
                 "median_ctrl_cos2_closed": med("ctrl_cos2_median", closed),
-                "frac_beats_control": float(df["cos2_beats_control"].mean()),
-                "frac_closed_beats_control": float(df.loc[closed, "cos2_beats_control"].mean())
-                if closed.any()
-                else float("nan"),
+                "n_heads_compared": int(compared.sum()),
+                "frac_beats_control": frac(compared),
+                "frac_closed_beats_control": frac(compared & closed),
             }
         )
     options = {

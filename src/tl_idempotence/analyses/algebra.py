@@ -23,7 +23,10 @@ These are exactly the core's formulas for ``α`` and ``P`` with ``M`` replaced b
 ``M_j`` and ``G_O`` by ``G_O_i``; so this module evaluates them with
 :func:`~tl_idempotence.core.closure.closure_scalars` on the Grams ``(G_O_i, G_V, M_j)``,
 and ``i = j`` reproduces the core's ``α`` and ``P`` bit for bit, with the same
-degeneracy rules (zero ``T_i`` -> NaN; ``T_i T_j ≈ 0`` -> ``α_ij = 0``, ``P_ij`` NaN).
+degeneracy rules (zero ``T_i`` -> NaN; ``T_i T_j ≈ 0`` -> ``α_ij = 0``, ``P_ij`` NaN). Off the
+diagonal, ``T_i T_j ≈ 0`` means ``‖T_iT_j‖_F ≤ DEGENERATE_RTOL · ‖T_i‖_F ‖T_j‖_F`` (a ratio of
+norms in the weights' units, so rescaling the weights or one head by any factor changes no
+decision); on the diagonal it is the core's ``‖T²‖ ≤ DEGENERATE_RTOL · ‖T‖²``, the same test.
 
 Per right factor ``j`` (table ``heads``):
 
@@ -66,7 +69,7 @@ import pandas as pd
 import torch
 
 from ..core.closure import Grams, apply_exponents, closure_scalars
-from ..core.factors import rank_rtol
+from ..core.factors import DEGENERATE_RTOL, rank_rtol
 from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
 from ..core.options import (
     ReportOptions,
@@ -292,14 +295,47 @@ def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def _row(
     G_Oi: torch.Tensor, G_V: torch.Tensor, M: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
-    """α_ij, P_ij, ‖T_iT_j‖ and reasons for one left factor ``i`` against right factors ``M = M_j`` [n, r, r].
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str], float]:
+    """α_ij, P_ij, ‖T_iT_j‖, reasons and ‖T_i‖ for one left factor ``i`` against right factors ``M = M_j`` [n, r, r].
 
     :func:`~tl_idempotence.core.closure.closure_scalars` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
     so ``i = j`` reproduces the core's α and P bit for bit (tested), degeneracy rules included.
+    The off-diagonal ``T_i T_j ≈ 0`` decision is re-made by :func:`_offdiagonal_nilpotent`.
+    All in the Grams' units (``‖T_i‖`` carries ``2^E_i``, ``‖T_iT_j‖`` ``2^(E_i + E_j)``, α_ij ``2^E_j``).
     """
-    alpha, P, _, norm_T2, _, reason = closure_scalars(G_Oi.expand_as(M), G_V.expand_as(M), M)
-    return alpha, P, norm_T2, [str(x) for x in reason]
+    alpha, P, norm, norm_T2, _, reason = closure_scalars(G_Oi.expand_as(M), G_V.expand_as(M), M)
+    return alpha, P, norm_T2, [str(x) for x in reason], float(norm[0])
+
+
+def _offdiagonal_nilpotent(
+    G_Oi: torch.Tensor, G_V: torch.Tensor, M_j: torch.Tensor, norm_TiTj: float, norm_Ti: float, norm_Tj: float
+) -> tuple[bool, float, float, float]:
+    """Whether ``T_i T_j ≈ 0`` (``i ≠ j``), scale-free, and the pair's α_ij, P_ij on that decision.
+
+    The test is ``‖T_iT_j‖_F ≤ DEGENERATE_RTOL · ‖T_i‖_F ‖T_j‖_F`` (``‖T_iT_j‖ ≤ ‖T_i‖‖T_j‖``
+    always): a ratio of norms in the same units (the Grams' ``2^(E_i+E_j)`` cancel), so rescaling
+    the weights, or one head's weights, by any factor (``2^k``, ``1e3``, ...) changes no decision.
+    The core's ``‖T²‖/‖T‖²`` compares ``T_iT_j`` against ``T_i`` alone, which is not scale-free
+    when ``T_j`` has another scale than ``T_i``. A zero right factor (``‖T_j‖ = 0``) gives
+    ``T_i T_j = 0``.
+
+    Args:
+        G_Oi: ``[r, r]`` ``O_iᵀO_i``; G_V: ``[r, r]``; M_j: ``[r, r]`` ``VᵀO_j`` (Grams' units).
+        norm_TiTj, norm_Ti, norm_Tj: ``‖T_iT_j‖``, ``‖T_i‖``, ``‖T_j‖`` in the Grams' units (> 0 for ``T_i``).
+
+    Returns:
+        ``(nilpotent, alpha_ij, P_ij, ratio)``: α_ij 0 and P_ij NaN when nilpotent, else the core's formulas
+        (Grams' units); ``ratio = ‖T_iT_j‖ / (‖T_i‖‖T_j‖)`` (NaN when ``T_j = 0``).
+    """
+    den = norm_Ti * norm_Tj
+    ratio = norm_TiTj / den if den > 0 else float("nan")
+    nil = norm_TiTj == 0 or not den > 0 or ratio <= DEGENERATE_RTOL
+    if nil:
+        return True, 0.0, float("nan"), ratio
+    norm2 = (G_Oi * G_V).sum().clamp_min(0)
+    inner = (M_j * (G_Oi @ G_V)).sum()
+    norm2_T2 = ((G_Oi @ M_j) * (M_j @ G_V)).sum().clamp_min(0)
+    return False, float(inner / norm2), float((inner**2 / (norm2_T2 * norm2)).clamp(0.0, 1.0)), ratio
 
 
 def _kernel_defects(
@@ -379,9 +415,11 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
         rtol = rank_rtol(g.d_model, int(G_V.shape[-1]))
         Ej = E[idx]  # exponent of T_j, j in the group (alpha_ij carries 2^E_j, ||T_i T_j|| 2^(E_i + E_j))
         diag_reason = [""] * n
+        rows = [_row(g.G_O[i], G_V, M_g) for i in idx]
+        norm_T = [r_[4] for r_ in rows]  # ||T_i|| in the Grams' units (2^E_i)
         for a, i in enumerate(idx):
             # Row i: left factor O_i against every right factor j of the group.
-            al, pp, nT2, reasons = _row(g.G_O[i], G_V, M_g)
+            al, pp, nT2, reasons, _ = rows[a]
             A[a] = al.numpy()
             P[a] = pp.numpy()
             with np.errstate(over="ignore", under="ignore"):  # ||T_i T_j|| of weights ~1e±100 exceeds float64
@@ -389,12 +427,21 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
             diag_reason[a] = reasons[a]
             for b, j in enumerate(idx):
                 reason = reasons[b]
-                if i != j and reason.startswith("nilpotent head"):
-                    reason = reason.replace(
-                        "nilpotent head: ||T^2||_F / ||T||_F^2", "T_i T_j ~ 0: ||T_i T_j||_F / ||T_i||_F^2"
-                    )
-                elif i != j and reason.startswith("zero head"):
+                if i != j and reason.startswith("zero head"):
                     reason = reason.replace("zero head", "zero left factor T_i")
+                elif i != j:
+                    # T_i T_j ~ 0 decided scale-free, relative to ||T_i|| ||T_j|| (not the core's ||T_i||^2);
+                    # where the decision agrees with closure_scalars' its alpha_ij, P_ij are kept bit for bit.
+                    nil, a_ij, p_ij, ratio = _offdiagonal_nilpotent(
+                        g.G_O[i], G_V, M_g[b], float(nT2[b]), norm_T[a], norm_T[b]
+                    )
+                    if nil != reason.startswith("nilpotent head"):
+                        A[a, b], P[a, b] = a_ij, p_ij
+                    reason = (
+                        f"T_i T_j ~ 0: ||T_i T_j||_F / (||T_i||_F ||T_j||_F) = {ratio:.2e} <= {DEGENERATE_RTOL:.0e}"
+                        if nil
+                        else ""
+                    )
                 pair_rows.append(
                     {
                         "layer": lh.layer,
@@ -578,9 +625,14 @@ class AlgebraAnalysis:
     reason_column: ClassVar[str | None] = None
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (when ``options.algebra``)."""
         return options.algebra
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 7): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         part = layer_algebra(ctx.heads, ctx.grams, threshold=ctx.options.threshold)
         tables = {f"algebra_{k}": getattr(part, k) for k in TABLES}
         return LayerResult(tables=tables, values={}, notes={})
@@ -633,4 +685,5 @@ class AlgebraAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 7) from the concatenated per-layer results (JSON values)."""
         return {}

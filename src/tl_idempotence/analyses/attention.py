@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.options import check_int, check_threshold
+from ..core.options import check_int, check_threshold, strict_kwargs
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import attention_layers, is_tl_model
 from .tokens import special_wrapping, tokenizer_of
@@ -54,8 +54,9 @@ class FlaggedHeads(list[tuple[int, int]]):
         return f"{len(self)} chosen heads"
 
 
+@strict_kwargs
 def flagged_heads(heads: Any, top_k: Any = None, threshold: Any = None) -> FlaggedHeads:
-    """Heads worth looking at: the closed ones (P >= threshold), else the top-k by P.
+    """Heads worth looking at: the closed ones (P >= threshold, SPEC 2), else the top-k by P.
 
     Args:
         heads: an :class:`~tl_idempotence.report.report.IdempotenceReport` or its ``heads``
@@ -134,8 +135,10 @@ def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, l
     return torch.tensor([ids], dtype=torch.long), strs, len(all_ids), kept
 
 
+@strict_kwargs
 def attention_patterns(model: Any, text: Any, heads: Any, max_tokens: Any = 64) -> AttentionPatterns:
-    """Attention patterns of ``heads`` on ``text`` via ``blocks.{l}.attn.hook_pattern``.
+    """Attention patterns of ``heads`` on ``text`` via ``blocks.{l}.attn.hook_pattern`` (a view for the
+    flagged heads of SPEC 2; not a SPEC quantity).
 
     Args:
         model: a TransformerLens model with a tokenizer.

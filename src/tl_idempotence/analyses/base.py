@@ -11,7 +11,9 @@ their results; adding an analysis does not touch the loop.
 Rules every analysis keeps (checked by one parametrized contract test):
 
 * one entry per query head, in head order, in every per-head column;
-* deterministic for ``(seed, layer)``: randomness comes from :meth:`LayerContext.generator`;
+* deterministic for ``(seed, layer)``: randomness comes from :meth:`LayerContext.generator`
+  (per layer) or :meth:`LayerContext.head_generator` (per head, so a head's numbers depend only
+  on ``(seed, layer, head)``);
 * independent of which other layers ran (a context holds one layer only);
 * every NaN it writes has a reason: per head in its ``reason_column`` (or the closure's
   ``reason``), per layer in ``LayerResult.notes`` under the value's key.
@@ -29,7 +31,7 @@ from ..core.closure import Closure, Grams, closure_from_grams, layer_grams
 from ..core.factors import principal_factors
 from ..core.heads import LayerHeads
 from ..core.options import ReportOptions
-from ..core.random import layer_generator
+from ..core.random import head_generator, layer_generator
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -62,21 +64,18 @@ class LayerContext:
 
     @property
     def layer(self) -> int:
+        """The layer's index in the model."""
         return self.heads.layer
 
     @property
     def n_heads(self) -> int:
+        """Query heads of the layer."""
         return self.heads.n_heads
 
     @property
     def device(self) -> torch.device:
+        """Where the batched products run (``options.device``)."""
         return self.options.device
-
-    def factored_closure(self) -> Closure:
-        """The closure with K, D and eigenvalues (computed once per layer)."""
-        if "factored" not in self._cache:
-            self._cache["factored"] = closure_from_grams(self.grams, factors=True)
-        return self._cache["factored"]
 
     def principal(self, principal_K: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``principal_factors(G_O, G_V, M, rtol, principal_K)`` computed once per flag: ``(K, D, rank_O, rank_V)``,
@@ -90,6 +89,11 @@ class LayerContext:
     def generator(self, tag: str, *extra: int) -> torch.Generator:
         """The seeded generator of stream ``tag`` for this layer (``(seed, layer, tag, *extra)``)."""
         return layer_generator(self.options.seed, self.layer, tag, *extra)
+
+    def head_generator(self, tag: str, head: int, *extra: int) -> torch.Generator:
+        """The seeded generator of stream ``tag`` for one head of this layer (``(seed, layer, head, tag, *extra)``):
+        a head's draws never depend on which other heads ran (:func:`~tl_idempotence.core.random.head_generator`)."""
+        return head_generator(self.options.seed, self.layer, head, tag, *extra)
 
 
 @dataclass
@@ -130,6 +134,22 @@ class Analysis(Protocol):
         """The analysis of one layer."""
         ...
 
+    def apply_threshold(
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> None:
+        """Re-derive, in place, every column, layer value and table entry of this analysis that depends on the
+        P threshold (e.g. ``closed``), from the stored results alone, so that the result equals what
+        :meth:`run` gives at ``threshold`` (checked by the contract test). An analysis without such
+        columns does nothing.
+
+        Args:
+            heads: the report's per-head table (all layers; ``layer``, ``head`` and this analysis's columns).
+            layers: the per-layer table (``layer`` and this analysis's values).
+            tables: the long tables (this analysis's, e.g. ``scramble_draws``).
+            threshold: the new threshold, already validated (in [0, 1]).
+        """
+        ...
+
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
@@ -138,14 +158,14 @@ class Analysis(Protocol):
 
 
 def nan_median(a: Any) -> float:
-    """Median of the finite entries (NaN when there is none)."""
+    """Median of the finite entries of ``a`` (any shape, flattened; NaN when there is none; same units as ``a``)."""
     x = np.asarray(a, dtype=float)
     x = x[np.isfinite(x)]
     return float(np.median(x)) if x.size else float("nan")
 
 
 def nan_max(a: Any) -> float:
-    """Max of the finite entries (NaN when there is none)."""
+    """Max of the finite entries of ``a`` (any shape, flattened; NaN when there is none; same units as ``a``)."""
     x = np.asarray(a, dtype=float)
     x = x[np.isfinite(x)]
     return float(x.max()) if x.size else float("nan")

@@ -21,7 +21,12 @@ _NO_P = "no head of the layer has a defined P (see the heads' reason)"
 
 
 def closed_flags(P: Any, threshold: float) -> np.ndarray:
-    """``P >= threshold`` with NaN counted as not closed (bool array)."""
+    """``P >= threshold`` with NaN counted as not closed (SPEC 2): a bool array of ``P``'s shape.
+
+    Args:
+        P: squared closure alignments (any shape, dimensionless in [0, 1] or NaN).
+        threshold: the P threshold (already validated, in [0, 1]).
+    """
     return np.nan_to_num(np.asarray(P, dtype=float), nan=-1.0) >= threshold
 
 
@@ -32,9 +37,14 @@ class ClosureAnalysis:
     reason_column: ClassVar[str | None] = "reason"
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (always)."""
         return True
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 2-3): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         c = ctx.closure
         P = c.P.numpy()
         closed = closed_flags(P, ctx.options.threshold)
@@ -66,6 +76,7 @@ class ClosureAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 2-3) from the concatenated per-layer results (JSON values)."""
         P = heads["P"].to_numpy(dtype=float)
         n = len(heads)
         n_closed = int(heads["closed"].sum())

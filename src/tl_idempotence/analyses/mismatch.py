@@ -220,9 +220,14 @@ class MismatchAnalysis:
     reason_column: ClassVar[str | None] = None
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (when ``options.nulls > 0``)."""
         return options.nulls > 0
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 4a): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         tab, note = mismatch_pairs(ctx.heads, g=ctx.grams, compute_dtype=ctx.options.compute_dtype, device=ctx.device)
         values, notes = _layer_values(tab, note, ctx.options.threshold)
         return LayerResult(values=values, notes=notes, tables={"mismatch_pairs": tab})
@@ -240,6 +245,7 @@ class MismatchAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 4a) from the concatenated per-layer results (JSON values)."""
         s: dict[str, Any] = {
             "n_mismatch_pairs": int(layers["n_mismatch_pairs"].sum()),
             "n_mismatch_closed": int(layers["n_mismatch_closed"].sum()),

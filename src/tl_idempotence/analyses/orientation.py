@@ -137,12 +137,15 @@ def factors_of_closure(c: Closure) -> Factors:
 
 
 def defined_for_orientation(reason: np.ndarray) -> np.ndarray:
-    """Heads the orientation analyses run on: no reason, or only an undefined trained P."""
+    """Heads the orientation analyses (SPEC 4b, 5) run on: no reason, or only an undefined trained P.
+
+    Args: reason: ``[b]`` object array of reasons. Returns: ``[b]`` bool.
+    """
     return np.array([not str(x) or str(x).startswith("trained P undefined") for x in reason], dtype=bool)
 
 
 def P_from_Z(s: Tensor, Z: Tensor, rtol: float) -> Tensor:
-    """P of ``K = R₁ S R₂ᵀ`` from ``Z = diag(s) R₂ᵀ D R₁`` (module docstring):
+    """P (SPEC 3, 4b) of ``K = R₁ S R₂ᵀ`` from ``Z = diag(s) R₂ᵀ D R₁`` (module docstring):
     ``⟨KDK, K⟩ = Σ_i s_i² Z_ii`` and ``‖KDK‖² = Σ_ij Z_ij² s_j²``.
 
     Args:
@@ -150,7 +153,11 @@ def P_from_Z(s: Tensor, Z: Tensor, rtol: float) -> Tensor:
         Z: ``[..., r, r]``.
 
     Returns:
-        ``[...]`` P, NaN where ``‖K D K‖ <= rtol ‖K‖²`` (a nilpotent orientation).
+        ``[...]`` P (dimensionless, [0, 1]), NaN where ``‖K D K‖ <= rtol ‖K‖²`` (a nilpotent orientation).
+        ``s`` may be in any units: P is invariant to its scale.
+
+    Raises:
+        RuntimeError (torch): shapes that do not broadcast (internal).
     """
     s2 = s * s
     num = (s2 * Z.diagonal(dim1=-2, dim2=-1)).sum(-1)
@@ -165,6 +172,12 @@ def P_of_K(K: Float[Tensor, "*b r r"], D: Float[Tensor, "*b r"]) -> Float[Tensor
     """``P = ⟨KDK, K⟩² / (‖KDK‖² ‖K‖²)`` directly on ``r x r`` factors, float64 (SPEC 3).
 
     Used as the independent check of every searched or scrambled ``K``.
+
+    Args:
+        K: ``[*b, r, r]`` (any units; P is scale-invariant); D: ``[*b, r]`` principal cosines.
+
+    Returns:
+        ``[*b]`` float64 P in [0, 1]; NaN (0/0) for ``K = 0`` or a nilpotent ``K D K = 0``.
     """
     K = K.double()
     KDK = (K * D.double().unsqueeze(-2)) @ K

@@ -58,6 +58,8 @@ __all__ = ["Scramble", "ScrambleAnalysis", "orientation_scramble", "scramble_dra
 
 #: Elements per batched tensor chunk ([heads, draws, r, r]); bounds memory at ~32 MB a tensor.
 CHUNK_ELEMS = 1 << 22
+#: Most draws per head :func:`orientation_scramble` takes (a count, not a memory bound: see MAX_POOL_BYTES).
+MAX_NULLS = 1 << 24
 #: Refuse Haar pools (2 · nulls · r² float64 per rank pair) above this many bytes.
 MAX_POOL_BYTES = 8 << 30
 
@@ -65,7 +67,7 @@ MAX_POOL_BYTES = 8 << 30
 def scramble_draws(
     f: Factors, n_draws: int, seed: int, layer: int | None, return_K: bool, device: torch.device | str = "cpu"
 ) -> tuple[Float[Tensor, "b n"], Float[Tensor, "b n r r"] | None]:
-    """P of ``n_draws`` scrambled orientations per head (module docstring for the draw design).
+    """P of ``n_draws`` scrambled orientations per head (SPEC 4b; module docstring for the draw design).
 
     Args:
         f: the heads' :class:`~tl_idempotence.analyses.orientation.Factors` (flattened batch ``b``).
@@ -149,8 +151,23 @@ def _summarize_draws(P_trained: Tensor, Pd: Tensor) -> dict[str, np.ndarray]:
 
 
 def _frac_closed(Pd: np.ndarray, n_valid: np.ndarray, threshold: float) -> np.ndarray:
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(Pd), Pd >= threshold, False).sum(-1) / np.maximum(n_valid, 1)
+    """Per head, the fraction of its defined scrambled draws with ``P~ >= threshold``: ``[b]`` float64 in [0, 1].
+
+    ``Pd``: ``[b, n]`` draws (NaN for an undefined draw); ``n_valid``: ``[b]`` defined draws per head.
+    NaN for a head with no defined draw (0 of 0 is not "never closed"; the caller gives the reason).
+    """
+    hits = np.where(np.isfinite(Pd), Pd >= threshold, False).sum(-1)
+    return np.where(n_valid > 0, hits / np.maximum(n_valid, 1), np.nan)
+
+
+#: Reason of a head that is defined but whose every scrambled draw has an undefined P.
+NO_DRAWS = "every scrambled draw of this head has an undefined P (nilpotent orientation): no defined draw"
+
+
+def _scramble_reasons(reason: np.ndarray, n_valid: np.ndarray) -> np.ndarray:
+    """The heads' reasons (``[b]`` str), with :data:`NO_DRAWS` for defined heads without a defined draw."""
+    out = np.asarray(reason, dtype=object).astype(str)
+    return np.where((out == "") & (np.asarray(n_valid) == 0), NO_DRAWS, out)
 
 
 @dataclass(frozen=True, repr=False)
@@ -259,7 +276,7 @@ def orientation_scramble(
             a :class:`~tl_idempotence.core.heads.LayerHeads`, a TransformerLens
             ``FactoredMatrix`` (``model.OV`` or one head ``model.OV[l, h]``) or a ``(W_V, W_O)``
             pair in TL row form (``[*batch, d_model, d_head]`` / ``[*batch, d_head, d_model]``).
-        nulls (int): Haar draws per head (>= 1).
+        nulls (int): Haar draws per head, in ``[1, MAX_NULLS]`` (a bool, a float or a negative count is refused).
         seed (int): non-negative seed; with ``layer`` it seeds the generator
             (:func:`~tl_idempotence.core.random.layer_generator`). A LayerHeads supplies its layer.
         layer (int | None): layer index mixed into the seed (``None`` when not from a model).
@@ -275,7 +292,8 @@ def orientation_scramble(
         :class:`Scramble` with the input's batch shape (``()`` for one head).
 
     Raises:
-        OptionError / OptionTypeError: ``nulls < 1``, a negative or non-int seed, a Closure without factors.
+        OptionError / OptionTypeError: ``nulls`` not an int in ``[1, MAX_NULLS]`` (bools refused), a
+            negative or non-int seed or layer, a Closure without factors, Haar pools above ``MAX_POOL_BYTES``.
         WeightError: bad shapes or non-finite weights.
     """
     if n_draws is not None:
@@ -283,7 +301,7 @@ def orientation_scramble(
             "orientation_scramble(n_draws=...) is deprecated; use nulls=...", DeprecationWarning, stacklevel=2
         )
         nulls = n_draws
-    nulls = check_int(nulls, "nulls", 1)
+    nulls = check_int(nulls, "nulls", 1, MAX_NULLS)
     seed = check_seed(seed)
     return_K = check_bool(return_K, "return_K")
     if layer is not None:
@@ -321,7 +339,8 @@ class ScrambleAnalysis:
     """Per-head scramble columns of the report (SPEC 4b); runs when ``nulls > 0``.
 
     Per layer: ``median_P_scrambled`` (median over heads of each head's scramble median),
-    ``frac_beats_scramble``, ``trained_wins`` (the layer's median trained P beats it).
+    ``frac_beats_scramble`` (over the layer's ``n_heads_compared`` heads with a defined comparison; NaN with
+    a note when there is none), ``n_heads_compared``, ``trained_wins`` (the layer's median trained P beats it).
     Tables: ``scramble_draws`` (``layer, head, draw, P``) — every draw, for figures and
     for recomputing ``frac_scrambled_closed`` at another threshold.
     """
@@ -330,9 +349,14 @@ class ScrambleAnalysis:
     reason_column: ClassVar[str | None] = "scramble_reason"
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (when ``options.nulls > 0``)."""
         return options.nulls > 0
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 4b): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         n = ctx.options.nulls
         K, D, rank_O, rank_V = ctx.principal(principal_K=False)
         f = factors_of(K, D, rank_O, rank_V, ctx.closure, ctx.grams.e_T)
@@ -341,7 +365,7 @@ class ScrambleAnalysis:
         Pd_np = Pd.numpy()
         cols: dict[str, np.ndarray] = dict(summ)
         cols["frac_scrambled_closed"] = _frac_closed(Pd_np, summ["n_scramble_draws"], ctx.options.threshold)
-        cols["scramble_reason"] = np.asarray(f.reason, dtype=object).astype(str)
+        cols["scramble_reason"] = _scramble_reasons(f.reason, summ["n_scramble_draws"])
         P = ctx.closure.P.numpy()
         med_trained = nan_median(P)
         med_scr = (
@@ -349,11 +373,15 @@ class ScrambleAnalysis:
             if np.isfinite(summ["P_scrambled_median"]).any()
             else float("nan")
         )
+        # Over the heads whose comparison is defined (finite p-value): NaN heads are in neither count.
+        compared = np.isfinite(summ["p_value"])
+        frac_beats = float(summ["beats_scramble"][compared].mean()) if compared.any() else float("nan")
         res = LayerResult(
             columns=cols,
             values={
                 "median_P_scrambled": med_scr,
-                "frac_beats_scramble": float(summ["beats_scramble"].mean()),
+                "frac_beats_scramble": frac_beats,
+                "n_heads_compared": int(compared.sum()),
                 "trained_wins": bool(med_trained > med_scr),
             },
             tables={
@@ -369,6 +397,10 @@ class ScrambleAnalysis:
         )
         if not np.isfinite(med_scr):
             res.notes["median_P_scrambled"] = "no head of the layer has a defined scramble (see scramble_reason)"
+        if not compared.any():
+            res.notes["frac_beats_scramble"] = (
+                "no head of the layer has a defined comparison with its scramble (see scramble_reason)"
+            )
         return res
 
     def apply_threshold(
@@ -381,13 +413,15 @@ class ScrambleAnalysis:
         ok = np.isfinite(d["P"].to_numpy(dtype=float))
         hit = d.assign(hit=ok & (np.nan_to_num(d["P"].to_numpy(dtype=float), nan=-1.0) >= threshold), ok=ok)
         g = hit.groupby(["layer", "head"])[["hit", "ok"]].sum()
-        frac = (g["hit"] / g["ok"].clip(lower=1)).rename("f")
+        # NaN for a head without a defined draw (the run gave it a scramble_reason), never 0.
+        frac = (g["hit"] / g["ok"].clip(lower=1)).where(g["ok"] > 0).rename("f")
         key = pd.MultiIndex.from_arrays([heads["layer"], heads["head"]])
         heads["frac_scrambled_closed"] = frac.reindex(key).to_numpy()
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 4b) from the concatenated per-layer results (JSON values)."""
         defined = np.isfinite(heads["p_value"].to_numpy(dtype=float))
         s: dict[str, Any] = {
             "n_scramble_draws": int(options.nulls),

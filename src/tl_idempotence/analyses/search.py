@@ -18,7 +18,9 @@ halving its step after ``patience`` iterations without an improvement of ``tol``
 it stops on *tolerance* after ``n_decays`` such halvings (or at P ≥ 1 − 10·eps of the working dtype) and on
 *budget* after ``max_iters``. Restart 0 starts at the trained orientation (full-rank
 heads), so the searched P is never below the trained P by more than rounding; the
-others start at Haar-random orientations seeded by ``(seed, layer)``. Restarts and
+others start at Haar-random orientations seeded by ``(seed, layer, head)`` (one generator
+per head, :func:`~tl_idempotence.core.random.head_generator`: a head's result never depends
+on which other heads or layers were searched, nor in what order). Restarts and
 heads are batched.
 
 Honesty: the reported ``P_searched`` is recomputed in float64 from the returned
@@ -28,7 +30,7 @@ Honesty: the reported ``P_searched`` is recomputed in float64 from the returned
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -48,7 +50,7 @@ from ..core.options import (
     check_threshold,
     strict_kwargs,
 )
-from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator, sign_fixed_qr
+from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
 from ..core.results import Result
 from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
@@ -223,22 +225,27 @@ class SearchResult(Result):
 def search_factors(
     f: Factors,
     rows: list[int],
-    gen: torch.Generator,
+    gen_of: Callable[[int], torch.Generator],
     budget: dict[str, Any],
     device: torch.device | str = "cpu",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, np.ndarray, Tensor, Tensor, Tensor]:
-    """Search heads ``rows`` of flattened :class:`~tl_idempotence.analyses.orientation.Factors`.
+    """Constructive search (SPEC 5) of heads ``rows`` of flattened :class:`~.orientation.Factors`.
 
     Args:
         f: the heads' factors.
         rows: indices into ``f``'s batch.
-        gen: the seeded generator of the random restarts.
+        gen_of: ``row -> generator`` of that row's random restarts (a per-head generator,
+            :func:`~tl_idempotence.core.random.head_generator`), so a head's result depends only on
+            ``(seed, layer, head)``, never on which other heads were searched.
         budget: the validated budget (:data:`DEFAULTS` keys).
         device: where the optimizer iterations run.
 
     Returns:
         ``(P_searched [n], iters [n], converged [n] bool, best_restart [n], reason [n],
         K [n, r, r], D [n, r], S [n, r])``, CPU, K and S in ``f``'s units (``2^e_S``).
+
+    Raises:
+        OptionError / OptionTypeError: from ``gen_of`` (a bad seed or head index).
     """
     restarts = int(budget["restarts"])
     r = f.S.shape[-1]
@@ -268,6 +275,7 @@ def search_factors(
     R1 = torch.empty(b, restarts, r, r, dtype=torch.float64)
     R2 = torch.empty_like(R1)
     for j in range(b):
+        gen = gen_of(int(hs[j]))
         R1[j] = embed_orthogonal(haar_orthogonal(restarts, int(rO[j]), gen), r)
         R2[j] = embed_orthogonal(haar_orthogonal(restarts, int(rV[j]), gen), r)
     U, _, Wh = torch.linalg.svd(f.K[hs])
@@ -377,8 +385,8 @@ def constructive_search(
             batch (default: all).
         restarts, max_iters (int), lr, tol (float): override :data:`DEFAULTS` (restart 0 starts
             at the trained orientation).
-        seed (int): non-negative seed (mixed with the layer, see
-            :func:`~tl_idempotence.core.random.layer_generator`).
+        seed (int): non-negative seed (mixed with the layer and head, see
+            :func:`~tl_idempotence.core.random.head_generator`).
         threshold (float): P threshold, reported as ``feasible`` per row.
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products.
         device (str | torch.device): where the Gram products and the optimizer run ("cpu",
@@ -407,8 +415,7 @@ def constructive_search(
         if bad:
             where = f" in layer {layer}." if layer is not None else "."
             raise OptionError(f"Head index {bad} out of range: there are {n} heads{where}")
-        gen = layer_generator(seed, layer, "search")
-        res = search_factors(f, rows, gen, bud, dev)
+        res = search_factors(f, rows, lambda h: head_generator(seed, layer, h, "search"), bud, dev)
         tabs.append(
             _table(
                 layer if layer is not None else -1, rows, P.reshape(-1)[torch.as_tensor(rows, dtype=torch.long)], res
@@ -485,13 +492,18 @@ class SearchAnalysis:
     reason_column: ClassVar[str | None] = "search_reason"
 
     def enabled(self, options: ReportOptions) -> bool:
+        """Whether the report runs this analysis (when ``options.search``)."""
         return options.search
 
     def run(self, ctx: LayerContext) -> LayerResult:
+        """This analysis of one layer (SPEC 5): the columns, values, tables and notes of the class docstring.
+
+        Raises: nothing of its own for a valid context (the context was built from checked heads and options).
+        """
         K, D, rank_O, rank_V = ctx.principal(principal_K=True)
         f = factors_of(K, D, rank_O, rank_V, ctx.closure, ctx.grams.e_T)
         rows = list(range(ctx.n_heads))
-        res = search_factors(f, rows, ctx.generator("search"), dict(DEFAULTS), ctx.device)
+        res = search_factors(f, rows, lambda h: ctx.head_generator("search", h), dict(DEFAULTS), ctx.device)
         df = _table(ctx.layer, rows, ctx.closure.P, res)
         Ps = df["P_searched"].to_numpy(dtype=float)
         fin = np.isfinite(Ps)
@@ -523,5 +535,6 @@ class SearchAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
+        """Model-level headline numbers (SPEC 5) from the concatenated per-layer results (JSON values)."""
         feas = layers["feasible"].to_numpy(dtype=bool)
         return {"n_feasible_layers": int(feas.sum()), "infeasible_layers": [int(v) for v in layers.loc[~feas, "layer"]]}

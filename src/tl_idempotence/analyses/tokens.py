@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from ..core.options import check_int
+from ..core.options import check_int, strict_kwargs
 from ..errors import OptionError, OptionTypeError
 
 __all__ = [
@@ -88,8 +88,13 @@ DEFAULT_CORPUS_MODULES = (
 )
 
 
-def default_corpus(min_chars: int = 200) -> list[str]:
-    """English text that exists on every machine: docstrings of the Python standard library.
+#: Longest window :func:`prepare_tokens` makes (tokens).
+MAX_SEQ_LEN = 1 << 24
+
+
+@strict_kwargs
+def default_corpus(min_chars: Any = 200) -> list[str]:
+    """English text that exists on every machine: docstrings of the Python standard library (SPEC 8 corpus).
 
     For each module of :data:`DEFAULT_CORPUS_MODULES` (in that order): the module's
     docstring, then the docstrings of its public classes and functions in sorted name
@@ -97,13 +102,19 @@ def default_corpus(min_chars: int = 200) -> list[str]:
     ``min_chars`` characters and dropping exact duplicates. Deterministic for a given
     Python version (docstrings change slightly between versions).
 
+    Args:
+        min_chars (int): shortest docstring kept, in characters (>= 0; bools refused).
+
     Returns:
         A list of strings (a few hundred documents, ~1M characters).
 
     Raises:
+        OptionTypeError / OptionError: ``min_chars`` not a non-negative int.
         RuntimeError: no docstrings are available (Python run with ``-OO``).
     """
     import importlib
+
+    min_chars = check_int(min_chars, "min_chars", 0)
 
     seen: set[str] = set()
     out: list[str] = []
@@ -136,7 +147,7 @@ def default_corpus(min_chars: int = 200) -> list[str]:
 
 
 def tokenizer_of(model: Any) -> Any:
-    """``model.tokenizer``.
+    """``model.tokenizer`` (for the text inputs of SPEC 8).
 
     Raises:
         OptionError: the model has none (pass token ids instead of text).
@@ -151,7 +162,8 @@ def tokenizer_of(model: Any) -> Any:
 
 
 def special_ids(tok: Any) -> set[int]:
-    """Every special token id of a tokenizer (BOS/CLS/EOS/SEP/PAD and ``all_special_ids``)."""
+    """Every special token id of a tokenizer (BOS/CLS/EOS/SEP/PAD and ``all_special_ids``): excluded from SPEC 8's
+    statistics. Raises nothing (attributes a tokenizer lacks are skipped)."""
     ids = set(int(i) for i in (getattr(tok, "all_special_ids", None) or []))
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "cls_token_id", "sep_token_id"):
         v = getattr(tok, attr, None)
@@ -161,7 +173,12 @@ def special_ids(tok: Any) -> set[int]:
 
 
 def special_wrapping(model: Any, tok: Any) -> tuple[list[int], list[int]]:
-    """Special tokens to put around each window: (prefix, suffix)."""
+    """Special tokens to put around each window, ``(prefix ids, suffix ids)`` (SPEC 8 windows): what the tokenizer
+    adds to a probe text, else BOS when ``cfg.default_prepend_bos``.
+
+    Raises:
+        Whatever the tokenizer raises on the probe text ``"text"`` (a broken tokenizer).
+    """
     probe = "text"
     with_sp = list(tok(probe, add_special_tokens=True)["input_ids"])
     without = list(tok(probe, add_special_tokens=False)["input_ids"])
@@ -179,7 +196,8 @@ def special_wrapping(model: Any, tok: Any) -> tuple[list[int], list[int]]:
 
 
 def texts_from(texts: Any, text_column: str) -> list[str]:
-    """Texts from ``None`` (the default corpus), a string, ``Path`` files, a list of those or a ``datasets.Dataset``.
+    """Texts (SPEC 8 input) from ``None`` (the default corpus), a string, ``Path`` files, a list of those or a
+    ``datasets.Dataset``.
 
     Raises:
         OptionTypeError: an unsupported item. OptionError: empty input, a missing file or column.
@@ -188,30 +206,37 @@ def texts_from(texts: Any, text_column: str) -> list[str]:
         return default_corpus()
     if isinstance(texts, (str, Path)):
         texts = [texts]
+    if isinstance(texts, (bytes, bytearray, Mapping)) or not isinstance(texts, Iterable):
+        raise OptionTypeError(
+            "texts_or_tokens must be None, a string, a list of strings / pathlib.Path files, a datasets.Dataset or "
+            f"an integer tensor [batch, pos] of token ids; got {type(texts).__name__} {texts!r:.60}."
+        )
     if hasattr(texts, "column_names") and hasattr(texts, "__getitem__") and not isinstance(texts, (list, tuple)):
         if text_column not in texts.column_names:
             raise OptionError(
-                f"The dataset has no column {text_column!r} (columns: {texts.column_names}); pass text_column=..."
+                f"texts_or_tokens: the dataset has no column {text_column!r} (columns: {texts.column_names}); "
+                "pass text_column=..."
             )
         return [str(t) for t in texts[text_column]]
     out = []
     for t in texts:
         if isinstance(t, Path):
             if not t.is_file():
-                raise OptionError(f"{t} is not a file; pass text as str and files as pathlib.Path.")
+                raise OptionError(f"texts_or_tokens: {t} is not a file; pass text as str and files as pathlib.Path.")
             out.append(t.read_text(encoding="utf-8", errors="replace"))
         elif isinstance(t, str):
             out.append(t)
         else:
             raise OptionTypeError(
-                "texts must be strings, pathlib.Path files or a datasets.Dataset; "
-                f"got an item of type {type(t).__name__}."
+                "texts_or_tokens: texts must be strings, pathlib.Path files or a datasets.Dataset (token ids as an "
+                f"integer tensor [batch, pos]); got an item of type {type(t).__name__}."
             )
     if not out:
-        raise OptionError("No texts given (an empty list); pass None for the default corpus.")
+        raise OptionError("No texts given in texts_or_tokens (an empty list); pass None for the default corpus.")
     return out
 
 
+@strict_kwargs
 def prepare_tokens(
     model: Any,
     texts_or_tokens: Any = None,
@@ -220,7 +245,7 @@ def prepare_tokens(
     max_tokens: Any = 8192,
     text_column: Any = "text",
 ) -> tuple[Int[Tensor, "n_windows pos"], Bool[Tensor, "n_windows pos"]]:
-    """Token windows to run and the mask of positions that count in statistics.
+    """Token windows to run and the mask of positions that count in statistics (SPEC 8).
 
     Args:
         model: a TransformerLens model with ``model.tokenizer`` (for text input).
@@ -237,11 +262,15 @@ def prepare_tokens(
         is False at special-token positions (BOS/CLS/EOS/SEP/PAD).
 
     Raises:
-        OptionError: empty input, token ids outside the vocabulary, ``seq_len`` too short for
-            the special tokens, text without a tokenizer, ``max_tokens``/``seq_len`` < 1.
-        OptionTypeError: unsupported input type.
+        OptionError: empty input (no text, texts that tokenize to no non-special token, a tensor
+            with no id), token ids outside ``[0, d_vocab)`` (negative ones included), ``seq_len`` too
+            short for the special tokens, text without a tokenizer, ``max_tokens``/``seq_len`` < 1 or
+            ``seq_len`` above :data:`MAX_SEQ_LEN`.
+        OptionTypeError: unsupported input type (an int, bytes, a dict, a float/bool/complex
+            tensor, a tensor of more than 2 dimensions, an item that is not a str/Path), a
+            non-integer ``seq_len``/``max_tokens`` (bools refused), a non-str ``text_column``.
     """
-    seq_len = check_int(seq_len, "seq_len", 1)
+    seq_len = check_int(seq_len, "seq_len", 1, MAX_SEQ_LEN)
     if max_tokens is not None:
         max_tokens = check_int(max_tokens, "max_tokens", 1)
     if not isinstance(text_column, str):
@@ -251,23 +280,24 @@ def prepare_tokens(
             toks = torch.as_tensor(texts_or_tokens)
         except (TypeError, RuntimeError) as e:
             raise OptionTypeError(
-                f"Token ids must be an integer tensor [batch, pos]; got an array of dtype "
+                f"Token ids must be an integer tensor [batch, pos] (texts_or_tokens); got an array of dtype "
                 f"{getattr(texts_or_tokens, 'dtype', '?')} ({e})."
             ) from e
         if toks.ndim == 1:
             toks = toks[None]
         if toks.ndim != 2 or toks.is_floating_point() or toks.is_complex() or toks.dtype == torch.bool:
             raise OptionTypeError(
-                f"Token ids must be an integer tensor [batch, pos]; got {tuple(toks.shape)} {toks.dtype}."
+                f"Token ids must be an integer tensor [batch, pos] or [pos] (texts_or_tokens); got shape "
+                f"{tuple(toks.shape)} {toks.dtype}."
             )
         if toks.numel() == 0:
-            raise OptionError(f"No token ids given (shape {tuple(toks.shape)}).")
+            raise OptionError(f"No token ids given in texts_or_tokens (shape {tuple(toks.shape)}).")
         toks = toks.long().cpu()
         vocab = getattr(getattr(model, "cfg", None), "d_vocab", None)
         lo, hi = int(toks.min()), int(toks.max())
         if lo < 0 or (isinstance(vocab, int) and hi >= vocab):
             raise OptionError(
-                f"Token ids must lie in [0, d_vocab={vocab}); got ids from {lo} to {hi}. "
+                f"Token ids must lie in [0, d_vocab={vocab}) (texts_or_tokens); got ids from {lo} to {hi}. "
                 "They would index outside the embedding (or wrap around silently)."
             )
         tok = getattr(model, "tokenizer", None)
@@ -307,10 +337,13 @@ def prepare_tokens(
                 break
         if max_tokens is not None and n_counted >= max_tokens:
             break
-    if not windows and stream:
+    if not windows and any(t not in special for t in stream):
         windows.append(prefix + stream + suffix)  # a single short text: one shorter window
     if not windows:
-        raise OptionError("The texts tokenized to nothing.")
+        raise OptionError(
+            "texts_or_tokens: the texts tokenized to no (non-special) token: empty or whitespace-only text? "
+            "There is nothing to measure."
+        )
     toks = torch.tensor(windows, dtype=torch.long)
     counted = torch.ones_like(toks, dtype=torch.bool)
     for s in special:
@@ -320,7 +353,8 @@ def prepare_tokens(
 
 def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[int]]:
     """``{layer: sorted heads}`` from ``None`` (all), ``(layer, head)`` pairs or a DataFrame with
-    ``layer``/``head`` columns (e.g. ``report.closed_heads``); duplicates are merged.
+    ``layer``/``head`` columns (e.g. ``report.closed_heads``); duplicates are merged (head selection for
+    SPEC 5, 8 and the ablation).
 
     Args:
         heads: the selection.

@@ -3,6 +3,8 @@
 * :func:`layer_generator` — a CPU ``torch.Generator`` seeded from ``(seed, layer, tag, ...)``
   through ``numpy.random.SeedSequence``, so a layer's draws never depend on which other
   layers ran, and are the same on any machine with the same torch version.
+* :func:`head_generator` — the same, for one head: ``(seed, layer, head, tag, ...)``, so a
+  head's draws never depend on which other heads (or layers) ran, nor in what order.
 * :func:`haar_orthogonal` — QR of Gaussian matrices with the sign fix (Mezzadri 2007).
 * :func:`sign_fixed_qr` — the orthonormalization both the sampler and the search use.
 * :func:`embed_orthogonal` — ``blockdiag(Q, I)`` for rank-deficient heads.
@@ -20,7 +22,7 @@ from torch import Tensor
 from ..errors import OptionError
 from .options import check_int, check_seed
 
-__all__ = ["TAGS", "embed_orthogonal", "haar_orthogonal", "layer_generator", "sign_fixed_qr"]
+__all__ = ["TAGS", "embed_orthogonal", "haar_orthogonal", "head_generator", "layer_generator", "sign_fixed_qr"]
 
 #: Stream tags: two analyses never share a stream.
 TAGS = {"scramble": 1, "search": 2, "ablation": 3}
@@ -48,6 +50,31 @@ def layer_generator(seed: int, layer: int | None, tag: str = "scramble", *extra:
     state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
     s = (int(state[0]) << 31) ^ int(state[1])
     return torch.Generator(device="cpu").manual_seed(s & ((1 << 63) - 1))
+
+
+#: Marks a per-head stream in the entropy (so ``head_generator(s, l, h, t)`` never equals a
+#: ``layer_generator(s, l, t, *extra)`` of a layer-level stream with the same numbers).
+HEAD_STREAM = 1 << 30
+
+
+def head_generator(seed: int, layer: int | None, head: int, tag: str, *extra: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` for one head: seeded from ``(seed, layer, tag, HEAD_STREAM, head, *extra)``.
+
+    A head's draws then depend only on ``(seed, layer, head)`` (and the tag/extra stream
+    labels), never on which other heads or layers ran, nor in what order (SPEC 4b, 5).
+
+    Args:
+        seed: the user's seed (non-negative int).
+        layer: layer index, or ``None`` outside a model.
+        head: the head's index within its layer (or within the flattened batch outside a model), >= 0.
+        tag: which analysis (a key of :data:`TAGS`).
+        extra: more non-negative ints (e.g. a sub-stream number).
+
+    Raises:
+        OptionTypeError / OptionError: a bad seed or head (negative, bool, not an int); an unknown tag.
+    """
+    head = check_int(head, "head", 0)
+    return layer_generator(seed, layer, tag, HEAD_STREAM, head, *extra)
 
 
 def sign_fixed_qr(X: Float[Tensor, "*b r r"]) -> Float[Tensor, "*b r r"]:

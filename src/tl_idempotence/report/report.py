@@ -138,7 +138,7 @@ class IdempotenceReport(Result):
         tables = {k: v.copy() for k, v in self.tables.items()}
         ran = [a for a in REPORT_ANALYSES if a.enabled(self.options)]
         for a in ran:
-            a.apply_threshold(heads, layers, tables, t)  # type: ignore[attr-defined]
+            a.apply_threshold(heads, layers, tables, t)
         opts = self.options.with_threshold(t)
         summary = build_summary(heads, layers, tables, self.info, opts, ran)
         summary["versions"] = self.summary.get("versions", summary["versions"])
