@@ -397,9 +397,10 @@ def idempotence_report(
         threshold (float): P threshold for a "closed" head (paper: 0.9), a real number in [0, 1].
         nulls (bool | int): ``True`` (64 draws) or an int number of orientation-scramble draws per
             head; also runs the matched O/V mismatch (SPEC 4).
-        seed (int): non-negative seed of the scramble draws and the search restarts (per layer,
-            the generator is seeded with ``(seed, layer)`` so results do not depend on
-            which layers were run).
+        seed (int): non-negative seed of the scramble draws and the search restarts: the
+            scramble's generator is seeded with ``(seed, layer)``, the search's and the activation
+            control's with ``(seed, layer, head)``, so results do not depend on which layers
+            (or, for the search, which heads) were run.
         search (bool): run the constructive search per layer (SPEC 5; ~1.4 CPU-seconds per SmolLM2-135M
             layer, README "What each analysis costs").
         algebra (bool): run the shared-value algebra per kv group (SPEC 7).
