@@ -265,6 +265,29 @@ def test_saved_report_matches_reads_current_weights(ckpts, tmp_path):
     assert saved_report_matches(tmp_path / "nothing", ckpts["D"], opts) == "no report.json"
 
 
+def test_the_device_is_recorded_and_keys_reuse(client, ckpts, tmp_path):
+    out = tmp_path / "out"
+    res = sweep({"D": ckpts["D"]}, out, client=client, progress=False, device="auto", **OPTS)
+    # "auto" is resolved on the workers (no GPU here): every record says what the numbers were computed on
+    assert res.tasks["device"].tolist() == ["cpu"]
+    assert res.options.device.type == "cpu" and res.summary["device"] == "cpu" and res.device == "auto"
+    rec = json.loads((out / RECORD_NAME).read_text())
+    assert rec["options"]["device"] == "cpu" and rec["device_asked"] == "auto"
+    assert [i["device"] for i in rec["items"]] == ["cpu"]
+    # a saved report computed on another device is not reused (the device changes the last bits)
+    opts = tli.ReportOptions(**OPTS)
+    assert saved_report_matches(out / "D", ckpts["D"], opts) is None
+    on_gpu = tli.ReportOptions.from_record({**opts.as_dict(), "device": "cuda"})
+    assert saved_report_matches(out / "D", ckpts["D"], on_gpu) == "options differ: device 'cpu' -> 'cuda'"
+
+
+def test_labels_that_are_paths_or_reserved_names_are_refused(ckpts, tmp_path):
+    for label in ("sweep", "Sweep.JSON", ".tli-sweep.lock", "runs/a", "runs\\a"):
+        with pytest.raises(OptionError, match=r"path separator|keeps for itself"):
+            sweep({label: ckpts["A"]}, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # refused before the folder was made
+
+
 def test_labels_become_safe_folder_names():
     assert item_dirname("EleutherAI/pythia-70m@step1000") == "EleutherAI_pythia-70m_step1000"
     assert item_dirname("../../etc") == "_.._etc"

@@ -107,8 +107,32 @@ def item_dirname(label: str) -> str:
     return name
 
 
+#: Names in ``OUT`` that the sweep itself writes (compared case-insensitively): no item folder may take them.
+RESERVED_NAMES = ("sweep", "sweep.json", "tli-sweep.lock")
+
+
 def _dirnames(items: Sequence[Item]) -> list[str]:
+    """Each item's folder under ``OUT``; refuses labels with path separators, reserved names and collisions.
+
+    Raises:
+        OptionError: a label holding ``/`` or ``\\`` (a sweep label names one folder, never a path), a label
+            whose folder would be a name the sweep writes itself (:data:`RESERVED_NAMES`, case ignored: the
+            record ``sweep.json``, the lock), two labels mapping to one folder (case ignored, for macOS and
+            Windows filesystems).
+    """
+    for it in items:
+        if "/" in it.label or "\\" in it.label or "\x00" in it.label:
+            raise OptionError(
+                f"Sweep label {it.label!r} holds a path separator: a label names one folder under out, not a path. "
+                "Give the items as a dict {label: item} with labels such as 'pythia-70m_step1000'."
+            )
     names = [item_dirname(it.label) for it in items]
+    for it, name in zip(items, names):
+        if name.lower() in RESERVED_NAMES or name.lower().startswith(("tli-tmp-", "tli-old-")):
+            raise OptionError(
+                f"Sweep label {it.label!r} would use the folder {name!r}, a name the sweep keeps for itself "
+                f"({', '.join(RESERVED_NAMES)}, case ignored): give it another label."
+            )
     seen: dict[str, str] = {}
     for it, name in zip(items, names):
         other = seen.setdefault(name.lower(), it.label)  # case-insensitive filesystems (macOS, Windows)
@@ -252,6 +276,7 @@ def run_sweep_task(task: SweepTask) -> dict[str, Any]:
 
 
 def _task_record(task: SweepTask, status: str, reason: str, t0: float) -> dict[str, Any]:
+    """The row of ``SweepResult.tasks`` for a task that ran (``device`` is filled from the saved report)."""
     return {
         "label": task.item.label,
         "dir": task.dirname,
@@ -274,7 +299,13 @@ class SweepResult(Comparison):
         out: the sweep folder (``out/<dir>/`` holds each item's report; ``out/sweep.json`` the record).
         tasks: one row per item in input order: ``label, dir, status`` (``computed``, ``skipped``
             — its saved report matched the current weights and options — or ``failed``), ``reason``
-            (why it was computed, skipped or failed), ``seconds`` (on the worker), ``host``, ``pid``.
+            (why it was computed, skipped or failed), ``device`` (the device type its saved report
+            was computed on, as the report records it: ``"cpu"``, ``"cuda"``; None when it failed),
+            ``seconds`` (on the worker), ``host``, ``pid``.
+        device: the device asked for (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``); ``options.device``
+            is the device type the reports were computed on (with ``"auto"``: the one every report
+            records; the one asked when they differ — then ``tasks.device`` says which is which and a
+            warning was given).
         failed: one row per item that failed after its retries: ``label, item, error_type, message``.
         seconds: wall time of the whole sweep.
         (and every attribute of :class:`Comparison`: ``table``, ``heads``, ``reports``, ...)
@@ -300,8 +331,10 @@ class SweepResult(Comparison):
         failed: pd.DataFrame,
         seconds: float,
         warn: bool = True,
+        device: str = "cpu",
     ) -> None:
         super().__init__(reports, options, warn=warn)
+        self.device = device
         self.out = out
         self.tasks = tasks
         self.failed = failed
@@ -309,10 +342,12 @@ class SweepResult(Comparison):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """The comparison's summary plus ``n_computed, n_skipped, n_failed, seconds``."""
+        """The comparison's summary plus ``device`` (the device type of the reports, or the one asked),
+        ``n_computed, n_skipped, n_failed, seconds``."""
         st = self.tasks["status"] if len(self.tasks) else pd.Series([], dtype=str)
         return {
             **super().summary,
+            "device": self.options.device.type,
             "n_computed": int((st == "computed").sum()),
             "n_skipped": int((st == "skipped").sum()),
             "n_failed": int((st == "failed").sum()),
@@ -519,6 +554,8 @@ def sweep(
         compute_dtype=compute_dtype,
     )
     record = {k: v for k, v in opts.as_dict().items() if k != "device"}
+    if device_name != "auto":  # the device changes numbers in their last bits: it is part of the options
+        opts = ReportOptions.from_record({**record, "device": device_name})
     d = _prepare_out(out)
     lock = FileLock(str(d / LOCK_NAME))
     try:
@@ -584,8 +621,23 @@ def sweep(
                     "workers and this process?)",
                 }
                 rows[lab] = {**rows[lab], "status": "failed", "reason": f"{type(e).__name__}: {e}"}
+        for lab, row in rows.items():
+            row["device"] = reports[lab].options.device.type if lab in reports else None
+        used = sorted({rep.options.device.type for rep in reports.values()})
+        if len(used) == 1 and used[0] != opts.device.type:  # device="auto": what the workers resolved it to
+            opts = ReportOptions.from_record({**record, "device": used[0]})
+        elif len(used) > 1:
+            warnings.warn(
+                f"The sweep's reports were computed on different devices ({', '.join(used)}; device={device_name!r} "
+                "resolved differently on the workers): their numbers may differ in the last bits (SweepResult.tasks "
+                "has each item's device).",
+                UserWarning,
+                stacklevel=3,
+            )
         task_rows = [rows[t.item.label] for t in tasks]
-        tasks_df = pd.DataFrame(task_rows, columns=["label", "dir", "status", "reason", "seconds", "host", "pid"])
+        tasks_df = pd.DataFrame(
+            task_rows, columns=["label", "dir", "status", "reason", "device", "seconds", "host", "pid"]
+        )
         failed_df = pd.DataFrame(
             [failures[t.item.label] for t in tasks if t.item.label in failures],
             columns=["label", "item", "error_type", "message"],
@@ -599,7 +651,14 @@ def sweep(
                 stacklevel=3,
             )
         result = SweepResult(
-            reports, opts, d, tasks_df, failed_df, seconds=time.perf_counter() - t_start, warn=bool(reports)
+            reports,
+            opts,
+            d,
+            tasks_df,
+            failed_df,
+            seconds=time.perf_counter() - t_start,
+            warn=bool(reports),
+            device=device_name,
         )
         _write_record(d, result, tasks)
         return result
@@ -615,9 +674,10 @@ def _write_record(d: Path, result: SweepResult, tasks: Sequence[SweepTask]) -> N
     rec = {
         "format": "tl_idempotence.sweep/1",
         "options": result.options.as_dict(),
+        "device_asked": result.device,
         "items": [
-            {"label": t.item.label, "dir": t.dirname, "item": t.item.describe(), "status": s}
-            for t, s in zip(tasks, result.tasks["status"])
+            {"label": t.item.label, "dir": t.dirname, "item": t.item.describe(), "status": s, "device": dev}
+            for t, s, dev in zip(tasks, result.tasks["status"], result.tasks["device"])
         ],
         "failed": result.failed.to_dict(orient="records"),
     }
