@@ -246,8 +246,16 @@ def test_trajectory_on_the_cluster_equals_serial(client, ckpts, tmp_path):
     pd.testing.assert_frame_equal(dist.heads, serial.heads, check_exact=True)
     assert list(dist.checkpoints["identical_to"]) == ["", "step0", "step0"]
     assert len(list((tmp_path / "cache").glob("*/manifest.json"))) == 3
+    # one cache, whichever route fills it: the serial route reuses what the cluster wrote, layer for layer
+    with pytest.warns(UserWarning, match="identical"):
+        again = tli.trajectory(points, nulls=4, progress=False, cache_dir=tmp_path / "cache")
+    assert again.checkpoints["cached"].all()
+    assert len(list((tmp_path / "cache").glob("*/manifest.json"))) == 3
+    pd.testing.assert_frame_equal(again.heads, serial.heads, check_exact=True)
     with pytest.raises(OptionError, match="not paths"):
         tli.trajectory([("a", lambda: ckpts["A"])], client=client, progress=False)
+    with pytest.raises(OptionError, match="cannot be combined"):
+        tli.trajectory(points, client=client, loader=lambda spec: spec, progress=False)
 
 
 def test_saved_report_matches_reads_current_weights(ckpts, tmp_path):

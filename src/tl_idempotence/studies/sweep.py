@@ -71,9 +71,11 @@ from .compare import (
 __all__ = [
     "LOCK_NAME",
     "RECORD_NAME",
+    "RESERVED_NAMES",
     "SWEEP_ITEM_KINDS",
     "SweepResult",
     "SweepTask",
+    "check_cluster_trajectory",
     "item_dirname",
     "run_sweep_task",
     "run_trajectory_on_cluster",
@@ -696,8 +698,32 @@ def _trajectory_task(
     return rep, time.perf_counter() - t0
 
 
-def _trajectory_cache_name(order: int, label: str) -> str:
-    return f"{order:04d}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60] or "ckpt")
+def check_cluster_trajectory(ckpts: Sequence[Any], client: Any, loader: Any = None) -> None:
+    """Refuse, before any work, a trajectory that cannot run on a Dask cluster.
+
+    Args:
+        ckpts: the trajectory's checkpoint records (``label``, ``kind``).
+        client: what was given as ``client``.
+        loader: what was given as ``loader`` (must be None: workers open paths with the built-in reader).
+
+    Raises:
+        OptionTypeError: ``client`` is not a ``distributed.Client``.
+        OptionError: a ``loader`` (it would never run), checkpoints that are not paths (a model object,
+            a hub spec or a callable cannot be opened on a worker).
+    """
+    if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
+        raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
+    if loader is not None:
+        raise OptionError(
+            "client=... and loader=... cannot be combined: with a client each checkpoint is opened on a worker from "
+            "its path by the built-in reader, so the loader would never run. Drop loader, or run without client."
+        )
+    bad = [c.label for c in ckpts if c.kind != "path"]
+    if bad:
+        raise OptionError(
+            f"trajectory(client=...) runs each checkpoint on a worker from its path; checkpoints {bad} are not paths "
+            "(a model object, hub spec or callable). Save them to disk, or run without client."
+        )
 
 
 def run_trajectory_on_cluster(
@@ -729,16 +755,10 @@ def run_trajectory_on_cluster(
         The first error of a checkpoint that failed after its retries (with a note naming it).
     """
     from ..core.progress import progress_bar
+    from .trajectory import cache_name
 
-    if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
-        raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
+    check_cluster_trajectory(ckpts, client)
     retries = check_int(retries, "retries", 0, 100)
-    bad = [c.label for c in ckpts if c.kind != "path"]
-    if bad:
-        raise OptionError(
-            f"trajectory(client=...) runs each checkpoint on a worker from its path; checkpoints {bad} are not paths "
-            "(a model object, hub spec or callable). Save them to disk, or run without client."
-        )
     from distributed import as_completed
 
     record = {k: v for k, v in options.as_dict().items() if k != "device"}
@@ -747,7 +767,7 @@ def run_trajectory_on_cluster(
     futures = {}
     for c in ckpts:
         resume = (
-            None if cache_dir is None else str(Path(cache_dir).expanduser() / _trajectory_cache_name(c.order, c.label))
+            None if cache_dir is None else str(Path(cache_dir).expanduser() / cache_name(c.order, c.label, options))
         )
         fut = client.submit(
             _trajectory_task,
