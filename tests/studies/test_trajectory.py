@@ -354,7 +354,11 @@ def test_search_capacity(lineage):
     assert init["layer_feasible_P"] > 0.9 > 0.05 > init["P"]
     assert fin["P_searched"] >= fin["P"] - 1e-9
     names = [t.name for t in tr.figure().data]
-    assert {"layer 1 feasible P (search)", "L1H1 searched P", "L1H1 P"} <= set(names)
+    assert {
+        "layer 1 feasible P (best searched P in the layer)",
+        "L1H1 searched P (constructive search)",
+        "L1H1 P",
+    } <= set(names)
 
 
 def test_bad_inputs(lineage, tmp_path, monkeypatch):

@@ -17,17 +17,32 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import OptionError
+from ..report.summary import PAPER, PAPER_THRESHOLD
 from .figures import log_P_range
 from .page import datatable_html, datatables_init_html, display_frame
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
-__all__ = ["comparison_figure", "comparison_headline", "comparison_html", "save_comparison_html"]
+__all__ = [
+    "comparison_figure",
+    "comparison_headline",
+    "comparison_html",
+    "paper_threshold_note",
+    "save_comparison_html",
+]
 
 #: The abstract's pooled medians, drawn as reference lines (arXiv 2609.01129).
-_PAPER_MEDIAN_TRAINED = 0.336
-_PAPER_MEDIAN_SCRAMBLED = 1.04e-4
+_PAPER_MEDIAN_TRAINED = PAPER["median_P_trained"][0]
+_PAPER_MEDIAN_SCRAMBLED = PAPER["median_P_scrambled"][0]
+
+
+def paper_threshold_note(threshold: float) -> str:
+    """What the paper's "closed" figures are counted at, said where this comparison's threshold is not the
+    paper's (e.g. ``" (the paper counts at P ≥ 0.9; these models at P ≥ 0.8)"``); "" when they agree."""
+    if float(threshold) == PAPER_THRESHOLD:
+        return ""
+    return f" (the paper counts at P ≥ {PAPER_THRESHOLD:g}; these models at P ≥ {float(threshold):g})"
 
 
 def _positive(values: Any) -> tuple[np.ndarray, int]:
@@ -40,8 +55,8 @@ def comparison_figure(cmp: Any) -> go.Figure:
     """Per model (x): box plots of trained P and, with controls, of the per-head scramble medians (log y).
 
     Heads whose P is undefined (NaN) or exactly 0 cannot sit on a log axis; their count is in
-    the title. Dotted lines: the threshold and the paper's pooled medians (0.336 trained,
-    1.04e-4 scrambled).
+    the title. Dotted lines: the comparison's threshold (labelled with its value, and with the
+    paper's 0.9 when it differs) and the paper's pooled medians (0.336 trained, 1.04e-4 scrambled).
     """
     import plotly.graph_objects as go
 
@@ -82,7 +97,11 @@ def comparison_figure(cmp: Any) -> go.Figure:
                 )
             )
     t = cmp.threshold
-    fig.add_hline(y=t, line_dash="dot", annotation_text=f"P = {t:g}")
+    fig.add_hline(
+        y=t,
+        line_dash="dot",
+        annotation_text=f"threshold P = {t:g}" + ("" if t == PAPER_THRESHOLD else f" (paper: {PAPER_THRESHOLD:g})"),
+    )
     fig.add_hline(
         y=_PAPER_MEDIAN_TRAINED,
         line_dash="dot",
@@ -102,6 +121,7 @@ def comparison_figure(cmp: Any) -> go.Figure:
     title = f"P per head across {len(cmp.reports)} models" + (
         " against the orientation-scramble null" if any_null else " (no null: compare with nulls=...)"
     )
+    title += f"; closed: P ≥ {t:g}" + paper_threshold_note(t)
     if dropped:
         title += f"; {dropped} heads with undefined or zero P not drawn"
     fig.update_layout(
@@ -131,7 +151,10 @@ def comparison_headline(cmp: Any) -> str:
         return f"No model finished ({opts})."
     text = (
         f"{len(m)} models measured with the same options ({opts}): heads with P ≥ {o.threshold:g} range "
-        f"{np.nanmin(pct):.2f}–{np.nanmax(pct):.2f} % per model (paper: 3.98–8.00 %); median P "
+        f"{np.nanmin(pct):.2f}–{np.nanmax(pct):.2f} % per model (paper, at P ≥ {PAPER_THRESHOLD:g}: "
+        f"{100 * PAPER['frac_closed'][0]:.2f}–{100 * PAPER['frac_closed'][1]:.2f} %"
+        + ("" if o.threshold == PAPER_THRESHOLD else f"; not comparable at threshold {o.threshold:g}")
+        + "); median P "
         f"{np.nanmin(med):.3g}–{np.nanmax(med):.3g} (paper: 0.336 over 7,304 heads)."
     )
     if o.nulls:
@@ -169,6 +192,7 @@ p.note { color: #555; font-size: 0.92em; }
 <h2 id="table">The models next to the paper</h2>
 <p class="note">One row per model; the last two rows are the paper's figures (arXiv 2609.01129): where the paper
 gives a per-model range (3.98–8.00 % of heads closed) they hold its ends, elsewhere both hold its single figure.
+The paper counts a head closed at P ≥ {{ paper_threshold }}; the models here at P ≥ {{ threshold }}.
 pct_* columns are percentages; NaN / &lt;NA&gt;: not run with these options.</p>
 {{ table | safe }}
 <h2 id="figure">P against the scramble null</h2>
@@ -212,11 +236,17 @@ def comparison_html(cmp: Any) -> str:
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(default=True))
     return env.from_string(_TEMPLATE).render(
         title=f"Comparison of {len(cmp.reports)} models",
+        threshold=f"{cmp.threshold:g}",
+        paper_threshold=f"{PAPER_THRESHOLD:g}",
         headline=comparison_headline(cmp),
         warnings=list(cmp.warnings),
-        table=datatable_html(display_frame(cmp.table)),
+        table=datatable_html(display_frame(cmp.table, cmp.threshold)),
         figure=fig,
-        closed=datatable_html(display_frame(closed)) if len(closed) else "<p>No head is closed in any model.</p>",
+        closed=(
+            datatable_html(display_frame(closed.rename(columns={"P_searched": "searched P"}), cmp.threshold))
+            if len(closed)
+            else "<p>No head is closed in any model.</p>"
+        ),
         n_closed=len(closed),
         options=[(k, str(v)) for k, v in cmp.options.as_dict().items()],
         datatables_init=datatables_init_html(),

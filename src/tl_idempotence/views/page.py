@@ -45,7 +45,8 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
 
     Columns: ``head`` (``L10H8``), ``layer``, ``head index``, ``kv head``, ``α``, ``P`` (never
     rounded across the threshold); with controls ``scramble median P`` and ``scramble p-value``;
-    with the search ``feasible P (search)`` (the head's own searched P).
+    with the search ``searched P`` (the constructive search's P for this head, SPEC 5 — not the
+    head's own P). P-valued columns never round across the threshold.
     """
     df = rep.closed_heads
     if not len(df):
@@ -64,10 +65,10 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
         }
     )
     if "P_scrambled_median" in df.columns:
-        out["scramble median P"] = [f"{v:.3g}" for v in df["P_scrambled_median"]]
+        out["scramble median P"] = [format_sig(v, t, sig=3) for v in df["P_scrambled_median"]]
         out["scramble p-value"] = [f"{v:.3g}" for v in df["p_value"]]
     if "P_searched" in df.columns:
-        out["feasible P (search)"] = [format_P(v, t) for v in df["P_searched"]]
+        out["searched P"] = [format_P(v, t) for v in df["P_searched"]]
     return out
 
 
