@@ -75,6 +75,7 @@ __all__ = [
     "SWEEP_ITEM_KINDS",
     "SweepResult",
     "SweepTask",
+    "cache_name",
     "check_cluster_trajectory",
     "item_dirname",
     "run_sweep_task",
@@ -698,6 +699,27 @@ def _trajectory_task(
     return rep, time.perf_counter() - t0
 
 
+def cache_name(order: int, label: str, opts: ReportOptions) -> str:
+    """The cache folder (under ``cache_dir``) of one checkpoint, the same on both routes (serial and
+    ``client=``): its order, label and a hash of the options key (another set of options is another
+    folder, never a refusal; the weights are keyed per layer inside).
+
+    Args:
+        order: the checkpoint's position in the input (>= 0).
+        label: its label (made filesystem-safe, at most 60 characters).
+        opts: the validated report options.
+    """
+    import hashlib
+    import json
+
+    key = hashlib.sha256(json.dumps(opts.key(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{order:04d}-{_slug(label)}-{key}"
+
+
+def _slug(label: str) -> str:
+    return _SAFE.sub("_", label)[:60] or "ckpt"
+
+
 def check_cluster_trajectory(ckpts: Sequence[Any], client: Any, loader: Any = None) -> None:
     """Refuse, before any work, a trajectory that cannot run on a Dask cluster.
 
@@ -755,7 +777,6 @@ def run_trajectory_on_cluster(
         The first error of a checkpoint that failed after its retries (with a note naming it).
     """
     from ..core.progress import progress_bar
-    from .trajectory import cache_name
 
     check_cluster_trajectory(ckpts, client)
     retries = check_int(retries, "retries", 0, 100)

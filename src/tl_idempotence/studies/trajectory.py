@@ -57,6 +57,7 @@ from ..report.report import report_with_options
 from ..sources.dispatch import head_source
 from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
+from .sweep import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
 
 __all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "trajectory"]
 
@@ -277,27 +278,6 @@ def _load_hub(name: str, options: dict[str, Any]) -> Any:
             "and pass "
             f"their local directories instead. Original error: {e}"
         ) from e
-
-
-def cache_name(order: int, label: str, opts: ReportOptions) -> str:
-    """The cache folder (under ``cache_dir``) of one checkpoint, the same on both routes (serial and
-    ``client=``): its order, label and a hash of the options key (another set of options is another
-    folder, never a refusal; the weights are keyed per layer inside).
-
-    Args:
-        order: the checkpoint's position in the input (>= 0).
-        label: its label (made filesystem-safe, at most 60 characters).
-        opts: the validated report options.
-    """
-    import hashlib
-    import json
-
-    key = hashlib.sha256(json.dumps(opts.key(), sort_keys=True).encode()).hexdigest()[:12]
-    return f"{order:04d}-{_slug(label)}-{key}"
-
-
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60] or "ckpt"
 
 
 def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFrame:
@@ -563,8 +543,6 @@ def trajectory(
         raise OptionTypeError(f"cache_dir must be None or a directory path; got {type(cache_dir).__name__}.")
     ckpts = _normalize(checkpoints)
     if client is not None:
-        from .sweep import check_cluster_trajectory
-
         check_cluster_trajectory(ckpts, client, loader)
     head_set: list[tuple[int, int]] | None = None
     if heads is not None:
@@ -597,8 +575,6 @@ def trajectory(
         except OSError as e:
             raise OptionError(f"Cannot create cache_dir {cdir}: {e.strerror or e}.") from e
     if client is not None:
-        from .sweep import run_trajectory_on_cluster
-
         results = run_trajectory_on_cluster(ckpts, opts, client=client, cache_dir=cache_dir, progress=progress)
     else:
         results = []
