@@ -736,7 +736,7 @@ def compare(
         "algebra": algebra,
         "compute_dtype": compute_dtype,
     }
-    want_layers = check_layers(layers)
+    want_layers: Sequence[int] | None = check_layers(layers)
     if want_layers is None and given_reports:
         want_layers = _shared_layers(given_reports)
     opts = _resolve_options(given, given_reports, want_layers, device)
