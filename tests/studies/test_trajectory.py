@@ -466,7 +466,7 @@ def test_the_step_is_the_checkpoints_recorded_one(lineage, tmp_path):
     assert got.checkpoints["step_source"].tolist() == ["trainer_state.json", "given"]
     with pytest.raises(OptionError, match=r"label 'step7' names step 7 but the checkpoint records step 200"):
         trajectory([("step7", hf)], progress=False)
-    with pytest.raises(OptionError, match=r"step 5 was given .* records step 200"):
+    with pytest.raises(OptionError, match=r"step 5 was given for 'x' \(given\) but the checkpoint records step 200"):
         trajectory([("x", hf, 5)], progress=False)
     with pytest.raises(OptionError, match=r"names step 5 but the checkpoint records step 200 \(checkpoint_value\)"):
         trajectory([("step5", ("org/model", {"checkpoint_value": 200}))], progress=False)

@@ -170,24 +170,20 @@ def _resolve_step(where: str, label: Any, spec: Any, given: float | None, given_
         OptionError: a given step or a label's step that disagrees with the step the checkpoint records.
     """
     recorded, source = _recorded_step(str(label), spec)
-    if given is not None:
-        if recorded is not None and recorded != given:
-            raise OptionError(
-                f"{where} ({label!r}): step {given:g} was given ({given_source}) but the checkpoint records step "
-                f"{recorded:g} ({source}); give the right step or the right checkpoint."
-            )
-        return given, given_source
-    named = _label_step(label)
-    if recorded is not None:
-        if named is not None and named != recorded:
-            raise OptionError(
-                f"{where}: the label {label!r} names step {named:g} but the checkpoint records step {recorded:g} "
-                f"({source}); relabel it, or give (label, spec, step) with the right step."
-            )
-        return recorded, source
-    if named is not None:
-        return named, "label"
-    return float("nan"), ""
+    claimed, how = (given, given_source) if given is not None else (_label_step(label), "label")
+    if recorded is not None and claimed is not None and claimed != recorded:
+        said = (
+            f"the label {label!r} names step {claimed:g}"
+            if how == "label"
+            else f"step {claimed:g} was given for {label!r} ({how})"
+        )
+        raise OptionError(
+            f"{where}: {said} but the checkpoint records step {recorded:g} ({source}); relabel it, or give "
+            "(label, spec, step) with the right step."
+        )
+    if claimed is not None and (given is not None or recorded is None):
+        return claimed, how
+    return (recorded, source) if recorded is not None else (float("nan"), "")
 
 
 def _normalize(checkpoints: Any) -> list[_Ckpt]:

@@ -64,38 +64,32 @@ def comparison_figure(cmp: Any) -> go.Figure:
     dropped = 0
     arrays = []
     any_null = False
+    first = next(iter(cmp.reports), None)
+
+    def box(label: str, values: np.ndarray, group: str, name: str, color: str) -> None:
+        fig.add_trace(
+            go.Box(
+                x=[label] * len(values),
+                y=values,
+                name=name,
+                legendgroup=group,
+                showlegend=label == first,
+                marker={"color": color},
+                offsetgroup=group,
+                boxpoints="outliers",
+            )
+        )
+
     for label, rep in cmp.reports.items():
         P, n_bad = _positive(rep.heads["P"])
         dropped += n_bad
         arrays.append(P)
-        fig.add_trace(
-            go.Box(
-                x=[label] * len(P),
-                y=P,
-                name="trained P",
-                legendgroup="trained",
-                showlegend=label == next(iter(cmp.reports)),
-                marker={"color": "crimson"},
-                offsetgroup="trained",
-                boxpoints="outliers",
-            )
-        )
+        box(label, P, "trained", "trained P", "crimson")
         if "P_scrambled_median" in rep.heads.columns:
             any_null = True
             S, _ = _positive(rep.heads["P_scrambled_median"])
             arrays.append(S)
-            fig.add_trace(
-                go.Box(
-                    x=[label] * len(S),
-                    y=S,
-                    name="scrambled (each head's median)",
-                    legendgroup="scrambled",
-                    showlegend=label == next(iter(cmp.reports)),
-                    marker={"color": "gray"},
-                    offsetgroup="scrambled",
-                    boxpoints="outliers",
-                )
-            )
+            box(label, S, "scrambled", "scrambled (each head's median)", "gray")
     t = cmp.threshold
     fig.add_hline(
         y=t,
