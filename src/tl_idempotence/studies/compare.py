@@ -652,11 +652,13 @@ class Comparison(Result):
         """Per model: the distribution of trained P against the scramble null on one log axis (views)."""
         return views().comparison_figure(self)
 
-    def save_html(self, path: str | os.PathLike[str]) -> str:
+    @strict_kwargs
+    def save_html(self, path: Any) -> str:
         """Write a standalone HTML page (plotly.js and the table code inlined, no CDN); returns the path.
 
         Raises:
-            OptionError: ``path`` is a folder, or its folder does not exist.
+            OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
+            OptionTypeError: ``path`` is not a path. UnknownOptionError: an unknown keyword.
         """
         return str(views().save_comparison_html(self, path))
 

@@ -381,6 +381,7 @@ class Trajectory(Result):
         """Rows of :attr:`heads` at the last checkpoint."""
         return self.heads[self.heads["checkpoint"] == self.final_label]
 
+    @strict_kwargs
     def tracked_heads(self, top_k: Any = 5) -> pd.DataFrame:
         """The heads the figures follow: ``layer, head, final_P, why``.
 
@@ -401,6 +402,7 @@ class Trajectory(Result):
         out["why"] = why
         return out
 
+    @strict_kwargs
     def wide(self, value: Any = "P") -> pd.DataFrame:
         """``value`` as a (layer, head) x checkpoint table, checkpoints in input order.
 
@@ -420,15 +422,31 @@ class Trajectory(Result):
         """``(column, title)`` of the figures' x axis: the training step when every checkpoint has one."""
         return ("step", "training step") if self.heads["step"].notna().all() else ("order", "checkpoint")
 
-    def figure(self, top_k: int = 5, log_y: bool = True) -> Any:
-        """P over training for the tracked heads (:meth:`tracked_heads`), one panel per layer (drawn by views)."""
-        return views().trajectory_figure(self, top_k=top_k, log_y=log_y)
+    @strict_kwargs
+    def figure(self, top_k: Any = 5, log_y: Any = True) -> Any:
+        """P over training for the tracked heads (:meth:`tracked_heads`), one panel per layer (drawn by views).
 
-    def summary_figure(self, log_y: bool = True) -> Any:
-        """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P."""
-        return views().trajectory_summary_figure(self, log_y=log_y)
+        Args:
+            top_k (int): heads to follow when none closed (>= 1).
+            log_y (bool): log P axis.
 
-    def figures(self, top_k: int = 5) -> list[Any]:
+        Raises:
+            OptionError / OptionTypeError / UnknownOptionError: a bad ``top_k`` or ``log_y``, an unknown keyword.
+        """
+        top_k = check_int(top_k, "top_k", 1)
+        return views().trajectory_figure(self, top_k=top_k, log_y=check_bool(log_y, "log_y"))
+
+    @strict_kwargs
+    def summary_figure(self, log_y: Any = True) -> Any:
+        """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P.
+
+        Raises:
+            OptionTypeError / UnknownOptionError: ``log_y`` not a bool, an unknown keyword.
+        """
+        return views().trajectory_summary_figure(self, log_y=check_bool(log_y, "log_y"))
+
+    @strict_kwargs
+    def figures(self, top_k: Any = 5) -> list[Any]:
         """``[figure(), summary_figure()]``."""
         return [self.figure(top_k=top_k), self.summary_figure()]
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import html as _html
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ..analyses.attention import FlaggedHeads, attention_patterns, flagged_heads
+from ..core.kwargs import strict_kwargs
 from ..errors import OptionError
 from .text import format_P
 
@@ -66,14 +66,22 @@ class AttentionView:
     def __str__(self) -> str:
         return self.html
 
-    def save(self, path: str | Path) -> str:
-        """Write a standalone page with just this view; returns the path."""
+    def save(self, path: Any) -> str:
+        """Write a standalone page with just this view; returns the path.
+
+        Raises:
+            OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
+            OptionTypeError: ``path`` is not a path.
+        """
+        from .page import page_path, write_page
+
+        p = page_path(path, "attention page")
         page = (
             '<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention</title></head><body>'
             f"{self.html}</body></html>"
         )
-        Path(path).write_text(page, encoding="utf-8")
-        return str(path)
+        write_page(p, page, "attention page")
+        return str(p)
 
 
 def _head_names(heads: list[tuple[int, int]], table: pd.DataFrame | None, threshold: float | None) -> list[str]:
@@ -89,12 +97,13 @@ def _head_names(heads: list[tuple[int, int]], table: pd.DataFrame | None, thresh
     return names
 
 
+@strict_kwargs
 def attention_view(
     model: Any,
-    text: str,
-    heads: list[tuple[int, int]],
+    text: Any,
+    heads: Any,
     *,
-    max_tokens: int = 64,
+    max_tokens: Any = 64,
     head_table: pd.DataFrame | None = None,
     threshold: float | None = None,
     why: str | None = None,
@@ -178,8 +187,9 @@ def check_model_matches(rep: Any, model: Any) -> None:
             )
 
 
+@strict_kwargs
 def report_attention_view(
-    rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None, max_tokens: int = 64
+    rep: Any, text: Any, model: Any = None, heads: Any = None, top_k: Any = None, max_tokens: Any = 64
 ) -> AttentionView:
     """The attention view of a report's flagged heads (every closed head, else the top 8 by P).
 
@@ -198,12 +208,13 @@ def report_attention_view(
         )
     if model is not None and model is not rep.model:
         check_model_matches(rep, model)
-    chosen = flagged_heads(rep, top_k=top_k) if heads is None else [tuple(h) for h in heads]
+    chosen = flagged_heads(rep, top_k=top_k) if heads is None else heads  # pairs checked by attention_patterns
     return attention_view(m, text, chosen, max_tokens=max_tokens, head_table=rep.heads, threshold=rep.threshold)
 
 
+@strict_kwargs
 def attention_section_html(
-    rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None, max_tokens: int = 64
+    rep: Any, text: Any, model: Any = None, heads: Any = None, top_k: Any = None, max_tokens: Any = 64
 ) -> str:
     """An HTML section (heading, caption, circuitsvis view) of the report page."""
     view = report_attention_view(rep, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)

@@ -10,16 +10,14 @@ Plotly and the table code are inlined (no CDN); the page is a jinja2 template.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import OptionError
 from ..report.summary import PAPER, PAPER_THRESHOLD
 from .figures import log_P_range
-from .page import datatable_html, datatables_init_html, display_frame
+from .page import datatable_html, datatables_init_html, display_frame, page_path, write_page
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
@@ -247,18 +245,12 @@ def comparison_html(cmp: Any) -> str:
     )
 
 
-def save_comparison_html(cmp: Any, path: str | os.PathLike[str]) -> Path:
+def save_comparison_html(cmp: Any, path: Any) -> Path:
     """Write :func:`comparison_html` to ``path`` and return it.
 
     Raises:
-        OptionError: ``path`` is a folder, or its folder does not exist.
+        OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
+        OptionTypeError: ``path`` is not a path.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise OptionError(f"path must be a file path; got {type(path).__name__}.")
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise OptionError(f"Cannot write the comparison page to {p}: it is a folder; give a file name.")
-    if not p.parent.exists():
-        raise OptionError(f"Cannot write the comparison page to {p}: the folder {p.parent} does not exist.")
-    p.write_text(comparison_html(cmp), encoding="utf-8")
-    return p
+    p = page_path(path, "comparison page")
+    return write_page(p, comparison_html(cmp), "comparison page")

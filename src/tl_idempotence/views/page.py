@@ -27,8 +27,10 @@ __all__ = [
     "datatable_html",
     "datatables_init_html",
     "display_frame",
+    "page_path",
     "report_html",
     "save_report_html",
+    "write_page",
 ]
 
 
@@ -202,6 +204,40 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
     )
 
 
+def page_path(path: Any, what: str) -> Path:
+    """The file a page is written to, checked before anything is rendered.
+
+    Raises:
+        OptionTypeError: ``path`` is not a string or path. OptionError: empty, a folder, or in a folder
+            that does not exist (each names the path and ``what``).
+    """
+    from ..errors import OptionTypeError
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"path of the {what} must be a file path; got {type(path).__name__}.")
+    if not str(path).strip():
+        raise OptionError(f"path of the {what} must not be empty; give a file name.")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise OptionError(f"Cannot write the {what} to {p}: it is a folder; give a file name.")
+    if not p.parent.exists():
+        raise OptionError(f"Cannot write the {what} to {p}: the folder {p.parent} does not exist.")
+    return p
+
+
+def write_page(p: Path, text: str, what: str) -> Path:
+    """Write ``text`` to ``p`` (UTF-8); an operating-system refusal becomes an :class:`OptionError` naming it.
+
+    Raises:
+        OptionError: the file cannot be written (permissions, a full disk, ...).
+    """
+    try:
+        p.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise OptionError(f"Cannot write the {what} to {p}: {e.strerror or e}.") from e
+    return p
+
+
 def save_report_html(
     rep: Any,
     path: str | os.PathLike[str],
@@ -214,13 +250,10 @@ def save_report_html(
     """Write the report page to ``path`` (see :meth:`IdempotenceReport.save_html`).
 
     Raises:
-        OptionError: the folder of ``path`` does not exist, or ``path`` is a folder.
+        OptionError: the folder of ``path`` does not exist, ``path`` is empty or a folder, or the file
+            cannot be written. OptionTypeError: ``path`` is not a path.
     """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise OptionError(f"Cannot write the report page to {p}: it is a folder; give a file name.")
-    if not p.parent.exists():
-        raise OptionError(f"Cannot write the report page to {p}: the folder {p.parent} does not exist.")
+    p = page_path(path, "report page")
     extra = []
     if attention_text is not None:
         from .attention import attention_section_html
@@ -230,5 +263,5 @@ def save_report_html(
                 rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
             )
         )
-    p.write_text(report_html(rep, extra_html=extra), encoding="utf-8")
+    write_page(p, report_html(rep, extra_html=extra), "report page")
     return p
