@@ -24,6 +24,7 @@ import pandas as pd
 from ..analyses.attention import FlaggedHeads, attention_patterns, flagged_heads
 from ..core.kwargs import strict_kwargs
 from ..errors import OptionError
+from .output import page_path, write_page
 from .text import format_P
 
 __all__ = [
@@ -73,8 +74,6 @@ class AttentionView:
             OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
             OptionTypeError: ``path`` is not a path.
         """
-        from .page import page_path, write_page
-
         p = page_path(path, "attention page")
         page = (
             '<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention</title></head><body>'

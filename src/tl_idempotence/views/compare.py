@@ -17,7 +17,8 @@ import numpy as np
 
 from ..report.summary import PAPER, PAPER_THRESHOLD
 from .figures import log_P_range
-from .page import datatable_html, datatables_init_html, display_frame, page_path, write_page
+from .output import page_path, write_page
+from .page import datatable_html, datatables_init_html, display_frame
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go

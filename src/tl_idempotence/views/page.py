@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import OptionError
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap, scramble_figures
+from .output import page_path, write_page
 from .text import format_P, format_sig, headline, summary_sections
 
 __all__ = [
@@ -202,40 +202,6 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
         summary_tables=summary_sections(s),
         datatables_init=_datatables_init(),
     )
-
-
-def page_path(path: Any, what: str) -> Path:
-    """The file a page is written to, checked before anything is rendered.
-
-    Raises:
-        OptionTypeError: ``path`` is not a string or path. OptionError: empty, a folder, or in a folder
-            that does not exist (each names the path and ``what``).
-    """
-    from ..errors import OptionTypeError
-
-    if not isinstance(path, (str, os.PathLike)):
-        raise OptionTypeError(f"path of the {what} must be a file path; got {type(path).__name__}.")
-    if not str(path).strip():
-        raise OptionError(f"path of the {what} must not be empty; give a file name.")
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise OptionError(f"Cannot write the {what} to {p}: it is a folder; give a file name.")
-    if not p.parent.exists():
-        raise OptionError(f"Cannot write the {what} to {p}: the folder {p.parent} does not exist.")
-    return p
-
-
-def write_page(p: Path, text: str, what: str) -> Path:
-    """Write ``text`` to ``p`` (UTF-8); an operating-system refusal becomes an :class:`OptionError` naming it.
-
-    Raises:
-        OptionError: the file cannot be written (permissions, a full disk, ...).
-    """
-    try:
-        p.write_text(text, encoding="utf-8")
-    except OSError as e:
-        raise OptionError(f"Cannot write the {what} to {p}: {e.strerror or e}.") from e
-    return p
 
 
 def save_report_html(
