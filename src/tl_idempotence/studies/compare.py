@@ -676,15 +676,15 @@ def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:
 def compare(
     items: Any,
     *,
-    threshold: float | None = None,
-    nulls: bool | int | None = None,
-    seed: int | None = None,
-    search: bool | None = None,
-    algebra: bool | None = None,
+    threshold: Any = None,
+    nulls: Any = None,
+    seed: Any = None,
+    search: Any = None,
+    algebra: Any = None,
     compute_dtype: Any = None,
-    layers: Sequence[int] | None = None,
+    layers: Any = None,
     device: Any = "cpu",
-    progress: bool = True,
+    progress: Any = True,
 ) -> Comparison:
     """The paper's cross-model table: every item measured with the same options (SPEC 2-5).
 

@@ -465,21 +465,21 @@ def _future_error(fut: Any) -> BaseException | None:
 @strict_kwargs
 def sweep(
     items: Any,
-    out: str | os.PathLike[str],
+    out: Any,
     client: Any = None,
     *,
-    scheduler: str | None = None,
-    workers: int | None = None,
-    retries: int = DEFAULT_RETRIES,
-    threshold: float = 0.9,
-    nulls: bool | int = False,
-    seed: int = 0,
-    search: bool = False,
-    algebra: bool = False,
-    layers: Sequence[int] | None = None,
+    scheduler: Any = None,
+    workers: Any = None,
+    retries: Any = DEFAULT_RETRIES,
+    threshold: Any = 0.9,
+    nulls: Any = False,
+    seed: Any = 0,
+    search: Any = False,
+    algebra: Any = False,
+    layers: Any = None,
     compute_dtype: Any = "float64",
     device: Any = "cpu",
-    progress: bool = True,
+    progress: Any = True,
 ) -> SweepResult:
     """Measure many models or checkpoints as tasks on a Dask cluster; save each report; compare them.
 
@@ -493,6 +493,8 @@ def sweep(
 
     The CLI (``tl-idempotence sweep ITEM... --out DIR [--workers N] [--scheduler ADDRESS]``)
     calls ``sweep(items, out, scheduler=ADDRESS, workers=N, progress=True, **report_options)``.
+
+    Options are annotated ``Any``: each is validated here, where it enters (types named in the docs below).
 
     Args:
         items: a list of items or a dict ``{label: item}``; an item is a checkpoint directory or
