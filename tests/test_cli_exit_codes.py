@@ -69,6 +69,16 @@ USAGE = [  # (argv, a fragment the message must contain): exit 2, before any wor
     (["fetch", "smollm2-135m", "--source", "/nonexistent-tli.whl"], "no such file or folder"),
     (["sweep"], "ITEM"),
     (["sweep", "a"], "--out"),
+    # empty strings are never the current folder
+    (["report", "--out", ""], "--out: must not be empty"),
+    (["report", "--csv", " "], "--csv: must not be empty"),
+    (["report", "--resume", ""], "--resume: must not be empty"),
+    (["report", "--resume", "/nonexistent-tli/parts"], "--resume: the folder /nonexistent-tli does not exist"),
+    (["report", ""], "MODEL: must not be empty"),
+    (["sweep", "smollm2-135m", "--out", ""], "--out: must not be empty"),
+    (["sweep", "", "--out", "x"], "ITEM: must not be empty"),
+    (["sweep", "smollm2-135m", "--out", "/nonexistent-tli/sw"], "--out: the folder /nonexistent-tli does not exist"),
+    (["fetch", "smollm2-135m", "--source", ""], "--source: must not be empty"),
 ]
 
 
@@ -84,6 +94,7 @@ def test_bad_arguments_exit_2_before_any_work(argv, fragment, tmp_path):
     assert fragment in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "report.html").exists()
+    assert not list(tmp_path.iterdir())  # nothing written, not even resume parts in the current folder
 
 
 def test_path_only_flags_and_runtime_option_errors_exit_2(ckpt, tmp_path):

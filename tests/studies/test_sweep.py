@@ -246,8 +246,16 @@ def test_trajectory_on_the_cluster_equals_serial(client, ckpts, tmp_path):
     pd.testing.assert_frame_equal(dist.heads, serial.heads, check_exact=True)
     assert list(dist.checkpoints["identical_to"]) == ["", "step0", "step0"]
     assert len(list((tmp_path / "cache").glob("*/manifest.json"))) == 3
+    # one cache, whichever route fills it: the serial route reuses what the cluster wrote, layer for layer
+    with pytest.warns(UserWarning, match="identical"):
+        again = tli.trajectory(points, nulls=4, progress=False, cache_dir=tmp_path / "cache")
+    assert again.checkpoints["cached"].all()
+    assert len(list((tmp_path / "cache").glob("*/manifest.json"))) == 3
+    pd.testing.assert_frame_equal(again.heads, serial.heads, check_exact=True)
     with pytest.raises(OptionError, match="not paths"):
         tli.trajectory([("a", lambda: ckpts["A"])], client=client, progress=False)
+    with pytest.raises(OptionError, match="cannot be combined"):
+        tli.trajectory(points, client=client, loader=lambda spec: spec, progress=False)
 
 
 def test_saved_report_matches_reads_current_weights(ckpts, tmp_path):
@@ -265,6 +273,29 @@ def test_saved_report_matches_reads_current_weights(ckpts, tmp_path):
     assert saved_report_matches(tmp_path / "nothing", ckpts["D"], opts) == "no report.json"
 
 
+def test_the_device_is_recorded_and_keys_reuse(client, ckpts, tmp_path):
+    out = tmp_path / "out"
+    res = sweep({"D": ckpts["D"]}, out, client=client, progress=False, device="auto", **OPTS)
+    # "auto" is resolved on the workers (no GPU here): every record says what the numbers were computed on
+    assert res.tasks["device"].tolist() == ["cpu"]
+    assert res.options.device.type == "cpu" and res.summary["device"] == "cpu" and res.device == "auto"
+    rec = json.loads((out / RECORD_NAME).read_text())
+    assert rec["options"]["device"] == "cpu" and rec["device_asked"] == "auto"
+    assert [i["device"] for i in rec["items"]] == ["cpu"]
+    # a saved report computed on another device is not reused (the device changes the last bits)
+    opts = tli.ReportOptions(**OPTS)
+    assert saved_report_matches(out / "D", ckpts["D"], opts) is None
+    on_gpu = tli.ReportOptions.from_record({**opts.as_dict(), "device": "cuda"})
+    assert saved_report_matches(out / "D", ckpts["D"], on_gpu) == "options differ: device 'cpu' -> 'cuda'"
+
+
+def test_labels_that_are_paths_or_reserved_names_are_refused(ckpts, tmp_path):
+    for label in ("sweep", "Sweep.JSON", ".tli-sweep.lock", "runs/a", "runs\\a"):
+        with pytest.raises(OptionError, match=r"path separator|keeps for itself"):
+            sweep({label: ckpts["A"]}, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # refused before the folder was made
+
+
 def test_labels_become_safe_folder_names():
     assert item_dirname("EleutherAI/pythia-70m@step1000") == "EleutherAI_pythia-70m_step1000"
     assert item_dirname("../../etc") == "_.._etc"
@@ -277,12 +308,12 @@ def test_labels_become_safe_folder_names():
     "kwargs, err, match",
     [
         ({"retries": -1}, OptionError, "retries must be >= 0"),
-        # a wrong type is a TypeError naming the argument: OptionTypeError from the library, or (in this test
-        # suite, which instruments the package with jaxtyping/beartype) the annotation check that runs first
-        ({"retries": 1.5}, TypeError, "retries"),
+        # a wrong type is the library's OptionTypeError naming the argument (the options are Any-annotated:
+        # checked where they enter, not by the annotation checks this test suite instruments the package with)
+        ({"retries": 1.5}, OptionTypeError, "retries"),
         ({"workers": 0}, OptionError, "workers must be >= 1"),
         ({"threshold": 1.5}, OptionError, r"threshold must be in \[0, 1\]"),
-        ({"nulls": "many"}, TypeError, "nulls"),
+        ({"nulls": "many"}, OptionTypeError, "nulls"),
         ({"device": "tpu"}, OptionError, "device='tpu'"),
         ({"device": 3}, OptionTypeError, "device must be a device name"),
         ({"client": object()}, OptionTypeError, "client must be a distributed.Client"),

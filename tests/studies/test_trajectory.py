@@ -354,7 +354,11 @@ def test_search_capacity(lineage):
     assert init["layer_feasible_P"] > 0.9 > 0.05 > init["P"]
     assert fin["P_searched"] >= fin["P"] - 1e-9
     names = [t.name for t in tr.figure().data]
-    assert {"layer 1 feasible P (search)", "L1H1 searched P", "L1H1 P"} <= set(names)
+    assert {
+        "layer 1 feasible P (best searched P in the layer)",
+        "L1H1 searched P (constructive search)",
+        "L1H1 P",
+    } <= set(names)
 
 
 def test_bad_inputs(lineage, tmp_path, monkeypatch):
@@ -442,3 +446,45 @@ def test_hub_route_loads_by_checkpoint_index(lineage, traj, tmp_path, monkeypatc
     assert len(calls) == 4  # booted again, to fingerprint the layer ...
     assert analysed == [] and again.checkpoints["cached"].all()  # ... but served from the cache
     pd.testing.assert_frame_equal(again.heads, tr.heads)
+
+
+def test_the_step_is_the_checkpoints_recorded_one(lineage, tmp_path):
+    """A step comes from what the checkpoint records (checkpoint_value, trainer_state.json, the lineage manifest),
+    never from a size in a name; a label or a given step that disagrees with the record is refused."""
+    src = lineage.checkpoints[-1][1]
+    tr = trajectory(str(lineage.root), heads=[(0, 0)], progress=False)
+    assert tr.checkpoints["step_source"].eq("lineage manifest").all()
+    assert tr.checkpoints["threshold"].eq(0.9).all()
+    sized = trajectory([("pythia-70m", src)], heads=[(0, 0)], progress=False)
+    assert sized.heads["step"].isna().all() and sized.checkpoints["step_source"].tolist() == [""]
+    hf = tmp_path / "checkpoint-final"
+    shutil.copytree(src, hf)
+    (hf / "trainer_state.json").write_text(json.dumps({"global_step": 200}))
+    with pytest.warns(UserWarning, match="identical"):
+        got = trajectory([("final", hf), ("checkpoint-200", hf, 200)], heads=[(0, 0)], progress=False)
+    assert got.checkpoints["step"].tolist() == [200.0, 200.0]
+    assert got.checkpoints["step_source"].tolist() == ["trainer_state.json", "given"]
+    with pytest.raises(OptionError, match=r"label 'step7' names step 7 but the checkpoint records step 200"):
+        trajectory([("step7", hf)], progress=False)
+    with pytest.raises(OptionError, match=r"step 5 was given for 'x' \(given\) but the checkpoint records step 200"):
+        trajectory([("x", hf, 5)], progress=False)
+    with pytest.raises(OptionError, match=r"names step 5 but the checkpoint records step 200 \(checkpoint_value\)"):
+        trajectory([("step5", ("org/model", {"checkpoint_value": 200}))], progress=False)
+    (hf / "trainer_state.json").write_text(json.dumps({"global_step": "late"}))
+    with pytest.raises(tli.errors.CheckpointError, match=r"trainer_state\.json: global_step"):
+        trajectory([("final", hf)], progress=False)
+
+
+def test_client_with_a_loader_is_refused_up_front(lineage, tmp_path):
+    class NotRun:
+        def submit(self, *a, **k):
+            raise AssertionError("nothing may be submitted")
+
+        gather = submit
+
+    ck = lineage.checkpoints[:2]
+    with pytest.raises(OptionError, match="cannot be combined"):
+        trajectory(ck, client=NotRun(), loader=bridge_from_dir, cache_dir=tmp_path / "c", progress=False)
+    assert not (tmp_path / "c").exists()  # refused before anything was made
+    with pytest.raises(OptionTypeError, match=r"client must be a distributed\.Client"):
+        trajectory(ck, client=object(), progress=False)

@@ -128,6 +128,13 @@ def test_report_show_attention(tiny_q, tiny_dir):
     with pytest.raises(OptionError, match="No TransformerLens model to run"):
         rep2.show_attention(TEXT)
     assert rep2.show_attention(TEXT, model=tiny_q, top_k=3).heads == view.heads  # same weights, same heads
+    # a model that is not the one the report measured is refused, naming both
+    other = bridge_from_dir(tiny_hf_dir(tiny_dir.parent / "other", arch="llama", seed=1))
+    with pytest.raises(OptionError, match=r"not the model this report measured .*layer 0's attention weights differ"):
+        rep2.show_attention(TEXT, model=other)
+    smaller = bridge_from_dir(tiny_hf_dir(tiny_dir.parent / "small", arch="llama", n_layers=1))
+    with pytest.raises(OptionError, match=r"not the model this report measured .*: n_layers 2 vs 1"):
+        rep2.show_attention(TEXT, model=smaller)
     # a report made from a checkpoint directory never had a TransformerLens model
     rep3 = tli.idempotence_report(tiny_dir, progress=False)
     assert rep3.model is None

@@ -349,6 +349,24 @@ def option_differences(have: ReportOptions, want: ReportOptions) -> dict[str, tu
     return {k: (a[k], b[k]) for k in COMPARED_OPTIONS if a[k] != b[k]}
 
 
+def _shared_layers(reports: Mapping[str, IdempotenceReport]) -> list[int] | None:
+    """The layers every report item was restricted to (None: all layers), when ``layers`` is not given.
+
+    Raises:
+        OptionError: report items measured on different layers (names each report and its layers).
+    """
+    seen = {label: None if rep.options.layers is None else sorted(rep.options.layers) for label, rep in reports.items()}
+    distinct = {repr(v) for v in seen.values()}
+    if len(distinct) > 1:
+        detail = ", ".join(f"{lab}: {'all' if v is None else v}" for lab, v in seen.items())
+        raise OptionError(
+            f"The reports given were measured on different layers ({detail}): their fractions and medians are over "
+            "different heads. Remake them on the same layers, or pass layers=... (reports made on other layers are "
+            "then refused, naming them)."
+        )
+    return next(iter(seen.values()))
+
+
 def _resolve_options(
     given: dict[str, Any], reports: dict[str, IdempotenceReport], layers: Any, device: Any
 ) -> ReportOptions:
@@ -634,11 +652,13 @@ class Comparison(Result):
         """Per model: the distribution of trained P against the scramble null on one log axis (views)."""
         return views().comparison_figure(self)
 
-    def save_html(self, path: str | os.PathLike[str]) -> str:
+    @strict_kwargs
+    def save_html(self, path: Any) -> str:
         """Write a standalone HTML page (plotly.js and the table code inlined, no CDN); returns the path.
 
         Raises:
-            OptionError: ``path`` is a folder, or its folder does not exist.
+            OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
+            OptionTypeError: ``path`` is not a path. UnknownOptionError: an unknown keyword.
         """
         return str(views().save_comparison_html(self, path))
 
@@ -656,15 +676,15 @@ def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:
 def compare(
     items: Any,
     *,
-    threshold: float | None = None,
-    nulls: bool | int | None = None,
-    seed: int | None = None,
-    search: bool | None = None,
-    algebra: bool | None = None,
+    threshold: Any = None,
+    nulls: Any = None,
+    seed: Any = None,
+    search: Any = None,
+    algebra: Any = None,
     compute_dtype: Any = None,
-    layers: Sequence[int] | None = None,
+    layers: Any = None,
     device: Any = "cpu",
-    progress: bool = True,
+    progress: Any = True,
 ) -> Comparison:
     """The paper's cross-model table: every item measured with the same options (SPEC 2-5).
 
@@ -680,7 +700,9 @@ def compare(
             (:func:`~tl_idempotence.report.report.idempotence_report`), the same for every
             item. ``None`` (default): the value every report item shares, else the report's
             default (0.9, 0, 0, False, False, float64).
-        layers: restrict every model to these layer indices (default: all layers).
+        layers: restrict every model to these layer indices. ``None`` (default): the layers every
+            report item was restricted to (report items measured on different layers are refused),
+            else all layers.
         device: where new reports are computed ("cpu", "cuda", ...); not compared (results
             agree across devices to float64 rounding).
         progress: tqdm bar over the items that are measured.
@@ -690,7 +712,8 @@ def compare(
 
     Raises:
         OptionError: no items, repeated labels, a report made with other options (names it and
-            the options), report items that disagree on an option left to ``None``, a bad option.
+            the options), report items that disagree on an option left to ``None`` (``layers``
+            included), a bad option.
         OptionTypeError / UnknownOptionError / DeviceError: a bad option or item type.
         MissingFileError, UnknownModelError, CheckpointError, ZooError, WeightError: an item
             that cannot be read (each names it).
@@ -715,7 +738,10 @@ def compare(
         "algebra": algebra,
         "compute_dtype": compute_dtype,
     }
-    opts = _resolve_options(given, given_reports, check_layers(layers), device)
+    want_layers: Sequence[int] | None = check_layers(layers)
+    if want_layers is None and given_reports:
+        want_layers = _shared_layers(given_reports)
+    opts = _resolve_options(given, given_reports, want_layers, device)
     for label, rep in given_reports.items():
         diff = option_differences(rep.options, opts)
         if diff:

@@ -71,9 +71,12 @@ from .compare import (
 __all__ = [
     "LOCK_NAME",
     "RECORD_NAME",
+    "RESERVED_NAMES",
     "SWEEP_ITEM_KINDS",
     "SweepResult",
     "SweepTask",
+    "cache_name",
+    "check_cluster_trajectory",
     "item_dirname",
     "run_sweep_task",
     "run_trajectory_on_cluster",
@@ -107,8 +110,32 @@ def item_dirname(label: str) -> str:
     return name
 
 
+#: Names in ``OUT`` that the sweep itself writes (compared case-insensitively): no item folder may take them.
+RESERVED_NAMES = ("sweep", "sweep.json", "tli-sweep.lock")
+
+
 def _dirnames(items: Sequence[Item]) -> list[str]:
+    """Each item's folder under ``OUT``; refuses labels with path separators, reserved names and collisions.
+
+    Raises:
+        OptionError: a label holding ``/`` or ``\\`` (a sweep label names one folder, never a path), a label
+            whose folder would be a name the sweep writes itself (:data:`RESERVED_NAMES`, case ignored: the
+            record ``sweep.json``, the lock), two labels mapping to one folder (case ignored, for macOS and
+            Windows filesystems).
+    """
+    for it in items:
+        if "/" in it.label or "\\" in it.label or "\x00" in it.label:
+            raise OptionError(
+                f"Sweep label {it.label!r} holds a path separator: a label names one folder under out, not a path. "
+                "Give the items as a dict {label: item} with labels such as 'pythia-70m_step1000'."
+            )
     names = [item_dirname(it.label) for it in items]
+    for it, name in zip(items, names):
+        if name.lower() in RESERVED_NAMES or name.lower().startswith(("tli-tmp-", "tli-old-")):
+            raise OptionError(
+                f"Sweep label {it.label!r} would use the folder {name!r}, a name the sweep keeps for itself "
+                f"({', '.join(RESERVED_NAMES)}, case ignored): give it another label."
+            )
     seen: dict[str, str] = {}
     for it, name in zip(items, names):
         other = seen.setdefault(name.lower(), it.label)  # case-insensitive filesystems (macOS, Windows)
@@ -252,6 +279,7 @@ def run_sweep_task(task: SweepTask) -> dict[str, Any]:
 
 
 def _task_record(task: SweepTask, status: str, reason: str, t0: float) -> dict[str, Any]:
+    """The row of ``SweepResult.tasks`` for a task that ran (``device`` is filled from the saved report)."""
     return {
         "label": task.item.label,
         "dir": task.dirname,
@@ -274,7 +302,13 @@ class SweepResult(Comparison):
         out: the sweep folder (``out/<dir>/`` holds each item's report; ``out/sweep.json`` the record).
         tasks: one row per item in input order: ``label, dir, status`` (``computed``, ``skipped``
             — its saved report matched the current weights and options — or ``failed``), ``reason``
-            (why it was computed, skipped or failed), ``seconds`` (on the worker), ``host``, ``pid``.
+            (why it was computed, skipped or failed), ``device`` (the device type its saved report
+            was computed on, as the report records it: ``"cpu"``, ``"cuda"``; None when it failed),
+            ``seconds`` (on the worker), ``host``, ``pid``.
+        device: the device asked for (``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"auto"``); ``options.device``
+            is the device type the reports were computed on (with ``"auto"``: the one every report
+            records; the one asked when they differ — then ``tasks.device`` says which is which and a
+            warning was given).
         failed: one row per item that failed after its retries: ``label, item, error_type, message``.
         seconds: wall time of the whole sweep.
         (and every attribute of :class:`Comparison`: ``table``, ``heads``, ``reports``, ...)
@@ -300,8 +334,10 @@ class SweepResult(Comparison):
         failed: pd.DataFrame,
         seconds: float,
         warn: bool = True,
+        device: str = "cpu",
     ) -> None:
         super().__init__(reports, options, warn=warn)
+        self.device = device
         self.out = out
         self.tasks = tasks
         self.failed = failed
@@ -309,10 +345,12 @@ class SweepResult(Comparison):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """The comparison's summary plus ``n_computed, n_skipped, n_failed, seconds``."""
+        """The comparison's summary plus ``device`` (the device type of the reports, or the one asked),
+        ``n_computed, n_skipped, n_failed, seconds``."""
         st = self.tasks["status"] if len(self.tasks) else pd.Series([], dtype=str)
         return {
             **super().summary,
+            "device": self.options.device.type,
             "n_computed": int((st == "computed").sum()),
             "n_skipped": int((st == "skipped").sum()),
             "n_failed": int((st == "failed").sum()),
@@ -427,21 +465,21 @@ def _future_error(fut: Any) -> BaseException | None:
 @strict_kwargs
 def sweep(
     items: Any,
-    out: str | os.PathLike[str],
+    out: Any,
     client: Any = None,
     *,
-    scheduler: str | None = None,
-    workers: int | None = None,
-    retries: int = DEFAULT_RETRIES,
-    threshold: float = 0.9,
-    nulls: bool | int = False,
-    seed: int = 0,
-    search: bool = False,
-    algebra: bool = False,
-    layers: Sequence[int] | None = None,
+    scheduler: Any = None,
+    workers: Any = None,
+    retries: Any = DEFAULT_RETRIES,
+    threshold: Any = 0.9,
+    nulls: Any = False,
+    seed: Any = 0,
+    search: Any = False,
+    algebra: Any = False,
+    layers: Any = None,
     compute_dtype: Any = "float64",
     device: Any = "cpu",
-    progress: bool = True,
+    progress: Any = True,
 ) -> SweepResult:
     """Measure many models or checkpoints as tasks on a Dask cluster; save each report; compare them.
 
@@ -455,6 +493,8 @@ def sweep(
 
     The CLI (``tl-idempotence sweep ITEM... --out DIR [--workers N] [--scheduler ADDRESS]``)
     calls ``sweep(items, out, scheduler=ADDRESS, workers=N, progress=True, **report_options)``.
+
+    Options are annotated ``Any``: each is validated here, where it enters (types named in the docs below).
 
     Args:
         items: a list of items or a dict ``{label: item}``; an item is a checkpoint directory or
@@ -519,6 +559,8 @@ def sweep(
         compute_dtype=compute_dtype,
     )
     record = {k: v for k, v in opts.as_dict().items() if k != "device"}
+    if device_name != "auto":  # the device changes numbers in their last bits: it is part of the options
+        opts = ReportOptions.from_record({**record, "device": device_name})
     d = _prepare_out(out)
     lock = FileLock(str(d / LOCK_NAME))
     try:
@@ -584,8 +626,23 @@ def sweep(
                     "workers and this process?)",
                 }
                 rows[lab] = {**rows[lab], "status": "failed", "reason": f"{type(e).__name__}: {e}"}
+        for lab, row in rows.items():
+            row["device"] = reports[lab].options.device.type if lab in reports else None
+        used = sorted({rep.options.device.type for rep in reports.values()})
+        if len(used) == 1 and used[0] != opts.device.type:  # device="auto": what the workers resolved it to
+            opts = ReportOptions.from_record({**record, "device": used[0]})
+        elif len(used) > 1:
+            warnings.warn(
+                f"The sweep's reports were computed on different devices ({', '.join(used)}; device={device_name!r} "
+                "resolved differently on the workers): their numbers may differ in the last bits (SweepResult.tasks "
+                "has each item's device).",
+                UserWarning,
+                stacklevel=3,
+            )
         task_rows = [rows[t.item.label] for t in tasks]
-        tasks_df = pd.DataFrame(task_rows, columns=["label", "dir", "status", "reason", "seconds", "host", "pid"])
+        tasks_df = pd.DataFrame(
+            task_rows, columns=["label", "dir", "status", "reason", "device", "seconds", "host", "pid"]
+        )
         failed_df = pd.DataFrame(
             [failures[t.item.label] for t in tasks if t.item.label in failures],
             columns=["label", "item", "error_type", "message"],
@@ -599,7 +656,14 @@ def sweep(
                 stacklevel=3,
             )
         result = SweepResult(
-            reports, opts, d, tasks_df, failed_df, seconds=time.perf_counter() - t_start, warn=bool(reports)
+            reports,
+            opts,
+            d,
+            tasks_df,
+            failed_df,
+            seconds=time.perf_counter() - t_start,
+            warn=bool(reports),
+            device=device_name,
         )
         _write_record(d, result, tasks)
         return result
@@ -615,9 +679,10 @@ def _write_record(d: Path, result: SweepResult, tasks: Sequence[SweepTask]) -> N
     rec = {
         "format": "tl_idempotence.sweep/1",
         "options": result.options.as_dict(),
+        "device_asked": result.device,
         "items": [
-            {"label": t.item.label, "dir": t.dirname, "item": t.item.describe(), "status": s}
-            for t, s in zip(tasks, result.tasks["status"])
+            {"label": t.item.label, "dir": t.dirname, "item": t.item.describe(), "status": s, "device": dev}
+            for t, s, dev in zip(tasks, result.tasks["status"], result.tasks["device"])
         ],
         "failed": result.failed.to_dict(orient="records"),
     }
@@ -636,8 +701,53 @@ def _trajectory_task(
     return rep, time.perf_counter() - t0
 
 
-def _trajectory_cache_name(order: int, label: str) -> str:
-    return f"{order:04d}-" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60] or "ckpt")
+def cache_name(order: int, label: str, opts: ReportOptions) -> str:
+    """The cache folder (under ``cache_dir``) of one checkpoint, the same on both routes (serial and
+    ``client=``): its order, label and a hash of the options key (another set of options is another
+    folder, never a refusal; the weights are keyed per layer inside).
+
+    Args:
+        order: the checkpoint's position in the input (>= 0).
+        label: its label (made filesystem-safe, at most 60 characters).
+        opts: the validated report options.
+    """
+    import hashlib
+    import json
+
+    key = hashlib.sha256(json.dumps(opts.key(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{order:04d}-{_slug(label)}-{key}"
+
+
+def _slug(label: str) -> str:
+    return _SAFE.sub("_", label)[:60] or "ckpt"
+
+
+def check_cluster_trajectory(ckpts: Sequence[Any], client: Any, loader: Any = None) -> None:
+    """Refuse, before any work, a trajectory that cannot run on a Dask cluster.
+
+    Args:
+        ckpts: the trajectory's checkpoint records (``label``, ``kind``).
+        client: what was given as ``client``.
+        loader: what was given as ``loader`` (must be None: workers open paths with the built-in reader).
+
+    Raises:
+        OptionTypeError: ``client`` is not a ``distributed.Client``.
+        OptionError: a ``loader`` (it would never run), checkpoints that are not paths (a model object,
+            a hub spec or a callable cannot be opened on a worker).
+    """
+    if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
+        raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
+    if loader is not None:
+        raise OptionError(
+            "client=... and loader=... cannot be combined: with a client each checkpoint is opened on a worker from "
+            "its path by the built-in reader, so the loader would never run. Drop loader, or run without client."
+        )
+    bad = [c.label for c in ckpts if c.kind != "path"]
+    if bad:
+        raise OptionError(
+            f"trajectory(client=...) runs each checkpoint on a worker from its path; checkpoints {bad} are not paths "
+            "(a model object, hub spec or callable). Save them to disk, or run without client."
+        )
 
 
 def run_trajectory_on_cluster(
@@ -670,15 +780,8 @@ def run_trajectory_on_cluster(
     """
     from ..core.progress import progress_bar
 
-    if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
-        raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
+    check_cluster_trajectory(ckpts, client)
     retries = check_int(retries, "retries", 0, 100)
-    bad = [c.label for c in ckpts if c.kind != "path"]
-    if bad:
-        raise OptionError(
-            f"trajectory(client=...) runs each checkpoint on a worker from its path; checkpoints {bad} are not paths "
-            "(a model object, hub spec or callable). Save them to disk, or run without client."
-        )
     from distributed import as_completed
 
     record = {k: v for k, v in options.as_dict().items() if k != "device"}
@@ -687,7 +790,7 @@ def run_trajectory_on_cluster(
     futures = {}
     for c in ckpts:
         resume = (
-            None if cache_dir is None else str(Path(cache_dir).expanduser() / _trajectory_cache_name(c.order, c.label))
+            None if cache_dir is None else str(Path(cache_dir).expanduser() / cache_name(c.order, c.label, options))
         )
         fut = client.submit(
             _trajectory_task,

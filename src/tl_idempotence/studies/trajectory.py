@@ -35,6 +35,7 @@ options, so a cached layer is reused only when its weights are byte for byte the
 from __future__ import annotations
 
 import gc
+import math
 import numbers
 import os
 import re
@@ -56,12 +57,22 @@ from ..report.report import report_with_options
 from ..sources.dispatch import head_source
 from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
+from .sweep import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
 
-__all__ = ["Trajectory", "checkpoint_relations", "trajectory"]
+__all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "trajectory"]
 
 _HUB_KEYS = {"checkpoint_index", "checkpoint_value", "revision"}
 #: The processing flags that must agree along a trajectory (they change T; SPEC 10).
 PROCESSING_FLAGS = ("raw", "fold_ln", "center_writing_weights", "fold_value_biases")
+
+
+#: Where a checkpoint's ``step`` came from (``Trajectory.checkpoints.step_source``): given in a
+#: ``(label, spec, step)`` triple, the hub spec's ``checkpoint_value``, the ``global_step`` of a
+#: Hugging Face ``trainer_state.json`` in the checkpoint folder, a lineage's ``lineage.json``
+#: manifest, the label (``step1000``, ``checkpoint-500``, an integer), or "" (unknown: NaN).
+STEP_SOURCES = ("given", "checkpoint_value", "trainer_state.json", "lineage manifest", "label", "")
+#: Labels whose number is a training step: an integer, or ending in step/ckpt/checkpoint/iter + digits.
+_STEP_LABEL = re.compile(r"(?:^|[^A-Za-z0-9])(?:step|ckpt|checkpoint|iter|iteration)[_-]?(\d+)$", re.IGNORECASE)
 
 
 @dataclass
@@ -71,6 +82,7 @@ class _Ckpt:
     spec: Any
     kind: str  # "object" | "path" | "hub" | "callable"
     step: float
+    step_source: str = ""
 
 
 def _is_module(x: Any) -> bool:
@@ -111,22 +123,84 @@ def _kind(label: str, spec: Any) -> str:
     )
 
 
-def _step_of(label: Any, spec: Any) -> float:
-    if isinstance(label, (int, np.integer)):
+def _label_step(label: Any) -> float | None:
+    """The step a label names: an integer label, or one ending in ``step``/``ckpt``/``checkpoint``/``iter``
+    and digits (``"step1000"``, ``"ckpt_step20"``, ``"checkpoint-500"``); None otherwise (``"pythia-70m"``
+    names no step: its 70 is a size)."""
+    if isinstance(label, (int, np.integer)) and not isinstance(label, bool):
         return float(label)
-    m = re.search(r"(\d+)\D*$", str(label))
-    if m:
-        return float(m.group(1))
+    text = str(label).strip()
+    if text.isdigit():
+        return float(text)
+    m = _STEP_LABEL.search(text)
+    return float(m.group(1)) if m else None
+
+
+def _recorded_step(label: str, spec: Any) -> tuple[float | None, str]:
+    """The step the checkpoint itself records: a hub spec's ``checkpoint_value``, or the ``global_step`` of
+    the ``trainer_state.json`` that Hugging Face's Trainer writes into a checkpoint folder.
+
+    Raises:
+        OptionTypeError: a ``checkpoint_value`` that is not a number. CheckpointError: an unreadable
+            ``trainer_state.json`` or one whose ``global_step`` is not a non-negative integer (names the file).
+    """
+    from ..core.files import read_json
+    from ..errors import CheckpointError
+
     if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], dict) and "checkpoint_value" in spec[1]:
-        return float(spec[1]["checkpoint_value"])
-    return float("nan")
+        v = spec[1]["checkpoint_value"]
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(float(v)):
+            raise OptionTypeError(f"Checkpoint {label!r}: checkpoint_value must be a finite number; got {v!r:.40}.")
+        return float(v), "checkpoint_value"
+    if isinstance(spec, (str, os.PathLike)):
+        state = Path(spec).expanduser() / "trainer_state.json"
+        if state.is_file():
+            rec = read_json(state, CheckpointError, "trainer state")
+            g = rec.get("global_step") if isinstance(rec, dict) else None
+            if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+                raise CheckpointError(f"{state}: global_step must be a non-negative integer; got {g!r:.40}.")
+            return float(g), "trainer_state.json"
+    return None, ""
+
+
+def _resolve_step(where: str, label: Any, spec: Any, given: float | None, given_source: str) -> tuple[float, str]:
+    """``(step, step_source)`` of one checkpoint: what it records, else what was given, else its label.
+
+    Raises:
+        OptionError: a given step or a label's step that disagrees with the step the checkpoint records.
+    """
+    recorded, source = _recorded_step(str(label), spec)
+    claimed, how = (given, given_source) if given is not None else (_label_step(label), "label")
+    if recorded is not None and claimed is not None and claimed != recorded:
+        said = (
+            f"the label {label!r} names step {claimed:g}"
+            if how == "label"
+            else f"step {claimed:g} was given for {label!r} ({how})"
+        )
+        raise OptionError(
+            f"{where}: {said} but the checkpoint records step {recorded:g} ({source}); relabel it, or give "
+            "(label, spec, step) with the right step."
+        )
+    if claimed is not None and (given is not None or recorded is None):
+        return claimed, how
+    return (recorded, source) if recorded is not None else (float("nan"), "")
 
 
 def _normalize(checkpoints: Any) -> list[_Ckpt]:
+    manifest = False  # the steps come from a lineage's manifest (lineage.json), not from folder names
     if isinstance(checkpoints, Lineage):
-        checkpoints = checkpoints.checkpoints
+        steps = checkpoints.steps
+        if len(steps) == len(checkpoints.checkpoints):
+            checkpoints = [(lab, p, s) for (lab, p), s in zip(checkpoints.checkpoints, steps)]
+            manifest = True
+        else:
+            checkpoints = checkpoints.checkpoints
     elif isinstance(checkpoints, (str, os.PathLike)):
+        root = Path(checkpoints).expanduser()
+        manifest = (root / "lineage.json").is_file()
         checkpoints = lineage_checkpoints(checkpoints)
+        if manifest:  # lineage_checkpoints labels each "step{N}" with N from the manifest's saved_steps
+            checkpoints = [(lab, p, int(lab.removeprefix("step"))) for lab, p in checkpoints]
     if isinstance(checkpoints, dict):
         checkpoints = list(checkpoints.items())
     if not isinstance(checkpoints, Sequence) or isinstance(checkpoints, (str, bytes)):
@@ -144,16 +218,20 @@ def _normalize(checkpoints: Any) -> list[_Ckpt]:
                 f"got {entry!r:.80}."
             )
         label, spec = entry[0], entry[1]
+        given: float | None = None
         if len(entry) == 3:
             st = entry[2]
-            if isinstance(st, bool) or not isinstance(st, numbers.Real):
+            if isinstance(st, bool) or not isinstance(st, numbers.Real) or not math.isfinite(float(st)):
                 raise OptionTypeError(
-                    f"checkpoints[{i}]: the step (third item) must be a number; got {type(st).__name__} {st!r:.40}."
+                    f"checkpoints[{i}]: the step (third item) must be a finite number; got {type(st).__name__} "
+                    f"{st!r:.40}."
                 )
-            step = float(st)
-        else:
-            step = _step_of(label, spec)
-        out.append(_Ckpt(order=i, label=str(label), spec=spec, kind=_kind(str(label), spec), step=step))
+            given = float(st)
+        kind = _kind(str(label), spec)
+        step, source = _resolve_step(
+            f"checkpoints[{i}]", label, spec, given, "lineage manifest" if manifest else "given"
+        )
+        out.append(_Ckpt(order=i, label=str(label), spec=spec, kind=kind, step=step, step_source=source))
     labels = [c.label for c in out]
     dup = sorted({lab for lab in labels if labels.count(lab) > 1})
     if dup:
@@ -196,20 +274,6 @@ def _load_hub(name: str, options: dict[str, Any]) -> Any:
             "and pass "
             f"their local directories instead. Original error: {e}"
         ) from e
-
-
-def cache_name(c: _Ckpt, opts: ReportOptions) -> str:
-    """The cache folder of one checkpoint: its order, label and a hash of the options key (another set of
-    options is another folder, never a refusal; the weights are keyed per layer inside)."""
-    import hashlib
-    import json
-
-    key = hashlib.sha256(json.dumps(opts.key(), sort_keys=True).encode()).hexdigest()[:12]
-    return f"{c.order:04d}-{_slug(c.label)}-{key}"
-
-
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label)[:60] or "ckpt"
 
 
 def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFrame:
@@ -256,16 +320,20 @@ class Trajectory(Result):
 
     Attributes:
         heads: long table, one row per (checkpoint, layer, head): ``checkpoint`` (label),
-            ``order`` (position in the input), ``step`` (training step parsed from the
-            label, NaN if unknown), then every column of the report's ``heads`` table
+            ``order`` (position in the input), ``step`` (training step: what the checkpoint
+            records, else the step given, else the step its label names; NaN if unknown; see
+            ``checkpoints.step_source``), then every column of the report's ``heads`` table
             (``layer, head, kv_head, alpha, P, closed, ...``; with ``nulls`` the scramble
             columns incl. ``P_scrambled_median``) and, with ``search``, ``feasible_P``
             (the head's layer's feasible P) and ``layer_feasible_P``.
         layers: one row per (checkpoint, layer) with the report's ``layers`` columns
             (incl. the layer's weight ``fingerprint``).
-        checkpoints: one row per checkpoint: ``order, checkpoint, step, kind, cached``
-            (every layer came from the cache), ``seconds`` (wall time to load and measure),
-            ``n_heads, n_closed, median_P`` (and ``median_P_scrambled`` with nulls),
+        checkpoints: one row per checkpoint: ``order, checkpoint, step, step_source`` (where the
+            step came from, one of :data:`STEP_SOURCES`), ``kind, cached`` (every layer came from
+            the cache), ``seconds`` (wall time in seconds to load and measure), ``n_heads``,
+            ``threshold`` (the P threshold ``n_closed`` counts against), ``n_closed`` (heads with
+            P >= threshold), ``median_P`` (median P over the checkpoint's heads; and
+            ``median_P_scrambled``, the median of the heads' scramble medians, with nulls),
             ``weights_fingerprint``, ``identical_to``, ``shares_layers_with``,
             ``n_shared_layers`` (see :func:`checkpoint_relations`), the processing flags
             (``processing_raw``, ``processing_fold_ln``, ...) and ``processing_differs`` (the flags
@@ -313,6 +381,7 @@ class Trajectory(Result):
         """Rows of :attr:`heads` at the last checkpoint."""
         return self.heads[self.heads["checkpoint"] == self.final_label]
 
+    @strict_kwargs
     def tracked_heads(self, top_k: Any = 5) -> pd.DataFrame:
         """The heads the figures follow: ``layer, head, final_P, why``.
 
@@ -333,6 +402,7 @@ class Trajectory(Result):
         out["why"] = why
         return out
 
+    @strict_kwargs
     def wide(self, value: Any = "P") -> pd.DataFrame:
         """``value`` as a (layer, head) x checkpoint table, checkpoints in input order.
 
@@ -352,15 +422,31 @@ class Trajectory(Result):
         """``(column, title)`` of the figures' x axis: the training step when every checkpoint has one."""
         return ("step", "training step") if self.heads["step"].notna().all() else ("order", "checkpoint")
 
-    def figure(self, top_k: int = 5, log_y: bool = True) -> Any:
-        """P over training for the tracked heads (:meth:`tracked_heads`), one panel per layer (drawn by views)."""
-        return views().trajectory_figure(self, top_k=top_k, log_y=log_y)
+    @strict_kwargs
+    def figure(self, top_k: Any = 5, log_y: Any = True) -> Any:
+        """P over training for the tracked heads (:meth:`tracked_heads`), one panel per layer (drawn by views).
 
-    def summary_figure(self, log_y: bool = True) -> Any:
-        """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P."""
-        return views().trajectory_summary_figure(self, log_y=log_y)
+        Args:
+            top_k (int): heads to follow when none closed (>= 1).
+            log_y (bool): log P axis.
 
-    def figures(self, top_k: int = 5) -> list[Any]:
+        Raises:
+            OptionError / OptionTypeError / UnknownOptionError: a bad ``top_k`` or ``log_y``, an unknown keyword.
+        """
+        top_k = check_int(top_k, "top_k", 1)
+        return views().trajectory_figure(self, top_k=top_k, log_y=check_bool(log_y, "log_y"))
+
+    @strict_kwargs
+    def summary_figure(self, log_y: Any = True) -> Any:
+        """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P.
+
+        Raises:
+            OptionTypeError / UnknownOptionError: ``log_y`` not a bool, an unknown keyword.
+        """
+        return views().trajectory_summary_figure(self, log_y=check_bool(log_y, "log_y"))
+
+    @strict_kwargs
+    def figures(self, top_k: Any = 5) -> list[Any]:
         """``[figure(), summary_figure()]``."""
         return [self.figure(top_k=top_k), self.summary_figure()]
 
@@ -417,9 +503,13 @@ def trajectory(
             ``{"checkpoint_value": v}`` (downloads through
             ``TransformerBridge.boot_transformers``: needs the hub), or a zero-argument
             callable returning a model. Also accepted: a lineage directory of
-            ``ckpt_step{N}`` dirs or a :class:`~tl_idempotence.sources.lineage.Lineage`. The
-            step of a pair is parsed from the label's last number (``"step1000"`` -> 1000)
-            or the ``checkpoint_value``; NaN if neither (figures then use the order).
+            ``ckpt_step{N}`` dirs or a :class:`~tl_idempotence.sources.lineage.Lineage`. A
+            checkpoint's step is the one it records (the hub spec's ``checkpoint_value``, the
+            ``global_step`` of a ``trainer_state.json`` in its folder, the lineage manifest),
+            else the step given in a triple, else the one its label names (an integer, or
+            ``"step1000"``, ``"checkpoint-500"``: never a size such as ``"pythia-70m"``); NaN if
+            none (figures then use the order). A label or a given step that disagrees with the
+            recorded step is refused.
         heads (Sequence[tuple[int, int]] | None): ``[(layer, head)]`` to keep (default: all
             heads); only their layers are measured.
         threshold (float): P threshold of a "closed" head (paper: 0.9).
@@ -450,7 +540,9 @@ def trajectory(
     Raises:
         OptionTypeError: ``checkpoints`` is not a sequence of pairs, or a spec of unknown type.
         OptionError: empty or duplicate labels, bad hub options, bad threshold/layers,
-            a ``heads`` entry that is not a head of the measured model, mixed processing.
+            a ``heads`` entry that is not a head of the measured model, mixed processing, a step
+            that disagrees with the checkpoint's recorded step, ``client`` with ``loader`` or with
+            checkpoints that are not paths.
         MissingFileError: a checkpoint path that does not exist.
         OSError: a hub checkpoint that cannot be downloaded (offline); the message says what to do.
     """
@@ -464,6 +556,8 @@ def trajectory(
     if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
         raise OptionTypeError(f"cache_dir must be None or a directory path; got {type(cache_dir).__name__}.")
     ckpts = _normalize(checkpoints)
+    if client is not None:
+        check_cluster_trajectory(ckpts, client, loader)
     head_set: list[tuple[int, int]] | None = None
     if heads is not None:
         head_set = _head_pairs(heads)
@@ -495,8 +589,6 @@ def trajectory(
         except OSError as e:
             raise OptionError(f"Cannot create cache_dir {cdir}: {e.strerror or e}.") from e
     if client is not None:
-        from .sweep import run_trajectory_on_cluster
-
         results = run_trajectory_on_cluster(ckpts, opts, client=client, cache_dir=cache_dir, progress=progress)
     else:
         results = []
@@ -507,7 +599,9 @@ def trajectory(
             model = _load(c, loader)
             collect = c.kind != "object" and _is_module(model)
             try:
-                resume = None if cache_dir is None else Path(cache_dir).expanduser() / cache_name(c, opts)
+                resume = (
+                    None if cache_dir is None else Path(cache_dir).expanduser() / cache_name(c.order, c.label, opts)
+                )
                 rep = report_with_options(model, opts, progress=False, resume=resume)
             finally:
                 del model  # drop our reference before the next checkpoint is loaded
@@ -597,6 +691,7 @@ def _combine(
         meta = {"checkpoint": c.label, "order": c.order, "step": c.step}
         hd = hd.assign(**meta)
         ld = ld.assign(**meta)
+        meta = {**meta, "step_source": c.step_source}
         head_tables.append(hd)
         layer_tables.append(ld)
         P = hd["P"].to_numpy(dtype=float)
@@ -607,6 +702,7 @@ def _combine(
             "cached": bool(rep.summary.get("n_layers_resumed", 0) == len(rep.layers)),
             "seconds": seconds,
             "n_heads": len(hd),
+            "threshold": threshold,
             "n_closed": int((np.nan_to_num(P, nan=-1.0) >= threshold).sum()),
             "median_P": float(np.nanmedian(P)) if np.isfinite(P).any() else float("nan"),
             "weights_fingerprint": rep.summary.get("weights_fingerprint", ""),

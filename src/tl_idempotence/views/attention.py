@@ -17,16 +17,23 @@ from __future__ import annotations
 import html as _html
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ..analyses.attention import FlaggedHeads, attention_patterns, flagged_heads
+from ..core.kwargs import strict_kwargs
 from ..errors import OptionError
+from .output import page_path, write_page
 from .text import format_P
 
-__all__ = ["AttentionView", "attention_section_html", "attention_view", "report_attention_view"]
+__all__ = [
+    "AttentionView",
+    "attention_section_html",
+    "attention_view",
+    "check_model_matches",
+    "report_attention_view",
+]
 
 
 @dataclass(repr=False)
@@ -60,14 +67,20 @@ class AttentionView:
     def __str__(self) -> str:
         return self.html
 
-    def save(self, path: str | Path) -> str:
-        """Write a standalone page with just this view; returns the path."""
+    def save(self, path: Any) -> str:
+        """Write a standalone page with just this view; returns the path.
+
+        Raises:
+            OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
+            OptionTypeError: ``path`` is not a path.
+        """
+        p = page_path(path, "attention page")
         page = (
             '<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention</title></head><body>'
             f"{self.html}</body></html>"
         )
-        Path(path).write_text(page, encoding="utf-8")
-        return str(path)
+        write_page(p, page, "attention page")
+        return str(p)
 
 
 def _head_names(heads: list[tuple[int, int]], table: pd.DataFrame | None, threshold: float | None) -> list[str]:
@@ -83,12 +96,13 @@ def _head_names(heads: list[tuple[int, int]], table: pd.DataFrame | None, thresh
     return names
 
 
+@strict_kwargs
 def attention_view(
     model: Any,
-    text: str,
-    heads: list[tuple[int, int]],
+    text: Any,
+    heads: Any,
     *,
-    max_tokens: int = 64,
+    max_tokens: Any = 64,
     head_table: pd.DataFrame | None = None,
     threshold: float | None = None,
     why: str | None = None,
@@ -133,13 +147,57 @@ def attention_view(
     )
 
 
+def check_model_matches(rep: Any, model: Any) -> None:
+    """Refuse a model that is not the one ``rep`` measured: other attention sizes, or — when both record the
+    same weight processing (SPEC 10) — other attention weights (a measured layer's O/V sha256 fingerprint,
+    :meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, differs from the one the report records).
+
+    Names are not compared (a checkpoint folder and the TransformerLens model of the same weights carry
+    different names); sizes and weights are. Weights processed differently (a raw-weights report, a
+    ``fold_ln`` model) cannot be compared byte for byte and are not.
+
+    Raises:
+        OptionError: the sizes or a layer's weights differ (names the report's model and the model given).
+    """
+    from ..sources.dispatch import head_source
+    from ..studies.compare import processing_key
+
+    src = head_source(model)
+    info, want = src.info, rep.info
+    ours, theirs = f"{want.model_name!r}", f"{info.model_name!r} ({type(model).__name__})"
+    if info.sizes != want.sizes:
+        diff = ", ".join(
+            f"{k} {getattr(want, k)} vs {getattr(info, k)}"
+            for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
+            if getattr(want, k) != getattr(info, k)
+        )
+        raise OptionError(
+            f"The model given, {theirs}, is not the model this report measured ({ours}): {diff}. Pass the model the "
+            "report was made from."
+        )
+    if processing_key({"processing": info.processing}) != processing_key(rep.summary):
+        return
+    saved = dict(zip(rep.layers["layer"].astype(int), rep.layers["fingerprint"].astype(str)))
+    for layer, fp in saved.items():
+        if src.layer_heads(layer).fingerprint() != fp:
+            raise OptionError(
+                f"The model given, {theirs}, is not the model this report measured ({ours}): layer {layer}'s "
+                "attention weights differ (weight fingerprint). Pass the model the report was made from."
+            )
+
+
+@strict_kwargs
 def report_attention_view(
-    rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None, max_tokens: int = 64
+    rep: Any, text: Any, model: Any = None, heads: Any = None, top_k: Any = None, max_tokens: Any = 64
 ) -> AttentionView:
     """The attention view of a report's flagged heads (every closed head, else the top 8 by P).
 
+    A ``model`` given here (not the report's own) is checked against the report first
+    (:func:`check_model_matches`): the view labels its heads with the report's P.
+
     Raises:
-        OptionError: no TransformerLens model (pass ``model=``; a report keeps only a weak reference).
+        OptionError: no TransformerLens model (pass ``model=``; a report keeps only a weak reference),
+            or a ``model`` that is not the one the report measured (other sizes or weights).
     """
     m = model if model is not None else rep.model
     if m is None:
@@ -147,12 +205,15 @@ def report_attention_view(
             "No TransformerLens model to run: this report was made from a checkpoint file or a transformers model, "
             "or the model object is gone. Pass it: rep.show_attention(text, model=model)."
         )
-    chosen = flagged_heads(rep, top_k=top_k) if heads is None else [tuple(h) for h in heads]
+    if model is not None and model is not rep.model:
+        check_model_matches(rep, model)
+    chosen = flagged_heads(rep, top_k=top_k) if heads is None else heads  # pairs checked by attention_patterns
     return attention_view(m, text, chosen, max_tokens=max_tokens, head_table=rep.heads, threshold=rep.threshold)
 
 
+@strict_kwargs
 def attention_section_html(
-    rep: Any, text: str, model: Any = None, heads: Any = None, top_k: int | None = None, max_tokens: int = 64
+    rep: Any, text: Any, model: Any = None, heads: Any = None, top_k: Any = None, max_tokens: Any = 64
 ) -> str:
     """An HTML section (heading, caption, circuitsvis view) of the report page."""
     view = report_attention_view(rep, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)

@@ -10,24 +10,38 @@ Plotly and the table code are inlined (no CDN); the page is a jinja2 template.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import OptionError
+from ..report.summary import PAPER, PAPER_THRESHOLD
 from .figures import log_P_range
+from .output import page_path, write_page
 from .page import datatable_html, datatables_init_html, display_frame
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
-__all__ = ["comparison_figure", "comparison_headline", "comparison_html", "save_comparison_html"]
+__all__ = [
+    "comparison_figure",
+    "comparison_headline",
+    "comparison_html",
+    "paper_threshold_note",
+    "save_comparison_html",
+]
 
 #: The abstract's pooled medians, drawn as reference lines (arXiv 2609.01129).
-_PAPER_MEDIAN_TRAINED = 0.336
-_PAPER_MEDIAN_SCRAMBLED = 1.04e-4
+_PAPER_MEDIAN_TRAINED = PAPER["median_P_trained"][0]
+_PAPER_MEDIAN_SCRAMBLED = PAPER["median_P_scrambled"][0]
+
+
+def paper_threshold_note(threshold: float) -> str:
+    """What the paper's "closed" figures are counted at, said where this comparison's threshold is not the
+    paper's (e.g. ``" (the paper counts at P ≥ 0.9; these models at P ≥ 0.8)"``); "" when they agree."""
+    if float(threshold) == PAPER_THRESHOLD:
+        return ""
+    return f" (the paper counts at P ≥ {PAPER_THRESHOLD:g}; these models at P ≥ {float(threshold):g})"
 
 
 def _positive(values: Any) -> tuple[np.ndarray, int]:
@@ -40,8 +54,8 @@ def comparison_figure(cmp: Any) -> go.Figure:
     """Per model (x): box plots of trained P and, with controls, of the per-head scramble medians (log y).
 
     Heads whose P is undefined (NaN) or exactly 0 cannot sit on a log axis; their count is in
-    the title. Dotted lines: the threshold and the paper's pooled medians (0.336 trained,
-    1.04e-4 scrambled).
+    the title. Dotted lines: the comparison's threshold (labelled with its value, and with the
+    paper's 0.9 when it differs) and the paper's pooled medians (0.336 trained, 1.04e-4 scrambled).
     """
     import plotly.graph_objects as go
 
@@ -49,40 +63,38 @@ def comparison_figure(cmp: Any) -> go.Figure:
     dropped = 0
     arrays = []
     any_null = False
+    first = next(iter(cmp.reports), None)
+
+    def box(label: str, values: np.ndarray, group: str, name: str, color: str) -> None:
+        fig.add_trace(
+            go.Box(
+                x=[label] * len(values),
+                y=values,
+                name=name,
+                legendgroup=group,
+                showlegend=label == first,
+                marker={"color": color},
+                offsetgroup=group,
+                boxpoints="outliers",
+            )
+        )
+
     for label, rep in cmp.reports.items():
         P, n_bad = _positive(rep.heads["P"])
         dropped += n_bad
         arrays.append(P)
-        fig.add_trace(
-            go.Box(
-                x=[label] * len(P),
-                y=P,
-                name="trained P",
-                legendgroup="trained",
-                showlegend=label == next(iter(cmp.reports)),
-                marker={"color": "crimson"},
-                offsetgroup="trained",
-                boxpoints="outliers",
-            )
-        )
+        box(label, P, "trained", "trained P", "crimson")
         if "P_scrambled_median" in rep.heads.columns:
             any_null = True
             S, _ = _positive(rep.heads["P_scrambled_median"])
             arrays.append(S)
-            fig.add_trace(
-                go.Box(
-                    x=[label] * len(S),
-                    y=S,
-                    name="scrambled (each head's median)",
-                    legendgroup="scrambled",
-                    showlegend=label == next(iter(cmp.reports)),
-                    marker={"color": "gray"},
-                    offsetgroup="scrambled",
-                    boxpoints="outliers",
-                )
-            )
+            box(label, S, "scrambled", "scrambled (each head's median)", "gray")
     t = cmp.threshold
-    fig.add_hline(y=t, line_dash="dot", annotation_text=f"P = {t:g}")
+    fig.add_hline(
+        y=t,
+        line_dash="dot",
+        annotation_text=f"threshold P = {t:g}" + ("" if t == PAPER_THRESHOLD else f" (paper: {PAPER_THRESHOLD:g})"),
+    )
     fig.add_hline(
         y=_PAPER_MEDIAN_TRAINED,
         line_dash="dot",
@@ -102,6 +114,7 @@ def comparison_figure(cmp: Any) -> go.Figure:
     title = f"P per head across {len(cmp.reports)} models" + (
         " against the orientation-scramble null" if any_null else " (no null: compare with nulls=...)"
     )
+    title += f"; closed: P ≥ {t:g}" + paper_threshold_note(t)
     if dropped:
         title += f"; {dropped} heads with undefined or zero P not drawn"
     fig.update_layout(
@@ -131,7 +144,10 @@ def comparison_headline(cmp: Any) -> str:
         return f"No model finished ({opts})."
     text = (
         f"{len(m)} models measured with the same options ({opts}): heads with P ≥ {o.threshold:g} range "
-        f"{np.nanmin(pct):.2f}–{np.nanmax(pct):.2f} % per model (paper: 3.98–8.00 %); median P "
+        f"{np.nanmin(pct):.2f}–{np.nanmax(pct):.2f} % per model (paper, at P ≥ {PAPER_THRESHOLD:g}: "
+        f"{100 * PAPER['frac_closed'][0]:.2f}–{100 * PAPER['frac_closed'][1]:.2f} %"
+        + ("" if o.threshold == PAPER_THRESHOLD else f"; not comparable at threshold {o.threshold:g}")
+        + "); median P "
         f"{np.nanmin(med):.3g}–{np.nanmax(med):.3g} (paper: 0.336 over 7,304 heads)."
     )
     if o.nulls:
@@ -169,6 +185,7 @@ p.note { color: #555; font-size: 0.92em; }
 <h2 id="table">The models next to the paper</h2>
 <p class="note">One row per model; the last two rows are the paper's figures (arXiv 2609.01129): where the paper
 gives a per-model range (3.98–8.00 % of heads closed) they hold its ends, elsewhere both hold its single figure.
+The paper counts a head closed at P ≥ {{ paper_threshold }}; the models here at P ≥ {{ threshold }}.
 pct_* columns are percentages; NaN / &lt;NA&gt;: not run with these options.</p>
 {{ table | safe }}
 <h2 id="figure">P against the scramble null</h2>
@@ -212,29 +229,29 @@ def comparison_html(cmp: Any) -> str:
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(default=True))
     return env.from_string(_TEMPLATE).render(
         title=f"Comparison of {len(cmp.reports)} models",
+        threshold=f"{cmp.threshold:g}",
+        paper_threshold=f"{PAPER_THRESHOLD:g}",
         headline=comparison_headline(cmp),
         warnings=list(cmp.warnings),
-        table=datatable_html(display_frame(cmp.table)),
+        table=datatable_html(display_frame(cmp.table, cmp.threshold)),
         figure=fig,
-        closed=datatable_html(display_frame(closed)) if len(closed) else "<p>No head is closed in any model.</p>",
+        closed=(
+            datatable_html(display_frame(closed.rename(columns={"P_searched": "searched P"}), cmp.threshold))
+            if len(closed)
+            else "<p>No head is closed in any model.</p>"
+        ),
         n_closed=len(closed),
         options=[(k, str(v)) for k, v in cmp.options.as_dict().items()],
         datatables_init=datatables_init_html(),
     )
 
 
-def save_comparison_html(cmp: Any, path: str | os.PathLike[str]) -> Path:
+def save_comparison_html(cmp: Any, path: Any) -> Path:
     """Write :func:`comparison_html` to ``path`` and return it.
 
     Raises:
-        OptionError: ``path`` is a folder, or its folder does not exist.
+        OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
+        OptionTypeError: ``path`` is not a path.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise OptionError(f"path must be a file path; got {type(path).__name__}.")
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise OptionError(f"Cannot write the comparison page to {p}: it is a folder; give a file name.")
-    if not p.parent.exists():
-        raise OptionError(f"Cannot write the comparison page to {p}: the folder {p.parent} does not exist.")
-    p.write_text(comparison_html(cmp), encoding="utf-8")
-    return p
+    p = page_path(path, "comparison page")
+    return write_page(p, comparison_html(cmp), "comparison page")

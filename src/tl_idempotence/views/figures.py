@@ -420,8 +420,8 @@ def activation_figure(res: Any) -> go.Figure:
             mode="markers",
             name="trained head on text",
             marker={"color": np.where(df["closed"], "crimson", "steelblue"), "size": 6},
-            text=text,
-            hovertemplate="%{text}<br>P=%{x:.4f}<br>median cos2=%{y:.4f}<extra></extra>",
+            text=[f"{t}<br>P={p}" for t, p in zip(text, _P_text(df["P"], float(res.options.get("threshold", 0.9))))],
+            hovertemplate="%{text}<br>median cos2=%{y:.4f}<extra></extra>",
         )
     )
     fig.update_layout(
@@ -484,8 +484,8 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
                 name=f"{name} P",
                 legendgroup=name,
                 line={"color": color},
-                customdata=np.stack([d["checkpoint"], d["alpha"]], -1),
-                hovertemplate=f"{name}<br>%{{customdata[0]}}<br>P=%{{y:.4g}}<br>α=%{{customdata[1]:.4g}}"
+                customdata=np.stack([d["checkpoint"], d["alpha"], _P_text(d["P"], tr.threshold)], -1),
+                hovertemplate=f"{name}<br>%{{customdata[0]}}<br>P=%{{customdata[2]}}<br>α=%{{customdata[1]:.4g}}"
                 "<extra></extra>",
             ),
             row=row,
@@ -499,7 +499,7 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
                     x=d[xcol],
                     y=d["P_searched"],
                     mode="lines",
-                    name=f"{name} searched P",
+                    name=f"{name} searched P (constructive search)",
                     legendgroup=name,
                     line={"color": color, "dash": "longdash", "width": 1},
                 ),
@@ -531,7 +531,7 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
                     x=ld[xcol],
                     y=ld["feasible_P"],
                     mode="lines",
-                    name=f"layer {layer} feasible P (search)",
+                    name=f"layer {layer} feasible P (best searched P in the layer)",
                     line={"color": "black", "dash": "dash"},
                 ),
                 row=row,
@@ -596,7 +596,14 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
 
     fig = go.Figure()
     fig.add_trace(
-        go.Scatter(x=ck[xcol], y=on_P_axis(ck["median_P"]), mode="lines+markers", name="median P (all heads)")
+        go.Scatter(
+            x=ck[xcol],
+            y=on_P_axis(ck["median_P"]),
+            mode="lines+markers",
+            name="median P (all heads)",
+            customdata=_P_text(ck["median_P"], tr.threshold),
+            hovertemplate="median P=%{customdata}<extra></extra>",
+        )
     )
     fig.add_trace(
         go.Scatter(
@@ -615,7 +622,7 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
                 x=ck[xcol],
                 y=on_P_axis(ck["median_P_scrambled"]),
                 mode="lines",
-                name="median scrambled P",
+                name="median scrambled P (heads' scramble medians)",
                 line={"dash": "dot"},
             )
         )
@@ -631,7 +638,7 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
             )
         )
     fig.update_layout(
-        title="All heads over training",
+        title=f"All heads over training: median P and the fraction closed (P ≥ {tr.threshold:g})",
         xaxis_title=xtitle,
         yaxis={
             "title": "median P",

@@ -123,6 +123,11 @@ def mini_heatmap(rep: Any, value: str = "P") -> str:
     """A small layer x head table coloured by ``value`` (Viridis, [0, 1] for P), closed heads outlined."""
     from plotly.colors import sample_colorscale
 
+    from ..errors import OptionError
+
+    numeric = [c for c in rep.heads.columns if rep.heads[c].dtype.kind in "iuf" and c not in ("layer", "head")]
+    if not isinstance(value, str) or value not in numeric:
+        raise OptionError(f"value={value!r} is not a numeric column of the report's heads table; columns: {numeric}.")
     piv = rep.heads.pivot(index="layer", columns="head", values=value)
     closed = rep.heads.pivot(index="layer", columns="head", values="closed")
     z = piv.to_numpy(dtype=float)

@@ -18,8 +18,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..errors import OptionError
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap, scramble_figures
+from .output import page_path, write_page
 from .text import format_P, format_sig, headline, summary_sections
 
 __all__ = [
@@ -27,8 +27,10 @@ __all__ = [
     "datatable_html",
     "datatables_init_html",
     "display_frame",
+    "page_path",
     "report_html",
     "save_report_html",
+    "write_page",
 ]
 
 
@@ -45,7 +47,8 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
 
     Columns: ``head`` (``L10H8``), ``layer``, ``head index``, ``kv head``, ``α``, ``P`` (never
     rounded across the threshold); with controls ``scramble median P`` and ``scramble p-value``;
-    with the search ``feasible P (search)`` (the head's own searched P).
+    with the search ``searched P`` (the constructive search's P for this head, SPEC 5 — not the
+    head's own P). P-valued columns never round across the threshold.
     """
     df = rep.closed_heads
     if not len(df):
@@ -64,10 +67,10 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
         }
     )
     if "P_scrambled_median" in df.columns:
-        out["scramble median P"] = [f"{v:.3g}" for v in df["P_scrambled_median"]]
+        out["scramble median P"] = [format_sig(v, t, sig=3) for v in df["P_scrambled_median"]]
         out["scramble p-value"] = [f"{v:.3g}" for v in df["p_value"]]
     if "P_searched" in df.columns:
-        out["feasible P (search)"] = [format_P(v, t) for v in df["P_searched"]]
+        out["searched P"] = [format_P(v, t) for v in df["P_searched"]]
     return out
 
 
@@ -213,13 +216,10 @@ def save_report_html(
     """Write the report page to ``path`` (see :meth:`IdempotenceReport.save_html`).
 
     Raises:
-        OptionError: the folder of ``path`` does not exist, or ``path`` is a folder.
+        OptionError: the folder of ``path`` does not exist, ``path`` is empty or a folder, or the file
+            cannot be written. OptionTypeError: ``path`` is not a path.
     """
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise OptionError(f"Cannot write the report page to {p}: it is a folder; give a file name.")
-    if not p.parent.exists():
-        raise OptionError(f"Cannot write the report page to {p}: the folder {p.parent} does not exist.")
+    p = page_path(path, "report page")
     extra = []
     if attention_text is not None:
         from .attention import attention_section_html
@@ -229,5 +229,5 @@ def save_report_html(
                 rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
             )
         )
-    p.write_text(report_html(rep, extra_html=extra), encoding="utf-8")
+    write_page(p, report_html(rep, extra_html=extra), "report page")
     return p

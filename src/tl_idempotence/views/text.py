@@ -50,13 +50,17 @@ def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> st
 
 
 def weights_phrase(summary: dict[str, Any]) -> str:
-    """What weights were measured, in words (SPEC 10): ``"raw checkpoint weights"`` or the
+    """What weights were measured, in words (SPEC 10): ``"raw checkpoint weights"``, the
     TransformerLens processing that was applied (where the flags came from is in the summary's
-    ``processing`` table)."""
-    proc = summary.get("processing") or {}
-    if proc.get("raw", True):
-        return "raw checkpoint weights"
+    ``processing`` table), or ``"weight processing not recorded"`` when the summary does not say
+    (never a guess at raw or processed)."""
+    proc = summary.get("processing")
+    proc = proc if isinstance(proc, dict) else {}
     flags = [k for k in ("fold_ln", "center_writing_weights", "fold_value_biases") if proc.get(k)]
+    if proc.get("raw") is None and not flags:
+        return "weight processing not recorded"
+    if proc.get("raw") and not flags:
+        return "raw checkpoint weights"
     return "TransformerLens-processed weights (" + ", ".join(flags) + ")" if flags else "processed weights"
 
 
