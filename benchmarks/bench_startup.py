@@ -7,6 +7,8 @@ times as a fresh process (median wall time reported), all in one run so that the
 with like:
 
 * ``python -c "import torch"`` — the floor;
+* the libraries the main job is made with: import torch, pandas and plotly and write one figure
+  as HTML (the floor of any report page drawn with them);
 * ``python -c "import tl_idempotence"`` and whether it imported torch / transformer_lens /
   transformers / plotly;
 * ``tl-idempotence --help`` and a mistyped flag (must not import torch);
@@ -116,6 +118,13 @@ def main() -> None:
     rows = []
     floor = median([py, "-c", "import torch"], args.repeat)
     rows.append(("python -c 'import torch' (floor)", floor))
+    libs = "import torch, pandas, plotly.graph_objects as go; go.Figure(go.Heatmap(z=[[0.0]])).to_html()"
+    rows.append(
+        (
+            "import torch, pandas, plotly; one figure to HTML (the libraries the report is made with)",
+            median([py, "-c", libs], args.repeat),
+        )
+    )
     rows.append(("python -c 'import tl_idempotence'", median([py, "-c", "import tl_idempotence"], args.repeat)))
     rows.append(("tl-idempotence --help", median([CLI, "--help"], args.repeat)))
     rows.append(("tl-idempotence report --nul 3 (mistyped flag)", median([CLI, "report", "--nul", "3"], args.repeat)))
