@@ -866,3 +866,29 @@ def test_views_and_studies_refuse_with_project_errors(env, tmp_path):
     assert_raises(lambda: view.save(""), OptionError, ["must not be empty"])
     assert view.save(tmp_path / "a.html") == str(tmp_path / "a.html")
     assert_raises(lambda: rep.show_attention(TEXT, heads=[3]), OptionTypeError, ["heads", "3"])
+
+
+def test_report_methods_and_page_options_refuse_what_they_would_ignore(env, tmp_path):
+    """The report's methods refuse a typo'd keyword (naming the close match, never `self`); the page refuses
+    attention options without an attention text (they were silently ignored); the algebra's figures refuse
+    layers it has no value sharing in (they silently drew nothing) and a layers string (a raw TypeError)."""
+    rep = tli.idempotence_report(env.source, algebra=True, progress=False)
+    assert_raises(lambda: rep.figure(valu="P"), UnknownOptionError, ["'valu'", "did you mean 'value'"])
+    with pytest.raises(UnknownOptionError) as ei:
+        rep.figure(valu="P")
+    assert "self" not in str(ei.value)
+    assert_raises(lambda: rep.paper_table(formated=True), UnknownOptionError, ["'formated'", "'formatted'"])
+    assert_raises(lambda: rep.save(tmp_path / "s", overwrit=True), UnknownOptionError, ["'overwrit'", "'overwrite'"])
+    assert_raises(lambda: rep.to_tensor(colum="P"), UnknownOptionError, ["'colum'", "'column'"])
+    out = tmp_path / "r.html"
+    assert_raises(lambda: rep.save_html(out, top_k=3), OptionError, ["top_k", "attention_text"])
+    assert_raises(lambda: rep.save_html(out, attention_heads=[(0, 1)]), OptionError, ["attention_heads"])
+    assert_raises(lambda: rep.save_html(out, max_tokens=128), OptionError, ["max_tokens", "attention_text"])
+    assert not out.exists()
+    assert rep.save_html(out, max_tokens=64) == str(out) and out.stat().st_size > 100_000
+    alg = rep.algebra
+    assert alg is not None and alg.layers, "the tiny model shares values (GQA)"
+    assert_raises(lambda: alg.figures(layers=[99]), OptionError, ["[99]", "no value sharing", str(alg.layers)])
+    assert_raises(lambda: alg.figures(layers="0"), OptionTypeError, ["layers", "str"])
+    assert_raises(lambda: alg.figures(layer=[0]), UnknownOptionError, ["'layer'", "'layers'"])
+    assert len(alg.figures(layers=[alg.layers[0]])) == 1

@@ -216,11 +216,27 @@ class SharedValueAlgebra(Result):
         """Layers with value sharing."""
         return sorted({int(v) for v in self.pairs["layer"]}) if len(self.pairs) else []
 
-    def figures(self, layers: list[int] | None = None) -> list[Any]:
-        """One plotly figure per layer: α_ij and P_ij per kv group (drawn by ``tl_idempotence.views``)."""
+    @strict_kwargs
+    def figures(self, layers: Any = None) -> list[Any]:
+        """One plotly figure per layer: α_ij and P_ij per kv group (drawn by ``tl_idempotence.views``).
+
+        Args:
+            layers: layer indices to draw (default: every layer with value sharing).
+
+        Raises:
+            OptionTypeError / OptionError: ``layers`` not a sequence of distinct non-negative ints, or naming a
+                layer this algebra has no value sharing in (the layers it has are named).
+        """
         from ..core.results import views
 
-        return list(views().algebra_figures(self, layers=layers))
+        want = check_layers(layers)
+        if want is not None:
+            missing = [v for v in want if v not in self.layers]
+            if missing:
+                raise OptionError(
+                    f"layers {missing}: this algebra has no value sharing measured there; its layers are {self.layers}."
+                )
+        return list(views().algebra_figures(self, layers=None if want is None else list(want)))
 
     @classmethod
     def concat(

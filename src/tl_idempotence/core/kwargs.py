@@ -44,12 +44,14 @@ def strict_kwargs(fn: F) -> F:
         for p in sig.parameters.values()
         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     ]
+    # A method's self/cls is not an option to suggest (it can still be passed by keyword, as Python allows).
+    shown = [n for i, n in enumerate(names) if not (i == 0 and n in ("self", "cls"))]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         unknown = [k for k in kwargs if k not in names]
         if unknown:
-            raise unknown_option_error(f"{fn.__qualname__}()", unknown, names)
+            raise unknown_option_error(f"{fn.__qualname__}()", unknown, shown)
         return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]

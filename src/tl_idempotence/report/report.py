@@ -163,6 +163,7 @@ class IdempotenceReport(Result):
             self.tables, self.info, self.threshold, self.summary.get("algebra_ranges_threshold", self.threshold)
         )
 
+    @strict_kwargs
     def paper_table(self, formatted: Any = False) -> pd.DataFrame:
         """The abstract's headline quantities for this model next to the paper's figures.
 
@@ -181,6 +182,7 @@ class IdempotenceReport(Result):
         t = paper_table(self.summary, len(self.layers))
         return format_paper_table(t) if formatted else t
 
+    @strict_kwargs
     def to_tensor(self, column: Any = "P") -> torch.Tensor:
         """A numeric column as a ``[n_layers, n_heads]`` float64 tensor (TransformerLens layout);
         NaN where a layer was not measured or has no attention.
@@ -201,6 +203,7 @@ class IdempotenceReport(Result):
         out[L, H] = torch.tensor(col.to_numpy(dtype=np.float64))
         return out
 
+    @strict_kwargs
     def hook_points(self, heads: Any = "closed", hook: Any = "z") -> list[tuple[str, int]]:
         """``(hook name, head index)`` pairs of the chosen heads, e.g. ``("blocks.10.attn.hook_z", 8)``,
         ready for ``run_with_hooks``, activation patching or an ``ActivationCache``.
@@ -234,14 +237,17 @@ class IdempotenceReport(Result):
         return [(f"blocks.{int(layer)}.attn.hook_{hook}", int(h)) for layer, h in pairs]
 
     # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
+    @strict_kwargs
     def figure(self, value: Any = "P") -> Any:
         """Plotly heatmap (layer x head) of ``value`` (default P) with the closed heads marked."""
         return views().heads_heatmap(self, value=value)
 
+    @strict_kwargs
     def figures(self) -> list[Any]:
         """Every figure of the report page (heatmap, controls, algebra summary)."""
         return list(views().report_figures(self))
 
+    @strict_kwargs
     def save_html(
         self,
         path: Any,
@@ -277,6 +283,7 @@ class IdempotenceReport(Result):
             )
         )
 
+    @strict_kwargs
     def show_attention(
         self,
         text: Any,
@@ -311,6 +318,7 @@ class IdempotenceReport(Result):
             raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
         return ablation(m, self.closed_heads, **kwargs)
 
+    @strict_kwargs
     def save(self, path: Any, overwrite: Any = False) -> str:
         """Save the report as a folder of parquet tables and one JSON record (no pickle); reload it with
         :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.

@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..errors import OptionError
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap, scramble_figures
 from .output import page_path, write_page
 from .text import format_P, format_sig, headline, summary_sections
@@ -217,8 +218,21 @@ def save_report_html(
 
     Raises:
         OptionError: the folder of ``path`` does not exist, ``path`` is empty or a folder, or the file
-            cannot be written. OptionTypeError: ``path`` is not a path.
+            cannot be written; ``attention_heads``, ``top_k`` or ``max_tokens`` given without
+            ``attention_text`` (they would be ignored). OptionTypeError: ``path`` is not a path.
     """
+    if attention_text is None:
+        ignored = [
+            name
+            for name, v, default in (("attention_heads", attention_heads, None), ("top_k", top_k, None))
+            if v is not default
+        ]
+        if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 64):
+            ignored.append("max_tokens")
+        if ignored:
+            raise OptionError(
+                f"{', '.join(ignored)} only apply to the attention view: give attention_text='...' too, or drop them."
+            )
     p = page_path(path, "report page")
     extra = []
     if attention_text is not None:
