@@ -892,3 +892,11 @@ def test_report_methods_and_page_options_refuse_what_they_would_ignore(env, tmp_
     assert_raises(lambda: alg.figures(layers="0"), OptionTypeError, ["layers", "str"])
     assert_raises(lambda: alg.figures(layer=[0]), UnknownOptionError, ["'layer'", "'layers'"])
     assert len(alg.figures(layers=[alg.layers[0]])) == 1
+
+
+def test_zoo_source_files_option_is_checked():
+    from tl_idempotence.sources import zoo
+
+    assert_raises(lambda: zoo.source("minilm-l6", files="weights"), OptionError, ["files", "'attention'", "'weights'"])
+    assert_raises(lambda: zoo.source("minilm-l6", files=None), OptionError, ["files"])
+    assert_raises(lambda: zoo.source("minilm-l6", file="attention"), UnknownOptionError, ["'file'", "'files'"])

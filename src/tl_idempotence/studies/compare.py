@@ -46,7 +46,8 @@ from ..report.summary import PAPER
 from ..sources.checkpoint import CheckpointSource, is_transformers_model
 from ..sources.dispatch import head_source
 from ..sources.tl import TLModelSource, is_tl_model
-from ..sources.zoo import checkpoint_dir, known_models, model_spec
+from ..sources.zoo import known_models, model_spec
+from ..sources.zoo import source as zoo_source
 
 __all__ = [
     "COMPARED_OPTIONS",
@@ -303,7 +304,8 @@ def open_item(item: Item) -> Any:
     if item.kind == "path":
         return head_source(Path(item.value))
     if item.kind == "zoo":
-        return head_source(checkpoint_dir(str(item.value), progress=False))
+        # The whole checkpoint (its headers give the parameter count), described as the zoo model.
+        return zoo_source(str(item.value), progress=False, files="checkpoint")
     if item.kind == "callable":
         value = item.value()
         if isinstance(value, IdempotenceReport):
