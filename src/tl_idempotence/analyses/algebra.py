@@ -316,17 +316,16 @@ def _row(
 
     :func:`~tl_idempotence.core.closure.closure_scalars` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
     so ``i = j`` reproduces the core's α and P bit for bit (tested), degeneracy rules included.
-    The off-diagonal ``T_i T_j ≈ 0`` decision is re-made by :func:`_offdiagonal_nilpotent`.
+    The off-diagonal ``T_i T_j ≈ 0`` decision is re-made by :func:`_offdiagonal_nilpotent`
+    (:func:`_pair_scalars` fills α_ij, P_ij where it disagrees).
     All in the Grams' units (``‖T_i‖`` carries ``2^E_i``, ``‖T_iT_j‖`` ``2^(E_i + E_j)``, α_ij ``2^E_j``).
     """
     alpha, P, norm, norm_T2, _, reason = closure_scalars(G_Oi.expand_as(M), G_V.expand_as(M), M)
     return alpha, P, norm_T2, [str(x) for x in reason], float(norm[0])
 
 
-def _offdiagonal_nilpotent(
-    G_Oi: torch.Tensor, G_V: torch.Tensor, M_j: torch.Tensor, norm_TiTj: float, norm_Ti: float, norm_Tj: float
-) -> tuple[bool, float, float, float]:
-    """Whether ``T_i T_j ≈ 0`` (``i ≠ j``), scale-free, and the pair's α_ij, P_ij on that decision.
+def _offdiagonal_nilpotent(norm_TiTj: float, norm_Ti: float, norm_Tj: float) -> tuple[bool, float]:
+    """Whether ``T_i T_j ≈ 0`` (``i ≠ j``), scale-free, and the ratio it was decided on.
 
     The test is ``‖T_iT_j‖_F ≤ DEGENERATE_RTOL · ‖T_i‖_F ‖T_j‖_F`` (``‖T_iT_j‖ ≤ ‖T_i‖‖T_j‖``
     always): a ratio of norms in the same units (the Grams' ``2^(E_i+E_j)`` cancel), so rescaling
@@ -336,22 +335,27 @@ def _offdiagonal_nilpotent(
     ``T_i T_j = 0``.
 
     Args:
-        G_Oi: ``[r, r]`` ``O_iᵀO_i``; G_V: ``[r, r]``; M_j: ``[r, r]`` ``VᵀO_j`` (Grams' units).
         norm_TiTj, norm_Ti, norm_Tj: ``‖T_iT_j‖``, ``‖T_i‖``, ``‖T_j‖`` in the Grams' units (> 0 for ``T_i``).
 
     Returns:
-        ``(nilpotent, alpha_ij, P_ij, ratio)``: α_ij 0 and P_ij NaN when nilpotent, else the core's formulas
-        (Grams' units); ``ratio = ‖T_iT_j‖ / (‖T_i‖‖T_j‖)`` (NaN when ``T_j = 0``).
+        ``(nilpotent, ratio)``: ``ratio = ‖T_iT_j‖ / (‖T_i‖‖T_j‖)`` (NaN when ``T_j = 0``).
     """
     den = norm_Ti * norm_Tj
     ratio = norm_TiTj / den if den > 0 else float("nan")
-    nil = norm_TiTj == 0 or not den > 0 or ratio <= DEGENERATE_RTOL
-    if nil:
-        return True, 0.0, float("nan"), ratio
+    return norm_TiTj == 0 or not den > 0 or ratio <= DEGENERATE_RTOL, ratio
+
+
+def _pair_scalars(G_Oi: torch.Tensor, G_V: torch.Tensor, M_j: torch.Tensor) -> tuple[float, float]:
+    """α_ij and P_ij of one pair from the core's formulas (Grams' units), for a pair that
+    :func:`~tl_idempotence.core.closure.closure_scalars` called nilpotent but the scale-free test does not.
+
+    Args:
+        G_Oi: ``[r, r]`` ``O_iᵀO_i``; G_V: ``[r, r]``; M_j: ``[r, r]`` ``VᵀO_j`` (Grams' units).
+    """
     norm2 = (G_Oi * G_V).sum().clamp_min(0)
     inner = (M_j * (G_Oi @ G_V)).sum()
     norm2_T2 = ((G_Oi @ M_j) * (M_j @ G_V)).sum().clamp_min(0)
-    return False, float(inner / norm2), float((inner**2 / (norm2_T2 * norm2)).clamp(0.0, 1.0)), ratio
+    return float(inner / norm2), float((inner**2 / (norm2_T2 * norm2)).clamp(0.0, 1.0))
 
 
 def _kernel_defects(
@@ -448,11 +452,12 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
                 elif i != j:
                     # T_i T_j ~ 0 decided scale-free, relative to ||T_i|| ||T_j|| (not the core's ||T_i||^2);
                     # where the decision agrees with closure_scalars' its alpha_ij, P_ij are kept bit for bit.
-                    nil, a_ij, p_ij, ratio = _offdiagonal_nilpotent(
-                        g.G_O[i], G_V, M_g[b], float(nT2[b]), norm_T[a], norm_T[b]
-                    )
-                    if nil != reason.startswith("nilpotent head"):
-                        A[a, b], P[a, b] = a_ij, p_ij
+                    nil, ratio = _offdiagonal_nilpotent(float(nT2[b]), norm_T[a], norm_T[b])
+                    core_nil = reason.startswith("nilpotent head")
+                    if nil and not core_nil:
+                        A[a, b], P[a, b] = 0.0, float("nan")
+                    elif core_nil and not nil:
+                        A[a, b], P[a, b] = _pair_scalars(g.G_O[i], G_V, M_g[b])
                     reason = (
                         f"T_i T_j ~ 0: ||T_i T_j||_F / (||T_i||_F ||T_j||_F) = {ratio:.2e} <= {DEGENERATE_RTOL:.0e}"
                         if nil

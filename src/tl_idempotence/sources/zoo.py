@@ -546,18 +546,15 @@ def source(name: Any, *, source: Any = None, progress: Any = True, files: Any = 
         raise OptionError(f"files must be one of {SOURCE_FILES}; got {files!r:.40}.")
     spec = model_spec(name)
     gguf = spec["format"] == "gguf"
-    if files == "attention":
-        d = attention_dir(name, source=source, progress=progress)
-        src = from_hf_dir(d, architecture="llama" if gguf else None)
-        how = (
-            "attention weights dequantized from the GGUF with the gguf package"
-            if gguf
-            else "the checkpoint's safetensors"
-        )
+    attention = files == "attention"
+    d = (attention_dir if attention else checkpoint_dir)(name, source=source, progress=progress)
+    src = from_hf_dir(d, architecture="llama" if gguf and attention else None)
+    if not gguf:
+        how = "the checkpoint's safetensors"
+    elif attention:
+        how = "attention weights dequantized from the GGUF with the gguf package"
     else:
-        d = checkpoint_dir(name, source=source, progress=progress)
-        src = from_hf_dir(d)
-        how = "the fp32 checkpoint transformers converted from the GGUF" if gguf else "the checkpoint's safetensors"
+        how = "the fp32 checkpoint transformers converted from the GGUF"
     processing = {
         **src.info.processing,
         "zoo_model": name,
