@@ -177,6 +177,25 @@ def test_report_job_imports_only_what_it_uses(ckpt, tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
 
 
+def test_console_script_freezes_the_gc_and_main_does_not(ckpt, tmp_path):
+    """The console script keeps torch's ~10^5 objects frozen (gc.freeze) so the interpreter's exit
+    collections skip them (~0.5 s a run); main() called in a caller's process unfreezes on return."""
+    from importlib.metadata import entry_points
+
+    (ep,) = entry_points(group="console_scripts", name="tl-idempotence")
+    assert ep.value == "tl_idempotence.cli:console_main"
+    argv = ["report", str(ckpt), "--out", str(tmp_path / "r.html"), "--quiet"]
+    code = (
+        "import gc, sys; from tl_idempotence.cli import console_main, main\n"
+        f"rc = main({argv!r}); after_main = gc.get_freeze_count()\n"
+        f"sys.argv = ['tl-idempotence', *{argv!r}]\n"
+        "rc2 = console_main(); print(rc, after_main, rc2, gc.get_freeze_count() > 100_000)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "0 0 0 True", proc.stdout + proc.stderr
+
+
 def test_models_lists_the_zoo():
     proc = run(["models"])
     assert proc.returncode == 0 and "smollm2-135m" in proc.stdout and "minilm-l6" in proc.stdout

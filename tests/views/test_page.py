@@ -166,6 +166,76 @@ def test_log_P_axes_end_at_1(rep):
                 assert ys.max() <= 1.0 and ys.min() >= 10**lo, f.layout.title.text  # nothing drawn is cut off
 
 
+def _plotly_calls(html: str) -> list[tuple[list, dict]]:
+    """(data, layout) of every ``Plotly.newPlot(id, data, layout, config)`` call in ``html``."""
+    import json
+
+    dec = json.JSONDecoder()
+    out = []
+    for m in re.finditer(r"Plotly\.newPlot\(\s*", html):
+        i = m.end()
+        args = []
+        for _ in range(3):
+            val, i = dec.raw_decode(html, i)
+            args.append(val)
+            i = html.index(",", i) + 1
+            while html[i].isspace():
+                i += 1
+        out.append((args[1], args[2]))
+    return out
+
+
+def _plain(x):
+    """A figure's JSON with plotly's typed arrays ({"dtype", "bdata", "shape"}) decoded to nested lists
+    of floats and None (NaN) decoded to NaN, so two encodings of the same figure compare equal."""
+    import base64
+
+    if isinstance(x, dict):
+        if "bdata" in x and "dtype" in x:
+            arr = np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"]))
+            if "shape" in x:
+                arr = arr.reshape([int(n) for n in str(x["shape"]).split(",")])
+            return _plain(arr.tolist())
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_plain(v) for v in x]
+    if x is None:
+        return math.nan
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return float(x)
+    return x
+
+
+def _same(a, b, path="") -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), (path, sorted(a.keys() ^ b.keys()))
+        for k in a:
+            _same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        for i, (u, v) in enumerate(zip(a, b)):
+            _same(u, v, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert a == b or (math.isnan(a) and math.isnan(b)), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def test_page_heatmap_is_the_validated_figure(rep, html):
+    """The page draws the heatmap from a plain figure dict without plotly's validation (faster); what it
+    embeds must be exactly what the validated ``go.Figure`` (``rep.figure()``) would embed: same traces,
+    keys, values and template — so no key was misspelled or silently coerced by validation."""
+    import json
+
+    data, layout = _plotly_calls(html)[0]
+    fig = json.loads(rep.figure().to_json())
+    _same(_plain(data), _plain(fig["data"]))
+    _same(_plain(layout), _plain(fig["layout"]))
+    assert layout["title"]["text"].startswith("P per head: ") and layout["template"]["layout"]
+    ringed = {(int(y), int(x)) for x, y in zip(data[1]["x"], data[1]["y"])}
+    assert ringed == {(int(h[1:].split("H")[0]), int(h.split("H")[1])) for h in SMOL_CLOSED}
+
+
 def test_pages_without_controls_or_closed_heads(tmp_path):
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama"))
     rep = tli.idempotence_report(model, progress=False)

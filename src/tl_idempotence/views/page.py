@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import OptionError
-from .figures import algebra_figures, algebra_summary_figure, heads_heatmap, scramble_figures
+from .figures import algebra_figures, algebra_summary_figure, heads_heatmap_spec, scramble_figures
 from .output import page_path, write_page
 from .text import format_P, format_sig, headline, summary_sections
 
@@ -36,7 +36,18 @@ __all__ = [
 
 
 def _fig_div(fig: Any, first: bool) -> str:
-    return str(fig.to_html(full_html=False, include_plotlyjs=True if first else False))
+    """A figure as an HTML div (plotly.js inlined when ``first``): a ``go.Figure``, or a figure dict from a
+    ``*_spec`` function, rendered unvalidated in the default plotly template (as a ``go.Figure`` would be)."""
+    import plotly.io as pio
+
+    if isinstance(fig, dict):
+        template = pio.templates[pio.templates.default] if pio.templates.default else None
+        layout = dict(fig.get("layout", {}))
+        if template is not None and "template" not in layout:
+            layout["template"] = template.to_plotly_json()
+        fig = {**fig, "layout": layout}
+        return str(pio.to_html(fig, validate=False, full_html=False, include_plotlyjs=True if first else False))
+    return str(pio.to_html(fig, full_html=False, include_plotlyjs=True if first else False))
 
 
 def _table_html(df: pd.DataFrame) -> str:
@@ -88,7 +99,17 @@ def _datatable(df: pd.DataFrame) -> str:
     """A sortable, searchable table (itables, offline mode)."""
     from itables import to_html_datatable
 
-    return str(to_html_datatable(df, connected=False, display_logo_when_loading=False, showIndex=False, maxBytes=0))
+    # the options are fixed here and tested; itables' per-call typeguard check of them costs ~15 ms a table
+    return str(
+        to_html_datatable(
+            df,
+            connected=False,
+            display_logo_when_loading=False,
+            showIndex=False,
+            maxBytes=0,
+            warn_on_unexpected_option_type=False,
+        )
+    )
 
 
 def _p_value_note(rep: Any) -> str:
@@ -140,7 +161,7 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
         first = False
         return out
 
-    heat = div(heads_heatmap(rep))
+    heat = div(heads_heatmap_spec(rep))
     sections: list[dict[str, Any]] = []
     s = rep.summary
     if "P_scrambled_median" in rep.heads.columns:
