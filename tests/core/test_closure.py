@@ -8,7 +8,7 @@ import torch
 
 import tl_idempotence as tli
 from helpers import dense_closure, oblique_projection, principal_cosines
-from tl_idempotence.core.closure import closure_from_grams, grams, layer_grams
+from tl_idempotence.core.closure import CastBuffer, closure_from_grams, grams, layer_grams
 from tl_idempotence.core.factors import rank_rtol
 from tl_idempotence.errors import OptionTypeError, WeightError
 
@@ -235,6 +235,59 @@ def test_layer_grams_any_kv_layout_equals_per_head_products(kv):
     assert torch.equal(a.P, b.P) and torch.equal(a.alpha, b.alpha) and torch.equal(a.rank_V, b.rank_V)
     sub = closure_from_grams(lg.index(torch.tensor([4, 0])))
     assert sub.rank_V.tolist() == a.rank_V[[4, 0]].tolist()
+
+
+def _checkpoint_layer(seed: int, n_heads: int, n_kv: int, d_model: int, d_head: int, dtype: torch.dtype):
+    """O as a checkpoint gives it: a strided view of o_proj [d_model, n_heads * d_head] split into heads."""
+    g = gen(seed)
+    o_proj = torch.randn(d_model, n_heads * d_head, generator=g).to(dtype)
+    O = o_proj.reshape(d_model, n_heads, d_head).permute(1, 0, 2)
+    V = torch.randn(n_kv * d_head, d_model, generator=g).to(dtype).reshape(n_kv, d_head, d_model).transpose(1, 2)
+    return O, V, torch.arange(n_heads) // (n_heads // n_kv)
+
+
+def test_cast_buffer_gives_the_same_bits_layer_after_layer():
+    """A report loop reuses one block of memory for every layer's compute-dtype copy of O (CastBuffer):
+    each layer's Grams must equal, bit for bit, those computed with a fresh copy — whatever came before
+    in the buffer (other values, another shape, another dtype) — and the block is reused when it fits."""
+    buf = CastBuffer()
+    layers = [
+        (_checkpoint_layer(1, 8, 2, 64, 16, torch.bfloat16), torch.float64),
+        (_checkpoint_layer(2, 8, 2, 64, 16, torch.bfloat16), torch.float64),  # same shape: same block
+        (_checkpoint_layer(3, 8, 2, 64, 16, torch.float16), torch.float32),  # other compute dtype
+        (_checkpoint_layer(4, 6, 3, 40, 8, torch.float32), torch.float64),  # other shape
+        (_checkpoint_layer(5, 6, 3, 40, 8, torch.float32), torch.float64),
+    ]
+    ptrs = []
+    for (O, V, kv), dt in layers:
+        fresh = layer_grams(O, V, kv, compute_dtype=dt)
+        reused = layer_grams(O, V, kv, compute_dtype=dt, buffer=buf)
+        for name in ("G_O", "G_V", "M"):
+            assert torch.equal(getattr(fresh, name), getattr(reused, name)), name
+        held = buf.get(O.shape, dt, O.device)
+        assert held.dtype == dt and held.shape == O.shape and held.is_contiguous()
+        ptrs.append(held.data_ptr())
+    assert ptrs[0] == ptrs[1] and ptrs[3] == ptrs[4]  # reused while the shape and dtype stay
+    # weights already in the compute dtype and contiguous are used as they are (no copy into the buffer)
+    O = torch.randn(4, 32, 8, generator=gen(6), dtype=torch.float64)
+    V = torch.randn(2, 32, 8, generator=gen(7), dtype=torch.float64)
+    kv = torch.arange(4) // 2
+    before = buf.get((4, 32, 8), torch.float64, O.device).fill_(float("nan"))
+    g = layer_grams(O, V, kv, buffer=buf)
+    assert torch.isnan(before).all() and torch.equal(g.G_O, O.transpose(-1, -2) @ O)
+
+
+def test_cast_buffer_is_not_used_on_the_rescaled_path():
+    """Heads whose Gram diagonals leave the safe range are recomputed rescaled by powers of two (no buffer);
+    the buffer's first (overflowing) pass must not leak into the result."""
+    O, V, kv = _checkpoint_layer(8, 4, 2, 32, 8, torch.float32)
+    O = O * 1e30  # squares overflow float32 products
+    fresh = layer_grams(O, V, kv, compute_dtype=torch.float32)
+    reused = layer_grams(O, V, kv, compute_dtype=torch.float32, buffer=CastBuffer())
+    assert fresh.e_O is not None and bool((fresh.e_O != 0).all())
+    for name in ("G_O", "G_V", "M", "e_O"):
+        assert torch.equal(getattr(fresh, name), getattr(reused, name)), name
+    assert torch.isfinite(closure_from_grams(reused).P).all()
 
 
 def test_random_gaussian_heads_have_small_P():

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..core.closure import Closure, Grams, closure_from_grams, layer_grams
+from ..core.closure import CastBuffer, Closure, Grams, closure_from_grams, layer_grams
 from ..core.factors import principal_factors
 from ..core.heads import LayerHeads
 from ..core.options import ReportOptions
@@ -57,9 +57,17 @@ class LayerContext:
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def build(cls, heads: LayerHeads, options: ReportOptions) -> LayerContext:
-        """Compute the layer's Gram products (on ``options.device``) and closure once."""
-        g = layer_grams(heads.O, heads.V, heads.kv_head_of, compute_dtype=options.compute_dtype, device=options.device)
+    def build(cls, heads: LayerHeads, options: ReportOptions, buffer: CastBuffer | None = None) -> LayerContext:
+        """Compute the layer's Gram products (on ``options.device``) and closure once (``buffer``: memory reused
+        across a loop's layers for the cast of O, :class:`~tl_idempotence.core.closure.CastBuffer`)."""
+        g = layer_grams(
+            heads.O,
+            heads.V,
+            heads.kv_head_of,
+            compute_dtype=options.compute_dtype,
+            device=options.device,
+            buffer=buffer,
+        )
         return cls(heads=heads, grams=g, closure=closure_from_grams(g), options=options)
 
     @property

@@ -23,6 +23,7 @@ import torch
 from ..analyses.algebra import AlgebraAnalysis, SharedValueAlgebra
 from ..analyses.base import Analysis, LayerContext
 from ..analyses.registry import REPORT_ANALYSES
+from ..core.closure import CastBuffer
 from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
@@ -354,9 +355,16 @@ def load_report(path: Any) -> IdempotenceReport:
     )
 
 
-def run_layer(lh: LayerHeads, options: ReportOptions, analyses: Sequence[Analysis], fingerprint: str) -> LayerPart:
-    """Every analysis on one layer -> its :class:`~tl_idempotence.report.parts.LayerPart`."""
-    ctx = LayerContext.build(lh, options)
+def run_layer(
+    lh: LayerHeads,
+    options: ReportOptions,
+    analyses: Sequence[Analysis],
+    fingerprint: str,
+    buffer: CastBuffer | None = None,
+) -> LayerPart:
+    """Every analysis on one layer -> its :class:`~tl_idempotence.report.parts.LayerPart` (``buffer``: the loop's
+    :class:`~tl_idempotence.core.closure.CastBuffer`)."""
+    ctx = LayerContext.build(lh, options, buffer)
     cols: dict[str, Any] = {"layer": lh.layer, "head": np.arange(lh.n_heads), "kv_head": lh.kv_head_of.cpu().numpy()}
     row: dict[str, Any] = {"layer": lh.layer, "n_heads": lh.n_heads, "n_kv_heads": lh.n_kv_heads}
     tables: dict[str, pd.DataFrame] = {}
@@ -490,17 +498,19 @@ def report_with_options(
     if opts.search:  # the one report option that takes minutes (README: "What each analysis costs")
         desc += f"; search ~{SEARCH_CPU_S_PER_LAYER:g} CPU-s/layer at SmolLM2 size"
     bar = progress_bar(todo, desc=desc, unit="layer", enabled=progress)
+    buffer = CastBuffer()  # one block of memory for every layer's compute-dtype copy of O
     for layer in bar:
         lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
         fp = lh.fingerprint()
         part = parts_dir.load(layer, fp) if parts_dir is not None else None
         n_resumed += part is not None
         if part is None:
-            part = run_layer(lh, opts, analyses, fp)
+            part = run_layer(lh, opts, analyses, fp, buffer)
             if parts_dir is not None:
                 parts_dir.save(part)
         del lh
         done.append(part)
+    del buffer
     rep = assemble(done, info, opts, analyses, model=model)
     if parts_dir is not None:
         rep.summary["n_layers_resumed"] = n_resumed
