@@ -380,6 +380,27 @@ def test_layer_heads_fingerprint_is_sha256_of_the_bytes():
     assert LayerHeads(3, O, V, torch.tensor([0, 1, 0, 1])).fingerprint() != a  # other kv layout
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_fingerprint_of_a_strided_layer_is_the_sha256_of_its_c_order_bytes(dtype):
+    """A checkpoint's O is a strided view (o_proj split into heads), hashed head by head without a layer-sized
+    copy: the digest must be exactly the sha256 of the header and the C-order bytes, as for a contiguous copy."""
+    import hashlib
+
+    g = torch.Generator().manual_seed(3)
+    o_proj = torch.randn(24, 6 * 4, generator=g).to(dtype)
+    O = o_proj.reshape(24, 6, 4).permute(1, 0, 2)  # [6 heads, d_model 24, d_head 4], not contiguous
+    V = torch.randn(2 * 4, 24, generator=g).to(dtype).reshape(2, 4, 24).transpose(1, 2)
+    kv = torch.arange(6) // 3
+    assert not O.is_contiguous() and not V.is_contiguous()
+    want = hashlib.sha256()
+    for name, t in (("O", O.contiguous()), ("V", V.contiguous()), ("kv", kv)):
+        want.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode() + t.view(torch.uint8).numpy().tobytes())
+    strided = LayerHeads(0, O, V, kv).fingerprint()
+    assert strided == want.hexdigest() == LayerHeads(0, O.contiguous(), V.contiguous(), kv).fingerprint()
+    kv_strided = (torch.arange(12) // 6)[::2]  # a non-contiguous kv layout, same values
+    assert not kv_strided.is_contiguous() and LayerHeads(0, O, V, kv_strided).fingerprint() == strided
+
+
 def test_saved_summary_reads_back_exactly(tmp_path):
     lhs = [
         LayerHeads(
