@@ -194,6 +194,17 @@ def test_console_script_freezes_the_gc_and_main_does_not(ckpt, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "0 0 0 True", proc.stdout + proc.stderr
+    # a caller that froze objects itself keeps them frozen (not unfrozen by main), on success and on a
+    # usage error; the count only drops by frozen objects that refcounting freed meanwhile
+    code = (
+        "import gc; from tl_idempotence.cli import main\n"
+        "gc.freeze(); n = gc.get_freeze_count()\n"
+        f"rc = main({argv!r}); kept = gc.get_freeze_count() > n // 2\n"
+        "try:\n    main(['report', '--seed', '-1'])\nexcept SystemExit as e:\n    rc2 = e.code\n"
+        "print(rc, kept, rc2, gc.get_freeze_count() > n // 2, n > 1000)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.strip().splitlines()[-1] == "0 True 2 True True", proc.stdout + proc.stderr
 
 
 def test_models_lists_the_zoo():

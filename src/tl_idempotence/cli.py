@@ -475,7 +475,8 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     # the interpreter's collections at exit, would traverse again (~0.5 s of the main job). Freeze
     # them (gc.freeze, public API; refcounting still frees everything); main() unfreezes on return
     # unless this process is the console script and ends right after.
-    gc.freeze()
+    if args.freeze_gc:
+        gc.freeze()
 
     needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None
     model: Any
@@ -572,12 +573,15 @@ def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``) in this process; returns the exit code.
 
-    The report command freezes the garbage collector while it runs (``gc.freeze``); it is unfrozen
-    on return (``gc.unfreeze``), so a caller's process collects as usual afterwards. The
+    The report command freezes the garbage collector while it runs (``gc.freeze``) and unfreezes it on
+    return (``gc.unfreeze``), so a caller's process collects as usual afterwards; a caller that has
+    frozen objects itself (``gc.get_freeze_count() > 0``) keeps its GC state untouched. The
     ``tl-idempotence`` script is :func:`console_main`.
     """
+    if gc.get_freeze_count():  # the caller froze objects itself: leave its GC state alone
+        return _run(argv, freeze_gc=False)
     try:
-        return _run(argv)
+        return _run(argv, freeze_gc=True)
     finally:
         gc.unfreeze()
 
@@ -590,14 +594,15 @@ def console_main() -> int:
     collections at exit do not traverse torch's objects again (~0.5 s per run); atexit handlers, file
     and stream flushing and refcount finalization all run as usual.
     """
-    code = _run(None)
+    code = _run(None, freeze_gc=True)
     gc.freeze()
     return code
 
 
-def _run(argv: Sequence[str] | None) -> int:
+def _run(argv: Sequence[str] | None, freeze_gc: bool) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits 2 on bad arguments
+    args.freeze_gc = freeze_gc
     cmd = {"report": _cmd_report, "models": _cmd_models, "fetch": _cmd_fetch, "sweep": _cmd_sweep}[args.command]
     try:
         return cmd(args, args.subparser)

@@ -277,6 +277,19 @@ def test_cast_buffer_gives_the_same_bits_layer_after_layer():
     assert torch.isnan(before).all() and torch.equal(g.G_O, O.transpose(-1, -2) @ O)
 
 
+def test_cast_buffer_leaves_autograd_of_earlier_layers_intact():
+    """Weights that require grad get their own copy: reusing the buffer for a later layer must not break the
+    backward pass of an earlier layer's Grams (an in-place overwrite would)."""
+    buf = CastBuffer()
+    O1, V1, kv = _checkpoint_layer(9, 4, 2, 32, 8, torch.float32)
+    O2, V2, _ = _checkpoint_layer(10, 4, 2, 32, 8, torch.float32)
+    O1, O2 = O1.clone().requires_grad_(), O2.clone().requires_grad_()
+    g1 = layer_grams(O1, V1, kv, buffer=buf)
+    layer_grams(O2, V2, kv, buffer=buf)
+    g1.G_O.diagonal(dim1=-2, dim2=-1).sum().backward()
+    assert torch.allclose(O1.grad, 2 * O1.detach(), rtol=1e-6)  # d/dO sum_ij O_ij^2 = 2 O
+
+
 def test_cast_buffer_is_not_used_on_the_rescaled_path():
     """Heads whose Gram diagonals leave the safe range are recomputed rescaled by powers of two (no buffer);
     the buffer's first (overflowing) pass must not leak into the result."""

@@ -556,6 +556,30 @@ def test_gguf_truncated_and_nan(tmp_path):
         tli.idempotence_report(str(tmp_path / "nan.gguf"), progress=False)
 
 
+def test_gguf_in_the_other_byte_order_is_refused(tmp_path):
+    """gguf parses a big-endian file's metadata but hands its tensors back as native-order views: its F32
+    weights would be read byte-swapped (garbage, no error). Refused, naming the file and the fix."""
+    import gguf
+
+    O, V, _ = random_heads(1, 4, 2, 32, 8, seed=5)
+    w = gguf.GGUFWriter(str(tmp_path / "be.gguf"), "llama", endianess=gguf.GGUFEndian.BIG)
+    for k, v in {"block_count": 1, "embedding_length": 32, "attention.head_count": 4}.items():
+        w.add_uint32(f"llama.{k}", v)
+    w.add_uint32("llama.attention.head_count_kv", 2)
+    w.add_uint32("llama.attention.key_length", 8)
+    w.add_tensor("blk.0.attn_v.weight", V[0].transpose(1, 2).reshape(16, 32).numpy().copy().byteswap())
+    w.add_tensor("blk.0.attn_output.weight", O[0].permute(1, 0, 2).reshape(32, 32).numpy().copy().byteswap())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert gguf.GGUFReader(str(tmp_path / "be.gguf")).byte_order == "S"  # really the other byte order
+    with pytest.raises(CheckpointError, match=r"be\.gguf is stored in the other byte order \(big-endian"):
+        from_path(tmp_path / "be.gguf")
+    with pytest.raises(CheckpointError, match=r"be\.gguf .*gguf-convert-endian"):
+        tli.idempotence_report(str(tmp_path / "be.gguf"), progress=False)
+
+
 def test_root_detection_prefers_the_language_model():
     """Multimodal checkpoints (e.g. Gemma 3) hold other towers with layer-like names; the text model wins, and
     an explicit prefix= overrides."""

@@ -209,14 +209,19 @@ def apply_exponents(
     X: Tensor, e: Tensor | None, dtype: torch.dtype, contiguous: bool = False, buffer: CastBuffer | None = None
 ) -> Tensor:
     """``X · 2^e`` per leading index (``e`` ``[*lead]`` or None), exactly, cast to ``dtype``
-    (``contiguous``: in a contiguous copy whatever the layout of ``X``; ``buffer``: that copy written
-    into the buffer's reused memory when a copy is needed and ``e`` is all zero).
+    (``contiguous``: in a contiguous copy whatever the layout of ``X``).
+
+    ``buffer`` (with ``contiguous``): when a copy is needed, ``e`` is all zero and ``X`` does not
+    require grad, the copy is written into the buffer's memory and the buffer's tensor itself is
+    returned: it is valid only until the buffer's next use (:func:`layer_grams` uses it for products
+    only and returns none of it). A tensor that requires grad always gets its own copy (an in-place
+    reuse would break the backward pass of an earlier result).
 
     See :func:`layer_grams` for when heads are rescaled.
     """
     fmt = torch.contiguous_format if contiguous else torch.preserve_format
     if e is None or not bool(e.any()):
-        if buffer is not None and contiguous and (X.dtype != dtype or not X.is_contiguous()):
+        if buffer is not None and contiguous and not X.requires_grad and (X.dtype != dtype or not X.is_contiguous()):
             return buffer.get(X.shape, dtype, X.device).copy_(X)
         out = X.to(dtype, memory_format=fmt)
     else:

@@ -33,6 +33,7 @@ import mmap
 import os
 import re
 import stat
+import sys
 import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -619,7 +620,8 @@ class GGUFStore:
 
     Raises:
         MissingFileError / CheckpointError: see :func:`check_file`; not a GGUF file; metadata or
-            tensor table corrupt or cut off; tensor data truncated; trailing bytes (names the file).
+            tensor table corrupt or cut off; tensor data truncated; trailing bytes; stored in the
+            other byte order (big-endian here) (names the file).
     """
 
     format = "gguf"
@@ -651,6 +653,14 @@ class GGUFStore:
                 f"stops with {type(e).__name__}: {e}. The file is truncated within its header or damaged; "
                 "re-download it."
             ) from e
+        if self.reader_.byte_order != "I":
+            # gguf parses the metadata of a file in the other byte order, but hands its tensor data back
+            # as native-order views: F32/F16 weights would read as byte-swapped garbage.
+            raise CheckpointError(
+                f"GGUF file {path} is stored in the other byte order ({self.reader_.endianess.name.lower()}-endian "
+                f"on a {sys.byteorder}-endian machine); its tensors would be read byte-swapped. Convert it to "
+                f"{sys.byteorder}-endian GGUF (the gguf package's gguf-convert-endian script) first."
+            )
         self.path = path
         self.tensors = {t.name: t for t in self.reader_.tensors}
         end = max((int(t.data_offset) + int(t.n_bytes) for t in self.reader_.tensors), default=0)
