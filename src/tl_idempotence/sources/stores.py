@@ -654,8 +654,8 @@ class GGUFStore:
                 "re-download it."
             ) from e
         if self.reader_.byte_order != "I":
-            # gguf parses the metadata of a file in the other byte order, but hands its tensor data back
-            # as native-order views: F32/F16 weights would read as byte-swapped garbage.
+            # gguf parses the metadata of a file in the other byte order, but the tensor bytes reach
+            # gguf.quants.dequantize unswapped: F32/F16 weights would read as byte-swapped garbage.
             raise CheckpointError(
                 f"GGUF file {path} is stored in the other byte order ({self.reader_.endianess.name.lower()}-endian "
                 f"on a {sys.byteorder}-endian machine); its tensors would be read byte-swapped. Convert it to "
