@@ -8,7 +8,7 @@ import torch
 
 import tl_idempotence as tli
 from helpers import dense_closure, oblique_projection, principal_cosines
-from tl_idempotence.core.closure import CastBuffer, closure_from_grams, grams, layer_grams
+from tl_idempotence.core.closure import CastBuffer, closure_from_grams, closure_sums, grams, layer_grams
 from tl_idempotence.core.factors import rank_rtol
 from tl_idempotence.errors import OptionTypeError, WeightError
 
@@ -301,6 +301,23 @@ def test_cast_buffer_is_not_used_on_the_rescaled_path():
     for name in ("G_O", "G_V", "M", "e_O"):
         assert torch.equal(getattr(fresh, name), getattr(reused, name)), name
     assert torch.isfinite(closure_from_grams(reused).P).all()
+
+
+def test_closure_sums_are_the_dense_norms_and_inner_product():
+    """closure_sums gives ‖T‖², ⟨T², T⟩, ‖T²‖² of T = O Vᵀ (no degeneracy rule: a nilpotent T gives 0s)."""
+    g = gen(21)
+    O = torch.randn(3, 40, 6, generator=g, dtype=torch.float64)
+    V = torch.randn(3, 40, 6, generator=g, dtype=torch.float64)
+    O[2], V[2] = 0.0, 0.0
+    O[2, 0, 0], V[2, 1, 0] = 1.0, 1.0  # T = e0 e1ᵀ: nilpotent, T² = 0
+    G = grams(O, V)
+    norm2, inner, norm2_T2 = closure_sums(G.G_O, G.G_V, G.M)
+    T = O @ V.transpose(-1, -2)
+    T2 = T @ T
+    assert torch.allclose(norm2, (T * T).sum((-1, -2)), rtol=1e-12)
+    assert torch.allclose(inner, (T2 * T).sum((-1, -2)), rtol=1e-12, atol=1e-12)
+    assert torch.allclose(norm2_T2, (T2 * T2).sum((-1, -2)), rtol=1e-12, atol=1e-12)
+    assert norm2[2] == 1.0 and inner[2] == 0.0 and norm2_T2[2] == 0.0
 
 
 def test_random_gaussian_heads_have_small_P():

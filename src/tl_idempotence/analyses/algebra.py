@@ -68,7 +68,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.closure import Grams, apply_exponents, closure_scalars
+from ..core.closure import Grams, apply_exponents, closure_scalars, closure_sums
 from ..core.factors import DEGENERATE_RTOL, rank_rtol
 from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
 from ..core.options import (
@@ -352,9 +352,7 @@ def _pair_scalars(G_Oi: torch.Tensor, G_V: torch.Tensor, M_j: torch.Tensor) -> t
     Args:
         G_Oi: ``[r, r]`` ``O_iᵀO_i``; G_V: ``[r, r]``; M_j: ``[r, r]`` ``VᵀO_j`` (Grams' units).
     """
-    norm2 = (G_Oi * G_V).sum().clamp_min(0)
-    inner = (M_j * (G_Oi @ G_V)).sum()
-    norm2_T2 = ((G_Oi @ M_j) * (M_j @ G_V)).sum().clamp_min(0)
+    norm2, inner, norm2_T2 = closure_sums(G_Oi, G_V, M_j)
     return float(inner / norm2), float((inner**2 / (norm2_T2 * norm2)).clamp(0.0, 1.0))
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "closure",
     "closure_from_grams",
     "closure_scalars",
+    "closure_sums",
     "grams",
     "head_pair",
     "layer_grams",
@@ -377,6 +378,28 @@ def grams(
 # --------------------------------------------------------------------------- closure
 
 
+def closure_sums(
+    G_O: Float[Tensor, "*batch r r"], G_V: Float[Tensor, "*batch r r"], M: Float[Tensor, "*batch r r"]
+) -> tuple[Float[Tensor, "*batch"], Float[Tensor, "*batch"], Float[Tensor, "*batch"]]:
+    """``(‖T‖², ⟨T², T⟩, ‖T²‖²)`` from Gram products (SPEC 2), with no degeneracy rule applied.
+
+    ``‖T‖² = ⟨G_O, G_V⟩``, ``⟨T², T⟩ = ⟨M, G_O G_V⟩``, ``‖T²‖² = ⟨G_O M, M G_V⟩`` (Frobenius inner
+    products over the last two dims; the squared norms clamped at 0). The raw sums behind
+    :func:`closure_scalars`, which turns them into α and P with its zero/nilpotent rules; the
+    shared-value algebra uses them where it re-decides ``T_i T_j ≈ 0`` on its own scale.
+
+    Args:
+        G_O, G_V, M: ``[*batch, r, r]`` float64 (``OᵀO``, ``VᵀV``, ``VᵀO``), same shape (in the Grams' units).
+
+    Returns:
+        Three ``[*batch]`` tensors, in the Grams' units (``‖T‖²`` carries their exponents squared).
+    """
+    norm2 = (G_O * G_V).sum((-1, -2)).clamp_min(0)
+    inner = (M * (G_O @ G_V)).sum((-1, -2))
+    norm2_T2 = ((G_O @ M) * (M @ G_V)).sum((-1, -2)).clamp_min(0)
+    return norm2, inner, norm2_T2
+
+
 def closure_scalars(
     G_O: Float[Tensor, "*batch r r"],
     G_V: Float[Tensor, "*batch r r"],
@@ -401,9 +424,7 @@ def closure_scalars(
         DEGENERATE_RTOL · ‖T‖²``): α = 0, P = NaN.
     """
     G_O, G_V, M = torch.broadcast_tensors(G_O, G_V, M)
-    norm2 = (G_O * G_V).sum((-1, -2)).clamp_min(0)
-    inner = (M * (G_O @ G_V)).sum((-1, -2))
-    norm2_T2 = ((G_O @ M) * (M @ G_V)).sum((-1, -2)).clamp_min(0)
+    norm2, inner, norm2_T2 = closure_sums(G_O, G_V, M)
     norm = norm2.sqrt()
     norm_T2 = norm2_T2.sqrt()
 
