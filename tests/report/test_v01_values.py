@@ -1,38 +1,16 @@
 """Every number is unchanged by the redesign: the per-head tables of both zoo models and of their
 checkpoint files are bit for bit what tl_idempotence 0.1 gave (stored in tests/data/v0_1/, written by
-tests/data/v0_1/make_reference.py at commit 046f01e). Parquet keeps every float64 bit.
+tests/data/v0_1/make_reference.py at commit 046f01e; per CPU kernel signature, tests/reference_bits.py).
+Parquet keeps every float64 bit.
 The search columns of smollm2_bridge_l5_l10_search were rewritten once, on purpose (per-head
 generators; tests/data/v0_1/README.md says why)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
-import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-
-REF = Path(__file__).resolve().parents[1] / "data" / "v0_1"
-
-
-def assert_same_bits(got: pd.DataFrame, stem: str) -> None:
-    ref = pd.read_parquet(REF / f"{stem}.parquet")
-    got = got.reset_index(drop=True)
-    missing = [c for c in ref.columns if c not in got.columns]
-    assert not missing, f"{stem}: columns of 0.1 missing now: {missing}"
-    assert len(got) == len(ref), stem
-    for c in ref.columns:
-        a, b = got[c].to_numpy(), ref[c].to_numpy()
-        if b.dtype.kind == "f":
-            # same bits: equal where finite, NaN exactly where 0.1 had NaN
-            assert np.array_equal(a.astype(np.float64).view(np.int64), b.astype(np.float64).view(np.int64)) or (
-                np.array_equal(a.astype(float), b.astype(float), equal_nan=True)
-                and np.array_equal(np.signbit(a.astype(float)), np.signbit(b.astype(float)))
-            ), f"{stem}: column {c} differs (max |d| {np.nanmax(np.abs(a.astype(float) - b.astype(float)))})"
-        else:
-            assert [str(x) for x in a] == [str(x) for x in b], f"{stem}: column {c} differs"
+from reference_bits import assert_same_bits
 
 
 @pytest.fixture(scope="module")

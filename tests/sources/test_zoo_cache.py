@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
 
 import tl_idempotence as tli
+from reference_bits import assert_same_bits
 from tl_idempotence.errors import CacheError, ChecksumError, MissingFileError
 from tl_idempotence.sources import zoo
 
@@ -119,9 +119,7 @@ def smol_cache(cache):
 def test_attention_extract_equals_the_transformerbridge_numbers(smol_cache):
     """The main job reads the attention extract; 0.1 measured the TransformerBridge: same bits."""
     rep = tli.idempotence_report("smollm2-135m", progress=False)
-    ref = pd.read_parquet(Path(__file__).resolve().parents[1] / "data" / "v0_1" / "smollm2_gguf.heads.parquet")
-    for c in ("alpha", "P", "norm", "norm_T2"):
-        assert np.array_equal(rep.heads[c].to_numpy(), ref[c].to_numpy()), c
+    assert_same_bits(rep.heads, "smollm2_gguf.heads", columns=["alpha", "P", "norm", "norm_T2"])
     s = rep.summary
     assert s["model_name"] == "smollm2-135m" and s["processing"]["zoo_model"] == "smollm2-135m"
     assert (
