@@ -121,9 +121,15 @@ def _report_method() -> Any:
 
 
 def _attach(module: Any) -> None:
-    """Post-import hook: attach ``idempotence_report`` to the TransformerLens classes in ``module``."""
+    """Post-import hook: attach ``idempotence_report`` to the TransformerLens classes in ``module``.
+
+    Reads the module's own namespace (``vars(module)``), never ``getattr``: transformer-lens 4.x
+    removed ``HookedTransformer``/``HookedEncoder`` and its module ``__getattr__`` raises
+    ``ImportError`` (not ``AttributeError``) for those names, so ``getattr(module, name, None)``
+    would crash the import of this package. A class that is not there is skipped.
+    """
     for cls_name in _TL_CLASSES.get(module.__name__, ()):
-        cls = getattr(module, cls_name, None)
+        cls = vars(module).get(cls_name)
         if not isinstance(cls, type):
             continue
         current = cls.__dict__.get("idempotence_report")
