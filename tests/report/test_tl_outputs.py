@@ -207,6 +207,46 @@ def test_hook_points_zero_the_flagged_heads_in_run_with_hooks(tiny):
     assert not torch.allclose(logits, clean)  # ablating them changes the output
 
 
+def test_kv_hooks_get_kv_head_indices_deduplicated_with_the_query_heads_they_serve(tiny):
+    """hook_k/hook_v are [batch, pos, n_kv_heads, d_head] on GQA: a query head's index there would be wrong."""
+    import pickle
+
+    from tl_idempotence.report.report import HookPoint
+
+    rep = tli.idempotence_report(tiny, progress=False)  # 9 query heads on 3 kv heads
+    sel = [(0, 0), (0, 2), (0, 4), (1, 8)]
+    for hook in ("v", "k"):
+        pts = rep.hook_points(heads=sel, hook=hook)
+        assert pts == [
+            (f"blocks.0.attn.hook_{hook}", 0),
+            (f"blocks.0.attn.hook_{hook}", 1),
+            (f"blocks.1.attn.hook_{hook}", 2),
+        ]
+        assert [p.query_heads for p in pts] == [(0, 2), (4,), (8,)]
+        assert all(isinstance(p, HookPoint) and p.axis == 2 for p in pts)
+    assert len(rep.hook_points(heads="all", hook="v")) == 2 * 3  # one per (layer, kv head)
+    z = rep.hook_points(heads=sel, hook="z")
+    assert [p.head for p in z] == [0, 2, 4, 8] and [p.query_heads for p in z] == [(0,), (2,), (4,), (8,)]
+    assert [p.axis for p in rep.hook_points(heads=sel, hook="pattern")] == [1] * 4
+    p = pts[0]
+    back = pickle.loads(pickle.dumps(p))
+    assert back == p and back.query_heads == p.query_heads and back.layer == p.layer
+    name, index = p
+    assert (name, index) == (p.name, p.head) == ("blocks.0.attn.hook_k", 0)
+
+
+def test_result_hook_needs_use_attn_result(tiny):
+    rep = tli.idempotence_report(tiny, progress=False)
+    assert not tiny.cfg.use_attn_result
+    with pytest.raises(OptionError, match=r"model\.set_use_attn_result\(True\)"):
+        rep.hook_points(hook="result")  # the report's own model (alive) is checked
+    tiny.set_use_attn_result(True)
+    try:
+        assert rep.hook_points(heads=[(1, 3)], hook="result") == [("blocks.1.attn.hook_result", 3)]
+    finally:
+        tiny.set_use_attn_result(False)
+
+
 # --------------------------------------------------------------------------- threshold setter
 
 

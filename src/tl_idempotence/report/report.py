@@ -35,6 +35,8 @@ from .summary import build_summary, format_paper_table, paper_table
 
 __all__ = [
     "HEAD_COLUMNS",
+    "HOOK_AXES",
+    "HookPoint",
     "IdempotenceReport",
     "assemble",
     "head_label",
@@ -55,6 +57,53 @@ HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "ra
 def head_label(layer: int, head: int) -> str:
     """TransformerLens's head label, e.g. ``"L10H8"``."""
     return f"L{int(layer)}H{int(head)}"
+
+
+#: The per-head hooks of a TransformerLens attention block: ``hook -> (what the head axis counts, its dim)``.
+#: ``"query"``: query heads; ``"kv"``: kv heads (``hook_k``/``hook_v`` are ``[batch, pos, n_kv_heads, d_head]``
+#: on GQA/MQA, on HookedTransformer and TransformerBridge alike).
+HOOK_AXES: dict[str, tuple[str, int]] = {
+    "z": ("query", 2),
+    "q": ("query", 2),
+    "result": ("query", 2),
+    "pattern": ("query", 1),
+    "attn_scores": ("query", 1),
+    "k": ("kv", 2),
+    "v": ("kv", 2),
+}
+
+
+class HookPoint(tuple):
+    """One hook point: a ``(hook_name, head)`` pair (it unpacks and compares as one; ``name`` and ``head`` name
+    its two items) that also says which ``layer`` it is in, which ``axis`` of the activation ``head``
+    indexes, and the ``query_heads`` it stands for (for ``hook_k``/``hook_v`` on GQA: the chosen query heads
+    its kv head serves).
+    """
+
+    layer: int
+    axis: int
+    query_heads: tuple[int, ...]
+
+    def __new__(cls, name: str, index: int, layer: int, axis: int, query_heads: tuple[int, ...]) -> HookPoint:
+        self = super().__new__(cls, (name, int(index)))
+        self.layer, self.axis, self.query_heads = int(layer), int(axis), tuple(int(h) for h in query_heads)
+        return self
+
+    @property
+    def name(self) -> str:
+        """The TransformerLens hook name, e.g. ``"blocks.10.attn.hook_z"``."""
+        return str(self[0])
+
+    @property
+    def head(self) -> int:
+        """The index along :attr:`axis` of the hook's activation: a query head (a kv head for ``hook_k``/``hook_v``)."""
+        return int(self[1])
+
+    def __repr__(self) -> str:
+        return f"HookPoint({self[0]!r}, {self[1]}, axis={self.axis}, query_heads={self.query_heads})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HookPoint, (self[0], self[1], self.layer, self.axis, self.query_heads))
 
 
 class IdempotenceReport(Result):
@@ -205,23 +254,55 @@ class IdempotenceReport(Result):
         return out
 
     @strict_kwargs
-    def hook_points(self, heads: Any = "closed", hook: Any = "z") -> list[tuple[str, int]]:
-        """``(hook name, head index)`` pairs of the chosen heads, e.g. ``("blocks.10.attn.hook_z", 8)``,
-        ready for ``run_with_hooks``, activation patching or an ``ActivationCache``.
+    def hook_points(self, heads: Any = "closed", hook: Any = "z", model: Any = None) -> list[HookPoint]:
+        """The hook points of the chosen heads, ready for ``run_with_hooks``, activation patching or an
+        ``ActivationCache``: each a :class:`HookPoint`, a ``(hook name, index)`` pair such as
+        ``("blocks.10.attn.hook_z", 8)`` that also carries ``layer``, ``axis`` (the dim of the
+        activation that ``index`` indexes) and ``query_heads`` (the heads it stands for).
+
+        The index is right for the hook it names (TransformerLens's shapes, the same on
+        HookedTransformer and TransformerBridge):
+
+        * ``"z"``, ``"q"`` ``[batch, pos, n_heads, d_head]`` and ``"result"`` ``[batch, pos, n_heads,
+          d_model]``: the query head, ``axis=2``;
+        * ``"pattern"``, ``"attn_scores"`` ``[batch, n_heads, query_pos, key_pos]``: the query head, ``axis=1``;
+        * ``"k"``, ``"v"`` ``[batch, pos, n_kv_heads, d_head]``: the **kv head** the chosen heads read
+          (``axis=2``); on GQA/MQA one kv head serves several query heads, so the points are
+          deduplicated per ``(layer, kv head)`` and ``query_heads`` lists the chosen query heads it serves.
+          Intervening there changes every query head that reads that kv head, not only the chosen ones.
+
+        ``hook_result`` fires only when the model computes per-head results
+        (``model.set_use_attn_result(True)``): with ``hook="result"`` and a model (``model=``, or the
+        one the report was made from while it is alive) whose ``cfg.use_attn_result`` is off, this
+        refuses with that fix.
 
         Args:
-            heads: ``"closed"`` (default), ``"all"``, or ``(layer, head)`` pairs / a DataFrame.
-            hook: the per-head hook: ``"z"``, ``"pattern"``, ``"result"``, ``"q"``, ``"k"``, ``"v"``
+            heads: ``"closed"`` (default; highest P first), ``"all"``, or ``(layer, head)`` pairs / a
+                DataFrame with ``layer``/``head`` columns (layer order).
+            hook: ``"z"``, ``"pattern"``, ``"attn_scores"``, ``"result"``, ``"q"``, ``"k"`` or ``"v"``
                 (TransformerLens names ``blocks.{l}.attn.hook_{hook}``).
+            model: the TransformerLens model the points are for (only checked for ``"result"``).
+
+        Returns:
+            ``list[HookPoint]`` (each unpacks as ``name, index``).
 
         Raises:
-            OptionTypeError: ``hook`` is not a string. OptionError: an unknown selector or hook name.
+            OptionTypeError: ``hook`` is not a string. OptionError: an unknown selector or hook name; ``"result"``
+                on a model without ``use_attn_result``.
         """
-        known = ("z", "pattern", "result", "q", "k", "v", "attn_scores")
         if not isinstance(hook, str):
-            raise OptionTypeError(f"hook must be one of {known}; got {type(hook).__name__} {hook!r}.")
-        if hook not in known:
-            raise OptionError(f"hook must be one of {known}; got {hook!r}.")
+            raise OptionTypeError(f"hook must be one of {tuple(HOOK_AXES)}; got {type(hook).__name__} {hook!r}.")
+        if hook not in HOOK_AXES:
+            raise OptionError(f"hook must be one of {tuple(HOOK_AXES)}; got {hook!r}.")
+        if hook == "result":
+            m = model if model is not None else self.model
+            cfg = getattr(m, "cfg", None)
+            if cfg is not None and not getattr(cfg, "use_attn_result", False):
+                raise OptionError(
+                    "hook_result fires only when the model computes per-head results, and this model's "
+                    "cfg.use_attn_result is off: call model.set_use_attn_result(True) first (it costs a "
+                    "[batch, pos, n_heads, d_model] tensor per layer), or use hook='z' (the same heads, before W_O)."
+                )
         if isinstance(heads, str):
             if heads == "closed":
                 df = self.closed_heads
@@ -229,13 +310,25 @@ class IdempotenceReport(Result):
                 df = self.heads
             else:
                 raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
-            pairs = list(zip(df["layer"], df["head"]))
+            pairs = [(int(a), int(b)) for a, b in zip(df["layer"], df["head"])]
         else:
             from ..analyses.tokens import select_heads
 
             sel = select_heads(heads, sorted({int(v) for v in self.heads["layer"]}), self.info.n_heads)
             pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
-        return [(f"blocks.{int(layer)}.attn.hook_{hook}", int(h)) for layer, h in pairs]
+        kind, axis = HOOK_AXES[hook]
+        if kind == "query":
+            return [HookPoint(f"blocks.{layer}.attn.hook_{hook}", h, layer, axis, (h,)) for layer, h in pairs]
+        kv_of = {
+            (int(a), int(b)): int(k) for a, b, k in zip(self.heads["layer"], self.heads["head"], self.heads["kv_head"])
+        }
+        served: dict[tuple[int, int], list[int]] = {}
+        for layer, h in pairs:
+            served.setdefault((layer, kv_of[(layer, h)]), []).append(h)
+        return [
+            HookPoint(f"blocks.{layer}.attn.hook_{hook}", kv, layer, axis, tuple(hs))
+            for (layer, kv), hs in served.items()
+        ]
 
     # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
     @strict_kwargs
