@@ -215,3 +215,74 @@ def test_a_folder_that_is_not_a_report_is_refused(saved, tmp_path):
     a_file.write_text("<html></html>")
     with pytest.raises(MissingFileError, match="is not a folder"):
         tli.load_report(a_file)
+
+
+# --------------------------------------------------------------------------- overwrite and what is measured
+
+
+def test_overwrite_replaces_only_the_reports_own_files(rep, saved, tmp_path):
+    """A user's notes and figures beside the report stay; a table the new report does not have goes."""
+    (saved / "notes.md").write_text("my notes")
+    (saved / "figure.png").write_bytes(b"\x89PNG")
+    (saved / "mine.parquet").write_bytes(b"not a table of the report")  # a parquet name the record never listed
+    small = tli.idempotence_report(
+        str(tli.models.checkpoint_dir("smollm2-135m", progress=False)), layers=[5], progress=False
+    )
+    rep_tables = {f"{n}.parquet" for n in rep.tables}
+    assert rep_tables and (saved / next(iter(rep_tables))).exists()
+    small.save(saved, overwrite=True)
+    names = {p.name for p in saved.iterdir()}
+    assert {"notes.md", "figure.png", "mine.parquet"} <= names
+    assert (saved / "notes.md").read_text() == "my notes"
+    assert not (rep_tables & names), "a table of the earlier report was left beside the new one"
+    back = tli.load_report(saved)
+    assert back.heads.equals(small.heads) and list(back.tables) == list(small.tables)
+
+
+def test_overwrite_through_a_symlinked_folder_writes_where_it_points(rep, tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    rep.save(link)
+    (real / "notes.md").write_text("mine")
+    rep.save(link, overwrite=True)
+    assert link.is_symlink() and (real / RECORD).is_file() and (real / "notes.md").read_text() == "mine"
+    assert tli.load_report(link).heads.equals(rep.heads)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(OptionError, match=r"symbolic link to .*nowhere, which does not exist"):
+        rep.save(dangling)
+
+
+def _rewrite_record(folder: Path, edit) -> None:
+    """Edit report.json and recompute its digest (what a careless script or an adversary does)."""
+    import hashlib
+
+    f = folder / RECORD
+    rec = json.loads(f.read_text())
+    edit(rec)
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    f.write_text(json.dumps(rec, indent=1))
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda r: r["info"].update(n_heads=12), "layers whose heads are not exactly 0..11"),
+        (lambda r: r["info"].update(n_heads=6), "head indices up to 8 but the record says n_heads=6"),
+        (lambda r: r["info"].update(n_kv_heads=1), "kv heads up to 2 but the record says n_kv_heads=1"),
+        (lambda r: r["info"].update(n_layers=8), "the record says n_layers=8"),
+        (lambda r: r["info"].update(n_layers=40), "n_layers (30 vs 40)"),
+        (lambda r: r["summary"].update(n_heads_per_layer=12), "n_heads_per_layer (12 vs 9)"),
+        (lambda r: r["info"].update(d_head=32), "d_head (64 vs 32)"),
+    ],
+    ids=["n_heads up", "n_heads down", "n_kv_heads", "n_layers below a layer", "n_layers up", "summary", "d_head"],
+)
+def test_what_was_measured_must_fit_the_tables(saved, edit, says):
+    """The digest is recomputed, so only the cross-checks stand between the edit and a wrong tensor shape."""
+    _rewrite_record(saved, edit)
+    with pytest.raises(ReportFileError, match=re.escape(says)):
+        tli.load_report(saved)

@@ -21,7 +21,6 @@ import io
 import json
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,55 +102,131 @@ def _digest(record: dict[str, Any]) -> str:
         return ""
 
 
+def _own_files(d: Path) -> list[Path]:
+    """The files a report save wrote in ``d``, by name: ``report.json`` and the ``<table>.parquet`` its
+    record lists (all of ``*.parquet`` named like a table when the record cannot be read)."""
+    names: list[str] = []
+    try:
+        rec = json.loads((d / RECORD).read_text("utf-8"))
+        files = rec.get("files") if isinstance(rec, dict) else None
+        if isinstance(files, dict):
+            names = [n for n in files if isinstance(n, str) and re.fullmatch(r"[A-Za-z0-9_]+", n)]
+    except (OSError, ValueError):
+        pass
+    return [d / RECORD, *(d / f"{n}.parquet" for n in names)]
+
+
 def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
     """Write ``rec`` to the folder ``path`` (created); ``report.json`` is written last.
+
+    With ``overwrite=True`` over an earlier report, only the files that report wrote are replaced
+    (``report.json`` and the tables its record lists, by name): anything else in the folder — a
+    user's notes, a figure — stays. The old ``report.json`` is removed first, so an interrupted
+    overwrite leaves a folder that :func:`read_record` refuses ("no report.json"), never a mix that
+    loads. A symbolic link to a folder is followed (the report is written in the folder it points to).
 
     Args:
         rec: what to save.
         path: a folder that does not exist yet (or is empty), or an existing report folder with ``overwrite=True``.
-        overwrite: replace an existing report folder.
+        overwrite: replace an existing report's files.
 
     Returns:
         The folder.
 
     Raises:
-        OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder that is
-            not a saved report, or its parent folder does not exist.
+        OptionError: ``path`` is a file, a broken symbolic link, a non-empty folder (without
+            ``overwrite``), a folder that holds no saved report, or its parent folder does not exist;
+            a folder that cannot be listed or written (names it).
         OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
     """
     overwrite = check_bool(overwrite, "overwrite")
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The report folder must be a path; got {type(path).__name__}.")
     d = Path(path).expanduser()
-    if d.exists():
-        if not d.is_dir():
-            raise OptionError(f"Cannot save the report to {d}: it is a file.")
-        if any(d.iterdir()):
-            if not overwrite:
-                raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
-            if not (d / RECORD).is_file():
-                raise OptionError(f"{d} is not a saved report folder (no {RECORD}); refusing to overwrite it.")
-            shutil.rmtree(d)
-    if not d.parent.exists():
-        raise OptionError(f"Cannot save the report to {d}: the folder {d.parent} does not exist.")
-    d.mkdir(exist_ok=True)
-    files: dict[str, str] = {}
-    for name, df in {"heads": rec.heads, "layers": rec.layers, **rec.tables}.items():
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
-        atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
-        files[name] = sha256_bytes(buf.getvalue())
-    record = {
-        "format": FORMAT,
-        "summary": json_safe(_tag_int_keys(rec.summary)),
-        "options": rec.options.as_dict(),
-        "info": _info_record(rec.info),
-        "files": files,
-        "tables": sorted(rec.tables),
-    }
-    record["digest"] = _digest(record)
-    atomic_write_text(d / RECORD, json.dumps(record, indent=1))  # insertion order: the summary reads back as it was
+    if d.is_symlink() and not d.exists():
+        raise OptionError(
+            f"Cannot save the report to {d}: it is a symbolic link to {os.readlink(d)}, which does not exist."
+        )
+    old: list[Path] = []
+    try:
+        if d.exists():
+            if not d.is_dir():
+                raise OptionError(f"Cannot save the report to {d}: it is a file.")
+            if any(d.iterdir()):
+                if not overwrite:
+                    raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
+                if not (d / RECORD).is_file():
+                    raise OptionError(f"{d} is not a saved report folder (no {RECORD}); refusing to overwrite it.")
+                old = [p for p in _own_files(d) if p.is_file()]
+                (d / RECORD).unlink()  # first: an interrupted overwrite is "no report.json", never a mix
+        if not d.parent.exists():
+            raise OptionError(f"Cannot save the report to {d}: the folder {d.parent} does not exist.")
+        d.mkdir(exist_ok=True)
+        files: dict[str, str] = {}
+        for name, df in {"heads": rec.heads, "layers": rec.layers, **rec.tables}.items():
+            buf = io.BytesIO()
+            df.to_parquet(buf, index=False)
+            atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
+            files[name] = sha256_bytes(buf.getvalue())
+        record = {
+            "format": FORMAT,
+            "summary": json_safe(_tag_int_keys(rec.summary)),
+            "options": rec.options.as_dict(),
+            "info": _info_record(rec.info),
+            "files": files,
+            "tables": sorted(rec.tables),
+        }
+        record["digest"] = _digest(record)
+        atomic_write_text(d / RECORD, json.dumps(record, indent=1))  # insertion order: the summary reads back as it was
+        written = {d / RECORD, *(d / f"{n}.parquet" for n in files)}
+        for p in old:  # tables of the earlier report that this one does not have
+            if p not in written:
+                p.unlink(missing_ok=True)
+    except OSError as e:
+        raise OptionError(f"Cannot save the report to {d}: {e.strerror or e} ({e.filename or d}).") from e
     return d
+
+
+def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, info: ModelInfo) -> None:
+    """What the record says was measured (``info``: layers, heads, kv heads) must be what the tables hold.
+
+    Raises:
+        ReportFileError: a head or layer the info does not have, a layer without all its heads, a kv head
+            out of range, layer rows that are not the layers of the heads (names the file).
+    """
+    where = d / "heads.parquet"
+    if not {"layer", "head"} <= set(heads.columns):
+        raise ReportFileError(f"{where} has no layer/head columns: it is not a report's per-head table.")
+    try:
+        L = heads["layer"].to_numpy(dtype="int64")
+        H = heads["head"].to_numpy(dtype="int64")
+        K = heads["kv_head"].to_numpy(dtype="int64") if "kv_head" in heads.columns else None
+        layer_rows = layers["layer"].to_numpy(dtype="int64") if "layer" in layers.columns else None
+    except (TypeError, ValueError) as e:
+        raise ReportFileError(f"{where}: layer/head/kv_head columns that are not integers ({e}).") from e
+    problems = []
+    if len(L) and (L.min() < 0 or L.max() >= info.n_layers):
+        problems.append(f"layers {sorted(set(L.tolist()))[:10]} but the record says n_layers={info.n_layers}")
+    if len(H) and (H.min() < 0 or H.max() >= info.n_heads):
+        problems.append(f"head indices up to {int(H.max())} but the record says n_heads={info.n_heads}")
+    if K is not None and len(K) and (K.min() < 0 or K.max() >= info.n_kv_heads):
+        problems.append(f"kv heads up to {int(K.max())} but the record says n_kv_heads={info.n_kv_heads}")
+    if not problems:
+        counts = pd.Series(H).groupby(L).nunique()
+        short = counts[counts != info.n_heads]
+        if len(short) or len(set(zip(L.tolist(), H.tolist()))) != len(L):
+            problems.append(f"layers whose heads are not exactly 0..{info.n_heads - 1} once each")
+    if layer_rows is None:
+        problems.append(f"{d / 'layers.parquet'} has no layer column")
+    elif sorted(layer_rows.tolist()) != sorted(set(L.tolist())):
+        problems.append(
+            f"{d / 'layers.parquet'} lists layers {sorted(layer_rows.tolist())[:10]}, not those of the heads"
+        )
+    if problems:
+        raise ReportFileError(
+            f"{where} does not fit what {d / RECORD} says was measured: {'; '.join(problems)}. The tables and the "
+            "record do not belong together."
+        )
 
 
 def read_record(path: Any) -> ReportRecord:
@@ -207,6 +282,24 @@ def read_record(path: Any) -> ReportRecord:
         ) from e
     heads = frames.pop("heads")
     layers = frames.pop("layers")
+    _check_tables_fit_info(d, heads, layers, info)
+    # The sizes are recorded twice (info and summary): an edit of one (with the digest recomputed) is refused.
+    sizes = {
+        "n_layers": info.n_layers,
+        "n_heads_per_layer": info.n_heads,
+        "n_kv_heads": info.n_kv_heads,
+        "d_model": info.d_model,
+        "d_head": info.d_head,
+        "n_heads": len(heads),
+        "n_attention_layers": int(heads["layer"].nunique()),
+    }
+    differ = {k: (summary.get(k), v) for k, v in sizes.items() if k in summary and summary.get(k) != v}
+    if differ:
+        raise ReportFileError(
+            f"{rec_file}: the summary and what was measured (info, tables) disagree on "
+            + ", ".join(f"{k} ({a!r} vs {b!r})" for k, (a, b) in differ.items())
+            + ": the record was edited. Save the report again from its source."
+        )
     # What the threshold decides must agree with the numbers it was decided from.
     if {"P", "closed"} <= set(heads.columns):
         want = (heads["P"] >= options.threshold).to_numpy(dtype=bool)
