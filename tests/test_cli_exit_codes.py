@@ -55,6 +55,11 @@ USAGE = [  # (argv, a fragment the message must contain): exit 2, before any wor
     (["report", "--layers", "3-1"], "bad layer range"),
     (["report", "--layers", "a"], "not a layer index"),
     (["report", "--layers", "1,1"], "given twice"),
+    (["report", "--layers", "0-1000000000"], "layer indices are at most 65535"),  # never expanded
+    (["report", "--layers", "0-200000"], "layer indices are at most 65535"),
+    (["report", "--layers", "70000"], "layer indices are at most 65535"),
+    (["report", "--csv", "report.html"], "--csv report.html and --out report.html"),  # the default --out
+    (["report", "--csv", "x.html", "--out", "./x.html"], "name the same file"),
     (["report", "--out", "/nonexistent-tli/x.html"], "--out: the folder /nonexistent-tli does not exist"),
     (["report", "--csv", "/nonexistent-tli/x.csv"], "--csv: the folder /nonexistent-tli does not exist"),
     (["report", "--out", "/tmp"], "is a folder"),
@@ -218,3 +223,21 @@ def test_out_folder_check_happens_before_reading_the_model(tmp_path):
     proc = run(["report", "smollm2-135m", "--out", str(tmp_path / "missing" / "r.html")])
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     assert Path(tmp_path / "missing").exists() is False
+
+
+def test_huge_layer_range_is_refused_before_anything_is_allocated(tmp_path):
+    """0.2 expanded the range and de-duplicated it quadratically (OOM-killed after ~30 s)."""
+    import time
+
+    t0 = time.perf_counter()
+    proc = run(["report", "--layers", "0-1000000000"], cwd=tmp_path)
+    took = time.perf_counter() - t0
+    assert proc.returncode == 2 and "at most 65535" in proc.stderr
+    assert took < 20, took  # a fresh interpreter, no torch: ~0.2 s here; the expansion never finished
+
+
+def test_version_prints_the_package_version():
+    from importlib.metadata import version
+
+    proc = run(["--version"])
+    assert proc.returncode == 0 and proc.stdout.strip() == f"tl-idempotence {version('tl_idempotence')}"

@@ -75,10 +75,18 @@ def _positive_int(s: str) -> int:
 def parse_layers(s: str) -> list[int]:
     """``"0,5,10-12"`` -> ``[0, 5, 10, 11, 12]`` (distinct, in the given order).
 
+    Every index is checked against :data:`~tl_idempotence.core.limits.MAX_LAYER_INDEX` before a range
+    is expanded, so ``0-1000000000`` is refused at once (whether a layer exists is checked against the
+    model before any work).
+
     Raises:
-        argparse.ArgumentTypeError: anything else (empty, negative, reversed range, repeated layer).
+        argparse.ArgumentTypeError: anything else (empty, negative, reversed range, an index above the
+            maximum, repeated layer).
     """
+    from .core.limits import MAX_LAYER_INDEX  # imports nothing (no torch at parse time)
+
     out: list[int] = []
+    seen: set[int] = set()
     for part in s.split(","):
         part = part.strip()
         if not part:
@@ -91,10 +99,13 @@ def parse_layers(s: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"not a layer index or range: {part!r} (use e.g. 0,5,10-12)") from None
         if a < 0 or b < a:
             raise argparse.ArgumentTypeError(f"bad layer range {part!r}: indices are >= 0 and ranges run upwards")
-        out += list(range(a, b + 1))
-    dup = sorted({v for v in out if out.count(v) > 1})
-    if dup:
-        raise argparse.ArgumentTypeError(f"layer(s) {dup} given twice in {s!r}")
+        if b > MAX_LAYER_INDEX:
+            raise argparse.ArgumentTypeError(f"layer {b} in {part!r}: layer indices are at most {MAX_LAYER_INDEX}")
+        for v in range(a, b + 1):
+            if v in seen:
+                raise argparse.ArgumentTypeError(f"layer {v} given twice in {s!r}")
+            seen.add(v)
+            out.append(v)
     return out
 
 
@@ -129,6 +140,15 @@ def _folder(s: str) -> str:
     if not p.exists() and not p.parent.is_dir():
         raise argparse.ArgumentTypeError(f"the folder {p.parent} does not exist")
     return str(p)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tl_idempotence")
+    except PackageNotFoundError:  # pragma: no cover - a source tree without installation
+        return "0+unknown"
 
 
 def _zoo_names() -> list[str]:
@@ -192,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog="Exit codes: 0 ok, 2 bad arguments, 1 failure (one-line reason; --debug for the traceback).",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -464,7 +485,16 @@ def _report_options(args: argparse.Namespace) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- commands
 
 
+def _same_file(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return os.path.samefile(pa, pb)
+    return pa.resolve() == pb.resolve()
+
+
 def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.csv and _same_file(args.csv, args.out):
+        parser.error(f"--csv {args.csv} and --out {args.out} name the same file; give each its own file")
     kind, value = _resolve_model(args, parser)
     from .core.options import check_device
 

@@ -16,6 +16,7 @@ __all__ = [
     "CheckpointError",
     "ChecksumError",
     "DeviceError",
+    "ItemError",
     "MissingFileError",
     "OptionError",
     "OptionTypeError",
@@ -73,6 +74,11 @@ class ResumeError(TLIError, ValueError):
 
 class DeviceError(TLIError, ValueError):
     """A device that is not there (``device="cuda"`` without CUDA) or not understood."""
+
+
+class ItemError(TLIError, RuntimeError):
+    """An item of a comparison or sweep whose own code failed (a callable that raised); names the item,
+    the cause is chained."""
 
 
 class ZooError(TLIError, RuntimeError):

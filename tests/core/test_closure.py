@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -364,3 +366,51 @@ def test_numpy_input_accepted():
     c = tli.closure((W_V, W_O))
     ref = dense_closure(torch.from_numpy(W_O.T), torch.from_numpy(W_V))
     assert c.P.item() == pytest.approx(ref["P"].item(), rel=1e-10)
+
+
+# ---------------------------------------------------------------- edges of shape, stride and storage
+
+
+def test_d_head_1_heads_equal_the_dense_T_on_every_route(tmp_path):
+    """d_head = 1: O = W_Oᵀ keeps stride d_model in its size-1 last dim (the fingerprint's byte view refused it).
+    LayerHeads, a safetensors checkpoint and a GGUF file: every head's P and α equal the dense T."""
+    from helpers import assert_matches, llama_like, write_gguf_file
+
+    d, O, V = llama_like(tmp_path / "ck", n_layers=2, nq=4, nkv=2, dm=16, dh=1)
+    g = write_gguf_file(tmp_path / "m.gguf", O, V)
+    kv = torch.arange(4) // 2
+    lhs = [tli.LayerHeads(l, O[l], V[l], kv) for l in range(2)]
+    assert lhs[0].fingerprint() != lhs[1].fingerprint() and len(lhs[0].fingerprint()) == 64
+    for model in (lhs, str(d), str(g)):
+        rep = tli.idempotence_report(model, nulls=4, progress=False)
+        assert_matches(rep, O, V, 4, 2)
+        # rank 1: T = o vᵀ, T² = (vᵀo) T, so P = 1 and α = vᵀo exactly
+        np.testing.assert_allclose(rep.heads["P"].to_numpy(), 1.0, rtol=0, atol=1e-12)
+        want = [float(V[l][kv[h], :, 0].double() @ O[l][h, :, 0].double()) for l in range(2) for h in range(4)]
+        np.testing.assert_allclose(rep.heads["alpha"].to_numpy(), want, rtol=1e-6)  # checkpoints are float32
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda t: t.to("meta"), "'meta' device"),
+        (lambda t: t.to_sparse(), "sparse tensor (torch.sparse_coo)"),
+        (lambda t: t.to_sparse_csr(), "sparse tensor (torch.sparse_csr)"),
+    ],
+    ids=["meta", "sparse_coo", "sparse_csr"],
+)
+def test_meta_and_sparse_tensors_are_refused_naming_them(make, says):
+    W_V, W_O = torch.randn(16, 4, generator=gen(3)), torch.randn(4, 16, generator=gen(4))
+    with pytest.raises(
+        WeightError, match=re.escape(f"W_V is a {says}" if "sparse" in says else f"W_V is on the {says}")
+    ):
+        tli.closure((make(W_V), W_O))
+    with pytest.raises(WeightError, match="W_O"):
+        tli.closure((W_V, make(W_O)))
+    with pytest.raises(WeightError, match="Layer 0: O"):
+        tli.LayerHeads(
+            0,
+            make(W_O.T.contiguous())[None] if "sparse" not in says else make(W_O.T.contiguous()[None]),
+            W_V[None],
+            torch.tensor([0]),
+        )

@@ -763,6 +763,32 @@ def test_unreadable_file_for_real(tmp_path):
         f.chmod(0o644)
 
 
+def test_folder_that_cannot_be_listed_is_diagnosed_as_such(tmp_path, monkeypatch):
+    """Not "has no config.json": the folder is there, this process may not list it (root lists anything,
+    so the refusal of the OS is replayed for that one folder)."""
+    d, _, _ = single(tmp_path / "ck")
+    real = os.scandir
+
+    def scandir(path="."):
+        if Path(path) == d:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    msg = refused(CheckpointError, lambda: from_path(d), str(d), "cannot be listed", "Permission denied")
+    assert "config.json" not in msg
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root lists any folder")
+def test_folder_that_cannot_be_listed_for_real(tmp_path):
+    d, _, _ = single(tmp_path / "ck")
+    d.chmod(0)
+    try:
+        refused(CheckpointError, lambda: from_path(d), str(d), "cannot be listed")
+    finally:
+        d.chmod(0o755)
+
+
 def test_truncated_and_trailing_messages_differ(tmp_path):
     msgs = []
     for name, breaker in (("cut", lambda f: truncate(f, 4)), ("long", lambda f: append(f, bytes(4)))):
@@ -848,6 +874,52 @@ def test_gguf_with_two_tensors_of_one_name(tmp_path):
     raw = f.read_bytes()
     f.write_bytes(raw.replace(b"blk.0.attn_v.weighX", b"blk.0.attn_v.weight"))
     refused(CheckpointError, lambda: from_path(f), str(f), "blk.0.attn_v.weight", "two tensors of one name")
+
+
+def _tensor_info_pos(f: Path, name: str) -> tuple[int, int]:
+    """File offsets of a tensor's type (u32) and data offset (u64) fields in a GGUF tensor table."""
+    import gguf
+
+    r = gguf.GGUFReader(str(f))
+    t = next(t for t in r.tensors if t.name == name)
+    type_pos = int(t.field.offset) + 8 + len(name.encode()) + 4 + 8 * len(t.shape)
+    return type_pos, type_pos + 4
+
+
+def _gguf_type(name: str, ggml_type: int):
+    def edit(f: Path) -> None:
+        patch(f, _tensor_info_pos(f, name)[0], ggml_type.to_bytes(4, "little"))
+
+    return edit
+
+
+def _gguf_offset(name: str, new: Callable[[int], int]):
+    def edit(f: Path) -> None:
+        pos = _tensor_info_pos(f, name)[1]
+        old = int.from_bytes(f.read_bytes()[pos : pos + 8], "little")
+        patch(f, pos, new(old).to_bytes(8, "little"))
+
+    return edit
+
+
+#: A tensor table edited after writing: each tensor's bytes no longer fit the space its neighbours leave.
+EDITED_GGUF_TABLE = {
+    "type F32 -> F16 (half the bytes: a gap)": (_gguf_type("blk.0.attn_v.weight", 1), ["leaves a gap", "F16"]),
+    "type F32 -> F64 (twice the bytes: an overlap)": (_gguf_type("blk.0.attn_v.weight", 28), ["overlaps", "F64"]),
+    "offset not aligned": (_gguf_offset("blk.0.attn_output.weight", lambda o: o + 4), ["not a multiple", "alignment"]),
+    "offset onto the previous tensor": (_gguf_offset("blk.0.attn_output.weight", lambda o: 0), ["overlaps"]),
+    "first offset past the data start": (_gguf_offset("blk.0.attn_v.weight", lambda o: o + 32), ["first tensor"]),
+}
+
+
+@pytest.mark.parametrize("case", list(EDITED_GGUF_TABLE))
+def test_gguf_tensor_table_that_lies_is_refused(tmp_path, case):
+    """Like a safetensors header whose shape does not fill its data_offsets: refused, naming file and tensor."""
+    O, V, _ = random_heads(2, 4, 2, 32, 8)
+    f = write_gguf_file(tmp_path / "m.gguf", O, V)
+    edit, names = EDITED_GGUF_TABLE[case]
+    edit(f)
+    refused(CheckpointError, lambda: from_path(f), str(f), "corrupt tensor table", *names)
 
 
 def test_split_gguf_part_is_refused(tmp_path):

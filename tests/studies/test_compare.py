@@ -230,3 +230,18 @@ def test_figure_and_offline_page(ckpts, tmp_path):
     no_null = tli.compare(dict(ckpts), progress=False).figure()
     assert [tr.name for tr in no_null.data] == ["trained P", "trained P"]
     assert "no null" in no_null.layout.title.text
+
+
+def test_an_item_whose_opener_raises_is_named():
+    """A callable item that raises: the error names the item (ItemError, the cause chained), not a bare
+    RuntimeError from somewhere inside the comparison."""
+    from helpers import SyntheticSource, gaussian_layer
+    from tl_idempotence.errors import ItemError
+
+    def opener():
+        raise RuntimeError("the cluster's filesystem is not mounted")
+
+    good = SyntheticSource([gaussian_layer(0, 4, 2, 16, 4, 0)], name="good")
+    with pytest.raises(ItemError, match=r"item 'broken' \(callable .*opener\) raised RuntimeError: the cluster") as e:
+        tli.compare({"good": good, "broken": opener}, progress=False)
+    assert isinstance(e.value.__cause__, RuntimeError)

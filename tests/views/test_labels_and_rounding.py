@@ -117,3 +117,26 @@ def test_weights_phrase_says_when_processing_is_not_recorded(rep):
     assert weights_phrase({"processing": {"fold_ln": True}}) == "TransformerLens-processed weights (fold_ln)"
     assert weights_phrase({"processing": "raw"}) == "weight processing not recorded"  # a record that lies
     assert np.isfinite(rep.heads["P"]).all()
+
+
+MARKUP = '<b>x</b><img src=x onerror="alert(1)">&co'
+
+
+def test_model_names_and_labels_with_markup_are_shown_literally_everywhere(tmp_path):
+    """A model name or label is data: plotly titles, tick labels and hover text render markup, so it is written
+    as entities there; the pages (jinja2, autoescaped) and the notebook display escape it."""
+    from tl_idempotence.views.text import plot_text
+
+    r = tli.idempotence_report(SyntheticSource(list(synthetic()), name=MARKUP), progress=False)
+    assert r.summary["model_name"] == MARKUP
+    safe = plot_text(MARKUP)
+    assert safe == '&lt;b&gt;x&lt;/b&gt;&lt;img src=x onerror="alert(1)"&gt;&amp;co'
+    assert safe in r.figure().layout.title.text and MARKUP not in r.figure().layout.title.text
+    page = r.save_html(tmp_path / "r.html")
+    html = open(page, encoding="utf-8").read()
+    assert "<img src=x" not in html and "<b>x</b>" not in html
+    assert "<img src=x" not in r._repr_html_()
+    cmp = tli.compare({MARKUP: r, "plain": tli.idempotence_report(synthetic(4), progress=False)}, progress=False)
+    xs = {x for tr in comparison_figure(cmp).data for x in tr.x}
+    assert safe in xs and MARKUP not in xs
+    assert "<img src=x" not in comparison_html(cmp)

@@ -46,7 +46,7 @@ from torch import Tensor
 
 from ..errors import OptionError, OptionTypeError, WeightError
 from .factors import DEGENERATE_RTOL, gram_eig, principal_factors, rank_rtol
-from .heads import LayerHeads, check_weights
+from .heads import LayerHeads, check_storage, check_weights
 from .options import check_bool, check_compute_dtype, check_device, strict_kwargs
 from .results import Result
 
@@ -618,6 +618,7 @@ def _shared_rank(G_V: Tensor, kv_head_of: Tensor | None, rtol: float) -> Tensor:
 
 def _as_tensor(x: Any, name: str) -> Tensor:
     if isinstance(x, Tensor):
+        check_storage(x, name)
         return x.detach()
     if isinstance(x, np.ndarray):
         if x.dtype == object:

@@ -30,6 +30,7 @@ __all__ = [
     "LayerHeads",
     "ModelInfo",
     "Sizes",
+    "check_storage",
     "check_weights",
     "kv_layout",
     "read_layer",
@@ -39,6 +40,24 @@ __all__ = [
 
 def _is_weight_dtype(t: Tensor) -> bool:
     return t.is_floating_point() and not t.is_complex()
+
+
+def check_storage(x: Tensor, name: str) -> None:
+    """Refuse tensors whose values cannot be read as a dense matrix: sparse layouts and the ``meta``
+    device (a model built with ``device="meta"`` / ``init_empty_weights`` has shapes but no values).
+
+    Raises:
+        WeightError: a sparse (COO/CSR/CSC/BSR) tensor or a meta tensor (names it and the fix).
+    """
+    if x.layout != torch.strided:
+        raise WeightError(
+            f"{name} is a sparse tensor ({x.layout}); the OV products need dense weights: pass {name}.to_dense()."
+        )
+    if x.device.type == "meta":
+        raise WeightError(
+            f"{name} is on the 'meta' device: it has a shape but no values (a model built with device='meta' or "
+            "init_empty_weights whose weights were never loaded). Load the weights first."
+        )
 
 
 def check_weights(x: Tensor, name: str, index_name: str | None = None) -> None:
@@ -54,8 +73,10 @@ def check_weights(x: Tensor, name: str, index_name: str | None = None) -> None:
         index_name: the name of the first leading dim ("head", "kv head").
 
     Raises:
-        WeightError: integer/bool/complex dtype, or NaN/inf (names the first bad index).
+        WeightError: integer/bool/complex dtype, a sparse or meta tensor (:func:`check_storage`), or NaN/inf
+            (names the first bad index).
     """
+    check_storage(x, name)
     if not _is_weight_dtype(x):
         raise WeightError(
             f"{name} has dtype {x.dtype}; OV weights must be real floating point (float16/bfloat16/float32/float64). "
@@ -188,6 +209,7 @@ class LayerHeads:
                     f"{where}: {name} must be a 3-D tensor [heads, d_model, d_head]; got "
                     f"{getattr(t, 'shape', type(t).__name__)}."
                 )
+            check_storage(t, f"{where}: {name}")
             if not _is_weight_dtype(t):
                 raise WeightError(f"{where}: {name} has dtype {t.dtype}; OV weights must be real floating point.")
         n_heads, d_model, d_head = self.O.shape
@@ -251,12 +273,14 @@ class LayerHeads:
             h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
             if t.numel() == 0:
                 continue
+            # reshape(-1) before the byte view: a contiguous tensor with a size-1 dim may keep any stride
+            # there (d_head = 1: O = W_Oᵀ has stride d_model in its last dim), which view(uint8) refuses.
             if t.ndim < 2 or (t.is_contiguous() and t.device.type == "cpu"):
-                h.update(t.to("cpu").contiguous().view(torch.uint8).numpy().data)
+                h.update(t.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().data)
                 continue
             block = torch.empty(t.shape[1:], dtype=t.dtype)  # one head: the bytes of t[i] in C order
             for i in range(t.shape[0]):
-                h.update(block.copy_(t[i]).view(torch.uint8).numpy().data)
+                h.update(block.copy_(t[i]).reshape(-1).view(torch.uint8).numpy().data)
         return h.hexdigest()
 
 

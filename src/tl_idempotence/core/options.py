@@ -20,6 +20,7 @@ key on (:meth:`ReportOptions.key`). Imports torch and the standard library only.
 from __future__ import annotations
 
 import functools
+import itertools
 import numbers
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, fields
@@ -29,9 +30,11 @@ import torch
 
 from ..errors import DeviceError, OptionError, OptionTypeError
 from .kwargs import strict_kwargs, unknown_option_error
+from .limits import MAX_LAYER_INDEX, MAX_NULLS
 
 __all__ = [
     "DEFAULT_NULLS",
+    "MAX_LAYER_INDEX",
     "MAX_NULLS",
     "ReportOptions",
     "check_bool",
@@ -49,9 +52,6 @@ __all__ = [
 
 #: Scramble draws per head when ``nulls=True``.
 DEFAULT_NULLS = 64
-#: The largest number of scramble draws per head accepted (the Haar pools of a layer hold
-#: ``2 · nulls · d_head²`` float64 values: 100,000 draws at d_head 128 is 26 GB).
-MAX_NULLS = 100_000
 _COMPUTE_DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -145,14 +145,18 @@ def check_layers(x: Any, name: str = "layers") -> tuple[int, ...] | None:
         # sets have no order and mappings would give their keys: neither says which layers in which order
         raise OptionTypeError(f"{name} must be None or a sequence of layer indices such as [0, 5]; got {_given(x)}.")
     if isinstance(x, torch.Tensor):
-        x = x.tolist()
-    items = list(x)
+        x = x.flatten().tolist() if x.numel() <= MAX_LAYER_INDEX + 1 else range(MAX_LAYER_INDEX + 2)
+    if isinstance(x, range) and len(x) and (x[0] > MAX_LAYER_INDEX or x[-1] > MAX_LAYER_INDEX):
+        bad = x[0] if x[0] > MAX_LAYER_INDEX else x[-1]
+        raise OptionError(f"{name} holds layer {bad}; layer indices are at most {MAX_LAYER_INDEX}.")
+    items = list(itertools.islice(x, MAX_LAYER_INDEX + 2))  # never more than one past the largest valid list
     if not items:
         raise OptionError(f"{name} is empty: pass None for every layer, or the layer indices to measure.")
-    out = tuple(check_int(v, f"{name}[{i}]", 0) for i, v in enumerate(items))
-    dup = sorted({v for v in out if out.count(v) > 1})
+    out = tuple(check_int(v, f"{name}[{i}]", 0, MAX_LAYER_INDEX) for i, v in enumerate(items))
+    seen: set[int] = set()
+    dup = sorted({v for v in out if v in seen or seen.add(v)})  # type: ignore[func-returns-value]
     if dup:
-        raise OptionError(f"{name} repeats layer(s) {dup}: each layer is measured once.")
+        raise OptionError(f"{name} repeats layer(s) {dup[:20]}: each layer is measured once.")
     return out
 
 

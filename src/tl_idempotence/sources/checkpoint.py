@@ -414,6 +414,14 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
     st = _stat_path(d, "model directory")
     if not stat.S_ISDIR(st.st_mode):
         raise CheckpointError(f"{d} is not a directory: a Hugging Face checkpoint is a folder with config.json.")
+    try:  # a folder without read/search permission would otherwise read as "has no config.json"
+        with os.scandir(d) as it:
+            next(it, None)
+    except OSError as e:
+        raise CheckpointError(
+            f"{d} cannot be listed ({e.strerror or type(e).__name__}): this process may not read the folder. "
+            "Check its permissions (ls -ld) or run as a user who can read it."
+        ) from e
     cfg_file = d / "config.json"
     if not os.path.lexists(cfg_file):
         raise MissingFileError(f"{d} has no config.json: a Hugging Face model directory needs it for the head sizes.")

@@ -19,6 +19,7 @@ naming the file (:class:`~tl_idempotence.errors.CheckpointError` unless said oth
   more data than the file holds) and a file with **trailing bytes** (it holds more) — the
   header is read with :mod:`json`; the tensor data is read by the ``safetensors`` library only;
 * :class:`GGUFStore` — not GGUF (its magic), metadata or tensor table cut off or corrupt,
+  tensors that are unaligned, overlap or leave gaps (a type or shape edited in the tensor table),
   tensor data truncated, trailing bytes after the last tensor.
 """
 
@@ -610,6 +611,46 @@ def _plain_view_reader() -> type:
     return PlainViewGGUFReader
 
 
+def _check_gguf_layout(path: Path, tensors: Any, data_start: int, align: int) -> None:
+    """The tensor table of a GGUF file must lay its tensors out as every GGUF writer does: each at an offset
+    that is a multiple of the file's alignment, the first at the start of the data section, each next one
+    right after the previous (padded to the alignment), none overlapping.
+
+    A type or shape edited in the tensor table changes a tensor's byte count without moving the next
+    tensor: the space no longer fits (an overlap or a gap) — refused like a safetensors header whose shape
+    does not fill its ``data_offsets``.
+
+    Raises:
+        CheckpointError: an unaligned offset, an overlap, or a gap (names the file, the tensors and their types).
+    """
+    spans = sorted(
+        ((int(t.data_offset) - data_start, int(t.n_bytes), t.name, t.tensor_type.name) for t in tensors),
+        key=lambda x: (x[0], x[2]),
+    )
+    pos, prev = 0, None
+    for begin, n, name, ttype in spans:
+        if begin % align:
+            raise CheckpointError(
+                f"GGUF file {path} has a corrupt tensor table: tensor {name!r} ({ttype}) starts at data offset "
+                f"{begin}, not a multiple of the file's alignment ({align}). Re-download the file."
+            )
+        if begin != pos:
+            if prev is None:
+                where = f"the data section starts at 0 but its first tensor {name!r} ({ttype}) at {begin}"
+            else:
+                pname, ptype, pn, pbegin = prev
+                rel = "overlaps" if begin < pbegin + pn else f"leaves a gap of {begin - pos} bytes after"
+                where = (
+                    f"tensor {name!r} ({ttype}, data offset {begin}) {rel} tensor {pname!r} ({ptype}, {pn} bytes from "
+                    f"offset {pbegin}, so the next tensor belongs at {pos})"
+                )
+            raise CheckpointError(
+                f"GGUF file {path} has a corrupt tensor table: {where}. A changed type or shape in the tensor table "
+                "(the bytes no longer fit)? Re-download the file."
+            )
+        pos, prev = -(-(begin + n) // align) * align, (name, ttype, n, begin)
+
+
 class GGUFStore:
     """Tensors of a GGUF file (memory-mapped); dequantized per layer, pages released after.
 
@@ -663,8 +704,9 @@ class GGUFStore:
             )
         self.path = path
         self.tensors = {t.name: t for t in self.reader_.tensors}
-        end = max((int(t.data_offset) + int(t.n_bytes) for t in self.reader_.tensors), default=0)
         align = int(self.reader_.alignment)
+        _check_gguf_layout(path, self.reader_.tensors, int(self.reader_.data_offset), align)
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in self.reader_.tensors), default=0)
         padded = -(-end // align) * align
         if end > size:
             raise CheckpointError(f"GGUF file {path} is truncated: its tensors need {end} bytes, the file has {size}.")

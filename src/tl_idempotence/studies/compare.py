@@ -39,7 +39,7 @@ import pandas as pd
 from ..core.heads import HeadSource, LayerHeads
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
 from ..core.results import Result, views
-from ..errors import MissingFileError, OptionError, OptionTypeError, TLIError
+from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
 from ..report.summary import PAPER
@@ -297,6 +297,7 @@ def open_item(item: Item) -> Any:
 
     Raises:
         OptionError: a report or saved report (nothing to open), a callable returning a report.
+        ItemError: the item's callable raised (names the item; its error is chained).
         The errors of :func:`~tl_idempotence.sources.dispatch.head_source` and of the zoo.
     """
     if item.kind in ("report", "saved"):
@@ -307,7 +308,14 @@ def open_item(item: Item) -> Any:
         # The whole checkpoint (its headers give the parameter count), described as the zoo model.
         return zoo_source(str(item.value), progress=False, files="checkpoint")
     if item.kind == "callable":
-        value = item.value()
+        try:
+            value = item.value()
+        except TLIError:
+            raise
+        except Exception as e:
+            raise ItemError(
+                f"The callable of item {item.label!r} ({item.describe()}) raised {type(e).__name__}: {e}"
+            ) from e
         if isinstance(value, IdempotenceReport):
             raise OptionError(f"The callable of item {item.label!r} returned a report; return a model or a path.")
         if isinstance(value, (str, os.PathLike)):
@@ -754,7 +762,12 @@ def compare(
     bar = progress_bar(todo, desc="compare", unit="model", enabled=bool(progress and todo))
     for it in bar:
         bar.set_postfix_str(it.label)
-        made[it.label] = measure_item(it, opts)
+        try:
+            made[it.label] = measure_item(it, opts)
+        except Exception as e:
+            if hasattr(e, "add_note"):  # Python >= 3.11: the traceback says which item
+                e.add_note(f"(while measuring compare item {it.label!r}: {it.describe()})")
+            raise
     for it in resolved:
         reports[it.label] = given_reports[it.label] if it.label in given_reports else made[it.label]
     return Comparison(reports, opts)

@@ -19,6 +19,7 @@ from ..report.summary import PAPER, PAPER_THRESHOLD
 from .figures import log_P_range
 from .output import page_path, write_page
 from .page import datatable_html, datatables_init_html, display_frame
+from .text import plot_text
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
@@ -63,7 +64,7 @@ def comparison_figure(cmp: Any) -> go.Figure:
     dropped = 0
     arrays = []
     any_null = False
-    first = next(iter(cmp.reports), None)
+    first = plot_text(next(iter(cmp.reports), ""))
 
     def box(label: str, values: np.ndarray, group: str, name: str, color: str) -> None:
         fig.add_trace(
@@ -79,7 +80,8 @@ def comparison_figure(cmp: Any) -> go.Figure:
             )
         )
 
-    for label, rep in cmp.reports.items():
+    for name, rep in cmp.reports.items():
+        label = plot_text(name)  # a category tick label: plotly renders markup in it
         P, n_bad = _positive(rep.heads["P"])
         dropped += n_bad
         arrays.append(P)

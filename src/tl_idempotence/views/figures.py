@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from .text import plot_text
+
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
@@ -142,7 +144,7 @@ def heads_heatmap_spec(rep: Any, value: str = "P", height: int | None = None) ->
         xaxis["dtick"] = 1
     layout = {
         "title": {
-            "text": f"{value} per head: {s['model_name']} ({s['n_closed']} of {s['n_heads']} heads with "
+            "text": f"{value} per head: {plot_text(s['model_name'])} ({s['n_closed']} of {s['n_heads']} heads with "
             f"P >= {rep.threshold:g}, ringed)"
         },
         "xaxis": xaxis,
@@ -501,7 +503,9 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
                 name=f"{name} P",
                 legendgroup=name,
                 line={"color": color},
-                customdata=np.stack([d["checkpoint"], d["alpha"], _P_text(d["P"], tr.threshold)], -1),
+                customdata=np.stack(
+                    [[plot_text(c) for c in d["checkpoint"]], d["alpha"], _P_text(d["P"], tr.threshold)], -1
+                ),
                 hovertemplate=f"{name}<br>%{{customdata[0]}}<br>P=%{{customdata[2]}}<br>α=%{{customdata[1]:.4g}}"
                 "<extra></extra>",
             ),

@@ -16,6 +16,13 @@ from typing import Any
 __all__ = ["format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
 
 
+def plot_text(value: Any) -> str:
+    """A user-given string (model name, label, checkpoint) made safe for plotly text: plotly renders titles,
+    tick labels and hover text as a subset of HTML (``<b>``, ``<br>``, ``<a href>``), so ``<``, ``>`` and ``&``
+    are written as entities (plotly shows them literally)."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def format_P(P: float, threshold: float | None = None, digits: int = 4) -> str:
     """``P`` with ``digits`` decimals, or more when fewer would round it across ``threshold``.
 
