@@ -27,6 +27,7 @@ from ..core.closure import CastBuffer
 from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
+from ..core.threads import layer_macs, threads_for
 from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .parts import LayerPart, ResumeDir
@@ -592,17 +593,19 @@ def report_with_options(
         desc += f"; search ~{SEARCH_CPU_S_PER_LAYER:g} CPU-s/layer at SmolLM2 size"
     bar = progress_bar(todo, desc=desc, unit="layer", enabled=progress)
     buffer = CastBuffer()  # one block of memory for every layer's compute-dtype copy of O
-    for layer in bar:
-        lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
-        fp = lh.fingerprint()
-        part = parts_dir.load(layer, fp) if parts_dir is not None else None
-        n_resumed += part is not None
-        if part is None:
-            part = run_layer(lh, opts, analyses, fp, buffer)
-            if parts_dir is not None:
-                parts_dir.save(part)
-        del lh
-        done.append(part)
+    # small layers on one thread unless the user chose (core/threads.py): every layer has the model's sizes
+    with threads_for(layer_macs(info.n_heads, info.n_kv_heads, info.d_model, info.d_head)):
+        for layer in bar:
+            lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
+            fp = lh.fingerprint()
+            part = parts_dir.load(layer, fp) if parts_dir is not None else None
+            n_resumed += part is not None
+            if part is None:
+                part = run_layer(lh, opts, analyses, fp, buffer)
+                if parts_dir is not None:
+                    parts_dir.save(part)
+            del lh
+            done.append(part)
     del buffer
     rep = assemble(done, info, opts, analyses, model=model)
     if parts_dir is not None:
