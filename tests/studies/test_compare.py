@@ -245,3 +245,18 @@ def test_an_item_whose_opener_raises_is_named():
     with pytest.raises(ItemError, match=r"item 'broken' \(callable .*opener\) raised RuntimeError: the cluster") as e:
         tli.compare({"good": good, "broken": opener}, progress=False)
     assert isinstance(e.value.__cause__, RuntimeError)
+
+
+def test_the_overview_is_the_tables_headline_columns():
+    """What a notebook shows and the CLI prints: ten columns at most, those of analyses that ran, paper rows
+    included; every column stays in .table."""
+    from tl_idempotence.studies.compare import OVERVIEW_COLUMNS
+
+    cmp = tli.compare({"a": synthetic(seed=1), "b": synthetic(seed=2)}, nulls=4, progress=False)
+    ov = cmp.overview
+    assert list(ov.columns) == [c for c in OVERVIEW_COLUMNS if c != "pct_layers_feasible"]  # no search was run
+    assert len(ov) == len(cmp.table) == 4 and ov["model"].tolist()[:2] == ["a", "b"]
+    pd.testing.assert_frame_equal(ov, cmp.table[list(ov.columns)])
+    html = cmp._repr_html_()
+    assert "every column in <code>.table</code>" in html and "pct_beats_scramble" in html
+    assert "weights_group" not in html  # the full table is not dumped into the display

@@ -28,7 +28,9 @@ __all__ = [
     "read_json",
     "sha256_bytes",
     "sha256_file",
+    "shareable_name",
 ]
+
 
 #: The file types of the package that make up its behaviour (code, architecture table, templates).
 _CODE_SUFFIXES = (".py", ".json", ".j2")
@@ -49,6 +51,17 @@ def package_code_sha256() -> str:
         h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0".encode())
         h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def shareable_name(name: str) -> str:
+    """A model name or path as it may appear in what a report shares (its page, ``--json``, a saved report):
+    a local path (absolute, ``~``-relative or ``./``-relative, e.g. a ``transformers`` ``_name_or_path`` or a
+    TransformerLens ``cfg.model_name`` of a model booted from a folder) becomes its last component, so no home
+    folder or machine layout leaks; a hub-style name (``org/model``) stays as it is."""
+    text = str(name)
+    if os.path.isabs(text) or text.startswith(("~", "./", "../", ".\\", "..\\")) or "\\" in text:
+        return Path(text.replace("\\", "/")).name or text
+    return text
 
 
 def sha256_file(path: str | os.PathLike[str], limit: int | None = None, chunk: int = 1 << 20) -> str:

@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from ..core.files import sha256_file
+from ..core.files import sha256_file, shareable_name
 from ..core.heads import LayerHeads, ModelInfo, Sizes, check_weights, kv_layout
 from ..core.options import check_bool, strict_kwargs
 from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
@@ -444,7 +444,7 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
         "center_writing_weights": False,
         "source": "checkpoint file",
         "format": "safetensors",
-        "path": str(d.resolve()),
+        "path": d.name,  # the folder's name: what is shared never holds a machine path (its files' sha256 follow)
         "files": files,
         "config_sha256": sha256_file(cfg_file),
     }
@@ -453,8 +453,8 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
     else:
         # the header (names, shapes, offsets) identifies a single-file checkpoint cheaply
         processing["header_sha256"] = {f: sha256_file(d / f, limit=8 + store.header(f).header_len) for f in files}
-    name = str(config.get("_name_or_path") or d.name)
-    extra: dict[str, Any] = {"format": "safetensors", "path": str(d), "architecture": arch, "tensor_root": root}
+    name = shareable_name(str(config.get("_name_or_path") or d.name))
+    extra: dict[str, Any] = {"format": "safetensors", "path": d.name, "architecture": arch, "tensor_root": root}
     note = _post_attention_note(store.keys(), entry, root, sizes.n_layers)
     if note:
         extra["post_attention_norm"] = note
@@ -557,7 +557,7 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
         "center_writing_weights": False,
         "source": "checkpoint file",
         "format": "gguf",
-        "path": str(p.resolve()),
+        "path": p.name,
         "files": [p.name],
         "file_size": p.stat().st_size,
         "header_sha256": sha256_file(p, limit=int(store.reader_.data_offset)),
@@ -569,8 +569,8 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
             }
         ),
     }
-    name = str(store.field("general.name") or p.stem)
-    extra: dict[str, Any] = {"format": "gguf", "path": str(p), "architecture": f"gguf:{arch}", "tensor_root": ""}
+    name = shareable_name(str(store.field("general.name") or p.stem))
+    extra: dict[str, Any] = {"format": "gguf", "path": p.name, "architecture": f"gguf:{arch}", "tensor_root": ""}
     note = _post_attention_note(store.keys(), entry, "", sizes.n_layers)
     if note:
         extra["post_attention_norm"] = note
@@ -621,7 +621,7 @@ def from_transformers(
         "source": "transformers model parameters",
         "format": "transformers",
     }
-    name = str(config.get("_name_or_path") or type(model).__name__)
+    name = shareable_name(str(config.get("_name_or_path") or type(model).__name__))
     extra: dict[str, Any] = {"format": "transformers", "architecture": arch, "tensor_root": root}
     note = _post_attention_note(store.keys(), entry, root, sizes.n_layers)
     if note:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..core.files import shareable_name
 from ..core.heads import LayerHeads, ModelInfo, kv_layout
 from ..errors import UnsupportedModelError, WeightError
 
@@ -147,7 +148,7 @@ class TLModelSource:
             n_kv_heads=n_kv,
             d_model=int(cfg.d_model),
             d_head=int(cfg.d_head),
-            model_name=str(getattr(cfg, "model_name", None) or type(model).__name__),
+            model_name=shareable_name(str(getattr(cfg, "model_name", None) or type(model).__name__)),
             model_class=type(model).__name__,
             processing=tl_processing(model),
             extra=extra,

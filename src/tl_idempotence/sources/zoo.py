@@ -555,8 +555,10 @@ def source(name: Any, *, source: Any = None, progress: Any = True, files: Any = 
         how = "attention weights dequantized from the GGUF with the gguf package"
     else:
         how = "the fp32 checkpoint transformers converted from the GGUF"
+    shared = f"<cache>/{name}/{d.name}"  # relative to the zoo cache: no machine path in what is shared
     processing = {
         **src.info.processing,
+        "path": shared,
         "zoo_model": name,
         "package": f"{spec['package']}=={spec['version']}",
         "checkpoint": spec["weights"],
@@ -568,6 +570,7 @@ def source(name: Any, *, source: Any = None, progress: Any = True, files: Any = 
         model_name=name,
         model_class=f"zoo checkpoint ({spec['architecture']['family']})",
         processing=processing,
+        extra={**src.info.extra, "path": shared},
     )
     return src
 

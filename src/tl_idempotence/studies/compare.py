@@ -52,6 +52,7 @@ from ..sources.zoo import source as zoo_source
 __all__ = [
     "COMPARED_OPTIONS",
     "ITEM_KINDS",
+    "OVERVIEW_COLUMNS",
     "PAPER_LABEL",
     "PROCESSING_FLAGS",
     "TABLE_COLUMNS",
@@ -105,6 +106,19 @@ TABLE_COLUMNS = [
     "processing_differs",
     "identical_weights",
     "weights_group",
+]
+#: The columns of :attr:`Comparison.overview`: what a researcher reads first (the full table has every column).
+OVERVIEW_COLUMNS = [
+    "model",
+    "n_heads_total",
+    "n_closed",
+    "pct_closed",
+    "median_P",
+    "median_P_scrambled",
+    "pct_beats_scramble",
+    "n_mismatch_closed",
+    "pct_layers_feasible",
+    "raw_weights",
 ]
 _INT_COLUMNS = (
     "n_params",
@@ -624,6 +638,14 @@ class Comparison(Result):
             if diff:
                 raise _options_error(label, diff)
         return cls(reps, options, warn=warn)
+
+    @property
+    def overview(self) -> pd.DataFrame:
+        """:attr:`table` in ten columns (:data:`OVERVIEW_COLUMNS`: label, heads, closed, medians against the null,
+        mismatch, feasibility, raw weights), paper rows included; columns of analyses that did not run (all
+        NaN) are left out. What the notebook display and the CLI print; :attr:`table` has every column."""
+        cols = [c for c in OVERVIEW_COLUMNS if c == "model" or self.models_table[c].notna().any()]
+        return self.table[cols]
 
     @property
     def models_table(self) -> pd.DataFrame:
