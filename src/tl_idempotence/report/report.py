@@ -21,16 +21,15 @@ import pandas as pd
 import torch
 
 from ..analyses.algebra import AlgebraAnalysis, SharedValueAlgebra
-from ..analyses.base import Analysis, LayerContext
+from ..analyses.base import Analysis
+from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import REPORT_ANALYSES
-from ..core.closure import CastBuffer
-from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
+from ..core.heads import ModelInfo, source_info
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
-from ..core.threads import layer_macs, threads_for
 from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
-from .parts import LayerPart, ResumeDir
+from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
 from .summary import build_summary, format_paper_table, paper_table
 
@@ -449,34 +448,6 @@ def load_report(path: Any) -> IdempotenceReport:
     )
 
 
-def run_layer(
-    lh: LayerHeads,
-    options: ReportOptions,
-    analyses: Sequence[Analysis],
-    fingerprint: str,
-    buffer: CastBuffer | None = None,
-) -> LayerPart:
-    """Every analysis on one layer -> its :class:`~tl_idempotence.report.parts.LayerPart` (``buffer``: the loop's
-    :class:`~tl_idempotence.core.closure.CastBuffer`)."""
-    ctx = LayerContext.build(lh, options, buffer)
-    cols: dict[str, Any] = {"layer": lh.layer, "head": np.arange(lh.n_heads), "kv_head": lh.kv_head_of.cpu().numpy()}
-    row: dict[str, Any] = {"layer": lh.layer, "n_heads": lh.n_heads, "n_kv_heads": lh.n_kv_heads}
-    tables: dict[str, pd.DataFrame] = {}
-    notes: dict[str, str] = {}
-    for a in analyses:
-        res = a.run(ctx)
-        for k, v in res.columns.items():
-            if len(v) != lh.n_heads:
-                raise AssertionError(f"analysis {a.name} returned {len(v)} rows of {k!r} for {lh.n_heads} heads")
-            cols[k] = v
-        row.update(res.values)
-        tables.update(res.tables)
-        notes.update(res.notes)
-    row["fingerprint"] = fingerprint
-    row["note"] = "; ".join(f"{k}: {v}" for k, v in notes.items())
-    return LayerPart(layer=lh.layer, fingerprint=fingerprint, heads=pd.DataFrame(cols), row=row, tables=tables)
-
-
 @strict_kwargs
 def idempotence_report(
     model: Any,
@@ -572,7 +543,6 @@ def report_with_options(
     Raises:
         The errors of :func:`idempotence_report`.
     """
-    from ..core.progress import progress_bar
 
     if not isinstance(options, ReportOptions):
         raise OptionTypeError(f"options must be a ReportOptions; got {type(options).__name__}.")
@@ -582,31 +552,23 @@ def report_with_options(
         raise OptionTypeError(f"resume must be a directory path; got {type(resume).__name__}.")
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
-    todo = resolve_layers(opts.layers, list(src.layers()))
+    resolve_layers(opts.layers, list(src.layers()))  # an unknown layer is refused before the resume folder is made
     analyses = [a for a in REPORT_ANALYSES if a.enabled(opts)]
     parts_dir = ResumeDir(resume, opts, info) if resume is not None else None
-    names = "+".join(a.name for a in analyses)
-    done: list[LayerPart] = []
-    n_resumed = 0
-    desc = f"layers ({names})"
+    desc = f"layers ({'+'.join(a.name for a in analyses)})"
     if opts.search:  # the one report option that takes minutes (README: "What each analysis costs")
         desc += f"; search ~{SEARCH_CPU_S_PER_LAYER:g} CPU-s/layer at SmolLM2 size"
-    bar = progress_bar(todo, desc=desc, unit="layer", enabled=progress)
-    buffer = CastBuffer()  # one block of memory for every layer's compute-dtype copy of O
-    # small layers on one thread unless the user chose (core/threads.py): every layer has the model's sizes
-    with threads_for(layer_macs(info.n_heads, info.n_kv_heads, info.d_model, info.d_head)):
-        for layer in bar:
-            lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
-            fp = lh.fingerprint()
-            part = parts_dir.load(layer, fp) if parts_dir is not None else None
-            n_resumed += part is not None
-            if part is None:
-                part = run_layer(lh, opts, analyses, fp, buffer)
-                if parts_dir is not None:
-                    parts_dir.save(part)
-            del lh
-            done.append(part)
-    del buffer
+    done: list[LayerPart] = []
+    n_resumed = 0
+    for work in iter_layers(src, info, opts, progress=progress, desc=desc):
+        part = parts_dir.load(work.layer, work.fingerprint) if parts_dir is not None else None
+        n_resumed += part is not None
+        if part is None:
+            part = run_layer(work.context(), analyses, work.fingerprint)
+            if parts_dir is not None:
+                parts_dir.save(part)
+        del work
+        done.append(part)
     rep = assemble(done, info, opts, analyses, model=model)
     if parts_dir is not None:
         rep.summary["n_layers_resumed"] = n_resumed
@@ -620,12 +582,7 @@ def assemble(
     heads = pd.concat([p.heads for p in parts], ignore_index=True)
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     layers = pd.DataFrame([p.row for p in parts])
-    tables: dict[str, pd.DataFrame] = {}
-    for name in sorted({k for p in parts for k in p.tables}):
-        frames = [p.tables[name] for p in parts if name in p.tables and len(p.tables[name])]
-        tables[name] = (
-            pd.concat(frames, ignore_index=True) if frames else next(p.tables[name] for p in parts if name in p.tables)
-        )
+    tables = concat_tables(parts)
     summary = build_summary(heads, layers, tables, info, options, analyses)
     if options.algebra:
         alg = AlgebraAnalysis.combine(tables, info, options.threshold)
