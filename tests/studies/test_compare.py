@@ -107,7 +107,7 @@ def test_one_set_of_options_for_every_model(ckpts):
         tli.compare([rep8, ckpts["B"]], nulls=0, progress=False)
     with pytest.raises(OptionError, match=r"different nulls \(ckA: 8, ckB: 0\).*Pass nulls="):
         tli.compare([rep8, rep0], progress=False)
-    with pytest.raises(OptionError, match=r"threshold=0.9 \(asked: 0.5\).*rep.threshold = "):
+    with pytest.raises(OptionError, match=r"threshold=0.9 \(asked: 0.5\).*rep\.with_threshold\(t\)"):
         tli.compare([rep0], threshold=0.5, progress=False)
     with pytest.raises(OptionError, match=r"layers=None \(asked: \[0\]\)"):
         tli.compare([rep0], layers=[0], progress=False)

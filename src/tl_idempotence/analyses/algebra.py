@@ -624,6 +624,10 @@ def shared_value_algebra(
     return SharedValueAlgebra.concat(parts, info, opts.threshold)
 
 
+#: The layer value naming the threshold a layer's closed ranges were computed at.
+RANGES_THRESHOLD = "algebra_ranges_threshold"
+
+
 class AlgebraAnalysis:
     """The shared-value algebra as a report analysis (SPEC 7); runs when ``algebra=True``.
 
@@ -649,18 +653,34 @@ class AlgebraAnalysis:
         """
         part = self.layer(ctx)
         tables = {f"algebra_{k}": getattr(part, k) for k in TABLES}
-        return LayerResult(tables=tables, values={}, notes={})
+        # the threshold the closed ranges were computed at: a later threshold keeps this one (apply_threshold)
+        return LayerResult(tables=tables, values={RANGES_THRESHOLD: ctx.options.threshold}, notes={})
+
+    @staticmethod
+    def ranges_threshold(layers: pd.DataFrame, default: float) -> float:
+        """The threshold a report's ``algebra_closed_ranges`` were computed at (its layer rows say; ``default``
+        for a report saved before they did)."""
+        if RANGES_THRESHOLD in layers.columns and len(layers):
+            return float(layers[RANGES_THRESHOLD].iloc[0])
+        return float(default)
 
     @staticmethod
     def combine(
-        tables: dict[str, pd.DataFrame], info: ModelInfo, threshold: float, ranges_threshold: float | None = None
+        tables: dict[str, pd.DataFrame],
+        info: ModelInfo | None,
+        threshold: float,
+        ranges_threshold: float | None = None,
+        mha: bool | None = None,
     ) -> SharedValueAlgebra:
-        """The model's :class:`SharedValueAlgebra` from the report's concatenated ``algebra_*`` tables."""
+        """The model's :class:`SharedValueAlgebra` from the report's concatenated ``algebra_*`` tables (``mha``:
+        whether every kv group has one query head, by default from ``info``)."""
         got = {k: tables.get(f"algebra_{k}", _empty(cols)) for k, cols in TABLES.items()}
         got = {k: (v if len(v) else _empty(TABLES[k])) for k, v in got.items()}
+        if mha is None:
+            mha = info is not None and info.n_kv_heads == info.n_heads
         if len(got["pairs"]):
             reason = ""
-        elif info.n_kv_heads == info.n_heads:
+        elif mha:
             reason = MHA_REASON
         else:
             reason = "no layer with a kv group of two or more query heads was analysed"
@@ -699,5 +719,10 @@ class AlgebraAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
-        """Model-level headline numbers (SPEC 7) from the concatenated per-layer results (JSON values)."""
-        return {}
+        """Model-level headline numbers (SPEC 7) from the concatenated per-layer results (JSON values):
+        ``algebra`` (the :class:`SharedValueAlgebra` summary at the options' threshold) and
+        ``algebra_ranges_threshold``."""
+        rt = self.ranges_threshold(layers, options.threshold)
+        mha = bool(len(layers)) and bool((layers["n_kv_heads"] == layers["n_heads"]).all())
+        alg = self.combine(tables, None, options.threshold, rt, mha=mha)
+        return {"algebra": alg.summary, "algebra_ranges_threshold": rt}

@@ -12,6 +12,7 @@ then dropped, so memory is bounded by one layer.
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -20,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analyses.algebra import AlgebraAnalysis, SharedValueAlgebra
+from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlgebra
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import REPORT_ANALYSES
@@ -31,7 +32,7 @@ from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
-from .summary import build_summary, format_paper_table, paper_table
+from .summary import ReportSummary, build_summary, format_paper_table, paper_table
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -147,7 +148,7 @@ class IdempotenceReport(Result):
         heads: pd.DataFrame,
         layers: pd.DataFrame,
         tables: dict[str, pd.DataFrame],
-        summary: dict[str, Any],
+        summary: ReportSummary,
         info: ModelInfo,
         options: ReportOptions,
         model: Any = None,
@@ -178,25 +179,53 @@ class IdempotenceReport(Result):
 
     @property
     def threshold(self) -> float:
-        """The P threshold of ``closed`` (settable: recomputes every threshold-dependent number)."""
+        """The P threshold of ``closed``. To change it, :meth:`with_threshold` (assigning it is deprecated)."""
         return self.options.threshold
 
     @threshold.setter
-    def threshold(self, value: Any) -> None:  # checked here (OptionTypeError), not by annotation
-        t = check_threshold(value)
+    def threshold(self, value: Any) -> None:  # checked in with_threshold (OptionTypeError), not by annotation
+        warnings.warn(
+            "Assigning rep.threshold is deprecated and will be removed: use rep = rep.with_threshold(t), which "
+            "returns a new report and leaves this one as it is.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        new = self.with_threshold(value)
+        self.heads, self.layers, self.tables, self.options, self.summary = (
+            new.heads,
+            new.layers,
+            new.tables,
+            new.options,
+            new.summary,
+        )
+
+    def with_threshold(self, threshold: Any) -> IdempotenceReport:
+        """The same report at another P threshold: every threshold-dependent column, count and summary number
+        re-derived from the stored results (each analysis's ``apply_threshold``, then its ``summarize``), equal
+        to a run at that threshold (checked by the analyses' contract test). This report is not changed.
+
+        Raises:
+            OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].
+        """
+        t = check_threshold(threshold)
         heads, layers = self.heads.copy(), self.layers.copy()
         tables = {k: v.copy() for k, v in self.tables.items()}
+        if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
+            layers[RANGES_THRESHOLD] = self.summary.get("algebra_ranges_threshold", self.options.threshold)
         ran = [a for a in REPORT_ANALYSES if a.enabled(self.options)]
         for a in ran:
             a.apply_threshold(heads, layers, tables, t)
         opts = self.options.with_threshold(t)
         summary = build_summary(heads, layers, tables, self.info, opts, ran)
-        summary["versions"] = self.summary.get("versions", summary["versions"])
-        if opts.algebra:
-            rt = self.summary.get("algebra_ranges_threshold", self.options.threshold)
-            summary["algebra"] = AlgebraAnalysis.combine(tables, self.info, t, rt).summary
-            summary["algebra_ranges_threshold"] = rt
-        self.heads, self.layers, self.tables, self.options, self.summary = heads, layers, tables, opts, summary
+        # what the re-derivation cannot know: the code that computed the numbers, the route's additions
+        summary = summary.replace(
+            versions=self.summary.get("versions", summary.versions),
+            n_layers_resumed=self.summary.get("n_layers_resumed"),
+            n_params=self.summary.get("n_params"),
+        )
+        rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts)
+        rep._model_ref = self._model_ref
+        return rep
 
     # ------------------------------------------------------------------ views of the data
     @property
@@ -209,9 +238,8 @@ class IdempotenceReport(Result):
         """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
         if not self.options.algebra:
             return None
-        return AlgebraAnalysis.combine(
-            self.tables, self.info, self.threshold, self.summary.get("algebra_ranges_threshold", self.threshold)
-        )
+        rt = AlgebraAnalysis.ranges_threshold(self.layers, self.summary.get("algebra_ranges_threshold", self.threshold))
+        return AlgebraAnalysis.combine(self.tables, self.info, self.threshold, rt)
 
     @strict_kwargs
     def paper_table(self, formatted: Any = False) -> pd.DataFrame:
@@ -571,7 +599,7 @@ def report_with_options(
         done.append(part)
     rep = assemble(done, info, opts, analyses, model=model)
     if parts_dir is not None:
-        rep.summary["n_layers_resumed"] = n_resumed
+        rep.summary = rep.summary.replace(n_layers_resumed=n_resumed)
     return rep
 
 
@@ -584,10 +612,6 @@ def assemble(
     layers = pd.DataFrame([p.row for p in parts])
     tables = concat_tables(parts)
     summary = build_summary(heads, layers, tables, info, options, analyses)
-    if options.algebra:
-        alg = AlgebraAnalysis.combine(tables, info, options.threshold)
-        summary["algebra"] = alg.summary
-        summary["algebra_ranges_threshold"] = options.threshold
     from ..sources.tl import is_tl_model
 
     return IdempotenceReport(

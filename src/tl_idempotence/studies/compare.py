@@ -697,7 +697,7 @@ class Comparison(Result):
 
 def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:
     detail = ", ".join(f"{k}={have!r} (asked: {want!r})" for k, (have, want) in diff.items())
-    hint = " Set rep.threshold = ... to re-threshold a report exactly." if set(diff) == {"threshold"} else ""
+    hint = " rep.with_threshold(t) re-thresholds a report exactly." if set(diff) == {"threshold"} else ""
     return OptionError(
         f"Item {label!r} is a report made with other options: {detail}. A comparison uses one set of options for "
         f"every model: remake it with the options asked, or ask for its options.{hint}"
@@ -819,5 +819,5 @@ def measure_item(
     except (TLIError, OSError):  # informational: n_params stays unknown (NA) when the headers cannot be read
         n = None
     if n is not None:
-        rep.summary["n_params"] = n
+        rep.summary = rep.summary.replace(n_params=n)
     return rep

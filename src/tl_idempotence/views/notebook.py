@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -139,7 +140,7 @@ def _value(v: Any) -> str | None:
     return None
 
 
-def _summary_table(summary: dict[str, Any], limit: int = 14) -> str:
+def _summary_table(summary: Mapping[str, Any], limit: int = 14) -> str:
     values = [(k, _value(v)) for k, v in summary.items()]
     rows = [(k, v) for k, v in values if v is not None][:limit]
     return pd.DataFrame(rows, columns=["", "value"]).to_html(index=False, border=0)
@@ -224,7 +225,7 @@ def result_html(obj: Any) -> str:
         summary = obj.summary
     except Exception as e:  # noqa: BLE001 - a display must not raise
         return f"<b>{html.escape(name)}</b> (summary unavailable: {html.escape(type(e).__name__)})"
-    t = summary.get("threshold") if isinstance(summary, dict) else None
+    t = summary.get("threshold") if isinstance(summary, Mapping) else None
     t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
     out = f"<div><b>{html.escape(name)}</b>{_summary_table(summary)}"
     overview = getattr(obj, "overview", None)
