@@ -36,7 +36,7 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -457,7 +457,7 @@ def _summary_text(rep: Any) -> str:
 
 
 def _json_value(x: Any) -> Any:
-    if isinstance(x, dict):
+    if isinstance(x, Mapping):
         return {str(k): _json_value(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_json_value(v) for v in x]
