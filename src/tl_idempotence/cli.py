@@ -753,6 +753,14 @@ def _collect_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
 
 
 def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import warnings
+
+    with warnings.catch_warnings():  # the failed and missing items are printed below, each on its own line
+        warnings.filterwarnings("ignore", r"\d+ of \d+ sweep items (failed|have no report yet)", UserWarning)
+        return _sweep_command(args, parser)
+
+
+def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     items = _sweep_items(args.items, parser)
     opts = _report_options(args)
     progress = opts.pop("progress")

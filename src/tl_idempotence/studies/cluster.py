@@ -254,12 +254,12 @@ class Outcome:
 
 
 def _n_workers(client: Any) -> int:
-    """Workers the scheduler knows now (0 when it cannot be asked)."""
+    """Workers the scheduler knows now (0 when it cannot be asked within 10 s)."""
     try:
         try:  # distributed >= 2025: a count without every worker's details
-            info = client.scheduler_info(n_workers=1)
+            info = client.sync(client.scheduler.identity, n_workers=1, callback_timeout=10)
         except TypeError:
-            info = client.scheduler_info()
+            info = client.sync(client.scheduler.identity, callback_timeout=10)
         return int(info.get("n_workers", len(info.get("workers", {}))))
     except Exception:  # noqa: BLE001 - a scheduler that cannot be asked counts as one without workers
         return 0
