@@ -70,9 +70,8 @@ class AlwaysFails:
 
 @pytest.fixture(scope="module")
 def client():
-    from distributed import Client, LocalCluster
-
     import dask
+    from distributed import Client, LocalCluster
 
     # as docs/sweeps.md advises for a cluster of one's own: a worker restart on a loaded machine can take more
     # than Dask's 15 s lost-worker-timeout, after which the LocalCluster would drop that worker for good
@@ -403,9 +402,15 @@ def test_a_cluster_without_workers_ends_the_sweep(ckpts, tmp_path):
 def test_a_dying_worker_on_a_users_cluster(client, ckpts, reference, tmp_path):
     """On a cluster the sweep did not start (Dask's allowed-failures 3: Dask reruns the task itself, each
     run killing a worker), the dying item is still the only failure and the healthy one is computed once."""
-    res = sweep(
-        {"D": ckpts["D"], "dies": DiesOnTheWorker()}, tmp_path / "out", client=client, retries=0, progress=False, **OPTS
-    )
+    with pytest.warns(UserWarning, match="1 of 2 sweep items failed after 0 retries: dies: WorkerDied"):
+        res = sweep(
+            {"D": ckpts["D"], "dies": DiesOnTheWorker()},
+            tmp_path / "out",
+            client=client,
+            retries=0,
+            progress=False,
+            **OPTS,
+        )
     st = res.tasks.set_index("label")
     assert st.loc["D", "status"] == "computed" and st.loc["dies", "status"] == "failed"
     (f,) = res.failed.itertuples()
