@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +95,12 @@ def sha256_bytes(data: bytes) -> str:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same directory + fsync + ``os.replace``).
 
-    Returns the path. A killed writer leaves at most a ``*.tmp<pid>`` file, never a partial
-    file under the final name.
+    Returns the path. A killed writer leaves at most a ``*.tmp<pid>-<random>`` file, never a partial
+    file under the final name. The temporary name is unique per call (the pid alone is not: processes
+    on two machines, or in two containers, writing one file on a shared filesystem can share a pid).
     """
     p = Path(path)
-    tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")
+    tmp = p.with_name(f"{p.name}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
