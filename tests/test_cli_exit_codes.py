@@ -45,7 +45,7 @@ USAGE = [  # (argv, a fragment the message must contain): exit 2, before any wor
     ([], "COMMAND"),
     (["report", "--nul", "3"], "unrecognized arguments: --nul (--nul: did you mean --nulls"),  # no prefix matching
     (["report", "--thresold", "0.5"], "(--thresold: did you mean --threshold?)"),
-    (["sweep", "a", "--out", "o", "--worker", "2"], "did you mean --workers?"),
+    (["sweep", "a", "--out", "o", "--worker", "2"], "did you mean --workers or --worker-timeout?"),
     (["report", "--json", "--attention-text", "hi"], "--attention-text adds attention views to the HTML page"),
     (["report", "--seed", "-1"], "--seed: must be >= 0"),
     (["report", "--seed", "1.5"], "--seed: not an integer"),
@@ -121,7 +121,7 @@ def test_path_only_flags_and_runtime_option_errors_exit_2(ckpt, tmp_path):
 def test_local_folder_named_like_a_zoo_model_is_not_silently_replaced(tmp_path):
     (tmp_path / "minilm-l6").mkdir()
     proc = run(["report", "minilm-l6", "--out", "r.html"], cwd=tmp_path)
-    assert proc.returncode == 2 and "both a zoo model and a local path" in proc.stderr
+    assert proc.returncode == 2 and "both a zoo model name and an existing path" in proc.stderr
     assert "./minilm-l6" in proc.stderr and "zoo:minilm-l6" in proc.stderr
 
 

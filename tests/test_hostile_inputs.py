@@ -196,7 +196,8 @@ def test_report_accepts_float32_by_name_and_gives_float32_products(env, route):
 
 def test_report_method_on_the_model_checks_options_too(env):
     assert_raises(lambda: env.bridge.idempotence_report(nul=8), UnknownOptionError, ["'nul'", "'nulls'"])
-    assert_raises(lambda: env.bridge.idempotence_report("0.5"), OptionTypeError, ["threshold"])
+    assert_raises(lambda: env.bridge.idempotence_report(threshold="0.5"), OptionTypeError, ["threshold"])
+    assert_raises(lambda: env.bridge.idempotence_report(0.5), OptionTypeError, ["as keywords", "threshold=0.9"])
 
 
 def test_accepted_option_spellings(env):

@@ -108,7 +108,7 @@ _TL_CLASSES = {
 
 
 def _report_method() -> Any:
-    """``idempotence_report`` as a method: ``model.idempotence_report(threshold, nulls=..., ...)``,
+    """``idempotence_report`` as a method: ``model.idempotence_report(threshold=..., nulls=..., ...)``,
     with the function's real signature (``inspect.signature`` follows ``__wrapped__``) and docstring."""
     import functools
 
@@ -116,7 +116,14 @@ def _report_method() -> Any:
 
     @functools.wraps(idempotence_report)
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        return idempotence_report(self, *args, **kwargs)
+        if args:
+            from .errors import OptionTypeError
+
+            raise OptionTypeError(
+                f"model.idempotence_report() takes its options as keywords (e.g. threshold=0.9, nulls=64); got "
+                f"{len(args)} positional argument(s) {args!r:.80}."
+            )
+        return idempotence_report(self, **kwargs)
 
     return method
 

@@ -53,16 +53,6 @@ EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 # ----------------------------------------------------------------------------- argument types (exit 2)
 
 
-def _threshold(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {s!r}") from None
-    if not 0.0 <= v <= 1.0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be in [0, 1] (P is a squared cosine); got {s}")
-    return v
-
-
 def _nonneg_int(s: str) -> int:
     try:
         v = int(s)
@@ -138,16 +128,15 @@ def _nonempty(s: str) -> str:
 
 
 def _folder(s: str) -> str:
-    """A folder to create or reuse (``--resume``, ``sweep --out``): not empty (an empty string would be the
-    current folder), not an existing file, its parent folder existing."""
-    if not s.strip():
-        raise argparse.ArgumentTypeError("must not be empty; give a folder")
-    p = Path(s).expanduser()
-    if p.exists() and not p.is_dir():
-        raise argparse.ArgumentTypeError(f"{s} is a file; give a folder")
-    if not p.exists() and not p.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"the folder {p.parent} does not exist")
-    return str(p)
+    """A folder to create or reuse (``--resume``, ``sweep --out``): the API's rule
+    (:func:`~tl_idempotence.core.files.check_work_folder`)."""
+    from .core.files import check_work_folder
+    from .errors import TLIError
+
+    try:
+        return str(check_work_folder(s, "folder"))
+    except TLIError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("folder ").removeprefix("folder: ")) from None
 
 
 _FROM_ENV = -1  # --task-index without a value (not a string: argparse applies no type to it): from the environment
@@ -188,42 +177,52 @@ def _zoo_names() -> list[str]:
 # ----------------------------------------------------------------------------- the parser
 
 
+def _validated(parse: Any, check: Any, name: str) -> Any:
+    """An argparse type: ``parse`` the string, then the library's own validator ``check`` (the same rule as the
+    Python API), its error as argparse's (exit 2)."""
+
+    def convert(s: str) -> Any:
+        from .errors import OptionError, OptionTypeError
+
+        try:
+            return check(parse(s), name)
+        except (ValueError, OptionError, OptionTypeError) as e:
+            msg = (
+                str(e)
+                if isinstance(e, (OptionError, OptionTypeError))
+                else f"not {'an integer' if parse is int else 'a number'}: {s!r}"
+            )
+            if msg.startswith(name + " "):  # argparse already names the flag: "argument --seed: must be >= 0"
+                msg = msg[len(name) + 1 :]
+            raise argparse.ArgumentTypeError(msg) from None
+
+    convert.__name__ = name  # argparse names the type in some messages
+    return convert
+
+
 def _add_report_options(r: argparse.ArgumentParser) -> None:
-    r.add_argument(
-        "--threshold", type=_threshold, default=0.9, help="P threshold of a 'closed' head, in [0, 1] (default 0.9)"
-    )
-    r.add_argument(
-        "--layers",
-        type=parse_layers,
-        default=None,
-        metavar="LIST",
-        help="measure only these layers, e.g. 0,5,10-12 (default: all)",
-    )
-    r.add_argument(
-        "--nulls",
-        type=_nonneg_int,
-        default=0,
-        metavar="N",
-        help="orientation-scramble draws per head (0 = off; 64 is the usual) plus the O/V mismatch control",
-    )
-    r.add_argument("--search", action="store_true", help="constructive search: feasible P per head/layer (slow)")
-    r.add_argument("--algebra", action="store_true", help="shared-value algebra per kv group (GQA/MQA)")
-    r.add_argument(
-        "--seed", type=_nonneg_int, default=0, help="seed of the scramble draws and search restarts (default 0)"
-    )
-    r.add_argument(
-        "--compute-dtype",
-        choices=["float64", "float32"],
-        default="float64",
-        help="dtype of the d_model-long products O^T O, V^T O (default float64; float32 is ~2-3x faster on "
-        "large checkpoints, |dP| < 1e-6 measured; d_head-sized algebra stays float64)",
-    )
-    r.add_argument(
-        "--device",
-        default="cpu",
-        metavar="DEVICE",
-        help="where the products and the controls run: cpu (default), cuda, cuda:N or auto",
-    )
+    """The report options as flags, built from their one declaration
+    (:data:`~tl_idempotence.core.option_specs.REPORT_OPTIONS`: the same names, defaults and rules as the API)."""
+    from .core import option_specs as spec
+
+    checks = {"threshold": spec.check_threshold, "nulls": spec.check_nulls, "seed": spec.check_seed}
+    for o in spec.REPORT_OPTIONS:
+        help_ = o.help if o.kind in ("flag", "layers") else f"{o.help} (default: {o.default})"
+        if o.kind == "flag":
+            r.add_argument(o.flag, action="store_true", help=help_)
+        elif o.kind == "threshold":
+            r.add_argument(o.flag, type=_validated(float, checks[o.name], o.name), default=o.default, help=help_)
+        elif o.kind == "count":
+            kind = _validated(int, checks[o.name], o.name)
+            r.add_argument(o.flag, type=kind, default=o.default, metavar=o.metavar, help=help_)
+        elif o.kind == "layers":
+            r.add_argument(
+                o.flag, type=parse_layers, default=o.default, metavar=o.metavar, help=f"{help_}, e.g. 0,5,10-12"
+            )
+        elif o.kind == "choice":
+            r.add_argument(o.flag, choices=list(o.choices), default=o.default, help=help_)
+        else:  # device: checked against this machine once parsed (exit 2 before any work)
+            r.add_argument(o.flag, default=o.default, metavar=o.metavar, help=help_)
     r.add_argument("--quiet", action="store_true", help="no progress bars on stderr")
     r.add_argument("--debug", action="store_true", help="show full tracebacks on failure")
 
@@ -441,27 +440,20 @@ def _looks_like_path(name: str) -> bool:
 
 def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
     """``(kind, value)``: ("zoo", name), ("path", path) or ("hub", name). Usage errors exit 2."""
+    from .errors import TLIError
+    from .sources.names import resolve_name
+
     name = args.model
-    zoo = _zoo_names()
-    if name.startswith("zoo:"):
-        if name[4:] not in zoo:
-            parser.error(f"unknown zoo model {name[4:]!r}; known: {', '.join(zoo)}")
-        kind, value = "zoo", name[4:]
-    else:
-        path = Path(name).expanduser()
-        if path.exists() and name in zoo:
-            parser.error(
-                f"{name!r} is both a zoo model and a local path ./{name}; write ./{name} for the folder "
-                f"or zoo:{name} for the zoo model"
-            )
-        if path.exists():
-            kind, value = "path", str(path)
-        elif name in zoo:
-            kind, value = "zoo", name
-        elif _looks_like_path(name):
-            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {', '.join(zoo)})")
-        else:
-            kind, value = "hub", name
+    try:
+        named = resolve_name(name, "MODEL")  # the one rule of every route (sources/names.py)
+    except TLIError as e:
+        parser.error(str(e))
+    kind: str = named.kind
+    value = str(named.value)
+    if kind == "unknown":
+        if _looks_like_path(name):
+            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {', '.join(_zoo_names())})")
+        kind = "hub"
     if kind == "path" and (args.processing != "raw" or args.cls != "bridge"):
         parser.error(
             "--processing and --cls apply to zoo models (and hub names); a checkpoint path is read raw from its files"
@@ -540,17 +532,10 @@ def _summary_json(rep: Any) -> str:
 
 
 def _report_options(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        threshold=args.threshold,
-        nulls=args.nulls,
-        seed=args.seed,
-        search=args.search,
-        algebra=args.algebra,
-        layers=args.layers,
-        compute_dtype=args.compute_dtype,
-        device=args.device,
-        progress=not args.quiet,
-    )
+    """The report options the command line was given (every one of REPORT_OPTIONS, by name)."""
+    from .core.option_specs import REPORT_OPTION_NAMES
+
+    return {name: getattr(args, name) for name in REPORT_OPTION_NAMES}
 
 
 # ----------------------------------------------------------------------------- commands
@@ -611,7 +596,7 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         model = _hub_model(value, args)
     else:
         model = value
-    rep = idempotence_report(model, resume=args.resume, **_report_options(args))
+    rep = idempotence_report(model, resume=args.resume, progress=not args.quiet, **_report_options(args))
     wrote = []
     if page is not None:
         existed = os.path.lexists(page)
@@ -671,21 +656,24 @@ def _cmd_fetch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return EXIT_OK
 
 
-def _path_label(p: Path) -> str:
-    """The label of a checkpoint path: its folder name, or a file's name without ``.gguf``/``.safetensors``."""
-    p = p.absolute()
-    return p.name if p.is_dir() or p.suffix.lower() not in (".gguf", ".safetensors", ".json") else p.stem
+def _checkpoint_of(p: Path) -> Path:
+    """The checkpoint a path names: a ``.safetensors``/``config.json`` file names its folder."""
+    return p.parent if not p.is_dir() and p.suffix.lower() in (".safetensors", ".json") else p
 
 
 def _sweep_items(raw: Sequence[str], parser: argparse.ArgumentParser) -> dict[str, str]:
     """``{label: item}`` from the command line's ITEMs (usage errors exit 2).
 
     ``LABEL=ITEM`` names an item (unless the whole string is an existing path); a zoo name is its own label;
-    a checkpoint path gets its folder name (a file: its name without the suffix). Paths whose names repeat
+    a checkpoint path gets its folder name (a ``.safetensors``/``config.json`` file: its folder's name; a ``.gguf``
+    file: its name without the suffix; :func:`~tl_idempotence.sources.names.path_label`). Paths whose names repeat
     get as many parent folder names as make them distinct (``runs/seed1/step200`` and
     ``runs/seed2/step200`` -> ``seed1_step200``, ``seed2_step200``). The same labels on every run of the
     same command line: job-array tasks agree on them.
     """
+    from .errors import TLIError
+    from .sources.names import path_label, resolve_name
+
     zoo = _zoo_names()
     given: list[tuple[str | None, str]] = []
     for it in raw:
@@ -704,17 +692,19 @@ def _sweep_items(raw: Sequence[str], parser: argparse.ArgumentParser) -> dict[st
     labels: list[str] = []
     paths: dict[int, Path] = {}
     for i, (name, val) in enumerate(given):
+        try:
+            named = resolve_name(val, f"ITEM {val!r}")  # the one rule of every route (sources/names.py)
+        except TLIError as e:
+            parser.error(str(e))
+        if named.kind == "unknown":
+            parser.error(f"no such file or folder: {val!r} (and not a zoo model: {', '.join(zoo)})")
         if name is not None:
             labels.append(name)
-        elif val.startswith("zoo:"):
-            labels.append(val[4:])
-        elif Path(val).expanduser().exists():
-            paths[i] = Path(val).expanduser().absolute()
-            labels.append(_path_label(paths[i]))
-        elif val in zoo:
-            labels.append(val)
-        else:
-            parser.error(f"no such file or folder: {val!r} (and not a zoo model: {', '.join(zoo)})")
+        elif named.kind == "zoo":
+            labels.append(str(named.value))
+        elif named.kind == "path":
+            paths[i] = Path(named.value).absolute()
+            labels.append(path_label(paths[i]))
     seen_paths: dict[Path, str] = {}
     for i, p in paths.items():
         if p in seen_paths:
@@ -726,7 +716,7 @@ def _sweep_items(raw: Sequence[str], parser: argparse.ArgumentParser) -> dict[st
             continue
         depth = 2
         while True:
-            parts = {i: [*paths[i].parent.parts[1:], _path_label(paths[i])] for i in group}
+            parts = {i: [*_checkpoint_of(paths[i]).parent.parts[1:], path_label(paths[i])] for i in group}
             cand = {i: "_".join(parts[i][-depth:]) for i in group}
             if len(set(cand.values())) == len(group) or depth > max(len(v) for v in parts.values()):
                 break
@@ -799,7 +789,7 @@ def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     items = _sweep_items(args.items, parser)
     opts = _report_options(args)
-    progress = opts.pop("progress")
+    progress = not args.quiet
     if args.task_index is not None:
         _refuse_with(
             args,

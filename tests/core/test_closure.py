@@ -414,3 +414,16 @@ def test_meta_and_sparse_tensors_are_refused_naming_them(make, says):
             W_V[None],
             torch.tensor([0]),
         )
+
+
+def test_shape_annotations_are_checked_while_the_tests_run():
+    """tests/shapecheck.py instruments every shape annotation (jaxtyping + beartype): a non-square Gram product
+    is refused by the annotation itself, so a wrong shape inside the library cannot pass silently in the tests."""
+    import jaxtyping
+
+    from tl_idempotence.core.closure import closure_sums
+
+    good = torch.eye(3, dtype=torch.float64)[None]
+    closure_sums(good, good, good)
+    with pytest.raises(jaxtyping.TypeCheckError):
+        closure_sums(good, good, torch.ones(1, 3, 2, dtype=torch.float64))

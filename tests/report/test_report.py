@@ -239,8 +239,8 @@ def test_bad_input_errors(tiny_gqa_bridge):
         tli.idempotence_report(tiny_gqa_bridge, nulls=1.7, progress=False)
     with pytest.raises(UnknownOptionError, match=r"'nuls' \(did you mean 'nulls'"):
         tli.idempotence_report(tiny_gqa_bridge, nuls=16)
-    with pytest.raises(TypeError):  # every option after threshold is keyword-only
-        tli.idempotence_report(tiny_gqa_bridge, 0.9, 16)
+    with pytest.raises(TypeError):  # every option is keyword-only
+        tli.idempotence_report(tiny_gqa_bridge, 0.9)
     rep = tli.idempotence_report(tiny_gqa_bridge, layers=[1], progress=False)
     assert set(rep.heads.layer) == {1} and len(rep.heads) == 9
     assert list(rep.heads.index) == [f"L1H{h}" for h in range(9)]

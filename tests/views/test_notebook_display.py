@@ -113,9 +113,10 @@ def test_displays_show_the_real_numbers(results):
 
 def test_method_keeps_the_real_signature_and_docstring(tiny):
     sig = inspect.signature(tiny.idempotence_report)
-    assert list(sig.parameters)[:3] == ["threshold", "nulls", "seed"]
-    assert sig.parameters["nulls"].default is False and sig.parameters["threshold"].default == 0.9
+    assert list(sig.parameters) == ["progress", "resume", "architecture", "prefix", "options"]
+    assert sig.parameters["options"].annotation == "Unpack[ReportOptionsArgs]"  # the options, declared once
     assert tiny.idempotence_report.__doc__ == tli.idempotence_report.__doc__
+    assert "threshold (float): P threshold" in tiny.idempotence_report.__doc__  # written from REPORT_OPTIONS
 
 
 def test_progress_helper_outside_a_kernel(capsys):

@@ -9,7 +9,10 @@
   parts and reused sweep results key on besides the version number (an editable install or a
   source tree keeps one version number across changes of the maths).
 
-Imports the standard library only.
+* :func:`check_work_folder` — the one rule for a folder a run creates or reuses (``resume=``,
+  ``sweep(out=)``, ``--resume``, ``sweep --out``).
+
+Imports the standard library only (and the package's errors).
 """
 
 from __future__ import annotations
@@ -25,12 +28,38 @@ from typing import Any
 __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_work_folder",
     "package_code_sha256",
     "read_json",
     "sha256_bytes",
     "sha256_file",
     "shareable_name",
 ]
+
+
+def check_work_folder(x: Any, name: str) -> Path:
+    """A folder a run creates or reuses, checked before any work: a ``str``/``os.PathLike`` that is not
+    empty (``""`` would be the current folder), not an existing file, and whose parent folder exists
+    (the run creates the folder, never a chain of folders from a typo). The same rule on every route.
+
+    Returns:
+        The user-expanded path (not created here).
+
+    Raises:
+        OptionTypeError: not a path. OptionError: empty, a file, or a missing parent folder.
+    """
+    from ..errors import OptionError, OptionTypeError
+
+    if not isinstance(x, (str, os.PathLike)):
+        raise OptionTypeError(f"{name} must be a folder path; got {type(x).__name__}.")
+    if not str(os.fspath(x)).strip():
+        raise OptionError(f"{name} must not be empty; give a folder (an empty path would be the current folder).")
+    p = Path(x).expanduser()
+    if p.exists() and not p.is_dir():
+        raise OptionError(f"{name}: {os.fspath(x)} is a file; give a folder.")
+    if not p.exists() and not p.absolute().parent.is_dir():
+        raise OptionError(f"{name}: the folder {p.absolute().parent} does not exist.")
+    return p
 
 
 #: The file types of the package that make up its behaviour (code, architecture table, templates).

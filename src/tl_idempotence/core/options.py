@@ -1,8 +1,9 @@
-"""Arguments checked where they enter, once: validators and the frozen report options.
+"""The frozen report options and the two validators that need torch; arguments are checked where they enter.
 
-Every public entry point runs its arguments through these functions (or through
-:class:`ReportOptions`, which uses them) before any work is done, so a typo, a wrong
-type, an out-of-range or a huge value is refused with an error that names the
+The options are declared once in :mod:`tl_idempotence.core.option_specs` (names, defaults, help, the CLI's
+form; the torch-free validators): :class:`ReportOptions` takes its defaults from there and validates every
+option when it is built, so every route — ``idempotence_report``, ``compare``, ``sweep``, ``trajectory``,
+the CLI — refuses the same input the same way before any work is done, with an error that names the
 argument, what was given and what is allowed (:mod:`tl_idempotence.errors`):
 
 * wrong type -> :class:`~tl_idempotence.errors.OptionTypeError` (a ``TypeError``):
@@ -10,19 +11,18 @@ argument, what was given and what is allowed (:mod:`tl_idempotence.errors`):
 * wrong value -> :class:`~tl_idempotence.errors.OptionError` (a ``ValueError``):
   ``threshold=1.5``, ``nulls=-1``, ``layers=[]``, ``layers=[0, 0]``;
 * unknown keyword -> :class:`~tl_idempotence.errors.UnknownOptionError` (a
-  ``TypeError``) naming the closest valid names (:func:`strict_kwargs`);
+  ``TypeError``) naming the closest valid names (:func:`strict_kwargs`, :meth:`ReportOptions.from_kwargs`);
 * a device that is not there -> :class:`~tl_idempotence.errors.DeviceError`.
 
-:class:`ReportOptions` is what the report loop, the resume manifest and every cache
-key on (:meth:`ReportOptions.key`). Imports torch and the standard library only.
+:class:`ReportOptions` is what the report loop, the resume manifest and every cache key on
+(:meth:`ReportOptions.key`), and its one encoding between processes and files is :meth:`ReportOptions.to_record`
+/ :meth:`ReportOptions.from_record`.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import numbers
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -31,15 +31,33 @@ import torch
 from ..errors import DeviceError, OptionError, OptionTypeError
 from .kwargs import strict_kwargs, unknown_option_error
 from .limits import MAX_LAYER_INDEX, MAX_NULLS
+from .option_specs import (
+    DEFAULT_NULLS,
+    DEFAULTS,
+    REPORT_OPTIONS,
+    ReportOptionsArgs,
+    check_bool,
+    check_int,
+    check_layers,
+    check_nulls,
+    check_option_names,
+    check_seed,
+    check_threshold,
+    given,
+    resolve_layers,
+)
 
 __all__ = [
     "DEFAULT_NULLS",
     "MAX_LAYER_INDEX",
     "MAX_NULLS",
+    "REPORT_OPTIONS",
     "ReportOptions",
+    "ReportOptionsArgs",
     "check_bool",
     "check_compute_dtype",
     "check_device",
+    "check_device_name",
     "check_int",
     "check_layers",
     "check_nulls",
@@ -50,130 +68,8 @@ __all__ = [
     "unknown_option_error",
 ]
 
-#: Scramble draws per head when ``nulls=True``.
-DEFAULT_NULLS = 64
 _COMPUTE_DTYPES = {"float64": torch.float64, "float32": torch.float32}
-
-
-def _given(x: Any) -> str:
-    r = repr(x)
-    return f"{type(x).__name__} {r if len(r) <= 60 else r[:57] + '...'}"
-
-
-def check_threshold(x: Any, name: str = "threshold") -> float:
-    """A P threshold: a real number (not bool, not str) in [0, 1] (P is a squared cosine).
-
-    Raises:
-        OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].
-    """
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        raise OptionTypeError(f"{name} must be a real number in [0, 1] (P is a squared cosine); got {_given(x)}.")
-    v = float(x)
-    if not 0.0 <= v <= 1.0:
-        raise OptionError(f"{name} must be in [0, 1] (P is a squared cosine); got {v}.")
-    return v
-
-
-def check_int(x: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """An integer (``int`` or numpy integer; not bool, not float) within ``[minimum, maximum]``.
-
-    Raises:
-        OptionTypeError: not an integer (``1.7`` or ``2.0`` are refused, never truncated).
-        OptionError: out of range.
-    """
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise OptionTypeError(f"{name} must be an integer; got {_given(x)}.")
-    v = int(x)
-    if minimum is not None and v < minimum:
-        raise OptionError(f"{name} must be >= {minimum}; got {v}.")
-    if maximum is not None and v > maximum:
-        raise OptionError(f"{name} must be <= {maximum}; got {v}.")
-    return v
-
-
-def check_bool(x: Any, name: str) -> bool:
-    """A boolean (``True``/``False`` or a numpy bool); ``0``/``1``/strings are refused.
-
-    Raises:
-        OptionTypeError: not a boolean.
-    """
-    if isinstance(x, bool):
-        return x
-    try:
-        import numpy as np
-
-        if isinstance(x, np.bool_):
-            return bool(x)
-    except ImportError:  # pragma: no cover
-        pass
-    raise OptionTypeError(f"{name} must be True or False; got {_given(x)}.")
-
-
-def check_nulls(x: Any, name: str = "nulls") -> int:
-    """Scramble draws per head: ``True`` (= :data:`DEFAULT_NULLS`), ``False``/0 (off) or an int in [0, MAX_NULLS].
-
-    Raises:
-        OptionTypeError: not a bool or an integer. OptionError: negative or above :data:`MAX_NULLS`.
-    """
-    if isinstance(x, bool):
-        return DEFAULT_NULLS if x else 0
-    return check_int(x, name, 0, MAX_NULLS)
-
-
-def check_seed(x: Any, name: str = "seed") -> int:
-    """A seed: a non-negative integer (mixed with the layer index by ``layer_generator``).
-
-    Raises:
-        OptionTypeError: not an integer. OptionError: negative.
-    """
-    return check_int(x, name, 0, 2**128)
-
-
-def check_layers(x: Any, name: str = "layers") -> tuple[int, ...] | None:
-    """``None`` (all layers) or a non-empty sequence of distinct non-negative layer indices.
-
-    Returns the indices in the given order. A bare int, a string, an empty sequence, a
-    repeated or a negative index is refused (whether each layer exists is checked against
-    the model by :func:`resolve_layers`).
-
-    Raises:
-        OptionTypeError: not a sequence of integers. OptionError: empty, repeated or negative.
-    """
-    if x is None:
-        return None
-    if isinstance(x, (str, bytes, Mapping, Set)) or isinstance(x, numbers.Number) or not isinstance(x, Iterable):
-        # sets have no order and mappings would give their keys: neither says which layers in which order
-        raise OptionTypeError(f"{name} must be None or a sequence of layer indices such as [0, 5]; got {_given(x)}.")
-    if isinstance(x, torch.Tensor):
-        x = x.flatten().tolist() if x.numel() <= MAX_LAYER_INDEX + 1 else range(MAX_LAYER_INDEX + 2)
-    if isinstance(x, range) and len(x) and (x[0] > MAX_LAYER_INDEX or x[-1] > MAX_LAYER_INDEX):
-        bad = x[0] if x[0] > MAX_LAYER_INDEX else x[-1]
-        raise OptionError(f"{name} holds layer {bad}; layer indices are at most {MAX_LAYER_INDEX}.")
-    items = list(itertools.islice(x, MAX_LAYER_INDEX + 2))  # never more than one past the largest valid list
-    if not items:
-        raise OptionError(f"{name} is empty: pass None for every layer, or the layer indices to measure.")
-    out = tuple(check_int(v, f"{name}[{i}]", 0, MAX_LAYER_INDEX) for i, v in enumerate(items))
-    seen: set[int] = set()
-    dup = sorted({v for v in out if v in seen or seen.add(v)})  # type: ignore[func-returns-value]
-    if dup:
-        raise OptionError(f"{name} repeats layer(s) {dup[:20]}: each layer is measured once.")
-    return out
-
-
-def resolve_layers(layers: Sequence[int] | None, available: Sequence[int]) -> list[int]:
-    """The layers to run: all of ``available`` when ``layers`` is None, else ``layers`` (validated order).
-
-    Raises:
-        OptionError: a layer that is not an attention layer of the model (lists the available ones).
-    """
-    avail = [int(a) for a in available]
-    if layers is None:
-        return avail
-    bad = [int(v) for v in layers if int(v) not in set(avail)]
-    if bad:
-        span = f"{avail[0]}..{avail[-1]}" if avail == list(range(avail[0], avail[-1] + 1)) else str(avail)
-        raise OptionError(f"Unknown layer index {bad}: this model's attention layers are {span}.")
-    return [int(v) for v in layers]
+_given = given
 
 
 def check_compute_dtype(x: Any, name: str = "compute_dtype") -> torch.dtype:
@@ -249,6 +145,28 @@ def check_device(x: Any, name: str = "device") -> torch.device:
     raise DeviceError(f"{name}={x!r}: device type {dev.type!r} is not supported; use 'cpu', 'cuda' or 'auto'.")
 
 
+def check_device_name(x: Any, name: str = "device") -> str:
+    """A device *name* to resolve where the work runs (a sweep's or a trajectory's workers may have GPUs this
+    process lacks): ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"`` or a ``torch.device`` (as its name).
+
+    Raises:
+        OptionTypeError: not a string or device. OptionError: not a device name, or a device type other than
+            cpu and cuda.
+    """
+    if isinstance(x, torch.device):
+        x = str(x)
+    if not isinstance(x, str):
+        raise OptionTypeError(f"{name} must be a device name such as 'cpu', 'cuda' or 'auto'; got {_given(x)}.")
+    if x != "auto":
+        try:
+            kind = torch.device(x).type
+        except RuntimeError as e:
+            raise OptionError(f"{name}={x!r} is not a device name; use 'cpu', 'cuda', 'cuda:N' or 'auto'.") from e
+        if kind not in ("cpu", "cuda"):
+            raise OptionError(f"{name}={x!r}: the work runs on 'cpu' or 'cuda' (or 'auto').")
+    return x
+
+
 @dataclass(frozen=True, init=False)
 class ReportOptions:
     """The validated options of a report (and of every route into it). Frozen.
@@ -280,14 +198,14 @@ class ReportOptions:
 
     def __init__(
         self,
-        threshold: Any = 0.9,
-        nulls: Any = 0,
-        seed: Any = 0,
-        search: Any = False,
-        algebra: Any = False,
-        layers: Any = None,
-        compute_dtype: Any = torch.float64,
-        device: Any = "cpu",
+        threshold: float = DEFAULTS["threshold"],
+        nulls: bool | int = DEFAULTS["nulls"],
+        seed: int = DEFAULTS["seed"],
+        search: bool = DEFAULTS["search"],
+        algebra: bool = DEFAULTS["algebra"],
+        layers: Iterable[int] | None = DEFAULTS["layers"],
+        compute_dtype: torch.dtype | str = DEFAULTS["compute_dtype"],
+        device: str | torch.device = DEFAULTS["device"],
     ) -> None:
         set_ = functools.partial(object.__setattr__, self)
         set_("threshold", check_threshold(threshold))
@@ -301,8 +219,31 @@ class ReportOptions:
 
     @classmethod
     def names(cls) -> list[str]:
-        """The option names."""
+        """The option names (the order of :data:`~tl_idempotence.core.option_specs.REPORT_OPTIONS`)."""
         return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_kwargs(
+        cls, where: str, options: Mapping[str, Any], others: Iterable[str] = (), **fixed: Any
+    ) -> ReportOptions:
+        """The options an entry point was given as ``**options`` (each absent one at its declared default).
+
+        Args:
+            where: the entry point, for messages (``"sweep()"``).
+            options: the keyword arguments it received besides its own parameters.
+            others: its own parameter names (suggested too when a keyword is unknown).
+            **fixed: options the entry point sets itself (e.g. ``algebra=True``), refused when also given.
+
+        Raises:
+            UnknownOptionError: a keyword that is no option (names the closest valid ones).
+            OptionError: an option the entry point sets itself. OptionTypeError / OptionError / DeviceError:
+                a bad value (:class:`ReportOptions`).
+        """
+        check_option_names(where, options, others)
+        clash = sorted(set(options) & set(fixed))
+        if clash:
+            raise OptionError(f"{where} sets {clash} itself; do not pass them.")
+        return cls(**{**options, **fixed})
 
     def key(self) -> dict[str, Any]:
         """The options that change numbers, as JSON values (what caches and resume parts key on).
@@ -324,6 +265,35 @@ class ReportOptions:
     def as_dict(self) -> dict[str, Any]:
         """Every option as a JSON value (for summaries and saved reports)."""
         return {**self.key(), "layers": None if self.layers is None else list(self.layers)}
+
+    @classmethod
+    def for_elsewhere(
+        cls, where: str, options: Mapping[str, Any], others: Iterable[str] = ()
+    ) -> tuple[dict[str, Any], str]:
+        """The options of work that runs in other processes (sweep workers, job-array tasks, trajectory tasks),
+        in their one encoding: the validated options without the device as a JSON record (:meth:`as_dict`
+        without ``device``) and the device as asked, a name resolved where the work runs (:meth:`at_device`).
+
+        Raises:
+            UnknownOptionError / OptionTypeError / OptionError: as :meth:`from_kwargs` and
+                :func:`check_device_name`.
+        """
+        check_option_names(where, options, others)
+        device = check_device_name(options.get("device", DEFAULTS["device"]))
+        opts = cls(**{k: v for k, v in options.items() if k != "device"})
+        return {k: v for k, v in opts.as_dict().items() if k != "device"}, device
+
+    @classmethod
+    def at_device(cls, record: Mapping[str, Any], device: str) -> ReportOptions:
+        """Options from :meth:`for_elsewhere`'s record, with the device resolved here (where the work runs).
+
+        Raises:
+            OptionError / OptionTypeError: a record that is not valid options. DeviceError: a device this machine
+                does not have.
+        """
+        if "device" in record:
+            raise OptionError("an options record for elsewhere holds no device (it is given apart).")
+        return cls.from_kwargs("options record", record, device=device)
 
     def with_threshold(self, threshold: float) -> ReportOptions:
         """A copy with another threshold (validated); the device is kept as is."""

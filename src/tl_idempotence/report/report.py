@@ -11,11 +11,10 @@ then dropped, so memory is bounded by one layer.
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -25,7 +24,9 @@ from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlg
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import REPORT_ANALYSES
+from ..core.files import check_work_folder
 from ..core.heads import ModelInfo, source_info
+from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
 from ..errors import OptionError, OptionTypeError
@@ -33,6 +34,11 @@ from ..sources.dispatch import head_source
 from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
 from .summary import ReportSummary, build_summary, format_paper_table, paper_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
+
+    from ..core.hints import ArchitectureLike, ModelLike, PathLike
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -476,56 +482,36 @@ def load_report(path: Any) -> IdempotenceReport:
     )
 
 
-@strict_kwargs
+@documents_options
 def idempotence_report(
-    model: Any,
-    threshold: Any = 0.9,
+    model: ModelLike,
     *,
-    nulls: Any = False,
-    seed: Any = 0,
-    search: Any = False,
-    algebra: Any = False,
-    layers: Any = None,
-    compute_dtype: Any = torch.float64,
-    device: Any = "cpu",
-    progress: Any = True,
-    resume: Any = None,
-    architecture: Any = None,
-    prefix: Any = None,
+    progress: bool = True,
+    resume: PathLike | None = None,
+    architecture: ArchitectureLike | None = None,
+    prefix: str | None = None,
+    **options: Unpack[ReportOptionsArgs],
 ) -> IdempotenceReport:
-    """Closure of every attention head of a model, with the paper's controls on request.
+    """Closure of every attention head of a model, with the paper's controls on request (SPEC 2-5, 7).
 
-    Every argument is validated here, where it enters (``core/options.py``), so the signature
-    annotates the options ``Any``; the types each one takes are listed below.
+    Every argument is validated here, where it enters: the report options by
+    :class:`~tl_idempotence.core.options.ReportOptions` (declared once, the same on every route), the others
+    below.
 
     Args:
         model: a TransformerLens model (HookedTransformer, HookedEncoder,
             TransformerBridge), a ``transformers`` model, a path to a checkpoint
-            directory or ``.gguf`` file, ``LayerHeads`` (one or a list) or a
-            :class:`~tl_idempotence.core.heads.HeadSource`.
-        threshold (float): P threshold for a "closed" head (paper: 0.9), a real number in [0, 1].
-        nulls (bool | int): ``True`` (64 draws) or an int number of orientation-scramble draws per
-            head; also runs the matched O/V mismatch (SPEC 4).
-        seed (int): non-negative seed of the scramble draws and the search restarts: the
-            scramble's generator is seeded with ``(seed, layer)``, the search's and the activation
-            control's with ``(seed, layer, head)``, so results do not depend on which layers
-            (or, for the search, which heads) were run.
-        search (bool): run the constructive search per layer (SPEC 5; ~1.4 CPU-seconds per SmolLM2-135M
-            layer, README "What each analysis costs").
-        algebra (bool): run the shared-value algebra per kv group (SPEC 7).
-        layers (Sequence[int] | None): restrict to these layer indices (default: all attention layers).
-        compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products (float64 default,
-            or float32).
-        device (str | torch.device): where the products and the batched controls run ("cpu",
-            "cuda", "cuda:N", "auto"); results are CPU float64 and agree across devices to
-            float64 rounding.
-        progress (bool): show a tqdm bar per layer on stderr.
-        resume (str | os.PathLike | None): a directory for per-layer parts (parquet + JSON). Each finished layer is
+            directory or ``.gguf`` file, a zoo name, ``LayerHeads`` (one or a list) or a
+            :class:`~tl_idempotence.core.heads.HeadSource` (how a string is read:
+            :func:`~tl_idempotence.sources.dispatch.head_source`).
+        progress: show a tqdm bar per layer on stderr.
+        resume: a directory for per-layer parts (parquet + JSON). Each finished layer is
             written there; a later call with the same directory and options reuses a layer's
             part only when that layer's weights have the same sha256 fingerprint (otherwise it
             is recomputed); other options refuse (``ResumeError``).
         architecture, prefix: for checkpoint directories / ``transformers`` models: force the
             architecture-table entry / the tensor-name root.
+        **options: the report options (REPORT_OPTIONS_DOC).
 
     Returns:
         :class:`IdempotenceReport`.
@@ -538,27 +524,22 @@ def idempotence_report(
         CheckpointError / MissingFileError: a checkpoint that cannot be read (names the file).
         ResumeError: a resume directory made with other options.
     """
-    opts = ReportOptions(
-        threshold=threshold,
-        nulls=nulls,
-        seed=seed,
-        search=search,
-        algebra=algebra,
-        layers=layers,
-        compute_dtype=compute_dtype,
-        device=device,
-    )
+    opts = ReportOptions.from_kwargs("idempotence_report()", options, _OWN_PARAMETERS)
     return report_with_options(model, opts, progress=progress, resume=resume, architecture=architecture, prefix=prefix)
 
 
+#: idempotence_report's own parameters (suggested, with the options, for a misspelled keyword).
+_OWN_PARAMETERS = ("progress", "resume", "architecture", "prefix")
+
+
 def report_with_options(
-    model: Any,
+    model: ModelLike,
     options: ReportOptions,
     *,
-    progress: Any = True,
-    resume: Any = None,
-    architecture: Any = None,
-    prefix: Any = None,
+    progress: bool = True,
+    resume: PathLike | None = None,
+    architecture: ArchitectureLike | None = None,
+    prefix: str | None = None,
 ) -> IdempotenceReport:
     """:func:`idempotence_report` with options already validated (what comparisons, sweeps and
     trajectories call, so the options travel as one object).
@@ -576,8 +557,8 @@ def report_with_options(
         raise OptionTypeError(f"options must be a ReportOptions; got {type(options).__name__}.")
     opts = options
     progress = check_bool(progress, "progress")
-    if resume is not None and not isinstance(resume, (str, os.PathLike)):
-        raise OptionTypeError(f"resume must be a directory path; got {type(resume).__name__}.")
+    if resume is not None:
+        check_work_folder(resume, "resume")  # not "", not a file, its parent existing: the CLI's rule
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
     resolve_layers(opts.layers, list(src.layers()))  # an unknown layer is refused before the resume folder is made

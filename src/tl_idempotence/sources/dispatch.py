@@ -16,8 +16,8 @@ from ..core.options import check_bool, strict_kwargs
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from .architectures import check_architecture
 from .checkpoint import from_path, from_transformers, is_transformers_model
+from .names import missing_path_error, resolve_name
 from .tl import TLModelSource, is_tl_model
-from .zoo import known_models
 from .zoo import source as zoo_source
 
 __all__ = ["LayerHeadsSource", "head_source"]
@@ -87,8 +87,9 @@ def head_source(model: Any, *, architecture: Any = None, prefix: Any = None, che
         model: a TransformerLens model (HookedTransformer, HookedEncoder, TransformerBridge),
             a Hugging Face ``transformers`` ``PreTrainedModel``, a path (``str``/``Path``) to
             a model directory or ``.gguf`` file, a zoo name (``"smollm2-135m"``, or
-            ``"zoo:smollm2-135m"``; an existing path of the same name wins unless ``zoo:`` is
-            written), a ``LayerHeads`` or a list of them, or an existing
+            ``"zoo:smollm2-135m"``; a string that is also an existing path is refused as ambiguous:
+            write ``zoo:NAME`` or pass ``pathlib.Path(NAME)``, see :mod:`~tl_idempotence.sources.names`),
+            a ``LayerHeads`` or a list of them, or an existing
             :class:`~tl_idempotence.core.heads.HeadSource` (returned as is).
         architecture: for checkpoint directories and ``transformers`` models only: ``None``,
             a table name (``str``) or an entry dict forcing the architecture-table entry.
@@ -102,6 +103,9 @@ def head_source(model: Any, *, architecture: Any = None, prefix: Any = None, che
         UnknownOptionError: an unknown keyword (names the closest valid ones).
         UnsupportedModelError: an unsupported object (names what is supported).
         OptionError: ``architecture``/``prefix`` with a model that has no use for them.
+        OptionError: a string that is both a zoo model name and an existing path (ambiguous).
+        UnknownModelError: ``"zoo:NAME"`` with an unknown NAME.
+        MissingFileError: a string that is neither an existing path nor a zoo name.
         MissingFileError / CheckpointError: see :func:`~tl_idempotence.sources.checkpoint.from_path`.
     """
     architecture = check_architecture(architecture)
@@ -122,11 +126,14 @@ def head_source(model: Any, *, architecture: Any = None, prefix: Any = None, che
         if file_opts:
             raise OptionError("architecture= and prefix= do not apply to LayerHeads.")
         return LayerHeadsSource(model)
-    if isinstance(model, str) and (model.startswith("zoo:") or (model in known_models() and not os.path.exists(model))):
-        if file_opts:
-            raise OptionError("architecture= and prefix= do not apply to a zoo model (its layout is known).")
-        return zoo_source(model.removeprefix("zoo:"), progress=False)
     if isinstance(model, (str, os.PathLike)):
+        named = resolve_name(model)  # the one rule (sources/names.py): an ambiguous name is refused
+        if named.kind == "zoo":
+            if file_opts:
+                raise OptionError("architecture= and prefix= do not apply to a zoo model (its layout is known).")
+            return zoo_source(str(named.value), progress=False)
+        if named.kind == "unknown":
+            raise missing_path_error(model)
         return from_path(model, architecture=architecture, prefix=prefix, check_finite=check_finite)
     if is_transformers_model(model):
         return from_transformers(model, architecture=architecture, prefix=prefix, check_finite=check_finite)

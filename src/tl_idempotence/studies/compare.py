@@ -31,12 +31,13 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from ..core.heads import HeadSource, LayerHeads
+from ..core.option_specs import DEFAULTS, ReportOptionsArgs, check_option_names, documents_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
 from ..core.results import Result, views
 from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
@@ -45,9 +46,13 @@ from ..report.store import RECORD
 from ..report.summary import PAPER
 from ..sources.checkpoint import CheckpointSource, is_transformers_model
 from ..sources.dispatch import head_source
+from ..sources.names import missing_path_error, path_label, resolve_name
 from ..sources.tl import TLModelSource, is_tl_model
-from ..sources.zoo import known_models, model_spec
+from ..sources.zoo import known_models
 from ..sources.zoo import source as zoo_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
 
 __all__ = [
     "COMPARED_OPTIONS",
@@ -136,7 +141,6 @@ _INT_COLUMNS = (
     "weights_group",
 )
 _BOOL_COLUMNS = ("is_paper", "raw_weights", "processing_differs", "identical_weights")
-_ZOO_PREFIX = "zoo:"
 
 
 # --------------------------------------------------------------------------- items
@@ -182,28 +186,13 @@ def _classify(value: Any, where: str) -> tuple[str, Any]:
     """``(kind, value)`` of one item."""
     if isinstance(value, IdempotenceReport):
         return "report", value
-    if isinstance(value, str):
-        if value.startswith(_ZOO_PREFIX):
-            name = value[len(_ZOO_PREFIX) :]
-            model_spec(name)  # UnknownModelError naming the known models
-            return "zoo", name
-        p = Path(value).expanduser()
-        zoo = value in known_models()
-        if zoo and p.exists():
-            raise OptionError(
-                f"{where}: {value!r} is both a zoo model name and an existing path ({p.resolve()}). Pass "
-                f"pathlib.Path({value!r}) for the folder or {_ZOO_PREFIX + value!r} for the zoo model."
-            )
-        if zoo:
-            return "zoo", value
-        if not p.exists():
-            raise MissingFileError(
-                f"{where}: {value!r} is neither an existing path nor a zoo model name "
-                f"({', '.join(known_models())}). Nothing is downloaded for paths."
-            )
-        return _classify_path(p, value), p
-    if isinstance(value, os.PathLike):
-        p = Path(value).expanduser()
+    if isinstance(value, (str, os.PathLike)):
+        named = resolve_name(value, where)  # the one rule (sources/names.py): ambiguous names are refused
+        if named.kind == "zoo":
+            return "zoo", named.value
+        if named.kind == "unknown":
+            raise missing_path_error(value, where)
+        p = Path(named.value)
         return _classify_path(p, value), p
     if is_tl_model(value) or is_transformers_model(value) or isinstance(value, (HeadSource, LayerHeads)):
         return "object", value
@@ -222,8 +211,7 @@ def _default_label(kind: str, value: Any, where: str) -> str:
     if kind == "report":
         return str(value.summary.get("model_name") or "report")
     if kind in ("path", "saved"):
-        p = Path(value)
-        return p.name if p.is_dir() or p.suffix.lower() not in (".gguf", ".safetensors", ".json") else p.stem
+        return path_label(Path(value))
     if kind == "zoo":
         return str(value)
     if kind == "object":
@@ -704,19 +692,12 @@ def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:
     )
 
 
-@strict_kwargs
+@documents_options
 def compare(
     items: Any,
     *,
-    threshold: Any = None,
-    nulls: Any = None,
-    seed: Any = None,
-    search: Any = None,
-    algebra: Any = None,
-    compute_dtype: Any = None,
-    layers: Any = None,
-    device: Any = "cpu",
-    progress: Any = True,
+    progress: bool = True,
+    **options: Unpack[ReportOptionsArgs],
 ) -> Comparison:
     """The paper's cross-model table: every item measured with the same options (SPEC 2-5).
 
@@ -728,16 +709,13 @@ def compare(
             the same name; read from the zoo's cached checkpoint files), a TransformerLens or
             ``transformers`` model, ``LayerHeads`` / a ``HeadSource``, or a zero-argument
             callable returning one of those (give it a label with a dict).
-        threshold, nulls, seed, search, algebra, compute_dtype: the report options
-            (:func:`~tl_idempotence.report.report.idempotence_report`), the same for every
-            item. ``None`` (default): the value every report item shares, else the report's
-            default (0.9, 0, 0, False, False, float64).
-        layers: restrict every model to these layer indices. ``None`` (default): the layers every
-            report item was restricted to (report items measured on different layers are refused),
-            else all layers.
-        device: where new reports are computed ("cpu", "cuda", ...); not compared (results
-            agree across devices to float64 rounding).
         progress: tqdm bar over the items that are measured.
+        **options: the report options (REPORT_OPTIONS_DOC).
+
+    The same options for every item. An option not given (or given as ``None``) is the value every report item
+    shares, else its declared default; ``layers`` not given is the layers every report item was restricted to
+    (report items measured on different layers are refused), else all layers. ``device`` is where new reports
+    are computed and is not compared (results agree across devices to float64 rounding).
 
     Returns:
         :class:`Comparison` (``.table``, ``.heads``, ``.figure()``, ``.save_html(path)``).
@@ -757,19 +735,14 @@ def compare(
     from ..core.progress import progress_bar
 
     progress = check_bool(progress, "progress")
+    check_option_names("compare()", options, ("items", "progress"))
+    given = {k: options.get(k) for k in COMPARED_OPTIONS if k != "layers"}  # None: shared by the reports, or default
+    layers, device = options.get("layers"), options.get("device", DEFAULTS["device"])
     resolved = resolve_items(items)
     given_reports = {it.label: it.value for it in resolved if it.kind == "report"}
     for it in resolved:
         if it.kind == "saved":
             given_reports[it.label] = load_report(it.value)
-    given = {
-        "threshold": threshold,
-        "nulls": nulls,
-        "seed": seed,
-        "search": search,
-        "algebra": algebra,
-        "compute_dtype": compute_dtype,
-    }
     want_layers: Sequence[int] | None = check_layers(layers)
     if want_layers is None and given_reports:
         want_layers = _shared_layers(given_reports)

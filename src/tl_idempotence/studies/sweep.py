@@ -65,12 +65,21 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
-from ..core.files import atomic_write_text, read_json, sha256_file
-from ..core.options import ReportOptions, check_bool, check_device, check_int, resolve_layers, strict_kwargs
+from ..core.files import atomic_write_text, check_work_folder, read_json, sha256_file
+from ..core.option_specs import ReportOptionsArgs, documents_options
+from ..core.options import (
+    ReportOptions,
+    check_bool,
+    check_device,
+    check_device_name,
+    check_int,
+    resolve_layers,
+    strict_kwargs,
+)
 from ..errors import ClusterError, MissingFileError, OptionError, OptionTypeError, ReportFileError, TLIError
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
@@ -94,6 +103,9 @@ from .compare import (
     processing_key,
     resolve_items,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
 
 __all__ = [
     "ARRAY_INDEX_VARIABLES",
@@ -375,8 +387,7 @@ class SweepTask:
 
 
 def _task_options(task: SweepTask) -> ReportOptions:
-    record = {k: v for k, v in task.options.items() if k != "device"}
-    return ReportOptions(**record, device=task.device)
+    return ReportOptions.at_device(task.options, task.device)
 
 
 def saved_report_matches(folder: str | os.PathLike[str], source: Any, options: ReportOptions) -> str | None:
@@ -753,24 +764,6 @@ def _load_finished(d: Path, entry: _Entry, digest: str | None, host: Any) -> Ide
 # --------------------------------------------------------------------------- checks shared by the entry points
 
 
-def _check_device_name(device: Any) -> str:
-    """A device name to resolve on the workers (they may have GPUs this process lacks)."""
-    import torch
-
-    if isinstance(device, torch.device):
-        device = str(device)
-    if not isinstance(device, str):
-        raise OptionTypeError(f"device must be a device name such as 'cpu', 'cuda' or 'auto'; got {device!r}.")
-    if device != "auto":
-        try:
-            kind = torch.device(device).type
-        except RuntimeError as e:
-            raise OptionError(f"device={device!r} is not a device name; use 'cpu', 'cuda', 'cuda:N' or 'auto'.") from e
-        if kind not in ("cpu", "cuda"):
-            raise OptionError(f"device={device!r}: a sweep runs on 'cpu' or 'cuda' workers (or 'auto').")
-    return device
-
-
 def _check_worker_timeout(x: Any) -> float | None:
     if x is None:
         return None
@@ -817,13 +810,9 @@ def _check_client(client: Any) -> None:
 
 
 def _prepare_out(out: Any) -> Path:
-    if not isinstance(out, (str, os.PathLike)):
-        raise OptionTypeError(f"out must be a folder path; got {type(out).__name__}.")
-    d = Path(out).expanduser()
-    if d.exists() and not d.is_dir():
-        raise OptionError(f"out={str(out)!r} is a file; give a folder for the sweep's reports.")
+    d = check_work_folder(out, "out")
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(exist_ok=True)
     except OSError as e:
         raise OptionError(f"Cannot create the sweep folder {d}: {e.strerror or e}.") from e
     if not os.access(d, os.W_OK):
@@ -832,20 +821,9 @@ def _prepare_out(out: Any) -> Path:
 
 
 def _check_out_path(out: Any) -> None:
-    """``out`` is a path that is not a file (checked before anything is created)."""
-    if not isinstance(out, (str, os.PathLike)):
-        raise OptionTypeError(f"out must be a folder path; got {type(out).__name__}.")
-    d = Path(out).expanduser()
-    if d.exists() and not d.is_dir():
-        raise OptionError(f"out={str(out)!r} is a file; give a folder for the sweep's reports.")
-
-
-def _report_record(threshold: Any, nulls: Any, seed: Any, search: Any, algebra: Any, layers: Any, dtype: Any) -> dict:
-    """The validated report options without the device (what tasks, plans and reuse key on)."""
-    opts = ReportOptions(
-        threshold=threshold, nulls=nulls, seed=seed, search=search, algebra=algebra, layers=layers, compute_dtype=dtype
-    )
-    return {k: v for k, v in opts.as_dict().items() if k != "device"}
+    """``out``: the one rule for a run's folder (:func:`~tl_idempotence.core.files.check_work_folder`),
+    checked before anything is created."""
+    check_work_folder(out, "out")
 
 
 # --------------------------------------------------------------------------- the plan (OUT/sweep.json)
@@ -928,7 +906,7 @@ def read_sweep_plan(out: Any) -> SweepPlan:
     record = {k: v for k, v in options.items() if k != "device"}
     try:
         ReportOptions.from_record({**record, "device": "cpu"})
-        _check_device_name(device)
+        check_device_name(device)
     except TLIError as e:
         raise bad(f"holds options that are not valid ({e})") from e
     return SweepPlan(path=path, items=tuple(items), options=record, device_asked=device)
@@ -986,7 +964,21 @@ def _write_record(d: Path, result: SweepResult, entries: Sequence[_Entry], recor
 # --------------------------------------------------------------------------- the Dask driver
 
 
-@strict_kwargs
+#: sweep's own parameters (suggested, with the options, for a misspelled keyword).
+_SWEEP_PARAMETERS = (
+    "items",
+    "out",
+    "client",
+    "scheduler",
+    "workers",
+    "oversubscribe",
+    "retries",
+    "worker_timeout",
+    "progress",
+)
+
+
+@documents_options
 def sweep(
     items: Any,
     out: Any,
@@ -996,16 +988,9 @@ def sweep(
     workers: Any = None,
     oversubscribe: Any = False,
     retries: Any = DEFAULT_RETRIES,
-    worker_timeout: Any = DEFAULT_WORKER_TIMEOUT,
-    threshold: Any = 0.9,
-    nulls: Any = False,
-    seed: Any = 0,
-    search: Any = False,
-    algebra: Any = False,
-    layers: Any = None,
-    compute_dtype: Any = "float64",
-    device: Any = "cpu",
-    progress: Any = True,
+    worker_timeout: float | None = DEFAULT_WORKER_TIMEOUT,
+    progress: bool = True,
+    **options: Unpack[ReportOptionsArgs],
 ) -> SweepResult:
     """Measure many models or checkpoints as tasks on a Dask cluster; save each report; compare them.
 
@@ -1044,11 +1029,11 @@ def sweep(
         retries: attempts after the first for an item whose task raised or whose worker died (0..100).
         worker_timeout: seconds the sweep waits while the cluster has no worker at all before it stops
             with ClusterError (1..604800; None waits indefinitely, e.g. while a batch queue starts workers).
-        threshold, nulls, seed, search, algebra, layers, compute_dtype: the report options
-            (:func:`~tl_idempotence.report.report.idempotence_report`), the same for every item.
-        device: where each worker computes (``"cpu"``, ``"cuda"``, ``"auto"``; resolved on the worker;
-            with the LocalCluster also checked here first).
         progress: a tqdm bar over tasks.
+        **options: the report options (REPORT_OPTIONS_DOC).
+
+    The options are the same for every item; ``device`` is resolved on the workers (with the LocalCluster,
+    on this machine: checked here before the cluster starts).
 
     Returns:
         :class:`SweepResult`: the comparison of every item that finished (``.table``, ``.heads``,
@@ -1095,8 +1080,7 @@ def sweep(
         raise OptionTypeError(f"scheduler must be an address such as 'tcp://host:8786'; got {scheduler!r}.")
     resolved = [_absolute(it) for it in resolve_items(items, allowed=SWEEP_ITEM_KINDS, what="sweep")]
     dirnames = _dirnames(resolved)
-    device_name = _check_device_name(device)
-    record = _report_record(threshold, nulls, seed, search, algebra, layers, compute_dtype)
+    record, device_name = ReportOptions.for_elsewhere("sweep()", options, _SWEEP_PARAMETERS)
     local = client is None and scheduler is None
     if local:  # the workers are on this machine: a device it lacks fails here, before a cluster starts
         check_device(device_name)
@@ -1239,21 +1223,14 @@ def array_task_index(environ: Mapping[str, str] | None = None) -> tuple[int, str
     return None
 
 
-@strict_kwargs
+@documents_options
 def run_sweep_item(
     items: Any,
     out: Any,
     index: Any = None,
     *,
-    retries: Any = DEFAULT_RETRIES,
-    threshold: Any = 0.9,
-    nulls: Any = False,
-    seed: Any = 0,
-    search: Any = False,
-    algebra: Any = False,
-    layers: Any = None,
-    compute_dtype: Any = "float64",
-    device: Any = "cpu",
+    retries: int = DEFAULT_RETRIES,
+    **options: Unpack[ReportOptionsArgs],
 ) -> dict[str, Any]:
     """One task of a job array: measure item ``index`` of ``items`` in this process, save it to
     ``out/<dir>/`` and return (``tl-idempotence sweep ITEMS --out DIR --task-index I``).
@@ -1271,8 +1248,9 @@ def run_sweep_item(
             (:func:`array_task_index`: ``SLURM_ARRAY_TASK_ID``, ``PBS_ARRAY_INDEX``, ``PBS_ARRAYID``,
             ``LSB_JOBINDEX`` - 1, ``SGE_TASK_ID`` - 1).
         retries: attempts after the first for a task that raises (0..100).
-        threshold, nulls, seed, search, algebra, layers, compute_dtype: the report options.
-        device: where this process computes (``"cpu"``, ``"cuda"``, ``"auto"``; checked here).
+        **options: the report options (REPORT_OPTIONS_DOC).
+
+    ``device`` is where this process computes (checked here, before any work).
 
     Returns:
         The task's row: ``label, dir, status`` (``computed`` / ``skipped``), ``reason, seconds, host, pid,
@@ -1304,9 +1282,8 @@ def run_sweep_item(
             f"Task index {index} ({index_from}) is outside the {len(resolved)} items (0..{len(resolved) - 1}); "
             f"the array must run indices 0..{len(resolved) - 1} (LSF/SGE: 1..{len(resolved)})."
         )
-    device_name = _check_device_name(device)
+    record, device_name = ReportOptions.for_elsewhere("run_sweep_item()", options, ("items", "out", "index", "retries"))
     check_device(device_name)  # this process computes: a device it lacks fails before any work
-    record = _report_record(threshold, nulls, seed, search, algebra, layers, compute_dtype)
     _check_out_path(out)
     d = _prepare_out(out)
     run = uuid.uuid4().hex[:12]
@@ -1382,7 +1359,7 @@ def load_sweep(out: Any, items: Any = None) -> SweepResult:
                 f"{plan.path} is a sweep of other items: {'; '.join(differs)}. Give its items, or another out."
             )
     want = ReportOptions.from_record({**plan.options, "device": "cpu"})
-    want_device = None if plan.device_asked == "auto" else _check_device_name(plan.device_asked)
+    want_device = None if plan.device_asked == "auto" else check_device_name(plan.device_asked)
     reports: dict[str, IdempotenceReport] = {}
     rows: dict[str, dict[str, Any]] = {}
     failures: dict[str, dict[str, Any]] = {}
@@ -1459,7 +1436,7 @@ def _trajectory_task(
     path: str, record: dict[str, Any], device: str, resume: str | None, attempt: int = 1
 ) -> tuple[IdempotenceReport, float]:
     t0 = time.perf_counter()
-    opts = ReportOptions(**{k: v for k, v in record.items() if k != "device"}, device=device)
+    opts = ReportOptions.at_device(record, device)
     rep = report_with_options(path, opts, progress=False, resume=resume)
     return rep, time.perf_counter() - t0
 

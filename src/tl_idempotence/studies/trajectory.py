@@ -44,13 +44,14 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from ..core.heads import HeadSource, LayerHeads
-from ..core.options import ReportOptions, check_bool, check_int, check_layers, check_threshold, strict_kwargs
+from ..core.option_specs import ReportOptionsArgs, documents_options
+from ..core.options import ReportOptions, check_bool, check_int, strict_kwargs
 from ..core.results import Result, views
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.report import report_with_options
@@ -58,6 +59,11 @@ from ..sources.dispatch import head_source
 from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
 from .sweep import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
+
+    from ..core.hints import PathLike
 
 __all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "trajectory"]
 
@@ -471,23 +477,21 @@ def _processing_key(summary: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(bool(proc.get(k)) if proc.get(k) is not None else None for k in PROCESSING_FLAGS)
 
 
-@strict_kwargs
+#: trajectory's own parameters (suggested, with the options, for a misspelled keyword).
+_OWN_PARAMETERS = ("checkpoints", "heads", "cache_dir", "loader", "allow_mixed_processing", "progress", "client")
+
+
+@documents_options
 def trajectory(
     checkpoints: Any,
-    heads: Any = None,
+    heads: Iterable[tuple[int, int]] | None = None,
     *,
-    threshold: Any = 0.9,
-    nulls: Any = False,
-    search: Any = False,
-    seed: Any = 0,
-    layers: Any = None,
-    compute_dtype: Any = "float64",
-    device: Any = "cpu",
-    cache_dir: Any = None,
-    loader: Any = None,
-    allow_mixed_processing: Any = False,
-    progress: Any = True,
+    cache_dir: PathLike | None = None,
+    loader: Callable[[Any], Any] | None = None,
+    allow_mixed_processing: bool = False,
+    progress: bool = True,
     client: Any = None,
+    **options: Unpack[ReportOptionsArgs],
 ) -> Trajectory:
     """Per-head closure across an ordered list of training checkpoints (SPEC section 6).
 
@@ -510,16 +514,8 @@ def trajectory(
             ``"step1000"``, ``"checkpoint-500"``: never a size such as ``"pythia-70m"``); NaN if
             none (figures then use the order). A label or a given step that disagrees with the
             recorded step is refused.
-        heads (Sequence[tuple[int, int]] | None): ``[(layer, head)]`` to keep (default: all
-            heads); only their layers are measured.
-        threshold (float): P threshold of a "closed" head (paper: 0.9).
-        nulls (bool | int): orientation-scramble draws per head (``True`` = 64), adds
-            ``P_scrambled_median``.
-        search (bool): run the constructive search (adds the layer's ``feasible_P``; slow).
-        seed (int): seed of the nulls and the search (the same for every checkpoint).
-        layers (Sequence[int] | None): restrict to these layer indices.
-        compute_dtype, device: as for the report.
-        cache_dir (str | os.PathLike | None): directory of per-checkpoint resume parts (parquet +
+        heads: ``[(layer, head)]`` to keep (default: all heads); only their layers are measured.
+        cache_dir: directory of per-checkpoint resume parts (parquet +
             JSON), keyed on each layer's weight fingerprint and the options (see the module
             docstring): a cached layer is reused only when its weights are byte for byte the
             same, whatever the file's name, size or mtime.
@@ -529,10 +525,12 @@ def trajectory(
             differently (raw vs TransformerLens ``fold_ln``/centring) anyway, marking them; by
             default refuse.
         progress (bool): tqdm bar over checkpoints.
-
-    Options are annotated ``Any``: each is validated here, where it enters.
         client: a ``distributed.Client``: run one task per checkpoint on that Dask cluster
             (see :func:`tl_idempotence.studies.sweep.sweep`); paths only.
+        **options: the report options (REPORT_OPTIONS_DOC).
+
+    The options are the same for every checkpoint (``nulls`` adds ``P_scrambled_median``, ``search`` the
+    layer's ``feasible_P``, ``algebra`` the shared-value algebra of each checkpoint's report).
 
     Returns:
         :class:`Trajectory` (``.heads`` long table, ``.layers``, ``.checkpoints``, ``.figure()``).
@@ -548,7 +546,7 @@ def trajectory(
     """
     from ..core.progress import progress_bar
 
-    threshold = check_threshold(threshold)
+    base = ReportOptions.from_kwargs("trajectory()", options, _OWN_PARAMETERS)  # validated before any work
     progress = check_bool(progress, "progress")
     allow_mixed_processing = check_bool(allow_mixed_processing, "allow_mixed_processing")
     if loader is not None and not callable(loader):
@@ -561,7 +559,7 @@ def trajectory(
     head_set: list[tuple[int, int]] | None = None
     if heads is not None:
         head_set = _head_pairs(heads)
-    want = check_layers(layers)
+    want = base.layers
     run_layers: list[int] | None = None if want is None else sorted(want)
     if head_set is not None:
         hl = sorted({a for a, _ in head_set})
@@ -570,16 +568,9 @@ def trajectory(
             if missing:
                 raise OptionError(f"heads name layers {missing} that are not in layers={run_layers}.")
         run_layers = hl
-    opts = ReportOptions(
-        threshold=threshold,
-        nulls=nulls,
-        seed=seed,
-        search=search,
-        layers=run_layers,
-        compute_dtype=compute_dtype,
-        device=device,
-    )
-    options = {**opts.as_dict(), "heads": head_set}
+    asked: dict[str, Any] = {**options, "layers": run_layers}
+    opts = ReportOptions.from_kwargs("trajectory()", asked, _OWN_PARAMETERS)
+    record = {**opts.as_dict(), "heads": head_set}
     if cache_dir is not None:
         cdir = Path(cache_dir).expanduser()
         if cdir.exists() and not cdir.is_dir():
@@ -610,7 +601,7 @@ def trajectory(
             if head_set is not None:
                 _check_heads(c, rep, head_set)
             results.append((c, rep, time.perf_counter() - t0))
-    return _combine(results, opts, options, head_set, allow_mixed_processing)
+    return _combine(results, opts, record, head_set, allow_mixed_processing)
 
 
 def _differs(key: tuple[Any, ...], ref: tuple[Any, ...], conflicts: list[str]) -> str:
