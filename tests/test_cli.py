@@ -84,7 +84,7 @@ def test_unknown_model_exits_1_with_one_line(capsys, tmp_path, monkeypatch):
         cli.main(["report", "gpt-17", "--debug", "--out", str(out)])
     # zoo:NAME is explicit: an unknown zoo name is a usage error (exit 2) listing the known ones
     assert _exit_code(["report", "zoo:gpt-17", "--out", str(out)]) == 2
-    assert "unknown zoo model 'gpt-17'; known: gemma-3-270m, minilm-l6, smollm2-135m" in capsys.readouterr().err
+    assert "Unknown zoo model 'gpt-17'. Known models: gemma-3-270m, minilm-l6, smollm2-135m" in capsys.readouterr().err
 
 
 def test_zoo_only_flags_on_a_path_exit_2(capsys, tmp_path):

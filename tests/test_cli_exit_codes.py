@@ -69,7 +69,7 @@ USAGE = [  # (argv, a fragment the message must contain): exit 2, before any wor
     (["report", "--processing", "folded"], "invalid choice"),
     (["report", "--device", "cuda"], "CUDA is not available"),
     (["report", "--device", "banana"], "not a device name"),
-    (["report", "zoo:nope"], "unknown zoo model 'nope'"),
+    (["report", "zoo:nope"], "Unknown zoo model 'nope'"),
     (["report", "./no-such-folder"], "no such file or folder"),
     (["report", "/no/such/file.gguf"], "no such file or folder"),
     (["fetch", "nope"], "unknown zoo model 'nope'"),

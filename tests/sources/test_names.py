@@ -11,7 +11,7 @@ import pytest
 
 import tl_idempotence as tli
 from tl_idempotence.core.files import check_work_folder
-from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError, UnknownModelError
+from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError, ResumeError, UnknownModelError
 from tl_idempotence.sources.dispatch import head_source
 from tl_idempotence.sources.names import Named, path_label, resolve_name
 from tl_idempotence.studies.compare import resolve_items
@@ -30,7 +30,9 @@ def test_resolve_name_rule(tmp_path, monkeypatch):
     with pytest.raises(OptionTypeError, match="must be a str or a path; got int"):
         resolve_name(3)  # type: ignore[arg-type]
     (tmp_path / "minilm-l6").mkdir()
-    with pytest.raises(OptionError, match=r"both a zoo model name and an existing path.*'zoo:minilm-l6'.*'\./minilm-l6'"):
+    with pytest.raises(
+        OptionError, match=r"both a zoo model name and an existing path.*'zoo:minilm-l6'.*'\./minilm-l6'"
+    ):
         resolve_name("minilm-l6")
     assert resolve_name("./minilm-l6") == Named("path", Path("minilm-l6"))
     assert resolve_name(Path("minilm-l6")) == Named("path", Path("minilm-l6"))
@@ -73,7 +75,7 @@ def test_a_folder_named_like_a_zoo_model_gets_one_decision_on_every_route(tmp_pa
         lambda: tli.idempotence_report("no-such-ckpt", progress=False),
         lambda: resolve_items(["no-such-ckpt"]),
     ):
-        with pytest.raises(MissingFileError, match="'no-such-ckpt' is neither an existing path nor a zoo model"):
+        with pytest.raises(MissingFileError, match="'no-such-ckpt' is not an existing file or folder, nor a zoo model"):
             call()
 
 
@@ -90,7 +92,7 @@ def test_run_folders_have_one_rule(tmp_path):
             check_work_folder(bad, "resume")
     assert check_work_folder(tmp_path / "new", "resume") == tmp_path / "new"
     # the routes use it, before any work: the API's resume= and sweep(out=), the CLI's --resume (exit 2)
-    with pytest.raises(OptionError, match="resume must not be empty"):
+    with pytest.raises(ResumeError, match="resume must not be empty"):
         tli.idempotence_report("minilm-l6", resume="", progress=False)
     with pytest.raises(OptionError, match="out must not be empty"):
         tli.sweep(["minilm-l6"], out="", progress=False)

@@ -37,28 +37,35 @@ __all__ = [
 ]
 
 
-def check_work_folder(x: Any, name: str) -> Path:
+def check_work_folder(x: Any, name: str, error: type[Exception] | None = None) -> Path:
     """A folder a run creates or reuses, checked before any work: a ``str``/``os.PathLike`` that is not
     empty (``""`` would be the current folder), not an existing file, and whose parent folder exists
     (the run creates the folder, never a chain of folders from a typo). The same rule on every route.
+
+    Args:
+        x: the folder. name: how messages name it (``"resume"``, ``"out"``).
+        error: the error class of a refused value (default :class:`OptionError`; the report's ``resume=``
+            raises :class:`ResumeError`, a ``ValueError`` too).
 
     Returns:
         The user-expanded path (not created here).
 
     Raises:
-        OptionTypeError: not a path. OptionError: empty, a file, or a missing parent folder.
+        OptionTypeError: not a path. OptionError (or ``error``): empty, a file, or a missing parent folder.
     """
     from ..errors import OptionError, OptionTypeError
+
+    error = error or OptionError
 
     if not isinstance(x, (str, os.PathLike)):
         raise OptionTypeError(f"{name} must be a folder path; got {type(x).__name__}.")
     if not str(os.fspath(x)).strip():
-        raise OptionError(f"{name} must not be empty; give a folder (an empty path would be the current folder).")
+        raise error(f"{name} must not be empty; give a folder (an empty path would be the current folder).")
     p = Path(x).expanduser()
     if p.exists() and not p.is_dir():
-        raise OptionError(f"{name}: {os.fspath(x)} is a file; give a folder.")
+        raise error(f"{name}: {os.fspath(x)} is a file, not a directory; give a folder.")
     if not p.exists() and not p.absolute().parent.is_dir():
-        raise OptionError(f"{name}: the folder {p.absolute().parent} does not exist.")
+        raise error(f"{name}: the folder {p.absolute().parent} does not exist.")
     return p
 
 

@@ -29,7 +29,7 @@ from ..core.heads import ModelInfo, source_info
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError, OptionTypeError, ResumeError
 from ..sources.dispatch import head_source
 from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
@@ -558,7 +558,7 @@ def report_with_options(
     opts = options
     progress = check_bool(progress, "progress")
     if resume is not None:
-        check_work_folder(resume, "resume")  # not "", not a file, its parent existing: the CLI's rule
+        check_work_folder(resume, "resume", ResumeError)  # not "", not a file, its parent existing: the CLI's rule
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
     resolve_layers(opts.layers, list(src.layers()))  # an unknown layer is refused before the resume folder is made

@@ -65,12 +65,13 @@ def resolve_name(name: str | os.PathLike[str], where: str = "model") -> Named:
             return Named("zoo", name[len(ZOO_PREFIX) :])
         p = Path(name).expanduser()
         zoo = name in known_models()
-        if zoo and p.exists():
+        exists = os.path.lexists(p)  # a dangling link or a link loop is a path (the file route says what it is)
+        if zoo and exists:
             raise OptionError(
                 f"{where}: {name!r} is both a zoo model name and an existing path ({p.name}/ here). Write "
                 f"{ZOO_PREFIX + name!r} for the zoo model, or './{name}' (or pathlib.Path({name!r})) for the folder."
             )
-        if p.exists():
+        if exists:
             return Named("path", p)
         if zoo:
             return Named("zoo", name)
@@ -83,8 +84,8 @@ def resolve_name(name: str | os.PathLike[str], where: str = "model") -> Named:
 def missing_path_error(name: object, where: str = "model") -> MissingFileError:
     """The error for a name that is neither an existing path nor a zoo model (the same text on every route)."""
     return MissingFileError(
-        f"{where}: {str(name)!r} is neither an existing path nor a zoo model name ({', '.join(known_models())}). "
-        "Nothing is downloaded for paths."
+        f"{where}: {str(name)!r} is not an existing file or folder, nor a zoo model name "
+        f"({', '.join(known_models())}); nothing is downloaded for paths."
     )
 
 
