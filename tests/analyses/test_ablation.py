@@ -370,33 +370,35 @@ def test_batched_head_sets_equal_one_forward_pass_per_set(request, name, kind):
 
 
 class Refusing:
-    """Wraps a model's run_with_hooks: refuses (or corrupts) a forward pass that repeats the residual stream."""
+    """Wraps a model's run_with_hooks: from the ``after``-th forward pass that repeats the residual stream on,
+    refuses it (a shape error) or, with ``corrupt``, returns wrong logits (a model that mixes the copies up)."""
 
-    def __init__(self, model, corrupt):
-        self.model, self.corrupt, self.calls = model, corrupt, 0
+    def __init__(self, model, corrupt, after=0):
+        self.model, self.corrupt, self.after, self.calls = model, corrupt, after, 0
 
     def __call__(self, x, fwd_hooks=(), **kw):
         shared = any(n.endswith("hook_resid_pre") for n, _ in fwd_hooks)
-        if shared and not self.corrupt:
-            self.calls += 1
+        bad = shared and self.calls >= self.after
+        self.calls += shared
+        if bad and not self.corrupt:
             raise RuntimeError("The size of tensor a (8) must match the size of tensor b (2)")
         out = type(self.model).run_with_hooks(self.model, x, fwd_hooks=list(fwd_hooks), **kw)
-        if shared:
-            self.calls += 1
-            out = out + torch.linspace(0, 1, out.shape[-1])  # a model that mixes copies up: wrong logits
-        return out
+        return out + torch.linspace(0, 1, out.shape[-1]) if bad else out
 
 
 @pytest.mark.bridge
 @pytest.mark.parametrize("corrupt", [False, True])
-def test_a_model_refusing_the_repeated_residual_is_run_with_the_input_repeated(bridge, monkeypatch, corrupt):
+@pytest.mark.parametrize("after", [0, 2])
+def test_a_model_refusing_the_repeated_residual_is_run_with_the_input_repeated(bridge, monkeypatch, corrupt, after):
+    """On the first window (after=0) or a later one (after=2: windows 0 and 1 share the prefix, one chunk each)."""
     flagged = [(0, 7), (1, 2)]
     want = ablation(bridge, flagged, TOKENS, n_controls=5, **KW)
-    spy = Refusing(bridge, corrupt)
+    spy = Refusing(bridge, corrupt, after)
     monkeypatch.setattr(bridge, "run_with_hooks", spy)
     got = ablation(bridge, flagged, TOKENS, n_controls=5, **KW)
-    assert spy.calls == 1  # tried once, on the first window
-    assert got.summary["batching"] == "repeated input" and "each window was repeated" in got.summary["note"]
+    assert spy.calls == after + 1  # the shared prefix is not tried again after a refusal
+    assert got.summary["batching"] == "repeated input"
+    assert f"from window {after} on, the model refused the repeated residual stream" in got.summary["note"]
     assert got.summary["check_max_abs_diff"] <= 1e-6
     np.testing.assert_allclose(got.controls["loss_ablated"], want.controls["loss_ablated"], rtol=2e-6)
     assert got.summary["loss_ablated"] == pytest.approx(want.summary["loss_ablated"], rel=2e-6)

@@ -36,15 +36,18 @@ window's mean so every number can be recomputed.
 
 **Batched head sets** (what makes many controls cheap): after the clean pass, each window is
 run once per *chunk* of up to ``batch_size`` head sets. The window enters the model with
-batch 1; at ``blocks.{k}.hook_resid_pre`` — ``k`` the first layer any set of the chunk ablates —
-its residual stream is repeated once per set, and each set's ``hook_z`` replacement is applied
-to its own copy. Layers before ``k`` are therefore computed once per chunk instead of once per
-set, and the sets share each matrix product. The numbers are those of one forward pass per set
-to float rounding (a test compares both on tiny models). Every window's first chunk also holds
-an empty set (nothing ablated): its loss must equal the clean pass's, within 1e-3 nats per
-token for float32/float64 models (``check_max_abs_diff`` in the summary). When a model refuses
-the repeated residual, or the empty set disagrees, the window is instead repeated at the input
-(no shared prefix; ``summary["batching"]`` says which).
+batch 1; at ``blocks.{k}.hook_resid_pre`` — ``k`` the first layer any set ablates (for matched
+controls, the flagged set's first layer) — its residual stream is repeated once per set, and
+each set's ``hook_z`` replacement is applied to its own copy. Layers before ``k`` are therefore
+computed once per chunk instead of once per set, and the sets share each matrix product. The
+numbers are those of one forward pass per set to float rounding (a test compares both on tiny
+models). Every window's first chunk also holds an empty set (nothing ablated), whose loss is
+compared with the clean pass's (the largest
+difference, nats per token, is ``check_max_abs_diff`` in the summary). When a model refuses the
+repeated residual, or a window's empty set differs by more than :data:`CHECK_TOLERANCE` (1e-3
+nats per token; 5e-2 for float16/bfloat16 models), that window and every later one are run with
+the window repeated at the input instead (no shared prefix; ``summary["batching"]`` says which).
+A difference above the tolerance that remains is reported in the summary's ``note``.
 
 **Matched controls**: for control ``c`` and each layer ``l`` holding ``k_l`` flagged heads,
 ``k_l`` distinct heads are drawn uniformly from the layer's *non-flagged* heads when it has
@@ -286,29 +289,25 @@ def _layer_cost(cfg: Any) -> tuple[float, float]:
 
 
 class _Plan:
-    """The ablated passes: chunks of head sets (each run on one window per forward), and their cost."""
+    """The ablated passes: chunks of head sets, each run on one window per forward, all from block ``start``.
+
+    Every chunk starts at the first layer any set ablates, so every forward pass repeats the residual stream at
+    the same hook: the empty set (index 0, in the first chunk) checks that one place for every chunk.
+    """
 
     def __init__(self, sets: list[dict[int, list[int]]], per_forward: int, n_layers: int, cfg: Any) -> None:
-        # Sets that start late share a late prefix: the empty sets (the check) and the sets starting at the
-        # earliest layer come first, then the rest by first layer, latest first, so each chunk starts late.
-        first = [min(s) if s else n_layers for s in sets]
-        k_min = min(f for f in first if f < n_layers) if any(sets) else 0
-        empty = [i for i in range(len(sets)) if not sets[i]]
-        early = [i for i in range(len(sets)) if sets[i] and first[i] == k_min]
-        rest = sorted((i for i in range(len(sets)) if sets[i] and first[i] != k_min), key=lambda i: -first[i])
-        order = empty + early + rest
+        order = list(range(len(sets)))
         self.chunks = [order[i : i + per_forward] for i in range(0, len(order), per_forward)]
-        self.starts = [min([first[i] for i in ch if sets[i]] or [0]) for ch in self.chunks]
+        self.start = min((min(s) for s in sets if s), default=0)
         self.block, self.unembed = _layer_cost(cfg)
         self.n_layers = n_layers
 
-    def forward_cost(self, n_seq: int, start: int, shared: bool = True) -> float:
-        """Multiply-adds per token position of one forward of ``n_seq`` sets starting at block ``start``."""
-        prefix = start * self.block * (1 if shared else n_seq)
-        return prefix + n_seq * ((self.n_layers - start) * self.block + self.unembed)
+    def forward_cost(self, n_seq: int, start: int) -> float:
+        """Multiply-adds per token position of one forward of ``n_seq`` sets repeated at block ``start``."""
+        return start * self.block + n_seq * ((self.n_layers - start) * self.block + self.unembed)
 
     def cost(self) -> float:
-        return sum(self.forward_cost(len(ch), k) for ch, k in zip(self.chunks, self.starts))
+        return sum(self.forward_cost(len(ch), self.start) for ch in self.chunks)
 
 
 def _z_hook(mask: Bool[Tensor, "sets n_heads"], value: Tensor | None) -> Any:
@@ -355,7 +354,8 @@ def _set_losses(
     Returns:
         ``(clean [n_windows], losses [n_sets, n_windows], n_tokens [n_windows], info)``: summed
         cross-entropies (float64 nats) per window and the counted targets per window; ``info`` has
-        ``batching`` (``"shared prefix"`` or ``"repeated input"``), ``check_max_abs_diff`` (nats per
+        ``batching`` (``"shared prefix"`` or ``"repeated input"``, the mode at the end), ``fallback_window`` (the
+        window from which the input was repeated, or None), ``check_max_abs_diff`` (nats per
         token, the empty set against the clean pass; NaN when no window has a counted target) and
         ``seconds``.
 
@@ -406,7 +406,7 @@ def _set_losses(
     clean = np.zeros(n_w)
     n_tok = np.zeros(n_w, dtype=np.int64)
     losses = np.full((len(all_sets), n_w), np.nan)
-    mode = "shared prefix"
+    mode, fallback_window = "shared prefix", None
     try:
         t_clean = time.perf_counter()
         clean_hooks = [mean_hook(layer) for layer in layers] if kind == "mean" else []
@@ -449,15 +449,16 @@ def _set_losses(
 
         t_ablated = time.perf_counter()
         for w in range(n_w):
-            for ci, (ch, k) in enumerate(zip(plan.chunks, plan.starts)):
-                if w == 0 and ci == 0 and mode == "shared prefix":
+            k = plan.start
+            for ci, ch in enumerate(plan.chunks):
+                if ci == 0 and mode == "shared prefix":  # the chunk with the empty set: checked
                     try:
                         got = forward(w, ch, k, True)
                         ok = n_tok[w] == 0 or abs(got[ch.index(0)] - clean[w]) / n_tok[w] <= tol
                     except Exception:  # noqa: BLE001 - any refusal: repeat the input instead (re-raises if that fails)
                         ok = False
                     if not ok:
-                        mode = "repeated input"
+                        mode, fallback_window = "repeated input", w
                         got = forward(w, ch, k, False)
                 else:
                     got = forward(w, ch, k, mode == "shared prefix")
@@ -474,6 +475,7 @@ def _set_losses(
     diff = diff[n_tok > 0]
     info = {
         "batching": mode,
+        "fallback_window": fallback_window,
         "check_max_abs_diff": float(diff.max()) if diff.size else float("nan"),
         "check_tolerance": tol,
         "seconds": time.perf_counter() - t0,
@@ -740,8 +742,11 @@ def ablation(
             f"; layers {fallback} have fewer non-flagged than flagged heads, so their draws come from all heads"
         )
         notes.append(f"controls in layers {fallback} may contain flagged heads (see controls.n_flagged_in_set)")
-    if run["batching"] != "shared prefix":
-        notes.append("the model refused a repeated residual stream (or it disagreed): each window was repeated")
+    if run["fallback_window"] is not None:
+        notes.append(
+            f"from window {run['fallback_window']} on, the model refused the repeated residual stream (or its empty "
+            "set disagreed with the clean pass): those windows were repeated at the input"
+        )
     if run["check_max_abs_diff"] > run["check_tolerance"]:
         notes.append(
             f"the empty head set differs from the clean pass by {run['check_max_abs_diff']:.3g} nats/token "
