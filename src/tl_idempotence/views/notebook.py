@@ -25,14 +25,7 @@ import pandas as pd
 
 from .text import format_P, format_sig, headline
 
-__all__ = [
-    "ABLATION_LEAD",
-    "OFFLINE_RENDERER",
-    "ablation_headline",
-    "mini_heatmap",
-    "result_html",
-    "use_offline_plotly",
-]
+__all__ = ["OFFLINE_RENDERER", "mini_heatmap", "result_html", "use_offline_plotly"]
 
 #: Name under which :func:`use_offline_plotly` registers its renderer in ``plotly.io.renderers``.
 OFFLINE_RENDERER = "tli_offline"
@@ -193,15 +186,23 @@ def _nats(v: Any) -> str:
     return "NaN" if not isinstance(v, (int, float)) or math.isnan(float(v)) else f"{float(v):.3g}"
 
 
-def ablation_headline(summary: dict[str, Any]) -> str:
+def _ci(s: dict[str, Any], low: str, high: str) -> str:
+    """``"95 % CI a to b"``, or what replaces it when the interval is NaN (the summary's note says why)."""
+    a, b = s.get(low), s.get(high)
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or math.isnan(a) or math.isnan(b):
+        return "no 95 % interval, see the note"
+    return f"95 % CI {_nats(a)} to {_nats(b)}"
+
+
+def _ablation_headline(summary: dict[str, Any]) -> str:
     """One sentence for an :class:`~tl_idempotence.analyses.ablation.Ablation`: the flagged set's Δ loss with its
     interval, the matched controls, and the p-value with its floor (numbers from ``summary`` only)."""
     s = summary
     n_c = int(s.get("n_controls", 0) or 0)
     out = (
         f"Ablating the {s.get('n_heads', '?')} flagged heads ({s.get('kind', '?')} at hook_z) changes the next-token "
-        f"loss by Δ = {_nats(s.get('delta_loss'))} nats/token (95 % CI {_nats(s.get('delta_loss_ci_low'))} to "
-        f"{_nats(s.get('delta_loss_ci_high'))}; {s.get('n_tokens', '?')} tokens, clean loss "
+        f"loss by Δ = {_nats(s.get('delta_loss'))} nats/token ({_ci(s, 'delta_loss_ci_low', 'delta_loss_ci_high')}; "
+        f"{s.get('n_tokens', '?')} tokens, clean loss "
         f"{_nats(s.get('loss_clean'))})."
     )
     if n_c:
@@ -210,8 +211,8 @@ def ablation_headline(summary: dict[str, Any]) -> str:
             f" {n_c} matched random sets: median Δ {_nats(s.get('control_delta_median'))}, 95th percentile "
             f"{_nats(s.get('control_delta_q95'))}; {at_least} of {n_c} reach the flagged Δ, so p = "
             f"{_nats(s.get('p_value'))} (the smallest possible with {n_c} sets: {_nats(s.get('p_value_floor'))}). "
-            f"Excess over the control median {_nats(s.get('excess_over_controls'))} nats/token (95 % CI "
-            f"{_nats(s.get('excess_ci_low'))} to {_nats(s.get('excess_ci_high'))})."
+            f"Excess over the control median {_nats(s.get('excess_over_controls'))} nats/token "
+            f"({_ci(s, 'excess_ci_low', 'excess_ci_high')})."
         )
     else:
         out += " No control set was drawn (n_controls=0): no p-value."
@@ -219,7 +220,7 @@ def ablation_headline(summary: dict[str, Any]) -> str:
 
 
 #: The summary entries an ablation's display shows first, in this order.
-ABLATION_LEAD = (
+_ABLATION_LEAD = (
     "delta_loss",
     "control_delta_median",
     "p_value",
@@ -239,8 +240,8 @@ ABLATION_LEAD = (
 
 def _ablation_html(ab: Any) -> str:
     s = ab.summary
-    lead = {k: s[k] for k in ABLATION_LEAD if k in s}
-    out = f"<div><b>Ablation</b><p>{html.escape(ablation_headline(s))}</p>{_summary_table(lead, limit=len(lead))}"
+    lead = {k: s[k] for k in _ABLATION_LEAD if k in s}
+    out = f"<div><b>Ablation</b><p>{html.escape(_ablation_headline(s))}</p>{_summary_table(lead, limit=len(lead))}"
     if s.get("note"):
         out += f"<div style='font-size:11px'>Note: {html.escape(str(s['note']))}</div>"
     ctrl = getattr(ab, "controls", None)
@@ -262,7 +263,8 @@ def result_html(obj: Any) -> str:
 
     Any other result: its class name, its scalar summary numbers, its ``checkpoints`` table when
     it has one (a trajectory), and its ``heads`` rows (the 10 with the highest P when there is a
-    P column). Plain HTML, no script: it shows in static renders too.
+    P column). An ablation leads with a sentence and a table of its Δ loss, controls and p-value.
+    Plain HTML, no script: it shows in static renders too.
     """
     from ..analyses.ablation import Ablation
     from ..report.report import IdempotenceReport
