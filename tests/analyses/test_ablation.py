@@ -15,6 +15,7 @@ real run on SmolLM2 (slow) replays the default `rep.ablation(model=m)`: p <= 0.0
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -403,6 +404,65 @@ def test_a_model_refusing_the_repeated_residual_is_run_with_the_input_repeated(b
     assert got.summary["check_max_abs_diff"] <= 1e-6
     np.testing.assert_allclose(got.controls["loss_ablated"], want.controls["loss_ablated"], rtol=2e-6)
     assert got.summary["loss_ablated"] == pytest.approx(want.summary["loss_ablated"], rel=2e-6)
+
+
+class SlowOn:
+    """Wraps run_with_hooks: sleeps 0.5 s per forward pass while torch runs on ``n`` threads (a busy machine)."""
+
+    def __init__(self, model, n):
+        self.model, self.n, self.threads_seen = model, n, []
+
+    def __call__(self, x, fwd_hooks=(), **kw):
+        self.threads_seen.append(torch.get_num_threads())
+        if torch.get_num_threads() == self.n:
+            time.sleep(0.5)
+        return type(self.model).run_with_hooks(self.model, x, fwd_hooks=list(fwd_hooks), **kw)
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    """torch on 2 threads, as if that were its count at import (the user chose nothing); restored after."""
+    import tl_idempotence.analyses.ablation as mod
+
+    before = torch.get_num_threads()
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(k, raising=False)
+    torch.set_num_threads(2)
+    monkeypatch.setattr(mod, "_IMPORT_THREADS", 2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.bridge
+@pytest.mark.parametrize("slow", [1, 2])
+def test_the_faster_thread_count_runs_the_ablated_passes(bridge, monkeypatch, two_threads, slow):
+    """Window 0's first three chunks run on torch's 2 threads, on 1 and on 2; the faster runs the rest; 2 is
+    restored."""
+    flagged = [(0, 7), (1, 2)]
+    spy = SlowOn(bridge, slow)
+    monkeypatch.setattr(bridge, "run_with_hooks", spy)
+    ab = ablation(bridge, flagged, TOKENS, n_controls=30, **KW)  # the empty set and 31 sets: 4 chunks of 8
+    s = ab.summary
+    assert set(s["threads_seconds_per_set"]) == {"1", "2"}
+    assert s["threads"] == 3 - slow and torch.get_num_threads() == 2
+    # the clean pass (1 forward), then window 0's chunks on 2, 1, 2 threads, then the faster
+    assert spy.threads_seen[:4] == [2, 2, 1, 2] and set(spy.threads_seen[4:]) == {3 - slow}
+    assert len(spy.threads_seen) == 1 + 4 * len(TOKENS)
+    monkeypatch.setattr(bridge, "run_with_hooks", type(bridge).run_with_hooks.__get__(bridge))
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice: nothing is tried
+    fixed = ablation(bridge, flagged, TOKENS, n_controls=30, **KW)
+    assert fixed.summary["threads"] == 2 and fixed.summary["threads_seconds_per_set"] == {}
+    np.testing.assert_allclose(fixed.controls["loss_ablated"], ab.controls["loss_ablated"], rtol=2e-6)
+
+
+@pytest.mark.bridge
+def test_a_thread_count_the_user_set_is_kept(bridge, two_threads, monkeypatch):
+    import tl_idempotence.analyses.ablation as mod
+
+    monkeypatch.setattr(mod, "_IMPORT_THREADS", 4)  # imported on 4 threads; torch.set_num_threads(2) since
+    ab = ablation(bridge, [(0, 7)], TOKENS, n_controls=30, **KW)
+    assert ab.summary["threads"] == 2 and ab.summary["threads_seconds_per_set"] == {}
+    assert torch.get_num_threads() == 2
 
 
 def test_bootstrap_intervals_on_exact_constructions():

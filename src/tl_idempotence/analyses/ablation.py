@@ -49,6 +49,17 @@ nats per token; 5e-2 for float16/bfloat16 models), that window and every later o
 the window repeated at the input instead (no shared prefix; ``summary["batching"]`` says which).
 A difference above the tolerance that remains is reported in the summary's ``note``.
 
+**Threads** (CPU): the first window's first three chunks run on torch's thread count, on one
+thread and on torch's count again; the faster (the shorter of its forward passes) runs the rest,
+and torch's count is restored at the end
+(``summary["threads"]``, ``summary["threads_seconds_per_set"]``). On a machine whose cores other
+processes keep busy, torch's intra-op threads mostly wait for each other: on this project's 2-core
+machine a SmolLM2 forward pass took 2.5-3.3x longer on 2 threads than on 1 (``benchmarks/RESULTS.md``).
+Nothing is changed when the user chose the count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, or
+``torch.set_num_threads`` after this module was imported), on a GPU, or when there are fewer than
+three full chunks (a small run).
+Thread counts change float32 rounding only.
+
 **Matched controls**: for control ``c`` and each layer ``l`` holding ``k_l`` flagged heads,
 ``k_l`` distinct heads are drawn uniformly from the layer's *non-flagged* heads when it has
 at least ``k_l`` of them, otherwise from all of the layer's heads (the control may then
@@ -83,6 +94,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -126,6 +138,16 @@ BOOTSTRAP_DRAWS = 2000
 #: float32/float64 models (half precision: :data:`_HALF_CHECK_TOLERANCE`).
 CHECK_TOLERANCE = 1e-3
 _HALF_CHECK_TOLERANCE = 5e-2
+#: torch's thread count when this module was imported: a different count later means the user chose one.
+_IMPORT_THREADS = torch.get_num_threads()
+
+
+def _user_chose_threads() -> bool:
+    """Whether the user fixed torch's thread count (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, or
+    ``torch.set_num_threads`` since this module was imported): the ablation then never changes it."""
+    return any(os.environ.get(k, "").strip() for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")) or (
+        torch.get_num_threads() != _IMPORT_THREADS
+    )
 
 
 @dataclass(repr=False)
@@ -148,7 +170,8 @@ class Ablation(Result):
             ``excess_ci_low/high``; ``loss_clean, loss_ablated``; ``control_delta_mean, _q05, _q95,
             _max``; ``model_name, kind, n_heads`` (flagged), ``layers``, ``n_windows, n_tokens``
             (counted targets), ``sum_delta_single`` (with ``singles``), ``control_rule``, ``ci_method``,
-            ``batching``, ``check_max_abs_diff``, ``seconds`` and, where it applies, ``note``.
+            ``batching``, ``threads``, ``threads_seconds_per_set``, ``check_max_abs_diff``, ``seconds`` and,
+            where it applies, ``note``.
         info: the measured model's :class:`~tl_idempotence.core.heads.ModelInfo`.
         options: the arguments (kind, n_controls, seed, seq_len, max_tokens, batch_size, singles, corpus).
     """
@@ -356,8 +379,9 @@ def _set_losses(
         cross-entropies (float64 nats) per window and the counted targets per window; ``info`` has
         ``batching`` (``"shared prefix"`` or ``"repeated input"``, the mode at the end), ``fallback_window`` (the
         window from which the input was repeated, or None), ``check_max_abs_diff`` (nats per
-        token, the empty set against the clean pass; NaN when no window has a counted target) and
-        ``seconds``.
+        token, the empty set against the clean pass; NaN when no window has a counted target),
+        ``threads`` (the count the ablated passes ran on after window 0), ``threads_seconds_per_set`` (the two
+        counts tried, when tried) and ``seconds``.
 
     Raises:
         Whatever the model raises on a forward pass (internal: :func:`ablation` checks the arguments).
@@ -407,6 +431,12 @@ def _set_losses(
     n_tok = np.zeros(n_w, dtype=np.int64)
     losses = np.full((len(all_sets), n_w), np.nan)
     mode, fallback_window = "shared prefix", None
+    n_threads = torch.get_num_threads()
+    on_cpu = torch.device(device).type == "cpu"
+    # three full chunks of window 0 time the two counts (torch's, one, torch's again: its first pass may warm up)
+    full = len(plan.chunks) >= 3 and all(len(ch) == per_forward for ch in plan.chunks[:3])
+    tune = on_cpu and n_threads > 1 and full and not _user_chose_threads()
+    per_set_s: dict[int, float] = {}  # seconds per head set and window, by thread count (window 0's chunks)
     try:
         t_clean = time.perf_counter()
         clean_hooks = [mean_hook(layer) for layer in layers] if kind == "mean" else []
@@ -429,6 +459,8 @@ def _set_losses(
         half = getattr(model.cfg, "dtype", None) in (torch.float16, torch.bfloat16)
         tol = _HALF_CHECK_TOLERANCE if half else CHECK_TOLERANCE
 
+        timing: dict[str, float] = {}
+
         def forward(w: int, ch: list[int], k: int, shared: bool) -> np.ndarray:
             n = len(ch)
             hooks = [
@@ -441,7 +473,9 @@ def _set_losses(
                 hooks.insert(0, (f"blocks.{k}.hook_resid_pre", _repeat_hook(n)))
             else:
                 x = x.repeat(n, 1)
+            t = time.perf_counter()
             logits = model.run_with_hooks(x, fwd_hooks=hooks, return_type="logits").detach()
+            timing["last"] = (time.perf_counter() - t) / n
             if logits.shape[0] != n:
                 raise RuntimeError(f"the model returned {logits.shape[0]} sequences for {n} head sets")
             s, _ = next_token_losses(logits, x[:1], counted[w : w + 1].to(logits.device))
@@ -451,6 +485,8 @@ def _set_losses(
         for w in range(n_w):
             k = plan.start
             for ci, ch in enumerate(plan.chunks):
+                if tune and w == 0 and ci < 3:  # window 0: chunks 0 and 2 on torch's threads, chunk 1 on one
+                    torch.set_num_threads(1 if ci == 1 else n_threads)
                 if ci == 0 and mode == "shared prefix":  # the chunk with the empty set: checked
                     try:
                         got = forward(w, ch, k, True)
@@ -464,12 +500,19 @@ def _set_losses(
                     got = forward(w, ch, k, mode == "shared prefix")
                 losses[ch, w] = got
                 bar.update(1)
+                if tune and w == 0 and ci < 3:
+                    n_now = torch.get_num_threads()
+                    per_set_s[n_now] = min(per_set_s.get(n_now, math.inf), timing["last"])
+                    if ci == 2:  # keep the faster for every later forward pass
+                        torch.set_num_threads(min(per_set_s, key=lambda n: per_set_s[n]))
             if w == 0:
                 done = time.perf_counter() - t_ablated
                 left = done * (n_w - 1) + (time.perf_counter() - t0)
                 bar.set_description(f"{desc}, ~{left:.0f} s in all (estimated from the first window)")
+        used = torch.get_num_threads()
     finally:
         bar.close()
+        torch.set_num_threads(n_threads)
     with np.errstate(invalid="ignore", divide="ignore"):
         diff = np.abs(losses[0] - clean) / n_tok
     diff = diff[n_tok > 0]
@@ -478,6 +521,8 @@ def _set_losses(
         "fallback_window": fallback_window,
         "check_max_abs_diff": float(diff.max()) if diff.size else float("nan"),
         "check_tolerance": tol,
+        "threads": used,
+        "threads_seconds_per_set": {str(n): round(v, 4) for n, v in sorted(per_set_s.items())},
         "seconds": time.perf_counter() - t0,
     }
     return clean, losses[1:], n_tok, info
@@ -727,6 +772,8 @@ def ablation(
             "consecutive windows (the excess also resamples the control sets); seeded"
         ),
         "batching": run["batching"],
+        "threads": run["threads"],
+        "threads_seconds_per_set": run["threads_seconds_per_set"],
         "check_max_abs_diff": run["check_max_abs_diff"],
         "seconds": run["seconds"],
     }
