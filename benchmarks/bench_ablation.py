@@ -13,8 +13,9 @@ of the ablation), then time
   shared prefix — what batching saves at equal settings. The two runs' losses must agree to float
   rounding; the largest difference is printed.
 
-``--threads 0`` (the default) leaves torch's own thread count (what a researcher gets); ``--threads 1``
-measures what a run costs on one core. The output is a markdown table with the date, the load average
+``--threads 0`` (the default) leaves torch's own thread count (what a researcher gets: the ablation then
+times its first forward passes on that count and on one thread and keeps the faster); ``--threads 1``
+fixes one thread (what a run costs on one core). The output is a markdown table with the date, the load average
 before and after, torch's thread count and the command line (``benchmarks/RESULTS.md``).
 """
 
@@ -79,16 +80,17 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(
         "| run | call | wall time | CPU time | tokens | head sets | Δ loss (95 % CI) | controls: median, max "
-        "| p (floor) | batching |"
+        "| p (floor) | batching | threads (s per set tried) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for label, call, w, c, r in runs:
         t = r.summary
         print(
             f"| {label} | `{call}` | {w:.1f} s | {c:.1f} s | {t['n_tokens']} in {t['n_windows']} windows | "
             f"1 + {t['n_controls']} | {t['delta_loss']:.4f} ({t['delta_loss_ci_low']:.3f} to "
             f"{t['delta_loss_ci_high']:.3f}) | {t['control_delta_median']:.4f}, {t['control_delta_max']:.4f} | "
-            f"{t['p_value']:.3f} ({t['p_value_floor']:.3f}) | {t['batching']} |"
+            f"{t['p_value']:.3f} ({t['p_value_floor']:.3f}) | {t['batching']} | {t['threads']} "
+            f"({', '.join(f'{k}: {v:.2f}' for k, v in t['threads_seconds_per_set'].items()) or 'not tried'}) |"
         )
     print(
         f"\nExcess over the control median: {s['excess_over_controls']:.4f} nats/token (95 % CI "

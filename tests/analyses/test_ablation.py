@@ -436,21 +436,20 @@ def two_threads(monkeypatch):
 @pytest.mark.bridge
 @pytest.mark.parametrize("slow", [1, 2])
 def test_the_faster_thread_count_runs_the_ablated_passes(bridge, monkeypatch, two_threads, slow):
-    """Window 0's first three chunks run on torch's 2 threads, on 1 and on 2; the faster runs the rest; 2 is
-    restored."""
+    """Window 0's first two chunks run on 1 thread and on torch's 2; the faster runs the rest; 2 is restored."""
     flagged = [(0, 7), (1, 2)]
     spy = SlowOn(bridge, slow)
     monkeypatch.setattr(bridge, "run_with_hooks", spy)
-    ab = ablation(bridge, flagged, TOKENS, n_controls=30, **KW)  # the empty set and 31 sets: 4 chunks of 8
+    ab = ablation(bridge, flagged, TOKENS, n_controls=14, **KW)  # the empty set and 15 sets: 2 chunks of 8
     s = ab.summary
     assert set(s["threads_seconds_per_set"]) == {"1", "2"}
     assert s["threads"] == 3 - slow and torch.get_num_threads() == 2
-    # the clean pass (1 forward), then window 0's chunks on 2, 1, 2 threads, then the faster
-    assert spy.threads_seen[:4] == [2, 2, 1, 2] and set(spy.threads_seen[4:]) == {3 - slow}
-    assert len(spy.threads_seen) == 1 + 4 * len(TOKENS)
+    # the clean pass (1 forward) on torch's 2, window 0's first chunks on 1 and 2 threads, then the faster
+    assert spy.threads_seen[:3] == [2, 1, 2] and set(spy.threads_seen[3:]) == {3 - slow}
+    assert len(spy.threads_seen) == 1 + 2 * len(TOKENS)
     monkeypatch.setattr(bridge, "run_with_hooks", type(bridge).run_with_hooks.__get__(bridge))
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's choice: nothing is tried
-    fixed = ablation(bridge, flagged, TOKENS, n_controls=30, **KW)
+    fixed = ablation(bridge, flagged, TOKENS, n_controls=14, **KW)
     assert fixed.summary["threads"] == 2 and fixed.summary["threads_seconds_per_set"] == {}
     np.testing.assert_allclose(fixed.controls["loss_ablated"], ab.controls["loss_ablated"], rtol=2e-6)
 
@@ -460,7 +459,7 @@ def test_a_thread_count_the_user_set_is_kept(bridge, two_threads, monkeypatch):
     import tl_idempotence.analyses.ablation as mod
 
     monkeypatch.setattr(mod, "_IMPORT_THREADS", 4)  # imported on 4 threads; torch.set_num_threads(2) since
-    ab = ablation(bridge, [(0, 7)], TOKENS, n_controls=30, **KW)
+    ab = ablation(bridge, [(0, 7)], TOKENS, n_controls=14, **KW)
     assert ab.summary["threads"] == 2 and ab.summary["threads_seconds_per_set"] == {}
     assert torch.get_num_threads() == 2
 

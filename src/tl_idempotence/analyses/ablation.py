@@ -49,15 +49,15 @@ nats per token; 5e-2 for float16/bfloat16 models), that window and every later o
 the window repeated at the input instead (no shared prefix; ``summary["batching"]`` says which).
 A difference above the tolerance that remains is reported in the summary's ``note``.
 
-**Threads** (CPU): the first window's first three chunks run on torch's thread count, on one
-thread and on torch's count again; the faster (the shorter of its forward passes) runs the rest,
-and torch's count is restored at the end
+**Threads** (CPU): the first window's first two chunks run on one thread and on torch's thread
+count; the faster (seconds per head set; torch's count on a tie) runs the rest, and torch's count
+is restored at the end
 (``summary["threads"]``, ``summary["threads_seconds_per_set"]``). On a machine whose cores other
 processes keep busy, torch's intra-op threads mostly wait for each other: on this project's 2-core
 machine a SmolLM2 forward pass took 2.5-3.3x longer on 2 threads than on 1 (``benchmarks/RESULTS.md``).
 Nothing is changed when the user chose the count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, or
 ``torch.set_num_threads`` after this module was imported), on a GPU, or when there are fewer than
-three full chunks (a small run).
+two full chunks (a small run).
 Thread counts change float32 rounding only.
 
 **Matched controls**: for control ``c`` and each layer ``l`` holding ``k_l`` flagged heads,
@@ -433,8 +433,9 @@ def _set_losses(
     mode, fallback_window = "shared prefix", None
     n_threads = torch.get_num_threads()
     on_cpu = torch.device(device).type == "cpu"
-    # three full chunks of window 0 time the two counts (torch's, one, torch's again: its first pass may warm up)
-    full = len(plan.chunks) >= 3 and all(len(ch) == per_forward for ch in plan.chunks[:3])
+    # two full chunks of window 0 time the two counts: one thread first (a first-pass overhead counts against
+    # it, so a close call keeps torch's count), then torch's count
+    full = len(plan.chunks) >= 2 and all(len(ch) == per_forward for ch in plan.chunks[:2])
     tune = on_cpu and n_threads > 1 and full and not _user_chose_threads()
     per_set_s: dict[int, float] = {}  # seconds per head set and window, by thread count (window 0's chunks)
     try:
@@ -485,8 +486,8 @@ def _set_losses(
         for w in range(n_w):
             k = plan.start
             for ci, ch in enumerate(plan.chunks):
-                if tune and w == 0 and ci < 3:  # window 0: chunks 0 and 2 on torch's threads, chunk 1 on one
-                    torch.set_num_threads(1 if ci == 1 else n_threads)
+                if tune and w == 0 and ci < 2:  # window 0: chunk 0 on one thread, chunk 1 on torch's count
+                    torch.set_num_threads(1 if ci == 0 else n_threads)
                 if ci == 0 and mode == "shared prefix":  # the chunk with the empty set: checked
                     try:
                         got = forward(w, ch, k, True)
@@ -500,11 +501,10 @@ def _set_losses(
                     got = forward(w, ch, k, mode == "shared prefix")
                 losses[ch, w] = got
                 bar.update(1)
-                if tune and w == 0 and ci < 3:
-                    n_now = torch.get_num_threads()
-                    per_set_s[n_now] = min(per_set_s.get(n_now, math.inf), timing["last"])
-                    if ci == 2:  # keep the faster for every later forward pass
-                        torch.set_num_threads(min(per_set_s, key=lambda n: per_set_s[n]))
+                if tune and w == 0 and ci < 2:
+                    per_set_s[torch.get_num_threads()] = timing["last"]
+                    if ci == 1:  # keep the faster for every later forward pass (torch's count on a tie)
+                        torch.set_num_threads(1 if per_set_s[1] < per_set_s[n_threads] else n_threads)
             if w == 0:
                 done = time.perf_counter() - t_ablated
                 left = done * (n_w - 1) + (time.perf_counter() - t0)
