@@ -1,6 +1,6 @@
-"""Benchmark: what each analysis costs on SmolLM2-135M on this CPU (the README's cost table).
+"""Benchmark: what each analysis costs on a zoo model (SmolLM2-135M by default) on this CPU (the README's cost table).
 
-Usage:  python benchmarks/bench_costs.py [--repeats 3] [--threads 1]
+Usage:  python benchmarks/bench_costs.py [--model smollm2-135m] [--repeats 3] [--threads 1] [--skip search,activations]
 
 One run measures, with the weights read from the zoo's cached files (``tli.models.checkpoint_dir``,
 fetched once when missing) and nothing else of the process timed:
@@ -64,7 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3, help="runs per cheap measurement (median); default 3")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; 0: torch's own)")
+    ap.add_argument("--model", default="smollm2-135m", help="a zoo model name (default smollm2-135m)")
+    steps = ("report", "nulls", "search", "algebra", "load", "activations")
+    ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out, of {', '.join(steps)}")
     args = ap.parse_args(argv)
+    skip = {x for x in args.skip.split(",") if x}
+    if skip - set(steps):
+        ap.error(f"--skip: unknown step(s) {sorted(skip - set(steps))}; valid: {', '.join(steps)}")
 
     import torch
 
@@ -72,7 +78,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    path = str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
+    name = args.model
+    if name not in tli.models.known_models():
+        ap.error(f"--model: not a zoo model: {name!r} (known: {', '.join(tli.models.known_models())})")
+    path = str(tli.models.checkpoint_dir(name, progress=False))
     rows: list[tuple[str, str, float, float, int, str]] = []
 
     def add(label: str, call: str, wall: float, cpu: float, n: int, unit: str) -> None:
@@ -84,30 +93,36 @@ def main(argv: list[str] | None = None) -> None:
         add(label, call, wall, cpu, n, f"{cpu / len(rep.layers):.2f} s/layer (CPU)")
 
     load_before = loadavg()
-    report("report (closure)", "tli.idempotence_report(model)")
-    report("controls, 64 draws", "tli.idempotence_report(model, nulls=64)", nulls=64)
-    report("constructive search", "tli.idempotence_report(model, search=True)", search=True)
-    report("shared-value algebra", "tli.idempotence_report(model, algebra=True)", algebra=True)
+    if "report" not in skip:
+        report("report (closure)", "tli.idempotence_report(model)")
+    if "nulls" not in skip:
+        report("controls, 64 draws", "tli.idempotence_report(model, nulls=64)", nulls=64)
+    if "search" not in skip:
+        report("constructive search", "tli.idempotence_report(model, search=True)", search=True)
+    if "algebra" not in skip:
+        report("shared-value algebra", "tli.idempotence_report(model, algebra=True)", algebra=True)
 
-    t, c = time.perf_counter(), time.process_time()
-    model = tli.models.load("smollm2-135m", progress=False)
-    add(
-        "load the TransformerBridge",
-        'tli.models.load("smollm2-135m")',
-        time.perf_counter() - t,
-        time.process_time() - c,
-        1,
-        "",
-    )
-    wall, cpu, n, ret = timed(lambda: tli.activation_returns(model, progress=False), args.repeats)
-    add(
-        "activation returns, default corpus",
-        "tli.activation_returns(model)",
-        wall,
-        cpu,
-        n,
-        f"{int(ret.summary['n_tokens']):,} tokens, {int(ret.summary['n_heads'])} heads",
-    )
+    if not {"load", "activations"} <= skip:
+        t, c = time.perf_counter(), time.process_time()
+        model = tli.models.load(name, progress=False)
+        add(
+            "load the TransformerBridge",
+            f'tli.models.load("{name}")',
+            time.perf_counter() - t,
+            time.process_time() - c,
+            1,
+            "",
+        )
+    if "activations" not in skip:
+        wall, cpu, n, ret = timed(lambda: tli.activation_returns(model, progress=False), args.repeats)
+        add(
+            "activation returns, default corpus",
+            "tli.activation_returns(model)",
+            wall,
+            cpu,
+            n,
+            f"{int(ret.summary['n_tokens']):,} tokens, {int(ret.summary['n_heads'])} heads",
+        )
 
     rep = model.idempotence_report(progress=False)
     wall, cpu, n, abl = timed(lambda: rep.ablation(model=model, progress=False), args.repeats)
@@ -121,8 +136,10 @@ def main(argv: list[str] | None = None) -> None:
     )
 
     cmd = " ".join(["python benchmarks/bench_costs.py", *(argv if argv is not None else sys.argv[1:])])
+    a = tli.models.model_spec(name)["architecture"]
     print(
-        f"\nSmolLM2-135M (30 layers x 9 heads, weights from the zoo's cached files), {dt.date.today().isoformat()}, "
+        f"\n{name} ({a['n_layers']} layers x {a['n_heads']} heads, {a['n_kv_heads']} kv heads, d_head {a['d_head']}; "
+        f"weights from the zoo's cached files), {dt.date.today().isoformat()}, "
         f"{platform.machine()} with {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} torch "
         f"thread(s)); load average before {load_before}, after {loadavg()}.\nCommand: `{cmd}`\n"
     )

@@ -1,6 +1,6 @@
 """Start-up and main-job cost against the floor ``python -c "import torch"``, whole processes, in one run.
 
-Usage:  python benchmarks/bench_startup.py [--repeat 3] [--wheel-dir DIR]
+Usage:  python benchmarks/bench_startup.py [--repeat 3] [--wheel-dir DIR] [--load]
 
 Each command runs once untimed (bytecode caches written, files in the page cache), then ``--repeat``
 times as a fresh process (median wall time reported), all in one run so that the ratios compare like
@@ -22,11 +22,17 @@ with like:
 
 The wheel for the cold start is looked up in ``--wheel-dir`` (default /tmp/tli-wheels) and
 fetched there once with ``pip download --no-deps`` when missing.
+
+``--load`` runs the same table a second time, in the same run, with one busy process per core (a Python
+``while True: pass`` each, as other users' jobs on a shared notebook server or cluster node), and measures
+the floor and the cached main job as ``--repeat`` interleaved pairs (floor, job, floor, job, ...) so that
+both see the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -63,10 +69,36 @@ def median(cmd: list[str], repeat: int, env: dict[str, str] | None = None, setup
     return statistics.median(run(cmd, env, setup) for _ in range(repeat))
 
 
+@contextlib.contextmanager
+def busy_cores(n: int):
+    """``n`` processes that each keep one core busy, for the duration of the block."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        time.sleep(1.0)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def pairs(a: list[str], b: list[str], repeat: int) -> tuple[float, float, float]:
+    """Interleaved runs a, b, a, b, ... (after one warm-up each): median a, median b, median of b/a per pair."""
+    run(a, BASE_ENV)
+    run(b, BASE_ENV)
+    ta, tb = [], []
+    for _ in range(repeat):
+        ta.append(run(a, BASE_ENV))
+        tb.append(run(b, BASE_ENV))
+    return statistics.median(ta), statistics.median(tb), statistics.median(y / x for x, y in zip(ta, tb))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--wheel-dir", default="/tmp/tli-wheels")
+    ap.add_argument("--load", action="store_true", help="also the table with one busy process per core")
     args = ap.parse_args()
     py = sys.executable
     work = Path(tempfile.mkdtemp(prefix="tli-bench-"))
@@ -118,65 +150,78 @@ def main() -> None:
         text=True,
     ).stdout.strip()
 
-    rows = []
-    floor = median([py, "-c", "import torch"], args.repeat)
-    rows.append(("python -c 'import torch' (floor)", floor))
-    # The console script freezes the GC (gc.freeze) once torch is imported, so the interpreter's collections
-    # at exit skip torch's objects; the same trick on the floor itself shows how much of the win that is.
-    rows.append(
-        (
-            "python -c 'import torch, gc; gc.freeze()' (the floor without its exit collections)",
-            median([py, "-c", "import gc, torch; gc.freeze()"], args.repeat),
+    def table(label: str) -> None:
+        rows = []
+        floor = median([py, "-c", "import torch"], args.repeat)
+        rows.append(("python -c 'import torch' (floor)", floor))
+        # The console script freezes the GC (gc.freeze) once torch is imported, so the interpreter's collections
+        # at exit skip torch's objects; the same trick on the floor itself shows how much of the win that is.
+        rows.append(
+            (
+                "python -c 'import torch, gc; gc.freeze()' (the floor without its exit collections)",
+                median([py, "-c", "import gc, torch; gc.freeze()"], args.repeat),
+            )
         )
-    )
-    libs = "import torch, pandas, plotly.graph_objects as go; go.Figure(go.Heatmap(z=[[0.0]])).to_html()"
-    rows.append(
-        (
-            "import torch, pandas, plotly; one figure to HTML (the libraries the report is made with)",
-            median([py, "-c", libs], args.repeat),
+        libs = "import torch, pandas, plotly.graph_objects as go; go.Figure(go.Heatmap(z=[[0.0]])).to_html()"
+        rows.append(
+            (
+                "import torch, pandas, plotly; one figure to HTML (the libraries the report is made with)",
+                median([py, "-c", libs], args.repeat),
+            )
         )
-    )
-    rows.append(("python -c 'import tl_idempotence'", median([py, "-c", "import tl_idempotence"], args.repeat)))
-    rows.append(("tl-idempotence --help", median([CLI, "--help"], args.repeat)))
-    rows.append(("tl-idempotence report --nul 3 (mistyped flag)", median([CLI, "report", "--nul", "3"], args.repeat)))
-    rows.append(
-        (
-            "tl-idempotence report smollm2-135m --out r.html (cache warm)",
-            median([CLI, "report", "smollm2-135m", "--out", out, "--quiet"], args.repeat),
+        rows.append(("python -c 'import tl_idempotence'", median([py, "-c", "import tl_idempotence"], args.repeat)))
+        rows.append(("tl-idempotence --help", median([CLI, "--help"], args.repeat)))
+        rows.append(
+            ("tl-idempotence report --nul 3 (mistyped flag)", median([CLI, "report", "--nul", "3"], args.repeat))
         )
-    )
-    in_caller = (
-        "import sys; from tl_idempotence.cli import main; "
-        f"sys.exit(main(['report', 'smollm2-135m', '--out', {out!r}, '--quiet']))"
-    )
-    rows.append(
-        (
-            "the same job through cli.main() (GC unfrozen before exit, as in a caller's process)",
-            median([py, "-c", in_caller], args.repeat),
+        job = [CLI, "report", "smollm2-135m", "--out", out, "--quiet"]
+        rows.append(("tl-idempotence report smollm2-135m --out r.html (cache warm)", median(job, args.repeat)))
+        in_caller = (
+            "import sys; from tl_idempotence.cli import main; "
+            f"sys.exit(main(['report', 'smollm2-135m', '--out', {out!r}, '--quiet']))"
         )
-    )
-    rows.append(
-        (
-            "tl-idempotence report <cached checkpoint dir> --out r.html",
-            median([CLI, "report", str(hf), "--out", out, "--quiet"], args.repeat),
+        rows.append(
+            (
+                "the same job through cli.main() (GC unfrozen before exit, as in a caller's process)",
+                median([py, "-c", in_caller], args.repeat),
+            )
         )
-    )
-    rows.append(
-        (
-            "cold start, wheel downloaded: tl-idempotence report smollm2-135m",
-            median(
-                [CLI, "report", "smollm2-135m", "--out", out, "--quiet"], args.repeat, env=cold_env, setup=fresh_cache
-            ),
+        rows.append(
+            (
+                "tl-idempotence report <cached checkpoint dir> --out r.html",
+                median([CLI, "report", str(hf), "--out", out, "--quiet"], args.repeat),
+            )
         )
-    )
-    print(
-        f"torch {__import__('torch').__version__}, {os.cpu_count()} CPUs, load average "
-        f"{os.getloadavg()[0]:.2f}, median of {args.repeat} fresh processes each\n"
-    )
-    print('| command | wall | vs `python -c "import torch"` |')
-    print("| --- | --- | --- |")
-    for label, t in rows:
-        print(f"| `{label}` | {t:.2f} s | {t / floor:.2f}x |")
+        rows.append(
+            (
+                "cold start, wheel downloaded: tl-idempotence report smollm2-135m",
+                median(
+                    [CLI, "report", "smollm2-135m", "--out", out, "--quiet"],
+                    args.repeat,
+                    env=cold_env,
+                    setup=fresh_cache,
+                ),
+            )
+        )
+        fa, fb, ratio = pairs([py, "-c", "import torch"], job, args.repeat)
+        print(
+            f"\n### {label}\n\ntorch {__import__('torch').__version__}, {os.cpu_count()} CPUs, load average "
+            f"{os.getloadavg()[0]:.2f} at the end, median of {args.repeat} fresh processes each\n"
+        )
+        print('| command | wall | vs `python -c "import torch"` |')
+        print("| --- | --- | --- |")
+        for name, t in rows:
+            print(f"| `{name}` | {t:.2f} s | {t / floor:.2f}x |")
+        print(
+            f"\n{args.repeat} interleaved pairs: floor {fa:.2f} s, cached main job {fb:.2f} s, median ratio "
+            f"{ratio:.2f}x"
+        )
+
+    table("quiet machine")
+    if args.load:
+        n = os.cpu_count() or 1
+        with busy_cores(n):
+            table(f"one busy process per core ({n} busy processes)")
     print(f"\n`import tl_idempotence` imported: {imported}; `--help` imported torch: {help_imports}")
     shutil.rmtree(work, ignore_errors=True)
 

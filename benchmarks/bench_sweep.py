@@ -1,4 +1,4 @@
-"""A sweep on a LocalCluster against the same items one after another (issue 14).
+"""A sweep on a LocalCluster, as job-array tasks, and the same items one after another (issues 14, 21).
 
 Items: the two zoo models (``smollm2-135m``, ``minilm-l6``, read from their cached checkpoint
 files) and the checkpoints of a small training lineage (``tli.train_lineage``, seeded; trained
@@ -9,11 +9,14 @@ once into the work folder). Measured, with the same report options for every ite
    ``OMP_NUM_THREADS=1``);
 2. ``tli.sweep(items, out, workers=N)`` — one task per item on a fresh ``distributed.LocalCluster``
    (N worker processes, one thread each), cluster start-up and shutdown included;
-3. the same sweep again (every item's saved report matches: read-and-fingerprint only).
+3. the same sweep again (every item's saved report matches: read-and-fingerprint only);
+4. the job-array mode: ``tl-idempotence sweep ITEMS --out DIR --task-index I`` as one process per item,
+   all N started at once, then at most ``--workers`` at a time (what ``--array=0-N%W`` does), each
+   with ``OMP_NUM_THREADS=1`` like a Dask worker; then ``tli.load_sweep(DIR)`` (``--collect``).
 
-It checks whether the sweep's per-head tables equal the serial ones bit for bit (they do against
-the one-thread run; multi-threaded float64 products may differ in the last bits), and prints the
-comparison table. Usage::
+It checks whether the sweep's and the array's per-head tables equal the serial ones bit for bit
+(they do against the one-thread run; multi-threaded float64 products may differ in the last bits),
+and prints the comparison table. Usage::
 
     python benchmarks/bench_sweep.py                      # nulls=64, 2 workers, lineage of 6 checkpoints
     python benchmarks/bench_sweep.py --nulls 16 --workers 2 --dir /tmp/bench_sweep
@@ -24,6 +27,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -51,6 +56,36 @@ COLUMNS = [
     "mismatch_P_max",
     "identical_weights",
 ]
+
+
+def run_array(items: dict[str, str], out: Path, nulls: int, at_once: int) -> tuple[float, float]:
+    """Every item as its own ``--task-index`` process, at most ``at_once`` running; returns (wall of the
+    tasks, wall of load_sweep)."""
+    shutil.rmtree(out, ignore_errors=True)
+    base = [sys.executable, "-m", "tl_idempotence.cli", "sweep", *(f"{k}={v}" for k, v in items.items())]
+    base += ["--out", str(out), "--nulls", str(nulls), "--seed", "0", "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    todo = list(range(len(items)))
+    running: list[subprocess.Popen] = []
+    t0 = time.perf_counter()
+    while todo or running:
+        while todo and len(running) < at_once:
+            i = todo.pop(0)
+            running.append(
+                subprocess.Popen(
+                    [*base, "--task-index", str(i)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+                )
+            )
+        for p in list(running):
+            if p.poll() is not None:
+                running.remove(p)
+                if p.returncode != 0:
+                    raise RuntimeError(f"array task failed: {p.args[-1]}: {p.stderr.read().decode()[-500:]}")
+        time.sleep(0.05)
+    t_tasks = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tli.load_sweep(out)
+    return t_tasks, time.perf_counter() - t0
 
 
 def main() -> None:
@@ -97,6 +132,11 @@ def main() -> None:
             again = tli.sweep(items, out, workers=args.workers, **opts, progress=False)
             t_again = time.perf_counter() - t0
 
+            arrays = {}
+            for at_once in (len(items), args.workers):
+                arrays[at_once] = run_array(items, work / f"array_out_{at_once}", args.nulls, at_once)
+            array_res = tli.load_sweep(work / f"array_out_{args.workers}")
+
         for n, t in t_serial.items():
             print(f"one after another (tli.compare, this process, {n} torch thread(s)): {t:7.1f} s")
         print(
@@ -107,6 +147,11 @@ def main() -> None:
             f"sweep rerun, same out (all saved reports match):             {t_again:7.1f} s   "
             f"tasks: {again.tasks['status'].value_counts().to_dict()}"
         )
+        for at_once, (t_tasks, t_collect) in arrays.items():
+            print(
+                f"job array, {len(items)} processes, at most {at_once} at once (incl. each process's start): "
+                f"{t_tasks:7.1f} s   load_sweep: {t_collect:.2f} s"
+            )
         print(
             "per-task seconds on the workers: "
             + ", ".join(f"{r.label} {r.seconds:.1f}" for r in res.tasks.itertuples())
@@ -122,6 +167,8 @@ def main() -> None:
             print(
                 f"sweep per-head tables vs serial with {n} thread(s): bit for bit {same}, max |difference| {diff:.3g}"
             )
+            same = all(array_res.reports[k].heads.equals(cmp.reports[k].heads) for k in items)
+            print(f"job-array per-head tables vs serial with {n} thread(s): bit for bit {same}")
         print(f"load average at end {os.getloadavg()[0]:.1f}\n")
         with pd.option_context(
             "display.width", 250, "display.max_columns", 30, "display.float_format", "{:.4g}".format

@@ -43,7 +43,10 @@ def run(args, cwd=None, env_extra=None):
 
 USAGE = [  # (argv, a fragment the message must contain): exit 2, before any work
     ([], "COMMAND"),
-    (["report", "--nul", "3"], "unrecognized arguments: --nul"),  # no prefix matching of flags
+    (["report", "--nul", "3"], "unrecognized arguments: --nul (--nul: did you mean --nulls"),  # no prefix matching
+    (["report", "--thresold", "0.5"], "(--thresold: did you mean --threshold?)"),
+    (["sweep", "a", "--out", "o", "--worker", "2"], "did you mean --workers?"),
+    (["report", "--json", "--attention-text", "hi"], "--attention-text adds attention views to the HTML page"),
     (["report", "--seed", "-1"], "--seed: must be >= 0"),
     (["report", "--seed", "1.5"], "--seed: not an integer"),
     (["report", "--threshold", "1.5"], "must be in [0, 1]"),
@@ -58,7 +61,6 @@ USAGE = [  # (argv, a fragment the message must contain): exit 2, before any wor
     (["report", "--layers", "0-1000000000"], "layer indices are at most 65535"),  # never expanded
     (["report", "--layers", "0-200000"], "layer indices are at most 65535"),
     (["report", "--layers", "70000"], "layer indices are at most 65535"),
-    (["report", "--csv", "report.html"], "--csv report.html and --out report.html"),  # the default --out
     (["report", "--csv", "x.html", "--out", "./x.html"], "name the same file"),
     (["report", "--out", "/nonexistent-tli/x.html"], "--out: the folder /nonexistent-tli does not exist"),
     (["report", "--csv", "/nonexistent-tli/x.csv"], "--csv: the folder /nonexistent-tli does not exist"),
@@ -241,3 +243,28 @@ def test_version_prints_the_package_version():
 
     proc = run(["--version"])
     assert proc.returncode == 0 and proc.stdout.strip() == f"tl-idempotence {version('tl_idempotence')}"
+
+
+def test_the_cli_writes_only_what_was_asked_and_no_machine_path(ckpt, tmp_path):
+    """--json in an empty folder: JSON on stdout, no page beside it; no absolute path (of the checkpoint, the
+    cache or the home folder) in the JSON or the page; a page written over an existing file says so."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run(["report", str(ckpt), "--json", "--quiet"], cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert list(work.iterdir()) == []  # no report.html
+    data = json.loads(proc.stdout)
+    for secret in (str(ckpt), str(tmp_path), os.path.expanduser("~")):
+        assert secret not in proc.stdout, secret
+    assert data["summary"]["processing"]["path"] == ckpt.name
+    proc = run(["report", str(ckpt), "--csv", "h.csv", "--quiet"], cwd=work)
+    assert proc.returncode == 0 and sorted(p.name for p in work.iterdir()) == ["h.csv"]
+    proc = run(["report", str(ckpt), "--quiet"], cwd=work)  # nothing asked: the page, as always
+    assert proc.returncode == 0 and (work / "report.html").exists()
+    assert "wrote report.html" in proc.stdout and "replaced" not in proc.stdout
+    page = (work / "report.html").read_text(encoding="utf-8")
+    for secret in (str(ckpt), str(tmp_path), os.path.expanduser("~") + "/"):
+        assert secret not in page, secret
+    proc = run(["report", str(ckpt), "--quiet", "--json", "--out", "report.html"], cwd=work)
+    assert proc.returncode == 0 and "replaced the file that was there" in proc.stderr
+    json.loads(proc.stdout)  # stdout stays the JSON alone

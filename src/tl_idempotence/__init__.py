@@ -69,6 +69,7 @@ _EXPORTS: dict[str, str] = {
     "compare": "tl_idempotence.studies.compare",
     "SweepResult": "tl_idempotence.studies.sweep",
     "sweep": "tl_idempotence.studies.sweep",
+    "load_sweep": "tl_idempotence.studies.sweep",
     # views
     "AttentionView": "tl_idempotence.views.attention",
     "attention_view": "tl_idempotence.views.attention",

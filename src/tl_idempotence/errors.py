@@ -15,6 +15,7 @@ __all__ = [
     "CacheError",
     "CheckpointError",
     "ChecksumError",
+    "ClusterError",
     "DeviceError",
     "ItemError",
     "MissingFileError",
@@ -79,6 +80,12 @@ class DeviceError(TLIError, ValueError):
 class ItemError(TLIError, RuntimeError):
     """An item of a comparison or sweep whose own code failed (a callable that raised); names the item,
     the cause is chained."""
+
+
+class ClusterError(TLIError, RuntimeError):
+    """A Dask cluster that cannot run a sweep or trajectory: no worker left for the allowed time, a
+    LocalCluster that could not start, a script that starts one without the ``__main__`` guard, a
+    trajectory checkpoint whose worker kept dying (the message says which and what to do)."""
 
 
 class ZooError(TLIError, RuntimeError):

@@ -21,7 +21,17 @@ import torch
 from .sources.lineage import tiny_tokenizer
 from .sources.tl import bridge_from_dir
 
-__all__ = ["bridge_from_dir", "hooked_from_dir", "tiny_hf_dir", "tiny_tokenizer"]
+__all__ = [
+    "TINY_SIZES",
+    "TINY_TWEAKS",
+    "bridge_from_dir",
+    "hooked_from_dir",
+    "ov_by_forward",
+    "post_norm_by_forward",
+    "tiny_hf_dir",
+    "tiny_model",
+    "tiny_tokenizer",
+]
 
 
 def tiny_hf_dir(
@@ -135,3 +145,233 @@ def hooked_from_dir(path: str | Path, hf_model: Any = None):
     )
     model.eval()
     return model
+
+
+# ----------------------------------------------------------------------------- tiny models of any type
+
+#: Sizes of the tiny random models :func:`tiny_model` builds (set where the config class has the field).
+#: d_head * n_heads (32) != d_model (64), so a transposed or misread O cannot have the right shape.
+TINY_SIZES: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_layer": 2,
+    "n_positions": 64,
+    "n_inner": 64,
+    "d_model": 64,
+    "n_heads": 4,
+    "n_layers": 2,
+    "num_layers": 2,
+    "num_heads": 4,
+    "ffn_dim": 64,
+    "d_ff": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "expert_intermediate_size": 32,
+    "image_size": 16,
+    "patch_size": 8,
+    "num_channels": 3,
+    "sliding_window": 16,
+    "pad_token_id": 0,
+    "layer_types": None,
+}
+
+#: Per-model-type corrections to :data:`TINY_SIZES` (config fields whose defaults do not fit a tiny model).
+TINY_TWEAKS: dict[str, dict[str, Any]] = {
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "window_size": 16},
+    "gptj": {"rotary_dim": 4},
+    "codegen": {"rotary_dim": 4},
+    "audio-spectrogram-transformer": {"max_length": 32, "num_mel_bins": 32, "frequency_stride": 16, "time_stride": 16},
+    "falcon": {"num_kv_heads": 2},
+    "gpt_bigcode": {"_drop": ["num_key_value_heads"]},  # derived from multi_query
+    "falcon_h1": {"mamba_d_ssm": 64, "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_chunk_size": 16},
+    "qwen2_audio": {"audio_config": {"d_model": 64, "encoder_attention_heads": 4, "encoder_layers": 1}},
+    "phi3": {"pad_token_id": 0},
+    "distilbert": {"dim": 64, "hidden_dim": 64, "n_heads": 4, "n_layers": 2},
+    "modernbert": {"global_attn_every_n_layers": 1},
+}
+
+
+def _shrink(cfg: Any, tweaks: dict[str, Any]) -> dict[str, Any]:
+    import transformers
+
+    out: dict[str, Any] = {}
+    fields = cfg.to_dict()  # the fields a saved config.json of this type has (no aliases, no properties)
+    drop = set(tweaks.get("_drop", ()))
+    for k, v in {**TINY_SIZES, **tweaks}.items():
+        if k == "_drop" or k in drop:
+            continue
+        if k in tweaks or k in fields:
+            out[k] = v
+    for k, v in list(cfg.__dict__.items()):
+        if isinstance(v, transformers.PretrainedConfig):
+            sub = v.to_dict()
+            sub.update(_shrink(v, tweaks.get(k, {}) if isinstance(tweaks.get(k), dict) else {}))
+            out[k] = sub
+    return out
+
+
+def tiny_model(model_type: str, hf_class: str, seed: int = 0, **config: Any) -> Any:
+    """A tiny random ``transformers`` model of ``model_type`` built as class ``hf_class`` (float32, eval mode).
+
+    The config is the type's default config with :data:`TINY_SIZES` and :data:`TINY_TWEAKS` applied
+    (only fields the config class has), then ``config``; every parameter then gets seeded noise
+    (std 0.02) so that no two tensors are equal (norm weights start as ones). Raises whatever
+    ``transformers`` raises for a config it cannot build.
+    """
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    kw = _shrink(cls(), TINY_TWEAKS.get(model_type, {}))
+    kw.update(config)
+    cfg = cls(**kw)
+    torch.manual_seed(seed)
+    model = getattr(transformers, hf_class)(cfg).float().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    return model
+
+
+def _forward_inputs(model: Any, batch: int) -> dict[str, torch.Tensor]:
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    dt = next(model.parameters()).dtype
+    if model.main_input_name == "pixel_values":
+        image = (batch, cfg.num_channels, cfg.image_size, cfg.image_size)
+        return {"pixel_values": torch.randn(*image, generator=g, dtype=torch.float64).to(dt)}
+    if model.main_input_name == "input_values":
+        bins = getattr(cfg, "num_mel_bins", None)
+        audio = (batch, cfg.max_length, bins) if bins else (batch, 400)
+        return {"input_values": torch.randn(*audio, generator=g, dtype=torch.float64).to(dt)}
+    text = getattr(cfg, "text_config", None) or cfg
+    vocab = int(getattr(text, "vocab_size", 100) or 100)
+    return {"input_ids": torch.randint(4, min(vocab, 100), (batch, 1), generator=g)}  # one position: weight 1
+
+
+def ov_by_forward(model: Any, v_module: str, o_module: str, n_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every head's value read and output write of one layer, measured by running the model (float64).
+
+    Independent of any tensor-layout convention: a forward pass is run with the input of the
+    module that computes the values (``v_module``: a V projection, or a fused QKV projection)
+    replaced by the basis vectors ``e_1 .. e_d`` (and 0), the same vector at every position, so
+    each position's attention mix of values is exactly ``V_hᵀ e_b + b_V`` (attention weights sum
+    to 1; text models get one position, so the one weight is exactly 1, and attention runs as sdpa
+    in float64 where the model allows it); the input of ``o_module`` (the output projection) is
+    captured and cut into ``n_heads`` contiguous head blocks. ``O_h`` is ``o_module`` applied to the
+    basis of head ``h``'s block, minus its bias. Attention sinks (a ``sinks`` parameter) are set
+    to -1e4 first so that the weights sum to 1.
+
+    Args:
+        model: a ``transformers`` model (converted to float64 in place).
+        v_module, o_module: module paths (``model.named_modules()`` names).
+        n_heads: query heads of the layer.
+
+    Returns:
+        ``(V, O)``, each ``[n_heads, d_model, d_head]`` float64 (column form: ``T_h = O[h] @ V[h].T``).
+
+    Raises:
+        RuntimeError: a hook did not fire, or the value input is not ``[batch, pos, d_model]``.
+    """
+    model.double().eval()
+    # grouped_mm has no float64 kernel; eager attention takes its softmax in float32 (weights that sum to 1
+    # only within 1e-7 where several positions are mixed), sdpa in float64.
+    for impl, value in (("set_experts_implementation", "eager"), ("set_attn_implementation", "sdpa")):
+        try:
+            getattr(model, impl)(value)
+        except Exception:  # noqa: BLE001 - a model without that switch (or that value) runs as it is
+            pass
+    mods = dict(model.named_modules())
+    vm, om = mods[v_module], mods[o_module]
+    for name, p in model.named_parameters():
+        if name.rsplit(".", 1)[-1] == "sinks":
+            with torch.no_grad():
+                p.fill_(-1e4)
+    d = int(vm.weight.shape[-1] if type(vm).__name__ != "Conv1D" else vm.weight.shape[0])
+    batch = d + 1
+    basis = torch.zeros(batch, d, dtype=torch.float64)
+    basis[:d] = torch.eye(d, dtype=torch.float64)
+    seen: dict[str, torch.Tensor] = {}
+
+    def replace(_m: Any, args: tuple, kwargs: dict) -> Any:
+        x = args[0] if args else kwargs["hidden_states"]
+        if x.ndim != 3 or x.shape[0] != batch or x.shape[-1] != d:
+            raise RuntimeError(f"value input of {v_module} has shape {tuple(x.shape)}, not [{batch}, pos, {d}]")
+        new = basis[:, None, :].expand(batch, x.shape[1], d).contiguous()
+        if args:
+            return (new, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": new}
+
+    def capture(_m: Any, args: tuple) -> None:
+        seen.setdefault("z", args[0].detach())
+
+    h1 = vm.register_forward_pre_hook(replace, with_kwargs=True)
+    h2 = om.register_forward_pre_hook(capture)
+    default = torch.get_default_dtype()
+    try:
+        # float64 default: XGLM builds its mask fill value with torch.full((), finfo(float64).min)
+        torch.set_default_dtype(torch.float64)
+        with torch.no_grad():
+            model(**_forward_inputs(model, batch))
+    finally:
+        torch.set_default_dtype(default)
+        h1.remove()
+        h2.remove()
+    if "z" not in seen:
+        raise RuntimeError(f"{o_module} was not called in the forward pass")
+    z = seen["z"]
+    z = z[:, 0] if z.ndim == 3 else z
+    width = z.shape[-1]
+    dh = width // n_heads
+    V = (z[:d] - z[d]).reshape(d, n_heads, dh).permute(1, 0, 2).contiguous()
+    with torch.no_grad():
+        E = torch.eye(width, dtype=torch.float64)
+        out = om(E) - om(torch.zeros(1, width, dtype=torch.float64))
+    O = out.reshape(n_heads, dh, -1).transpose(1, 2).contiguous()
+    return V, O
+
+
+def post_norm_by_forward(model: Any, layer_module: str, o_module: str) -> str | None:
+    """The norm module of a layer whose input is the attention output projection's output, if any.
+
+    Runs the model once and compares, by value, the output of ``o_module`` with the input of every
+    module of ``layer_module`` whose class name contains ``Norm``: equality means a norm is applied
+    to the attention output after ``W_O``, before the residual add (Gemma-2/3, OLMo-2). Returns its
+    path relative to ``layer_module`` (``"post_attention_layernorm"``), or ``None``.
+    """
+    mods = dict(model.named_modules())
+    layer, om = mods[layer_module], mods[o_module]
+    seen: dict[str, list[torch.Tensor]] = {"o": []}
+    hooks = [om.register_forward_hook(lambda _m, _a, out: seen["o"].append(out.detach()))]
+    norms = {n: m for n, m in layer.named_modules() if n and "Norm" in type(m).__name__}
+    for n, m in norms.items():
+        seen[n] = []
+        hooks.append(m.register_forward_pre_hook(lambda _m, args, n=n: seen[n].append(args[0].detach())))
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(next(model.parameters()).dtype)
+        with torch.no_grad():
+            model(**_forward_inputs(model, 3))
+    finally:
+        torch.set_default_dtype(default)
+        for h in hooks:
+            h.remove()
+    if not seen["o"]:
+        raise RuntimeError(f"{o_module} was not called in the forward pass")
+    out = seen["o"][0]
+    for n in norms:
+        if any(x.shape == out.shape and torch.equal(x, out) for x in seen[n]):
+            return n
+    return None

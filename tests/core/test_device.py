@@ -126,7 +126,8 @@ def test_the_device_reaches_the_products(monkeypatch, source, lh):
     tli.orientation_scramble(lh, nulls=2, device="auto")
     tli.constructive_search(lh, heads=[0], max_iters=2, device="auto")
     tli.mismatch(source, device="auto")
-    assert seen["layer_grams"] == [dev, dev, dev]  # closure(lh), scramble's and search's closure
+    # closure(lh), scramble's and search's closure, then mismatch's layer contexts (the one layer loop), one per layer
+    assert seen["layer_grams"] == [dev] * 5
     assert seen["grams"] == [dev]
     assert seen["scramble_draws"] == [dev] and seen["search_factors"] == [dev]
     assert seen["mismatch_pairs"] == [dev, dev]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -253,12 +254,12 @@ def test_bad_input_errors(tiny_gqa_bridge):
 
 
 @pytest.mark.bridge
-def test_threshold_is_settable_and_recomputes(tiny_gqa_bridge):
+def test_another_threshold_recomputes(tiny_gqa_bridge):
     rep = tli.idempotence_report(tiny_gqa_bridge, nulls=8, progress=False)
     P = rep.heads["P"].to_numpy()
     assert rep.threshold == 0.9 and rep.summary["n_closed"] == 0
     t = float(np.sort(P)[-3])  # exactly three heads at or above it
-    rep.threshold = t
+    rep = rep.with_threshold(t)
     assert rep.threshold == t and rep.options.threshold == t and rep.summary["threshold"] == t
     assert rep.heads["closed"].sum() == 3 and rep.summary["n_closed"] == 3
     assert np.array_equal(rep.heads["closed"].to_numpy(), P >= t)
@@ -275,7 +276,7 @@ def test_threshold_is_settable_and_recomputes(tiny_gqa_bridge):
     with pytest.raises(OptionError, match="hook must be one of"):
         rep.hook_points(hook="zz")
     with pytest.raises(OptionError, match=r"threshold must be in \[0, 1\]"):
-        rep.threshold = 2.0
+        rep.with_threshold(2.0)
     assert rep.threshold == t  # unchanged by a refused value
 
 
@@ -481,10 +482,37 @@ def test_paper_table_at_another_threshold_says_the_papers_figures_are_at_0_9():
     ]
     rep = tli.idempotence_report(layers, progress=False)
     assert not rep.paper_table()["note"].str.contains("paper's figure is at").any()  # at the paper's threshold
-    rep.threshold = 0.01
+    rep = rep.with_threshold(0.01)
     tab = rep.paper_table()
     caveat = "the paper's figure is at P >= 0.9, this model's at P >= 0.01"
     assert tab.loc[0, "note"] == caveat and np.isfinite(tab.loc[0, "value"])
     assert (tab.loc[1:, "note"].str.contains("paper's figure is at").sum()) == 0  # NaN rows keep their reason only
     f = rep.paper_table(formatted=True)
     assert f.loc[0, "paper"] == f"3.98-8.00 % (per model) [{caveat}]"
+
+
+def test_the_summary_is_typed_data_and_a_read_only_mapping(tmp_path):
+    """rep.summary: fields by attribute, the set ones as a mapping (in order), a compact repr, JSON via to_dict,
+    refused when a key is not a field; a saved report reads back the same typed summary."""
+    from tl_idempotence.report.summary import ReportSummary
+
+    g = torch.Generator().manual_seed(5)
+    lhs = [
+        LayerHeads(l, torch.randn(4, 16, 4, generator=g), torch.randn(2, 16, 4, generator=g), tli.kv_layout(4, 2))
+        for l in range(2)
+    ]
+    rep = tli.idempotence_report(lhs, nulls=4, progress=False)
+    s = rep.summary
+    assert isinstance(s, ReportSummary) and s.n_heads == 8 and s["n_heads"] == 8 and s.n_scramble_draws == 4
+    assert s.n_feasible_layers is None and "n_feasible_layers" not in s and s.get("n_feasible_layers") is None
+    assert list(s)[:3] == ["model_name", "model_class", "n_layers"] and dict(s) == s.to_dict() == s
+    with pytest.raises(KeyError):
+        s["n_feasible_layers"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.n_closed = 3  # type: ignore[misc]
+    assert len(repr(s).splitlines()) == 1 and "every field: .to_dict()" in repr(s)
+    with pytest.raises(ValueError, match=r"summary keys \['n_clossed'\] are not fields"):
+        ReportSummary.from_dict({**s.to_dict(), "n_clossed": 1})
+    back = tli.load_report(rep.save(tmp_path / "r"))
+    assert isinstance(back.summary, ReportSummary) and back.summary.closed_per_layer == s.closed_per_layer
+    assert s.replace(n_params=7).n_params == 7 and s.n_params is None

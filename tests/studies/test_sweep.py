@@ -70,15 +70,19 @@ class AlwaysFails:
 
 @pytest.fixture(scope="module")
 def client():
+    import dask
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR
-    )
-    c = Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
+    # as docs/sweeps.md advises for a cluster of one's own: a worker restart on a loaded machine can take more
+    # than Dask's 15 s lost-worker-timeout, after which the LocalCluster would drop that worker for good
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "10 minutes"}):
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=logging.ERROR
+        )
+        c = Client(cluster)
+        yield c
+        c.close()
+        cluster.close()
 
 
 @pytest.fixture(scope="module")
@@ -211,8 +215,11 @@ def test_retried_and_failed_tasks(client, ckpts, reference, tmp_path):
     assert (tmp_path / "marker").read_text() == "failed once"  # the first attempt did fail
     assert (tmp_path / "attempts.log").read_text().count("attempt") == 2  # 1 try + 1 retry
     f = res.failed.set_index("label")
-    assert f.loc["broken", "error_type"] == "ValueError"
-    assert f.loc["broken", "message"] == "this checkpoint is broken for good"
+    # the callable's own error, named with its item (ItemError; the ValueError is chained on the worker)
+    assert f.loc["broken", "error_type"] == "ItemError"
+    assert f.loc["broken", "message"] == (
+        "The callable of item 'broken' (callable AlwaysFails) raised ValueError: this checkpoint is broken for good"
+    )
     assert f.loc["bad-config", "error_type"] == "CheckpointError"
     assert "config.json" in f.loc["bad-config", "message"] and "not valid JSON" in f.loc["bad-config", "message"]
     assert list(res.reports) == ["flaky", "D"]
@@ -320,6 +327,14 @@ def test_labels_become_safe_folder_names():
         ({"scheduler": "tcp://x:1", "workers": 2}, OptionError, "workers sizes a LocalCluster"),
         ({"retrys": 2}, UnknownOptionError, "did you mean 'retries'"),
         ({"scheduler": "nonsense://x"}, OptionError, r"Cannot connect to the Dask scheduler.*unknown address scheme"),
+        # --workers 1000 used to start hundreds of processes: bounded by the cores unless asked for
+        ({"workers": 1000}, OptionError, r"workers=1000 is more worker processes than the \d+ cores.*oversubscribe"),
+        ({"workers": 5000, "oversubscribe": True}, OptionError, "workers must be <= 4096"),
+        ({"oversubscribe": "yes"}, OptionTypeError, "oversubscribe"),
+        ({"worker_timeout": 0}, OptionError, r"worker_timeout must be in \[1, 604800\]"),
+        ({"worker_timeout": float("nan")}, OptionError, "worker_timeout must be in"),
+        ({"worker_timeout": "60"}, OptionTypeError, "worker_timeout must be a number"),
+        ({"device": "cuda:9"}, tli.errors.DeviceError, "cuda:9"),  # the LocalCluster's workers are this machine
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(ckpts, tmp_path, kwargs, err, match):
@@ -358,6 +373,52 @@ def test_bad_items_and_folders_are_refused_before_any_work(ckpts, tmp_path):
     other.mkdir()
     with FileLock(str(other / LOCK_NAME)), pytest.raises(OptionError, match="Another sweep is writing"):
         sweep({"A": ckpts["A"]}, other, progress=False)
+
+
+class DiesOnTheWorker:
+    """An item whose worker process dies (what an OOM kill or a wall-time kill looks like)."""
+
+    def __call__(self):
+        import os
+
+        os._exit(1)
+
+
+def test_a_cluster_without_workers_ends_the_sweep(ckpts, tmp_path):
+    """No worker, none coming back: a ClusterError after worker_timeout, not a hang."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0", silence_logs=logging.ERROR) as cl:
+        with Client(cl) as c:
+            t0 = time.perf_counter()
+            with pytest.raises(tli.errors.ClusterError, match=r"no worker for 1 s with 1 of 1 tasks unfinished \(D\)"):
+                sweep({"D": ckpts["D"]}, tmp_path / "out", client=c, worker_timeout=1, progress=False)
+            assert time.perf_counter() - t0 < 30
+    assert not (tmp_path / "out" / "D").exists()
+    assert json.loads((tmp_path / "out" / RECORD_NAME).read_text())["items"][0]["label"] == "D"  # the plan
+
+
+@pytest.mark.slow
+def test_a_dying_worker_on_a_users_cluster(client, ckpts, reference, tmp_path):
+    """On a cluster the sweep did not start (Dask's allowed-failures 3: Dask reruns the task itself, each
+    run killing a worker), the dying item is still the only failure and the healthy one is computed once."""
+    with pytest.warns(UserWarning, match="1 of 2 sweep items failed after 0 retries: dies: WorkerDied"):
+        res = sweep(
+            {"D": ckpts["D"], "dies": DiesOnTheWorker()},
+            tmp_path / "out",
+            client=client,
+            retries=0,
+            progress=False,
+            **OPTS,
+        )
+    st = res.tasks.set_index("label")
+    assert st.loc["D", "status"] == "computed" and st.loc["dies", "status"] == "failed"
+    (f,) = res.failed.itertuples()
+    assert f.label == "dies" and f.error_type == "WorkerDied" and "retries=0" in f.message
+    # Dask ran it allowed-failures + 1 = 4 times, each death charged to it; exit codes from the nannies' logs
+    assert f.message.count("exited with status 1") == 4, f.message
+    assert_same_report(res.reports["D"], reference["D"])
+    assert not list((tmp_path / "out" / ".tli-items").glob("*/started-*"))  # every death accounted for
 
 
 @pytest.mark.slow

@@ -314,3 +314,37 @@ def test_page_renders_in_headless_chromium(rep, tmp_path):
     assert headline_blue > 0.05  # the headline's background box is on screen
     viridis_purple = (np.abs(img - np.array([68, 1, 84])).sum(-1) <= 40).sum()
     assert viridis_purple > 500  # the heatmap (low-P cells are Viridis purple) is drawn below the table
+
+
+def test_clicking_a_column_header_sorts_the_table(rep, tmp_path):
+    """The head table sorts when its header is clicked (itables' default made only the small arrow sort):
+    P ascending, then descending, numerically."""
+    from conftest import unavailable
+
+    if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
+        unavailable("headless Chromium (apt-get install -y chromium)")
+    page = Path(rep.save_html(tmp_path / "report.html"))
+    click = """<script>
+window.addEventListener('load', () => setTimeout(() => {
+  const out = [];
+  const t = Array.from(document.querySelectorAll('table.dataTable')).find(
+    x => Array.from(x.querySelectorAll('thead th')).some(h => h.textContent.trim() === 'P'));
+  const th = Array.from(t.querySelectorAll('thead th')).find(h => h.textContent.trim() === 'P');
+  const col = Array.from(th.parentNode.children).indexOf(th);
+  const firstP = () => Number(t.querySelector('tbody tr').children[col].textContent);
+  out.push(firstP());
+  th.querySelector('.dt-column-title').click();
+  setTimeout(() => { out.push(firstP());
+    th.querySelector('.dt-column-title').click();
+    setTimeout(() => { out.push(firstP()); document.body.setAttribute('data-sorted', JSON.stringify(out)); }, 300);
+  }, 300);
+}, 1500));
+</script></body>"""
+    probe = tmp_path / "probe.html"
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", click), encoding="utf-8")
+    dom = _chromium(tmp_path / "profile", "--dump-dom", f"file://{probe}").stdout
+    m = re.search(r'data-sorted="([^"]*)"', dom)
+    assert m, "the probe did not run"
+    first, asc, desc = (float(x) for x in m.group(1).replace("&quot;", "").strip("[]").split(","))
+    P = rep.heads["P"]
+    assert asc == pytest.approx(P.min(), rel=1e-5) and desc == pytest.approx(P.max(), rel=1e-5), (first, asc, desc)

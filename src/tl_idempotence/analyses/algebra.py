@@ -70,12 +70,10 @@ import torch
 
 from ..core.closure import Grams, apply_exponents, closure_scalars, closure_sums
 from ..core.factors import DEGENERATE_RTOL, rank_rtol
-from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
+from ..core.heads import LayerHeads, ModelInfo, source_info
 from ..core.options import (
     ReportOptions,
     check_bool,
-    check_compute_dtype,
-    check_device,
     check_layers,
     check_threshold,
     resolve_layers,
@@ -612,25 +610,22 @@ def shared_value_algebra(
         OptionError / OptionTypeError: bad threshold, unknown layer indices.
         WeightError: NaN/inf weights. UnsupportedModelError: unsupported model object.
     """
-    from ..core.closure import layer_grams
-    from ..core.progress import progress_bar
+    from .loop import iter_layers
 
-    threshold = check_threshold(threshold)
-    want = check_layers(layers)
-    dtype = check_compute_dtype(compute_dtype)
-    dev = check_device(device)
+    opts = ReportOptions(threshold=threshold, algebra=True, layers=layers, compute_dtype=compute_dtype, device=device)
     progress = check_bool(progress, "progress")
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
-    todo = resolve_layers(want, list(src.layers()))
+    resolve_layers(opts.layers, list(src.layers()))  # unknown layers are refused for MHA models too
     if info.n_kv_heads == info.n_heads:
-        return SharedValueAlgebra.concat([], info, threshold)
-    parts = []
-    for layer in progress_bar(todo, desc="algebra", unit="layer", enabled=progress):
-        lh = read_layer(src, layer, info)
-        g = layer_grams(lh.O, lh.V, lh.kv_head_of, compute_dtype=dtype, device=dev)
-        parts.append(layer_algebra(lh, g, threshold))
-    return SharedValueAlgebra.concat(parts, info, threshold)
+        return SharedValueAlgebra.concat([], info, opts.threshold)
+    analysis = AlgebraAnalysis()
+    parts = [analysis.layer(w.context()) for w in iter_layers(src, info, opts, progress=progress, desc="algebra")]
+    return SharedValueAlgebra.concat(parts, info, opts.threshold)
+
+
+#: The layer value naming the threshold a layer's closed ranges were computed at.
+RANGES_THRESHOLD = "algebra_ranges_threshold"
 
 
 class AlgebraAnalysis:
@@ -647,25 +642,45 @@ class AlgebraAnalysis:
         """Whether the report runs this analysis (when ``options.algebra``)."""
         return options.algebra
 
+    def layer(self, ctx: LayerContext) -> SharedValueAlgebra:
+        """The algebra of one layer's context (SPEC 7), as a :class:`SharedValueAlgebra` of that layer."""
+        return layer_algebra(ctx.heads, ctx.grams, threshold=ctx.options.threshold)
+
     def run(self, ctx: LayerContext) -> LayerResult:
         """This analysis of one layer (SPEC 7): the columns, values, tables and notes of the class docstring.
 
         Raises: nothing of its own for a valid context (the context was built from checked heads and options).
         """
-        part = layer_algebra(ctx.heads, ctx.grams, threshold=ctx.options.threshold)
+        part = self.layer(ctx)
         tables = {f"algebra_{k}": getattr(part, k) for k in TABLES}
-        return LayerResult(tables=tables, values={}, notes={})
+        # the threshold the closed ranges were computed at: a later threshold keeps this one (apply_threshold)
+        return LayerResult(tables=tables, values={RANGES_THRESHOLD: ctx.options.threshold}, notes={})
+
+    @staticmethod
+    def ranges_threshold(layers: pd.DataFrame, default: float) -> float:
+        """The threshold a report's ``algebra_closed_ranges`` were computed at (its layer rows say; ``default``
+        for a report saved before they did)."""
+        if RANGES_THRESHOLD in layers.columns and len(layers):
+            return float(layers[RANGES_THRESHOLD].iloc[0])
+        return float(default)
 
     @staticmethod
     def combine(
-        tables: dict[str, pd.DataFrame], info: ModelInfo, threshold: float, ranges_threshold: float | None = None
+        tables: dict[str, pd.DataFrame],
+        info: ModelInfo | None,
+        threshold: float,
+        ranges_threshold: float | None = None,
+        mha: bool | None = None,
     ) -> SharedValueAlgebra:
-        """The model's :class:`SharedValueAlgebra` from the report's concatenated ``algebra_*`` tables."""
+        """The model's :class:`SharedValueAlgebra` from the report's concatenated ``algebra_*`` tables (``mha``:
+        whether every kv group has one query head, by default from ``info``)."""
         got = {k: tables.get(f"algebra_{k}", _empty(cols)) for k, cols in TABLES.items()}
         got = {k: (v if len(v) else _empty(TABLES[k])) for k, v in got.items()}
+        if mha is None:
+            mha = info is not None and info.n_kv_heads == info.n_heads
         if len(got["pairs"]):
             reason = ""
-        elif info.n_kv_heads == info.n_heads:
+        elif mha:
             reason = MHA_REASON
         else:
             reason = "no layer with a kv group of two or more query heads was analysed"
@@ -704,5 +719,10 @@ class AlgebraAnalysis:
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
     ) -> dict[str, Any]:
-        """Model-level headline numbers (SPEC 7) from the concatenated per-layer results (JSON values)."""
-        return {}
+        """Model-level headline numbers (SPEC 7) from the concatenated per-layer results (JSON values):
+        ``algebra`` (the :class:`SharedValueAlgebra` summary at the options' threshold) and
+        ``algebra_ranges_threshold``."""
+        rt = self.ranges_threshold(layers, options.threshold)
+        mha = bool(len(layers)) and bool((layers["n_kv_heads"] == layers["n_heads"]).all())
+        alg = self.combine(tables, None, options.threshold, rt, mha=mha)
+        return {"algebra": alg.summary, "algebra_ranges_threshold": rt}

@@ -16,14 +16,9 @@ import pandas as pd
 import torch
 
 from ..core.closure import Grams, apply_exponents, closure_from_grams, layer_grams
-from ..core.heads import LayerHeads, read_layer, source_info
+from ..core.heads import LayerHeads, source_info
 from ..core.options import (
     ReportOptions,
-    check_compute_dtype,
-    check_device,
-    check_layers,
-    check_threshold,
-    resolve_layers,
     strict_kwargs,
 )
 from ..core.results import Result
@@ -192,19 +187,18 @@ def mismatch(
         OptionError / OptionTypeError: bad threshold, layers, dtype; an unknown layer.
         UnsupportedModelError: unsupported ``model``.
     """
-    threshold = check_threshold(threshold)
-    want = check_layers(layers)
-    dtype = check_compute_dtype(compute_dtype)
-    dev = check_device(device)
+    from .loop import iter_layers
+
+    opts = ReportOptions(threshold=threshold, layers=layers, compute_dtype=compute_dtype, device=device)
+    threshold = opts.threshold
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
-    todo = resolve_layers(want, list(src.layers()))
+    analysis = MismatchAnalysis()
     tabs, rows = [], []
-    for layer in todo:
-        lh = read_layer(src, layer, info)
-        tab, note = mismatch_pairs(lh, compute_dtype=dtype, device=dev)
-        tabs.append(tab)
-        rows.append({"layer": lh.layer, **_layer_values(tab, note, threshold)[0]})
+    for w in iter_layers(src, info, opts, progress=False, desc="mismatch"):
+        res = analysis.run(w.context())
+        tabs.append(res.tables["mismatch_pairs"])
+        rows.append({"layer": w.layer, **res.values})
     pairs = pd.concat(tabs, ignore_index=True) if tabs else pd.DataFrame(columns=PAIR_COLUMNS)
     pairs["closed"] = closed_flags(pairs["P"].to_numpy(dtype=float), threshold)
     return MismatchResult(pairs=pairs, layers=pd.DataFrame(rows), threshold=threshold)

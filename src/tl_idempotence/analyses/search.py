@@ -39,8 +39,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..core.closure import Closure, closure
-from ..core.heads import LayerHeads, read_layer, source_info
+from ..core.closure import Closure, closure, closure_from_grams
+from ..core.heads import LayerHeads, source_info
 from ..core.options import (
     ReportOptions,
     check_compute_dtype,
@@ -471,10 +471,12 @@ def constructive_search(
                 if bad:
                     raise OptionError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
             want.update(select_heads(heads, all_layers, info.n_heads))
-        for layer, sel in want.items():
-            lh = read_layer(src, layer, info)
-            c = closure(lh, factors=True, compute_dtype=dtype, device=dev)
-            run(factors_of_closure(c), c.P, layer, as_rows(sel, lh.n_heads))
+        from .loop import iter_layers
+
+        opts = ReportOptions(seed=seed, compute_dtype=dtype, device=dev)
+        for w in iter_layers(src, info, opts, layers=list(want), progress=False, desc="search"):
+            c = closure_from_grams(w.context().grams, factors=True)  # = closure(heads, factors=True), grams reused
+            run(factors_of_closure(c), c.P, w.layer, as_rows(want[w.layer], w.heads.n_heads))
     table = pd.concat(tabs, ignore_index=True)
     table["feasible"] = np.nan_to_num(table["P_searched"].to_numpy(dtype=float), nan=-1.0) >= threshold
     return SearchResult(table=table, K=torch.cat(Ks), D=torch.cat(Ds), S=torch.cat(Ss), threshold=threshold)

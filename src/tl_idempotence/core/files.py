@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,9 @@ __all__ = [
     "read_json",
     "sha256_bytes",
     "sha256_file",
+    "shareable_name",
 ]
+
 
 #: The file types of the package that make up its behaviour (code, architecture table, templates).
 _CODE_SUFFIXES = (".py", ".json", ".j2")
@@ -49,6 +52,17 @@ def package_code_sha256() -> str:
         h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_size}\0".encode())
         h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def shareable_name(name: str) -> str:
+    """A model name or path as it may appear in what a report shares (its page, ``--json``, a saved report):
+    a local path (absolute, ``~``-relative or ``./``-relative, e.g. a ``transformers`` ``_name_or_path`` or a
+    TransformerLens ``cfg.model_name`` of a model booted from a folder) becomes its last component, so no home
+    folder or machine layout leaks; a hub-style name (``org/model``) stays as it is."""
+    text = str(name)
+    if os.path.isabs(text) or text.startswith(("~", "./", "../", ".\\", "..\\")) or "\\" in text:
+        return Path(text.replace("\\", "/")).name or text
+    return text
 
 
 def sha256_file(path: str | os.PathLike[str], limit: int | None = None, chunk: int = 1 << 20) -> str:
@@ -81,11 +95,12 @@ def sha256_bytes(data: bytes) -> str:
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same directory + fsync + ``os.replace``).
 
-    Returns the path. A killed writer leaves at most a ``*.tmp<pid>`` file, never a partial
-    file under the final name.
+    Returns the path. A killed writer leaves at most a ``*.tmp<pid>-<random>`` file, never a partial
+    file under the final name. The temporary name is unique per call (the pid alone is not: processes
+    on two machines, or in two containers, writing one file on a shared filesystem can share a pid).
     """
     p = Path(path)
-    tmp = p.with_name(f"{p.name}.tmp{os.getpid()}")
+    tmp = p.with_name(f"{p.name}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)

@@ -31,12 +31,12 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ..analyses.loop import LayerPart
 from ..core.files import (
     atomic_write_bytes,
     atomic_write_text,
@@ -104,25 +104,6 @@ def json_restore(x: Any, float_keys: set[str] | None = None) -> Any:
     if isinstance(x, list):
         return [json_restore(v, float_keys) for v in x]
     return x
-
-
-@dataclass
-class LayerPart:
-    """One layer's finished rows (what the report loop concatenates).
-
-    Attributes:
-        layer: the layer index.
-        fingerprint: sha256 of the layer's O, V and kv layout (:meth:`LayerHeads.fingerprint`).
-        heads: per-head rows (identity columns and every analysis's columns).
-        row: the layer row (identity, values, ``fingerprint``, ``note``).
-        tables: the analyses' long tables of this layer.
-    """
-
-    layer: int
-    fingerprint: str
-    heads: pd.DataFrame
-    row: dict[str, Any]
-    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
 def _record_digest(rec: dict[str, Any]) -> str:

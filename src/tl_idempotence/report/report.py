@@ -12,6 +12,7 @@ then dropped, so memory is bounded by one layer.
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -20,18 +21,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analyses.algebra import AlgebraAnalysis, SharedValueAlgebra
-from ..analyses.base import Analysis, LayerContext
+from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlgebra
+from ..analyses.base import Analysis
+from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import REPORT_ANALYSES
-from ..core.closure import CastBuffer
-from ..core.heads import LayerHeads, ModelInfo, read_layer, source_info
+from ..core.heads import ModelInfo, source_info
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
 from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
-from .parts import LayerPart, ResumeDir
+from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
-from .summary import build_summary, format_paper_table, paper_table
+from .summary import ReportSummary, build_summary, format_paper_table, paper_table
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -147,7 +148,7 @@ class IdempotenceReport(Result):
         heads: pd.DataFrame,
         layers: pd.DataFrame,
         tables: dict[str, pd.DataFrame],
-        summary: dict[str, Any],
+        summary: ReportSummary,
         info: ModelInfo,
         options: ReportOptions,
         model: Any = None,
@@ -178,25 +179,53 @@ class IdempotenceReport(Result):
 
     @property
     def threshold(self) -> float:
-        """The P threshold of ``closed`` (settable: recomputes every threshold-dependent number)."""
+        """The P threshold of ``closed``. To change it, :meth:`with_threshold` (assigning it is deprecated)."""
         return self.options.threshold
 
     @threshold.setter
-    def threshold(self, value: Any) -> None:  # checked here (OptionTypeError), not by annotation
-        t = check_threshold(value)
+    def threshold(self, value: Any) -> None:  # checked in with_threshold (OptionTypeError), not by annotation
+        warnings.warn(
+            "Assigning rep.threshold is deprecated and will be removed: use rep = rep.with_threshold(t), which "
+            "returns a new report and leaves this one as it is.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        new = self.with_threshold(value)
+        self.heads, self.layers, self.tables, self.options, self.summary = (
+            new.heads,
+            new.layers,
+            new.tables,
+            new.options,
+            new.summary,
+        )
+
+    def with_threshold(self, threshold: Any) -> IdempotenceReport:
+        """The same report at another P threshold: every threshold-dependent column, count and summary number
+        re-derived from the stored results (each analysis's ``apply_threshold``, then its ``summarize``), equal
+        to a run at that threshold (checked by the analyses' contract test). This report is not changed.
+
+        Raises:
+            OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].
+        """
+        t = check_threshold(threshold)
         heads, layers = self.heads.copy(), self.layers.copy()
         tables = {k: v.copy() for k, v in self.tables.items()}
+        if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
+            layers[RANGES_THRESHOLD] = self.summary.get("algebra_ranges_threshold", self.options.threshold)
         ran = [a for a in REPORT_ANALYSES if a.enabled(self.options)]
         for a in ran:
             a.apply_threshold(heads, layers, tables, t)
         opts = self.options.with_threshold(t)
         summary = build_summary(heads, layers, tables, self.info, opts, ran)
-        summary["versions"] = self.summary.get("versions", summary["versions"])
-        if opts.algebra:
-            rt = self.summary.get("algebra_ranges_threshold", self.options.threshold)
-            summary["algebra"] = AlgebraAnalysis.combine(tables, self.info, t, rt).summary
-            summary["algebra_ranges_threshold"] = rt
-        self.heads, self.layers, self.tables, self.options, self.summary = heads, layers, tables, opts, summary
+        # what the re-derivation cannot know: the code that computed the numbers, the route's additions
+        summary = summary.replace(
+            versions=self.summary.get("versions", summary.versions),
+            n_layers_resumed=self.summary.get("n_layers_resumed"),
+            n_params=self.summary.get("n_params"),
+        )
+        rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts)
+        rep._model_ref = self._model_ref
+        return rep
 
     # ------------------------------------------------------------------ views of the data
     @property
@@ -209,9 +238,8 @@ class IdempotenceReport(Result):
         """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
         if not self.options.algebra:
             return None
-        return AlgebraAnalysis.combine(
-            self.tables, self.info, self.threshold, self.summary.get("algebra_ranges_threshold", self.threshold)
-        )
+        rt = AlgebraAnalysis.ranges_threshold(self.layers, self.summary.get("algebra_ranges_threshold", self.threshold))
+        return AlgebraAnalysis.combine(self.tables, self.info, self.threshold, rt)
 
     @strict_kwargs
     def paper_table(self, formatted: Any = False) -> pd.DataFrame:
@@ -448,34 +476,6 @@ def load_report(path: Any) -> IdempotenceReport:
     )
 
 
-def run_layer(
-    lh: LayerHeads,
-    options: ReportOptions,
-    analyses: Sequence[Analysis],
-    fingerprint: str,
-    buffer: CastBuffer | None = None,
-) -> LayerPart:
-    """Every analysis on one layer -> its :class:`~tl_idempotence.report.parts.LayerPart` (``buffer``: the loop's
-    :class:`~tl_idempotence.core.closure.CastBuffer`)."""
-    ctx = LayerContext.build(lh, options, buffer)
-    cols: dict[str, Any] = {"layer": lh.layer, "head": np.arange(lh.n_heads), "kv_head": lh.kv_head_of.cpu().numpy()}
-    row: dict[str, Any] = {"layer": lh.layer, "n_heads": lh.n_heads, "n_kv_heads": lh.n_kv_heads}
-    tables: dict[str, pd.DataFrame] = {}
-    notes: dict[str, str] = {}
-    for a in analyses:
-        res = a.run(ctx)
-        for k, v in res.columns.items():
-            if len(v) != lh.n_heads:
-                raise AssertionError(f"analysis {a.name} returned {len(v)} rows of {k!r} for {lh.n_heads} heads")
-            cols[k] = v
-        row.update(res.values)
-        tables.update(res.tables)
-        notes.update(res.notes)
-    row["fingerprint"] = fingerprint
-    row["note"] = "; ".join(f"{k}: {v}" for k, v in notes.items())
-    return LayerPart(layer=lh.layer, fingerprint=fingerprint, heads=pd.DataFrame(cols), row=row, tables=tables)
-
-
 @strict_kwargs
 def idempotence_report(
     model: Any,
@@ -571,7 +571,6 @@ def report_with_options(
     Raises:
         The errors of :func:`idempotence_report`.
     """
-    from ..core.progress import progress_bar
 
     if not isinstance(options, ReportOptions):
         raise OptionTypeError(f"options must be a ReportOptions; got {type(options).__name__}.")
@@ -581,32 +580,26 @@ def report_with_options(
         raise OptionTypeError(f"resume must be a directory path; got {type(resume).__name__}.")
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
-    todo = resolve_layers(opts.layers, list(src.layers()))
+    resolve_layers(opts.layers, list(src.layers()))  # an unknown layer is refused before the resume folder is made
     analyses = [a for a in REPORT_ANALYSES if a.enabled(opts)]
     parts_dir = ResumeDir(resume, opts, info) if resume is not None else None
-    names = "+".join(a.name for a in analyses)
-    done: list[LayerPart] = []
-    n_resumed = 0
-    desc = f"layers ({names})"
+    desc = f"layers ({'+'.join(a.name for a in analyses)})"
     if opts.search:  # the one report option that takes minutes (README: "What each analysis costs")
         desc += f"; search ~{SEARCH_CPU_S_PER_LAYER:g} CPU-s/layer at SmolLM2 size"
-    bar = progress_bar(todo, desc=desc, unit="layer", enabled=progress)
-    buffer = CastBuffer()  # one block of memory for every layer's compute-dtype copy of O
-    for layer in bar:
-        lh = read_layer(src, layer, info)  # type, index, sizes, NaN/inf: every source
-        fp = lh.fingerprint()
-        part = parts_dir.load(layer, fp) if parts_dir is not None else None
+    done: list[LayerPart] = []
+    n_resumed = 0
+    for work in iter_layers(src, info, opts, progress=progress, desc=desc):
+        part = parts_dir.load(work.layer, work.fingerprint) if parts_dir is not None else None
         n_resumed += part is not None
         if part is None:
-            part = run_layer(lh, opts, analyses, fp, buffer)
+            part = run_layer(work.context(), analyses, work.fingerprint)
             if parts_dir is not None:
                 parts_dir.save(part)
-        del lh
+        del work
         done.append(part)
-    del buffer
     rep = assemble(done, info, opts, analyses, model=model)
     if parts_dir is not None:
-        rep.summary["n_layers_resumed"] = n_resumed
+        rep.summary = rep.summary.replace(n_layers_resumed=n_resumed)
     return rep
 
 
@@ -617,17 +610,8 @@ def assemble(
     heads = pd.concat([p.heads for p in parts], ignore_index=True)
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     layers = pd.DataFrame([p.row for p in parts])
-    tables: dict[str, pd.DataFrame] = {}
-    for name in sorted({k for p in parts for k in p.tables}):
-        frames = [p.tables[name] for p in parts if name in p.tables and len(p.tables[name])]
-        tables[name] = (
-            pd.concat(frames, ignore_index=True) if frames else next(p.tables[name] for p in parts if name in p.tables)
-        )
+    tables = concat_tables(parts)
     summary = build_summary(heads, layers, tables, info, options, analyses)
-    if options.algebra:
-        alg = AlgebraAnalysis.combine(tables, info, options.threshold)
-        summary["algebra"] = alg.summary
-        summary["algebra_ranges_threshold"] = options.threshold
     from ..sources.tl import is_tl_model
 
     return IdempotenceReport(

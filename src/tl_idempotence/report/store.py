@@ -32,6 +32,7 @@ from ..core.heads import ModelInfo
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
+from .summary import ReportSummary
 
 __all__ = ["FORMAT", "RECORD", "ReportFileError", "ReportRecord", "read_record", "write_record"]
 
@@ -70,7 +71,7 @@ class ReportRecord:
     heads: pd.DataFrame
     layers: pd.DataFrame
     tables: dict[str, pd.DataFrame]
-    summary: dict[str, Any]
+    summary: ReportSummary
     info: ModelInfo
     options: ReportOptions
 
@@ -170,7 +171,7 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
             files[name] = sha256_bytes(buf.getvalue())
         record = {
             "format": FORMAT,
-            "summary": json_safe(_tag_int_keys(rec.summary)),
+            "summary": json_safe(_tag_int_keys(rec.summary.to_dict())),
             "options": rec.options.as_dict(),
             "info": _info_record(rec.info),
             "files": files,
@@ -275,7 +276,7 @@ def read_record(path: Any) -> ReportRecord:
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
-        summary = _untag_int_keys(json_restore(rec["summary"]))
+        summary = ReportSummary.from_dict(_untag_int_keys(json_restore(rec["summary"])))
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(
             f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e})."

@@ -8,10 +8,12 @@ headline quantities for this model next to the paper's figures, as numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -26,6 +28,7 @@ from ..core.options import ReportOptions
 __all__ = [
     "PAPER",
     "PAPER_THRESHOLD",
+    "ReportSummary",
     "build_summary",
     "combined_fingerprint",
     "format_paper_table",
@@ -76,6 +79,152 @@ def combined_fingerprint(layer_fingerprints: Sequence[tuple[int, str]]) -> str:
     return h.hexdigest()
 
 
+#: Scalar fields shown by :meth:`ReportSummary.__repr__` (the rest: ``to_dict()``).
+_REPR_FIELDS = (
+    "model_name",
+    "n_heads",
+    "n_closed",
+    "threshold",
+    "median_P",
+    "median_P_scrambled",
+    "frac_beats_scramble",
+    "n_mismatch_closed",
+    "n_feasible_layers",
+)
+
+
+@dataclass(frozen=True, repr=False, eq=False)  # equality is the mapping's: equal to a dict of the same items
+class ReportSummary(Mapping[str, Any]):
+    """A report's summary: what was measured and its headline numbers (JSON values), typed.
+
+    Fields are grouped by what computed them; an analysis that did not run leaves its fields ``None``.
+    It is also a read-only mapping of the fields that are set (``summary["n_closed"]``,
+    ``"median_P_scrambled" in summary``, ``dict(summary)``), in this order; :meth:`to_dict` gives the JSON
+    form a saved report and ``--json`` hold, :meth:`from_dict` reads it back (refusing unknown keys).
+
+    What was measured: ``model_name, model_class, n_layers, n_attention_layers`` (measured), ``n_heads``
+    (measured heads), ``n_heads_per_layer, n_kv_heads, d_model, d_head, threshold``.
+    Closure (SPEC 2): ``n_closed, frac_closed, median_P, n_undefined_P, closed_per_layer`` ({layer: n}).
+    Orientation scramble (SPEC 4b, ``nulls``): ``n_scramble_draws, median_P_trained, median_P_scrambled,
+    n_heads_compared, n_heads_beating_scramble, frac_beats_scramble, n_layers_trained_wins,
+    layers_trained_loses``. O/V mismatch (SPEC 4a): ``n_mismatch_pairs, n_mismatch_closed, mismatch_P_max,
+    mismatch_notes``. Constructive search (SPEC 5): ``n_feasible_layers, infeasible_layers``.
+    Provenance: ``processing`` (the weights' processing, SPEC 10), ``options``, ``versions``,
+    ``weights_fingerprint`` (sha256 over the measured layers' fingerprints), ``source`` (format, file names),
+    ``notes`` (e.g. a norm after ``W_O`` that T does not include). Shared-value algebra (SPEC 7):
+    ``algebra`` (its summary), ``algebra_ranges_threshold``. Added by routes: ``n_layers_resumed``
+    (resume), ``n_params`` (comparisons).
+    """
+
+    model_name: str
+    model_class: str
+    n_layers: int
+    n_attention_layers: int
+    n_heads: int
+    n_heads_per_layer: int
+    n_kv_heads: int
+    d_model: int
+    d_head: int
+    threshold: float
+    n_closed: int
+    frac_closed: float
+    median_P: float
+    n_undefined_P: int
+    closed_per_layer: dict[int, int]
+    n_scramble_draws: int | None = None
+    median_P_trained: float | None = None
+    median_P_scrambled: float | None = None
+    n_heads_compared: int | None = None
+    n_heads_beating_scramble: int | None = None
+    frac_beats_scramble: float | None = None
+    n_layers_trained_wins: int | None = None
+    layers_trained_loses: list[int] | None = None
+    n_mismatch_pairs: int | None = None
+    n_mismatch_closed: int | None = None
+    mismatch_P_max: float | None = None
+    mismatch_notes: list[str] | None = None
+    n_feasible_layers: int | None = None
+    infeasible_layers: list[int] | None = None
+    processing: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    weights_fingerprint: str | None = None
+    source: dict[str, Any] | None = None
+    notes: list[str] | None = None
+    algebra: dict[str, Any] | None = None
+    algebra_ranges_threshold: float | None = None
+    n_layers_resumed: int | None = None
+    n_params: int | None = None
+
+    # ---------------------------------------------------------------- mapping of the fields that are set
+    def _keys(self) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+
+    def __getitem__(self, key: str) -> Any:
+        if not isinstance(key, str) or key not in _FIELDS or getattr(self, key) is None:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in _FIELDS and getattr(self, key) is not None
+
+    # ---------------------------------------------------------------- conversions
+    def to_dict(self) -> dict[str, Any]:
+        """The fields that are set, in order, as a plain dict (JSON values)."""
+        return {k: getattr(self, k) for k in self._keys()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ReportSummary:
+        """A summary from :meth:`to_dict` (a saved report's record, ``--json``).
+
+        Raises:
+            ValueError: a key that is not a field (names it), or a required field missing.
+        """
+        unknown = [k for k in d if k not in _FIELDS]
+        if unknown:
+            raise ValueError(f"summary keys {unknown[:5]} are not fields of a report summary")
+        missing = [
+            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in d
+        ]
+        if missing:
+            raise ValueError(f"summary lacks {missing[:5]}")
+        return cls(**dict(d))
+
+    def replace(self, **changes: Any) -> ReportSummary:
+        """A copy with some fields changed (the summary itself never changes)."""
+        return dataclasses.replace(self, **changes)
+
+    def __repr__(self) -> str:
+        items = []
+        for k in _REPR_FIELDS:
+            v = getattr(self, k)
+            if v is not None:
+                items.append(f"{k}={v!r}" if not isinstance(v, float) else f"{k}={v:.4g}")
+        return f"ReportSummary({', '.join(items)}; every field: .to_dict())"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        cells = [(k, getattr(self, k)) for k in _REPR_FIELDS if getattr(self, k) is not None]
+        rows = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td></tr>"
+            for k, v in cells
+        )
+        return (
+            f"<div><b>ReportSummary</b> ({len(self)} fields; every one in <code>.to_dict()</code>)"
+            f"<table>{rows}</table></div>"
+        )
+
+
+_FIELDS = frozenset(f.name for f in fields(ReportSummary))
+
+
 def build_summary(
     heads: pd.DataFrame,
     layers: pd.DataFrame,
@@ -83,16 +232,9 @@ def build_summary(
     info: ModelInfo,
     options: ReportOptions,
     analyses: Sequence[Analysis],
-) -> dict[str, Any]:
-    """The report's summary dict (JSON values only).
-
-    Keys: ``model_name, model_class, n_layers, n_attention_layers, n_heads`` (measured),
-    ``n_heads_per_layer, n_kv_heads, d_model, d_head, threshold``, each analysis's numbers
-    (``n_closed, frac_closed, median_P, ...``; with controls ``median_P_scrambled, ...``),
-    ``processing`` (what weights were measured, SPEC 10), ``options``, ``versions``,
-    ``weights_fingerprint`` (sha256 over the measured layers' fingerprints), ``source``
-    (format, path, ...), ``notes`` (e.g. a norm after ``W_O`` that T does not include).
-    """
+) -> ReportSummary:
+    """The report's :class:`ReportSummary`: what was measured, each analysis's model-level numbers
+    (:meth:`~tl_idempotence.analyses.base.Analysis.summarize`), provenance."""
     s: dict[str, Any] = {
         "model_name": info.model_name,
         "model_class": info.model_class,
@@ -119,14 +261,14 @@ def build_summary(
         notes.append(f"{info.extra['post_attention_norm']}: T = O V^T is measured on W_O alone, before that norm")
     if notes:
         s["notes"] = notes
-    return s
+    return ReportSummary.from_dict(s)
 
 
 def _frac(n: Any, of: Any) -> float:
     return float(n) / float(of) if of else float("nan")
 
 
-def paper_table(summary: dict[str, Any], n_layers: int) -> pd.DataFrame:
+def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
     """The abstract's headline quantities for this model next to the paper's, as numbers (SPEC 4-5).
 
     Args:

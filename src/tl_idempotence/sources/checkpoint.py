@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +60,7 @@ from typing import Any
 
 import torch
 
-from ..core.files import sha256_file
+from ..core.files import sha256_file, shareable_name
 from ..core.heads import LayerHeads, ModelInfo, Sizes, check_weights, kv_layout
 from ..core.options import check_bool, strict_kwargs
 from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
@@ -75,7 +76,16 @@ from .architectures import (
 )
 from .stores import FLOAT_DTYPES, GGUFStore, ModuleStore, SafetensorsStore, check_file, read_metadata_json
 
-__all__ = ["CheckpointSource", "from_gguf", "from_hf_dir", "from_path", "from_transformers", "is_transformers_model"]
+__all__ = [
+    "CheckpointSource",
+    "from_gguf",
+    "from_hf_dir",
+    "from_path",
+    "from_transformers",
+    "is_transformers_model",
+    "post_attention_note",
+    "transformers_post_attention_note",
+]
 
 
 def _complete_roots(keys: list[str], entry: dict[str, Any]) -> list[str]:
@@ -141,8 +151,21 @@ def _check_roots_unambiguous(store: SafetensorsStore, entry: dict[str, Any], roo
             )
 
 
-def _post_attention_note(keys: list[str], entry: dict[str, Any], root: str, n_layers: int) -> str | None:
-    """The ``info.extra["post_attention_norm"]`` note, when the entry names such a norm and the files hold it."""
+def post_attention_note(keys: list[str], entry: dict[str, Any], root: str, n_layers: int) -> str | None:
+    """Whether a norm follows ``W_O`` in these tensors: THE one rule every source uses (SPEC section 10).
+
+    The table entry names the norm (``post_attention_norm``, only where that tensor normalizes the
+    attention output before the residual add: Gemma-2/3, OLMo-2; Llama's ``post_attention_layernorm`` is
+    its pre-MLP norm and is not named); the note is made when the tensors hold it.
+
+    Args:
+        keys: tensor (or parameter) names. entry: the architecture entry. root: their root (``"model."``).
+        n_layers: layers to look in.
+
+    Returns:
+        ``"the attention output passes through a norm after W_O ('<first name>', every layer)"`` (or
+        ``k of n layers``), or ``None``.
+    """
     name = entry.get("post_attention_norm")
     if not name:
         return None
@@ -153,6 +176,33 @@ def _post_attention_note(keys: list[str], entry: dict[str, Any], root: str, n_la
     example = root + entry["layer"].format(l=have[0]) + name
     layers = "every layer" if len(have) == n_layers else f"{len(have)} of {n_layers} layers ({have[:8]})"
     return f"the attention output passes through a norm after W_O ({example!r}, {layers})"
+
+
+_WRAPPER = re.compile(r"(?<![^.])_original_component\.")
+
+
+def transformers_post_attention_note(model: Any) -> tuple[bool, str | None]:
+    """:func:`post_attention_note` for a loaded ``transformers`` model (the TransformerBridge's wrapped model too).
+
+    Returns:
+        ``(known, note)``: ``known`` is False when the table has no entry for the model's config or its
+        parameter names hold no root with the entry's V and O (then nothing is decided here).
+    """
+    try:
+        config = model.config.to_dict()
+        _arch, entry = resolve_architecture(config, None, type(model).__name__)
+        sizes = sizes_from_config(config, type(model).__name__, entry)
+    except (CheckpointError, AttributeError, TypeError):
+        return False, None
+    # a TransformerBridge wraps each module of the model it holds: "layers.0._original_component.self_attn...."
+    keys = [_WRAPPER.sub("", n) for n, _ in model.named_parameters()]
+    roots = _complete_roots(keys, entry)
+    if not roots:
+        return False, None
+    last = entry["layer"].format(l=sizes.n_layers - 1) + entry["v"]["tensor"]
+    keyset = set(keys)
+    roots.sort(key=lambda r: (r + last not in keyset, not any(w in r for w in ("language_model", "text")), len(r)))
+    return True, post_attention_note(keys, entry, roots[0], sizes.n_layers)
 
 
 class CheckpointSource:
@@ -206,10 +256,16 @@ class CheckpointSource:
         self.declared_by = declared_by
         self.sizes_from = sizes_from or declared_by
         self.extra_layers = extra_layers
-        if self.v_entry["layout"] == "neox_qkv" and sizes.n_kv_heads != sizes.n_heads:
+        lv = self.v_entry["layout"]
+        if lv in ("neox_qkv", "codegen_qkv") and sizes.n_kv_heads != sizes.n_heads:
             raise CheckpointError(
-                f"{arch}: the neox_qkv layout has one kv head per query head; {declared_by} says "
+                f"{arch}: the {lv} layout has one kv head per query head; {declared_by} says "
                 f"{sizes.n_heads} heads, {sizes.n_kv_heads} kv heads."
+            )
+        if lv == "codegen_qkv" and sizes.n_heads % 4:
+            raise CheckpointError(
+                f"{arch}: the codegen_qkv layout splits the heads into 4 blocks; {declared_by} says {sizes.n_heads} "
+                "heads, not a multiple of 4."
             )
         self._validate()
         self._kv = kv_layout(sizes.n_heads, sizes.n_kv_heads)  # after _validate: the sizes fit the tensors
@@ -304,6 +360,18 @@ class CheckpointSource:
             elif lv == "neox_qkv":
                 V = torch.stack([r.read(v_name, rows=slice((3 * h + 2) * dh, (3 * h + 3) * dh)) for h in range(nq)])
                 V = V.transpose(1, 2)
+            elif lv == "grouped_qkv":  # [n_kv, group + 2, d_head, d_model]: a group's q heads, then k, then v
+                g = nq // nkv
+                V = torch.stack(
+                    [
+                        r.read(v_name, rows=slice((k * (g + 2) + g + 1) * dh, (k * (g + 2) + g + 2) * dh))
+                        for k in range(nkv)
+                    ]
+                ).transpose(1, 2)
+            elif lv == "codegen_qkv":  # 4 blocks of [q; v; k], each n_heads/4 heads wide
+                local, per = nq * dh // 4, nq // 4
+                starts = [(h // per) * 3 * local + local + (h % per) * dh for h in range(nq)]
+                V = torch.stack([r.read(v_name, rows=slice(a, a + dh)) for a in starts]).transpose(1, 2)
             elif lv == "conv1d_qkv":
                 V = (
                     r.read(v_name, cols=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh))
@@ -431,7 +499,7 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
             f"config.json {cfg_file} is a JSON {type(config).__name__}, not an object: it is not a model config."
         )
     arch, entry = resolve_architecture(config, architecture, str(cfg_file))
-    sizes = sizes_from_config(config, str(cfg_file))
+    sizes = sizes_from_config(config, str(cfg_file), entry)
     extra_layers = _extra_layers(config, str(cfg_file))
     store = SafetensorsStore(d, attention=attention_regex(entry))
     root = _find_root(store.keys(), entry, sizes, prefix, str(store.index_file or d))
@@ -444,7 +512,7 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
         "center_writing_weights": False,
         "source": "checkpoint file",
         "format": "safetensors",
-        "path": str(d.resolve()),
+        "path": d.name,  # the folder's name: what is shared never holds a machine path (its files' sha256 follow)
         "files": files,
         "config_sha256": sha256_file(cfg_file),
     }
@@ -453,9 +521,9 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
     else:
         # the header (names, shapes, offsets) identifies a single-file checkpoint cheaply
         processing["header_sha256"] = {f: sha256_file(d / f, limit=8 + store.header(f).header_len) for f in files}
-    name = str(config.get("_name_or_path") or d.name)
-    extra: dict[str, Any] = {"format": "safetensors", "path": str(d), "architecture": arch, "tensor_root": root}
-    note = _post_attention_note(store.keys(), entry, root, sizes.n_layers)
+    name = shareable_name(str(config.get("_name_or_path") or d.name))
+    extra: dict[str, Any] = {"format": "safetensors", "path": d.name, "architecture": arch, "tensor_root": root}
+    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
     if note:
         extra["post_attention_norm"] = note
     info = _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra)
@@ -557,7 +625,7 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
         "center_writing_weights": False,
         "source": "checkpoint file",
         "format": "gguf",
-        "path": str(p.resolve()),
+        "path": p.name,
         "files": [p.name],
         "file_size": p.stat().st_size,
         "header_sha256": sha256_file(p, limit=int(store.reader_.data_offset)),
@@ -569,9 +637,9 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
             }
         ),
     }
-    name = str(store.field("general.name") or p.stem)
-    extra: dict[str, Any] = {"format": "gguf", "path": str(p), "architecture": f"gguf:{arch}", "tensor_root": ""}
-    note = _post_attention_note(store.keys(), entry, "", sizes.n_layers)
+    name = shareable_name(str(store.field("general.name") or p.stem))
+    extra: dict[str, Any] = {"format": "gguf", "path": p.name, "architecture": f"gguf:{arch}", "tensor_root": ""}
+    note = post_attention_note(store.keys(), entry, "", sizes.n_layers)
     if note:
         extra["post_attention_norm"] = note
     info = _info(name, f"GGUF checkpoint ({arch})", sizes, processing, extra)
@@ -611,7 +679,7 @@ def from_transformers(
     if not isinstance(config, dict):
         raise CheckpointError(f"{where}.to_dict() gave a {type(config).__name__}, not a dict.")
     arch, entry = resolve_architecture(config, architecture, where)
-    sizes = sizes_from_config(config, where)
+    sizes = sizes_from_config(config, where, entry)
     store = ModuleStore(model)
     root = _find_root(store.keys(), entry, sizes, prefix, type(model).__name__)
     processing = {
@@ -621,9 +689,9 @@ def from_transformers(
         "source": "transformers model parameters",
         "format": "transformers",
     }
-    name = str(config.get("_name_or_path") or type(model).__name__)
+    name = shareable_name(str(config.get("_name_or_path") or type(model).__name__))
     extra: dict[str, Any] = {"format": "transformers", "architecture": arch, "tensor_root": root}
-    note = _post_attention_note(store.keys(), entry, root, sizes.n_layers)
+    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
     if note:
         extra["post_attention_norm"] = note
     info = _info(name, type(model).__name__, sizes, processing, extra)

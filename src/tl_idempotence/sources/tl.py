@@ -19,10 +19,21 @@ from typing import Any
 
 import torch
 
+from ..core.files import shareable_name
 from ..core.heads import LayerHeads, ModelInfo, kv_layout
 from ..errors import UnsupportedModelError, WeightError
+from .architectures import architecture_table
+from .checkpoint import is_transformers_model, transformers_post_attention_note
 
-__all__ = ["TL_CLASSES", "TLModelSource", "attention_layers", "bridge_from_dir", "is_tl_model", "tl_processing"]
+__all__ = [
+    "TL_CLASSES",
+    "TLModelSource",
+    "attention_layers",
+    "bridge_from_dir",
+    "is_tl_model",
+    "tl_post_attention_note",
+    "tl_processing",
+]
 
 #: TransformerLens model classes this package reads (by name, through the MRO).
 TL_CLASSES = ("HookedTransformer", "HookedEncoder", "HookedEncoderDecoder", "TransformerBridge")
@@ -52,9 +63,8 @@ def tl_processing(model: Any) -> dict[str, Any]:
     (``model._tli_processing``); otherwise the flags are read from the TransformerBridge
     (``_weights_processed``) or the HookedTransformer config (``normalization_type`` LNPre/RMSPre
     means fold_ln), and ``center_writing_weights`` is inferred from layer-0 ``W_O`` row means
-    (TransformerLens keeps no flag for it). The record also says whether the attention output
-    passes through a norm after ``W_O`` (Gemma-2/3 ``use_normalization_before_and_after``),
-    which T = O Vᵀ does not include.
+    (TransformerLens keeps no flag for it). Whether the attention output passes through a norm
+    after ``W_O`` is :func:`tl_post_attention_note` (the source's ``info.extra``).
     """
     recorded = getattr(model, "_tli_processing", None)
     live = _live_processing(model)
@@ -100,10 +110,42 @@ def _live_processing(model: Any) -> dict[str, Any]:
     return out
 
 
-def _post_attention_norm(cfg: Any) -> str | None:
-    if bool(getattr(cfg, "use_normalization_before_and_after", False)):
-        return "the attention output passes through a norm after W_O (use_normalization_before_and_after)"
-    return None
+def tl_post_attention_note(model: Any) -> str | None:
+    """Whether a norm follows ``W_O`` in a TransformerLens model: the same rule as for its checkpoint files.
+
+    * TransformerBridge: the wrapped ``transformers`` model's parameters and the architecture table
+      (:func:`~tl_idempotence.sources.checkpoint.transformers_post_attention_note`), so a bridge of a
+      Gemma-2/3 or OLMo-2 model carries the note its checkpoint folder gives (bridge configs do not set
+      ``use_normalization_before_and_after``);
+    * otherwise (HookedTransformer, or a bridge of a type the table lacks) the blocks' modules: a
+      ``blocks[l].ln1_post`` norm (Gemma-2/3 in TransformerLens), or, where the config's
+      ``original_architecture`` has a table entry with a post-attention norm (OLMo-2, whose
+      ``post_attention_layernorm`` TransformerLens applies as ``ln1`` after attention), ``blocks[l].ln1``.
+
+    Returns:
+        The note (``"the attention output passes through a norm after W_O (...)"``) or ``None``.
+    """
+    if "TransformerBridge" in _class_names(model):
+        hf = model.__dict__.get("original_model")
+        if hf is not None and is_transformers_model(hf):
+            known, note = transformers_post_attention_note(hf)
+            if known:
+                return note
+    blocks = list(getattr(model, "blocks", None) or [])
+    n = len(blocks)
+    where = [l for l, b in enumerate(blocks) if isinstance(getattr(b, "ln1_post", None), torch.nn.Module)]
+    what = "ln1_post"
+    if not where:
+        arch = getattr(model.cfg, "original_architecture", None) or getattr(model.cfg, "architecture", None)
+        t = architecture_table()
+        entry = t["architectures"].get(t["aliases"].get(str(arch), str(arch)))
+        if entry is not None and entry.get("post_attention_norm"):
+            where = [l for l, b in enumerate(blocks) if isinstance(getattr(b, "ln1", None), torch.nn.Module)]
+            what = f"ln1, {arch}'s {entry['post_attention_norm'].removesuffix('.weight')}"
+    if not where:
+        return None
+    layers = "every layer" if len(where) == n else f"{len(where)} of {n} layers ({where[:8]})"
+    return f"the attention output passes through a norm after W_O ('blocks.{where[0]}.{what}', {layers})"
 
 
 class TLModelSource:
@@ -138,7 +180,7 @@ class TLModelSource:
         n_kv = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
         self._kv = kv_layout(n_heads, n_kv)
         extra: dict[str, Any] = {}
-        note = _post_attention_norm(cfg)
+        note = tl_post_attention_note(model)
         if note:
             extra["post_attention_norm"] = note
         self.info = ModelInfo(
@@ -147,7 +189,7 @@ class TLModelSource:
             n_kv_heads=n_kv,
             d_model=int(cfg.d_model),
             d_head=int(cfg.d_head),
-            model_name=str(getattr(cfg, "model_name", None) or type(model).__name__),
+            model_name=shareable_name(str(getattr(cfg, "model_name", None) or type(model).__name__)),
             model_class=type(model).__name__,
             processing=tl_processing(model),
             extra=extra,

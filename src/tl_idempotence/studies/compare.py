@@ -52,6 +52,7 @@ from ..sources.zoo import source as zoo_source
 __all__ = [
     "COMPARED_OPTIONS",
     "ITEM_KINDS",
+    "OVERVIEW_COLUMNS",
     "PAPER_LABEL",
     "PROCESSING_FLAGS",
     "TABLE_COLUMNS",
@@ -105,6 +106,19 @@ TABLE_COLUMNS = [
     "processing_differs",
     "identical_weights",
     "weights_group",
+]
+#: The columns of :attr:`Comparison.overview`: what a researcher reads first (the full table has every column).
+OVERVIEW_COLUMNS = [
+    "model",
+    "n_heads_total",
+    "n_closed",
+    "pct_closed",
+    "median_P",
+    "median_P_scrambled",
+    "pct_beats_scramble",
+    "n_mismatch_closed",
+    "pct_layers_feasible",
+    "raw_weights",
 ]
 _INT_COLUMNS = (
     "n_params",
@@ -626,6 +640,14 @@ class Comparison(Result):
         return cls(reps, options, warn=warn)
 
     @property
+    def overview(self) -> pd.DataFrame:
+        """:attr:`table` in ten columns (:data:`OVERVIEW_COLUMNS`: label, heads, closed, medians against the null,
+        mismatch, feasibility, raw weights), paper rows included; columns of analyses that did not run (all
+        NaN) are left out. What the notebook display and the CLI print; :attr:`table` has every column."""
+        cols = [c for c in OVERVIEW_COLUMNS if c == "model" or self.models_table[c].notna().any()]
+        return self.table[cols]
+
+    @property
     def models_table(self) -> pd.DataFrame:
         """:attr:`table` without the paper's rows."""
         return self.table[~self.table["is_paper"].astype(bool)].reset_index(drop=True)
@@ -675,7 +697,7 @@ class Comparison(Result):
 
 def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:
     detail = ", ".join(f"{k}={have!r} (asked: {want!r})" for k, (have, want) in diff.items())
-    hint = " Set rep.threshold = ... to re-threshold a report exactly." if set(diff) == {"threshold"} else ""
+    hint = " rep.with_threshold(t) re-thresholds a report exactly." if set(diff) == {"threshold"} else ""
     return OptionError(
         f"Item {label!r} is a report made with other options: {detail}. A comparison uses one set of options for "
         f"every model: remake it with the options asked, or ask for its options.{hint}"
@@ -797,5 +819,5 @@ def measure_item(
     except (TLIError, OSError):  # informational: n_params stays unknown (NA) when the headers cannot be read
         n = None
     if n is not None:
-        rep.summary["n_params"] = n
+        rep.summary = rep.summary.replace(n_params=n)
     return rep

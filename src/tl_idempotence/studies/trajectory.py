@@ -41,7 +41,7 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -466,7 +466,7 @@ def _load(c: _Ckpt, loader: Callable[[Any], Any] | None) -> Any:
     return c.spec
 
 
-def _processing_key(summary: dict[str, Any]) -> tuple[Any, ...]:
+def _processing_key(summary: Mapping[str, Any]) -> tuple[Any, ...]:
     proc = summary.get("processing") or {}
     return tuple(bool(proc.get(k)) if proc.get(k) is not None else None for k in PROCESSING_FLAGS)
 

@@ -9,20 +9,41 @@ Result objects reach these functions by this module's name
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from . import compare as _compare
+from . import figures as _figures
 from .attention import AttentionView, attention_view, report_attention_view
-from .compare import comparison_figure, comparison_headline, comparison_html, save_comparison_html
-from .figures import (
-    activation_figure,
-    algebra_figures,
-    algebra_summary_figure,
-    heads_heatmap,
-    report_figures,
-    scramble_figures,
-    trajectory_figure,
-    trajectory_summary_figure,
-)
+from .compare import comparison_headline, comparison_html, save_comparison_html
 from .notebook import result_html, use_offline_plotly
 from .page import report_html, save_report_html
+
+
+def _returns_exportable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` whose figure (or list of figures) comes back as :class:`.exportable.ExportableFigure`: the figures
+    the library hands to users render in a static notebook export too (:mod:`.exportable`)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from .exportable import exportable
+
+        out = fn(*args, **kwargs)
+        return [exportable(f) for f in out] if isinstance(out, list) else exportable(out)
+
+    return wrapper
+
+
+activation_figure = _returns_exportable(_figures.activation_figure)
+algebra_figures = _returns_exportable(_figures.algebra_figures)
+algebra_summary_figure = _returns_exportable(_figures.algebra_summary_figure)
+heads_heatmap = _returns_exportable(_figures.heads_heatmap)
+report_figures = _returns_exportable(_figures.report_figures)
+scramble_figures = _returns_exportable(_figures.scramble_figures)
+trajectory_figure = _returns_exportable(_figures.trajectory_figure)
+trajectory_summary_figure = _returns_exportable(_figures.trajectory_summary_figure)
+comparison_figure = _returns_exportable(_compare.comparison_figure)
 
 __all__ = [
     "AttentionView",

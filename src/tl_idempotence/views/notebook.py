@@ -4,19 +4,21 @@
   the first rows of its ``heads`` table; a report shows its headline sentence, the closed
   heads and a small colour-table heatmap of P (plain HTML and inline CSS, so it shows in a
   static render of a notebook, offline).
-* :func:`use_offline_plotly` — make every plotly figure of the kernel render in Jupyter *and*
-  in a static HTML render of the executed notebook (nbconvert), with no network: each figure
-  output carries the plotly JSON mimetype (JupyterLab, VS Code) and an HTML ``<div>`` with its
-  drawing script, and plotly.js is embedded once, in the output of the first figure shown.
-  Plotly's own ``"notebook"`` renderer embeds plotly.js too but adds a MathJax ``<script>``
-  from a CDN to every figure; the default renderer in JupyterLab writes only the JSON
-  mimetype, which static renders (nbconvert, GitHub) cannot draw — figures come out blank.
+* :func:`figure_bundle` — one figure's notebook output, renderable anywhere, offline: the plotly JSON
+  mimetype (JupyterLab, VS Code) and an HTML ``<div>`` with its drawing script (static renders: nbconvert,
+  a notebook on a website), plotly.js embedded once per kernel, in the first output that needs it. Every
+  figure the library returns displays itself this way (:mod:`.exportable`), with no call needed.
+* :func:`use_offline_plotly` — the same for every *other* plotly figure of the kernel (the user's own):
+  makes it plotly's default renderer. Plotly's own ``"notebook"`` renderer embeds plotly.js too but adds a
+  MathJax ``<script>`` from a CDN to every figure; the default renderer in JupyterLab writes only the JSON
+  mimetype, which static renders cannot draw — figures come out blank.
 """
 
 from __future__ import annotations
 
 import html
 import math
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -25,17 +27,61 @@ import pandas as pd
 
 from .text import format_P, format_sig, headline
 
-__all__ = ["OFFLINE_RENDERER", "mini_heatmap", "result_html", "use_offline_plotly"]
+__all__ = [
+    "OFFLINE_RENDERER",
+    "PLOTLYJS_EMBEDDED",
+    "figure_bundle",
+    "mini_heatmap",
+    "plotlyjs_html",
+    "result_html",
+    "use_offline_plotly",
+]
 
 #: Name under which :func:`use_offline_plotly` registers its renderer in ``plotly.io.renderers``.
 OFFLINE_RENDERER = "tli_offline"
+
+#: Set once an output of this process (one kernel) has embedded plotly.js: later outputs reuse it.
+PLOTLYJS_EMBEDDED = {"done": False}
+
+
+def plotlyjs_html() -> str:
+    """plotly.js inline in a ``<script>`` (from the installed plotly package; no CDN)."""
+    from plotly.offline import get_plotlyjs
+
+    return (
+        "<!-- plotly.js, embedded by tl_idempotence (offline figures) -->"
+        '<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>'
+        f'<script charset="utf-8" type="text/javascript">{get_plotlyjs()}</script>'
+    )
+
+
+def figure_bundle(
+    fig_dict: dict[str, Any], config: dict[str, Any] | None = None, embed: bool = False
+) -> dict[str, Any]:
+    """One figure's notebook output: plotly's JSON mimetype (JupyterLab, VS Code) and an HTML ``<div>`` with its
+    drawing script (static renders), with plotly.js in front when ``embed``."""
+    from plotly.io import to_html
+    from plotly.io.base_renderers import PlotlyRenderer
+
+    div = to_html(
+        fig_dict,
+        config=config or {},
+        include_plotlyjs=False,
+        include_mathjax=False,
+        full_html=False,
+        default_width="100%",
+        default_height=525,
+        validate=False,
+    )
+    bundle = dict(PlotlyRenderer(config=config or {}).to_mimebundle(dict(fig_dict)))
+    bundle["text/html"] = (plotlyjs_html() if embed else "") + div
+    return bundle
 
 
 @cache
 def _offline_renderer_class() -> type:
     """The renderer class (built on first use, so that importing this module does not import plotly)."""
-    from plotly.io import to_html
-    from plotly.io.base_renderers import MimetypeRenderer, PlotlyRenderer
+    from plotly.io.base_renderers import MimetypeRenderer
 
     class OfflineNotebookRenderer(MimetypeRenderer):
         """plotly.js embedded once (on activation); per figure the plotly mimetype plus an HTML div."""
@@ -49,48 +95,29 @@ def _offline_renderer_class() -> type:
                 from IPython.display import HTML, display
             except ImportError:  # pragma: no cover - plotly calls this only under IPython
                 return
-            if get_ipython() is None:
+            if get_ipython() is None or PLOTLYJS_EMBEDDED["done"]:
                 return
-            from plotly.offline import get_plotlyjs
-
-            display(
-                HTML(
-                    "<!-- plotly.js, embedded by tl_idempotence.views.use_offline_plotly -->"
-                    '<script type="text/javascript">window.PlotlyConfig = {MathJaxConfig: "local"};</script>'
-                    f'<script charset="utf-8" type="text/javascript">{get_plotlyjs()}</script>'
-                )
-            )
+            display(HTML(plotlyjs_html()))
+            PLOTLYJS_EMBEDDED["done"] = True
 
         def to_mimebundle(self, fig_dict: dict[str, Any]) -> dict[str, Any]:
-            div = to_html(
-                fig_dict,
-                config=self.config,
-                include_plotlyjs=False,
-                include_mathjax=False,
-                full_html=False,
-                default_width="100%",
-                default_height=525,
-                validate=False,
-            )
-            bundle = dict(PlotlyRenderer(config=self.config).to_mimebundle(dict(fig_dict)))
-            bundle["text/html"] = div
-            return bundle
+            return figure_bundle(fig_dict, self.config)
 
     return OfflineNotebookRenderer
 
 
 def use_offline_plotly() -> str:
-    """Show plotly figures in notebooks so that they also render offline in static HTML (module docstring).
+    """Show the user's own plotly figures so that they also render offline in static HTML (module docstring;
+    the library's figures do without it).
 
-    Call it once, near the top of a notebook (the demos do)::
+    Call it once, near the top of a notebook::
 
         from tl_idempotence.views import use_offline_plotly
         use_offline_plotly()
 
     It registers a renderer named :data:`OFFLINE_RENDERER` and makes it plotly's default
-    (``plotly.io.renderers.default``); the first figure shown after the call embeds plotly.js
-    (~5 MB) in its output, later figures reuse it. Calling it again embeds plotly.js once more
-    at the next figure (harmless). Outside IPython it only sets the default.
+    (``plotly.io.renderers.default``); plotly.js (~5 MB) is embedded once per kernel, in the first
+    output that needs it (shared with the library's own figures). Outside IPython it only sets the default.
 
     Returns:
         The renderer's name.
@@ -113,7 +140,7 @@ def _value(v: Any) -> str | None:
     return None
 
 
-def _summary_table(summary: dict[str, Any], limit: int = 14) -> str:
+def _summary_table(summary: Mapping[str, Any], limit: int = 14) -> str:
     values = [(k, _value(v)) for k, v in summary.items()]
     rows = [(k, v) for k, v in values if v is not None][:limit]
     return pd.DataFrame(rows, columns=["", "value"]).to_html(index=False, border=0)
@@ -278,9 +305,15 @@ def result_html(obj: Any) -> str:
         summary = obj.summary
     except Exception as e:  # noqa: BLE001 - a display must not raise
         return f"<b>{html.escape(name)}</b> (summary unavailable: {html.escape(type(e).__name__)})"
-    t = summary.get("threshold") if isinstance(summary, dict) else None
+    t = summary.get("threshold") if isinstance(summary, Mapping) else None
     t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
     out = f"<div><b>{html.escape(name)}</b>{_summary_table(summary)}"
+    overview = getattr(obj, "overview", None)
+    if isinstance(overview, pd.DataFrame) and len(overview):
+        out += (
+            f"<details open><summary>models ({len(overview.columns)} of {len(obj.table.columns)} columns; every "
+            f"column in <code>.table</code>)</summary>{_frame_html(overview.set_index('model'), t)}</details>"
+        )
     ck = getattr(obj, "checkpoints", None)
     if isinstance(ck, pd.DataFrame) and len(ck):
         out += (

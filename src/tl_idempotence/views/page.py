@@ -107,6 +107,7 @@ def _datatable(df: pd.DataFrame) -> str:
             display_logo_when_loading=False,
             showIndex=False,
             maxBytes=0,
+            text_in_header_can_be_selected=False,  # a click anywhere on a header sorts (not only on its arrow)
             warn_on_unexpected_option_type=False,
         )
     )

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
@@ -56,7 +57,7 @@ def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> st
     return repr(v)  # pragma: no cover
 
 
-def weights_phrase(summary: dict[str, Any]) -> str:
+def weights_phrase(summary: Mapping[str, Any]) -> str:
     """What weights were measured, in words (SPEC 10): ``"raw checkpoint weights"``, the
     TransformerLens processing that was applied (where the flags came from is in the summary's
     ``processing`` table), or ``"weight processing not recorded"`` when the summary does not say
@@ -71,7 +72,7 @@ def weights_phrase(summary: dict[str, Any]) -> str:
     return "TransformerLens-processed weights (" + ", ".join(flags) + ")" if flags else "processed weights"
 
 
-def headline(summary: dict[str, Any], threshold: float) -> str:
+def headline(summary: Mapping[str, Any], threshold: float) -> str:
     """One sentence: model, weights, closed heads, and the null they were measured against.
 
     E.g. ``"smollm2-135m (TransformerBridge, raw checkpoint weights): 13 of 270 heads (4.81 %) are
@@ -107,7 +108,7 @@ def headline(summary: dict[str, Any], threshold: float) -> str:
     return text
 
 
-def summary_sections(summary: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
+def summary_sections(summary: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
     """A summary as titled (key, value) tables: what was measured, processing, options, versions, source."""
 
     def fmt(v: Any) -> str:

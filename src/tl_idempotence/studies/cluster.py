@@ -1,0 +1,486 @@
+"""The Dask machinery that sweeps and trajectories share: a ``LocalCluster`` sized to this machine, the
+``if __name__ == "__main__":`` check, and a task runner for which a dying worker is an ordinary event.
+
+:func:`run_jobs` submits one Dask task per job and decides each job's outcome itself, never from a
+future's status after Dask rescheduled it:
+
+* a task that returns gives the job its result (fetched at once, then the future is released, so a
+  worker that dies later cannot make Dask run it again);
+* a task that raises is retried ``retries`` times (each retry a new task), then the job is an error;
+* a task whose worker died (``KilledWorker``, a cancelled future) is looked up on disk through the
+  caller's ``probe``: it may have finished (its result was lost with the worker: the job is done), it may
+  have started and never ended (a death charged to this job: retried like an error, then the job is
+  ``died`` with each death's exit code when the worker's nanny logged it), or it never started (it only
+  waited on that worker: resubmitted without charge, at most :data:`MAX_REQUEUES` times);
+* while the cluster has no worker at all for ``worker_timeout`` seconds, the runner stops with
+  :class:`~tl_idempotence.errors.ClusterError` instead of waiting forever.
+
+:func:`local_cluster` starts the ``LocalCluster`` a sweep uses when it is given no cluster: one
+single-threaded worker process per core, Dask's ``allowed-failures`` set to 0 (a worker death is
+reported at once, not retried behind the runner's back up to 3 times, each costing a worker),
+``worker-saturation`` 1.0 (a worker holds only the task it runs, so a death takes no queued task with
+it) and ``lost-worker-timeout`` 10 minutes (Dask's 15 s closed for good the nanny of a worker that took
+longer to restart on a loaded machine: the sweep was then left without workers). It refuses, in one
+line, a script that would start it outside the ``__main__`` guard (Dask's workers re-import the main
+script; without the guard each would start a sweep of its own).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+import re
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ClusterError
+
+__all__ = [
+    "DEFAULT_WORKER_TIMEOUT",
+    "LOCAL_CLUSTER_SETTINGS",
+    "MAX_REQUEUES",
+    "Job",
+    "Outcome",
+    "Probe",
+    "check_main_guard",
+    "describe_deaths",
+    "local_cluster",
+    "machine_cores",
+    "main_guard_problem",
+    "run_jobs",
+]
+
+#: Seconds :func:`run_jobs` waits while the cluster has no worker at all before it raises ClusterError.
+DEFAULT_WORKER_TIMEOUT = 120.0
+#: Resubmissions of a job whose task a worker death took down before it started (not charged to the job).
+MAX_REQUEUES = 10
+#: The Dask settings of the LocalCluster a sweep starts (module docstring), in force while it runs.
+#: ``lost-worker-timeout``: a LocalCluster closes for good a nanny whose worker has not come back within
+#: this time (Dask's default 15 s); a worker restart (spawn a process, import torch) on a loaded machine
+#: can take longer — measured 15.1 s here — after which the sweep had no worker left and waited forever.
+LOCAL_CLUSTER_SETTINGS = {
+    "distributed.scheduler.allowed-failures": 0,
+    "distributed.scheduler.worker-saturation": 1.0,
+    "distributed.deploy.lost-worker-timeout": "10 minutes",
+}
+#: Seconds between two looks at the cluster's workers.
+_WORKER_CHECK_EVERY = 2.0
+_UNKNOWN = "died (exit code unknown)"
+_DEATH_RE = re.compile(r"Worker process (\d+) (exited with status (-?\d+)|was killed by (unknown signal|signal (\d+)))")
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, else ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS / Windows
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------- the __main__ guard
+
+
+def _is_main_check(node: ast.expr) -> bool:
+    """``__name__ == "__main__"`` (either side)."""
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)):
+        return False
+    sides = [node.left, node.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    consts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(consts) == 1
+
+
+def _guarded_lines(source: str) -> list[tuple[int, int]]:
+    """Line ranges (first, last) of the bodies of ``if __name__ == "__main__":`` blocks in ``source``."""
+    tree = ast.parse(source)
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_check(node.test) and node.body:
+            out.append((node.body[0].lineno, max(n.end_lineno or n.lineno for n in node.body)))
+    return out
+
+
+def main_guard_problem(what: str) -> str | None:
+    """The one-line answer when ``what`` (e.g. ``"tli.sweep()"``) is being called where starting Dask worker
+    processes would re-run it, or None.
+
+    Two cases: this process is itself a worker that is importing the main script (``__mp_main__``), or the
+    call runs while the main script's top-level code runs and the line of the script that leads to it is not
+    inside an ``if __name__ == "__main__":`` block (read from the script's source with :mod:`ast`). A
+    notebook, ``python -c``, an interactive session, a call from a function that runs after the script's
+    top level (or a script whose source cannot be read) is never flagged.
+    """
+    import inspect
+    import multiprocessing
+
+    main = sys.modules.get("__main__")
+    fix = (
+        f"{what} starts Dask worker processes, which re-import the main script: put the call under "
+        '`if __name__ == "__main__":` (see docs/sweeps.md)'
+    )
+    if multiprocessing.parent_process() is not None and getattr(main, "__name__", None) == "__mp_main__":
+        return f"{what} was called while a Dask worker process imported the main script. {fix}."
+    path = getattr(main, "__file__", None)
+    if main is None or not path:
+        return None
+    frame = inspect.currentframe()
+    line = None
+    while frame is not None:
+        if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
+            line = frame.f_lineno
+        frame = frame.f_back
+    if line is None:
+        return None
+    try:
+        with open(path, "rb") as f:
+            source = f.read().decode("utf-8")
+        guarded = _guarded_lines(source)
+    except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    if any(first <= line <= last for first, last in guarded):
+        return None
+    return f"{path}, line {line}: {fix}."
+
+
+def check_main_guard(what: str) -> None:
+    """Raise :class:`ClusterError` with the one-line fix when :func:`main_guard_problem` finds one."""
+    problem = main_guard_problem(what)
+    if problem is not None:
+        raise ClusterError(problem)
+
+
+@contextlib.contextmanager
+def local_cluster(n_workers: int, what: str = "tli.sweep()") -> Iterator[tuple[Any, Any]]:
+    """``(client, cluster)`` of a fresh ``distributed.LocalCluster`` (closed on exit).
+
+    ``n_workers`` single-threaded worker processes (Dask's nannies start them with ``OMP_NUM_THREADS=1``),
+    :data:`LOCAL_CLUSTER_SETTINGS` in force until it is closed (module docstring), no dashboard port clash.
+
+    Raises:
+        ClusterError: the call is not under the ``__main__`` guard of a script (checked before anything
+            starts); the cluster's workers could not start (the first line of Dask's error, and the guard hint).
+    """
+    check_main_guard(what)
+    import logging
+
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set(LOCAL_CLUSTER_SETTINGS):  # for the cluster's whole life: the deploy setting is read
+        try:  # each time a worker leaves
+            cluster = LocalCluster(
+                n_workers=n_workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=":0",
+                silence_logs=logging.ERROR,
+            )
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ClusterError(
+                f"Dask could not start a LocalCluster of {n_workers} worker process(es) for {what} "
+                f"({type(e).__name__}: {first}). In a script, the call must be under "
+                '`if __name__ == "__main__":`; otherwise check memory and the temporary folder.'
+            ) from e
+        client = Client(cluster)
+        try:
+            yield client, cluster
+        finally:
+            client.close()
+            cluster.close()
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work: ``fn(*args, attempt)`` runs on a worker (``attempt`` counts from 1).
+
+    Attributes:
+        name: unique among the jobs of one run (a label; used in task keys and messages).
+        fn: a function the workers can import (or that cloudpickle ships by value).
+        args: its arguments (small: paths, names, options).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What the disk says about an attempt of a job that ended without a result.
+
+    Attributes:
+        done: the attempt (or an earlier one of this run) finished; its result is ``value``.
+        value: the result as the task recorded it.
+        died: ``(host, pid, worker address)`` of each start of the attempt that never ended (a death
+            charged to the job). Empty and not done: the attempt never started (only waited on a worker).
+    """
+
+    done: bool = False
+    value: Any = None
+    died: tuple[tuple[str, int, str], ...] = ()
+
+
+@dataclass
+class Outcome:
+    """How a job ended.
+
+    Attributes:
+        name: the job's name.
+        status: ``"ok"`` (``value`` is its result), ``"error"`` (``error`` is the last exception it
+            raised) or ``"died"`` (its worker died on every attempt; ``deaths`` says how).
+        attempts: attempts that ran (the successful one included).
+        deaths: one line per worker death charged to the job (exit code when the nanny logged it).
+        died: ``(host, pid, worker address)`` of each of those deaths (``pid`` -1 when unknown).
+        requeues: resubmissions after deaths that were not its own (it had not started).
+    """
+
+    name: str
+    status: str = "pending"
+    value: Any = None
+    error: BaseException | None = None
+    attempts: int = 0
+    deaths: list[str] = field(default_factory=list)
+    died: list[tuple[str, int, str]] = field(default_factory=list)
+    requeues: int = 0
+
+
+def _n_workers(client: Any) -> int:
+    """Workers the scheduler knows now (0 when it cannot be asked within 10 s)."""
+    try:
+        try:  # distributed >= 2025: a count without every worker's details
+            info = client.sync(client.scheduler.identity, n_workers=1, callback_timeout=10)
+        except TypeError:
+            info = client.sync(client.scheduler.identity, callback_timeout=10)
+        return int(info.get("n_workers", len(info.get("workers", {}))))
+    except Exception:  # noqa: BLE001 - a scheduler that cannot be asked counts as one without workers
+        return 0
+
+
+def _nanny_logs(client: Any, cluster: Any) -> list[tuple[str, str]]:
+    """``(worker host, log line)`` of every nanny that can be asked (best effort, bounded)."""
+    lines: list[tuple[str, str]] = []
+    if cluster is not None:  # our LocalCluster: the nannies live in this process
+        for nanny in list(getattr(cluster, "workers", {}).values()):
+            with contextlib.suppress(Exception):
+                lines += [("", str(msg)) for _, msg in nanny.get_logs()]
+        return lines
+    with contextlib.suppress(Exception):
+        logs = client.sync(client.scheduler.worker_logs, n=None, workers=None, nanny=True, callback_timeout=10)
+        for addr, entries in (logs or {}).items():
+            host = _host_of(str(addr))
+            lines += [(host, str(e[-1])) for e in entries if isinstance(e, (list, tuple)) and e]
+    return lines
+
+
+def _host_of(address: str) -> str:
+    rest = address.split("://", 1)[-1]
+    return rest.rsplit(":", 1)[0]
+
+
+def describe_deaths(client: Any, cluster: Any, died: Sequence[tuple[str, int, str]]) -> list[str]:
+    """One line per death: ``"worker process 1234 exited with status 1"``, ``"... was killed by signal 9"``
+    or ``"... exit code unknown"`` — from the lines the workers' nannies logged (a nanny that died with its
+    worker, as in a batch job killed at its wall time, logged nothing).
+
+    Args:
+        client: the ``distributed.Client``.
+        cluster: our ``LocalCluster`` (its nannies are read in this process), or None (asked through the
+            scheduler, 10 s at most).
+        died: ``(host, pid, worker address)`` of each death.
+    """
+    if not died:
+        return []
+    codes: dict[tuple[str, int], str] = {}
+    for host, line in _nanny_logs(client, cluster):
+        m = _DEATH_RE.search(line)
+        if m is None:
+            continue
+        pid = int(m.group(1))
+        if m.group(3) is not None:
+            text = f"exited with status {m.group(3)}"
+        elif m.group(5) is not None:
+            text = f"was killed by signal {m.group(5)}"
+        else:
+            text = "was killed by an unknown signal"
+        codes[(host, pid)] = text
+    out = []
+    for _, pid, address in died:
+        if pid < 0:
+            out.append("a worker process died (exit code unknown)")
+            continue
+        host = "" if cluster is not None else _host_of(address)
+        out.append(f"worker process {pid} {codes.get((host, pid), _UNKNOWN)}")
+    return out
+
+
+def run_jobs(
+    client: Any,
+    jobs: Sequence[Job],
+    *,
+    retries: int,
+    key_prefix: str,
+    probe: Callable[[Job, int], Probe] | None = None,
+    cluster: Any = None,
+    worker_timeout: float | None = DEFAULT_WORKER_TIMEOUT,
+    on_done: Callable[[Outcome], None] | None = None,
+    poll: float = 0.1,
+) -> dict[str, Outcome]:
+    """Run every job as Dask tasks until each has an outcome (module docstring).
+
+    Args:
+        client: a ``distributed.Client``.
+        jobs: the jobs (unique names).
+        retries: attempts after the first for a job whose task raised or whose worker died (0..100).
+        key_prefix: task keys are ``{key_prefix}-{name}-{run}-{n}``.
+        probe: ``probe(job, attempt)`` reads the disk after an attempt ended without a result (see
+            :class:`Probe`); without one, every ``KilledWorker`` counts as a death of that job.
+        cluster: our LocalCluster (exit codes are read from its nannies), or None.
+        worker_timeout: seconds with no worker in the cluster before :class:`ClusterError` (None: wait).
+        on_done: called with each job's final outcome as it is decided (progress bars).
+        poll: seconds between looks at the futures while none changed.
+
+    Returns:
+        ``{name: Outcome}`` for every job.
+
+    Raises:
+        ClusterError: the cluster had no worker for ``worker_timeout`` seconds (the unfinished tasks are
+            cancelled; what finished is on disk wherever the tasks wrote it).
+    """
+    from concurrent.futures import CancelledError
+
+    from distributed import KilledWorker
+
+    run = uuid.uuid4().hex[:8]
+    outcomes = {j.name: Outcome(j.name) for j in jobs}
+    pending: dict[Any, tuple[Job, int]] = {}
+    submitted: dict[str, int] = {}
+
+    def submit(job: Job, attempt: int) -> None:
+        n = submitted[job.name] = submitted.get(job.name, 0) + 1
+        fut = client.submit(job.fn, *job.args, attempt, key=f"{key_prefix}-{job.name}-{run}-{n}", retries=0, pure=False)
+        pending[fut] = (job, attempt)
+
+    def finish(o: Outcome, status: str) -> None:
+        o.status = status
+        if status == "died":
+            o.deaths = describe_deaths(client, cluster, o.died) + o.deaths
+        if on_done is not None:
+            on_done(o)
+
+    def failed_attempt(job: Job, attempt: int, status: str) -> None:
+        o = outcomes[job.name]
+        o.attempts += 1
+        if o.attempts <= retries:
+            submit(job, attempt + 1)
+        else:
+            finish(o, status)
+
+    def lost(job: Job, attempt: int, charged_without_probe: bool) -> None:
+        """The attempt ended without a result: decide from the disk."""
+        o = outcomes[job.name]
+        p = probe(job, attempt) if probe is not None else None
+        if p is not None and p.done:
+            o.value = p.value
+            o.attempts += 1
+            finish(o, "ok")
+        elif (p is not None and p.died) or (p is None and charged_without_probe):
+            o.died += list(p.died) if p is not None else [("", -1, "")]
+            failed_attempt(job, attempt, "died")
+        else:
+            o.requeues += 1
+            if o.requeues > MAX_REQUEUES:
+                o.deaths.append(f"its task was lost {o.requeues} times before it started (workers died or left)")
+                finish(o, "died")
+            else:
+                submit(job, attempt)
+
+    for j in jobs:
+        submit(j, 1)
+    no_worker_since: float | None = None
+    next_check = time.monotonic() + _WORKER_CHECK_EVERY
+    try:
+        while pending:
+            changed = False
+            for fut in list(pending):
+                status = fut.status
+                if status not in ("finished", "error", "cancelled"):
+                    continue
+                job, attempt = pending.pop(fut)
+                changed = True
+                o = outcomes[job.name]
+                if status == "finished":
+                    try:
+                        o.value = fut.result(timeout=10)
+                    except (TimeoutError, CancelledError):  # its data went with a worker: the disk decides
+                        fut.release()
+                        lost(job, attempt, charged_without_probe=False)
+                        continue
+                    except Exception as e:  # noqa: BLE001 - a result that cannot be fetched is that attempt's error
+                        o.error = e
+                        fut.release()
+                        failed_attempt(job, attempt, "error")
+                        continue
+                    fut.release()
+                    o.attempts += 1
+                    finish(o, "ok")
+                elif status == "error":
+                    try:
+                        exc = fut.exception(timeout=10)
+                    except Exception as e:  # noqa: BLE001 - an error that cannot be fetched: the disk decides
+                        exc = e
+                    fut.release()
+                    if isinstance(exc, (KilledWorker, CancelledError, TimeoutError)):
+                        lost(job, attempt, charged_without_probe=isinstance(exc, KilledWorker))
+                    else:
+                        o.error = exc
+                        failed_attempt(job, attempt, "error")
+                else:  # cancelled by the scheduler or a reconnecting client, not by us
+                    fut.release()
+                    lost(job, attempt, charged_without_probe=False)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + _WORKER_CHECK_EVERY
+                if _n_workers(client):
+                    no_worker_since = None
+                elif no_worker_since is None:
+                    no_worker_since = now
+                elif worker_timeout is not None and now - no_worker_since > worker_timeout:
+                    left = [o.name for o in outcomes.values() if o.status == "pending"]
+                    raise ClusterError(
+                        f"The Dask cluster has had no worker for {worker_timeout:g} s with {len(left)} of {len(jobs)} "
+                        f"tasks unfinished ({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}): its workers "
+                        "died or left and none came back. What finished is kept; rerun to finish the rest (give the "
+                        "cluster workers, or a larger worker_timeout while a batch system starts them)."
+                    )
+            if not changed:
+                time.sleep(poll)
+    finally:
+        for fut in pending:
+            fut.cancel()
+    _redescribe(client, cluster, outcomes)
+    return outcomes
+
+
+def _redescribe(client: Any, cluster: Any, outcomes: dict[str, Outcome], budget: float = 10.0) -> None:
+    """Ask a remote cluster's nannies again, for at most ``budget`` seconds, for exit codes still unknown: the
+    scheduler reaches a nanny only through its worker, and a nanny whose worker died is reachable again only
+    once it has restarted that worker (a nanny that died with it, as in a batch job killed at its wall time,
+    never answers: the code stays unknown)."""
+    if cluster is not None:
+        return
+    todo = [o for o in outcomes.values() if o.status == "died" and any(_UNKNOWN in d for d in o.deaths)]
+    end = time.monotonic() + budget
+    while todo and time.monotonic() < end:
+        time.sleep(1.0)
+        for o in todo:
+            o.deaths = describe_deaths(client, cluster, o.died) + [d for d in o.deaths if d.startswith("its task")]
+        todo = [o for o in todo if any(_UNKNOWN in d for d in o.deaths)]
