@@ -12,7 +12,9 @@ fetched once when missing) and nothing else of the process timed:
 * ``idempotence_report(path, algebra=True)`` — the shared-value algebra of every kv group;
 * ``activation_returns(model)`` — activation-level returns on the default corpus (stdlib
   docstrings, ``max_tokens`` default 8,192) with its default scramble control, on the SmolLM2
-  TransformerBridge (its loading is timed separately).
+  TransformerBridge (its loading is timed separately);
+* ``rep.ablation(model=model)`` — the closed heads mean-ablated against 39 matched control sets on
+  512 tokens of the default corpus (``benchmarks/bench_ablation.py`` times it alone, with its numbers).
 
 Each is timed ``--repeats`` times (median) when one run takes under 20 CPU seconds, once otherwise, as wall
 seconds and as CPU seconds of the process (all threads). The result is printed as a markdown table
@@ -121,6 +123,17 @@ def main(argv: list[str] | None = None) -> None:
             n,
             f"{int(ret.summary['n_tokens']):,} tokens, {int(ret.summary['n_heads'])} heads",
         )
+
+    rep = model.idempotence_report(progress=False)
+    wall, cpu, n, abl = timed(lambda: rep.ablation(model=model, progress=False), args.repeats)
+    add(
+        "ablation of the closed heads, defaults",
+        "rep.ablation(model=model)",
+        wall,
+        cpu,
+        n,
+        f"{int(abl.summary['n_tokens']):,} tokens, {1 + int(abl.summary['n_controls'])} head sets",
+    )
 
     cmd = " ".join(["python benchmarks/bench_costs.py", *(argv if argv is not None else sys.argv[1:])])
     a = tli.models.model_spec(name)["architecture"]

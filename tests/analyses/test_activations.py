@@ -127,11 +127,29 @@ def test_bridge_and_hooked_agree_and_random_control(tmp_path):
         np.testing.assert_allclose(rb.heads[col], rh.heads[col], rtol=1e-4, atol=1e-6)
     rr = activation_returns(b, toks, heads=[(1, 2), (0, 4)], control="random", progress=False)
     assert list(zip(rr.heads["layer"], rr.heads["head"])) == [(0, 4), (1, 2)]
+    assert list(rr.heads.index) == ["L0H4", "L1H2"] and rr.heads.index.name == "label"
     assert rr.options["control"] == "random" and rr.heads["ctrl_cos2_median"].between(0, 1).all()
     # Seeded: same numbers twice.
     rr2 = activation_returns(b, toks, heads=[(1, 2), (0, 4)], control="random", progress=False)
     np.testing.assert_array_equal(rr.heads["ctrl_cos2_median"], rr2.heads["ctrl_cos2_median"])
     assert rr.options["nulls"] is None  # the draw count applies to the scramble control only
+
+
+@pytest.mark.bridge
+def test_heads_are_indexed_like_the_report(tmp_path):
+    """One index convention for per-head tables: TransformerLens labels "L1H2", as in rep.heads (issue 23)."""
+    import tl_idempotence as tli
+
+    model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama"))
+    rep = tli.idempotence_report(model, progress=False)
+    res = activation_returns(model, _tokens(n=2, pos=10), heads=[(1, 2), (0, 4), (1, 0)], nulls=2, progress=False)
+    assert list(res.heads.index) == ["L0H4", "L1H0", "L1H2"]
+    assert res.heads.index.name == rep.heads.index.name == "label" and res.heads.index.dtype == rep.heads.index.dtype
+    joined = rep.heads[["alpha", "P"]].join(res.heads[["a_median", "P"]], how="inner", rsuffix="_act")
+    assert list(joined.index) == ["L0H4", "L1H0", "L1H2"]
+    np.testing.assert_array_equal(joined["P"], joined["P_act"])  # the same head on both sides of the join
+    every = activation_returns(model, _tokens(n=2, pos=10), nulls=2, progress=False)
+    assert list(every.heads.index) == list(rep.heads.index)
 
 
 @pytest.mark.bridge

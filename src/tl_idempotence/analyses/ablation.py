@@ -6,12 +6,12 @@ measures the next-token loss
 
 * clean;
 * with the given heads ablated together (the *flagged set*);
-* with each given head ablated alone;
-* with ``n_controls`` random head sets *matched* to the flagged set (below),
+* with ``n_controls`` random head sets *matched* to the flagged set (below);
+* with ``singles=True``, with each given head ablated alone;
 
-and returns the loss change ``Δ = loss_ablated − loss_clean`` (nats) of each, the control
-distribution and an empirical p-value. It is not a per-layer weight analysis: nothing is
-registered in the report loop.
+and returns the loss change ``Δ = loss_ablated − loss_clean`` (nats per target token) of each,
+the control distribution, an exact p-value over head sets, and an effect size with a 95 %
+bootstrap interval. It is not a per-layer weight analysis: nothing is registered in the report loop.
 
 **Ablation** is done at ``blocks.{l}.attn.hook_z`` ``[batch, pos, n_heads, d_head]`` — the
 head's value-weighted mix before ``W_O`` (on a ``HookedTransformer`` the hook itself; on a
@@ -29,8 +29,36 @@ attention output (0 for bias-free models such as Llama: the attention output is 
 
 **Loss**: mean cross-entropy (nats) of the token at position ``p + 1`` given positions
 ``0..p``, over the target positions whose token is not a special token (BOS/EOS/PAD/...),
-accumulated in float64 over every window (:func:`~tl_idempotence.analyses.tokens.prepare_tokens`:
-the default corpus of standard-library docstrings when ``texts`` is None).
+accumulated in float64 per window (:func:`~tl_idempotence.analyses.tokens.prepare_tokens`:
+the default corpus of standard-library docstrings when ``texts`` is None). A set's loss is
+the sum over windows divided by the number of counted targets; ``window_losses`` keeps each
+window's mean so every number can be recomputed.
+
+**Batched head sets** (what makes many controls cheap): after the clean pass, each window is
+run once per *chunk* of up to ``batch_size`` head sets. The window enters the model with
+batch 1; at ``blocks.{k}.hook_resid_pre`` — ``k`` the first layer any set ablates (for matched
+controls, the flagged set's first layer) — its residual stream is repeated once per set, and
+each set's ``hook_z`` replacement is applied to its own copy. Layers before ``k`` are therefore
+computed once per chunk instead of once per set, and the sets share each matrix product. The
+numbers are those of one forward pass per set to float rounding (a test compares both on tiny
+models). Every window's first chunk also holds an empty set (nothing ablated), whose loss is
+compared with the clean pass's (the largest
+difference, nats per token, is ``check_max_abs_diff`` in the summary). When a model refuses the
+repeated residual, or a window's empty set differs by more than :data:`CHECK_TOLERANCE` (1e-3
+nats per token; 5e-2 for float16/bfloat16 models), that window and every later one are run with
+the window repeated at the input instead (no shared prefix; ``summary["batching"]`` says which).
+A difference above the tolerance that remains is reported in the summary's ``note``.
+
+**Threads** (CPU): the first window's first two chunks run on one thread and on torch's thread
+count; the faster (seconds per head set; torch's count on a tie) runs the rest, and torch's count
+is restored at the end
+(``summary["threads"]``, ``summary["threads_seconds_per_set"]``). On a machine whose cores other
+processes keep busy, torch's intra-op threads mostly wait for each other: on this project's 2-core
+machine a SmolLM2 forward pass took 2.5-3.3x longer on 2 threads than on 1 (``benchmarks/RESULTS.md``).
+Nothing is changed when the user chose the count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, or
+``torch.set_num_threads`` after this module was imported), on a GPU, or when there are fewer than
+two full chunks (a small run).
+Thread counts change float32 rounding only.
 
 **Matched controls**: for control ``c`` and each layer ``l`` holding ``k_l`` flagged heads,
 ``k_l`` distinct heads are drawn uniformly from the layer's *non-flagged* heads when it has
@@ -38,16 +66,36 @@ at least ``k_l`` of them, otherwise from all of the layer's heads (the control m
 contain flagged heads; ``n_flagged_in_set`` counts them and the summary says so). So a control
 set has the flagged set's size and per-layer composition. Draws come from
 ``layer_generator(seed, l, "ablation")`` (one stream per layer, ``c``-th draw for control
-``c``): deterministic for ``seed``, and a layer's draws do not depend on the other layers.
+``c``): deterministic for ``seed``, a layer's draws do not depend on the other layers, and the
+first ``n`` controls of a larger ``n_controls`` are the ``n`` controls of a smaller one.
 
-**p-value**: ``(1 + #{controls with Δ ≥ Δ_flagged}) / (n_controls + 1)`` — small when the
-flagged set hurts the loss more than random matched sets do (NaN with a note when
-``n_controls = 0``).
+**p-value** (what it means): ``(1 + #{controls with Δ ≥ Δ_flagged}) / (n_controls + 1)``, the
+exact rank test of the flagged set among the matched sets. Under the null hypothesis that the
+flagged heads are, for the loss, like a random matched set, the flagged set and the controls
+are exchangeable draws, so ``P(p ≤ x) ≤ x``. It is conditional on the text: every set is
+evaluated on the same windows, so no assumption about how tokens or windows depend on each
+other enters it. Its smallest possible value is ``1/(n_controls + 1)`` (``p_value_floor``):
+with the default 39 controls 0.025, so a flagged set that beats all controls, or all but one,
+gets ``p ≤ 0.05``. NaN with a note when ``n_controls = 0``.
+
+**Effect size and 95 % intervals**: ``excess_over_controls = Δ_flagged − median(Δ_controls)``
+(nats per token). ``delta_loss_ci_*`` and ``excess_ci_*`` are percentile intervals of
+:data:`BOOTSTRAP_DRAWS` seeded bootstrap draws (``layer_generator(seed, None, "ablation", 1)``)
+that resample **text windows** in moving blocks of ``ℓ = max(1, round(n_windows^(1/3)))``
+consecutive windows (tokens are never resampled one by one: those of a window share their
+context, and neighbouring windows come from the same documents), recomputing each set's loss
+on the resampled windows; ``excess_ci_*`` also resamples the control **sets** (with
+replacement), so it covers both which text was read and which controls were drawn. They
+describe uncertainty; the test is the p-value above. With a single window the intervals are
+NaN with a note.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -63,14 +111,43 @@ from ..core.random import layer_generator
 from ..core.results import Result
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
-from .tokens import prepare_tokens, select_heads
+from .tokens import head_label, head_labels, prepare_tokens, select_heads
 
-__all__ = ["ABLATION_KINDS", "MAX_CONTROLS", "Ablation", "ablation", "matched_controls", "next_token_loss"]
+__all__ = [
+    "ABLATION_KINDS",
+    "BOOTSTRAP_DRAWS",
+    "DEFAULT_N_CONTROLS",
+    "MAX_CONTROLS",
+    "Ablation",
+    "ablation",
+    "matched_controls",
+    "next_token_loss",
+    "next_token_losses",
+]
 
 #: Ablation kinds: replace a head's ``hook_z`` by its clean mean, or by zeros.
 ABLATION_KINDS = ("mean", "zero")
-#: The most control sets accepted (each is one forward pass over the whole text).
+#: The most control sets accepted.
 MAX_CONTROLS = 1000
+#: Default number of matched control sets: the p-value's floor is 1/40 = 0.025, so a flagged set that beats
+#: all of them, or all but one, gets p <= 0.05.
+DEFAULT_N_CONTROLS = 39
+#: Bootstrap draws of the 95 % intervals.
+BOOTSTRAP_DRAWS = 2000
+#: Largest accepted |loss(empty set in a batched pass) − loss(clean pass)| per window, nats per token, for
+#: float32/float64 models (half precision: :data:`_HALF_CHECK_TOLERANCE`).
+CHECK_TOLERANCE = 1e-3
+_HALF_CHECK_TOLERANCE = 5e-2
+#: torch's thread count when this module was imported: a different count later means the user chose one.
+_IMPORT_THREADS = torch.get_num_threads()
+
+
+def _user_chose_threads() -> bool:
+    """Whether the user fixed torch's thread count (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, or
+    ``torch.set_num_threads`` since this module was imported): the ablation then never changes it."""
+    return any(os.environ.get(k, "").strip() for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")) or (
+        torch.get_num_threads() != _IMPORT_THREADS
+    )
 
 
 @dataclass(repr=False)
@@ -78,20 +155,25 @@ class Ablation(Result):
     """Result of :func:`ablation`.
 
     Attributes:
-        heads: one row per flagged head, indexed by ``"L10H8"`` labels (joinable to
-            ``rep.heads`` by index or on ``layer, head``): ``layer, head, kv_head``,
-            ``loss_ablated`` (nats, this head alone ablated), ``delta_loss`` (``loss_ablated −
-            loss_clean``).
+        heads: one row per flagged head, indexed by ``"L10H8"`` labels like ``rep.heads`` (joinable by
+            index or on ``layer, head``): ``layer, head, kv_head``, ``loss_ablated`` (nats, this head
+            alone ablated), ``delta_loss`` (``loss_ablated − loss_clean``), ``reason`` (why they are NaN:
+            ``singles=False``; empty when measured).
         controls: one row per matched control set: ``control`` (0..n-1), ``heads`` (labels,
             space-separated), ``n_flagged_in_set``, ``loss_ablated``, ``delta_loss``.
-        summary: ``model_name, kind, n_heads`` (flagged), ``layers``, ``n_windows, n_tokens``
-            (counted target positions), ``loss_clean, loss_ablated, delta_loss`` (the flagged
-            set), ``sum_delta_single`` (the heads alone, summed), ``n_controls``,
-            ``control_delta_mean, control_delta_median, control_delta_q05, control_delta_q95,
-            control_delta_max``, ``n_controls_at_least`` (controls with Δ ≥ the flagged Δ),
-            ``p_value``, ``control_rule`` and, where it applies, ``note``.
+        window_losses: one row per text window: ``n_tokens`` (counted targets), then the mean loss
+            (nats) of ``clean``, ``flagged``, ``control 0..n-1`` and, with ``singles``, each head's
+            label on that window; a set's loss is ``Σ n_tokens · loss / Σ n_tokens``.
+        summary: leads with ``delta_loss`` (the flagged set's Δ, nats per token), ``control_delta_median``,
+            ``p_value``; then ``p_value_floor``, ``n_controls``, ``n_controls_at_least`` (controls with
+            Δ ≥ the flagged Δ), ``excess_over_controls`` and the intervals ``delta_loss_ci_low/high``,
+            ``excess_ci_low/high``; ``loss_clean, loss_ablated``; ``control_delta_mean, _q05, _q95,
+            _max``; ``model_name, kind, n_heads`` (flagged), ``layers``, ``n_windows, n_tokens``
+            (counted targets), ``sum_delta_single`` (with ``singles``), ``control_rule``, ``ci_method``,
+            ``batching``, ``threads``, ``threads_seconds_per_set``, ``check_max_abs_diff``, ``seconds`` and,
+            where it applies, ``note``.
         info: the measured model's :class:`~tl_idempotence.core.heads.ModelInfo`.
-        options: the arguments (kind, n_controls, seed, seq_len, max_tokens, batch_size, corpus).
+        options: the arguments (kind, n_controls, seed, seq_len, max_tokens, batch_size, singles, corpus).
     """
 
     heads: pd.DataFrame
@@ -99,15 +181,17 @@ class Ablation(Result):
     summary: dict[str, Any]
     info: ModelInfo
     options: dict[str, Any] = field(default_factory=dict)
+    window_losses: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     repr_keys: ClassVar[tuple[str, ...]] = (
-        "kind",
-        "n_heads",
-        "n_tokens",
-        "loss_clean",
         "delta_loss",
         "control_delta_median",
         "p_value",
+        "n_controls",
+        "n_heads",
+        "kind",
+        "n_tokens",
+        "loss_clean",
     )
 
 
@@ -121,6 +205,35 @@ def _is_causal(model: Any) -> bool:
         if callable(can):
             return bool(can())
     return getattr(getattr(model, "cfg", None), "attention_dir", "causal") == "causal"
+
+
+def next_token_losses(
+    logits: Float[Tensor, "batch pos vocab"], tokens: Int[Tensor, "#batch pos"], counted: Bool[Tensor, "#batch pos"]
+) -> tuple[Float[Tensor, " batch"], Int[Tensor, " batch"]]:  # type: ignore[name-defined]
+    """Per sequence: the sum of next-token cross-entropies (nats, float64) over counted targets, and their number.
+
+    Position ``p``'s logits predict ``tokens[:, p + 1]``; a target counts when ``counted[:, p + 1]``
+    (the ablation loss of the module docstring; not a SPEC quantity). Cross-entropies are computed
+    in float32 and summed in float64.
+
+    Args:
+        logits: ``[batch, pos, d_vocab]`` (any float dtype).
+        tokens: ``[batch, pos]`` int64 ids; counted: ``[batch, pos]`` bool (either may have batch 1: the same
+            window under every head set).
+
+    Returns:
+        ``(sums [batch] float64 nats, counts [batch] int64)`` on the logits' device.
+
+    Raises:
+        Nothing of its own (internal; the caller checked the shapes).
+    """
+    b, pos, vocab = logits.shape
+    tgt = tokens[:, 1:].expand(b, pos - 1)
+    ce = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, vocab).float(), tgt.reshape(-1), reduction="none"
+    ).view(b, pos - 1)
+    mask = counted[:, 1:].expand(b, pos - 1)
+    return torch.where(mask, ce, torch.zeros_like(ce)).double().sum(1), mask.sum(1)
 
 
 def next_token_loss(
@@ -179,12 +292,278 @@ def matched_controls(
     return sets, fallback
 
 
-def _label(layer: int, head: int) -> str:
-    return f"L{int(layer)}H{int(head)}"
-
-
 def _set_labels(s: dict[int, list[int]]) -> str:
-    return " ".join(_label(layer, h) for layer, hs in sorted(s.items()) for h in hs)
+    return " ".join(head_label(layer, h) for layer, hs in sorted(s.items()) for h in hs)
+
+
+# --------------------------------------------------------------------------- batched evaluation
+
+
+def _layer_cost(cfg: Any) -> tuple[float, float]:
+    """Multiply-adds per token of one block, and of the unembedding + loss, from the config (estimates only)."""
+    d = int(getattr(cfg, "d_model", 1) or 1)
+    nh, dh = int(getattr(cfg, "n_heads", 1) or 1), int(getattr(cfg, "d_head", 1) or 1)
+    nkv = int(getattr(cfg, "n_key_value_heads", None) or nh)
+    d_mlp = int(getattr(cfg, "d_mlp", None) or 4 * d)
+    gated = bool(getattr(cfg, "gated_mlp", False)) or str(getattr(cfg, "act_fn", "")) in ("silu", "swiglu")
+    block = d * (2 * nh * dh + 2 * nkv * dh) + (3 if gated else 2) * d * d_mlp
+    unembed = 1.3 * d * int(getattr(cfg, "d_vocab", 1) or 1)  # the cross-entropy reads the logits again
+    return float(block), float(unembed)
+
+
+class _Plan:
+    """The ablated passes: chunks of head sets, each run on one window per forward, all from block ``start``.
+
+    Every chunk starts at the first layer any set ablates, so every forward pass repeats the residual stream at
+    the same hook: the empty set (index 0, in the first chunk) checks that one place for every chunk.
+    """
+
+    def __init__(self, sets: list[dict[int, list[int]]], per_forward: int, n_layers: int, cfg: Any) -> None:
+        order = list(range(len(sets)))
+        self.chunks = [order[i : i + per_forward] for i in range(0, len(order), per_forward)]
+        self.start = min((min(s) for s in sets if s), default=0)
+        self.block, self.unembed = _layer_cost(cfg)
+        self.n_layers = n_layers
+
+    def forward_cost(self, n_seq: int, start: int) -> float:
+        """Multiply-adds per token position of one forward of ``n_seq`` sets repeated at block ``start``."""
+        return start * self.block + n_seq * ((self.n_layers - start) * self.block + self.unembed)
+
+    def cost(self) -> float:
+        return sum(self.forward_cost(len(ch), self.start) for ch in self.chunks)
+
+
+def _z_hook(mask: Bool[Tensor, "sets n_heads"], value: Tensor | None) -> Any:
+    """hook_z replacement for a batch of sets: copy ``i`` of the batch gets ``mask[i]``'s heads replaced."""
+
+    def hook(z: Tensor, hook: Any = None) -> Tensor:
+        m = mask.to(z.device)[:, None, :, None]
+        v = z.new_zeros(()) if value is None else value.to(device=z.device, dtype=z.dtype)
+        return torch.where(m, v, z)
+
+    return hook
+
+
+def _repeat_hook(n: int) -> Any:
+    def hook(x: Tensor, hook: Any = None) -> Tensor:
+        return x.repeat(n, *([1] * (x.ndim - 1)))
+
+    return hook
+
+
+def _set_losses(
+    model: Any,
+    toks: Int[Tensor, "n_windows pos"],
+    counted: Bool[Tensor, "n_windows pos"],
+    sets: list[dict[int, list[int]]],
+    *,
+    kind: str = "mean",
+    batch_size: int = 8,
+    progress: bool = False,
+    desc: str = "ablation",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """Per window: the clean loss and the loss with each head set ablated at ``hook_z`` (batched; module docstring).
+
+    Args:
+        model: a causal TransformerLens model (checked by :func:`ablation`).
+        toks: ``[n_windows, pos]`` int64 token ids; counted: ``[n_windows, pos]`` bool, the targets that count.
+        sets: head sets ``{layer: heads}`` to ablate (an empty dict: nothing ablated).
+        kind: ``"mean"`` or ``"zero"`` (the mean is taken over the counted positions of the clean pass,
+            for every head of every layer some set ablates).
+        batch_size: sequences per forward pass: windows in the clean pass, head sets of one window after it.
+        progress: a tqdm bar over forward passes, with a time estimate after the first clean forward.
+        desc: the bar's label.
+
+    Returns:
+        ``(clean [n_windows], losses [n_sets, n_windows], n_tokens [n_windows], info)``: summed
+        cross-entropies (float64 nats) per window and the counted targets per window; ``info`` has
+        ``batching`` (``"shared prefix"`` or ``"repeated input"``, the mode at the end), ``fallback_window`` (the
+        window from which the input was repeated, or None), ``check_max_abs_diff`` (nats per
+        token, the empty set against the clean pass; NaN when no window has a counted target),
+        ``threads`` (the count the ablated passes ran on after window 0), ``threads_seconds_per_set`` (the two
+        counts tried, when tried) and ``seconds``.
+
+    Raises:
+        Whatever the model raises on a forward pass (internal: :func:`ablation` checks the arguments).
+    """
+    from ..core.progress import progress_bar
+
+    t0 = time.perf_counter()
+    n_w = int(toks.shape[0])
+    n_layers = int(model.cfg.n_layers)
+    n_heads = int(model.cfg.n_heads)
+    d_head = int(model.cfg.d_head)
+    device = getattr(model.cfg, "device", None) or "cpu"
+    layers = sorted({layer for s in sets for layer in s})
+    all_sets: list[dict[int, list[int]]] = [{}, *sets]  # 0: the check (nothing ablated)
+    per_forward = max(1, min(batch_size, len(all_sets)))
+    plan = _Plan(all_sets, per_forward, n_layers, model.cfg)
+    masks = {}
+    for ch in plan.chunks:
+        for layer in layers:
+            m = torch.zeros(len(ch), n_heads, dtype=torch.bool)
+            for j, i in enumerate(ch):
+                m[j, all_sets[i].get(layer, [])] = True
+            masks[(tuple(ch), layer)] = m
+    n_clean = (n_w + batch_size - 1) // batch_size
+    desc = f"{desc}: {len(sets)} head sets x {n_w} windows"
+    bar = progress_bar(
+        total=n_clean + n_w * len(plan.chunks),
+        desc=f"{desc}, clean pass (time estimate next)",
+        unit="forward",
+        enabled=progress,
+    )
+    pos = int(toks.shape[1])
+    clean_cost = pos * n_w * plan.forward_cost(1, 0)
+    ablated_cost = pos * n_w * plan.cost()
+
+    sums = {layer: torch.zeros(n_heads, d_head, dtype=torch.float64) for layer in layers}
+    cur: dict[str, Tensor] = {}
+
+    def mean_hook(layer: int) -> tuple[str, Any]:
+        def hook(z: Tensor, hook: Any = None) -> None:
+            m = cur["counted"].to(z.device)
+            sums[layer] += z.detach()[m].double().sum(0).cpu()
+
+        return f"blocks.{layer}.attn.hook_z", hook
+
+    clean = np.zeros(n_w)
+    n_tok = np.zeros(n_w, dtype=np.int64)
+    losses = np.full((len(all_sets), n_w), np.nan)
+    mode, fallback_window = "shared prefix", None
+    n_threads = torch.get_num_threads()
+    on_cpu = torch.device(device).type == "cpu"
+    # two full chunks of window 0 time the two counts: one thread first (a first-pass overhead counts against
+    # it, so a close call keeps torch's count), then torch's count
+    full = len(plan.chunks) >= 2 and all(len(ch) == per_forward for ch in plan.chunks[:2])
+    tune = on_cpu and n_threads > 1 and full and not _user_chose_threads()
+    per_set_s: dict[int, float] = {}  # seconds per head set and window, by thread count (window 0's chunks)
+    try:
+        t_clean = time.perf_counter()
+        clean_hooks = [mean_hook(layer) for layer in layers] if kind == "mean" else []
+        for start in range(0, n_w, batch_size):
+            batch = toks[start : start + batch_size].to(device)
+            cur["counted"] = counted[start : start + batch_size]
+            logits = model.run_with_hooks(batch, fwd_hooks=clean_hooks, return_type="logits").detach()
+            s, k = next_token_losses(logits, batch, cur["counted"].to(logits.device))
+            clean[start : start + len(batch)] = s.cpu().numpy()
+            n_tok[start : start + len(batch)] = k.cpu().numpy()
+            del logits
+            bar.update(1)
+            if start == 0:
+                done = time.perf_counter() - t_clean
+                frac = min(batch_size, n_w) / n_w
+                est = done / max(frac * clean_cost, 1.0) * (clean_cost + ablated_cost)
+                bar.set_description(f"{desc}, ~{est:.0f} s in all (estimated from the first forward)")
+        n_mean = float(counted.sum())
+        value = {layer: (sums[layer] / n_mean if kind == "mean" and n_mean else None) for layer in layers}
+        half = getattr(model.cfg, "dtype", None) in (torch.float16, torch.bfloat16)
+        tol = _HALF_CHECK_TOLERANCE if half else CHECK_TOLERANCE
+
+        timing: dict[str, float] = {}
+
+        def forward(w: int, ch: list[int], k: int, shared: bool) -> np.ndarray:
+            n = len(ch)
+            hooks = [
+                (f"blocks.{layer}.attn.hook_z", _z_hook(masks[(tuple(ch), layer)], value[layer]))
+                for layer in layers
+                if bool(masks[(tuple(ch), layer)].any())  # a layer this chunk leaves alone gets no hook
+            ]
+            x = toks[w : w + 1].to(device)
+            if shared:
+                hooks.insert(0, (f"blocks.{k}.hook_resid_pre", _repeat_hook(n)))
+            else:
+                x = x.repeat(n, 1)
+            t = time.perf_counter()
+            logits = model.run_with_hooks(x, fwd_hooks=hooks, return_type="logits").detach()
+            timing["last"] = (time.perf_counter() - t) / n
+            if logits.shape[0] != n:
+                raise RuntimeError(f"the model returned {logits.shape[0]} sequences for {n} head sets")
+            s, _ = next_token_losses(logits, x[:1], counted[w : w + 1].to(logits.device))
+            return s.cpu().numpy()
+
+        t_ablated = time.perf_counter()
+        for w in range(n_w):
+            k = plan.start
+            for ci, ch in enumerate(plan.chunks):
+                if tune and w == 0 and ci < 2:  # window 0: chunk 0 on one thread, chunk 1 on torch's count
+                    torch.set_num_threads(1 if ci == 0 else n_threads)
+                if ci == 0 and mode == "shared prefix":  # the chunk with the empty set: checked
+                    try:
+                        got = forward(w, ch, k, True)
+                        ok = n_tok[w] == 0 or abs(got[ch.index(0)] - clean[w]) / n_tok[w] <= tol
+                    except Exception:  # noqa: BLE001 - any refusal: repeat the input instead (re-raises if that fails)
+                        ok = False
+                    if not ok:
+                        mode, fallback_window = "repeated input", w
+                        got = forward(w, ch, k, False)
+                else:
+                    got = forward(w, ch, k, mode == "shared prefix")
+                losses[ch, w] = got
+                bar.update(1)
+                if tune and w == 0 and ci < 2:
+                    per_set_s[torch.get_num_threads()] = timing["last"]
+                    if ci == 1:  # keep the faster for every later forward pass (torch's count on a tie)
+                        torch.set_num_threads(1 if per_set_s[1] < per_set_s[n_threads] else n_threads)
+            if w == 0:
+                done = time.perf_counter() - t_ablated
+                left = done * (n_w - 1) + (time.perf_counter() - t0)
+                bar.set_description(f"{desc}, ~{left:.0f} s in all (estimated from the first window)")
+        used = torch.get_num_threads()
+    finally:
+        bar.close()
+        torch.set_num_threads(n_threads)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = np.abs(losses[0] - clean) / n_tok
+    diff = diff[n_tok > 0]
+    info = {
+        "batching": mode,
+        "fallback_window": fallback_window,
+        "check_max_abs_diff": float(diff.max()) if diff.size else float("nan"),
+        "check_tolerance": tol,
+        "threads": used,
+        "threads_seconds_per_set": {str(n): round(v, 4) for n, v in sorted(per_set_s.items())},
+        "seconds": time.perf_counter() - t0,
+    }
+    return clean, losses[1:], n_tok, info
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _bootstrap(
+    clean: np.ndarray, flagged: np.ndarray, controls: np.ndarray, n_tok: np.ndarray, seed: int
+) -> tuple[dict[str, float], int]:
+    """Percentile 95 % intervals of the flagged Δ and of the excess over the control median (module docstring).
+
+    Args:
+        clean, flagged: ``[n_windows]`` summed losses; controls: ``[n_controls, n_windows]``; n_tok: ``[n_windows]``.
+
+    Returns:
+        ``({delta_loss_ci_low, delta_loss_ci_high, excess_ci_low, excess_ci_high}, block length)``.
+    """
+    n_w = len(clean)
+    ell = max(1, round(n_w ** (1 / 3)))
+    gen = layer_generator(seed, None, "ablation", 1)
+    n_blocks = math.ceil(n_w / ell)
+    starts = torch.randint(0, n_w - ell + 1, (BOOTSTRAP_DRAWS, n_blocks), generator=gen).numpy()
+    idx = (starts[:, :, None] + np.arange(ell)[None, None, :]).reshape(BOOTSTRAP_DRAWS, -1)[:, :n_w]
+    C = np.zeros((BOOTSTRAP_DRAWS, n_w))
+    np.add.at(C, (np.repeat(np.arange(BOOTSTRAP_DRAWS), n_w), idx.reshape(-1)), 1.0)
+    n = C @ n_tok.astype(float)
+    d_flag = C @ (flagged - clean) / n
+    out = {
+        "delta_loss_ci_low": float(np.quantile(d_flag, 0.025)),
+        "delta_loss_ci_high": float(np.quantile(d_flag, 0.975)),
+    }
+    if len(controls):
+        d_ctrl = (C @ (controls - clean[None, :]).T) / n[:, None]  # [draws, n_controls]
+        pick = torch.randint(0, len(controls), (BOOTSTRAP_DRAWS, len(controls)), generator=gen).numpy()
+        excess = d_flag - np.median(np.take_along_axis(d_ctrl, pick, 1), axis=1)
+        out |= {"excess_ci_low": float(np.quantile(excess, 0.025)), "excess_ci_high": float(np.quantile(excess, 0.975))}
+    else:
+        out |= {"excess_ci_low": float("nan"), "excess_ci_high": float("nan")}
+    return out, ell
 
 
 @strict_kwargs
@@ -193,20 +572,26 @@ def ablation(
     heads: Any,
     texts: Any = None,
     *,
-    kind: str = "mean",
-    n_controls: int = 16,
-    seed: int = 0,
-    seq_len: int = 128,
-    max_tokens: int | None = 4096,
-    batch_size: int = 8,
-    text_column: str = "text",
-    progress: bool = True,
+    kind: Any = "mean",
+    n_controls: Any = DEFAULT_N_CONTROLS,
+    seed: Any = 0,
+    seq_len: Any = 128,
+    max_tokens: Any = 512,
+    batch_size: Any = 8,
+    singles: Any = False,
+    text_column: Any = "text",
+    progress: Any = True,
 ) -> Ablation:
     """Next-token loss change when the given heads are ablated, against matched random head sets.
 
-    Runs ``2 + len(heads) + n_controls`` passes over the text (clean, the flagged set, each
-    head alone, each control) with TransformerLens hooks on ``blocks.{l}.attn.hook_z``; no
-    weight is changed. Definitions (ablation, loss, matched controls, p-value): module docstring.
+    Runs a clean pass over the text, then every head set (the flagged set, ``n_controls`` matched
+    controls and, with ``singles``, each head alone) batched ``batch_size`` at a time on each window,
+    sharing the layers before the first ablated one, with TransformerLens hooks on
+    ``blocks.{l}.attn.hook_z``; no weight is changed. Definitions (ablation, loss, batching,
+    matched controls, p-value, intervals): module docstring. Cost: roughly ``(2 + n_controls)``
+    forward passes over ``max_tokens`` tokens, less the shared prefix; on SmolLM2-135M with its 13
+    closed heads (first ablated layer 5) and the defaults about 40 s on one idle core (README,
+    "What each analysis costs"); the progress bar shows an estimate after the first forward pass.
 
     Args:
         model: a causal ``HookedTransformer`` or ``TransformerBridge`` (with a tokenizer for text).
@@ -215,26 +600,32 @@ def ablation(
         texts: ``None`` (the default corpus: standard-library docstrings), a string, a list of
             strings / ``pathlib.Path`` files, a ``datasets.Dataset`` or token ids ``[batch, pos]``.
         kind: ``"mean"`` (replace ``z_h`` by its clean mean over the counted positions) or ``"zero"``.
-        n_controls: matched random sets (0..1000; 0 gives no p-value).
-        seed: seed of the control draws.
+        n_controls: matched random sets (0..1000; 0 gives no p-value). The p-value cannot go below
+            ``1/(n_controls + 1)``.
+        seed: seed of the control draws and of the bootstrap.
         seq_len: window length in tokens (with the special tokens), >= 2.
         max_tokens: counted tokens to use (rounded up to whole windows); None: all of ``texts``.
-        batch_size: windows per forward pass (does not change any number).
+        batch_size: sequences per forward pass (1..4096): windows in the clean pass, head sets of one
+            window afterwards. Memory ~ ``batch_size × seq_len × d_vocab`` floats; numbers agree across
+            values to float rounding; 1 runs one forward pass per set.
+        singles: also ablate each head alone (one more set per head) for ``heads.delta_loss``.
         text_column: text column of a ``datasets.Dataset``.
-        progress: tqdm bar over the passes.
+        progress: tqdm bar over forward passes, with a time estimate.
+
+    Options are annotated ``Any``: each is validated here, where it enters.
 
     Returns:
-        :class:`Ablation` (``.heads`` per flagged head, ``.controls``, ``.summary`` with the p-value).
+        :class:`Ablation` (``.summary`` leads with the flagged Δ, the control median and the p-value;
+        ``.controls``, ``.heads``, ``.window_losses``).
 
     Raises:
         UnsupportedModelError: not a TransformerLens model, or not a causal LM (an encoder has no
             next-token loss).
         OptionError: ``heads`` empty or naming a layer/head the model lacks, an unknown ``kind``,
-            ``n_controls`` outside 0..1000, empty texts, no counted target token, bad counts.
-        OptionTypeError: an argument of the wrong type.
+            ``n_controls`` outside 0..1000, ``batch_size`` outside 1..4096, empty texts, no counted
+            target token, bad counts.
+        OptionTypeError: an argument of the wrong type (``singles="yes"``, ``n_controls=2.0``, ...).
     """
-    from ..core.progress import progress_bar
-
     if not is_tl_model(model):
         raise UnsupportedModelError(
             f"ablation needs a TransformerLens model (HookedTransformer or TransformerBridge) to run with hooks; got "
@@ -255,7 +646,8 @@ def ablation(
     n_controls = check_int(n_controls, "n_controls", 0, MAX_CONTROLS)
     seed = check_seed(seed)
     seq_len = check_int(seq_len, "seq_len", 2, 1 << 20)
-    batch_size = check_int(batch_size, "batch_size", 1, 1 << 20)
+    batch_size = check_int(batch_size, "batch_size", 1, 4096)
+    singles = check_bool(singles, "singles")
     progress = check_bool(progress, "progress")
     if heads is None:
         raise OptionError("heads is None: give the (layer, head) pairs to ablate, e.g. rep.closed_heads.")
@@ -275,131 +667,138 @@ def ablation(
         )
     controls, fallback = matched_controls(flagged, n_heads, n_controls, seed)
     layers = sorted(flagged)
-    device = getattr(model.cfg, "device", None) or "cpu"
-    d_head = int(model.cfg.d_head)
+    pairs = [(layer, h) for layer, hs in flagged.items() for h in hs]
+    single_sets = [{layer: [h]} for layer, h in pairs] if singles else []
+    sets = [flagged, *controls, *single_sets]
 
-    def hook_for(layer: int, hs: list[int], value: Tensor | None) -> tuple[str, Any]:
-        idx = torch.tensor(hs, dtype=torch.long)
-
-        def hook(z: Tensor, hook: Any = None) -> Tensor:
-            out = z.clone()
-            if value is None:
-                out[..., idx.to(z.device), :] = 0.0
-            else:
-                out[..., idx.to(z.device), :] = value[idx].to(device=z.device, dtype=z.dtype)
-            return out
-
-        return f"blocks.{layer}.attn.hook_z", hook
-
-    sums = {layer: torch.zeros(n_heads, d_head, dtype=torch.float64) for layer in layers}
-    cur: dict[str, Tensor] = {}
-
-    def mean_hook(layer: int) -> tuple[str, Any]:
-        def hook(z: Tensor, hook: Any = None) -> None:
-            m = cur["counted"].to(z.device)
-            sums[layer] += z.detach()[m].double().sum(0).cpu()
-
-        return f"blocks.{layer}.attn.hook_z", hook
-
-    def run(fwd_hooks: list[tuple[str, Any]]) -> float:
-        total, n = 0.0, 0
-        for start in range(0, len(toks), batch_size):
-            batch = toks[start : start + batch_size]
-            cur["counted"] = counted[start : start + batch_size]
-            logits = model.run_with_hooks(batch.to(device), fwd_hooks=fwd_hooks, return_type="logits").detach()
-            s, k = next_token_loss(logits, batch.to(logits.device), cur["counted"].to(logits.device))
-            total += s
-            n += k
-        return total / n
-
-    conditions: list[tuple[str, dict[int, list[int]]]] = [("flagged", flagged)]
-    conditions += [(_label(layer, h), {layer: [h]}) for layer, hs in flagged.items() for h in hs]
-    conditions += [(f"control {c}", s) for c, s in enumerate(controls)]
-    losses: dict[str, float] = {}
     was_training = bool(getattr(model, "training", False))
     model.eval()
-    bar = progress_bar(total=1 + len(conditions), desc=f"ablation ({kind})", unit="pass", enabled=bool(progress))
     try:
         with torch.no_grad():
-            clean_hooks = [mean_hook(layer) for layer in layers] if kind == "mean" else []
-            loss_clean = run(clean_hooks)
-            bar.update(1)
-            n_mean = counted.sum().double()  # the positions the mean hooks summed over
-            means = {layer: sums[layer] / n_mean for layer in layers} if kind == "mean" else {}
-            for name, cond in conditions:
-                hooks = [hook_for(layer, hs, means.get(layer)) for layer, hs in sorted(cond.items())]
-                losses[name] = run(hooks)
-                bar.update(1)
+            clean_s, sums, n_tok, run = _set_losses(
+                model,
+                toks,
+                counted,
+                sets,
+                kind=kind,
+                batch_size=batch_size,
+                progress=progress,
+                desc=f"ablation ({kind})",
+            )
     finally:
-        bar.close()
         if was_training:
             model.train()
 
+    n_total = float(n_tok.sum())
+    loss_clean = float(clean_s.sum() / n_total)
+    set_loss = sums.sum(1) / n_total
+    loss_flagged = float(set_loss[0])
+    ctrl_loss = set_loss[1 : 1 + n_controls]
+    delta = loss_flagged - loss_clean
+    cd = ctrl_loss - loss_clean
+
     kv_of = kv_layout(n_heads, src.info.n_kv_heads)
-    head_rows = []
-    for layer, hs in flagged.items():
-        for h in hs:
-            loss = losses[_label(layer, h)]
-            head_rows.append(
-                {
-                    "layer": layer,
-                    "head": h,
-                    "kv_head": int(kv_of[h]),
-                    "loss_ablated": loss,
-                    "delta_loss": loss - loss_clean,
-                }
-            )
-    heads_df = pd.DataFrame(head_rows)
-    heads_df.index = pd.Index([_label(layer, h) for layer, hs in flagged.items() for h in hs], name="label")
-    flagged_pairs = {(layer, h) for layer, hs in flagged.items() for h in hs}
-    ctrl_rows = []
-    for c, s in enumerate(controls):
-        loss = losses[f"control {c}"]
-        ctrl_rows.append(
-            {
-                "control": c,
-                "heads": _set_labels(s),
-                "n_flagged_in_set": sum((layer, h) in flagged_pairs for layer, hs in s.items() for h in hs),
-                "loss_ablated": loss,
-                "delta_loss": loss - loss_clean,
-            }
-        )
+    labels = [head_label(layer, h) for layer, h in pairs]
+    single_loss = set_loss[1 + n_controls :] if singles else np.full(len(pairs), np.nan)
+    heads_df = pd.DataFrame(
+        {
+            "layer": [p[0] for p in pairs],
+            "head": [p[1] for p in pairs],
+            "kv_head": [int(kv_of[h]) for _, h in pairs],
+            "loss_ablated": single_loss.astype(float),
+            "delta_loss": (single_loss - loss_clean).astype(float),
+            "reason": ["" if singles else "not ablated alone (singles=False)"] * len(pairs),
+        },
+        index=head_labels([p[0] for p in pairs], [p[1] for p in pairs]),
+    )
+    flagged_pairs = set(pairs)
     ctrl_df = pd.DataFrame(
-        ctrl_rows, columns=["control", "heads", "n_flagged_in_set", "loss_ablated", "delta_loss"]
-    ).astype({"control": "int64", "n_flagged_in_set": "int64", "loss_ablated": "float64", "delta_loss": "float64"})
-    delta = losses["flagged"] - loss_clean
-    cd = ctrl_df["delta_loss"].to_numpy(dtype=float)
+        {
+            "control": np.arange(n_controls, dtype=np.int64),
+            "heads": [_set_labels(s) for s in controls],
+            "n_flagged_in_set": np.array(
+                [sum((layer, h) in flagged_pairs for layer, hs in s.items() for h in hs) for s in controls],
+                dtype=np.int64,
+            ),
+            "loss_ablated": ctrl_loss.astype(float),
+            "delta_loss": cd.astype(float),
+        },
+        columns=["control", "heads", "n_flagged_in_set", "loss_ablated", "delta_loss"],
+    )
+    names = ["flagged", *[f"control {c}" for c in range(n_controls)], *(labels if singles else [])]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_window = np.vstack([clean_s, sums]) / n_tok[None, :]
+    win_df = pd.DataFrame(per_window.T, columns=["clean", *names])
+    win_df.insert(0, "n_tokens", n_tok)
+    win_df.index.name = "window"
+
     n_at_least = int((cd >= delta).sum())
     nan = float("nan")
+    has = n_tok > 0  # a window without a counted target adds nothing to any loss
+    n_resampled = int(has.sum())
+    ci, ell = (
+        _bootstrap(clean_s[has], sums[0][has], sums[1 : 1 + n_controls][:, has], n_tok[has], seed)
+        if n_resampled > 1
+        else ({}, 0)
+    )
     summary: dict[str, Any] = {
-        "model_name": src.info.model_name,
-        "kind": kind,
-        "n_heads": len(flagged_pairs),
-        "layers": layers,
-        "n_windows": int(toks.shape[0]),
-        "n_tokens": int(counted[:, 1:].sum()),
-        "loss_clean": loss_clean,
-        "loss_ablated": losses["flagged"],
         "delta_loss": delta,
-        "sum_delta_single": float(heads_df["delta_loss"].sum()),
-        "n_controls": n_controls,
-        "control_delta_mean": float(cd.mean()) if cd.size else nan,
         "control_delta_median": float(np.median(cd)) if cd.size else nan,
+        "p_value": (1 + n_at_least) / (n_controls + 1) if n_controls else nan,
+        "p_value_floor": 1 / (n_controls + 1) if n_controls else nan,
+        "n_controls": n_controls,
+        "n_controls_at_least": n_at_least,
+        "excess_over_controls": delta - float(np.median(cd)) if cd.size else nan,
+        "delta_loss_ci_low": ci.get("delta_loss_ci_low", nan),
+        "delta_loss_ci_high": ci.get("delta_loss_ci_high", nan),
+        "excess_ci_low": ci.get("excess_ci_low", nan),
+        "excess_ci_high": ci.get("excess_ci_high", nan),
+        "loss_clean": loss_clean,
+        "loss_ablated": loss_flagged,
+        "control_delta_mean": float(cd.mean()) if cd.size else nan,
         "control_delta_q05": float(np.quantile(cd, 0.05)) if cd.size else nan,
         "control_delta_q95": float(np.quantile(cd, 0.95)) if cd.size else nan,
         "control_delta_max": float(cd.max()) if cd.size else nan,
-        "n_controls_at_least": n_at_least,
-        "p_value": (1 + n_at_least) / (n_controls + 1) if n_controls else nan,
+        "model_name": src.info.model_name,
+        "kind": kind,
+        "n_heads": len(pairs),
+        "layers": layers,
+        "n_windows": int(toks.shape[0]),
+        "n_tokens": int(n_total),
+        "sum_delta_single": float(heads_df["delta_loss"].sum()) if singles else nan,
         "control_rule": "same number of heads per layer, drawn from the layer's non-flagged heads",
+        "ci_method": (
+            f"percentile bootstrap, {BOOTSTRAP_DRAWS} draws: text windows resampled in moving blocks of {ell} "
+            "consecutive windows (the excess also resamples the control sets); seeded"
+        ),
+        "batching": run["batching"],
+        "threads": run["threads"],
+        "threads_seconds_per_set": run["threads_seconds_per_set"],
+        "check_max_abs_diff": run["check_max_abs_diff"],
+        "seconds": run["seconds"],
     }
     notes = []
     if not n_controls:
-        notes.append("p_value is NaN: no control set was drawn (n_controls=0)")
+        notes.append("p_value and excess_over_controls are NaN: no control set was drawn (n_controls=0)")
+    if n_resampled < 2:
+        notes.append("the 95% intervals are NaN: one text window cannot be resampled (give more text)")
+    if not singles:
+        notes.append("heads.delta_loss is NaN: each head alone is ablated with singles=True")
     if fallback:
         summary["control_rule"] += (
             f"; layers {fallback} have fewer non-flagged than flagged heads, so their draws come from all heads"
         )
         notes.append(f"controls in layers {fallback} may contain flagged heads (see controls.n_flagged_in_set)")
+    if run["fallback_window"] is not None:
+        notes.append(
+            f"from window {run['fallback_window']} on, the model refused the repeated residual stream (or its empty "
+            "set disagreed with the clean pass): those windows were repeated at the input"
+        )
+    if run["check_max_abs_diff"] > run["check_tolerance"]:
+        notes.append(
+            f"the empty head set differs from the clean pass by {run['check_max_abs_diff']:.3g} nats/token "
+            f"(> {run['check_tolerance']:g}): compare with batch_size=1"
+        )
     if notes:
         summary["note"] = "; ".join(notes)
     options = {
@@ -409,10 +808,13 @@ def ablation(
         "seq_len": seq_len,
         "max_tokens": max_tokens,
         "batch_size": batch_size,
+        "singles": singles,
         "corpus": "default (stdlib docstrings)" if texts is None else type(texts).__name__,
         "hook": "blocks.{l}.attn.hook_z",
         "mean_over": "every counted (non-special) position of the evaluated windows, clean run, per head"
         if kind == "mean"
         else None,
     }
-    return Ablation(heads=heads_df, controls=ctrl_df, summary=summary, info=src.info, options=options)
+    return Ablation(
+        heads=heads_df, controls=ctrl_df, summary=summary, info=src.info, options=options, window_losses=win_df
+    )

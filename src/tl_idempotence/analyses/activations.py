@@ -73,7 +73,7 @@ from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.results import Result
 from ..errors import OptionError, UnsupportedModelError, WeightError
 from ..sources.tl import TLModelSource, is_tl_model
-from .tokens import default_corpus, prepare_tokens, select_heads
+from .tokens import default_corpus, head_labels, prepare_tokens, select_heads
 
 __all__ = ["ActivationReturns", "activation_returns", "default_corpus", "head_returns", "prepare_tokens"]
 
@@ -270,7 +270,8 @@ class ActivationReturns(Result):
     """Result of :func:`activation_returns` (SPEC section 8).
 
     Attributes:
-        heads: one row per analysed head: ``layer, head, kv_head``, weight-level ``alpha, P,
+        heads: one row per analysed head, indexed by ``"L10H8"`` labels like ``rep.heads`` (joinable by
+            index or on ``layer, head``): ``layer, head, kv_head``, weight-level ``alpha, P,
             closed``; ``n_tokens`` counted; ``a_median, a_q25, a_q75, a_iqr, a_min, a_max`` (return
             coefficient, units of α); ``cos2_median, cos2_q25, cos2_q75, cos2_iqr, cos2_min`` (in [0, 1]);
             ``a_median_over_alpha`` (1 when returns are α-scaled); ``cos2_median_minus_P``;
@@ -476,6 +477,7 @@ def activation_returns(
                 row["cos2_beats_control"] = bool(row["cos2_median"] > row["ctrl_cos2_median"])
             rows.append(row)
     df = pd.DataFrame(rows)
+    df.index = head_labels(df["layer"], df["head"])  # "L10H8", the index of rep.heads
     n_tok = int(counted.sum())
     closed = df["closed"].to_numpy(dtype=bool)
 

@@ -28,6 +28,8 @@ from ..errors import OptionError, OptionTypeError
 __all__ = [
     "DEFAULT_CORPUS_MODULES",
     "default_corpus",
+    "head_label",
+    "head_labels",
     "prepare_tokens",
     "select_heads",
     "special_ids",
@@ -349,6 +351,19 @@ def prepare_tokens(
     for s in special:
         counted &= toks != s
     return toks, counted
+
+
+def head_label(layer: int, head: int) -> str:
+    """TransformerLens's head label, e.g. ``"L10H8"`` (the index of every per-head table). Raises nothing."""
+    return f"L{int(layer)}H{int(head)}"
+
+
+def head_labels(layers: Iterable[Any], heads: Iterable[Any]) -> Any:
+    """A ``pandas.Index`` named ``"label"`` of :func:`head_label` for paired ``layers`` and ``heads`` (the index
+    convention of ``rep.heads``). Raises nothing of its own."""
+    import pandas as pd
+
+    return pd.Index([head_label(a, b) for a, b in zip(layers, heads)], name="label")
 
 
 def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[int]]:

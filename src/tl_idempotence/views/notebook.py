@@ -209,17 +209,97 @@ def _frame_html(df: pd.DataFrame, threshold: float | None) -> str:
     return str(out.to_html(border=0))
 
 
+def _nats(v: Any) -> str:
+    return "NaN" if not isinstance(v, (int, float)) or math.isnan(float(v)) else f"{float(v):.3g}"
+
+
+def _ci(s: dict[str, Any], low: str, high: str) -> str:
+    """``"95 % CI a to b"``, or what replaces it when the interval is NaN (the summary's note says why)."""
+    a, b = s.get(low), s.get(high)
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or math.isnan(a) or math.isnan(b):
+        return "no 95 % interval, see the note"
+    return f"95 % CI {_nats(a)} to {_nats(b)}"
+
+
+def _ablation_headline(summary: dict[str, Any]) -> str:
+    """One sentence for an :class:`~tl_idempotence.analyses.ablation.Ablation`: the flagged set's Δ loss with its
+    interval, the matched controls, and the p-value with its floor (numbers from ``summary`` only)."""
+    s = summary
+    n_c = int(s.get("n_controls", 0) or 0)
+    out = (
+        f"Ablating the {s.get('n_heads', '?')} flagged heads ({s.get('kind', '?')} at hook_z) changes the next-token "
+        f"loss by Δ = {_nats(s.get('delta_loss'))} nats/token ({_ci(s, 'delta_loss_ci_low', 'delta_loss_ci_high')}; "
+        f"{s.get('n_tokens', '?')} tokens, clean loss "
+        f"{_nats(s.get('loss_clean'))})."
+    )
+    if n_c:
+        at_least = int(s.get("n_controls_at_least", 0) or 0)
+        out += (
+            f" {n_c} matched random sets: median Δ {_nats(s.get('control_delta_median'))}, 95th percentile "
+            f"{_nats(s.get('control_delta_q95'))}; {at_least} of {n_c} reach the flagged Δ, so p = "
+            f"{_nats(s.get('p_value'))} (the smallest possible with {n_c} sets: {_nats(s.get('p_value_floor'))}). "
+            f"Excess over the control median {_nats(s.get('excess_over_controls'))} nats/token "
+            f"({_ci(s, 'excess_ci_low', 'excess_ci_high')})."
+        )
+    else:
+        out += " No control set was drawn (n_controls=0): no p-value."
+    return out
+
+
+#: The summary entries an ablation's display shows first, in this order.
+_ABLATION_LEAD = (
+    "delta_loss",
+    "control_delta_median",
+    "p_value",
+    "p_value_floor",
+    "n_controls",
+    "n_controls_at_least",
+    "excess_over_controls",
+    "excess_ci_low",
+    "excess_ci_high",
+    "delta_loss_ci_low",
+    "delta_loss_ci_high",
+    "loss_clean",
+    "n_tokens",
+    "kind",
+)
+
+
+def _ablation_html(ab: Any) -> str:
+    s = ab.summary
+    lead = {k: s[k] for k in _ABLATION_LEAD if k in s}
+    out = f"<div><b>Ablation</b><p>{html.escape(_ablation_headline(s))}</p>{_summary_table(lead, limit=len(lead))}"
+    if s.get("note"):
+        out += f"<div style='font-size:11px'>Note: {html.escape(str(s['note']))}</div>"
+    ctrl = getattr(ab, "controls", None)
+    if isinstance(ctrl, pd.DataFrame) and len(ctrl):
+        top = ctrl.sort_values("delta_loss", ascending=False, kind="stable").head(10)
+        out += (
+            f"<details><summary>control sets ({len(ctrl)}, largest Δ first"
+            f"{'; the first 10' if len(ctrl) > 10 else ''})</summary>{_frame_html(top.set_index('control'), None)}"
+            "</details>"
+        )
+    heads = getattr(ab, "heads", None)
+    if isinstance(heads, pd.DataFrame) and len(heads):
+        out += f"<details><summary>flagged heads ({len(heads)})</summary>{_frame_html(heads.head(20), None)}</details>"
+    return out + "</div>"
+
+
 def result_html(obj: Any) -> str:
     """The notebook display of a result object (reports get their own, see the module docstring).
 
     Any other result: its class name, its scalar summary numbers, its ``checkpoints`` table when
     it has one (a trajectory), and its ``heads`` rows (the 10 with the highest P when there is a
-    P column). Plain HTML, no script: it shows in static renders too.
+    P column). An ablation leads with a sentence and a table of its Δ loss, controls and p-value.
+    Plain HTML, no script: it shows in static renders too.
     """
+    from ..analyses.ablation import Ablation
     from ..report.report import IdempotenceReport
 
     if isinstance(obj, IdempotenceReport):
         return _report_html(obj)
+    if isinstance(obj, Ablation):
+        return _ablation_html(obj)
     name = type(obj).__name__
     try:
         summary = obj.summary
