@@ -18,6 +18,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from helpers import LINEAGE_KW  # needs tests/ on the path (set just above)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tiers: a user's workflow replayed in a fresh process (``acceptance``) belongs to the integration tier
+    too, so ``-m "not integration"`` (the README's quick command) is the unit tier."""
+    for item in items:
+        if item.get_closest_marker("acceptance") is not None and item.get_closest_marker("integration") is None:
+            item.add_marker(pytest.mark.integration)
+
+
 def unavailable(what: str, err: BaseException | None = None) -> None:
     """Skip (developer machine) or fail (``CI`` set) a test whose real model / data is unavailable."""
     msg = f"{what} not available" + (f": {type(err).__name__}: {err}" if err is not None else "")

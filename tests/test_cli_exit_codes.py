@@ -16,6 +16,9 @@ import pytest
 
 from helpers import llama_like
 
+# integration tier: every case starts the CLI in a fresh process
+pytestmark = pytest.mark.integration
+
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 
 

@@ -30,6 +30,9 @@ from tl_idempotence.sources.architectures import (
 )
 from tl_idempotence.sources.checkpoint import from_path
 
+# integration tier: a tiny transformers checkpoint per model type
+pytestmark = pytest.mark.integration
+
 ROOT = Path(__file__).resolve().parents[2]
 DERIVED = json.loads((ROOT / "src/tl_idempotence/data/architectures_derived.json").read_text())
 

@@ -98,3 +98,34 @@ def test_run_folders_have_one_rule(tmp_path):
         tli.sweep(["minilm-l6"], out="", progress=False)
     proc = subprocess.run([*CLI, "report", "--resume", ""], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "--resume: must not be empty" in proc.stderr
+
+
+def test_an_absent_device_gets_one_decision_before_any_work(tmp_path):
+    """``device="cuda"`` on a machine without CUDA: refused before anything is read or started on every
+    route whose work runs on this machine (a sweep with its own scheduler resolves it on the workers)."""
+    import torch
+
+    from tl_idempotence.errors import DeviceError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    from helpers import random_heads
+    from tl_idempotence.core.heads import LayerHeads
+
+    O, V, _ = random_heads(1, 2, 2, 8, 4)
+    heads = [LayerHeads(0, O[0], V[0], torch.tensor([0, 1]))]
+    for call in (
+        lambda: tli.idempotence_report(heads, device="cuda", progress=False),
+        lambda: tli.compare({"a": heads}, device="cuda", progress=False),
+        lambda: tli.sweep({"a": "minilm-l6"}, out=tmp_path / "sw", device="cuda", progress=False),
+    ):
+        with pytest.raises(DeviceError, match="CUDA is not available"):
+            call()
+    assert not (tmp_path / "sw").exists()  # no sweep folder, no cluster
+    for argv in (
+        ["report", "--device", "cuda"],
+        ["sweep", "minilm-l6", "--out", str(tmp_path / "sw2"), "--device", "cuda"],
+    ):
+        proc = subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "CUDA is not available" in proc.stderr, (argv, proc.stderr)
+    assert not (tmp_path / "sw2").exists()

@@ -22,6 +22,9 @@ from reference_bits import assert_same_bits
 from tl_idempotence.errors import CacheError, ChecksumError, MissingFileError
 from tl_idempotence.sources import zoo
 
+# integration tier: builds and damages zoo caches of real models
+pytestmark = pytest.mark.integration
+
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 
 

@@ -22,6 +22,9 @@ from helpers import dense_closure, random_heads, write_gguf_file
 from tl_idempotence.errors import ChecksumError, MissingFileError, ZooError
 from tl_idempotence.sources import zoo as models
 
+# integration tier: the real Gemma-3 GGUF
+pytestmark = pytest.mark.integration
+
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -157,7 +157,7 @@ def test_labels_and_items(ckpts, tmp_path, monkeypatch):
         tli.compare({" ": ckpts["A"]}, progress=False)
     with pytest.raises(TypeError, match="cannot compare a int"):
         tli.compare([5], progress=False)
-    with pytest.raises(MissingFileError, match="neither an existing path nor a zoo model name"):
+    with pytest.raises(MissingFileError, match="is not an existing file or folder, nor a zoo model name"):
         tli.compare(["no/such/dir"], progress=False)
     with pytest.raises(MissingFileError, match="does not exist"):
         tli.compare([tmp_path / "nothing"], progress=False)

@@ -39,7 +39,11 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 OPTS = {"nulls": 4, "seed": 1}
 # checkpoints B and C hold the same heads (asserted where it matters); elsewhere that warning is expected
-pytestmark = pytest.mark.filterwarnings("ignore:Models with identical measured weights:UserWarning")
+# integration tier: Dask clusters
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:Models with identical measured weights:UserWarning"),
+    pytest.mark.integration,
+]
 
 
 class FlakyOnce:

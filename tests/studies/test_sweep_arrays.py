@@ -50,6 +50,9 @@ from tl_idempotence.studies.sweep import (
     run_sweep_task,
 )
 
+# integration tier: array tasks in fresh processes
+pytestmark = pytest.mark.integration
+
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 TESTS = Path(__file__).resolve().parents[1]
 INDEX_VARIABLES = ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX", "SGE_TASK_ID")

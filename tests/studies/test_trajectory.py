@@ -30,7 +30,8 @@ from tl_idempotence.sources.lineage import lineage_checkpoints, train_lineage
 from tl_idempotence.studies.trajectory import trajectory
 from tl_idempotence.testing import bridge_from_dir
 
-pytestmark = pytest.mark.bridge
+# integration tier: trains the lineage model and walks its checkpoints
+pytestmark = [pytest.mark.bridge, pytest.mark.integration]
 
 # The lineage (conftest.lineage, trained with helpers.LINEAGE_KW) is shared with tests/test_demos.py.
 

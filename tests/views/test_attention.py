@@ -22,7 +22,9 @@ from tl_idempotence.errors import OptionError
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 from tl_idempotence.views.attention import AttentionView, attention_view
 
-pytestmark = pytest.mark.bridge  # TransformerBridge only: must also pass on transformer-lens 4.x
+# integration tier: circuitsvis pages in headless Chromium
+# bridge: TransformerBridge only, must also pass on transformer-lens 4.x
+pytestmark = [pytest.mark.bridge, pytest.mark.integration]
 
 TEXT = "w5 w6 w7 w8 w9 w4 w5 w6 w7 w8 w9 w4"
 

@@ -24,7 +24,8 @@ from tl_idempotence.core.progress import progress_bar, quiet_transformers, tqdm_
 from tl_idempotence.sources.tl import bridge_from_dir
 from tl_idempotence.testing import tiny_hf_dir
 
-pytestmark = pytest.mark.bridge  # checkpoint files and TransformerBridge only
+# integration tier: executes and exports notebooks (nbconvert)
+pytestmark = [pytest.mark.bridge, pytest.mark.integration]  # checkpoint files and TransformerBridge only
 
 SMOL_CLOSED = "L10H8 L27H1 L28H5 L12H5 L29H1 L5H2 L11H6 L29H0 L11H4 L6H8 L29H2 L26H4 L10H6".split()
 TEXT = "w5 w6 w7 w8 w9 w4 w5 w6 w7 w8 w9 w4"

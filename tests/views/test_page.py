@@ -28,7 +28,9 @@ from tl_idempotence.views.figures import log_P_range
 from tl_idempotence.views.page import report_html
 from tl_idempotence.views.text import format_P, format_sig
 
-pytestmark = pytest.mark.bridge  # TransformerBridge only: must also pass on transformer-lens 4.x
+# integration tier: headless Chromium and a report with controls on a real model
+# bridge: TransformerBridge only, must also pass on transformer-lens 4.x
+pytestmark = [pytest.mark.bridge, pytest.mark.integration]
 
 #: SmolLM2-135M-Instruct, raw weights: the 13 heads with P >= 0.9, by P (tests/data/v0_1 holds the table).
 SMOL_CLOSED = "L10H8 L27H1 L28H5 L12H5 L29H1 L5H2 L11H6 L29H0 L11H4 L6H8 L29H2 L26H4 L10H6".split()

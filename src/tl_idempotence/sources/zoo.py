@@ -77,6 +77,7 @@ from typing import Any
 
 from ..core.files import atomic_write_text, read_json, sha256_file
 from ..core.kwargs import strict_kwargs
+from ..core.processing import PROCESSING_FLAGS
 from ..errors import (
     CacheError,
     ChecksumError,
@@ -114,7 +115,6 @@ CACHE_ENV = "TL_IDEMPOTENCE_CACHE"
 #: The record written last in a built ``attention/`` or ``hf/`` folder.
 MARKER = "tli_cache.json"
 MARKER_FORMAT = "tl_idempotence.zoo-cache/1"
-_PROCESSING_FLAGS = ("fold_ln", "center_writing_weights", "center_unembed", "fold_value_biases")
 
 
 # ----------------------------------------------------------------------------- registry
@@ -943,9 +943,9 @@ def _processing_record(
 ) -> dict[str, Any]:
     rec: dict[str, Any] = {
         "processing": processing,
-        "requested": list(_PROCESSING_FLAGS) if processing == "tl" else [],
-        **{k: bool(applied.get(k, False)) for k in _PROCESSING_FLAGS},
-        "raw": not any(applied.get(k, False) for k in _PROCESSING_FLAGS),
+        "requested": list(PROCESSING_FLAGS) if processing == "tl" else [],
+        **{k: bool(applied.get(k, False)) for k in PROCESSING_FLAGS},
+        "raw": not any(applied.get(k, False) for k in PROCESSING_FLAGS),
         "zoo_model": spec["name"],
         "package": f"{spec['package']}=={spec['version']}",
         "checkpoint": spec["weights"],
@@ -975,7 +975,7 @@ def _load_bridge(hf: Path, spec: dict[str, Any], processing: str, device: str):
     finally:
         hf_logging.set_verbosity(verbosity)
         hf_logging.enable_progress_bar()
-    applied = {k: False for k in _PROCESSING_FLAGS}
+    applied = {k: False for k in PROCESSING_FLAGS}
     notes: list[str] = []
     if spec["architecture"]["family"] == "bert":
         notes.append("MLM head not in the checkpoint (BertModel); initialized from seed 0, not measured")

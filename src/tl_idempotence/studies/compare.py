@@ -39,6 +39,7 @@ import pandas as pd
 from ..core.heads import HeadSource, LayerHeads
 from ..core.option_specs import DEFAULTS, ReportOptionsArgs, check_option_names, documents_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
+from ..core.processing import T_PROCESSING
 from ..core.results import Result, views
 from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
 from ..report.report import IdempotenceReport, load_report, report_with_options
@@ -78,9 +79,9 @@ __all__ = [
 ITEM_KINDS = ("report", "saved", "path", "zoo", "object", "callable")
 #: The options every compared report must share (``ReportOptions.key()`` without ``device``, plus ``layers``).
 COMPARED_OPTIONS = ("threshold", "nulls", "seed", "search", "algebra", "compute_dtype", "layers")
-#: The processing flags that change T (SPEC 10), compared between models (the same flags
-#: :data:`tl_idempotence.studies.trajectory.PROCESSING_FLAGS` compares along a trajectory).
-PROCESSING_FLAGS = ("raw", "fold_ln", "center_writing_weights", "fold_value_biases")
+#: The processing flags that change T (SPEC 10), compared between models:
+#: :data:`~tl_idempotence.core.processing.T_PROCESSING` (the same flags a trajectory compares along its checkpoints).
+PROCESSING_FLAGS = T_PROCESSING
 #: ``model`` of the paper's reference rows.
 PAPER_LABEL = "paper"
 #: Columns of :attr:`Comparison.table`, in order.

@@ -52,6 +52,7 @@ import pandas as pd
 from ..core.heads import HeadSource, LayerHeads
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, check_int, strict_kwargs
+from ..core.processing import T_PROCESSING
 from ..core.results import Result, views
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.report import report_with_options
@@ -68,8 +69,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "trajectory"]
 
 _HUB_KEYS = {"checkpoint_index", "checkpoint_value", "revision"}
-#: The processing flags that must agree along a trajectory (they change T; SPEC 10).
-PROCESSING_FLAGS = ("raw", "fold_ln", "center_writing_weights", "fold_value_biases")
+#: The processing flags that must agree along a trajectory (they change T; SPEC 10):
+#: :data:`~tl_idempotence.core.processing.T_PROCESSING`.
+PROCESSING_FLAGS = T_PROCESSING
 
 
 #: Where a checkpoint's ``step`` came from (``Trajectory.checkpoints.step_source``): given in a

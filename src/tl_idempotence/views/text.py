@@ -14,6 +14,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.processing import T_PROCESSING
+
 __all__ = ["format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
 
 
@@ -64,7 +66,7 @@ def weights_phrase(summary: Mapping[str, Any]) -> str:
     (never a guess at raw or processed)."""
     proc = summary.get("processing")
     proc = proc if isinstance(proc, dict) else {}
-    flags = [k for k in ("fold_ln", "center_writing_weights", "fold_value_biases") if proc.get(k)]
+    flags = [k for k in T_PROCESSING[1:] if proc.get(k)]
     if proc.get("raw") is None and not flags:
         return "weight processing not recorded"
     if proc.get("raw") and not flags:
