@@ -30,7 +30,9 @@ def test_resolve_name_rule(tmp_path, monkeypatch):
     with pytest.raises(OptionTypeError, match="must be a str or a path; got int"):
         resolve_name(3)  # type: ignore[arg-type]
     (tmp_path / "minilm-l6").mkdir()
-    with pytest.raises(OptionError, match=r"both a zoo model name and an existing path.*'zoo:minilm-l6'.*'\./minilm-l6'"):
+    with pytest.raises(
+        OptionError, match=r"both a zoo model name and an existing path.*'zoo:minilm-l6'.*'\./minilm-l6'"
+    ):
         resolve_name("minilm-l6")
     assert resolve_name("./minilm-l6") == Named("path", Path("minilm-l6"))
     assert resolve_name(Path("minilm-l6")) == Named("path", Path("minilm-l6"))
