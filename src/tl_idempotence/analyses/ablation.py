@@ -96,8 +96,9 @@ import difflib
 import math
 import os
 import time
+from collections.abc import Sized
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
 
 import numpy as np
 import pandas as pd
@@ -113,12 +114,18 @@ from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from .tokens import head_label, head_labels, prepare_tokens, select_heads
 
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Literal
+
+    from ..core.hints import HeadsLike, IntLike, TextsLike, TLModel
+
 __all__ = [
     "ABLATION_KINDS",
     "BOOTSTRAP_DRAWS",
     "DEFAULT_N_CONTROLS",
     "MAX_CONTROLS",
     "Ablation",
+    "AblationArgs",
     "ablation",
     "matched_controls",
     "next_token_loss",
@@ -566,21 +573,37 @@ def _bootstrap(
     return out, ell
 
 
+class AblationArgs(TypedDict, total=False):
+    """The keyword options of :func:`ablation` besides ``model`` and ``heads`` (``**kwargs: Unpack[AblationArgs]``
+    where they are forwarded, e.g. ``rep.ablation(model, ...)``); meaning and validation in :func:`ablation`."""
+
+    texts: TextsLike | None
+    kind: Literal["mean", "zero"]
+    n_controls: IntLike
+    seed: IntLike
+    seq_len: IntLike
+    max_tokens: IntLike | None
+    batch_size: IntLike
+    singles: bool
+    text_column: str
+    progress: bool
+
+
 @strict_kwargs
 def ablation(
-    model: Any,
-    heads: Any,
-    texts: Any = None,
+    model: TLModel,
+    heads: HeadsLike,
+    texts: TextsLike | None = None,
     *,
-    kind: Any = "mean",
-    n_controls: Any = DEFAULT_N_CONTROLS,
-    seed: Any = 0,
-    seq_len: Any = 128,
-    max_tokens: Any = 512,
-    batch_size: Any = 8,
-    singles: Any = False,
-    text_column: Any = "text",
-    progress: Any = True,
+    kind: Literal["mean", "zero"] = "mean",
+    n_controls: IntLike = DEFAULT_N_CONTROLS,
+    seed: IntLike = 0,
+    seq_len: IntLike = 128,
+    max_tokens: IntLike | None = 512,
+    batch_size: IntLike = 8,
+    singles: bool = False,
+    text_column: str = "text",
+    progress: bool = True,
 ) -> Ablation:
     """Next-token loss change when the given heads are ablated, against matched random head sets.
 
@@ -612,7 +635,7 @@ def ablation(
         text_column: text column of a ``datasets.Dataset``.
         progress: tqdm bar over forward passes, with a time estimate.
 
-    Options are annotated ``Any``: each is validated here, where it enters.
+    Every argument is validated here, where it enters.
 
     Returns:
         :class:`Ablation` (``.summary`` leads with the flagged Δ, the control median and the p-value;
@@ -651,7 +674,7 @@ def ablation(
     progress = check_bool(progress, "progress")
     if heads is None:
         raise OptionError("heads is None: give the (layer, head) pairs to ablate, e.g. rep.closed_heads.")
-    if hasattr(heads, "__len__") and not isinstance(heads, (str, bytes)) and len(heads) == 0:
+    if hasattr(heads, "__len__") and not isinstance(heads, (str, bytes)) and len(cast(Sized, heads)) == 0:
         raise OptionError(
             "heads is empty: give the (layer, head) pairs to ablate (rep.closed_heads is empty when no head "
             "reaches the report's threshold)."

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pandas as pd
@@ -74,6 +74,11 @@ from ..core.results import Result
 from ..errors import OptionError, UnsupportedModelError, WeightError
 from ..sources.tl import TLModelSource, is_tl_model
 from .tokens import default_corpus, head_labels, prepare_tokens, select_heads
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Literal
+
+    from ..core.hints import HeadsLike, IntLike, RealLike, TextsLike, TLModel
 
 __all__ = ["ActivationReturns", "activation_returns", "default_corpus", "head_returns", "prepare_tokens"]
 
@@ -303,20 +308,20 @@ class ActivationReturns(Result):
 
 @strict_kwargs
 def activation_returns(
-    model: Any,
-    texts_or_tokens: Any = None,
-    heads: Any = None,
+    model: TLModel,
+    texts_or_tokens: TextsLike | None = None,
+    heads: HeadsLike | None = None,
     *,
-    batch_size: Any = 8,
-    seq_len: Any = 128,
-    max_tokens: Any = 8192,
-    control: Any = "scramble",
-    nulls: Any = 4,
-    seed: Any = 0,
-    threshold: Any = 0.9,
-    text_column: Any = "text",
-    progress: Any = True,
-    n_control_draws: Any = None,
+    batch_size: IntLike = 8,
+    seq_len: IntLike = 128,
+    max_tokens: IntLike | None = 8192,
+    control: Literal["scramble", "random"] | None = "scramble",
+    nulls: IntLike = 4,
+    seed: IntLike = 0,
+    threshold: RealLike = 0.9,
+    text_column: str = "text",
+    progress: bool = True,
+    n_control_draws: IntLike | None = None,
 ) -> ActivationReturns:
     """α-scaled returns on real text: ``a_t = ⟨T y_t, y_t⟩/‖y_t‖²`` and ``cos²(T y_t, y_t)`` per head (SPEC 8).
 
@@ -345,9 +350,9 @@ def activation_returns(
         threshold (float): P threshold for the weight-level ``closed`` flag.
         text_column (str): text column of a ``datasets.Dataset``.
         progress (bool): tqdm bar over batches.
-        n_control_draws (int): deprecated name of ``nulls``.
+        n_control_draws (int | None): deprecated name of ``nulls``.
 
-    Options are annotated ``Any``: each is validated here, where it enters.
+    Every argument is validated here, where it enters.
 
     Returns:
         :class:`ActivationReturns`.
@@ -390,7 +395,7 @@ def activation_returns(
         raise OptionError("Every position is a special token (BOS/EOS/PAD/CLS/SEP): there is no text to measure.")
     ops = {l: _layer_ops(src, l, hs, control, n_control_draws, seed) for l, hs in sel.items()}
     last = max(sel)
-    n_layers = int(model.cfg.n_layers)
+    n_layers = int(cast(Any, model).cfg.n_layers)  # a TransformerLens model (checked above)
     stats: dict[int, dict[str, list[Tensor]]] = {l: {"a": [], "c": [], "ca": [], "cc": []} for l in sel}
     rand_gen = {}
     if control == "random":
@@ -431,7 +436,7 @@ def activation_returns(
                 if not bool(cur_mask["m"].any()):
                     continue
                 try:
-                    model.run_with_hooks(batch.to(device), fwd_hooks=fwd_hooks, return_type=None)
+                    cast(Any, model).run_with_hooks(batch.to(device), fwd_hooks=fwd_hooks, return_type=None)
                 except _Stop:
                     pass
     finally:

@@ -62,7 +62,7 @@ No approximate-sharing analysis is offered.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -83,6 +83,9 @@ from ..core.results import Result
 from ..errors import OptionError
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import ArchitectureLike, DeviceLike, DtypeLike, LayersLike, ModelLike, RealLike
 
 __all__ = ["MHA_REASON", "AlgebraAnalysis", "SharedValueAlgebra", "layer_algebra", "shared_value_algebra"]
 
@@ -215,7 +218,7 @@ class SharedValueAlgebra(Result):
         return sorted({int(v) for v in self.pairs["layer"]}) if len(self.pairs) else []
 
     @strict_kwargs
-    def figures(self, layers: Any = None) -> list[Any]:
+    def figures(self, layers: LayersLike = None) -> list[Any]:
         """One plotly figure per layer: α_ij and P_ij per kv group (drawn by ``tl_idempotence.views``).
 
         Args:
@@ -571,15 +574,15 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
 
 @strict_kwargs
 def shared_value_algebra(
-    model: Any,
+    model: ModelLike,
     *,
-    threshold: Any = 0.9,
-    layers: Any = None,
-    compute_dtype: Any = torch.float64,
-    device: Any = "cpu",
-    progress: Any = True,
-    architecture: Any = None,
-    prefix: Any = None,
+    threshold: RealLike = 0.9,
+    layers: LayersLike = None,
+    compute_dtype: DtypeLike = torch.float64,
+    device: DeviceLike = "cpu",
+    progress: bool = True,
+    architecture: ArchitectureLike | None = None,
+    prefix: str | None = None,
 ) -> SharedValueAlgebra:
     """Shared-value algebra ``T_i T_j ≈ α_j T_i`` of every kv group of a model (SPEC section 7).
 
@@ -594,13 +597,14 @@ def shared_value_algebra(
         model: anything :func:`~tl_idempotence.sources.dispatch.head_source` accepts
             (TransformerLens model, ``transformers`` model, checkpoint path, HeadSource, LayerHeads).
         threshold (float): P threshold for "closed" heads, in [0, 1].
-        layers (Sequence[int] | None): restrict to these attention layers (default: all).
+        layers (Iterable[int] | None): restrict to these attention layers (default: all).
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long Gram products (float64 default).
         device (str | torch.device): where the products run; results are CPU float64.
         progress (bool): tqdm bar over layers.
-        architecture, prefix: checkpoint options.
+        architecture, prefix: checkpoint options (``None``, an architecture-table name or entry dict / the
+            tensor-name root as a ``str``).
 
-    Options are annotated ``Any``: each is validated here, where it enters.
+    Every argument is validated here, where it enters.
 
     Returns:
         :class:`SharedValueAlgebra`; empty with ``reason == "no exact value sharing (MHA)"``

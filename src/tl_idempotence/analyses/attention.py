@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +21,9 @@ from ..core.options import check_int, check_threshold, strict_kwargs
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import attention_layers, is_tl_model
 from .tokens import special_wrapping, tokenizer_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import HeadsReport, IntLike, RealLike
 
 __all__ = ["AttentionPatterns", "FlaggedHeads", "attention_patterns", "flagged_heads"]
 
@@ -55,7 +58,9 @@ class FlaggedHeads(list[tuple[int, int]]):
 
 
 @strict_kwargs
-def flagged_heads(heads: Any, top_k: Any = None, threshold: Any = None) -> FlaggedHeads:
+def flagged_heads(
+    heads: HeadsReport | pd.DataFrame, top_k: IntLike | None = None, threshold: RealLike | None = None
+) -> FlaggedHeads:
     """Heads worth looking at: the closed ones (P >= threshold, SPEC 2), else the top-k by P.
 
     Args:

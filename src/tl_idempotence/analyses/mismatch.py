@@ -9,7 +9,7 @@ the cross products ``V_gᵀ O_i``; nothing ``d_model x d_model`` is formed.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,9 @@ from ..core.results import Result
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult, nan_max
 from .closure import closed_flags
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import ArchitectureLike, DeviceLike, DtypeLike, LayersLike, ModelLike, RealLike
 
 __all__ = ["MismatchAnalysis", "MismatchResult", "mismatch", "mismatch_pairs"]
 
@@ -157,14 +160,14 @@ class MismatchResult(Result):
 
 @strict_kwargs
 def mismatch(
-    model: Any,
+    model: ModelLike,
     *,
-    threshold: Any = 0.9,
-    layers: Any = None,
-    compute_dtype: Any = torch.float64,
-    device: Any = "cpu",
-    architecture: Any = None,
-    prefix: Any = None,
+    threshold: RealLike = 0.9,
+    layers: LayersLike = None,
+    compute_dtype: DtypeLike = torch.float64,
+    device: DeviceLike = "cpu",
+    architecture: ArchitectureLike | None = None,
+    prefix: str | None = None,
 ) -> MismatchResult:
     """Matched within-layer O/V mismatch control (SPEC 4a; paper: no mismatched pair reaches P >= 0.9).
 
@@ -173,12 +176,12 @@ def mismatch(
             :func:`~tl_idempotence.sources.dispatch.head_source` accepts (TransformerLens model,
             ``transformers`` model, checkpoint path, HeadSource).
         threshold (float): P threshold in [0, 1].
-        layers (Sequence[int] | None): restrict to these layers (default: all attention layers).
+        layers (Iterable[int] | None): restrict to these layers (default: all attention layers).
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products.
         device (str | torch.device): where the products run; results are CPU float64.
         architecture, prefix: checkpoint options (see ``head_source``).
 
-    Options are annotated ``Any``: each is validated here, where it enters.
+    Every argument is validated here, where it enters.
 
     Returns:
         :class:`MismatchResult`.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -53,6 +53,9 @@ from ..core.results import Result
 from ..errors import OptionError
 from .base import LayerContext, LayerResult, nan_median
 from .orientation import Factors, P_from_Z, defined_for_orientation, factors_of, factors_of_closure
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import DeviceLike, DtypeLike, HeadWeightsLike, IntLike
 
 __all__ = ["Scramble", "ScrambleAnalysis", "orientation_scramble", "scramble_draws"]
 
@@ -258,15 +261,15 @@ def _factors_for(x: Any, compute_dtype: torch.dtype, device: torch.device) -> tu
 
 @strict_kwargs
 def orientation_scramble(
-    heads: Any,
-    nulls: Any = 64,
-    seed: Any = 0,
+    heads: Closure | HeadWeightsLike,
+    nulls: IntLike = 64,
+    seed: IntLike = 0,
     *,
-    layer: Any = None,
-    return_K: Any = True,
-    compute_dtype: Any = torch.float64,
-    device: Any = "cpu",
-    n_draws: Any = None,
+    layer: IntLike | None = None,
+    return_K: bool = True,
+    compute_dtype: DtypeLike = torch.float64,
+    device: DeviceLike = "cpu",
+    n_draws: IntLike | None = None,
 ) -> Scramble:
     """Orientation-scramble null for a batch of heads (SPEC 4b; paper: trained median P
     0.336 vs scrambled 1.04e-4 over 7,304 heads).
@@ -284,9 +287,9 @@ def orientation_scramble(
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products (for weight inputs).
         device (str | torch.device): where the Gram products and the batched draws run ("cpu",
             "cuda", "auto"); results are CPU float64.
-        n_draws (int): deprecated name of ``nulls``.
+        n_draws (int | None): deprecated name of ``nulls``.
 
-    Options are annotated ``Any``: each is validated here, where it enters.
+    Every argument is validated here, where it enters.
 
     Returns:
         :class:`Scramble` with the input's batch shape (``()`` for one head).

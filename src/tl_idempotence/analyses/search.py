@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import numpy as np
 import pandas as pd
@@ -57,6 +57,19 @@ from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
 from .tokens import select_heads
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import (
+        ArchitectureLike,
+        DeviceLike,
+        DtypeLike,
+        FloatLike,
+        HeadsLike,
+        HeadWeightsLike,
+        IntLike,
+        ModelLike,
+        RealLike,
+    )
 
 __all__ = ["DEFAULTS", "SearchAnalysis", "SearchResult", "constructive_search", "search_factors"]
 
@@ -358,19 +371,19 @@ def _table(layer: Any, heads: Any, P: Tensor, res: tuple) -> pd.DataFrame:
 
 @strict_kwargs
 def constructive_search(
-    model: Any,
-    heads: Any = None,
+    model: ModelLike | Closure | HeadWeightsLike,
+    heads: HeadsLike | Iterable[IntLike] | None = None,
     *,
-    restarts: Any = None,
-    max_iters: Any = None,
-    lr: Any = None,
-    tol: Any = None,
-    seed: Any = 0,
-    threshold: Any = 0.9,
-    compute_dtype: Any = torch.float64,
-    device: Any = "cpu",
-    architecture: Any = None,
-    prefix: Any = None,
+    restarts: IntLike | None = None,
+    max_iters: IntLike | None = None,
+    lr: FloatLike | None = None,
+    tol: FloatLike | None = None,
+    seed: IntLike = 0,
+    threshold: RealLike = 0.9,
+    compute_dtype: DtypeLike = torch.float64,
+    device: DeviceLike = "cpu",
+    architecture: ArchitectureLike | None = None,
+    prefix: str | None = None,
 ) -> SearchResult:
     """Maximize P over orientations with S and D fixed, for chosen heads (SPEC 5; paper:
     "high closure is feasible in every surveyed layer, but usually not attained").
@@ -393,7 +406,7 @@ def constructive_search(
             "cuda", "auto"); results are CPU float64.
         architecture, prefix: checkpoint options (see ``head_source``).
 
-    Options are annotated ``Any``: each is validated here, where it enters.
+    Every argument is validated here, where it enters.
 
     Returns:
         :class:`SearchResult` (``table`` has ``feasible = P_searched >= threshold``).
@@ -451,11 +464,15 @@ def constructive_search(
         return out
 
     if isinstance(model, (LayerHeads, Closure)) or _is_pair(model) or (hasattr(model, "A") and hasattr(model, "B")):
-        c = model if isinstance(model, Closure) else closure(model, factors=True, compute_dtype=dtype, device=dev)
+        c = (
+            model
+            if isinstance(model, Closure)
+            else closure(cast("HeadWeightsLike", model), factors=True, compute_dtype=dtype, device=dev)
+        )
         layer = model.layer if isinstance(model, LayerHeads) else None
         run(factors_of_closure(c), c.P, layer, as_rows(heads, int(c.P.numel())))
     else:
-        src = head_source(model, architecture=architecture, prefix=prefix)
+        src = head_source(cast("ModelLike", model), architecture=architecture, prefix=prefix)
         info = source_info(src)
         all_layers = list(src.layers())
         want: dict[int, list[int] | None] = {}

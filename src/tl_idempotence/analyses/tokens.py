@@ -15,7 +15,7 @@ import inspect
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from torch import Tensor
 
 from ..core.options import check_int, strict_kwargs
 from ..errors import OptionError, OptionTypeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import IntLike
 
 __all__ = [
     "DEFAULT_CORPUS_MODULES",
@@ -95,7 +98,7 @@ MAX_SEQ_LEN = 1 << 24
 
 
 @strict_kwargs
-def default_corpus(min_chars: Any = 200) -> list[str]:
+def default_corpus(min_chars: IntLike = 200) -> list[str]:
     """English text that exists on every machine: docstrings of the Python standard library (SPEC 8 corpus).
 
     For each module of :data:`DEFAULT_CORPUS_MODULES` (in that order): the module's

@@ -37,7 +37,7 @@ exceeds float64 (``‖T²‖`` of weights ~1e±100) become ``inf``/0.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -49,6 +49,9 @@ from .factors import DEGENERATE_RTOL, gram_eig, principal_factors, rank_rtol
 from .heads import LayerHeads, check_storage, check_weights
 from .options import check_bool, check_compute_dtype, check_device, strict_kwargs
 from .results import Result
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .hints import DeviceLike, DtypeLike, HeadWeightsLike
 
 __all__ = [
     "CastBuffer",
@@ -673,11 +676,11 @@ def head_pair(x: Any, what: str = "closure()") -> tuple[Tensor, Tensor]:
 
 @strict_kwargs
 def closure(
-    heads: Any,
+    heads: HeadWeightsLike,
     *,
-    factors: Any = True,
-    compute_dtype: Any = torch.float64,
-    device: Any = "cpu",
+    factors: bool = True,
+    compute_dtype: DtypeLike = torch.float64,
+    device: DeviceLike = "cpu",
 ) -> Closure:
     """Closure of every head in a FactoredMatrix, a ``(W_V, W_O)`` pair or a LayerHeads (SPEC 2-3).
 
@@ -692,7 +695,7 @@ def closure(
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products (float64
             default, or float32).
         device (str | torch.device): where the products run ("cpu", "cuda", "auto"); results
-            are CPU float64. (Options are annotated ``Any``: they are validated here.)
+            are CPU float64. (Every argument is validated here, where it enters.)
 
     Returns:
         :class:`Closure` with the broadcast leading shape (``[n_heads]`` for a LayerHeads).

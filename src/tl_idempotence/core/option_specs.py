@@ -31,7 +31,7 @@ from .kwargs import unknown_option_error
 from .limits import MAX_LAYER_INDEX, MAX_NULLS
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
+    from .hints import DeviceLike, DtypeLike, IntLike, LayersLike, NullsLike, RealLike
 
 __all__ = [
     "DEFAULTS",
@@ -125,14 +125,14 @@ class ReportOptionsArgs(TypedDict, total=False):
     """The report options as keyword arguments (``**options: Unpack[ReportOptionsArgs]``); defaults and meaning
     in :data:`REPORT_OPTIONS`, validation in :class:`~tl_idempotence.core.options.ReportOptions`."""
 
-    threshold: float
-    nulls: bool | int
-    seed: int
+    threshold: RealLike
+    nulls: NullsLike
+    seed: IntLike
     search: bool
     algebra: bool
-    layers: Sequence[int] | None
-    compute_dtype: torch.dtype | str
-    device: str | torch.device
+    layers: LayersLike
+    compute_dtype: DtypeLike
+    device: DeviceLike
 
 
 #: The types each option takes, as the docs say them.
@@ -142,7 +142,7 @@ _TYPES = {
     "seed": "int",
     "search": "bool",
     "algebra": "bool",
-    "layers": "Sequence[int] | None",
+    "layers": "Iterable[int] | None",
     "compute_dtype": "torch.dtype | str",
     "device": "str | torch.device",
 }

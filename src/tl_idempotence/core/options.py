@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,11 @@ from .option_specs import (
     given,
     resolve_layers,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Unpack
+
+    from .hints import DeviceLike, DtypeLike, IntLike, LayersLike, NullsLike, RealLike
 
 __all__ = [
     "DEFAULT_NULLS",
@@ -198,14 +203,14 @@ class ReportOptions:
 
     def __init__(
         self,
-        threshold: float = DEFAULTS["threshold"],
-        nulls: bool | int = DEFAULTS["nulls"],
-        seed: int = DEFAULTS["seed"],
+        threshold: RealLike = DEFAULTS["threshold"],
+        nulls: NullsLike = DEFAULTS["nulls"],
+        seed: IntLike = DEFAULTS["seed"],
         search: bool = DEFAULTS["search"],
         algebra: bool = DEFAULTS["algebra"],
-        layers: Iterable[int] | None = DEFAULTS["layers"],
-        compute_dtype: torch.dtype | str = DEFAULTS["compute_dtype"],
-        device: str | torch.device = DEFAULTS["device"],
+        layers: LayersLike = DEFAULTS["layers"],
+        compute_dtype: DtypeLike = DEFAULTS["compute_dtype"],
+        device: DeviceLike = DEFAULTS["device"],
     ) -> None:
         set_ = functools.partial(object.__setattr__, self)
         set_("threshold", check_threshold(threshold))
@@ -224,7 +229,7 @@ class ReportOptions:
 
     @classmethod
     def from_kwargs(
-        cls, where: str, options: Mapping[str, Any], others: Iterable[str] = (), **fixed: Any
+        cls, where: str, options: Mapping[str, Any], others: Iterable[str] = (), **fixed: Unpack[ReportOptionsArgs]
     ) -> ReportOptions:
         """The options an entry point was given as ``**options`` (each absent one at its declared default).
 
@@ -295,14 +300,14 @@ class ReportOptions:
             raise OptionError("an options record for elsewhere holds no device (it is given apart).")
         return cls.from_kwargs("options record", record, device=device)
 
-    def with_threshold(self, threshold: float) -> ReportOptions:
+    def with_threshold(self, threshold: RealLike) -> ReportOptions:
         """A copy with another threshold (validated); the device is kept as is."""
         out = ReportOptions.from_record({**self.as_dict(), "threshold": check_threshold(threshold)})
         object.__setattr__(out, "device", self.device)
         return out
 
     @classmethod
-    def from_record(cls, record: Any) -> ReportOptions:
+    def from_record(cls, record: object) -> ReportOptions:
         """Options from :meth:`as_dict` (a saved report's record), validated.
 
         The device is restored as recorded without asking whether it exists here: a report

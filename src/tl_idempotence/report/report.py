@@ -36,9 +36,12 @@ from .store import ReportRecord, read_record, write_record
 from .summary import ReportSummary, build_summary, format_paper_table, paper_table
 
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Literal
+
     from typing_extensions import Unpack
 
-    from ..core.hints import ArchitectureLike, ModelLike, PathLike
+    from ..analyses.ablation import Ablation, AblationArgs
+    from ..core.hints import ArchitectureLike, HeadPairs, HeadsLike, IntLike, ModelLike, PathLike, RealLike, TLModel
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -157,7 +160,7 @@ class IdempotenceReport(Result):
         summary: ReportSummary,
         info: ModelInfo,
         options: ReportOptions,
-        model: Any = None,
+        model: TLModel | None = None,
     ) -> None:
         self.heads = heads
         self.layers = layers
@@ -205,7 +208,7 @@ class IdempotenceReport(Result):
             new.summary,
         )
 
-    def with_threshold(self, threshold: Any) -> IdempotenceReport:
+    def with_threshold(self, threshold: RealLike) -> IdempotenceReport:
         """The same report at another P threshold: every threshold-dependent column, count and summary number
         re-derived from the stored results (each analysis's ``apply_threshold``, then its ``summarize``), equal
         to a run at that threshold (checked by the analyses' contract test). This report is not changed.
@@ -248,7 +251,7 @@ class IdempotenceReport(Result):
         return AlgebraAnalysis.combine(self.tables, self.info, self.threshold, rt)
 
     @strict_kwargs
-    def paper_table(self, formatted: Any = False) -> pd.DataFrame:
+    def paper_table(self, formatted: bool = False) -> pd.DataFrame:
         """The abstract's headline quantities for this model next to the paper's figures.
 
         Args:
@@ -267,7 +270,7 @@ class IdempotenceReport(Result):
         return format_paper_table(t) if formatted else t
 
     @strict_kwargs
-    def to_tensor(self, column: Any = "P") -> torch.Tensor:
+    def to_tensor(self, column: str = "P") -> torch.Tensor:
         """A numeric column as a ``[n_layers, n_heads]`` float64 tensor (TransformerLens layout);
         NaN where a layer was not measured or has no attention.
 
@@ -288,7 +291,12 @@ class IdempotenceReport(Result):
         return out
 
     @strict_kwargs
-    def hook_points(self, heads: Any = "closed", hook: Any = "z", model: Any = None) -> list[HookPoint]:
+    def hook_points(
+        self,
+        heads: Literal["closed", "all"] | HeadsLike = "closed",
+        hook: Literal["z", "q", "result", "pattern", "attn_scores", "k", "v"] = "z",
+        model: TLModel | None = None,
+    ) -> list[HookPoint]:
         """The hook points of the chosen heads, ready for ``run_with_hooks``, activation patching or an
         ``ActivationCache``: each a :class:`HookPoint`, a ``(hook name, index)`` pair such as
         ``("blocks.10.attn.hook_z", 8)`` that also carries ``layer``, ``axis`` (the dim of the
@@ -366,7 +374,7 @@ class IdempotenceReport(Result):
 
     # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
     @strict_kwargs
-    def figure(self, value: Any = "P") -> Any:
+    def figure(self, value: str = "P") -> Any:
         """Plotly heatmap (layer x head) of ``value`` (default P) with the closed heads marked."""
         return views().heads_heatmap(self, value=value)
 
@@ -378,12 +386,12 @@ class IdempotenceReport(Result):
     @strict_kwargs
     def save_html(
         self,
-        path: Any,
-        attention_text: Any = None,
-        model: Any = None,
-        attention_heads: Any = None,
-        top_k: Any = None,
-        max_tokens: Any = 64,
+        path: PathLike,
+        attention_text: str | None = None,
+        model: TLModel | None = None,
+        attention_heads: HeadPairs | None = None,
+        top_k: IntLike | None = None,
+        max_tokens: IntLike = 64,
     ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
@@ -414,11 +422,11 @@ class IdempotenceReport(Result):
     @strict_kwargs
     def show_attention(
         self,
-        text: Any,
-        model: Any = None,
-        heads: Any = None,
-        top_k: Any = None,
-        max_tokens: Any = 64,
+        text: str,
+        model: TLModel | None = None,
+        heads: HeadPairs | None = None,
+        top_k: IntLike | None = None,
+        max_tokens: IntLike = 64,
     ) -> Any:
         """circuitsvis view of the flagged heads' attention patterns on ``text`` (notebooks, offline).
 
@@ -437,7 +445,7 @@ class IdempotenceReport(Result):
         """
         return views().report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
 
-    def ablation(self, model: Any = None, **kwargs: Any) -> Any:
+    def ablation(self, model: TLModel | None = None, **kwargs: Unpack[AblationArgs]) -> Ablation:
         """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
         from ..analyses.ablation import ablation
 
@@ -447,7 +455,7 @@ class IdempotenceReport(Result):
         return ablation(m, self.closed_heads, **kwargs)
 
     @strict_kwargs
-    def save(self, path: Any, overwrite: Any = False) -> str:
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
         """Save the report as a folder of parquet tables and one JSON record (no pickle); reload it with
         :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.
 
@@ -466,7 +474,7 @@ class IdempotenceReport(Result):
         return str(write_record(rec, path, overwrite=overwrite))
 
 
-def load_report(path: Any) -> IdempotenceReport:
+def load_report(path: PathLike) -> IdempotenceReport:
     """A report saved with :meth:`IdempotenceReport.save`: the same tables, summary, figures and HTML.
 
     Raises:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from ..core.heads import HeadSource, LayerHeads, ModelInfo
 from ..core.options import check_bool, strict_kwargs
@@ -19,6 +19,9 @@ from .checkpoint import from_path, from_transformers, is_transformers_model
 from .names import missing_path_error, resolve_name
 from .tl import TLModelSource, is_tl_model
 from .zoo import source as zoo_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import ArchitectureLike, ModelLike
 
 __all__ = ["LayerHeadsSource", "head_source"]
 
@@ -80,7 +83,13 @@ class LayerHeadsSource:
 
 
 @strict_kwargs
-def head_source(model: Any, *, architecture: Any = None, prefix: Any = None, check_finite: Any = True) -> HeadSource:
+def head_source(
+    model: ModelLike,
+    *,
+    architecture: ArchitectureLike | None = None,
+    prefix: str | None = None,
+    check_finite: bool = True,
+) -> HeadSource:
     """Turn a model, a loaded ``transformers`` model, a checkpoint path or LayerHeads into a HeadSource.
 
     Args:
@@ -119,7 +128,7 @@ def head_source(model: Any, *, architecture: Any = None, prefix: Any = None, che
                 "architecture= and prefix= apply to checkpoint directories and transformers models; a "
                 f"{type(model).__name__} already knows its layout."
             )
-        return TLModelSource(model) if is_tl_model(model) else model
+        return TLModelSource(model) if is_tl_model(model) else cast(HeadSource, model)
     if isinstance(model, LayerHeads) or (
         isinstance(model, (list, tuple)) and model and all(isinstance(x, LayerHeads) for x in model)
     ):

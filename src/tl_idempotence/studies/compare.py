@@ -53,7 +53,20 @@ from ..sources.zoo import known_models
 from ..sources.zoo import source as zoo_source
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+    from typing import TypeAlias
+
     from typing_extensions import Unpack
+
+    from ..core.hints import ModelLike, PathLike
+
+    #: One item of :func:`compare`: a report, a saved report folder, a checkpoint path, a zoo name, a model object
+    #: or a zero-argument callable returning a model, a source or a path.
+    CompareItem: TypeAlias = IdempotenceReport | ModelLike | Callable[[], ModelLike]
+    #: The items of :func:`compare`: one item, a sequence of items, or ``{label: item}``.
+    CompareItems: TypeAlias = (
+        CompareItem | Sequence[CompareItem] | Mapping[str, CompareItem] | Mapping[int, CompareItem]
+    )
 
 __all__ = [
     "COMPARED_OPTIONS",
@@ -674,7 +687,7 @@ class Comparison(Result):
         return views().comparison_figure(self)
 
     @strict_kwargs
-    def save_html(self, path: Any) -> str:
+    def save_html(self, path: PathLike) -> str:
         """Write a standalone HTML page (plotly.js and the table code inlined, no CDN); returns the path.
 
         Raises:
@@ -695,7 +708,7 @@ def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:
 
 @documents_options
 def compare(
-    items: Any,
+    items: CompareItems,
     *,
     progress: bool = True,
     **options: Unpack[ReportOptionsArgs],

@@ -105,7 +105,18 @@ from .compare import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable
+    from typing import TypeAlias
+
     from typing_extensions import Unpack
+
+    from ..core.hints import ClientLike, IntLike, ModelLike, PathLike
+
+    #: One item of a sweep: a checkpoint path, a zoo name, or a zero-argument callable (run on the worker) returning
+    #: a model, a source or a path.
+    SweepItem: TypeAlias = PathLike | Callable[[], ModelLike]
+    #: The items of a sweep: one item, a sequence of items, or ``{label: item}``.
+    SweepItems: TypeAlias = SweepItem | Sequence[SweepItem] | Mapping[str, SweepItem] | Mapping[int, SweepItem]
 
 __all__ = [
     "ARRAY_INDEX_VARIABLES",
@@ -980,14 +991,14 @@ _SWEEP_PARAMETERS = (
 
 @documents_options
 def sweep(
-    items: Any,
-    out: Any,
-    client: Any = None,
+    items: SweepItems,
+    out: PathLike,
+    client: ClientLike | None = None,
     *,
-    scheduler: Any = None,
-    workers: Any = None,
-    oversubscribe: Any = False,
-    retries: Any = DEFAULT_RETRIES,
+    scheduler: str | None = None,
+    workers: IntLike | None = None,
+    oversubscribe: bool = False,
+    retries: IntLike = DEFAULT_RETRIES,
     worker_timeout: float | None = DEFAULT_WORKER_TIMEOUT,
     progress: bool = True,
     **options: Unpack[ReportOptionsArgs],
@@ -1009,7 +1020,7 @@ def sweep(
     The CLI (``tl-idempotence sweep ITEM... --out DIR [--workers N] [--scheduler ADDRESS]``)
     calls ``sweep(items, out, scheduler=ADDRESS, workers=N, progress=True, **report_options)``.
 
-    Options are annotated ``Any``: each is validated here, where it enters (types named in the docs below).
+    Every argument is validated here, where it enters.
 
     Args:
         items: a list of items or a dict ``{label: item}``; an item is a checkpoint directory or
@@ -1315,7 +1326,7 @@ def _dead_attempts(files: _ItemFiles) -> list[str]:
 
 
 @strict_kwargs
-def load_sweep(out: Any, items: Any = None) -> SweepResult:
+def load_sweep(out: PathLike, items: SweepItems | None = None) -> SweepResult:
     """The :class:`SweepResult` of the sweep in ``out`` as its tasks left it (job-array tasks or a Dask sweep).
 
     Reads the plan (``out/sweep.json``), and per item its saved report (checked against the sha256 of every

@@ -62,9 +62,24 @@ from ..sources.tl import bridge_from_dir, is_tl_model
 from .sweep import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
 
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import TypeAlias
+
     from typing_extensions import Unpack
 
-    from ..core.hints import PathLike
+    from ..core.hints import ClientLike, HeadPairs, IntLike, ModelLike, PathLike, RealLike
+
+    #: One checkpoint: a model or source, a path, ``(model_name, {"checkpoint_index": i})`` (or
+    #: ``{"checkpoint_value": v}``), or a zero-argument callable returning a model.
+    CheckpointSpec: TypeAlias = ModelLike | tuple[str, dict[str, Any]] | Callable[[], ModelLike]
+    #: Ordered checkpoints: ``[(label, spec)]`` / ``[(label, spec, step)]`` (tuples or lists), ``{label: spec}``,
+    #: a lineage directory or a :class:`~tl_idempotence.sources.lineage.Lineage`.
+    CheckpointsLike: TypeAlias = (
+        PathLike
+        | Lineage
+        | Sequence[tuple[str | int, CheckpointSpec] | tuple[str | int, CheckpointSpec, RealLike] | list[Any]]
+        | Mapping[str, CheckpointSpec]
+        | Mapping[int, CheckpointSpec]
+    )
 
 __all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "trajectory"]
 
@@ -390,7 +405,7 @@ class Trajectory(Result):
         return self.heads[self.heads["checkpoint"] == self.final_label]
 
     @strict_kwargs
-    def tracked_heads(self, top_k: Any = 5) -> pd.DataFrame:
+    def tracked_heads(self, top_k: IntLike = 5) -> pd.DataFrame:
         """The heads the figures follow: ``layer, head, final_P, why``.
 
         The heads with final ``P >= threshold`` (``why = "final P >= threshold"``), or —
@@ -411,7 +426,7 @@ class Trajectory(Result):
         return out
 
     @strict_kwargs
-    def wide(self, value: Any = "P") -> pd.DataFrame:
+    def wide(self, value: str = "P") -> pd.DataFrame:
         """``value`` as a (layer, head) x checkpoint table, checkpoints in input order.
 
         Raises:
@@ -431,7 +446,7 @@ class Trajectory(Result):
         return ("step", "training step") if self.heads["step"].notna().all() else ("order", "checkpoint")
 
     @strict_kwargs
-    def figure(self, top_k: Any = 5, log_y: Any = True) -> Any:
+    def figure(self, top_k: IntLike = 5, log_y: bool = True) -> Any:
         """P over training for the tracked heads (:meth:`tracked_heads`), one panel per layer (drawn by views).
 
         Args:
@@ -445,7 +460,7 @@ class Trajectory(Result):
         return views().trajectory_figure(self, top_k=top_k, log_y=check_bool(log_y, "log_y"))
 
     @strict_kwargs
-    def summary_figure(self, log_y: Any = True) -> Any:
+    def summary_figure(self, log_y: bool = True) -> Any:
         """Per checkpoint: median P over all heads, fraction closed, (nulls) median scrambled P.
 
         Raises:
@@ -454,7 +469,7 @@ class Trajectory(Result):
         return views().trajectory_summary_figure(self, log_y=check_bool(log_y, "log_y"))
 
     @strict_kwargs
-    def figures(self, top_k: Any = 5) -> list[Any]:
+    def figures(self, top_k: IntLike = 5) -> list[Any]:
         """``[figure(), summary_figure()]``."""
         return [self.figure(top_k=top_k), self.summary_figure()]
 
@@ -485,14 +500,14 @@ _OWN_PARAMETERS = ("checkpoints", "heads", "cache_dir", "loader", "allow_mixed_p
 
 @documents_options
 def trajectory(
-    checkpoints: Any,
-    heads: Iterable[tuple[int, int]] | None = None,
+    checkpoints: CheckpointsLike,
+    heads: HeadPairs | None = None,
     *,
     cache_dir: PathLike | None = None,
     loader: Callable[[Any], Any] | None = None,
     allow_mixed_processing: bool = False,
     progress: bool = True,
-    client: Any = None,
+    client: ClientLike | None = None,
     **options: Unpack[ReportOptionsArgs],
 ) -> Trajectory:
     """Per-head closure across an ordered list of training checkpoints (SPEC section 6).

@@ -17,7 +17,7 @@ from __future__ import annotations
 import html as _html
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -26,6 +26,9 @@ from ..core.kwargs import strict_kwargs
 from ..errors import OptionError
 from .output import page_path, write_page
 from .text import format_P
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import HeadPairs, IntLike, PathLike, TLModel
 
 __all__ = [
     "AttentionView",
@@ -67,7 +70,7 @@ class AttentionView:
     def __str__(self) -> str:
         return self.html
 
-    def save(self, path: Any) -> str:
+    def save(self, path: PathLike) -> str:
         """Write a standalone page with just this view; returns the path.
 
         Raises:
@@ -98,11 +101,11 @@ def _head_names(heads: list[tuple[int, int]], table: pd.DataFrame | None, thresh
 
 @strict_kwargs
 def attention_view(
-    model: Any,
-    text: Any,
-    heads: Any,
+    model: TLModel,
+    text: str,
+    heads: HeadPairs,
     *,
-    max_tokens: Any = 64,
+    max_tokens: IntLike = 64,
     head_table: pd.DataFrame | None = None,
     threshold: float | None = None,
     why: str | None = None,
