@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import PackageNotFoundError, version
+from types import ModuleType
 from typing import Any
+
+from .core import results as _results
 
 try:
     __version__ = version("tl_idempotence")
@@ -81,6 +84,17 @@ _MODULES: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES)
+
+
+def _load_views() -> ModuleType:
+    """The views module, imported when a result is first drawn (the composition root: results in the lower
+    layers draw through :func:`tl_idempotence.core.results.views`, which calls this)."""
+    from . import views
+
+    return views
+
+
+_results.use_views(_load_views)
 
 
 def __getattr__(name: str) -> Any:

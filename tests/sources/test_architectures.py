@@ -79,14 +79,16 @@ def _reference(model_dir: Path, mt: str, cfg: dict) -> tuple[list, list, bool]:
 
 
 @pytest.mark.parametrize(("model_type", "config"), _cases())
-def test_tiny_checkpoint_of_every_covered_type_matches_the_forward_pass(tmp_path, model_type, config):
+def test_tiny_checkpoint_of_every_covered_type_matches_the_forward_pass(tmp_path, model_type, config, request):
     """save_pretrained (safetensors, the names real checkpoints have) -> idempotence_report(path) -> every head's
     P and alpha equal a dense float64 computation from the heads measured by running the model (<= 1e-9)."""
     import transformers
 
     from tl_idempotence.testing import tiny_model
 
-    transformers.utils.logging.disable_progress_bar()
+    if transformers.utils.logging.is_progress_bar_enabled():  # off for this test only (the next tests see it on)
+        transformers.utils.logging.disable_progress_bar()
+        request.addfinalizer(transformers.utils.logging.enable_progress_bar)
     src = DERIVED["architectures"][model_type]["source"]
     model = tiny_model(model_type, src["hf_class"], **config)
     with warnings.catch_warnings():

@@ -9,27 +9,39 @@ headline numbers) and derives from :class:`Result`, which gives it
 * ``x._repr_html_()``: the notebook display, drawn by :mod:`tl_idempotence.views`.
 
 Data flows one way (core -> sources -> analyses -> report -> studies -> views -> cli), so
-nothing below ``views`` imports it. Like pandas' plotting backend (``DataFrame.plot``
-resolves ``pandas.plotting`` by its module name when called), a result resolves its
-display module by name, :data:`VIEWS_MODULE`, only when a display or figure is asked for.
+nothing below ``views`` imports it. The package root (``tl_idempotence/__init__.py``, the
+composition root above every layer, run before any submodule is imported) hands this module
+a loader of the views with :func:`use_views` — a real ``from . import views`` there, which the
+layering test sees; :func:`views` calls it when a display or figure is asked for.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, ClassVar
 
-__all__ = ["VIEWS_MODULE", "Result", "short_value", "views"]
+__all__ = ["Result", "short_value", "use_views", "views"]
 
-#: The module that draws every figure and display, resolved by name when one is asked for.
-VIEWS_MODULE = "tl_idempotence.views"
+_views_loader: Callable[[], ModuleType] | None = None
+
+
+def use_views(loader: Callable[[], ModuleType]) -> None:
+    """Set the loader of the views module (called once, by the package root; imports nothing itself)."""
+    global _views_loader
+    _views_loader = loader
 
 
 def views() -> ModuleType:
-    """The views module (plotly figures, HTML pages, notebook displays), imported on first use."""
-    return importlib.import_module(VIEWS_MODULE)
+    """The views module (plotly figures, HTML pages, notebook displays), imported on first use.
+
+    Raises:
+        RuntimeError: no loader was set (impossible once ``tl_idempotence`` is imported, which runs first).
+    """
+    if _views_loader is None:  # pragma: no cover - the package root always sets it
+        raise RuntimeError("tl_idempotence's views were not registered (import tl_idempotence first).")
+    return _views_loader()
 
 
 def short_value(v: Any) -> str | None:

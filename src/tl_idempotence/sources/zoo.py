@@ -976,18 +976,19 @@ def _load_bridge(hf: Path, spec: dict[str, Any], processing: str, device: str):
     from transformer_lens.model_bridge import TransformerBridge
     from transformers.utils import logging as hf_logging
 
+    from ..core.progress import quiet_transformers
+
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
         # BERT: the bridge wraps BertForMaskedLM whose MLM head is not in the checkpoint;
         # a fixed seed makes that (unmeasured) head reproducible without touching global RNG.
-        with torch.random.fork_rng(devices=[]):
+        # transformers' bars off while it loads, the user's setting restored after (on or off).
+        with quiet_transformers(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             model = TransformerBridge.boot_transformers(str(hf), device=device)
     finally:
         hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
     applied = {k: False for k in PROCESSING_FLAGS}
     notes: list[str] = []
     if spec["architecture"]["family"] == "bert":

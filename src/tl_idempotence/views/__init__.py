@@ -3,8 +3,8 @@ HTML report (:mod:`.page`), circuitsvis attention views (:mod:`.attention`), not
 displays and :func:`use_offline_plotly` (figures that also render in a static HTML render of an
 executed notebook, offline; :mod:`.notebook`) and the words around the numbers (:mod:`.text`).
 
-Result objects reach these functions by this module's name
-(:data:`tl_idempotence.core.results.VIEWS_MODULE`); nothing below imports it.
+Result objects reach these functions through :func:`tl_idempotence.core.results.views`, whose loader
+the package root sets (``from . import views`` in ``tl_idempotence/__init__.py``); nothing below imports it.
 """
 
 from __future__ import annotations
