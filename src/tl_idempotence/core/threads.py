@@ -26,8 +26,12 @@ import torch
 
 __all__ = ["SMALL_LAYER_MACS", "explicit_threads", "layer_macs", "threads_for"]
 
-#: Layers with fewer multiply-adds in their Gram products run on one thread (benchmarks/bench_threads.py).
-SMALL_LAYER_MACS = 400_000_000
+#: Layers with fewer multiply-adds in their Gram products run on one thread. Calibrated by
+#: ``benchmarks/bench_threads.py --load`` on 2 cores (2026-12-01, RESULTS.md): up to 1.1·10⁸ (Qwen2.5-0.5B)
+#: two threads gained nothing quiet (0.96-1.03x) or loaded (0.85-1.06x); from 3.8·10⁸ (Gemma-3-270M) on they
+#: were faster quiet (0.63-0.85x); loaded, Gemma's shape still gained (0.79x) and the 7B/235B shapes lost
+#: (1.27-1.29x; a library cannot see other users' load, so big layers keep torch's count).
+SMALL_LAYER_MACS = 200_000_000
 
 #: torch's thread count when this module was first imported (the machine's default unless set before).
 _DEFAULT_THREADS = torch.get_num_threads()
