@@ -768,7 +768,7 @@ def test_result_objects_check_their_arguments(env):
 
 
 def test_flagged_heads_and_attention_patterns_check_their_arguments(env):
-    from tl_idempotence.analyses.attention import attention_patterns
+    from tl_idempotence.probes.attention import attention_patterns
 
     rep = tli.idempotence_report(env.bridge, progress=False)
     assert_raises(lambda: tli.flagged_heads(rep, top_k=0), OptionError, ["top_k", ">= 1"])
@@ -787,7 +787,7 @@ def test_flagged_heads_and_attention_patterns_check_their_arguments(env):
     assert_raises(lambda: attention_patterns(str(env.dir), TEXT, [(0, 1)]), UnsupportedModelError, ["TransformerLens"])
 
 
-# ------------------------------------------------------------------ token inputs (analyses/tokens.py, finding F6)
+# ------------------------------------------------------------------ token inputs (probes/tokens.py, finding F6)
 
 TOKEN_CASES = [
     ("empty text", "", OptionError, ["texts_or_tokens", "no (non-special) token"]),
@@ -815,13 +815,13 @@ TOKEN_CASES = [
 
 @pytest.mark.parametrize("bad,exc,words", [c[1:] for c in TOKEN_CASES], ids=[c[0] for c in TOKEN_CASES])
 def test_prepare_tokens_refuses_bad_token_inputs_naming_the_argument(env, bad, exc, words):
-    from tl_idempotence.analyses.tokens import prepare_tokens
+    from tl_idempotence.probes.tokens import prepare_tokens
 
     assert_raises(lambda: prepare_tokens(env.bridge, bad), exc, words)
 
 
 def test_prepare_tokens_refuses_bad_options(env):
-    from tl_idempotence.analyses.tokens import MAX_SEQ_LEN, prepare_tokens
+    from tl_idempotence.probes.tokens import MAX_SEQ_LEN, prepare_tokens
 
     m = env.bridge
     assert_raises(lambda: prepare_tokens(m, TEXT, seq_len=True), OptionTypeError, ["seq_len", "bool"])

@@ -21,6 +21,7 @@ LAYERS = {
     "core": 1,
     "sources": 2,
     "analyses": 3,
+    "probes": 3,  # beside analyses: forward-pass probes (neither imports the other: see below)
     "report": 4,
     "studies": 5,
     "views": 6,
@@ -156,7 +157,7 @@ def test_no_higher_layer_named_in_a_string():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("sub", ["core", "sources", "analyses", "report", "studies", "views"])
+@pytest.mark.parametrize("sub", ["core", "sources", "analyses", "probes", "report", "studies", "views"])
 def test_every_module_is_in_a_layer(sub):
     assert (SRC / sub / "__init__.py").is_file()
     for path in (SRC / sub).glob("*.py"):
@@ -171,3 +172,13 @@ def test_results_draw_through_the_loader_the_root_sets():
     assert results.views() is tl_idempotence._load_views() is __import__("tl_idempotence.views").views
     src = (SRC / "core" / "results.py").read_text()
     assert "import_module" not in src and "importlib" not in src
+
+
+def test_weight_only_analyses_and_forward_pass_probes_do_not_import_each_other():
+    bad = [
+        f"{a} imports {b} at line {line}"
+        for a, b, _, line in imports()
+        if {a.split(".")[1:2][0] if "." in a else "", b.split(".")[1:2][0] if "." in b else ""}
+        == {"analyses", "probes"}
+    ]
+    assert not bad, "\n".join(bad)

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-from tl_idempotence.analyses.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
 from tl_idempotence.errors import OptionError
+from tl_idempotence.probes.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 from tl_idempotence.views.attention import AttentionView, attention_view
 

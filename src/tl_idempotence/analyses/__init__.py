@@ -3,6 +3,6 @@
 :mod:`.base` defines the contract (``LayerContext`` -> ``LayerResult``) and the list of
 report analyses; :mod:`.closure`, :mod:`.scramble`, :mod:`.mismatch`, :mod:`.search`,
 :mod:`.algebra` implement it. :mod:`.orientation` holds what the orientation-only
-controls share; :mod:`.activations`, :mod:`.attention`, :mod:`.ablation` run a model on
-text (:mod:`.tokens`).
+controls share. These are weight-only; the forward-pass probes (activation returns, attention
+patterns, ablations) are the sibling layer :mod:`tl_idempotence.probes`.
 """

@@ -40,8 +40,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from typing_extensions import Unpack
 
-    from ..analyses.ablation import Ablation, AblationArgs
     from ..core.hints import ArchitectureLike, HeadPairs, HeadsLike, IntLike, ModelLike, PathLike, RealLike, TLModel
+    from ..probes.ablation import Ablation, AblationArgs
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -354,7 +354,7 @@ class IdempotenceReport(Result):
                 raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
             pairs = [(int(a), int(b)) for a, b in zip(df["layer"], df["head"])]
         else:
-            from ..analyses.tokens import select_heads
+            from ..probes.tokens import select_heads
 
             sel = select_heads(heads, sorted({int(v) for v in self.heads["layer"]}), self.info.n_heads)
             pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
@@ -447,7 +447,7 @@ class IdempotenceReport(Result):
 
     def ablation(self, model: TLModel | None = None, **kwargs: Unpack[AblationArgs]) -> Ablation:
         """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
-        from ..analyses.ablation import ablation
+        from ..probes.ablation import ablation
 
         m = model if model is not None else self.model
         if m is None:

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ..analyses.attention import FlaggedHeads, attention_patterns, flagged_heads
 from ..core.kwargs import strict_kwargs
 from ..errors import OptionError
+from ..probes.attention import FlaggedHeads, attention_patterns, flagged_heads
 from .output import page_path, write_page
 from .text import format_P
 
@@ -115,7 +115,7 @@ def attention_view(
     Args:
         model: a TransformerLens model with a tokenizer.
         text: the text to run.
-        heads: ``(layer, head)`` pairs (e.g. from :func:`~tl_idempotence.analyses.attention.flagged_heads`).
+        heads: ``(layer, head)`` pairs (e.g. from :func:`~tl_idempotence.probes.attention.flagged_heads`).
         max_tokens: cut the text to this many tokens (including special tokens); the caption says so.
         head_table: optional per-head table (``layer, head, P, alpha``) for the labels.
         threshold: the P threshold (labels never round across it).
@@ -125,7 +125,7 @@ def attention_view(
         :class:`AttentionView` (``_repr_html_`` for notebooks; ``.html`` for pages).
 
     Raises:
-        UnsupportedModelError / OptionError: see :func:`~tl_idempotence.analyses.attention.attention_patterns`.
+        UnsupportedModelError / OptionError: see :func:`~tl_idempotence.probes.attention.attention_patterns`.
     """
     from circuitsvis.attention import attention_heads
 

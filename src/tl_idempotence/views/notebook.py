@@ -222,7 +222,7 @@ def _ci(s: dict[str, Any], low: str, high: str) -> str:
 
 
 def _ablation_headline(summary: dict[str, Any]) -> str:
-    """One sentence for an :class:`~tl_idempotence.analyses.ablation.Ablation`: the flagged set's Δ loss with its
+    """One sentence for an :class:`~tl_idempotence.probes.ablation.Ablation`: the flagged set's Δ loss with its
     interval, the matched controls, and the p-value with its floor (numbers from ``summary`` only)."""
     s = summary
     n_c = int(s.get("n_controls", 0) or 0)
@@ -293,7 +293,7 @@ def result_html(obj: Any) -> str:
     P column). An ablation leads with a sentence and a table of its Δ loss, controls and p-value.
     Plain HTML, no script: it shows in static renders too.
     """
-    from ..analyses.ablation import Ablation
+    from ..probes.ablation import Ablation
     from ..report.report import IdempotenceReport
 
     if isinstance(obj, IdempotenceReport):

@@ -25,7 +25,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-from tl_idempotence.analyses.ablation import (
+from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
+from tl_idempotence.probes.ablation import (
     BOOTSTRAP_DRAWS,
     DEFAULT_N_CONTROLS,
     MAX_CONTROLS,
@@ -35,8 +36,7 @@ from tl_idempotence.analyses.ablation import (
     next_token_loss,
     next_token_losses,
 )
-from tl_idempotence.analyses.tokens import prepare_tokens
-from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
+from tl_idempotence.probes.tokens import prepare_tokens
 from tl_idempotence.testing import bridge_from_dir, hooked_from_dir, tiny_hf_dir
 
 ZERO_HEAD = (1, 4)  # layer 1, head 4: W_O set to zero in the checkpoint
@@ -422,7 +422,7 @@ class SlowOn:
 @pytest.fixture
 def two_threads(monkeypatch):
     """torch on 2 threads, as if that were its count at import (the user chose nothing); restored after."""
-    import tl_idempotence.analyses.ablation as mod
+    import tl_idempotence.probes.ablation as mod
 
     before = torch.get_num_threads()
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -456,7 +456,7 @@ def test_the_faster_thread_count_runs_the_ablated_passes(bridge, monkeypatch, tw
 
 @pytest.mark.bridge
 def test_a_thread_count_the_user_set_is_kept(bridge, two_threads, monkeypatch):
-    import tl_idempotence.analyses.ablation as mod
+    import tl_idempotence.probes.ablation as mod
 
     monkeypatch.setattr(mod, "_IMPORT_THREADS", 4)  # imported on 4 threads; torch.set_num_threads(2) since
     ab = ablation(bridge, [(0, 7)], TOKENS, n_controls=14, **KW)

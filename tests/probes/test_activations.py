@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from helpers import dense_T
-from tl_idempotence.analyses.activations import activation_returns, head_returns
-from tl_idempotence.analyses.tokens import default_corpus, prepare_tokens
 from tl_idempotence.errors import OptionError, OptionTypeError, UnsupportedModelError
+from tl_idempotence.probes.activations import activation_returns, head_returns
+from tl_idempotence.probes.tokens import default_corpus, prepare_tokens
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
 
@@ -313,8 +313,8 @@ def test_scramble_control_keeps_a_rank_deficient_heads_rank(tmp_path):
 
 def test_public_entry_points_refuse_typod_keywords():
     """Finding F7: every public entry point of analyses/ refuses an unknown keyword naming the close match."""
-    from tl_idempotence.analyses.attention import attention_patterns, flagged_heads
     from tl_idempotence.errors import UnknownOptionError
+    from tl_idempotence.probes.attention import attention_patterns, flagged_heads
 
     with pytest.raises(UnknownOptionError, match=r"'min_char' \(did you mean 'min_chars'"):
         default_corpus(min_char=10)

@@ -147,7 +147,7 @@ def attention_patterns(model: Any, text: Any, heads: Any, max_tokens: Any = 64) 
 
     Args:
         model: a TransformerLens model with a tokenizer.
-        text: the text (tokenized like :func:`~tl_idempotence.analyses.tokens.prepare_tokens`:
+        text: the text (tokenized like :func:`~tl_idempotence.probes.tokens.prepare_tokens`:
             the model's special tokens around it, e.g. SmolLM2's ``<|im_start|>`` BOS).
         heads: ``(layer, head)`` pairs.
         max_tokens: cut the text to this many tokens including special tokens (circuitsvis

@@ -29,7 +29,7 @@ attention output (0 for bias-free models such as Llama: the attention output is 
 
 **Loss**: mean cross-entropy (nats) of the token at position ``p + 1`` given positions
 ``0..p``, over the target positions whose token is not a special token (BOS/EOS/PAD/...),
-accumulated in float64 per window (:func:`~tl_idempotence.analyses.tokens.prepare_tokens`:
+accumulated in float64 per window (:func:`~tl_idempotence.probes.tokens.prepare_tokens`:
 the default corpus of standard-library docstrings when ``texts`` is None). A set's loss is
 the sum over windows divided by the number of counted targets; ``window_losses`` keeps each
 window's mean so every number can be recomputed.
