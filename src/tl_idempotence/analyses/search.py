@@ -52,11 +52,11 @@ from ..core.options import (
 )
 from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
 from ..core.results import Result
+from ..core.selection import select_heads
 from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
-from .tokens import select_heads
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import (

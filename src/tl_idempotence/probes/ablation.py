@@ -110,9 +110,10 @@ from ..core.heads import ModelInfo, kv_layout
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.results import Result
+from ..core.selection import head_label, head_labels, select_heads
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
-from .tokens import head_label, head_labels, prepare_tokens, select_heads
+from .tokens import prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Literal

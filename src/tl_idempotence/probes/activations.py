@@ -71,9 +71,10 @@ from ..core.heads import ModelInfo, read_layer
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.results import Result
+from ..core.selection import head_labels, select_heads
 from ..errors import OptionError, UnsupportedModelError, WeightError
 from ..sources.tl import TLModelSource, is_tl_model
-from .tokens import default_corpus, head_labels, prepare_tokens, select_heads
+from .tokens import default_corpus, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Literal

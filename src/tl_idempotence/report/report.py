@@ -354,7 +354,7 @@ class IdempotenceReport(Result):
                 raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
             pairs = [(int(a), int(b)) for a, b in zip(df["layer"], df["head"])]
         else:
-            from ..probes.tokens import select_heads
+            from ..core.selection import select_heads
 
             sel = select_heads(heads, sorted({int(v) for v in self.heads["layer"]}), self.info.n_heads)
             pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
