@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import sys
 import time
@@ -419,8 +420,11 @@ def test_a_dying_worker_on_a_users_cluster(client, ckpts, reference, tmp_path):
     assert st.loc["D", "status"] == "computed" and st.loc["dies", "status"] == "failed"
     (f,) = res.failed.itertuples()
     assert f.label == "dies" and f.error_type == "WorkerDied" and "retries=0" in f.message
-    # Dask ran it allowed-failures + 1 = 4 times, each death charged to it; exit codes from the nannies' logs
-    assert f.message.count("exited with status 1") == 4, f.message
+    # Dask ran it allowed-failures + 1 = 4 times, each death charged to it; exit codes from the nannies' logs,
+    # asked through the scheduler (best effort, bounded: a loaded CI machine once answered none in time), never
+    # a wrong one
+    deaths = re.findall(r"worker process \d+ (exited with status -?\d+|died \(exit code unknown\))", f.message)
+    assert len(deaths) == 4 and set(deaths) <= {"exited with status 1", "died (exit code unknown)"}, f.message
     assert_same_report(res.reports["D"], reference["D"])
     assert not list((tmp_path / "out" / ".tli-items").glob("*/started-*"))  # every death accounted for
 

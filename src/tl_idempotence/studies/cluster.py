@@ -71,6 +71,9 @@ LOCAL_CLUSTER_SETTINGS = {
 #: Seconds between two looks at the cluster's workers.
 _WORKER_CHECK_EVERY = 2.0
 _UNKNOWN = "died (exit code unknown)"
+#: How long :func:`describe_deaths` waits for the nannies' exit lines (bounded: a nanny killed with its
+#: worker never logs one).
+_DEATH_LOG_WAIT_S = 5.0
 _DEATH_RE = re.compile(r"Worker process (\d+) (exited with status (-?\d+)|was killed by (unknown signal|signal (\d+)))")
 
 
@@ -299,19 +302,25 @@ def describe_deaths(client: Any, cluster: Any, died: Sequence[tuple[str, int, st
     """
     if not died:
         return []
+    wanted = {("" if cluster is not None else _host_of(address), pid) for _, pid, address in died if pid >= 0}
     codes: dict[tuple[str, int], str] = {}
-    for host, line in _nanny_logs(client, cluster):
-        m = _DEATH_RE.search(line)
-        if m is None:
-            continue
-        pid = int(m.group(1))
-        if m.group(3) is not None:
-            text = f"exited with status {m.group(3)}"
-        elif m.group(5) is not None:
-            text = f"was killed by signal {m.group(5)}"
-        else:
-            text = "was killed by an unknown signal"
-        codes[(host, pid)] = text
+    deadline = time.monotonic() + _DEATH_LOG_WAIT_S
+    while True:  # a nanny may log its worker's exit a moment after the scheduler saw the worker go
+        for host, line in _nanny_logs(client, cluster):
+            m = _DEATH_RE.search(line)
+            if m is None:
+                continue
+            pid = int(m.group(1))
+            if m.group(3) is not None:
+                text = f"exited with status {m.group(3)}"
+            elif m.group(5) is not None:
+                text = f"was killed by signal {m.group(5)}"
+            else:
+                text = "was killed by an unknown signal"
+            codes[(host, pid)] = text
+        if wanted <= codes.keys() or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
     out = []
     for _, pid, address in died:
         if pid < 0:
