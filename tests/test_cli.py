@@ -129,6 +129,7 @@ def _cli_command() -> list[str]:
     return [found] if found else [sys.executable, "-m", "tl_idempotence.cli"]
 
 
+@pytest.mark.integration  # fresh processes or a real model's files read whole: CI's integration tier
 @pytest.mark.bridge
 def test_default_command_end_to_end(tmp_path):
     """`tl-idempotence report --out ... --csv ...` on the default model, as a user runs it."""

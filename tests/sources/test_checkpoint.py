@@ -400,6 +400,7 @@ _RSS_CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.integration  # fresh processes or a real model's files read whole: CI's integration tier
 def test_peak_rss_independent_of_mlp_and_layers(tmp_path):
     """8 layers whose shards hold 6 GiB of (sparse) expert tensors next to the attention tensors, memory-mapped
     whole: peak RSS grows by a few layers' O and V in float64 over a one-layer read, far below the file size."""

@@ -51,6 +51,7 @@ def test_path_labels(tmp_path):
     assert path_label(tmp_path / "gemma.Q4.gguf") == "gemma.Q4"
 
 
+@pytest.mark.integration  # fresh processes or a real model's files read whole: CI's integration tier
 def test_a_folder_named_like_a_zoo_model_gets_one_decision_on_every_route(tmp_path, monkeypatch):
     """Measured before: ``idempotence_report("smollm2-135m")`` read the folder while compare, sweep and the
     CLI refused the name. Now every route refuses it naming both ways out, before anything is read."""
@@ -100,6 +101,7 @@ def test_run_folders_have_one_rule(tmp_path):
     assert proc.returncode == 2 and "--resume: must not be empty" in proc.stderr
 
 
+@pytest.mark.integration  # fresh processes or a real model's files read whole: CI's integration tier
 def test_an_absent_device_gets_one_decision_before_any_work(tmp_path):
     """``device="cuda"`` on a machine without CUDA: refused before anything is read or started on every
     route whose work runs on this machine (a sweep with its own scheduler resolves it on the workers)."""

@@ -426,6 +426,7 @@ def smol_gguf():
     return gguf.GGUFReader(str(p))  # parsing the header takes seconds: once per module
 
 
+@pytest.mark.integration  # fresh processes or a real model's files read whole: CI's integration tier
 def test_gguf_store_parses_exactly_what_gguf_reader_does(smol_gguf):
     """GGUFStore reads the header with gguf's own parser over plain ndarray views of the memory map (2-3x
     faster than np.memmap slices): every metadata field and every tensor must equal gguf.GGUFReader's."""
@@ -477,6 +478,7 @@ def test_smollm2_matches_dense_float64_from_gguf(smol, smol_gguf):
         _assert_matches_dense(rep.heads, O, V, kv_of, layer)
 
 
+@pytest.mark.integration  # fresh processes or a real model's files read whole: CI's integration tier
 @pytest.mark.bridge
 def test_smollm2_tl_processing_changes_P_and_is_recorded(smol, smol_gguf):
     _, raw = smol
