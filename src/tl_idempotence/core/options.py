@@ -15,8 +15,9 @@ argument, what was given and what is allowed (:mod:`tl_idempotence.errors`):
 * a device that is not there -> :class:`~tl_idempotence.errors.DeviceError`.
 
 :class:`ReportOptions` is what the report loop, the resume manifest and every cache key on
-(:meth:`ReportOptions.key`), and its one encoding between processes and files is :meth:`ReportOptions.to_record`
-/ :meth:`ReportOptions.from_record`.
+(:meth:`ReportOptions.key`); its one encoding in files is :meth:`ReportOptions.as_dict` /
+:meth:`ReportOptions.from_record`, and between processes :meth:`ReportOptions.for_elsewhere` /
+:meth:`ReportOptions.at_device` (the same record without the device, plus the device's name).
 """
 
 from __future__ import annotations
