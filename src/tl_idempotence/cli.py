@@ -656,11 +656,6 @@ def _cmd_fetch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return EXIT_OK
 
 
-def _checkpoint_of(p: Path) -> Path:
-    """The checkpoint a path names: a ``.safetensors``/``config.json`` file names its folder."""
-    return p.parent if not p.is_dir() and p.suffix.lower() in (".safetensors", ".json") else p
-
-
 def _sweep_items(raw: Sequence[str], parser: argparse.ArgumentParser) -> dict[str, str]:
     """``{label: item}`` from the command line's ITEMs (usage errors exit 2).
 
@@ -672,7 +667,7 @@ def _sweep_items(raw: Sequence[str], parser: argparse.ArgumentParser) -> dict[st
     same command line: job-array tasks agree on them.
     """
     from .errors import TLIError
-    from .sources.names import path_label, resolve_name
+    from .sources.names import checkpoint_of, path_label, resolve_name
 
     zoo = _zoo_names()
     given: list[tuple[str | None, str]] = []
@@ -716,7 +711,7 @@ def _sweep_items(raw: Sequence[str], parser: argparse.ArgumentParser) -> dict[st
             continue
         depth = 2
         while True:
-            parts = {i: [*_checkpoint_of(paths[i]).parent.parts[1:], path_label(paths[i])] for i in group}
+            parts = {i: [*checkpoint_of(paths[i]).parent.parts[1:], path_label(paths[i])] for i in group}
             cand = {i: "_".join(parts[i][-depth:]) for i in group}
             if len(set(cand.values())) == len(group) or depth > max(len(v) for v in parts.values()):
                 break

@@ -26,7 +26,7 @@ from typing import Literal
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from .zoo import known_models, model_spec
 
-__all__ = ["ZOO_PREFIX", "Named", "missing_path_error", "path_label", "resolve_name"]
+__all__ = ["ZOO_PREFIX", "Named", "checkpoint_of", "missing_path_error", "path_label", "resolve_name"]
 
 #: Written before a zoo name to name the zoo model whatever folders exist (``"zoo:smollm2-135m"``).
 ZOO_PREFIX = "zoo:"
@@ -89,15 +89,21 @@ def missing_path_error(name: object, where: str = "model") -> MissingFileError:
     )
 
 
+def checkpoint_of(p: Path) -> Path:
+    """The checkpoint a path names: a ``.safetensors``/``config.json`` file names its folder; any other path
+    names itself. Raises nothing."""
+    p = Path(p)
+    return p.parent if not p.is_dir() and p.suffix.lower() in _CHECKPOINT_FILES else p
+
+
 def path_label(p: Path) -> str:
     """The label of a checkpoint path: a folder's name; for a ``.safetensors``/``config.json`` file inside a
-    checkpoint folder, that folder's name (the file names the folder's checkpoint); a ``.gguf`` file's name
-    without the suffix."""
+    checkpoint folder, that folder's name (:func:`checkpoint_of`); a ``.gguf`` file's name without the suffix."""
     p = Path(p).absolute()
     if p.is_dir():
         return p.name
     if p.suffix.lower() in _CHECKPOINT_FILES:
-        return p.parent.name
+        return checkpoint_of(p).name
     if p.suffix.lower() == ".gguf":
         return p.stem
     return p.name

@@ -831,12 +831,6 @@ def _prepare_out(out: Any) -> Path:
     return d
 
 
-def _check_out_path(out: Any) -> None:
-    """``out``: the one rule for a run's folder (:func:`~tl_idempotence.core.files.check_work_folder`),
-    checked before anything is created."""
-    check_work_folder(out, "out")
-
-
 # --------------------------------------------------------------------------- the plan (OUT/sweep.json)
 
 
@@ -1096,8 +1090,7 @@ def sweep(
     if local:  # the workers are on this machine: a device it lacks fails here, before a cluster starts
         check_device(device_name)
         check_main_guard("tli.sweep()")
-    _check_out_path(out)
-    d = _prepare_out(out)
+    d = _prepare_out(out)  # checked (check_work_folder) before it is created
     lock = FileLock(str(d / LOCK_NAME))
     try:
         lock.acquire(timeout=0)
@@ -1295,8 +1288,7 @@ def run_sweep_item(
         )
     record, device_name = ReportOptions.for_elsewhere("run_sweep_item()", options, ("items", "out", "index", "retries"))
     check_device(device_name)  # this process computes: a device it lacks fails before any work
-    _check_out_path(out)
-    d = _prepare_out(out)
+    d = _prepare_out(out)  # checked (check_work_folder) before it is created
     run = uuid.uuid4().hex[:12]
     tasks = [SweepTask(it, name, str(d), record, device_name, run) for it, name in zip(resolved, dirnames)]
     _write_plan(d, [_Entry(t.item.label, t.dirname, t.item.describe()) for t in tasks], record, device_name)
