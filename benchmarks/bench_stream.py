@@ -18,6 +18,7 @@ The checkpoint is deleted afterwards (``--keep`` keeps it). Usage::
     python benchmarks/bench_stream.py                 # full 94 layers (~13 GB on disk)
     python benchmarks/bench_stream.py --layers 4      # quick run
     python benchmarks/bench_stream.py --dir /big/tmp --skip-nulls
+    python benchmarks/bench_stream.py --dir /big/tmp --keep ...   # then: --checkpoint /big/tmp/bench_stream_XXXX
 """
 
 from __future__ import annotations
@@ -203,6 +204,11 @@ def main() -> None:
     ap.add_argument("--layers-per-shard", type=int, default=12)
     ap.add_argument("--dir", default=None, help="where to write the checkpoint (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint afterwards")
+    ap.add_argument(
+        "--checkpoint",
+        default=None,
+        help="measure a checkpoint this script wrote before (kept with --keep) instead of writing a new one",
+    )
     ap.add_argument("--skip-nulls", action="store_true")
     ap.add_argument(
         "--nulls-layers",
@@ -222,13 +228,20 @@ def main() -> None:
         return child(args)
 
     need = args.layers * (2 * N_HEADS + 2 * N_KV) * D_MODEL * D_HEAD * 2
-    base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(base).free
-    print(f"checkpoint: {args.layers} layers, {need / 1e9:.1f} GB; free at {base}: {free / 1e9:.1f} GB", flush=True)
-    if free < need * 1.2 + 2e9:
-        sys.exit(f"Not enough disk at {base}: need {need * 1.2 / 1e9:.1f} GB free. Use --dir or --layers N.")
-    d = Path(tempfile.mkdtemp(prefix="bench_stream_", dir=base))
+    if args.checkpoint:
+        d = Path(args.checkpoint)
+        cfg = json.loads((d / "config.json").read_text())
+        if cfg.get("_name_or_path") != "synthetic-qwen3-235b-attention" or cfg["num_hidden_layers"] != args.layers:
+            sys.exit(f"{d} is not a {args.layers}-layer checkpoint written by this script (its config.json says otherwise).")
+        args.keep = True
+    else:
+        base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(base).free
+        print(f"checkpoint: {args.layers} layers, {need / 1e9:.1f} GB; free at {base}: {free / 1e9:.1f} GB", flush=True)
+        if free < need * 1.2 + 2e9:
+            sys.exit(f"Not enough disk at {base}: need {need * 1.2 / 1e9:.1f} GB free. Use --dir or --layers N.")
+        d = Path(tempfile.mkdtemp(prefix="bench_stream_", dir=base))
     args.dir = str(d)
     res: dict = {
         "layers": args.layers,
@@ -236,11 +249,15 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads() if not args.threads else args.threads,
         "load_avg_at_start": os.getloadavg(),
+        "checkpoint": str(d),
     }
     try:
-        t = time.perf_counter()
-        res["checkpoint_GB"] = write_checkpoint(d, args.layers, args.layers_per_shard) / 1e9
-        res["write_seconds"] = time.perf_counter() - t
+        if args.checkpoint:
+            res["checkpoint_GB"] = sum(f.stat().st_size for f in d.glob("*.safetensors")) / 1e9
+        else:
+            t = time.perf_counter()
+            res["checkpoint_GB"] = write_checkpoint(d, args.layers, args.layers_per_shard) / 1e9
+            res["write_seconds"] = time.perf_counter() - t
         res["O_V_GB"] = args.layers * (N_HEADS + N_KV) * D_MODEL * D_HEAD * 2 / 1e9
         res["evict_method"] = evict(d)
         res["floor_read_cold"] = run_child(args, "read")

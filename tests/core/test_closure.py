@@ -427,3 +427,51 @@ def test_shape_annotations_are_checked_while_the_tests_run():
     closure_sums(good, good, good)
     with pytest.raises(jaxtyping.TypeCheckError):
         closure_sums(good, good, torch.ones(1, 3, 2, dtype=torch.float64))
+
+
+def _grams_with_spectrum(s: torch.Tensor, d_model: int, seed: int) -> torch.Tensor:
+    """``Xᵀ X`` for ``X [d_model, r]`` with singular values ``s`` ``[batch, r]`` in random orientations."""
+    g = torch.Generator().manual_seed(seed)
+    b, r = s.shape
+    U, _ = torch.linalg.qr(torch.randn(b, d_model, r, generator=g, dtype=torch.float64))
+    W, _ = torch.linalg.qr(torch.randn(b, r, r, generator=g, dtype=torch.float64))
+    X = (U * s[:, None, :]) @ W.transpose(-1, -2)
+    return X.transpose(-1, -2) @ X
+
+
+@pytest.mark.parametrize("d_model, r", [(8, 1), (16, 4), (64, 16), (576, 64), (4096, 128)])
+def test_gram_rank_equals_the_eigenvalue_rule(d_model, r):
+    """The Cholesky certificate never changes a rank: every spectrum (well-conditioned, exact zeros, singular
+    values at 0.5-2x and 10x the threshold, tiny and huge scales, a zero Gram) gives the rank the
+    eigenvalues give; well-conditioned heads are decided without eigenvalues."""
+    from tl_idempotence.core.factors import gram_eig, gram_rank
+
+    rtol = rank_rtol(d_model, r)
+    g = torch.Generator().manual_seed(r)
+    rows = [torch.rand(r, generator=g, dtype=torch.float64) + 0.5 for _ in range(3)]  # well conditioned
+    for k in (1, r // 2, r - 1):  # k smallest singular values near or below the threshold
+        for f in (0.0, 1e-3, 0.5, 0.99, 1.0, 1.01, 2.0, 10.0, 1e3):
+            row = torch.rand(r, generator=g, dtype=torch.float64) + 1.0
+            row[0] = 1.5  # s_max
+            if k and r > 1:
+                row[-k:] = f * rtol * 1.5
+            rows.append(row)
+    s = torch.stack(rows)
+    G = _grams_with_spectrum(s, d_model, seed=d_model)
+    scales = torch.tensor([1e-30, 1e-8, 1.0, 1e8, 1e30], dtype=torch.float64)
+    G = torch.cat([G * c**2 for c in scales])
+    G = torch.cat([G, torch.zeros(1, r, r, dtype=torch.float64)])
+    want = gram_eig(G, rtol, False)[2].sum(-1)
+    assert torch.equal(gram_rank(G, rtol), want)
+    assert torch.equal(gram_rank(G.reshape(1, -1, r, r), rtol), want.reshape(1, -1))  # any leading shape
+    deficient = (want < r).sum()
+    assert 0 < deficient < len(G) if r > 1 else True  # both kinds are in the table
+
+    calls = []
+    real = torch.linalg.eigvalsh
+    try:
+        torch.linalg.eigvalsh = lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k)
+        assert torch.equal(gram_rank(G[:3], rtol), torch.full((3,), r))
+    finally:
+        torch.linalg.eigvalsh = real
+    assert calls == []  # three well-conditioned heads: proved by the Cholesky certificate alone

@@ -45,7 +45,7 @@ from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
 from ..errors import OptionError, OptionTypeError, WeightError
-from .factors import DEGENERATE_RTOL, gram_eig, principal_factors, rank_rtol
+from .factors import DEGENERATE_RTOL, gram_rank, principal_factors, rank_rtol
 from .heads import LayerHeads, check_storage, check_weights
 from .options import check_bool, check_compute_dtype, check_device, strict_kwargs
 from .results import Result
@@ -590,7 +590,7 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
         if g.e_T is not None and bool(g.e_T.any()):
             eig = torch.complex(_unscale(eig.real, g.e_T), _unscale(eig.imag, g.e_T))
     else:
-        rank_O = gram_eig(G_O, rtol, False)[2].sum(-1)
+        rank_O = gram_rank(G_O, rtol)
         rank_V = _shared_rank(G_V, g.kv_head_of, rtol)
     return Closure(
         alpha=alpha,
@@ -611,12 +611,12 @@ def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
 def _shared_rank(G_V: Tensor, kv_head_of: Tensor | None, rtol: float) -> Tensor:
     """Numerical rank of each ``G_V``; one eigendecomposition per kv head when heads share it."""
     if kv_head_of is None or G_V.ndim != 3 or kv_head_of.shape != G_V.shape[:1]:
-        return gram_eig(G_V, rtol, False)[2].sum(-1)
+        return gram_rank(G_V, rtol)
     kvs, inverse = torch.unique(kv_head_of, return_inverse=True)
     if len(kvs) == len(kv_head_of):
-        return gram_eig(G_V, rtol, False)[2].sum(-1)
+        return gram_rank(G_V, rtol)
     first = torch.stack([(kv_head_of == k).nonzero()[0, 0] for k in kvs])
-    return gram_eig(G_V[first], rtol, False)[2].sum(-1)[inverse]
+    return gram_rank(G_V[first], rtol)[inverse]
 
 
 def _as_tensor(x: Any, name: str) -> Tensor:

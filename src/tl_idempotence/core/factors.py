@@ -14,7 +14,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-__all__ = ["DEGENERATE_RTOL", "GRAM_RTOL_FLOOR", "gram_eig", "principal_factors", "rank_rtol"]
+__all__ = ["DEGENERATE_RTOL", "GRAM_RTOL_FLOOR", "gram_eig", "gram_rank", "principal_factors", "rank_rtol"]
 
 #: The smallest relative singular value that Gram-based factors can resolve in
 #: float64 (≈ sqrt(float64 eps), rounded up). Ranks never count singular values
@@ -65,6 +65,48 @@ def gram_eig(
     smax = s.amax(-1, keepdim=True)
     mask = (s > rtol * smax) & (smax > 0)
     return s, W, mask
+
+
+def gram_rank(G: Float[Tensor, "*batch r r"], rtol: float) -> Int[Tensor, " *batch"]:
+    """Numerical rank of each factor from its Gram matrix: exactly ``gram_eig(G, rtol, False)[2].sum(-1)``.
+
+    The rule is :func:`gram_eig`'s (a singular value ``s`` counts when ``s > rtol · s_max``); what
+    differs is the work. Most heads of a trained model have full rank with room to spare, and for
+    those a Cholesky factorization of ``G - τ I`` (~5x cheaper than the eigenvalues at ``r = 128``)
+    proves it: if it completes in float64, every eigenvalue of ``G`` exceeds ``τ`` minus the
+    factorization's backward error ``γ_{r+1} trace(G)`` (Higham, *Accuracy and Stability of Numerical
+    Algorithms*, Thm 10.3), and ``τ`` is twice ``(rtol² + 2 r u) U + 2 (r+1) u trace(G)`` with
+    ``U ≥ λ_max`` (the smaller of the trace and the largest absolute row sum) and ``u = 2⁻⁵³``, so the
+    eigenvalues :func:`gram_eig` computes (backward error ``≤ r u λ_max``) pass its test too. Every
+    head without that proof (rank-deficient, ill-conditioned, within a factor ~2 of the threshold,
+    zero, or non-finite; a margin of up to ~2r times the threshold when the trace is the bound) gets its
+    eigenvalues computed and the rule applied to them as before.
+
+    Args:
+        G: ``[*batch, r, r]`` float64 Gram matrices (``Xᵀ X``; symmetric positive semidefinite).
+        rtol: relative rank tolerance (:func:`rank_rtol`).
+
+    Returns:
+        ``[*batch]`` int64 ranks, equal to the eigenvalue route's for every input
+        (``tests/core/test_closure.py::test_gram_rank_equals_the_eigenvalue_rule``).
+    """
+    r = G.shape[-1]
+    lead = G.shape[:-2]
+    flat = G.reshape(-1, r, r)
+    rank = torch.full((flat.shape[0],), r, dtype=torch.int64, device=G.device)
+    if flat.shape[0] == 0 or r == 0:
+        return rank.reshape(lead)
+    u = 2.0**-53
+    tr = flat.diagonal(dim1=-2, dim2=-1).sum(-1)
+    U = torch.minimum(tr, flat.abs().sum(-1).amax(-1)) * (1 + 1e-9)  # >= λ_max (a PSD matrix's trace; Gershgorin)
+    tau = 2 * ((rtol**2 + 2 * r * u) * U + 2 * (r + 1) * u * tr)
+    eye = torch.eye(r, dtype=flat.dtype, device=flat.device)
+    _, info = torch.linalg.cholesky_ex(flat - tau[:, None, None] * eye)
+    proved = (info == 0) & torch.isfinite(U) & (U > 0) & torch.isfinite(flat).flatten(1).all(-1)
+    if not bool(proved.all()):
+        rest = (~proved).nonzero().flatten()
+        rank[rest] = gram_eig(flat[rest], rtol, False)[2].sum(-1)
+    return rank.reshape(lead)
 
 
 def principal_factors(

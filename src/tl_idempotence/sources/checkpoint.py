@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from ..core.files import sha256_file, shareable_name
-from ..core.heads import LayerHeads, ModelInfo, Sizes, check_weights, kv_layout
+from ..core.heads import LayerHeads, ModelInfo, Sizes, kv_layout
 from ..core.options import check_bool, strict_kwargs
 from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
 from .architectures import (
@@ -387,10 +387,13 @@ class CheckpointSource:
                 O = r.read(o_name).reshape(nq, dh, dm).transpose(1, 2)
             else:  # pragma: no cover
                 raise CheckpointError(f"Unknown O layout {lo!r}.")
+        lh = LayerHeads(layer=int(layer), O=O, V=V, kv_head_of=self._kv.clone())
         if self.check:
-            check_weights(V, f"Tensor {v_name!r} ({self.store.where(v_name)}), layer {layer},", "kv head")
-            check_weights(O, f"Tensor {o_name!r} ({self.store.where(o_name)}), layer {layer},", "head")
-        return LayerHeads(layer=int(layer), O=O, V=V, kv_head_of=self._kv.clone())
+            lh.check_finite(
+                o_name=f"Tensor {o_name!r} ({self.store.where(o_name)}), layer {layer},",
+                v_name=f"Tensor {v_name!r} ({self.store.where(v_name)}), layer {layer},",
+            )
+        return lh
 
     def __iter__(self) -> Iterator[LayerHeads]:
         for layer in self.layers():
