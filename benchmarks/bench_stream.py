@@ -232,7 +232,9 @@ def main() -> None:
         d = Path(args.checkpoint)
         cfg = json.loads((d / "config.json").read_text())
         if cfg.get("_name_or_path") != "synthetic-qwen3-235b-attention" or cfg["num_hidden_layers"] != args.layers:
-            sys.exit(f"{d} is not a {args.layers}-layer checkpoint written by this script (its config.json says otherwise).")
+            sys.exit(
+                f"{d} is not a {args.layers}-layer checkpoint written by this script (its config.json says otherwise)."
+            )
         args.keep = True
     else:
         base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())

@@ -442,8 +442,9 @@ def _grams_with_spectrum(s: torch.Tensor, d_model: int, seed: int) -> torch.Tens
 @pytest.mark.parametrize("d_model, r", [(8, 1), (16, 4), (64, 16), (576, 64), (4096, 128)])
 def test_gram_rank_equals_the_eigenvalue_rule(d_model, r):
     """The Cholesky certificate never changes a rank: every spectrum (well-conditioned, exact zeros, singular
-    values at 0.5-2x and 10x the threshold, tiny and huge scales, a zero Gram) gives the rank the
-    eigenvalues give; well-conditioned heads are decided without eigenvalues."""
+    values at 0.5-2x and 10x the threshold, scales from subnormal Grams to 1e300, a zero Gram, Grams whose
+    upper triangle is zero: both routines read the lower one) gives the rank the eigenvalues give;
+    well-conditioned heads are decided without eigenvalues."""
     from tl_idempotence.core.factors import gram_eig, gram_rank
 
     rtol = rank_rtol(d_model, r)
@@ -457,9 +458,9 @@ def test_gram_rank_equals_the_eigenvalue_rule(d_model, r):
                 row[-k:] = f * rtol * 1.5
             rows.append(row)
     s = torch.stack(rows)
-    G = _grams_with_spectrum(s, d_model, seed=d_model)
-    scales = torch.tensor([1e-30, 1e-8, 1.0, 1e8, 1e30], dtype=torch.float64)
-    G = torch.cat([G * c**2 for c in scales])
+    G = base = _grams_with_spectrum(s, d_model, seed=d_model)
+    scales = [1e-160, 1e-155, 1e-30, 1e-8, 1.0, 1e8, 1e30, 1e150]  # Grams from subnormal to 1e300
+    G = torch.cat([G * c**2 for c in scales] + [torch.tril(G)])  # tril: the upper triangle differs from the lower
     G = torch.cat([G, torch.zeros(1, r, r, dtype=torch.float64)])
     want = gram_eig(G, rtol, False)[2].sum(-1)
     assert torch.equal(gram_rank(G, rtol), want)
@@ -471,7 +472,24 @@ def test_gram_rank_equals_the_eigenvalue_rule(d_model, r):
     real = torch.linalg.eigvalsh
     try:
         torch.linalg.eigvalsh = lambda x, *a, **k: calls.append(x.shape[0]) or real(x, *a, **k)
-        assert torch.equal(gram_rank(G[:3], rtol), torch.full((3,), r))
+        assert torch.equal(gram_rank(base[:3], rtol), torch.full((3,), r))
     finally:
         torch.linalg.eigvalsh = real
     assert calls == []  # three well-conditioned heads: proved by the Cholesky certificate alone
+
+
+def test_gram_rank_cases_an_adversarial_review_found():
+    """Two Grams on which an earlier version of the certificate claimed full rank: a subnormal one (its τ
+    underflowed to 0) and one whose upper triangle is zero (the Gershgorin bound read both triangles)."""
+    from tl_idempotence.core.factors import gram_eig, gram_rank
+
+    d = 2.0**-1074
+    G = torch.tensor([[1.0, 100.0], [100.0, 10001.0]], dtype=torch.float64) * d  # = XᵀX, X = √d [[1, 100], [0, 1]]
+    for rtol in (1e-7, 1e-5, 1e-3, 1e-2):
+        assert gram_rank(G, rtol).item() == gram_eig(G, rtol, False)[2].sum(-1).item() == 1
+    r, rtol = 16, 1e-3
+    v = torch.arange(1, r + 1, dtype=torch.float64) ** -0.5
+    Gs = torch.outer(v, v)
+    Gs += 0.99 * rtol**2 * torch.linalg.eigvalsh(Gs)[-1] * torch.eye(r, dtype=torch.float64)
+    for M in (Gs, torch.tril(Gs)):
+        assert gram_rank(M, rtol).item() == gram_eig(M, rtol, False)[2].sum(-1).item() == 1

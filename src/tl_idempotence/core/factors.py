@@ -72,37 +72,46 @@ def gram_rank(G: Float[Tensor, "*batch r r"], rtol: float) -> Int[Tensor, " *bat
 
     The rule is :func:`gram_eig`'s (a singular value ``s`` counts when ``s > rtol · s_max``); what
     differs is the work. Most heads of a trained model have full rank with room to spare, and for
-    those a Cholesky factorization of ``G - τ I`` (~5x cheaper than the eigenvalues at ``r = 128``)
+    those a Cholesky factorization of ``G - τ I`` (3-5x cheaper than the eigenvalues at ``r = 128``)
     proves it: if it completes in float64, every eigenvalue of ``G`` exceeds ``τ`` minus the
     factorization's backward error ``γ_{r+1} trace(G)`` (Higham, *Accuracy and Stability of Numerical
-    Algorithms*, Thm 10.3), and ``τ`` is twice ``(rtol² + 2 r u) U + 2 (r+1) u trace(G)`` with
-    ``U ≥ λ_max`` (the smaller of the trace and the largest absolute row sum) and ``u = 2⁻⁵³``, so the
-    eigenvalues :func:`gram_eig` computes (backward error ``≤ r u λ_max``) pass its test too. Every
-    head without that proof (rank-deficient, ill-conditioned, within a factor ~2 of the threshold,
-    zero, or non-finite; a margin of up to ~2r times the threshold when the trace is the bound) gets its
-    eigenvalues computed and the rule applied to them as before.
+    Algorithms*, Thm 10.3; no underflow), and ``τ`` is twice ``(rtol² + 2 r u) U + 2 (r+1) u trace(G)``
+    with ``U ≥ λ_max`` (the smaller of the trace and the largest absolute row sum of the matrix both
+    routines read: the lower triangle, mirrored) and ``u = 2⁻⁵³``, so the eigenvalues :func:`gram_eig`
+    computes (backward error ``≤ r u λ_max``) pass its test too. Every head without that proof
+    (rank-deficient, ill-conditioned, within a factor ~2 of the threshold, or ~2r when the trace is
+    the bound; zero; so small that ``τ`` is near float64's subnormals; non-finite: these raise as the
+    eigenvalue route does, the message counting only the heads without a proof) gets its eigenvalues
+    computed and the rule applied to them as before.
 
     Args:
         G: ``[*batch, r, r]`` float64 Gram matrices (``Xᵀ X``; symmetric positive semidefinite).
         rtol: relative rank tolerance (:func:`rank_rtol`).
 
     Returns:
-        ``[*batch]`` int64 ranks, equal to the eigenvalue route's for every input
-        (``tests/core/test_closure.py::test_gram_rank_equals_the_eigenvalue_rule``).
+        ``[*batch]`` int64 ranks, equal to the eigenvalue route's
+        (``tests/core/test_closure.py::test_gram_rank_equals_the_eigenvalue_rule``: spectra around the
+        threshold, scales 1e-160..1e150, Grams whose upper triangle differs from the lower).
     """
     r = G.shape[-1]
     lead = G.shape[:-2]
     flat = G.reshape(-1, r, r)
     rank = torch.full((flat.shape[0],), r, dtype=torch.int64, device=G.device)
-    if flat.shape[0] == 0 or r == 0:
+    if flat.shape[0] == 0:
         return rank.reshape(lead)
     u = 2.0**-53
     tr = flat.diagonal(dim1=-2, dim2=-1).sum(-1)
-    U = torch.minimum(tr, flat.abs().sum(-1).amax(-1)) * (1 + 1e-9)  # >= λ_max (a PSD matrix's trace; Gershgorin)
+    # U >= λ_max of the matrix eigvalsh and cholesky read (the lower triangle, mirrored): Gershgorin over its
+    # rows, or the trace (valid for a PSD matrix; a factorization that completes proves G is PSD up to its
+    # backward error, which the factor 1 + 1e-9 covers for r up to ~3000).
+    low = torch.tril(flat).abs()
+    rows = low.sum(-1) + low.sum(-2) - low.diagonal(dim1=-2, dim2=-1)
+    U = torch.minimum(tr, rows.amax(-1)) * (1 + 1e-9)
     tau = 2 * ((rtol**2 + 2 * r * u) * U + 2 * (r + 1) * u * tr)
     eye = torch.eye(r, dtype=flat.dtype, device=flat.device)
     _, info = torch.linalg.cholesky_ex(flat - tau[:, None, None] * eye)
-    proved = (info == 0) & torch.isfinite(U) & (U > 0) & torch.isfinite(flat).flatten(1).all(-1)
+    # The error bound assumes no underflow: a τ within 2^60 of float64's subnormals proves nothing.
+    proved = (info == 0) & torch.isfinite(U) & (tau > 2.0**-960) & torch.isfinite(flat).flatten(1).all(-1)
     if not bool(proved.all()):
         rest = (~proved).nonzero().flatten()
         rank[rest] = gram_eig(flat[rest], rtol, False)[2].sum(-1)

@@ -30,8 +30,8 @@ __all__ = [
     "LayerHeads",
     "ModelInfo",
     "Sizes",
-    "check_storage",
     "all_finite",
+    "check_storage",
     "check_weights",
     "kv_layout",
     "read_layer",
@@ -61,37 +61,43 @@ def check_storage(x: Tensor, name: str) -> None:
         )
 
 
-def _storage_order(x: Tensor) -> Tensor:
-    """``x``'s elements as a 1-D view in the order they lie in memory, or ``x`` itself when they do not
-    fill one dense block (a slice with gaps, an expanded view): a permutation of a contiguous tensor
-    (a transposed or split weight) becomes contiguous when its dims are sorted by stride."""
+def _storage_order(x: Tensor) -> Tensor | None:
+    """``x``'s elements as a 1-D view in the order they lie in memory, or None when they do not fill one
+    dense block (a slice with gaps, an expanded view): a permutation of a contiguous tensor (a
+    transposed or split weight) becomes contiguous when its dims are sorted by stride."""
     if x.is_contiguous():
         return x.reshape(-1)
-    order = sorted(range(x.ndim), key=lambda d: (-x.stride(d), -x.shape[d]))
+    strides = x.stride()
+    order = sorted(range(x.ndim), key=lambda d: (-strides[d], -x.shape[d]))
     y = x.permute(order)
-    return y.reshape(-1) if y.is_contiguous() else x
+    return y.reshape(-1) if y.is_contiguous() else None
 
 
 def all_finite(x: Tensor) -> bool:
-    """Whether every element of a real floating-point tensor is finite: one ``aminmax`` pass, no copy.
+    """Whether every element of a real floating-point tensor is finite, without copying it.
 
     ``min`` and ``max`` are NaN when any element is NaN, and ``±inf`` when one is ``±inf``, so both
-    finite means every element is. An empty tensor is finite.
+    finite means every element is. Elements that fill one dense block (contiguous, or a permutation
+    of a contiguous tensor) are reduced by one ``aminmax`` in storage order; any other layout (gaps,
+    stride 0) by ``amax`` and ``amin`` over the view (``aminmax`` would first copy it). An empty
+    tensor is finite.
     """
     if x.numel() == 0:
         return True
-    lo, hi = torch.aminmax(_storage_order(x.detach()))
+    x = x.detach()
+    flat = _storage_order(x)
+    lo, hi = torch.aminmax(flat) if flat is not None else (x.amin(), x.amax())
     return bool(torch.isfinite(lo) & torch.isfinite(hi))
 
 
 def check_weights(x: Tensor, name: str, index_name: str | None = None) -> None:
     """Refuse weights that have no closure: non-float dtypes and NaN/inf values.
 
-    One ``torch.aminmax`` over all of ``x``'s elements detects NaN/inf (both reductions propagate
-    NaN; it copies nothing). It runs over the memory in storage order whatever the layout (a
-    checkpoint's ``o_proj`` split into heads is a permuted view: reduced head by head it costs
-    ~10x more), so a 235B layer is checked in ~10 ms; the elementwise scan that names the bad heads
-    runs only when something is wrong.
+    The min and max over all of ``x``'s elements detect NaN/inf (:func:`all_finite`: both reductions
+    propagate NaN; no copy). A permuted view (a checkpoint's ``o_proj`` split into heads) is reduced
+    in storage order, one ``aminmax`` pass: head by head over the strided view it costs ~10x more; a
+    235B layer is checked in ~10 ms. The elementwise scan that names the bad heads runs only when
+    something is wrong.
 
     Args:
         x: ``[*lead, rows, cols]`` weights (a batch of heads, or one head).
