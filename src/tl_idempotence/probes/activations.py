@@ -341,7 +341,10 @@ def activation_returns(
             ``layer``/``head`` columns (e.g. ``report.closed_heads``).
         batch_size (int): windows per forward pass.
         seq_len (int): window length in tokens (including special tokens).
-        max_tokens (int | None): counted tokens to collect (None: all). Memory is
+        max_tokens (int | None): counted tokens to collect at least, in whole windows
+            (:func:`prepare_tokens`; None: all): ``summary["n_tokens"]`` is the number measured,
+            from ``max_tokens`` to below ``max_tokens + seq_len`` unless the texts run out (8,207
+            for the default 8,192 on the default corpus and SmolLM2's tokenizer). Memory is
             ``O(max_tokens · n_heads · (1 + nulls))`` floats for the per-token
             statistics, plus one forward pass of ``batch_size x seq_len``.
         control (str | None): ``"scramble"`` (orientation-scramble null of the same head),
