@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -157,8 +160,14 @@ def test_n_control_draws_is_a_deprecated_alias_of_nulls(tmp_path):
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
     toks = _tokens(n=2, pos=10)
     new = activation_returns(model, toks, heads=[(0, 1), (0, 3)], nulls=3, progress=False)
-    with pytest.warns(DeprecationWarning, match="n_control_draws.*nulls"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
         old = activation_returns(model, toks, heads=[(0, 1), (0, 3)], n_control_draws=3, progress=False)
+    (w,) = [w for w in caught if issubclass(w.category, DeprecationWarning) and "n_control_draws" in str(w.message)]
+    assert "activation_returns(n_control_draws=...) is deprecated; use nulls=" in str(w.message)
+    # attributed to the caller's line (here), not to the library's strict_kwargs wrapper (core/kwargs.py)
+    assert (w.filename, w.lineno) == (__file__, line)
     assert old.options["nulls"] == new.options["nulls"] == 3
     np.testing.assert_array_equal(old.heads["ctrl_cos2_median"], new.heads["ctrl_cos2_median"])
 
