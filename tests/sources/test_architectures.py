@@ -15,6 +15,7 @@ import warnings
 from importlib.metadata import version
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -268,6 +269,12 @@ def test_falcon_new_decoder_architecture_with_grouped_kv_heads(tmp_path, n_head,
         assert torch.allclose(alpha, a_ref, rtol=0, atol=1e-9 * max(a_ref.abs().max().item(), 1.0)), layer
     # heads of one kv group share V, not P: the grouping is read, not one kv head for all
     assert len({round(float(p), 12) for p in heads.P}) == 2 * n_head
+    # the loaded transformers model (its config object, multi_query as transformers keeps it): the same heads
+    loaded_rep = tli.idempotence_report(loaded, progress=False)
+    assert (loaded_rep.info.n_heads, loaded_rep.info.n_kv_heads) == (n_head, 2)
+    np.testing.assert_allclose(
+        loaded_rep.heads.sort_values(["layer", "head"]).P.to_numpy(), heads.P.to_numpy(), rtol=0, atol=1e-9
+    )
 
 
 @pytest.mark.parametrize(
