@@ -11,10 +11,11 @@ fetched once when missing) and nothing else of the process timed:
 * ``idempotence_report(path, search=True)`` — the constructive search, per layer;
 * ``idempotence_report(path, algebra=True)`` — the shared-value algebra of every kv group;
 * ``activation_returns(model)`` — activation-level returns on the default corpus (stdlib
-  docstrings, ``max_tokens`` default 8,192) with its default scramble control, on the SmolLM2
-  TransformerBridge (its loading is timed separately);
+  docstrings, ``max_tokens`` default 8,192, a lower bound taken in whole windows: 8,207 tokens) with its
+  default scramble control, on the SmolLM2 TransformerBridge (its loading is timed separately);
 * ``rep.ablation(model=model)`` — the closed heads mean-ablated against 39 matched control sets on
-  512 tokens of the default corpus (``benchmarks/bench_ablation.py`` times it alone, with its numbers).
+  the default corpus (``max_tokens`` default 512: 5 windows, 634 targets; ``benchmarks/bench_ablation.py``
+  times it alone, with its numbers).
 
 Each is timed ``--repeats`` times (median) when one run takes under 20 CPU seconds, once otherwise, as wall
 seconds and as CPU seconds of the process (all threads). The result is printed as a markdown table

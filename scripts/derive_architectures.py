@@ -70,12 +70,15 @@ EXTRA: dict[str, tuple[str, str, str, str]] = {
 }
 
 #: Config-dependent layouts: model type -> [(the config values a variant is chosen by, more tiny-model config)];
-#: the first is the entry, the others its ``variants``.
+#: the first is the entry, the others its ``variants``. A variant matches the values a config holds (a field
+#: absent from config.json matches nothing), and the first that matches wins: each variant is chosen by the
+#: fields transformers itself decides on, in its order, and the entry is what transformers' defaults give.
 VARIANTS: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {
     "falcon": [
         ({"new_decoder_architecture": False, "multi_query": True}, {}),
-        ({"new_decoder_architecture": True, "multi_query": False}, {}),
-        ({"new_decoder_architecture": False, "multi_query": False}, {"num_kv_heads": 4}),  # Falcon-RW: MHA
+        # Falcon-40B/180B: grouped kv heads (num_kv_heads); transformers ignores multi_query (default True) here
+        ({"new_decoder_architecture": True}, {}),
+        ({"multi_query": False}, {"new_decoder_architecture": False, "num_kv_heads": 4}),  # Falcon-RW: MHA
     ],
     "gpt_bigcode": [({"multi_query": True}, {}), ({"multi_query": False}, {})],
 }

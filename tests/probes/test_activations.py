@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -157,8 +160,14 @@ def test_n_control_draws_is_a_deprecated_alias_of_nulls(tmp_path):
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
     toks = _tokens(n=2, pos=10)
     new = activation_returns(model, toks, heads=[(0, 1), (0, 3)], nulls=3, progress=False)
-    with pytest.warns(DeprecationWarning, match="n_control_draws.*nulls"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
         old = activation_returns(model, toks, heads=[(0, 1), (0, 3)], n_control_draws=3, progress=False)
+    (w,) = [w for w in caught if issubclass(w.category, DeprecationWarning) and "n_control_draws" in str(w.message)]
+    assert "activation_returns(n_control_draws=...) is deprecated; use nulls=" in str(w.message)
+    # attributed to the caller's line (here), not to the library's strict_kwargs wrapper (core/kwargs.py)
+    assert (w.filename, w.lineno) == (__file__, line)
     assert old.options["nulls"] == new.options["nulls"] == 3
     np.testing.assert_array_equal(old.heads["ctrl_cos2_median"], new.heads["ctrl_cos2_median"])
 
@@ -180,6 +189,40 @@ def test_prepare_tokens_windows_and_special_positions(tmp_path):
         prepare_tokens(model, texts, seq_len=1)
     with pytest.raises(OptionTypeError, match="strings"):
         prepare_tokens(model, [3.0])
+
+
+@pytest.mark.bridge
+def test_max_tokens_is_a_lower_bound_in_whole_windows_and_n_tokens_says_what_was_used(tmp_path):
+    """What max_tokens bounds and what n_tokens counts, for both probes on one call each (the README's
+    "634 target tokens ... max_tokens=512"): windows are taken whole until they hold >= max_tokens counted
+    tokens; activation_returns' n_tokens is those counted tokens, ablation's the targets (counted positions
+    after each window's first), and options record the max_tokens asked for."""
+    from tl_idempotence.probes.ablation import ablation
+
+    model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama", n_layers=1))
+    text = " ".join(["w4 w5 w6 w7 w8 w9"] * 9)  # 54 single-token words, no separator among them
+    # seq_len 10 = BOS + 9 counted tokens per window: 9, 18, 27 < 30 <= 36 -> 4 windows, 36 counted tokens
+    ret = activation_returns(model, [text], seq_len=10, max_tokens=30, heads=[(0, 1)], nulls=2, progress=False)
+    assert (ret.summary["n_windows"], ret.summary["n_tokens"], ret.options["max_tokens"]) == (4, 36, 30)
+    assert int(ret.heads["n_tokens"].iloc[0]) == 36
+    abl = ablation(model, [(0, 1)], [text], seq_len=10, max_tokens=30, n_controls=0, progress=False)
+    assert (abl.summary["n_windows"], abl.summary["n_tokens"], abl.options["max_tokens"]) == (4, 36, 30)
+    assert abl.window_losses["n_tokens"].tolist() == [9, 9, 9, 9]
+    # exactly a window's worth: no fifth window; one more token: the fifth, whole
+    assert (
+        activation_returns(model, [text], seq_len=10, max_tokens=36, heads=[(0, 1)], progress=False).summary["n_tokens"]
+        == 36
+    )
+    assert (
+        activation_returns(model, [text], seq_len=10, max_tokens=37, heads=[(0, 1)], progress=False).summary["n_tokens"]
+        == 45
+    )
+    # token ids: whole rows; every position counts (no special id) but a row's first is no ablation target
+    toks = _tokens(n=4, pos=10)
+    toks[:, 0] = 5  # no BOS: 10 counted positions per row, 9 of them targets
+    assert activation_returns(model, toks, max_tokens=15, heads=[(0, 1)], progress=False).summary["n_tokens"] == 20
+    abl_ids = ablation(model, [(0, 1)], toks, max_tokens=15, n_controls=0, progress=False)
+    assert (abl_ids.summary["n_windows"], abl_ids.summary["n_tokens"]) == (2, 18)
 
 
 @pytest.mark.bridge

@@ -23,7 +23,8 @@ import tl_idempotence as tli
 import tl_idempotence.core.files as files_mod
 import tl_idempotence.report.report as report_mod
 from helpers import Interrupting, llama_like
-from tl_idempotence.errors import ResumeError
+from tl_idempotence.core.options import ReportOptions
+from tl_idempotence.errors import OptionTypeError, ResumeError
 from tl_idempotence.sources.checkpoint import from_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -248,6 +249,23 @@ def test_manifest_of_another_format_refuses(ckpt, tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ResumeError, match="is a file, not a directory"):
         tli.idempotence_report(str(ckpt), progress=False, resume=tmp_path / "afile")
+
+
+@pytest.mark.parametrize("bad", [123, 1.5, True, b"parts", ["parts"]], ids=["int", "float", "bool", "bytes", "list"])
+def test_resume_that_is_not_a_path_is_refused_before_any_folder_is_made(ckpt, tmp_path, monkeypatch, analysed, bad):
+    """resume=123 used to make ./123 (str(123)): a resume folder is a str or os.PathLike, refused otherwise
+    before anything is read, created or measured (every route goes through report_with_options)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    with pytest.raises(OptionTypeError, match=rf"resume must be a folder path; got {type(bad).__name__}\."):
+        tli.idempotence_report(str(ckpt), progress=False, resume=bad)
+    with pytest.raises(OptionTypeError, match="resume must be a folder path"):
+        report_mod.report_with_options(str(ckpt), ReportOptions(), progress=False, resume=bad)
+    assert list(cwd.iterdir()) == [] and analysed == []
+    # a folder name that is a number is a str: made, and used
+    rep = tli.idempotence_report(str(ckpt), progress=False, resume="123")
+    assert (cwd / "123" / "manifest.json").is_file() and len(rep.heads) == 5 * 6
 
 
 def test_nothing_half_written_looks_complete(ckpt, tmp_path, monkeypatch, analysed):

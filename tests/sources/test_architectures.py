@@ -15,6 +15,7 @@ import warnings
 from importlib.metadata import version
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -176,6 +177,104 @@ def test_variants_pick_the_layout_from_the_config():
     old = resolve_architecture({**base, "multi_query": False, "new_decoder_architecture": False}, None)[1]
     assert old["v"]["layout"] == "neox_qkv" and "n_kv_heads" not in old
     assert "variants" not in mq
+    # transformers ignores multi_query under new_decoder_architecture (FalconConfig's default is True), and reads
+    # an absent field as its default: new_decoder_architecture False, multi_query True
+    for mq_field in ({"multi_query": True}, {}):
+        grouped = resolve_architecture({**base, **mq_field, "new_decoder_architecture": True}, None)[1]
+        assert grouped["v"]["layout"] == "grouped_qkv" and "n_kv_heads" not in grouped, mq_field
+    absent = resolve_architecture({**base, "multi_query": False}, None)[1]
+    assert absent["v"]["layout"] == "neox_qkv"
+    default = resolve_architecture(base, None)[1]
+    assert (default["v"]["layout"], default["n_kv_heads"]) == ("fused_qkv", 1)
+
+
+def _falcon_reference(model) -> tuple[list, list]:
+    """Per-layer dense float64 alpha, P of a FalconForCausalLM under new_decoder_architecture, from its parameters.
+
+    modeling_falcon splits the fused query_key_value output as ``view(..., n_kv, n_heads // n_kv + 2, d_head)``:
+    per kv group its query heads, then k, then v; query head ``h`` (flattened [n_kv, g]) reads group ``h // g``;
+    ``dense`` takes the heads' outputs concatenated, head ``h`` = columns ``h*d_head:(h+1)*d_head``.
+    """
+    cfg = model.config
+    nq, nkv = cfg.num_attention_heads, cfg.num_kv_heads
+    d = cfg.hidden_size
+    dh, g = d // nq, nq // nkv
+    alphas, Ps = [], []
+    for block in model.transformer.h:
+        attn = block.self_attention
+        W = attn.query_key_value.weight.detach().double()  # [(nq + 2 nkv) dh, d]
+        Wv = W.view(nkv, g + 2, dh, d)[:, -1]  # [nkv, dh, d]: group k's value rows
+        V = torch.stack([Wv[h // g].T for h in range(nq)])  # column form [nq, d, dh]
+        # the model's own split of the fused output for the inputs e_1..e_d gives the same per-head values
+        _q, _k, value = attn._split_heads(torch.eye(d, dtype=torch.float64)[None] @ W.T)
+        assert torch.equal(value[0].view(d, nq, dh).permute(1, 0, 2), V)
+        Wo = attn.dense.weight.detach().double()  # [d, nq dh]
+        O = torch.stack([Wo[:, h * dh : (h + 1) * dh] for h in range(nq)])
+        T = O @ V.transpose(1, 2)  # T_h = O_h V_h^T, [nq, d, d]
+        T2 = T @ T
+        inner = (T2 * T).sum((-1, -2))
+        nT2, nT22 = (T * T).sum((-1, -2)), (T2 * T2).sum((-1, -2))
+        alphas.append(inner / nT2)
+        Ps.append(inner**2 / (nT22 * nT2))
+    return alphas, Ps
+
+
+@pytest.mark.parametrize("n_head", [4, 8])
+@pytest.mark.parametrize("multi_query", ["default", True, False, "absent"])
+def test_falcon_new_decoder_architecture_with_grouped_kv_heads(tmp_path, n_head, multi_query):
+    """FalconConfig(new_decoder_architecture=True, num_kv_heads=2) saved by save_pretrained, whatever multi_query
+    says (transformers ignores it there; "absent": the field deleted from config.json) -> idempotence_report(path)
+    -> each head's alpha and P equal a dense float64 T = O_h V_h^T from the model's own parameters (<= 1e-9)."""
+    import transformers
+
+    kw = {} if multi_query in ("default", "absent") else {"multi_query": multi_query}
+    cfg = transformers.FalconConfig(
+        vocab_size=64,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=n_head,
+        num_kv_heads=2,
+        new_decoder_architecture=True,
+        **kw,
+    )
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["new_decoder_architecture"] is True and config["num_kv_heads"] == 2
+    if multi_query == "absent":
+        del config["multi_query"]
+        (tmp_path / "config.json").write_text(json.dumps(config))
+    else:
+        assert config["multi_query"] is (True if multi_query == "default" else multi_query)
+    with warnings.catch_warnings():  # transformers loads it back (the same layout)
+        warnings.simplefilter("ignore")
+        loaded = transformers.FalconForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float64)
+    alphas, Ps = _falcon_reference(loaded)
+    rep = tli.idempotence_report(str(tmp_path), progress=False)
+    assert (rep.info.n_heads, rep.info.n_kv_heads) == (n_head, 2)
+    heads = rep.heads.sort_values(["layer", "head"])
+    assert len(heads) == 2 * n_head
+    for layer, (a_ref, p_ref) in enumerate(zip(alphas, Ps)):
+        rows = heads[heads.layer == layer]
+        assert rows["head"].tolist() == list(range(n_head))
+        P, alpha = torch.tensor(rows.P.to_numpy()), torch.tensor(rows.alpha.to_numpy())
+        assert torch.allclose(P, p_ref, rtol=0, atol=1e-9), (layer, (P - p_ref).abs().max())
+        assert torch.allclose(alpha, a_ref, rtol=0, atol=1e-9 * max(a_ref.abs().max().item(), 1.0)), layer
+    # heads of one kv group share V, not P: the grouping is read, not one kv head for all
+    assert len({round(float(p), 12) for p in heads.P}) == 2 * n_head
+    # the loaded transformers model (its config object, multi_query as transformers keeps it): the same heads
+    loaded_rep = tli.idempotence_report(loaded, progress=False)
+    assert (loaded_rep.info.n_heads, loaded_rep.info.n_kv_heads) == (n_head, 2)
+    np.testing.assert_allclose(
+        loaded_rep.heads.sort_values(["layer", "head"]).P.to_numpy(), heads.P.to_numpy(), rtol=0, atol=1e-9
+    )
 
 
 @pytest.mark.parametrize(

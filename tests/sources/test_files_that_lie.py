@@ -909,6 +909,24 @@ EDITED_GGUF_TABLE = {
     "offset not aligned": (_gguf_offset("blk.0.attn_output.weight", lambda o: o + 4), ["not a multiple", "alignment"]),
     "offset onto the previous tensor": (_gguf_offset("blk.0.attn_output.weight", lambda o: 0), ["overlaps"]),
     "first offset past the data start": (_gguf_offset("blk.0.attn_v.weight", lambda o: o + 32), ["first tensor"]),
+    # a type field that is no ggml type, or one whose blocks or bytes do not fit: named as such, not "truncated"
+    "type 200 (no ggml type)": (
+        _gguf_type("blk.0.attn_v.weight", 200),
+        ["'blk.0.attn_v.weight' has ggml type 200, which is not a valid ggml type", "types 0..", "pip install -U gguf"],
+    ),
+    "type 4 (Q4_2, removed from ggml)": (_gguf_type("blk.1.attn_output.weight", 4), ["ggml type 4, which is not"]),
+    "type F32 -> Q4_K (rows of 32, blocks of 256)": (
+        _gguf_type("blk.0.attn_output.weight", 12),
+        ["'blk.0.attn_output.weight' has ggml type Q4_K, whose blocks hold 256 values, but its rows hold 32"],
+    ),
+    "last tensor F32 -> F16 (the file holds more)": (
+        _gguf_type("blk.1.ffn_norm.weight", 1),
+        ["'blk.1.ffn_norm.weight' (the last one) has ggml type F16: 64 bytes", "holds 128 bytes", "in F32 or I32"],
+    ),
+    "last tensor F32 -> F64 (the file holds less)": (
+        _gguf_type("blk.1.ffn_norm.weight", 28),
+        ["'blk.1.ffn_norm.weight' (the last one) has ggml type F64: 256 bytes", "type field does not match its size"],
+    ),
 }
 
 
@@ -919,7 +937,8 @@ def test_gguf_tensor_table_that_lies_is_refused(tmp_path, case):
     f = write_gguf_file(tmp_path / "m.gguf", O, V)
     edit, names = EDITED_GGUF_TABLE[case]
     edit(f)
-    refused(CheckpointError, lambda: from_path(f), str(f), "corrupt tensor table", *names)
+    msg = refused(CheckpointError, lambda: from_path(f), str(f), "corrupt tensor table", *names)
+    assert "truncated" not in msg and "trailing" not in msg, msg
 
 
 def test_split_gguf_part_is_refused(tmp_path):

@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import json
 import os
+import re
 import shutil
 import weakref
 
@@ -100,6 +101,27 @@ def test_lineage_bad_arguments(tmp_path):
         train_lineage(tmp_path, steps=0)
     with pytest.raises(MissingFileError, match="ckpt_step"):
         lineage_checkpoints(tmp_path)
+
+
+def test_lineage_out_dir_that_is_no_folder_is_refused_before_training(tmp_path):
+    """out_dir an existing file, in a folder that does not exist, empty or not a path: the library's error
+    naming the path, before anything is trained or written (was a raw FileExistsError from mkdir)."""
+    f = tmp_path / "a_file"
+    f.write_text("keep me")
+    with pytest.raises(OptionError, match=rf"out_dir: {re.escape(str(f))} is a file, not a directory"):
+        train_lineage(f, steps=1)
+    with pytest.raises(OptionError, match=rf"out_dir: {re.escape(str(f))} is a file"):
+        train_lineage(str(f), steps=1, reuse=False)
+    assert f.read_text() == "keep me"
+    missing = tmp_path / "no" / "such" / "lineage"
+    with pytest.raises(OptionError, match=rf"out_dir: the folder {re.escape(str(missing.parent))} does not exist"):
+        train_lineage(missing, steps=1)
+    assert not (tmp_path / "no").exists()
+    with pytest.raises(OptionError, match="out_dir must not be empty"):
+        train_lineage("", steps=1)
+    with pytest.raises(OptionTypeError, match="out_dir must be a folder path; got int"):
+        train_lineage(123, steps=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
 def test_last_checkpoint_equals_direct_report(lineage, traj):

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..core.closure import Closure, closure
 from ..core.heads import LayerHeads
+from ..core.kwargs import warn_at_caller
 from ..core.options import (
     ReportOptions,
     check_bool,
@@ -300,9 +301,7 @@ def orientation_scramble(
         WeightError: bad shapes or non-finite weights.
     """
     if n_draws is not None:
-        warnings.warn(
-            "orientation_scramble(n_draws=...) is deprecated; use nulls=...", DeprecationWarning, stacklevel=2
-        )
+        warn_at_caller("orientation_scramble(n_draws=...) is deprecated; use nulls=...", DeprecationWarning)
         nulls = n_draws
     nulls = check_int(nulls, "nulls", 1, MAX_NULLS)
     seed = check_seed(seed)

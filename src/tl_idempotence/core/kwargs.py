@@ -4,6 +4,8 @@ path use it too).
 * :func:`strict_kwargs` — decorator: an unknown keyword raises
   :class:`~tl_idempotence.errors.UnknownOptionError` naming the closest valid ones.
 * :func:`unknown_option_error` — that error, for code that checks keywords itself.
+* :func:`warn_at_caller` — a warning attributed to the first caller outside the package (a deprecated
+  keyword warns at the user's line, through :func:`strict_kwargs`'s wrapper or any other).
 """
 
 from __future__ import annotations
@@ -11,12 +13,34 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from ..errors import UnknownOptionError
 
-__all__ = ["strict_kwargs", "unknown_option_error"]
+__all__ = ["strict_kwargs", "unknown_option_error", "warn_at_caller"]
+
+#: Top-level modules whose frames a warning skips: the package, and the runtime type checkers that may wrap
+#: its functions (jaxtyping's import hook instruments it with beartype while the tests run).
+_SKIPPED_MODULES = frozenset({__name__.partition(".")[0], "jaxtyping", "beartype", "typeguard"})
+
+
+def warn_at_caller(message: str, category: type[Warning] = DeprecationWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the first caller outside ``tl_idempotence``.
+
+    A fixed ``stacklevel`` counts frames, so a decorator's wrapper (:func:`strict_kwargs`) or a helper in
+    between shifts it onto the library's own file: Python's default filters then hide a
+    ``DeprecationWarning`` (they show it only where ``__main__`` triggers it), and any filter or
+    traceback names the wrong line. Walking to the user's frame (by module name: the package's own
+    and a runtime type checker's wrappers are skipped) keeps both right whatever the call path.
+    """
+    level, frame = 2, inspect.currentframe()
+    frame = frame.f_back if frame is not None else None  # the frame that called warn_at_caller: level 2
+    while frame is not None and str(frame.f_globals.get("__name__", "")).partition(".")[0] in _SKIPPED_MODULES:
+        frame, level = frame.f_back, level + 1
+    del frame  # no reference cycle through the frames
+    warnings.warn(message, category, stacklevel=level)
 
 
 def unknown_option_error(where: str, unknown: Iterable[str], valid: Iterable[str]) -> UnknownOptionError:

@@ -628,7 +628,11 @@ def ablation(
             ``1/(n_controls + 1)``.
         seed: seed of the control draws and of the bootstrap.
         seq_len: window length in tokens (with the special tokens), >= 2.
-        max_tokens: counted tokens to use (rounded up to whole windows); None: all of ``texts``.
+        max_tokens: counted tokens to use at least, in whole windows
+            (:func:`~tl_idempotence.probes.tokens.prepare_tokens`); None: all of ``texts``.
+            ``summary["n_tokens"]`` counts the targets measured (the counted positions after each
+            window's first): on the default corpus with SmolLM2's tokenizer the default 512 takes 5
+            windows of 128, 634 targets.
         batch_size: sequences per forward pass (1..4096): windows in the clean pass, head sets of one
             window afterwards. Memory ~ ``batch_size × seq_len × d_vocab`` floats; numbers agree across
             values to float rounding; 1 runs one forward pass per set.

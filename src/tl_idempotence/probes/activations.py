@@ -55,7 +55,6 @@ attention mask) with the same exclusion rule.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
@@ -68,6 +67,7 @@ from torch import Tensor
 from ..core.closure import closure_from_grams, layer_grams
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
+from ..core.kwargs import warn_at_caller
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.results import Result
@@ -341,7 +341,10 @@ def activation_returns(
             ``layer``/``head`` columns (e.g. ``report.closed_heads``).
         batch_size (int): windows per forward pass.
         seq_len (int): window length in tokens (including special tokens).
-        max_tokens (int | None): counted tokens to collect (None: all). Memory is
+        max_tokens (int | None): counted tokens to collect at least, in whole windows
+            (:func:`prepare_tokens`; None: all): ``summary["n_tokens"]`` is the number measured,
+            from ``max_tokens`` to below ``max_tokens + seq_len`` unless the texts run out (8,207
+            for the default 8,192 on the default corpus and SmolLM2's tokenizer). Memory is
             ``O(max_tokens · n_heads · (1 + nulls))`` floats for the per-token
             statistics, plus one forward pass of ``batch_size x seq_len``.
         control (str | None): ``"scramble"`` (orientation-scramble null of the same head),
@@ -368,9 +371,7 @@ def activation_returns(
     from ..core.progress import progress_bar
 
     if n_control_draws is not None:
-        warnings.warn(
-            "activation_returns(n_control_draws=...) is deprecated; use nulls=...", DeprecationWarning, stacklevel=2
-        )
+        warn_at_caller("activation_returns(n_control_draws=...) is deprecated; use nulls=...", DeprecationWarning)
         nulls = n_control_draws
     if not is_tl_model(model):
         raise UnsupportedModelError(

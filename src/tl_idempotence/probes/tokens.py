@@ -255,8 +255,10 @@ def prepare_tokens(
             strings and/or ``pathlib.Path`` files, a ``datasets.Dataset`` (column
             ``text_column``), or a LongTensor ``[batch, pos]`` of token ids (run as given).
         seq_len: window length in tokens including the special tokens (text input).
-        max_tokens: stop once at least this many *counted* (non-special) positions are
-            collected, rounded up to whole windows (None: no limit).
+        max_tokens: a lower bound, not a cap: whole windows (token-id rows: whole rows) are
+            taken in order until they hold at least this many *counted* (non-special) positions,
+            so the counted total is ``max_tokens`` or more, below ``max_tokens + seq_len`` (rows:
+            ``+ pos``), or all there is when the input runs out first (None: no limit).
         text_column: the text column of a ``datasets.Dataset``.
 
     Returns:

@@ -513,10 +513,11 @@ def idempotence_report(
             :class:`~tl_idempotence.core.heads.HeadSource` (how a string is read:
             :func:`~tl_idempotence.sources.dispatch.head_source`).
         progress: show a tqdm bar per layer on stderr.
-        resume: a directory for per-layer parts (parquet + JSON). Each finished layer is
-            written there; a later call with the same directory and options reuses a layer's
-            part only when that layer's weights have the same sha256 fingerprint (otherwise it
-            is recomputed); other options refuse (``ResumeError``).
+        resume: a directory for per-layer parts (parquet + JSON), a ``str`` or ``os.PathLike``
+            (not empty, not a file, its parent folder existing). Each finished layer is written
+            there; a later call with the same directory and options reuses a layer's part only
+            when that layer's weights have the same sha256 fingerprint (otherwise it is
+            recomputed); other options refuse (``ResumeError``).
         architecture, prefix: for checkpoint directories / ``transformers`` models: force the
             architecture-table entry / the tensor-name root.
         **options: the report options (REPORT_OPTIONS_DOC).
@@ -530,7 +531,8 @@ def idempotence_report(
         UnsupportedModelError: unsupported model object.
         WeightError: NaN/inf, integer or mis-shaped weights (names layer and head).
         CheckpointError / MissingFileError: a checkpoint that cannot be read (names the file).
-        ResumeError: a resume directory made with other options.
+        ResumeError: a resume directory made with other options; ``resume`` empty, a file, or in a
+            folder that does not exist (``resume`` not a path: OptionTypeError, before any folder is made).
     """
     opts = ReportOptions.from_kwargs("idempotence_report()", options, _OWN_PARAMETERS)
     return report_with_options(model, opts, progress=progress, resume=resume, architecture=architecture, prefix=prefix)

@@ -558,8 +558,9 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
         OptionTypeError / UnknownOptionError: a bad argument.
         MissingFileError: no such file.
         CheckpointError: not a regular file / not GGUF / truncated / trailing bytes / corrupt
-            metadata; a missing, non-integer or non-positive metadata value (names the key); a
-            layer count that does not match the tensors; a missing tensor; a shape mismatch.
+            metadata / a tensor type that is invalid or does not fit the tensor; a missing,
+            non-integer or non-positive metadata value (names the key); a layer count that does not
+            match the tensors; a missing tensor; a shape mismatch.
     """
     p = _check_path(path)
     check_finite = check_bool(check_finite, "check_finite")

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from ..core.files import read_json
+from ..core.files import check_work_folder, read_json
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.progress import quiet_transformers
 from ..errors import CheckpointError, MissingFileError, OptionError, OptionTypeError
@@ -141,8 +141,9 @@ def train_lineage(
 
     Args:
         out_dir: directory to write ``ckpt_step{N}/`` subdirectories and ``lineage.json``
-            into (created). Avoid model-family words ("llama", "gpt2") in the path:
-            transformer-lens 3.x dispatches on substrings of model paths.
+            into (``str`` or ``os.PathLike``; created, its parent folder must exist). Avoid
+            model-family words ("llama", "gpt2") in the path: transformer-lens 3.x dispatches on
+            substrings of model paths.
         steps: optimizer steps (AdamW), >= 1.
         save_every: save a checkpoint every this many steps; step 0 (random init) and
             the last step are always saved.
@@ -170,7 +171,8 @@ def train_lineage(
         OptionTypeError / OptionError: a non-integer or non-positive size, ``seq_len < 2``, a
             non-finite or negative ``lr``/``weight_decay``, ``n_heads`` not a multiple of
             ``n_kv_heads``, ``d_model`` not divisible by ``n_heads``, or a vocabulary with fewer
-            than 2 non-special tokens.
+            than 2 non-special tokens; ``out_dir`` not a path (OptionTypeError), empty, an existing
+            file or in a folder that does not exist (OptionError, naming the path).
     """
     import transformers
 
@@ -206,9 +208,8 @@ def train_lineage(
         to_save = {check_int(v, f"save_steps[{i}]", 0, steps) for i, v in enumerate(save_steps)}
     to_save |= {0, steps}
 
-    if not isinstance(out_dir, (str, os.PathLike)):
-        raise OptionTypeError(f"out_dir must be a folder path; got {type(out_dir).__name__}.")
-    root = Path(out_dir)
+    # not "", not a file, its parent existing (the rule of every folder a run creates): refused before training
+    root = check_work_folder(out_dir, "out_dir")
     config: dict[str, Any] = dict(
         steps=steps,
         save_every=save_every,

@@ -20,7 +20,8 @@ naming the file (:class:`~tl_idempotence.errors.CheckpointError` unless said oth
   header is read with :mod:`json`; the tensor data is read by the ``safetensors`` library only;
 * :class:`GGUFStore` — not GGUF (its magic), metadata or tensor table cut off or corrupt,
   tensors that are unaligned, overlap or leave gaps (a type or shape edited in the tensor table),
-  tensor data truncated, trailing bytes after the last tensor.
+  a tensor type that is no valid ggml type or does not fit the tensor's shape or bytes (named as
+  such, not as a truncation), tensor data truncated, trailing bytes after the last tensor.
 """
 
 from __future__ import annotations
@@ -608,7 +609,101 @@ def _plain_view_reader() -> type:
             self.memmap = mm
             self._plain = mm.view(np.ndarray)
 
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            try:
+                super()._build_tensors(start_offs, fields)
+            except Exception as e:  # say which tensor's type field is wrong, when one is (else: gguf's error)
+                why = _gguf_type_problem(fields, len(self._plain), int(self.alignment), start_offs)
+                if why is not None:
+                    raise _GGUFTypeError(why) from e
+                raise
+
     return PlainViewGGUFReader
+
+
+class _GGUFTypeError(ValueError):
+    """A tensor-table entry whose ggml type gguf cannot read, or that does not fit the tensor's shape or bytes."""
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:  # pragma: no cover - gguf is imported before this runs
+        return "?"
+
+
+def _gguf_type_problem(fields: list[Any], file_size: int, align: int, data_start: int) -> str | None:
+    """What is wrong with the type field of a GGUF tensor table, or ``None`` when every type fits.
+
+    Reads the tensor-info fields gguf parsed (``ReaderField.parts``: name, dims ne0-first, raw ggml type,
+    data offset) and gguf's own type table (:data:`gguf.GGML_QUANT_SIZES`):
+
+    * a raw type that is no :class:`gguf.GGMLQuantizationType` (an edited field, or a type newer than the
+      installed gguf), or one gguf has no block size for;
+    * a block-quantized type whose block does not divide the tensor's rows (``ne0``);
+    * the last tensor (by offset), whose bytes run past the end of the file or stop short of it, when the
+      bytes the file holds for it are exactly its shape in another type (its type field was changed).
+
+    Args:
+        fields: the tensor-info ``ReaderField``s (``GGUFReader.tensors[i].field`` or those ``_build_tensors`` gets).
+        file_size: bytes in the file. align: its alignment. data_start: the data section's file offset.
+
+    Returns:
+        A sentence naming the tensor, the type and why, or ``None``.
+    """
+    import gguf
+
+    spans = []
+    for field in fields:
+        _n, name_data, _nd, dims, raw_dtype, offset = field.parts
+        name = bytes(name_data).decode("utf-8", "replace")
+        raw = int(raw_dtype[0])
+        try:
+            ttype = gguf.GGMLQuantizationType(raw)
+        except ValueError:
+            values = sorted(t.value for t in gguf.GGMLQuantizationType)
+            gaps = sorted(set(range(values[0], values[-1] + 1)) - set(values))
+            return (
+                f"tensor {name!r} has ggml type {raw}, which is not a valid ggml type for the installed gguf "
+                f"library ({_gguf_version()}: types {values[0]}..{values[-1]}, except {gaps}): its type field is "
+                "corrupt (edited?), or the file uses a quantization type newer than this gguf (pip install -U gguf)"
+            )
+        if ttype not in gguf.GGML_QUANT_SIZES:  # pragma: no cover - every type of gguf 0.19 has sizes
+            return f"tensor {name!r} has ggml type {raw} ({ttype.name}), which the installed gguf cannot read"
+        block, nbytes_block = gguf.GGML_QUANT_SIZES[ttype]
+        shape = [int(x) for x in dims]
+        ne0 = shape[0] if shape else 1
+        if ne0 % block:
+            return (
+                f"tensor {name!r} has ggml type {ttype.name}, whose blocks hold {block} values, but its rows hold "
+                f"{ne0} (shape {shape[::-1]}): its type field does not match its shape (edited?)"
+            )
+        n_el = math.prod(shape)
+        spans.append((data_start + int(offset[0]), n_el * nbytes_block // block, name, ttype, shape, n_el))
+    if not spans:
+        return None
+    begin, n_bytes, name, ttype, shape, n_el = max(spans, key=lambda x: x[0])
+    have = file_size - begin
+
+    def fits(n: int) -> bool:
+        return have in (n, -(-n // align) * align)
+
+    if have <= 0 or fits(n_bytes):
+        return None
+    other = [
+        t.name
+        for t, (b, nb) in gguf.GGML_QUANT_SIZES.items()
+        if t != ttype and shape and shape[0] % b == 0 and fits(n_el * nb // b)
+    ]
+    if not other:
+        return None
+    return (
+        f"tensor {name!r} (the last one) has ggml type {ttype.name}: {n_bytes} bytes for its shape {shape[::-1]}, "
+        f"but the file holds {have} bytes for it (from file offset {begin} to its end), the size of that shape in "
+        f"{' or '.join(other)}: its type field does not match its size (edited after writing?)"
+    )
 
 
 def _check_gguf_layout(path: Path, tensors: Any, data_start: int, align: int) -> None:
@@ -661,7 +756,8 @@ class GGUFStore:
 
     Raises:
         MissingFileError / CheckpointError: see :func:`check_file`; not a GGUF file; metadata or
-            tensor table corrupt or cut off; tensor data truncated; trailing bytes; stored in the
+            tensor table corrupt or cut off; a tensor's ggml type invalid, or not fitting its shape or
+            bytes (names the tensor and the type); tensor data truncated; trailing bytes; stored in the
             other byte order (big-endian here) (names the file).
     """
 
@@ -679,6 +775,8 @@ class GGUFStore:
             self.reader_ = _plain_view_reader()(str(path), "r")
         except Exception as e:
             stage = {f.name for f in traceback.extract_tb(e.__traceback__)}
+            if isinstance(e, _GGUFTypeError):
+                raise CheckpointError(f"GGUF file {path} has a corrupt tensor table: {e}. Re-download the file.") from e
             if "_build_tensors" in stage and "duplicate" in str(e).lower():
                 raise CheckpointError(f"GGUF file {path} is corrupt: {e} (two tensors of one name).") from e
             if "_build_tensors" in stage:
@@ -711,6 +809,10 @@ class GGUFStore:
         if end > size:
             raise CheckpointError(f"GGUF file {path} is truncated: its tensors need {end} bytes, the file has {size}.")
         if self.reader_.tensors and size > padded:
+            fields = [t.field for t in self.reader_.tensors]
+            why = _gguf_type_problem(fields, size, align, int(self.reader_.data_offset))
+            if why is not None:
+                raise CheckpointError(f"GGUF file {path} has a corrupt tensor table: {why}. Re-download the file.")
             raise CheckpointError(
                 f"GGUF file {path} has {size - padded} trailing bytes after its last tensor: its tensor table "
                 f"describes a file of {padded} bytes (with {align}-byte alignment), the file has {size} (data "
