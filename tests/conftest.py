@@ -78,3 +78,18 @@ def lineage(tmp_path_factory):
     from tl_idempotence.sources.lineage import train_lineage
 
     return train_lineage(tmp_path_factory.getbasetemp() / "tli_lineage", **LINEAGE_KW)
+
+
+@pytest.fixture
+def no_dask_cluster(monkeypatch):
+    """``distributed.LocalCluster`` replaced by one that records the attempt and refuses to start: a test of
+    checks made "before any work" asserts the list it yields is empty (instead of timing the call)."""
+    distributed = pytest.importorskip("distributed")
+    started: list[tuple] = []
+
+    def refuse(*args, **kwargs):
+        started.append((args, kwargs))
+        raise AssertionError("a LocalCluster was started")
+
+    monkeypatch.setattr(distributed, "LocalCluster", refuse)
+    return started
