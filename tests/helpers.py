@@ -378,3 +378,47 @@ def write_gguf_file(path: Path, O, V, *, meta=None, drop=(), tensors=None, post_
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def run_unprivileged(fn) -> None:
+    """Run ``fn()`` as this user, or, when the tests run as root (CI does), in a forked child that has dropped
+    to the unprivileged uid/gid 65534 ("nobody"), so that file modes mean what they mean for a user: root
+    reads and lists anything, which would make a permission test skip (issue 30: no silent skips in CI).
+    An exception in the child is re-raised here as AssertionError with the child's traceback."""
+    import os
+    import traceback
+
+    if os.geteuid() != 0:
+        fn()
+        return
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root for good, run, report through the pipe, never return into pytest
+        os.close(r)
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            fn()
+        except BaseException:
+            os.write(w, traceback.format_exc().encode())
+            code = 1
+        os.close(w)
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise AssertionError(f"in the unprivileged child (uid 65534):\n{out}")
+
+
+def world_traversable_dir(prefix: str = "tli-perm-") -> Path:
+    """A fresh folder under the system temp dir that the unprivileged user of :func:`run_unprivileged` can
+    reach (pytest's tmp_path of root is mode 0700). The caller removes it."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    d.chmod(0o755)
+    return d

@@ -77,7 +77,7 @@ def hooked(tiny_dir):
     try:
         return hooked_from_dir(tiny_dir)
     except ImportError as e:  # transformer-lens 4.x has no HookedTransformer
-        pytest.skip(str(e))
+        pytest.skip(f"transformer-lens 4.x has no HookedTransformer: {e}")
 
 
 @pytest.fixture(scope="module")
