@@ -6,7 +6,7 @@ into a scratch folder, adds a ``[tool.mutmut]`` table there (never to the reposi
 runs ``mutmut run`` on the target's mutants, and writes ``benchmarks/mutation/<target>.json`` and a
 Markdown report: killed / survived / timeout counts, the score with equivalent mutants left out, and the
 diff of every survivor. A survivor is either killed by a new test, or written into
-``benchmarks/mutation/equivalent.toml`` with the reason it cannot change behaviour.
+``benchmarks/mutation/equivalent.json`` (mutant name -> reason) with the reason it cannot change behaviour.
 
     python scripts/mutation.py --list
     python scripts/mutation.py resume_key kv_map --max-children 2
@@ -29,13 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "mutation"
-EQUIVALENT = OUT / "equivalent.toml"
+EQUIVALENT = OUT / "equivalent.json"
 
 
 @dataclass(frozen=True)
@@ -107,11 +106,11 @@ OTHER = {"timeout", "suspicious", "no tests", "skipped", "not checked", "segfaul
 
 
 def load_equivalent() -> dict[str, str]:
-    """Mutant name -> the reason it is equivalent (cannot change behaviour), from equivalent.toml."""
+    """Mutant name -> the reason it is equivalent (cannot change behaviour), from equivalent.json."""
     if not EQUIVALENT.exists():
         return {}
-    data = tomllib.loads(EQUIVALENT.read_text(encoding="utf-8"))
-    return {str(k): str(v) for k, v in data.get("equivalent", {}).items()}
+    data = json.loads(EQUIVALENT.read_text(encoding="utf-8"))
+    return {str(k): str(v) for k, v in data.items()}
 
 
 def scratch_copy(dest: Path) -> None:
