@@ -17,13 +17,11 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
 import scipy.linalg
 import torch
 from safetensors.torch import save_file
 
-from tl_idempotence.core.closure import closure_from_grams, layer_grams
-from tl_idempotence.core.heads import LayerHeads, ModelInfo, kv_layout
+from tl_idempotence.core.heads import LayerHeads, ModelInfo
 
 
 def dense_T(O: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
@@ -195,27 +193,33 @@ def gpt2_like(d: Path, n_layers=2, nq=4, dm=32) -> tuple[Path, list, list]:
     return write_checkpoint(d, cfg, t, n_shards=2), O, V
 
 
+def kv_head_of(h: int, nq: int, nkv: int) -> int:
+    """The kv head query head ``h`` reads, written from the definition (not the package's kv_layout):
+    GQA groups are contiguous, as transformers' ``repeat_kv`` expands them (query heads
+    ``g * nq/nkv .. (g+1) * nq/nkv - 1`` share kv head ``g``); MHA is the identity, MQA all zero."""
+    assert nq % nkv == 0, (nq, nkv)
+    return h // (nq // nkv)
+
+
 def expected_heads(O, V, nq, nkv):
-    """Report rows computed in memory from the same tensors (float64, same code path as the report)."""
-    kv = kv_layout(nq, nkv)
-    out = []
+    """Per-head P and α of every layer from first principles: T = O_h V_{kv(h)}ᵀ materialized in float64 from
+    the raw tensors (dense_closure), the kv map from its definition (kv_head_of); no package function."""
+    P, alpha = [], []
     for l in range(len(O)):
-        c = closure_from_grams(layer_grams(O[l], V[l], kv))
-        out.append((c.P.numpy(), c.alpha.numpy()))
-    return np.concatenate([p for p, _ in out]), np.concatenate([a for _, a in out])
+        for h in range(nq):
+            ref = dense_closure(O[l][h].double(), V[l][kv_head_of(h, nq, nkv)].double())
+            P.append(float(ref["P"]))
+            alpha.append(float(ref["alpha"]))
+    return np.array(P), np.array(alpha)
 
 
 def assert_matches(rep, O, V, nq, nkv):
+    """The report's per-head P and α equal :func:`expected_heads` (dense float64, independent of the package)."""
     P, alpha = expected_heads(O, V, nq, nkv)
-    np.testing.assert_allclose(rep.heads["P"].to_numpy(), P, rtol=0, atol=1e-10)
-    np.testing.assert_allclose(rep.heads["alpha"].to_numpy(), alpha, rtol=1e-10, atol=1e-12)
-    # and one head against the dense float64 reference (T materialized)
-    kv = kv_layout(nq, nkv)
-    ref = dense_closure(O[1][3].double(), V[1][kv[3]].double())
     h = rep.heads
-    row = h[(h["layer"] == 1) & (h["head"] == 3)].iloc[0]
-    assert row["P"] == pytest.approx(float(ref["P"]), abs=1e-10)
-    assert row["alpha"] == pytest.approx(float(ref["alpha"]), rel=1e-9)
+    assert list(zip(h["layer"], h["head"], strict=True)) == [(l, q) for l in range(len(O)) for q in range(nq)]
+    np.testing.assert_allclose(h["P"].to_numpy(), P, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(h["alpha"].to_numpy(), alpha, rtol=1e-9, atol=1e-12)
 
 
 # --------------------------------------------------------------------------- heads with known geometry
@@ -293,7 +297,7 @@ def gaussian_layer(layer, n_heads, n_kv, d, r, seed):
     g = torch.Generator().manual_seed(seed)
     O = torch.randn(n_heads, d, r, generator=g, dtype=F64)
     V = torch.randn(n_kv, d, r, generator=g, dtype=F64)
-    return LayerHeads(layer, O, V, kv_layout(n_heads, n_kv))
+    return LayerHeads(layer, O, V, torch.tensor([kv_head_of(h, n_heads, n_kv) for h in range(n_heads)]))
 
 
 def dense_closure_T(T):
@@ -378,3 +382,47 @@ def write_gguf_file(path: Path, O, V, *, meta=None, drop=(), tensors=None, post_
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def run_unprivileged(fn) -> None:
+    """Run ``fn()`` as this user, or, when the tests run as root (CI does), in a forked child that has dropped
+    to the unprivileged uid/gid 65534 ("nobody"), so that file modes mean what they mean for a user: root
+    reads and lists anything, which would make a permission test skip (issue 30: no silent skips in CI).
+    An exception in the child is re-raised here as AssertionError with the child's traceback."""
+    import os
+    import traceback
+
+    if os.geteuid() != 0:
+        fn()
+        return
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root for good, run, report through the pipe, never return into pytest
+        os.close(r)
+        code = 0
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            fn()
+        except BaseException:
+            os.write(w, traceback.format_exc().encode())
+            code = 1
+        os.close(w)
+        os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        out = f.read().decode()
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise AssertionError(f"in the unprivileged child (uid 65534):\n{out}")
+
+
+def world_traversable_dir(prefix: str = "tli-perm-") -> Path:
+    """A fresh folder under the system temp dir that the unprivileged user of :func:`run_unprivileged` can
+    reach (pytest's tmp_path of root is mode 0700). The caller removes it."""
+    import tempfile
+
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    d.chmod(0o755)
+    return d

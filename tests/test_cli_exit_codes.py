@@ -232,13 +232,12 @@ def test_out_folder_check_happens_before_reading_the_model(tmp_path):
 
 def test_huge_layer_range_is_refused_before_anything_is_allocated(tmp_path):
     """0.2 expanded the range and de-duplicated it quadratically (OOM-killed after ~30 s)."""
-    import time
-
-    t0 = time.perf_counter()
-    proc = run(["report", "--layers", "0-1000000000"], cwd=tmp_path)
-    took = time.perf_counter() - t0
+    # the expansion never finished: a hang or an OOM kill shows as TimeoutExpired or a signal's return code
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [*CLI, "report", "--layers", "0-1000000000"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
     assert proc.returncode == 2 and "at most 65535" in proc.stderr
-    assert took < 20, took  # a fresh interpreter, no torch: ~0.2 s here; the expansion never finished
 
 
 def test_version_prints_the_package_version():

@@ -15,7 +15,6 @@ real run on SmolLM2 (slow) replays the default `rep.ablation(model=m)`: p <= 0.0
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +77,7 @@ def hooked(tiny_dir):
     try:
         return hooked_from_dir(tiny_dir)
     except ImportError as e:  # transformer-lens 4.x has no HookedTransformer
-        pytest.skip(str(e))
+        pytest.skip(f"transformer-lens 4.x has no HookedTransformer: {e}")
 
 
 @pytest.fixture(scope="module")
@@ -406,16 +405,26 @@ def test_a_model_refusing_the_repeated_residual_is_run_with_the_input_repeated(b
     assert got.summary["loss_ablated"] == pytest.approx(want.summary["loss_ablated"], rel=2e-6)
 
 
-class SlowOn:
-    """Wraps run_with_hooks: sleeps 0.5 s per forward pass while torch runs on ``n`` threads (a busy machine)."""
+class FakeClock:
+    """The ablation module's ``time``: a clock that only moves when a forward pass says so (no wall clock)."""
 
-    def __init__(self, model, n):
-        self.model, self.n, self.threads_seen = model, n, []
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class SlowOn:
+    """Wraps run_with_hooks: a forward pass "takes" 0.5 s of the fake clock while torch runs on ``n`` threads
+    (a busy machine) and 0.01 s otherwise; the real time a pass takes never enters the choice."""
+
+    def __init__(self, model, n, clock):
+        self.model, self.n, self.clock, self.threads_seen = model, n, clock, []
 
     def __call__(self, x, fwd_hooks=(), **kw):
         self.threads_seen.append(torch.get_num_threads())
-        if torch.get_num_threads() == self.n:
-            time.sleep(0.5)
+        self.clock.now += 0.5 if torch.get_num_threads() == self.n else 0.01
         return type(self.model).run_with_hooks(self.model, x, fwd_hooks=list(fwd_hooks), **kw)
 
 
@@ -437,8 +446,12 @@ def two_threads(monkeypatch):
 @pytest.mark.parametrize("slow", [1, 2])
 def test_the_faster_thread_count_runs_the_ablated_passes(bridge, monkeypatch, two_threads, slow):
     """Window 0's first two chunks run on 1 thread and on torch's 2; the faster runs the rest; 2 is restored."""
+    import tl_idempotence.probes.ablation as mod
+
     flagged = [(0, 7), (1, 2)]
-    spy = SlowOn(bridge, slow)
+    clock = FakeClock()
+    monkeypatch.setattr(mod, "time", clock)  # the module reads only time.perf_counter
+    spy = SlowOn(bridge, slow, clock)
     monkeypatch.setattr(bridge, "run_with_hooks", spy)
     ab = ablation(bridge, flagged, TOKENS, n_controls=14, **KW)  # the empty set and 15 sets: 2 chunks of 8
     s = ab.summary

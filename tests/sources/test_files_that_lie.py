@@ -22,7 +22,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import assert_matches, llama_like, random_heads, write_checkpoint, write_gguf_file
+from helpers import (
+    assert_matches,
+    llama_like,
+    random_heads,
+    run_unprivileged,
+    world_traversable_dir,
+    write_checkpoint,
+    write_gguf_file,
+)
 from tl_idempotence.errors import (
     CheckpointError,
     MissingFileError,
@@ -752,15 +760,17 @@ def test_broken_safetensors_file_says_what_is_wrong(tmp_path, monkeypatch, case,
     refused(CheckpointError, lambda: from_path(d), str(f), *names)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode (the mocked cases cover root)")
-def test_unreadable_file_for_real(tmp_path):
-    d, _, _ = single(tmp_path / "ck")
-    f = d / "model.safetensors"
-    f.chmod(0)
+def test_unreadable_file_for_real():
+    """A file of mode 0, read by a user (as root, tests drop to uid 65534: root reads anything)."""
+    top = world_traversable_dir()
     try:
-        refused(CheckpointError, lambda: from_path(d), str(f), "permission denied")
+        d, _, _ = single(top / "ck")
+        f = d / "model.safetensors"
+        from_path(d)  # readable: it opens (and the child, which cannot read root's Python, has every import)
+        f.chmod(0)
+        run_unprivileged(lambda: refused(CheckpointError, lambda: from_path(d), str(f), "permission denied"))
     finally:
-        f.chmod(0o644)
+        shutil.rmtree(top)
 
 
 def test_folder_that_cannot_be_listed_is_diagnosed_as_such(tmp_path, monkeypatch):
@@ -779,14 +789,17 @@ def test_folder_that_cannot_be_listed_is_diagnosed_as_such(tmp_path, monkeypatch
     assert "config.json" not in msg
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root lists any folder")
-def test_folder_that_cannot_be_listed_for_real(tmp_path):
-    d, _, _ = single(tmp_path / "ck")
-    d.chmod(0)
+def test_folder_that_cannot_be_listed_for_real():
+    """A folder of mode 0, opened by a user (as root, tests drop to uid 65534: root lists any folder)."""
+    top = world_traversable_dir()
     try:
-        refused(CheckpointError, lambda: from_path(d), str(d), "cannot be listed")
+        d, _, _ = single(top / "ck")
+        from_path(d)  # listable: it opens (and the child, which cannot read root's Python, has every import)
+        d.chmod(0)
+        run_unprivileged(lambda: refused(CheckpointError, lambda: from_path(d), str(d), "cannot be listed"))
     finally:
         d.chmod(0o755)
+        shutil.rmtree(top)
 
 
 def test_truncated_and_trailing_messages_differ(tmp_path):

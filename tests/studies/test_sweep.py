@@ -15,7 +15,6 @@ import logging
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import cloudpickle
@@ -342,11 +341,10 @@ def test_labels_become_safe_folder_names():
         ({"device": "cuda:9"}, tli.errors.DeviceError, "cuda:9"),  # the LocalCluster's workers are this machine
     ],
 )
-def test_bad_arguments_are_refused_before_any_work(ckpts, tmp_path, kwargs, err, match):
-    t0 = time.perf_counter()
+def test_bad_arguments_are_refused_before_any_work(ckpts, tmp_path, kwargs, err, match, no_dask_cluster):
     with pytest.raises(err, match=match):
         sweep({"A": ckpts["A"]}, tmp_path / "out", progress=False, **kwargs)
-    assert time.perf_counter() - t0 < 5  # no cluster was started
+    assert no_dask_cluster == []  # no cluster was started
 
 
 def test_bad_items_and_folders_are_refused_before_any_work(ckpts, tmp_path):
@@ -395,10 +393,8 @@ def test_a_cluster_without_workers_ends_the_sweep(ckpts, tmp_path):
 
     with LocalCluster(n_workers=0, processes=False, dashboard_address=":0", silence_logs=logging.ERROR) as cl:
         with Client(cl) as c:
-            t0 = time.perf_counter()
             with pytest.raises(tli.errors.ClusterError, match=r"no worker for 1 s with 1 of 1 tasks unfinished \(D\)"):
                 sweep({"D": ckpts["D"]}, tmp_path / "out", client=c, worker_timeout=1, progress=False)
-            assert time.perf_counter() - t0 < 30
     assert not (tmp_path / "out" / "D").exists()
     assert json.loads((tmp_path / "out" / RECORD_NAME).read_text())["items"][0]["label"] == "D"  # the plan
 

@@ -20,7 +20,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 import warnings
 from pathlib import Path
 
@@ -403,10 +402,9 @@ def usage_error(argv, capsys):
     return capsys.readouterr().err
 
 
-def test_cli_sweep_usage_errors_exit_2_before_any_work(ckpts, tmp_path, capsys, monkeypatch):
+def test_cli_sweep_usage_errors_exit_2_before_any_work(ckpts, tmp_path, capsys, monkeypatch, no_dask_cluster):
     ck = str(ckpts["ckA"])
     out = str(tmp_path / "out")
-    t0 = time.perf_counter()
     for argv, fragment in [
         ([ck, "--out", out, "--task-index", "0", "--workers", "2"], "--workers does not apply with --task-index"),
         ([ck, "--out", out, "--task-index", "0", "--collect"], "--collect does not apply with --task-index"),
@@ -442,7 +440,7 @@ def test_cli_sweep_usage_errors_exit_2_before_any_work(ckpts, tmp_path, capsys, 
         assert code == (1 if "no sweep to read" in fragment else 2), (argv, err)
         assert fragment in err, (argv, err)
     assert not Path(out).exists()
-    assert time.perf_counter() - t0 < 60  # no cluster was started
+    assert no_dask_cluster == []  # no cluster was started
 
 
 def test_collect_takes_the_folders_options(ckpts, tmp_path, capsys):
@@ -484,7 +482,6 @@ def test_a_script_without_the_main_guard_gets_one_line(ckpts, tmp_path, call):
     script = tmp_path / "my_sweep.py"
     out = tmp_path / "out"
     script.write_text(UNGUARDED.format(tests=str(TESTS), call=call.format(ck=str(ckpts["ckA"]), out=str(out))))
-    t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
@@ -493,7 +490,6 @@ def test_a_script_without_the_main_guard_gets_one_line(ckpts, tmp_path, call):
     # Python's traceback of the user's call and one line of answer, instead of ~480 lines from Dask's nannies
     assert "Nanny" not in proc.stderr and len(proc.stderr.splitlines()) < 30, proc.stderr
     assert not out.exists()  # refused before anything was made
-    assert time.perf_counter() - t0 < 120
 
 
 def test_the_main_guard_check_reads_the_script():
@@ -545,12 +541,10 @@ def test_a_dying_worker_fails_only_its_item(ckpts, reference, tmp_path):
     out = tmp_path / "out"
     script = tmp_path / "dying.py"
     script.write_text(DYING.format(items=items, out=str(out)))
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
-    wall = time.perf_counter() - t0
+    # "ends within 3 minutes": a hang raises TimeoutExpired (a bound on a hang, not a measurement)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert wall < 180, wall
     status = {t["label"]: t["status"] for t in got["tasks"]}
     assert status == {"good0": "computed", "good1": "computed", "good2": "computed", "dies": "failed"}
     assert [f["label"] for f in got["failed"]] == ["dies"]

@@ -1,0 +1,250 @@
+"""Mutation testing of the code that decides numbers and integrity (issue 30), with mutmut.
+
+Each *target* names the functions that decide a number or an integrity check (mutmut's mutant-name globs)
+and the fast tests that must catch a wrong one. The script copies the committed tree (``git archive HEAD``)
+into a scratch folder, adds a ``[tool.mutmut]`` table there (never to the repository's pyproject.toml),
+runs ``mutmut run`` on the target's mutants, and writes ``benchmarks/mutation/<target>.json`` and a
+Markdown report: killed / survived / timeout counts, the score with equivalent mutants left out, and the
+diff of every survivor. A survivor is either killed by a new test, or written into
+``benchmarks/mutation/equivalent.json`` (mutant name -> reason) with the reason it cannot change behaviour.
+
+    python scripts/mutation.py --list
+    python scripts/mutation.py resume_key kv_map --max-children 2
+    python scripts/mutation.py --all               # every target (hours on a 2-core machine)
+
+Not part of any pytest tier: CI runs it in its own budget (``TLI_CI_MUTATION=1 bash .ci/run``).
+Needs ``pip install -e ".[mutation]"`` (mutmut). jaxtyping's pytest hook is switched off inside the run
+(mutmut imports the package before pytest starts, which that hook refuses); the tests run as written.
+Exit status: 0 when every target's score (equivalents excluded) is at least ``--min-score`` (default 0.9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "benchmarks" / "mutation"
+EQUIVALENT = OUT / "equivalent.json"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Functions that decide a number or an integrity check, and the tests that must catch a wrong one."""
+
+    name: str
+    source: str  # the module file under src/
+    mutants: tuple[str, ...]  # mutmut mutant-name globs (module.x_function*, module.xǁClassǁmethod*)
+    tests: tuple[str, ...]  # pytest selection (files or node ids)
+    why: str
+
+
+TARGETS: dict[str, Target] = {
+    t.name: t
+    for t in (
+        Target(
+            "kv_map",
+            "src/tl_idempotence/core/heads.py",
+            ("tl_idempotence.core.heads.x_kv_layout*",),
+            ("tests/sources/test_checkpoint.py",),
+            "which kv head each query head reads (GQA/MQA): a wrong map changes every GQA head's T",
+        ),
+        Target(
+            "closure",
+            "src/tl_idempotence/core/closure.py",
+            (
+                "tl_idempotence.core.closure.x_closure_from_grams*",
+                "tl_idempotence.core.closure.x_layer_grams*",
+            ),
+            ("tests/core/test_closure.py", "tests/core/test_scale_properties.py"),
+            "α and P from the Gram products (SPEC section 2)",
+        ),
+        Target(
+            "resume_key",
+            "src/tl_idempotence/report/parts.py",
+            ("tl_idempotence.report.parts.xǁPartStoreǁload*", "tl_idempotence.report.parts.x__record_digest*"),
+            ("tests/report/test_resume.py", "tests/report/test_resume_integrity.py"),
+            "a resumed layer is taken only if its weight fingerprint, options and digest match",
+        ),
+        Target(
+            "store_digest",
+            "src/tl_idempotence/report/store.py",
+            (
+                "tl_idempotence.report.store.x__digest*",
+                "tl_idempotence.report.store.x_read_record*",
+                "tl_idempotence.report.store.x__check_tables_fit_info*",
+            ),
+            ("tests/report/test_store.py",),
+            "a saved report is loaded only if its files match their sha256s and its tables fit its info",
+        ),
+        Target(
+            "scramble_summary",
+            "src/tl_idempotence/analyses/scramble.py",
+            (
+                "tl_idempotence.analyses.scramble.x__summarize_draws*",
+                "tl_idempotence.analyses.scramble.x__frac_closed*",
+            ),
+            ("tests/analyses/test_controls.py",),
+            "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
+        ),
+    )
+}
+
+#: mutmut's status names, as ``mutmut results --all true`` prints them.
+KILLED = {"killed"}
+SURVIVED = {"survived"}
+OTHER = {"timeout", "suspicious", "no tests", "skipped", "not checked", "segfault", "check was interrupted by user"}
+
+
+def load_equivalent() -> dict[str, str]:
+    """Mutant name -> the reason it is equivalent (cannot change behaviour), from equivalent.json."""
+    if not EQUIVALENT.exists():
+        return {}
+    data = json.loads(EQUIVALENT.read_text(encoding="utf-8"))
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def scratch_copy(dest: Path) -> None:
+    """The committed tree (HEAD) in ``dest``: mutmut rewrites files, never in the user's checkout."""
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def mutmut_table(t: Target) -> str:
+    pytest_args = ["-p", "no:randomly", "-p", "no:jaxtyping", "-o", "addopts=-ra --import-mode=importlib", "-x", "-q"]
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["src/"]\n'
+        f"only_mutate = {json.dumps([t.source])}\n"
+        f"pytest_add_cli_args_test_selection = {json.dumps(list(t.tests))}\n"
+        f"pytest_add_cli_args = {json.dumps(pytest_args)}\n"
+    )
+
+
+def run_target(t: Target, max_children: int, keep: bool) -> dict:
+    work = Path(tempfile.mkdtemp(prefix=f"tli-mutation-{t.name}-"))
+    try:
+        scratch_copy(work)
+        with open(work / "pyproject.toml", "a", encoding="utf-8") as f:
+            f.write(mutmut_table(t))
+        mutmut = [sys.executable, "-m", "mutmut"]
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutmut puts mutants/src first
+        t0 = time.perf_counter()
+        run = subprocess.run(
+            [*mutmut, "run", "--max-children", str(max_children), *t.mutants],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        seconds = time.perf_counter() - t0
+        if run.returncode != 0:
+            raise SystemExit(
+                f"mutmut run failed for {t.name} (exit {run.returncode}):\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+            )
+        res = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env, capture_output=True, text=True)
+        status: dict[str, str] = {}
+        for line in res.stdout.splitlines():
+            m = re.match(r"\s*(\S+): (.+)$", line)
+            if m and any(_matches(m.group(1), g) for g in t.mutants):
+                status[m.group(1)] = m.group(2).strip()
+        survivors = sorted(k for k, v in status.items() if v in SURVIVED)
+        diffs = {}
+        for k in survivors:
+            show = subprocess.run([*mutmut, "show", k], cwd=work, env=env, capture_output=True, text=True)
+            diffs[k] = show.stdout.strip()
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    equivalent = load_equivalent()
+    eq = sorted(k for k in survivors if k in equivalent)
+    killed = sum(v in KILLED for v in status.values())
+    counted = len([k for k, v in status.items() if v in KILLED | SURVIVED and k not in equivalent])
+    return {
+        "target": t.name,
+        "why": t.why,
+        "source": t.source,
+        "mutants": list(t.mutants),
+        "tests": list(t.tests),
+        "n_mutants": len(status),
+        "killed": killed,
+        "survived": len(survivors) - len(eq),
+        "equivalent": len(eq),
+        "other": {s: sum(v == s for v in status.values()) for s in sorted(set(status.values()) - KILLED - SURVIVED)},
+        "score": (killed / counted) if counted else None,
+        "seconds": round(seconds, 1),
+        "survivors": {k: {"diff": diffs[k], "equivalent": equivalent.get(k)} for k in survivors},
+        "head": subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+    }
+
+
+def _matches(name: str, glob: str) -> bool:
+    return re.fullmatch(re.escape(glob).replace(r"\*", ".*"), name) is not None
+
+
+def write_report(r: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{r['target']}.json").write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    score = "n/a" if r["score"] is None else f"{100 * r['score']:.1f} %"
+    lines = [
+        f"# Mutation testing: `{r['target']}` (at {r['head']})",
+        "",
+        f"{r['why']}. Source `{r['source']}`, mutants `{'`, `'.join(r['mutants'])}`, tests "
+        f"`{'`, `'.join(r['tests'])}`.",
+        "",
+        f"- mutants: {r['n_mutants']}; killed {r['killed']}; survived {r['survived']}; equivalent "
+        f"{r['equivalent']}; other {r['other'] or 0}",
+        f"- score (killed / (killed + survived), equivalents excluded): **{score}**; {r['seconds']} s",
+        "",
+    ]
+    for k, s in r["survivors"].items():
+        lines += [f"## {k}" + (" (equivalent)" if s["equivalent"] else ""), ""]
+        if s["equivalent"]:
+            lines += [f"Equivalent: {s['equivalent']}", ""]
+        lines += ["```diff", s["diff"], "```", ""]
+    (OUT / f"{r['target']}.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("targets", nargs="*", help=f"targets to run (of {', '.join(TARGETS)})")
+    ap.add_argument("--all", action="store_true", help="run every target")
+    ap.add_argument("--list", action="store_true", help="list the targets and exit")
+    ap.add_argument("--max-children", type=int, default=os.cpu_count() or 1, help="parallel mutants")
+    ap.add_argument("--min-score", type=float, default=0.9, help="the score every target must reach (default 0.9)")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch folder (to `mutmut browse` it)")
+    a = ap.parse_args(argv)
+    if a.list:
+        for t in TARGETS.values():
+            print(f"{t.name:18} {t.source}: {t.why}")
+        return 0
+    names = list(TARGETS) if a.all else a.targets
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names:
+        ap.error(f"unknown target(s) {unknown}; choose from {list(TARGETS)}" if unknown else "name a target or --all")
+    ok = True
+    for n in names:
+        r = run_target(TARGETS[n], a.max_children, a.keep)
+        write_report(r)
+        score = r["score"]
+        print(
+            f"{n}: {r['killed']}/{r['killed'] + r['survived']} killed "
+            f"({'n/a' if score is None else f'{100 * score:.1f} %'}), {r['equivalent']} equivalent, {r['seconds']} s"
+        )
+        ok &= score is not None and score >= a.min_score
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
