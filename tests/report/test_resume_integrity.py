@@ -183,6 +183,25 @@ def test_parts_kept_after_the_manifest_is_deleted_are_used_only_when_their_finge
     same(resumed2, report(str(ckpt)))
 
 
+@pytest.mark.parametrize("other", [{"seed": 1}, {"nulls": 5}, {"threshold": 0.5}], ids=["seed", "nulls", "threshold"])
+def test_parts_kept_after_the_manifest_is_deleted_are_not_taken_for_other_options(ckpt, tmp_path, counter, other):
+    """issue 30's replay: a report with seed=0, nulls=4 into DIR, DIR/manifest.json deleted, then a report with
+    other options: every layer is recomputed (with a warning naming the part), so the result labelled with the
+    new options holds the new options' numbers, never the old ones (it equals a fresh report bit for bit)."""
+    rd = tmp_path / "parts"
+    report(str(ckpt), rd, seed=0)
+    (rd / "manifest.json").unlink()
+    counter.clear()
+    with pytest.warns(UserWarning, match="made with other options"):
+        resumed = report(str(ckpt), rd, **{"seed": 0, **other})
+    assert counter == [0, 1, 2, 3] and resumed.summary["n_layers_resumed"] == 0
+    fresh = report(str(ckpt), **{"seed": 0, **other})
+    same(resumed, fresh)
+    if "seed" in other:  # the seed changes the scramble's draws: the old numbers would be visible
+        old = report(str(ckpt), seed=0)
+        assert not resumed.heads["P_scrambled_median"].equals(old.heads["P_scrambled_median"])
+
+
 def flip_byte(f: Path, offset: int) -> None:
     b = bytearray(f.read_bytes())
     b[offset] ^= 0x01
