@@ -480,10 +480,12 @@ def test_paper_table_without_controls_has_nan_rows_with_notes():
     _check_paper_columns(tab)
     assert tab.loc[0, "value"] == pytest.approx(1 / 27) and (tab.loc[0, "n"], tab.loc[0, "of"]) == (1, 27)
     assert tab.loc[2, "value"] == pytest.approx(rep.summary["median_P"]) and tab.loc[2, "note"] == ""
+    no_nulls = "not run: make the report with nulls=True / --nulls 64 (orientation scramble + O/V mismatch)"
     for i in (1, 3, 4, 5):
         assert np.isnan(tab.loc[i, "value"])
-        assert tab.loc[i, "note"] == "not run: make the report with nulls=True / --nulls 64 (orientation scramble + O/V mismatch)"
-    assert np.isnan(tab.loc[6, "value"]) and tab.loc[6, "note"] == "not run: make the report with search=True / --search"
+        assert tab.loc[i, "note"] == no_nulls
+    no_search = "not run: make the report with search=True / --search"
+    assert np.isnan(tab.loc[6, "value"]) and tab.loc[6, "note"] == no_search
     f = rep.paper_table(formatted=True)
     assert f.loc[1, "this model"].startswith("not run: make the report with nulls=True / --nulls 64")
     with pytest.raises(OptionError, match="nulls=True"):

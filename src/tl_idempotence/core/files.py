@@ -27,7 +27,7 @@ import stat
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = [
     "atomic_write_bytes",
@@ -82,6 +82,11 @@ INPUT_FOLDER_DEPTH = 3
 NamedPath = tuple[str, str | os.PathLike[str] | None]
 
 
+def _is_path(p: Any) -> TypeGuard[str | os.PathLike[str]]:
+    """A non-empty ``str`` or ``os.PathLike`` (anything else is left to the writer's own checks, which name it)."""
+    return isinstance(p, (str, os.PathLike)) and bool(str(os.fspath(p)).strip())
+
+
 def _file_id(p: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(st_dev, st_ino)`` of the file ``p`` names, symbolic links followed; None for no file (or a folder)."""
     try:
@@ -128,7 +133,8 @@ def refuse_outputs_over_inputs(outputs: Iterable[NamedPath], inputs: Iterable[Na
 
     Args:
         outputs: ``(name, path)`` pairs: how a message names the output (``"--out"``, ``"path"``, ``"resume"``)
-            and the file or folder it writes (``str`` or ``os.PathLike``; ``None`` is skipped).
+            and the file or folder it writes (``str`` or ``os.PathLike``; ``None``, an empty path or another type is
+            skipped: the writer's own checks refuse it).
         inputs: ``(what, path)`` pairs: what the run reads (``"the checkpoint"``, ``"the zoo cache"``, ``"the resume
             folder"``) and its file or folder (``None`` is skipped; it need not exist).
 
@@ -138,20 +144,20 @@ def refuse_outputs_over_inputs(outputs: Iterable[NamedPath], inputs: Iterable[Na
     """
     from ..errors import OutputOverInputError
 
-    outs = [(name, Path(p).expanduser()) for name, p in outputs if p is not None]
+    outs = [(name, Path(p).expanduser()) for name, p in outputs if _is_path(p)]
     if not outs:
         return
-    ins = [(what, Path(p).expanduser()) for what, p in inputs if p is not None]
-    real = {}
+    ins = [(what, Path(p).expanduser()) for what, p in inputs if _is_path(p)]
+    real: dict[str, tuple[str, Path]] = {}
     for what, p in ins:
         real.setdefault(os.path.realpath(p), (what, p))
     for name, out in outs:
         hit = real.get(os.path.realpath(out))
         if hit is not None:
-            kind = "folder" if hit[1].is_dir() else "file"
+            how = "is a symbolic link to" if out.is_symlink() and not hit[1].is_symlink() else "is"
             raise OutputOverInputError(
-                f"{name} {out} is {hit[0]} {hit[1]} ({kind}), which this run reads: an output never replaces an "
-                "input. Give another path."
+                f"{name} {out} {how} {hit[0]} {hit[1]}, which this run reads: an output never replaces an input. "
+                "Give another path."
             )
     existing = [(name, out, fid) for name, out in outs if (fid := _file_id(out)) is not None]
     if not existing:
@@ -164,10 +170,14 @@ def refuse_outputs_over_inputs(outputs: Iterable[NamedPath], inputs: Iterable[Na
             if fid is not None and fid in wanted:
                 name, out = wanted[fid]
                 where = f"{what} {p}" if Path(f) == p else f"{f}, a file of {what} {p}"
-                if os.path.realpath(out) == os.path.realpath(f):
-                    how = "is" if not out.is_symlink() else "is a symbolic link to"
-                else:
+                if os.path.realpath(out) != os.path.realpath(f):
                     how = "is the same file (a hard link) as"
+                elif out.is_symlink():
+                    how = "is a symbolic link to"
+                elif os.path.islink(f):  # a folder of links (a Hugging Face snapshot) to the files they name
+                    how, where = "is the file that", f"{f} (of {what} {p}) links to"
+                else:  # the path itself (or a path through linked folders)
+                    how, where = "is", (f"a file of {what} {p}" if Path(f) != p else f"{what} {p}")
                 raise OutputOverInputError(
                     f"{name} {out} {how} {where}, which this run reads: an output never replaces an input. "
                     "Give another path."

@@ -11,7 +11,6 @@ then dropped, so memory is bounded by one layer.
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -420,7 +419,7 @@ class IdempotenceReport(Result):
                 from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
             OptionError: the folder of ``path`` does not exist; an attention view without a model.
         """
-        refuse_outputs_over_inputs([("path", _given_path(path))], self.inputs)
+        refuse_outputs_over_inputs([("path", path)], self.inputs)
         return str(
             views().save_report_html(
                 self,
@@ -479,7 +478,7 @@ class IdempotenceReport(Result):
             OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
             OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
-        refuse_outputs_over_inputs([("path", _given_path(path))], self.inputs)
+        refuse_outputs_over_inputs([("path", path)], self.inputs)
         rec = ReportRecord(
             heads=self.heads,
             layers=self.layers,
@@ -489,11 +488,6 @@ class IdempotenceReport(Result):
             options=self.options,
         )
         return str(write_record(rec, path, overwrite=overwrite))
-
-
-def _given_path(path: Any) -> Any:
-    """``path`` when it is a non-empty path, else None (the writer's own checks name what is wrong with it)."""
-    return path if isinstance(path, (str, os.PathLike)) and str(os.fspath(path)).strip() else None
 
 
 def load_report(path: PathLike) -> IdempotenceReport:
@@ -618,7 +612,9 @@ def report_with_options(
         del work
         done.append(part)
     rep = assemble(done, info, opts, analyses, model=model)
-    read = [*inputs, *model_inputs(src)] + ([("the resume folder", Path(resume).expanduser())] if resume is not None else [])
+    read = [*inputs, *model_inputs(src)]
+    if resume is not None:
+        read.append(("the resume folder", Path(resume).expanduser()))
     rep.inputs = tuple(dict.fromkeys(read))
     if parts_dir is not None:
         rep.summary = rep.summary.replace(n_layers_resumed=n_resumed)

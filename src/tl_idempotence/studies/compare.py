@@ -719,8 +719,7 @@ class Comparison(Result):
             OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
             OptionTypeError: ``path`` is not a path. UnknownOptionError: an unknown keyword.
         """
-        given = path if isinstance(path, (str, os.PathLike)) and str(os.fspath(path)).strip() else None
-        refuse_outputs_over_inputs([("path", given)], self.inputs)
+        refuse_outputs_over_inputs([("path", path)], self.inputs)
         return str(views().save_comparison_html(self, path))
 
 
