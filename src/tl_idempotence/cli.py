@@ -25,7 +25,9 @@ was asked for (``--json``/``--csv`` alone write no page); a file written over an
 replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
 
 Exit codes: 0 success; 2 bad arguments (every value is checked before any work starts, including
-that the folders of ``--out`` and ``--csv`` exist); 1 failure, with a one-line reason on stderr (the
+that the folders of ``--out`` and ``--csv`` exist and that no output is, or links to, a file or folder the run
+reads: the checkpoint's files, the zoo cache, the resume folder's parts; ``sweep``: the items' checkpoints and
+the sweep folder's files); 1 failure, with a one-line reason on stderr (the
 traceback with ``--debug``); 130 interrupted. Progress goes to stderr, the summary (or ``--json``) to
 stdout; a closed pipe on stdout (``| head -1``) ends quietly. ``--help`` imports no torch.
 """
