@@ -78,6 +78,15 @@ def test_a_source_object_and_a_single_file_route_know_their_files(ck, tmp_path):
     assert gguf.read_bytes() == before
 
 
+def test_a_relative_checkpoint_path_is_kept_absolute(ck, tmp_path, monkeypatch):
+    monkeypatch.chdir(ck.parent)
+    rep = tli.idempotence_report("CK", resume="parts", progress=False)
+    assert ("the checkpoint", ck) in rep.inputs and ("the resume folder", tmp_path / "parts") in rep.inputs
+    monkeypatch.chdir(tmp_path / "parts")  # the report is saved from elsewhere
+    with pytest.raises(OutputOverInputError, match=re.escape(f"a file of the checkpoint {ck}")):
+        rep.save_html("../CK/config.json")
+
+
 def test_resume_folder_parts_are_inputs_and_resume_is_never_the_checkpoint(ck, tmp_path):
     before = digests(ck)
     with pytest.raises(OutputOverInputError, match=re.escape(f"resume {ck} is the checkpoint {ck}")):

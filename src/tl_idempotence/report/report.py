@@ -508,7 +508,7 @@ def load_report(path: PathLike) -> IdempotenceReport:
         summary=rec.summary,
         info=rec.info,
         options=rec.options,
-        inputs=[("the saved report", Path(path).expanduser())],
+        inputs=[("the saved report", Path(path).expanduser().absolute())],
     )
 
 
@@ -615,7 +615,7 @@ def report_with_options(
     read = [*inputs, *model_inputs(src)]
     if resume is not None:
         read.append(("the resume folder", Path(resume).expanduser()))
-    rep.inputs = tuple(dict.fromkeys(read))
+    rep.inputs = tuple(dict.fromkeys((what, Path(p).expanduser().absolute()) for what, p in read))  # cwd may change
     if parts_dir is not None:
         rep.summary = rep.summary.replace(n_layers_resumed=n_resumed)
     return rep

@@ -658,7 +658,7 @@ class SweepResult(Comparison):
         missing: pd.DataFrame | None = None,
     ) -> None:
         super().__init__(reports, options, warn=warn)
-        self.inputs = (*self.inputs, ("the sweep folder", Path(out)))  # its plan and reports: no page over them
+        self.inputs = (*self.inputs, ("the sweep folder", Path(out).absolute()))  # no page over its plan or reports
         self.device = device
         self.out = out
         self.tasks = tasks
