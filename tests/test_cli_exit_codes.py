@@ -121,6 +121,88 @@ def test_path_only_flags_and_runtime_option_errors_exit_2(ckpt, tmp_path):
         assert not (tmp_path / "r.html").exists()
 
 
+def test_a_layer_range_error_is_one_short_line(ckpt, tmp_path):
+    """``--layers 0-65535`` on a 2-layer model: the unknown indices are summarized (was a 448 KB line)."""
+    proc = run(["report", str(ckpt), "--layers", "0-65535", "--json", "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "Unknown layer index [2..65535] (65,534 indices): this model's attention layers are 0..1" in proc.stderr
+    assert len(proc.stderr) < 300, len(proc.stderr)
+    proc = run(["report", str(ckpt), "--layers", "1,3,5,7,9,11,13,15,17", "--json", "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 2 and "Unknown layer index [3, 5, 7, 9, 11, 13, ...] (8 indices)" in proc.stderr
+
+
+def sha256s(d: Path) -> dict[str, str]:
+    import hashlib
+
+    files = sorted(p for p in d.rglob("*") if p.is_file())
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def test_an_output_never_replaces_an_input(tmp_path):
+    """Issue 27: ``report CK --out CK/model.safetensors`` measured the model, then wrote the page over its weights;
+    ``--csv CK/config.json`` turned the config into the CSV. Every output over a file the run reads (by its path, a
+    symbolic link or a hard link; the checkpoint's files, a resume folder's parts) exits 2 before anything is read,
+    naming both; the checkpoint's files stay byte-identical."""
+    ck, _, _ = llama_like(tmp_path / "CK", n_layers=2)
+    shard = sorted(ck.glob("*.safetensors"))[0]
+    (tmp_path / "to_shard").symlink_to(shard)
+    (tmp_path / "to_config").symlink_to(ck / "config.json")
+    os.link(ck / "model.safetensors.index.json", tmp_path / "index_link.json")
+    parts = tmp_path / "parts"
+    assert run(["report", str(ck), "--resume", str(parts), "--json", "--quiet"]).returncode == 0
+    before, parts_before = sha256s(ck), sha256s(parts)
+    for argv, says in [
+        (["--out", str(shard)], f"--out {shard} is a file of the checkpoint {ck}"),
+        (["--csv", str(ck / "config.json")], f"--csv {ck / 'config.json'} is a file of the checkpoint {ck}"),
+        (["--out", "to_shard"], f"--out to_shard is a symbolic link to {shard}, a file of the checkpoint {ck}"),
+        (["--csv", "to_config", "--json"], f"is a symbolic link to {ck / 'config.json'}"),
+        (["--out", "index_link.json"], f"is the same file (a hard link) as {ck / 'model.safetensors.index.json'}"),
+        (["--resume", str(ck)], f"--resume {ck} is the checkpoint {ck}"),
+        (["--resume", str(parts), "--csv", str(parts / "manifest.json")], f"a file of the resume folder {parts}"),
+        (["--out", str(ck)], "is a folder"),  # argparse's own check comes first
+    ]:
+        proc = run(["report", str(ck), *argv, "--quiet"], cwd=tmp_path)
+        assert proc.returncode == 2, (argv, proc.returncode, proc.stderr)
+        assert says in proc.stderr, (argv, proc.stderr)
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert sha256s(ck) == before and sha256s(parts) == parts_before
+    assert not (tmp_path / "report.html").exists()
+    # refused before anything is read: a checkpoint whose shard is truncated (reading it exits 1) still exits 2
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in ck.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    (bad / shard.name).write_bytes(shard.read_bytes()[:-100])
+    proc = run(["report", str(bad), "--csv", str(bad / "config.json"), "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 2 and f"a file of the checkpoint {bad}" in proc.stderr, proc.stderr
+    assert (bad / "config.json").read_bytes() == (ck / "config.json").read_bytes()
+    # a new file beside the checkpoint replaces nothing
+    proc = run(["report", str(ck), "--out", str(ck / "report.html"), "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert {k: v for k, v in sha256s(ck).items() if k != "report.html"} == before
+
+
+def test_sweep_outputs_never_replace_an_items_files(tmp_path):
+    """``sweep --out`` into an item's checkpoint, ``--html`` over an item's file or the sweep's own plan: exit 2."""
+    ck, _, _ = llama_like(tmp_path / "CK", n_layers=2)
+    before = sha256s(ck)
+    out = tmp_path / "out"
+    for argv, says in [
+        (["--out", str(ck)], f"--out {ck} is the checkpoint {ck}"),
+        (["--out", str(out), "--html", str(ck / "config.json")], f"a file of the checkpoint {ck}"),
+    ]:
+        proc = run(["sweep", str(ck), *argv, "--quiet"], cwd=tmp_path)
+        assert proc.returncode == 2 and says in proc.stderr, (argv, proc.stderr)
+    assert sha256s(ck) == before and not out.exists()
+    assert run(["sweep", str(ck), "--out", str(out), "--task-index", "0", "--quiet"]).returncode == 0
+    plan = (out / "sweep.json").read_bytes()
+    proc = run(["sweep", str(ck), "--out", str(out), "--collect", "--html", str(out / "sweep.json")], cwd=tmp_path)
+    assert proc.returncode == 2 and f"a file of the sweep folder {out}" in proc.stderr, proc.stderr
+    assert (out / "sweep.json").read_bytes() == plan
+    proc = run(["sweep", str(ck), "--out", str(tmp_path / "nowhere"), "--collect"], cwd=tmp_path)
+    assert proc.returncode == 2 and "is not a folder: no sweep to read there" in proc.stderr, proc.stderr
+
+
 def test_local_folder_named_like_a_zoo_model_is_not_silently_replaced(tmp_path):
     (tmp_path / "minilm-l6").mkdir()
     proc = run(["report", "minilm-l6", "--out", "r.html"], cwd=tmp_path)

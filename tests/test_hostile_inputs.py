@@ -199,6 +199,18 @@ def test_report_option_on_every_route(env, route, kw, exc, words):
     assert_raises(lambda: tli.idempotence_report(model_of(env, route), **{"progress": False, **kw}), exc, words)
 
 
+def test_a_long_list_of_unknown_or_repeated_layers_is_one_short_line(env):
+    """``layers=range(65536)`` on a 2-layer model: the message summarizes the indices (it listed all 65,534)."""
+    for kw, says in [
+        (dict(layers=range(65536)), "Unknown layer index [2..65535] (65,534 indices): this model's attention layers"),
+        (dict(layers=[1, 0, *range(2, 500, 2)]), "Unknown layer index [2, 4, 6, 8, 10, 12, ...] (249 indices)"),
+        (dict(layers=[*range(300), *range(300)]), "layers repeats layer(s) [0..299] (300 indices)"),
+    ]:
+        with pytest.raises(OptionError) as e:
+            tli.idempotence_report(model_of(env, "source"), progress=False, **kw)
+        assert says in str(e.value) and len(str(e.value)) < 200, str(e.value)
+
+
 @pytest.mark.parametrize("route", ROUTES)
 def test_report_accepts_float32_by_name_and_gives_float32_products(env, route):
     m = model_of(env, route)

@@ -25,7 +25,9 @@ was asked for (``--json``/``--csv`` alone write no page); a file written over an
 replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
 
 Exit codes: 0 success; 2 bad arguments (every value is checked before any work starts, including
-that the folders of ``--out`` and ``--csv`` exist); 1 failure, with a one-line reason on stderr (the
+that the folders of ``--out`` and ``--csv`` exist and that no output is, or links to, a file or folder the run
+reads: the checkpoint's files, the zoo cache, the resume folder's parts; ``sweep``: the items' checkpoints and
+the sweep folder's files); 1 failure, with a one-line reason on stderr (the
 traceback with ``--debug``); 130 interrupted. Progress goes to stderr, the summary (or ``--json``) to
 stdout; a closed pipe on stdout (``| head -1``) ends quietly. ``--help`` imports no torch.
 """
@@ -548,6 +550,34 @@ def _same_file(a: str, b: str) -> bool:
     return pa.resolve() == pb.resolve()
 
 
+def _model_inputs(kind: str, value: str) -> list[tuple[str, Any]]:
+    """What the run over MODEL reads (``(what, path)`` pairs): a checkpoint path, the zoo cache, or for a hub name
+    the Hugging Face cache it downloads into (sources/names.py: named_inputs)."""
+    from .sources.names import Named, named_inputs
+
+    if kind == "hub":
+        try:
+            from huggingface_hub import constants
+        except ImportError:  # pragma: no cover - transformers brings it
+            return []
+        return [("the Hugging Face cache", constants.HF_HUB_CACHE)]
+    return named_inputs(Named("zoo" if kind == "zoo" else "path", value))
+
+
+def _refuse_over_inputs(
+    parser: argparse.ArgumentParser, outputs: Sequence[tuple[str, Any]], inputs: Sequence[tuple[str, Any]]
+) -> None:
+    """Exit 2, before anything is read or written, when an output is (or links to) a file or folder the run
+    reads (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`, the API's rule)."""
+    from .core.files import refuse_outputs_over_inputs
+    from .errors import OutputOverInputError
+
+    try:
+        refuse_outputs_over_inputs(outputs, inputs)
+    except OutputOverInputError as e:
+        parser.error(str(e))
+
+
 def _page_path(args: argparse.Namespace) -> str | None:
     """Where the page goes: ``--out``, else :data:`DEFAULT_PAGE` when no other output (``--json``, ``--csv``) was
     asked for, else nowhere (a run that asked for JSON writes no page beside it)."""
@@ -570,6 +600,9 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             "--json or --csv alone)"
         )
     kind, value = _resolve_model(args, parser)
+    reads = _model_inputs(kind, value)
+    _refuse_over_inputs(parser, [("--resume", args.resume)], reads)  # parts never go into the checkpoint
+    _refuse_over_inputs(parser, [("--out", page), ("--csv", args.csv)], [*reads, ("the resume folder", args.resume)])
     from .core.options import check_device
 
     check_device(args.device)  # a missing GPU fails before anything is loaded
@@ -767,8 +800,13 @@ def _collect_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         want = list(value) if name == "layers" else value
         if have != want:
             flag = "--" + name.replace("_", "-")
+            shown, made = str(value), repr(have)
+            if name == "layers":  # any number of layers, in a message of bounded length
+                from .core.option_specs import index_summary
+
+                shown, made = index_summary(want), index_summary(have) if isinstance(have, list) else repr(have)
             parser.error(
-                f"{flag} {value}: the sweep in {args.out} was made with {have!r} (its sweep.json); --collect reads "
+                f"{flag} {shown}: the sweep in {args.out} was made with {made} (its sweep.json); --collect reads "
                 f"its reports as they are: leave {flag} out"
             )
 
@@ -783,6 +821,11 @@ def _cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     items = _sweep_items(args.items, parser)
+    from .sources.names import named_inputs, resolve_name
+
+    reads = [pair for val in items.values() for pair in named_inputs(resolve_name(val))]
+    _refuse_over_inputs(parser, [("--out", args.out)], reads)  # the reports never go into an item's checkpoint
+    _refuse_over_inputs(parser, [("--html", args.html)], [*reads, ("the sweep folder", args.out)])
     opts = _report_options(args)
     progress = not args.quiet
     if args.task_index is not None:
@@ -810,6 +853,11 @@ def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         )
         from .studies.sweep import load_sweep
 
+        if not Path(args.out).is_dir():  # a mistyped folder is a bad argument (exit 2), not a failed sweep
+            parser.error(
+                f"--collect: {args.out} is not a folder: no sweep to read there (give the --out of a sweep whose "
+                "tasks have run)"
+            )
         _collect_options(args, parser)
         return _print_sweep(load_sweep(args.out, items=items), args)
     from .studies.sweep import sweep

@@ -21,6 +21,7 @@ __all__ = [
     "MissingFileError",
     "OptionError",
     "OptionTypeError",
+    "OutputOverInputError",
     "RegistryUnreachableError",
     "ReportFileError",
     "ResumeError",
@@ -39,6 +40,11 @@ class TLIError(Exception):
 
 class OptionError(TLIError, ValueError):
     """An argument has a value outside its range (``threshold=1.5``, ``nulls=-1``, an unknown layer)."""
+
+
+class OutputOverInputError(OptionError):
+    """An output (a page, a CSV, a saved report, a resume or sweep folder) that is a file or folder the run
+    reads: a checkpoint's file or folder, the zoo cache, a resume folder's parts, a saved report (names both)."""
 
 
 class OptionTypeError(TLIError, TypeError):

@@ -467,7 +467,7 @@ def test_report_with_controls_and_paper_table():
     assert list(tab["note"][:6]) == [""] * 6
     # search did not run: NaN with a note, no exception
     assert np.isnan(tab.loc[6, "value"]) and pd.isna(tab.loc[6, "n"]) and pd.isna(tab.loc[6, "of"])
-    assert tab.loc[6, "note"] == "not run: make the report with search=True"
+    assert tab.loc[6, "note"] == "not run: make the report with search=True / --search"
     # ... and the same table as display strings
     f = rep.paper_table(formatted=True)
     assert list(f.columns) == ["quantity", "this model", "paper"] and len(f) == 7
@@ -476,7 +476,7 @@ def test_report_with_controls_and_paper_table():
     assert f.loc[0, "paper"] == "3.98-8.00 % (per model)" and f.loc[1, "paper"] == "none"
     assert f.loc[2, "this model"] == f"{s['median_P_trained']:.3g}" and f.loc[2, "paper"] == "0.336"
     assert f.loc[3, "paper"] == "0.000104" and f.loc[4, "paper"] == "98.64 %" and f.loc[5, "paper"] == "all"
-    assert f.loc[6, "this model"] == "not run: make the report with search=True"
+    assert f.loc[6, "this model"] == "not run: make the report with search=True / --search"
     figs = scramble_figures(rep)
     assert len(figs) == 2 and all(f.layout.yaxis.type == "log" for f in figs)
     names = [tr.name for tr in figs[0].data]
@@ -507,12 +507,14 @@ def test_paper_table_without_controls_has_nan_rows_with_notes():
     _check_paper_columns(tab)
     assert tab.loc[0, "value"] == pytest.approx(1 / 27) and (tab.loc[0, "n"], tab.loc[0, "of"]) == (1, 27)
     assert tab.loc[2, "value"] == pytest.approx(rep.summary["median_P"]) and tab.loc[2, "note"] == ""
+    no_nulls = "not run: make the report with nulls=True / --nulls 64 (orientation scramble + O/V mismatch)"
     for i in (1, 3, 4, 5):
         assert np.isnan(tab.loc[i, "value"])
-        assert tab.loc[i, "note"] == "not run: make the report with nulls=True (orientation scramble + O/V mismatch)"
-    assert np.isnan(tab.loc[6, "value"]) and tab.loc[6, "note"] == "not run: make the report with search=True"
+        assert tab.loc[i, "note"] == no_nulls
+    no_search = "not run: make the report with search=True / --search"
+    assert np.isnan(tab.loc[6, "value"]) and tab.loc[6, "note"] == no_search
     f = rep.paper_table(formatted=True)
-    assert f.loc[1, "this model"].startswith("not run: make the report with nulls=True")
+    assert f.loc[1, "this model"].startswith("not run: make the report with nulls=True / --nulls 64")
     with pytest.raises(OptionError, match="nulls=True"):
         scramble_figures(rep)
 

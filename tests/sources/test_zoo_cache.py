@@ -19,7 +19,7 @@ import pytest
 
 import tl_idempotence as tli
 from reference_bits import assert_same_bits
-from tl_idempotence.errors import CacheError, ChecksumError, MissingFileError
+from tl_idempotence.errors import CacheError, ChecksumError, MissingFileError, OutputOverInputError
 from tl_idempotence.sources import zoo
 
 # integration tier: builds and damages zoo caches of real models
@@ -173,6 +173,30 @@ def test_fetch_with_a_bad_source_fails_even_when_cached(cache, tmp_path):
         [*CLI, "fetch", "smollm2-135m", "--source", str(bad), "--quiet"], capture_output=True, text=True
     )
     assert proc.returncode == 1 and "Checksum mismatch" in proc.stderr
+
+
+def test_fetch_force_never_deletes_its_own_source(tmp_path, monkeypatch):
+    """``fetch --force --source <a file inside the cache entry>`` deleted the entry, source included, before reading
+    it (issue 27): refused before anything is deleted, naming the file (API and CLI, exit 2)."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv(zoo.CACHE_ENV, str(root))
+    inside = root / "smollm2-135m" / "files" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    inside.parent.mkdir(parents=True)
+    inside.write_bytes(b"GGUF" + b"\1" * 100)
+    (tmp_path / "link.gguf").symlink_to(inside)
+    for source in (inside, inside.parent, tmp_path / "link.gguf"):
+        with pytest.raises(OutputOverInputError, match="which force=True deletes before it rebuilds") as e:
+            zoo.fetch("smollm2-135m", source=source, force=True, progress=False)
+        assert f"inside {root / 'smollm2-135m' / 'files'}" in str(e.value)
+    env = {**os.environ, zoo.CACHE_ENV: str(root)}
+    proc = subprocess.run(
+        [*CLI, "fetch", "smollm2-135m", "--force", "--source", str(inside), "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 2 and "the source would be lost" in proc.stderr, proc.stderr
+    assert inside.read_bytes() == b"GGUF" + b"\1" * 100  # still there, unchanged
 
 
 def test_cold_start_from_the_weight_file(cache, real_files):

@@ -145,6 +145,12 @@ def test_sweep_equals_single_process_bit_for_bit(client, ckpts, reference, tmp_p
     assert [i["status"] for i in rec["items"]] == ["computed"] * 4
     assert rec["options"]["nulls"] == 4
     assert "n_computed=4" in repr(res)
+    # the page never goes over an item's checkpoint file or the sweep's own plan (issue 27)
+    for path, says in [(ckpts["A"] / "config.json", "a file of the checkpoint of item 'A'"), (out / RECORD_NAME, "")]:
+        with pytest.raises(tli.errors.OutputOverInputError, match="which this run reads") as e:
+            res.save_html(path)
+        assert says in str(e.value) and "a file of the" in str(e.value)
+    assert json.loads((out / RECORD_NAME).read_text()) == rec
 
 
 def test_rerun_finishes_only_missing_damaged_or_changed_items(client, ckpts, reference, tmp_path):
@@ -365,6 +371,10 @@ def test_bad_items_and_folders_are_refused_before_any_work(ckpts, tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(OptionError, match="is a file"):
         sweep({"A": ckpts["A"]}, tmp_path / "file", progress=False)
+    listing = sorted(p.name for p in ckpts["A"].iterdir())
+    with pytest.raises(tli.errors.OutputOverInputError, match="is the checkpoint of item 'A'"):
+        sweep({"A": ckpts["A"]}, ckpts["A"], progress=False)  # the reports never go into an item's checkpoint
+    assert sorted(p.name for p in ckpts["A"].iterdir()) == listing
     (out / "A").mkdir(parents=True, exist_ok=True)
     (out / "A" / "notes.txt").write_text("mine")
     with pytest.raises(OptionError, match="holds files that are not a saved report"):

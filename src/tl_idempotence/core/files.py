@@ -11,6 +11,8 @@
 
 * :func:`check_work_folder` — the one rule for a folder a run creates or reuses (``resume=``,
   ``sweep(out=)``, ``--resume``, ``sweep --out``).
+* :func:`refuse_outputs_over_inputs` — the one rule that an output (a page, a CSV, a saved report, a
+  resume or sweep folder) never replaces a file or folder the run reads.
 
 Imports the standard library only (and the package's errors).
 """
@@ -21,9 +23,11 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = [
     "atomic_write_bytes",
@@ -31,6 +35,7 @@ __all__ = [
     "check_work_folder",
     "package_code_sha256",
     "read_json",
+    "refuse_outputs_over_inputs",
     "sha256_bytes",
     "sha256_file",
     "shareable_name",
@@ -67,6 +72,116 @@ def check_work_folder(x: Any, name: str, error: type[Exception] | None = None) -
     if not p.exists() and not p.absolute().parent.is_dir():
         raise error(f"{name}: the folder {p.absolute().parent} does not exist.")
     return p
+
+
+#: How many folder levels below an input folder :func:`refuse_outputs_over_inputs` looks at: the zoo cache
+#: keeps its files at ``<cache>/<name>/<kind>/<file>``; a checkpoint, resume or saved report folder at its top.
+INPUT_FOLDER_DEPTH = 3
+
+#: A path given to :func:`refuse_outputs_over_inputs`: ``(how messages name it, the path or None)``.
+NamedPath = tuple[str, str | os.PathLike[str] | None]
+
+
+def _is_path(p: Any) -> TypeGuard[str | os.PathLike[str]]:
+    """A non-empty ``str`` or ``os.PathLike`` (anything else is left to the writer's own checks, which name it)."""
+    return isinstance(p, (str, os.PathLike)) and bool(str(os.fspath(p)).strip())
+
+
+def _file_id(p: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file ``p`` names, symbolic links followed; None for no file (or a folder)."""
+    try:
+        st = os.stat(p)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if not stat.S_ISDIR(st.st_mode) else None
+
+
+def _files_below(root: str, depth: int) -> Iterable[str]:
+    """The files in the folder ``root`` and its subfolders down to ``depth`` levels (symbolic links to folders
+    are not descended; links to files are listed: what they point to is what a reader reads)."""
+    try:
+        with os.scandir(root) as it:
+            entries = list(it)
+    except OSError:
+        return
+    for e in entries:
+        try:
+            is_dir = e.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        if is_dir:
+            if depth > 1:
+                yield from _files_below(e.path, depth - 1)
+        else:
+            yield e.path
+
+
+def refuse_outputs_over_inputs(outputs: Iterable[NamedPath], inputs: Iterable[NamedPath]) -> None:
+    """Refuse, before any work, an output that would replace a file or folder the run reads.
+
+    The one rule of every writer (the CLI's ``--out``, ``--csv``, ``--html``, ``--resume`` and ``sweep --out``;
+    ``rep.save_html``, ``rep.save``, the comparison and sweep pages, ``resume=``). An output is refused when
+
+    * its path with symbolic links resolved (:func:`os.path.realpath`) is an input's path (a file or a folder,
+      existing or not); or
+    * it exists and is the same file (``st_dev`` and ``st_ino``, so a hard link or a symbolic link is seen
+      through) as an input file, or as a file in an input folder (down to :data:`INPUT_FOLDER_DEPTH` levels;
+      a symbolic link in the folder counts as the file it points to, as a reader reads it).
+
+    A new file in an input folder (``CK/report.html`` beside a checkpoint) replaces nothing and is allowed.
+    Input folders are listed only when an output already exists (the common case costs a ``stat`` per path).
+
+    Args:
+        outputs: ``(name, path)`` pairs: how a message names the output (``"--out"``, ``"path"``, ``"resume"``)
+            and the file or folder it writes (``str`` or ``os.PathLike``; ``None``, an empty path or another type is
+            skipped: the writer's own checks refuse it).
+        inputs: ``(what, path)`` pairs: what the run reads (``"the checkpoint"``, ``"the zoo cache"``, ``"the resume
+            folder"``) and its file or folder (``None`` is skipped; it need not exist).
+
+    Raises:
+        OutputOverInputError (an :class:`OptionError`): an output over an input; the message names both paths
+            (and the file they share).
+    """
+    from ..errors import OutputOverInputError
+
+    outs = [(name, Path(p).expanduser()) for name, p in outputs if _is_path(p)]
+    if not outs:
+        return
+    ins = [(what, Path(p).expanduser()) for what, p in inputs if _is_path(p)]
+    real: dict[str, tuple[str, Path]] = {}
+    for what, p in ins:
+        real.setdefault(os.path.realpath(p), (what, p))
+    for name, out in outs:
+        hit = real.get(os.path.realpath(out))
+        if hit is not None:
+            how = "is a symbolic link to" if out.is_symlink() and not hit[1].is_symlink() else "is"
+            raise OutputOverInputError(
+                f"{name} {out} {how} {hit[0]} {hit[1]}, which this run reads: an output never replaces an input. "
+                "Give another path."
+            )
+    existing = [(name, out, fid) for name, out in outs if (fid := _file_id(out)) is not None]
+    if not existing:
+        return
+    wanted = {fid: (name, out) for name, out, fid in existing}
+    for what, p in ins:
+        candidates = _files_below(str(p), INPUT_FOLDER_DEPTH) if p.is_dir() else [str(p)]
+        for f in candidates:
+            fid = _file_id(f)
+            if fid is not None and fid in wanted:
+                name, out = wanted[fid]
+                where = f"{what} {p}" if Path(f) == p else f"{f}, a file of {what} {p}"
+                if os.path.realpath(out) != os.path.realpath(f):
+                    how = "is the same file (a hard link) as"
+                elif out.is_symlink():
+                    how = "is a symbolic link to"
+                elif os.path.islink(f):  # a folder of links (a Hugging Face snapshot) to the files they name
+                    how, where = "is the file that", f"{f} (of {what} {p}) links to"
+                else:  # the path itself (or a path through linked folders)
+                    how, where = "is", (f"a file of {what} {p}" if Path(f) != p else f"{what} {p}")
+                raise OutputOverInputError(
+                    f"{name} {out} {how} {where}, which this run reads: an output never replaces an input. "
+                    "Give another path."
+                )
 
 
 #: The file types of the package that make up its behaviour (code, architecture table, templates).

@@ -49,6 +49,7 @@ __all__ = [
     "check_threshold",
     "documents_options",
     "given",
+    "index_summary",
     "options_doc",
     "resolve_layers",
 ]
@@ -90,7 +91,8 @@ REPORT_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "nulls",
         0,
-        "orientation-scramble draws per head, with the matched O/V mismatch (0 = off; 64, or True, is the usual)",
+        "orientation-scramble draws per head, with the matched O/V mismatch: an integer, 0 = off, 64 the usual "
+        "(the Python API also takes True for 64)",
         "count",
         "N",
     ),
@@ -284,8 +286,33 @@ def check_layers(x: Any, name: str = "layers") -> tuple[int, ...] | None:
     seen: set[int] = set()
     dup = sorted({v for v in out if v in seen or seen.add(v)})  # type: ignore[func-returns-value]
     if dup:
-        raise OptionError(f"{name} repeats layer(s) {dup[:20]}: each layer is measured once.")
+        raise OptionError(f"{name} repeats layer(s) {index_summary(dup)}: each layer is measured once.")
     return out
+
+
+#: How many runs of indices :func:`index_summary` writes out before it counts the rest.
+SHOWN_RUNS = 6
+
+
+def index_summary(values: Sequence[int], shown: int = SHOWN_RUNS) -> str:
+    """Layer indices for a message, bounded in length whatever their number: runs of three or more consecutive
+    indices as ``a..b``, the first ``shown`` items, and the count when items were joined or left out
+    (``[3..65535] (65,533 indices)``, ``[1, 4, 9, ...] (40 indices)``, ``[2, 7]``).
+
+    Args:
+        values: the indices, in the order to show them.
+        shown: how many items (indices or runs) to write out.
+    """
+    runs: list[list[int]] = []
+    for v in (int(x) for x in values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    words = [w for a, b in runs for w in ([f"{a}..{b}"] if b - a >= 2 else [str(v) for v in range(a, b + 1)])]
+    text = "[" + ", ".join(words[:shown]) + (", ...]" if len(words) > shown else "]")
+    n = len(values)
+    return text if n == len(words) <= shown else f"{text} ({n:,} indices)"
 
 
 def resolve_layers(layers: Sequence[int] | None, available: Sequence[int]) -> list[int]:
@@ -297,8 +324,9 @@ def resolve_layers(layers: Sequence[int] | None, available: Sequence[int]) -> li
     avail = [int(a) for a in available]
     if layers is None:
         return avail
-    bad = [int(v) for v in layers if int(v) not in set(avail)]
+    known = set(avail)
+    bad = [int(v) for v in layers if int(v) not in known]
     if bad:
-        span = f"{avail[0]}..{avail[-1]}" if avail == list(range(avail[0], avail[-1] + 1)) else str(avail)
-        raise OptionError(f"Unknown layer index {bad}: this model's attention layers are {span}.")
+        span = f"{avail[0]}..{avail[-1]}" if avail == list(range(avail[0], avail[-1] + 1)) else index_summary(avail)
+        raise OptionError(f"Unknown layer index {index_summary(bad)}: this model's attention layers are {span}.")
     return [int(v) for v in layers]

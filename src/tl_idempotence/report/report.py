@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -24,13 +25,13 @@ from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlg
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import REPORT_ANALYSES
-from ..core.files import check_work_folder
+from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
 from ..errors import OptionError, OptionTypeError, ResumeError
-from ..sources.dispatch import head_source
+from ..sources.dispatch import head_source, model_inputs
 from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
 from .summary import ReportSummary, build_summary, format_paper_table, paper_table
@@ -134,12 +135,19 @@ class IdempotenceReport(Result):
         options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
         threshold: P threshold of ``closed`` (paper: 0.9). Assigning it recomputes every
             threshold-dependent column, count and summary number.
+        inputs: what the report was read from on this machine, as ``(what, path)`` pairs (the checkpoint
+            folder or file, the zoo cache, the resume folder; for a loaded report its folder; empty for a
+            model in memory): what :meth:`save_html` and :meth:`save` refuse to write over. Never saved or
+            shown (a saved report holds no machine path).
 
     The report holds no model: :meth:`show_attention` and the attention section of
     :meth:`save_html` take the model as an argument (or use a weak reference to the model
     the report was made from, while it is alive), so a report pickles and saves
     (:meth:`save`, :func:`~tl_idempotence.report.store.load_report`).
     """
+
+    #: (a class default: a report unpickled from an older version read from nothing known)
+    inputs: tuple[tuple[str, Path], ...] = ()
 
     repr_keys: ClassVar[tuple[str, ...]] = (
         "model_name",
@@ -161,6 +169,7 @@ class IdempotenceReport(Result):
         info: ModelInfo,
         options: ReportOptions,
         model: TLModel | None = None,
+        inputs: Sequence[tuple[str, Path]] = (),
     ) -> None:
         self.heads = heads
         self.layers = layers
@@ -168,6 +177,7 @@ class IdempotenceReport(Result):
         self.summary = summary
         self.info = info
         self.options = options
+        self.inputs = tuple(inputs)
         self._model_ref: Any = None
         if model is not None:
             try:
@@ -232,7 +242,7 @@ class IdempotenceReport(Result):
             n_layers_resumed=self.summary.get("n_layers_resumed"),
             n_params=self.summary.get("n_params"),
         )
-        rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts)
+        rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts, inputs=self.inputs)
         rep._model_ref = self._model_ref
         return rep
 
@@ -405,8 +415,11 @@ class IdempotenceReport(Result):
             max_tokens: cut the text to this many tokens (the page says so when it cuts).
 
         Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
+                from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
             OptionError: the folder of ``path`` does not exist; an attention view without a model.
         """
+        refuse_outputs_over_inputs([("path", path)], self.inputs)
         return str(
             views().save_report_html(
                 self,
@@ -460,9 +473,12 @@ class IdempotenceReport(Result):
         :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.
 
         Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is a folder or file the report was read from
+                (:attr:`inputs`: its checkpoint, its resume folder, the folder it was loaded from).
             OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
             OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
+        refuse_outputs_over_inputs([("path", path)], self.inputs)
         rec = ReportRecord(
             heads=self.heads,
             layers=self.layers,
@@ -486,7 +502,13 @@ def load_report(path: PathLike) -> IdempotenceReport:
     heads = rec.heads
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     return IdempotenceReport(
-        heads=heads, layers=rec.layers, tables=rec.tables, summary=rec.summary, info=rec.info, options=rec.options
+        heads=heads,
+        layers=rec.layers,
+        tables=rec.tables,
+        summary=rec.summary,
+        info=rec.info,
+        options=rec.options,
+        inputs=[("the saved report", Path(path).expanduser().absolute())],
     )
 
 
@@ -533,6 +555,7 @@ def idempotence_report(
         CheckpointError / MissingFileError: a checkpoint that cannot be read (names the file).
         ResumeError: a resume directory made with other options; ``resume`` empty, a file, or in a
             folder that does not exist (``resume`` not a path: OptionTypeError, before any folder is made).
+        OutputOverInputError (an ``OptionError``): ``resume`` is the checkpoint folder or file, or the zoo cache.
     """
     opts = ReportOptions.from_kwargs("idempotence_report()", options, _OWN_PARAMETERS)
     return report_with_options(model, opts, progress=progress, resume=resume, architecture=architecture, prefix=prefix)
@@ -567,8 +590,10 @@ def report_with_options(
         raise OptionTypeError(f"options must be a ReportOptions; got {type(options).__name__}.")
     opts = options
     progress = check_bool(progress, "progress")
+    inputs = model_inputs(model)
     if resume is not None:
         check_work_folder(resume, "resume", ResumeError)  # not "", not a file, its parent existing: the CLI's rule
+        refuse_outputs_over_inputs([("resume", resume)], inputs)  # parts never go into the checkpoint or the cache
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
     resolve_layers(opts.layers, list(src.layers()))  # an unknown layer is refused before the resume folder is made
@@ -589,6 +614,10 @@ def report_with_options(
         del work
         done.append(part)
     rep = assemble(done, info, opts, analyses, model=model)
+    read = [*inputs, *model_inputs(src)]
+    if resume is not None:
+        read.append(("the resume folder", Path(resume).expanduser()))
+    rep.inputs = tuple(dict.fromkeys((what, Path(p).expanduser().absolute()) for what, p in read))  # cwd may change
     if parts_dir is not None:
         rep.summary = rep.summary.replace(n_layers_resumed=n_resumed)
     return rep

@@ -303,7 +303,7 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
         rows.append({"quantity": q, "value": value, "n": n, "of": of, "paper_low": lo, "paper_high": hi, "note": note})
 
     row(f"heads with P >= {t:g}", "frac_closed", summary["frac_closed"], summary["n_closed"], summary["n_heads"])
-    no_nulls = "not run: make the report with nulls=True (orientation scramble + O/V mismatch)"
+    no_nulls = "not run: make the report with nulls=True / --nulls 64 (orientation scramble + O/V mismatch)"
     if "n_mismatch_pairs" in summary:
         if summary["n_mismatch_pairs"]:
             row(
@@ -364,7 +364,7 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
             f"layers where P >= {t:g} is feasible (constructive search)",
             "frac_layers_feasible",
             nan,
-            note="not run: make the report with search=True",
+            note="not run: make the report with search=True / --search",
         )
     df = pd.DataFrame(rows)
     for c in ("n", "of"):

@@ -336,6 +336,17 @@ class CheckpointSource:
             return str(st.index_file or st.dir)
         return str(getattr(st, "path", st.where("")))
 
+    @property
+    def path(self) -> Path | None:
+        """The checkpoint folder or GGUF file this source streams (None for a ``transformers`` model in memory):
+        what an output of a run over it must never replace
+        (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`)."""
+        if isinstance(self.store, SafetensorsStore):
+            return Path(self.store.dir)
+        if isinstance(self.store, GGUFStore):
+            return Path(self.store.path)
+        return None
+
     def layers(self) -> Iterator[int]:
         """The attention layer indices (every layer of the checkpoint)."""
         return iter(range(self.sizes.n_layers))

@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from ..core.heads import HeadSource, LayerHeads, ModelInfo
 from ..core.options import check_bool, strict_kwargs
-from ..errors import OptionError, OptionTypeError, UnsupportedModelError
+from ..errors import OptionError, OptionTypeError, TLIError, UnsupportedModelError
 from .architectures import check_architecture
-from .checkpoint import from_path, from_transformers, is_transformers_model
-from .names import missing_path_error, resolve_name
+from .checkpoint import CheckpointSource, from_path, from_transformers, is_transformers_model
+from .names import missing_path_error, named_inputs, resolve_name
 from .tl import TLModelSource, is_tl_model
+from .zoo import cache_dir
 from .zoo import source as zoo_source
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import ArchitectureLike, ModelLike
 
-__all__ = ["LayerHeadsSource", "head_source"]
+__all__ = ["LayerHeadsSource", "head_source", "model_inputs"]
 
 
 class LayerHeadsSource:
@@ -151,3 +153,26 @@ def head_source(
         "HookedTransformer / HookedEncoder / TransformerBridge, a transformers PreTrainedModel, a path to a "
         "Hugging Face model directory (config.json + *.safetensors) or a .gguf file, LayerHeads, or a HeadSource."
     )
+
+
+def model_inputs(model: object) -> list[tuple[str, Path]]:
+    """What a report over ``model`` reads from disk, as ``(what, path)`` pairs for
+    :func:`~tl_idempotence.core.files.refuse_outputs_over_inputs` (checked before anything is opened).
+
+    A string or path: :func:`~tl_idempotence.sources.names.named_inputs` (the checkpoint, or the zoo cache);
+    a :class:`~tl_idempotence.sources.checkpoint.CheckpointSource`: the folder or GGUF file it streams (and
+    the zoo cache for a zoo model's source); anything else (a model in memory, LayerHeads): nothing.
+
+    Raises nothing: a name that cannot be resolved reads nothing here (:func:`head_source` then says why).
+    """
+    if isinstance(model, (str, os.PathLike)):
+        try:
+            return named_inputs(resolve_name(model))
+        except TLIError:
+            return []
+    if isinstance(model, CheckpointSource):
+        out = [] if model.path is None else [("the checkpoint", model.path)]
+        if "zoo_model" in model.info.processing:
+            out.append(("the zoo cache", cache_dir()))
+        return out
+    return []

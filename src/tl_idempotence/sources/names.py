@@ -24,9 +24,17 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import MissingFileError, OptionError, OptionTypeError
-from .zoo import known_models, model_spec
+from .zoo import cache_dir, known_models, model_spec
 
-__all__ = ["ZOO_PREFIX", "Named", "checkpoint_of", "missing_path_error", "path_label", "resolve_name"]
+__all__ = [
+    "ZOO_PREFIX",
+    "Named",
+    "checkpoint_of",
+    "missing_path_error",
+    "named_inputs",
+    "path_label",
+    "resolve_name",
+]
 
 #: Written before a zoo name to name the zoo model whatever folders exist (``"zoo:smollm2-135m"``).
 ZOO_PREFIX = "zoo:"
@@ -94,6 +102,19 @@ def checkpoint_of(p: Path) -> Path:
     names itself. Raises nothing."""
     p = Path(p)
     return p.parent if not p.is_dir() and p.suffix.lower() in _CHECKPOINT_FILES else p
+
+
+def named_inputs(named: Named) -> list[tuple[str, Path]]:
+    """What a run over ``named`` reads, as ``(what, path)`` pairs for
+    :func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`: a zoo model reads the zoo cache
+    (:func:`~tl_idempotence.sources.zoo.cache_dir`); a path reads its checkpoint (:func:`checkpoint_of`: the
+    folder of a ``.safetensors``/``config.json`` file, else the folder or file itself); an unknown name
+    reads nothing here. Reads no file."""
+    if named.kind == "zoo":
+        return [("the zoo cache", cache_dir())]
+    if named.kind == "path":
+        return [("the checkpoint", checkpoint_of(Path(named.value)))]
+    return []
 
 
 def path_label(p: Path) -> str:

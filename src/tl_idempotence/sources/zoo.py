@@ -84,6 +84,7 @@ from ..errors import (
     MissingFileError,
     OptionError,
     OptionTypeError,
+    OutputOverInputError,
     RegistryUnreachableError,
     UnknownModelError,
     ZooError,
@@ -583,11 +584,29 @@ def fetch(name: str, *, source: PathLike | None = None, force: bool = False, pro
     if force:
         root = cache_dir()
         if source is not None:
-            _find_local(spec, root, source)  # a source that is not there: refused before the cache is deleted
+            found = _find_local(spec, root, source)  # a source that is not there: refused before the cache is deleted
+            if found is not None:
+                _refuse_source_in(found[1], [root / name / kind for kind in ("files", "attention", "hf")], source)
         with _lock(root, name):
             for kind in ("files", "attention", "hf"):
                 shutil.rmtree(root / name / kind, ignore_errors=True)
     return _entry(name, "attention" if spec["format"] == "gguf" else "files", source, progress)
+
+
+def _refuse_source_in(found: Path, deleted: list[Path], given: Any) -> None:
+    """``force=True`` deletes ``deleted`` before it rebuilds from the source: a source inside one would be lost.
+
+    Raises:
+        OutputOverInputError: the source (its file, symbolic links resolved) lies in a folder about to be deleted.
+    """
+    real = os.path.realpath(found)
+    for d in deleted:
+        top = os.path.realpath(d)
+        if os.path.commonpath([real, top]) == top:
+            raise OutputOverInputError(
+                f"source={given} is {found}, inside {d}, which force=True deletes before it rebuilds the cache from "
+                "the source: the source would be lost. Copy it out of the cache first, or fetch without --force."
+            )
 
 
 @strict_kwargs

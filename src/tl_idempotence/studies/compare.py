@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from ..core.files import refuse_outputs_over_inputs
 from ..core.heads import HeadSource, LayerHeads
 from ..core.option_specs import DEFAULTS, ReportOptionsArgs, check_option_names, documents_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
@@ -47,7 +48,7 @@ from ..report.store import RECORD
 from ..report.summary import PAPER
 from ..sources.checkpoint import CheckpointSource, is_transformers_model
 from ..sources.dispatch import head_source
-from ..sources.names import missing_path_error, path_label, resolve_name
+from ..sources.names import Named, missing_path_error, named_inputs, path_label, resolve_name
 from ..sources.tl import TLModelSource, is_tl_model
 from ..sources.zoo import known_models
 from ..sources.zoo import source as zoo_source
@@ -79,6 +80,7 @@ __all__ = [
     "Item",
     "compare",
     "comparison_table",
+    "item_inputs",
     "measure_item",
     "open_item",
     "option_differences",
@@ -246,6 +248,21 @@ def _check_label(label: Any, where: str) -> str:
     if not text:
         raise OptionError(f"{where}: a label must not be empty.")
     return text
+
+
+def item_inputs(items: Sequence[Item]) -> list[tuple[str, Path]]:
+    """What measuring ``items`` reads from disk, as ``(what, path)`` pairs for
+    :func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`: each path item's checkpoint, each saved
+    report's folder, the zoo cache for zoo items (model objects and callables: nothing known). Reads no file."""
+    out: list[tuple[str, Path]] = []
+    for it in items:
+        if it.kind == "path":
+            out += [(f"the checkpoint of item {it.label!r}", p) for _, p in named_inputs(Named("path", it.value))]
+        elif it.kind == "saved":
+            out.append((f"the saved report of item {it.label!r}", Path(it.value)))
+        elif it.kind == "zoo":
+            out += named_inputs(Named("zoo", it.value))
+    return list(dict.fromkeys(out))
 
 
 def resolve_items(items: Any, allowed: Sequence[str] = ITEM_KINDS, what: str = "compare") -> list[Item]:
@@ -570,6 +587,9 @@ class Comparison(Result):
         heads: every per-head row of every report with ``model`` (label) and ``head_label`` (``L10H8``) first.
         options: the :class:`~tl_idempotence.core.options.ReportOptions` every report shares.
         warnings: the warnings raised when the comparison was made (processing, identical weights).
+        inputs: what its reports were read from on this machine (``(what, path)`` pairs, the union of every
+            report's :attr:`~tl_idempotence.report.report.IdempotenceReport.inputs`): what :meth:`save_html`
+            refuses to write over.
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = (
@@ -591,6 +611,9 @@ class Comparison(Result):
     ) -> None:
         self.reports: dict[str, IdempotenceReport] = dict(reports)
         self.options = options
+        self.inputs: tuple[tuple[str, Path], ...] = tuple(
+            dict.fromkeys(pair for rep in self.reports.values() for pair in rep.inputs)
+        )
         self.table = comparison_table(self.reports)
         self.heads = _combined_heads(self.reports)
         self.warnings: list[str] = []
@@ -691,9 +714,12 @@ class Comparison(Result):
         """Write a standalone HTML page (plotly.js and the table code inlined, no CDN); returns the path.
 
         Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the comparison was read
+                from (:attr:`inputs`: a checkpoint's file, a saved report's file, a sweep's plan).
             OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
             OptionTypeError: ``path`` is not a path. UnknownOptionError: an unknown keyword.
         """
+        refuse_outputs_over_inputs([("path", path)], self.inputs)
         return str(views().save_comparison_html(self, path))
 
 

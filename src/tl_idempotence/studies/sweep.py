@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
-from ..core.files import atomic_write_text, check_work_folder, read_json, sha256_file
+from ..core.files import atomic_write_text, check_work_folder, read_json, refuse_outputs_over_inputs, sha256_file
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import (
     ReportOptions,
@@ -97,6 +97,7 @@ from .cluster import (
 from .compare import (
     Comparison,
     Item,
+    item_inputs,
     measure_item,
     open_item,
     option_differences,
@@ -657,6 +658,7 @@ class SweepResult(Comparison):
         missing: pd.DataFrame | None = None,
     ) -> None:
         super().__init__(reports, options, warn=warn)
+        self.inputs = (*self.inputs, ("the sweep folder", Path(out).absolute()))  # no page over its plan or reports
         self.device = device
         self.out = out
         self.tasks = tasks
@@ -1090,6 +1092,7 @@ def sweep(
     if local:  # the workers are on this machine: a device it lacks fails here, before a cluster starts
         check_device(device_name)
         check_main_guard("tli.sweep()")
+    refuse_outputs_over_inputs([("out", out)], item_inputs(resolved))  # never an item's checkpoint folder
     d = _prepare_out(out)  # checked (check_work_folder) before it is created
     lock = FileLock(str(d / LOCK_NAME))
     try:
@@ -1191,6 +1194,7 @@ def sweep(
             time.perf_counter() - t_start,
             f" after {retries} retries",
         )
+        result.inputs = (*result.inputs, *item_inputs(resolved))  # result.save_html never over an item's files
         _write_record(d, result, entries, record)
         return result
     finally:
@@ -1288,6 +1292,7 @@ def run_sweep_item(
         )
     record, device_name = ReportOptions.for_elsewhere("run_sweep_item()", options, ("items", "out", "index", "retries"))
     check_device(device_name)  # this process computes: a device it lacks fails before any work
+    refuse_outputs_over_inputs([("out", out)], item_inputs(resolved))  # never an item's checkpoint folder
     d = _prepare_out(out)  # checked (check_work_folder) before it is created
     run = uuid.uuid4().hex[:12]
     tasks = [SweepTask(it, name, str(d), record, device_name, run) for it, name in zip(resolved, dirnames)]
