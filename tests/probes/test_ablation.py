@@ -30,8 +30,8 @@ from tl_idempotence.probes.ablation import (
     BOOTSTRAP_DRAWS,
     DEFAULT_N_CONTROLS,
     MAX_CONTROLS,
-    _bootstrap,
     ablation,
+    bootstrap_intervals,
     matched_controls,
     next_token_loss,
     next_token_losses,
@@ -469,7 +469,7 @@ def test_bootstrap_intervals_on_exact_constructions():
     clean = np.array([30.0, 60.0, 90.0, 120.0, 150.0])  # 3 nats/token in every window
     flagged = clean + 0.5 * n_tok  # Δ = 0.5 nats/token in every window
     controls = clean[None, :] + np.array([[0.1], [0.2], [0.3]]) * n_tok[None, :]
-    ci, ell = _bootstrap(clean, flagged, controls, n_tok, seed=0)
+    ci, ell = bootstrap_intervals(clean, flagged, controls, n_tok, seed=0)
     assert ell == 2  # round(5 ** (1/3))
     # the same Δ in every window: any resampling of windows gives it back
     assert ci["delta_loss_ci_low"] == pytest.approx(0.5, abs=1e-12) == ci["delta_loss_ci_high"]
@@ -478,13 +478,13 @@ def test_bootstrap_intervals_on_exact_constructions():
     # a window that disagrees widens the Δ interval; the seed decides the draws
     flagged2 = flagged.copy()
     flagged2[4] += 20.0  # window 4: Δ = 0.9
-    a, _ = _bootstrap(clean, flagged2, controls, n_tok, seed=0)
+    a, _ = bootstrap_intervals(clean, flagged2, controls, n_tok, seed=0)
     assert 0.5 <= a["delta_loss_ci_low"] < a["delta_loss_ci_high"] <= 0.9
     point = (flagged2 - clean).sum() / n_tok.sum()
     assert a["delta_loss_ci_low"] < point < a["delta_loss_ci_high"]
     # windows are resampled whole, never tokens: with 2 windows the interval's ends are the windows' own Δs
     # or their pooled Δ (only 3 distinct resamples exist)
-    two, ell2 = _bootstrap(clean[:2], flagged2[:2] + np.array([0.0, 4.0]), controls[:, :2], n_tok[:2], seed=0)
+    two, ell2 = bootstrap_intervals(clean[:2], flagged2[:2] + np.array([0.0, 4.0]), controls[:, :2], n_tok[:2], seed=0)
     assert ell2 == 1
     allowed = {0.5, 0.7, (5 + 14) / 30}
     assert min(abs(two["delta_loss_ci_low"] - v) for v in allowed) < 1e-12
@@ -494,8 +494,8 @@ def test_bootstrap_intervals_on_exact_constructions():
     rng = np.random.default_rng(0)
     noisy = clean + n_tok * rng.uniform(0.3, 0.7, 5)
     ctrl = clean[None, :] + n_tok[None, :] * rng.uniform(0.0, 0.2, (7, 5))
-    a, _ = _bootstrap(clean, noisy, ctrl, n_tok, seed=0)
-    assert a == _bootstrap(clean, noisy, ctrl, n_tok, seed=0)[0] != _bootstrap(clean, noisy, ctrl, n_tok, seed=1)[0]
+    a, _ = bootstrap_intervals(clean, noisy, ctrl, n_tok, seed=0)
+    assert a == bootstrap_intervals(clean, noisy, ctrl, n_tok, seed=0)[0] != bootstrap_intervals(clean, noisy, ctrl, n_tok, seed=1)[0]
 
 
 @pytest.mark.bridge
