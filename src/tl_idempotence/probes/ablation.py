@@ -48,9 +48,9 @@ repeated residual (raises in a window's first shared-prefix pass), or a window's
 than :data:`CHECK_TOLERANCE` (1e-3 nats per token; 5e-2 for float16/bfloat16 models), that window and every
 later one are run with the window repeated at the input instead (no shared prefix; ``summary["batching"]``
 says which). A difference above the tolerance that remains is reported in the summary's ``note``. An error
-raised while hooks of the user's are registered on the model (``model.add_hook``, a ``hooks()`` context,
-``register_forward_hook``: any forward hook present when :func:`ablation` starts) is never taken for a
-refusal: it propagates, with a note saying where it was raised, in every pass.
+raised while hooks of the user's are registered on the model (TransformerLens forward hooks present when
+:func:`ablation` starts: ``model.add_hook``, a ``hooks()`` context) is never taken for a refusal: it
+propagates in every pass, with a note saying so.
 
 **Threads** (CPU): the first window's first two chunks run on one thread and on torch's thread
 count; the faster (seconds per head set; torch's count on a tie) runs the rest, and torch's count
@@ -534,11 +534,12 @@ def _repeat_hook(n: int) -> Any:
 
 
 def _registered_hooks(model: Any) -> list[str]:
-    """Names of the model's modules that have forward (pre-)hooks registered (TransformerLens ``add_hook``,
-    ``hooks()`` contexts, torch ``register_forward_hook``); ``""`` is the model itself.
+    """Names of the model's hook points that hold TransformerLens forward hooks (``model.add_hook``, a ``hooks()``
+    context): before :func:`ablation` adds its own, every one is the user's. Hooks a ``TransformerBridge`` keeps
+    on its wrapped modules for its own use are plain torch hooks, not hook points' ``fwd_hooks``, and not counted.
 
     Args:
-        model: a ``torch.nn.Module``.
+        model: a TransformerLens model (a ``torch.nn.Module`` whose hook points have ``fwd_hooks`` lists).
 
     Returns:
         The module names, in ``named_modules`` order (empty when no hook is registered).
@@ -546,11 +547,7 @@ def _registered_hooks(model: Any) -> list[str]:
     Raises:
         Nothing of its own.
     """
-    return [
-        name
-        for name, mod in model.named_modules()
-        if getattr(mod, "_forward_hooks", None) or getattr(mod, "_forward_pre_hooks", None)
-    ]
+    return [name for name, mod in model.named_modules() if getattr(mod, "fwd_hooks", None)]
 
 
 def _set_losses(
