@@ -27,8 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.core.random import layer_generator
+from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.probes.ablation import (
     BOOTSTRAP_DRAWS,
     DEFAULT_N_CONTROLS,
@@ -279,7 +279,8 @@ def test_matched_controls_rule():
     # 21 pairs of layer 0's 7 non-flagged heads x 9 ways to take 8 of layer 3's 9 heads: all used, once each
     assert count_matched_sets(flagged, 9) == 21 * 9
     every, _ = matched_controls(flagged, n_heads=9, n_controls=MAX_CONTROLS, seed=0)
-    want = {(p, q) for p in itertools.combinations([0, 3, 4, 5, 6, 7, 8], 2) for q in itertools.combinations(range(9), 8)}
+    pairs, eights = itertools.combinations([0, 3, 4, 5, 6, 7, 8], 2), list(itertools.combinations(range(9), 8))
+    want = {(p, q) for p in pairs for q in eights}
     assert len(every) == 189 and set(as_keys(every)) == want and every[:50] == sets
 
 
@@ -301,7 +302,7 @@ def test_count_matched_sets(flagged, n_heads, want):
     if want <= ENUMERATE_AT_MOST:  # the count is the number of sets the draw finds
         sets, _ = matched_controls(flagged, n_heads, n_controls=MAX_CONTROLS, seed=0)
         assert len(sets) == len(set(as_keys(sets))) == min(want, MAX_CONTROLS)
-        assert as_keys([flagged]) [0] not in set(as_keys(sets))
+        assert as_keys([flagged])[0] not in set(as_keys(sets))
 
 
 def test_drawn_controls_reject_the_flagged_set_and_repeats(monkeypatch):
@@ -667,7 +668,8 @@ def test_bootstrap_intervals_on_exact_constructions():
     noisy = clean + n_tok * rng.uniform(0.3, 0.7, 5)
     ctrl = clean[None, :] + n_tok[None, :] * rng.uniform(0.0, 0.2, (7, 5))
     a, _ = bootstrap_intervals(clean, noisy, ctrl, n_tok, seed=0)
-    assert a == bootstrap_intervals(clean, noisy, ctrl, n_tok, seed=0)[0] != bootstrap_intervals(clean, noisy, ctrl, n_tok, seed=1)[0]
+    again, other = (bootstrap_intervals(clean, noisy, ctrl, n_tok, seed=s)[0] for s in (0, 1))
+    assert a == again != other
 
 
 def test_percentile_interval_uses_the_2_5_and_97_5_percent_quantiles():
