@@ -469,7 +469,7 @@ def matched_controls(
                 picked.append(cand)
                 if len(picked) == want:
                     break
-        else:  # pragma: no cover - would take about 10^-1000 odds with a working generator
+        else:  # pragma: no cover - odds below 1e-160 with a working generator
             raise RuntimeError(f"matched_controls drew {len(picked)} of {want} distinct sets; the generator repeats")
     return [dict(zip(layers, map(list, c), strict=True)) for c in picked], fallback
 
