@@ -8,7 +8,9 @@ layer and deterministic for the seed; the p-value is the documented formula; eve
 Head sets batched in one forward pass (the window repeated after the shared prefix) give the losses of one
 forward pass per set (the reference below), with 8 sets or 1 set a pass, on HookedTransformer and
 TransformerBridge; a model that refuses the repeated residual stream, or disagrees with the clean pass, is
-run with the window repeated at the input. The bootstrap intervals are checked on exact constructions. One
+run with the window repeated at the input; an error of a hook the user registered always propagates. Controls
+are pairwise distinct and never the flagged set (all of them when few exist, with a warning below 19; none: an
+error). The bootstrap intervals are checked on exact constructions and their 95 % level by coverage. One
 real run on SmolLM2 (slow) replays the default `rep.ablation(model=m)`: p <= 0.05 for the 13 closed heads.
 """
 
