@@ -44,10 +44,13 @@ numbers are those of one forward pass per set to float rounding (a test compares
 models). Every window's first chunk also holds an empty set (nothing ablated), whose loss is
 compared with the clean pass's (the largest
 difference, nats per token, is ``check_max_abs_diff`` in the summary). When a model refuses the
-repeated residual, or a window's empty set differs by more than :data:`CHECK_TOLERANCE` (1e-3
-nats per token; 5e-2 for float16/bfloat16 models), that window and every later one are run with
-the window repeated at the input instead (no shared prefix; ``summary["batching"]`` says which).
-A difference above the tolerance that remains is reported in the summary's ``note``.
+repeated residual (raises in a window's first shared-prefix pass), or a window's empty set differs by more
+than :data:`CHECK_TOLERANCE` (1e-3 nats per token; 5e-2 for float16/bfloat16 models), that window and every
+later one are run with the window repeated at the input instead (no shared prefix; ``summary["batching"]``
+says which). A difference above the tolerance that remains is reported in the summary's ``note``. An error
+raised while hooks of the user's are registered on the model (TransformerLens forward hooks present when
+:func:`ablation` starts: ``model.add_hook``, a ``hooks()`` context) is never taken for a refusal: it
+propagates in every pass, with a note saying so.
 
 **Threads** (CPU): the first window's first two chunks run on one thread and on torch's thread
 count; the faster (seconds per head set; torch's count on a tie) runs the rest, and torch's count
@@ -60,26 +63,36 @@ Nothing is changed when the user chose the count (``OMP_NUM_THREADS``, ``MKL_NUM
 two full chunks (a small run).
 Thread counts change float32 rounding only.
 
-**Matched controls**: for control ``c`` and each layer ``l`` holding ``k_l`` flagged heads,
-``k_l`` distinct heads are drawn uniformly from the layer's *non-flagged* heads when it has
-at least ``k_l`` of them, otherwise from all of the layer's heads (the control may then
-contain flagged heads; ``n_flagged_in_set`` counts them and the summary says so). So a control
-set has the flagged set's size and per-layer composition. Draws come from
-``layer_generator(seed, l, "ablation")`` (one stream per layer, ``c``-th draw for control
-``c``): deterministic for ``seed``, a layer's draws do not depend on the other layers, and the
-first ``n`` controls of a larger ``n_controls`` are the ``n`` controls of a smaller one.
+**Matched controls**: for each layer ``l`` holding ``k_l`` flagged heads, a control holds ``k_l``
+distinct heads of the layer's *non-flagged* heads when it has at least ``k_l`` of them, otherwise of all
+of the layer's heads (the control may then contain flagged heads; ``n_flagged_in_set`` counts them and the
+summary says so). So a control set has the flagged set's size and per-layer composition. The controls are
+pairwise **distinct** head sets and **never the flagged set**: ``n_distinct_controls``
+(:func:`count_matched_sets`) is ``Π_l C(|pool_l|, k_l)``, less one when every layer draws from all its
+heads (the flagged set is then one of the products). When ``n_distinct_controls <= n_controls`` every one
+of them is used once (``controls_exhaustive``; ``n_controls`` in the summary is then the number used, and
+``n_controls_requested`` the number asked for); otherwise ``n_controls`` are drawn uniformly without
+replacement: with at most :data:`ENUMERATE_AT_MOST` distinct sets, the first ``n_controls`` of a seeded
+random order of all of them (``layer_generator(seed, None, "ablation", 2)``); with more, candidate ``j``
+takes the ``j``-th draw of one stream per layer (``layer_generator(seed, l, "ablation")``) and is rejected
+when it is the flagged set or an earlier control. Deterministic for ``seed``, and the first ``n`` controls
+of a larger ``n_controls`` are the ``n`` controls of a smaller one. With every head of every flagged layer
+flagged no control exists: ``n_controls > 0`` is refused (:class:`~tl_idempotence.errors.OptionError`;
+``n_controls=0`` measures Δ alone). With fewer than :data:`MIN_CONTROLS_FOR_P_005` (19) distinct sets,
+``p <= 0.05`` is impossible: ``summary["controls_warning"]``, the note, ``repr`` and a ``UserWarning`` say so.
 
-**p-value** (what it means): ``(1 + #{controls with Δ ≥ Δ_flagged}) / (n_controls + 1)``, the
-exact rank test of the flagged set among the matched sets. Under the null hypothesis that the
-flagged heads are, for the loss, like a random matched set, the flagged set and the controls
-are exchangeable draws, so ``P(p ≤ x) ≤ x``. It is conditional on the text: every set is
-evaluated on the same windows, so no assumption about how tokens or windows depend on each
-other enters it. Its smallest possible value is ``1/(n_controls + 1)`` (``p_value_floor``):
-with the default 39 controls 0.025, so a flagged set that beats all controls, or all but one,
-gets ``p ≤ 0.05``. NaN with a note when ``n_controls = 0``.
+**p-value** (what it means, :func:`rank_p_value`): ``(1 + #{controls with Δ ≥ Δ_flagged}) / (n + 1)`` over
+the ``n`` distinct controls used, the exact rank test of the flagged set among the matched sets. Under the
+null hypothesis that the flagged heads are, for the loss, like a random matched set — the flagged set's Δ
+and those of the controls (distinct sets, drawn without replacement) are exchangeable — ``P(p ≤ x) ≤ x``.
+It is conditional on the text: every set is evaluated on the same windows, so no
+assumption about how tokens or windows depend on each other enters it. Its smallest possible value is
+``1/(n + 1)`` (``p_value_floor``): with the default 39 controls 0.025, so a flagged set that beats all
+controls, or all but one, gets ``p ≤ 0.05``. NaN with a note when ``n_controls = 0``.
 
 **Effect size and 95 % intervals**: ``excess_over_controls = Δ_flagged − median(Δ_controls)``
-(nats per token). ``delta_loss_ci_*`` and ``excess_ci_*`` are percentile intervals of
+(nats per token). ``delta_loss_ci_*`` and ``excess_ci_*`` (:func:`bootstrap_intervals`) are percentile
+intervals — the 2.5 % and 97.5 % quantiles (:func:`percentile_interval`, :data:`INTERVAL_LEVEL`) — of
 :data:`BOOTSTRAP_DRAWS` seeded bootstrap draws (``layer_generator(seed, None, "ablation", 1)``)
 that resample **text windows** in moving blocks of ``ℓ = max(1, round(n_windows^(1/3)))``
 consecutive windows (tokens are never resampled one by one: those of a window share their
@@ -93,9 +106,11 @@ NaN with a note.
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 import os
 import time
+import warnings
 from collections.abc import Sized
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, cast
@@ -124,13 +139,20 @@ __all__ = [
     "ABLATION_KINDS",
     "BOOTSTRAP_DRAWS",
     "DEFAULT_N_CONTROLS",
+    "ENUMERATE_AT_MOST",
+    "INTERVAL_LEVEL",
     "MAX_CONTROLS",
+    "MIN_CONTROLS_FOR_P_005",
     "Ablation",
     "AblationArgs",
     "ablation",
+    "bootstrap_intervals",
+    "count_matched_sets",
     "matched_controls",
     "next_token_loss",
     "next_token_losses",
+    "percentile_interval",
+    "rank_p_value",
 ]
 
 #: Ablation kinds: replace a head's ``hook_z`` by its clean mean, or by zeros.
@@ -142,6 +164,14 @@ MAX_CONTROLS = 1000
 DEFAULT_N_CONTROLS = 39
 #: Bootstrap draws of the 95 % intervals.
 BOOTSTRAP_DRAWS = 2000
+#: The level of the effect-size intervals: :func:`percentile_interval` takes the 2.5 % and 97.5 % quantiles.
+INTERVAL_LEVEL = 0.95
+#: With fewer distinct matched control sets than this, ``p <= 0.05`` is impossible (floor ``1/(n + 1) > 0.05``):
+#: the result says so and a warning is issued.
+MIN_CONTROLS_FOR_P_005 = 19
+#: Up to this many distinct matched sets are enumerated (and put in a seeded order); more are drawn per layer.
+ENUMERATE_AT_MOST = 20_000
+_MAX_CANDIDATES_PER_SET = 8
 #: Largest accepted |loss(empty set in a batched pass) − loss(clean pass)| per window, nats per token, for
 #: float32/float64 models (half precision: :data:`_HALF_CHECK_TOLERANCE`).
 CHECK_TOLERANCE = 1e-3
@@ -173,8 +203,11 @@ class Ablation(Result):
             (nats) of ``clean``, ``flagged``, ``control 0..n-1`` and, with ``singles``, each head's
             label on that window; a set's loss is ``Σ n_tokens · loss / Σ n_tokens``.
         summary: leads with ``delta_loss`` (the flagged set's Δ, nats per token), ``control_delta_median``,
-            ``p_value``; then ``p_value_floor``, ``n_controls``, ``n_controls_at_least`` (controls with
-            Δ ≥ the flagged Δ), ``excess_over_controls`` and the intervals ``delta_loss_ci_low/high``,
+            ``p_value``; then ``p_value_floor``, ``n_controls`` (the distinct control sets used: the rows of
+            ``controls``), ``n_controls_requested``, ``n_distinct_controls`` (how many distinct matched sets
+            exist), ``controls_exhaustive`` (every one of them was used), ``controls_warning`` (only when fewer
+            than :data:`MIN_CONTROLS_FOR_P_005` exist: ``p <= 0.05`` is impossible), ``n_controls_at_least``
+            (controls with Δ ≥ the flagged Δ), ``excess_over_controls`` and the intervals ``delta_loss_ci_low/high``,
             ``excess_ci_low/high``; ``loss_clean, loss_ablated``; ``control_delta_mean, _q05, _q95,
             _max``; ``model_name, kind, n_heads`` (flagged), ``layers``, ``n_windows, n_tokens``
             (counted targets), ``sum_delta_single`` (with ``singles``), ``control_rule``, ``ci_method``,
@@ -182,6 +215,11 @@ class Ablation(Result):
             where it applies, ``note``.
         info: the measured model's :class:`~tl_idempotence.core.heads.ModelInfo`.
         options: the arguments (kind, n_controls, seed, seq_len, max_tokens, batch_size, singles, corpus).
+
+    The headline numbers are also typed attributes, read from ``summary`` (one source): ``delta_loss``,
+    ``p_value``, ``p_value_floor``, ``n_controls``, ``n_distinct_controls``, ``n_controls_at_least``,
+    ``control_delta_median``, ``excess_over_controls``, ``delta_loss_ci_low/high``, ``excess_ci_low/high``,
+    ``loss_clean``, ``loss_ablated``. ``repr`` ends with ``controls_warning`` when there is one.
     """
 
     heads: pd.DataFrame
@@ -201,6 +239,84 @@ class Ablation(Result):
         "n_tokens",
         "loss_clean",
     )
+
+    def __repr__(self) -> str:
+        base = super().__repr__()
+        warn = self.summary.get("controls_warning") if isinstance(self.summary, dict) else None
+        return f"{base[:-1]}, controls_warning={str(warn)!r})" if warn and base.endswith(")") else base
+
+    def _number(self, key: str) -> float:
+        return float(self.summary[key])
+
+    @property
+    def delta_loss(self) -> float:
+        """The flagged set's loss change ``loss_ablated − loss_clean`` (nats per counted token)."""
+        return self._number("delta_loss")
+
+    @property
+    def p_value(self) -> float:
+        """The exact rank p-value of the flagged set among the matched controls (NaN without controls)."""
+        return self._number("p_value")
+
+    @property
+    def p_value_floor(self) -> float:
+        """The smallest p-value possible: ``1 / (n_controls + 1)`` (NaN without controls)."""
+        return self._number("p_value_floor")
+
+    @property
+    def n_controls(self) -> int:
+        """The distinct matched control sets used (at most the number asked for)."""
+        return int(self.summary["n_controls"])
+
+    @property
+    def n_distinct_controls(self) -> int:
+        """How many distinct matched control sets exist (the flagged set excluded)."""
+        return int(self.summary["n_distinct_controls"])
+
+    @property
+    def n_controls_at_least(self) -> int:
+        """Controls whose Δ is at least the flagged set's."""
+        return int(self.summary["n_controls_at_least"])
+
+    @property
+    def control_delta_median(self) -> float:
+        """The median Δ of the controls (nats per token)."""
+        return self._number("control_delta_median")
+
+    @property
+    def excess_over_controls(self) -> float:
+        """``delta_loss − control_delta_median`` (nats per token)."""
+        return self._number("excess_over_controls")
+
+    @property
+    def delta_loss_ci_low(self) -> float:
+        """Lower end of the 95 % bootstrap interval of ``delta_loss``."""
+        return self._number("delta_loss_ci_low")
+
+    @property
+    def delta_loss_ci_high(self) -> float:
+        """Upper end of the 95 % bootstrap interval of ``delta_loss``."""
+        return self._number("delta_loss_ci_high")
+
+    @property
+    def excess_ci_low(self) -> float:
+        """Lower end of the 95 % bootstrap interval of ``excess_over_controls``."""
+        return self._number("excess_ci_low")
+
+    @property
+    def excess_ci_high(self) -> float:
+        """Upper end of the 95 % bootstrap interval of ``excess_over_controls``."""
+        return self._number("excess_ci_high")
+
+    @property
+    def loss_clean(self) -> float:
+        """The clean next-token loss (nats per counted token)."""
+        return self._number("loss_clean")
+
+    @property
+    def loss_ablated(self) -> float:
+        """The next-token loss with the flagged set ablated (nats per counted token)."""
+        return self._number("loss_ablated")
 
 
 def _is_causal(model: Any) -> bool:
@@ -269,23 +385,10 @@ def next_token_loss(
     return float(ce[mask].double().sum()), int(mask.sum())
 
 
-def matched_controls(
-    flagged: dict[int, list[int]], n_heads: int, n_controls: int, seed: int
-) -> tuple[list[dict[int, list[int]]], list[int]]:
-    """Random head sets matched to ``flagged`` layer by layer (the rule is in the module docstring).
-
-    Args:
-        flagged: ``{layer: heads}``; n_heads: query heads per layer; n_controls: sets to draw (>= 0);
-        seed: seed of ``layer_generator(seed, layer, "ablation")`` (one stream per layer).
-
-    Raises:
-        OptionError / OptionTypeError: a bad seed (from the generator).
-
-    Returns:
-        ``(sets, fallback_layers)``: ``n_controls`` dicts ``{layer: sorted heads}``, and the layers
-        whose draws came from all heads because fewer than ``k_l`` non-flagged heads exist.
-    """
-    sets: list[dict[int, list[int]]] = [{} for _ in range(n_controls)]
+def _control_pools(flagged: dict[int, list[int]], n_heads: int) -> tuple[list[tuple[int, list[int], int]], list[int]]:
+    """Per flagged layer, in order: ``(layer, pool, k_l)`` — the heads a control draws its ``k_l`` from — and the
+    layers whose pool is all of their heads (fewer than ``k_l`` non-flagged heads)."""
+    pools: list[tuple[int, list[int], int]] = []
     fallback: list[int] = []
     for layer, hs in sorted(flagged.items()):
         k = len(hs)
@@ -293,11 +396,82 @@ def matched_controls(
         if len(pool) < k:
             pool = list(range(n_heads))
             fallback.append(layer)
-        gen = layer_generator(seed, layer, "ablation")
-        for c in range(n_controls):
-            pick = torch.randperm(len(pool), generator=gen)[:k].tolist()
-            sets[c][layer] = sorted(pool[i] for i in pick)
-    return sets, fallback
+        pools.append((layer, pool, k))
+    return pools, fallback
+
+
+def count_matched_sets(flagged: dict[int, list[int]], n_heads: int) -> int:
+    """How many distinct control sets the matching rule allows (module docstring, "Matched controls").
+
+    ``Π_l C(|pool_l|, k_l)`` over the flagged layers, where ``pool_l`` is the layer's non-flagged heads when it
+    has at least ``k_l`` of them and all its heads otherwise; less one when every layer draws from all its heads
+    (the flagged set itself is then one of the products, and it is never a control). 0 when every head of every
+    flagged layer is flagged.
+
+    Args:
+        flagged: ``{layer: heads}`` (non-empty, heads distinct and ``< n_heads``); n_heads: query heads per layer.
+
+    Returns:
+        The exact count (a Python int: it can exceed any float's precision).
+
+    Raises:
+        Nothing of its own.
+    """
+    pools, fallback = _control_pools(flagged, n_heads)
+    total = math.prod(math.comb(len(pool), k) for _, pool, k in pools)
+    return total - (1 if len(fallback) == len(pools) else 0)
+
+
+def matched_controls(
+    flagged: dict[int, list[int]], n_heads: int, n_controls: int, seed: int
+) -> tuple[list[dict[int, list[int]]], list[int]]:
+    """Distinct random head sets matched to ``flagged`` layer by layer, never ``flagged`` itself (module docstring).
+
+    ``min(n_controls, count_matched_sets(flagged, n_heads))`` sets: all of them when they are at most
+    ``n_controls`` (exhaustive), otherwise a uniform draw without replacement. With at most
+    :data:`ENUMERATE_AT_MOST` distinct sets they are enumerated and put in a seeded random order
+    (``layer_generator(seed, None, "ablation", 2)``); with more, candidates are drawn from one stream per layer
+    (``layer_generator(seed, l, "ablation")``, candidate ``j`` from each layer's ``j``-th draw) and a candidate
+    that is the flagged set or an earlier control is rejected. Either way the first ``n`` sets of a larger
+    ``n_controls`` are the sets of ``n_controls = n``.
+
+    Args:
+        flagged: ``{layer: heads}``; n_heads: query heads per layer; n_controls: sets wanted (>= 0);
+        seed: the seed of the order / of the per-layer streams.
+
+    Raises:
+        OptionError / OptionTypeError: a bad seed (from the generator).
+
+    Returns:
+        ``(sets, fallback_layers)``: the dicts ``{layer: sorted heads}`` (pairwise distinct, none equal to
+        ``flagged``), and the layers whose draws came from all heads because fewer than ``k_l`` non-flagged
+        heads exist.
+    """
+    pools, fallback = _control_pools(flagged, n_heads)
+    want = min(n_controls, count_matched_sets(flagged, n_heads))
+    own = tuple(tuple(sorted(hs)) for _, hs in sorted(flagged.items()))
+    layers = [layer for layer, _, _ in pools]
+    picked: list[tuple[tuple[int, ...], ...]] = []
+    if want and count_matched_sets(flagged, n_heads) <= ENUMERATE_AT_MOST:
+        every = [c for c in itertools.product(*(itertools.combinations(p, k) for _, p, k in pools)) if c != own]
+        order = torch.randperm(len(every), generator=layer_generator(seed, None, "ablation", 2))
+        picked = [every[i] for i in order[:want].tolist()]
+    elif want:
+        gens = [layer_generator(seed, layer, "ablation") for layer in layers]
+        seen = {own}
+        for _ in range(_MAX_CANDIDATES_PER_SET * (want + 16)):  # rejections are rarer than 1 in 19 here
+            cand = tuple(
+                tuple(sorted(pool[i] for i in torch.randperm(len(pool), generator=g)[:k].tolist()))
+                for g, (_, pool, k) in zip(gens, pools, strict=True)
+            )
+            if cand not in seen:
+                seen.add(cand)
+                picked.append(cand)
+                if len(picked) == want:
+                    break
+        else:  # pragma: no cover - odds below 1e-160 with a working generator
+            raise RuntimeError(f"matched_controls drew {len(picked)} of {want} distinct sets; the generator repeats")
+    return [dict(zip(layers, map(list, c), strict=True)) for c in picked], fallback
 
 
 def _set_labels(s: dict[int, list[int]]) -> str:
@@ -359,6 +533,23 @@ def _repeat_hook(n: int) -> Any:
     return hook
 
 
+def _registered_hooks(model: Any) -> list[str]:
+    """Names of the model's hook points that hold TransformerLens forward hooks (``model.add_hook``, a ``hooks()``
+    context): before :func:`ablation` adds its own, every one is the user's. Hooks a ``TransformerBridge`` keeps
+    on its wrapped modules for its own use are plain torch hooks, not hook points' ``fwd_hooks``, and not counted.
+
+    Args:
+        model: a TransformerLens model (a ``torch.nn.Module`` whose hook points have ``fwd_hooks`` lists).
+
+    Returns:
+        The module names, in ``named_modules`` order (empty when no hook is registered).
+
+    Raises:
+        Nothing of its own.
+    """
+    return [name for name, mod in model.named_modules() if getattr(mod, "fwd_hooks", None)]
+
+
 def _set_losses(
     model: Any,
     toks: Int[Tensor, "n_windows pos"],
@@ -397,6 +588,7 @@ def _set_losses(
     from ..core.progress import progress_bar
 
     t0 = time.perf_counter()
+    user_hooks = _registered_hooks(model)  # before any of ours: every one is the user's
     n_w = int(toks.shape[0])
     n_layers = int(model.cfg.n_layers)
     n_heads = int(model.cfg.n_heads)
@@ -500,8 +692,18 @@ def _set_losses(
                     try:
                         got = forward(w, ch, k, True)
                         ok = n_tok[w] == 0 or abs(got[ch.index(0)] - clean[w]) / n_tok[w] <= tol
-                    except Exception:  # noqa: BLE001 - any refusal: repeat the input instead (re-raises if that fails)
-                        ok = False
+                    except Exception as e:
+                        if user_hooks:  # the user's hooks ran in this pass: their error is never taken for a refusal
+                            if hasattr(e, "add_note"):  # Python >= 3.11
+                                e.add_note(
+                                    f"tli.ablation: raised in a shared-prefix pass (window {w}) while hooks of yours "
+                                    f"are registered on the model ({', '.join(user_hooks[:5])}"
+                                    f"{', ...' if len(user_hooks) > 5 else ''}); it is not retried with the input "
+                                    "repeated. Remove them (model.reset_hooks(including_permanent=True)) if they "
+                                    "should not run."
+                                )
+                            raise
+                        ok = False  # the model refused the repeated residual: repeat the input (re-raises if it fails)
                     if not ok:
                         mode, fallback_window = "repeated input", w
                         got = forward(w, ch, k, False)
@@ -539,16 +741,70 @@ def _set_losses(
 # --------------------------------------------------------------------------- statistics
 
 
-def _bootstrap(
-    clean: np.ndarray, flagged: np.ndarray, controls: np.ndarray, n_tok: np.ndarray, seed: int
-) -> tuple[dict[str, float], int]:
-    """Percentile 95 % intervals of the flagged Δ and of the excess over the control median (module docstring).
+def rank_p_value(delta: float, control_deltas: np.ndarray) -> tuple[float, float, int]:
+    """The exact rank p-value of ``delta`` among ``control_deltas`` (module docstring, "p-value").
 
     Args:
-        clean, flagged: ``[n_windows]`` summed losses; controls: ``[n_controls, n_windows]``; n_tok: ``[n_windows]``.
+        delta: the flagged set's Δ; control_deltas: ``[n_controls]`` the controls' Δ (distinct sets).
 
     Returns:
-        ``({delta_loss_ci_low, delta_loss_ci_high, excess_ci_low, excess_ci_high}, block length)``.
+        ``(p, floor, n_at_least)``: ``(1 + n_at_least) / (n_controls + 1)``, ``1 / (n_controls + 1)`` and the
+        number of controls with Δ ≥ ``delta``; ``p`` and ``floor`` are NaN when there is no control.
+
+    Raises:
+        Nothing of its own.
+    """
+    n = int(np.size(control_deltas))
+    at_least = int((np.asarray(control_deltas) >= delta).sum())
+    if not n:
+        return float("nan"), float("nan"), 0
+    return (1 + at_least) / (n + 1), 1 / (n + 1), at_least
+
+
+def percentile_interval(draws: np.ndarray, level: float = INTERVAL_LEVEL) -> tuple[float, float]:
+    """The percentile interval of bootstrap ``draws``: their ``(1 − level)/2`` and ``(1 + level)/2`` quantiles.
+
+    numpy's default (linear) quantiles; with the default level the 2.5 % and 97.5 % quantiles.
+
+    Args:
+        draws: ``[n_draws]`` finite draws (>= 1); level: the interval's level, in (0, 1).
+
+    Returns:
+        ``(low, high)``.
+
+    Raises:
+        OptionError: ``level`` outside (0, 1).
+    """
+    if not 0.0 < float(level) < 1.0:
+        raise OptionError(f"level must lie in (0, 1); got {level!r}.")
+    lo, hi = np.quantile(np.asarray(draws, dtype=float), [(1.0 - level) / 2.0, (1.0 + level) / 2.0])
+    return float(lo), float(hi)
+
+
+def bootstrap_intervals(
+    clean: np.ndarray,
+    flagged: np.ndarray,
+    controls: np.ndarray,
+    n_tok: np.ndarray,
+    seed: int,
+    level: float = INTERVAL_LEVEL,
+) -> tuple[dict[str, float], int]:
+    """Percentile intervals of the flagged Δ and of the excess over the control median (module docstring).
+
+    :data:`BOOTSTRAP_DRAWS` draws (``layer_generator(seed, None, "ablation", 1)``) resample the windows in moving
+    blocks of ``ℓ = max(1, round(n_windows^(1/3)))``; the excess also resamples the control sets with
+    replacement; the ends are :func:`percentile_interval` of the draws. A pure function of its arguments.
+
+    Args:
+        clean, flagged: ``[n_windows]`` summed losses (nats); controls: ``[n_controls, n_windows]`` (may have 0
+        rows); n_tok: ``[n_windows]`` counted targets (> 0 each); seed: the bootstrap's seed; level: in (0, 1).
+
+    Returns:
+        ``({delta_loss_ci_low, delta_loss_ci_high, excess_ci_low, excess_ci_high}, ℓ)``; the excess ends are NaN
+        without controls.
+
+    Raises:
+        OptionError: a bad ``level`` or seed.
     """
     n_w = len(clean)
     ell = max(1, round(n_w ** (1 / 3)))
@@ -560,15 +816,14 @@ def _bootstrap(
     np.add.at(C, (np.repeat(np.arange(BOOTSTRAP_DRAWS), n_w), idx.reshape(-1)), 1.0)
     n = C @ n_tok.astype(float)
     d_flag = C @ (flagged - clean) / n
-    out = {
-        "delta_loss_ci_low": float(np.quantile(d_flag, 0.025)),
-        "delta_loss_ci_high": float(np.quantile(d_flag, 0.975)),
-    }
+    lo, hi = percentile_interval(d_flag, level)
+    out = {"delta_loss_ci_low": lo, "delta_loss_ci_high": hi}
     if len(controls):
         d_ctrl = (C @ (controls - clean[None, :]).T) / n[:, None]  # [draws, n_controls]
         pick = torch.randint(0, len(controls), (BOOTSTRAP_DRAWS, len(controls)), generator=gen).numpy()
         excess = d_flag - np.median(np.take_along_axis(d_ctrl, pick, 1), axis=1)
-        out |= {"excess_ci_low": float(np.quantile(excess, 0.025)), "excess_ci_high": float(np.quantile(excess, 0.975))}
+        lo, hi = percentile_interval(excess, level)
+        out |= {"excess_ci_low": lo, "excess_ci_high": hi}
     else:
         out |= {"excess_ci_low": float("nan"), "excess_ci_high": float("nan")}
     return out, ell
@@ -624,8 +879,9 @@ def ablation(
         texts: ``None`` (the default corpus: standard-library docstrings), a string, a list of
             strings / ``pathlib.Path`` files, a ``datasets.Dataset`` or token ids ``[batch, pos]``.
         kind: ``"mean"`` (replace ``z_h`` by its clean mean over the counted positions) or ``"zero"``.
-        n_controls: matched random sets (0..1000; 0 gives no p-value). The p-value cannot go below
-            ``1/(n_controls + 1)``.
+        n_controls: matched random sets (0..1000; 0 gives no p-value), pairwise distinct and never the flagged
+            set; when at most that many distinct matched sets exist, all of them are used (``summary
+            ["n_distinct_controls"]``). The p-value cannot go below ``1/(controls used + 1)``.
         seed: seed of the control draws and of the bootstrap.
         seq_len: window length in tokens (with the special tokens), >= 2.
         max_tokens: counted tokens to use at least, in whole windows
@@ -651,8 +907,15 @@ def ablation(
             next-token loss).
         OptionError: ``heads`` empty or naming a layer/head the model lacks, an unknown ``kind``,
             ``n_controls`` outside 0..1000, ``batch_size`` outside 1..4096, empty texts, no counted
-            target token, bad counts.
+            target token, bad counts; ``n_controls > 0`` when no matched control set exists (every head of
+            every flagged layer is flagged).
         OptionTypeError: an argument of the wrong type (``singles="yes"``, ``n_controls=2.0``, ...).
+        Exception: whatever the model or a hook registered on it raises (an error in a shared-prefix pass is
+            taken for the model refusing the repeated residual only when no hook of the user's is registered).
+
+    Warns:
+        UserWarning: ``n_controls > 0`` and fewer than :data:`MIN_CONTROLS_FOR_P_005` distinct matched sets exist
+            (``p <= 0.05`` is impossible; also in ``summary["controls_warning"]``, the note and ``repr``).
     """
     if not is_tl_model(model):
         raise UnsupportedModelError(
@@ -693,7 +956,23 @@ def ablation(
             "No counted target token: next-token loss needs windows of at least 2 tokens with a non-special "
             "token after the first position."
         )
+    n_distinct = count_matched_sets(flagged, n_heads)
+    if n_controls and not n_distinct:
+        raise OptionError(
+            f"No matched control set exists: every head of layer(s) {sorted(flagged)} is flagged, so the only set "
+            "with the flagged set's number of heads per layer is the flagged set itself and no p-value can be "
+            f"computed (n_controls={n_controls}). Pass n_controls=0 to measure the loss change alone, or flag "
+            "fewer heads."
+        )
     controls, fallback = matched_controls(flagged, n_heads, n_controls, seed)
+    n_requested, n_controls = n_controls, len(controls)
+    controls_warning = None
+    if n_requested and n_distinct < MIN_CONTROLS_FOR_P_005:
+        controls_warning = (
+            f"only {n_distinct} distinct matched control set{'s' if n_distinct != 1 else ''} exist, so p >= "
+            f"{1 / (n_distinct + 1):.3g}: p <= 0.05 is impossible for this flagged set"
+        )
+        warnings.warn(f"tli.ablation: {controls_warning}.", UserWarning, stacklevel=3)
     layers = sorted(flagged)
     pairs = [(layer, h) for layer, hs in flagged.items() for h in hs]
     single_sets = [{layer: [h]} for layer, h in pairs] if singles else []
@@ -760,21 +1039,25 @@ def ablation(
     win_df.insert(0, "n_tokens", n_tok)
     win_df.index.name = "window"
 
-    n_at_least = int((cd >= delta).sum())
+    p_value, p_floor, n_at_least = rank_p_value(delta, cd)
     nan = float("nan")
     has = n_tok > 0  # a window without a counted target adds nothing to any loss
     n_resampled = int(has.sum())
     ci, ell = (
-        _bootstrap(clean_s[has], sums[0][has], sums[1 : 1 + n_controls][:, has], n_tok[has], seed)
+        bootstrap_intervals(clean_s[has], sums[0][has], sums[1 : 1 + n_controls][:, has], n_tok[has], seed)
         if n_resampled > 1
         else ({}, 0)
     )
     summary: dict[str, Any] = {
         "delta_loss": delta,
         "control_delta_median": float(np.median(cd)) if cd.size else nan,
-        "p_value": (1 + n_at_least) / (n_controls + 1) if n_controls else nan,
-        "p_value_floor": 1 / (n_controls + 1) if n_controls else nan,
+        "p_value": p_value,
+        "p_value_floor": p_floor,
         "n_controls": n_controls,
+        "n_controls_requested": n_requested,
+        "n_distinct_controls": n_distinct,
+        "controls_exhaustive": bool(n_controls) and n_controls == n_distinct,
+        **({"controls_warning": controls_warning} if controls_warning else {}),
         "n_controls_at_least": n_at_least,
         "excess_over_controls": delta - float(np.median(cd)) if cd.size else nan,
         "delta_loss_ci_low": ci.get("delta_loss_ci_low", nan),
@@ -794,7 +1077,10 @@ def ablation(
         "n_windows": int(toks.shape[0]),
         "n_tokens": int(n_total),
         "sum_delta_single": float(heads_df["delta_loss"].sum()) if singles else nan,
-        "control_rule": "same number of heads per layer, drawn from the layer's non-flagged heads",
+        "control_rule": (
+            "same number of heads per layer, drawn from the layer's non-flagged heads; distinct sets, never the "
+            "flagged set" + ("; all of them" if bool(n_controls) and n_controls == n_distinct else "")
+        ),
         "ci_method": (
             f"percentile bootstrap, {BOOTSTRAP_DRAWS} draws: text windows resampled in moving blocks of {ell} "
             "consecutive windows (the excess also resamples the control sets); seeded"
@@ -808,6 +1094,13 @@ def ablation(
     notes = []
     if not n_controls:
         notes.append("p_value and excess_over_controls are NaN: no control set was drawn (n_controls=0)")
+    if controls_warning:
+        notes.append(controls_warning)
+    if n_controls < n_requested:
+        notes.append(
+            f"{n_requested} controls were asked for, but only {n_distinct} distinct matched sets exist: all of them "
+            f"were used once (the p-value's floor is 1/{n_controls + 1})"
+        )
     if n_resampled < 2:
         notes.append("the 95% intervals are NaN: one text window cannot be resampled (give more text)")
     if not singles:
@@ -831,7 +1124,7 @@ def ablation(
         summary["note"] = "; ".join(notes)
     options = {
         "kind": kind,
-        "n_controls": n_controls,
+        "n_controls": n_requested,
         "seed": seed,
         "seq_len": seq_len,
         "max_tokens": max_tokens,

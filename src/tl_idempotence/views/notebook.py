@@ -234,13 +234,16 @@ def _ablation_headline(summary: dict[str, Any]) -> str:
     )
     if n_c:
         at_least = int(s.get("n_controls_at_least", 0) or 0)
+        sets = f"all {n_c} distinct matched sets" if s.get("controls_exhaustive") else f"{n_c} matched random sets"
         out += (
-            f" {n_c} matched random sets: median Δ {_nats(s.get('control_delta_median'))}, 95th percentile "
+            f" {sets}: median Δ {_nats(s.get('control_delta_median'))}, 95th percentile "
             f"{_nats(s.get('control_delta_q95'))}; {at_least} of {n_c} reach the flagged Δ, so p = "
             f"{_nats(s.get('p_value'))} (the smallest possible with {n_c} sets: {_nats(s.get('p_value_floor'))}). "
             f"Excess over the control median {_nats(s.get('excess_over_controls'))} nats/token "
             f"({_ci(s, 'excess_ci_low', 'excess_ci_high')})."
         )
+        if s.get("controls_warning"):
+            out += f" Warning: {s['controls_warning']}."
     else:
         out += " No control set was drawn (n_controls=0): no p-value."
     return out
@@ -253,6 +256,7 @@ _ABLATION_LEAD = (
     "p_value",
     "p_value_floor",
     "n_controls",
+    "n_distinct_controls",
     "n_controls_at_least",
     "excess_over_controls",
     "excess_ci_low",
