@@ -127,6 +127,9 @@ def mutmut_table(t: Target) -> str:
         f"only_mutate = {json.dumps([t.source])}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(list(t.tests))}\n"
         f"pytest_add_cli_args = {json.dumps(pytest_args)}\n"
+        # torch is not fork-safe once its thread pools run: fork each mutant from a server that only imported
+        'process_isolation = "forkserver"\n'
+        'forkserver_warmup = "collect"\n'
     )
 
 
@@ -138,6 +141,7 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
             f.write(mutmut_table(t))
         mutmut = [sys.executable, "-m", "mutmut"]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutmut puts mutants/src first
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # one thread per mutant: no pool to inherit
         t0 = time.perf_counter()
         run = subprocess.run(
             [*mutmut, "run", "--max-children", str(max_children), *t.mutants],
