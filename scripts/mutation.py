@@ -55,7 +55,7 @@ TARGETS: dict[str, Target] = {
             "kv_map",
             "src/tl_idempotence/core/heads.py",
             ("tl_idempotence.core.heads.x_kv_layout*",),
-            ("tests/sources/test_checkpoint.py",),
+            ("tests/core/test_kv_layout.py", "tests/sources/test_checkpoint.py"),
             "which kv head each query head reads (GQA/MQA): a wrong map changes every GQA head's T",
         ),
         Target(
