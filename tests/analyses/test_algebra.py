@@ -175,8 +175,7 @@ def test_concat_of_layers_keeps_every_row():
     assert res.summary["n_groups"] == 4 and res.summary["n_pairs_offdiag"] == 2 * 12
     assert res.summary["median_P_offdiag"] == pytest.approx(1.0, abs=1e-10)
     assert res.summary["n_closed_range_pairs"] == 2 * 6
-    # at another threshold: closed flags and counts follow, the angles keep their threshold
-    # at another threshold: closed flags and counts follow; closed_ranges keeps the pairs closed at both
+    # at another threshold: closed flags, counts and closed_ranges follow (every pair's angles are kept in ranges)
     E = torch.randn(O.shape, generator=g, dtype=torch.float64)
     O2 = O.clone()
     O2[[1, 4]] += 0.3 * E[[1, 4]]  # heads 1 and 4 leave the law: P = 0.42 and 0.60
@@ -185,12 +184,34 @@ def test_concat_of_layers_keeps_every_row():
     assert list(part.heads["closed"]) == [True, False, True, True, True, True]
     assert list(part.groups["n_closed"]) == [2, 3]
     assert list(zip(part.closed_ranges["head_a"], part.closed_ranges["head_b"])) == [(0, 2), (3, 4), (3, 5), (4, 5)]
+    assert list(zip(part.ranges["head_a"], part.ranges["head_b"])) == [(0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5)]
     hi = part.at_threshold(0.9)
-    assert hi.threshold == 0.9 and hi.ranges_threshold == 0.5 and hi.pairs is part.pairs
+    assert hi.threshold == 0.9 and hi.ranges_threshold == 0.9 and hi.pairs is part.pairs and hi.ranges is part.ranges
     assert list(hi.heads["closed"]) == [True, False, True, True, False, True]
     assert list(hi.groups["n_closed"]) == [2, 2]
     assert list(zip(hi.closed_ranges["head_a"], hi.closed_ranges["head_b"])) == [(0, 2), (3, 5)]
     pd.testing.assert_frame_equal(hi.closed_ranges, part.closed_ranges.iloc[[0, 2]].reset_index(drop=True))
+    # lowered again, and lower than the run: the pairs closed there, with their angles, as a run there gives
+    pd.testing.assert_frame_equal(hi.at_threshold(0.5).closed_ranges, part.closed_ranges, check_exact=True)
+    low = part.at_threshold(0.3)  # head 1 (P = 0.42) closes: its pairs (0, 1), (1, 2) join
+    run_low = layer_algebra(lh2, layer_grams(lh2.O, lh2.V, lh2.kv_head_of), 0.3)
+    assert list(zip(low.closed_ranges["head_a"], low.closed_ranges["head_b"])) == [
+        (0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5)
+    ]  # fmt: skip
+    pd.testing.assert_frame_equal(low.closed_ranges, run_low.closed_ranges, check_exact=True)
+    assert low.summary == run_low.summary
+    # an algebra read from a report saved before every pair's angles were kept (no ranges): closed_ranges can
+    # only keep the pairs closed at both thresholds, and ranges_threshold stays the run's
+    old = SharedValueAlgebra(
+        pairs=part.pairs, heads=part.heads, groups=part.groups, closed_ranges=part.closed_ranges, reason="",
+        threshold=0.5,
+    )  # fmt: skip
+    assert old.ranges is None and old.ranges_threshold == 0.5
+    old_hi = old.at_threshold(0.9)
+    assert old_hi.ranges_threshold == 0.5 and list(
+        zip(old_hi.closed_ranges["head_a"], old_hi.closed_ranges["head_b"])
+    ) == [(0, 2), (3, 5)]
+    assert len(old.at_threshold(0.3).closed_ranges) == 4  # pairs (0, 1), (1, 2) have no angles there
 
 
 def test_degenerate_heads_give_nan_with_reason():
