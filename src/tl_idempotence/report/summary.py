@@ -244,6 +244,7 @@ class ReportSummary(Mapping[str, Any]):
 
 
 _FIELDS = frozenset(f.name for f in fields(ReportSummary))
+_REQUIRED = frozenset(f.name for f in fields(ReportSummary) if f.default is MISSING and f.default_factory is MISSING)
 
 #: What each field of a :class:`ReportSummary` must be (``None`` is "not set" for every optional field):
 #: ``"size"`` an int >= 1; ``"count"`` an int >= 0 (``bool`` is not an int, a float is never truncated);
@@ -375,7 +376,7 @@ def _validate(s: ReportSummary) -> None:
     """
     for name, rule in FIELD_RULES.items():
         v = getattr(s, name)
-        if v is not None:
+        if v is not None or name in _REQUIRED:  # None is "not set", for the fields that may be unset
             _check_field(name, rule, v)
     for count, total in _AT_MOST:
         a, b = getattr(s, count), getattr(s, total)
