@@ -146,6 +146,38 @@ def test_closed_range_angles_match_independent_qr():
         assert row.mean_cos2 == pytest.approx(float((cos**2).mean()), abs=1e-10)
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.0**-70, 1e40])
+def test_every_pairs_range_angles_match_scipy(scale):
+    """Issue 30: the angles of every pair of a group (closed or not), from the Grams and the cross products, are
+    scipy.linalg.subspace_angles's; a rank-deficient head gets min(rank) angles, a zero head none (NaN); weights
+    far outside float64's comfortable range (rescaled by powers of two inside) give the same angles."""
+    import scipy.linalg
+
+    g = torch.Generator().manual_seed(21)
+    n, n_kv, d, r = 8, 2, 40, 5
+    O = torch.randn(n, d, r, generator=g, dtype=torch.float64)
+    O[1] = O[1] @ torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0], dtype=torch.float64))  # rank 4
+    O[2] = O[0] @ torch.randn(r, r, generator=g, dtype=torch.float64) + 1e-4 * O[3]  # span close to O_0's
+    O[5] = 0.0  # a zero head
+    V = torch.randn(n_kv, d, r, generator=g, dtype=torch.float64)
+    kv = kv_layout(n, n_kv)
+    p = _part(O * scale, V, kv)
+    assert len(p.ranges) == 2 * (4 * 3 // 2)
+    assert list(zip(p.ranges["head_a"], p.ranges["head_b"]))[:6] == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    for row in p.ranges.itertuples():
+        assert kv[row.head_a] == kv[row.head_b] == row.kv_head and row.layer == 0
+        if 5 in (row.head_a, row.head_b):
+            assert row.n_angles == 0 and np.isnan([row.min_angle_deg, row.max_angle_deg, row.mean_cos2]).all()
+            continue
+        ang = scipy.linalg.subspace_angles(O[row.head_a].numpy(), O[row.head_b].numpy())
+        assert row.n_angles == ang.size == (4 if 1 in (row.head_a, row.head_b) else 5)
+        assert row.min_angle_deg == pytest.approx(np.degrees(ang.min()), abs=1e-6)
+        assert row.max_angle_deg == pytest.approx(np.degrees(ang.max()), abs=1e-6)
+        assert row.mean_cos2 == pytest.approx(float(np.mean(np.cos(ang) ** 2)), abs=1e-10)
+    near = p.ranges[(p.ranges["head_a"] == 0) & (p.ranges["head_b"] == 2)].iloc[0]
+    assert near["min_angle_deg"] < 0.1  # the case the test can fail on: a small angle from cosines near 1
+
+
 def test_mha_is_empty_with_reason():
     g = torch.Generator().manual_seed(0)
     O = torch.randn(4, 16, 4, generator=g)

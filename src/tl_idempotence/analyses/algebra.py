@@ -51,9 +51,9 @@ Per right factor ``j`` (table ``heads``):
 
 Every pair of heads of one group (table ``ranges``): the principal angles between their
 ranges span(O_a) and span(O_b), as the core's principal cosines (SPEC 3) with ``(G_O, G_V, M)``
-replaced by ``(G_O_a, G_O_b, O_bᵀ O_a)`` (:func:`~tl_idempotence.core.factors.principal_factors`):
-one GEMM ``[n·r, d] @ [d, n·r]`` per group for the cross products, ranks at the core's tolerance,
-never ``d_model x d_model``. Table ``closed_ranges``: the rows of ``ranges`` whose two heads are
+replaced by ``(G_O_b, G_O_a, O_aᵀ O_b)`` (:func:`~tl_idempotence.core.factors.principal_factors`'s
+``D``): ``d r² n (n − 1)`` flops per group of ``n`` for the cross products ``O_aᵀ O_b``, ranks at the
+core's tolerance, never ``d_model x d_model``. Table ``closed_ranges``: the rows of ``ranges`` whose two heads are
 closed at the threshold — a view, re-derived from ``ranges`` when the threshold changes, so a
 report at another threshold has the angles of exactly the pairs closed there.
 
@@ -73,7 +73,7 @@ import pandas as pd
 import torch
 
 from ..core.closure import Grams, apply_exponents, closure_scalars, closure_sums
-from ..core.factors import DEGENERATE_RTOL, principal_factors, rank_rtol
+from ..core.factors import DEGENERATE_RTOL, gram_eig, rank_rtol
 from ..core.heads import LayerHeads, ModelInfo, source_info
 from ..core.options import (
     ReportOptions,
@@ -432,10 +432,15 @@ def _range_angles(
 ) -> pd.DataFrame:
     """Principal angles between span(O_a) and span(O_b) for every pair ``a < b`` of heads of one kv group.
 
-    The cosines are the core's principal cosines (SPEC 3) of ``(G_O_a, G_O_b, O_bᵀ O_a)``: the Grams of the
-    layer and the cross products of one GEMM ``[n·r, d] @ [d, n·r]`` per group (``compute_dtype``, on
-    ``device``, with the Grams' power-of-two exponents, which change no angle), counted up to
-    ``min(rank_O_a, rank_O_b)`` at the core's rank tolerance.
+    As the core's principal cosines (SPEC 3, :func:`~tl_idempotence.core.factors.principal_factors`) with
+    ``(G_O, G_V, M)`` replaced by ``(G_O_b, G_O_a, O_aᵀ O_b)``: with ``G_O_j = W_j diag(s_j²) W_jᵀ``
+    (:func:`~tl_idempotence.core.factors.gram_eig`, once per head), ``Q_aᵀ Q_b = diag(1/s_a) W_aᵀ (O_aᵀ O_b)
+    W_b diag(1/s_b)`` over the singular values counted in the rank, and the cosines are its singular values,
+    counted up to ``min(rank_O_a, rank_O_b)``. The cross products ``O_aᵀ O_b`` cost ``d r² n (n - 1)`` flops
+    per group of ``n`` (``compute_dtype``, on ``device``, with the Grams' power-of-two exponents, which change
+    no angle); everything else is ``r x r``. From cosines, an angle resolves to about 1e-6 degrees (a cosine
+    within float64's eps of 1): ``tests/analyses/test_algebra.py`` checks them against
+    ``scipy.linalg.subspace_angles`` at 1e-6 degrees, a near-coincident pair included.
 
     Returns:
         ``RANGE_COLUMNS`` rows in group order, then ``(a, b)`` in head order: ``min_angle_deg``,
@@ -450,29 +455,30 @@ def _range_angles(
     for k, idx in groups:
         if len(idx) < 2:
             continue
-        n, d, r = len(idx), lh.d_model, lh.d_head
         e = None if g.e_O is None else g.e_O[idx]
         Oc = apply_exponents(O[torch.tensor(idx, device=O.device)], e, compute_dtype)
-        X = Oc.permute(1, 0, 2).reshape(d, n * r)
-        C = (X.transpose(0, 1) @ X).to(torch.float64).cpu().reshape(n, r, n, r)  # C[b, :, a, :] = O_bᵀ O_a
-        del Oc, X
-        for x in range(n):
-            for y in range(x + 1, n):
-                heads_a.append(idx[x])
-                heads_b.append(idx[y])
-                kvs.append(k)
-                cross.append(C[y, :, x, :])
+        for x in range(len(idx) - 1):  # O_xᵀ O_y for y > x, batched over y
+            cross.append(torch.matmul(Oc[x].transpose(0, 1), Oc[x + 1 :]).to(torch.float64).cpu())
+            heads_a += [idx[x]] * (len(idx) - 1 - x)
+            heads_b += idx[x + 1 :]
+            kvs += [k] * (len(idx) - 1 - x)
+        del Oc
     if not cross:
         return _empty(RANGE_COLUMNS)
     a, b = torch.tensor(heads_a), torch.tensor(heads_b)
-    rtol = rank_rtol(g.d_model, lh.d_head)
-    _, D, rank_a, rank_b = principal_factors(g.G_O[a], g.G_O[b], torch.stack(cross), rtol, principal_K=False)
-    n_ang = torch.minimum(rank_a, rank_b).numpy()
-    cos = D.clamp(0.0, 1.0).numpy()  # descending; zeros beyond n_ang
+    used = sorted(set(heads_a) | set(heads_b))
+    pos = torch.full((lh.n_heads,), -1, dtype=torch.long)
+    pos[used] = torch.arange(len(used))
+    s, W, mask = gram_eig(g.G_O[used], rank_rtol(g.d_model, lh.d_head), True)
+    assert W is not None
+    inv = torch.where(mask, 1.0 / torch.where(mask, s, torch.ones_like(s)), torch.zeros_like(s))
+    rank = mask.sum(-1)
+    pa, pb = pos[a], pos[b]
+    C = inv[pa].unsqueeze(-1) * (W[pa].transpose(-1, -2) @ torch.cat(cross) @ W[pb]) * inv[pb].unsqueeze(-2)
+    n_ang = torch.minimum(rank[pa], rank[pb]).numpy()
+    cos = torch.linalg.svdvals(C).clamp(0.0, 1.0).numpy()  # descending
+    cos = np.where(np.arange(cos.shape[1])[None, :] < n_ang[:, None], cos, 0.0)
     m = np.maximum(n_ang, 1)
-    first = cos[:, 0]
-    last = cos[np.arange(len(cos)), m - 1]
-    mean_cos2 = (cos**2).sum(1) / m
     none = n_ang == 0
     nan = float("nan")
     return pd.DataFrame(
@@ -481,9 +487,9 @@ def _range_angles(
             "kv_head": np.asarray(kvs, dtype=np.int64),
             "head_a": np.asarray(heads_a, dtype=np.int64),
             "head_b": np.asarray(heads_b, dtype=np.int64),
-            "min_angle_deg": np.where(none, nan, np.degrees(np.arccos(first))),
-            "max_angle_deg": np.where(none, nan, np.degrees(np.arccos(last))),
-            "mean_cos2": np.where(none, nan, mean_cos2),
+            "min_angle_deg": np.where(none, nan, np.degrees(np.arccos(cos[:, 0]))),
+            "max_angle_deg": np.where(none, nan, np.degrees(np.arccos(cos[np.arange(len(cos)), m - 1]))),
+            "mean_cos2": np.where(none, nan, (cos**2).sum(1) / m),
             "n_angles": n_ang.astype(np.int64),
         },
         columns=RANGE_COLUMNS,
@@ -509,8 +515,8 @@ def layer_algebra(
     Returns:
         :class:`SharedValueAlgebra` of this one layer (in the weights' units: the Grams' power-of-two
         rescaling, if any, is undone), with :attr:`~SharedValueAlgebra.ranges` for every pair of a group.
-        Cost: ``n_group²`` products of ``d_head x d_head`` matrices per group, plus one GEMM of
-        ``2 d (n_group·d_head)²`` flops per group for the range angles; nothing ``d_model x d_model``.
+        Cost: ``n_group²`` products of ``d_head x d_head`` matrices per group, plus ``d r² n (n - 1)``
+        flops per group of ``n`` heads for the range angles' cross products; nothing ``d_model x d_model``.
 
     Raises:
         OptionError: ``g`` does not have one Gram triple per query head of ``lh``.
