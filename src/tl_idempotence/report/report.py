@@ -497,7 +497,9 @@ def load_report(path: PathLike) -> IdempotenceReport:
     Raises:
         MissingFileError: no such folder, or a file its record lists is missing.
         ReportFileError (a ``ValueError``): a file that does not match its recorded sha256, a malformed
-            record or another format (names the file).
+            record or another format (names the file); a summary that is impossible on its own
+            (:meth:`ReportSummary.from_dict`'s rules) or that is not what the tables, the info and the options
+            give (it is recomputed: names the field and both values).
     """
     rec = read_record(path)
     heads = rec.heads

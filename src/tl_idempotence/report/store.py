@@ -11,7 +11,9 @@ Layout written by :func:`write_record`::
 
 :func:`read_record` refuses a folder whose files do not match their recorded sha256, a
 record that was edited after it was written, a missing file, or a record of another
-format — each error names the file — so what is read back is exactly what was written. The report object
+format — each error names the file — so what is read back is exactly what was written. An edit whose
+digest was recomputed is refused where it makes the record disagree with itself: the summary is
+recomputed from the tables, the info and the options and must be what they give. The report object
 (:mod:`tl_idempotence.report.report`) saves and loads itself through these two functions.
 """
 
@@ -282,7 +284,9 @@ def read_record(path: Any) -> ReportRecord:
         MissingFileError: no such folder, or a file the record lists is missing.
         ReportFileError (a ``CheckpointError``/``ValueError``): the record is malformed, edited (its
             digest does not match) or of another format, or a table file does not match its recorded
-            sha256 (names the file).
+            sha256 (names the file); the record's sizes or ``closed`` column do not fit its tables; a summary
+            field that is impossible (:meth:`ReportSummary.from_dict`) or not what the tables give
+            (:func:`_check_summary_fits_tables`: names the field and both values).
         OptionTypeError: ``path`` is not a path.
     """
     if not isinstance(path, (str, os.PathLike)):
