@@ -146,6 +146,38 @@ def test_closed_range_angles_match_independent_qr():
         assert row.mean_cos2 == pytest.approx(float((cos**2).mean()), abs=1e-10)
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.0**-70, 1e40])
+def test_every_pairs_range_angles_match_scipy(scale):
+    """Issue 30: the angles of every pair of a group (closed or not), from the Grams and the cross products, are
+    scipy.linalg.subspace_angles's; a rank-deficient head gets min(rank) angles, a zero head none (NaN); weights
+    far outside float64's comfortable range (rescaled by powers of two inside) give the same angles."""
+    import scipy.linalg
+
+    g = torch.Generator().manual_seed(21)
+    n, n_kv, d, r = 8, 2, 40, 5
+    O = torch.randn(n, d, r, generator=g, dtype=torch.float64)
+    O[1] = O[1] @ torch.diag(torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0], dtype=torch.float64))  # rank 4
+    O[2] = O[0] @ torch.randn(r, r, generator=g, dtype=torch.float64) + 1e-4 * O[3]  # span close to O_0's
+    O[5] = 0.0  # a zero head
+    V = torch.randn(n_kv, d, r, generator=g, dtype=torch.float64)
+    kv = kv_layout(n, n_kv)
+    p = _part(O * scale, V, kv)
+    assert len(p.ranges) == 2 * (4 * 3 // 2)
+    assert list(zip(p.ranges["head_a"], p.ranges["head_b"]))[:6] == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    for row in p.ranges.itertuples():
+        assert kv[row.head_a] == kv[row.head_b] == row.kv_head and row.layer == 0
+        if 5 in (row.head_a, row.head_b):
+            assert row.n_angles == 0 and np.isnan([row.min_angle_deg, row.max_angle_deg, row.mean_cos2]).all()
+            continue
+        ang = scipy.linalg.subspace_angles(O[row.head_a].numpy(), O[row.head_b].numpy())
+        assert row.n_angles == ang.size == (4 if 1 in (row.head_a, row.head_b) else 5)
+        assert row.min_angle_deg == pytest.approx(np.degrees(ang.min()), abs=1e-6)
+        assert row.max_angle_deg == pytest.approx(np.degrees(ang.max()), abs=1e-6)
+        assert row.mean_cos2 == pytest.approx(float(np.mean(np.cos(ang) ** 2)), abs=1e-10)
+    near = p.ranges[(p.ranges["head_a"] == 0) & (p.ranges["head_b"] == 2)].iloc[0]
+    assert near["min_angle_deg"] < 0.1  # the case the test can fail on: a small angle from cosines near 1
+
+
 def test_mha_is_empty_with_reason():
     g = torch.Generator().manual_seed(0)
     O = torch.randn(4, 16, 4, generator=g)
@@ -175,8 +207,7 @@ def test_concat_of_layers_keeps_every_row():
     assert res.summary["n_groups"] == 4 and res.summary["n_pairs_offdiag"] == 2 * 12
     assert res.summary["median_P_offdiag"] == pytest.approx(1.0, abs=1e-10)
     assert res.summary["n_closed_range_pairs"] == 2 * 6
-    # at another threshold: closed flags and counts follow, the angles keep their threshold
-    # at another threshold: closed flags and counts follow; closed_ranges keeps the pairs closed at both
+    # at another threshold: closed flags, counts and closed_ranges follow (every pair's angles are kept in ranges)
     E = torch.randn(O.shape, generator=g, dtype=torch.float64)
     O2 = O.clone()
     O2[[1, 4]] += 0.3 * E[[1, 4]]  # heads 1 and 4 leave the law: P = 0.42 and 0.60
@@ -185,12 +216,34 @@ def test_concat_of_layers_keeps_every_row():
     assert list(part.heads["closed"]) == [True, False, True, True, True, True]
     assert list(part.groups["n_closed"]) == [2, 3]
     assert list(zip(part.closed_ranges["head_a"], part.closed_ranges["head_b"])) == [(0, 2), (3, 4), (3, 5), (4, 5)]
+    assert list(zip(part.ranges["head_a"], part.ranges["head_b"])) == [(0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5)]
     hi = part.at_threshold(0.9)
-    assert hi.threshold == 0.9 and hi.ranges_threshold == 0.5 and hi.pairs is part.pairs
+    assert hi.threshold == 0.9 and hi.ranges_threshold == 0.9 and hi.pairs is part.pairs and hi.ranges is part.ranges
     assert list(hi.heads["closed"]) == [True, False, True, True, False, True]
     assert list(hi.groups["n_closed"]) == [2, 2]
     assert list(zip(hi.closed_ranges["head_a"], hi.closed_ranges["head_b"])) == [(0, 2), (3, 5)]
     pd.testing.assert_frame_equal(hi.closed_ranges, part.closed_ranges.iloc[[0, 2]].reset_index(drop=True))
+    # lowered again, and lower than the run: the pairs closed there, with their angles, as a run there gives
+    pd.testing.assert_frame_equal(hi.at_threshold(0.5).closed_ranges, part.closed_ranges, check_exact=True)
+    low = part.at_threshold(0.3)  # head 1 (P = 0.42) closes: its pairs (0, 1), (1, 2) join
+    run_low = layer_algebra(lh2, layer_grams(lh2.O, lh2.V, lh2.kv_head_of), 0.3)
+    assert list(zip(low.closed_ranges["head_a"], low.closed_ranges["head_b"])) == [
+        (0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5)
+    ]  # fmt: skip
+    pd.testing.assert_frame_equal(low.closed_ranges, run_low.closed_ranges, check_exact=True)
+    assert low.summary == run_low.summary
+    # an algebra read from a report saved before every pair's angles were kept (no ranges): closed_ranges can
+    # only keep the pairs closed at both thresholds, and ranges_threshold stays the run's
+    old = SharedValueAlgebra(
+        pairs=part.pairs, heads=part.heads, groups=part.groups, closed_ranges=part.closed_ranges, reason="",
+        threshold=0.5,
+    )  # fmt: skip
+    assert old.ranges is None and old.ranges_threshold == 0.5
+    old_hi = old.at_threshold(0.9)
+    assert old_hi.ranges_threshold == 0.5 and list(
+        zip(old_hi.closed_ranges["head_a"], old_hi.closed_ranges["head_b"])
+    ) == [(0, 2), (3, 5)]
+    assert len(old.at_threshold(0.3).closed_ranges) == 4  # pairs (0, 1), (1, 2) have no angles there
 
 
 def test_degenerate_heads_give_nan_with_reason():

@@ -49,9 +49,13 @@ Per right factor ``j`` (table ``heads``):
   large kernel defect although its ``P`` is high. NaN when ``M_j`` is singular
   (condition number above ``1/rtol``) or ``α_j`` is 0/NaN.
 
-Closed heads of one group (table ``closed_ranges``): principal angles between their
-ranges span(O_a) and span(O_b) (``scipy.linalg.subspace_angles`` on the
-``d_model x d_head`` factors; never ``d_model x d_model``).
+Every pair of heads of one group (table ``ranges``): the principal angles between their
+ranges span(O_a) and span(O_b), as the core's principal cosines (SPEC 3) with ``(G_O, G_V, M)``
+replaced by ``(G_O_b, G_O_a, O_aᵀ O_b)`` (:func:`~tl_idempotence.core.factors.principal_factors`'s
+``D``): ``d r² n (n − 1)`` flops per group of ``n`` for the cross products ``O_aᵀ O_b``, ranks at the
+core's tolerance, never ``d_model x d_model``. Table ``closed_ranges``: the rows of ``ranges`` whose two heads are
+closed at the threshold — a view, re-derived from ``ranges`` when the threshold changes, so a
+report at another threshold has the angles of exactly the pairs closed there.
 
 Group membership comes from the model's kv layout (``LayerHeads.kv_head_of``), never
 from comparing floats. MHA layers (every kv group has one query head) have no exact
@@ -69,7 +73,7 @@ import pandas as pd
 import torch
 
 from ..core.closure import Grams, apply_exponents, closure_scalars, closure_sums
-from ..core.factors import DEGENERATE_RTOL, rank_rtol
+from ..core.factors import DEGENERATE_RTOL, gram_eig, rank_rtol
 from ..core.heads import LayerHeads, ModelInfo, source_info
 from ..core.options import (
     ReportOptions,
@@ -122,7 +126,13 @@ GROUP_COLUMNS = [
     "law_score",
 ]
 RANGE_COLUMNS = ["layer", "kv_head", "head_a", "head_b", "min_angle_deg", "max_angle_deg", "mean_cos2", "n_angles"]
-TABLES = {"pairs": PAIR_COLUMNS, "heads": HEAD_COLUMNS, "groups": GROUP_COLUMNS, "closed_ranges": RANGE_COLUMNS}
+TABLES = {
+    "pairs": PAIR_COLUMNS,
+    "heads": HEAD_COLUMNS,
+    "groups": GROUP_COLUMNS,
+    "closed_ranges": RANGE_COLUMNS,
+    "ranges": RANGE_COLUMNS,
+}
 
 
 def _empty(cols: list[str]) -> pd.DataFrame:
@@ -147,13 +157,19 @@ class SharedValueAlgebra(Result):
             ``min_P_offdiag``, ``median/max_alpha_spread``, ``law_score`` (= median
             off-diagonal ``P_ij``).
         closed_ranges: principal angles (degrees) between span(O_a), span(O_b) for
-            pairs of heads of one group closed at ``ranges_threshold``.
+            pairs of heads of one group closed at ``ranges_threshold`` (the rows of ``ranges`` whose
+            two heads are closed).
         reason: "" when there is value sharing, else why the result is empty
             (``"no exact value sharing (MHA)"``).
         info: what was measured.
         threshold: P threshold for "closed".
-        ranges_threshold: the threshold ``closed_ranges`` was computed at (the angles need the
-            weights, so they are not recomputed when the threshold changes).
+        ranges_threshold: the threshold ``closed_ranges`` was taken at: ``threshold`` whenever ``ranges``
+            is known (every pair's angles); for a report saved before ``ranges`` was kept, the run's
+            threshold (its ``closed_ranges`` has only the pairs closed there, and :meth:`at_threshold` can
+            only drop pairs).
+        ranges: the same columns as ``closed_ranges`` for every pair ``head_a < head_b`` of one group,
+            closed or not (``n_angles = min(rank_O)`` of the two; NaN angles when one head is zero), or
+            ``None`` for an algebra read from a report saved before it was kept.
     """
 
     pairs: pd.DataFrame
@@ -164,6 +180,7 @@ class SharedValueAlgebra(Result):
     info: ModelInfo | None = None
     threshold: float = 0.9
     ranges_threshold: float | None = None
+    ranges: pd.DataFrame | None = None
 
     repr_keys: ClassVar[tuple[str, ...]] = ("n_groups", "median_P_offdiag", "median_alpha_spread", "algebra_reason")
 
@@ -264,6 +281,7 @@ class SharedValueAlgebra(Result):
             reason = "no layers were analysed"
         if not shared and info is not None and info.n_kv_heads == info.n_heads:
             reason = MHA_REASON
+        known = all(p.ranges is not None for p in shared)
         return cls(
             pairs=cat("pairs", PAIR_COLUMNS),
             heads=cat("heads", HEAD_COLUMNS),
@@ -273,11 +291,18 @@ class SharedValueAlgebra(Result):
             info=info,
             threshold=threshold,
             ranges_threshold=parts[0].ranges_threshold if parts else threshold,
+            ranges=cat("ranges", RANGE_COLUMNS) if known else None,
         )
 
     def at_threshold(self, threshold: float) -> SharedValueAlgebra:
-        """The same algebra with ``closed`` flags and group counts at another threshold (``closed_ranges``
-        keeps the pairs closed at both thresholds: the angles need the weights)."""
+        """The same algebra with ``closed`` flags, group counts and ``closed_ranges`` at another threshold:
+        the rows of :attr:`ranges` whose two heads are closed there, exactly what a run at that threshold
+        gives. Without :attr:`ranges` (a report saved before it was kept) ``closed_ranges`` can only keep
+        the pairs closed at both thresholds, and :attr:`ranges_threshold` stays the run's.
+
+        Raises:
+            OptionTypeError / OptionError: a threshold that is not a real number in [0, 1].
+        """
         t = check_threshold(threshold)
         heads = self.heads.copy()
         if len(heads):
@@ -286,14 +311,8 @@ class SharedValueAlgebra(Result):
         if len(groups):
             n = heads.groupby(["layer", "kv_head"])["closed"].sum()
             groups["n_closed"] = [int(n.get((lay, k), 0)) for lay, k in zip(groups["layer"], groups["kv_head"])]
-        ranges = self.closed_ranges
-        if len(ranges):
-            ok = set(zip(heads.loc[heads["closed"], "layer"], heads.loc[heads["closed"], "head"]))
-            keep = [
-                (lay, a) in ok and (lay, b) in ok
-                for lay, a, b in zip(ranges["layer"], ranges["head_a"], ranges["head_b"])
-            ]
-            ranges = ranges[keep].reset_index(drop=True)
+        known = self.ranges is not None
+        ranges = _closed_rows(self.ranges if self.ranges is not None else self.closed_ranges, heads)
         return SharedValueAlgebra(
             pairs=self.pairs,
             heads=heads,
@@ -302,8 +321,26 @@ class SharedValueAlgebra(Result):
             reason=self.reason,
             info=self.info,
             threshold=t,
-            ranges_threshold=self.ranges_threshold,
+            ranges_threshold=t if known else self.ranges_threshold,
+            ranges=self.ranges,
         )
+
+
+def _closed_rows(ranges: pd.DataFrame, heads: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a ranges table whose two heads are closed in ``heads`` (``layer, head, closed``), in order."""
+    if not len(ranges):
+        return ranges if len(ranges.columns) else _empty(RANGE_COLUMNS)
+    if len(heads):
+        closed = heads["closed"].to_numpy(dtype=bool)
+        ok = set(zip(heads.loc[closed, "layer"].tolist(), heads.loc[closed, "head"].tolist()))
+    else:
+        ok = set()
+    keep = [
+        (lay, a) in ok and (lay, b) in ok
+        for lay, a, b in zip(ranges["layer"].tolist(), ranges["head_a"].tolist(), ranges["head_b"].tolist())
+    ]
+    out = ranges[keep].reset_index(drop=True)
+    return out if len(out) else _empty(RANGE_COLUMNS)
 
 
 def _inner(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -386,19 +423,100 @@ def _kernel_defects(
     return out, reasons
 
 
-def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedValueAlgebra:
+def _range_angles(
+    lh: LayerHeads,
+    g: Grams,
+    groups: list[tuple[int, list[int]]],
+    compute_dtype: torch.dtype,
+    device: torch.device | str | None,
+) -> pd.DataFrame:
+    """Principal angles between span(O_a) and span(O_b) for every pair ``a < b`` of heads of one kv group.
+
+    As the core's principal cosines (SPEC 3, :func:`~tl_idempotence.core.factors.principal_factors`) with
+    ``(G_O, G_V, M)`` replaced by ``(G_O_b, G_O_a, O_aᵀ O_b)``: with ``G_O_j = W_j diag(s_j²) W_jᵀ``
+    (:func:`~tl_idempotence.core.factors.gram_eig`, once per head), ``Q_aᵀ Q_b = diag(1/s_a) W_aᵀ (O_aᵀ O_b)
+    W_b diag(1/s_b)`` over the singular values counted in the rank, and the cosines are its singular values,
+    counted up to ``min(rank_O_a, rank_O_b)``. The cross products ``O_aᵀ O_b`` cost ``d r² n (n - 1)`` flops
+    per group of ``n`` (``compute_dtype``, on ``device``, with the Grams' power-of-two exponents, which change
+    no angle); everything else is ``r x r``. From cosines, an angle resolves to about 1e-6 degrees (a cosine
+    within float64's eps of 1): ``tests/analyses/test_algebra.py`` checks them against
+    ``scipy.linalg.subspace_angles`` at 1e-6 degrees, a near-coincident pair included.
+
+    Returns:
+        ``RANGE_COLUMNS`` rows in group order, then ``(a, b)`` in head order: ``min_angle_deg``,
+        ``max_angle_deg`` (degrees in [0, 90]), ``mean_cos2`` (mean squared cosine), ``n_angles``;
+        NaN angles and ``n_angles = 0`` when one of the two heads is zero.
+    """
+    O = lh.O if device is None else lh.O.to(device)
+    heads_a: list[int] = []
+    heads_b: list[int] = []
+    kvs: list[int] = []
+    cross: list[torch.Tensor] = []
+    for k, idx in groups:
+        if len(idx) < 2:
+            continue
+        e = None if g.e_O is None else g.e_O[idx]
+        Oc = apply_exponents(O[torch.tensor(idx, device=O.device)], e, compute_dtype)
+        for x in range(len(idx) - 1):  # O_xᵀ O_y for y > x, batched over y
+            cross.append(torch.matmul(Oc[x].transpose(0, 1), Oc[x + 1 :]).to(torch.float64).cpu())
+            heads_a += [idx[x]] * (len(idx) - 1 - x)
+            heads_b += idx[x + 1 :]
+            kvs += [k] * (len(idx) - 1 - x)
+        del Oc
+    if not cross:
+        return _empty(RANGE_COLUMNS)
+    a, b = torch.tensor(heads_a), torch.tensor(heads_b)
+    used = sorted(set(heads_a) | set(heads_b))
+    pos = torch.full((lh.n_heads,), -1, dtype=torch.long)
+    pos[used] = torch.arange(len(used))
+    s, W, mask = gram_eig(g.G_O[used], rank_rtol(g.d_model, lh.d_head), True)
+    assert W is not None
+    inv = torch.where(mask, 1.0 / torch.where(mask, s, torch.ones_like(s)), torch.zeros_like(s))
+    rank = mask.sum(-1)
+    pa, pb = pos[a], pos[b]
+    C = inv[pa].unsqueeze(-1) * (W[pa].transpose(-1, -2) @ torch.cat(cross) @ W[pb]) * inv[pb].unsqueeze(-2)
+    n_ang = torch.minimum(rank[pa], rank[pb]).numpy()
+    cos = torch.linalg.svdvals(C).clamp(0.0, 1.0).numpy()  # descending
+    cos = np.where(np.arange(cos.shape[1])[None, :] < n_ang[:, None], cos, 0.0)
+    m = np.maximum(n_ang, 1)
+    none = n_ang == 0
+    nan = float("nan")
+    return pd.DataFrame(
+        {
+            "layer": lh.layer,
+            "kv_head": np.asarray(kvs, dtype=np.int64),
+            "head_a": np.asarray(heads_a, dtype=np.int64),
+            "head_b": np.asarray(heads_b, dtype=np.int64),
+            "min_angle_deg": np.where(none, nan, np.degrees(np.arccos(cos[:, 0]))),
+            "max_angle_deg": np.where(none, nan, np.degrees(np.arccos(cos[np.arange(len(cos)), m - 1]))),
+            "mean_cos2": np.where(none, nan, (cos**2).sum(1) / m),
+            "n_angles": n_ang.astype(np.int64),
+        },
+        columns=RANGE_COLUMNS,
+    )
+
+
+def layer_algebra(
+    lh: LayerHeads,
+    g: Grams,
+    threshold: float = 0.9,
+    compute_dtype: torch.dtype = torch.float64,
+    device: torch.device | str | None = None,
+) -> SharedValueAlgebra:
     """Shared-value algebra of one layer from its Gram products (SPEC section 7).
 
     Args:
         lh: the layer's heads (column form; ``V`` unexpanded, ``kv_head_of`` from the layout).
         g: ``layer_grams(lh.O, lh.V, lh.kv_head_of)``: ``G_O, G_V, M`` with batch ``[n_heads]``, float64.
         threshold: P threshold for "closed" heads (paper: 0.9).
+        compute_dtype: dtype of the ``d_model``-long cross products ``O_bᵀ O_a`` of the range angles.
+        device: where those products run (default: where ``lh.O`` is).
 
     Returns:
         :class:`SharedValueAlgebra` of this one layer (in the weights' units: the Grams' power-of-two
-        rescaling, if any, is undone). Cost: ``n_group²`` products of ``d_head x d_head``
-        matrices per group (plus ``subspace_angles`` on ``d_model x d_head`` factors
-        for pairs of closed heads); nothing ``d_model x d_model``.
+        rescaling, if any, is undone), with :attr:`~SharedValueAlgebra.ranges` for every pair of a group.
+        Cost: ``n_group²`` products of ``d_head x d_head`` matrices per group, plus ``d r² n (n - 1)``
+        flops per group of ``n`` heads for the range angles' cross products; nothing ``d_model x d_model``.
 
     Raises:
         OptionError: ``g`` does not have one Gram triple per query head of ``lh``.
@@ -419,11 +537,11 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
             closed_ranges=_empty(RANGE_COLUMNS),
             reason=MHA_REASON,
             threshold=threshold,
+            ranges=_empty(RANGE_COLUMNS),
         )
     pair_rows: list[dict[str, Any]] = []
     head_rows: list[dict[str, Any]] = []
     group_rows: list[dict[str, Any]] = []
-    range_rows: list[dict[str, Any]] = []
     for k, idx in groups:
         n = len(idx)
         it = torch.tensor(idx)
@@ -537,38 +655,16 @@ def layer_algebra(lh: LayerHeads, g: Grams, threshold: float = 0.9) -> SharedVal
                 "law_score": float(np.median(off)) if off.size else float("nan"),
             }
         )
-        if len(closed) >= 2:
-            import scipy.linalg
-
-            Os = {
-                j: apply_exponents(lh.O[j : j + 1].cpu(), None if g.e_O is None else g.e_O[j : j + 1], torch.float64)[
-                    0
-                ].numpy()
-                for j in closed
-            }
-            for x in range(len(closed)):
-                for y in range(x + 1, len(closed)):
-                    a_, b_ = closed[x], closed[y]
-                    ang = scipy.linalg.subspace_angles(Os[a_], Os[b_])
-                    range_rows.append(
-                        {
-                            "layer": lh.layer,
-                            "kv_head": k,
-                            "head_a": a_,
-                            "head_b": b_,
-                            "min_angle_deg": float(np.degrees(ang.min())),
-                            "max_angle_deg": float(np.degrees(ang.max())),
-                            "mean_cos2": float(np.mean(np.cos(ang) ** 2)),
-                            "n_angles": int(ang.size),
-                        }
-                    )
+    heads_df = pd.DataFrame(head_rows, columns=HEAD_COLUMNS)
+    ranges = _range_angles(lh, g, groups, compute_dtype, device)
     return SharedValueAlgebra(
         pairs=pd.DataFrame(pair_rows, columns=PAIR_COLUMNS),
-        heads=pd.DataFrame(head_rows, columns=HEAD_COLUMNS),
+        heads=heads_df,
         groups=pd.DataFrame(group_rows, columns=GROUP_COLUMNS),
-        closed_ranges=pd.DataFrame(range_rows, columns=RANGE_COLUMNS) if range_rows else _empty(RANGE_COLUMNS),
+        closed_ranges=_closed_rows(ranges, heads_df),
         reason="",
         threshold=threshold,
+        ranges=ranges,
     )
 
 
@@ -635,8 +731,9 @@ RANGES_THRESHOLD = "algebra_ranges_threshold"
 class AlgebraAnalysis:
     """The shared-value algebra as a report analysis (SPEC 7); runs when ``algebra=True``.
 
-    Tables: ``algebra_pairs``, ``algebra_heads``, ``algebra_groups``, ``algebra_closed_ranges``
-    (the :class:`SharedValueAlgebra` tables of the layer; empty for MHA layers).
+    Tables: ``algebra_pairs``, ``algebra_heads``, ``algebra_groups``, ``algebra_closed_ranges``,
+    ``algebra_ranges`` (the :class:`SharedValueAlgebra` tables of the layer; empty for MHA layers). The
+    layer value ``algebra_ranges_threshold`` is the threshold ``algebra_closed_ranges`` is at.
     """
 
     name: ClassVar[str] = "algebra"
@@ -648,7 +745,13 @@ class AlgebraAnalysis:
 
     def layer(self, ctx: LayerContext) -> SharedValueAlgebra:
         """The algebra of one layer's context (SPEC 7), as a :class:`SharedValueAlgebra` of that layer."""
-        return layer_algebra(ctx.heads, ctx.grams, threshold=ctx.options.threshold)
+        return layer_algebra(
+            ctx.heads,
+            ctx.grams,
+            threshold=ctx.options.threshold,
+            compute_dtype=ctx.options.compute_dtype,
+            device=ctx.device,
+        )
 
     def run(self, ctx: LayerContext) -> LayerResult:
         """This analysis of one layer (SPEC 7): the columns, values, tables and notes of the class docstring.
@@ -657,7 +760,7 @@ class AlgebraAnalysis:
         """
         part = self.layer(ctx)
         tables = {f"algebra_{k}": getattr(part, k) for k in TABLES}
-        # the threshold the closed ranges were computed at: a later threshold keeps this one (apply_threshold)
+        # the threshold the closed ranges are at (apply_threshold moves it with the threshold)
         return LayerResult(tables=tables, values={RANGES_THRESHOLD: ctx.options.threshold}, notes={})
 
     @staticmethod
@@ -680,6 +783,8 @@ class AlgebraAnalysis:
         whether every kv group has one query head, by default from ``info``)."""
         got = {k: tables.get(f"algebra_{k}", _empty(cols)) for k, cols in TABLES.items()}
         got = {k: (v if len(v) else _empty(TABLES[k])) for k, v in got.items()}
+        # a report saved before every pair's angles were kept has no algebra_ranges table
+        ranges = got["ranges"] if "algebra_ranges" in tables else None
         if mha is None:
             mha = info is not None and info.n_kv_heads == info.n_heads
         if len(got["pairs"]):
@@ -698,27 +803,43 @@ class AlgebraAnalysis:
             info=info,
             threshold=threshold,
             ranges_threshold=rt,
+            ranges=ranges,
         )
-        # the stored closed_ranges table keeps every pair closed at ranges_threshold; the view at
-        # another threshold keeps the pairs closed at both (see at_threshold)
+        # closed_ranges is at the threshold when every pair is known (apply_threshold keeps it there); a
+        # report without algebra_ranges keeps the pairs closed at ranges_threshold, viewed at both (at_threshold)
+        if ranges is not None:
+            return alg
         return alg.at_threshold(threshold) if threshold != rt and len(alg.closed_ranges) else alg
 
     def apply_threshold(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
     ) -> None:
-        """Recompute the algebra's ``closed`` flags and group counts. The ``algebra_closed_ranges`` table is
-        left as computed (at the report's ``algebra_ranges_threshold``: the angles need the weights), so a
-        threshold can be raised and set back without losing pairs; :meth:`combine` filters it."""
+        """Recompute the algebra's ``closed`` flags, group counts and ``algebra_closed_ranges`` (the rows of
+        ``algebra_ranges``, every pair's angles, whose two heads are closed at ``threshold``), and set the
+        layer value ``algebra_ranges_threshold`` to ``threshold``: what a run at that threshold gives.
+
+        A report saved before ``algebra_ranges`` was kept has the angles of the pairs closed at its run's
+        threshold only: its ``algebra_closed_ranges`` is left as computed and its ``algebra_ranges_threshold``
+        stays (so a threshold can be raised and set back without losing pairs; :meth:`combine` filters it).
+        """
         if "algebra_heads" not in tables or not len(tables["algebra_heads"]):
+            if "algebra_ranges" in tables and RANGES_THRESHOLD in layers.columns:
+                layers[RANGES_THRESHOLD] = threshold
             return
+        known = "algebra_ranges" in tables
         alg = SharedValueAlgebra(
             pairs=tables["algebra_pairs"],
             heads=tables["algebra_heads"],
             groups=tables["algebra_groups"],
             closed_ranges=tables["algebra_closed_ranges"],
             reason="",
+            ranges=tables["algebra_ranges"] if known else None,
         ).at_threshold(threshold)
         tables["algebra_heads"], tables["algebra_groups"] = alg.heads, alg.groups
+        if known:
+            tables["algebra_closed_ranges"] = alg.closed_ranges
+            if RANGES_THRESHOLD in layers.columns:
+                layers[RANGES_THRESHOLD] = threshold
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

@@ -219,18 +219,35 @@ class IdempotenceReport(Result):
         )
 
     def with_threshold(self, threshold: RealLike) -> IdempotenceReport:
-        """The same report at another P threshold: every threshold-dependent column, count and summary number
-        re-derived from the stored results (each analysis's ``apply_threshold``, then its ``summarize``), equal
-        to a run at that threshold (checked by the analyses' contract test). This report is not changed.
+        """The same report at another P threshold: every threshold-dependent column, table, count and summary
+        number re-derived from the stored results (each analysis's ``apply_threshold``, then its ``summarize``),
+        equal to a run at that threshold (checked by the analyses' contract test and, for the whole summary,
+        ``tests/report/test_store_hostile.py``). This report is not changed.
 
         Raises:
             OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].
+
+        Warns:
+            UserWarning: an ``algebra=True`` report saved before the algebra kept every pair's range angles,
+                taken below its run's threshold (the angles of the pairs closed only below it are not there).
         """
         t = check_threshold(threshold)
         heads, layers = self.heads.copy(), self.layers.copy()
         tables = {k: v.copy() for k, v in self.tables.items()}
         if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
             layers[RANGES_THRESHOLD] = self.summary.get("algebra_ranges_threshold", self.options.threshold)
+        if self.options.algebra and "algebra_ranges" not in tables:  # saved before every pair's angles were kept
+            rt = AlgebraAnalysis.ranges_threshold(layers, self.options.threshold)
+            if t < rt:
+                warnings.warn(
+                    f"This report was saved before the shared-value algebra kept the range angles of every pair: "
+                    f"its algebra_closed_ranges (and the summary's algebra n_closed_range_pairs and "
+                    f"median_min_angle_deg_closed) cover only the pairs closed at its run's threshold {rt:g}, not "
+                    f"every pair closed at {t:g}; summary algebra_ranges_threshold stays {rt:g}. Make the report "
+                    f"again for the angles at {t:g}.",
+                    UserWarning,
+                    stacklevel=2,
+                )
         ran = [a for a in REPORT_ANALYSES if a.enabled(self.options)]
         for a in ran:
             a.apply_threshold(heads, layers, tables, t)
@@ -496,7 +513,9 @@ def load_report(path: PathLike) -> IdempotenceReport:
     Raises:
         MissingFileError: no such folder, or a file its record lists is missing.
         ReportFileError (a ``ValueError``): a file that does not match its recorded sha256, a malformed
-            record or another format (names the file).
+            record or another format (names the file); a summary that is impossible on its own
+            (:meth:`ReportSummary.from_dict`'s rules) or that is not what the tables, the info and the options
+            give (it is recomputed: names the field and both values).
     """
     rec = read_record(path)
     heads = rec.heads

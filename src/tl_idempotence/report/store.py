@@ -11,7 +11,9 @@ Layout written by :func:`write_record`::
 
 :func:`read_record` refuses a folder whose files do not match their recorded sha256, a
 record that was edited after it was written, a missing file, or a record of another
-format — each error names the file — so what is read back is exactly what was written. The report object
+format — each error names the file — so what is read back is exactly what was written. An edit whose
+digest was recomputed is refused where it makes the record disagree with itself: the summary is
+recomputed from the tables, the info and the options and must be what they give. The report object
 (:mod:`tl_idempotence.report.report`) saves and loads itself through these two functions.
 """
 
@@ -27,14 +29,15 @@ from typing import Any
 
 import pandas as pd
 
+from ..analyses.registry import REPORT_ANALYSES
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
 from ..core.heads import ModelInfo
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
-from .summary import ReportSummary
+from .summary import ReportSummary, build_summary
 
-__all__ = ["FORMAT", "RECORD", "ReportFileError", "ReportRecord", "read_record", "write_record"]
+__all__ = ["FORMAT", "RECORD", "TABLE_NAMES", "ReportFileError", "ReportRecord", "read_record", "write_record"]
 
 FORMAT = "tl_idempotence.report/1"
 RECORD = "report.json"
@@ -103,28 +106,71 @@ def _digest(record: dict[str, Any]) -> str:
         return ""
 
 
+#: Every table a report save can write (``<name>.parquet``): the per-head and per-layer tables and the analyses'
+#: long tables. ``overwrite=True`` deletes only these, and only when the earlier record lists them and passes its
+#: own digest (``tests/report/test_store_hostile.py`` checks that a report with every analysis writes no other).
+TABLE_NAMES = frozenset(
+    {
+        "heads",
+        "layers",
+        "scramble_draws",
+        "mismatch_pairs",
+        "algebra_pairs",
+        "algebra_heads",
+        "algebra_groups",
+        "algebra_ranges",
+        "algebra_closed_ranges",
+    }
+)
+
+
 def _own_files(d: Path) -> list[Path]:
-    """The files a report save wrote in ``d``, by name: ``report.json`` and the ``<table>.parquet`` its
-    record lists (all of ``*.parquet`` named like a table when the record cannot be read)."""
-    names: list[str] = []
+    """The files an earlier report save wrote in ``d``: ``report.json`` and the ``<table>.parquet`` its record
+    lists, read from a record that passes its own digest and lists only tables the format writes.
+
+    Raises:
+        OptionError: ``report.json`` is unreadable, not a record of this format, fails its digest (it was
+            edited: the files it lists may be anyone's), or lists a file the format does not write (names
+            the file; nothing was deleted).
+    """
+    rec_file = d / RECORD
+    refuse = (
+        f"refusing to overwrite {d}: nothing was deleted. Delete the old report's files yourself or save to "
+        "another folder."
+    )
     try:
-        rec = json.loads((d / RECORD).read_text("utf-8"))
-        files = rec.get("files") if isinstance(rec, dict) else None
-        if isinstance(files, dict):
-            names = [n for n in files if isinstance(n, str) and re.fullmatch(r"[A-Za-z0-9_]+", n)]
-    except (OSError, ValueError):
-        pass
-    return [d / RECORD, *(d / f"{n}.parquet" for n in names)]
+        rec = json.loads(rec_file.read_text("utf-8"))
+    except (OSError, ValueError) as e:
+        raise OptionError(f"{rec_file} cannot be read as a report record ({type(e).__name__}: {e}); {refuse}") from e
+    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
+        raise OptionError(f"{rec_file} is not a {FORMAT} record; {refuse}")
+    if rec.get("digest") != _digest(rec):
+        raise OptionError(
+            f"{rec_file} does not match its recorded sha256 digest (it was edited or damaged), so the files it "
+            f"lists may not be the report's; {refuse}"
+        )
+    files = rec.get("files")
+    if not isinstance(files, dict):
+        raise OptionError(f"{rec_file} lists no files; {refuse}")
+    foreign = [n for n in files if not (isinstance(n, str) and n in TABLE_NAMES)]
+    if foreign:
+        raise OptionError(
+            f"{rec_file} lists {d / (str(foreign[0]) + '.parquet')}, which is not a table a report save writes; "
+            f"{refuse}"
+        )
+    return [rec_file, *(d / f"{n}.parquet" for n in files)]
 
 
 def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
     """Write ``rec`` to the folder ``path`` (created); ``report.json`` is written last.
 
     With ``overwrite=True`` over an earlier report, only the files that report wrote are replaced
-    (``report.json`` and the tables its record lists, by name): anything else in the folder — a
-    user's notes, a figure — stays. The old ``report.json`` is removed first, so an interrupted
-    overwrite leaves a folder that :func:`read_record` refuses ("no report.json"), never a mix that
-    loads. A symbolic link to a folder is followed (the report is written in the folder it points to).
+    (``report.json`` and the tables its record lists, by name, among :data:`TABLE_NAMES`): anything else
+    in the folder — a user's notes, a figure — stays. An earlier ``report.json`` that fails its own digest
+    (edited) or lists a file the format does not write is refused before anything is deleted. The old
+    ``report.json`` is removed first, so an interrupted overwrite leaves a folder that :func:`read_record`
+    refuses ("no report.json"), never a mix that loads. A symbolic link to a folder is followed (the
+    report is written in the folder it points to).
 
     Args:
         rec: what to save.
@@ -136,7 +182,8 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
 
     Raises:
         OptionError: ``path`` is a file, a broken symbolic link, a non-empty folder (without
-            ``overwrite``), a folder that holds no saved report, or its parent folder does not exist;
+            ``overwrite``), a folder that holds no saved report or one whose ``report.json`` fails its
+            digest or lists a file the format does not write (names it), or its parent folder does not exist;
             a folder that cannot be listed or written (names it).
         OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
     """
@@ -237,7 +284,9 @@ def read_record(path: Any) -> ReportRecord:
         MissingFileError: no such folder, or a file the record lists is missing.
         ReportFileError (a ``CheckpointError``/``ValueError``): the record is malformed, edited (its
             digest does not match) or of another format, or a table file does not match its recorded
-            sha256 (names the file).
+            sha256 (names the file); the record's sizes or ``closed`` column do not fit its tables; a summary
+            field that is impossible (:meth:`ReportSummary.from_dict`) or not what the tables give
+            (:func:`_check_summary_fits_tables`: names the field and both values).
         OptionTypeError: ``path`` is not a path.
     """
     if not isinstance(path, (str, os.PathLike)):
@@ -311,4 +360,72 @@ def read_record(path: Any) -> ReportRecord:
                 f"{d / 'heads.parquet'}: 'closed' disagrees with P >= threshold ({options.threshold:g}) for {n} "
                 "head(s): the tables and the record do not belong together."
             )
+    _check_summary_fits_tables(rec_file, rec["summary"], heads, layers, frames, info, options)
     return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)
+
+
+#: Summary fields the tables cannot give: the code that computed the numbers, and what a route added (a resumed
+#: report's ``n_layers_resumed``, a comparison's ``n_params``).
+NOT_DERIVED = frozenset({"versions", "n_layers_resumed", "n_params"})
+
+
+def _first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
+    """The first place (``where``, then ``[key]`` / ``[index]``) where two JSON values differ, with both values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if k not in a or k not in b:
+                return (f"{where}[{k!r}]", a.get(k, "(absent)"), b.get(k, "(absent)"))
+            d = _first_difference(a[k], b[k], f"{where}[{k!r}]")
+            if d is not None:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = _first_difference(x, y, f"{where}[{i}]")
+            if d is not None:
+                return d
+        return None
+    same = type(a) is type(b) or (
+        isinstance(a, (int, float))
+        and isinstance(b, (int, float))
+        and not isinstance(a, bool)
+        and not isinstance(b, bool)
+    )
+    return None if same and a == b else (where, a, b)
+
+
+def _check_summary_fits_tables(
+    rec_file: Path,
+    stored: Any,
+    heads: pd.DataFrame,
+    layers: pd.DataFrame,
+    tables: dict[str, pd.DataFrame],
+    info: ModelInfo,
+    options: ReportOptions,
+) -> None:
+    """Every summary field the tables, the info and the options give (all but :data:`NOT_DERIVED`) must be what
+    they give: the summary is recomputed (:func:`~tl_idempotence.report.summary.build_summary`, the analyses the
+    options ran) and compared with the record's, in its JSON form (floats exactly, NaN equal to NaN).
+
+    Raises:
+        ReportFileError: a field that differs (names it, nested keys included, with the record's value and the
+            recomputed one), one the record has that the tables do not give, or one it lacks.
+    """
+    ran = [a for a in REPORT_ANALYSES if a.enabled(options)]
+    try:
+        fresh = build_summary(heads, layers, tables, info, options, ran)
+    except Exception as e:  # tables that fit their sha256 and the info but not the analyses' columns
+        raise ReportFileError(
+            f"{rec_file}: the summary cannot be recomputed from the tables ({type(e).__name__}: {e}): the tables "
+            "and the record do not belong together."
+        ) from e
+    want = _untag_int_keys(json_safe(_tag_int_keys(fresh.to_dict())))  # JSON form, NaN as "NaN", int keys
+    got = {k: v for k, v in _untag_int_keys(stored).items() if k not in NOT_DERIVED}
+    want = {k: v for k, v in want.items() if k not in NOT_DERIVED}
+    diff = _first_difference(got, want, "summary")
+    if diff is not None:
+        where, a, b = diff
+        raise ReportFileError(
+            f"{rec_file}: {where} is {a!r} in the record but {b!r} from its tables, info and options: the record "
+            "was edited. Save the report again from its source."
+        )

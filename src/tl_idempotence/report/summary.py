@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import importlib.metadata
 import math
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
@@ -24,6 +25,7 @@ from ..analyses.base import Analysis
 from ..core.files import package_code_sha256
 from ..core.heads import ModelInfo
 from ..core.options import ReportOptions
+from ..errors import OptionError, OptionTypeError
 
 __all__ = [
     "PAPER",
@@ -156,6 +158,9 @@ class ReportSummary(Mapping[str, Any]):
     n_layers_resumed: int | None = None
     n_params: int | None = None
 
+    def __post_init__(self) -> None:
+        _validate(self)
+
     # ---------------------------------------------------------------- mapping of the fields that are set
     def _keys(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name) is not None]
@@ -181,23 +186,39 @@ class ReportSummary(Mapping[str, Any]):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ReportSummary:
-        """A summary from :meth:`to_dict` (a saved report's record, ``--json``).
+        """A summary from :meth:`to_dict` (a saved report's record, ``--json``), validated like every summary
+        (the types and ranges of :data:`FIELD_RULES`, and counts that fit their totals).
 
         Raises:
-            ValueError: a key that is not a field (names it), or a required field missing.
+            OptionTypeError: ``d`` is not a mapping; a field of the wrong type (``n_closed="3"``, ``True`` for a
+                count, ``1.5`` for a count; names the field).
+            OptionError: a key that is not a field (names it), a required field missing, an impossible value
+                (a negative count, ``median_P=2.0``, ``threshold=nan``, more closed heads than heads; names
+                the field and the value).
         """
+        if not isinstance(d, Mapping):
+            raise OptionTypeError(
+                f"a report summary must be a mapping of its fields (ReportSummary.to_dict()); got {type(d).__name__}."
+            )
         unknown = [k for k in d if k not in _FIELDS]
         if unknown:
-            raise ValueError(f"summary keys {unknown[:5]} are not fields of a report summary")
+            raise OptionError(f"summary keys {unknown[:5]} are not fields of a report summary")
         missing = [
             f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in d
         ]
         if missing:
-            raise ValueError(f"summary lacks {missing[:5]}")
+            raise OptionError(f"summary lacks {missing[:5]}")
         return cls(**dict(d))
 
     def replace(self, **changes: Any) -> ReportSummary:
-        """A copy with some fields changed (the summary itself never changes)."""
+        """A copy with some fields changed (the summary itself never changes), validated as :meth:`from_dict` is.
+
+        Raises:
+            OptionTypeError / OptionError: as :meth:`from_dict`; a keyword that is not a field.
+        """
+        unknown = [k for k in changes if k not in _FIELDS]
+        if unknown:
+            raise OptionError(f"summary keys {unknown[:5]} are not fields of a report summary")
         return dataclasses.replace(self, **changes)
 
     def __repr__(self) -> str:
@@ -223,6 +244,169 @@ class ReportSummary(Mapping[str, Any]):
 
 
 _FIELDS = frozenset(f.name for f in fields(ReportSummary))
+_REQUIRED = frozenset(f.name for f in fields(ReportSummary) if f.default is MISSING and f.default_factory is MISSING)
+
+#: What each field of a :class:`ReportSummary` must be (``None`` is "not set" for every optional field):
+#: ``"size"`` an int >= 1; ``"count"`` an int >= 0 (``bool`` is not an int, a float is never truncated);
+#: ``"P"`` a float in [0, 1] or NaN (a median or maximum of P over no defined value: undefined);
+#: ``"fraction"`` a float in [0, 1] or NaN (of nothing: undefined); ``"threshold"`` a finite float in [0, 1];
+#: ``"str"``; ``"layers"`` a list of layer indices (ints >= 0); ``"strs"`` a list of str; ``"per_layer"`` a
+#: dict {layer index: count}; ``"dict"`` a dict keyed by str.
+FIELD_RULES: dict[str, str] = {
+    "model_name": "str",
+    "model_class": "str",
+    "n_layers": "size",
+    "n_attention_layers": "count",
+    "n_heads": "count",
+    "n_heads_per_layer": "size",
+    "n_kv_heads": "size",
+    "d_model": "size",
+    "d_head": "size",
+    "threshold": "threshold",
+    "n_closed": "count",
+    "frac_closed": "fraction",
+    "median_P": "P",
+    "n_undefined_P": "count",
+    "closed_per_layer": "per_layer",
+    "n_scramble_draws": "count",
+    "median_P_trained": "P",
+    "median_P_scrambled": "P",
+    "n_heads_compared": "count",
+    "n_heads_beating_scramble": "count",
+    "frac_beats_scramble": "fraction",
+    "n_layers_trained_wins": "count",
+    "layers_trained_loses": "layers",
+    "n_mismatch_pairs": "count",
+    "n_mismatch_closed": "count",
+    "mismatch_P_max": "P",
+    "mismatch_notes": "strs",
+    "n_feasible_layers": "count",
+    "infeasible_layers": "layers",
+    "processing": "dict",
+    "options": "dict",
+    "versions": "dict",
+    "weights_fingerprint": "str",
+    "source": "dict",
+    "notes": "strs",
+    "algebra": "dict",
+    "algebra_ranges_threshold": "threshold",
+    "n_layers_resumed": "count",
+    "n_params": "count",
+}
+
+#: Counts that cannot exceed another field: ``(count, total)``.
+_AT_MOST = (
+    ("n_attention_layers", "n_layers"),
+    ("n_kv_heads", "n_heads_per_layer"),
+    ("n_closed", "n_heads"),
+    ("n_undefined_P", "n_heads"),
+    ("n_heads_compared", "n_heads"),
+    ("n_heads_beating_scramble", "n_heads_compared"),
+    ("n_layers_trained_wins", "n_attention_layers"),
+    ("n_mismatch_closed", "n_mismatch_pairs"),
+    ("n_feasible_layers", "n_attention_layers"),
+    ("n_layers_resumed", "n_attention_layers"),
+)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def _check_field(name: str, rule: str, v: Any) -> None:
+    """One field against its rule of :data:`FIELD_RULES` (raises OptionTypeError / OptionError naming it)."""
+
+    def wrong_type(want: str) -> OptionTypeError:
+        return OptionTypeError(f"summary field {name} must be {want}; got {type(v).__name__} {v!r}.")
+
+    if rule == "str":
+        if not isinstance(v, str):
+            raise wrong_type("a str")
+    elif rule in ("size", "count"):
+        if not _is_int(v):
+            raise wrong_type("an int (not a bool or a float)")
+        lo = 1 if rule == "size" else 0
+        if v < lo:
+            raise OptionError(f"summary field {name}={v!r} is impossible: it must be an int >= {lo}.")
+    elif rule in ("P", "fraction", "threshold"):
+        if not _is_real(v):
+            raise wrong_type("a real number (not a bool or a str)")
+        x = float(v)
+        if math.isnan(x) and rule != "threshold":
+            return  # undefined (over no defined value); the fields that say why are checked with the counts
+        if not (math.isfinite(x) and 0.0 <= x <= 1.0):
+            what = "a finite number in [0, 1]" if rule == "threshold" else "in [0, 1] (or NaN: undefined)"
+            raise OptionError(f"summary field {name}={v!r} is impossible: it must be {what}.")
+    elif rule in ("layers", "strs"):
+        if not isinstance(v, list):
+            raise wrong_type("a list")
+        for x in v:
+            if rule == "strs" and not isinstance(x, str):
+                raise OptionTypeError(f"summary field {name} must be a list of str; it holds {type(x).__name__} {x!r}.")
+            if rule == "layers" and not (_is_int(x) and x >= 0):
+                raise OptionError(f"summary field {name} must be a list of layer indices (ints >= 0); it holds {x!r}.")
+    elif rule == "per_layer":
+        if not isinstance(v, dict):
+            raise wrong_type("a dict {layer: count}")
+        for k, x in v.items():
+            if not (_is_int(k) and k >= 0) or not (_is_int(x) and x >= 0):
+                raise OptionError(
+                    f"summary field {name} must map layer indices (ints >= 0) to counts (ints >= 0); it holds "
+                    f"{k!r}: {x!r}."
+                )
+    elif rule == "dict":
+        if not isinstance(v, dict):
+            raise wrong_type("a dict")
+        bad = [k for k in v if not isinstance(k, str)]
+        if bad:
+            raise OptionTypeError(f"summary field {name} must be keyed by str; it has the key {bad[0]!r}.")
+    else:  # pragma: no cover - a rule this function does not know
+        raise AssertionError(rule)
+
+
+def _validate(s: ReportSummary) -> None:
+    """Every field of ``s`` against :data:`FIELD_RULES`, then the counts against their totals.
+
+    Raises:
+        OptionTypeError / OptionError: names the first field that is wrong (and the value, or both values).
+    """
+    for name, rule in FIELD_RULES.items():
+        v = getattr(s, name)
+        if v is not None or name in _REQUIRED:  # None is "not set", for the fields that may be unset
+            _check_field(name, rule, v)
+    for count, total in _AT_MOST:
+        a, b = getattr(s, count), getattr(s, total)
+        if a is not None and b is not None and a > b:
+            raise OptionError(f"summary field {count}={a!r} is impossible: more than {total}={b!r}.")
+    per_layer = sum(s.closed_per_layer.values())
+    if per_layer != s.n_closed:
+        raise OptionError(
+            f"summary field closed_per_layer counts {per_layer} closed heads, but n_closed={s.n_closed!r}."
+        )
+    bad_layers = [k for k in s.closed_per_layer if k >= s.n_layers]
+    if bad_layers:
+        raise OptionError(f"summary field closed_per_layer has layer {bad_layers[0]}, but n_layers={s.n_layers!r}.")
+    # NaN exactly when there is nothing to take it over (the counts that say so are named)
+    for name, undefined, why in (
+        ("frac_closed", s.n_heads == 0, f"n_heads = 0 (here n_heads={s.n_heads!r})"),
+        (
+            "median_P",
+            s.n_undefined_P == s.n_heads,
+            f"n_undefined_P = n_heads (here {s.n_undefined_P!r} and {s.n_heads!r})",
+        ),
+        (
+            "frac_beats_scramble",
+            s.n_heads_compared == 0,
+            f"n_heads_compared = 0 (here n_heads_compared={s.n_heads_compared!r})",
+        ),
+    ):
+        v = getattr(s, name)
+        if v is not None and math.isnan(float(v)) != bool(undefined):
+            raise OptionError(f"summary field {name}={v!r} is impossible: it is NaN (undefined) exactly when {why}.")
 
 
 def build_summary(
