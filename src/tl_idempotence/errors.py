@@ -23,6 +23,7 @@ __all__ = [
     "OptionTypeError",
     "RegistryUnreachableError",
     "ReportFileError",
+    "ReportMismatchError",
     "ResumeError",
     "TLIError",
     "UnknownModelError",
@@ -39,6 +40,11 @@ class TLIError(Exception):
 
 class OptionError(TLIError, ValueError):
     """An argument has a value outside its range (``threshold=1.5``, ``nulls=-1``, an unknown layer)."""
+
+
+class ReportMismatchError(OptionError):
+    """A report taken for a model or a sweep item that it did not measure: another checkpoint, other weights
+    (sha256 fingerprint), other sizes or options; the message names both sides."""
 
 
 class OptionTypeError(TLIError, TypeError):

@@ -194,7 +194,7 @@ def test_changed_checkpoint_is_recomputed(client, tmp_path):
     res = sweep(ck, out, client=client, progress=False, **OPTS)
     st = res.tasks.set_index("label")
     assert st.loc["A", "status"] == "computed"
-    assert st.loc["A", "reason"] == "layer 2 changed (weight fingerprint differs)"
+    assert st.loc["A", "reason"] == "layer 2's attention weights differ (weight fingerprint)"
     assert st.loc["D", "status"] == "skipped"
     fresh = tli.idempotence_report(ck["A"], **OPTS, progress=False)
     assert_same_report(res.reports["A"], fresh)
