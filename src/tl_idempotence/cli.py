@@ -351,7 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
         "the index comes from SLURM_ARRAY_TASK_ID, PBS_ARRAY_INDEX, PBS_ARRAYID, LSB_JOBINDEX-1 or SGE_TASK_ID-1); "
         "tasks share OUT safely (one lock per item). Afterwards: the same command with --collect. Every task "
         "of a sweep is given the same items: a task given other items than OUT/sweep.json lists is refused "
-        "(exit 2, sweep.json unchanged); a new list needs a new --out, or --replan. See docs/sweeps.md. Exit codes: 0 ok, 2 bad arguments, 1 failure or (--collect) items failed or missing.",
+        "(exit 2, sweep.json unchanged); a new list needs a new --out, or --replan. See docs/sweeps.md. "
+        "Exit codes: 0 ok, 2 bad arguments, 1 failure or (--collect) items failed or missing.",
     )
     s.add_argument(
         "items",

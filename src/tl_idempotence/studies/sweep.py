@@ -1546,13 +1546,14 @@ def load_sweep(out: PathLike, items: SweepItems | None = None) -> SweepResult:
         # the report-identity check: the plan's item (its checkpoint or zoo name) and the weights its own task
         # recorded having measured; a report copied in from another item's folder is never this item's result
         recorded = rec.get("weights_fingerprint") if rec is not None else None
-        foreign = report_mismatch(rep, origin=e.origin, fingerprint=recorded if isinstance(recorded, str) else None)
+        recorded = recorded if isinstance(recorded, str) else None
+        foreign = report_mismatch(rep, origin=e.origin, fingerprint=recorded)
         if foreign is not None:
+            measured = "" if recorded is None else f", whose task measured weights sha256 {recorded[:12]}"
             fail(
                 ReportMismatchError.__name__,
                 f"{files.target} holds a report of {describe_report(rep)}, not of item {e.label!r} ({e.item}"
-                + (", as its task recorded" if isinstance(recorded, str) else "")
-                + f"): {foreign}. Its numbers are not used; rerun its task (it measures the item again)",
+                f"{measured}): {foreign}. Its numbers are not used; rerun its task (it measures the item again)",
             )
             continue
         diff = option_differences(rep.options, want)
