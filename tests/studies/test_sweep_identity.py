@@ -9,7 +9,7 @@
 * A successful Dask sweep writes no library traceback on stderr.
 
 Tiny synthetic checkpoints on disk (``helpers``); array tasks in this process (``run_sweep_item``) and, where
-the user's route is the CLI, in fresh processes.
+the user's route is the CLI, in fresh processes (those tests are in the integration tier).
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ def replace_folder(out: Path, src: str, dst: str) -> None:
     shutil.copytree(out / src, out / dst)
 
 
+@pytest.mark.integration  # the CLI in fresh processes
 def test_another_items_report_in_an_items_folder_is_never_its_result(ckpts, tmp_path):
     out = tmp_path / "out"
     items = {"a": ckpts["A"], "b": ckpts["B"]}
@@ -165,6 +166,7 @@ def test_a_plan_whose_origin_lies_is_refused_by_name(ckpts, tmp_path):
         tli.load_sweep(out)
 
 
+@pytest.mark.integration  # the CLI in fresh processes
 def test_a_task_given_another_item_list_is_refused_and_the_plan_is_unchanged(ckpts, tmp_path):
     out = tmp_path / "out"
     first = [f"a={ckpts['A']}", f"b={ckpts['B']}"]

@@ -30,7 +30,9 @@ from that record and the markers, never from a future's status after Dask resche
 * neither means the task only waited on the worker that died: it is resubmitted, not charged.
 
 Rerunning with the same ``OUT`` is cheap and never stale. A task first compares the saved
-report with the item's *current* content: the saved options (threshold, nulls, seed, search,
+report with the item's *current* content (the report-identity check,
+:func:`~tl_idempotence.report.identity.report_mismatch`): the checkpoint or zoo model it was read
+from, the saved options (threshold, nulls, seed, search,
 algebra, compute dtype, layers, device) and, layer by layer, the sha256 fingerprint of the
 attention weights it reads now (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`,
 one pass over the O and V bytes, no analysis run) against the fingerprints the saved report
@@ -38,6 +40,11 @@ records. It skips the item only when every one matches; otherwise — other opti
 weights, a folder without ``report.json`` or with a file that does not match its recorded
 sha256 (an interrupted or damaged save) — it recomputes. A report is written to a temporary
 folder and renamed into place, so ``OUT/<dir>`` never holds a half-written report.
+
+``OUT/sweep.json`` is the plan: one list of items per folder. A task (or a Dask sweep) given other items
+is refused with the plan left as it is, unless ``replan=True``; :func:`load_sweep` checks each item's
+saved report against the plan's item (its checkpoint or zoo name) and the weights fingerprint its task
+recorded, so another item's report in its folder is listed as failed, never as its result.
 
 The numbers are those of :func:`~tl_idempotence.report.report.idempotence_report` run on the
 item in one process — bit for bit when that process uses as many torch threads as a worker
