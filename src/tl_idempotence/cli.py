@@ -351,8 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
         "measure one item in this process (a job-array task, no Dask); --collect then reads OUT back.",
         epilog="Job arrays (SLURM, PBS, LSF, SGE): every task runs the same command with --task-index (no value: "
         "the index comes from SLURM_ARRAY_TASK_ID, PBS_ARRAY_INDEX, PBS_ARRAYID, LSB_JOBINDEX-1 or SGE_TASK_ID-1); "
-        "tasks share OUT safely (one lock per item). Afterwards: the same command with --collect. See "
-        "docs/sweeps.md. Exit codes: 0 ok, 2 bad arguments, 1 failure or (--collect) items failed or missing.",
+        "tasks share OUT safely (one lock per item). Afterwards: the same command with --collect. Every task "
+        "of a sweep is given the same items: a task given other items than OUT/sweep.json lists is refused "
+        "(exit 2, sweep.json unchanged); a new list needs a new --out, or --replan. See docs/sweeps.md. "
+        "Exit codes: 0 ok, 2 bad arguments, 1 failure or (--collect) items failed or missing.",
     )
     s.add_argument(
         "items",
@@ -411,6 +413,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="S",
         help="seconds a Dask sweep waits while its cluster has no worker before it stops (default 120)",
+    )
+    s.add_argument(
+        "--replan",
+        action="store_true",
+        help="DIR's sweep.json lists other items (another list, labels or paths): make these items its plan "
+        "instead of refusing (exit 2); items no longer listed drop out of --collect",
     )
     s.add_argument("--html", type=_output_file, default=None, metavar="HTML", help="also write the comparison page")
     _add_report_options(s)
@@ -838,7 +846,7 @@ def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         from .studies.sweep import run_sweep_item
 
         index = None if args.task_index == _FROM_ENV else args.task_index
-        row = run_sweep_item(items, args.out, index, retries=args.retries, **opts)
+        row = run_sweep_item(items, args.out, index, retries=args.retries, replan=args.replan, **opts)
         print(
             f"{row['label']}: {row['status']} ({row['reason']}) in {row['seconds']:.1f} s -> "
             f"{Path(args.out) / row['dir']}  [item {row['index']} of {len(items)}, index from {row['index_from']}]"
@@ -849,7 +857,7 @@ def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             args,
             parser,
             "--collect (reading DIR back)",
-            ["--workers", "--oversubscribe", "--scheduler", "--worker-timeout"],
+            ["--workers", "--oversubscribe", "--scheduler", "--worker-timeout", "--replan"],
         )
         from .studies.sweep import load_sweep
 
@@ -871,6 +879,7 @@ def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         oversubscribe=args.oversubscribe,
         retries=args.retries,
         progress=progress,
+        replan=args.replan,
         **extra,
         **opts,
     )

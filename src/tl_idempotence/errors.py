@@ -24,6 +24,7 @@ __all__ = [
     "OutputOverInputError",
     "RegistryUnreachableError",
     "ReportFileError",
+    "ReportMismatchError",
     "ResumeError",
     "TLIError",
     "UnknownModelError",
@@ -45,6 +46,11 @@ class OptionError(TLIError, ValueError):
 class OutputOverInputError(OptionError):
     """An output (a page, a CSV, a saved report, a resume or sweep folder) that is a file or folder the run
     reads: a checkpoint's file or folder, the zoo cache, a resume folder's parts, a saved report (names both)."""
+
+
+class ReportMismatchError(OptionError):
+    """A report taken for a model or a sweep item that it did not measure: another checkpoint, other weights
+    (sha256 fingerprint), other sizes or options; the message names both sides."""
 
 
 class OptionTypeError(TLIError, TypeError):

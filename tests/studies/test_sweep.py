@@ -199,7 +199,7 @@ def test_changed_checkpoint_is_recomputed(client, tmp_path):
     res = sweep(ck, out, client=client, progress=False, **OPTS)
     st = res.tasks.set_index("label")
     assert st.loc["A", "status"] == "computed"
-    assert st.loc["A", "reason"] == "layer 2 changed (weight fingerprint differs)"
+    assert st.loc["A", "reason"] == "layer 2's attention weights differ (weight fingerprint)"
     assert st.loc["D", "status"] == "skipped"
     fresh = tli.idempotence_report(ck["A"], **OPTS, progress=False)
     assert_same_report(res.reports["A"], fresh)
@@ -282,7 +282,14 @@ def test_saved_report_matches_reads_current_weights(ckpts, tmp_path):
     assert saved_report_matches(tmp_path / "D", ckpts["D"], opts) is None
     other = tli.ReportOptions(nulls=4, seed=1, threshold=0.5)
     assert saved_report_matches(tmp_path / "D", ckpts["D"], other) == "options differ: threshold 0.9 -> 0.5"
-    assert saved_report_matches(tmp_path / "D", ckpts["A"], opts).startswith("model sizes differ")
+    # another checkpoint: named by what the saved report records and what the source reads
+    assert saved_report_matches(tmp_path / "D", ckpts["A"], opts) == (
+        "the report was measured from checkpoint 'ckD', not from checkpoint 'ckA'"
+    )
+    shutil.copytree(ckpts["A"], tmp_path / "elsewhere" / "ckD")  # the same folder name, other sizes
+    assert saved_report_matches(tmp_path / "D", tmp_path / "elsewhere" / "ckD", opts).startswith(
+        "model sizes differ: n_layers 2 vs 3"
+    )
     part = tli.ReportOptions(nulls=4, seed=1, layers=[0])
     assert saved_report_matches(tmp_path / "D", ckpts["D"], part).startswith("options differ: layers")
     (tmp_path / "D" / "layers.parquet").write_bytes(b"junk")

@@ -163,6 +163,8 @@ def local_cluster(n_workers: int, what: str = "tli.sweep()") -> Iterator[tuple[A
 
     ``n_workers`` single-threaded worker processes (Dask's nannies start them with ``OMP_NUM_THREADS=1``),
     :data:`LOCAL_CLUSTER_SETTINGS` in force until it is closed (module docstring), no dashboard port clash.
+    The client is closed first, then the cluster, with distributed's closed-connection logging of that shutdown dropped
+    (:mod:`tl_idempotence.studies.quiet`: a successful run leaves no traceback on stderr).
 
     Raises:
         ClusterError: the call is not under the ``__main__`` guard of a script (checked before anything
@@ -191,11 +193,16 @@ def local_cluster(n_workers: int, what: str = "tli.sweep()") -> Iterator[tuple[A
                 '`if __name__ == "__main__":`; otherwise check memory and the temporary folder.'
             ) from e
         client = Client(cluster)
+        from .quiet import QuietClose, quiet_shutdown
+
+        with contextlib.suppress(Exception):  # best effort: without it a closing worker may log its closed links
+            client.register_plugin(QuietClose())
         try:
             yield client, cluster
-        finally:
-            client.close()
-            cluster.close()
+        finally:  # every task has an outcome: a connection found closed from here on is shutdown noise
+            with quiet_shutdown():
+                client.close()  # the client first: the scheduler it talks to is still up
+                cluster.close()
 
 
 # --------------------------------------------------------------------------- the runner

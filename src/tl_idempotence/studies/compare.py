@@ -43,6 +43,7 @@ from ..core.options import ReportOptions, check_bool, check_layers, strict_kwarg
 from ..core.processing import T_PROCESSING
 from ..core.results import Result, views
 from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
+from ..report.identity import COMPARED_OPTIONS, option_differences, processing_key
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
 from ..report.summary import PAPER
@@ -92,8 +93,8 @@ __all__ = [
 #: What an item can be: a report object, a saved report folder, a checkpoint path, a zoo name,
 #: a model object (TransformerLens / transformers / HeadSource / LayerHeads) or a zero-argument callable.
 ITEM_KINDS = ("report", "saved", "path", "zoo", "object", "callable")
-#: The options every compared report must share (``ReportOptions.key()`` without ``device``, plus ``layers``).
-COMPARED_OPTIONS = ("threshold", "nulls", "seed", "search", "algebra", "compute_dtype", "layers")
+# COMPARED_OPTIONS (the options every compared report must share), option_differences and processing_key are
+# the report-identity check's (report/identity.py), named here too.
 #: The processing flags that change T (SPEC 10), compared between models:
 #: :data:`~tl_idempotence.core.processing.T_PROCESSING` (the same flags a trajectory compares along its checkpoints).
 PROCESSING_FLAGS = T_PROCESSING
@@ -378,20 +379,6 @@ def parameter_count(source: Any) -> int | None:
 # --------------------------------------------------------------------------- options
 
 
-def _option_values(opts: ReportOptions) -> dict[str, Any]:
-    key = opts.key()
-    out = {k: key[k] for k in COMPARED_OPTIONS if k != "layers"}
-    out["layers"] = None if opts.layers is None else sorted(opts.layers)
-    return out
-
-
-def option_differences(have: ReportOptions, want: ReportOptions) -> dict[str, tuple[Any, Any]]:
-    """``{option: (have, want)}`` for the :data:`COMPARED_OPTIONS` that differ (the device is not compared:
-    results agree across devices to float64 rounding)."""
-    a, b = _option_values(have), _option_values(want)
-    return {k: (a[k], b[k]) for k in COMPARED_OPTIONS if a[k] != b[k]}
-
-
 def _shared_layers(reports: Mapping[str, IdempotenceReport]) -> list[int] | None:
     """The layers every report item was restricted to (None: all layers), when ``layers`` is not given.
 
@@ -430,15 +417,6 @@ def _resolve_options(
         if seen:
             chosen[name] = next(iter(seen.values()))
     return ReportOptions(**chosen, layers=layers, device=device)
-
-
-def processing_key(summary: Mapping[str, Any]) -> tuple[bool, ...]:
-    """The processing flags that change T (SPEC 10) as a tuple: ``raw`` then :data:`PROCESSING_FLAGS`
-    without it; a flag a source does not record counts as not applied."""
-    proc = summary.get("processing") or {}
-    flags = tuple(bool(proc.get(k)) for k in PROCESSING_FLAGS if k != "raw")
-    raw = proc.get("raw")
-    return (bool(raw) if raw is not None else not any(flags), *flags)
 
 
 # --------------------------------------------------------------------------- the table

@@ -30,7 +30,9 @@ from that record and the markers, never from a future's status after Dask resche
 * neither means the task only waited on the worker that died: it is resubmitted, not charged.
 
 Rerunning with the same ``OUT`` is cheap and never stale. A task first compares the saved
-report with the item's *current* content: the saved options (threshold, nulls, seed, search,
+report with the item's *current* content (the report-identity check,
+:func:`~tl_idempotence.report.identity.report_mismatch`): the checkpoint or zoo model it was read
+from, the saved options (threshold, nulls, seed, search,
 algebra, compute dtype, layers, device) and, layer by layer, the sha256 fingerprint of the
 attention weights it reads now (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`,
 one pass over the O and V bytes, no analysis run) against the fingerprints the saved report
@@ -38,6 +40,11 @@ records. It skips the item only when every one matches; otherwise — other opti
 weights, a folder without ``report.json`` or with a file that does not match its recorded
 sha256 (an interrupted or damaged save) — it recomputes. A report is written to a temporary
 folder and renamed into place, so ``OUT/<dir>`` never holds a half-written report.
+
+``OUT/sweep.json`` is the plan: one list of items per folder. A task (or a Dask sweep) given other items
+is refused with the plan left as it is, unless ``replan=True``; :func:`load_sweep` checks each item's
+saved report against the plan's item (its checkpoint or zoo name) and the weights fingerprint its task
+recorded, so another item's report in its folder is listed as failed, never as its result.
 
 The numbers are those of :func:`~tl_idempotence.report.report.idempotence_report` run on the
 item in one process — bit for bit when that process uses as many torch threads as a worker
@@ -77,10 +84,18 @@ from ..core.options import (
     check_device,
     check_device_name,
     check_int,
-    resolve_layers,
     strict_kwargs,
 )
-from ..errors import ClusterError, MissingFileError, OptionError, OptionTypeError, ReportFileError, TLIError
+from ..errors import (
+    ClusterError,
+    MissingFileError,
+    OptionError,
+    OptionTypeError,
+    ReportFileError,
+    ReportMismatchError,
+    TLIError,
+)
+from ..report.identity import Origin, describe_report, option_differences, origin_of, report_mismatch
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
 from ..report.summary import versions
@@ -100,8 +115,6 @@ from .compare import (
     item_inputs,
     measure_item,
     open_item,
-    option_differences,
-    processing_key,
     resolve_items,
 )
 
@@ -133,6 +146,7 @@ __all__ = [
     "cache_name",
     "check_cluster_trajectory",
     "item_dirname",
+    "item_origin",
     "load_sweep",
     "read_sweep_plan",
     "run_sweep_item",
@@ -220,6 +234,20 @@ def _dirnames(items: Sequence[Item]) -> list[str]:
                 "A-Za-z0-9._- become '_', case is ignored): give them distinct labels."
             )
     return names
+
+
+def item_origin(item: Item) -> Origin | None:
+    """What a report of ``item`` records as its origin (:func:`~tl_idempotence.report.identity.origin_of`),
+    known without opening it: a checkpoint path's folder or file name (a ``.safetensors``/``config.json`` file
+    names its folder, :func:`~tl_idempotence.sources.names.checkpoint_of`), a zoo name; None for a callable
+    (what it returns is known only once it runs)."""
+    from ..sources.names import checkpoint_of
+
+    if item.kind == "path":
+        return Origin("checkpoint", checkpoint_of(Path(item.value)).name)
+    if item.kind == "zoo":
+        return Origin("zoo model", str(item.value))
+    return None
 
 
 def _absolute(item: Item) -> Item:
@@ -404,10 +432,12 @@ def _task_options(task: SweepTask) -> ReportOptions:
 
 def saved_report_matches(folder: str | os.PathLike[str], source: Any, options: ReportOptions) -> str | None:
     """Why the report saved in ``folder`` cannot stand for ``source`` measured with ``options`` — or None
-    when it can (made by this version and code of tl_idempotence, same options, same sizes and processing,
-    and every layer's current weight fingerprint equal to the saved one).
+    when it can (made by this version and code of tl_idempotence, from the checkpoint or zoo model the
+    source reads, with the same options, sizes and processing, and every layer's current weight fingerprint
+    equal to the saved one).
 
-    The current fingerprints are computed by reading each layer's O and V from ``source``
+    The report-identity check (:func:`~tl_idempotence.report.identity.report_mismatch`). The current
+    fingerprints are computed by reading each layer's O and V from ``source``
     (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, the same bytes the report loop
     hashes), stopping at the first layer that differs; no analysis runs.
 
@@ -417,41 +447,35 @@ def saved_report_matches(folder: str | os.PathLike[str], source: Any, options: R
         options: the options asked for.
 
     Returns:
-        None, or a short reason (``"no report.json"``, ``"options differ: ..."``, ``"layer 2 changed"``, ...).
+        None, or a short reason (``"no report.json"``, ``"the report was measured from checkpoint 'ckB', not
+        from checkpoint 'ckA'"``, ``"options differ: ..."``, ``"layer 2's attention weights differ (weight
+        fingerprint)"``, ...).
     """
+    return _saved_report(folder, source, options)[1]
+
+
+def _saved_report(
+    folder: str | os.PathLike[str], source: Any, options: ReportOptions
+) -> tuple[IdempotenceReport | None, str | None]:
+    """``(the saved report, None)`` when it stands for ``source`` (:func:`saved_report_matches`), else
+    ``(the report or None, why not)``."""
     from ..sources.dispatch import head_source
 
     d = Path(folder)
     if not (d / RECORD).is_file():
-        return f"no {RECORD}"
+        return None, f"no {RECORD}"
     try:
         rep = load_report(d)
     except (TLIError, OSError) as e:
-        return f"the saved report is unreadable ({type(e).__name__}: {e})"
+        return None, f"the saved report is unreadable ({type(e).__name__}: {e})"
     saved_v = rep.summary.get("versions") or {}
     now_v = versions()
     for key in ("tl_idempotence", "tl_idempotence_code"):
         if saved_v.get(key) != now_v.get(key):
-            return f"made by another tl_idempotence ({key} {saved_v.get(key)!r} -> {now_v.get(key)!r})"
-    diff = option_differences(rep.options, options)
-    if rep.options.device.type != options.device.type:
-        diff["device"] = (rep.options.device.type, options.device.type)
-    if diff:
-        return "options differ: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items())
+            return rep, f"made by another tl_idempotence ({key} {saved_v.get(key)!r} -> {now_v.get(key)!r})"
     src = head_source(source)
-    info = src.info
-    if info.sizes != rep.info.sizes:
-        return f"model sizes differ: {rep.info.sizes} -> {info.sizes}"
-    if processing_key({"processing": info.processing}) != processing_key(rep.summary):
-        return "weight processing differs"
-    want = resolve_layers(options.layers, list(src.layers()))
-    saved = dict(zip(rep.layers["layer"].astype(int), rep.layers["fingerprint"].astype(str)))
-    if sorted(want) != sorted(saved):
-        return f"measured layers differ: {sorted(saved)} -> {sorted(want)}"
-    for layer in want:
-        if src.layer_heads(layer).fingerprint() != saved[layer]:
-            return f"layer {layer} changed (weight fingerprint differs)"
-    return None
+    origin = origin_of({"processing": src.info.processing})
+    return rep, report_mismatch(rep, origin=origin, options=options, source=src)
 
 
 def _our_files_only(d: Path) -> bool:
@@ -490,7 +514,7 @@ def run_sweep_task(task: SweepTask, attempt: int = 1, wait: bool = True) -> dict
 
     Returns:
         ``{"label", "dir", "status": "skipped" | "computed", "reason", "seconds", "host", "pid", "run",
-        "attempt", "report_sha256"}``.
+        "attempt", "report_sha256", "weights_fingerprint"}`` (the last two: of the report now in ``OUT/<dir>``).
 
     Raises:
         OptionError: ``wait=False`` and another process holds the item's lock; ``OUT/<dir>`` holds files that
@@ -513,8 +537,14 @@ def run_sweep_task(task: SweepTask, attempt: int = 1, wait: bool = True) -> dict
 
 
 def _run_locked(task: SweepTask, attempt: int, opts: ReportOptions, files: _ItemFiles, t0: float) -> dict[str, Any]:
-    def row(status: str, reason: str, digest: str | None) -> dict[str, Any]:
-        return {**_task_record(task, status, reason, t0), "run": task.run, "attempt": attempt, "report_sha256": digest}
+    def row(status: str, reason: str, digest: str | None, fingerprint: Any = None) -> dict[str, Any]:
+        return {
+            **_task_record(task, status, reason, t0),
+            "run": task.run,
+            "attempt": attempt,
+            "report_sha256": digest,
+            "weights_fingerprint": fingerprint,  # what load_sweep checks OUT/<dir>'s report against
+        }
 
     earlier = files.clear_stale_markers(task.run)
     files.clean_leftovers()
@@ -529,8 +559,10 @@ def _run_locked(task: SweepTask, attempt: int, opts: ReportOptions, files: _Item
         src = None
         if target.exists():
             src = open_item(task.item)
-            why = saved_report_matches(target, src, opts)
+            saved, why = _saved_report(target, src, opts)
             if why is None:
+                assert saved is not None
+                fingerprint = saved.summary.get("weights_fingerprint")
                 digest = files.report_digest()
                 rec, _ = files.read_record()
                 if (
@@ -539,8 +571,8 @@ def _run_locked(task: SweepTask, attempt: int, opts: ReportOptions, files: _Item
                     and rec.get("status") == "computed"
                     and rec.get("report_sha256") == digest
                 ):  # this run computed it already (the task ran twice): computed once
-                    return row("computed", str(rec["reason"]), digest)
-                out = row("skipped", "saved report matches the weights and options", digest)
+                    return row("computed", str(rec["reason"]), digest, fingerprint)
+                out = row("skipped", "saved report matches the weights and options", digest, fingerprint)
                 files.write_record(out, task.item)
                 return out
             reason = why
@@ -551,7 +583,7 @@ def _run_locked(task: SweepTask, attempt: int, opts: ReportOptions, files: _Item
         tmp = files.out / f"{_TMP_PREFIX}{task.dirname}-{uuid.uuid4().hex[:8]}"
         try:
             rep.save(tmp)
-            out = row("computed", reason, sha256_file(tmp / RECORD))
+            out = row("computed", reason, sha256_file(tmp / RECORD), rep.summary.get("weights_fingerprint"))
             files.write_record(out, task.item)  # before the rename: a death in between leaves a record that
             _install(tmp, target)  # does not describe OUT/<dir>, so the next attempt computes again
         finally:
@@ -684,11 +716,16 @@ class SweepResult(Comparison):
 
 @dataclass(frozen=True)
 class _Entry:
-    """One item of a sweep as the result lists it."""
+    """One item of a sweep as the result lists it (``origin``: what its report must record, :func:`item_origin`)."""
 
     label: str
     dir: str
     item: str
+    origin: Origin | None = None
+
+
+def _entry(task: SweepTask) -> _Entry:
+    return _Entry(task.item.label, task.dirname, task.item.describe(), item_origin(task.item))
 
 
 def _result(
@@ -845,21 +882,25 @@ class SweepPlan:
         items: ``(label, dir, item)`` per item, in order (``item``: the item in words, e.g. ``path /abs/ckpt``).
         options: the report options without the device (``ReportOptions.as_dict()`` keys).
         device_asked: the device the sweep asked for (``"cpu"``, ``"cuda"``, ``"auto"``, ...).
+        origins: per item, what its report must record as its origin (:func:`item_origin`: the checkpoint's
+            folder or file name, the zoo name; None for a callable, or a plan written before origins were kept).
     """
 
     path: Path
     items: tuple[tuple[str, str, str], ...]
     options: dict[str, Any]
     device_asked: str
+    origins: tuple[Origin | None, ...] = ()
 
 
 def _plan_record(entries: Sequence[_Entry], record: dict[str, Any], device_name: str) -> dict[str, Any]:
-    return {
-        "format": _PLAN_FORMATS[-1],
-        "options": dict(record),
-        "device_asked": device_name,
-        "items": [{"label": e.label, "dir": e.dir, "item": e.item} for e in entries],
-    }
+    items = []
+    for e in entries:
+        it: dict[str, Any] = {"label": e.label, "dir": e.dir, "item": e.item}
+        if e.origin is not None:
+            it["origin"] = {"kind": e.origin.kind, "name": e.origin.name}
+        items.append(it)
+    return {"format": _PLAN_FORMATS[-1], "options": dict(record), "device_asked": device_name, "items": items}
 
 
 def read_sweep_plan(out: Any) -> SweepPlan:
@@ -894,9 +935,22 @@ def read_sweep_plan(out: Any) -> SweepPlan:
     if not isinstance(raw_items, list) or not raw_items:
         raise bad("has no list of items")
     items = []
+    origins: list[Origin | None] = []
     for it in raw_items:
         if not (isinstance(it, dict) and all(isinstance(it.get(k), str) for k in ("label", "dir", "item"))):
             raise bad("has an item without a label, dir and item text")
+        origin = it.get("origin")
+        if origin is None:
+            origins.append(None)
+        elif (
+            isinstance(origin, dict)
+            and origin.get("kind") in ("checkpoint", "zoo model")
+            and isinstance(origin.get("name"), str)
+            and origin["name"]
+        ):
+            origins.append(Origin(origin["kind"], origin["name"]))
+        else:
+            raise bad(f"gives item {it['label']!r} an origin that is not a checkpoint or zoo model name")
         try:
             safe = item_dirname(it["label"])
         except OptionError:
@@ -916,30 +970,38 @@ def read_sweep_plan(out: Any) -> SweepPlan:
         check_device_name(device)
     except TLIError as e:
         raise bad(f"holds options that are not valid ({e})") from e
-    return SweepPlan(path=path, items=tuple(items), options=record, device_asked=device)
+    return SweepPlan(path=path, items=tuple(items), options=record, device_asked=device, origins=tuple(origins))
+
+
+def _item_differences(plan: SweepPlan, entries: Sequence[_Entry]) -> str | None:
+    """What differs between a plan's items and the items given (labels, folders, what each item is), or None."""
+    given = [(e.label, e.dir, e.item) for e in entries]
+    if list(plan.items) == given:
+        return None
+    have = {i[0]: i for i in plan.items}
+    want = {i[0]: i for i in given}
+    only_plan = [lab for lab in have if lab not in want]
+    only_given = [lab for lab in want if lab not in have]
+    changed = [lab for lab in want if lab in have and have[lab] != want[lab]]
+    parts = []
+    if only_plan:
+        parts.append(f"items only in the folder's sweep: {only_plan[:5]}")
+    if only_given:
+        parts.append(f"items only given now: {only_given[:5]}")
+    if changed:
+        lab = changed[0]
+        parts.append(f"item {lab!r} is {have[lab][2]!r} there and {want[lab][2]!r} now")
+    if not parts:
+        parts.append("the items are in another order")
+    return "; ".join(parts)
 
 
 def _plan_matches(plan: SweepPlan, entries: Sequence[_Entry], record: dict[str, Any], device_name: str) -> list[str]:
     """What differs between a plan and the items and options given (empty: the same sweep)."""
     diff = []
-    given = [(e.label, e.dir, e.item) for e in entries]
-    if list(plan.items) != given:
-        have = {i[0]: i for i in plan.items}
-        want = {i[0]: i for i in given}
-        only_plan = [lab for lab in have if lab not in want]
-        only_given = [lab for lab in want if lab not in have]
-        changed = [lab for lab in want if lab in have and have[lab] != want[lab]]
-        parts = []
-        if only_plan:
-            parts.append(f"items only in the folder's sweep: {only_plan[:5]}")
-        if only_given:
-            parts.append(f"items only given now: {only_given[:5]}")
-        if changed:
-            lab = changed[0]
-            parts.append(f"item {lab!r} is {have[lab][2]!r} there and {want[lab][2]!r} now")
-        if not parts:
-            parts.append("the items are in another order")
-        diff.append("; ".join(parts))
+    items = _item_differences(plan, entries)
+    if items is not None:
+        diff.append(items)
     for k in sorted(set(plan.options) | set(record)):
         if plan.options.get(k) != record.get(k):
             diff.append(f"{k} {plan.options.get(k)!r} there, {record.get(k)!r} now")
@@ -948,16 +1010,66 @@ def _plan_matches(plan: SweepPlan, entries: Sequence[_Entry], record: dict[str, 
     return diff
 
 
-def _write_plan(d: Path, entries: Sequence[_Entry], record: dict[str, Any], device_name: str) -> None:
-    """Write ``OUT/sweep.json`` unless it already holds this plan (array tasks all write the same one)."""
-    with contextlib.suppress(TLIError, OSError):
-        if not _plan_matches(read_sweep_plan(d), entries, record, device_name):
-            return
-    atomic_write_text(d / RECORD_NAME, json.dumps(_plan_record(entries, record, device_name), indent=1))
+@contextlib.contextmanager
+def _plan_lock(d: Path) -> Iterator[None]:
+    """The lock under which ``OUT/sweep.json`` is read and written (``OUT/.tli-items/.plan.lock``: no item
+    folder starts with a dot), so that two tasks given different items cannot both find no plan and write theirs.
+
+    Raises:
+        OptionError: the filesystem of ``OUT`` has no file locks.
+    """
+    from filelock import FileLock
+
+    folder = d / ITEMS_DIR
+    folder.mkdir(exist_ok=True)
+    lock = FileLock(str(folder / ".plan.lock"))
+    try:
+        lock.acquire(poll_interval=0.1)
+    except NotImplementedError as e:
+        raise OptionError(
+            f"The filesystem of {d} does not support file locks ({e}); sweep tasks need them to share the folder. "
+            "Use a folder on a filesystem with locks (NFSv4, GPFS, Lustre mounted with -o flock)."
+        ) from e
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_plan(d: Path, entries: Sequence[_Entry], record: dict[str, Any], device_name: str, replan: bool) -> None:
+    """Write ``OUT/sweep.json`` unless it already holds this plan (array tasks all write the same one).
+
+    A plan of the same items with other options or device is rewritten (the items' reports are then
+    recomputed with the new ones); a plan that cannot be read is rewritten; a plan of *other items* is refused
+    unless ``replan`` (the file is left as it is).
+
+    Raises:
+        OptionError: ``OUT/sweep.json`` is the plan of other items and ``replan`` is False (says what differs);
+            the filesystem has no file locks.
+    """
+    with _plan_lock(d):
+        plan: SweepPlan | None = None
+        with contextlib.suppress(TLIError, OSError):  # none yet, or one that lies: written anew
+            plan = read_sweep_plan(d)
+        if plan is not None:
+            items = _item_differences(plan, entries)
+            if items is not None and not replan:
+                raise OptionError(
+                    f"{plan.path} is the plan of a sweep of other items ({items}): nothing was measured and "
+                    f"{RECORD_NAME} is unchanged. Give every task of the sweep the same items, use another out "
+                    "folder for another list, or pass replan=True (CLI: --replan) to make these items the "
+                    "folder's plan (items no longer listed then drop out of load_sweep / --collect)."
+                )
+            if not _plan_matches(plan, entries, record, device_name) and plan.origins == tuple(
+                e.origin for e in entries
+            ):
+                return
+        atomic_write_text(d / RECORD_NAME, json.dumps(_plan_record(entries, record, device_name), indent=1))
 
 
 def _write_record(d: Path, result: SweepResult, entries: Sequence[_Entry], record: dict[str, Any]) -> None:
-    """The plan plus what a Dask sweep ended with (statuses, each report's device, what failed)."""
+    """The plan plus what a Dask sweep ended with (statuses, each report's device, what failed); not written
+    (with a warning) when ``sweep.json`` was replanned with other items while the sweep ran."""
     from ..report.parts import json_safe
 
     rec = _plan_record(entries, record, result.device)
@@ -965,7 +1077,20 @@ def _write_record(d: Path, result: SweepResult, entries: Sequence[_Entry], recor
     for item, status, dev in zip(rec["items"], result.tasks["status"], result.tasks["device"]):
         item.update(status=status, device=dev)
     rec["failed"] = result.failed.to_dict(orient="records")
-    atomic_write_text(d / RECORD_NAME, json.dumps(json_safe(rec), indent=1))
+    with _plan_lock(d):
+        plan: SweepPlan | None = None
+        with contextlib.suppress(TLIError, OSError):
+            plan = read_sweep_plan(d)
+        items = None if plan is None else _item_differences(plan, entries)
+        if items is not None:
+            warnings.warn(
+                f"{d / RECORD_NAME} was replanned with other items while this sweep ran ({items}); it is left as "
+                "it is (this sweep's outcome is the result returned).",
+                UserWarning,
+                stacklevel=3,
+            )
+            return
+        atomic_write_text(d / RECORD_NAME, json.dumps(json_safe(rec), indent=1))
 
 
 # --------------------------------------------------------------------------- the Dask driver
@@ -982,6 +1107,7 @@ _SWEEP_PARAMETERS = (
     "retries",
     "worker_timeout",
     "progress",
+    "replan",
 )
 
 
@@ -997,6 +1123,7 @@ def sweep(
     retries: IntLike = DEFAULT_RETRIES,
     worker_timeout: float | None = DEFAULT_WORKER_TIMEOUT,
     progress: bool = True,
+    replan: bool = False,
     **options: Unpack[ReportOptionsArgs],
 ) -> SweepResult:
     """Measure many models or checkpoints as tasks on a Dask cluster; save each report; compare them.
@@ -1037,6 +1164,9 @@ def sweep(
         worker_timeout: seconds the sweep waits while the cluster has no worker at all before it stops
             with ClusterError (1..604800; None waits indefinitely, e.g. while a batch queue starts workers).
         progress: a tqdm bar over tasks.
+        replan: when ``out/sweep.json`` is the plan of other items (another list, other labels, another
+            path for a label), make these items the folder's plan instead of refusing (items no longer
+            listed drop out of :func:`load_sweep`; their folders stay on disk).
         **options: the report options (REPORT_OPTIONS_DOC).
 
     The options are the same for every item; ``device`` is resolved on the workers (with the LocalCluster,
@@ -1051,7 +1181,8 @@ def sweep(
         OptionError / OptionTypeError / UnknownOptionError: bad items, labels or options, ``out``
             a file or not writable, ``client`` with ``scheduler``/``workers``, ``workers`` above the
             cores without ``oversubscribe``, another sweep running on ``out``, a folder ``out/<dir>``
-            holding files that are not a report, a ``scheduler`` that cannot be reached.
+            holding files that are not a report, a ``scheduler`` that cannot be reached, an ``out`` whose
+            ``sweep.json`` is the plan of other items (without ``replan=True``; the file is left unchanged).
         DeviceError: with the LocalCluster, a device this machine does not have (before it starts).
         ClusterError: a script without the ``__main__`` guard (before anything starts), a LocalCluster
             whose workers cannot start, a cluster without workers for ``worker_timeout`` seconds.
@@ -1066,6 +1197,7 @@ def sweep(
 
     t_start = time.perf_counter()
     progress = check_bool(progress, "progress")
+    replan = check_bool(replan, "replan")
     retries = check_int(retries, "retries", 0, 100)
     oversubscribe = check_bool(oversubscribe, "oversubscribe")
     worker_timeout = _check_worker_timeout(worker_timeout)
@@ -1111,8 +1243,8 @@ def sweep(
                 )
         run = uuid.uuid4().hex[:12]
         tasks = [SweepTask(it, name, str(d), record, device_name, run) for it, name in zip(resolved, dirnames)]
-        entries = [_Entry(t.item.label, t.dirname, t.item.describe()) for t in tasks]
-        _write_plan(d, entries, record, device_name)
+        entries = [_entry(t) for t in tasks]
+        _write_plan(d, entries, record, device_name, replan)
         n_workers = min(workers if workers is not None else machine_cores(), len(tasks))
         label_of = {t.dirname: t.item.label for t in tasks}
         bar = progress_bar(total=len(tasks), desc="sweep", unit="task", enabled=bool(progress))
@@ -1238,6 +1370,7 @@ def run_sweep_item(
     index: Any = None,
     *,
     retries: int = DEFAULT_RETRIES,
+    replan: bool = False,
     **options: Unpack[ReportOptionsArgs],
 ) -> dict[str, Any]:
     """One task of a job array: measure item ``index`` of ``items`` in this process, save it to
@@ -1256,6 +1389,9 @@ def run_sweep_item(
             (:func:`array_task_index`: ``SLURM_ARRAY_TASK_ID``, ``PBS_ARRAY_INDEX``, ``PBS_ARRAYID``,
             ``LSB_JOBINDEX`` - 1, ``SGE_TASK_ID`` - 1).
         retries: attempts after the first for a task that raises (0..100).
+        replan: when ``out/sweep.json`` is the plan of other items, make these the folder's plan instead of
+            refusing (as for :func:`sweep`; the tasks of one array all get the same items, so this is for a
+            deliberate new list on an old folder).
         **options: the report options (REPORT_OPTIONS_DOC).
 
     ``device`` is where this process computes (checked here, before any work).
@@ -1267,11 +1403,14 @@ def run_sweep_item(
     Raises:
         OptionError / OptionTypeError / UnknownOptionError: bad items, labels or options; no index given
             and none in the environment; an index outside the items; another process measuring the
-            same item (its lock is held); ``out/<dir>`` holding files that are not a report.
+            same item (its lock is held); ``out/<dir>`` holding files that are not a report; an ``out``
+            whose ``sweep.json`` is the plan of other items (another array's list; without ``replan=True``:
+            nothing is measured and the file is left unchanged).
         DeviceError: a device this machine does not have.
         The item's own last error after its retries (also left in its task record).
     """
     retries = check_int(retries, "retries", 0, 100)
+    replan = check_bool(replan, "replan")
     resolved = [_absolute(it) for it in resolve_items(items, allowed=SWEEP_ITEM_KINDS, what="sweep")]
     dirnames = _dirnames(resolved)
     if index is None:
@@ -1290,13 +1429,15 @@ def run_sweep_item(
             f"Task index {index} ({index_from}) is outside the {len(resolved)} items (0..{len(resolved) - 1}); "
             f"the array must run indices 0..{len(resolved) - 1} (LSF/SGE: 1..{len(resolved)})."
         )
-    record, device_name = ReportOptions.for_elsewhere("run_sweep_item()", options, ("items", "out", "index", "retries"))
+    record, device_name = ReportOptions.for_elsewhere(
+        "run_sweep_item()", options, ("items", "out", "index", "retries", "replan")
+    )
     check_device(device_name)  # this process computes: a device it lacks fails before any work
     refuse_outputs_over_inputs([("out", out)], item_inputs(resolved))  # never an item's checkpoint folder
     d = _prepare_out(out)  # checked (check_work_folder) before it is created
     run = uuid.uuid4().hex[:12]
     tasks = [SweepTask(it, name, str(d), record, device_name, run) for it, name in zip(resolved, dirnames)]
-    _write_plan(d, [_Entry(t.item.label, t.dirname, t.item.describe()) for t in tasks], record, device_name)
+    _write_plan(d, [_entry(t) for t in tasks], record, device_name, replan)
     task = tasks[index]
     last: Exception | None = None
     for attempt in range(1, retries + 2):
@@ -1330,9 +1471,16 @@ def load_sweep(out: PathLike, items: SweepItems | None = None) -> SweepResult:
     table, and against the plan's options) and its task record. Nothing is measured and no item is opened:
     whether a report still matches its checkpoint's current weights is what rerunning the item's task checks.
 
+    Each saved report is checked against its item (:func:`~tl_idempotence.report.identity.report_mismatch`):
+    the checkpoint (folder or file name) or zoo model the plan names for it, and the weights fingerprint its
+    own task recorded. A report of anything else — e.g. another item's folder copied over this one's — is
+    listed in ``.failed`` (``error_type`` ``ReportMismatchError``, the message naming both), never as this
+    item's result.
+
     An item is ``computed`` or ``skipped`` (its task record describes the report in ``out/<dir>``; a report
     without such a record counts as ``computed``, its reason says so), ``failed`` (its latest task raised,
-    or the process measuring it died: a start marker without a running process) or ``missing`` (not run
+    the process measuring it died — a start marker without a running process —, or ``out/<dir>`` holds a
+    report that is not of this item: ``ReportMismatchError``, below) or ``missing`` (not run
     yet, running now — its lock is held —, or its report is damaged or was made with other options); the
     missing ones are named in ``.missing`` and in a warning.
 
@@ -1357,7 +1505,8 @@ def load_sweep(out: PathLike, items: SweepItems | None = None) -> SweepResult:
     t0 = time.perf_counter()
     plan = read_sweep_plan(out)
     d = plan.path.parent
-    entries = [_Entry(*i) for i in plan.items]
+    origins = plan.origins or (None,) * len(plan.items)
+    entries = [_Entry(*i, origin) for i, origin in zip(plan.items, origins)]
     if items is not None:
         resolved = [_absolute(it) for it in resolve_items(items, allowed=SWEEP_ITEM_KINDS, what="sweep")]
         given = [_Entry(it.label, name, it.describe()) for it, name in zip(resolved, _dirnames(resolved))]
@@ -1405,6 +1554,19 @@ def load_sweep(out: PathLike, items: SweepItems | None = None) -> SweepResult:
             rep = load_report(files.target)
         except (TLIError, OSError) as err:
             miss(f"its saved report is unreadable ({type(err).__name__}: {err}): rerun its task")
+            continue
+        # the report-identity check: the plan's item (its checkpoint or zoo name) and the weights its own task
+        # recorded having measured; a report copied in from another item's folder is never this item's result
+        recorded = rec.get("weights_fingerprint") if rec is not None else None
+        recorded = recorded if isinstance(recorded, str) else None
+        foreign = report_mismatch(rep, origin=e.origin, fingerprint=recorded)
+        if foreign is not None:
+            measured = "" if recorded is None else f", whose task measured weights sha256 {recorded[:12]}"
+            fail(
+                ReportMismatchError.__name__,
+                f"{files.target} holds a report of {describe_report(rep)}, not of item {e.label!r} ({e.item}"
+                f"{measured}): {foreign}. Its numbers are not used; rerun its task (it measures the item again)",
+            )
             continue
         diff = option_differences(rep.options, want)
         if want_device is not None and rep.options.device.type != _device_type(want_device):

@@ -24,6 +24,7 @@ import pandas as pd
 from ..core.kwargs import strict_kwargs
 from ..errors import OptionError
 from ..probes.attention import FlaggedHeads, attention_patterns, flagged_heads
+from ..report.identity import check_report_matches
 from .output import page_path, write_page
 from .text import format_P
 
@@ -155,38 +156,25 @@ def check_model_matches(rep: Any, model: Any) -> None:
     same weight processing (SPEC 10) — other attention weights (a measured layer's O/V sha256 fingerprint,
     :meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, differs from the one the report records).
 
-    Names are not compared (a checkpoint folder and the TransformerLens model of the same weights carry
-    different names); sizes and weights are. Weights processed differently (a raw-weights report, a
+    The report-identity check (:func:`~tl_idempotence.report.identity.check_report_matches`) with the model's
+    head source. Names are not compared (a checkpoint folder and the TransformerLens model of the same weights
+    carry different names); sizes and weights are. Weights processed differently (a raw-weights report, a
     ``fold_ln`` model) cannot be compared byte for byte and are not.
 
     Raises:
-        OptionError: the sizes or a layer's weights differ (names the report's model and the model given).
+        ReportMismatchError (an OptionError): the sizes or a layer's weights differ (names the report's model
+            and the model given).
     """
     from ..sources.dispatch import head_source
-    from ..studies.compare import processing_key
 
     src = head_source(model)
-    info, want = src.info, rep.info
-    ours, theirs = f"{want.model_name!r}", f"{info.model_name!r} ({type(model).__name__})"
-    if info.sizes != want.sizes:
-        diff = ", ".join(
-            f"{k} {getattr(want, k)} vs {getattr(info, k)}"
-            for k in ("n_layers", "n_heads", "n_kv_heads", "d_model", "d_head")
-            if getattr(want, k) != getattr(info, k)
-        )
-        raise OptionError(
-            f"The model given, {theirs}, is not the model this report measured ({ours}): {diff}. Pass the model the "
-            "report was made from."
-        )
-    if processing_key({"processing": info.processing}) != processing_key(rep.summary):
-        return
-    saved = dict(zip(rep.layers["layer"].astype(int), rep.layers["fingerprint"].astype(str)))
-    for layer, fp in saved.items():
-        if src.layer_heads(layer).fingerprint() != fp:
-            raise OptionError(
-                f"The model given, {theirs}, is not the model this report measured ({ours}): layer {layer}'s "
-                "attention weights differ (weight fingerprint). Pass the model the report was made from."
-            )
+    check_report_matches(
+        rep,
+        what=f"The model given, {src.info.model_name!r} ({type(model).__name__}),",
+        fix="Pass the model the report was made from.",
+        source=src,
+        processing_may_differ=True,
+    )
 
 
 @strict_kwargs
