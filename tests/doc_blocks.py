@@ -41,12 +41,14 @@ def doc_workdir(tmp_path_factory: pytest.TempPathFactory):
         os.chdir(old)
 
 
-_collect_doc = Sybil(
+#: What reads the docs: ```python blocks and ``<!-- skip: next "why" -->`` comments (other blocks are text).
+SYBIL = Sybil(
     parsers=[PythonCodeBlockParser(), SkipParser()],
     path=str(ROOT),
     patterns=["*.md"],
     fixtures=["doc_workdir"],
-).pytest()
+)
+_collect_doc = SYBIL.pytest()
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
