@@ -20,10 +20,10 @@ import pytest
 from safetensors.torch import load_file
 
 import tl_idempotence as tli
-from helpers import SyntheticSource, gaussian_layer, llama_like, neox_like
+from helpers import SyntheticSource, gaussian_layer, llama_like, neox_like, oblique_projection
 from tl_idempotence.errors import MissingFileError, OptionError, UnknownModelError, UnknownOptionError
 from tl_idempotence.report.summary import PAPER
-from tl_idempotence.studies.compare import TABLE_COLUMNS, Comparison, comparison_table, resolve_items
+from tl_idempotence.studies.compare import TABLE_COLUMNS, Comparison, ModelCount, comparison_table, resolve_items
 
 pytestmark = pytest.mark.bridge
 DATA = Path(__file__).resolve().parents[1] / "data" / "v0_1"
@@ -284,3 +284,75 @@ def test_the_three_zoo_models_in_one_call():
     assert any("norm after W_O" in n for n in g.summary["notes"])
     assert "notes" not in cmp.reports["smollm2-135m"].summary
     assert len(cmp.table) == 5  # the three models and the paper's two rows
+
+
+def with_closed(n_closed_per_layer: int, seed: int, name: str) -> SyntheticSource:
+    """2 layers x 4 MHA heads (d_model 16, d_head 4): the first ``n_closed_per_layer`` heads of each layer exact
+    oblique projections (P = 1), the others Gaussian (P far below 0.9)."""
+    import torch
+
+    from tl_idempotence.core.heads import LayerHeads, kv_layout
+
+    lhs = []
+    for layer in range(2):
+        g = torch.Generator().manual_seed(seed + layer)
+        O = torch.randn(4, 16, 4, generator=g, dtype=torch.float64)
+        V = torch.randn(4, 16, 4, generator=g, dtype=torch.float64)
+        for h in range(n_closed_per_layer):
+            O[h], V[h] = oblique_projection(16, 4, g)
+        lhs.append(LayerHeads(layer, O, V, kv_layout(4, 4)))
+    return SyntheticSource(lhs, name=name)
+
+
+def test_the_headline_answers_first_which_model_has_most_closed_heads(tmp_path):
+    """Two small synthetic models, 2 and 0 of 8 heads closed: cmp.headline says which has the largest share and
+    which the smallest, with the counts of the table; the notebook display and the page lead with it, then the
+    overview; the full table stays in .table (and folded on the page). A tie names every tied model."""
+    reps = {
+        "two": tli.idempotence_report(with_closed(1, 0, "two"), progress=False),
+        "none": tli.idempotence_report(with_closed(0, 10, "none"), progress=False),
+    }
+    assert [r.summary["n_closed"] for r in reps.values()] == [2, 0]
+    cmp = Comparison.from_reports(reps)
+    head = cmp.headline
+    t = cmp.models_table.set_index("model")
+    assert head.most_closed == (ModelCount("two", 2, 8, 25.0),) and head.fewest_closed == (
+        ModelCount("none", 0, 8, 0.0),
+    )
+    assert (t.loc["two", "n_closed"], t.loc["two", "n_heads_total"], t.loc["two", "pct_closed"]) == (2, 8, 25.0)
+    assert head.n_models == 2 and head.threshold == 0.9 and head.paper_pct_closed == (3.98, 8.0)
+    sentence = (
+        "two (2 of 8, 25.00 %) has the largest share of closed heads (P ≥ 0.9); none (0 of 8, 0.00 %) the smallest "
+        "(the paper, at P ≥ 0.9: 3.98–8.00 % per model)."
+    )
+    assert str(head) == head.sentence == sentence
+    assert cmp.summary["most_closed"] == "two"
+    assert repr(cmp).startswith("Comparison(n_models=2, threshold=0.9, most_closed='two', max_pct_closed=25,")
+    # the notebook display: the sentence, then the overview (10 columns at most), the full table not dumped
+    html = cmp._repr_html_()
+    assert html.index(sentence) < html.index("<details open><summary>models (") < html.index("<summary>summary")
+    assert f"models ({len(cmp.overview.columns)} of {len(TABLE_COLUMNS)} columns" in html
+    assert len(cmp.overview.columns) <= 10 < len(cmp.table.columns) == len(TABLE_COLUMNS)
+    assert "weights_group" not in html and "<script" not in html
+    # the page: the answer first, the overview, then every column folded
+    page = Path(cmp.save_html(tmp_path / "cmp.html")).read_text(encoding="utf-8")
+    assert page.index(sentence) < page.index("2 models measured with the same options") < page.index("weights_group")
+    assert page.index('<details id="full-table">') < page.index("weights_group")
+    assert f"Every column ({len(TABLE_COLUMNS)}, <code>Comparison.table</code>)" in page
+    # a tie for the largest share names both; every model equal says so; one model states its count
+    tie = Comparison.from_reports({**reps, "two-b": tli.idempotence_report(with_closed(1, 20, "b"), progress=False)})
+    assert [c.model for c in tie.headline.most_closed] == ["two", "two-b"]
+    assert str(tie.headline).startswith(
+        "two (2 of 8, 25.00 %) and two-b (2 of 8, 25.00 %) have the largest share of closed heads (P ≥ 0.9); none "
+    )
+    same = Comparison.from_reports(
+        {"a": reps["none"], "b": tli.idempotence_report(with_closed(0, 30, "b"), progress=False)}
+    )
+    assert str(same.headline).startswith(
+        "Every model has the same share of closed heads (P ≥ 0.9): a (0 of 8, 0.00 %) and b (0 of 8, 0.00 %)"
+    )
+    assert same.headline.fewest_closed == ()
+    one = Comparison.from_reports({"two": reps["two"]})
+    assert str(one.headline) == (
+        "two: 2 of 8 heads are closed (P ≥ 0.9), 25.00 % (the paper, at P ≥ 0.9: 3.98–8.00 % per model)."
+    )

@@ -8,6 +8,7 @@ when either is missing.
 from __future__ import annotations
 
 import gc
+import json
 import re
 import shutil
 import subprocess
@@ -20,7 +21,8 @@ import tl_idempotence as tli
 from tl_idempotence.errors import OptionError
 from tl_idempotence.probes.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
-from tl_idempotence.views.attention import AttentionView, attention_view
+from tl_idempotence.views.attention import MAX_NAME_CHARS, AttentionView, attention_view
+from tl_idempotence.views.text import format_P
 
 # integration tier: circuitsvis pages in headless Chromium
 # bridge: TransformerBridge only, must also pass on transformer-lens 4.x
@@ -89,12 +91,19 @@ def test_patterns_and_offline_html(tiny_q):
     assert "unpkg.com" not in view.html and "CircuitsVis.render" in view.html
     assert re.search(r'<div id="circuits-vis-[^"]+"[^>]*></div>', view.html)  # no self-closing div
     assert view.names == ["L1H3", "L0H0"] and view._repr_html_() == view.html
-    assert view.caption == "Showing 2 chosen heads; all 12 tokens of the text are shown."
+    assert view.labels == view.names  # no head table: no P or α to add
+    assert ap.special_tokens == ["w1"] and (ap.n_special, ap.n_shown_text_tokens) == (1, 12)
+    assert view.caption == (
+        "Showing 2 chosen heads; all 12 tokens of the text are shown, with 1 special token (w1): 13 positions."
+    )
     assert view.caption in view.html
+    assert repr(view).startswith("AttentionView(2 heads, 13 positions (12 text tokens + 1 special), causal=True:")
     short = attention_view(tiny_q, TEXT, heads, max_tokens=5)
     assert short.caption == (
-        "Showing 2 chosen heads; the text has 12 tokens, the first 5 (with special tokens) are shown."
+        "Showing 2 chosen heads; the text has 12 tokens, the first 4 are shown, with 1 special token (w1): "
+        "5 positions (max_tokens=5)."
     )
+    assert (cut.n_shown_text_tokens, len(short.tokens)) == (4, 5)
     with pytest.raises(OptionError, match="does not exist"):
         attention_patterns(tiny_q, TEXT, [(0, 42)])
     with pytest.raises(OptionError, match="No heads"):
@@ -113,7 +122,8 @@ def test_report_show_attention(tiny_q, tiny_dir):
     view = rep.show_attention(TEXT, top_k=3)
     top = rep.heads.sort_values("P", ascending=False, kind="stable")
     assert view.heads == list(zip(top["layer"], top["head"]))[:3]  # none closed: top-3 by P
-    assert view.names[0].startswith(f"L{top['layer'].iloc[0]}H{top['head'].iloc[0]} P=")
+    assert view.names[0] == f"L{top['layer'].iloc[0]}H{top['head'].iloc[0]}"
+    assert view.labels[0].startswith(f"{view.names[0]} P=")
     assert view.caption.startswith("Showing no head with P >= 0.9: the 3 heads with the highest P;")
     # default (top_k=None): every closed head, or the top 8 by P when none is closed
     assert rep.show_attention(TEXT).heads == list(zip(top["layer"], top["head"]))[:8]
@@ -142,6 +152,43 @@ def test_report_show_attention(tiny_q, tiny_dir):
     assert rep3.model is None
     with pytest.raises(OptionError, match="No TransformerLens model to run"):
         rep3.show_attention(TEXT)
+
+
+def _circuitsvis_props(html: str) -> dict:
+    """The props the view passes to circuitsvis's AttentionHeads (the JSON after its name in the render call)."""
+    start = html.index("CircuitsVis.AttentionHeads,") + len("CircuitsVis.AttentionHeads,")
+    props, _ = json.JSONDecoder().raw_decode(html[start:].lstrip())
+    return props
+
+
+def test_head_names_fit_the_selector_and_the_caption_counts_positions(tiny_q):
+    """circuitsvis's head selector clips a name wider than its ~80 px box ("10H8", "lpha=-19.4" of
+    "L10H8 P=0.9512 alpha=-19.4"): the view names each head by its label only, and every head's P and α are in
+    the legend table; the caption's counts are the text's own tokens, the special tokens and their sum, the
+    positions the patterns have."""
+    rep = tli.idempotence_report(tiny_q, progress=False)
+    view = rep.show_attention(TEXT, top_k=4)
+    props = _circuitsvis_props(view.html)
+    assert props["attentionHeadNames"] == view.names == [f"L{layer}H{h}" for layer, h in view.heads]
+    assert all(len(name) <= MAX_NAME_CHARS for name in view.names)
+    assert len(f"L{999}H{999}") == MAX_NAME_CHARS  # the widest a name gets on a model of < 1000 layers and heads
+    legend = view.html[view.html.index('<table class="tli-attention-heads"') : view.html.index("</table>")]
+    for (layer, h), name, label in zip(view.heads, view.names, view.labels):
+        row = rep.heads.loc[name]
+        assert (row["layer"], row["head"]) == (layer, h)
+        P, alpha = format_P(float(row["P"]), rep.threshold), f"{float(row['alpha']):.3g}"
+        assert label == f"{name} P={P} α={alpha}"
+        assert re.search(rf">{name}</td><td[^>]*>{re.escape(P)}</td><td[^>]*>{re.escape(alpha)}</td>", legend)
+    # the caption's numbers are the view's: 12 text tokens + 1 BOS = 13 positions = the patterns' size
+    n_pos = len(props["tokens"])
+    assert n_pos == len(view.tokens) == 13 and len(props["attention"][0]) == n_pos
+    assert view.n_special == 1 and view.tokens[0] == "w1"
+    assert view.caption.endswith(f"all 12 tokens of the text are shown, with 1 special token (w1): {n_pos} positions.")
+    assert f"{n_pos} positions (12 text tokens + 1 special)" in repr(view)
+    cut = rep.show_attention(TEXT, top_k=4, max_tokens=8)
+    assert len(cut.tokens) == 8 and cut.caption.endswith(
+        "the text has 12 tokens, the first 7 are shown, with 1 special token (w1): 8 positions (max_tokens=8)."
+    )
 
 
 def _chromium(*args: str, tmp) -> subprocess.CompletedProcess:

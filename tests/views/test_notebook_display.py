@@ -66,7 +66,7 @@ def results(smol_path, tiny, tiny_dir, tmp_path_factory):
         "SharedValueAlgebra": (tli.shared_value_algebra(smol_path, layers=[10], progress=False), "n_groups=3"),
         "IdempotenceReport": (rep, "n_closed=13"),
         "ActivationReturns": (tli.activation_returns(tiny, TEXT, seq_len=16, progress=False), "n_tokens=12"),
-        "AttentionView": (tiny_rep.show_attention(TEXT, top_k=2), "2 heads, 13 tokens"),
+        "AttentionView": (tiny_rep.show_attention(TEXT, top_k=2), "2 heads, 13 positions (12 text tokens + 1 special)"),
         "Trajectory": (tli.trajectory([("seed0", tiny_dir), ("seed1", other)], progress=False), "n_checkpoints=2"),
     }
 

@@ -10,7 +10,7 @@ with circuitsvis.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -107,13 +107,17 @@ def flagged_heads(
 class AttentionPatterns:
     """Attention patterns of some heads on one text.
 
+    Positions: ``len(tokens) == n_special + n_shown_text_tokens`` (the model's special tokens around the text,
+    e.g. SmolLM2's BOS ``<|im_start|>``, and the text's own tokens that were kept).
+
     Attributes:
         heads: the ``(layer, head)`` pairs, in order.
-        tokens: the token strings (with the model's special tokens).
-        patterns: ``[n_heads_sel, query, key]`` float32, rows sum to 1.
+        tokens: the token strings (with the model's special tokens): one per position.
+        patterns: ``[n_heads_sel, query, key]`` float32, rows sum to 1 (query and key: ``len(tokens)`` positions).
         causal: every pattern is zero above the diagonal.
         n_text_tokens: tokens the whole text has (without special tokens).
         truncated: the text was cut to ``max_tokens`` (``n_text_tokens`` says how long it was).
+        special_tokens: the special tokens put around the text (their strings, in order), e.g. ``["<|im_start|>"]``.
     """
 
     heads: list[tuple[int, int]]
@@ -122,9 +126,20 @@ class AttentionPatterns:
     causal: bool
     n_text_tokens: int
     truncated: bool
+    special_tokens: list[str] = field(default_factory=list)
+
+    @property
+    def n_special(self) -> int:
+        """How many of the positions are special tokens (not the text's)."""
+        return len(self.special_tokens)
+
+    @property
+    def n_shown_text_tokens(self) -> int:
+        """How many of the text's own tokens are shown (``len(tokens) - n_special``)."""
+        return len(self.tokens) - self.n_special
 
 
-def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, list[str], int, int]:
+def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, list[str], int, int, list[str]]:
     tok = tokenizer_of(model)
     prefix, suffix = special_wrapping(model, tok)
     body = max_tokens - len(prefix) - len(suffix)
@@ -137,7 +152,8 @@ def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, l
     kept = len(ids)
     ids = prefix + ids + suffix
     strs = [tok.decode([i]) for i in ids]
-    return torch.tensor([ids], dtype=torch.long), strs, len(all_ids), kept
+    special = [tok.decode([i]) for i in prefix + suffix]
+    return torch.tensor([ids], dtype=torch.long), strs, len(all_ids), kept, special
 
 
 @strict_kwargs
@@ -181,7 +197,7 @@ def attention_patterns(model: Any, text: Any, heads: Any, max_tokens: Any = 64) 
     for layer, h in heads:
         if layer not in layers_ok or not 0 <= h < n:
             raise OptionError(f"Head ({layer}, {h}) does not exist (attention layers {layers_ok}, n_heads {n}).")
-    toks, strs, n_text, kept = _tokens_for(model, text, max_tokens)
+    toks, strs, n_text, kept, special = _tokens_for(model, text, max_tokens)
     need = sorted({layer for layer, _ in heads})
     got: dict[int, torch.Tensor] = {}
 
@@ -201,5 +217,11 @@ def attention_patterns(model: Any, text: Any, heads: Any, max_tokens: Any = 64) 
     pats = torch.stack([got[layer][h] for layer, h in heads]).numpy()
     causal = bool(np.abs(np.triu(pats, k=1)).max() < 1e-6) if pats.shape[-1] > 1 else True
     return AttentionPatterns(
-        heads=list(heads), tokens=strs, patterns=pats, causal=causal, n_text_tokens=n_text, truncated=n_text > kept
+        heads=list(heads),
+        tokens=strs,
+        patterns=pats,
+        causal=causal,
+        n_text_tokens=n_text,
+        truncated=n_text > kept,
+        special_tokens=special,
     )

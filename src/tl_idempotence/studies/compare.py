@@ -46,7 +46,7 @@ from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, 
 from ..report.identity import COMPARED_OPTIONS, option_differences, processing_key
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
-from ..report.summary import PAPER
+from ..report.summary import PAPER, PAPER_THRESHOLD
 from ..sources.checkpoint import CheckpointSource, is_transformers_model
 from ..sources.dispatch import head_source
 from ..sources.names import Named, missing_path_error, named_inputs, path_label, resolve_name
@@ -78,8 +78,11 @@ __all__ = [
     "PROCESSING_FLAGS",
     "TABLE_COLUMNS",
     "Comparison",
+    "ComparisonHeadline",
     "Item",
+    "ModelCount",
     "compare",
+    "comparison_headline_of",
     "comparison_table",
     "item_inputs",
     "measure_item",
@@ -524,6 +527,107 @@ def comparison_table(reports: Mapping[str, IdempotenceReport], paper: bool = Tru
     return df
 
 
+@dataclass(frozen=True)
+class ModelCount:
+    """One model's closed heads: ``n_closed`` of ``n_heads`` measured heads, ``pct_closed`` percent of them."""
+
+    model: str
+    n_closed: int
+    n_heads: int
+    pct_closed: float
+
+    def describe(self) -> str:
+        """``"smollm2 (13 of 270, 4.81 %)"``."""
+        return f"{self.model} ({self.n_closed} of {self.n_heads}, {self.pct_closed:.2f} %)"
+
+
+@dataclass(frozen=True)
+class ComparisonHeadline:
+    """The answer of a comparison, first: which model has the largest share of closed heads, and which the smallest.
+
+    Attributes:
+        n_models: the models compared (the paper's rows not counted).
+        threshold: the P threshold every model was measured at.
+        most_closed: the model(s) with the largest ``pct_closed`` (several on a tie), in table order.
+        fewest_closed: the model(s) with the smallest ``pct_closed`` (empty with fewer than two models, or when
+            every model has the same share).
+        no_heads: models with no measured head (no share; left out of both).
+        paper_pct_closed: the paper's per-model range of closed heads, percent at P ≥ 0.9 (3.98, 8.00).
+        sentence: the answer in one sentence (``str(headline)``).
+    """
+
+    n_models: int
+    threshold: float
+    most_closed: tuple[ModelCount, ...]
+    fewest_closed: tuple[ModelCount, ...]
+    no_heads: tuple[str, ...]
+    paper_pct_closed: tuple[float, float]
+    sentence: str
+
+    def __str__(self) -> str:
+        return self.sentence
+
+
+def _names(counts: Sequence[ModelCount], limit: int = 3) -> str:
+    """``"a (…)"``, ``"a (…) and b (…)"``, ``"a (…), b (…) and 4 more"``."""
+    parts = [c.describe() for c in counts[:limit]]
+    if len(counts) > limit:
+        return ", ".join(parts) + f" and {len(counts) - limit} more"
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def comparison_headline_of(table: pd.DataFrame, threshold: float) -> ComparisonHeadline:
+    """The :class:`ComparisonHeadline` of a comparison table (its rows without the paper's).
+
+    Args:
+        table: :attr:`Comparison.models_table` (columns ``model, n_closed, n_heads_total, pct_closed``).
+        threshold: the P threshold the models were measured at.
+
+    Returns:
+        The headline; ties list every tied model (the sentence names three, then counts the rest).
+    """
+    counts = [
+        ModelCount(str(r.model), int(r.n_closed), int(r.n_heads_total), float(r.pct_closed))
+        for r in table.itertuples()
+        if not pd.isna(r.n_heads_total) and int(r.n_heads_total) > 0 and math.isfinite(float(r.pct_closed))
+    ]
+    no_heads = tuple(str(m) for m in table["model"] if str(m) not in {c.model for c in counts})
+    lo, hi = (_pct_exact(PAPER["frac_closed"][0]), _pct_exact(PAPER["frac_closed"][1]))
+    paper = f"the paper, at P ≥ {PAPER_THRESHOLD:g}: {lo:.2f}–{hi:.2f} % per model"
+    t = f"P ≥ {float(threshold):g}"
+    most: tuple[ModelCount, ...] = ()
+    fewest: tuple[ModelCount, ...] = ()
+    if not counts:
+        sentence = "No model finished." if not len(table) else f"No model has a measured head ({paper})."
+    else:
+        top = max(c.pct_closed for c in counts)
+        low = min(c.pct_closed for c in counts)
+        most = tuple(c for c in counts if c.pct_closed == top)
+        if len(counts) == 1:
+            c = counts[0]
+            sentence = f"{c.model}: {c.n_closed} of {c.n_heads} heads are closed ({t}), {c.pct_closed:.2f} % ({paper})."
+        elif top == low:
+            sentence = f"Every model has the same share of closed heads ({t}): {_names(counts)} ({paper})."
+        else:
+            fewest = tuple(c for c in counts if c.pct_closed == low)
+            verb = "has" if len(most) == 1 else "have"
+            sentence = (
+                f"{_names(most)} {verb} the largest share of closed heads ({t}); {_names(fewest)} the smallest "
+                f"({paper})."
+            )
+        if no_heads:
+            sentence += f" No measured head: {', '.join(no_heads)}."
+    return ComparisonHeadline(
+        n_models=len(table),
+        threshold=float(threshold),
+        most_closed=most,
+        fewest_closed=fewest,
+        no_heads=no_heads,
+        paper_pct_closed=(lo, hi),
+        sentence=sentence,
+    )
+
+
 def _combined_heads(reports: Mapping[str, IdempotenceReport]) -> pd.DataFrame:
     frames = []
     for label, rep in reports.items():
@@ -563,6 +667,9 @@ class Comparison(Result):
             over 7,304 heads; every layer; no mismatch pair closed) both rows hold it, where it gives
             a per-model range (3.98–8.00 % closed) the rows hold its ends.
         heads: every per-head row of every report with ``model`` (label) and ``head_label`` (``L10H8``) first.
+        headline: the answer first (:class:`ComparisonHeadline`): which model has the largest share of closed
+            heads, which the smallest, in one sentence; ``overview``: :attr:`table` in its ten headline columns.
+            The notebook display shows the sentence, then the overview; ``table`` keeps every column.
         options: the :class:`~tl_idempotence.core.options.ReportOptions` every report shares.
         warnings: the warnings raised when the comparison was made (processing, identical weights).
         inputs: what its reports were read from on this machine (``(what, path)`` pairs, the union of every
@@ -573,10 +680,10 @@ class Comparison(Result):
     repr_keys: ClassVar[tuple[str, ...]] = (
         "n_models",
         "threshold",
+        "most_closed",
+        "max_pct_closed",
         "n_heads",
         "n_closed",
-        "min_pct_closed",
-        "max_pct_closed",
         "n_processing_differs",
         "n_identical_weights",
     )
@@ -643,6 +750,13 @@ class Comparison(Result):
         return cls(reps, options, warn=warn)
 
     @property
+    def headline(self) -> ComparisonHeadline:
+        """The answer first: which model has the largest share of closed heads and which the smallest, in one
+        sentence (``str(cmp.headline)``) and as numbers (:class:`ComparisonHeadline`). The notebook display and
+        the page lead with it, then :attr:`overview`."""
+        return comparison_headline_of(self.models_table, self.threshold)
+
+    @property
     def overview(self) -> pd.DataFrame:
         """:attr:`table` in ten columns (:data:`OVERVIEW_COLUMNS`: label, heads, closed, medians against the null,
         mismatch, feasibility, raw weights), paper rows included; columns of analyses that did not run (all
@@ -667,13 +781,16 @@ class Comparison(Result):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """``n_models, threshold, nulls, n_heads, n_closed, min_pct_closed, max_pct_closed,
-        n_processing_differs, n_identical_weights``."""
+        """``n_models, threshold, most_closed`` (the label of the model with the largest share of closed heads,
+        the first on a tie, None without one: :attr:`headline`), ``nulls, n_heads, n_closed, min_pct_closed,
+        max_pct_closed, n_processing_differs, n_identical_weights``."""
         m = self.models_table
         pct = m["pct_closed"].to_numpy(dtype=float)
+        most = self.headline.most_closed
         return {
             "n_models": len(m),
             "threshold": self.threshold,
+            "most_closed": most[0].model if most else None,
             "nulls": self.options.nulls,
             "n_heads": int(m["n_heads_total"].sum()) if len(m) else 0,
             "n_closed": int(m["n_closed"].sum()) if len(m) else 0,

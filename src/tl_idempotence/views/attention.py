@@ -8,22 +8,29 @@ network) and ``_repr_html_`` probes the network first. This module always uses
 with no network. One view (all flagged heads, selectable) inlines the bundle once.
 
 Every view says what it shows: which heads and why (all closed heads, or the top heads by
-P when none is closed), and whether the text was cut. P labels never round across the
-threshold (:func:`tl_idempotence.views.text.format_P`).
+P when none is closed), and whether the text was cut, counting the text's own tokens and the
+special tokens around it (BOS) separately: "all 16 tokens of the text are shown, with 1 special
+token (<|im_start|>): 17 positions". P labels never round across the threshold
+(:func:`tl_idempotence.views.text.format_P`).
+
+Head labels: circuitsvis's head selector draws each name in a box about 80 px wide (a twelfth of
+its container) and clips what does not fit, so the view names a head by its label only
+(``L10H8``); its P and α are in a legend table above the view (:attr:`AttentionView.labels`),
+each head in the colour circuitsvis gives it.
 """
 
 from __future__ import annotations
 
 import html as _html
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from ..core.kwargs import strict_kwargs
 from ..errors import OptionError
-from ..probes.attention import FlaggedHeads, attention_patterns, flagged_heads
+from ..probes.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
 from ..report.identity import check_report_matches
 from .output import page_path, write_page
 from .text import format_P
@@ -32,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import HeadPairs, IntLike, PathLike, TLModel
 
 __all__ = [
+    "MAX_NAME_CHARS",
     "AttentionView",
     "attention_section_html",
     "attention_view",
@@ -45,12 +53,16 @@ class AttentionView:
     """A rendered circuitsvis ``AttentionHeads`` view with the JS bundle inlined (offline).
 
     Attributes:
-        html: the HTML fragment (caption, ``<div>`` and inline ``<script>``); renders with no network.
+        html: the HTML fragment (caption, legend, ``<div>`` and inline ``<script>``); renders with no network.
         heads: the ``(layer, head)`` pairs shown, in order.
-        names: the label of each head in the view.
-        tokens: the token strings.
+        names: the name of each head in circuitsvis's head selector: its TransformerLens label (``L10H8``),
+            short enough for the selector's boxes (at most :data:`MAX_NAME_CHARS` characters).
+        tokens: the token strings, one per position (special tokens included).
         causal: whether the upper triangle was masked.
-        caption: what is shown (which heads and why, and whether the text was cut).
+        caption: what is shown (which heads and why, how many of the text's tokens and special tokens).
+        labels: each head's full label for the legend (``L10H8 P=0.9512 α=-19.4``; just the name without a
+            head table).
+        n_special: how many of the positions are special tokens (BOS, ...), not the text's.
     """
 
     html: str
@@ -59,10 +71,14 @@ class AttentionView:
     tokens: list[str]
     causal: bool
     caption: str = ""
+    labels: list[str] = field(default_factory=list)
+    n_special: int = 0
 
     def __repr__(self) -> str:
+        n_text = len(self.tokens) - self.n_special
         return (
-            f"AttentionView({len(self.heads)} heads, {len(self.tokens)} tokens, causal={self.causal}: {self.caption!r})"
+            f"AttentionView({len(self.heads)} heads, {len(self.tokens)} positions ({n_text} text tokens + "
+            f"{self.n_special} special), causal={self.causal}: {self.caption!r})"
         )
 
     def _repr_html_(self) -> str:  # notebooks: always the inlined local bundle
@@ -87,17 +103,66 @@ class AttentionView:
         return str(p)
 
 
-def _head_names(heads: list[tuple[int, int]], table: pd.DataFrame | None, threshold: float | None) -> list[str]:
-    names = []
+#: The longest head name the view gives circuitsvis (``L999H999``): its head selector clips longer ones.
+MAX_NAME_CHARS = 8
+
+
+def _head_values(
+    heads: list[tuple[int, int]], table: pd.DataFrame | None, threshold: float | None
+) -> list[tuple[str, str | None, str | None]]:
+    """``(name, P text, α text)`` per head; P and α are None without a head table (or a row for the head)."""
+    out: list[tuple[str, str | None, str | None]] = []
     for layer, h in heads:
-        label = f"L{layer}H{h}"
+        name, P, alpha = f"L{layer}H{h}", None, None
         if table is not None:
             row = table[(table["layer"] == layer) & (table["head"] == h)]
             if len(row):
                 r = row.iloc[0]
-                label += f" P={format_P(float(r['P']), threshold)} alpha={float(r['alpha']):.3g}"
-        names.append(label)
-    return names
+                P, alpha = format_P(float(r["P"]), threshold), f"{float(r['alpha']):.3g}"
+        out.append((name, P, alpha))
+    return out
+
+
+def _head_color(idx: int, n: int) -> str:
+    """The colour circuitsvis gives head ``idx`` of ``n`` (``attentionHeadColor`` in its AttentionHeads.tsx)."""
+    return f"hsl({round(idx / n * 360)}, 70%, 50%)"
+
+
+def _legend_html(values: list[tuple[str, str | None, str | None]]) -> str:
+    """The heads' P and α in a small table above the view, each name in its head's colour."""
+    if all(P is None for _, P, _ in values):
+        return ""
+    rows = "".join(
+        f'<tr><td style="background:{_head_color(i, len(values))};color:white;padding:1px 6px;font-weight:bold">'
+        f"{_html.escape(name)}</td><td style='padding:1px 6px'>{_html.escape(P or '')}</td>"
+        f"<td style='padding:1px 6px'>{_html.escape(alpha or '')}</td></tr>"
+        for i, (name, P, alpha) in enumerate(values)
+    )
+    return (
+        '<table class="tli-attention-heads" style="border-collapse:collapse;font-size:0.9em;margin:4px 0">'
+        "<tr><th style='padding:1px 6px'>head</th><th style='padding:1px 6px'>P</th>"
+        f"<th style='padding:1px 6px'>α</th></tr>{rows}</table>"
+    )
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def _positions_text(pats: AttentionPatterns, max_tokens: int) -> str:
+    """How many of the text's tokens are shown and how many special tokens are added, e.g. "all 16 tokens of
+    the text are shown, with 1 special token (<|im_start|>): 17 positions"."""
+    sp = pats.n_special
+    special = f"with {_count(sp, 'special token')} ({', '.join(pats.special_tokens)})" if sp else "no special tokens"
+    if pats.truncated:
+        shown = (
+            f"the text has {pats.n_text_tokens} tokens, the first {pats.n_shown_text_tokens} are shown, {special}: "
+            f"{len(pats.tokens)} positions (max_tokens={max_tokens})"
+        )
+    else:
+        shown = f"all {_count(pats.n_text_tokens, 'token')} of the text are shown, {special}"
+        shown += f": {len(pats.tokens)} positions"
+    return shown
 
 
 @strict_kwargs
@@ -117,13 +182,14 @@ def attention_view(
         model: a TransformerLens model with a tokenizer.
         text: the text to run.
         heads: ``(layer, head)`` pairs (e.g. from :func:`~tl_idempotence.probes.attention.flagged_heads`).
-        max_tokens: cut the text to this many tokens (including special tokens); the caption says so.
+        max_tokens: cut the text to this many positions (its tokens and the special tokens); the caption says so.
         head_table: optional per-head table (``layer, head, P, alpha``) for the labels.
         threshold: the P threshold (labels never round across it).
         why: what these heads are, for the caption (default: a FlaggedHeads' own description).
 
     Returns:
-        :class:`AttentionView` (``_repr_html_`` for notebooks; ``.html`` for pages).
+        :class:`AttentionView` (``_repr_html_`` for notebooks; ``.html`` for pages). Its caption counts the
+        text's own tokens and the special tokens separately, and their sum, the positions drawn.
 
     Raises:
         UnsupportedModelError / OptionError: see :func:`~tl_idempotence.probes.attention.attention_patterns`.
@@ -131,7 +197,9 @@ def attention_view(
     from circuitsvis.attention import attention_heads
 
     pats = attention_patterns(model, text, list(heads), max_tokens=max_tokens)
-    names = _head_names(pats.heads, head_table, threshold)
+    values = _head_values(pats.heads, head_table, threshold)
+    names = [name for name, _, _ in values]
+    labels = [name + ("" if P is None else f" P={P} α={alpha}") for name, P, alpha in values]
     rendered = attention_heads(
         attention=pats.patterns, tokens=pats.tokens, attention_head_names=names, mask_upper_tri=pats.causal
     )
@@ -139,15 +207,20 @@ def attention_view(
     # circuitsvis writes a self-closing <div .../>, which HTML parses as an open div; close it explicitly.
     src = re.sub(r'(<div id="circuits-vis-[^"]+"[^>]*?)\s*/>', r"\1></div>", src, count=1)
     what = why or (heads.describe() if isinstance(heads, FlaggedHeads) else f"{len(pats.heads)} chosen heads")
-    cut = (
-        f"; the text has {pats.n_text_tokens} tokens, the first {len(pats.tokens)} (with special tokens) are shown"
-        if pats.truncated
-        else f"; all {pats.n_text_tokens} tokens of the text are shown"
+    caption = f"Showing {what}; {_positions_text(pats, int(max_tokens))}."
+    body = (
+        f'<p class="tli-caption">{_html.escape(caption)}</p>{_legend_html(values)}'
+        f'<div class="tli-attention">{src}</div>'
     )
-    caption = f"Showing {what}{cut}."
-    body = f'<p class="tli-caption">{_html.escape(caption)}</p><div class="tli-attention">{src}</div>'
     return AttentionView(
-        html=body, heads=pats.heads, names=names, tokens=pats.tokens, causal=pats.causal, caption=caption
+        html=body,
+        heads=pats.heads,
+        names=names,
+        tokens=pats.tokens,
+        causal=pats.causal,
+        caption=caption,
+        labels=labels,
+        n_special=pats.n_special,
     )
 
 

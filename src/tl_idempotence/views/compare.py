@@ -2,8 +2,10 @@
 
 * :func:`comparison_figure` — per model, the distribution of trained P next to the scramble
   null (each head's scramble median) on one log axis, with the threshold and the paper's medians.
-* :func:`comparison_html` / :func:`save_comparison_html` — the offline page: what was compared
-  and how, warnings, the table (with the paper's rows), the figure, the closed heads of every model.
+* :func:`comparison_html` / :func:`save_comparison_html` — the offline page: the answer first (which
+  model has the largest share of closed heads, :attr:`~tl_idempotence.studies.compare.Comparison.headline`),
+  what was compared and how, warnings, the overview table (every column folded below it, with the paper's
+  rows), the figure, the closed heads of every model.
 
 Plotly and the table code are inlined (no CDN); the page is a jinja2 template.
 """
@@ -181,6 +183,7 @@ p.note { color: #555; font-size: 0.92em; }
 </head>
 <body>
 <h1>{{ title }}</h1>
+<p class="headline" id="answer"><b>{{ answer }}</b></p>
 <p class="headline" id="headline">{{ headline }}</p>
 {% if warnings %}<h2 id="warnings">Warnings</h2>
 <ul class="warnings">{% for w in warnings %}<li>{{ w }}</li>{% endfor %}</ul>{% endif %}
@@ -188,8 +191,12 @@ p.note { color: #555; font-size: 0.92em; }
 <p class="note">One row per model; the last two rows are the paper's figures (arXiv 2609.01129): where the paper
 gives a per-model range (3.98–8.00 % of heads closed) they hold its ends, elsewhere both hold its single figure.
 The paper counts a head closed at P ≥ {{ paper_threshold }}; the models here at P ≥ {{ threshold }}.
-pct_* columns are percentages; NaN / &lt;NA&gt;: not run with these options.</p>
+pct_* columns are percentages; NaN / &lt;NA&gt;: not run with these options. The headline columns
+(<code>Comparison.overview</code>) first; every column below.</p>
+{{ overview | safe }}
+<details id="full-table"><summary>Every column ({{ n_columns }}, <code>Comparison.table</code>)</summary>
 {{ table | safe }}
+</details>
 <h2 id="figure">P against the scramble null</h2>
 <div class="figure">{{ figure | safe }}</div>
 <h2 id="closed">Closed heads of every model ({{ n_closed }})</h2>
@@ -233,7 +240,10 @@ def comparison_html(cmp: Any) -> str:
         title=f"Comparison of {len(cmp.reports)} models",
         threshold=f"{cmp.threshold:g}",
         paper_threshold=f"{PAPER_THRESHOLD:g}",
+        answer=str(cmp.headline),
         headline=comparison_headline(cmp),
+        overview=datatable_html(display_frame(cmp.overview, cmp.threshold)),
+        n_columns=len(cmp.table.columns),
         warnings=list(cmp.warnings),
         table=datatable_html(display_frame(cmp.table, cmp.threshold)),
         figure=fig,

@@ -2,8 +2,9 @@
 
 * :func:`result_html` — the ``_repr_html_`` of any result: its class, its headline numbers and
   the first rows of its ``heads`` table; a report shows its headline sentence, the closed
-  heads and a small colour-table heatmap of P (plain HTML and inline CSS, so it shows in a
-  static render of a notebook, offline).
+  heads and a small colour-table heatmap of P; a comparison its headline sentence (which model has
+  the largest share of closed heads) and its overview table (plain HTML and inline CSS, so it shows
+  in a static render of a notebook, offline).
 * :func:`figure_bundle` — one figure's notebook output, renderable anywhere, offline: the plotly JSON
   mimetype (JupyterLab, VS Code) and an HTML ``<div>`` with its drawing script (static renders: nbconvert,
   a notebook on a website), plotly.js embedded once per kernel, in the first output that needs it. Every
@@ -289,6 +290,33 @@ def _ablation_html(ab: Any) -> str:
     return out + "</div>"
 
 
+def _comparison_html(cmp: Any) -> str:
+    """A comparison (or sweep): the headline sentence, its warnings, the overview table; the summary and the
+    heads folded (the summary open when items failed or are missing)."""
+    name = type(cmp).__name__
+    t = float(cmp.threshold)
+    out = f"<div><b>{html.escape(name)}</b><p>{html.escape(str(cmp.headline))}</p>"
+    if cmp.warnings:
+        out += "<ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in cmp.warnings) + "</ul>"
+    ov = cmp.overview
+    if len(ov):
+        out += (
+            f"<details open><summary>models ({len(ov.columns)} of {len(cmp.table.columns)} columns; every column in "
+            f"<code>.table</code>)</summary>{_frame_html(ov.set_index('model'), t)}</details>"
+        )
+    s = cmp.summary
+    trouble = bool(s.get("n_failed") or s.get("n_missing"))
+    out += f"<details{' open' if trouble else ''}><summary>summary</summary>{_summary_table(s, limit=len(s))}</details>"
+    heads = cmp.heads
+    if isinstance(heads, pd.DataFrame) and len(heads) and "P" in heads.columns:
+        first = heads.sort_values("P", ascending=False, kind="stable").head(10)
+        out += (
+            f"<details><summary>heads ({len(heads)} rows of every model, highest P first; the first 10)</summary>"
+            f"{_frame_html(first, t)}</details>"
+        )
+    return out + "</div>"
+
+
 def result_html(obj: Any) -> str:
     """The notebook display of a result object (reports get their own, see the module docstring).
 
@@ -299,11 +327,14 @@ def result_html(obj: Any) -> str:
     """
     from ..probes.ablation import Ablation
     from ..report.report import IdempotenceReport
+    from ..studies.compare import Comparison
 
     if isinstance(obj, IdempotenceReport):
         return _report_html(obj)
     if isinstance(obj, Ablation):
         return _ablation_html(obj)
+    if isinstance(obj, Comparison):
+        return _comparison_html(obj)
     name = type(obj).__name__
     try:
         summary = obj.summary
@@ -312,12 +343,6 @@ def result_html(obj: Any) -> str:
     t = summary.get("threshold") if isinstance(summary, Mapping) else None
     t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
     out = f"<div><b>{html.escape(name)}</b>{_summary_table(summary)}"
-    overview = getattr(obj, "overview", None)
-    if isinstance(overview, pd.DataFrame) and len(overview):
-        out += (
-            f"<details open><summary>models ({len(overview.columns)} of {len(obj.table.columns)} columns; every "
-            f"column in <code>.table</code>)</summary>{_frame_html(overview.set_index('model'), t)}</details>"
-        )
     ck = getattr(obj, "checkpoints", None)
     if isinstance(ck, pd.DataFrame) and len(ck):
         out += (
