@@ -71,7 +71,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "resume_key",
             "src/tl_idempotence/report/parts.py",
-            ("tl_idempotence.report.parts.xǁPartStoreǁload*", "tl_idempotence.report.parts.x__record_digest*"),
+            ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.report.parts.x__record_digest*"),
             ("tests/report/test_resume.py", "tests/report/test_resume_integrity.py"),
             "a resumed layer is taken only if its weight fingerprint, options and digest match",
         ),
