@@ -25,6 +25,7 @@ from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlg
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import REPORT_ANALYSES
+from ..analyses.scramble import bh_q_values
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
 from ..core.option_specs import ReportOptionsArgs, documents_options
@@ -49,6 +50,7 @@ __all__ = [
     "HOOK_AXES",
     "HookPoint",
     "IdempotenceReport",
+    "add_q_values",
     "assemble",
     "head_label",
     "idempotence_report",
@@ -499,7 +501,7 @@ def load_report(path: PathLike) -> IdempotenceReport:
             record or another format (names the file).
     """
     rec = read_record(path)
-    heads = rec.heads
+    heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # saved before q-values
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     return IdempotenceReport(
         heads=heads,
@@ -623,11 +625,23 @@ def report_with_options(
     return rep
 
 
+def add_q_values(heads: pd.DataFrame) -> pd.DataFrame:
+    """``heads`` with ``q_value`` (Benjamini-Hochberg across every measured head,
+    :func:`~tl_idempotence.analyses.scramble.bh_q_values`) right after ``p_value``, when it has per-head scramble
+    p-values; a table without ``p_value`` is returned as it is. A report-level column: it depends on every
+    layer, so it is derived here, after the per-layer rows, never in a layer's part."""
+    if "p_value" not in heads.columns:
+        return heads
+    heads = heads.drop(columns="q_value", errors="ignore")
+    heads.insert(heads.columns.get_loc("p_value") + 1, "q_value", bh_q_values(heads["p_value"]))
+    return heads
+
+
 def assemble(
     parts: Sequence[LayerPart], info: ModelInfo, options: ReportOptions, analyses: Sequence[Analysis], model: Any = None
 ) -> IdempotenceReport:
     """The report from finished layer parts (the end of the loop; also used by resumed and loaded reports)."""
-    heads = pd.concat([p.heads for p in parts], ignore_index=True)
+    heads = add_q_values(pd.concat([p.heads for p in parts], ignore_index=True))
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     layers = pd.DataFrame([p.row for p in parts])
     tables = concat_tables(parts)
