@@ -126,7 +126,8 @@ def _p_value_note(rep: Any) -> str:
         f"head, so it cannot go below 1/{int(n) + 1} = {1 / (int(n) + 1):.3g}; more draws (nulls=...) resolve "
         "smaller p-values."
         + (
-            f" BH q-value: the Benjamini-Hochberg q-value of the p-value across all {int(rep.heads['q_value'].notna().sum())} "
+            " BH q-value: the Benjamini-Hochberg q-value of the p-value across all "
+            f"{int(rep.heads['q_value'].notna().sum())} "
             "heads with a p-value (the smallest false-discovery rate at which BH declares the head); "
             f"{rep.summary.get('n_heads_q05')} heads have q ≤ 0.05."
             if "q_value" in rep.heads.columns and rep.summary.get("n_heads_q05") is not None
