@@ -44,6 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..core.hints import ArchitectureLike, HeadPairs, HeadsLike, IntLike, ModelLike, PathLike, RealLike, TLModel
     from ..probes.ablation import Ablation, AblationArgs
+    from ..probes.roles import HeadRoles
+    from .roles import Circuit, RoleAssociation
 
 __all__ = [
     "HEAD_COLUMNS",
@@ -468,6 +470,72 @@ class IdempotenceReport(Result):
         if m is None:
             raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
         return ablation(m, self.closed_heads, **kwargs)
+
+    @strict_kwargs
+    def roles(
+        self,
+        model: TLModel | None = None,
+        roles: HeadRoles | None = None,
+        n_tokens: IntLike = 24,
+        n_sequences: IntLike = 8,
+        n_permutations: IntLike = 999,
+        seed: IntLike = 0,
+    ) -> RoleAssociation:
+        """What the closed heads do (SPEC 11): :func:`~tl_idempotence.probes.roles.head_roles` of ``model`` joined
+        with this report's P, α and closed set, and each role's association with closure
+        (:func:`~tl_idempotence.report.roles.role_association`: Spearman ρ with a seeded permutation p, medians
+        among closed and other heads, Mann-Whitney p, BH q across roles).
+
+        Args:
+            model: the TransformerLens model (default: the one the report was made from, while it is alive).
+            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed (then ``model`` and the
+                token arguments are not used).
+            n_tokens, n_sequences: passed to ``head_roles``; seed: its tokens' seed and the permutations'.
+            n_permutations: permutations of each Spearman test.
+
+        Returns:
+            :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
+
+        Raises:
+            OptionError: no model; roles of another model. UnsupportedModelError / OptionTypeError: as
+                ``head_roles`` and ``role_association``.
+        """
+        from ..probes.roles import head_roles
+        from .roles import role_association
+
+        if roles is None:
+            m = model if model is not None else self.model
+            if m is None:
+                raise OptionError("rep.roles needs the TransformerLens model: rep.roles(model=...).")
+            roles = head_roles(m, n_tokens=n_tokens, n_sequences=n_sequences, seed=seed)
+        return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
+
+    @strict_kwargs
+    def circuit(
+        self, heads: Any, roles: HeadRoles | RoleAssociation | None = None, n_sets: IntLike = 999, seed: IntLike = 0
+    ) -> Circuit:
+        """A circuit tested against this report's closed set (SPEC 11).
+
+        Args:
+            heads: ``[(layer, head)]``, ``"L10H8"`` labels, or :meth:`hook_points` output (``hook_k``/``hook_v``
+                points stand for the query heads they list).
+            roles: add these head roles (a ``HeadRoles`` or ``rep.roles(...)``) to the circuit's rows.
+            n_sets: random layer-matched sets of the permutation p-value (floor ``1/(n_sets + 1)``).
+            seed: their seed.
+
+        Returns:
+            :class:`~tl_idempotence.report.roles.Circuit`: ``.heads``, ``.n_overlap``, ``.p_hypergeom``
+            (scipy's hypergeometric tail over the measured heads), ``.p_layer_matched``.
+
+        Raises:
+            OptionTypeError: heads that are not pairs, labels or hook points.
+            OptionError: no heads; heads the model lacks, duplicates, or heads outside the measured layers (named).
+        """
+        from .roles import RoleAssociation, circuit_overlap, parse_circuit
+
+        pairs = parse_circuit(heads, self.info.n_layers, self.info.n_heads, self.heads["layer"].unique().tolist())
+        r = roles.roles if isinstance(roles, RoleAssociation) else roles
+        return circuit_overlap(self.heads, pairs, self.threshold, roles=r, n_sets=n_sets, seed=seed)
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
