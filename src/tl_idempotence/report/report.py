@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "HEAD_COLUMNS",
     "HOOK_AXES",
+    "REPORT_LEVEL_COLUMNS",
     "HookPoint",
     "IdempotenceReport",
     "add_q_values",
@@ -64,6 +65,10 @@ __all__ = [
 #: Measured cost of the constructive search per SmolLM2-135M layer (9 heads, d_head 64), one CPU thread
 #: (``benchmarks/bench_costs.py``, README "What each analysis costs"); shown in the progress bar.
 SEARCH_CPU_S_PER_LAYER = 1.4
+
+#: Columns of :attr:`IdempotenceReport.heads` that depend on every measured head, not on one layer (derived by
+#: :func:`add_q_values` after the per-layer rows; what the analyses' contract of layer independence leaves out).
+REPORT_LEVEL_COLUMNS = ("q_value",)
 
 #: Columns of :attr:`IdempotenceReport.heads` always present (SPEC sections 2-3).
 HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"]
