@@ -17,6 +17,8 @@ import torch
 import tl_idempotence as tli
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
+pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
+
 
 def alpha_P(X: np.ndarray) -> tuple[float, float]:
     """α and P of a dense square matrix, from their definitions (SPEC 2)."""

@@ -20,6 +20,8 @@ from tl_idempotence.probes.roles import ATTENTION_ROLES, ROLES, repeated_random_
 from tl_idempotence.sources.tl import tl_processing
 from tl_idempotence.testing import bridge_from_dir, hooked_from_dir, tiny_hf_dir
 
+pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
+
 SCORES = [*ATTENTION_ROLES, "copying"]
 
 

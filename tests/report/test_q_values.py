@@ -21,6 +21,8 @@ from tl_idempotence.core.heads import LayerHeads, kv_layout
 from tl_idempotence.report.report import add_q_values
 from tl_idempotence.views.page import closed_heads_table, report_html
 
+pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
+
 
 def bh_by_definition(p: np.ndarray) -> np.ndarray:
     """BH from its definition, NaN p-values outside the family (loops, no library)."""

@@ -26,6 +26,8 @@ from tl_idempotence.errors import OptionError, OptionTypeError
 from tl_idempotence.probes.roles import HeadRoles
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
+pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
+
 
 def _layers() -> list[LayerHeads]:
     g = torch.Generator().manual_seed(3)
