@@ -165,4 +165,6 @@ def test_roles_of_a_tiny_bridge(tmp_path):
     assert len(ra.table) == 18 and ra.summary["n_closed"] == int(rep.heads["closed"].sum())
     direct = tli.head_roles(b, n_tokens=8, n_sequences=2, seed=0).table
     pd.testing.assert_frame_equal(ra.table[direct.columns], direct)
-    assert "RoleAssociation" in ra._repr_html_()
+    html = ra._repr_html_()
+    assert "RoleAssociation" in html and "association with closure" in html and "spearman_rho" in html
+    assert "induction" in html and "mannwhitney_q" in html
