@@ -115,6 +115,17 @@ def test_tokens_are_seeded_bos_x_x(bridge, roles):
     assert other.table["copying"].equals(roles.table["copying"])  # weights only
 
 
+def test_one_sequence_a_pass_gives_the_same_scores(bridge, monkeypatch):
+    import tl_idempotence.probes.roles as roles_mod
+
+    toks, _ = repeated_random_tokens(bridge, 12, 3, 5)
+    together = role_scores(bridge, toks)
+    monkeypatch.setattr(roles_mod, "PATTERN_ELEMS", 1)  # every sequence its own forward pass
+    apart = role_scores(bridge, toks)
+    for r in ATTENTION_ROLES:
+        np.testing.assert_allclose(apart[r], together[r], rtol=0, atol=1e-6)
+
+
 def test_hooked_and_bridge_give_the_same_table(hooked, bridge):
     a = tli.head_roles(hooked, n_tokens=12, n_sequences=3, seed=5).table
     b = tli.head_roles(bridge, n_tokens=12, n_sequences=3, seed=5).table

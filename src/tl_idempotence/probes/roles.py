@@ -50,6 +50,8 @@ ATTENTION_ROLES = {
 ROLES = (*ATTENTION_ROLES, "copying")
 #: Vocabulary rows per chunk when accumulating ``W_U W_E`` (bounds the float64 copies to ~chunk x d_model).
 VOCAB_CHUNK = 8192
+#: Attention-pattern elements per forward pass (``sequences · n_heads · pos²``; at least one sequence a pass).
+PATTERN_ELEMS = 1 << 24
 #: Stated maxima of ``n_tokens`` and ``n_sequences`` (checked before any allocation).
 MAX_TOKENS = 1 << 14
 MAX_SEQUENCES = 1 << 12
@@ -159,33 +161,38 @@ def role_scores(model: Any, tokens: torch.Tensor, layers: list[int] | None = Non
     from transformer_lens import head_detector as hd
 
     layers = list(TLModelSource(model).layers()) if layers is None else layers
-    got: dict[int, torch.Tensor] = {}
-
-    def make(layer: int) -> Any:
-        def hook(p: torch.Tensor, hook: Any = None) -> None:
-            got[layer] = p.detach().double().cpu()
-
-        return hook
-
-    device = getattr(model.cfg, "device", None) or "cpu"
-    with torch.no_grad():
-        model.run_with_hooks(
-            tokens.to(device),
-            fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", make(layer)) for layer in layers],
-            return_type=None,
-        )
     n_heads = int(model.cfg.n_heads)
+    row_of = {layer: i for i, layer in enumerate(layers)}
     out = {r: np.zeros((len(layers), n_heads)) for r in ATTENTION_ROLES}
-    for b in range(tokens.shape[0]):
-        seq = tokens[b : b + 1].cpu()
-        for role, name in ATTENTION_ROLES.items():
-            det = getattr(hd, f"get_{name}_detection_pattern")(seq).double()
-            for i, layer in enumerate(layers):
-                for h in range(n_heads):
-                    out[role][i, h] += hd.compute_head_attention_similarity_score(
-                        got[layer][b, h], detection_pattern=det, exclude_bos=True, exclude_current_token=False,
-                        error_measure="mul",
-                    )  # fmt: skip
+    L = int(tokens.shape[1])
+    chunk = max(1, PATTERN_ELEMS // (n_heads * L * L))  # sequences per forward pass
+    device = getattr(model.cfg, "device", None) or "cpu"
+    for start in range(0, tokens.shape[0], chunk):
+        part = tokens[start : start + chunk].cpu()
+        pattern_of = {r: getattr(hd, f"get_{name}_detection_pattern") for r, name in ATTENTION_ROLES.items()}
+        dets = [{r: f(part[b : b + 1]).double() for r, f in pattern_of.items()} for b in range(part.shape[0])]
+
+        def make(layer: int, dets: list[dict[str, torch.Tensor]] = dets) -> Any:
+            def hook(p: torch.Tensor, hook: Any = None) -> None:  # scored here: no layer's pattern is kept
+                i = row_of[layer]
+                pat = p.detach()
+                for b, det in enumerate(dets):
+                    for h in range(n_heads):
+                        ph = pat[b, h].double().cpu()
+                        for role, d in det.items():
+                            out[role][i, h] += hd.compute_head_attention_similarity_score(
+                                ph, detection_pattern=d, exclude_bos=True, exclude_current_token=False,
+                                error_measure="mul",
+                            )  # fmt: skip
+
+            return hook
+
+        with torch.no_grad():
+            model.run_with_hooks(
+                part.to(device),
+                fwd_hooks=[(f"blocks.{layer}.attn.hook_pattern", make(layer)) for layer in layers],
+                return_type=None,
+            )
     return {r: v / tokens.shape[0] for r, v in out.items()}
 
 
