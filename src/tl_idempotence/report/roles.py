@@ -39,7 +39,7 @@ __all__ = [
     "role_association",
 ]
 
-#: Permutations of the Spearman test per role (p floor 1/(n + 1) = 0.001).
+#: Permutations of the Spearman test per role (two-sided p floor 2/(n + 1) = 0.002).
 DEFAULT_N_PERMUTATIONS = 999
 #: Random layer-matched sets of the circuit test (p floor 1/(n + 1) = 0.001).
 DEFAULT_N_SETS = 999
@@ -65,7 +65,8 @@ class RoleAssociation(Result):
             ``spearman_q``, ``n_closed``, ``median_closed``, ``median_other``, ``mannwhitney_p`` (two-sided),
             ``mannwhitney_q`` (BH across the roles), ``frac_sign_agrees_alpha`` (``copying`` only: closed heads
             whose sign(copying) = sign(α)), ``note`` (why a value is NaN).
-        summary: ``model_name, n_heads, n_closed, threshold, n_permutations, seed, p_floor`` and the roles' summary.
+        summary: ``model_name, n_heads, n_closed, threshold, n_permutations, seed, p_floor`` (the smallest two-sided
+            permutation p: ``2/(n_permutations + 1)``) and the roles' summary.
         roles: the :class:`~tl_idempotence.probes.roles.HeadRoles` joined.
     """
 
@@ -179,7 +180,7 @@ def role_association(
         "threshold": float(threshold),
         "n_permutations": n_perm,
         "seed": seed,
-        "p_floor": 1 / (n_perm + 1),
+        "p_floor": min(1.0, 2 / (n_perm + 1)),  # two-sided: twice the one-sided floor (scipy's permutation_test)
         "roles": dict(roles.summary),
     }
     return RoleAssociation(table=table, association=assoc, summary=summary, roles=roles)
