@@ -81,6 +81,8 @@ def test_circuit_inputs_name_the_same_heads(rep):
         rep.hook_points(heads=[(0, 0), (1, 3)], hook="z"),
         rep.hook_points(heads=[(0, 0), (1, 3)], hook="v"),  # MHA: each kv point serves its one query head
         [(np.int64(0), np.int64(0)), (1, 3)],
+        rep.heads.loc[want],  # rows of rep.heads
+        pd.Index(want),
     ):
         assert list(rep.circuit(heads).heads.index) == want, heads
 
@@ -102,6 +104,8 @@ def test_circuit_refusals_name_the_heads(rep):
         rep.circuit([(0, 1.5)])
     with pytest.raises(OptionTypeError, match="hook_points"):
         rep.circuit([("blocks.0.attn.hook_v", 1)])
+    with pytest.raises(OptionTypeError, match="'layer' and 'head' columns"):
+        rep.circuit(rep.heads[["P"]])
     with pytest.raises(OptionError, match="n_sets"):
         rep.circuit(["L0H1"], n_sets=0)
     one = tli.idempotence_report(_layers(), layers=[0], progress=False)

@@ -191,7 +191,8 @@ _LABEL = re.compile(r"L(\d+)H(\d+)")
 
 
 def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[int]) -> list[tuple[int, int]]:
-    """A circuit as ``(layer, head)`` pairs from ``[(layer, head)]``, ``"L10H8"`` labels, or ``rep.hook_points``
+    """A circuit as ``(layer, head)`` pairs from ``[(layer, head)]``, ``"L10H8"`` labels, rows of ``rep.heads`` (a
+    DataFrame with ``layer``/``head`` columns), or ``rep.hook_points``
     output (:class:`~tl_idempotence.report.report.HookPoint`: its ``query_heads``; a plain ``(hook name, head)``
     pair of a query-head hook, ``blocks.10.attn.hook_z``).
 
@@ -200,6 +201,10 @@ def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[in
         OptionError: empty; a head the model does not have, a duplicate, a head outside the measured layers (each
             names the heads).
     """
+    if isinstance(heads, pd.DataFrame):  # rows of rep.heads (rep.closed_heads, a filter of it)
+        if not {"layer", "head"} <= set(heads.columns):
+            raise OptionTypeError(f"A heads DataFrame needs 'layer' and 'head' columns; got {list(heads.columns)}.")
+        heads = list(zip(heads["layer"], heads["head"]))
     if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
         raise OptionTypeError(
             f"heads must be a list of (layer, head) pairs, 'L10H8' labels or hook points; got {type(heads).__name__}."
