@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -265,6 +266,11 @@ def test_analysis_flags_pass_through(tmp_path, capsys):
     assert (heads["n_scramble_draws"] == 8).all()
     p = heads["p_value"].to_numpy()
     assert ((p >= 1 / 9 - 1e-12) & (p <= 1)).all()  # (1 + #{P~ >= P}) / (n + 1) with n = 8
+    # the BH q-values across the 18 heads travel to the CSV, next to p
+    import scipy.stats
+
+    assert list(heads.columns).index("q_value") == list(heads.columns).index("p_value") + 1
+    np.testing.assert_allclose(heads["q_value"], scipy.stats.false_discovery_control(p, method="bh"), rtol=1e-12)
     assert cli.main(args) == 0  # same seed, same draws
     pd.testing.assert_frame_equal(pd.read_csv(csv), heads)
 

@@ -61,6 +61,8 @@ _EXPORTS: dict[str, str] = {
     "flagged_heads": "tl_idempotence.probes.attention",
     "Ablation": "tl_idempotence.probes.ablation",
     "ablation": "tl_idempotence.probes.ablation",
+    "HeadRoles": "tl_idempotence.probes.roles",
+    "head_roles": "tl_idempotence.probes.roles",
     # report
     "IdempotenceReport": "tl_idempotence.report.report",
     "idempotence_report": "tl_idempotence.report.report",

@@ -534,7 +534,7 @@ def _json_value(x: Any) -> Any:
 def _summary_json(rep: Any) -> str:
     cols = [
         c
-        for c in ("layer", "head", "kv_head", "alpha", "P", "P_scrambled_median", "p_value", "P_searched")
+        for c in ("layer", "head", "kv_head", "alpha", "P", "P_scrambled_median", "p_value", "q_value", "P_searched")
         if c in rep.heads.columns
     ]
     closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in rep.closed_heads.iterrows()]

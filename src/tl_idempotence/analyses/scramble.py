@@ -25,7 +25,9 @@ on the CPU generator (so the draws are the same on every device).
 
 Per head (report columns): ``P_scrambled_median``, ``P_scrambled_q95``, ``p_value``
 ``= (1 + #{P~ >= P}) / (n + 1)``, ``beats_scramble`` (``P > P_scrambled_median``),
-``n_scramble_draws``, ``frac_scrambled_closed``, ``scramble_reason``.
+``n_scramble_draws``, ``frac_scrambled_closed``, ``scramble_reason``. Across every measured head of a report
+(:func:`bh_q_values`, added by the report's assembly, not per layer): ``q_value``, the Benjamini-Hochberg
+q-value of ``p_value`` (NaN where ``p_value`` is NaN: the head's ``scramble_reason`` says why).
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from .orientation import Factors, P_from_Z, defined_for_orientation, factors_of,
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import DeviceLike, DtypeLike, HeadWeightsLike, IntLike
 
-__all__ = ["Scramble", "ScrambleAnalysis", "orientation_scramble", "scramble_draws"]
+__all__ = ["FDR_LEVEL", "Scramble", "ScrambleAnalysis", "bh_q_values", "orientation_scramble", "scramble_draws"]
 
 #: Elements per batched tensor chunk ([heads, draws, r, r]); bounds memory at ~32 MB a tensor.
 CHUNK_ELEMS = 1 << 22
@@ -69,6 +71,33 @@ CHUNK_ELEMS = 1 << 22
 MAX_NULLS = 1 << 24
 #: Refuse Haar pools (2 · nulls · r² float64 per rank pair) above this many bytes.
 MAX_POOL_BYTES = 8 << 30
+#: The false-discovery level at which the summary counts heads (``n_heads_q05``: heads with ``q_value <= 0.05``).
+FDR_LEVEL = 0.05
+
+
+def bh_q_values(p_values: Any) -> np.ndarray:
+    """Benjamini-Hochberg q-values of per-head p-values, the family being every head with a finite p-value.
+
+    ``q_(i) = min_{k >= i} min(1, m p_(k) / k)`` over the ``m`` finite p-values sorted ascending (scipy's
+    ``false_discovery_control(method="bh")``). A NaN p-value (a head without a defined scramble: its
+    ``scramble_reason`` says why) is not part of the family and gets a NaN q-value. Valid under independence and
+    under positive regression dependence (PRDS), which is how the scramble's re-paired pools make different
+    heads' draws depend on each other (module docstring; docs/definitions.md).
+
+    Args:
+        p_values: ``[n]`` p-values in (0, 1] or NaN (array-like).
+
+    Returns:
+        ``[n]`` float64 q-values (NaN where the p-value is NaN).
+    """
+    from scipy.stats import false_discovery_control
+
+    p = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    q = np.full(p.shape, np.nan)
+    ok = np.isfinite(p)
+    if ok.any():
+        q[ok] = false_discovery_control(p[ok], method="bh")
+    return q
 
 
 def scramble_draws(
@@ -435,6 +464,7 @@ class ScrambleAnalysis:
             "n_heads_compared": int(defined.sum()),
         }
         s["n_heads_beating_scramble"] = int(heads["beats_scramble"].to_numpy(dtype=bool)[defined].sum())
+        s["n_heads_q05"] = int((bh_q_values(heads["p_value"]) <= FDR_LEVEL).sum())  # NaN q: not counted
         s["frac_beats_scramble"] = (
             s["n_heads_beating_scramble"] / s["n_heads_compared"] if defined.any() else float("nan")
         )

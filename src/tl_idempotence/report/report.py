@@ -25,6 +25,7 @@ from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlg
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import REPORT_ANALYSES
+from ..analyses.scramble import bh_q_values
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
 from ..core.option_specs import ReportOptionsArgs, documents_options
@@ -43,12 +44,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..core.hints import ArchitectureLike, HeadPairs, HeadsLike, IntLike, ModelLike, PathLike, RealLike, TLModel
     from ..probes.ablation import Ablation, AblationArgs
+    from ..probes.roles import HeadRoles
+    from .roles import Circuit, RoleAssociation
 
 __all__ = [
     "HEAD_COLUMNS",
     "HOOK_AXES",
+    "REPORT_LEVEL_COLUMNS",
     "HookPoint",
     "IdempotenceReport",
+    "add_q_values",
     "assemble",
     "head_label",
     "idempotence_report",
@@ -60,6 +65,10 @@ __all__ = [
 #: Measured cost of the constructive search per SmolLM2-135M layer (9 heads, d_head 64), one CPU thread
 #: (``benchmarks/bench_costs.py``, README "What each analysis costs"); shown in the progress bar.
 SEARCH_CPU_S_PER_LAYER = 1.4
+
+#: Columns of :attr:`IdempotenceReport.heads` that depend on every measured head, not on one layer (derived by
+#: :func:`add_q_values` after the per-layer rows; what the analyses' contract of layer independence leaves out).
+REPORT_LEVEL_COLUMNS = ("q_value",)
 
 #: Columns of :attr:`IdempotenceReport.heads` always present (SPEC sections 2-3).
 HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"]
@@ -485,6 +494,72 @@ class IdempotenceReport(Result):
         return ablation(m, self.closed_heads, **kwargs)
 
     @strict_kwargs
+    def roles(
+        self,
+        model: TLModel | None = None,
+        roles: HeadRoles | None = None,
+        n_tokens: IntLike = 24,
+        n_sequences: IntLike = 8,
+        n_permutations: IntLike = 999,
+        seed: IntLike = 0,
+    ) -> RoleAssociation:
+        """What the closed heads do (SPEC 11): :func:`~tl_idempotence.probes.roles.head_roles` of ``model`` joined
+        with this report's P, α and closed set, and each role's association with closure
+        (:func:`~tl_idempotence.report.roles.role_association`: Spearman ρ with a seeded permutation p, medians
+        among closed and other heads, Mann-Whitney p, BH q across roles).
+
+        Args:
+            model: the TransformerLens model (default: the one the report was made from, while it is alive).
+            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed (then ``model`` and the
+                token arguments are not used).
+            n_tokens, n_sequences: passed to ``head_roles``; seed: its tokens' seed and the permutations'.
+            n_permutations: permutations of each Spearman test.
+
+        Returns:
+            :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
+
+        Raises:
+            OptionError: no model; roles of another model. UnsupportedModelError / OptionTypeError: as
+                ``head_roles`` and ``role_association``.
+        """
+        from ..probes.roles import head_roles
+        from .roles import role_association
+
+        if roles is None:
+            m = model if model is not None else self.model
+            if m is None:
+                raise OptionError("rep.roles needs the TransformerLens model: rep.roles(model=...).")
+            roles = head_roles(m, n_tokens=n_tokens, n_sequences=n_sequences, seed=seed)
+        return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
+
+    @strict_kwargs
+    def circuit(
+        self, heads: Any, roles: HeadRoles | RoleAssociation | None = None, n_sets: IntLike = 999, seed: IntLike = 0
+    ) -> Circuit:
+        """A circuit tested against this report's closed set (SPEC 11).
+
+        Args:
+            heads: ``[(layer, head)]``, ``"L10H8"`` labels, or :meth:`hook_points` output (``hook_k``/``hook_v``
+                points stand for the query heads they list).
+            roles: add these head roles (a ``HeadRoles`` or ``rep.roles(...)``) to the circuit's rows.
+            n_sets: random layer-matched sets of the permutation p-value (floor ``1/(n_sets + 1)``).
+            seed: their seed.
+
+        Returns:
+            :class:`~tl_idempotence.report.roles.Circuit`: ``.heads``, ``.n_overlap``, ``.p_hypergeom``
+            (scipy's hypergeometric tail over the measured heads), ``.p_layer_matched``.
+
+        Raises:
+            OptionTypeError: heads that are not pairs, labels or hook points.
+            OptionError: no heads; heads the model lacks, duplicates, or heads outside the measured layers (named).
+        """
+        from .roles import RoleAssociation, circuit_overlap, parse_circuit
+
+        pairs = parse_circuit(heads, self.info.n_layers, self.info.n_heads, self.heads["layer"].unique().tolist())
+        r = roles.roles if isinstance(roles, RoleAssociation) else roles
+        return circuit_overlap(self.heads, pairs, self.threshold, roles=r, n_sets=n_sets, seed=seed)
+
+    @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
         """Save the report as a folder of parquet tables and one JSON record (no pickle); reload it with
         :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.
@@ -518,7 +593,7 @@ def load_report(path: PathLike) -> IdempotenceReport:
             give (it is recomputed: names the field and both values).
     """
     rec = read_record(path)
-    heads = rec.heads
+    heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # saved before q-values
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     return IdempotenceReport(
         heads=heads,
@@ -642,11 +717,23 @@ def report_with_options(
     return rep
 
 
+def add_q_values(heads: pd.DataFrame) -> pd.DataFrame:
+    """``heads`` with ``q_value`` (Benjamini-Hochberg across every measured head,
+    :func:`~tl_idempotence.analyses.scramble.bh_q_values`) right after ``p_value``, when it has per-head scramble
+    p-values; a table without ``p_value`` is returned as it is. A report-level column: it depends on every
+    layer, so it is derived here, after the per-layer rows, never in a layer's part."""
+    if "p_value" not in heads.columns:
+        return heads
+    heads = heads.drop(columns="q_value", errors="ignore")
+    heads.insert(heads.columns.get_loc("p_value") + 1, "q_value", bh_q_values(heads["p_value"]))
+    return heads
+
+
 def assemble(
     parts: Sequence[LayerPart], info: ModelInfo, options: ReportOptions, analyses: Sequence[Analysis], model: Any = None
 ) -> IdempotenceReport:
     """The report from finished layer parts (the end of the loop; also used by resumed and loaded reports)."""
-    heads = pd.concat([p.heads for p in parts], ignore_index=True)
+    heads = add_q_values(pd.concat([p.heads for p in parts], ignore_index=True))
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     layers = pd.DataFrame([p.row for p in parts])
     tables = concat_tables(parts)

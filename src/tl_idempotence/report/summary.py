@@ -109,7 +109,8 @@ class ReportSummary(Mapping[str, Any]):
     Closure (SPEC 2): ``n_closed, frac_closed, median_P, n_undefined_P, closed_per_layer`` ({layer: n}).
     Orientation scramble (SPEC 4b, ``nulls``): ``n_scramble_draws, median_P_trained, median_P_scrambled,
     n_heads_compared, n_heads_beating_scramble, frac_beats_scramble, n_layers_trained_wins,
-    layers_trained_loses``. O/V mismatch (SPEC 4a): ``n_mismatch_pairs, n_mismatch_closed, mismatch_P_max,
+    layers_trained_loses``, ``n_heads_q05`` (heads whose Benjamini-Hochberg q-value across every measured head is
+    <= 0.05; ``heads["q_value"]``). O/V mismatch (SPEC 4a): ``n_mismatch_pairs, n_mismatch_closed, mismatch_P_max,
     mismatch_notes``. Constructive search (SPEC 5): ``n_feasible_layers, infeasible_layers``.
     Provenance: ``processing`` (the weights' processing, SPEC 10), ``options``, ``versions``,
     ``weights_fingerprint`` (sha256 over the measured layers' fingerprints), ``source`` (format, file names),
@@ -141,6 +142,7 @@ class ReportSummary(Mapping[str, Any]):
     frac_beats_scramble: float | None = None
     n_layers_trained_wins: int | None = None
     layers_trained_loses: list[int] | None = None
+    n_heads_q05: int | None = None
     n_mismatch_pairs: int | None = None
     n_mismatch_closed: int | None = None
     mismatch_P_max: float | None = None

@@ -349,6 +349,12 @@ def result_html(obj: Any) -> str:
             f"<details><summary>checkpoints ({len(ck)} rows{'; first 20' if len(ck) > 20 else ''})</summary>"
             f"{_frame_html(ck.head(20), t)}</details>"
         )
+    assoc = getattr(obj, "association", None)  # rep.roles(...): one row per role
+    if isinstance(assoc, pd.DataFrame) and len(assoc):
+        out += (
+            "<details open><summary>association with closure (one row per role)</summary>"
+            f"{_frame_html(assoc, None)}</details>"
+        )
     heads = getattr(obj, "heads", None)
     if isinstance(heads, pd.DataFrame) and len(heads):
         by_P = "P" in heads.columns and heads["P"].dtype.kind == "f"

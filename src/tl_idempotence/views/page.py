@@ -58,7 +58,8 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
     """The closed heads sorted by P as display strings (or, when none is closed, the top 10 by P).
 
     Columns: ``head`` (``L10H8``), ``layer``, ``head index``, ``kv head``, ``α``, ``P`` (never
-    rounded across the threshold); with controls ``scramble median P`` and ``scramble p-value``;
+    rounded across the threshold); with controls ``scramble median P``, ``scramble p-value`` and
+    ``BH q-value`` (Benjamini-Hochberg across every measured head);
     with the search ``searched P`` (the constructive search's P for this head, SPEC 5 — not the
     head's own P). P-valued columns never round across the threshold.
     """
@@ -81,6 +82,8 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
     if "P_scrambled_median" in df.columns:
         out["scramble median P"] = [format_sig(v, t, sig=3) for v in df["P_scrambled_median"]]
         out["scramble p-value"] = [f"{v:.3g}" for v in df["p_value"]]
+        if "q_value" in df.columns:
+            out["BH q-value"] = [f"{v:.3g}" for v in df["q_value"]]
     if "P_searched" in df.columns:
         out["searched P"] = [format_P(v, t) for v in df["P_searched"]]
     return out
@@ -122,6 +125,14 @@ def _p_value_note(rep: Any) -> str:
         f"scramble p-value = (1 + number of draws with scrambled P ≥ P) / (n + 1) over n = {int(n)} Haar draws per "
         f"head, so it cannot go below 1/{int(n) + 1} = {1 / (int(n) + 1):.3g}; more draws (nulls=...) resolve "
         "smaller p-values."
+        + (
+            " BH q-value: the Benjamini-Hochberg q-value of the p-value across all "
+            f"{int(rep.heads['q_value'].notna().sum())} "
+            "heads with a p-value (the smallest false-discovery rate at which BH declares the head); "
+            f"{rep.summary.get('n_heads_q05')} heads have q ≤ 0.05."
+            if "q_value" in rep.heads.columns and rep.summary.get("n_heads_q05") is not None
+            else ""
+        )
     )
 
 

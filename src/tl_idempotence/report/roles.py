@@ -1,0 +1,344 @@
+"""Closure beside what heads do (SPEC 11): a report's P, α and closed set joined with head roles, and a user's
+circuit tested for overlap with the closed set.
+
+* :func:`role_association` (``rep.roles(model=...)``): per role, the Spearman correlation of P and the score with
+  a seeded permutation p-value (scipy's ``permutation_test``, pairings, two-sided), the medians of the score among
+  closed and other heads, a two-sided Mann-Whitney p (scipy), and Benjamini-Hochberg q-values of both p-values
+  across the roles. No role threshold enters the statistics. The signed ``copying`` score also gets ``|copying|``
+  (a two-sided relation a signed correlation can hide) and the share of closed heads whose copying sign agrees
+  with the sign of their α.
+* :func:`circuit_overlap` (``rep.circuit(heads)``): the overlap of a circuit with the closed set, its
+  hypergeometric tail among the measured heads (scipy's ``hypergeom.sf``) and a layer-matched permutation p
+  (random sets with the circuit's number of heads in each of its layers, seeded; floor ``1/(n_sets + 1)``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from ..analyses.scramble import bh_q_values
+from ..core.options import check_int, check_seed
+from ..core.results import Result
+from ..core.selection import head_label
+from ..errors import OptionError, OptionTypeError
+from ..probes.roles import ROLES, HeadRoles
+
+__all__ = [
+    "DEFAULT_N_PERMUTATIONS",
+    "DEFAULT_N_SETS",
+    "Circuit",
+    "RoleAssociation",
+    "circuit_overlap",
+    "parse_circuit",
+    "role_association",
+]
+
+#: Permutations of the Spearman test per role (two-sided p floor 2/(n + 1) = 0.002).
+DEFAULT_N_PERMUTATIONS = 999
+#: Random layer-matched sets of the circuit test (p floor 1/(n + 1) = 0.001).
+DEFAULT_N_SETS = 999
+#: Stated maximum of both counts (checked before any allocation).
+MAX_RESAMPLES = 1 << 20
+#: numpy SeedSequence tags of the two random streams (never shared with the torch streams of core.random).
+_TAG_ASSOCIATION, _TAG_CIRCUIT = 6, 5
+
+
+def _rng(seed: int, tag: int, *extra: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, tag, *extra]))
+
+
+@dataclass(repr=False, eq=False)
+class RoleAssociation(Result):
+    """Result of ``rep.roles(model=...)``.
+
+    Attributes:
+        table: the roles' table (:class:`~tl_idempotence.probes.roles.HeadRoles`) of the report's heads, with the
+            report's ``P``, ``alpha``, ``closed``; indexed by ``"L10H8"`` labels.
+        association: one row per role (``previous_token, duplicate_token, induction, copying, |copying|``):
+            ``n`` (heads with a defined P and score), ``spearman_rho``, ``spearman_p`` (permutation, two-sided),
+            ``spearman_q``, ``n_closed``, ``median_closed``, ``median_other``, ``mannwhitney_p`` (two-sided),
+            ``mannwhitney_q`` (BH across the roles), ``frac_sign_agrees_alpha`` (``copying`` only: closed heads
+            whose sign(copying) = sign(α)), ``note`` (why a value is NaN).
+        summary: ``model_name, n_heads, n_closed, threshold, n_permutations, seed, p_floor`` (the smallest two-sided
+            permutation p: ``2/(n_permutations + 1)``) and the roles' summary.
+        roles: the :class:`~tl_idempotence.probes.roles.HeadRoles` joined.
+    """
+
+    table: pd.DataFrame
+    association: pd.DataFrame
+    summary: dict[str, Any]
+    roles: HeadRoles | None = None
+
+    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "n_permutations", "seed")
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        """:attr:`table` (every result has ``heads``)."""
+        return self.table
+
+
+def _spearman_perm(x: np.ndarray, y: np.ndarray, n_perm: int, rng: np.random.Generator) -> tuple[float, float]:
+    from scipy.stats import permutation_test, spearmanr
+
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return float("nan"), float("nan")
+    rho = float(spearmanr(x, y).statistic)
+
+    def stat(a: np.ndarray) -> float:
+        return float(spearmanr(a, y).statistic)
+
+    res = permutation_test((x,), stat, permutation_type="pairings", n_resamples=n_perm, rng=rng)
+    return rho, float(res.pvalue)
+
+
+def role_association(
+    heads: pd.DataFrame, roles: HeadRoles, threshold: float, n_permutations: Any = DEFAULT_N_PERMUTATIONS, seed: Any = 0
+) -> RoleAssociation:
+    """Join a report's heads with head roles and test each role's association with closure (module docstring).
+
+    Args:
+        heads: the report's ``heads`` (``layer, head, P, alpha, closed``, indexed by labels).
+        roles: :func:`~tl_idempotence.probes.roles.head_roles` of the same model.
+        threshold: the report's P threshold (stated in the summary).
+        n_permutations: permutations of each Spearman test (1 .. MAX_RESAMPLES).
+        seed: the permutations' seed (each role its own stream).
+
+    Returns:
+        :class:`RoleAssociation`.
+
+    Raises:
+        OptionTypeError: ``roles`` is not a HeadRoles; a bad count or seed type. OptionError: a count or seed out
+            of range; the roles miss heads the report measured (another model: names them).
+    """
+    if not isinstance(roles, HeadRoles):
+        raise OptionTypeError(f"roles must be the HeadRoles of tli.head_roles(model); got {type(roles).__name__}.")
+    n_perm = check_int(n_permutations, "n_permutations", 1, MAX_RESAMPLES)
+    seed = check_seed(seed)
+    missing = [lab for lab in heads.index if lab not in roles.table.index]
+    if missing:
+        raise OptionError(
+            f"The head roles lack {len(missing)} head(s) the report measured ({missing[:5]}): they are not of the "
+            "report's model."
+        )
+    rt = roles.table.loc[list(heads.index)]
+    table = rt.join(heads[["P", "alpha", "closed"]])
+    P = table["P"].to_numpy(dtype=float)
+    alpha = table["alpha"].to_numpy(dtype=float)
+    closed = table["closed"].to_numpy(dtype=bool)
+    rows = []
+    names = [*ROLES, "|copying|"]
+    for i, role in enumerate(names):
+        s = np.abs(table["copying"].to_numpy(dtype=float)) if role == "|copying|" else table[role].to_numpy(dtype=float)
+        ok = np.isfinite(P) & np.isfinite(s)
+        notes = []
+        rho, p_rho = _spearman_perm(P[ok], s[ok], n_perm, _rng(seed, _TAG_ASSOCIATION, i))
+        if not np.isfinite(rho):
+            notes.append("Spearman undefined (fewer than 3 heads or a constant P/score)")
+        c, o = s[ok & closed], s[ok & ~closed]
+        if len(c) and len(o):
+            from scipy.stats import mannwhitneyu
+
+            p_mw = float(mannwhitneyu(c, o, alternative="two-sided").pvalue)
+        else:
+            p_mw = float("nan")
+            notes.append(
+                "Mann-Whitney undefined: no closed head" if not len(c) else "Mann-Whitney undefined: no other head"
+            )
+        agree = float("nan")
+        if role == "copying":
+            cc = ok & closed & (alpha != 0) & (s != 0)
+            agree = float((np.sign(s[cc]) == np.sign(alpha[cc])).mean()) if cc.any() else float("nan")
+            if not cc.any():
+                notes.append("no closed head with a signed copying score and α")
+        rows.append(
+            {
+                "role": role,
+                "n": int(ok.sum()),
+                "spearman_rho": rho,
+                "spearman_p": p_rho,
+                "n_closed": int((ok & closed).sum()),
+                "median_closed": float(np.median(c)) if len(c) else float("nan"),
+                "median_other": float(np.median(o)) if len(o) else float("nan"),
+                "mannwhitney_p": p_mw,
+                "frac_sign_agrees_alpha": agree,
+                "note": "; ".join(notes),
+            }
+        )
+    assoc = pd.DataFrame(rows).set_index("role")
+    assoc.insert(assoc.columns.get_loc("spearman_p") + 1, "spearman_q", bh_q_values(assoc["spearman_p"]))
+    assoc.insert(assoc.columns.get_loc("mannwhitney_p") + 1, "mannwhitney_q", bh_q_values(assoc["mannwhitney_p"]))
+    summary = {
+        "model_name": roles.summary.get("model_name"),
+        "n_heads": len(table),
+        "n_closed": int(closed.sum()),
+        "threshold": float(threshold),
+        "n_permutations": n_perm,
+        "seed": seed,
+        "p_floor": min(1.0, 2 / (n_perm + 1)),  # two-sided: twice the one-sided floor (scipy's permutation_test)
+        "roles": dict(roles.summary),
+    }
+    return RoleAssociation(table=table, association=assoc, summary=summary, roles=roles)
+
+
+_HOOK = re.compile(r"blocks\.(\d+)\.attn\.hook_(z|q|result|pattern|attn_scores)")
+_LABEL = re.compile(r"L(\d+)H(\d+)")
+
+
+def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[int]) -> list[tuple[int, int]]:
+    """A circuit as ``(layer, head)`` pairs from ``[(layer, head)]``, ``"L10H8"`` labels, rows of ``rep.heads`` (a
+    DataFrame with ``layer``/``head`` columns), or ``rep.hook_points``
+    output (:class:`~tl_idempotence.report.report.HookPoint`: its ``query_heads``; a plain ``(hook name, head)``
+    pair of a query-head hook, ``blocks.10.attn.hook_z``).
+
+    Raises:
+        OptionTypeError: not an iterable of such items (names the item).
+        OptionError: empty; a head the model does not have, a duplicate, a head outside the measured layers (each
+            names the heads).
+    """
+    if isinstance(heads, pd.DataFrame):  # rows of rep.heads (rep.closed_heads, a filter of it)
+        if not {"layer", "head"} <= set(heads.columns):
+            raise OptionTypeError(f"A heads DataFrame needs 'layer' and 'head' columns; got {list(heads.columns)}.")
+        heads = list(zip(heads["layer"], heads["head"]))
+    if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
+        raise OptionTypeError(
+            f"heads must be a list of (layer, head) pairs, 'L10H8' labels or hook points; got {type(heads).__name__}."
+        )
+    pairs: list[tuple[int, int]] = []
+    for item in heads:
+        qh = getattr(item, "query_heads", None)
+        if qh is not None and hasattr(item, "layer"):  # a HookPoint
+            pairs.extend((int(item.layer), int(h)) for h in qh)
+            continue
+        if isinstance(item, str):
+            m = _LABEL.fullmatch(item)
+            if not m:
+                raise OptionTypeError(f"{item!r} is not a head label like 'L10H8'.")
+            pairs.append((int(m[1]), int(m[2])))
+            continue
+        if isinstance(item, (tuple, list)) and len(item) == 2:
+            a, b = item
+            if isinstance(a, str):
+                m = _HOOK.fullmatch(a)
+                if not m:
+                    raise OptionTypeError(
+                        f"{item!r}: {a!r} is not a query-head hook (blocks.L.attn.hook_z/q/result/pattern/attn_scores);"
+                        " for hook_k/hook_v pass rep.hook_points(...) output, which says the query heads it serves."
+                    )
+                pairs.append((int(m[1]), check_int(b, "head", 0)))
+            else:
+                pairs.append((check_int(a, "layer", 0), check_int(b, "head", 0)))
+            continue
+        raise OptionTypeError(f"A circuit head must be (layer, head), 'L10H8' or a hook point; got {item!r:.60}.")
+    if not pairs:
+        raise OptionError("The circuit has no heads.")
+    bad = [head_label(a, b) for a, b in pairs if not (a < n_layers and b < n_heads)]
+    if bad:
+        raise OptionError(f"Heads {bad[:10]} do not exist (the model has {n_layers} layers of {n_heads} heads).")
+    seen: set[tuple[int, int]] = set()
+    dup = [head_label(*p) for p in pairs if p in seen or seen.add(p)]  # type: ignore[func-returns-value]
+    if dup:
+        raise OptionError(f"Heads {sorted(set(dup))[:10]} are listed more than once in the circuit.")
+    ms = set(measured)
+    out = [head_label(a, b) for a, b in pairs if a not in ms]
+    if out:
+        raise OptionError(f"Heads {out[:10]} are outside the report's measured layers {sorted(ms)[:12]}.")
+    return pairs
+
+
+@dataclass(repr=False, eq=False)
+class Circuit(Result):
+    """Result of ``rep.circuit(heads)``.
+
+    Attributes:
+        heads: one row per circuit head (labels): ``layer, head, P, alpha, closed`` (and the role scores when
+            roles were given).
+        summary: ``n_heads`` (circuit), ``n_overlap`` (closed circuit heads), ``n_measured``, ``n_closed``,
+            ``p_hypergeom`` (``P[X >= n_overlap]``, X hypergeometric over the measured heads), ``p_layer_matched``
+            (``(1 + #{sets with overlap >= n_overlap}) / (n_sets + 1)``), ``p_layer_matched_floor``, ``n_sets``,
+            ``seed``, ``layers`` ({layer: circuit heads in it}), ``threshold``.
+    """
+
+    heads: pd.DataFrame
+    summary: dict[str, Any]
+    set_overlaps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "n_overlap", "n_closed", "p_hypergeom", "p_layer_matched")
+
+    @property
+    def n_overlap(self) -> int:
+        """Circuit heads that are closed."""
+        return int(self.summary["n_overlap"])
+
+    @property
+    def p_hypergeom(self) -> float:
+        """scipy's hypergeometric tail ``P[X >= n_overlap]`` over the measured heads."""
+        return float(self.summary["p_hypergeom"])
+
+    @property
+    def p_layer_matched(self) -> float:
+        """The layer-matched permutation p-value (floor ``p_layer_matched_floor``)."""
+        return float(self.summary["p_layer_matched"])
+
+
+def circuit_overlap(
+    rep_heads: pd.DataFrame,
+    pairs: list[tuple[int, int]],
+    threshold: float,
+    roles: HeadRoles | None = None,
+    n_sets: Any = DEFAULT_N_SETS,
+    seed: Any = 0,
+) -> Circuit:
+    """The circuit's overlap with the closed set and its two p-values (module docstring).
+
+    Args:
+        rep_heads: the report's ``heads``; pairs: :func:`parse_circuit` output; threshold: the report's.
+        roles: add these role scores to the circuit's rows (optional).
+        n_sets: random layer-matched sets (1 .. MAX_RESAMPLES); seed: their seed.
+
+    Raises:
+        OptionTypeError / OptionError: bad ``n_sets``, ``seed`` or ``roles``.
+    """
+    from scipy.stats import hypergeom
+
+    n_sets = check_int(n_sets, "n_sets", 1, MAX_RESAMPLES)
+    seed = check_seed(seed)
+    if roles is not None and not isinstance(roles, HeadRoles):
+        raise OptionTypeError(f"roles must be a HeadRoles (tli.head_roles); got {type(roles).__name__}.")
+    labels = [head_label(a, b) for a, b in pairs]
+    cols = ["layer", "head", "P", "alpha", "closed"]
+    heads = rep_heads.loc[labels, cols].copy()
+    if roles is not None:
+        heads = heads.join(roles.table[[r for r in ROLES if r in roles.table.columns]])
+    closed = rep_heads["closed"].to_numpy(dtype=bool)
+    N, K, n = len(rep_heads), int(closed.sum()), len(pairs)
+    k = int(heads["closed"].to_numpy(dtype=bool).sum())
+    p_h = float(hypergeom.sf(k - 1, N, K, n))
+    rng = _rng(seed, _TAG_CIRCUIT)
+    per_layer = pd.Series([a for a, _ in pairs]).value_counts().sort_index()
+    overlaps = np.zeros(n_sets, dtype=np.int64)
+    L = rep_heads["layer"].to_numpy()
+    for layer, cnt in per_layer.items():
+        c_layer = closed[L == layer]  # the layer's heads, closed or not
+        draws = rng.random((n_sets, len(c_layer))).argsort(1)[:, : int(cnt)]  # sets without replacement
+        overlaps += c_layer[draws].sum(1)
+    p_lm = float((1 + int((overlaps >= k).sum())) / (n_sets + 1))
+    summary = {
+        "n_heads": n,
+        "n_overlap": k,
+        "n_measured": N,
+        "n_closed": K,
+        "threshold": float(threshold),
+        "p_hypergeom": p_h,
+        "p_layer_matched": p_lm,
+        "p_layer_matched_floor": 1 / (n_sets + 1),
+        "n_sets": n_sets,
+        "seed": seed,
+        "layers": {int(a): int(b) for a, b in per_layer.items()},
+    }
+    return Circuit(heads=heads, summary=summary, set_overlaps=overlaps)
