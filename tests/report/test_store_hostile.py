@@ -374,3 +374,20 @@ def test_a_report_saved_before_every_pairs_angles_were_kept_warns_when_lowered(s
     # the one pair closed at 0.9 (of the 8 closed at 0.5), as the report said before issue 30
     assert low.summary["algebra_ranges_threshold"] == 0.9 and low.summary["algebra"]["n_closed_range_pairs"] == 1
     assert len(low.algebra.closed_ranges) == 1
+
+
+def test_a_record_written_before_a_derived_field_existed_loads_with_it(rep, saved):
+    """A report saved by 0.2 has no ``n_heads_q05`` (added in 0.3): it loads, the field computed from its tables;
+    any other missing field is still an edit and is refused."""
+    want = rep.summary["n_heads_q05"]
+    assert isinstance(want, int)
+
+    def drop(field):
+        return lambda rec: rec["summary"].pop(field)
+
+    rewrite_record(saved, drop("n_heads_q05"))
+    back = tli.load_report(saved)
+    assert back.summary["n_heads_q05"] == want
+    rewrite_record(saved, drop("median_P"))
+    with pytest.raises(ReportFileError, match=re.escape("summary lacks ['median_P']")):
+        tli.load_report(saved)

@@ -360,13 +360,20 @@ def read_record(path: Any) -> ReportRecord:
                 f"{d / 'heads.parquet'}: 'closed' disagrees with P >= threshold ({options.threshold:g}) for {n} "
                 "head(s): the tables and the record do not belong together."
             )
-    _check_summary_fits_tables(rec_file, rec["summary"], heads, layers, frames, info, options)
+    added = _check_summary_fits_tables(rec_file, rec["summary"], heads, layers, frames, info, options)
+    if added:  # a record of an earlier version: the fields it predates, as its tables give them
+        summary = summary.replace(**added)
     return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)
 
 
 #: Summary fields the tables cannot give: the code that computed the numbers, and what a route added (a resumed
 #: report's ``n_layers_resumed``, a comparison's ``n_params``).
 NOT_DERIVED = frozenset({"versions", "n_layers_resumed", "n_params"})
+
+#: Derived summary fields added after the save format's first release, with the version that added them: a record
+#: written before them lacks them and loads (the field is computed from its tables); any other missing field is an
+#: edit and is refused.
+OPTIONAL_SINCE = {"n_heads_q05": "0.3.0"}
 
 
 def _first_difference(a: Any, b: Any, where: str) -> tuple[str, Any, Any] | None:
@@ -402,9 +409,10 @@ def _check_summary_fits_tables(
     tables: dict[str, pd.DataFrame],
     info: ModelInfo,
     options: ReportOptions,
-) -> None:
+) -> dict[str, Any]:
     """Every summary field the tables, the info and the options give (all but :data:`NOT_DERIVED`) must be what
-    they give: the summary is recomputed (:func:`~tl_idempotence.report.summary.build_summary`, the analyses the
+    they give (returns the :data:`OPTIONAL_SINCE` fields an earlier version's record lacks, as the tables give
+    them): the summary is recomputed (:func:`~tl_idempotence.report.summary.build_summary`, the analyses the
     options ran) and compared with the record's, in its JSON form (floats exactly, NaN equal to NaN).
 
     Raises:
@@ -422,6 +430,15 @@ def _check_summary_fits_tables(
     want = _untag_int_keys(json_safe(_tag_int_keys(fresh.to_dict())))  # JSON form, NaN as "NaN", int keys
     got = {k: v for k, v in _untag_int_keys(stored).items() if k not in NOT_DERIVED}
     want = {k: v for k, v in want.items() if k not in NOT_DERIVED}
+    # Optional fields a later version added (e.g. n_heads_q05 in 0.3): a record written before them lacks them;
+    # they are derived, so the loaded summary takes them from the tables (never a number the record claims).
+    fresh_fields = fresh.to_dict()
+    added = {
+        k: fresh_fields[k]
+        for k in want
+        if k not in got and k in OPTIONAL_SINCE and ReportSummary.__dataclass_fields__[k].default is None
+    }
+    want = {k: v for k, v in want.items() if k not in added}
     diff = _first_difference(got, want, "summary")
     if diff is not None:
         where, a, b = diff
@@ -429,3 +446,4 @@ def _check_summary_fits_tables(
             f"{rec_file}: {where} is {a!r} in the record but {b!r} from its tables, info and options: the record "
             "was edited. Save the report again from its source."
         )
+    return added
