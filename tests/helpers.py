@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import scipy.linalg
 import torch
 from safetensors.torch import save_file
@@ -426,3 +427,18 @@ def world_traversable_dir(prefix: str = "tli-perm-") -> Path:
     d = Path(tempfile.mkdtemp(prefix=prefix))
     d.chmod(0o755)
     return d
+
+
+def hooked_or_skip(tiny_dir):
+    """``tl_idempotence.testing.hooked_from_dir(tiny_dir)``, or a skip on transformer-lens 4.x (no HookedTransformer;
+    a skip CI accepts there: tests/conftest.py ``CI_ALLOWED_SKIPS``)."""
+    from tl_idempotence.testing import hooked_from_dir
+
+    try:
+        return hooked_from_dir(tiny_dir)
+    except ImportError as e:
+        pytest.skip(f"transformer-lens 4.x has no HookedTransformer: {e}")
+
+
+#: The job-array index variables a sweep task reads (tests clear them: the machine's own must not leak in).
+ARRAY_INDEX_VARIABLES = ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX", "SGE_TASK_ID")

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
+from helpers import hooked_or_skip
 from tl_idempotence.core.random import layer_generator
 from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.probes.ablation import (
@@ -47,7 +48,7 @@ from tl_idempotence.probes.ablation import (
     rank_p_value,
 )
 from tl_idempotence.probes.tokens import prepare_tokens
-from tl_idempotence.testing import bridge_from_dir, hooked_from_dir, tiny_hf_dir
+from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
 ZERO_HEAD = (1, 4)  # layer 1, head 4: W_O set to zero in the checkpoint
 # 6 windows of 24 token ids: BOS (id 1) then ordinary tokens (ids 4..99; 0..3 are the tiny tokenizer's specials)
@@ -85,10 +86,7 @@ def bridge(tiny_dir):
 
 @pytest.fixture(scope="module")
 def hooked(tiny_dir):
-    try:
-        return hooked_from_dir(tiny_dir)
-    except ImportError as e:  # transformer-lens 4.x has no HookedTransformer
-        pytest.skip(f"transformer-lens 4.x has no HookedTransformer: {e}")
+    return hooked_or_skip(tiny_dir)
 
 
 @pytest.fixture(scope="module")

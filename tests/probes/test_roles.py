@@ -15,10 +15,11 @@ import pytest
 import torch
 
 import tl_idempotence as tli
+from helpers import hooked_or_skip
 from tl_idempotence.errors import OptionError, OptionTypeError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.probes.roles import ATTENTION_ROLES, ROLES, repeated_random_tokens, role_scores
 from tl_idempotence.sources.tl import tl_processing
-from tl_idempotence.testing import bridge_from_dir, hooked_from_dir, tiny_hf_dir
+from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
 pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
 
@@ -37,10 +38,7 @@ def bridge(tiny_dir):
 
 @pytest.fixture(scope="module")
 def hooked(tiny_dir):
-    try:
-        return hooked_from_dir(tiny_dir)
-    except ImportError as e:  # transformer-lens 4.x has no HookedTransformer
-        pytest.skip(f"transformer-lens 4.x has no HookedTransformer: {e}")
+    return hooked_or_skip(tiny_dir)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-from helpers import gpt2_like, llama_like, neox_like
+from helpers import ARRAY_INDEX_VARIABLES, gpt2_like, llama_like, neox_like
 from tl_idempotence.cli import main
 from tl_idempotence.errors import (
     MissingFileError,
@@ -54,7 +54,7 @@ pytestmark = pytest.mark.integration
 
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 TESTS = Path(__file__).resolve().parents[1]
-INDEX_VARIABLES = ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX", "SGE_TASK_ID")
+INDEX_VARIABLES = ARRAY_INDEX_VARIABLES
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-from helpers import gpt2_like, llama_like
+from helpers import ARRAY_INDEX_VARIABLES, gpt2_like, llama_like
 from tl_idempotence.errors import OptionError, ReportFileError
 from tl_idempotence.report.identity import Origin
 from tl_idempotence.studies.sweep import ITEMS_DIR, RECORD_NAME, read_sweep_plan, run_sweep_item
@@ -34,7 +34,7 @@ from tl_idempotence.studies.sweep import ITEMS_DIR, RECORD_NAME, read_sweep_plan
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 OPTS = {"nulls": 2, "seed": 1}
 CLI_OPTS = ["--nulls", "2", "--seed", "1", "--quiet"]
-INDEX_VARIABLES = ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX", "SGE_TASK_ID")
+INDEX_VARIABLES = ARRAY_INDEX_VARIABLES
 
 
 @pytest.fixture(autouse=True)
