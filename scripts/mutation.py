@@ -12,7 +12,8 @@ diff of every survivor. A survivor is either killed by a new test, or written in
     python scripts/mutation.py resume_key kv_map --max-children 2
     python scripts/mutation.py --all               # every target (hours on a 2-core machine)
 
-Not part of any pytest tier: CI runs it in its own budget (``TLI_CI_MUTATION=1 bash .ci/run``).
+Not part of any pytest tier: CI runs it as its own stage after the tests (``.ci/run``: the targets in
+``TLI_CI_MUTATION``, default ``kv_map``; ``all`` runs every target).
 Needs ``pip install -e ".[mutation]"`` (mutmut). jaxtyping's pytest hook is switched off inside the run
 (mutmut imports the package before pytest starts, which that hook refuses); the tests run as written.
 Exit status: 0 when every target's score (equivalents excluded) is at least ``--min-score`` (default 0.9).
