@@ -211,6 +211,7 @@ class ResumeDir:
             return None
 
         def stale(why: str) -> None:
+            why = why.rstrip(".")  # a reason that is a sentence (a read error) ends where this one goes on
             warnings.warn(f"Resume part {rec_file}: {why}; recomputing layer {layer}.", UserWarning, stacklevel=4)
 
         try:
