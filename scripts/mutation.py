@@ -173,7 +173,7 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
     equivalent = load_equivalent()
     eq = sorted(k for k in survivors if k in equivalent)
     killed = sum(v in KILLED for v in status.values())
-    counted = len([k for k, v in status.items() if v in KILLED | SURVIVED and k not in equivalent])
+    counted = killed + len(survivors) - len(eq)  # killed + survived, equivalents left out
     return {
         "target": t.name,
         "why": t.why,
