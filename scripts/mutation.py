@@ -194,6 +194,19 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
     }
 
 
+def rescore(name: str) -> dict:
+    """A target's last report with the survivors classified again by equivalent.json (mutant names are numbered
+    within their function: after an edit of the function, rerun instead)."""
+    r = json.loads((OUT / f"{name}.json").read_text(encoding="utf-8"))
+    equivalent = load_equivalent()
+    for k, s in r["survivors"].items():
+        s["equivalent"] = equivalent.get(k)
+    r["equivalent"] = sum(s["equivalent"] is not None for s in r["survivors"].values())
+    r["survived"] = len(r["survivors"]) - r["equivalent"]
+    r["score"] = r["killed"] / (r["killed"] + r["survived"]) if r["killed"] + r["survived"] else None
+    return r
+
+
 def _matches(name: str, glob: str) -> bool:
     return re.fullmatch(re.escape(glob).replace(r"\*", ".*"), name) is not None
 
@@ -229,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-children", type=int, default=os.cpu_count() or 1, help="parallel mutants")
     ap.add_argument("--min-score", type=float, default=0.9, help="the score every target must reach (default 0.9)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (to `mutmut browse` it)")
+    ap.add_argument(
+        "--rescore",
+        action="store_true",
+        help="rewrite the named targets' reports from their JSON with the current equivalent.json (no run)",
+    )
     a = ap.parse_args(argv)
     if a.list:
         for t in TARGETS.values():
@@ -240,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown target(s) {unknown}; choose from {list(TARGETS)}" if unknown else "name a target or --all")
     ok = True
     for n in names:
-        r = run_target(TARGETS[n], a.max_children, a.keep)
+        r = rescore(n) if a.rescore else run_target(TARGETS[n], a.max_children, a.keep)
         write_report(r)
         score = r["score"]
         print(
