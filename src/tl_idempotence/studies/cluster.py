@@ -23,12 +23,18 @@ it) and ``lost-worker-timeout`` 10 minutes (Dask's 15 s closed for good the nann
 longer to restart on a loaded machine: the sweep was then left without workers). It refuses, in one
 line, a script that would start it outside the ``__main__`` guard (Dask's workers re-import the main
 script; without the guard each would start a sweep of its own).
+
+:func:`run_trajectory_on_cluster` is the trajectory's cluster runner (``trajectory(client=...)``): one job
+per checkpoint on :func:`run_jobs`, its resume parts in :func:`cache_name`'s folder. The sweep's driver is
+:mod:`tl_idempotence.studies.sweep`.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
+import json
 import os
 import re
 import sys
@@ -36,25 +42,37 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..errors import ClusterError
+from ..core.options import ReportOptions, check_int
+from ..errors import ClusterError, OptionError, OptionTypeError
+from ..report.report import IdempotenceReport, report_with_options
 
 __all__ = [
+    "DEFAULT_RETRIES",
     "DEFAULT_WORKER_TIMEOUT",
     "LOCAL_CLUSTER_SETTINGS",
     "MAX_REQUEUES",
+    "UNSAFE_CHARS",
     "Job",
     "Outcome",
     "Probe",
+    "cache_name",
+    "check_cluster_trajectory",
     "check_main_guard",
     "describe_deaths",
     "local_cluster",
     "machine_cores",
     "main_guard_problem",
     "run_jobs",
+    "run_trajectory_on_cluster",
 ]
 
+#: Default number of retries of a failed task (so up to 3 attempts).
+DEFAULT_RETRIES = 2
+#: Characters a folder name made from a label never holds (each run of them becomes ``_``).
+UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 #: Seconds :func:`run_jobs` waits while the cluster has no worker at all before it raises ClusterError.
 DEFAULT_WORKER_TIMEOUT = 120.0
 #: Resubmissions of a job whose task a worker death took down before it started (not charged to the job).
@@ -500,3 +518,141 @@ def _redescribe(client: Any, cluster: Any, outcomes: dict[str, Outcome], budget:
         for o in todo:
             o.deaths = describe_deaths(client, cluster, o.died) + [d for d in o.deaths if d.startswith("its task")]
         todo = [o for o in todo if any(_UNKNOWN in d for d in o.deaths)]
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+def _trajectory_task(
+    path: str, record: dict[str, Any], device: str, resume: str | None, attempt: int = 1
+) -> tuple[IdempotenceReport, float]:
+    """One checkpoint's report on a worker and the seconds it took to open and measure it."""
+    t0 = time.perf_counter()
+    opts = ReportOptions.at_device(record, device)
+    rep = report_with_options(path, opts, progress=False, resume=resume)
+    return rep, time.perf_counter() - t0
+
+
+def cache_name(order: int, label: str, opts: ReportOptions) -> str:
+    """The cache folder (under ``cache_dir``) of one checkpoint, the same on both routes (serial and
+    ``client=``): its order, label and a hash of the options key (another set of options is another
+    folder, never a refusal; the weights are keyed per layer inside).
+
+    Args:
+        order: the checkpoint's position in the input (>= 0).
+        label: its label (made filesystem-safe, at most 60 characters).
+        opts: the validated report options.
+    """
+    key = hashlib.sha256(json.dumps(opts.key(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{order:04d}-{_slug(label)}-{key}"
+
+
+def _slug(label: str) -> str:
+    return UNSAFE_CHARS.sub("_", label)[:60] or "ckpt"
+
+
+def check_cluster_trajectory(ckpts: Sequence[Any], client: Any, loader: Any = None) -> None:
+    """Refuse, before any work, a trajectory that cannot run on a Dask cluster.
+
+    Args:
+        ckpts: the trajectory's checkpoint records (``label``, ``kind``).
+        client: what was given as ``client``.
+        loader: what was given as ``loader`` (must be None: workers open paths with the built-in reader).
+
+    Raises:
+        OptionTypeError: ``client`` is not a ``distributed.Client``.
+        OptionError: a ``loader`` (it would never run), checkpoints that are not paths (a model object,
+            a hub spec or a callable cannot be opened on a worker).
+    """
+    if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
+        raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
+    if loader is not None:
+        raise OptionError(
+            "client=... and loader=... cannot be combined: with a client each checkpoint is opened on a worker from "
+            "its path by the built-in reader, so the loader would never run. Drop loader, or run without client."
+        )
+    bad = [c.label for c in ckpts if c.kind != "path"]
+    if bad:
+        raise OptionError(
+            f"trajectory(client=...) runs each checkpoint on a worker from its path; checkpoints {bad} are not paths "
+            "(a model object, hub spec or callable). Save them to disk, or run without client."
+        )
+
+
+def run_trajectory_on_cluster(
+    ckpts: Sequence[Any],
+    options: ReportOptions,
+    *,
+    client: Any,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    retries: int = DEFAULT_RETRIES,
+    worker_timeout: float | None = DEFAULT_WORKER_TIMEOUT,
+) -> list[tuple[Any, IdempotenceReport, float]]:
+    """One task per checkpoint on ``client`` for :func:`~tl_idempotence.studies.trajectory.trajectory`.
+
+    Runs on :func:`~tl_idempotence.studies.cluster.run_jobs`: each checkpoint's report is its task's own
+    result (fetched once, never taken from a future's status after a reschedule); a task that raises, or
+    whose worker dies, is retried ``retries`` times; the first checkpoint that still fails stops the
+    trajectory (the other tasks are cancelled).
+
+    Args:
+        ckpts: the trajectory's checkpoint records (``order``, ``label``, ``spec``, ``kind``, ``step``);
+            only ``kind == "path"`` (a checkpoint directory or file, opened on the worker).
+        options: the validated report options (device included: the workers must have it).
+        client: a ``distributed.Client``.
+        cache_dir: per-checkpoint resume parts, as in the serial route (a folder the workers see).
+        progress: tqdm bar over tasks.
+        retries: retries of a task that raised or whose worker died.
+        worker_timeout: seconds without any worker before ClusterError (None: wait).
+
+    Returns:
+        ``[(ckpt, report, seconds)]`` in checkpoint order (seconds: wall time to open and measure it on its worker).
+
+    Raises:
+        OptionError: a checkpoint that is not a path (a model object, a hub spec, a callable), a client
+            that is not a ``distributed.Client``.
+        ClusterError: a checkpoint whose worker died on every attempt; no worker for ``worker_timeout`` s.
+        The error of the first checkpoint that failed after its retries (with a note naming it).
+    """
+    from ..core.progress import progress_bar
+
+    check_cluster_trajectory(ckpts, client)
+    retries = check_int(retries, "retries", 0, 100)
+    record = {k: v for k, v in options.as_dict().items() if k != "device"}
+    device = str(options.device)
+    by_name = {f"{c.order:04d}": c for c in ckpts}
+    jobs = []
+    for name, c in by_name.items():
+        resume = (
+            None if cache_dir is None else str(Path(cache_dir).expanduser() / cache_name(c.order, c.label, options))
+        )
+        jobs.append(Job(name, _trajectory_task, (str(Path(c.spec).expanduser()), record, device, resume)))
+    bar = progress_bar(total=len(ckpts), desc="checkpoints", unit="ckpt", enabled=bool(progress))
+
+    def done(o: Outcome) -> None:
+        c = by_name[o.name]
+        if o.status == "died":
+            raise ClusterError(
+                f"Trajectory checkpoint {c.label!r} ({c.spec}): the worker process measuring it died on every attempt "
+                f"({'; '.join(o.deaths)}); {o.attempts} attempt(s), retries={retries}. Give the workers more memory."
+            )
+        if o.status == "error":
+            exc = o.error
+            assert exc is not None
+            if hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note(f"(trajectory checkpoint {c.label!r}, {c.spec}, failed on the Dask cluster)")
+            raise exc
+        bar.update(1)
+
+    try:
+        outcomes = run_jobs(
+            client, jobs, retries=retries, key_prefix="tli-trajectory", worker_timeout=worker_timeout, on_done=done
+        )
+    finally:
+        bar.close()
+    out = []
+    for name, c in by_name.items():
+        rep, seconds = outcomes[name].value
+        out.append((c, rep, seconds))
+    return out
