@@ -389,119 +389,160 @@ def run_jobs(
         ClusterError: the cluster had no worker for ``worker_timeout`` seconds (the unfinished tasks are
             cancelled; what finished is on disk wherever the tasks wrote it).
     """
-    from concurrent.futures import CancelledError
-
     from distributed import KilledWorker
 
-    run = uuid.uuid4().hex[:8]
     outcomes = {j.name: Outcome(j.name) for j in jobs}
-    pending: dict[Any, tuple[Job, int]] = {}
-    submitted: dict[str, int] = {}
+    state = _JobsRun(client, retries, key_prefix, probe, cluster, on_done, KilledWorker, outcomes)
+    for j in jobs:
+        state.submit(j, 1)
+    watch = _WorkerWatch(worker_timeout, next_check=time.monotonic() + _WORKER_CHECK_EVERY)
+    try:
+        while state.pending:
+            changed = False
+            for fut in list(state.pending):
+                status = fut.status
+                if status not in ("finished", "error", "cancelled"):
+                    continue
+                changed = True
+                state.settle(fut, status)
+            watch.check(client, state.outcomes, len(jobs))
+            if not changed:
+                time.sleep(poll)
+    finally:
+        for fut in state.pending:
+            fut.cancel()
+    _redescribe(client, cluster, state.outcomes)
+    return state.outcomes
 
-    def submit(job: Job, attempt: int) -> None:
-        n = submitted[job.name] = submitted.get(job.name, 0) + 1
-        fut = client.submit(job.fn, *job.args, attempt, key=f"{key_prefix}-{job.name}-{run}-{n}", retries=0, pure=False)
-        pending[fut] = (job, attempt)
 
-    def finish(o: Outcome, status: str) -> None:
+@dataclass
+class _JobsRun:
+    """One :func:`run_jobs` call: every job's outcome so far and the futures still pending (``{future: (job,
+    attempt)}``); its steps decide what an ended attempt means (module docstring)."""
+
+    client: Any
+    retries: int
+    key_prefix: str
+    probe: Callable[[Job, int], Probe] | None
+    cluster: Any
+    on_done: Callable[[Outcome], None] | None
+    killed: type[BaseException]  # distributed.KilledWorker
+    outcomes: dict[str, Outcome]
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    pending: dict[Any, tuple[Job, int]] = field(default_factory=dict)
+    submitted: dict[str, int] = field(default_factory=dict)
+
+    def submit(self, job: Job, attempt: int) -> None:
+        """A new task for ``attempt`` of ``job`` (its key numbered by the job's submissions)."""
+        n = self.submitted[job.name] = self.submitted.get(job.name, 0) + 1
+        key = f"{self.key_prefix}-{job.name}-{self.run}-{n}"
+        fut = self.client.submit(job.fn, *job.args, attempt, key=key, retries=0, pure=False)
+        self.pending[fut] = (job, attempt)
+
+    def finish(self, o: Outcome, status: str) -> None:
+        """The job's final outcome (a death's exit codes asked of the nannies), told to ``on_done``."""
         o.status = status
         if status == "died":
-            o.deaths = describe_deaths(client, cluster, o.died) + o.deaths
-        if on_done is not None:
-            on_done(o)
+            o.deaths = describe_deaths(self.client, self.cluster, o.died) + o.deaths
+        if self.on_done is not None:
+            self.on_done(o)
 
-    def failed_attempt(job: Job, attempt: int, status: str) -> None:
-        o = outcomes[job.name]
+    def failed_attempt(self, job: Job, attempt: int, status: str) -> None:
+        """An attempt that raised or died: retried while retries are left, else the job ends with ``status``."""
+        o = self.outcomes[job.name]
         o.attempts += 1
-        if o.attempts <= retries:
-            submit(job, attempt + 1)
+        if o.attempts <= self.retries:
+            self.submit(job, attempt + 1)
         else:
-            finish(o, status)
+            self.finish(o, status)
 
-    def lost(job: Job, attempt: int, charged_without_probe: bool) -> None:
+    def lost(self, job: Job, attempt: int, charged_without_probe: bool) -> None:
         """The attempt ended without a result: decide from the disk."""
-        o = outcomes[job.name]
-        p = probe(job, attempt) if probe is not None else None
+        o = self.outcomes[job.name]
+        p = self.probe(job, attempt) if self.probe is not None else None
         if p is not None and p.done:
             o.value = p.value
             o.attempts += 1
-            finish(o, "ok")
+            self.finish(o, "ok")
         elif (p is not None and p.died) or (p is None and charged_without_probe):
             o.died += list(p.died) if p is not None else [("", -1, "")]
-            failed_attempt(job, attempt, "died")
+            self.failed_attempt(job, attempt, "died")
         else:
             o.requeues += 1
             if o.requeues > MAX_REQUEUES:
                 o.deaths.append(f"its task was lost {o.requeues} times before it started (workers died or left)")
-                finish(o, "died")
+                self.finish(o, "died")
             else:
-                submit(job, attempt)
+                self.submit(job, attempt)
 
-    for j in jobs:
-        submit(j, 1)
+    def settle(self, fut: Any, status: str) -> None:
+        """A future that ended (``status``: ``"finished"``, ``"error"`` or ``"cancelled"``): its result fetched
+        once and the future released, or the attempt retried, charged or resubmitted."""
+        from concurrent.futures import CancelledError
+
+        job, attempt = self.pending.pop(fut)
+        o = self.outcomes[job.name]
+        if status == "finished":
+            try:
+                o.value = fut.result(timeout=10)
+            except (TimeoutError, CancelledError):  # its data went with a worker: the disk decides
+                fut.release()
+                self.lost(job, attempt, charged_without_probe=False)
+                return
+            except Exception as e:  # noqa: BLE001 - a result that cannot be fetched is that attempt's error
+                o.error = e
+                fut.release()
+                self.failed_attempt(job, attempt, "error")
+                return
+            fut.release()
+            o.attempts += 1
+            self.finish(o, "ok")
+        elif status == "error":
+            try:
+                exc = fut.exception(timeout=10)
+            except Exception as e:  # noqa: BLE001 - an error that cannot be fetched: the disk decides
+                exc = e
+            fut.release()
+            if isinstance(exc, (self.killed, CancelledError, TimeoutError)):
+                self.lost(job, attempt, charged_without_probe=isinstance(exc, self.killed))
+            else:
+                o.error = exc
+                self.failed_attempt(job, attempt, "error")
+        else:  # cancelled by the scheduler or a reconnecting client, not by us
+            fut.release()
+            self.lost(job, attempt, charged_without_probe=False)
+
+
+@dataclass
+class _WorkerWatch:
+    """How long the cluster has had no worker (looked at every :data:`_WORKER_CHECK_EVERY` seconds)."""
+
+    worker_timeout: float | None
+    next_check: float
     no_worker_since: float | None = None
-    next_check = time.monotonic() + _WORKER_CHECK_EVERY
-    try:
-        while pending:
-            changed = False
-            for fut in list(pending):
-                status = fut.status
-                if status not in ("finished", "error", "cancelled"):
-                    continue
-                job, attempt = pending.pop(fut)
-                changed = True
-                o = outcomes[job.name]
-                if status == "finished":
-                    try:
-                        o.value = fut.result(timeout=10)
-                    except (TimeoutError, CancelledError):  # its data went with a worker: the disk decides
-                        fut.release()
-                        lost(job, attempt, charged_without_probe=False)
-                        continue
-                    except Exception as e:  # noqa: BLE001 - a result that cannot be fetched is that attempt's error
-                        o.error = e
-                        fut.release()
-                        failed_attempt(job, attempt, "error")
-                        continue
-                    fut.release()
-                    o.attempts += 1
-                    finish(o, "ok")
-                elif status == "error":
-                    try:
-                        exc = fut.exception(timeout=10)
-                    except Exception as e:  # noqa: BLE001 - an error that cannot be fetched: the disk decides
-                        exc = e
-                    fut.release()
-                    if isinstance(exc, (KilledWorker, CancelledError, TimeoutError)):
-                        lost(job, attempt, charged_without_probe=isinstance(exc, KilledWorker))
-                    else:
-                        o.error = exc
-                        failed_attempt(job, attempt, "error")
-                else:  # cancelled by the scheduler or a reconnecting client, not by us
-                    fut.release()
-                    lost(job, attempt, charged_without_probe=False)
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + _WORKER_CHECK_EVERY
-                if _n_workers(client):
-                    no_worker_since = None
-                elif no_worker_since is None:
-                    no_worker_since = now
-                elif worker_timeout is not None and now - no_worker_since > worker_timeout:
-                    left = [o.name for o in outcomes.values() if o.status == "pending"]
-                    raise ClusterError(
-                        f"The Dask cluster has had no worker for {worker_timeout:g} s with {len(left)} of {len(jobs)} "
-                        f"tasks unfinished ({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}): its workers "
-                        "died or left and none came back. What finished is kept; rerun to finish the rest (give the "
-                        "cluster workers, or a larger worker_timeout while a batch system starts them)."
-                    )
-            if not changed:
-                time.sleep(poll)
-    finally:
-        for fut in pending:
-            fut.cancel()
-    _redescribe(client, cluster, outcomes)
-    return outcomes
+
+    def check(self, client: Any, outcomes: dict[str, Outcome], n_jobs: int) -> None:
+        """Look at the cluster's workers when it is time to.
+
+        Raises:
+            ClusterError: no worker for more than ``worker_timeout`` seconds (names the unfinished jobs).
+        """
+        now = time.monotonic()
+        if now < self.next_check:
+            return
+        self.next_check = now + _WORKER_CHECK_EVERY
+        if _n_workers(client):
+            self.no_worker_since = None
+        elif self.no_worker_since is None:
+            self.no_worker_since = now
+        elif self.worker_timeout is not None and now - self.no_worker_since > self.worker_timeout:
+            left = [o.name for o in outcomes.values() if o.status == "pending"]
+            raise ClusterError(
+                f"The Dask cluster has had no worker for {self.worker_timeout:g} s with {len(left)} of {n_jobs} "
+                f"tasks unfinished ({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}): its workers "
+                "died or left and none came back. What finished is kept; rerun to finish the rest (give the "
+                "cluster workers, or a larger worker_timeout while a batch system starts them)."
+            )
 
 
 def _redescribe(client: Any, cluster: Any, outcomes: dict[str, Outcome], budget: float = 10.0) -> None:
