@@ -3,7 +3,7 @@
 from its task's result or, when a worker died, from the files it left (:func:`probe_for`), and returns the
 :class:`~.results.SweepResult`.
 
-``sweep`` is its steps in order: check the arguments where they enter (:func:`check_cluster_arguments`),
+``sweep`` is its steps in order: check the arguments where they enter (:func:`check_sweep_arguments`),
 resolve the items and options, take ``OUT``'s sweep lock (:func:`sweep_lock`), write the plan, run the tasks
 (:func:`run_tasks`), turn their outcomes into the result's rows (:func:`collect_outcomes`), and record what
 happened in ``OUT/sweep.json`` (:func:`write_outcome_record`).
@@ -62,7 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "SWEEP_PARAMETERS",
-    "check_cluster_arguments",
+    "check_sweep_arguments",
     "check_worker_timeout",
     "collect_outcomes",
     "connect",
@@ -170,12 +170,9 @@ def sweep(
         UserWarning: items that failed (also in ``.failed``); models with processed or identical weights.
     """
     t_start = time.perf_counter()
-    progress = check_bool(progress, "progress")
-    replan = check_bool(replan, "replan")
-    retries = check_int(retries, "retries", 0, 100)
-    oversubscribe = check_bool(oversubscribe, "oversubscribe")
-    worker_timeout = check_worker_timeout(worker_timeout)
-    workers = check_cluster_arguments(client, scheduler, workers, oversubscribe)
+    progress, replan, retries, worker_timeout, workers = check_sweep_arguments(
+        progress, replan, retries, oversubscribe, worker_timeout, client, scheduler, workers
+    )
     resolved = resolve_sweep_items(items)
     dirnames = item_dirnames(resolved)
     record, device_name = ReportOptions.for_elsewhere("sweep()", options, SWEEP_PARAMETERS)
@@ -192,30 +189,10 @@ def sweep(
         entries = [task_entry(t) for t in tasks]
         write_plan(d, entries, record, device_name, replan)
         n_workers = min(workers if workers is not None else machine_cores(), len(tasks))
-        outcomes = run_tasks(
-            d,
-            tasks,
-            run,
-            client,
-            scheduler,
-            n_workers,
-            retries=retries,
-            worker_timeout=worker_timeout,
-            progress=progress,
-        )
+        outcomes = run_tasks(d, tasks, run, client, scheduler, n_workers, retries, worker_timeout, progress)
         reports, rows, failures = collect_outcomes(d, tasks, entries, outcomes, retries)
-        result = build_result(
-            d,
-            entries,
-            reports,
-            rows,
-            failures,
-            {},
-            record,
-            device_name,
-            time.perf_counter() - t_start,
-            f" after {retries} retries",
-        )
+        seconds, what = time.perf_counter() - t_start, f" after {retries} retries"
+        result = build_result(d, entries, reports, rows, failures, {}, record, device_name, seconds, what)
         result.inputs = (*result.inputs, *item_inputs(resolved))  # result.save_html never over an item's files
         write_outcome_record(d, result, entries, record)
         return result
@@ -240,15 +217,32 @@ def check_worker_timeout(x: Any) -> float | None:
     return float(x)
 
 
-def check_cluster_arguments(client: Any, scheduler: Any, workers: Any, oversubscribe: bool) -> int | None:
-    """The cluster :func:`sweep` is given, checked before any work: ``workers`` (checked), in this order.
+def check_sweep_arguments(
+    progress: Any,
+    replan: Any,
+    retries: Any,
+    oversubscribe: Any,
+    worker_timeout: Any,
+    client: Any,
+    scheduler: Any,
+    workers: Any,
+) -> tuple[bool, bool, int, float | None, int | None]:
+    """:func:`sweep`'s own arguments checked before any work, in this order: ``(progress, replan, retries,
+    worker_timeout, workers)``.
 
     Raises:
-        OptionTypeError: ``workers`` not an integer; ``client`` not a ``distributed.Client``; ``scheduler`` not
+        OptionTypeError: ``progress``/``replan``/``oversubscribe`` not a bool, ``retries``/``workers`` not an
+            integer, ``worker_timeout`` not a number; ``client`` not a ``distributed.Client``; ``scheduler`` not
             an address string.
-        OptionError: ``workers`` outside 1..4096 or above the cores this process may use without
-            ``oversubscribe``; ``client`` with ``scheduler`` or ``workers``; ``scheduler`` with ``workers``.
+        OptionError: ``retries`` outside 0..100, ``worker_timeout`` outside [1, 604800] s; ``workers`` outside
+            1..4096 or above the cores this process may use without ``oversubscribe``; ``client`` with
+            ``scheduler`` or ``workers``; ``scheduler`` with ``workers``.
     """
+    progress = check_bool(progress, "progress")
+    replan = check_bool(replan, "replan")
+    retries = check_int(retries, "retries", 0, 100)
+    oversubscribe = check_bool(oversubscribe, "oversubscribe")
+    worker_timeout = check_worker_timeout(worker_timeout)
     if workers is not None:
         workers = check_int(workers, "workers", 1, 4096)
         cores = machine_cores()
@@ -268,7 +262,7 @@ def check_cluster_arguments(client: Any, scheduler: Any, workers: Any, oversubsc
         raise OptionError("workers sizes a LocalCluster; with scheduler=... the cluster is sized where it runs.")
     if scheduler is not None and not isinstance(scheduler, str):
         raise OptionTypeError(f"scheduler must be an address such as 'tcp://host:8786'; got {scheduler!r}.")
-    return workers
+    return progress, replan, retries, worker_timeout, workers
 
 
 @contextlib.contextmanager
@@ -360,7 +354,6 @@ def run_tasks(
     client: Any,
     scheduler: str | None,
     n_workers: int,
-    *,
     retries: int,
     worker_timeout: float | None,
     progress: bool,
