@@ -630,7 +630,7 @@ def run_trajectory_on_cluster(
     retries: int = DEFAULT_RETRIES,
     worker_timeout: float | None = DEFAULT_WORKER_TIMEOUT,
 ) -> list[tuple[Any, IdempotenceReport, float]]:
-    """One task per checkpoint on ``client`` for :func:`~tl_idempotence.studies.trajectory.trajectory`.
+    """One task per checkpoint on ``client`` for :func:`~tl_idempotence.studies.trajectory.trajectory` (SPEC §6).
 
     Runs on :func:`~tl_idempotence.studies.cluster.run_jobs`: each checkpoint's report is its task's own
     result (fetched once, never taken from a future's status after a reschedule); a task that raises, or

@@ -76,7 +76,7 @@ def run_sweep_item(
     **options: Unpack[ReportOptionsArgs],
 ) -> dict[str, Any]:
     """One task of a job array: measure item ``index`` of ``items`` in this process, save it to
-    ``out/<dir>/`` and return (``tl-idempotence sweep ITEMS --out DIR --task-index I``).
+    ``out/<dir>/`` and return (``tl-idempotence sweep ITEMS --out DIR --task-index I``; SPEC §9, scale).
 
     Every task of the array is given the same ``items`` and options; each writes the same plan
     (``out/sweep.json``) and works only on its own item, under that item's lock, so tasks on one ``out``

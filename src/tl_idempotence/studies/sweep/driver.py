@@ -103,7 +103,8 @@ def sweep(
     replan: bool = False,
     **options: Unpack[ReportOptionsArgs],
 ) -> SweepResult:
-    """Measure many models or checkpoints as tasks on a Dask cluster; save each report; compare them.
+    """Measure many models or checkpoints as tasks on a Dask cluster; save each report; compare them (SPEC §9,
+    scale: one model per process, each streamed layer by layer).
 
     Each item is one task that opens its own source on the worker and writes ``out/<dir>/`` in the
     report save format; a rerun skips an item whose saved report matches its current weights

@@ -211,7 +211,8 @@ def load_finished(d: Path, entry: Entry, digest: str | None, host: Any) -> Idemp
 
 @strict_kwargs
 def load_sweep(out: PathLike, items: SweepItems | None = None) -> SweepResult:
-    """The :class:`SweepResult` of the sweep in ``out`` as its tasks left it (job-array tasks or a Dask sweep).
+    """The :class:`SweepResult` of the sweep in ``out`` as its tasks left it (job-array tasks or a Dask sweep;
+    SPEC §9, scale).
 
     Reads the plan (``out/sweep.json``), and per item its saved report (checked against the sha256 of every
     table, and against the plan's options) and its task record. Nothing is measured and no item is opened:
