@@ -539,7 +539,12 @@ class IdempotenceReport(Result):
         if roles is None:
             m = model if model is not None else self.model
             if m is None:
-                raise OptionError("rep.roles needs the TransformerLens model: rep.roles(model=...).")
+                raise OptionError(
+                    "rep.roles needs a TransformerLens model to run (the head detector runs it on tokens): this "
+                    f"report was measured from {self.info.model_class} {self.info.model_name!r}, which is not alive "
+                    "here or gives weights only (a checkpoint path, a HeadSource). Pass rep.roles(model=...) with "
+                    "the HookedTransformer or TransformerBridge of the same weights."
+                )
             roles = head_roles(m, n_tokens=n_tokens, n_sequences=n_sequences, seed=seed)
         return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
 
