@@ -466,7 +466,8 @@ def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: b
             f"{type(result).__name__}."
         )
     fields = {"summary": roles.summary, "options": roles.options, "info": _info_fields(roles.info), **extra}
-    return str(write_tables_record(path, fmt, ROLES_RECORD, tables, fields, overwrite))
+    replaces = {HEAD_ROLES_FORMAT: frozenset({"roles"}), ASSOCIATION_FORMAT: frozenset({"roles", "table", "association"})}
+    return str(write_tables_record(path, fmt, ROLES_RECORD, tables, fields, overwrite, replaces=replaces))
 
 
 def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -> HeadRoles:

@@ -463,15 +463,22 @@ def _check_summary_fits_tables(
 
 
 def write_tables_record(
-    path: Any, fmt: str, record_name: str, tables: dict[str, pd.DataFrame], fields: dict[str, Any], overwrite: Any
+    path: Any,
+    fmt: str,
+    record_name: str,
+    tables: dict[str, pd.DataFrame],
+    fields: dict[str, Any],
+    overwrite: Any,
+    replaces: dict[str, frozenset[str]] | None = None,
 ) -> Path:
     """Save a result as the report is saved (parquet tables + one JSON record with their sha256s and its own
     ``digest``; no pickle): ``<name>.parquet`` for each of ``tables`` (written without the index), then
     ``record_name`` (``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``; ``fields`` are made
     strict JSON by ``json_safe``). Used by the head-roles results (:mod:`tl_idempotence.report.roles`).
 
-    With ``overwrite=True`` a folder holding an earlier save of the same ``fmt`` is replaced: its record must pass
-    its digest, and only the files it lists (and its record) are deleted; anything else in the folder stays.
+    With ``overwrite=True`` a folder holding an earlier save is replaced when its record is of a format of
+    ``replaces`` (``{format: the tables it writes}``; default ``{fmt: tables}``), passes its digest and lists only
+    tables of its format: only those files and the record are deleted; anything else in the folder stays.
 
     Raises:
         OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder without a record
@@ -499,10 +506,11 @@ def write_tables_record(
                     prev = json.loads(rec_file.read_text("utf-8"))
                 except (OSError, ValueError) as e:
                     raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
-                if not isinstance(prev, dict) or prev.get("format") != fmt or prev.get("digest") != _digest(prev):
-                    raise OptionError(f"{rec_file} is not an unedited {fmt} record; {refuse}")
+                own = replaces if replaces is not None else {fmt: frozenset(tables)}
+                if not isinstance(prev, dict) or prev.get("format") not in own or prev.get("digest") != _digest(prev):
+                    raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
                 names = prev.get("files") if isinstance(prev.get("files"), dict) else {}
-                bad = [n for n in names if not (isinstance(n, str) and n in tables)]
+                bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
                 if bad:
                     raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
                 old = [rec_file, *(d / f"{n}.parquet" for n in names)]
