@@ -59,7 +59,10 @@ def _exit_code(argv) -> int:
 def test_roles_on_a_checkpoint_path_exits_2_saying_why(tiny_dir, tmp_path, capsys):
     assert _exit_code(["report", str(tiny_dir), "--roles", "--out", str(tmp_path / "r.html")]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as weights only" in err
+    assert (
+        "--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as weights only"
+        in err
+    )
     assert not (tmp_path / "r.html").exists()
 
 
@@ -105,7 +108,7 @@ def test_zoo_route_json_carries_the_association(zoo_is_tiny, bridge, tmp_path, c
 
 def test_a_report_from_weights_only_refuses_roles_naming_its_source(tiny_dir):
     rep = tli.idempotence_report(tiny_dir, progress=False)  # a checkpoint path: weights only
-    with pytest.raises(OptionError, match="needs a TransformerLens model to run .* gives weights only"):
+    with pytest.raises(OptionError, match=r"needs a TransformerLens model to run .* gives weights only"):
         rep.roles()
     from tl_idempotence.sources.checkpoint import from_path
 

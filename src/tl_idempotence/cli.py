@@ -581,9 +581,10 @@ def _roles_text(roles: Any) -> str:
 
     cols = ["n", "spearman_rho", "spearman_q", "median_closed", "median_other", "mannwhitney_q"]
     with pd.option_context("display.float_format", "{:.3g}".format, "display.width", 200):
-        return "head roles vs closure (Spearman ρ of P and the score, BH q across roles):\n" + roles.association[
-            cols
-        ].to_string()
+        return (
+            "head roles vs closure (Spearman ρ of P and the score, BH q across roles):\n"
+            + roles.association[cols].to_string()
+        )
 
 
 def _report_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -139,7 +139,9 @@ def test_an_association_number_edited_with_its_sha256_is_refused(assoc, tmp_path
         return df
 
     _rewrite_table(d, "association", edit)
-    with pytest.raises(ReportFileError, match=r"association\.parquet: column 'spearman_rho' is not what .*table\.parquet"):
+    with pytest.raises(
+        ReportFileError, match=r"association\.parquet: column 'spearman_rho' is not what .*table\.parquet"
+    ):
         tli.load_roles(d)
 
 
@@ -154,7 +156,7 @@ def test_a_removed_table_is_refused_by_name(assoc, tmp_path):
 def test_a_report_folder_is_not_roles(assoc, tmp_path, lineage):
     rep = tli.idempotence_report(lineage.checkpoints[-1][1], progress=False)
     rep.save(tmp_path / "rep")
-    with pytest.raises(MissingFileError, match="has no roles.json"):
+    with pytest.raises(MissingFileError, match=r"has no roles\.json"):
         tli.load_roles(tmp_path / "rep")
     d = tmp_path / "a"
     assoc.save(d)
@@ -178,10 +180,10 @@ def test_save_refusals_and_overwrite(assoc, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "x.txt").write_text("x")
-    with pytest.raises(OptionError, match="holds no roles.json; refusing to overwrite .* nothing was deleted"):
+    with pytest.raises(OptionError, match=r"holds no roles\.json; refusing to overwrite .* nothing was deleted"):
         assoc.save(other, overwrite=True)
     assert (other / "x.txt").exists()
-    with pytest.raises(OptionTypeError, match="saves a HeadRoles .* or a RoleAssociation"):
+    with pytest.raises(OptionTypeError, match=r"saves a HeadRoles .* or a RoleAssociation"):
         tli.save_roles(assoc.table, tmp_path / "t")
     with pytest.raises(OptionTypeError, match="must be a path"):
         assoc.save(3)

@@ -51,11 +51,16 @@ def test_section_tables(rep_and_roles):
     rep, assoc = rep_and_roles
     tabs = roles_section_tables(assoc, rep.threshold)
     assert tabs["closed"]["head"].tolist() == ["L1H1", "L1H0", "L1H2", "L1H3"]  # by P
-    assert tabs["closed"]["induction"].tolist() == [f"{v:.4g}" for v in assoc.table.loc[["L1H1", "L1H0", "L1H2", "L1H3"], "induction"]]
+    assert tabs["closed"]["induction"].tolist() == [
+        f"{v:.4g}" for v in assoc.table.loc[["L1H1", "L1H0", "L1H2", "L1H3"], "induction"]
+    ]
     beside = tabs["beside"].set_index("role")
     for role in ROLES4:
         assert beside.loc[role, "all heads (median)"] == f"{np.median(assoc.table[role]):.3g}"
-        assert beside.loc[role, "closed heads (median)"] == f"{np.median(assoc.table.loc[assoc.table['closed'], role]):.3g}"
+        assert (
+            beside.loc[role, "closed heads (median)"]
+            == f"{np.median(assoc.table.loc[assoc.table['closed'], role]):.3g}"
+        )
     top = tabs["top"].set_index("role").iloc[:, 0]
     assert top["induction"].startswith("L1H") and ", closed" in top["induction"]
 
@@ -77,7 +82,7 @@ def test_roles_of_another_report_are_refused(rep_and_roles, tmp_path):
     rep, assoc = rep_and_roles
     with pytest.raises(OptionError, match=r"joined with another report .* threshold 0\.9 != 0\.95"):
         rep.with_threshold(0.95).save_html(tmp_path / "p.html", roles=assoc)
-    with pytest.raises(OptionTypeError, match="roles must be the RoleAssociation of rep.roles"):
+    with pytest.raises(OptionTypeError, match=r"roles must be the RoleAssociation of rep\.roles"):
         rep.save_html(tmp_path / "p.html", roles=assoc.roles)
     sub = tli.idempotence_report(rep.model, progress=False, layers=[1])  # the fixture's bridge is alive
     with pytest.raises(OptionError, match=r"not of this report's heads \(the report lacks \['L0H0'"):

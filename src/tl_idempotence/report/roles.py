@@ -378,9 +378,7 @@ def check_roles_fit_report(rep_heads: pd.DataFrame, threshold: float, assoc: Any
         OptionError: its heads, P or threshold are not the report's (another report or model; names the heads).
     """
     if not isinstance(assoc, RoleAssociation):
-        raise OptionTypeError(
-            f"roles must be the RoleAssociation of rep.roles(model=...); got {type(assoc).__name__}."
-        )
+        raise OptionTypeError(f"roles must be the RoleAssociation of rep.roles(model=...); got {type(assoc).__name__}.")
     want, got = list(rep_heads.index), list(assoc.table.index)
     if want != got:
         extra = [x for x in got if x not in set(want)][:5]
@@ -466,7 +464,10 @@ def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: b
             f"{type(result).__name__}."
         )
     fields = {"summary": roles.summary, "options": roles.options, "info": _info_fields(roles.info), **extra}
-    replaces = {HEAD_ROLES_FORMAT: frozenset({"roles"}), ASSOCIATION_FORMAT: frozenset({"roles", "table", "association"})}
+    replaces = {
+        HEAD_ROLES_FORMAT: frozenset({"roles"}),
+        ASSOCIATION_FORMAT: frozenset({"roles", "table", "association"}),
+    }
     return str(write_tables_record(path, fmt, ROLES_RECORD, tables, fields, overwrite, replaces=replaces))
 
 
@@ -483,9 +484,13 @@ def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -
         H = df["head"].to_numpy(dtype="int64")
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(f"{where / ROLES_RECORD}: a malformed record or table ({type(e).__name__}: {e}).") from e
-    if len(set(zip(L.tolist(), H.tolist()))) != len(df) or (len(df) and (H.max() >= info.n_heads or L.max() >= info.n_layers)):
-        raise ReportFileError(f"{f}: heads that repeat or that the record's model does not have (sizes in the record).")
-    recomputed = {"n_heads": len(df)}
+    outside = len(df) > 0 and (H.max() >= info.n_heads or L.max() >= info.n_layers or min(H.min(), L.min()) < 0)
+    if len(set(zip(L.tolist(), H.tolist()))) != len(df) or outside:
+        raise ReportFileError(
+            f"{f}: heads that repeat or that the record's model does not have (its sizes: {info.n_layers} layers of "
+            f"{info.n_heads} heads)."
+        )
+    recomputed: dict[str, Any] = {"n_heads": len(df)}
     for role in ROLES:
         v = df[role].to_numpy(dtype=float)
         recomputed[f"median_{role}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
@@ -515,7 +520,9 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
     d = Path(path).expanduser()
     want = {"roles"} if fields["format"] == HEAD_ROLES_FORMAT else {"roles", "table", "association"}
     if set(tables) != want:
-        raise ReportFileError(f"{d / ROLES_RECORD} lists tables {sorted(tables)}; a {fields['format']} has {sorted(want)}.")
+        raise ReportFileError(
+            f"{d / ROLES_RECORD} lists tables {sorted(tables)}; a {fields['format']} has {sorted(want)}."
+        )
     roles = _restore_head_roles(d, tables["roles"], fields)
     if fields["format"] == HEAD_ROLES_FORMAT:
         return roles
@@ -551,7 +558,9 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
     if not ok:
         raise ReportFileError(f"{d / 'association.parquet'} is not a role association table (columns or roles differ).")
     if not _same(_json_like(s), _json_like(fresh.summary)):
-        raise ReportFileError(f"{d / ROLES_RECORD}: the association summary is not what its tables give: it was edited.")
+        raise ReportFileError(
+            f"{d / ROLES_RECORD}: the association summary is not what its tables give: it was edited."
+        )
     return fresh
 
 

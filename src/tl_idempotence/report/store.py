@@ -509,7 +509,8 @@ def write_tables_record(
                 own = replaces if replaces is not None else {fmt: frozenset(tables)}
                 if not isinstance(prev, dict) or prev.get("format") not in own or prev.get("digest") != _digest(prev):
                     raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
-                names = prev.get("files") if isinstance(prev.get("files"), dict) else {}
+                listed = prev.get("files")
+                names: dict[str, Any] = listed if isinstance(listed, dict) else {}
                 bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
                 if bad:
                     raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")

@@ -712,7 +712,9 @@ def roles_figure(assoc: Any) -> go.Figure:
     table = getattr(assoc, "table", None)
     association = getattr(assoc, "association", None)
     if not isinstance(table, pd.DataFrame) or not isinstance(association, pd.DataFrame):
-        raise OptionTypeError(f"roles_figure draws rep.roles(model=...) (a RoleAssociation); got {type(assoc).__name__}.")
+        raise OptionTypeError(
+            f"roles_figure draws rep.roles(model=...) (a RoleAssociation); got {type(assoc).__name__}."
+        )
     t = float(assoc.summary["threshold"])
     roles = [r for r in ROLE_PANELS if r in table.columns]
     titles = []
