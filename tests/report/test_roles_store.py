@@ -190,3 +190,14 @@ def test_save_refusals_and_overwrite(assoc, tmp_path):
     with pytest.raises(OptionError, match="does not exist"):
         assoc.save(tmp_path / "no" / "such")
     assert not [p for p in tmp_path.rglob("*") if p.suffix in (".pkl", ".pickle")]
+
+
+def test_load_refusals(tmp_path):
+    with pytest.raises(OptionTypeError, match="must be a path; got int"):
+        tli.load_roles(3)
+    with pytest.raises(MissingFileError, match="is not a folder"):
+        tli.load_roles(tmp_path / "absent")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / ROLES_RECORD).write_text("{not json")
+    with pytest.raises(ReportFileError, match=r"roles\.json"):
+        tli.load_roles(tmp_path / "x")
