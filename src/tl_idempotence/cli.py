@@ -684,7 +684,11 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     else:
         model = value
     rep = idempotence_report(model, resume=args.resume, progress=not args.quiet, **_report_options(args))
-    roles = rep.roles(model=model, seed=args.seed) if args.roles else None
+    roles = None
+    if args.roles:
+        if not args.quiet:  # no bar: the detector's forward passes and the eigenvalues take seconds to a minute
+            print("tl-idempotence: computing head roles (head detector and copying score)...", file=sys.stderr)
+        roles = rep.roles(model=model, seed=args.seed)
     wrote = []
     if page is not None:
         existed = os.path.lexists(page)
