@@ -121,5 +121,6 @@ def test_head_roles(tmp_path, monkeypatch, lineage_dir):
     assert "induction accuracy at step 200: 1.0" in text
     assert "same association: True | same table: True" in text
     assert "RoleAssociation(model_name='smollm2-135m', n_heads=270, n_closed=13" in text
+    assert "closed heads with alpha < 0: 7 | alpha > 0: 6 | min |copying|: 0.996" in text  # the words of the notebook
     # the lineage's table, sorted by induction score: its four layer-1 heads come first
     assert re.search(r"(?m)^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L0H\d ", text), text[-3000:]
