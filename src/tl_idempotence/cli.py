@@ -2,7 +2,7 @@
 
 Commands::
 
-    tl-idempotence report [MODEL] [--out HTML] [--csv heads.csv] [--json] [--threshold 0.9]
+    tl-idempotence report [MODEL] [--out FILE] [--csv heads.csv] [--json] [--threshold 0.9]
                           [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
                           [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT]
                           [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
@@ -20,9 +20,11 @@ A zoo model is measured from its cached checkpoint files, streamed layer by laye
 object, no transformer_lens import), unless the options need a TransformerLens model
 (``--processing tl``, ``--cls hooked``, ``--attention-text``); the numbers are the same bit for bit.
 
-Outputs: the summary (or ``--json``) on stdout; the page to ``--out``, or to ``report.html`` when no output at all
-was asked for (``--json``/``--csv`` alone write no page); a file written over an existing one is named as
-replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
+Outputs: the summary (or ``--json``) on stdout; the report to ``--out`` in the format its extension names (the
+output registry, :mod:`tl_idempotence.report.outputs`: ``.html`` page, ``.json``, ``.csv``, ``.parquet``; another
+extension exits 2 naming these), or the page to ``report.html`` when no output at all was asked for
+(``--json``/``--csv`` alone write no page); every file is written atomically, and one written over an existing one
+is named as replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
 
 Exit codes: 0 success; 2 bad arguments (every value is checked before any work starts, including
 that the folders of ``--out`` and ``--csv`` exist and that no output is, or links to, a file or folder the run
@@ -36,11 +38,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -269,11 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=_output_file,
         default=None,
-        metavar="HTML",
-        help=f"HTML report to write (default: {DEFAULT_PAGE} when no other output (--json, --csv) is asked for; "
-        "none otherwise)",
+        metavar="FILE",
+        help=f"the report to write, in the format its extension names: .html (the page), .json (the --json record, "
+        "NaN as null), .csv or .parquet (the per-head table); default: "
+        f"{DEFAULT_PAGE} when no other output (--json, --csv) is asked for, none otherwise",
     )
-    r.add_argument("--csv", type=_output_file, default=None, metavar="CSV", help="also write the per-head table as CSV")
+    r.add_argument(
+        "--csv", type=_output_file, default=None, metavar="CSV", help="also write the per-head table as CSV (.csv)"
+    )
     r.add_argument(
         "--json",
         action="store_true",
@@ -519,26 +522,13 @@ def _summary_text(rep: Any) -> str:
     return "\n".join(lines)
 
 
-def _json_value(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _json_value(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_value(v) for v in x]
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
 def _summary_json(rep: Any) -> str:
-    cols = [
-        c
-        for c in ("layer", "head", "kv_head", "alpha", "P", "P_scrambled_median", "p_value", "q_value", "P_searched")
-        if c in rep.heads.columns
-    ]
-    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in rep.closed_heads.iterrows()]
-    return json.dumps(_json_value({"summary": rep.summary, "closed_heads": closed}), indent=1, allow_nan=False)
+    """``--json``: the report's JSON export (:func:`~tl_idempotence.report.report.export_record`) under the export
+    NaN policy (NaN as null, :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
+    from .core.jsonio import EXPORT, json_text
+    from .report.report import export_record
+
+    return json_text(export_record(rep), EXPORT, indent=1)
 
 
 def _report_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -594,6 +584,24 @@ def _page_path(args: argparse.Namespace) -> str | None:
     return None if (args.json or args.csv) else DEFAULT_PAGE
 
 
+#: The formats ``--out`` writes (the output registry, :mod:`tl_idempotence.report.outputs`; ``--csv`` writes "csv").
+OUT_FORMATS = ("html", "json", "csv", "parquet")
+
+
+def _check_formats(parser: argparse.ArgumentParser, page: str | None, csv: str | None) -> str | None:
+    """Exit 2, before any work, when ``--out`` or ``--csv`` has an extension the registry does not write there
+    (names the known ones); returns the format of ``--out`` (None without a page)."""
+    from .errors import OptionError
+    from .report.outputs import output_format
+
+    try:
+        if csv is not None:
+            output_format(csv, ("csv",), flag="--csv")
+        return output_format(page, OUT_FORMATS, flag="--out").name if page is not None else None
+    except OptionError as e:
+        parser.error(str(e))
+
+
 def _written(path: str, existed: bool) -> str:
     return f"{path} (replaced the file that was there)" if existed else path
 
@@ -611,6 +619,9 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     reads = _model_inputs(kind, value)
     _refuse_over_inputs(parser, [("--resume", args.resume)], reads)  # parts never go into the checkpoint
     _refuse_over_inputs(parser, [("--out", page), ("--csv", args.csv)], [*reads, ("the resume folder", args.resume)])
+    page_format = _check_formats(parser, page, args.csv)
+    if args.attention_text is not None and page_format != "html":
+        parser.error(f"--attention-text adds attention views to the HTML page: --out {page} is not a page (.html)")
     from .core.options import check_device
 
     check_device(args.device)  # a missing GPU fails before anything is loaded
@@ -639,13 +650,19 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         model = value
     rep = idempotence_report(model, resume=args.resume, progress=not args.quiet, **_report_options(args))
     wrote = []
+    from .report.outputs import write_output
+    from .report.report import report_output
+
     if page is not None:
         existed = os.path.lexists(page)
-        rep.save_html(page, attention_text=args.attention_text, model=model if needs_model or kind == "hub" else None)
+        view_model = model if needs_model or kind == "hub" else None
+        write_output(
+            report_output(rep, attention_text=args.attention_text, model=view_model), page, OUT_FORMATS, flag="--out"
+        )
         wrote.append(_written(page, existed))
     if args.csv:
         existed = os.path.lexists(args.csv)
-        rep.heads.to_csv(args.csv, index=True, index_label="label")
+        write_output(report_output(rep), args.csv, ("csv",), flag="--csv")
         wrote.append(_written(args.csv, existed))
     if args.json:
         print(_summary_json(rep))

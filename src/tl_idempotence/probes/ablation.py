@@ -229,6 +229,7 @@ class Ablation(Result):
     options: dict[str, Any] = field(default_factory=dict)
     window_losses: pd.DataFrame = field(default_factory=pd.DataFrame)
 
+    display_kind: ClassVar[str] = "ablation"
     repr_keys: ClassVar[tuple[str, ...]] = (
         "delta_loss",
         "control_delta_median",

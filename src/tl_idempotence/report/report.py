@@ -33,6 +33,7 @@ from ..core.options import ReportOptions, check_bool, check_threshold, resolve_l
 from ..core.results import Result, views
 from ..errors import OptionError, OptionTypeError, ResumeError
 from ..sources.dispatch import head_source, model_inputs
+from .outputs import FOLDER, Output, write_output
 from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
 from .summary import ReportSummary, build_summary, format_paper_table, paper_table
@@ -55,9 +56,11 @@ __all__ = [
     "IdempotenceReport",
     "add_q_values",
     "assemble",
+    "export_record",
     "head_label",
     "idempotence_report",
     "load_report",
+    "report_output",
     "report_with_options",
     "run_layer",
 ]
@@ -158,6 +161,7 @@ class IdempotenceReport(Result):
     #: (a class default: a report unpickled from an older version read from nothing known)
     inputs: tuple[tuple[str, Path], ...] = ()
 
+    display_kind: ClassVar[str] = "report"
     repr_keys: ClassVar[tuple[str, ...]] = (
         "model_name",
         "n_heads",
@@ -443,20 +447,52 @@ class IdempotenceReport(Result):
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
                 from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
-            OptionError: the folder of ``path`` does not exist; an attention view without a model.
+            OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
+                ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.report.outputs`); ``attention_heads``,
+                ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model.
+            OptionTypeError: ``path`` is not a path.
         """
-        refuse_outputs_over_inputs([("path", path)], self.inputs)
-        return str(
-            views().save_report_html(
-                self,
-                path,
-                attention_text=attention_text,
-                model=model,
-                attention_heads=attention_heads,
-                top_k=top_k,
-                max_tokens=max_tokens,
-            )
+        if attention_text is None:  # options of the attention view alone would be silently ignored
+            ignored = [n for n, v in (("attention_heads", attention_heads), ("top_k", top_k)) if v is not None]
+            if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 64):
+                ignored.append("max_tokens")
+            if ignored:
+                raise OptionError(
+                    f"{', '.join(ignored)} only apply to the attention view: give attention_text='...' too, or "
+                    "drop them."
+                )
+        out = report_output(
+            self,
+            attention_text=attention_text,
+            model=model,
+            attention_heads=attention_heads,
+            top_k=top_k,
+            max_tokens=max_tokens,
         )
+        return str(write_output(out, path, ("html",)))
+
+    @strict_kwargs
+    def export(self, path: PathLike, overwrite: bool = False) -> str:
+        """Write the report in the format the extension of ``path`` chooses (the output registry,
+        :mod:`tl_idempotence.report.outputs`; docs/definitions.md "Output formats"):
+
+        * ``.html``/``.htm``: the page of :meth:`save_html` (without an attention view);
+        * ``.json``: ``{"summary": ..., "closed_heads": [...]}`` (the CLI's ``--json``; NaN as ``null``);
+        * ``.csv`` / ``.parquet``: :attr:`heads` with its label first (the CLI's ``--csv``);
+        * a path without extension (or an existing folder): the save format of :meth:`save`.
+
+        Returns:
+            The path written.
+
+        Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is (or links to) something the report was read
+                from (:attr:`inputs`).
+            OptionError: another extension (names the known ones); a folder where a file goes; a missing folder;
+                a file that cannot be written; the folder errors of :meth:`save`.
+            OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
+        """
+        overwrite = check_bool(overwrite, "overwrite")
+        return str(write_output(report_output(self), path, overwrite=overwrite))
 
     @strict_kwargs
     def show_attention(
@@ -482,7 +518,9 @@ class IdempotenceReport(Result):
         Raises:
             OptionError: no TransformerLens model is available.
         """
-        return views().report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
+        from .attention import report_attention_view
+
+        return report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
 
     def ablation(self, model: TLModel | None = None, **kwargs: Unpack[AblationArgs]) -> Ablation:
         """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
@@ -570,16 +608,78 @@ class IdempotenceReport(Result):
             OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
             OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
-        refuse_outputs_over_inputs([("path", path)], self.inputs)
+        return str(write_output(report_output(self), path, (FOLDER,), overwrite=overwrite))
+
+
+#: The per-head columns of the JSON export's ``closed_heads`` (those the report has), after the head's label.
+EXPORT_HEAD_COLUMNS = (
+    "layer",
+    "head",
+    "kv_head",
+    "alpha",
+    "P",
+    "P_scrambled_median",
+    "p_value",
+    "q_value",
+    "P_searched",
+)
+
+
+def export_record(rep: IdempotenceReport) -> dict[str, Any]:
+    """The report's JSON export (``.json`` outputs and the CLI's ``--json``): ``{"summary": rep.summary,
+    "closed_heads": [{"label": "L10H8", "layer": .., "head": .., "alpha": .., "P": .., ...}, ...]}``, closed heads
+    highest P first, with the :data:`EXPORT_HEAD_COLUMNS` the report has. Written under the export NaN policy
+    (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``)."""
+    cols = [c for c in EXPORT_HEAD_COLUMNS if c in rep.heads.columns]
+    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in rep.closed_heads.iterrows()]
+    return {"summary": rep.summary, "closed_heads": closed}
+
+
+def report_output(
+    rep: IdempotenceReport,
+    *,
+    attention_text: str | None = None,
+    model: TLModel | None = None,
+    attention_heads: HeadPairs | None = None,
+    top_k: IntLike | None = None,
+    max_tokens: IntLike = 64,
+) -> Output:
+    """What a report can be written as (:class:`~tl_idempotence.report.outputs.Output`): its page (with an
+    attention section on ``attention_text``: the probe runs ``model``, the view draws), its JSON export
+    (:func:`export_record`), its ``heads`` table with the label first, and the save format (:meth:`save`).
+    Nothing is rendered or run until a writer asks."""
+
+    def page() -> str:
+        extra = []
+        if attention_text is not None:
+            from .attention import attention_section_html
+
+            extra.append(
+                attention_section_html(
+                    rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
+                )
+            )
+        return str(views().report_html(rep, extra_html=extra))
+
+    def folder(path: Path, overwrite: bool) -> Path:
         rec = ReportRecord(
-            heads=self.heads,
-            layers=self.layers,
-            tables=self.tables,
-            summary=self.summary,
-            info=self.info,
-            options=self.options,
+            heads=rep.heads,
+            layers=rep.layers,
+            tables=rep.tables,
+            summary=rep.summary,
+            info=rep.info,
+            options=rep.options,
         )
-        return str(write_record(rec, path, overwrite=overwrite))
+        return write_record(rec, path, overwrite=overwrite)
+
+    return Output(
+        what="report",
+        inputs=rep.inputs,
+        page=page,
+        record=lambda: export_record(rep),
+        table=lambda: rep.heads.reset_index(names="label"),
+        folder=folder,
+    )
 
 
 def load_report(path: PathLike) -> IdempotenceReport:
