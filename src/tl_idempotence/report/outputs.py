@@ -227,12 +227,14 @@ def write_output(
     if only_folder:  # any name is a folder here (``rep.save``); its writer checks the path
         assert out.folder is not None
         return out.folder(path, overwrite)
+    p = Path(path).expanduser()
+    if p.is_dir() and _BY_NAME[FOLDER] not in allowed:
+        raise OptionError(f"Cannot write the {_label(out, None, allowed)} to {p}: it is a folder; give a file name.")
     fmt = output_format(path, [f.name for f in allowed], flag=flag, out=out)
     if fmt.name == FOLDER:
         assert out.folder is not None
-        return out.folder(Path(path).expanduser(), overwrite)
+        return out.folder(p, overwrite)
     label = _label(out, fmt, allowed)
-    p = Path(path).expanduser()
     if p.is_dir():
         raise OptionError(f"Cannot write the {label} to {p}: it is a folder; give a file name.")
     if not p.parent.exists():
