@@ -963,6 +963,29 @@ def _plan_sets(flagged: dict[int, list[int]], n_heads: int, n_controls: int, see
     )
 
 
+def _run_sets(
+    model: Any, toks: Tensor, counted: Tensor, plan: _SetPlan, kind: str, batch_size: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """:func:`_set_losses` of every set of ``plan`` in eval mode without gradients (the model's mode restored)."""
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _set_losses(
+                model,
+                toks,
+                counted,
+                plan.sets,
+                kind=kind,
+                batch_size=batch_size,
+                progress=progress,
+                desc=f"ablation ({kind})",
+            )
+    finally:
+        if was_training:
+            model.train()
+
+
 @dataclass(frozen=True)
 class _Losses:
     """The summed next-token losses of one ablation run and the mean losses they give (nats per counted target).
@@ -1258,24 +1281,7 @@ def ablation(
     if plan.warning:
         warnings.warn(f"tli.ablation: {plan.warning}.", UserWarning, stacklevel=3)
 
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    try:
-        with torch.no_grad():
-            clean_s, sums, n_tok, run = _set_losses(
-                model,
-                toks,
-                counted,
-                plan.sets,
-                kind=kind,
-                batch_size=batch_size,
-                progress=progress,
-                desc=f"ablation ({kind})",
-            )
-    finally:
-        if was_training:
-            model.train()
-
+    clean_s, sums, n_tok, run = _run_sets(model, toks, counted, plan, kind, batch_size, progress)
     losses = _Losses.of(clean_s, sums, n_tok, plan.n_controls)
     heads_df, ctrl_df, win_df = _ablation_tables(plan, losses, kv_layout(n_heads, src.info.n_kv_heads), singles)
     summary = _ablation_summary(plan, losses, run, heads_df, seed, kind, src.info.model_name, int(toks.shape[0]))
