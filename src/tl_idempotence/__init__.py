@@ -68,6 +68,9 @@ _EXPORTS: dict[str, str] = {
     "idempotence_report": "tl_idempotence.report.report",
     "load_report": "tl_idempotence.report.report",
     "attention_view": "tl_idempotence.report.attention",  # runs the probe, then the view draws
+    "RoleAssociation": "tl_idempotence.report.roles",
+    "load_roles": "tl_idempotence.report.roles",
+    "save_roles": "tl_idempotence.report.roles",
     # studies
     "Trajectory": "tl_idempotence.studies.trajectory",
     "trajectory": "tl_idempotence.studies.trajectory",

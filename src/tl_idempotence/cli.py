@@ -4,7 +4,7 @@ Commands::
 
     tl-idempotence report [MODEL] [--out FILE] [--csv heads.csv] [--json] [--threshold 0.9]
                           [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
-                          [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT]
+                          [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT] [--roles]
                           [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
                           [--quiet] [--debug]
     tl-idempotence models                     # the offline model zoo and what is cached
@@ -18,7 +18,11 @@ checkpoint directory or ``.gguf`` file, or any other name TransformerLens can lo
 Hugging Face hub (raw weights, ``TransformerBridge.boot_transformers``) when the hub is reachable.
 A zoo model is measured from its cached checkpoint files, streamed layer by layer (no model
 object, no transformer_lens import), unless the options need a TransformerLens model
-(``--processing tl``, ``--cls hooked``, ``--attention-text``); the numbers are the same bit for bit.
+(``--processing tl``, ``--cls hooked``, ``--attention-text``, ``--roles``); the numbers are the same bit for bit.
+``--roles`` runs TransformerLens's head detector and the copying score on that model (``rep.roles``) and joins
+them with the report: the page gets the section "What the closed heads do", ``--csv`` the role columns,
+``--json`` the association table and the closed heads' scores. A checkpoint path gives weights only, so
+``--roles`` on one is refused (exit 2) before any work.
 
 Outputs: the summary (or ``--json``) on stdout; the report to ``--out`` in the format its extension names (the
 output registry, :mod:`tl_idempotence.report.outputs`: ``.html`` page, ``.json``, ``.csv``, ``.parquet``; another
@@ -305,6 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
         "TransformerLens can run: a zoo model or a hub name)",
     )
     r.add_argument(
+        "--roles",
+        action="store_true",
+        help="also compute head roles (TransformerLens's previous-token, duplicate-token and induction scores and "
+        "the OV circuit's copying score) on the model and join them with the report: a page section, the role "
+        "columns in --csv, the association table in --json; the tokens and permutations are seeded by --seed (needs "
+        "a model TransformerLens can run: a zoo model or a hub name)",
+    )
+    r.add_argument(
         "--resume",
         type=_folder,
         default=None,
@@ -476,6 +488,12 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "--attention-text needs a model TransformerLens can run (a zoo model or a hub name); a checkpoint "
             "path is read as weights only"
         )
+    if kind == "path" and args.roles:
+        parser.error(
+            "--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as weights "
+            "only (no model to run): use a zoo model or a hub name, or in Python "
+            "rep.roles(model=TransformerBridge.boot_transformers(folder))"
+        )
     return kind, value
 
 
@@ -522,13 +540,26 @@ def _summary_text(rep: Any) -> str:
     return "\n".join(lines)
 
 
-def _summary_json(rep: Any) -> str:
-    """``--json``: the report's JSON export (:func:`~tl_idempotence.report.report.export_record`) under the export
-    NaN policy (NaN as null, :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
+def _summary_json(rep: Any, roles: Any = None) -> str:
+    """``--json``: the report's JSON export (:func:`~tl_idempotence.report.report.export_record`, with ``--roles``
+    the role columns and the association) under the export NaN policy (NaN as null,
+    :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
     from .core.jsonio import EXPORT, json_text
     from .report.report import export_record
 
-    return json_text(export_record(rep), EXPORT, indent=1)
+    return json_text(export_record(rep, roles), EXPORT, indent=1)
+
+
+def _roles_text(roles: Any) -> str:
+    """The association table of ``--roles`` as text (one row per role)."""
+    import pandas as pd
+
+    cols = ["n", "spearman_rho", "spearman_q", "median_closed", "median_other", "mannwhitney_q"]
+    with pd.option_context("display.float_format", "{:.3g}".format, "display.width", 200):
+        return (
+            "head roles vs closure (Spearman ρ of P and the score, BH q across roles):\n"
+            + roles.association[cols].to_string()
+        )
 
 
 def _report_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -634,7 +665,7 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.freeze_gc:
         gc.freeze()
 
-    needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None
+    needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None or args.roles
     model: Any
     if kind == "zoo" and not needs_model:
         from .sources import zoo
@@ -649,6 +680,11 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     else:
         model = value
     rep = idempotence_report(model, resume=args.resume, progress=not args.quiet, **_report_options(args))
+    roles = None
+    if args.roles:
+        if not args.quiet:  # no bar: the detector's forward passes and the eigenvalues take seconds to a minute
+            print("tl-idempotence: computing head roles (head detector and copying score)...", file=sys.stderr)
+        roles = rep.roles(model=model, seed=args.seed)
     wrote = []
     from .report.outputs import write_output
     from .report.report import report_output
@@ -656,20 +692,21 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if page is not None:
         existed = os.path.lexists(page)
         view_model = model if needs_model or kind == "hub" else None
-        write_output(
-            report_output(rep, attention_text=args.attention_text, model=view_model), page, OUT_FORMATS, flag="--out"
-        )
+        out = report_output(rep, attention_text=args.attention_text, model=view_model, roles=roles)
+        write_output(out, page, OUT_FORMATS, flag="--out")
         wrote.append(_written(page, existed))
     if args.csv:
         existed = os.path.lexists(args.csv)
-        write_output(report_output(rep), args.csv, ("csv",), flag="--csv")
+        write_output(report_output(rep, roles=roles), args.csv, ("csv",), flag="--csv")
         wrote.append(_written(args.csv, existed))
     if args.json:
-        print(_summary_json(rep))
+        print(_summary_json(rep, roles))
         if wrote:  # stdout is the JSON alone; what was written goes to stderr
             print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
     else:
         print(_summary_text(rep))
+        if roles is not None:
+            print(_roles_text(roles))
         if wrote:
             print(f"wrote {' and '.join(wrote)}")
     return EXIT_OK

@@ -58,6 +58,7 @@ __all__ = [
     "assemble",
     "export_record",
     "head_label",
+    "heads_with_roles",
     "idempotence_report",
     "load_report",
     "report_output",
@@ -432,6 +433,7 @@ class IdempotenceReport(Result):
         attention_heads: HeadPairs | None = None,
         top_k: IntLike | None = None,
         max_tokens: IntLike = 64,
+        roles: RoleAssociation | None = None,
     ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
@@ -443,15 +445,24 @@ class IdempotenceReport(Result):
             attention_heads: ``(layer, head)`` pairs to show (default: every closed head, else the top 8 by P).
             top_k: cap on the default heads.
             max_tokens: cut the text to this many tokens (the page says so when it cuts).
+            roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (the closed
+                heads' role scores next to all heads, the association table, the top heads of each role and
+                the figure of each role's score against P; SPEC 11).
 
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
                 from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
             OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
                 ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.report.outputs`); ``attention_heads``,
-                ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model.
-            OptionTypeError: ``path`` is not a path.
+                ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model; ``roles``
+                joined with another report (names the heads).
+            OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result.
         """
+        refuse_outputs_over_inputs([("path", path)], self.inputs)  # first, as every writer (write_output again)
+        if roles is not None:
+            from .roles import check_roles_fit_report
+
+            check_roles_fit_report(self.heads, self.threshold, roles)
         if attention_text is None:  # options of the attention view alone would be silently ignored
             ignored = [n for n, v in (("attention_heads", attention_heads), ("top_k", top_k)) if v is not None]
             if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 64):
@@ -468,6 +479,7 @@ class IdempotenceReport(Result):
             attention_heads=attention_heads,
             top_k=top_k,
             max_tokens=max_tokens,
+            roles=roles,
         )
         return str(write_output(out, path, ("html",)))
 
@@ -566,7 +578,12 @@ class IdempotenceReport(Result):
         if roles is None:
             m = model if model is not None else self.model
             if m is None:
-                raise OptionError("rep.roles needs the TransformerLens model: rep.roles(model=...).")
+                raise OptionError(
+                    "rep.roles needs a TransformerLens model to run (the head detector runs it on tokens): this "
+                    f"report was measured from {self.info.model_class} {self.info.model_name!r}, which is not alive "
+                    "here or gives weights only (a checkpoint path, a HeadSource). Pass rep.roles(model=...) with "
+                    "the HookedTransformer or TransformerBridge of the same weights."
+                )
             roles = head_roles(m, n_tokens=n_tokens, n_sequences=n_sequences, seed=seed)
         return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
 
@@ -625,14 +642,33 @@ EXPORT_HEAD_COLUMNS = (
 )
 
 
-def export_record(rep: IdempotenceReport) -> dict[str, Any]:
+#: The role columns a report's exports add with ``roles`` (the CLI's ``--roles``: ``--csv`` and ``--json``).
+EXPORT_ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
+
+
+def heads_with_roles(heads: pd.DataFrame, roles: RoleAssociation | None) -> pd.DataFrame:
+    """``heads`` with the :data:`EXPORT_ROLE_COLUMNS` of ``roles`` (a ``rep.roles(...)`` of the same report)
+    joined on the head label; ``heads`` itself without roles."""
+    return heads if roles is None else heads.join(roles.table[list(EXPORT_ROLE_COLUMNS)])
+
+
+def export_record(rep: IdempotenceReport, roles: RoleAssociation | None = None) -> dict[str, Any]:
     """The report's JSON export (``.json`` outputs and the CLI's ``--json``): ``{"summary": rep.summary,
     "closed_heads": [{"label": "L10H8", "layer": .., "head": .., "alpha": .., "P": .., ...}, ...]}``, closed heads
-    highest P first, with the :data:`EXPORT_HEAD_COLUMNS` the report has. Written under the export NaN policy
-    (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``)."""
+    highest P first, with the :data:`EXPORT_HEAD_COLUMNS` the report has; with ``roles`` (``rep.roles(...)``) also
+    their :data:`EXPORT_ROLE_COLUMNS` and ``"roles": {"summary", "association": [one record per role]}``.
+    Written under the export NaN policy (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``)."""
     cols = [c for c in EXPORT_HEAD_COLUMNS if c in rep.heads.columns]
-    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in rep.closed_heads.iterrows()]
-    return {"summary": rep.summary, "closed_heads": closed}
+    cols += list(EXPORT_ROLE_COLUMNS) if roles is not None else []
+    closed_heads = heads_with_roles(rep.closed_heads, roles)
+    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in closed_heads.iterrows()]
+    out: dict[str, Any] = {"summary": rep.summary, "closed_heads": closed}
+    if roles is not None:
+        out["roles"] = {
+            "summary": roles.summary,
+            "association": [{"role": r, **row.to_dict()} for r, row in roles.association.iterrows()],
+        }
+    return out
 
 
 def report_output(
@@ -643,11 +679,13 @@ def report_output(
     attention_heads: HeadPairs | None = None,
     top_k: IntLike | None = None,
     max_tokens: IntLike = 64,
+    roles: RoleAssociation | None = None,
 ) -> Output:
     """What a report can be written as (:class:`~tl_idempotence.report.outputs.Output`): its page (with an
-    attention section on ``attention_text``: the probe runs ``model``, the view draws), its JSON export
-    (:func:`export_record`), its ``heads`` table with the label first, and the save format (:meth:`save`).
-    Nothing is rendered or run until a writer asks."""
+    attention section on ``attention_text``: the probe runs ``model``, the view draws; with ``roles``, the section
+    "What the closed heads do"), its JSON export (:func:`export_record`), its ``heads`` table with the label first
+    (and the role columns with ``roles``), and the save format (:meth:`IdempotenceReport.save`). Nothing is
+    rendered or run until a writer asks; ``roles`` is checked against the report by the caller."""
 
     def page() -> str:
         extra = []
@@ -659,7 +697,7 @@ def report_output(
                     rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
                 )
             )
-        return str(views().report_html(rep, extra_html=extra))
+        return str(views().report_html(rep, extra_html=extra, roles=roles))
 
     def folder(path: Path, overwrite: bool) -> Path:
         rec = ReportRecord(
@@ -676,8 +714,8 @@ def report_output(
         what="report",
         inputs=rep.inputs,
         page=page,
-        record=lambda: export_record(rep),
-        table=lambda: rep.heads.reset_index(names="label"),
+        record=lambda: export_record(rep, roles),
+        table=lambda: heads_with_roles(rep.heads, roles).reset_index(names="label"),
         folder=folder,
     )
 
