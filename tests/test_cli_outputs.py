@@ -30,17 +30,21 @@ def _exit(argv) -> int:
         (["--out", "report"], "--out report has no extension"),
         (["--csv", "heads.json"], "--csv heads.json has the extension '.json': can be written as .csv (CSV table);"),
         (["smollm2-135m", "--out", "r.json", "--attention-text", "hi"], "--out r.json is not a page (.html)"),
+        (["sweep", "--out", "sw", "--html", "cmp.txt"], "--html cmp.txt has the extension '.txt': can be written as"),
     ],
 )
 def test_an_unknown_extension_exits_2_before_the_model_is_read(argv, says, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     missing = str(tmp_path / "no-checkpoint-here")  # reading it would exit 2 with another message, later
     (tmp_path / "no-checkpoint-here").mkdir()
-    model = [] if argv[0] == "smollm2-135m" else [missing]  # a zoo model: the view needs one, never loaded here
-    assert _exit(["report", *model, *argv, "--quiet"]) == 2
+    if argv[0] == "sweep":  # the sweep's page: refused before any item runs
+        cmd = ["sweep", missing, *argv[1:]]
+    else:  # a zoo model for the attention view (never loaded here), else a folder that is no checkpoint
+        cmd = ["report", *([] if argv[0] == "smollm2-135m" else [missing]), *argv]
+    assert _exit([*cmd, "--quiet"]) == 2
     err = capsys.readouterr().err
     assert says in err, err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-checkpoint-here"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["no-checkpoint-here"]  # no page, no sweep folder
 
 
 def test_out_csv_and_json_write_what_the_api_writes(tmp_path, monkeypatch, capsys):

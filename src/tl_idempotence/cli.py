@@ -622,13 +622,18 @@ OUT_FORMATS = ("html", "json", "csv", "parquet")
 def _check_formats(parser: argparse.ArgumentParser, page: str | None, csv: str | None) -> str | None:
     """Exit 2, before any work, when ``--out`` or ``--csv`` has an extension the registry does not write there
     (names the known ones); returns the format of ``--out`` (None without a page)."""
+    if csv is not None:
+        _check_format(parser, csv, ("csv",), "--csv")
+    return _check_format(parser, page, OUT_FORMATS, "--out") if page is not None else None
+
+
+def _check_format(parser: argparse.ArgumentParser, path: str, formats: Sequence[str], flag: str) -> str:
+    """The registry's format of ``path`` among ``formats``; exit 2 naming the known extensions otherwise."""
     from .errors import OptionError
     from .report.outputs import output_format
 
     try:
-        if csv is not None:
-            output_format(csv, ("csv",), flag="--csv")
-        return output_format(page, OUT_FORMATS, flag="--out").name if page is not None else None
+        return output_format(path, formats, flag=flag).name
     except OptionError as e:
         parser.error(str(e))
 
@@ -888,6 +893,8 @@ def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     reads = [pair for val in items.values() for pair in named_inputs(resolve_name(val))]
     _refuse_over_inputs(parser, [("--out", args.out)], reads)  # the reports never go into an item's checkpoint
     _refuse_over_inputs(parser, [("--html", args.html)], [*reads, ("the sweep folder", args.out)])
+    if args.html is not None:  # the page's extension, before the sweep runs (not after)
+        _check_format(parser, args.html, ("html",), "--html")
     opts = _report_options(args)
     progress = not args.quiet
     if args.task_index is not None:
