@@ -31,6 +31,7 @@ from helpers import (
     write_checkpoint,
     write_gguf_file,
 )
+from tl_idempotence.core.options import check_bool
 from tl_idempotence.errors import (
     CheckpointError,
     MissingFileError,
@@ -38,8 +39,13 @@ from tl_idempotence.errors import (
     OptionTypeError,
     UnknownOptionError,
 )
-from tl_idempotence.sources.architectures import architecture_table, check_entry, supported_architectures
-from tl_idempotence.sources.checkpoint import from_gguf, from_hf_dir, from_path, from_transformers
+from tl_idempotence.sources.architectures import (
+    architecture_table,
+    check_architecture,
+    check_entry,
+    supported_architectures,
+)
+from tl_idempotence.sources.checkpoint import _check_prefix, from_gguf, from_hf_dir, from_path, from_transformers
 from tl_idempotence.sources.dispatch import head_source
 
 INDEX = "model.safetensors.index.json"
@@ -1015,67 +1021,124 @@ def _e(**changes):
     return out
 
 
-BAD_OPTIONS = {
-    # case: (keywords, exact error, strings the message must hold)
-    "architecture=5": (dict(architecture=5), OptionTypeError, ["architecture", "int 5"]),
-    "architecture=3.5": (dict(architecture=3.5), OptionTypeError, ["architecture", "float"]),
-    "architecture=['llama']": (dict(architecture=["llama"]), OptionTypeError, ["architecture", "list"]),
-    "architecture=b'llama'": (dict(architecture=b"llama"), OptionTypeError, ["architecture", "bytes"]),
-    "architecture='lama'": (dict(architecture="lama"), OptionError, ["architecture='lama'", "did you mean 'llama'"]),
-    "architecture=''": (dict(architecture=""), OptionError, ["architecture=''", "not in the architecture table"]),
-    "architecture='Llama'": (dict(architecture="Llama"), OptionError, ["did you mean", "llama"]),
-    "entry without o": (dict(architecture=_e(o=...)), OptionError, ["lacks ['o']"]),
-    "entry key typo": (dict(architecture=_e(layr="x")), OptionError, ["'layr'", "did you mean 'layer'"]),
+# One table per validator, run on the validator itself; then each route (ENTRIES) shows once per option that it
+# refuses through that validator (its error is the validator's, message for message): 29 + 6 + 3 cases instead of
+# the 29 options x 3 routes the routes would multiply.
+
+#: check_architecture (sources/architectures.py): value -> (exact error, strings the message must hold).
+ARCHITECTURE_LIES = {
+    "5": (5, OptionTypeError, ["architecture", "int 5"]),
+    "3.5": (3.5, OptionTypeError, ["architecture", "float"]),
+    "['llama']": (["llama"], OptionTypeError, ["architecture", "list"]),
+    "b'llama'": (b"llama", OptionTypeError, ["architecture", "bytes"]),
+    "'lama'": ("lama", OptionError, ["architecture='lama'", "did you mean 'llama'"]),
+    "''": ("", OptionError, ["architecture=''", "not in the architecture table"]),
+    "'Llama'": ("Llama", OptionError, ["did you mean", "llama"]),
+    "entry without o": (_e(o=...), OptionError, ["lacks ['o']"]),
+    "entry key typo": (_e(layr="x"), OptionError, ["'layr'", "did you mean 'layer'"]),
     "entry layout typo": (
-        dict(architecture=_e(v={"tensor": "a", "layout": "linaer"})),
+        _e(v={"tensor": "a", "layout": "linaer"}),
         OptionError,
         ["['v']['layout'] = 'linaer'", "did you mean 'linear'"],
     ),
     "entry O with a fused layout": (
-        dict(architecture=_e(o={"tensor": "a", "layout": "fused_qkv"})),
+        _e(o={"tensor": "a", "layout": "fused_qkv"}),
         OptionError,
         ["['o']['layout'] = 'fused_qkv'"],
     ),
     "entry V with the conv1d (O) layout": (
-        dict(architecture=_e(v={"tensor": "a", "layout": "conv1d"})),
+        _e(v={"tensor": "a", "layout": "conv1d"}),
         OptionError,
         ["['v']['layout'] = 'conv1d'"],
     ),
     "entry part key typo": (
-        dict(architecture=_e(v={"tensr": "a", "layout": "linear"})),
+        _e(v={"tensr": "a", "layout": "linear"}),
         OptionError,
         ["'tensr'", "did you mean 'tensor'"],
     ),
-    "entry tensor not a string": (
-        dict(architecture=_e(v={"tensor": 3, "layout": "linear"})),
-        OptionError,
-        ["['v']['tensor']"],
-    ),
-    "entry part not a dict": (dict(architecture=_e(o="self_attn.o_proj.weight")), OptionError, ["['o'] must be"]),
-    "entry layer without {l}": (dict(architecture=_e(layer="layers.0.")), OptionError, ["['layer']", "'layers.0.'"]),
-    "entry layer with {x}": (dict(architecture=_e(layer="layers.{l}.{x}")), OptionError, ["no other"]),
-    "entry layer with {l} twice": (dict(architecture=_e(layer="l{l}.{l}.")), OptionError, ["exactly once"]),
-    "entry layer not a string": (dict(architecture=_e(layer=0)), OptionError, ["['layer']"]),
-    "entry post_attention_norm 1": (dict(architecture=_e(post_attention_norm=1)), OptionError, ["post_attention_norm"]),
-    "prefix=5": (dict(prefix=5), OptionTypeError, ["prefix", "int"]),
-    "prefix=b'model.'": (dict(prefix=b"model."), OptionTypeError, ["prefix", "bytes"]),
-    "prefix=['model.']": (dict(prefix=["model."]), OptionTypeError, ["prefix", "list"]),
-    "check_finite=1": (dict(check_finite=1), OptionTypeError, ["check_finite", "int 1"]),
-    "check_finite='yes'": (dict(check_finite="yes"), OptionTypeError, ["check_finite", "'yes'"]),
-    "check_finite=None": (dict(check_finite=None), OptionTypeError, ["check_finite", "None"]),
-    "prefx= (typo)": (dict(prefx="model."), UnknownOptionError, ["'prefx'", "did you mean 'prefix'"]),
-    "arch= (typo)": (dict(arch="llama"), UnknownOptionError, ["'arch'", "'architecture'"]),
-    "check_finit= (typo)": (dict(check_finit=True), UnknownOptionError, ["'check_finit'", "'check_finite'"]),
+    "entry tensor not a string": (_e(v={"tensor": 3, "layout": "linear"}), OptionError, ["['v']['tensor']"]),
+    "entry part not a dict": (_e(o="self_attn.o_proj.weight"), OptionError, ["['o'] must be"]),
+    "entry layer without {l}": (_e(layer="layers.0."), OptionError, ["['layer']", "'layers.0.'"]),
+    "entry layer with {x}": (_e(layer="layers.{l}.{x}"), OptionError, ["no other"]),
+    "entry layer with {l} twice": (_e(layer="l{l}.{l}."), OptionError, ["exactly once"]),
+    "entry layer not a string": (_e(layer=0), OptionError, ["['layer']"]),
+    "entry post_attention_norm 1": (_e(post_attention_norm=1), OptionError, ["post_attention_norm"]),
+}
+#: the prefix check: value -> (exact error, strings the message must hold).
+PREFIX_LIES = {
+    "5": (5, OptionTypeError, ["prefix", "int"]),
+    "b'model.'": (b"model.", OptionTypeError, ["prefix", "bytes"]),
+    "['model.']": (["model."], OptionTypeError, ["prefix", "list"]),
+}
+#: check_bool(x, "check_finite") (core/option_specs.py).
+CHECK_FINITE_LIES = {
+    "1": (1, OptionTypeError, ["check_finite", "int 1"]),
+    "'yes'": ("yes", OptionTypeError, ["check_finite", "'yes'"]),
+    "None": (None, OptionTypeError, ["check_finite", "None"]),
+}
+#: strict_kwargs (core/kwargs.py) on a route's signature: keywords -> strings the UnknownOptionError must hold.
+KEYWORD_TYPOS = {
+    "prefx=": (dict(prefx="model."), ["'prefx'", "did you mean 'prefix'"]),
+    "arch=": (dict(arch="llama"), ["'arch'", "'architecture'"]),
+    "check_finit=": (dict(check_finit=True), ["'check_finit'", "'check_finite'"]),
 }
 ENTRIES = {"from_hf_dir": from_hf_dir, "from_path": from_path, "head_source": head_source}
 
 
-@pytest.mark.parametrize("fn", list(ENTRIES))
-@pytest.mark.parametrize("case", list(BAD_OPTIONS))
-def test_bad_options_are_refused_where_they_enter(tmp_path, case, fn):
+@pytest.mark.parametrize("case", list(ARCHITECTURE_LIES))
+def test_bad_architecture_is_refused_by_its_validator(case):
+    value, exc, names = ARCHITECTURE_LIES[case]
+    refused(exc, lambda: check_architecture(value), *names)
+
+
+#: The two prefix checks: the checkpoint readers' (from_hf_dir, from_path) and head_source's own.
+PREFIX_CHECKS: dict[str, Callable[[object], object]] = {
+    "checkpoint": _check_prefix,
+    "head_source": lambda value: head_source("no such model", prefix=value),
+}
+
+
+@pytest.mark.parametrize("check", list(PREFIX_CHECKS))
+@pytest.mark.parametrize("case", list(PREFIX_LIES))
+def test_bad_prefix_is_refused_by_its_validator(case, check):
+    value, exc, names = PREFIX_LIES[case]
+    refused(exc, lambda: PREFIX_CHECKS[check](value), *names)
+
+
+@pytest.mark.parametrize("case", list(CHECK_FINITE_LIES))
+def test_bad_check_finite_is_refused_by_its_validator(case):
+    value, exc, names = CHECK_FINITE_LIES[case]
+    refused(exc, lambda: check_bool(value, "check_finite"), *names)
+
+
+@pytest.mark.parametrize("case", list(KEYWORD_TYPOS))
+def test_a_keyword_typo_is_refused_with_the_closest_name(tmp_path, case):
+    kw, names = KEYWORD_TYPOS[case]
+    refused(UnknownOptionError, lambda: from_hf_dir(tmp_path / "nowhere", **kw), "from_hf_dir()", *names)
+
+
+def _message(fn: Callable[[], object]) -> tuple[type, str]:
+    with pytest.raises(Exception) as ei:
+        fn()
+    return type(ei.value), str(ei.value)
+
+
+@pytest.mark.parametrize("route", list(ENTRIES))
+def test_each_route_refuses_its_options_through_the_validators(tmp_path, route):
+    """Each route, on a real checkpoint, raises exactly what the validator raises, once per option: so the
+    tables above hold for every route."""
     d, _, _ = single(tmp_path / "ck")
-    kw, exc, names = BAD_OPTIONS[case]
-    refused(exc, lambda: ENTRIES[fn](d, **kw), *names)
+    fn = ENTRIES[route]
+    prefix_check = PREFIX_CHECKS["head_source" if route == "head_source" else "checkpoint"]
+    for kw, validator in (
+        (dict(architecture="lama"), lambda: check_architecture("lama")),
+        (dict(architecture=_e(layr="x")), lambda: check_architecture(_e(layr="x"))),
+        (dict(prefix=5), lambda: prefix_check(5)),
+        (dict(check_finite="yes"), lambda: check_bool("yes", "check_finite")),
+    ):
+        assert _message(lambda kw=kw: fn(d, **kw)) == _message(validator), (route, kw)
+    exc, msg = _message(lambda: fn(d, prefx="model."))
+    assert exc is UnknownOptionError and f"{fn.__qualname__}()" in msg and "did you mean 'prefix'" in msg, msg
 
 
 def test_options_are_checked_before_the_files(tmp_path):
