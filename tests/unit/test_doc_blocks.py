@@ -4,17 +4,13 @@ every skipped block says why."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 from unittest import SkipTest
 
 import pytest
 from sybil.evaluators.skip import Skipper
 
-from doc_blocks import DOC_FILES, ROOT, SYBIL
+from doc_blocks import DOC_FILES, SYBIL
 
 DOC_DEMO = """# A page
 
@@ -35,36 +31,6 @@ raise RuntimeError("never run")
 assert x == 2, "the docs are wrong"
 ```
 """
-
-
-def _collect(*marker: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *marker]
-    proc = subprocess.run(
-        [*cmd, "README.md", "docs"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert proc.returncode in (0, 5), proc.stdout + proc.stderr
-    return proc.stdout
-
-
-def _n_examples() -> int:
-    return sum(len(list(SYBIL.parse(path).examples())) for path in DOC_FILES)
-
-
-def test_the_docs_blocks_are_collected_in_the_integration_tier_only():
-    n = _n_examples()
-    assert n >= 20  # README.md and docs/*.md: python blocks and skip comments
-    quick = _collect("-m", "not slow and not integration")  # the README's quick command
-    assert f"no tests collected ({n} deselected)" in quick, quick
-    integration = _collect("-m", "integration")
-    ids = re.findall(r"^(\S+\.md)::line:(\d+),column:1$", integration, flags=re.M)
-    assert len(ids) == n and {f for f, _ in ids} >= {"README.md", "docs/models.md", "docs/errors.md"}
-    assert not any(f.startswith("tests/") for f, _ in ids)  # tests/data/**/README.md is data, not docs
 
 
 def test_python_blocks_run_in_order_other_blocks_do_not_and_a_wrong_block_fails(tmp_path):

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from helpers import (
     write_sparse_shard,
 )
 from tl_idempotence.sources.checkpoint import from_path
+from tl_idempotence.testing import bridge_from_dir, tiny_tokenizer
 
 
 @pytest.mark.slow
@@ -103,3 +105,63 @@ def test_peak_rss_independent_of_mlp_and_layers(tmp_path):
     layer_f64_mb = (nq + nkv) * dm * dh * 8 / 2**20
     assert grow_mb < 64 + 4 * layer_f64_mb, r
     assert r["peak_kb"] * 1024 < apparent / 8, r
+
+
+def _tiny_transformers(model_type: str, path: Path):
+    import transformers
+
+    kw = dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        vocab_size=100,
+        max_position_embeddings=64,
+        pad_token_id=3,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    if model_type == "gpt_neox":
+        kw.pop("num_key_value_heads")
+    if model_type in ("gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe"):
+        kw["head_dim"] = 24  # != 64 / 4
+    if model_type == "qwen3_moe":
+        kw.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+    cfg = transformers.AutoConfig.for_model(model_type, **kw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(path)
+    tiny_tokenizer(100).save_pretrained(path)
+    return model
+
+
+TABLE_ARCHS = [
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+    "olmo",
+    "olmo2",
+    "phi3",
+    "gpt_neox",
+]
+
+
+@pytest.mark.parametrize("model_type", TABLE_ARCHS)
+def test_table_layout_matches_transformerbridge(tmp_path, model_type):
+    """File source == transformers-model source == TransformerBridge (raw weights), to 1e-10 (here: exactly)."""
+    d = tmp_path / f"m{abs(hash(model_type)) % 10**6}"  # keep family names out of the path (TL 3.x dispatch)
+    model = _tiny_transformers(model_type, d)
+    r_file = tli.idempotence_report(str(d), progress=False)
+    r_model = tli.idempotence_report(model, progress=False)
+    r_tl = tli.idempotence_report(bridge_from_dir(d), progress=False)
+    assert r_file.info.n_kv_heads == (4 if model_type == "gpt_neox" else 2)
+    assert r_file.info.d_head == (24 if model_type in ("gemma", "gemma2", "gemma3_text", "qwen3", "qwen3_moe") else 16)
+    for r in (r_model, r_tl):
+        np.testing.assert_allclose(r_file.heads["P"], r.heads["P"], rtol=0, atol=1e-10)
+        np.testing.assert_allclose(r_file.heads["alpha"], r.heads["alpha"], rtol=1e-10, atol=0)
+    assert np.isfinite(r_file.heads["P"]).all()

@@ -125,3 +125,58 @@ def test_smollm2_hooked_equals_bridge(smol):
     assert hooked._tli_processing["raw"] is True
     rep_h = tli.idempotence_report(hooked, progress=False)
     np.testing.assert_allclose(rep_h.heads["P"].to_numpy(), rep.heads["P"].to_numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.bridge
+def test_smollm2_report_shape_and_layout(smol):
+    model, rep = smol
+    df = rep.heads
+    assert model.tokenizer is not None and model.cfg.model_name == "smollm2-135m"
+    assert len(df) == 270 and sorted(df["layer"].unique()) == list(range(30))
+    assert (df.groupby("layer").size() == 9).all()
+    for _, g in df.groupby("layer"):
+        assert g.groupby("kv_head").size().to_dict() == {0: 3, 1: 3, 2: 3}
+        assert (g["kv_head"].to_numpy() == g["head"].to_numpy() // 3).all()
+    P = df["P"].to_numpy()
+    assert np.isfinite(P).all() and (P >= 0).all() and (P <= 1).all()
+    s = rep.summary
+    assert (s["n_heads"], s["n_kv_heads"], s["d_model"], s["d_head"]) == (270, 3, 576, 64)
+    assert s["processing"]["processing"] == "raw" and s["processing"]["raw"] is True
+    assert s["processing"]["checkpoint_sha256"] == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    assert s["n_closed"] == int((P >= 0.9).sum()) and 0 < s["n_closed"] < 270
+
+
+@pytest.mark.bridge
+def test_smollm2_matches_dense_float64_from_gguf(smol, smol_gguf):
+    _, rep = smol
+    kv_of = torch.arange(9) // 3
+    for layer in range(30):
+        O, V, _ = _gguf_heads(smol_gguf, layer)
+        _assert_matches_dense(rep.heads, O, V, kv_of, layer)
+
+
+@pytest.fixture(scope="module")
+def minilm_rep(minilm):
+    return minilm, tli.idempotence_report(minilm, progress=False)
+
+
+@pytest.mark.bridge
+def test_minilm_matches_dense_float64_from_safetensors(minilm_rep):
+    from safetensors import safe_open
+
+    _model, rep = minilm_rep
+    df = rep.heads
+    assert len(df) == 72 and (df.groupby("layer").size() == 12).all()
+    assert (df["kv_head"] == df["head"]).all()  # MHA: no sharing
+    P = df["P"].to_numpy()
+    assert np.isfinite(P).all() and (P >= 0).all() and (P <= 1).all()
+    assert rep.summary["processing"]["raw"] is True and "MLM head" in rep.summary["processing"]["notes"]
+    path = models.checkpoint_dir("minilm-l6") / "model.safetensors"
+    assert _sha(path) == "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"  # the published file
+    with safe_open(str(path), "pt") as f:
+        for layer in range(6):
+            Wv = f.get_tensor(f"encoder.layer.{layer}.attention.self.value.weight").double()  # [h*r, d]
+            Wo = f.get_tensor(f"encoder.layer.{layer}.attention.output.dense.weight").double()  # [d, h*r]
+            V = Wv.reshape(12, 32, 384).transpose(1, 2)
+            O = Wo.reshape(384, 12, 32).permute(1, 0, 2)
+            _assert_matches_dense(df, O, V, torch.arange(12), layer)

@@ -439,7 +439,7 @@ def _grams_with_spectrum(s: torch.Tensor, d_model: int, seed: int) -> torch.Tens
     return X.transpose(-1, -2) @ X
 
 
-@pytest.mark.parametrize("d_model, r", [(8, 1), (16, 4), (64, 16), (576, 64), (4096, 128)])
+@pytest.mark.parametrize("d_model, r", [(8, 1), (16, 4), (64, 16), (576, 64)])  # 4096 x 128: tests/integration
 def test_gram_rank_equals_the_eigenvalue_rule(d_model, r):
     """The Cholesky certificate never changes a rank: every spectrum (well-conditioned, exact zeros, singular
     values at 0.5-2x and 10x the threshold, scales from subnormal Grams to 1e300, a zero Gram, Grams whose

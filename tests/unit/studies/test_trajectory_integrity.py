@@ -105,18 +105,6 @@ def test_identical_and_shared_checkpoints_are_warned_about(traj):
     assert f"step3 shares {N_LAYERS} layer(s) with step0,step1,step2" in m[0]
 
 
-def test_identical_and_shared_checkpoints_are_marked_in_the_figures(traj):
-    t, _ = traj
-    fig = t.figure(log_y=False)
-    notes = [a.text for a in fig.layout.annotations if a.text]
-    assert any("identical to step1" in n for n in notes), notes
-    assert any("shares layers with step0,step1,step2" in n for n in notes), notes
-    assert len(fig.layout.shapes) >= 2
-    summ = t.summary_figure(log_y=False)
-    marked = [tr for tr in summ.data if tr.name == "identical / shared-layer checkpoint"]
-    assert len(marked) == 1 and list(marked[0].x) == [2.0, 3.0]  # x = the step parsed from "step2", "step3"
-
-
 def test_distinct_checkpoints_are_not_marked(lineage):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no warning at all
