@@ -1,6 +1,5 @@
-"""The docs' python blocks are collected in the integration tier only (a fresh pytest process collects them); the docs-
-as-tests machinery's unit tests are tests/unit/test_doc_blocks.py.
-"""
+"""The docs' python blocks are collected in the integration tier only (a fresh pytest process collects them);
+the docs-as-tests machinery's unit tests are tests/unit/test_doc_blocks.py."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ def _n_examples() -> int:
 def test_the_docs_blocks_are_collected_in_the_integration_tier_only():
     n = _n_examples()
     assert n >= 20  # README.md and docs/*.md: python blocks and skip comments
-    quick = _collect("-m", "not slow and not integration")  # the README's quick command
+    quick = _collect("-m", "not slow and not integration")  # the unit tier's marks
     assert f"no tests collected ({n} deselected)" in quick, quick
     integration = _collect("-m", "integration")
     ids = re.findall(r"^(\S+\.md)::line:(\d+),column:1$", integration, flags=re.M)
