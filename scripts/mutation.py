@@ -93,7 +93,7 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.report.store.x_read_record*",
                 "tl_idempotence.report.store.x__check_tables_fit_info*",
             ),
-            ("tests/unit/report/test_store.py",),
+            ("tests/unit/report/test_store.py", "tests/integration/report/test_store_round_trip.py"),
             "a saved report is loaded only if its files match their sha256s and its tables fit its info",
         ),
         Target(

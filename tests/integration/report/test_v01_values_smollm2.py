@@ -47,3 +47,8 @@ def test_smollm2_bridge_nulls_and_algebra(smollm2):
     assert_same_bits(rep.layers, "smollm2_bridge_nulls16_algebra.layers")
     assert_same_bits(rep.algebra.pairs, "smollm2_bridge_nulls16_algebra.algebra_pairs")
     assert_same_bits(rep.algebra.heads, "smollm2_bridge_nulls16_algebra.algebra_heads")
+
+
+def test_smollm2_gguf_file(zoo_ready):
+    rep = tli.idempotence_report(str(tli.models.gguf_path("smollm2-135m", progress=False)), progress=False)
+    assert_same_bits(rep.heads, "smollm2_gguf.heads")

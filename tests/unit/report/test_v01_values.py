@@ -25,11 +25,6 @@ def zoo_ready():
         unavailable("the zoo models' files", e)
 
 
-def test_smollm2_gguf_file(zoo_ready):
-    rep = tli.idempotence_report(str(tli.models.gguf_path("smollm2-135m", progress=False)), progress=False)
-    assert_same_bits(rep.heads, "smollm2_gguf.heads")
-
-
 def test_minilm_checkpoint_files_nulls(zoo_ready):
     rep = tli.idempotence_report(str(tli.models.checkpoint_dir("minilm-l6", progress=False)), nulls=16, progress=False)
     assert_same_bits(rep.heads, "minilm_files_nulls16.heads")

@@ -82,28 +82,6 @@ def test_a_copied_report_without_a_task_record_is_checked_against_the_plan(ckpts
     assert list(res.tasks["status"]) == ["failed", "computed"]
 
 
-def test_two_checkpoints_of_one_name_are_told_apart_by_their_recorded_weights(ckpts, tmp_path):
-    out = tmp_path / "out"
-    items = {"s1": ckpts["s1"], "s2": ckpts["s2"]}
-    for i in (0, 1):
-        run_sweep_item(items, out, i, **OPTS)
-    f1 = tli.load_report(out / "s1").summary["weights_fingerprint"]
-    f2 = tli.load_report(out / "s2").summary["weights_fingerprint"]
-    assert f1 != f2
-    assert json.loads((out / ITEMS_DIR / "s1" / "record.json").read_text())["weights_fingerprint"] == f1
-    replace_folder(out, "s2", "s1")
-    with pytest.warns(UserWarning, match=r"s1: ReportMismatchError"):
-        res = tli.load_sweep(out)
-    msg = res.failed.set_index("label").loc["s1", "message"]
-    assert f"whose task measured weights sha256 {f1[:12]}" in msg
-    assert f"the report's weights fingerprint is {f2[:12]}, not {f1[:12]}" in msg
-    assert list(res.reports) == ["s2"]
-    # the task reads the weights: layer 1 differs, so it measures s1 again
-    row = run_sweep_item(items, out, 0, **OPTS)
-    assert (row["status"], row["reason"]) == ("computed", "layer 1's attention weights differ (weight fingerprint)")
-    assert tli.load_report(out / "s1").summary["weights_fingerprint"] == f1
-
-
 def test_a_plan_whose_origin_lies_is_refused_by_name(ckpts, tmp_path):
     out = tmp_path / "out"
     run_sweep_item({"a": ckpts["A"]}, out, 0, **OPTS)
