@@ -111,3 +111,18 @@ def test_every_test_path_of_the_mutation_targets_exists(monkeypatch):
             assert path.startswith(("tests/unit/", "tests/integration/")) and (ROOT / path).is_file(), (name, sel)
             if test:
                 assert f"def {test.split('[')[0]}(" in (ROOT / path).read_text(encoding="utf-8"), (name, sel)
+
+
+def test_the_readme_and_ci_run_the_unit_tier_by_its_folder():
+    """The README's test command and CI's first test stage are ``pytest -q tests/unit``; every stage names folders."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert readme[2].endswith(".venv/bin/python -m pytest -q tests/unit"), readme[2]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    for stage in (
+        'run_tier "$V/python" "tests/unit" ',
+        'run_tier "$V/python" "tests/integration tests/acceptance README.md docs" ',
+        'run_tier "$V/python" "tests/integration" "slow" "slow"',
+        'run_tier "$V4/python" "tests/acceptance" ',
+        'run_tier "$V4/python" "tests/unit tests/integration" ',
+    ):
+        assert stage in ci, stage
