@@ -1,7 +1,8 @@
 """``tl-idempotence report --roles``: head roles computed on the model the report measured and joined with it.
 
-The zoo route (on the trained lineage) is in tests/integration/test_cli_roles_zoo.py. A checkpoint path has no model to run: ``--roles`` on it exits 2 before any work,
-saying why; a report measured from weights only refuses ``rep.roles()`` naming what it was measured from.
+The zoo route (on the trained lineage) is in tests/integration/test_cli_roles_zoo.py. A checkpoint path has no
+model to run: ``--roles`` on it exits 2 before any work, saying why; a report measured from weights only refuses
+``rep.roles()`` naming what it was measured from.
 """
 
 from __future__ import annotations
