@@ -14,8 +14,10 @@ of one layer and their layouts:
 * ``data/architectures.json`` — what must be explicit: the format, the config field names, the
   GGUF names, aliases, and refusals/entries no derivation can decide. Its entries win.
 
-This module merges and parses the table and a ``config.json``'s attention sizes. Nothing here
-imports transformer_lens or transformers. Biases never enter ``T = O Vᵀ`` and are not read.
+This module merges and parses the table and a ``config.json``'s attention sizes. The layouts an
+entry may name (their stored shapes, readers and descriptions) are the objects of :mod:`.layouts`;
+the table's ``_format.layouts`` is assembled from them. Nothing here imports transformer_lens or
+transformers. Biases never enter ``T = O Vᵀ`` and are not read.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from ..core.heads import Sizes
 from ..errors import CheckpointError, OptionError, OptionTypeError, WeightError
+from .layouts import O_LAYOUTS, V_LAYOUTS, get_layout, layout_docs
 
 __all__ = [
     "apply_variant",
@@ -60,10 +63,12 @@ def architecture_table() -> dict[str, Any]:
         ``{"architectures": {model_type: entry}, "aliases": {name: model_type}, "refused":
         {model_type: reason}, "config_fields", "gguf", "_format", "_generated"}``; explicit
         entries, aliases and refusals win over derived ones, and a covered type is never refused.
+        ``_format["layouts"]`` describes every layout of :mod:`.layouts` (:func:`~.layouts.layout_docs`).
     """
     hand = _data_json("architectures.json")
     derived = _data_json("architectures_derived.json")
     t = dict(hand)
+    t["_format"] = {**hand["_format"], "layouts": layout_docs()}
     t["architectures"] = {**derived["architectures"], **hand["architectures"]}
     t["aliases"] = {**derived.get("aliases", {}), **hand.get("aliases", {})}
     refused = {**derived.get("refused", {}), **hand.get("refused", {})}
@@ -98,8 +103,6 @@ def how_to_add() -> str:
 #: Keys a custom ``architecture={...}`` entry may have, and those of its ``v`` / ``o`` parts.
 _ENTRY_KEYS = ("layer", "v", "o", "post_attention_norm", "note", "n_kv_heads", "variants", "source")
 _PART_KEYS = ("tensor", "layout")
-_V_LAYOUTS = ("linear", "fused_qkv", "neox_qkv", "conv1d_qkv", "grouped_qkv", "codegen_qkv")
-_O_LAYOUTS = ("linear", "conv1d")
 #: What a variant may change (``variants``: the first whose ``config`` values all match is applied).
 _VARIANT_KEYS = ("config", "v", "o", "n_kv_heads", "post_attention_norm", "note")
 
@@ -150,9 +153,9 @@ def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
         if not isinstance(sub.get("tensor"), str) or not sub["tensor"]:
             raise OptionError(f"{where}['{k}']['tensor'] must be a non-empty tensor name; got {sub.get('tensor')!r}.")
         lay = sub.get("layout")
-        allowed = _V_LAYOUTS if k == "v" else _O_LAYOUTS
+        allowed = list(V_LAYOUTS if k == "v" else O_LAYOUTS)
         if lay not in allowed:
-            hint = _closest(lay, list(allowed)) if isinstance(lay, str) else ""
+            hint = _closest(lay, allowed) if isinstance(lay, str) else ""
             raise OptionError(
                 f"{where}['{k}']['layout'] = {lay!r} is not a layout of a {'value' if k == 'v' else 'output'} "
                 f"tensor{hint} (valid: {', '.join(allowed)}). {how_to_add()}"
@@ -372,15 +375,10 @@ def attention_regex(entry: dict[str, Any]) -> re.Pattern[str]:
 
 
 def expected_shape(layout: str, kind: str, s: Sizes) -> tuple[int, int]:
-    """The stored 2-D shape of a layer's V (``kind="v"``) or O (``kind="o"``) tensor in ``layout``."""
-    nq, nkv, dh, dm = s.n_heads, s.n_kv_heads, s.d_head, s.d_model
-    if kind == "o":
-        return {"linear": (dm, nq * dh), "conv1d": (nq * dh, dm)}[layout]
-    return {
-        "linear": (nkv * dh, dm),
-        "fused_qkv": ((nq + 2 * nkv) * dh, dm),
-        "neox_qkv": (3 * nq * dh, dm),
-        "conv1d_qkv": (dm, (nq + 2 * nkv) * dh),
-        "grouped_qkv": ((nq + 2 * nkv) * dh, dm),
-        "codegen_qkv": (3 * nq * dh, dm),
-    }[layout]
+    """The stored 2-D shape of a layer's V (``kind="v"``) or O (``kind="o"``) tensor in ``layout``
+    (:attr:`.layouts.Layout.shape`).
+
+    Raises:
+        CheckpointError: an unknown layout.
+    """
+    return get_layout(kind, layout).shape(s)

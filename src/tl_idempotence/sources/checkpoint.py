@@ -58,8 +58,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..core.files import sha256_file, shareable_name
 from ..core.heads import LayerHeads, ModelInfo, Sizes, kv_layout
 from ..core.options import check_bool, strict_kwargs
@@ -68,12 +66,12 @@ from .architectures import (
     architecture_table,
     attention_regex,
     check_architecture,
-    expected_shape,
     how_to_add,
     layer_regex,
     resolve_architecture,
     sizes_from_config,
 )
+from .layouts import get_layout
 from .stores import FLOAT_DTYPES, GGUFStore, ModuleStore, SafetensorsStore, check_file, read_metadata_json
 
 __all__ = [
@@ -256,17 +254,9 @@ class CheckpointSource:
         self.declared_by = declared_by
         self.sizes_from = sizes_from or declared_by
         self.extra_layers = extra_layers
-        lv = self.v_entry["layout"]
-        if lv in ("neox_qkv", "codegen_qkv") and sizes.n_kv_heads != sizes.n_heads:
-            raise CheckpointError(
-                f"{arch}: the {lv} layout has one kv head per query head; {declared_by} says "
-                f"{sizes.n_heads} heads, {sizes.n_kv_heads} kv heads."
-            )
-        if lv == "codegen_qkv" and sizes.n_heads % 4:
-            raise CheckpointError(
-                f"{arch}: the codegen_qkv layout splits the heads into 4 blocks; {declared_by} says {sizes.n_heads} "
-                "heads, not a multiple of 4."
-            )
+        self.v_layout = get_layout("v", self.v_entry["layout"])
+        self.o_layout = get_layout("o", self.o_entry["layout"])
+        self.v_layout.check_sizes(sizes, arch, declared_by)
         self._validate()
         self._kv = kv_layout(sizes.n_heads, sizes.n_kv_heads)  # after _validate: the sizes fit the tensors
 
@@ -313,14 +303,14 @@ class CheckpointSource:
         meta = self.store.meta([n for _, _, n in wanted])
         for _, kind, name in wanted:
             shape, dtype = meta[name]
-            entry = self.v_entry if kind == "v" else self.o_entry
-            exp = expected_shape(entry["layout"], kind, self.sizes)
+            layout = self.v_layout if kind == "v" else self.o_layout
+            exp = layout.shape(self.sizes)
             if shape != exp:
                 s = self.sizes
                 raise CheckpointError(
                     f"Tensor {name!r} in {self.store.where(name)} has shape {list(shape)}, but the sizes of "
                     f"{self.sizes_from} (d_model={s.d_model}, n_heads={s.n_heads}, n_kv_heads={s.n_kv_heads}, "
-                    f"d_head={s.d_head}) and layout {entry['layout']!r} need {list(exp)}. The config does not belong "
+                    f"d_head={s.d_head}) and layout {layout.name!r} need {list(exp)}. The config does not belong "
                     "to these weights (or head_dim is wrong)."
                 )
             if self.store.format == "safetensors" and dtype not in FLOAT_DTYPES:
@@ -355,49 +345,10 @@ class CheckpointSource:
         """Read one layer's O and V (only those two tensors) as :class:`LayerHeads`."""
         if not 0 <= int(layer) < self.sizes.n_layers:
             raise IndexError(f"Layer {layer} out of range: the checkpoint has layers 0..{self.sizes.n_layers - 1}.")
-        s = self.sizes
-        nq, nkv, dh, dm = s.n_heads, s.n_kv_heads, s.d_head, s.d_model
         v_name, o_name = self.names(layer)
         with self.store.reader() as r:
-            lv = self.v_entry["layout"]
-            if lv == "linear":
-                V = r.read(v_name).reshape(nkv, dh, dm).transpose(1, 2)
-            elif lv == "fused_qkv":
-                V = (
-                    r.read(v_name, rows=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh))
-                    .reshape(nkv, dh, dm)
-                    .transpose(1, 2)
-                )
-            elif lv == "neox_qkv":
-                V = torch.stack([r.read(v_name, rows=slice((3 * h + 2) * dh, (3 * h + 3) * dh)) for h in range(nq)])
-                V = V.transpose(1, 2)
-            elif lv == "grouped_qkv":  # [n_kv, group + 2, d_head, d_model]: a group's q heads, then k, then v
-                g = nq // nkv
-                V = torch.stack(
-                    [
-                        r.read(v_name, rows=slice((k * (g + 2) + g + 1) * dh, (k * (g + 2) + g + 2) * dh))
-                        for k in range(nkv)
-                    ]
-                ).transpose(1, 2)
-            elif lv == "codegen_qkv":  # 4 blocks of [q; v; k], each n_heads/4 heads wide
-                local, per = nq * dh // 4, nq // 4
-                starts = [(h // per) * 3 * local + local + (h % per) * dh for h in range(nq)]
-                V = torch.stack([r.read(v_name, rows=slice(a, a + dh)) for a in starts]).transpose(1, 2)
-            elif lv == "conv1d_qkv":
-                V = (
-                    r.read(v_name, cols=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh))
-                    .reshape(dm, nkv, dh)
-                    .permute(1, 0, 2)
-                )
-            else:  # pragma: no cover - checked in resolve_architecture
-                raise CheckpointError(f"Unknown V layout {lv!r}.")
-            lo = self.o_entry["layout"]
-            if lo == "linear":
-                O = r.read(o_name).reshape(dm, nq, dh).permute(1, 0, 2)
-            elif lo == "conv1d":
-                O = r.read(o_name).reshape(nq, dh, dm).transpose(1, 2)
-            else:  # pragma: no cover
-                raise CheckpointError(f"Unknown O layout {lo!r}.")
+            V = self.v_layout.read(r, v_name, self.sizes)
+            O = self.o_layout.read(r, o_name, self.sizes)
         lh = LayerHeads(layer=int(layer), O=O, V=V, kv_head_of=self._kv.clone())
         if self.check:
             lh.check_finite(
