@@ -122,7 +122,7 @@ def test_a_fused_layout_reads_only_the_value_rows():
 @pytest.mark.parametrize(
     ("name", "sizes", "match"),
     [
-        ("neox_qkv", GQA, r"^arch: the neox_qkv layout has one kv head per query head; cfg says 8 heads, 2 kv heads\.$"),
+        ("neox_qkv", GQA, r"^arch: the neox_qkv layout has one kv head per query head; cfg says 8 heads, 2 kv heads\."),
         ("codegen_qkv", GQA, r"^arch: the codegen_qkv layout has one kv head per query head; cfg says 8 heads"),
         (
             "codegen_qkv",
