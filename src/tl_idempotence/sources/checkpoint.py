@@ -505,28 +505,8 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
     )
 
 
-@strict_kwargs
-def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
-    """Source over a GGUF file: llama.cpp tensor names, sizes from its metadata.
-
-    ``{arch}.attention.head_count`` / ``head_count_kv`` / ``embedding_length`` /
-    ``block_count`` / ``value_length`` (d_head, the width of V and O per head; else
-    ``key_length``, else ``embedding_length // head_count``),
-    where ``arch`` is ``general.architecture``; each must be a positive integer (a per-layer
-    array must be constant). Quantized tensors are dequantized one layer at a time with
-    :func:`gguf.quants.dequantize`.
-
-    Raises:
-        OptionTypeError / UnknownOptionError: a bad argument.
-        MissingFileError: no such file.
-        CheckpointError: not a regular file / not GGUF / truncated / trailing bytes / corrupt
-            metadata / a tensor type that is invalid or does not fit the tensor; a missing,
-            non-integer or non-positive metadata value (names the key); a layer count that does not
-            match the tensors; a missing tensor; a shape mismatch.
-    """
-    p = _check_path(path)
-    check_finite = check_bool(check_finite, "check_finite")
-    store = GGUFStore(p)
+def _refuse_split_gguf(store: GGUFStore, p: Path) -> None:
+    """A part of a split GGUF holds only some layers: refused, saying how to merge the parts."""
     parts = store.field("split.count")
     if isinstance(parts, int) and not isinstance(parts, bool) and parts > 1:
         no = store.field("split.no")
@@ -535,6 +515,10 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
             f"GGUF file {p} is {which} of a split GGUF (split.count = {parts}): it holds only some of the layers. "
             "Merge the parts first (llama-gguf-split --merge FIRST_PART OUT.gguf)."
         )
+
+
+def _gguf_sizes(store: GGUFStore, p: Path) -> tuple[str, Sizes]:
+    """``general.architecture`` and the attention sizes from a GGUF file's metadata (see :func:`from_gguf`)."""
     arch = store.field("general.architecture")
     if arch is None:
         raise CheckpointError(f"GGUF file {p}: no general.architecture in its metadata (the key that names the sizes).")
@@ -580,6 +564,34 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
         sizes = Sizes(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head)
     except ValueError as e:
         raise CheckpointError(f"GGUF file {p}: inconsistent attention sizes ({e})") from e
+    return arch, sizes
+
+
+@strict_kwargs
+def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
+    """Source over a GGUF file: llama.cpp tensor names, sizes from its metadata.
+
+    ``{arch}.attention.head_count`` / ``head_count_kv`` / ``embedding_length`` /
+    ``block_count`` / ``value_length`` (d_head, the width of V and O per head; else
+    ``key_length``, else ``embedding_length // head_count``),
+    where ``arch`` is ``general.architecture``; each must be a positive integer (a per-layer
+    array must be constant). Quantized tensors are dequantized one layer at a time with
+    :func:`gguf.quants.dequantize`.
+
+    Raises:
+        OptionTypeError / UnknownOptionError: a bad argument.
+        MissingFileError: no such file.
+        CheckpointError: not a regular file / not GGUF / truncated / trailing bytes / corrupt
+            metadata / a tensor type that is invalid or does not fit the tensor; a missing,
+            non-integer or non-positive metadata value (names the key); a layer count that does not
+            match the tensors; a missing tensor; a shape mismatch.
+    """
+    p = _check_path(path)
+    check_finite = check_bool(check_finite, "check_finite")
+    store = GGUFStore(p)
+    _refuse_split_gguf(store, p)
+    arch, sizes = _gguf_sizes(store, p)
+    n_layers = sizes.n_layers
     entry = dict(architecture_table()["gguf"])
     v_entry = entry["v"]
     if entry["layer"].format(l=0) + entry["v"]["tensor"] not in store.tensors:
