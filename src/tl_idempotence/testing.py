@@ -37,6 +37,30 @@ __all__ = [
 ]
 
 
+#: The (config, model) classes of :func:`tiny_hf_dir`'s MHA architectures (Llama: ``tiny_llama_config``).
+_TINY_CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "bert": ("BertConfig", "BertForMaskedLM")}
+
+
+def _tiny_fields(arch: str, d_model: int, n_layers: int, n_heads: int) -> dict[str, Any]:
+    """The size fields of a tiny GPT-2 or BERT config, each under its config's own name."""
+    if arch == "gpt2":
+        return {
+            "n_embd": d_model,
+            "n_layer": n_layers,
+            "n_head": n_heads,
+            "n_positions": 128,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
+    return {
+        "hidden_size": d_model,
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "intermediate_size": 2 * d_model,
+        "max_position_embeddings": 128,
+    }
+
+
 def tiny_hf_dir(
     path: str | Path,
     arch: str = "llama",
@@ -71,32 +95,13 @@ def tiny_hf_dir(
     torch.manual_seed(seed)
     if arch == "llama":
         cfg = tiny_llama_config(d_model, n_layers, n_heads, n_kv_heads, vocab_size, 128, **config_kwargs)
-        model = transformers.LlamaForCausalLM(cfg)
-    elif arch == "gpt2":
-        cfg = transformers.GPT2Config(
-            n_embd=d_model,
-            n_layer=n_layers,
-            n_head=n_heads,
-            vocab_size=vocab_size,
-            n_positions=128,
-            bos_token_id=1,
-            eos_token_id=2,
-            **config_kwargs,
+    elif arch in _TINY_CLASSES:
+        cfg = getattr(transformers, _TINY_CLASSES[arch][0])(
+            **_tiny_fields(arch, d_model, n_layers, n_heads), vocab_size=vocab_size, **config_kwargs
         )
-        model = transformers.GPT2LMHeadModel(cfg)
-    elif arch == "bert":
-        cfg = transformers.BertConfig(
-            hidden_size=d_model,
-            num_hidden_layers=n_layers,
-            num_attention_heads=n_heads,
-            intermediate_size=2 * d_model,
-            vocab_size=vocab_size,
-            max_position_embeddings=128,
-            **config_kwargs,
-        )
-        model = transformers.BertForMaskedLM(cfg)
     else:
         raise ValueError(f"Unknown arch {arch!r}; use 'llama', 'gpt2' or 'bert'.")
+    model = getattr(transformers, _TINY_CLASSES.get(arch, ("", "LlamaForCausalLM"))[1])(cfg)
     model.save_pretrained(path)
     tiny_tokenizer(vocab_size).save_pretrained(path)
     return path

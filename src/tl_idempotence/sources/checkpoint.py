@@ -50,6 +50,7 @@ alone; ``info.extra["post_attention_norm"]`` says so, and the report's summary n
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -366,6 +367,17 @@ def _info(name: str, cls: str, s: Sizes, processing: dict[str, Any], extra: dict
     return ModelInfo(**vars(s.sizes), model_name=name, model_class=cls, processing=processing, extra=extra)
 
 
+def _described_source(
+    store: Any, sizes: Sizes, entry: dict[str, Any], arch: str, root: str, info: ModelInfo, **options: Any
+) -> CheckpointSource:
+    """The :class:`CheckpointSource` of every route, its ``info.extra`` noting a norm after ``W_O`` when the
+    tensors hold one (:func:`post_attention_note`, the one rule); ``options`` as :class:`CheckpointSource`'s."""
+    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
+    if note:
+        info = dataclasses.replace(info, extra={**info.extra, "post_attention_norm": note})
+    return CheckpointSource(store, sizes, entry, arch, root, info, **options)
+
+
 def _check_prefix(prefix: Any) -> str | None:
     if prefix is not None and not isinstance(prefix, str):
         raise OptionTypeError(
@@ -488,17 +500,13 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
         processing["header_sha256"] = {f: sha256_file(d / f, limit=8 + store.header(f).header_len) for f in files}
     name = shareable_name(str(config.get("_name_or_path") or d.name))
     extra: dict[str, Any] = {"format": "safetensors", "path": d.name, "architecture": arch, "tensor_root": root}
-    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
-    if note:
-        extra["post_attention_norm"] = note
-    info = _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra)
-    return CheckpointSource(
+    return _described_source(
         store,
         sizes,
         entry,
         arch,
         root,
-        info,
+        _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra),
         check_finite=check_finite,
         declared_by=f"config.json ({cfg_file})",
         extra_layers=extra_layers,
@@ -617,17 +625,13 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
     }
     name = shareable_name(str(store.field("general.name") or p.stem))
     extra: dict[str, Any] = {"format": "gguf", "path": p.name, "architecture": f"gguf:{arch}", "tensor_root": ""}
-    note = post_attention_note(store.keys(), entry, "", sizes.n_layers)
-    if note:
-        extra["post_attention_norm"] = note
-    info = _info(name, f"GGUF checkpoint ({arch})", sizes, processing, extra)
-    return CheckpointSource(
+    return _described_source(
         store,
         sizes,
         entry,
         f"gguf:{arch}",
         "",
-        info,
+        _info(name, f"GGUF checkpoint ({arch})", sizes, processing, extra),
         check_finite=check_finite,
         declared_by=f"the GGUF metadata ({arch}.block_count = {n_layers})",
         sizes_from=f"the GGUF metadata of {p}",
@@ -669,17 +673,13 @@ def from_transformers(
     }
     name = shareable_name(str(config.get("_name_or_path") or type(model).__name__))
     extra: dict[str, Any] = {"format": "transformers", "architecture": arch, "tensor_root": root}
-    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
-    if note:
-        extra["post_attention_norm"] = note
-    info = _info(name, type(model).__name__, sizes, processing, extra)
-    return CheckpointSource(
+    return _described_source(
         store,
         sizes,
         entry,
         arch,
         root,
-        info,
+        _info(name, type(model).__name__, sizes, processing, extra),
         check_finite=check_finite,
         declared_by=where,
         extra_layers=_extra_layers(config, where),

@@ -139,87 +139,86 @@ def _codegen_misfit(s: Sizes, declared_by: str) -> str | None:
 
 # ----------------------------------------------------------------------------- the registries
 
+
+def _by_name(*layouts: Layout) -> dict[str, Layout]:
+    return {x.name: x for x in layouts}
+
+
 #: Layouts of a value tensor, by name (in the order messages list them).
-V_LAYOUTS: dict[str, Layout] = {
-    x.name: x
-    for x in (
-        Layout(
-            "linear",
-            "v",
-            "torch.nn.Linear weight [out_features, in_features]. V: [n_kv_heads*d_head, d_model], kv head k = rows "
-            "k*d_head:(k+1)*d_head.",
-            lambda s: (s.n_kv_heads * s.d_head, s.d_model),
-            _read_linear_v,
-        ),
-        Layout(
-            "fused_qkv",
-            "v",
-            "one Linear weight with rows [q (n_heads*d_head); k (n_kv_heads*d_head); v (n_kv_heads*d_head)] (Phi-3 "
-            "qkv_proj, llama.cpp attn_qkv); V = the last n_kv_heads*d_head rows.",
-            lambda s: ((s.n_heads + 2 * s.n_kv_heads) * s.d_head, s.d_model),
-            _read_fused_v,
-        ),
-        Layout(
-            "neox_qkv",
-            "v",
-            "GPT-NeoX query_key_value Linear weight [n_heads*3*d_head, d_model] viewed as [n_heads, 3, d_head, "
-            "d_model] (q, k, v per head, interleaved); V of head h = rows (3h+2)*d_head:(3h+3)*d_head.",
-            lambda s: (3 * s.n_heads * s.d_head, s.d_model),
-            _read_neox_v,
-            _one_kv_per_query,
-        ),
-        Layout(
-            "conv1d_qkv",
-            "v",
-            "GPT-2 c_attn Conv1D weight [d_model, (n_heads + 2 n_kv_heads)*d_head], columns [q; k; v]; V = the last "
-            "n_kv_heads*d_head columns.",
-            lambda s: (s.d_model, (s.n_heads + 2 * s.n_kv_heads) * s.d_head),
-            _read_conv1d_v,
-        ),
-        Layout(
-            "grouped_qkv",
-            "v",
-            "one Linear weight viewed as [n_kv_heads, n_heads/n_kv_heads + 2, d_head, d_model]: each kv group's query "
-            "heads, then its k, then its v (Falcon new_decoder_architecture); V of kv head k = rows (k*(g+2) + "
-            "g+1)*d_head:(k*(g+2) + g+2)*d_head with g = n_heads/n_kv_heads.",
-            lambda s: ((s.n_heads + 2 * s.n_kv_heads) * s.d_head, s.d_model),
-            _read_grouped_v,
-        ),
-        Layout(
-            "codegen_qkv",
-            "v",
-            "CodeGen qkv_proj Linear weight [3*n_heads*d_head, d_model] in 4 blocks, each [q; v; k] of n_heads/4 "
-            "heads; V of head h = rows b*3*L + L + j*d_head, b = h // (n_heads/4), j = h % (n_heads/4), L = "
-            "n_heads*d_head/4.",
-            lambda s: (3 * s.n_heads * s.d_head, s.d_model),
-            _read_codegen_v,
-            _codegen_misfit,
-        ),
-    )
-}
+V_LAYOUTS: dict[str, Layout] = _by_name(
+    Layout(
+        "linear",
+        "v",
+        "torch.nn.Linear weight [out_features, in_features]. V: [n_kv_heads*d_head, d_model], kv head k = rows "
+        "k*d_head:(k+1)*d_head.",
+        lambda s: (s.n_kv_heads * s.d_head, s.d_model),
+        _read_linear_v,
+    ),
+    Layout(
+        "fused_qkv",
+        "v",
+        "one Linear weight with rows [q (n_heads*d_head); k (n_kv_heads*d_head); v (n_kv_heads*d_head)] (Phi-3 "
+        "qkv_proj, llama.cpp attn_qkv); V = the last n_kv_heads*d_head rows.",
+        lambda s: ((s.n_heads + 2 * s.n_kv_heads) * s.d_head, s.d_model),
+        _read_fused_v,
+    ),
+    Layout(
+        "neox_qkv",
+        "v",
+        "GPT-NeoX query_key_value Linear weight [n_heads*3*d_head, d_model] viewed as [n_heads, 3, d_head, "
+        "d_model] (q, k, v per head, interleaved); V of head h = rows (3h+2)*d_head:(3h+3)*d_head.",
+        lambda s: (3 * s.n_heads * s.d_head, s.d_model),
+        _read_neox_v,
+        _one_kv_per_query,
+    ),
+    Layout(
+        "conv1d_qkv",
+        "v",
+        "GPT-2 c_attn Conv1D weight [d_model, (n_heads + 2 n_kv_heads)*d_head], columns [q; k; v]; V = the last "
+        "n_kv_heads*d_head columns.",
+        lambda s: (s.d_model, (s.n_heads + 2 * s.n_kv_heads) * s.d_head),
+        _read_conv1d_v,
+    ),
+    Layout(
+        "grouped_qkv",
+        "v",
+        "one Linear weight viewed as [n_kv_heads, n_heads/n_kv_heads + 2, d_head, d_model]: each kv group's query "
+        "heads, then its k, then its v (Falcon new_decoder_architecture); V of kv head k = rows (k*(g+2) + "
+        "g+1)*d_head:(k*(g+2) + g+2)*d_head with g = n_heads/n_kv_heads.",
+        lambda s: ((s.n_heads + 2 * s.n_kv_heads) * s.d_head, s.d_model),
+        _read_grouped_v,
+    ),
+    Layout(
+        "codegen_qkv",
+        "v",
+        "CodeGen qkv_proj Linear weight [3*n_heads*d_head, d_model] in 4 blocks, each [q; v; k] of n_heads/4 "
+        "heads; V of head h = rows b*3*L + L + j*d_head, b = h // (n_heads/4), j = h % (n_heads/4), L = "
+        "n_heads*d_head/4.",
+        lambda s: (3 * s.n_heads * s.d_head, s.d_model),
+        _read_codegen_v,
+        _codegen_misfit,
+    ),
+)
 
 #: Layouts of an output tensor, by name.
-O_LAYOUTS: dict[str, Layout] = {
-    x.name: x
-    for x in (
-        Layout(
-            "linear",
-            "o",
-            "torch.nn.Linear weight [out_features, in_features]. O: [d_model, n_heads*d_head], head h = columns "
-            "h*d_head:(h+1)*d_head.",
-            lambda s: (s.d_model, s.n_heads * s.d_head),
-            _read_linear_o,
-        ),
-        Layout(
-            "conv1d",
-            "o",
-            "transformers Conv1D weight [in_features, out_features] (GPT-2). O: [n_heads*d_head, d_model], head h = "
-            "rows h*d_head:(h+1)*d_head (transposed).",
-            lambda s: (s.n_heads * s.d_head, s.d_model),
-            _read_conv1d_o,
-        ),
-    )
-}
+O_LAYOUTS: dict[str, Layout] = _by_name(
+    Layout(
+        "linear",
+        "o",
+        "torch.nn.Linear weight [out_features, in_features]. O: [d_model, n_heads*d_head], head h = columns "
+        "h*d_head:(h+1)*d_head.",
+        lambda s: (s.d_model, s.n_heads * s.d_head),
+        _read_linear_o,
+    ),
+    Layout(
+        "conv1d",
+        "o",
+        "transformers Conv1D weight [in_features, out_features] (GPT-2). O: [n_heads*d_head, d_model], head h = "
+        "rows h*d_head:(h+1)*d_head (transposed).",
+        lambda s: (s.n_heads * s.d_head, s.d_model),
+        _read_conv1d_o,
+    ),
+)
 
 
 def get_layout(kind: str, name: str) -> Layout:

