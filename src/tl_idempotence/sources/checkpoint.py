@@ -14,12 +14,12 @@ in this module stream them layer by layer as :class:`~tl_idempotence.core.heads.
 * a loaded ``transformers`` ``PreTrainedModel`` (its parameters, no copy of the model).
 
 Where each architecture keeps those tensors is :mod:`.architectures`; how bytes are read
-is :mod:`.stores`. The weights are the checkpoint's own: no LayerNorm folding, no centring
+is :mod:`.stores` (GGUF: :mod:`.gguf_store`). The weights are the checkpoint's own: no LayerNorm folding, no centring
 (``processing["raw"] = True``).
 
 Files are checked before anything is measured, and every way a file can lie is refused with
 an error naming the file (:class:`~tl_idempotence.errors.CheckpointError` unless said otherwise;
-details in :mod:`.stores`):
+details in :mod:`.stores` and :mod:`.gguf_store`):
 
 * **ambiguous directories** — without an index, two ``*.safetensors`` files holding a tensor of
   the same name, or two complete sets of attention tensors (different roots) in disjoint files;
@@ -72,8 +72,9 @@ from .architectures import (
     resolve_architecture,
     sizes_from_config,
 )
+from .gguf_store import GGUFStore
 from .layouts import get_layout
-from .stores import FLOAT_DTYPES, GGUFStore, ModuleStore, SafetensorsStore, check_file, read_metadata_json
+from .stores import FLOAT_DTYPES, ModuleStore, SafetensorsStore, check_file, read_metadata_json
 
 __all__ = [
     "CheckpointSource",

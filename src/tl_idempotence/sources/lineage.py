@@ -210,6 +210,27 @@ def _train_and_save(
     return rows, checkpoints
 
 
+def _check_rates(lr: Any, weight_decay: Any) -> None:
+    """``lr`` a finite number > 0, ``weight_decay`` a finite number >= 0 (OptionTypeError / OptionError)."""
+    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise OptionTypeError(f"{name} must be a number; got {type(v).__name__} {v!r}.")
+        if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
+            raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
+
+
+def _saved_steps(save_steps: Any, steps: int, save_every: int) -> list[int]:
+    """The steps to save, ascending: every ``save_every``-th (or the given ``save_steps``), with 0 and ``steps``."""
+    if save_steps is None:
+        to_save = set(range(0, steps + 1, save_every))
+    else:
+        if isinstance(save_steps, (str, bytes)) or not hasattr(save_steps, "__iter__"):
+            raise OptionTypeError(f"save_steps must be None or a sequence of integer steps; got {save_steps!r:.60}.")
+        to_save = {check_int(v, f"save_steps[{i}]", 0, steps) for i, v in enumerate(save_steps)}
+    to_save |= {0, steps}
+    return sorted(to_save)
+
+
 @strict_kwargs
 def train_lineage(
     out_dir: PathLike,
@@ -283,11 +304,7 @@ def train_lineage(
     vocab_size = check_int(vocab_size, "vocab_size", N_SPECIAL + 2, 1 << 20)
     seq_len = check_int(seq_len, "seq_len", 2, 1 << 14)  # the loss needs at least one repeated token
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
-    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise OptionTypeError(f"{name} must be a number; got {type(v).__name__} {v!r}.")
-        if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
-            raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
+    _check_rates(lr, weight_decay)
     tie_word_embeddings = check_bool(tie_word_embeddings, "tie_word_embeddings")
     reuse = check_bool(reuse, "reuse")
     if num_threads is not None:
@@ -297,13 +314,7 @@ def train_lineage(
             f"Need n_heads % n_kv_heads == 0 and d_model % n_heads == 0; got d_model={d_model}, "
             f"n_heads={n_heads}, n_kv_heads={n_kv_heads}."
         )
-    if save_steps is None:
-        to_save = set(range(0, steps + 1, save_every))
-    else:
-        if isinstance(save_steps, (str, bytes)) or not hasattr(save_steps, "__iter__"):
-            raise OptionTypeError(f"save_steps must be None or a sequence of integer steps; got {save_steps!r:.60}.")
-        to_save = {check_int(v, f"save_steps[{i}]", 0, steps) for i, v in enumerate(save_steps)}
-    to_save |= {0, steps}
+    to_save = _saved_steps(save_steps, steps, save_every)
 
     # not "", not a file, its parent existing (the rule of every folder a run creates): refused before training
     root = check_work_folder(out_dir, "out_dir")
@@ -323,7 +334,7 @@ def train_lineage(
         tie_word_embeddings=tie_word_embeddings,
         task="BOS x x (repeat), loss on repeat",
         architecture="LlamaForCausalLM",
-        saved_steps=sorted(to_save),
+        saved_steps=to_save,
         num_threads=num_threads,
     )
     manifest = root / "lineage.json"
