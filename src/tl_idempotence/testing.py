@@ -9,7 +9,7 @@ it is public so that tests, demos and users' own test suites can build small see
 * :func:`bridge_from_dir` / :func:`hooked_from_dir` — the same weights as a
   TransformerBridge and (transformer-lens 3.x only) a HookedTransformer, raw
   (no weight processing), so both classes can be compared on identical weights; both are
-  loaded by the zoo's loader (:func:`~tl_idempotence.sources.zoo.load.model_from_dir`), as
+  loaded by the zoo's loader (:func:`~tl_idempotence.sources.zoo.loaders.model_from_dir`), as
   ``tli.models.load`` loads the real models.
 """
 
@@ -110,7 +110,7 @@ def tiny_hf_dir(
 def hooked_from_dir(path: str | Path, hf_model: Any = None):
     """HookedTransformer over a local HF directory with raw weights (transformer-lens 3.x only), on the CPU.
 
-    Loaded by the zoo's loader (:func:`~tl_idempotence.sources.zoo.load.model_from_dir`, as
+    Loaded by the zoo's loader (:func:`~tl_idempotence.sources.zoo.loaders.model_from_dir`, as
     ``tli.models.load(..., cls="hooked")``): TL's own config and weight conversion (``convert_hf_model_config``,
     ``get_pretrained_state_dict``) and ``load_and_process_state_dict`` with every processing step off, so its
     W_V/W_O equal the checkpoint's.

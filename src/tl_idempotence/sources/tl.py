@@ -249,13 +249,13 @@ class TLModelSource:
 
 def bridge_from_dir(path: Any, **kwargs: Any) -> Any:
     """A local HF directory as a TransformerBridge with its raw weights (no processing), loaded by the zoo's
-    loader (:func:`~tl_idempotence.sources.zoo.load.model_from_dir`): ``device`` defaults to ``"cpu"``, other
+    loader (:func:`~tl_idempotence.sources.zoo.loaders.model_from_dir`): ``device`` defaults to ``"cpu"``, other
     keywords go to ``TransformerBridge.boot_transformers``. Imports transformer_lens.
 
     Raises:
         MissingFileError: ``path`` is not a folder. OptionTypeError / OptionError / DeviceError: a bad argument.
     """
-    from .zoo.load import model_from_dir
+    from .zoo.loaders import model_from_dir
 
     device = kwargs.pop("device", "cpu")
     return model_from_dir(path, "raw", "bridge", device=device, **kwargs)[0]

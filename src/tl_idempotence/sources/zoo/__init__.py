@@ -63,8 +63,8 @@ The package, by job (each module imports only those above it):
 * :mod:`.convert` — ``attention/`` and ``hf/``: a GGUF dequantized or converted, built under the lock;
 * :mod:`.folders` — the verified folders (:func:`files_dir`, :func:`attention_dir`, :func:`checkpoint_dir`,
   :func:`gguf_path`) and :func:`fetch`;
-* :mod:`.load` — what is measured: :func:`source` (a streaming checkpoint source) and :func:`load`
-  (a TransformerLens model, through :func:`~.load.model_from_dir`, the one loader of a local Hugging
+* :mod:`.loaders` — what is measured: :func:`source` (a streaming checkpoint source) and :func:`load`
+  (a TransformerLens model, through :func:`~.loaders.model_from_dir`, the one loader of a local Hugging
   Face folder that ``tl_idempotence.testing`` uses for its tiny models too).
 """
 
@@ -73,7 +73,7 @@ from __future__ import annotations
 from ...errors import ChecksumError, RegistryUnreachableError, UnknownModelError, ZooError
 from .cache import CACHE_ENV, MARKER, cache_dir, is_cached, verify
 from .folders import attention_dir, checkpoint_dir, fetch, files_dir, gguf_path
-from .load import SOURCE_FILES, load, model_from_dir, source
+from .loaders import SOURCE_FILES, load, model_from_dir, source
 from .registry import known_models, model_spec
 
 __all__ = [
