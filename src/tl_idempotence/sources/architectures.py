@@ -112,6 +112,31 @@ def _closest(x: str, names: list[str]) -> str:
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
 
+def _refuse_unknown_keys(d: dict[str, Any], valid: tuple[str, ...], where: str, listing: str) -> None:
+    """OptionError naming the first key of ``d`` not in ``valid``, the closest valid ones and ``listing``."""
+    unknown = [k for k in d if k not in valid]
+    if unknown:
+        k = str(unknown[0])
+        raise OptionError(f"{where} has unknown key {k!r}{_closest(k, list(valid))}; {listing}.")
+
+
+def _check_part(sub: Any, k: str, where: str) -> None:
+    """An entry's ``v`` or ``o`` part (``k``): ``{"tensor": name, "layout": a layout of that kind}``."""
+    if not isinstance(sub, dict):
+        raise OptionError(f"{where}['{k}'] must be {{'tensor': name, 'layout': layout}}; got {sub!r}.")
+    _refuse_unknown_keys(sub, _PART_KEYS, f"{where}['{k}']", "valid: tensor, layout")
+    if not isinstance(sub.get("tensor"), str) or not sub["tensor"]:
+        raise OptionError(f"{where}['{k}']['tensor'] must be a non-empty tensor name; got {sub.get('tensor')!r}.")
+    lay = sub.get("layout")
+    allowed = list(V_LAYOUTS if k == "v" else O_LAYOUTS)
+    if lay not in allowed:
+        hint = _closest(lay, allowed) if isinstance(lay, str) else ""
+        raise OptionError(
+            f"{where}['{k}']['layout'] = {lay!r} is not a layout of a {'value' if k == 'v' else 'output'} "
+            f"tensor{hint} (valid: {', '.join(allowed)}). {how_to_add()}"
+        )
+
+
 def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
     """Check a custom architecture entry (the ``architecture={...}`` argument, or a table entry).
 
@@ -131,35 +156,12 @@ def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
     """
     if not isinstance(entry, dict):
         raise OptionTypeError(f"{where} must be a dict entry; got {type(entry).__name__}.")
-    unknown = [k for k in entry if k not in _ENTRY_KEYS]
-    if unknown:
-        k = str(unknown[0])
-        raise OptionError(
-            f"{where} has unknown key {k!r}{_closest(k, list(_ENTRY_KEYS))}; valid keys: {', '.join(_ENTRY_KEYS)}."
-        )
+    _refuse_unknown_keys(entry, _ENTRY_KEYS, where, f"valid keys: {', '.join(_ENTRY_KEYS)}")
     missing = [k for k in ("layer", "v", "o") if k not in entry]
     if missing:
         raise OptionError(f"{where} entry lacks {missing}. {how_to_add()}")
     for k in ("v", "o"):
-        sub = entry[k]
-        if not isinstance(sub, dict):
-            raise OptionError(f"{where}['{k}'] must be {{'tensor': name, 'layout': layout}}; got {sub!r}.")
-        bad = [x for x in sub if x not in _PART_KEYS]
-        if bad:
-            b = str(bad[0])
-            raise OptionError(
-                f"{where}['{k}'] has unknown key {b!r}{_closest(b, list(_PART_KEYS))}; valid: tensor, layout."
-            )
-        if not isinstance(sub.get("tensor"), str) or not sub["tensor"]:
-            raise OptionError(f"{where}['{k}']['tensor'] must be a non-empty tensor name; got {sub.get('tensor')!r}.")
-        lay = sub.get("layout")
-        allowed = list(V_LAYOUTS if k == "v" else O_LAYOUTS)
-        if lay not in allowed:
-            hint = _closest(lay, allowed) if isinstance(lay, str) else ""
-            raise OptionError(
-                f"{where}['{k}']['layout'] = {lay!r} is not a layout of a {'value' if k == 'v' else 'output'} "
-                f"tensor{hint} (valid: {', '.join(allowed)}). {how_to_add()}"
-            )
+        _check_part(entry[k], k, where)
     tpl = entry["layer"]
     if not isinstance(tpl, str) or tpl.count("{l}") != 1:
         raise OptionError(f"{where}['layer'] must be a name template with '{{l}}' exactly once; got {tpl!r}.")
