@@ -113,7 +113,13 @@ def _find_root(keys: list[str], entry: dict[str, Any], s: Sizes, prefix: str | N
             f"(layer-0 attention tensors present: {near}). The checkpoint lacks the attention weights or uses "
             f"another layout. {how_to_add()}"
         )
-    last = entry["layer"].format(l=s.n_layers - 1) + entry["v"]["tensor"]
+    return _best_root(roots, keyset, entry, s.n_layers)
+
+
+def _best_root(roots: list[str], keyset: set[str], entry: dict[str, Any], n_layers: int) -> str:
+    """The root to measure among complete ones: one that holds the last layer's V too, then a language
+    model's (``language_model``, ``text``) before another tower's, then the shortest."""
+    last = entry["layer"].format(l=n_layers - 1) + entry["v"]["tensor"]
 
     def rank(r: str) -> tuple[int, int, int]:
         return (r + last not in keyset, not any(w in r for w in ("language_model", "text")), len(r))
@@ -199,10 +205,8 @@ def transformers_post_attention_note(model: Any) -> tuple[bool, str | None]:
     roots = _complete_roots(keys, entry)
     if not roots:
         return False, None
-    last = entry["layer"].format(l=sizes.n_layers - 1) + entry["v"]["tensor"]
-    keyset = set(keys)
-    roots.sort(key=lambda r: (r + last not in keyset, not any(w in r for w in ("language_model", "text")), len(r)))
-    return True, post_attention_note(keys, entry, roots[0], sizes.n_layers)
+    root = _best_root(roots, set(keys), entry, sizes.n_layers)
+    return True, post_attention_note(keys, entry, root, sizes.n_layers)
 
 
 class CheckpointSource:
