@@ -96,3 +96,20 @@ def test_load_refuses_a_hooked_encoder_before_anything_is_fetched(monkeypatch, t
     with pytest.raises(OptionError, match="cls='hooked' is not available for gemma-3-270m"):
         zoo.load("gemma-3-270m", cls="hooked", progress=False)
     assert not (tmp_path / "cache").exists()
+
+
+def test_the_zoo_modules_import_only_the_jobs_before_them():
+    """registry <- cache <- download <- convert <- folders <- loaders (docs/architecture.md): no job reaches back."""
+    import ast
+    from pathlib import Path
+
+    order = ["registry", "cache", "download", "convert", "folders", "loaders"]
+    root = Path(zoo.__file__).parent
+    assert sorted(p.stem for p in root.glob("*.py")) == sorted([*order, "__init__"])
+    seen = {}
+    for i, mod in enumerate(order):
+        tree = ast.parse((root / f"{mod}.py").read_text(encoding="utf-8"))
+        siblings = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        seen[mod] = siblings
+        assert siblings <= set(order[:i]), f"{mod} imports {siblings - set(order[:i])}"
+    assert seen["loaders"] == {"folders", "registry"} and seen["registry"] == set()
