@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from typing import Any, Literal
 
 __all__ = ["EXPORT", "NAN_POLICIES", "RECORD", "NanPolicy", "json_ready", "json_restore", "json_text"]
@@ -97,7 +97,7 @@ def json_text(x: Any, nan: NanPolicy, **dumps: Any) -> str:
     return json.dumps(json_ready(x, nan), allow_nan=False, **dumps)
 
 
-def json_restore(x: Any, float_keys: set[str] | None = None) -> Any:
+def json_restore(x: Any, float_keys: Set[str] | None = None) -> Any:
     """Undo the :data:`RECORD` policy for the values of ``float_keys`` (or of every key when None).
 
     A dict whose keys are all decimal integers (``"0"``, ``"12"``) gets int keys back: JSON keys are

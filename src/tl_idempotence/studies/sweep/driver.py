@@ -12,7 +12,6 @@ happened in ``OUT/sweep.json`` (:func:`write_outcome_record`).
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 import warnings
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...core.files import atomic_write_text, refuse_outputs_over_inputs
+from ...core.jsonio import RECORD, json_text
 from ...core.option_specs import ReportOptionsArgs, documents_options
 from ...core.options import ReportOptions, check_bool, check_device, check_int
 from ...errors import OptionError, OptionTypeError, TLIError
@@ -460,7 +460,6 @@ def write_outcome_record(d: Path, result: SweepResult, entries: Sequence[Entry],
     Raises:
         OptionError: the filesystem has no file locks.
     """
-    from ...report.parts import json_safe
 
     rec = plan_record(entries, record, result.device)
     rec["options"] = result.options.as_dict()
@@ -480,4 +479,4 @@ def write_outcome_record(d: Path, result: SweepResult, entries: Sequence[Entry],
                 stacklevel=3,
             )
             return
-        atomic_write_text(d / RECORD_NAME, json.dumps(json_safe(rec), indent=1))
+        atomic_write_text(d / RECORD_NAME, json_text(rec, RECORD, indent=1))

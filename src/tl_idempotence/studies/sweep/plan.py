@@ -12,7 +12,6 @@ of a sweep fit together.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...core.files import atomic_write_text, check_work_folder, read_json
+from ...core.jsonio import RECORD, json_text
 from ...core.options import ReportOptions, check_device_name
 from ...errors import MissingFileError, OptionError, OptionTypeError, ReportFileError, TLIError
 from ...report.identity import Origin
@@ -381,4 +381,4 @@ def write_plan(d: Path, entries: Sequence[Entry], record: dict[str, Any], device
                 e.origin for e in entries
             ):
                 return
-        atomic_write_text(d / RECORD_NAME, json.dumps(plan_record(entries, record, device_name), indent=1))
+        atomic_write_text(d / RECORD_NAME, json_text(plan_record(entries, record, device_name), RECORD, indent=1))

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ...core.files import atomic_write_text, read_json, sha256_file
+from ...core.jsonio import RECORD as RECORD_NAN_POLICY
+from ...core.jsonio import json_restore, json_text
 from ...core.options import ReportOptions
 from ...errors import OptionError, ReportFileError, TLIError
 from ...report.identity import origin_of, report_mismatch
@@ -55,6 +57,10 @@ TMP_PREFIX = ".tli-tmp-"
 #: Prefix of the name the replaced report takes while the new one is put in place.
 OLD_PREFIX = ".tli-old-"
 _MARKER = re.compile(r"^started-([0-9a-f]{12})-(\d+)-([0-9a-f]{8})\.json$")
+#: The task record's float fields: the only ones whose "NaN"/"Infinity" strings are read back as floats
+#: (core/jsonio.py's record policy; a reason that reads "NaN" stays text).
+RECORD_FLOAT_KEYS = frozenset({"seconds", "time"})
+
 #: ``SweepResult.tasks`` columns, in order.
 TASK_COLUMNS = ["label", "dir", "status", "reason", "device", "seconds", "host", "pid", "attempts"]
 
@@ -117,7 +123,7 @@ class ItemFiles:
         if not self.record_path.is_file():
             return None, f"no task record {self.record_path.name}"
         try:
-            rec = read_json(self.record_path, ReportFileError, "sweep task record")
+            rec = json_restore(read_json(self.record_path, ReportFileError, "sweep task record"), RECORD_FLOAT_KEYS)
         except ReportFileError as e:
             return None, str(e)
         ok = (
@@ -136,7 +142,7 @@ class ItemFiles:
         """Write the item's task record (``row`` plus the format, the item in words and the time), atomically."""
         self.folder.mkdir(parents=True, exist_ok=True)
         rec = {"format": ITEM_FORMAT, "item": item.describe(), "time": time.time(), **row}
-        atomic_write_text(self.record_path, json.dumps(rec, indent=1, default=str))
+        atomic_write_text(self.record_path, json_text(rec, RECORD_NAN_POLICY, indent=1, default=str))
 
     def report_digest(self) -> str | None:
         """sha256 of ``OUT/<dir>/report.json`` (it holds the sha256 of every table: it keys the whole report)."""
@@ -155,7 +161,7 @@ class ItemFiles:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"started-{run}-{attempt}-{uuid.uuid4().hex[:8]}.json"
         info = {"run": run, "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname(), "worker": worker}
-        atomic_write_text(path, json.dumps({**info, "started": time.time()}))
+        atomic_write_text(path, json_text({**info, "started": time.time()}, RECORD_NAN_POLICY))
         return path
 
     def markers(self) -> list[tuple[Path, dict[str, Any]]]:
