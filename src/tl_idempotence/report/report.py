@@ -5,7 +5,7 @@ Data flow: a :class:`~tl_idempotence.core.heads.HeadSource` yields one
 layer index, sizes, dtype, NaN/inf — for every source, built-in or user-written),
 fingerprints its bytes, computes its Gram products and closure once
 (:class:`~tl_idempotence.analyses.base.LayerContext`) and runs every enabled analysis of
-:data:`~tl_idempotence.analyses.registry.REPORT_ANALYSES` on it; the layer's weights are
+:func:`~tl_idempotence.analyses.registry.report_analyses` on it; the layer's weights are
 then dropped, so memory is bounded by one layer.
 """
 
@@ -24,7 +24,7 @@ import torch
 from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlgebra
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
-from ..analyses.registry import REPORT_ANALYSES
+from ..analyses.registry import report_analyses
 from ..analyses.scramble import bh_q_values
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
@@ -257,7 +257,7 @@ class IdempotenceReport(Result):
                     UserWarning,
                     stacklevel=2,
                 )
-        ran = [a for a in REPORT_ANALYSES if a.enabled(self.options)]
+        ran = [a for a in report_analyses() if a.enabled(self.options)]
         for a in ran:
             a.apply_threshold(heads, layers, tables, t)
         opts = self.options.with_threshold(t)
@@ -691,7 +691,7 @@ def report_with_options(
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
     resolve_layers(opts.layers, list(src.layers()))  # an unknown layer is refused before the resume folder is made
-    analyses = [a for a in REPORT_ANALYSES if a.enabled(opts)]
+    analyses = [a for a in report_analyses() if a.enabled(opts)]
     parts_dir = ResumeDir(resume, opts, info) if resume is not None else None
     desc = f"layers ({'+'.join(a.name for a in analyses)})"
     if opts.search:  # the one report option that takes minutes (README: "What each analysis costs")

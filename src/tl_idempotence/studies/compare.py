@@ -38,12 +38,12 @@ import pandas as pd
 
 from ..core.files import refuse_outputs_over_inputs
 from ..core.heads import HeadSource, LayerHeads
-from ..core.option_specs import DEFAULTS, ReportOptionsArgs, check_option_names, documents_options
+from ..core.option_specs import ReportOptionsArgs, check_option_names, documents_options, report_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
 from ..core.processing import T_PROCESSING
 from ..core.results import Result, views
 from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
-from ..report.identity import COMPARED_OPTIONS, option_differences, processing_key
+from ..report.identity import compared_options, option_differences, processing_key
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
 from ..report.summary import PAPER, PAPER_THRESHOLD
@@ -71,7 +71,6 @@ if TYPE_CHECKING:  # pragma: no cover
     )
 
 __all__ = [
-    "COMPARED_OPTIONS",
     "ITEM_KINDS",
     "OVERVIEW_COLUMNS",
     "PAPER_LABEL",
@@ -871,8 +870,9 @@ def compare(
 
     progress = check_bool(progress, "progress")
     check_option_names("compare()", options, ("items", "progress"))
-    given = {k: options.get(k) for k in COMPARED_OPTIONS if k != "layers"}  # None: shared by the reports, or default
-    layers, device = options.get("layers"), options.get("device", DEFAULTS["device"])
+    given = {k: options.get(k) for k in compared_options() if k != "layers"}  # None: shared by the reports, or default
+    default_device = next(o.default for o in report_options() if o.name == "device")
+    layers, device = options.get("layers"), options.get("device", default_device)
     resolved = resolve_items(items)
     given_reports = {it.label: it.value for it in resolved if it.kind == "report"}
     for it in resolved:
@@ -929,3 +929,10 @@ def measure_item(
     if n is not None:
         rep.summary = rep.summary.replace(n_params=n)
     return rep
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`COMPARED_OPTIONS` (:func:`~tl_idempotence.report.identity.compared_options`, named here too)."""
+    if name == "COMPARED_OPTIONS":
+        return compared_options()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
