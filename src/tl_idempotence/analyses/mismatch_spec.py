@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import OptionError
 from .spec import AnalysisSpec, SummaryRecord, rule
 
 __all__ = ["SPEC", "MismatchSummary"]
@@ -22,24 +21,12 @@ class MismatchSummary(SummaryRecord):
         largest P (NaN when there is none); mismatch_notes: why a layer has no pair (unset when every layer has).
     """
 
-    bounds = ()
+    bounds = (("n_mismatch_closed", "n_mismatch_pairs"),)
 
     n_mismatch_pairs: int = field(metadata=rule("count"))
     n_mismatch_closed: int = field(metadata=rule("count"))
     mismatch_P_max: float = field(metadata=rule("P"))
     mismatch_notes: list[str] | None = field(default=None, metadata=rule("strs"))
-
-    def check(self) -> None:
-        """At most ``n_mismatch_pairs`` are closed.
-
-        Raises:
-            OptionError: more (names both).
-        """
-        if self.n_mismatch_closed > self.n_mismatch_pairs:
-            raise OptionError(
-                f"summary field n_mismatch_closed={self.n_mismatch_closed!r} is impossible: more than "
-                f"n_mismatch_pairs={self.n_mismatch_pairs!r}."
-            )
 
 
 SPEC = AnalysisSpec(

@@ -24,7 +24,7 @@ from ..errors import OptionError, OptionTypeError
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
 
-__all__ = ["SUMMARY_RULES", "AnalysisSpec", "SummaryRecord", "check_summary_field", "rule"]
+__all__ = ["SUMMARY_RULES", "AnalysisSpec", "SummaryRecord", "check_summary_field", "nan_says_why", "rule"]
 
 #: The rules a summary field may have (:func:`check_summary_field`): ``"size"`` an int >= 1; ``"count"`` an
 #: int >= 0 (``bool`` is not an int, a float is never truncated); ``"P"`` a float in [0, 1] or NaN (a median or
@@ -99,6 +99,16 @@ def check_summary_field(name: str, rule: str, v: Any) -> None:
         raise AssertionError(rule)
 
 
+def nan_says_why(name: str, value: Any, undefined: bool, why: str) -> None:
+    """A summary value that is NaN exactly when it is undefined (``undefined``: there is nothing to take it over).
+
+    Raises:
+        OptionError: NaN while defined, or a number while undefined (says ``why``: the counts that decide).
+    """
+    if value is not None and math.isnan(float(value)) != bool(undefined):
+        raise OptionError(f"summary field {name}={value!r} is impossible: it is NaN (undefined) exactly when {why}.")
+
+
 def rule(name: str) -> dict[str, str]:
     """The metadata of a :class:`SummaryRecord` field with its rule (:data:`SUMMARY_RULES`):
     ``n_closed: int = field(metadata=rule("count"))``; a field that may be unset (``None``, left out of
@@ -115,14 +125,14 @@ def rule(name: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class SummaryRecord(Mapping[str, Any]):
     """An analysis's model-level numbers: a frozen dataclass whose fields carry a :func:`rule`, each checked
-    against its rule when the record is built; also a read-only mapping of the fields that are set.
+    against its rule when the record is built (and :attr:`bounds` among its own fields); also a read-only mapping
+    of the fields that are set.
 
-    Subclasses (one per analysis, in its declaration module) may add checks between their fields in
-    :meth:`check` (e.g. a count that cannot exceed another); checks against the report's sizes (``n_heads``) are
-    ``bounds``: ``(field, report field)`` pairs the report summary checks.
+    The checks against the rest of the report (a count against ``n_heads``, a NaN that must say why) are
+    :attr:`bounds` naming report fields and :meth:`check`, which the report summary runs with its flat fields.
     """
 
-    #: ``(field, report summary field)``: a count that cannot exceed a number of the report (``n_heads``).
+    #: ``(count, total)``: a count that cannot exceed another number, of this record or of the report (``n_heads``).
     bounds: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __post_init__(self) -> None:
@@ -131,10 +141,16 @@ class SummaryRecord(Mapping[str, Any]):
             if v is None and f.default is None:
                 continue
             check_summary_field(f.name, f.metadata["rule"], v)
-        self.check()
+        own = self.to_dict()
+        for count, total in self.bounds:
+            a, b = own.get(count), own.get(total)
+            if a is not None and b is not None and a > b:
+                raise OptionError(f"summary field {count}={a!r} is impossible: more than {total}={b!r}.")
 
-    def check(self) -> None:
-        """Checks between this record's fields (none by default).
+    def check(self, report: Mapping[str, Any]) -> None:
+        """Checks of this record against the report's flat summary fields ``report`` (this record's included), e.g.
+        a NaN exactly when there is nothing to take it over; none by default. A field ``report`` lacks is not
+        checked.
 
         Raises:
             OptionError: names the fields and their values.
@@ -171,7 +187,9 @@ class SummaryRecord(Mapping[str, Any]):
         missing = [k for k in cls.required() if k not in d]
         if missing:
             raise OptionError(f"summary lacks {missing[:5]}")
-        return cls(**dict(d))
+        out = cls(**dict(d))
+        out.check(out.to_dict())
+        return out
 
     def __getitem__(self, key: str) -> Any:
         v = getattr(self, key, None) if isinstance(key, str) and key in self.rules() else None
@@ -200,6 +218,9 @@ class AnalysisSpec:
         summary: its :class:`SummaryRecord` subclass: the model-level numbers its ``summarize`` returns, with their
             rules (:class:`~tl_idempotence.report.summary.ReportSummary` composes them: ``summary.scramble``);
             None for an analysis without summary numbers.
+        compared: the summary fields ``compare``'s table shows for it, a column each under the field's name (after
+            the built-in analyses' columns); the five analyses of the paper have their columns (percentages, the
+            paper's rows) written in :mod:`tl_idempotence.studies.compare` and declare none here.
     """
 
     name: str
@@ -207,12 +228,17 @@ class AnalysisSpec:
     options: tuple[OptionSpec, ...] = ()
     head_columns: tuple[str, ...] = ()
     summary: type[SummaryRecord] | None = None
+    compared: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name.startswith("_"):
             raise OptionError(f"an analysis name must be a public identifier; got {self.name!r}.")
         object.__setattr__(self, "options", tuple(self.options))
         object.__setattr__(self, "head_columns", tuple(self.head_columns))
+        known = self.summary.rules() if self.summary is not None else {}
+        stray = [c for c in self.compared if c not in known]
+        if stray:
+            raise OptionError(f"analysis {self.name}: compared fields {stray} are not fields of its summary record.")
 
     def analysis(self) -> Analysis:
         """The analysis object (imported and built once per spec).

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from ..analyses import registry
 from ..core.files import refuse_outputs_over_inputs
 from ..core.heads import HeadSource, LayerHeads
 from ..core.option_specs import ReportOptionsArgs, check_option_names, documents_options, report_options
@@ -46,7 +47,7 @@ from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, 
 from ..report.identity import compared_options, option_differences, processing_key
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
-from ..report.summary import PAPER, PAPER_THRESHOLD
+from ..report.summary import PAPER, PAPER_THRESHOLD, field_rules
 from ..sources.checkpoint import CheckpointSource, is_transformers_model
 from ..sources.dispatch import head_source
 from ..sources.names import Named, missing_path_error, named_inputs, path_label, resolve_name
@@ -90,6 +91,7 @@ __all__ = [
     "parameter_count",
     "processing_key",
     "resolve_items",
+    "table_columns",
 ]
 
 #: What an item can be: a report object, a saved report folder, a checkpoint path, a zoo name,
@@ -131,6 +133,17 @@ TABLE_COLUMNS = [
     "identical_weights",
     "weights_group",
 ]
+
+
+def table_columns() -> list[str]:
+    """The columns of :attr:`Comparison.table`: :data:`TABLE_COLUMNS` (the paper's analyses), with every registered
+    analysis's declared columns (:attr:`~tl_idempotence.analyses.spec.AnalysisSpec.compared`) before
+    ``raw_weights`` (read from the registry at each call)."""
+    extra = [c for spec in registry.ANALYSES for c in spec.compared if c not in TABLE_COLUMNS]
+    at = TABLE_COLUMNS.index("raw_weights")
+    return [*TABLE_COLUMNS[:at], *extra, *TABLE_COLUMNS[at:]]
+
+
 #: The columns of :attr:`Comparison.overview`: what a researcher reads first (the full table has every column).
 OVERVIEW_COLUMNS = [
     "model",
@@ -460,6 +473,9 @@ def _model_row(label: str, rep: IdempotenceReport) -> dict[str, Any]:
         "pct_layers_feasible": _pct(s.get("n_feasible_layers"), n_att),
         "raw_weights": processing_key(s)[0],
     }
+    for spec in registry.ANALYSES:  # the columns an analysis declares (spec.compared): None when it did not run
+        record = s.analyses.get(spec.name)
+        row.update({c: None if record is None else getattr(record, c) for c in spec.compared})
     return row
 
 
@@ -511,8 +527,10 @@ def comparison_table(reports: Mapping[str, IdempotenceReport], paper: bool = Tru
         row["identical_weights"] = bool(fp) and fps.count(fp) > 1
     if paper:
         rows += _paper_rows()
-    df = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    for c in _INT_COLUMNS:
+    columns = table_columns()
+    df = pd.DataFrame(rows, columns=columns)
+    declared_ints = {c for c in columns if c not in TABLE_COLUMNS and field_rules().get(c) in ("count", "size")}
+    for c in (*_INT_COLUMNS, *sorted(declared_ints)):
         df[c] = pd.array(
             [None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v) for v in df[c]], dtype="Int64"
         )
@@ -520,8 +538,13 @@ def comparison_table(reports: Mapping[str, IdempotenceReport], paper: bool = Tru
         df[c] = pd.array(
             [None if v is None or (isinstance(v, float) and math.isnan(v)) else bool(v) for v in df[c]], dtype="boolean"
         )
-    for c in TABLE_COLUMNS:
-        if c not in _INT_COLUMNS and c not in _BOOL_COLUMNS and c not in ("model", "model_name"):
+    for c in columns:
+        if (
+            c not in _INT_COLUMNS
+            and c not in declared_ints
+            and c not in _BOOL_COLUMNS
+            and c not in ("model", "model_name")
+        ):
             df[c] = df[c].astype("float64")
     return df
 
