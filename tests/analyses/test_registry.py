@@ -180,9 +180,7 @@ def test_the_typed_dict_for_static_tools_equals_the_registry():
     order, each annotated with its declared hint."""
     hints = dict(ReportOptionsArgs.__annotations__)
     assert list(hints) == [o.name for o in report_options()]
-    assert {k: getattr(v, "__forward_arg__", v) for k, v in hints.items()} == {
-        o.name: o.hint for o in report_options()
-    }
+    assert {k: getattr(v, "__forward_arg__", v) for k, v in hints.items()} == {o.name: o.hint for o in report_options()}
 
 
 def test_the_registry_lists_the_papers_analyses_in_column_order():
