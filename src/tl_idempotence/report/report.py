@@ -244,7 +244,7 @@ class IdempotenceReport(Result):
         heads, layers = self.heads.copy(), self.layers.copy()
         tables = {k: v.copy() for k, v in self.tables.items()}
         if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
-            layers[RANGES_THRESHOLD] = self.summary.get("algebra_ranges_threshold", self.options.threshold)
+            layers[RANGES_THRESHOLD] = self._ranges_threshold()
         if self.options.algebra and "algebra_ranges" not in tables:  # saved before every pair's angles were kept
             rt = AlgebraAnalysis.ranges_threshold(layers, self.options.threshold)
             if t < rt:
@@ -264,13 +264,18 @@ class IdempotenceReport(Result):
         summary = build_summary(heads, layers, tables, self.info, opts, ran)
         # what the re-derivation cannot know: the code that computed the numbers, the route's additions
         summary = summary.replace(
-            versions=self.summary.get("versions", summary.versions),
-            n_layers_resumed=self.summary.get("n_layers_resumed"),
-            n_params=self.summary.get("n_params"),
+            versions=self.summary.versions,
+            n_layers_resumed=self.summary.n_layers_resumed,
+            n_params=self.summary.n_params,
         )
         rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts, inputs=self.inputs)
         rep._model_ref = self._model_ref
         return rep
+
+    def _ranges_threshold(self) -> float:
+        """The threshold the summary says the algebra's range angles are at (the run's, when it does not say)."""
+        record = self.summary.algebra
+        return self.options.threshold if record is None else float(record.algebra_ranges_threshold)
 
     # ------------------------------------------------------------------ views of the data
     @property
@@ -283,7 +288,7 @@ class IdempotenceReport(Result):
         """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
         if not self.options.algebra:
             return None
-        rt = AlgebraAnalysis.ranges_threshold(self.layers, self.summary.get("algebra_ranges_threshold", self.threshold))
+        rt = AlgebraAnalysis.ranges_threshold(self.layers, self._ranges_threshold())
         return AlgebraAnalysis.combine(self.tables, self.info, self.threshold, rt)
 
     @strict_kwargs

@@ -447,30 +447,33 @@ def _pct(n: Any, of: Any) -> float:
 
 def _model_row(label: str, rep: IdempotenceReport) -> dict[str, Any]:
     s = rep.summary
-    n_att = int(s["n_attention_layers"])
+    closure, scramble, mismatch, search = s.closure, s.scramble, s.mismatch, s.search
+    n_att = int(s.n_attention_layers)
+    wins = None if scramble is None else scramble.n_layers_trained_wins
+    feasible = None if search is None else search.n_feasible_layers
     row: dict[str, Any] = {
         "model": label,
-        "model_name": str(s.get("model_name", "")),
+        "model_name": str(s.model_name),
         "is_paper": False,
-        "n_params": s.get("n_params"),
-        "n_layers": int(s["n_layers"]),
+        "n_params": s.n_params,
+        "n_layers": int(s.n_layers),
         "n_attention_layers": n_att,
-        "n_heads_per_layer": int(s["n_heads_per_layer"]),
-        "n_kv_heads": int(s["n_kv_heads"]),
-        "n_heads_total": int(s["n_heads"]),
-        "d_model": int(s["d_model"]),
-        "d_head": int(s["d_head"]),
-        "n_closed": int(s["n_closed"]),
-        "pct_closed": 100.0 * float(s["frac_closed"]),
-        "median_P": _nan(s.get("median_P")),
-        "median_P_scrambled": _nan(s.get("median_P_scrambled")),
-        "pct_beats_scramble": 100.0 * _nan(s.get("frac_beats_scramble")),
-        "n_layers_trained_wins": s.get("n_layers_trained_wins"),
-        "pct_layers_trained_wins": _pct(s.get("n_layers_trained_wins"), n_att),
-        "n_mismatch_closed": s.get("n_mismatch_closed"),
-        "mismatch_P_max": _nan(s.get("mismatch_P_max")),
-        "n_feasible_layers": s.get("n_feasible_layers"),
-        "pct_layers_feasible": _pct(s.get("n_feasible_layers"), n_att),
+        "n_heads_per_layer": int(s.n_heads_per_layer),
+        "n_kv_heads": int(s.n_kv_heads),
+        "n_heads_total": int(s.n_heads),
+        "d_model": int(s.d_model),
+        "d_head": int(s.d_head),
+        "n_closed": int(closure.n_closed),
+        "pct_closed": 100.0 * float(closure.frac_closed),
+        "median_P": _nan(closure.median_P),
+        "median_P_scrambled": _nan(None if scramble is None else scramble.median_P_scrambled),
+        "pct_beats_scramble": 100.0 * _nan(None if scramble is None else scramble.frac_beats_scramble),
+        "n_layers_trained_wins": wins,
+        "pct_layers_trained_wins": _pct(wins, n_att),
+        "n_mismatch_closed": None if mismatch is None else mismatch.n_mismatch_closed,
+        "mismatch_P_max": _nan(None if mismatch is None else mismatch.mismatch_P_max),
+        "n_feasible_layers": feasible,
+        "pct_layers_feasible": _pct(feasible, n_att),
         "raw_weights": processing_key(s)[0],
     }
     for spec in registry.ANALYSES:  # the columns an analysis declares (spec.compared): None when it did not run
