@@ -227,3 +227,30 @@ def test_the_options_keep_their_values_and_encoding():
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.seed = 4  # type: ignore[misc]
     assert hash(o) == hash(ReportOptions(nulls=64, seed=3, layers=(1, 0), compute_dtype=torch.float32))
+
+
+def test_the_report_is_immutable_but_for_the_threshold_shim():
+    rep = tli.idempotence_report(layers_of(5), nulls=4, progress=False)
+    for name in ("summary", "heads", "options", "inputs", "anything"):
+        with pytest.raises(dataclasses.FrozenInstanceError, match="a report is immutable"):
+            setattr(rep, name, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del rep.summary
+    more = rep.with_summary(n_params=1234)
+    assert more.summary.n_params == 1234 and rep.summary.n_params is None and more.heads is rep.heads
+    at = rep.with_threshold(0.05)
+    with pytest.warns(DeprecationWarning, match="Assigning rep.threshold is deprecated"):
+        rep.threshold = 0.05
+    assert rep.threshold == 0.05 and rep.summary.closure == at.summary.closure
+    assert rep.summary.closure.n_closed == int((rep.heads["P"] >= 0.05).sum())
+
+
+def test_the_report_and_its_typed_summary_pickle():
+    import pickle
+
+    rep = tli.idempotence_report(layers_of(5), nulls=4, search=True, progress=False)
+    back = pickle.loads(pickle.dumps(rep))
+    assert back.summary == rep.summary and back.summary.scramble == rep.summary.scramble
+    assert back.options == rep.options and back.summary.search.n_feasible_layers == rep.summary["n_feasible_layers"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.summary = rep.summary

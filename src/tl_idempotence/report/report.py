@@ -11,9 +11,11 @@ then dropped, so memory is bounded by one layer.
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Sequence
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -142,12 +144,16 @@ class IdempotenceReport(Result):
         summary: headline numbers, model sizes, processing flags, options, versions.
         info: the :class:`~tl_idempotence.core.heads.ModelInfo` of what was measured.
         options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
-        threshold: P threshold of ``closed`` (paper: 0.9). Assigning it recomputes every
-            threshold-dependent column, count and summary number.
+        threshold: P threshold of ``closed`` (paper: 0.9); :meth:`with_threshold` gives the report at another
+            (assigning it is a deprecated shim that warns and recomputes every threshold-dependent column, count
+            and summary number in place).
         inputs: what the report was read from on this machine, as ``(what, path)`` pairs (the checkpoint
             folder or file, the zoo cache, the resume folder; for a loaded report its folder; empty for a
             model in memory): what :meth:`save_html` and :meth:`save` refuse to write over. Never saved or
             shown (a saved report holds no machine path).
+
+    The report is immutable: assigning an attribute raises ``dataclasses.FrozenInstanceError`` (except the
+    deprecated ``rep.threshold = t``); :meth:`with_threshold` and :meth:`with_summary` return new reports.
 
     The report holds no model: :meth:`show_attention` and the attention section of
     :meth:`save_html` take the model as an argument (or use a weak reference to the model
@@ -157,6 +163,13 @@ class IdempotenceReport(Result):
 
     #: (a class default: a report unpickled from an older version read from nothing known)
     inputs: tuple[tuple[str, Path], ...] = ()
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    tables: dict[str, pd.DataFrame]
+    summary: ReportSummary
+    info: ModelInfo
+    options: ReportOptions
+    _model_ref: Any
 
     repr_keys: ClassVar[tuple[str, ...]] = (
         "model_name",
@@ -180,19 +193,48 @@ class IdempotenceReport(Result):
         model: TLModel | None = None,
         inputs: Sequence[tuple[str, Path]] = (),
     ) -> None:
-        self.heads = heads
-        self.layers = layers
-        self.tables = tables
-        self.summary = summary
-        self.info = info
-        self.options = options
-        self.inputs = tuple(inputs)
-        self._model_ref: Any = None
+        set_ = functools.partial(object.__setattr__, self)  # the report is immutable once built (__setattr__)
+        set_("heads", heads)
+        set_("layers", layers)
+        set_("tables", tables)
+        set_("summary", summary)
+        set_("info", info)
+        set_("options", options)
+        set_("inputs", tuple(inputs))
+        set_("_model_ref", None)
         if model is not None:
             try:
-                self._model_ref = weakref.ref(model)
+                set_("_model_ref", weakref.ref(model))
             except TypeError:  # pragma: no cover - objects without weakref support
-                self._model_ref = None
+                set_("_model_ref", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "threshold":  # the documented deprecation shim (it warns)
+            type(self).threshold.fset(self, value)  # type: ignore[attr-defined]
+            return
+        raise FrozenInstanceError(
+            f"cannot assign to {name!r}: a report is immutable (rep.with_threshold(t) for another threshold, "
+            "rep.with_summary(...) for a route's additions to its summary)."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: a report is immutable.")
+
+    def _evolve(self, **changes: Any) -> IdempotenceReport:
+        """A copy with some attributes changed (the model reference kept)."""
+        new = object.__new__(IdempotenceReport)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
+    def with_summary(self, **changes: Any) -> IdempotenceReport:
+        """The same report with fields of its summary set that the measurement does not give but a route knows
+        (``n_params`` from a comparison's checkpoint headers, ``n_layers_resumed`` from a resume folder).
+
+        Raises:
+            OptionTypeError / OptionError: as :meth:`~tl_idempotence.report.summary.ReportSummary.replace`.
+        """
+        return self._evolve(summary=self.summary.replace(**changes))
 
     # ------------------------------------------------------------------ state
     def __getstate__(self) -> dict[str, Any]:
@@ -219,13 +261,8 @@ class IdempotenceReport(Result):
             stacklevel=2,
         )
         new = self.with_threshold(value)
-        self.heads, self.layers, self.tables, self.options, self.summary = (
-            new.heads,
-            new.layers,
-            new.tables,
-            new.options,
-            new.summary,
-        )
+        for name in ("heads", "layers", "tables", "options", "summary"):
+            object.__setattr__(self, name, getattr(new, name))
 
     def with_threshold(self, threshold: RealLike) -> IdempotenceReport:
         """The same report at another P threshold: every threshold-dependent column, table, count and summary
@@ -269,8 +306,7 @@ class IdempotenceReport(Result):
             n_params=self.summary.n_params,
         )
         rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts, inputs=self.inputs)
-        rep._model_ref = self._model_ref
-        return rep
+        return rep._evolve(_model_ref=self._model_ref)
 
     def _ranges_threshold(self) -> float:
         """The threshold the summary says the algebra's range angles are at (the run's, when it does not say)."""
@@ -716,9 +752,9 @@ def report_with_options(
     read = [*inputs, *model_inputs(src)]
     if resume is not None:
         read.append(("the resume folder", Path(resume).expanduser()))
-    rep.inputs = tuple(dict.fromkeys((what, Path(p).expanduser().absolute()) for what, p in read))  # cwd may change
+    rep = rep._evolve(inputs=tuple(dict.fromkeys((what, Path(p).expanduser().absolute()) for what, p in read)))
     if parts_dir is not None:
-        rep.summary = rep.summary.replace(n_layers_resumed=n_resumed)
+        rep = rep.with_summary(n_layers_resumed=n_resumed)
     return rep
 
 

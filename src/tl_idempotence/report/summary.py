@@ -13,7 +13,6 @@ import importlib.metadata
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -166,7 +165,7 @@ class ReportSummary(Mapping[str, Any]):
             isinstance(r, SummaryRecord) for r in self.analyses.values()
         ):
             raise OptionTypeError("ReportSummary.analyses must map analysis names to their SummaryRecord.")
-        object.__setattr__(self, "analyses", MappingProxyType(dict(self.analyses)))
+        object.__setattr__(self, "analyses", dict(self.analyses))  # a copy (a plain dict: the summary pickles)
         _validate(self)
 
     # ---------------------------------------------------------------- the analyses' records

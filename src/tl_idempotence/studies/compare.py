@@ -953,7 +953,7 @@ def measure_item(
     except (TLIError, OSError):  # informational: n_params stays unknown (NA) when the headers cannot be read
         n = None
     if n is not None:
-        rep.summary = rep.summary.replace(n_params=n)
+        rep = rep.with_summary(n_params=n)
     return rep
 
 
