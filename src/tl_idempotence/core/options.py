@@ -382,3 +382,13 @@ def _restore(values: Mapping[str, Any]) -> ReportOptions:
 
 def _default(name: str) -> Any:
     return next(o.default for o in report_options() if o.name == name)
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`REPORT_OPTIONS` and :data:`DEFAULTS`, as :mod:`tl_idempotence.core.option_specs` assembles them (names
+    this module exported before the options were declared beside the analyses)."""
+    if name in ("REPORT_OPTIONS", "DEFAULTS", "REPORT_OPTION_NAMES"):
+        from . import option_specs
+
+        return getattr(option_specs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

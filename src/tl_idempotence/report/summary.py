@@ -419,11 +419,11 @@ def _frac(n: Any, of: Any) -> float:
     return float(n) / float(of) if of else float("nan")
 
 
-def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
+def paper_table(summary: ReportSummary, n_layers: int) -> pd.DataFrame:
     """The abstract's headline quantities for this model next to the paper's, as numbers (SPEC 4-5).
 
     Args:
-        summary: a report's summary.
+        summary: a report's summary (its analyses' records are read: ``summary.closure``, ``summary.scramble``, ...).
         n_layers: how many layers were measured (denominator of the per-layer rows).
 
     Returns:
@@ -436,7 +436,8 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
         scrambled; heads whose trained orientation beats its scramble median; layers where the
         trained orientation wins; layers where P >= threshold is feasible (search).
     """
-    t = summary["threshold"]
+    t = summary.threshold
+    closure, scramble, mismatch, search = summary.closure, summary.scramble, summary.mismatch, summary.search
     nan = float("nan")
     rows: list[dict[str, Any]] = []
 
@@ -453,16 +454,16 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
             note = f"{note}; {other}" if note else other
         rows.append({"quantity": q, "value": value, "n": n, "of": of, "paper_low": lo, "paper_high": hi, "note": note})
 
-    row(f"heads with P >= {t:g}", "frac_closed", summary["frac_closed"], summary["n_closed"], summary["n_heads"])
+    row(f"heads with P >= {t:g}", "frac_closed", closure.frac_closed, closure.n_closed, summary.n_heads)
     no_nulls = "not run: make the report with nulls=True / --nulls 64 (orientation scramble + O/V mismatch)"
-    if "n_mismatch_pairs" in summary:
-        if summary["n_mismatch_pairs"]:
+    if mismatch is not None:
+        if mismatch.n_mismatch_pairs:
             row(
                 f"matched O/V mismatch pairs with P >= {t:g}",
                 "mismatch_closed",
-                _frac(summary["n_mismatch_closed"], summary["n_mismatch_pairs"]),
-                summary["n_mismatch_closed"],
-                summary["n_mismatch_pairs"],
+                _frac(mismatch.n_mismatch_closed, mismatch.n_mismatch_pairs),
+                mismatch.n_mismatch_closed,
+                mismatch.n_mismatch_pairs,
             )
         else:
             row(
@@ -471,43 +472,47 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
                 nan,
                 0,
                 0,
-                "; ".join(summary.get("mismatch_notes", ["no valid pair: one kv head (MQA)"])),
+                "; ".join(
+                    mismatch.mismatch_notes
+                    if mismatch.mismatch_notes is not None
+                    else ["no valid pair: one kv head (MQA)"]
+                ),
             )
     else:
         row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed", nan, note=no_nulls)
-    if "median_P_scrambled" in summary:
-        row("median P, trained", "median_P_trained", summary["median_P_trained"], n=summary["n_heads"])
+    if scramble is not None:
+        row("median P, trained", "median_P_trained", scramble.median_P_trained, n=summary.n_heads)
         row(
             "median P, orientation-scrambled",
             "median_P_scrambled",
-            summary["median_P_scrambled"],
-            n=summary["n_heads_compared"],
+            scramble.median_P_scrambled,
+            n=scramble.n_heads_compared,
         )
         row(
             "heads whose trained orientation beats its scramble median",
             "frac_beats_scramble",
-            summary["frac_beats_scramble"],
-            summary["n_heads_beating_scramble"],
-            summary["n_heads_compared"],
+            scramble.frac_beats_scramble,
+            scramble.n_heads_beating_scramble,
+            scramble.n_heads_compared,
         )
         row(
             "layers where the trained orientation wins (median P)",
             "frac_layers_trained_wins",
-            _frac(summary["n_layers_trained_wins"], n_layers),
-            summary["n_layers_trained_wins"],
+            _frac(scramble.n_layers_trained_wins, n_layers),
+            scramble.n_layers_trained_wins,
             n_layers,
         )
     else:
-        row("median P, trained", "median_P_trained", summary["median_P"], n=summary["n_heads"])
+        row("median P, trained", "median_P_trained", closure.median_P, n=summary.n_heads)
         row("median P, orientation-scrambled", "median_P_scrambled", nan, note=no_nulls)
         row("heads whose trained orientation beats its scramble median", "frac_beats_scramble", nan, note=no_nulls)
         row("layers where the trained orientation wins (median P)", "frac_layers_trained_wins", nan, note=no_nulls)
-    if "n_feasible_layers" in summary:
+    if search is not None:
         row(
             f"layers where P >= {t:g} is feasible (constructive search)",
             "frac_layers_feasible",
-            _frac(summary["n_feasible_layers"], n_layers),
-            summary["n_feasible_layers"],
+            _frac(search.n_feasible_layers, n_layers),
+            search.n_feasible_layers,
             n_layers,
         )
     else:
