@@ -795,10 +795,11 @@ def _refuse_with(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
 
 def _collect_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """--collect reads the options from DIR/sweep.json: an option given on the command line must equal them."""
+    from .core.option_specs import report_options
     from .studies.sweep import read_sweep_plan
 
     plan = read_sweep_plan(args.out)
-    for name in ("threshold", "nulls", "seed", "search", "algebra", "layers", "compute_dtype", "device"):
+    for name in (o.name for o in report_options()):
         value = getattr(args, name)
         if value == parser.get_default(name):
             continue
