@@ -52,6 +52,7 @@ __all__ = [
     "check_option_names",
     "check_seed",
     "check_threshold",
+    "default",
     "documents_options",
     "given",
     "index_summary",
@@ -431,6 +432,19 @@ def report_options() -> tuple[OptionSpec, ...]:
     if dup:
         raise OptionError(f"report options {dup} are declared twice (an analysis's option names one already taken).")
     return out
+
+
+def default(name: str) -> Any:
+    """The declared default of the report option ``name``.
+
+    Raises:
+        UnknownOptionError: no such option (names the closest ones).
+    """
+    specs = report_options()
+    for o in specs:
+        if o.name == name:
+            return o.default
+    raise unknown_option_error("report options", [name], [o.name for o in specs])
 
 
 def __getattr__(name: str) -> Any:

@@ -43,6 +43,7 @@ from .option_specs import (
     check_option_names,
     check_seed,
     check_threshold,
+    default,
     given,
     report_options,
     resolve_layers,
@@ -315,7 +316,7 @@ class ReportOptions:
                 :func:`check_device_name`.
         """
         check_option_names(where, options, others)
-        device = check_device_name(options.get("device", _default("device")))
+        device = check_device_name(options.get("device", default("device")))
         opts = cls(**{k: v for k, v in options.items() if k != "device"})
         return {k: v for k, v in opts.as_dict().items() if k != "device"}, device
 
@@ -378,10 +379,6 @@ def _restore(values: Mapping[str, Any]) -> ReportOptions:
     out = object.__new__(ReportOptions)
     object.__setattr__(out, "_values", MappingProxyType(dict(values)))
     return out
-
-
-def _default(name: str) -> Any:
-    return next(o.default for o in report_options() if o.name == name)
 
 
 def __getattr__(name: str) -> Any:

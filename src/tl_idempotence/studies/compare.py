@@ -39,7 +39,7 @@ import pandas as pd
 from ..analyses import registry
 from ..core.files import refuse_outputs_over_inputs
 from ..core.heads import HeadSource, LayerHeads
-from ..core.option_specs import ReportOptionsArgs, check_option_names, documents_options, report_options
+from ..core.option_specs import ReportOptionsArgs, check_option_names, default, documents_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
 from ..core.processing import T_PROCESSING
 from ..core.results import Result, views
@@ -897,8 +897,7 @@ def compare(
     progress = check_bool(progress, "progress")
     check_option_names("compare()", options, ("items", "progress"))
     given = {k: options.get(k) for k in compared_options() if k != "layers"}  # None: shared by the reports, or default
-    default_device = next(o.default for o in report_options() if o.name == "device")
-    layers, device = options.get("layers"), options.get("device", default_device)
+    layers, device = options.get("layers"), options.get("device", default("device"))
     resolved = resolve_items(items)
     given_reports = {it.label: it.value for it in resolved if it.kind == "report"}
     for it in resolved:
