@@ -25,7 +25,12 @@ from importlib.metadata import PackageNotFoundError, version
 from types import ModuleType
 from typing import Any
 
+from .analyses import registry as _registry
+from .core import option_specs as _option_specs
 from .core import results as _results
+
+# the report options are declared beside the analyses (a layer above core): core reads them from the registry
+_option_specs.use_registry(_registry.analysis_options)
 
 try:
     __version__ = version("tl_idempotence")

@@ -207,19 +207,17 @@ def _validated(parse: Any, check: Any, name: str) -> Any:
 
 
 def _add_report_options(r: argparse.ArgumentParser) -> None:
-    """The report options as flags, built from their one declaration
-    (:data:`~tl_idempotence.core.option_specs.REPORT_OPTIONS`: the same names, defaults and rules as the API)."""
+    """The report options as flags, built from their one declaration each
+    (:func:`~tl_idempotence.core.option_specs.report_options`: the report's own and every registered analysis's;
+    the same names, defaults and validators as the API)."""
     from .core import option_specs as spec
 
-    checks = {"threshold": spec.check_threshold, "nulls": spec.check_nulls, "seed": spec.check_seed}
-    for o in spec.REPORT_OPTIONS:
+    for o in spec.report_options():
         help_ = o.help if o.kind in ("flag", "layers") else f"{o.help} (default: {o.default})"
         if o.kind == "flag":
             r.add_argument(o.flag, action="store_true", help=help_)
-        elif o.kind == "threshold":
-            r.add_argument(o.flag, type=_validated(float, checks[o.name], o.name), default=o.default, help=help_)
-        elif o.kind == "count":
-            kind = _validated(int, checks[o.name], o.name)
+        elif o.kind in ("threshold", "count") and o.check is not None:
+            kind = _validated(float if o.kind == "threshold" else int, o.check, o.name)
             r.add_argument(o.flag, type=kind, default=o.default, metavar=o.metavar, help=help_)
         elif o.kind == "layers":
             r.add_argument(
@@ -563,10 +561,10 @@ def _roles_text(roles: Any) -> str:
 
 
 def _report_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The report options the command line was given (every one of REPORT_OPTIONS, by name)."""
-    from .core.option_specs import REPORT_OPTION_NAMES
+    """The report options the command line was given (every one of ``report_options()``, by name)."""
+    from .core.option_specs import report_options
 
-    return {name: getattr(args, name) for name in REPORT_OPTION_NAMES}
+    return {o.name: getattr(args, o.name) for o in report_options()}
 
 
 # ----------------------------------------------------------------------------- commands
@@ -856,10 +854,11 @@ def _refuse_with(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
 
 def _collect_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """--collect reads the options from DIR/sweep.json: an option given on the command line must equal them."""
+    from .core.option_specs import report_options
     from .studies.sweep import read_sweep_plan
 
     plan = read_sweep_plan(args.out)
-    for name in ("threshold", "nulls", "seed", "search", "algebra", "layers", "compute_dtype", "device"):
+    for name in (o.name for o in report_options()):
         value = getattr(args, name)
         if value == parser.get_default(name):
             continue

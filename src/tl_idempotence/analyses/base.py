@@ -5,8 +5,10 @@ products, its closure and the validated options — to a :class:`LayerResult`: p
 columns in head order, per-layer values, optional long tables (e.g. the algebra's
 pairs), and a reason for every NaN it produces. The report loop
 (:func:`tl_idempotence.report.report.idempotence_report`) runs the enabled analyses of
-:data:`tl_idempotence.analyses.registry.REPORT_ANALYSES` on every layer and concatenates
-their results; adding an analysis does not touch the loop.
+:func:`tl_idempotence.analyses.registry.report_analyses` on every layer and concatenates
+their results; adding an analysis does not touch the loop. What an analysis is called, the option that switches it
+on, the head columns it writes and its summary record are declared beside it, torch-free
+(:class:`~tl_idempotence.analyses.spec.AnalysisSpec` in ``analyses/<name>_spec.py``).
 
 Rules every analysis keeps (checked by one parametrized contract test):
 

@@ -1,27 +1,64 @@
-"""The analyses the report runs, in order (each implements :class:`~tl_idempotence.analyses.base.Analysis`).
+"""The analyses the report runs, listed once, in order (each declared beside its code: :mod:`.spec`).
 
-To add an analysis to the report: implement ``name``, ``reason_column``, ``enabled``,
-``run``, ``apply_threshold`` and ``summarize`` (see :mod:`tl_idempotence.analyses.base`),
-add an instance here, and an option to :class:`~tl_idempotence.core.options.ReportOptions`
-that enables it. The report loop does not change.
+Each entry is an analysis's :class:`~tl_idempotence.analyses.spec.AnalysisSpec` (from its torch-free
+``<name>_spec.py``). Everything that names the analyses or their options is assembled from this list:
+the report options (:func:`~tl_idempotence.core.option_specs.report_options`, which the package root points at
+:func:`analysis_options`), :class:`~tl_idempotence.core.options.ReportOptions`' fields and defaults, the CLI's
+report flags, the options paragraph of every entry point's docstring, ``compare``'s and the sweeps' compared
+options (:func:`~tl_idempotence.report.identity.compared_options`), the report loop
+(:func:`report_analyses`) and the report summary's per-analysis records.
+
+To add an analysis: its module (the ``Analysis`` class) and its declaration (an ``AnalysisSpec`` with its option,
+head columns and summary record), then one line here. Imports no torch (the CLI's ``--help`` reads it).
 """
 
 from __future__ import annotations
 
-from .algebra import AlgebraAnalysis
-from .base import Analysis
-from .closure import ClosureAnalysis
-from .mismatch import MismatchAnalysis
-from .scramble import ScrambleAnalysis
-from .search import SearchAnalysis
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["REPORT_ANALYSES"]
+from ..core.option_specs import OptionSpec
+from . import algebra_spec, closure_spec, mismatch_spec, scramble_spec, search_spec
+from .spec import AnalysisSpec
 
-#: The report's analyses in the order their columns appear (closure first).
-REPORT_ANALYSES: tuple[Analysis, ...] = (
-    ClosureAnalysis(),
-    ScrambleAnalysis(),
-    MismatchAnalysis(),
-    SearchAnalysis(),
-    AlgebraAnalysis(),
+if TYPE_CHECKING:  # pragma: no cover
+    from .base import Analysis
+
+__all__ = ["ANALYSES", "analysis_options", "report_analyses", "spec_of"]
+
+#: The report's analyses in the order their columns appear (closure first). Tests may extend it (monkeypatch).
+ANALYSES: tuple[AnalysisSpec, ...] = (
+    closure_spec.SPEC,
+    scramble_spec.SPEC,
+    mismatch_spec.SPEC,
+    search_spec.SPEC,
+    algebra_spec.SPEC,
 )
+
+
+def analysis_options() -> tuple[OptionSpec, ...]:
+    """The options the registered analyses declare, in registry order (read at each call)."""
+    return tuple(o for s in ANALYSES for o in s.options)
+
+
+def report_analyses() -> tuple[Analysis, ...]:
+    """The registered analyses' objects, in order (each imported on first use: this imports torch)."""
+    return tuple(s.analysis() for s in ANALYSES)
+
+
+def spec_of(name: str) -> AnalysisSpec:
+    """The registered analysis called ``name``.
+
+    Raises:
+        KeyError: no such analysis (names the registered ones).
+    """
+    for s in ANALYSES:
+        if s.name == name:
+            return s
+    raise KeyError(f"no analysis {name!r}; registered: {[s.name for s in ANALYSES]}")
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`REPORT_ANALYSES`: :func:`report_analyses` (kept for callers of the earlier constant)."""
+    if name == "REPORT_ANALYSES":
+        return report_analyses()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

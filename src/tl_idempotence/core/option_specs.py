@@ -1,13 +1,19 @@
-"""The report options, declared once, and the validators that need no torch (the CLI parses with them).
+"""The report options' declaration record, the report's own options, and the validators that need no torch.
 
 Every route into a report — ``idempotence_report``, the TransformerLens method, ``compare``, ``sweep``,
-``run_sweep_item``, ``trajectory`` and the command line — takes the same eight options with the same names,
-defaults and validation, declared here once:
+``run_sweep_item``, ``trajectory`` and the command line — takes the same options with the same names,
+defaults and validation, each declared once:
 
-* :data:`REPORT_OPTIONS` — each option's name, default, one-line help and command-line form; the CLI builds
-  its flags from it and :class:`~tl_idempotence.core.options.ReportOptions` takes its defaults from it;
+* :class:`OptionSpec` — one option's name, default, validator, help, types and command-line form;
+* :data:`GENERAL_OPTIONS` — the report's own options (threshold, seed, layers, compute_dtype, device), here;
+  each analysis declares the option that switches it on beside its code (``analyses/<name>_spec.py``), and
+  :mod:`tl_idempotence.analyses.registry` assembles them: :func:`report_options` (also
+  :data:`REPORT_OPTIONS`, :data:`REPORT_OPTION_NAMES`, :data:`DEFAULTS`) is what the CLI builds its flags from,
+  :class:`~tl_idempotence.core.options.ReportOptions` its fields and defaults from, :func:`options_doc` the
+  docstrings from. The registry sits above this layer, so the package root hands it down
+  (:func:`use_registry`, as it hands the views to :mod:`tl_idempotence.core.results`);
 * :class:`ReportOptionsArgs` — the same options as a ``TypedDict``, for ``**options: Unpack[ReportOptionsArgs]``
-  in every entry point's signature (editors and type checkers list them);
+  in every entry point's signature (editors and type checkers list them; a test checks it against the registry);
 * the validators (:func:`check_threshold`, :func:`check_int`, :func:`check_bool`, :func:`check_nulls`,
   :func:`check_seed`, :func:`check_layers`, :func:`resolve_layers`): each raises the library's
   :class:`~tl_idempotence.errors.OptionTypeError` / :class:`~tl_idempotence.errors.OptionError` naming the
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -34,10 +40,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .hints import DeviceLike, DtypeLike, IntLike, LayersLike, NullsLike, RealLike
 
 __all__ = [
-    "DEFAULTS",
     "DEFAULT_NULLS",
-    "REPORT_OPTIONS",
-    "REPORT_OPTION_NAMES",
+    "GENERAL_OPTIONS",
+    "REQUIRED",
     "OptionSpec",
     "ReportOptionsArgs",
     "check_bool",
@@ -47,20 +52,39 @@ __all__ = [
     "check_option_names",
     "check_seed",
     "check_threshold",
+    "default",
     "documents_options",
     "given",
     "index_summary",
     "options_doc",
+    "report_options",
     "resolve_layers",
+    "use_registry",
 ]
 
 #: Scramble draws per head when ``nulls=True``.
 DEFAULT_NULLS = 64
 
 
+#: :attr:`OptionSpec.absent` of an option every saved options record must hold.
+class _Required:
+    """The type of :data:`REQUIRED` (equal to nothing but itself)."""
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
 @dataclass(frozen=True)
 class OptionSpec:
-    """One report option: its name, default (a JSON value), one-line help, and its command-line form.
+    """One report option: its name, default (a JSON value), one-line help, validator and command-line form.
+
+    The report's own options (:data:`GENERAL_OPTIONS`: threshold, seed, layers, compute_dtype, device) are
+    declared here; each analysis declares the options that switch it on beside its code
+    (``analyses/<name>_spec.py``), and :mod:`tl_idempotence.analyses.registry` assembles them all
+    (:func:`report_options`).
 
     Attributes:
         name: the keyword (``threshold``) and, with dashes, the flag (``--threshold``).
@@ -70,6 +94,17 @@ class OptionSpec:
             (present = True), ``"layers"`` (``0,5,10-12``), ``"choice"`` (one of ``choices``), ``"device"``.
         metavar: the CLI's placeholder.
         choices: the accepted strings of a ``"choice"`` option.
+        types: the types it takes, as the docs say them (``"bool | int"``).
+        hint: its annotation in :class:`ReportOptionsArgs` (``"NullsLike"``; a test checks the two agree).
+        check: the validator ``check(value, name) -> validated value`` (raises ``OptionTypeError`` /
+            ``OptionError`` naming the option); None for the two that need torch (compute_dtype, device:
+            :mod:`tl_idempotence.core.options` holds them).
+        position: where it sorts among the options (fields of ``ReportOptions``, flags, docs): the report's
+            own options at 0-20 and 90+, analyses' at 10-50 (a new analysis's at 50, after the others).
+        absent: the value a saved options record made before this option existed means (e.g. ``False`` for an
+            analysis that did not exist then); :data:`REQUIRED` (every option of today) refuses such a record.
+        in_key: whether it is part of :meth:`~tl_idempotence.core.options.ReportOptions.key` (what caches key
+            on; ``layers`` is not: a layer's numbers do not depend on which other layers ran).
     """
 
     name: str
@@ -78,54 +113,42 @@ class OptionSpec:
     kind: str
     metavar: str | None = None
     choices: tuple[str, ...] = ()
+    types: str = "bool"
+    hint: str = "bool"
+    check: Callable[[Any, str], Any] | None = None
+    position: float = 50.0
+    absent: Any = REQUIRED
+    in_key: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name.isidentifier() or self.name.startswith("_"):
+            raise OptionError(f"an option name must be a public identifier; got {self.name!r}.")
+        if self.kind not in _KINDS:
+            raise OptionError(f"option {self.name}: kind {self.kind!r} is not one of {sorted(_KINDS)}.")
+        if self.kind == "flag" and self.default is not False:
+            raise OptionError(f"option {self.name}: a flag's default is False (present on the command line = True).")
 
     @property
     def flag(self) -> str:
         """The command-line flag (``--compute-dtype``)."""
         return "--" + self.name.replace("_", "-")
 
+    def validate(self, value: Any) -> Any:
+        """``value`` checked by :attr:`check` (returned as it is when the option has no torch-free validator).
 
-#: The report options, in the order of ``ReportOptions``' fields (SPEC 2-5, 9). Every entry point's default.
-REPORT_OPTIONS: tuple[OptionSpec, ...] = (
-    OptionSpec("threshold", 0.9, "P threshold of a 'closed' head, in [0, 1] (the paper's 0.9)", "threshold"),
-    OptionSpec(
-        "nulls",
-        0,
-        "orientation-scramble draws per head, with the matched O/V mismatch: an integer, 0 = off, 64 the usual "
-        "(the Python API also takes True for 64)",
-        "count",
-        "N",
-    ),
-    OptionSpec("seed", 0, "seed of the scramble draws and the search restarts, >= 0", "count", "S"),
-    OptionSpec("search", False, "constructive search: the feasible P per head and layer (minutes)", "flag"),
-    OptionSpec("algebra", False, "shared-value algebra per kv group (GQA/MQA)", "flag"),
-    OptionSpec("layers", None, "the layer indices to measure (None: every attention layer)", "layers", "LIST"),
-    OptionSpec(
-        "compute_dtype",
-        "float64",
-        "dtype of the d_model-long products O^T O, V^T O: float64 or float32 (faster on large checkpoints, "
-        "|dP| < 1e-6 measured; the d_head-sized algebra stays float64)",
-        "choice",
-        choices=("float64", "float32"),
-    ),
-    OptionSpec(
-        "device",
-        "cpu",
-        "where the products and the controls run: cpu, cuda, cuda:N or auto (results are CPU float64)",
-        "device",
-        "DEVICE",
-    ),
-)
-#: The option names, in order.
-REPORT_OPTION_NAMES: tuple[str, ...] = tuple(o.name for o in REPORT_OPTIONS)
-_SPECS = {o.name: o for o in REPORT_OPTIONS}
-#: Each option's declared default (read-only): what every entry point uses when an option is not given.
-DEFAULTS: Mapping[str, Any] = MappingProxyType({o.name: o.default for o in REPORT_OPTIONS})
+        Raises:
+            OptionTypeError / OptionError: as :attr:`check`, naming the option.
+        """
+        return value if self.check is None else self.check(value, self.name)
+
+
+_KINDS = frozenset({"threshold", "count", "flag", "layers", "choice", "device"})
 
 
 class ReportOptionsArgs(TypedDict, total=False):
-    """The report options as keyword arguments (``**options: Unpack[ReportOptionsArgs]``); defaults and meaning
-    in :data:`REPORT_OPTIONS`, validation in :class:`~tl_idempotence.core.options.ReportOptions`."""
+    """The report options as keyword arguments (``**options: Unpack[ReportOptionsArgs]``), for static tools only;
+    defaults, meaning and validation in :func:`report_options` (each option's :class:`OptionSpec`), which
+    ``tests/core/test_option_registry.py`` checks this listing against (names and :attr:`OptionSpec.hint`)."""
 
     threshold: RealLike
     nulls: NullsLike
@@ -137,26 +160,15 @@ class ReportOptionsArgs(TypedDict, total=False):
     device: DeviceLike
 
 
-#: The types each option takes, as the docs say them.
-_TYPES = {
-    "threshold": "float",
-    "nulls": "bool | int",
-    "seed": "int",
-    "search": "bool",
-    "algebra": "bool",
-    "layers": "Iterable[int] | None",
-    "compute_dtype": "torch.dtype | str",
-    "device": "str | torch.device",
-}
 #: The line a docstring holds where :func:`documents_options` writes the options' documentation.
 OPTIONS_DOC_MARKER = "**options: the report options (REPORT_OPTIONS_DOC)."
 
 
 def options_doc(indent: str = "        ") -> str:
-    """The report options as docstring ``Args`` lines (name, type, help, default), from :data:`REPORT_OPTIONS`."""
+    """The report options as docstring ``Args`` lines (name, type, help, default), from :func:`report_options`."""
     lines = []
-    for o in REPORT_OPTIONS:
-        lines.append(f"{indent}{o.name} ({_TYPES[o.name]}): {o.help}. Default {o.default!r}.")
+    for o in report_options():
+        lines.append(f"{indent}{o.name} ({o.types}): {o.help}. Default {o.default!r}.")
     return "\n".join(lines)
 
 
@@ -179,9 +191,10 @@ def check_option_names(where: str, options: Mapping[str, Any], others: Iterable[
     Raises:
         UnknownOptionError: names each unknown keyword and the closest valid ones.
     """
-    unknown = [k for k in options if k not in _SPECS]
+    names = [o.name for o in report_options()]
+    unknown = [k for k in options if k not in names]
     if unknown:
-        raise unknown_option_error(where, unknown, [*REPORT_OPTION_NAMES, *others])
+        raise unknown_option_error(where, unknown, [*names, *others])
 
 
 def given(x: Any) -> str:
@@ -330,3 +343,117 @@ def resolve_layers(layers: Sequence[int] | None, available: Sequence[int]) -> li
         span = f"{avail[0]}..{avail[-1]}" if avail == list(range(avail[0], avail[-1] + 1)) else index_summary(avail)
         raise OptionError(f"Unknown layer index {index_summary(bad)}: this model's attention layers are {span}.")
     return [int(v) for v in layers]
+
+
+#: The report's own options (not an analysis's), with their place among all options (:attr:`OptionSpec.position`).
+GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
+    OptionSpec(
+        "threshold",
+        0.9,
+        "P threshold of a 'closed' head, in [0, 1] (the paper's 0.9)",
+        "threshold",
+        types="float",
+        hint="RealLike",
+        check=check_threshold,
+        position=0,
+    ),
+    OptionSpec(
+        "seed",
+        0,
+        "seed of the scramble draws and the search restarts, >= 0",
+        "count",
+        "S",
+        types="int",
+        hint="IntLike",
+        check=check_seed,
+        position=20,
+    ),
+    OptionSpec(
+        "layers",
+        None,
+        "the layer indices to measure (None: every attention layer)",
+        "layers",
+        "LIST",
+        types="Iterable[int] | None",
+        hint="LayersLike",
+        check=check_layers,
+        position=90,
+        in_key=False,
+    ),
+    OptionSpec(
+        "compute_dtype",
+        "float64",
+        "dtype of the d_model-long products O^T O, V^T O: float64 or float32 (faster on large checkpoints, "
+        "|dP| < 1e-6 measured; the d_head-sized algebra stays float64)",
+        "choice",
+        choices=("float64", "float32"),
+        types="torch.dtype | str",
+        hint="DtypeLike",
+        position=91,
+    ),
+    OptionSpec(
+        "device",
+        "cpu",
+        "where the products and the controls run: cpu, cuda, cuda:N or auto (results are CPU float64)",
+        "device",
+        "DEVICE",
+        types="str | torch.device",
+        hint="DeviceLike",
+        position=92,
+    ),
+)
+
+_registry: Callable[[], Sequence[OptionSpec]] | None = None
+
+
+def use_registry(options: Callable[[], Sequence[OptionSpec]]) -> None:
+    """Set where the analyses' options come from: the package root passes
+    :func:`tl_idempotence.analyses.registry.analysis_options` (the registry is a higher layer than this one)."""
+    global _registry
+    _registry = options
+
+
+def report_options() -> tuple[OptionSpec, ...]:
+    """Every report option: :data:`GENERAL_OPTIONS` and the registered analyses' options, sorted by
+    :attr:`OptionSpec.position` (stable), read from the registry at each call (a test that registers an
+    analysis sees its option everywhere).
+
+    Raises:
+        OptionError: two options with one name (an analysis that declares a name already taken).
+        RuntimeError: the registry was not handed down (the package root always does it first).
+    """
+    if _registry is None:  # pragma: no cover - the package root always sets it
+        raise RuntimeError(
+            "tl_idempotence.core.option_specs: the analyses' registry was not set (import tl_idempotence)"
+        )
+    out = tuple(sorted((*GENERAL_OPTIONS, *_registry()), key=lambda o: o.position))
+    names = [o.name for o in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise OptionError(f"report options {dup} are declared twice (an analysis's option names one already taken).")
+    return out
+
+
+def default(name: str) -> Any:
+    """The declared default of the report option ``name``.
+
+    Raises:
+        UnknownOptionError: no such option (names the closest ones).
+    """
+    specs = report_options()
+    for o in specs:
+        if o.name == name:
+            return o.default
+    raise unknown_option_error("report options", [name], [o.name for o in specs])
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`REPORT_OPTIONS` (the :class:`OptionSpec` of every option), :data:`REPORT_OPTION_NAMES` and
+    :data:`DEFAULTS` (read-only ``{name: default}``), assembled from the registry when read."""
+    if name == "REPORT_OPTIONS":
+        return report_options()
+    if name == "REPORT_OPTION_NAMES":
+        return tuple(o.name for o in report_options())
+    if name == "DEFAULTS":
+        return MappingProxyType({o.name: o.default for o in report_options()})
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,9 +22,9 @@ argument, what was given and what is allowed (:mod:`tl_idempotence.errors`):
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import FrozenInstanceError
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,8 +34,7 @@ from .kwargs import strict_kwargs, unknown_option_error
 from .limits import MAX_LAYER_INDEX, MAX_NULLS
 from .option_specs import (
     DEFAULT_NULLS,
-    DEFAULTS,
-    REPORT_OPTIONS,
+    REQUIRED,
     ReportOptionsArgs,
     check_bool,
     check_int,
@@ -44,20 +43,21 @@ from .option_specs import (
     check_option_names,
     check_seed,
     check_threshold,
+    default,
     given,
+    report_options,
     resolve_layers,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Unpack
 
-    from .hints import DeviceLike, DtypeLike, IntLike, LayersLike, NullsLike, RealLike
+    from .hints import RealLike
 
 __all__ = [
     "DEFAULT_NULLS",
     "MAX_LAYER_INDEX",
     "MAX_NULLS",
-    "REPORT_OPTIONS",
     "ReportOptions",
     "ReportOptionsArgs",
     "check_bool",
@@ -173,60 +173,98 @@ def check_device_name(x: Any, name: str = "device") -> str:
     return x
 
 
-@dataclass(frozen=True, init=False)
+#: The validators of the report's own options that need torch (every other option's is its spec's ``check``).
+_TORCH_CHECKS: dict[str, Callable[[Any, str], Any]] = {"compute_dtype": check_compute_dtype, "device": check_device}
+
+
+def _encode(name: str, value: Any) -> Any:
+    """An option's value as a JSON value (the dtype and device by name, layers as a list)."""
+    if name == "compute_dtype":
+        return str(value).removeprefix("torch.")
+    if name == "device":
+        return value.type
+    if name == "layers":
+        return None if value is None else list(value)
+    return value
+
+
 class ReportOptions:
-    """The validated options of a report (and of every route into it). Frozen.
+    """The validated options of a report (and of every route into it). Frozen (assigning an attribute raises
+    ``dataclasses.FrozenInstanceError``), compared and hashed by value.
+
+    Its options are :func:`~tl_idempotence.core.option_specs.report_options`: the report's own (below) and every
+    registered analysis's (``nulls``, ``search``, ``algebra``, ...; declared beside the analysis, read as
+    attributes: ``options.nulls``), each validated by its declared validator when the options are built.
 
     Attributes:
         threshold: P threshold of a "closed" head, in [0, 1] (paper: 0.9).
-        nulls: orientation-scramble draws per head (0 = no controls; ``True`` gives 64);
-            with ``nulls > 0`` the matched O/V mismatch runs too (SPEC 4).
         seed: non-negative seed; layer ``l`` of every random analysis seeds its own
             generator from ``(seed, l)``.
-        search: run the constructive search (SPEC 5).
-        algebra: run the shared-value algebra (SPEC 7).
         layers: the layer indices to measure, or ``None`` for all.
         compute_dtype: dtype of the ``d_model``-long products (float64 or float32).
         device: where the products and the batched r x r work run (results are CPU float64).
+        nulls: orientation-scramble draws per head (0 = no controls; ``True`` gives 64); with ``nulls > 0`` the
+            matched O/V mismatch runs too (SPEC 4; declared in ``analyses/scramble_spec.py``).
+        search: run the constructive search (SPEC 5; ``analyses/search_spec.py``).
+        algebra: run the shared-value algebra (SPEC 7; ``analyses/algebra_spec.py``).
 
     Raises:
+        UnknownOptionError: a keyword that is no option (names the closest valid ones).
         OptionTypeError / OptionError / DeviceError: see the ``check_*`` functions.
     """
 
+    __slots__ = ("_values",)
+    _values: MappingProxyType[str, Any]
+
     threshold: float
-    nulls: int
     seed: int
-    search: bool
-    algebra: bool
     layers: tuple[int, ...] | None
     compute_dtype: torch.dtype
     device: torch.device
 
-    def __init__(
-        self,
-        threshold: RealLike = DEFAULTS["threshold"],
-        nulls: NullsLike = DEFAULTS["nulls"],
-        seed: IntLike = DEFAULTS["seed"],
-        search: bool = DEFAULTS["search"],
-        algebra: bool = DEFAULTS["algebra"],
-        layers: LayersLike = DEFAULTS["layers"],
-        compute_dtype: DtypeLike = DEFAULTS["compute_dtype"],
-        device: DeviceLike = DEFAULTS["device"],
-    ) -> None:
-        set_ = functools.partial(object.__setattr__, self)
-        set_("threshold", check_threshold(threshold))
-        set_("nulls", check_nulls(nulls))
-        set_("seed", check_seed(seed))
-        set_("search", check_bool(search, "search"))
-        set_("algebra", check_bool(algebra, "algebra"))
-        set_("layers", check_layers(layers))
-        set_("compute_dtype", check_compute_dtype(compute_dtype))
-        set_("device", check_device(device))
+    def __init__(self, **options: Unpack[ReportOptionsArgs]) -> None:
+        specs = report_options()
+        given_ = dict(options)
+        check_option_names("ReportOptions()", given_)
+        values: dict[str, Any] = {}
+        for o in specs:
+            v = given_.get(o.name, o.default)
+            values[o.name] = _TORCH_CHECKS[o.name](v, o.name) if o.name in _TORCH_CHECKS else o.validate(v)
+        object.__setattr__(self, "_values", MappingProxyType(values))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return object.__getattribute__(self, "_values")[name]
+        except (KeyError, AttributeError):
+            raise AttributeError(f"ReportOptions has no option {name!r}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}: ReportOptions is frozen")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}: ReportOptions is frozen")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReportOptions):
+            return NotImplemented
+        return dict(self._values) == dict(other._values)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        return f"ReportOptions({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (dict(self._values),))
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self._values})
 
     @classmethod
     def names(cls) -> list[str]:
-        """The option names (the order of :data:`~tl_idempotence.core.option_specs.REPORT_OPTIONS`)."""
-        return [f.name for f in fields(cls)]
+        """The option names (the order of :func:`~tl_idempotence.core.option_specs.report_options`)."""
+        return [o.name for o in report_options()]
 
     @classmethod
     def from_kwargs(
@@ -258,19 +296,12 @@ class ReportOptions:
         layers ran. The device is (results agree across devices to float64 rounding, not bit
         for bit).
         """
-        return {
-            "threshold": self.threshold,
-            "nulls": self.nulls,
-            "seed": self.seed,
-            "search": self.search,
-            "algebra": self.algebra,
-            "compute_dtype": str(self.compute_dtype).removeprefix("torch."),
-            "device": self.device.type,
-        }
+        return {o.name: _encode(o.name, self._values[o.name]) for o in report_options() if o.in_key}
 
     def as_dict(self) -> dict[str, Any]:
-        """Every option as a JSON value (for summaries and saved reports)."""
-        return {**self.key(), "layers": None if self.layers is None else list(self.layers)}
+        """Every option as a JSON value (for summaries and saved reports): :meth:`key`, then the others."""
+        out_of_key = {o.name: _encode(o.name, self._values[o.name]) for o in report_options() if not o.in_key}
+        return {**self.key(), **out_of_key}
 
     @classmethod
     def for_elsewhere(
@@ -285,7 +316,7 @@ class ReportOptions:
                 :func:`check_device_name`.
         """
         check_option_names(where, options, others)
-        device = check_device_name(options.get("device", DEFAULTS["device"]))
+        device = check_device_name(options.get("device", default("device")))
         opts = cls(**{k: v for k, v in options.items() if k != "device"})
         return {k: v for k, v in opts.as_dict().items() if k != "device"}, device
 
@@ -304,8 +335,7 @@ class ReportOptions:
     def with_threshold(self, threshold: RealLike) -> ReportOptions:
         """A copy with another threshold (validated); the device is kept as is."""
         out = ReportOptions.from_record({**self.as_dict(), "threshold": check_threshold(threshold)})
-        object.__setattr__(out, "device", self.device)
-        return out
+        return _restore({**out._values, "device": self.device})
 
     @classmethod
     def from_record(cls, record: object) -> ReportOptions:
@@ -313,6 +343,9 @@ class ReportOptions:
 
         The device is restored as recorded without asking whether it exists here: a report
         computed on a GPU loads on a CPU-only machine.
+
+        An option declared after the record was written (:attr:`~tl_idempotence.core.option_specs.OptionSpec.absent`
+        not ``REQUIRED``, e.g. a new analysis's on/off option) takes the value such a record means.
 
         Raises:
             OptionTypeError / OptionError: a record that is not a dict of valid options, or that
@@ -324,15 +357,35 @@ class ReportOptions:
         unknown = set(record) - set(cls.names())
         if unknown:
             raise unknown_option_error("ReportOptions record", sorted(unknown), cls.names())
-        missing = [n for n in cls.names() if n not in record]
+        specs = report_options()
+        missing = [o.name for o in specs if o.name not in record and o.absent is REQUIRED]
         if missing:
             raise OptionError(f"options record lacks {missing}: it does not say how its numbers were computed.")
+        # an option declared after the record was written: the value the record means (its analysis did not run)
+        record = {**{o.name: o.absent for o in specs if o.name not in record}, **record}
         dev = record.get("device", "cpu")
         if not isinstance(dev, str):
             raise OptionTypeError(f"options.device must be a device name; got {dev!r}.")
         out = cls(**{**record, "device": "cpu"})
         try:
-            object.__setattr__(out, "device", torch.device(dev))
+            device = torch.device(dev)
         except RuntimeError as e:
             raise OptionError(f"options.device={dev!r} is not a device name.") from e
-        return out
+        return _restore({**out._values, "device": device})
+
+
+def _restore(values: Mapping[str, Any]) -> ReportOptions:
+    """Options from values already validated (unpickling, :meth:`ReportOptions.from_record`'s recorded device)."""
+    out = object.__new__(ReportOptions)
+    object.__setattr__(out, "_values", MappingProxyType(dict(values)))
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`REPORT_OPTIONS` and :data:`DEFAULTS`, as :mod:`tl_idempotence.core.option_specs` assembles them (names
+    this module exported before the options were declared beside the analyses)."""
+    if name in ("REPORT_OPTIONS", "DEFAULTS", "REPORT_OPTION_NAMES"):
+        from . import option_specs
+
+        return getattr(option_specs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core.option_specs import resolve_layers
+from ..core.option_specs import report_options, resolve_layers
 from ..core.processing import T_PROCESSING
 from ..errors import ReportMismatchError
 
@@ -33,10 +33,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.options import ReportOptions
 
 __all__ = [
-    "COMPARED_OPTIONS",
     "MeasuredReport",
     "Origin",
     "check_report_matches",
+    "compared_options",
     "describe_report",
     "option_differences",
     "origin_of",
@@ -44,8 +44,19 @@ __all__ = [
     "report_mismatch",
 ]
 
-#: Options that change the numbers and must agree between reports that are compared or reused.
-COMPARED_OPTIONS = ("threshold", "nulls", "seed", "search", "algebra", "compute_dtype", "layers")
+
+def compared_options() -> tuple[str, ...]:
+    """Options that change the numbers and must agree between reports that are compared or reused: every report
+    option of :meth:`ReportOptions.key` but the device (results agree across devices to float64 rounding), then
+    ``layers`` (also :data:`COMPARED_OPTIONS`; assembled from the registry at each call)."""
+    return (*(o.name for o in report_options() if o.in_key and o.name != "device"), "layers")
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`COMPARED_OPTIONS`: :func:`compared_options` (a name kept for its callers)."""
+    if name == "COMPARED_OPTIONS":
+        return compared_options()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MeasuredReport(Protocol):
@@ -107,7 +118,7 @@ def processing_key(summary: Mapping[str, Any]) -> tuple[bool, ...]:
 
 def _option_values(opts: ReportOptions) -> dict[str, Any]:
     key = opts.key()
-    out = {k: key[k] for k in COMPARED_OPTIONS if k != "layers"}
+    out = {k: key[k] for k in compared_options() if k != "layers"}
     out["layers"] = None if opts.layers is None else sorted(opts.layers)
     return out
 
@@ -116,7 +127,7 @@ def option_differences(have: ReportOptions, want: ReportOptions) -> dict[str, tu
     """``{option: (have, want)}`` for the :data:`COMPARED_OPTIONS` that differ (the device is not compared:
     results agree across devices to float64 rounding)."""
     a, b = _option_values(have), _option_values(want)
-    return {k: (a[k], b[k]) for k in COMPARED_OPTIONS if a[k] != b[k]}
+    return {k: (a[k], b[k]) for k in compared_options() if a[k] != b[k]}
 
 
 def describe_report(report: MeasuredReport) -> str:

@@ -5,15 +5,17 @@ Data flow: a :class:`~tl_idempotence.core.heads.HeadSource` yields one
 layer index, sizes, dtype, NaN/inf — for every source, built-in or user-written),
 fingerprints its bytes, computes its Gram products and closure once
 (:class:`~tl_idempotence.analyses.base.LayerContext`) and runs every enabled analysis of
-:data:`~tl_idempotence.analyses.registry.REPORT_ANALYSES` on it; the layer's weights are
+:func:`~tl_idempotence.analyses.registry.report_analyses` on it; the layer's weights are
 then dropped, so memory is bounded by one layer.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Sequence
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,7 +26,7 @@ import torch
 from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlgebra
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
-from ..analyses.registry import REPORT_ANALYSES
+from ..analyses.registry import report_analyses
 from ..analyses.scramble import bh_q_values
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
@@ -146,12 +148,16 @@ class IdempotenceReport(Result):
         summary: headline numbers, model sizes, processing flags, options, versions.
         info: the :class:`~tl_idempotence.core.heads.ModelInfo` of what was measured.
         options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
-        threshold: P threshold of ``closed`` (paper: 0.9). Assigning it recomputes every
-            threshold-dependent column, count and summary number.
+        threshold: P threshold of ``closed`` (paper: 0.9); :meth:`with_threshold` gives the report at another
+            (assigning it is a deprecated shim that warns and recomputes every threshold-dependent column, count
+            and summary number in place).
         inputs: what the report was read from on this machine, as ``(what, path)`` pairs (the checkpoint
             folder or file, the zoo cache, the resume folder; for a loaded report its folder; empty for a
             model in memory): what :meth:`save_html` and :meth:`save` refuse to write over. Never saved or
             shown (a saved report holds no machine path).
+
+    The report is immutable: assigning an attribute raises ``dataclasses.FrozenInstanceError`` (except the
+    deprecated ``rep.threshold = t``); :meth:`with_threshold` and :meth:`with_summary` return new reports.
 
     The report holds no model: :meth:`show_attention` and the attention section of
     :meth:`save_html` take the model as an argument (or use a weak reference to the model
@@ -161,6 +167,13 @@ class IdempotenceReport(Result):
 
     #: (a class default: a report unpickled from an older version read from nothing known)
     inputs: tuple[tuple[str, Path], ...] = ()
+    heads: pd.DataFrame
+    layers: pd.DataFrame
+    tables: dict[str, pd.DataFrame]
+    summary: ReportSummary
+    info: ModelInfo
+    options: ReportOptions
+    _model_ref: Any
 
     display_kind: ClassVar[str] = "report"
     repr_keys: ClassVar[tuple[str, ...]] = (
@@ -185,19 +198,48 @@ class IdempotenceReport(Result):
         model: TLModel | None = None,
         inputs: Sequence[tuple[str, Path]] = (),
     ) -> None:
-        self.heads = heads
-        self.layers = layers
-        self.tables = tables
-        self.summary = summary
-        self.info = info
-        self.options = options
-        self.inputs = tuple(inputs)
-        self._model_ref: Any = None
+        set_ = functools.partial(object.__setattr__, self)  # the report is immutable once built (__setattr__)
+        set_("heads", heads)
+        set_("layers", layers)
+        set_("tables", tables)
+        set_("summary", summary)
+        set_("info", info)
+        set_("options", options)
+        set_("inputs", tuple(inputs))
+        set_("_model_ref", None)
         if model is not None:
             try:
-                self._model_ref = weakref.ref(model)
+                set_("_model_ref", weakref.ref(model))
             except TypeError:  # pragma: no cover - objects without weakref support
-                self._model_ref = None
+                set_("_model_ref", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "threshold":  # the documented deprecation shim (it warns)
+            type(self).threshold.fset(self, value)  # type: ignore[attr-defined]
+            return
+        raise FrozenInstanceError(
+            f"cannot assign to {name!r}: a report is immutable (rep.with_threshold(t) for another threshold, "
+            "rep.with_summary(...) for a route's additions to its summary)."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: a report is immutable.")
+
+    def _evolve(self, **changes: Any) -> IdempotenceReport:
+        """A copy with some attributes changed (the model reference kept)."""
+        new = object.__new__(IdempotenceReport)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
+    def with_summary(self, **changes: Any) -> IdempotenceReport:
+        """The same report with fields of its summary set that the measurement does not give but a route knows
+        (``n_params`` from a comparison's checkpoint headers, ``n_layers_resumed`` from a resume folder).
+
+        Raises:
+            OptionTypeError / OptionError: as :meth:`~tl_idempotence.report.summary.ReportSummary.replace`.
+        """
+        return self._evolve(summary=self.summary.replace(**changes))
 
     # ------------------------------------------------------------------ state
     def __getstate__(self) -> dict[str, Any]:
@@ -224,13 +266,8 @@ class IdempotenceReport(Result):
             stacklevel=2,
         )
         new = self.with_threshold(value)
-        self.heads, self.layers, self.tables, self.options, self.summary = (
-            new.heads,
-            new.layers,
-            new.tables,
-            new.options,
-            new.summary,
-        )
+        for name in ("heads", "layers", "tables", "options", "summary"):
+            object.__setattr__(self, name, getattr(new, name))
 
     def with_threshold(self, threshold: RealLike) -> IdempotenceReport:
         """The same report at another P threshold: every threshold-dependent column, table, count and summary
@@ -249,7 +286,7 @@ class IdempotenceReport(Result):
         heads, layers = self.heads.copy(), self.layers.copy()
         tables = {k: v.copy() for k, v in self.tables.items()}
         if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
-            layers[RANGES_THRESHOLD] = self.summary.get("algebra_ranges_threshold", self.options.threshold)
+            layers[RANGES_THRESHOLD] = self._ranges_threshold()
         if self.options.algebra and "algebra_ranges" not in tables:  # saved before every pair's angles were kept
             rt = AlgebraAnalysis.ranges_threshold(layers, self.options.threshold)
             if t < rt:
@@ -262,20 +299,24 @@ class IdempotenceReport(Result):
                     UserWarning,
                     stacklevel=2,
                 )
-        ran = [a for a in REPORT_ANALYSES if a.enabled(self.options)]
+        ran = [a for a in report_analyses() if a.enabled(self.options)]
         for a in ran:
             a.apply_threshold(heads, layers, tables, t)
         opts = self.options.with_threshold(t)
         summary = build_summary(heads, layers, tables, self.info, opts, ran)
         # what the re-derivation cannot know: the code that computed the numbers, the route's additions
         summary = summary.replace(
-            versions=self.summary.get("versions", summary.versions),
-            n_layers_resumed=self.summary.get("n_layers_resumed"),
-            n_params=self.summary.get("n_params"),
+            versions=self.summary.versions,
+            n_layers_resumed=self.summary.n_layers_resumed,
+            n_params=self.summary.n_params,
         )
         rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts, inputs=self.inputs)
-        rep._model_ref = self._model_ref
-        return rep
+        return rep._evolve(_model_ref=self._model_ref)
+
+    def _ranges_threshold(self) -> float:
+        """The threshold the summary says the algebra's range angles are at (the run's, when it does not say)."""
+        record = self.summary.algebra
+        return self.options.threshold if record is None else float(record.algebra_ranges_threshold)
 
     # ------------------------------------------------------------------ views of the data
     @property
@@ -288,7 +329,7 @@ class IdempotenceReport(Result):
         """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
         if not self.options.algebra:
             return None
-        rt = AlgebraAnalysis.ranges_threshold(self.layers, self.summary.get("algebra_ranges_threshold", self.threshold))
+        rt = AlgebraAnalysis.ranges_threshold(self.layers, self._ranges_threshold())
         return AlgebraAnalysis.combine(self.tables, self.info, self.threshold, rt)
 
     @strict_kwargs
@@ -829,7 +870,7 @@ def report_with_options(
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
     resolve_layers(opts.layers, list(src.layers()))  # an unknown layer is refused before the resume folder is made
-    analyses = [a for a in REPORT_ANALYSES if a.enabled(opts)]
+    analyses = [a for a in report_analyses() if a.enabled(opts)]
     parts_dir = ResumeDir(resume, opts, info) if resume is not None else None
     desc = f"layers ({'+'.join(a.name for a in analyses)})"
     if opts.search:  # the one report option that takes minutes (README: "What each analysis costs")
@@ -849,9 +890,9 @@ def report_with_options(
     read = [*inputs, *model_inputs(src)]
     if resume is not None:
         read.append(("the resume folder", Path(resume).expanduser()))
-    rep.inputs = tuple(dict.fromkeys((what, Path(p).expanduser().absolute()) for what, p in read))  # cwd may change
+    rep = rep._evolve(inputs=tuple(dict.fromkeys((what, Path(p).expanduser().absolute()) for what, p in read)))
     if parts_dir is not None:
-        rep.summary = rep.summary.replace(n_layers_resumed=n_resumed)
+        rep = rep.with_summary(n_layers_resumed=n_resumed)
     return rep
 
 

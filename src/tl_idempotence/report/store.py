@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analyses.registry import REPORT_ANALYSES
+from ..analyses.registry import report_analyses
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
 from ..core.heads import ModelInfo
 from ..core.jsonio import RECORD as JSON_RECORD
@@ -37,7 +37,7 @@ from ..core.jsonio import json_text
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
-from .summary import ReportSummary, build_summary
+from .summary import ReportSummary, build_summary, optional_field
 
 __all__ = [
     "FORMAT",
@@ -432,7 +432,7 @@ def _check_summary_fits_tables(
         ReportFileError: a field that differs (names it, nested keys included, with the record's value and the
             recomputed one), one the record has that the tables do not give, or one it lacks.
     """
-    ran = [a for a in REPORT_ANALYSES if a.enabled(options)]
+    ran = [a for a in report_analyses() if a.enabled(options)]
     try:
         fresh = build_summary(heads, layers, tables, info, options, ran)
     except Exception as e:  # tables that fit their sha256 and the info but not the analyses' columns
@@ -446,11 +446,7 @@ def _check_summary_fits_tables(
     # Optional fields a later version added (e.g. n_heads_q05 in 0.3): a record written before them lacks them;
     # they are derived, so the loaded summary takes them from the tables (never a number the record claims).
     fresh_fields = fresh.to_dict()
-    added = {
-        k: fresh_fields[k]
-        for k in want
-        if k not in got and k in OPTIONAL_SINCE and ReportSummary.__dataclass_fields__[k].default is None
-    }
+    added = {k: fresh_fields[k] for k in want if k not in got and k in OPTIONAL_SINCE and optional_field(k)}
     want = {k: v for k, v in want.items() if k not in added}
     diff = _first_difference(got, want, "summary")
     if diff is not None:

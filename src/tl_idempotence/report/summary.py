@@ -8,20 +8,20 @@ headline quantities for this model next to the paper's figures, as numbers.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.metadata
 import math
-import numbers
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from ..analyses import registry
 from ..analyses.base import Analysis
+from ..analyses.spec import AnalysisSpec, SummaryRecord, check_summary_field
 from ..core.files import package_code_sha256
 from ..core.heads import ModelInfo
 from ..core.options import ReportOptions
@@ -33,6 +33,7 @@ __all__ = [
     "ReportSummary",
     "build_summary",
     "combined_fingerprint",
+    "field_rules",
     "format_paper_table",
     "paper_table",
     "versions",
@@ -81,7 +82,7 @@ def combined_fingerprint(layer_fingerprints: Sequence[tuple[int, str]]) -> str:
     return h.hexdigest()
 
 
-#: Scalar fields shown by :meth:`ReportSummary.__repr__` (the rest: ``to_dict()``).
+#: Fields shown by :meth:`ReportSummary.__repr__` (the rest: ``to_dict()``), read through the mapping view.
 _REPR_FIELDS = (
     "model_name",
     "n_heads",
@@ -94,29 +95,49 @@ _REPR_FIELDS = (
     "n_feasible_layers",
 )
 
+#: The report's own summary fields (not an analysis's) in the order they lead the summary: what was measured.
+_MEASURED = (
+    "model_name",
+    "model_class",
+    "n_layers",
+    "n_attention_layers",
+    "n_heads",
+    "n_heads_per_layer",
+    "n_kv_heads",
+    "d_model",
+    "d_head",
+    "threshold",
+)
+
 
 @dataclass(frozen=True, repr=False, eq=False)  # equality is the mapping's: equal to a dict of the same items
 class ReportSummary(Mapping[str, Any]):
-    """A report's summary: what was measured and its headline numbers (JSON values), typed.
+    """A report's summary: what was measured, each analysis's typed record, provenance.
 
-    Fields are grouped by what computed them; an analysis that did not run leaves its fields ``None``.
-    It is also a read-only mapping of the fields that are set (``summary["n_closed"]``,
-    ``"median_P_scrambled" in summary``, ``dict(summary)``), in this order; :meth:`to_dict` gives the JSON
-    form a saved report and ``--json`` hold, :meth:`from_dict` reads it back (refusing unknown keys).
+    Composed: the report's own fields (below) and, under each analysis's name, that analysis's
+    :class:`~tl_idempotence.analyses.spec.SummaryRecord` (declared beside its code, e.g.
+    :class:`~tl_idempotence.analyses.scramble_spec.ScrambleSummary`): ``summary.scramble.median_P_scrambled``,
+    ``summary.closure.n_closed``; ``None`` for an analysis that did not run. :attr:`analyses` holds them
+    (registry order).
 
-    What was measured: ``model_name, model_class, n_layers, n_attention_layers`` (measured), ``n_heads``
-    (measured heads), ``n_heads_per_layer, n_kv_heads, d_model, d_head, threshold``.
-    Closure (SPEC 2): ``n_closed, frac_closed, median_P, n_undefined_P, closed_per_layer`` ({layer: n}).
-    Orientation scramble (SPEC 4b, ``nulls``): ``n_scramble_draws, median_P_trained, median_P_scrambled,
-    n_heads_compared, n_heads_beating_scramble, frac_beats_scramble, n_layers_trained_wins,
-    layers_trained_loses``, ``n_heads_q05`` (heads whose Benjamini-Hochberg q-value across every measured head is
-    <= 0.05; ``heads["q_value"]``). O/V mismatch (SPEC 4a): ``n_mismatch_pairs, n_mismatch_closed, mismatch_P_max,
-    mismatch_notes``. Constructive search (SPEC 5): ``n_feasible_layers, infeasible_layers``.
-    Provenance: ``processing`` (the weights' processing, SPEC 10), ``options``, ``versions``,
-    ``weights_fingerprint`` (sha256 over the measured layers' fingerprints), ``source`` (format, file names),
-    ``notes`` (e.g. a norm after ``W_O`` that T does not include). Shared-value algebra (SPEC 7):
-    ``algebra`` (its summary), ``algebra_ranges_threshold``. Added by routes: ``n_layers_resumed``
-    (resume), ``n_params`` (comparisons).
+    A read-only compatibility view keeps the flat form: the summary is a mapping of every field that is set —
+    the report's and every record's, flat (``summary["n_closed"]``, ``"median_P_scrambled" in summary``,
+    ``dict(summary)``; the flat names also read as attributes, ``summary.n_closed``, ``None`` when not set);
+    :meth:`to_dict` gives this flat JSON form (what a saved report and ``--json`` hold, unchanged since 0.1) and
+    :meth:`from_dict` reads it back (refusing unknown keys; :data:`FIELD_RULES` has every flat field's rule).
+
+    The report's own fields: ``model_name, model_class, n_layers, n_attention_layers`` (measured), ``n_heads``
+    (measured heads), ``n_heads_per_layer, n_kv_heads, d_model, d_head, threshold``; provenance: ``processing``
+    (the weights' processing, SPEC 10), ``options``, ``versions``, ``weights_fingerprint`` (sha256 over the
+    measured layers' fingerprints), ``source`` (format, file names), ``notes`` (e.g. a norm after ``W_O`` that T
+    does not include); added by routes: ``n_layers_resumed`` (resume), ``n_params`` (comparisons). The analyses'
+    fields: closure (SPEC 2) ``n_closed, frac_closed, median_P, n_undefined_P, closed_per_layer``; orientation
+    scramble (SPEC 4b) ``n_scramble_draws, median_P_trained, median_P_scrambled, n_heads_compared,
+    n_heads_beating_scramble, n_heads_q05, frac_beats_scramble, n_layers_trained_wins, layers_trained_loses``;
+    O/V mismatch (SPEC 4a) ``n_mismatch_pairs, n_mismatch_closed, mismatch_P_max, mismatch_notes``; search
+    (SPEC 5) ``n_feasible_layers, infeasible_layers``; shared-value algebra (SPEC 7) ``algebra`` (its summary
+    dict; as an attribute, ``summary.algebra`` is the record: ``summary.algebra.algebra``),
+    ``algebra_ranges_threshold``.
     """
 
     model_name: str
@@ -129,67 +150,75 @@ class ReportSummary(Mapping[str, Any]):
     d_model: int
     d_head: int
     threshold: float
-    n_closed: int
-    frac_closed: float
-    median_P: float
-    n_undefined_P: int
-    closed_per_layer: dict[int, int]
-    n_scramble_draws: int | None = None
-    median_P_trained: float | None = None
-    median_P_scrambled: float | None = None
-    n_heads_compared: int | None = None
-    n_heads_beating_scramble: int | None = None
-    frac_beats_scramble: float | None = None
-    n_layers_trained_wins: int | None = None
-    layers_trained_loses: list[int] | None = None
-    n_heads_q05: int | None = None
-    n_mismatch_pairs: int | None = None
-    n_mismatch_closed: int | None = None
-    mismatch_P_max: float | None = None
-    mismatch_notes: list[str] | None = None
-    n_feasible_layers: int | None = None
-    infeasible_layers: list[int] | None = None
     processing: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, Any] = field(default_factory=dict)
     weights_fingerprint: str | None = None
     source: dict[str, Any] | None = None
     notes: list[str] | None = None
-    algebra: dict[str, Any] | None = None
-    algebra_ranges_threshold: float | None = None
     n_layers_resumed: int | None = None
     n_params: int | None = None
+    analyses: Mapping[str, SummaryRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.analyses, Mapping) or not all(
+            isinstance(r, SummaryRecord) for r in self.analyses.values()
+        ):
+            raise OptionTypeError("ReportSummary.analyses must map analysis names to their SummaryRecord.")
+        object.__setattr__(self, "analyses", dict(self.analyses))  # a copy (a plain dict: the summary pickles)
         _validate(self)
 
-    # ---------------------------------------------------------------- mapping of the fields that are set
-    def _keys(self) -> list[str]:
-        return [f.name for f in fields(self) if getattr(self, f.name) is not None]
+    # ---------------------------------------------------------------- the analyses' records
+    def __getattr__(self, name: str) -> Any:
+        """An analysis's record by its name (``summary.scramble``; None when it did not run), else a flat field of
+        the compatibility view (``summary.median_P_scrambled``; None when not set)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        records = object.__getattribute__(self, "analyses")
+        if name in records:
+            return records[name]
+        if name in _analysis_names():
+            return None
+        if name in field_rules():
+            for r in records.values():
+                if name in r.rules():
+                    return getattr(r, name)
+            return None
+        raise AttributeError(f"ReportSummary has no field or analysis {name!r}")
+
+    # ---------------------------------------------------------------- read-only flat mapping of the set fields
+    def to_dict(self) -> dict[str, Any]:
+        """Every field that is set, flat, in order (what was measured, each analysis's record in registry order,
+        provenance), as a plain dict (JSON values)."""
+        out = {k: getattr(self, k) for k in _MEASURED}
+        for r in self.analyses.values():
+            out.update(r.to_dict())
+        for f in fields(self):
+            if f.name not in _MEASURED and f.name != "analyses" and getattr(self, f.name) is not None:
+                out[f.name] = getattr(self, f.name)
+        return out
 
     def __getitem__(self, key: str) -> Any:
-        if not isinstance(key, str) or key not in _FIELDS or getattr(self, key) is None:
+        d = self.to_dict()
+        if not isinstance(key, str) or key not in d:
             raise KeyError(key)
-        return getattr(self, key)
+        return d[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._keys())
+        return iter(self.to_dict())
 
     def __len__(self) -> int:
-        return len(self._keys())
+        return len(self.to_dict())
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in _FIELDS and getattr(self, key) is not None
+        return isinstance(key, str) and key in self.to_dict()
 
     # ---------------------------------------------------------------- conversions
-    def to_dict(self) -> dict[str, Any]:
-        """The fields that are set, in order, as a plain dict (JSON values)."""
-        return {k: getattr(self, k) for k in self._keys()}
-
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ReportSummary:
-        """A summary from :meth:`to_dict` (a saved report's record, ``--json``), validated like every summary
-        (the types and ranges of :data:`FIELD_RULES`, and counts that fit their totals).
+        """A summary from :meth:`to_dict` (a saved report's record, ``--json``): each key goes to the report's own
+        fields or to the registered analysis that declares it, validated like every summary (the types and ranges
+        of :data:`FIELD_RULES`, and counts that fit their totals).
 
         Raises:
             OptionTypeError: ``d`` is not a mapping; a field of the wrong type (``n_closed="3"``, ``True`` for a
@@ -202,31 +231,42 @@ class ReportSummary(Mapping[str, Any]):
             raise OptionTypeError(
                 f"a report summary must be a mapping of its fields (ReportSummary.to_dict()); got {type(d).__name__}."
             )
-        unknown = [k for k in d if k not in _FIELDS]
+        rules = field_rules()
+        unknown = [k for k in d if k not in rules]
         if unknown:
             raise OptionError(f"summary keys {unknown[:5]} are not fields of a report summary")
-        missing = [
-            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING and f.name not in d
-        ]
+        own = {f.name for f in fields(cls)} - {"analyses"}
+        missing = [k for k in _MEASURED if k not in d]
+        records: dict[str, SummaryRecord] = {}
+        for spec in _records():
+            assert spec.summary is not None
+            part = {k: d[k] for k in spec.summary.rules() if k in d and d[k] is not None}
+            if part or spec.name == "closure":  # the closure always runs
+                missing += [k for k in spec.summary.required() if k not in part]
+                if not missing:
+                    records[spec.name] = spec.summary(**part)
         if missing:
             raise OptionError(f"summary lacks {missing[:5]}")
-        return cls(**dict(d))
+        return cls(**{k: v for k, v in d.items() if k in own}, analyses=records)
 
     def replace(self, **changes: Any) -> ReportSummary:
-        """A copy with some fields changed (the summary itself never changes), validated as :meth:`from_dict` is.
+        """A copy with some flat fields changed (``None`` unsets an optional one; the summary itself never changes),
+        validated as :meth:`from_dict` is.
 
         Raises:
             OptionTypeError / OptionError: as :meth:`from_dict`; a keyword that is not a field.
         """
-        unknown = [k for k in changes if k not in _FIELDS]
+        unknown = [k for k in changes if k not in field_rules()]
         if unknown:
             raise OptionError(f"summary keys {unknown[:5]} are not fields of a report summary")
-        return dataclasses.replace(self, **changes)
+        merged = {**self.to_dict(), **changes}
+        own = {f.name for f in fields(self)}
+        return ReportSummary.from_dict({k: v for k, v in merged.items() if v is not None or k in own})
 
     def __repr__(self) -> str:
         items = []
         for k in _REPR_FIELDS:
-            v = getattr(self, k)
+            v = self.get(k)
             if v is not None:
                 items.append(f"{k}={v!r}" if not isinstance(v, float) else f"{k}={v:.4g}")
         return f"ReportSummary({', '.join(items)}; every field: .to_dict())"
@@ -234,7 +274,7 @@ class ReportSummary(Mapping[str, Any]):
     def _repr_html_(self) -> str:
         import html
 
-        cells = [(k, getattr(self, k)) for k in _REPR_FIELDS if getattr(self, k) is not None]
+        cells = [(k, self.get(k)) for k in _REPR_FIELDS if self.get(k) is not None]
         rows = "".join(
             f"<tr><td>{html.escape(k)}</td><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td></tr>"
             for k, v in cells
@@ -245,16 +285,8 @@ class ReportSummary(Mapping[str, Any]):
         )
 
 
-_FIELDS = frozenset(f.name for f in fields(ReportSummary))
-_REQUIRED = frozenset(f.name for f in fields(ReportSummary) if f.default is MISSING and f.default_factory is MISSING)
-
-#: What each field of a :class:`ReportSummary` must be (``None`` is "not set" for every optional field):
-#: ``"size"`` an int >= 1; ``"count"`` an int >= 0 (``bool`` is not an int, a float is never truncated);
-#: ``"P"`` a float in [0, 1] or NaN (a median or maximum of P over no defined value: undefined);
-#: ``"fraction"`` a float in [0, 1] or NaN (of nothing: undefined); ``"threshold"`` a finite float in [0, 1];
-#: ``"str"``; ``"layers"`` a list of layer indices (ints >= 0); ``"strs"`` a list of str; ``"per_layer"`` a
-#: dict {layer index: count}; ``"dict"`` a dict keyed by str.
-FIELD_RULES: dict[str, str] = {
+#: The rules of the report's own fields (the analyses' are in their records: :func:`field_rules` has all).
+OWN_FIELD_RULES: dict[str, str] = {
     "model_name": "str",
     "model_class": "str",
     "n_layers": "size",
@@ -265,152 +297,83 @@ FIELD_RULES: dict[str, str] = {
     "d_model": "size",
     "d_head": "size",
     "threshold": "threshold",
-    "n_closed": "count",
-    "frac_closed": "fraction",
-    "median_P": "P",
-    "n_undefined_P": "count",
-    "closed_per_layer": "per_layer",
-    "n_scramble_draws": "count",
-    "median_P_trained": "P",
-    "median_P_scrambled": "P",
-    "n_heads_compared": "count",
-    "n_heads_beating_scramble": "count",
-    "n_heads_q05": "count",
-    "frac_beats_scramble": "fraction",
-    "n_layers_trained_wins": "count",
-    "layers_trained_loses": "layers",
-    "n_mismatch_pairs": "count",
-    "n_mismatch_closed": "count",
-    "mismatch_P_max": "P",
-    "mismatch_notes": "strs",
-    "n_feasible_layers": "count",
-    "infeasible_layers": "layers",
     "processing": "dict",
     "options": "dict",
     "versions": "dict",
     "weights_fingerprint": "str",
     "source": "dict",
     "notes": "strs",
-    "algebra": "dict",
-    "algebra_ranges_threshold": "threshold",
     "n_layers_resumed": "count",
     "n_params": "count",
 }
 
-#: Counts that cannot exceed another field: ``(count, total)``.
+#: Counts of the report's own fields that cannot exceed another: ``(count, total)`` (the analyses' records
+#: declare theirs: :attr:`~tl_idempotence.analyses.spec.SummaryRecord.bounds`).
 _AT_MOST = (
     ("n_attention_layers", "n_layers"),
     ("n_kv_heads", "n_heads_per_layer"),
-    ("n_closed", "n_heads"),
-    ("n_undefined_P", "n_heads"),
-    ("n_heads_compared", "n_heads"),
-    ("n_heads_beating_scramble", "n_heads_compared"),
-    ("n_heads_q05", "n_heads"),
-    ("n_layers_trained_wins", "n_attention_layers"),
-    ("n_mismatch_closed", "n_mismatch_pairs"),
-    ("n_feasible_layers", "n_attention_layers"),
-    ("n_layers_resumed", "n_attention_layers"),
 )
+_AT_MOST_LAST = (("n_layers_resumed", "n_attention_layers"),)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+def _records() -> list[AnalysisSpec]:
+    return [s for s in registry.ANALYSES if s.summary is not None]
 
 
-def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+def _analysis_names() -> set[str]:
+    return {s.name for s in registry.ANALYSES}
 
 
-def _check_field(name: str, rule: str, v: Any) -> None:
-    """One field against its rule of :data:`FIELD_RULES` (raises OptionTypeError / OptionError naming it)."""
+def field_rules() -> dict[str, str]:
+    """Every flat summary field's rule (:data:`~tl_idempotence.analyses.spec.SUMMARY_RULES`): the report's own
+    and every registered analysis's record's (also :data:`FIELD_RULES`; read from the registry at each call)."""
+    out = dict(OWN_FIELD_RULES)
+    for spec in _records():
+        assert spec.summary is not None
+        out.update(spec.summary.rules())
+    return out
 
-    def wrong_type(want: str) -> OptionTypeError:
-        return OptionTypeError(f"summary field {name} must be {want}; got {type(v).__name__} {v!r}.")
 
-    if rule == "str":
-        if not isinstance(v, str):
-            raise wrong_type("a str")
-    elif rule in ("size", "count"):
-        if not _is_int(v):
-            raise wrong_type("an int (not a bool or a float)")
-        lo = 1 if rule == "size" else 0
-        if v < lo:
-            raise OptionError(f"summary field {name}={v!r} is impossible: it must be an int >= {lo}.")
-    elif rule in ("P", "fraction", "threshold"):
-        if not _is_real(v):
-            raise wrong_type("a real number (not a bool or a str)")
-        x = float(v)
-        if math.isnan(x) and rule != "threshold":
-            return  # undefined (over no defined value); the fields that say why are checked with the counts
-        if not (math.isfinite(x) and 0.0 <= x <= 1.0):
-            what = "a finite number in [0, 1]" if rule == "threshold" else "in [0, 1] (or NaN: undefined)"
-            raise OptionError(f"summary field {name}={v!r} is impossible: it must be {what}.")
-    elif rule in ("layers", "strs"):
-        if not isinstance(v, list):
-            raise wrong_type("a list")
-        for x in v:
-            if rule == "strs" and not isinstance(x, str):
-                raise OptionTypeError(f"summary field {name} must be a list of str; it holds {type(x).__name__} {x!r}.")
-            if rule == "layers" and not (_is_int(x) and x >= 0):
-                raise OptionError(f"summary field {name} must be a list of layer indices (ints >= 0); it holds {x!r}.")
-    elif rule == "per_layer":
-        if not isinstance(v, dict):
-            raise wrong_type("a dict {layer: count}")
-        for k, x in v.items():
-            if not (_is_int(k) and k >= 0) or not (_is_int(x) and x >= 0):
-                raise OptionError(
-                    f"summary field {name} must map layer indices (ints >= 0) to counts (ints >= 0); it holds "
-                    f"{k!r}: {x!r}."
-                )
-    elif rule == "dict":
-        if not isinstance(v, dict):
-            raise wrong_type("a dict")
-        bad = [k for k in v if not isinstance(k, str)]
-        if bad:
-            raise OptionTypeError(f"summary field {name} must be keyed by str; it has the key {bad[0]!r}.")
-    else:  # pragma: no cover - a rule this function does not know
-        raise AssertionError(rule)
+def optional_field(name: str) -> bool:
+    """Whether the flat summary field ``name`` may be unset in a summary whose analysis ran (a provenance field
+    such as ``n_params``, or a record field with ``default=None`` such as ``mismatch_notes``)."""
+    own = {f.name: f for f in fields(ReportSummary)}
+    if name in own:
+        return own[name].default is None
+    for spec in _records():
+        assert spec.summary is not None
+        if name in spec.summary.rules():
+            return name not in spec.summary.required()
+    return False
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`FIELD_RULES`: :func:`field_rules` (every flat field's rule, assembled from the registry)."""
+    if name == "FIELD_RULES":
+        return field_rules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _validate(s: ReportSummary) -> None:
-    """Every field of ``s`` against :data:`FIELD_RULES`, then the counts against their totals.
+    """The report's own fields against their rules, then every count against its total (the report's and each
+    record's bounds), then each record's checks against the report (:meth:`SummaryRecord.check`).
 
     Raises:
         OptionTypeError / OptionError: names the first field that is wrong (and the value, or both values).
     """
-    for name, rule in FIELD_RULES.items():
+    required = set(_MEASURED) | {"processing", "options", "versions"}
+    for name, rule in OWN_FIELD_RULES.items():
         v = getattr(s, name)
-        if v is not None or name in _REQUIRED:  # None is "not set", for the fields that may be unset
-            _check_field(name, rule, v)
-    for count, total in _AT_MOST:
-        a, b = getattr(s, count), getattr(s, total)
+        if v is not None or name in required:  # None is "not set", for the fields that may be unset
+            check_summary_field(name, rule, v)
+    flat = s.to_dict()
+    bounds = [*_AT_MOST, *(b for r in s.analyses.values() for b in r.bounds), *_AT_MOST_LAST]
+    for count, total in bounds:
+        a, b = flat.get(count), flat.get(total)
         if a is not None and b is not None and a > b:
             raise OptionError(f"summary field {count}={a!r} is impossible: more than {total}={b!r}.")
-    per_layer = sum(s.closed_per_layer.values())
-    if per_layer != s.n_closed:
-        raise OptionError(
-            f"summary field closed_per_layer counts {per_layer} closed heads, but n_closed={s.n_closed!r}."
-        )
-    bad_layers = [k for k in s.closed_per_layer if k >= s.n_layers]
-    if bad_layers:
-        raise OptionError(f"summary field closed_per_layer has layer {bad_layers[0]}, but n_layers={s.n_layers!r}.")
-    # NaN exactly when there is nothing to take it over (the counts that say so are named)
-    for name, undefined, why in (
-        ("frac_closed", s.n_heads == 0, f"n_heads = 0 (here n_heads={s.n_heads!r})"),
-        (
-            "median_P",
-            s.n_undefined_P == s.n_heads,
-            f"n_undefined_P = n_heads (here {s.n_undefined_P!r} and {s.n_heads!r})",
-        ),
-        (
-            "frac_beats_scramble",
-            s.n_heads_compared == 0,
-            f"n_heads_compared = 0 (here n_heads_compared={s.n_heads_compared!r})",
-        ),
-    ):
-        v = getattr(s, name)
-        if v is not None and math.isnan(float(v)) != bool(undefined):
-            raise OptionError(f"summary field {name}={v!r} is impossible: it is NaN (undefined) exactly when {why}.")
+    for r in s.analyses.values():
+        r.check(flat)
 
 
 def build_summary(
@@ -456,11 +419,11 @@ def _frac(n: Any, of: Any) -> float:
     return float(n) / float(of) if of else float("nan")
 
 
-def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
+def paper_table(summary: ReportSummary, n_layers: int) -> pd.DataFrame:
     """The abstract's headline quantities for this model next to the paper's, as numbers (SPEC 4-5).
 
     Args:
-        summary: a report's summary.
+        summary: a report's summary (its analyses' records are read: ``summary.closure``, ``summary.scramble``, ...).
         n_layers: how many layers were measured (denominator of the per-layer rows).
 
     Returns:
@@ -473,7 +436,8 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
         scrambled; heads whose trained orientation beats its scramble median; layers where the
         trained orientation wins; layers where P >= threshold is feasible (search).
     """
-    t = summary["threshold"]
+    t = summary.threshold
+    closure, scramble, mismatch, search = summary.closure, summary.scramble, summary.mismatch, summary.search
     nan = float("nan")
     rows: list[dict[str, Any]] = []
 
@@ -490,16 +454,16 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
             note = f"{note}; {other}" if note else other
         rows.append({"quantity": q, "value": value, "n": n, "of": of, "paper_low": lo, "paper_high": hi, "note": note})
 
-    row(f"heads with P >= {t:g}", "frac_closed", summary["frac_closed"], summary["n_closed"], summary["n_heads"])
+    row(f"heads with P >= {t:g}", "frac_closed", closure.frac_closed, closure.n_closed, summary.n_heads)
     no_nulls = "not run: make the report with nulls=True / --nulls 64 (orientation scramble + O/V mismatch)"
-    if "n_mismatch_pairs" in summary:
-        if summary["n_mismatch_pairs"]:
+    if mismatch is not None:
+        if mismatch.n_mismatch_pairs:
             row(
                 f"matched O/V mismatch pairs with P >= {t:g}",
                 "mismatch_closed",
-                _frac(summary["n_mismatch_closed"], summary["n_mismatch_pairs"]),
-                summary["n_mismatch_closed"],
-                summary["n_mismatch_pairs"],
+                _frac(mismatch.n_mismatch_closed, mismatch.n_mismatch_pairs),
+                mismatch.n_mismatch_closed,
+                mismatch.n_mismatch_pairs,
             )
         else:
             row(
@@ -508,43 +472,47 @@ def paper_table(summary: Mapping[str, Any], n_layers: int) -> pd.DataFrame:
                 nan,
                 0,
                 0,
-                "; ".join(summary.get("mismatch_notes", ["no valid pair: one kv head (MQA)"])),
+                "; ".join(
+                    mismatch.mismatch_notes
+                    if mismatch.mismatch_notes is not None
+                    else ["no valid pair: one kv head (MQA)"]
+                ),
             )
     else:
         row(f"matched O/V mismatch pairs with P >= {t:g}", "mismatch_closed", nan, note=no_nulls)
-    if "median_P_scrambled" in summary:
-        row("median P, trained", "median_P_trained", summary["median_P_trained"], n=summary["n_heads"])
+    if scramble is not None:
+        row("median P, trained", "median_P_trained", scramble.median_P_trained, n=summary.n_heads)
         row(
             "median P, orientation-scrambled",
             "median_P_scrambled",
-            summary["median_P_scrambled"],
-            n=summary["n_heads_compared"],
+            scramble.median_P_scrambled,
+            n=scramble.n_heads_compared,
         )
         row(
             "heads whose trained orientation beats its scramble median",
             "frac_beats_scramble",
-            summary["frac_beats_scramble"],
-            summary["n_heads_beating_scramble"],
-            summary["n_heads_compared"],
+            scramble.frac_beats_scramble,
+            scramble.n_heads_beating_scramble,
+            scramble.n_heads_compared,
         )
         row(
             "layers where the trained orientation wins (median P)",
             "frac_layers_trained_wins",
-            _frac(summary["n_layers_trained_wins"], n_layers),
-            summary["n_layers_trained_wins"],
+            _frac(scramble.n_layers_trained_wins, n_layers),
+            scramble.n_layers_trained_wins,
             n_layers,
         )
     else:
-        row("median P, trained", "median_P_trained", summary["median_P"], n=summary["n_heads"])
+        row("median P, trained", "median_P_trained", closure.median_P, n=summary.n_heads)
         row("median P, orientation-scrambled", "median_P_scrambled", nan, note=no_nulls)
         row("heads whose trained orientation beats its scramble median", "frac_beats_scramble", nan, note=no_nulls)
         row("layers where the trained orientation wins (median P)", "frac_layers_trained_wins", nan, note=no_nulls)
-    if "n_feasible_layers" in summary:
+    if search is not None:
         row(
             f"layers where P >= {t:g} is feasible (constructive search)",
             "frac_layers_feasible",
-            _frac(summary["n_feasible_layers"], n_layers),
-            summary["n_feasible_layers"],
+            _frac(search.n_feasible_layers, n_layers),
+            search.n_feasible_layers,
             n_layers,
         )
     else:

@@ -36,17 +36,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from ..analyses import registry
 from ..core.heads import HeadSource, LayerHeads
-from ..core.option_specs import DEFAULTS, ReportOptionsArgs, check_option_names, documents_options
+from ..core.option_specs import ReportOptionsArgs, check_option_names, default, documents_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
 from ..core.processing import T_PROCESSING
 from ..core.results import Result, views
 from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
-from ..report.identity import COMPARED_OPTIONS, option_differences, processing_key
+from ..report.identity import compared_options, option_differences, processing_key
 from ..report.outputs import Output, write_output
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
-from ..report.summary import PAPER, PAPER_THRESHOLD
+from ..report.summary import PAPER, PAPER_THRESHOLD, field_rules
 from ..sources.checkpoint import CheckpointSource, is_transformers_model
 from ..sources.dispatch import head_source
 from ..sources.names import Named, missing_path_error, named_inputs, path_label, resolve_name
@@ -71,7 +72,6 @@ if TYPE_CHECKING:  # pragma: no cover
     )
 
 __all__ = [
-    "COMPARED_OPTIONS",
     "ITEM_KINDS",
     "OVERVIEW_COLUMNS",
     "PAPER_LABEL",
@@ -91,6 +91,7 @@ __all__ = [
     "parameter_count",
     "processing_key",
     "resolve_items",
+    "table_columns",
 ]
 
 #: What an item can be: a report object, a saved report folder, a checkpoint path, a zoo name,
@@ -132,6 +133,17 @@ TABLE_COLUMNS = [
     "identical_weights",
     "weights_group",
 ]
+
+
+def table_columns() -> list[str]:
+    """The columns of :attr:`Comparison.table`: :data:`TABLE_COLUMNS` (the paper's analyses), with every registered
+    analysis's declared columns (:attr:`~tl_idempotence.analyses.spec.AnalysisSpec.compared`) before
+    ``raw_weights`` (read from the registry at each call)."""
+    extra = [c for spec in registry.ANALYSES for c in spec.compared if c not in TABLE_COLUMNS]
+    at = TABLE_COLUMNS.index("raw_weights")
+    return [*TABLE_COLUMNS[:at], *extra, *TABLE_COLUMNS[at:]]
+
+
 #: The columns of :attr:`Comparison.overview`: what a researcher reads first (the full table has every column).
 OVERVIEW_COLUMNS = [
     "model",
@@ -435,32 +447,38 @@ def _pct(n: Any, of: Any) -> float:
 
 def _model_row(label: str, rep: IdempotenceReport) -> dict[str, Any]:
     s = rep.summary
-    n_att = int(s["n_attention_layers"])
+    closure, scramble, mismatch, search = s.closure, s.scramble, s.mismatch, s.search
+    n_att = int(s.n_attention_layers)
+    wins = None if scramble is None else scramble.n_layers_trained_wins
+    feasible = None if search is None else search.n_feasible_layers
     row: dict[str, Any] = {
         "model": label,
-        "model_name": str(s.get("model_name", "")),
+        "model_name": str(s.model_name),
         "is_paper": False,
-        "n_params": s.get("n_params"),
-        "n_layers": int(s["n_layers"]),
+        "n_params": s.n_params,
+        "n_layers": int(s.n_layers),
         "n_attention_layers": n_att,
-        "n_heads_per_layer": int(s["n_heads_per_layer"]),
-        "n_kv_heads": int(s["n_kv_heads"]),
-        "n_heads_total": int(s["n_heads"]),
-        "d_model": int(s["d_model"]),
-        "d_head": int(s["d_head"]),
-        "n_closed": int(s["n_closed"]),
-        "pct_closed": 100.0 * float(s["frac_closed"]),
-        "median_P": _nan(s.get("median_P")),
-        "median_P_scrambled": _nan(s.get("median_P_scrambled")),
-        "pct_beats_scramble": 100.0 * _nan(s.get("frac_beats_scramble")),
-        "n_layers_trained_wins": s.get("n_layers_trained_wins"),
-        "pct_layers_trained_wins": _pct(s.get("n_layers_trained_wins"), n_att),
-        "n_mismatch_closed": s.get("n_mismatch_closed"),
-        "mismatch_P_max": _nan(s.get("mismatch_P_max")),
-        "n_feasible_layers": s.get("n_feasible_layers"),
-        "pct_layers_feasible": _pct(s.get("n_feasible_layers"), n_att),
+        "n_heads_per_layer": int(s.n_heads_per_layer),
+        "n_kv_heads": int(s.n_kv_heads),
+        "n_heads_total": int(s.n_heads),
+        "d_model": int(s.d_model),
+        "d_head": int(s.d_head),
+        "n_closed": int(closure.n_closed),
+        "pct_closed": 100.0 * float(closure.frac_closed),
+        "median_P": _nan(closure.median_P),
+        "median_P_scrambled": _nan(None if scramble is None else scramble.median_P_scrambled),
+        "pct_beats_scramble": 100.0 * _nan(None if scramble is None else scramble.frac_beats_scramble),
+        "n_layers_trained_wins": wins,
+        "pct_layers_trained_wins": _pct(wins, n_att),
+        "n_mismatch_closed": None if mismatch is None else mismatch.n_mismatch_closed,
+        "mismatch_P_max": _nan(None if mismatch is None else mismatch.mismatch_P_max),
+        "n_feasible_layers": feasible,
+        "pct_layers_feasible": _pct(feasible, n_att),
         "raw_weights": processing_key(s)[0],
     }
+    for spec in registry.ANALYSES:  # the columns an analysis declares (spec.compared): None when it did not run
+        record = s.analyses.get(spec.name)
+        row.update({c: None if record is None else getattr(record, c) for c in spec.compared})
     return row
 
 
@@ -512,8 +530,10 @@ def comparison_table(reports: Mapping[str, IdempotenceReport], paper: bool = Tru
         row["identical_weights"] = bool(fp) and fps.count(fp) > 1
     if paper:
         rows += _paper_rows()
-    df = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    for c in _INT_COLUMNS:
+    columns = table_columns()
+    df = pd.DataFrame(rows, columns=columns)
+    declared_ints = {c for c in columns if c not in TABLE_COLUMNS and field_rules().get(c) in ("count", "size")}
+    for c in (*_INT_COLUMNS, *sorted(declared_ints)):
         df[c] = pd.array(
             [None if v is None or (isinstance(v, float) and math.isnan(v)) else int(v) for v in df[c]], dtype="Int64"
         )
@@ -521,8 +541,13 @@ def comparison_table(reports: Mapping[str, IdempotenceReport], paper: bool = Tru
         df[c] = pd.array(
             [None if v is None or (isinstance(v, float) and math.isnan(v)) else bool(v) for v in df[c]], dtype="boolean"
         )
-    for c in TABLE_COLUMNS:
-        if c not in _INT_COLUMNS and c not in _BOOL_COLUMNS and c not in ("model", "model_name"):
+    for c in columns:
+        if (
+            c not in _INT_COLUMNS
+            and c not in declared_ints
+            and c not in _BOOL_COLUMNS
+            and c not in ("model", "model_name")
+        ):
             df[c] = df[c].astype("float64")
     return df
 
@@ -899,8 +924,8 @@ def compare(
 
     progress = check_bool(progress, "progress")
     check_option_names("compare()", options, ("items", "progress"))
-    given = {k: options.get(k) for k in COMPARED_OPTIONS if k != "layers"}  # None: shared by the reports, or default
-    layers, device = options.get("layers"), options.get("device", DEFAULTS["device"])
+    given = {k: options.get(k) for k in compared_options() if k != "layers"}  # None: shared by the reports, or default
+    layers, device = options.get("layers"), options.get("device", default("device"))
     resolved = resolve_items(items)
     given_reports = {it.label: it.value for it in resolved if it.kind == "report"}
     for it in resolved:
@@ -955,5 +980,12 @@ def measure_item(
     except (TLIError, OSError):  # informational: n_params stays unknown (NA) when the headers cannot be read
         n = None
     if n is not None:
-        rep.summary = rep.summary.replace(n_params=n)
+        rep = rep.with_summary(n_params=n)
     return rep
+
+
+def __getattr__(name: str) -> Any:
+    """:data:`COMPARED_OPTIONS` (:func:`~tl_idempotence.report.identity.compared_options`, named here too)."""
+    if name == "COMPARED_OPTIONS":
+        return compared_options()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

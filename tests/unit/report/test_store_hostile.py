@@ -169,7 +169,6 @@ def test_overwrite_over_a_valid_record_replaces_only_the_reports_files(rep, save
             "summary['n_heads_beating_scramble'] is 0 in the record but",
         ),
         (lambda r: r["summary"].update(n_feasible_layers=0, infeasible_layers=[0, 1]), "summary['n_feasible_layers']"),
-        (lambda r: r["summary"].pop("median_P_scrambled"), "summary['median_P_scrambled'] is '(absent)' in the rec"),
         (lambda r: r["summary"].update(weights_fingerprint="0" * 64), "summary['weights_fingerprint'] is '0000"),
         (lambda r: r["summary"]["options"].update(nulls=64), "summary['options']['nulls'] is 64 in the record but 4"),
         (lambda r: r["summary"].update(algebra_ranges_threshold=0.5), "summary['algebra_ranges_threshold'] is 0.5"),
@@ -183,7 +182,6 @@ def test_overwrite_over_a_valid_record_replaces_only_the_reports_files(rep, save
         "algebra",
         "frac_beats_scramble",
         "n_feasible_layers",
-        "dropped field",
         "fingerprint",
         "options",
         "ranges threshold",
@@ -194,6 +192,16 @@ def test_an_edited_summary_with_its_digest_recomputed_is_refused(saved, edit, sa
     with pytest.raises(ReportFileError, match=re.escape(says)) as err:
         tli.load_report(saved)
     assert str(saved / RECORD) in str(err.value) and "the record was edited" in str(err.value)
+
+
+def test_a_record_without_one_of_an_analysiss_fields_is_refused(saved):
+    """The scramble ran but its record lacks median_P_scrambled: no summary at all (the analysis's record is
+    incomplete), refused by the validator before anything is compared, naming the file and the field."""
+    rewrite_record(saved, lambda r: r["summary"].pop("median_P_scrambled"))
+    says = "summary record (OptionError: summary lacks ['median_P_scrambled'])"
+    with pytest.raises(ReportFileError, match=re.escape(says)) as e:
+        tli.load_report(saved)
+    assert str(saved / RECORD) in str(e.value)
 
 
 def test_an_impossible_count_is_refused_before_anything_is_compared(saved):
@@ -293,7 +301,19 @@ def test_from_dict_takes_every_valid_summary_back(rep):
     nothing = {"n_heads": 0, "n_closed": 0, "frac_closed": nan, "median_P": nan, "n_undefined_P": 0}
     nothing.update(closed_per_layer={}, n_heads_compared=0, n_heads_beating_scramble=0, frac_beats_scramble=nan)
     assert math.isnan(ReportSummary.from_dict({**rep.summary.to_dict(), **nothing}).median_P)
-    assert set(FIELD_RULES) == {f for f in ReportSummary.__dataclass_fields__}
+    # every flat field of 0.2's summary keeps its name (now the report's own fields and the analyses' records)
+    assert set(FIELD_RULES) == set(V02_SUMMARY_FIELDS)
+    assert set(rep.summary.to_dict()) <= set(V02_SUMMARY_FIELDS)
+
+
+V02_SUMMARY_FIELDS = (
+    "model_name model_class n_layers n_attention_layers n_heads n_heads_per_layer n_kv_heads d_model d_head "
+    "threshold n_closed frac_closed median_P n_undefined_P closed_per_layer n_scramble_draws median_P_trained "
+    "median_P_scrambled n_heads_compared n_heads_beating_scramble frac_beats_scramble n_layers_trained_wins "
+    "layers_trained_loses n_heads_q05 n_mismatch_pairs n_mismatch_closed mismatch_P_max mismatch_notes "
+    "n_feasible_layers infeasible_layers processing options versions weights_fingerprint source notes algebra "
+    "algebra_ranges_threshold n_layers_resumed n_params"
+).split()
 
 
 def test_an_impossible_summary_in_a_saved_report_is_refused_naming_the_file_and_the_field(saved):

@@ -1,0 +1,86 @@
+"""The orientation-scramble null's declaration (SPEC 4b): the ``nulls`` option, its head columns and summary.
+
+Torch-free (the registry, and so the CLI's ``--help``, reads it); the code is :mod:`.scramble`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.option_specs import OptionSpec, check_nulls
+from .spec import AnalysisSpec, SummaryRecord, nan_says_why, rule
+
+__all__ = ["NULLS", "SPEC", "ScrambleSummary"]
+
+#: ``nulls``: scramble draws per head (0 = off); it also switches on the matched O/V mismatch.
+NULLS = OptionSpec(
+    "nulls",
+    0,
+    "orientation-scramble draws per head, with the matched O/V mismatch: an integer, 0 = off, 64 the usual "
+    "(the Python API also takes True for 64)",
+    "count",
+    "N",
+    types="bool | int",
+    hint="NullsLike",
+    check=check_nulls,
+    position=10,
+)
+
+
+@dataclass(frozen=True)
+class ScrambleSummary(SummaryRecord):
+    """The trained orientation against its scramble (SPEC 4b).
+
+    Attributes:
+        n_scramble_draws: draws per head. median_P_trained / median_P_scrambled: medians over heads (of each
+        head's scramble median). n_heads_compared: heads with a defined comparison; n_heads_beating_scramble:
+        those whose trained P beats their scramble median; frac_beats_scramble: their fraction (NaN when none
+        is compared). n_layers_trained_wins / layers_trained_loses: layers whose median trained P beats / does
+        not beat the scramble's. n_heads_q05: heads whose Benjamini-Hochberg q-value is <= 0.05 (unset in a
+        record saved before 0.3; a loaded report derives it from its tables).
+    """
+
+    bounds = (
+        ("n_heads_compared", "n_heads"),
+        ("n_heads_beating_scramble", "n_heads_compared"),
+        ("n_heads_q05", "n_heads"),
+        ("n_layers_trained_wins", "n_attention_layers"),
+    )
+
+    n_scramble_draws: int = field(metadata=rule("count"))
+    median_P_trained: float = field(metadata=rule("P"))
+    median_P_scrambled: float = field(metadata=rule("P"))
+    n_heads_compared: int = field(metadata=rule("count"))
+    n_heads_beating_scramble: int = field(metadata=rule("count"))
+    frac_beats_scramble: float = field(metadata=rule("fraction"))
+    n_layers_trained_wins: int = field(metadata=rule("count"))
+    layers_trained_loses: list[int] = field(metadata=rule("layers"))
+    n_heads_q05: int | None = field(default=None, metadata=rule("count"))  # a 0.2 record lacks it (added in 0.3)
+
+    def check(self, report: Mapping[str, Any]) -> None:
+        """``frac_beats_scramble`` is NaN exactly when ``n_heads_compared = 0``.
+
+        Raises:
+            OptionError: it is NaN with heads compared, or a number without.
+        """
+        why = f"n_heads_compared = 0 (here n_heads_compared={self.n_heads_compared!r})"
+        nan_says_why("frac_beats_scramble", self.frac_beats_scramble, self.n_heads_compared == 0, why)
+
+
+SPEC = AnalysisSpec(
+    name="scramble",
+    implementation="scramble:ScrambleAnalysis",
+    options=(NULLS,),
+    head_columns=(
+        "P_scrambled_median",
+        "P_scrambled_q95",
+        "p_value",
+        "beats_scramble",
+        "n_scramble_draws",
+        "frac_scrambled_closed",
+        "scramble_reason",
+    ),
+    summary=ScrambleSummary,
+)

@@ -1,0 +1,46 @@
+"""The constructive search's declaration (SPEC 5): the ``search`` option, its head columns and summary.
+
+Torch-free (the registry, and so the CLI's ``--help``, reads it); the code is :mod:`.search`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.option_specs import OptionSpec, check_bool
+from .spec import AnalysisSpec, SummaryRecord, rule
+
+__all__ = ["SEARCH", "SPEC", "SearchSummary"]
+
+#: ``search``: run the constructive search.
+SEARCH = OptionSpec(
+    "search",
+    False,
+    "constructive search: the feasible P per head and layer (minutes)",
+    "flag",
+    check=check_bool,
+    position=30,
+)
+
+
+@dataclass(frozen=True)
+class SearchSummary(SummaryRecord):
+    """Where ``P >= threshold`` is feasible (SPEC 5).
+
+    Attributes:
+        n_feasible_layers: layers where the search reached the threshold; infeasible_layers: the others.
+    """
+
+    bounds = (("n_feasible_layers", "n_attention_layers"),)
+
+    n_feasible_layers: int = field(metadata=rule("count"))
+    infeasible_layers: list[int] = field(metadata=rule("layers"))
+
+
+SPEC = AnalysisSpec(
+    name="search",
+    implementation="search:SearchAnalysis",
+    options=(SEARCH,),
+    head_columns=("P_searched", "search_iters", "search_stopped_on", "search_best_restart", "search_reason"),
+    summary=SearchSummary,
+)

@@ -1,0 +1,256 @@
+"""An analysis declares itself once (analyses/<name>_spec.py) and the registry (analyses/registry.py) lists it once:
+the report options, ReportOptions, the CLI's flags, the options docs, the compared options, rep.heads, rep.summary
+and compare's table are assembled from it. A toy analysis registered here (its module is this file; one registry
+entry, added by monkeypatch) shows up in all of them with no other file edited."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import tl_idempotence as tli
+from helpers import gaussian_layer
+from tl_idempotence.analyses import registry
+from tl_idempotence.analyses.base import LayerContext, LayerResult
+from tl_idempotence.analyses.spec import AnalysisSpec, SummaryRecord, rule
+from tl_idempotence.cli import build_parser
+from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.core.option_specs import (
+    OptionSpec,
+    ReportOptionsArgs,
+    check_bool,
+    options_doc,
+    report_options,
+)
+from tl_idempotence.core.options import ReportOptions
+from tl_idempotence.errors import OptionError, OptionTypeError, UnknownOptionError
+from tl_idempotence.report.identity import compared_options
+
+# ----------------------------------------------------------------------------- the toy analysis (its whole module)
+
+TOY = OptionSpec("toy", False, "the toy analysis: P squared per head", "flag", check=check_bool, absent=False)
+
+
+@dataclass(frozen=True)
+class ToySummary(SummaryRecord):
+    """The toy's summary: how many heads it squared, and the largest P squared (NaN when no P is defined)."""
+
+    bounds = (("n_toy_heads", "n_heads"),)
+
+    n_toy_heads: int = field(metadata=rule("count"))
+    max_P_squared: float = field(metadata=rule("P"))
+
+
+class ToyAnalysis:
+    name: ClassVar[str] = "toy"
+    reason_column: ClassVar[str | None] = None
+
+    def enabled(self, options: ReportOptions) -> bool:
+        return bool(options.toy)
+
+    def run(self, ctx: LayerContext) -> LayerResult:
+        P = ctx.closure.P.numpy()
+        return LayerResult(columns={"toy_P_squared": P * P})
+
+    def apply_threshold(self, heads: Any, layers: Any, tables: Any, threshold: float) -> None:
+        pass
+
+    def summarize(self, heads: pd.DataFrame, layers: Any, tables: Any, options: ReportOptions) -> dict[str, Any]:
+        sq = heads["toy_P_squared"].to_numpy(dtype=float)
+        return {"n_toy_heads": len(sq), "max_P_squared": float(np.nanmax(sq)) if np.isfinite(sq).any() else np.nan}
+
+
+TOY_SPEC = AnalysisSpec(
+    name="toy",
+    implementation=ToyAnalysis,
+    options=(TOY,),
+    head_columns=("toy_P_squared",),
+    summary=ToySummary,
+    compared=("max_P_squared",),
+)
+
+
+@pytest.fixture
+def with_toy(monkeypatch):
+    """The one registry line the toy needs."""
+    monkeypatch.setattr(registry, "ANALYSES", (*registry.ANALYSES, TOY_SPEC))
+
+
+def layers_of(seed: int) -> list[LayerHeads]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        LayerHeads(l, torch.randn(4, 16, 4, generator=g), torch.randn(2, 16, 4, generator=g), tli.kv_layout(4, 2))
+        for l in range(2)
+    ]
+
+
+# ----------------------------------------------------------------------------- the toy, everywhere
+
+
+def test_a_registered_analysis_gets_its_option_everywhere(with_toy):
+    assert [o.name for o in report_options()] == [
+        "threshold",
+        "nulls",
+        "seed",
+        "search",
+        "algebra",
+        "toy",  # a new analysis's option sorts after the paper's (position 50)
+        "layers",
+        "compute_dtype",
+        "device",
+    ]
+    assert ReportOptions().toy is False and ReportOptions(toy=True).toy is True
+    assert ReportOptions(toy=True).key()["toy"] is True and "toy" in ReportOptions().as_dict()
+    assert ReportOptions(toy=True) != ReportOptions()
+    with pytest.raises(OptionTypeError, match="toy must be True or False; got int 1"):
+        ReportOptions(toy=1)
+    with pytest.raises(UnknownOptionError, match="toi"):
+        ReportOptions(toi=True)
+    # a record saved before the toy existed means the toy did not run (its declared ``absent``)
+    old = {k: v for k, v in ReportOptions(nulls=4).as_dict().items() if k != "toy"}
+    assert ReportOptions.from_record(old) == ReportOptions(nulls=4)
+    assert compared_options() == ("threshold", "nulls", "seed", "search", "algebra", "toy", "compute_dtype", "layers")
+    assert "        toy (bool): the toy analysis: P squared per head. Default False." in options_doc().splitlines()
+
+
+def test_a_registered_analysis_gets_its_cli_flag(with_toy, capsys):
+    p = build_parser()
+    assert p.parse_args(["report", "--toy"]).toy is True and p.parse_args(["report"]).toy is False
+    with pytest.raises(SystemExit):
+        p.parse_args(["report", "--help"])
+    assert re.search(r"--toy\s+the toy analysis: P squared per head", capsys.readouterr().out)
+
+
+def test_a_registered_analysis_gets_its_columns_summary_and_compare_column(with_toy, tmp_path):
+    lhs = layers_of(5)
+    rep = tli.idempotence_report(lhs, toy=True, nulls=4, progress=False)
+    P = rep.heads["P"].to_numpy()
+    np.testing.assert_array_equal(rep.heads["toy_P_squared"].to_numpy(), P * P)
+    s = rep.summary
+    assert isinstance(s.toy, ToySummary) and s.toy.n_toy_heads == 8
+    assert s.toy.max_P_squared == float(np.max(P * P)) == s["max_P_squared"]
+    assert s.scramble.n_scramble_draws == 4  # the paper's records beside it
+    # at another threshold and through a saved report, the toy's record is recomputed the same
+    assert rep.with_threshold(0.2).summary.toy == s.toy
+    back = tli.load_report(rep.save(tmp_path / "r"))
+    assert back.summary.toy == s.toy and back.options.toy is True
+
+    off = tli.idempotence_report(lhs, nulls=4, progress=False)
+    assert off.summary.toy is None and "toy_P_squared" not in off.heads.columns and "max_P_squared" not in off.summary
+    assert off.summary.closure.n_closed == s.closure.n_closed and off.summary.scramble == s.scramble
+
+    other = tli.idempotence_report(layers_of(6), toy=True, nulls=4, progress=False)
+    cmp = tli.compare({"a": rep, "b": other}, progress=False)
+    t = cmp.table.set_index("model")
+    assert t.loc["a", "max_P_squared"] == s.toy.max_P_squared
+    assert t.loc["b", "max_P_squared"] == other.summary.toy.max_P_squared
+    assert list(t.columns).index("max_P_squared") == list(t.columns).index("raw_weights") - 1
+
+
+def test_a_toy_summary_is_checked_by_its_rules(with_toy):
+    rep = tli.idempotence_report(layers_of(5), toy=True, progress=False)
+    d = rep.summary.to_dict()
+    with pytest.raises(OptionError, match=re.escape("summary field n_toy_heads=9 is impossible: more than n_heads=8")):
+        rep.summary.replace(n_toy_heads=9)
+    with pytest.raises(OptionError, match=re.escape("summary field max_P_squared=1.5 is impossible")):
+        type(rep.summary).from_dict({**d, "max_P_squared": 1.5})
+    with pytest.raises(OptionError, match=re.escape("summary lacks ['max_P_squared']")):
+        type(rep.summary).from_dict({k: v for k, v in d.items() if k != "max_P_squared"})
+
+
+def test_an_option_name_taken_twice_is_refused(monkeypatch):
+    clash = dataclasses.replace(TOY_SPEC, options=(dataclasses.replace(TOY, name="seed"),))
+    monkeypatch.setattr(registry, "ANALYSES", (*registry.ANALYSES, clash))
+    with pytest.raises(OptionError, match=r"report options \['seed'\] are declared twice"):
+        report_options()
+
+
+# ----------------------------------------------------------------------------- the paper's analyses, as declared
+
+
+def test_the_typed_dict_for_static_tools_equals_the_registry():
+    """ReportOptionsArgs is the second listing (for **options in editors and type checkers): the same names, in
+    order, each annotated with its declared hint."""
+    hints = dict(ReportOptionsArgs.__annotations__)
+    assert list(hints) == [o.name for o in report_options()]
+    assert {k: getattr(v, "__forward_arg__", v) for k, v in hints.items()} == {o.name: o.hint for o in report_options()}
+
+
+def test_the_registry_lists_the_papers_analyses_in_column_order():
+    assert [s.name for s in registry.ANALYSES] == ["closure", "scramble", "mismatch", "search", "algebra"]
+    assert [a.name for a in registry.report_analyses()] == [s.name for s in registry.ANALYSES]
+    assert registry.REPORT_ANALYSES == registry.report_analyses()  # the earlier constant's name still reads
+    assert [o.name for o in registry.analysis_options()] == ["nulls", "search", "algebra"]
+    assert registry.spec_of("scramble").options[0].name == "nulls"
+    with pytest.raises(KeyError, match="registered"):
+        registry.spec_of("nope")
+
+
+@pytest.mark.parametrize("spec", registry.ANALYSES, ids=lambda s: s.name)
+def test_each_analysis_declares_the_head_columns_it_writes(spec):
+    lh = gaussian_layer(1, 6, 2, 24, 4, seed=11)
+    res = spec.analysis().run(LayerContext.build(lh, ReportOptions(nulls=4, search=True, algebra=True)))
+    assert tuple(res.columns) == spec.head_columns
+
+
+def test_the_options_keep_their_values_and_encoding():
+    """ReportOptions built from the declarations: the same key and record as the hand-written class of 0.2."""
+    o = ReportOptions(nulls=True, seed=3, layers=[1, 0], compute_dtype="float32")
+    assert o.key() == {
+        "threshold": 0.9,
+        "nulls": 64,
+        "seed": 3,
+        "search": False,
+        "algebra": False,
+        "compute_dtype": "float32",
+        "device": "cpu",
+    }
+    assert o.as_dict() == {**o.key(), "layers": [1, 0]}
+    assert o.compute_dtype is torch.float32 and o.device == torch.device("cpu") and o.layers == (1, 0)
+    assert list(ReportOptions.names()) == [
+        "threshold",
+        "nulls",
+        "seed",
+        "search",
+        "algebra",
+        "layers",
+        "compute_dtype",
+        "device",
+    ]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.seed = 4  # type: ignore[misc]
+    assert hash(o) == hash(ReportOptions(nulls=64, seed=3, layers=(1, 0), compute_dtype=torch.float32))
+
+
+def test_the_report_is_immutable_but_for_the_threshold_shim():
+    rep = tli.idempotence_report(layers_of(5), nulls=4, progress=False)
+    for name in ("summary", "heads", "options", "inputs", "anything"):
+        with pytest.raises(dataclasses.FrozenInstanceError, match="a report is immutable"):
+            setattr(rep, name, None)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del rep.summary
+    more = rep.with_summary(n_params=1234)
+    assert more.summary.n_params == 1234 and rep.summary.n_params is None and more.heads is rep.heads
+    at = rep.with_threshold(0.05)
+    with pytest.warns(DeprecationWarning, match="Assigning rep.threshold is deprecated"):
+        rep.threshold = 0.05
+    assert rep.threshold == 0.05 and rep.summary.closure == at.summary.closure
+    assert rep.summary.closure.n_closed == int((rep.heads["P"] >= 0.05).sum())
+
+
+def test_the_report_and_its_typed_summary_pickle():
+    import pickle
+
+    rep = tli.idempotence_report(layers_of(5), nulls=4, search=True, progress=False)
+    back = pickle.loads(pickle.dumps(rep))
+    assert back.summary == rep.summary and back.summary.scramble == rep.summary.scramble
+    assert back.options == rep.options and back.summary.search.n_feasible_layers == rep.summary["n_feasible_layers"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.summary = rep.summary
