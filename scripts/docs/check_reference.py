@@ -36,7 +36,7 @@ from bs4 import BeautifulSoup, Tag
 from mkdocstrings import Inventory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from public_api import PACKAGE, PublicExports, public_names  # noqa: E402
+from public_api import PACKAGE, PublicExports, public_names
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(f"  {p}", file=sys.stderr)
         return 1
-    print(f"API reference: every one of the {n} names of tl_idempotence.__all__ is rendered with its signature, "
-          "typed parameters and errors")
+    print(
+        f"API reference: every one of the {n} names of tl_idempotence.__all__ is rendered with its signature, "
+        "typed parameters and errors"
+    )
     return 0
 
 
