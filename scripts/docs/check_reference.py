@@ -36,6 +36,7 @@ from bs4 import BeautifulSoup, Tag
 from mkdocstrings import Inventory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from exports import SPHINX_ROLE
 from public_api import PACKAGE, PublicExports, public_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,6 +183,13 @@ def check(site_dir: Path, mkdocs_yml: Path = ROOT / "mkdocs.yml") -> list[str]:
                     problems.append(f"{path}.{member}: no rendered entry in objects.inv")
         else:
             problems.append(f"{path}: a {obj.kind.value}, not a function, class or module")
+    for page in sorted((site_dir / "reference").glob("*.html")):
+        text = BeautifulSoup(page.read_text(encoding="utf-8"), "html.parser").get_text()
+        left = {m.group(0) for m in SPHINX_ROLE.finditer(text)} | (
+            {"REPORT_OPTIONS_DOC"} if "REPORT_OPTIONS_DOC" in text else set()
+        )
+        for raw in sorted(left):
+            problems.append(f"{page.relative_to(site_dir)}: {raw!r} shown as it is in the source")
     return problems
 
 
