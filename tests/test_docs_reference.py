@@ -62,6 +62,32 @@ def test_every_public_name_is_on_a_reference_page():
     assert sorted(rendered) == sorted(tli.__all__)
 
 
+def test_every_demo_notebook_and_page_is_in_the_site():
+    """docs/demos/ links each notebook of demos/ (the site renders them from there), and mkdocs.yml's nav lists
+    every page and notebook (mkdocs --strict refuses a page left out, but not a notebook)."""
+    demos = sorted(p.name for p in (ROOT / "demos").glob("*.ipynb"))
+    assert demos and sorted(p.name for p in (ROOT / "docs/demos").iterdir()) == demos
+    for name in demos:
+        link = ROOT / "docs/demos" / name
+        assert link.is_symlink() and link.readlink() == Path("../../demos") / name, name
+    nav: list[str] = []
+
+    def walk(node):
+        if isinstance(node, str):
+            nav.append(node)
+        elif isinstance(node, list):
+            for x in node:
+                walk(x)
+        elif isinstance(node, dict):
+            for x in node.values():
+                walk(x)
+
+    walk(yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))["nav"])
+    docs = ROOT / "docs"
+    pages = sorted(str(p.relative_to(docs)) for p in docs.rglob("*") if p.suffix in (".md", ".ipynb"))
+    assert sorted(nav) == pages
+
+
 def test_sphinx_roles_become_code_spans():
     f = exports.sphinx_roles_as_code
     assert f(":func:`~tl_idempotence.core.closure.closure_scalars`") == "`closure_scalars`"
