@@ -45,7 +45,8 @@ class Target:
     name: str
     source: str  # the module file under src/
     mutants: tuple[str, ...]  # mutmut mutant-name globs (module.x_function*, module.xǁClassǁmethod*)
-    tests: tuple[str, ...]  # pytest selection (files or node ids)
+    tests: tuple[str, ...]  # pytest selection (files or node ids; tests/unit first, then the tests moved to
+    # tests/integration for time that the target's files held before the tiers were folders)
     why: str
 
 
@@ -56,7 +57,11 @@ TARGETS: dict[str, Target] = {
             "kv_map",
             "src/tl_idempotence/core/heads.py",
             ("tl_idempotence.core.heads.x_kv_layout*",),
-            ("tests/core/test_kv_layout.py", "tests/sources/test_checkpoint.py"),
+            (
+                "tests/unit/core/test_kv_layout.py",
+                "tests/unit/sources/test_checkpoint.py",
+                "tests/integration/sources/test_checkpoint_real.py",
+            ),
             "which kv head each query head reads (GQA/MQA): a wrong map changes every GQA head's T",
         ),
         Target(
@@ -66,14 +71,18 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.core.closure.x_closure_from_grams*",
                 "tl_idempotence.core.closure.x_layer_grams*",
             ),
-            ("tests/core/test_closure.py", "tests/core/test_scale_properties.py"),
+            (
+                "tests/unit/core/test_closure.py",
+                "tests/unit/core/test_scale_properties.py",
+                "tests/integration/core/test_closure_gram_rank_large.py",
+            ),
             "α and P from the Gram products (SPEC section 2)",
         ),
         Target(
             "resume_key",
             "src/tl_idempotence/report/parts.py",
             ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.report.parts.x__record_digest*"),
-            ("tests/report/test_resume.py", "tests/report/test_resume_integrity.py"),
+            ("tests/unit/report/test_resume.py", "tests/unit/report/test_resume_integrity.py"),
             "a resumed layer is taken only if its weight fingerprint, options and digest match",
         ),
         Target(
@@ -84,7 +93,7 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.report.store.x_read_record*",
                 "tl_idempotence.report.store.x__check_tables_fit_info*",
             ),
-            ("tests/report/test_store.py",),
+            ("tests/unit/report/test_store.py", "tests/integration/report/test_store_round_trip.py"),
             "a saved report is loaded only if its files match their sha256s and its tables fit its info",
         ),
         Target(
@@ -94,7 +103,7 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.analyses.scramble.x__summarize_draws*",
                 "tl_idempotence.analyses.scramble.x__frac_closed*",
             ),
-            ("tests/analyses/test_controls.py",),
+            ("tests/unit/analyses/test_controls.py", "tests/integration/analyses/test_controls_smollm2.py"),
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
         ),
     )

@@ -3,7 +3,7 @@
 ``__init__.py`` exports lazily (PEP 562): ``_EXPORTS`` maps each public name to the module that defines it,
 ``_MODULES`` each public submodule (``tli.models``, ``tli.errors``) to its module, and ``__all__`` is
 ``sorted(_EXPORTS) + sorted(_MODULES)``. The docs build (``public_api.py``, ``check_reference.py``) reads the
-two literal dicts here; ``tests/test_docs_reference.py`` checks them against the imported package.
+two literal dicts here; ``tests/unit/test_docs_reference.py`` checks them against the imported package.
 """
 
 from __future__ import annotations
