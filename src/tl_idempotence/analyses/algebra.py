@@ -697,8 +697,8 @@ def shared_value_algebra(
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long Gram products (float64 default).
         device (str | torch.device): where the products run; results are CPU float64.
         progress (bool): tqdm bar over layers.
-        architecture, prefix: checkpoint options (``None``, an architecture-table name or entry dict / the
-            tensor-name root as a ``str``).
+        architecture: checkpoint option: ``None``, an architecture-table name or entry dict.
+        prefix: checkpoint option: ``None`` or the tensor-name root as a ``str``.
 
     Every argument is validated here, where it enters.
 

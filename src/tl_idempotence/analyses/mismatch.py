@@ -179,7 +179,8 @@ def mismatch(
         layers (Iterable[int] | None): restrict to these layers (default: all attention layers).
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products.
         device (str | torch.device): where the products run; results are CPU float64.
-        architecture, prefix: checkpoint options (see ``head_source``).
+        architecture: checkpoint option (see ``head_source``).
+        prefix: checkpoint option (see ``head_source``).
 
     Every argument is validated here, where it enters.
 

@@ -396,15 +396,18 @@ def constructive_search(
         heads: for a model, ``[(layer, head), ...]`` (default: every head); for a
             LayerHeads, head indices; for a Closure/pair, indices into the flattened
             batch (default: all).
-        restarts, max_iters (int), lr, tol (float): override :data:`DEFAULTS` (restart 0 starts
-            at the trained orientation).
+        restarts (int): overrides :data:`DEFAULTS` (restart 0 starts at the trained orientation).
+        max_iters (int): overrides :data:`DEFAULTS`.
+        lr (float): overrides :data:`DEFAULTS`.
+        tol (float): overrides :data:`DEFAULTS`.
         seed (int): non-negative seed (mixed with the layer and head, see
             :func:`~tl_idempotence.core.random.head_generator`).
         threshold (float): P threshold, reported as ``feasible`` per row.
         compute_dtype (torch.dtype | str): dtype of the ``d_model``-long products.
         device (str | torch.device): where the Gram products and the optimizer run ("cpu",
             "cuda", "auto"); results are CPU float64.
-        architecture, prefix: checkpoint options (see ``head_source``).
+        architecture: checkpoint option (see ``head_source``).
+        prefix: checkpoint option (see ``head_source``).
 
     Every argument is validated here, where it enters.
 

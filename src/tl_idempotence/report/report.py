@@ -603,7 +603,9 @@ class IdempotenceReport(Result):
             model: the TransformerLens model (default: the one the report was made from, while it is alive).
             roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed (then ``model`` and the
                 token arguments are not used).
-            n_tokens, n_sequences: passed to ``head_roles``; seed: its tokens' seed and the permutations'.
+            n_tokens: passed to ``head_roles``.
+            n_sequences: passed to ``head_roles``.
+            seed: its tokens' seed and the permutations'.
             n_permutations: permutations of each Spearman test.
 
         Returns:
@@ -813,8 +815,8 @@ def idempotence_report(
             there; a later call with the same directory and options reuses a layer's part only
             when that layer's weights have the same sha256 fingerprint (otherwise it is
             recomputed); other options refuse (``ResumeError``).
-        architecture, prefix: for checkpoint directories / ``transformers`` models: force the
-            architecture-table entry / the tensor-name root.
+        architecture: for checkpoint directories / ``transformers`` models: force the architecture-table entry.
+        prefix: for checkpoint directories / ``transformers`` models: force the tensor-name root.
         **options: the report options (REPORT_OPTIONS_DOC).
 
     Returns:

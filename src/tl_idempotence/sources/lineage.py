@@ -268,12 +268,16 @@ def train_lineage(
         save_every: save a checkpoint every this many steps; step 0 (random init) and
             the last step are always saved.
         seed: seed of the initialisation and of the data.
-        n_layers, d_model, n_heads, n_kv_heads, vocab_size: model sizes
-            (``d_head = d_model // n_heads``; ``n_kv_heads < n_heads`` gives GQA).
+        n_layers: model size: layers.
+        d_model: model size: residual width (``d_head = d_model // n_heads``).
+        n_heads: model size: query heads.
+        n_kv_heads: model size: key/value heads (``n_kv_heads < n_heads`` gives GQA).
+        vocab_size: model size: vocabulary.
         seq_len: length of the random sequence; each example is ``BOS, x, x``
             (``2 * seq_len + 1`` tokens).
         batch_size: examples per step.
-        lr, weight_decay: AdamW hyper-parameters.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay.
         tie_word_embeddings: tie the unembedding to the embedding (default True; this is
             what makes the copying heads close, see the module docstring).
         num_threads: torch intra-op threads during training (restored afterwards);

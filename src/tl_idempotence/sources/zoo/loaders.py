@@ -326,15 +326,20 @@ def load(
         progress: tqdm progress on stderr while fetching/converting.
 
     Returns:
-        The model, with ``.tokenizer`` set, ``cfg.model_name == name`` and
+        (TransformerBridge | HookedTransformer | HookedEncoder): The model, with ``.tokenizer`` set,
+        ``cfg.model_name == name`` and
         ``model._tli_processing`` (dict: ``processing``, each flag actually applied,
         ``raw``, ``checkpoint_sha256``, package) which :func:`~tl_idempotence.idempotence_report`
         records in ``summary["processing"]``.
 
     Raises:
-        UnknownModelError: unknown name. OptionError: bad ``processing``/``cls``. DeviceError: bad ``device``.
+        UnknownModelError: unknown name.
+        OptionError: bad ``processing``/``cls``.
+        DeviceError: bad ``device``.
         ImportError: ``cls="hooked"`` on transformer-lens 4.x.
-        RegistryUnreachableError, ChecksumError, ZooError: see :func:`checkpoint_dir`.
+        RegistryUnreachableError: see :func:`checkpoint_dir`.
+        ChecksumError: see :func:`checkpoint_dir`.
+        ZooError: see :func:`checkpoint_dir`.
     """
     from ...core.options import check_bool, check_device
 
