@@ -49,7 +49,14 @@ class Target:
     why: str
     #: node ids left out of the run: tests that need what the run switches off (jaxtyping's shape hook)
     deselect: tuple[str, ...] = ()
+    #: more module files the ``mutants`` globs reach (a target's functions in two modules)
+    more_sources: tuple[str, ...] = ()
+    #: a pytest ``-m`` expression (None: every selected test); fresh-process and real-model tests stay out
+    marker: str | None = None
 
+
+#: the quick tier's marker expression (README): no fresh processes, no real models
+QUICK = "not slow and not integration"
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -100,6 +107,62 @@ TARGETS: dict[str, Target] = {
             ("tests/analyses/test_controls.py",),
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
         ),
+        Target(
+            "sweep_identity",
+            "src/tl_idempotence/report/identity.py",
+            ("tl_idempotence.report.identity.x*",),
+            ("tests/report/test_identity.py", "tests/report/test_identity_exact.py"),
+            "whether a saved or finished report is of the checkpoint, weights, options and source it is taken for",
+            marker=QUICK,
+        ),
+        Target(
+            "name_resolver",
+            "src/tl_idempotence/sources/names.py",
+            ("tl_idempotence.sources.names.x*",),
+            ("tests/sources/test_names.py", "tests/sources/test_names_exact.py"),
+            "what a string or path names (zoo model, checkpoint, unknown) and a checkpoint's label",
+            marker=QUICK,
+        ),
+        Target(
+            "ablation_stats",
+            "src/tl_idempotence/probes/ablation.py",
+            (
+                "tl_idempotence.probes.ablation.x_rank_p_value*",
+                "tl_idempotence.probes.ablation.x_percentile_interval*",
+                "tl_idempotence.probes.ablation.x_bootstrap_intervals*",
+            ),
+            (
+                "tests/probes/test_ablation.py::test_bootstrap_intervals_on_exact_constructions",
+                "tests/probes/test_ablation.py::test_percentile_interval_uses_the_2_5_and_97_5_percent_quantiles",
+                "tests/probes/test_ablation.py::test_percentile_interval_covers_95_percent_of_a_known_distribution",
+                "tests/probes/test_ablation.py::test_bootstrap_interval_covers_the_true_delta",
+                "tests/probes/test_ablation.py::test_rank_p_value",
+                "tests/probes/test_ablation_statistics.py",
+            ),
+            "the ablation's rank p-value, its floor and the bootstrap's percentile intervals (their level)",
+            marker=QUICK,
+        ),
+        Target(
+            "roles_stats",
+            "src/tl_idempotence/report/roles.py",
+            (
+                "tl_idempotence.report.roles.x__spearman_perm*",
+                "tl_idempotence.report.roles.x_role_association*",
+                "tl_idempotence.report.roles.x_circuit_overlap*",
+            ),
+            ("tests/report/test_roles_circuit.py", "tests/report/test_roles_statistics.py"),
+            "head roles vs closure: Spearman/Mann-Whitney with BH across roles, hypergeometric and layer-matched p",
+            marker=QUICK,
+        ),
+        Target(
+            "q_values",
+            "src/tl_idempotence/analyses/scramble.py",
+            ("tl_idempotence.analyses.scramble.x_bh_q_values*", "tl_idempotence.report.report.x_add_q_values*"),
+            ("tests/report/test_q_values.py",),
+            "the BH q-values of rep.heads (the family: every head with a finite scramble p-value)",
+            more_sources=("src/tl_idempotence/report/report.py",),
+            marker=QUICK,
+        ),
     )
 }
 
@@ -127,10 +190,12 @@ def mutmut_table(t: Target) -> str:
     pytest_args = ["-p", "no:randomly", "-p", "no:jaxtyping", "-o", "addopts=-ra --import-mode=importlib", "-x", "-q"]
     for node in t.deselect:
         pytest_args += ["--deselect", node]
+    if t.marker is not None:
+        pytest_args += ["-m", t.marker]
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["src/"]\n'
-        f"only_mutate = {json.dumps([t.source])}\n"
+        f"only_mutate = {json.dumps([t.source, *t.more_sources])}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(list(t.tests))}\n"
         f"pytest_add_cli_args = {json.dumps(pytest_args)}\n"
         # torch is not fork-safe once its thread pools run: fork each mutant from a server that only imported
@@ -186,6 +251,7 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
         "mutants": list(t.mutants),
         "tests": list(t.tests),
         "deselected": list(t.deselect),
+        "marker": t.marker,
         "n_mutants": len(status),
         "killed": killed,
         "survived": len(survivors) - len(eq),
