@@ -129,7 +129,8 @@ def test_each_reason_in_full():
     assert report_mismatch(bare, fingerprint="cd" * 32) == (
         "the report's weights fingerprint is none recorded, not cdcdcdcdcdcd"
     )
-    assert report_mismatch(rep, fingerprint="cd" * 32) == "the report's weights fingerprint is abababababab, not cdcdcdcdcdcd"
+    want = "the report's weights fingerprint is abababababab, not cdcdcdcdcdcd"
+    assert report_mismatch(rep, fingerprint="cd" * 32) == want
     two = tli.ReportOptions(nulls=4, seed=1)
     assert report_mismatch(rep, options=two) == "options differ: nulls 0 -> 4, seed 0 -> 1"
     assert report_mismatch(rep, options=tli.ReportOptions(compute_dtype="float32")) == (
@@ -138,7 +139,8 @@ def test_each_reason_in_full():
     other_device = SimpleNamespace(key=tli.ReportOptions().key, layers=None, device=SimpleNamespace(type="cuda"))
     assert report_mismatch(rep, options=other_device) == "options differ: device 'cpu' -> 'cuda'"
     small = Sizes(3, 4, 4, 16, 4)
-    assert report_mismatch(rep, source=FakeSource(sizes=small)) == "model sizes differ: n_kv_heads 2 vs 4, d_head 8 vs 4"
+    want = "model sizes differ: n_kv_heads 2 vs 4, d_head 8 vs 4"
+    assert report_mismatch(rep, source=FakeSource(sizes=small)) == want
     processed = {**RAW, "raw": False, "fold_ln": True}
     assert report_mismatch(rep, source=FakeSource(processing=processed)) == "weight processing differs"
     src = FakeSource(processing=processed, fps={0: "x", 1: "y", 2: "z"})
@@ -206,4 +208,5 @@ def test_check_report_matches_message():
     ]:
         with pytest.raises(ReportMismatchError, match=start):
             check_report_matches(rep, what="W", fix="F", **kw)
-    check_report_matches(rep, what="W", fix="F", source=FakeSource(processing={**RAW, "raw": False}), processing_may_differ=True)
+    src = FakeSource(processing={**RAW, "raw": False})
+    check_report_matches(rep, what="W", fix="F", source=src, processing_may_differ=True)
