@@ -75,7 +75,7 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.core.closure.x_closure_from_grams*",
                 "tl_idempotence.core.closure.x_layer_grams*",
             ),
-            ("tests/core/test_closure.py", "tests/core/test_scale_properties.py"),
+            ("tests/core/test_closure.py", "tests/core/test_scale_properties.py", "tests/core/test_closure_exact.py"),
             "α and P from the Gram products (SPEC section 2)",
             deselect=("tests/core/test_closure.py::test_shape_annotations_are_checked_while_the_tests_run",),
         ),
