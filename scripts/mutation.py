@@ -104,7 +104,7 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.analyses.scramble.x__summarize_draws*",
                 "tl_idempotence.analyses.scramble.x__frac_closed*",
             ),
-            ("tests/analyses/test_controls.py",),
+            ("tests/analyses/test_scramble_summary.py",),  # its fastest killing tests (test_controls.py: minutes)
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
         ),
         Target(
