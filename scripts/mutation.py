@@ -94,8 +94,9 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.report.store.x_read_record*",
                 "tl_idempotence.report.store.x__check_tables_fit_info*",
             ),
-            ("tests/report/test_store.py",),
+            ("tests/report/test_store_record.py",),  # its fastest killing tests (test_store.py: SmolLM2, minutes)
             "a saved report is loaded only if its files match their sha256s and its tables fit its info",
+            marker=QUICK,
         ),
         Target(
             "scramble_summary",
