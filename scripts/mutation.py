@@ -207,6 +207,7 @@ def mutmut_table(t: Target) -> str:
 
 
 def run_target(t: Target, max_children: int, keep: bool) -> dict:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     work = Path(tempfile.mkdtemp(prefix=f"tli-mutation-{t.name}-"))
     try:
         scratch_copy(work)
@@ -262,9 +263,7 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
         "score": (killed / counted) if counted else None,
         "seconds": round(seconds, 1),
         "survivors": {k: {"diff": diffs[k], "equivalent": equivalent.get(k)} for k in survivors},
-        "head": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "head": head.stdout.strip(),  # the commit mutated (git archive HEAD at the start)
     }
 
 
@@ -308,6 +307,36 @@ def write_report(r: dict) -> None:
     (OUT / f"{r['target']}.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def write_index() -> None:
+    """``benchmarks/mutation/README.md``: one line per target with a report (its score, counts, time and commit)."""
+    rows = []
+    for name in TARGETS:
+        f = OUT / f"{name}.json"
+        if not f.exists():
+            rows.append(f"| `{name}` | not run yet | | | | | |")
+            continue
+        r = json.loads(f.read_text(encoding="utf-8"))
+        score = "n/a" if r["score"] is None else f"{100 * r['score']:.1f} %"
+        rows.append(
+            f"| [`{name}`]({name}.md) | **{score}** | {r['killed']} | {r['survived']} | {r['equivalent']} | "
+            f"{r['n_mutants']} | {r['seconds']} s at {r['head']} |"
+        )
+    text = [
+        "# Mutation testing: kill rates per target",
+        "",
+        "Written by `scripts/mutation.py` after each run (`--rescore` after editing `equivalent.json`). Score =",
+        "killed / (killed + survived), equivalent mutants (each with its reason in `equivalent.json`) left out;",
+        "each target's report lists every survivor's diff and verdict. Times: one mutant at a time",
+        "(`--max-children 1`) on the project's shared 2-core machine, so they vary with its load.",
+        "",
+        "| target | score | killed | survived | equivalent | mutants | time |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    (OUT / "README.md").write_text("\n".join(text), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("targets", nargs="*", help=f"targets to run (of {', '.join(TARGETS)})")
@@ -340,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({'n/a' if score is None else f'{100 * score:.1f} %'}), {r['equivalent']} equivalent, {r['seconds']} s"
         )
         ok &= score is not None and score >= a.min_score
+        write_index()
     return 0 if ok else 1
 
 
