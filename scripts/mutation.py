@@ -160,7 +160,7 @@ TARGETS: dict[str, Target] = {
             "q_values",
             "src/tl_idempotence/analyses/scramble.py",
             ("tl_idempotence.analyses.scramble.x_bh_q_values*", "tl_idempotence.report.report.x_add_q_values*"),
-            ("tests/report/test_q_values.py",),
+            ("tests/report/test_q_values.py", "tests/report/test_q_values_exact.py"),
             "the BH q-values of rep.heads (the family: every head with a finite scramble p-value)",
             more_sources=("src/tl_idempotence/report/report.py",),
             marker=QUICK,
