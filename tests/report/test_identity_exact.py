@@ -151,8 +151,8 @@ def test_layers_and_fingerprints():
     rep = fake_report()
     # measured layers against the options' layers (sorted on both sides)
     assert report_mismatch(rep, options=tli.ReportOptions(), source=FakeSource()) is None
-    rep01 = fake_report(options=tli.ReportOptions(layers=[1, 0]), layers=(1, 0))
-    assert report_mismatch(rep01, options=tli.ReportOptions(layers=[0, 1]), source=FakeSource()) is None
+    rep01 = fake_report(options=tli.ReportOptions(layers=[0, 1]), layers=(1, 0))
+    assert report_mismatch(rep01, options=tli.ReportOptions(layers=[1, 0]), source=FakeSource()) is None
     # a report whose table lacks a layer its options asked for
     lacking = fake_report(layers=(1, 0))
     assert report_mismatch(lacking, options=tli.ReportOptions(), source=FakeSource()) == (
