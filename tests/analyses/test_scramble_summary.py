@@ -24,6 +24,7 @@ ROWS = [
     (0.2, [0.2, 0.2, 0.2, 0.2, 0.2]),  # all ties: p = 1; not above its median
     (0.99, [0.05, 0.1, 0.15, 0.2, 0.25]),  # above every draw: the floor 1/6
     (0.0, [0.0, 0.3, NAN, NAN, NAN]),  # P = 0 with a tie at 0
+    (0.4, [NAN, NAN, 0.6, NAN, NAN]),  # one defined draw: p = 2/2, its fraction 0 or 1
 ]
 
 
@@ -56,8 +57,8 @@ def test_summary_equals_the_definitions():
     np.testing.assert_allclose(out["P_scrambled_median"], med, rtol=1e-15, atol=0)
     np.testing.assert_allclose(out["P_scrambled_q95"], q95, rtol=1e-14, atol=1e-16)
     np.testing.assert_array_equal(out["p_value"], p)
-    assert out["beats_scramble"].tolist() == beats == [True, False, False, False, True, False]
-    assert out["n_scramble_draws"].tolist() == n == [4, 3, 0, 5, 5, 2]
+    assert out["beats_scramble"].tolist() == beats == [True, False, False, False, True, False, False]
+    assert out["n_scramble_draws"].tolist() == n == [4, 3, 0, 5, 5, 2, 1]
     assert out["n_scramble_draws"].dtype == np.int64
     # the values themselves, for a reader
     assert out["p_value"][0] == 3 / 5 and out["p_value"][3] == 1.0 and out["p_value"][4] == 1 / 6
@@ -77,7 +78,7 @@ def test_fraction_of_draws_at_or_above_the_threshold():
     Pd = np.array([r[1] for r in ROWS])
     n_valid = np.isfinite(Pd).sum(-1)
     got = _frac_closed(Pd, n_valid, 0.2)
-    want = [3 / 4, 1.0, NAN, 1.0, 2 / 5, 1 / 2]  # >= 0.2 among the defined draws
+    want = [3 / 4, 1.0, NAN, 1.0, 2 / 5, 1 / 2, 1.0]  # >= 0.2 among the defined draws
     np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(_frac_closed(Pd, n_valid, 0.7), [1 / 4, 0.0, NAN, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(_frac_closed(Pd, n_valid, 0.7), [1 / 4, 0.0, NAN, 0.0, 0.0, 0.0, 0.0])
     assert got.dtype == np.float64
