@@ -160,7 +160,11 @@ TARGETS: dict[str, Target] = {
             "q_values",
             "src/tl_idempotence/analyses/scramble.py",
             ("tl_idempotence.analyses.scramble.x_bh_q_values*", "tl_idempotence.report.report.x_add_q_values*"),
-            ("tests/report/test_q_values.py", "tests/report/test_q_values_exact.py"),
+            (  # its fastest killing tests (test_q_values.py's report, save and page tests: minutes)
+                "tests/report/test_q_values.py::test_bh_matches_definition_on_a_fixed_array",
+                "tests/report/test_q_values.py::test_nan_p_values_are_outside_the_family",
+                "tests/report/test_q_values_exact.py",
+            ),
             "the BH q-values of rep.heads (the family: every head with a finite scramble p-value)",
             more_sources=("src/tl_idempotence/report/report.py",),
             marker=QUICK,

@@ -42,3 +42,5 @@ def test_a_stale_q_column_is_recomputed_in_place():
     assert heads["q_value"].tolist() == [0.0, 0.0, 0.0]  # the table given is not changed
     moved = heads[["q_value", "layer", "p_value", "P"]]  # a q column elsewhere: moved right after p
     assert list(add_q_values(moved).columns) == ["layer", "p_value", "q_value", "P"]
+    no_p = heads.drop(columns=["p_value", "q_value"])  # no scramble p-values: the table as it is
+    assert add_q_values(no_p) is no_p
