@@ -238,3 +238,20 @@ def test_the_closed_column_must_follow_P_and_the_threshold(saved, original):
     at.loc[at.index[1], "P"] = 0.9
     rewrite(saved, tables={"heads": at})
     assert "'closed' disagrees with P >= threshold (0.9) for 1 head(s)" in refused(saved)
+
+
+def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
+    h = _heads(original)
+    where = saved / "heads.parquet"
+    # layer numbers stored as floats are read as the integers they are
+    rewrite(saved, tables={"heads": h.assign(layer=(h["layer"] + 1).astype("float64"))})
+    assert refused(saved).startswith(
+        f"{where} does not fit what {saved / RECORD} says was measured: layers [1, 2] but the record says n_layers=2;"
+    )
+    # a table of only layer and head columns is a per-head table whose heads fit; what it lacks is judged later
+    rewrite(saved, tables={"heads": h[["layer", "head"]]})
+    assert "has no layer/head columns" not in refused(saved)
+    assert refused(saved).endswith("(KeyError: 'P'): the tables and the record do not belong together.")
+    # no kv_head column: nothing to check the kv heads of; the rest fits, so it loads
+    rewrite(saved, tables={"heads": h.drop(columns=["kv_head"])})
+    assert "kv_head" not in read_record(saved).heads.columns
