@@ -240,3 +240,38 @@ def test_circuit_p_values_on_known_constructions():
     one = circuit_overlap(t, [(0, 1)], threshold=0.9, n_sets=40000, seed=1)
     assert abs(one.p_layer_matched - 0.5) < 0.02  # 1 of 4 heads, 2 closed: P[overlap 1] = 1/2; sd 0.0025
     assert one.p_hypergeom == pytest.approx(6 / 8, rel=1e-12)
+
+
+def test_the_random_streams_are_the_documented_ones():
+    """Seeded streams pinned (a saved result stays reproducible across versions): each role's permutations come
+    from ``default_rng(SeedSequence([seed, 6, i]))`` (i: the role's row), the circuit's sets from
+    ``default_rng(SeedSequence([seed, 5]))``, drawn layer by layer in increasing layer order, each set a uniformly
+    random ordering's first heads. With fewer permutations than pairings the test is randomized: two-sided p in
+    steps of 2/(n + 1)."""
+    import scipy.stats
+
+    roles = roles_for(induction=INDUCTION, copying=COPYING)
+    r = role_association(heads_table(), roles, 0.9, n_permutations=9, seed=3)
+    ok = ~np.isnan(P)
+    for i, role in [(2, "induction")]:
+        want = scipy.stats.permutation_test(
+            (P[ok],),
+            lambda a: scipy.stats.spearmanr(a, INDUCTION[ok]).statistic,
+            permutation_type="pairings",
+            n_resamples=9,
+            rng=np.random.default_rng(np.random.SeedSequence([3, 6, i])),
+        ).pvalue
+        assert r.association.loc[role, "spearman_p"] == want
+    for p in r.association["spearman_p"].dropna():
+        assert round(p * 10 / 2, 9) in {1, 2, 3, 4, 5}  # randomized: (1 + count) / 10, doubled, at most 1
+    t = circuit_heads()
+    pairs = [(1, 2), (0, 0), (0, 1)]  # layers listed out of order
+    c = circuit_overlap(t, pairs, threshold=0.9, n_sets=500, seed=9)
+    rng = np.random.default_rng(np.random.SeedSequence([9, 5]))
+    closed = t["closed"].to_numpy()
+    overlaps = np.zeros(500, dtype=np.int64)
+    for layer, cnt in [(0, 2), (1, 1)]:
+        mine = closed[t["layer"].to_numpy() == layer]
+        overlaps += mine[rng.random((500, 4)).argsort(1)[:, :cnt]].sum(1)
+    assert c.set_overlaps.tolist() == overlaps.tolist()
+    assert c.p_layer_matched == (1 + int((overlaps >= 3).sum())) / 501
