@@ -108,6 +108,9 @@ def test_percentile_interval_refuses_levels_outside_0_1():
             percentile_interval(np.arange(3.0), level=bad)
         assert str(e.value) == f"level must lie in (0, 1); got {bad!r}."
     assert percentile_interval([1, 2, 3], level=0.5) == (1.5, 2.5)  # a list of ints: float ends
+    f32 = np.array([0.1, 0.7, 0.3], dtype=np.float32)  # float32 draws: the quantiles are taken in float64
+    lo, hi = percentile_interval(f32, level=0.5)
+    assert lo == quantile_by_hand(f32.astype(np.float64), 0.25) and hi == quantile_by_hand(f32.astype(np.float64), 0.75)
     with pytest.raises(OptionError, match=r"^level must lie in \(0, 1\); got 1\.0\.$"):
         bootstrap_intervals(np.zeros(3), np.ones(3), np.zeros((0, 3)), np.ones(3), seed=0, level=1.0)
 

@@ -248,6 +248,14 @@ def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
     assert refused(saved).startswith(
         f"{where} does not fit what {saved / RECORD} says was measured: layers [1, 2] but the record says n_layers=2;"
     )
+    rewrite(saved, tables={"heads": h.assign(kv_head=(h["kv_head"] + 1).astype("float64"))})
+    assert "kv heads up to 2 but the record says n_kv_heads=2." in refused(saved)
+    lay = pd.read_parquet(original / "layers.parquet")
+    rewrite(saved, tables={"heads": h, "layers": lay.assign(layer=[0.0, 0.0])})
+    assert refused(saved).endswith(
+        "layers.parquet lists layers [0, 0], not those of the heads. The tables and the record do not belong together."
+    )
+    rewrite(saved, tables={"layers": lay})
     # a table of only layer and head columns is a per-head table whose heads fit; what it lacks is judged later
     rewrite(saved, tables={"heads": h[["layer", "head"]]})
     assert "has no layer/head columns" not in refused(saved)
