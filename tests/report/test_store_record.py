@@ -256,6 +256,14 @@ def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
         "layers.parquet lists layers [0, 0], not those of the heads. The tables and the record do not belong together."
     )
     rewrite(saved, tables={"layers": lay})
+    # many layers out of range: the message lists the first ten
+    many = pd.DataFrame({"layer": [a for a in range(12) for _ in range(4)], "head": list(range(4)) * 12})
+    rewrite(saved, tables={"heads": many})
+    assert refused(saved) == (
+        f"{where} does not fit what {saved / RECORD} says was measured: layers [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] but the "
+        f"record says n_layers=2; {saved / 'layers.parquet'} lists layers [0, 1], not those of the heads. The tables "
+        "and the record do not belong together."
+    )
     # a table of only layer and head columns is a per-head table whose heads fit; what it lacks is judged later
     rewrite(saved, tables={"heads": h[["layer", "head"]]})
     assert "has no layer/head columns" not in refused(saved)
