@@ -25,6 +25,7 @@ NOTEBOOKS = {
     "02_geometry.ipynb": 3,
     "03_algebra_activations.ipynb": 1,
     "04_trajectories.ipynb": 3,
+    "05_head_roles.ipynb": 2,
 }
 
 
@@ -110,3 +111,16 @@ def test_algebra_activations(tmp_path, monkeypatch):
 def test_trajectories(tmp_path, monkeypatch, lineage_dir):
     nb = _run("04_trajectories.ipynb", tmp_path, monkeypatch, {"TLI_LINEAGE_DIR": str(lineage_dir)})
     assert "final P >= threshold" in _text(nb)
+
+
+@pytest.mark.integration
+def test_head_roles(tmp_path, monkeypatch, lineage_dir):
+    """SmolLM2's association table and the lineage's induction heads: the notebook's words match its numbers."""
+    nb = _run("05_head_roles.ipynb", tmp_path, monkeypatch, {"TLI_LINEAGE_DIR": str(lineage_dir)})
+    text = _text(nb)
+    assert "induction accuracy at step 200: 1.0" in text
+    assert "same association: True | same table: True" in text
+    assert "RoleAssociation(model_name='smollm2-135m', n_heads=270, n_closed=13" in text
+    assert "closed heads with alpha < 0: 7 | alpha > 0: 6 | min |copying|: 0.996" in text  # the words of the notebook
+    # the lineage's table, sorted by induction score: its four layer-1 heads come first
+    assert re.search(r"(?m)^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L0H\d ", text), text[-3000:]

@@ -67,6 +67,9 @@ _EXPORTS: dict[str, str] = {
     "IdempotenceReport": "tl_idempotence.report.report",
     "idempotence_report": "tl_idempotence.report.report",
     "load_report": "tl_idempotence.report.report",
+    "RoleAssociation": "tl_idempotence.report.roles",
+    "load_roles": "tl_idempotence.report.roles",
+    "save_roles": "tl_idempotence.report.roles",
     # studies
     "Trajectory": "tl_idempotence.studies.trajectory",
     "trajectory": "tl_idempotence.studies.trajectory",

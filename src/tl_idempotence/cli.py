@@ -4,7 +4,7 @@ Commands::
 
     tl-idempotence report [MODEL] [--out HTML] [--csv heads.csv] [--json] [--threshold 0.9]
                           [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
-                          [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT]
+                          [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT] [--roles]
                           [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
                           [--quiet] [--debug]
     tl-idempotence models                     # the offline model zoo and what is cached
@@ -18,7 +18,11 @@ checkpoint directory or ``.gguf`` file, or any other name TransformerLens can lo
 Hugging Face hub (raw weights, ``TransformerBridge.boot_transformers``) when the hub is reachable.
 A zoo model is measured from its cached checkpoint files, streamed layer by layer (no model
 object, no transformer_lens import), unless the options need a TransformerLens model
-(``--processing tl``, ``--cls hooked``, ``--attention-text``); the numbers are the same bit for bit.
+(``--processing tl``, ``--cls hooked``, ``--attention-text``, ``--roles``); the numbers are the same bit for bit.
+``--roles`` runs TransformerLens's head detector and the copying score on that model (``rep.roles``) and joins
+them with the report: the page gets the section "What the closed heads do", ``--csv`` the role columns,
+``--json`` the association table and the closed heads' scores. A checkpoint path gives weights only, so
+``--roles`` on one is refused (exit 2) before any work.
 
 Outputs: the summary (or ``--json``) on stdout; the page to ``--out``, or to ``report.html`` when no output at all
 was asked for (``--json``/``--csv`` alone write no page); a file written over an existing one is named as
@@ -302,6 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
         "TransformerLens can run: a zoo model or a hub name)",
     )
     r.add_argument(
+        "--roles",
+        action="store_true",
+        help="also compute head roles (TransformerLens's previous-token, duplicate-token and induction scores and "
+        "the OV circuit's copying score) on the model and join them with the report: a page section, the role "
+        "columns in --csv, the association table in --json; the tokens and permutations are seeded by --seed (needs "
+        "a model TransformerLens can run: a zoo model or a hub name)",
+    )
+    r.add_argument(
         "--resume",
         type=_folder,
         default=None,
@@ -473,6 +485,12 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "--attention-text needs a model TransformerLens can run (a zoo model or a hub name); a checkpoint "
             "path is read as weights only"
         )
+    if kind == "path" and args.roles:
+        parser.error(
+            "--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as weights "
+            "only (no model to run): use a zoo model or a hub name, or in Python "
+            "rep.roles(model=TransformerBridge.boot_transformers(folder))"
+        )
     return kind, value
 
 
@@ -531,14 +549,42 @@ def _json_value(x: Any) -> Any:
     return x
 
 
-def _summary_json(rep: Any) -> str:
+#: The role columns ``--roles`` adds to ``--csv`` and to the JSON's closed heads (probes/roles.py ROLES).
+ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
+
+
+def _with_roles(heads: Any, roles: Any) -> Any:
+    """``heads`` with the role columns of ``roles`` (a RoleAssociation of the same report) appended."""
+    return heads if roles is None else heads.join(roles.table[list(ROLE_COLUMNS)])
+
+
+def _summary_json(rep: Any, roles: Any = None) -> str:
     cols = [
         c
         for c in ("layer", "head", "kv_head", "alpha", "P", "P_scrambled_median", "p_value", "q_value", "P_searched")
         if c in rep.heads.columns
-    ]
-    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in rep.closed_heads.iterrows()]
-    return json.dumps(_json_value({"summary": rep.summary, "closed_heads": closed}), indent=1, allow_nan=False)
+    ] + (list(ROLE_COLUMNS) if roles is not None else [])
+    closed_heads = _with_roles(rep.closed_heads, roles)
+    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in closed_heads.iterrows()]
+    out: dict[str, Any] = {"summary": rep.summary, "closed_heads": closed}
+    if roles is not None:
+        out["roles"] = {
+            "summary": roles.summary,
+            "association": [{"role": r, **row.to_dict()} for r, row in roles.association.iterrows()],
+        }
+    return json.dumps(_json_value(out), indent=1, allow_nan=False)
+
+
+def _roles_text(roles: Any) -> str:
+    """The association table of ``--roles`` as text (one row per role)."""
+    import pandas as pd
+
+    cols = ["n", "spearman_rho", "spearman_q", "median_closed", "median_other", "mannwhitney_q"]
+    with pd.option_context("display.float_format", "{:.3g}".format, "display.width", 200):
+        return (
+            "head roles vs closure (Spearman ρ of P and the score, BH q across roles):\n"
+            + roles.association[cols].to_string()
+        )
 
 
 def _report_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -623,7 +669,7 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.freeze_gc:
         gc.freeze()
 
-    needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None
+    needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None or args.roles
     model: Any
     if kind == "zoo" and not needs_model:
         from .sources import zoo
@@ -638,21 +684,33 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     else:
         model = value
     rep = idempotence_report(model, resume=args.resume, progress=not args.quiet, **_report_options(args))
+    roles = None
+    if args.roles:
+        if not args.quiet:  # no bar: the detector's forward passes and the eigenvalues take seconds to a minute
+            print("tl-idempotence: computing head roles (head detector and copying score)...", file=sys.stderr)
+        roles = rep.roles(model=model, seed=args.seed)
     wrote = []
     if page is not None:
         existed = os.path.lexists(page)
-        rep.save_html(page, attention_text=args.attention_text, model=model if needs_model or kind == "hub" else None)
+        rep.save_html(
+            page,
+            attention_text=args.attention_text,
+            model=model if needs_model or kind == "hub" else None,
+            roles=roles,
+        )
         wrote.append(_written(page, existed))
     if args.csv:
         existed = os.path.lexists(args.csv)
-        rep.heads.to_csv(args.csv, index=True, index_label="label")
+        _with_roles(rep.heads, roles).to_csv(args.csv, index=True, index_label="label")
         wrote.append(_written(args.csv, existed))
     if args.json:
-        print(_summary_json(rep))
+        print(_summary_json(rep, roles))
         if wrote:  # stdout is the JSON alone; what was written goes to stderr
             print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
     else:
         print(_summary_text(rep))
+        if roles is not None:
+            print(_roles_text(roles))
         if wrote:
             print(f"wrote {' and '.join(wrote)}")
     return EXIT_OK

@@ -44,6 +44,7 @@ def test_notebook_workflow_in_a_fresh_process(tmp_path):
         "zeroing hook_v",
         "hook_result refused",
         "keeps the user's file",
+        "save/load_roles gives the same tables",
         "CLI report gqa",
         "13 closed heads",
         "--processing tl --json: exit 0",

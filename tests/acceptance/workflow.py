@@ -17,6 +17,8 @@ What a user does, in the order a notebook does it, on whatever transformer-lens 
 5. ``rep.save(folder)`` next to a user's file, ``save(overwrite=True)`` keeps that file,
    ``tli.load_report`` gives the same tables.
 6. The CLI: ``tl-idempotence report <checkpoint> --json`` exits 0 with the same P.
+6b. Head roles: ``rep.roles(model=...)`` on every class gives the same table (to float rounding) and the same
+   closed-set join; ``.save`` then ``tli.load_roles`` gives the same tables.
 7. With ``--zoo`` (the real model, from the offline zoo): ``tli.models.load("smollm2-135m")
    .idempotence_report()`` has SmolLM2's 13 closed heads; ``tl-idempotence report smollm2-135m --cls bridge
    --processing tl --json`` exits 0.
@@ -176,6 +178,23 @@ def check_save_load(rep, work: Path) -> None:
     ok("save(overwrite=True) keeps the user's file; load_report gives the same tables")
 
 
+def check_roles(roles_by_class: dict, work: Path) -> None:
+    """The same weights on every TL class give the same roles; they save and load (no pickle)."""
+    first, *rest = roles_by_class.items()
+    cols = ["previous_token", "duplicate_token", "induction", "copying"]
+    for name, assoc in rest:
+        a, b = first[1].table, assoc.table
+        assert list(a.index) == list(b.index) and (a["closed"] == b["closed"]).all(), name
+        diff = float((a[cols] - b[cols]).abs().to_numpy().max())
+        assert diff <= 1e-6, f"head roles differ between {first[0]} and {name}: {diff}"
+    d = work / "saved_roles"
+    work.mkdir(parents=True, exist_ok=True)
+    first[1].save(d)
+    back = tli.load_roles(d)
+    assert back.table.equals(first[1].table) and back.association.equals(first[1].association), "load_roles changed"
+    ok(f"head roles on {', '.join(roles_by_class)}: the same table; save/load_roles gives the same tables")
+
+
 def run_cli(args: list[str], cwd: Path) -> dict:
     r = subprocess.run(cli() + args, cwd=cwd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"tl-idempotence {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}"
@@ -191,6 +210,7 @@ def tiny_models(work: Path) -> None:
         makers = {"TransformerBridge": bridge_from_dir}
         if "HookedTransformer" in tl_classes():
             makers["HookedTransformer"] = hooked_from_dir
+        roles_by_class = {}
         for cls_name, make in makers.items():
             model = make(path)
             assert type(model).__name__ == cls_name
@@ -198,6 +218,8 @@ def tiny_models(work: Path) -> None:
             check_report(model, rep, n_kv)
             ok(f"{cls_name} ({kind}): every head's alpha and P equal dense float64 T; to_tensor is [layers, heads]")
             check_hooks(model, rep, n_kv)
+            roles_by_class[cls_name] = rep.roles(model=model, n_tokens=8, n_sequences=2, n_permutations=19)
+        check_roles(roles_by_class, work / kind)
         check_save_load(rep, work / kind)
         out = run_cli(["report", str(path), "--json", "--quiet", "--nulls", "8", "--threshold", "0"], cwd=work)
         P = {h["label"]: h["P"] for h in out["closed_heads"]}  # threshold 0: every head

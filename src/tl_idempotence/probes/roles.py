@@ -89,7 +89,9 @@ def _check_model(model: Any) -> None:
     if not is_tl_model(model):
         raise UnsupportedModelError(
             f"head_roles runs a TransformerLens model (HookedTransformer or TransformerBridge); got "
-            f"{type(model).__name__}."
+            f"{type(model).__name__}. A HeadSource, a checkpoint path or a transformers model gives weights only, "
+            "not a model TransformerLens can run: load one (tli.models.load(name) for a zoo model, "
+            "TransformerBridge.boot_transformers(folder) for a checkpoint folder) and pass it."
         )
     for name in ("W_E", "W_U"):
         try:

@@ -428,6 +428,7 @@ class IdempotenceReport(Result):
         attention_heads: HeadPairs | None = None,
         top_k: IntLike | None = None,
         max_tokens: IntLike = 64,
+        roles: RoleAssociation | None = None,
     ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
@@ -439,13 +440,22 @@ class IdempotenceReport(Result):
             attention_heads: ``(layer, head)`` pairs to show (default: every closed head, else the top 8 by P).
             top_k: cap on the default heads.
             max_tokens: cut the text to this many tokens (the page says so when it cuts).
+            roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (the closed
+                heads' role scores next to all heads, the association table, the top heads of each role and
+                the figure of each role's score against P; SPEC 11).
 
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
                 from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
-            OptionError: the folder of ``path`` does not exist; an attention view without a model.
+            OptionError: the folder of ``path`` does not exist; an attention view without a model; ``roles``
+                joined with another report (names the heads).
+            OptionTypeError: ``roles`` is not a ``rep.roles(...)`` result.
         """
         refuse_outputs_over_inputs([("path", path)], self.inputs)
+        if roles is not None:
+            from .roles import check_roles_fit_report
+
+            check_roles_fit_report(self.heads, self.threshold, roles)
         return str(
             views().save_report_html(
                 self,
@@ -455,6 +465,7 @@ class IdempotenceReport(Result):
                 attention_heads=attention_heads,
                 top_k=top_k,
                 max_tokens=max_tokens,
+                roles=roles,
             )
         )
 
@@ -528,7 +539,12 @@ class IdempotenceReport(Result):
         if roles is None:
             m = model if model is not None else self.model
             if m is None:
-                raise OptionError("rep.roles needs the TransformerLens model: rep.roles(model=...).")
+                raise OptionError(
+                    "rep.roles needs a TransformerLens model to run (the head detector runs it on tokens): this "
+                    f"report was measured from {self.info.model_class} {self.info.model_name!r}, which is not alive "
+                    "here or gives weights only (a checkpoint path, a HeadSource). Pass rep.roles(model=...) with "
+                    "the HookedTransformer or TransformerBridge of the same weights."
+                )
             roles = head_roles(m, n_tokens=n_tokens, n_sequences=n_sequences, seed=seed)
         return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
 

@@ -14,29 +14,40 @@ circuit tested for overlap with the closed set.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from ..analyses.scramble import bh_q_values
-from ..core.options import check_int, check_seed
-from ..core.results import Result
-from ..core.selection import head_label
-from ..errors import OptionError, OptionTypeError
+from ..core.heads import ModelInfo
+from ..core.options import check_int, check_seed, strict_kwargs
+from ..core.results import Result, views
+from ..core.selection import head_label, head_labels
+from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.roles import ROLES, HeadRoles
+from .store import read_tables_record, write_tables_record
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import PathLike
 
 __all__ = [
     "DEFAULT_N_PERMUTATIONS",
     "DEFAULT_N_SETS",
     "Circuit",
     "RoleAssociation",
+    "check_roles_fit_report",
     "circuit_overlap",
+    "load_roles",
     "parse_circuit",
     "role_association",
+    "save_roles",
 ]
 
 #: Permutations of the Spearman test per role (two-sided p floor 2/(n + 1) = 0.002).
@@ -81,6 +92,18 @@ class RoleAssociation(Result):
     def heads(self) -> pd.DataFrame:
         """:attr:`table` (every result has ``heads``)."""
         return self.table
+
+    @strict_kwargs
+    def figure(self) -> Any:
+        """Plotly figure: each role's score against P, one panel per role, closed heads marked
+        (:func:`tl_idempotence.views.figures.roles_figure`)."""
+        return views().roles_figure(self)
+
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save as a folder of parquet tables and one JSON record with their sha256s (no pickle, like
+        ``rep.save``); :func:`load_roles` reads it back and refuses an edited file by name. See :func:`save_roles`."""
+        return save_roles(self, path, overwrite=overwrite)
 
 
 def _spearman_perm(x: np.ndarray, y: np.ndarray, n_perm: int, rng: np.random.Generator) -> tuple[float, float]:
@@ -342,3 +365,211 @@ def circuit_overlap(
         "layers": {int(a): int(b) for a, b in per_layer.items()},
     }
     return Circuit(heads=heads, summary=summary, set_overlaps=overlaps)
+
+
+# ----------------------------------------------------------------------------- the roles beside a report's page
+
+
+def check_roles_fit_report(rep_heads: pd.DataFrame, threshold: float, assoc: Any) -> RoleAssociation:
+    """``assoc`` as the roles of the report whose heads are ``rep_heads`` (the page's roles section), or an error.
+
+    Raises:
+        OptionTypeError: ``assoc`` is not a :class:`RoleAssociation` (``rep.roles(...)``).
+        OptionError: its heads, P or threshold are not the report's (another report or model; names the heads).
+    """
+    if not isinstance(assoc, RoleAssociation):
+        raise OptionTypeError(f"roles must be the RoleAssociation of rep.roles(model=...); got {type(assoc).__name__}.")
+    want, got = list(rep_heads.index), list(assoc.table.index)
+    if want != got:
+        extra = [x for x in got if x not in set(want)][:5]
+        lack = [x for x in want if x not in set(got)][:5]
+        raise OptionError(
+            f"These roles are not of this report's heads (the report lacks {extra}, the roles lack {lack}): join them "
+            "with this report, rep.roles(model=...)."
+        )
+    a = rep_heads["P"].to_numpy(dtype=float)
+    b = assoc.table["P"].to_numpy(dtype=float)
+    differ = ~((a == b) | (np.isnan(a) & np.isnan(b)))
+    if differ.any() or float(assoc.summary.get("threshold", math.nan)) != float(threshold):
+        bad = [lab for lab, d in zip(want, differ) if d][:5]
+        raise OptionError(
+            f"These roles were joined with another report (P differs at {bad} or threshold "
+            f"{assoc.summary.get('threshold')} != {threshold:g}): join them with this report, rep.roles(model=...)."
+        )
+    return assoc
+
+
+# ----------------------------------------------------------------------------- save and load (no pickle)
+
+#: The record file of a saved roles result and its two formats.
+ROLES_RECORD = "roles.json"
+HEAD_ROLES_FORMAT = "tl_idempotence.head_roles/1"
+ASSOCIATION_FORMAT = "tl_idempotence.role_association/1"
+#: The columns of a head-roles table, in order.
+ROLE_TABLE_COLUMNS = ("layer", "head", "kv_head", *ROLES, "reason")
+#: The report columns a role association's table adds.
+JOIN_COLUMNS = ("P", "alpha", "closed")
+
+
+def _info_fields(info: ModelInfo) -> dict[str, Any]:
+    return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN (floats exactly), through dicts and lists."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+@strict_kwargs
+def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: bool = False) -> str:
+    """Save head roles (``tli.head_roles``) or their join with a report (``rep.roles``) to the folder ``path``, the
+    way a report is saved (:func:`~tl_idempotence.report.store.write_tables_record`: parquet tables, one JSON
+    record ``roles.json`` with their sha256s and its own digest; no pickle).
+
+    Layout: ``roles.parquet`` (the :attr:`HeadRoles.table` columns, labels rebuilt from layer/head on load) and,
+    for a :class:`RoleAssociation`, ``table.parquet`` (roles + ``P``, ``alpha``, ``closed``) and
+    ``association.parquet`` (one row per role).
+
+    Returns:
+        The folder, as a string.
+
+    Raises:
+        OptionTypeError: ``result`` is neither; ``path`` not a path; ``overwrite`` not a bool.
+        OptionError: as :func:`~tl_idempotence.report.store.write_tables_record` (non-empty folder, missing parent,
+            an edited earlier record; names it).
+    """
+    if isinstance(result, RoleAssociation):
+        if result.roles is None:
+            raise OptionError("This RoleAssociation carries no HeadRoles (it was not made by rep.roles); cannot save.")
+        roles = result.roles
+        tables = {
+            "roles": roles.table.loc[:, list(ROLE_TABLE_COLUMNS)],
+            "table": result.table.loc[:, [*ROLE_TABLE_COLUMNS, *JOIN_COLUMNS]],
+            "association": result.association.reset_index(),
+        }
+        fmt, extra = ASSOCIATION_FORMAT, {"association_summary": result.summary}
+    elif isinstance(result, HeadRoles):
+        roles = result
+        tables = {"roles": roles.table.loc[:, list(ROLE_TABLE_COLUMNS)]}
+        fmt, extra = HEAD_ROLES_FORMAT, {}
+    else:
+        raise OptionTypeError(
+            f"save_roles saves a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
+            f"{type(result).__name__}."
+        )
+    fields = {"summary": roles.summary, "options": roles.options, "info": _info_fields(roles.info), **extra}
+    replaces = {
+        HEAD_ROLES_FORMAT: frozenset({"roles"}),
+        ASSOCIATION_FORMAT: frozenset({"roles", "table", "association"}),
+    }
+    return str(write_tables_record(path, fmt, ROLES_RECORD, tables, fields, overwrite, replaces=replaces))
+
+
+def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -> HeadRoles:
+    """A HeadRoles from its saved table and record, refusing a table that does not fit the record (names it)."""
+    f = where / "roles.parquet"
+    if tuple(df.columns) != ROLE_TABLE_COLUMNS:
+        raise ReportFileError(f"{f} has columns {list(df.columns)}, not a head-roles table {list(ROLE_TABLE_COLUMNS)}.")
+    try:
+        info = ModelInfo(**fields["info"])
+        summary = dict(fields["summary"])
+        options = dict(fields["options"])
+        L = df["layer"].to_numpy(dtype="int64")
+        H = df["head"].to_numpy(dtype="int64")
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportFileError(f"{where / ROLES_RECORD}: a malformed record or table ({type(e).__name__}: {e}).") from e
+    outside = len(df) > 0 and (H.max() >= info.n_heads or L.max() >= info.n_layers or min(H.min(), L.min()) < 0)
+    if len(set(zip(L.tolist(), H.tolist()))) != len(df) or outside:
+        raise ReportFileError(
+            f"{f}: heads that repeat or that the record's model does not have (its sizes: {info.n_layers} layers of "
+            f"{info.n_heads} heads)."
+        )
+    recomputed: dict[str, Any] = {"n_heads": len(df)}
+    for role in ROLES:
+        v = df[role].to_numpy(dtype=float)
+        recomputed[f"median_{role}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
+    for k, v in recomputed.items():
+        if not _same(summary.get(k), v):
+            raise ReportFileError(
+                f"{where / ROLES_RECORD}: summary[{k!r}] is {summary.get(k)!r} but {v!r} from {f}: the record or the "
+                "table was edited. Save the roles again from the model."
+            )
+    table = df.copy()
+    table.index = head_labels(L, H)
+    return HeadRoles(table=table, summary=summary, info=info, options=options)
+
+
+def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
+    """Read back what :func:`save_roles` wrote: a :class:`HeadRoles`, or a :class:`RoleAssociation` (whose
+    association is recomputed from its table and must equal the saved one).
+
+    Raises:
+        MissingFileError: no such folder, no ``roles.json``, a listed table missing.
+        ReportFileError: another format; an edited record (digest) or table (sha256), each named; a table whose
+            columns, heads, summary medians, ``closed`` (vs P >= threshold) or association are not what the rest of
+            the record gives (the edit had its digests recomputed; names the file and the field).
+        OptionTypeError: ``path`` is not a path.
+    """
+    fields, tables = read_tables_record(path, ROLES_RECORD, (HEAD_ROLES_FORMAT, ASSOCIATION_FORMAT))
+    d = Path(path).expanduser()
+    want = {"roles"} if fields["format"] == HEAD_ROLES_FORMAT else {"roles", "table", "association"}
+    if set(tables) != want:
+        raise ReportFileError(
+            f"{d / ROLES_RECORD} lists tables {sorted(tables)}; a {fields['format']} has {sorted(want)}."
+        )
+    roles = _restore_head_roles(d, tables["roles"], fields)
+    if fields["format"] == HEAD_ROLES_FORMAT:
+        return roles
+    table, assoc = tables["table"], tables["association"]
+    f = d / "table.parquet"
+    if tuple(table.columns) != (*ROLE_TABLE_COLUMNS, *JOIN_COLUMNS):
+        raise ReportFileError(f"{f} has columns {list(table.columns)}, not a role association's table.")
+    table.index = head_labels(table["layer"].to_numpy(dtype="int64"), table["head"].to_numpy(dtype="int64"))
+    lacks = [x for x in table.index if x not in roles.table.index]
+    same_roles = not lacks and all(
+        _same(table[c].tolist(), roles.table.loc[table.index, c].tolist()) for c in ROLE_TABLE_COLUMNS
+    )
+    if not same_roles:
+        raise ReportFileError(f"{f}: its role columns are not those of {d / 'roles.parquet'}: a table was edited.")
+    s = fields.get("association_summary")
+    if not isinstance(s, dict):
+        raise ReportFileError(f"{d / ROLES_RECORD} has no association summary.")
+    try:
+        threshold, n_perm, seed = float(s["threshold"]), int(s["n_permutations"]), int(s["seed"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportFileError(f"{d / ROLES_RECORD}: a malformed association summary ({type(e).__name__}: {e}).") from e
+    closed = table["closed"].to_numpy(dtype=bool)
+    if not (closed == (table["P"].to_numpy(dtype=float) >= threshold)).all():
+        raise ReportFileError(f"{f}: 'closed' disagrees with P >= threshold ({threshold:g}): a table was edited.")
+    fresh = role_association(table[["layer", "head", *JOIN_COLUMNS]], roles, threshold, n_perm, seed)
+    stored = assoc.set_index("role") if "role" in assoc.columns else assoc
+    ok = list(stored.columns) == list(fresh.association.columns) and list(stored.index) == list(fresh.association.index)
+    for col in fresh.association.columns if ok else []:
+        if not _same(stored[col].tolist(), fresh.association[col].tolist()):
+            raise ReportFileError(
+                f"{d / 'association.parquet'}: column {col!r} is not what {f} gives (recomputed): a table was edited."
+            )
+    if not ok:
+        raise ReportFileError(f"{d / 'association.parquet'} is not a role association table (columns or roles differ).")
+    if not _same(_json_like(s), _json_like(fresh.summary)):
+        raise ReportFileError(
+            f"{d / ROLES_RECORD}: the association summary is not what its tables give: it was edited."
+        )
+    return fresh
+
+
+def _json_like(x: Any) -> Any:
+    """``x`` with tuples as lists and numpy scalars as Python scalars (how a summary reads back from JSON)."""
+    if isinstance(x, dict):
+        return {str(k): _json_like(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_like(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

@@ -37,7 +37,17 @@ from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileE
 from .parts import json_restore, json_safe
 from .summary import ReportSummary, build_summary
 
-__all__ = ["FORMAT", "RECORD", "TABLE_NAMES", "ReportFileError", "ReportRecord", "read_record", "write_record"]
+__all__ = [
+    "FORMAT",
+    "RECORD",
+    "TABLE_NAMES",
+    "ReportFileError",
+    "ReportRecord",
+    "read_record",
+    "read_tables_record",
+    "write_record",
+    "write_tables_record",
+]
 
 FORMAT = "tl_idempotence.report/1"
 RECORD = "report.json"
@@ -447,3 +457,130 @@ def _check_summary_fits_tables(
             "was edited. Save the report again from its source."
         )
     return added
+
+
+# ----------------------------------------------------------------------------- other results saved the same way
+
+
+def write_tables_record(
+    path: Any,
+    fmt: str,
+    record_name: str,
+    tables: dict[str, pd.DataFrame],
+    fields: dict[str, Any],
+    overwrite: Any,
+    replaces: dict[str, frozenset[str]] | None = None,
+) -> Path:
+    """Save a result as the report is saved (parquet tables + one JSON record with their sha256s and its own
+    ``digest``; no pickle): ``<name>.parquet`` for each of ``tables`` (written without the index), then
+    ``record_name`` (``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``; ``fields`` are made
+    strict JSON by ``json_safe``). Used by the head-roles results (:mod:`tl_idempotence.report.roles`).
+
+    With ``overwrite=True`` a folder holding an earlier save is replaced when its record is of a format of
+    ``replaces`` (``{format: the tables it writes}``; default ``{fmt: tables}``), passes its digest and lists only
+    tables of its format: only those files and the record are deleted; anything else in the folder stays.
+
+    Raises:
+        OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder without a record
+            of this format or with an edited record (names it; nothing is deleted), its parent does not exist,
+            or a write fails (names the file).
+        OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
+    """
+    overwrite = check_bool(overwrite, "overwrite")
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The folder to save to must be a path; got {type(path).__name__}.")
+    d = Path(path).expanduser()
+    rec_file = d / record_name
+    old: list[Path] = []
+    try:
+        if d.exists():
+            if not d.is_dir():
+                raise OptionError(f"Cannot save to {d}: it is a file.")
+            if any(d.iterdir()):
+                if not overwrite:
+                    raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
+                refuse = f"refusing to overwrite {d}: nothing was deleted."
+                if not rec_file.is_file():
+                    raise OptionError(f"{d} holds no {record_name}; {refuse}")
+                try:
+                    prev = json.loads(rec_file.read_text("utf-8"))
+                except (OSError, ValueError) as e:
+                    raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
+                own = replaces if replaces is not None else {fmt: frozenset(tables)}
+                if not isinstance(prev, dict) or prev.get("format") not in own or prev.get("digest") != _digest(prev):
+                    raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
+                listed = prev.get("files")
+                names: dict[str, Any] = listed if isinstance(listed, dict) else {}
+                bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
+                if bad:
+                    raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
+                old = [rec_file, *(d / f"{n}.parquet" for n in names)]
+                rec_file.unlink()  # first: an interrupted overwrite leaves no record, never a mix that loads
+        if not d.parent.exists():
+            raise OptionError(f"Cannot save to {d}: the folder {d.parent} does not exist.")
+        d.mkdir(exist_ok=True)
+        files: dict[str, str] = {}
+        for name, df in tables.items():
+            buf = io.BytesIO()
+            df.to_parquet(buf, index=False)
+            atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
+            files[name] = sha256_bytes(buf.getvalue())
+        record = {"format": fmt, **json_safe(_tag_int_keys(fields)), "files": files}
+        record["digest"] = _digest(record)
+        atomic_write_text(rec_file, json.dumps(record, indent=1))
+        written = {rec_file, *(d / f"{n}.parquet" for n in files)}
+        for p in old:
+            if p not in written:
+                p.unlink(missing_ok=True)
+    except OSError as e:
+        raise OptionError(f"Cannot save to {d}: {e.strerror or e} ({e.filename or d}).") from e
+    return d
+
+
+def read_tables_record(path: Any, record_name: str, formats: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a folder written by :func:`write_tables_record`, checking the record's digest and every table's sha256.
+
+    Returns:
+        ``(record, tables)``: the record's fields (NaN restored, int-keyed dicts back) and ``{name: DataFrame}``.
+
+    Raises:
+        MissingFileError: no such folder, no record, or a listed table is missing (names it).
+        ReportFileError: a record of another format, an edited record (digest), a table that does not match its
+            recorded sha256 or is not parquet (names the file).
+        OptionTypeError: ``path`` is not a path.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
+    d = Path(path).expanduser()
+    if not d.is_dir():
+        raise MissingFileError(f"{d} is not a folder; pass the folder the result was saved to.")
+    rec_file = d / record_name
+    if not rec_file.is_file():
+        raise MissingFileError(f"{d} has no {record_name}: it is not a saved result (or the save was interrupted).")
+    rec = read_json(rec_file, ReportFileError, "saved record")
+    if not isinstance(rec, dict) or rec.get("format") not in formats:
+        fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
+        raise ReportFileError(f"{rec_file} is not a {' or '.join(formats)} record (format {fmt!r}).")
+    if rec.get("digest") != _digest(rec):
+        raise ReportFileError(
+            f"{rec_file} does not match its recorded sha256 digest: the record was edited or damaged. Save the result "
+            "again from its source."
+        )
+    files = rec.get("files")
+    if not isinstance(files, dict):
+        raise ReportFileError(f"{rec_file} lists no tables.")
+    tables: dict[str, pd.DataFrame] = {}
+    for name, digest in files.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
+        f = d / f"{name}.parquet"
+        if not f.is_file():
+            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
+        if sha256_file(f) != digest:
+            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
+        try:
+            tables[name] = pd.read_parquet(f)
+        except Exception as e:
+            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    fields = _untag_int_keys(json_restore({k: v for k, v in rec.items() if k not in ("files", "digest")}))
+    return fields, tables

@@ -40,6 +40,7 @@ algebra_figures = _returns_exportable(_figures.algebra_figures)
 algebra_summary_figure = _returns_exportable(_figures.algebra_summary_figure)
 heads_heatmap = _returns_exportable(_figures.heads_heatmap)
 report_figures = _returns_exportable(_figures.report_figures)
+roles_figure = _returns_exportable(_figures.roles_figure)
 scramble_figures = _returns_exportable(_figures.scramble_figures)
 trajectory_figure = _returns_exportable(_figures.trajectory_figure)
 trajectory_summary_figure = _returns_exportable(_figures.trajectory_summary_figure)
@@ -59,6 +60,7 @@ __all__ = [
     "report_figures",
     "report_html",
     "result_html",
+    "roles_figure",
     "save_comparison_html",
     "save_report_html",
     "scramble_figures",

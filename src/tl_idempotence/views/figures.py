@@ -5,6 +5,7 @@
 * :func:`algebra_summary_figure`, :func:`algebra_figures` — the shared-value algebra.
 * :func:`activation_figure` — activation-level returns vs weight-level P.
 * :func:`trajectory_figure`, :func:`trajectory_summary_figure` — closure over training.
+* :func:`roles_figure` — each head role's score against P (``rep.roles(...)``), closed heads marked.
 * :func:`report_figures` — the figures of a report page, in order.
 
 Log-P axes run from just below the smallest positive value shown to 1 (P is at most 1).
@@ -31,6 +32,7 @@ __all__ = [
     "heads_heatmap_spec",
     "log_P_range",
     "report_figures",
+    "roles_figure",
     "scramble_figures",
     "trajectory_figure",
     "trajectory_summary_figure",
@@ -673,6 +675,88 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
             "showgrid": False,
         },
         legend={"orientation": "h", "y": -0.2},
+        template="plotly_white",
+    )
+    return fig
+
+
+#: The panels of :func:`roles_figure`: role column -> axis title.
+ROLE_PANELS = {
+    "previous_token": "previous-token score",
+    "duplicate_token": "duplicate-token score",
+    "induction": "induction score",
+    "copying": "copying score (Re Σλ / Σ|λ|)",
+}
+
+
+def roles_figure(assoc: Any) -> go.Figure:
+    """Each head role's score (y) against the head's P (x), one panel per role, from ``rep.roles(model=...)``.
+
+    Closed heads (P >= the report's threshold) are red diamonds, the others grey dots; the threshold is a dotted
+    vertical line; each panel's title gives the role's Spearman ρ with P and its BH q-value (the association table).
+    Hover: the head's label, P (never rounded across the threshold), α and the score. Heads with a NaN P or score
+    are left out (the association counts them out too; ``assoc.association["n"]``).
+
+    Args:
+        assoc: a :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table`` with ``P``, ``alpha``,
+            ``closed`` and the role columns; ``.association``; ``.summary["threshold"]``).
+
+    Raises:
+        OptionTypeError: ``assoc`` has no role table (not a ``rep.roles`` result).
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from ..errors import OptionTypeError
+
+    table = getattr(assoc, "table", None)
+    association = getattr(assoc, "association", None)
+    if not isinstance(table, pd.DataFrame) or not isinstance(association, pd.DataFrame):
+        raise OptionTypeError(
+            f"roles_figure draws rep.roles(model=...) (a RoleAssociation); got {type(assoc).__name__}."
+        )
+    t = float(assoc.summary["threshold"])
+    roles = [r for r in ROLE_PANELS if r in table.columns]
+    titles = []
+    for r in roles:
+        row = association.loc[r] if r in association.index else None
+        rho = float(row["spearman_rho"]) if row is not None else math.nan
+        q = float(row["spearman_q"]) if row is not None else math.nan
+        titles.append(f"{r}: ρ = {rho:.2f}, q = {q:.2g}" if math.isfinite(rho) else f"{r}: ρ undefined")
+    fig = make_subplots(rows=1, cols=len(roles), subplot_titles=titles, horizontal_spacing=0.06)
+    for i, r in enumerate(roles, start=1):
+        ok = table["P"].notna() & table[r].notna()
+        for closed, name, marker in (
+            (False, "other heads", {"color": "#7f7f7f", "size": 6, "opacity": 0.6}),
+            (True, f"closed (P >= {t:g})", {"color": "#e8175d", "size": 10, "symbol": "diamond"}),
+        ):
+            part = table[ok & (table["closed"].astype(bool) == closed)]
+            fig.add_trace(
+                go.Scatter(
+                    x=part["P"].to_numpy(dtype=float),
+                    y=part[r].to_numpy(dtype=float),
+                    mode="markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=i == 1,
+                    marker=marker,
+                    text=[
+                        f"{lab}: P = {p}, α = {a:.4g}, {r} = {v:.4g}"
+                        for lab, p, a, v in zip(part.index, _P_text(part["P"], t), part["alpha"], part[r])
+                    ],
+                    hovertemplate="%{text}<extra></extra>",
+                ),
+                row=1,
+                col=i,
+            )
+        fig.add_vline(x=t, line={"color": "#e8175d", "width": 1, "dash": "dot"}, row=1, col=i)
+        fig.update_xaxes(title_text="P", range=[0, 1.02], row=1, col=i)
+        fig.update_yaxes(title_text=ROLE_PANELS[r], row=1, col=i)
+    name = plot_text(str(assoc.summary.get("model_name", "model")))
+    fig.update_layout(
+        title={"text": f"What the closed heads do: head roles against P, {name} ({int(table['closed'].sum())} closed)"},
+        height=380,
+        legend={"orientation": "h", "y": -0.22},
         template="plotly_white",
     )
     return fig

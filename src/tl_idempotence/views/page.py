@@ -16,10 +16,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..errors import OptionError
-from .figures import algebra_figures, algebra_summary_figure, heads_heatmap_spec, scramble_figures
+from .figures import algebra_figures, algebra_summary_figure, heads_heatmap_spec, roles_figure, scramble_figures
 from .output import page_path, write_page
 from .text import format_P, format_sig, headline, summary_sections
 
@@ -30,6 +31,7 @@ __all__ = [
     "display_frame",
     "page_path",
     "report_html",
+    "roles_section_tables",
     "save_report_html",
     "write_page",
 ]
@@ -161,8 +163,102 @@ def display_frame(df: pd.DataFrame, threshold: float | None = None) -> pd.DataFr
     return _display_frame(df, threshold)
 
 
-def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
-    """The standalone report page as a string (plotly.js inlined once; no remote scripts)."""
+#: Role columns of the page's roles section, in order.
+_ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
+
+
+def roles_section_tables(assoc: Any, threshold: float, top: int = 3) -> dict[str, pd.DataFrame]:
+    """The tables of the page's "what the closed heads do" section, as display strings, from ``rep.roles(...)``.
+
+    Returns:
+        ``closed``: every closed head (by P) with its role scores; ``beside``: per role, the median score of the
+        closed heads, of the other heads and of all heads; ``association``: per role, Spearman ρ of P and the
+        score with its permutation p and BH q, Mann-Whitney p and q (closed vs other), and for ``copying`` the share
+        of closed heads whose copying sign equals the sign of α; ``top``: the ``top`` heads of each role by score
+        with their P (a display only: no threshold on a role enters the statistics).
+    """
+    t = assoc.table
+    roles = [r for r in _ROLE_COLUMNS if r in t.columns]
+    closed = t[t["closed"].astype(bool)].sort_values("P", ascending=False, kind="stable")
+    closed_df = pd.DataFrame(
+        {
+            "head": list(closed.index),
+            "P": [format_P(v, threshold) for v in closed["P"]],
+            "α": [f"{v:.4g}" for v in closed["alpha"]],
+            **{r: [f"{v:.4g}" for v in closed[r]] for r in roles},
+        }
+    )
+    a = assoc.association
+    names = [r for r in a.index if r in roles or r == "|copying|"]
+
+    P = t["P"].to_numpy(dtype=float)
+
+    def median(x: pd.Series) -> str:  # over the heads the association counts: P and score defined
+        v = x.to_numpy(dtype=float)
+        v = v[np.isfinite(v) & np.isfinite(P)]
+        return f"{np.median(v):.3g}" if len(v) else "–"
+
+    beside = pd.DataFrame(
+        {
+            "role": names,
+            "closed heads (median)": [f"{a.loc[r, 'median_closed']:.3g}" for r in names],
+            "other heads (median)": [f"{a.loc[r, 'median_other']:.3g}" for r in names],
+            "all heads (median)": [median(t["copying"].abs() if r == "|copying|" else t[r]) for r in names],
+        }
+    )
+    assoc_df = pd.DataFrame(
+        {
+            "role": names,
+            "heads": [int(a.loc[r, "n"]) for r in names],
+            "Spearman ρ (P, score)": [f"{a.loc[r, 'spearman_rho']:.3g}" for r in names],
+            "permutation p": [f"{a.loc[r, 'spearman_p']:.3g}" for r in names],
+            "BH q (ρ)": [f"{a.loc[r, 'spearman_q']:.3g}" for r in names],
+            "Mann-Whitney p": [f"{a.loc[r, 'mannwhitney_p']:.3g}" for r in names],
+            "BH q (M-W)": [f"{a.loc[r, 'mannwhitney_q']:.3g}" for r in names],
+            "sign(copying) = sign(α)": [
+                f"{a.loc[r, 'frac_sign_agrees_alpha']:.3g}" if r == "copying" else "" for r in names
+            ],
+            "note": [str(a.loc[r, "note"]) for r in names],
+        }
+    )
+    top_rows = []
+    for r in roles:
+        best = t.dropna(subset=[r]).sort_values(r, ascending=False, kind="stable").head(top)
+        top_rows.append(
+            {
+                "role": r,
+                f"top {top} heads (score, P)": "; ".join(
+                    f"{lab} ({v:.4g}, P {format_P(p, threshold)}{', closed' if c else ''})"
+                    for lab, v, p, c in zip(best.index, best[r], best["P"], best["closed"])
+                ),
+            }
+        )
+    return {"closed": closed_df, "beside": beside, "association": assoc_df, "top": pd.DataFrame(top_rows)}
+
+
+def _roles_note(assoc: Any) -> str:
+    s = assoc.summary
+    r = s.get("roles", {})
+    proc = r.get("processing", {})
+    weights = "raw checkpoint weights" if proc.get("raw") else f"processed weights ({proc})"
+    return (
+        f"TransformerLens's head-detector scores (attention mass on the previous-token, duplicate-token and induction "
+        f"patterns; BOS excluded) on {r.get('n_sequences')} seeded sequences {r.get('sequence')} (seed "
+        f"{r.get('seed')}), and the copying score of each head's full OV circuit W_E W_V W_O W_U (Re Σλ / Σ|λ|: +1 "
+        f"copies tokens, −1 suppresses them), on {weights}. Association with closure over {s.get('n_heads')} heads "
+        f"({s.get('n_closed')} closed): Spearman ρ of P and each score with a two-sided permutation p "
+        f"({s.get('n_permutations')} permutations, seed {s.get('seed')}; p ≥ {s.get('p_floor', float('nan')):.3g}), "
+        "Mann-Whitney p of closed vs other heads, and Benjamini-Hochberg q-values across the roles. No threshold on a "
+        "role enters these statistics."
+    )
+
+
+def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None) -> str:
+    """The standalone report page as a string (plotly.js inlined once; no remote scripts).
+
+    ``roles``: a ``rep.roles(model=...)`` result of this report (already checked by the caller); adds the section
+    "What the closed heads do" (:func:`roles_section_tables` and :func:`~tl_idempotence.views.figures.roles_figure`).
+    """
     import jinja2
 
     first = True
@@ -210,6 +306,24 @@ def report_html(rep: Any, extra_html: list[str] | None = None) -> str:
                     "folded_title": f"Per-layer α_ij and P_ij matrices ({len(per_layer)} layers)",
                 }
             )
+    if roles is not None:
+        tabs = roles_section_tables(roles, rep.threshold)
+        n_closed_roles = len(tabs["closed"])
+        sections.append(
+            {
+                "id": "roles",
+                "title": "What the closed heads do",
+                "note": _roles_note(roles),
+                "tables": [
+                    ("Role scores of the closed heads, by P", _table_html(tabs["closed"]) if n_closed_roles else ""),
+                    ("The closed heads next to all heads", _table_html(tabs["beside"])),
+                    ("Association of each role with closure", _table_html(tabs["association"])),
+                    ("The top heads of each role", _table_html(tabs["top"])),
+                ],
+                "figures": [div(roles_figure(roles))],
+                "folded": [],
+            }
+        )
     paper = rep.paper_table(formatted=True)
     template = resources.files("tl_idempotence").joinpath("data/report.html.j2").read_text(encoding="utf-8")
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(default=True))
@@ -246,6 +360,7 @@ def save_report_html(
     attention_heads: Any = None,
     top_k: int | None = None,
     max_tokens: int = 64,
+    roles: Any = None,
 ) -> Path:
     """Write the report page to ``path`` (see :meth:`IdempotenceReport.save_html`).
 
@@ -276,5 +391,5 @@ def save_report_html(
                 rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
             )
         )
-    write_page(p, report_html(rep, extra_html=extra), "report page")
+    write_page(p, report_html(rep, extra_html=extra, roles=roles), "report page")
     return p
