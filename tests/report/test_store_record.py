@@ -264,6 +264,12 @@ def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
         f"record says n_layers=2; {saved / 'layers.parquet'} lists layers [0, 1], not those of the heads. The tables "
         "and the record do not belong together."
     )
+    rewrite(saved, tables={"heads": h, "layers": pd.DataFrame({"layer": list(range(12))})})
+    assert refused(saved).endswith(
+        f"{saved / 'layers.parquet'} lists layers [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], not those of the heads. The "
+        "tables and the record do not belong together."
+    )
+    rewrite(saved, tables={"layers": lay})
     # a table of only layer and head columns is a per-head table whose heads fit; what it lacks is judged later
     rewrite(saved, tables={"heads": h[["layer", "head"]]})
     assert "has no layer/head columns" not in refused(saved)
