@@ -275,3 +275,32 @@ def test_the_random_streams_are_the_documented_ones():
         overlaps += mine[rng.random((500, 4)).argsort(1)[:, :cnt]].sum(1)
     assert c.set_overlaps.tolist() == overlaps.tolist()
     assert c.p_layer_matched == (1 + int((overlaps >= 3).sum())) / 501
+
+
+def test_circuit_arguments_are_checked_where_they_enter():
+    from tl_idempotence.errors import OptionError, OptionTypeError
+
+    t = circuit_heads()
+    pairs = [(0, 0), (1, 1)]
+    assert circuit_overlap(t, pairs, 0.9).summary == circuit_overlap(t, pairs, 0.9, n_sets=999, seed=0).summary
+    one = circuit_overlap(t, pairs, 0.9, n_sets=1)  # one set is allowed: p is 1/2 or 1
+    assert (
+        one.summary["n_sets"] == 1 and one.p_layer_matched in (0.5, 1.0) and one.summary["p_layer_matched_floor"] == 0.5
+    )
+    assert one.set_overlaps.dtype == np.int64
+    for n, msg in [(0, "n_sets must be >= 1; got 0."), ((1 << 20) + 1, "n_sets must be <= 1048576; got 1048577.")]:
+        with pytest.raises(OptionError) as e:
+            circuit_overlap(t, pairs, 0.9, n_sets=n)
+        assert str(e.value) == msg
+    with pytest.raises(OptionTypeError) as e:
+        circuit_overlap(t, pairs, 0.9, roles=t)
+    assert str(e.value) == "roles must be a HeadRoles (tli.head_roles); got DataFrame."
+    roles = roles_for(induction=INDUCTION, copying=COPYING)
+    c = circuit_overlap(t, pairs, 0.9, roles=roles, n_sets=9)
+    assert list(c.heads.columns) == ["layer", "head", "P", "alpha", "closed", "previous_token", "duplicate_token",
+                                     "induction", "copying"]  # fmt: skip
+    assert c.heads["induction"].tolist() == [INDUCTION[0], INDUCTION[5]]
+    assert c.heads["copying"].tolist()[0] == COPYING[0] and np.isnan(c.heads["copying"].tolist()[1])
+    partial = roles_for(induction=INDUCTION)
+    partial.table = partial.table.drop(columns=["copying"])  # only the roles the table has
+    assert list(circuit_overlap(t, pairs, 0.9, roles=partial, n_sets=9).heads.columns)[-1] == "induction"
