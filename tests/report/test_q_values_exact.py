@@ -44,3 +44,10 @@ def test_a_stale_q_column_is_recomputed_in_place():
     assert list(add_q_values(moved).columns) == ["layer", "p_value", "q_value", "P"]
     no_p = heads.drop(columns=["p_value", "q_value"])  # no scramble p-values: the table as it is
     assert add_q_values(no_p) is no_p
+
+
+def test_a_table_saved_before_q_values_gets_them():
+    heads = pd.DataFrame({"layer": [0, 1], "p_value": [0.04, 0.01], "P": [0.5, 0.95]})  # no q_value column yet
+    out = add_q_values(heads)
+    assert list(out.columns) == ["layer", "p_value", "q_value", "P"]
+    np.testing.assert_allclose(out["q_value"], [0.04, 0.02], rtol=1e-15, atol=0)  # m = 2: 2·0.01/1, 2·0.04/2
