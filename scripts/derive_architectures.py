@@ -113,7 +113,7 @@ class Underivable(Exception):
 
 def _decode_v(W: torch.Tensor, layout: str, nq: int, nkv: int, dh: int, d: int) -> torch.Tensor:
     """``[n_kv, d, dh]`` from a stored value (or fused QKV) weight in ``layout`` (an independent reading of the
-    ``_format.layouts`` of architectures.json, used only to search; the entry is then checked through the
+    layouts of ``tl_idempotence.sources.layouts``, used only to search; the entry is then checked through the
     library's own reader)."""
     if layout == "linear":
         return W.reshape(nkv, dh, d).transpose(1, 2)

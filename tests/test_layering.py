@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,67 @@ def test_weight_only_analyses_and_forward_pass_probes_do_not_import_each_other()
         == {"analyses", "probes"}
     ]
     assert not bad, "\n".join(bad)
+
+
+#: What a view never imports: the layers that open models and files or run them (issue 28, "views only draw").
+VIEWS_NEVER_IMPORT = ("sources", "probes", "studies")
+#: Libraries that load or run a model; a view draws results and imports none of them.
+MODEL_LIBRARIES = ("torch", "transformer_lens", "transformers", "safetensors", "gguf")
+#: Calls that open a model or run a forward pass.
+RUNNING_CALLS = {"run_with_hooks", "run_with_cache", "from_pretrained", "boot_transformers", "head_source", "forward"}
+
+
+def _views_modules() -> list[Path]:
+    return sorted((SRC / "views").rglob("*.py"))
+
+
+def test_views_import_no_source_probe_or_study():
+    """Nothing under views/ imports sources, probes or studies — also not under TYPE_CHECKING or in a function."""
+    bad = [
+        f"{a} imports {b} at line {line}"
+        for a, b, _, line in imports()
+        if a.startswith("tl_idempotence.views") and b.split(".")[1:2] and b.split(".")[1] in VIEWS_NEVER_IMPORT
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_views_open_no_model_and_run_no_forward_pass():
+    """A view imports no model library and calls nothing that loads or runs a model: it draws results."""
+    bad = []
+    for path in _views_modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in MODEL_LIBRARIES]
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if called in RUNNING_CALLS:
+                    bad.append(f"{path.name}:{node.lineno} calls {called}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_views_rule_fails_on_a_view_that_runs_a_model(tmp_path, monkeypatch):
+    """The two checks above can fail: a views module that imports the probes and runs a model is caught."""
+    import tl_idempotence
+
+    fake_src = tmp_path / "tl_idempotence"
+    (fake_src / "views").mkdir(parents=True)
+    (fake_src / "probes").mkdir()
+    for d in (fake_src, fake_src / "views", fake_src / "probes"):
+        (d / "__init__.py").write_text("")
+    (fake_src / "probes" / "attention.py").write_text("def attention_patterns(m, t, h):\n    return None\n")
+    (fake_src / "views" / "bad.py").write_text(
+        "import torch\nfrom ..probes.attention import attention_patterns\n\n"
+        "def draw(model, toks):\n    return model.run_with_hooks(toks)\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake_src)
+    with pytest.raises(AssertionError, match=r"tl_idempotence\.views\.bad imports tl_idempotence\.probes\.attention"):
+        test_views_import_no_source_probe_or_study()
+    with pytest.raises(AssertionError, match=r"bad\.py:1 imports torch[\s\S]*bad\.py:5 calls run_with_hooks"):
+        test_views_open_no_model_and_run_no_forward_pass()
+    assert Path(tl_idempotence.__file__).parent != fake_src  # the real package is untouched

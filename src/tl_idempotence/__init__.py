@@ -67,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "IdempotenceReport": "tl_idempotence.report.report",
     "idempotence_report": "tl_idempotence.report.report",
     "load_report": "tl_idempotence.report.report",
+    "attention_view": "tl_idempotence.report.attention",  # runs the probe, then the view draws
     "RoleAssociation": "tl_idempotence.report.roles",
     "load_roles": "tl_idempotence.report.roles",
     "save_roles": "tl_idempotence.report.roles",
@@ -80,7 +81,6 @@ _EXPORTS: dict[str, str] = {
     "load_sweep": "tl_idempotence.studies.sweep",
     # views
     "AttentionView": "tl_idempotence.views.attention",
-    "attention_view": "tl_idempotence.views.attention",
 }
 #: Public submodules reachable as attributes (``tli.models.load(...)``, ``tli.errors``).
 _MODULES: dict[str, str] = {

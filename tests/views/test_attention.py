@@ -20,8 +20,9 @@ import pytest
 import tl_idempotence as tli
 from tl_idempotence.errors import OptionError
 from tl_idempotence.probes.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
+from tl_idempotence.report.attention import attention_view
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
-from tl_idempotence.views.attention import MAX_NAME_CHARS, AttentionView, attention_view
+from tl_idempotence.views.attention import MAX_NAME_CHARS, AttentionView
 from tl_idempotence.views.text import format_P
 
 # integration tier: circuitsvis pages in headless Chromium

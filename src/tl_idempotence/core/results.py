@@ -73,6 +73,10 @@ class Result:
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ()
+    #: Which notebook display :func:`tl_idempotence.views.notebook.result_html` draws (``"report"``,
+    #: ``"ablation"``, ``"comparison"``; ``"result"``: the generic one). Declared by the class, so the views
+    #: never import the layer that defines it.
+    display_kind: ClassVar[str] = "result"
 
     def __repr__(self) -> str:
         try:

@@ -229,6 +229,7 @@ class Ablation(Result):
     options: dict[str, Any] = field(default_factory=dict)
     window_losses: pd.DataFrame = field(default_factory=pd.DataFrame)
 
+    display_kind: ClassVar[str] = "ablation"
     repr_keys: ClassVar[tuple[str, ...]] = (
         "delta_loss",
         "control_delta_median",
@@ -829,6 +830,347 @@ def bootstrap_intervals(
     return out, ell
 
 
+# ----------------------------------------------------------------------------- the steps of ablation()
+
+
+#: What an ablation of each kind records of its hook (its ``options``).
+_ABLATION_HOOK: dict[str, dict[str, str | None]] = {
+    "mean": {
+        "hook": "blocks.{l}.attn.hook_z",
+        "mean_over": "every counted (non-special) position of the evaluated windows, clean run, per head",
+    },
+    "zero": {"hook": "blocks.{l}.attn.hook_z", "mean_over": None},
+}
+
+
+def _check_model(model: Any) -> None:
+    """Refuse what ``ablation`` cannot run: not a TransformerLens model, or not a causal LM.
+
+    Raises:
+        UnsupportedModelError: either (names the class).
+    """
+    if not is_tl_model(model):
+        raise UnsupportedModelError(
+            f"ablation needs a TransformerLens model (HookedTransformer or TransformerBridge) to run with hooks; got "
+            f"{type(model).__name__}. Load one with tl_idempotence.models.load(...)."
+        )
+    if not _is_causal(model):
+        raise UnsupportedModelError(
+            f"ablation measures next-token loss, which needs a causal language model; {type(model).__name__} "
+            f"({getattr(model.cfg, 'model_name', '?')}) is an encoder (bidirectional attention)."
+        )
+
+
+def _check_kind(kind: Any) -> None:
+    """``kind`` checked: ``"mean"`` or ``"zero"``.
+
+    Raises:
+        OptionTypeError: not a string. OptionError: another string (names the closest kind).
+    """
+    if not isinstance(kind, str):
+        raise OptionTypeError(f"kind must be 'mean' or 'zero'; got {type(kind).__name__} {kind!r}.")
+    if kind not in ABLATION_KINDS:
+        close = difflib.get_close_matches(kind, ABLATION_KINDS, n=1, cutoff=0.4)
+        raise OptionError(
+            f"kind must be 'mean' or 'zero'; got {kind!r}" + (f" (did you mean {close[0]!r}?)" if close else "") + "."
+        )
+
+
+def _check_heads_given(heads: Any) -> None:
+    """Refuse no heads at all (None or empty) with what to pass; the pairs themselves are checked by
+    :func:`~tl_idempotence.core.selection.select_heads`.
+
+    Raises:
+        OptionError: ``heads`` is None or empty.
+    """
+    if heads is None:
+        raise OptionError("heads is None: give the (layer, head) pairs to ablate, e.g. rep.closed_heads.")
+    if hasattr(heads, "__len__") and not isinstance(heads, (str, bytes)) and len(cast(Sized, heads)) == 0:
+        raise OptionError(
+            "heads is empty: give the (layer, head) pairs to ablate (rep.closed_heads is empty when no head "
+            "reaches the report's threshold)."
+        )
+
+
+@dataclass(frozen=True)
+class _SetPlan:
+    """The head sets one ablation runs, in the order of their losses: the flagged set, the controls, the singles.
+
+    Attributes:
+        flagged: ``{layer: [heads]}`` ablated together. pairs: its ``(layer, head)`` pairs, in order.
+        controls: the matched control sets; fallback: layers whose controls may hold flagged heads.
+        n_distinct: how many distinct matched sets exist; n_requested: the controls asked for; n_controls: used.
+        warning: why ``p <= 0.05`` is impossible (too few distinct sets), or None.
+        sets: every set, ``[flagged, *controls, *singles]``; singles: each head is also ablated alone.
+    """
+
+    flagged: dict[int, list[int]]
+    pairs: list[tuple[int, int]]
+    controls: list[dict[int, list[int]]]
+    fallback: list[int]
+    n_distinct: int
+    n_requested: int
+    warning: str | None
+    sets: list[dict[int, list[int]]]
+    singles: bool
+
+    @property
+    def n_controls(self) -> int:
+        """The control sets used (at most the distinct matched sets)."""
+        return len(self.controls)
+
+    @property
+    def layers(self) -> list[int]:
+        """The flagged layers, ascending."""
+        return sorted(self.flagged)
+
+
+def _plan_sets(flagged: dict[int, list[int]], n_heads: int, n_controls: int, seed: int, singles: bool) -> _SetPlan:
+    """The flagged set, its matched controls (:func:`matched_controls`, seeded) and, with ``singles``, each head
+    alone; the warning when fewer than :data:`MIN_CONTROLS_FOR_P_005` distinct matched sets exist.
+
+    Raises:
+        OptionError: ``n_controls > 0`` when no matched control set exists (every head of every flagged layer is
+            flagged).
+    """
+    n_distinct = count_matched_sets(flagged, n_heads)
+    if n_controls and not n_distinct:
+        raise OptionError(
+            f"No matched control set exists: every head of layer(s) {sorted(flagged)} is flagged, so the only set "
+            "with the flagged set's number of heads per layer is the flagged set itself and no p-value can be "
+            f"computed (n_controls={n_controls}). Pass n_controls=0 to measure the loss change alone, or flag "
+            "fewer heads."
+        )
+    controls, fallback = matched_controls(flagged, n_heads, n_controls, seed)
+    warning = None
+    if n_controls and n_distinct < MIN_CONTROLS_FOR_P_005:
+        warning = (
+            f"only {n_distinct} distinct matched control set{'s' if n_distinct != 1 else ''} exist, so p >= "
+            f"{1 / (n_distinct + 1):.3g}: p <= 0.05 is impossible for this flagged set"
+        )
+    pairs = [(layer, h) for layer, hs in flagged.items() for h in hs]
+    single_sets = [{layer: [h]} for layer, h in pairs] if singles else []
+    return _SetPlan(
+        flagged=flagged,
+        pairs=pairs,
+        controls=controls,
+        fallback=fallback,
+        n_distinct=n_distinct,
+        n_requested=n_controls,
+        warning=warning,
+        sets=[flagged, *controls, *single_sets],
+        singles=singles,
+    )
+
+
+def _run_sets(
+    model: Any, toks: Tensor, counted: Tensor, plan: _SetPlan, kind: str, batch_size: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    """:func:`_set_losses` of every set of ``plan`` in eval mode without gradients (the model's mode restored)."""
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        with torch.no_grad():
+            return _set_losses(
+                model,
+                toks,
+                counted,
+                plan.sets,
+                kind=kind,
+                batch_size=batch_size,
+                progress=progress,
+                desc=f"ablation ({kind})",
+            )
+    finally:
+        if was_training:
+            model.train()
+
+
+@dataclass(frozen=True)
+class _Losses:
+    """The summed next-token losses of one ablation run and the mean losses they give (nats per counted target).
+
+    Attributes:
+        clean: ``[windows]`` summed clean losses. sums: ``[sets, windows]`` summed losses of every set.
+        n_tok: ``[windows]`` counted targets. n_total: their sum. loss_clean: the clean mean loss.
+        set_loss: ``[sets]`` mean loss of every set. loss_flagged: the flagged set's. ctrl_loss: ``[controls]``.
+        delta: flagged minus clean. cd: ``[controls]`` every control minus clean.
+    """
+
+    clean: np.ndarray
+    sums: np.ndarray
+    n_tok: np.ndarray
+    n_total: float
+    loss_clean: float
+    set_loss: np.ndarray
+    loss_flagged: float
+    ctrl_loss: np.ndarray
+    delta: float
+    cd: np.ndarray
+
+    @staticmethod
+    def of(clean: np.ndarray, sums: np.ndarray, n_tok: np.ndarray, n_controls: int) -> _Losses:
+        """The mean losses of :func:`_set_losses`' sums (the flagged set first, then ``n_controls`` controls)."""
+        n_total = float(n_tok.sum())
+        loss_clean = float(clean.sum() / n_total)
+        set_loss = sums.sum(1) / n_total
+        loss_flagged = float(set_loss[0])
+        ctrl_loss = set_loss[1 : 1 + n_controls]
+        return _Losses(
+            clean=clean,
+            sums=sums,
+            n_tok=n_tok,
+            n_total=n_total,
+            loss_clean=loss_clean,
+            set_loss=set_loss,
+            loss_flagged=loss_flagged,
+            ctrl_loss=ctrl_loss,
+            delta=loss_flagged - loss_clean,
+            cd=ctrl_loss - loss_clean,
+        )
+
+
+def _ablation_tables(
+    plan: _SetPlan, L: _Losses, kv_of: Any, singles: bool
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The ablation's ``heads`` (each head alone, with ``singles``), ``controls`` and ``window_losses`` tables."""
+    pairs, n_controls = plan.pairs, plan.n_controls
+    labels = [head_label(layer, h) for layer, h in pairs]
+    single_loss = L.set_loss[1 + n_controls :] if singles else np.full(len(pairs), np.nan)
+    heads_df = pd.DataFrame(
+        {
+            "layer": [p[0] for p in pairs],
+            "head": [p[1] for p in pairs],
+            "kv_head": [int(kv_of[h]) for _, h in pairs],
+            "loss_ablated": single_loss.astype(float),
+            "delta_loss": (single_loss - L.loss_clean).astype(float),
+            "reason": ["" if singles else "not ablated alone (singles=False)"] * len(pairs),
+        },
+        index=head_labels([p[0] for p in pairs], [p[1] for p in pairs]),
+    )
+    flagged_pairs = set(pairs)
+    ctrl_df = pd.DataFrame(
+        {
+            "control": np.arange(n_controls, dtype=np.int64),
+            "heads": [_set_labels(s) for s in plan.controls],
+            "n_flagged_in_set": np.array(
+                [sum((layer, h) in flagged_pairs for layer, hs in s.items() for h in hs) for s in plan.controls],
+                dtype=np.int64,
+            ),
+            "loss_ablated": L.ctrl_loss.astype(float),
+            "delta_loss": L.cd.astype(float),
+        },
+        columns=["control", "heads", "n_flagged_in_set", "loss_ablated", "delta_loss"],
+    )
+    names = ["flagged", *[f"control {c}" for c in range(n_controls)], *(labels if singles else [])]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_window = np.vstack([L.clean, L.sums]) / L.n_tok[None, :]
+    win_df = pd.DataFrame(per_window.T, columns=["clean", *names])
+    win_df.insert(0, "n_tokens", L.n_tok)
+    win_df.index.name = "window"
+    return heads_df, ctrl_df, win_df
+
+
+def _ablation_summary(
+    plan: _SetPlan,
+    L: _Losses,
+    run: dict[str, Any],
+    heads_df: pd.DataFrame,
+    seed: int,
+    kind: str,
+    model_name: str,
+    n_windows: int,
+) -> dict[str, Any]:
+    """The ablation's statistics (:func:`rank_p_value`, :func:`bootstrap_intervals`) and its summary, with a
+    ``note`` for every NaN and every caveat of the run."""
+    n_controls, n_requested, n_distinct = plan.n_controls, plan.n_requested, plan.n_distinct
+    cd, delta, singles = L.cd, L.delta, plan.singles
+    p_value, p_floor, n_at_least = rank_p_value(delta, cd)
+    nan = float("nan")
+    has = L.n_tok > 0  # a window without a counted target adds nothing to any loss
+    n_resampled = int(has.sum())
+    ci, ell = (
+        bootstrap_intervals(L.clean[has], L.sums[0][has], L.sums[1 : 1 + n_controls][:, has], L.n_tok[has], seed)
+        if n_resampled > 1
+        else ({}, 0)
+    )
+    summary: dict[str, Any] = {
+        "delta_loss": delta,
+        "control_delta_median": float(np.median(cd)) if cd.size else nan,
+        "p_value": p_value,
+        "p_value_floor": p_floor,
+        "n_controls": n_controls,
+        "n_controls_requested": n_requested,
+        "n_distinct_controls": n_distinct,
+        "controls_exhaustive": bool(n_controls) and n_controls == n_distinct,
+        **({"controls_warning": plan.warning} if plan.warning else {}),
+        "n_controls_at_least": n_at_least,
+        "excess_over_controls": delta - float(np.median(cd)) if cd.size else nan,
+        "delta_loss_ci_low": ci.get("delta_loss_ci_low", nan),
+        "delta_loss_ci_high": ci.get("delta_loss_ci_high", nan),
+        "excess_ci_low": ci.get("excess_ci_low", nan),
+        "excess_ci_high": ci.get("excess_ci_high", nan),
+        "loss_clean": L.loss_clean,
+        "loss_ablated": L.loss_flagged,
+        "control_delta_mean": float(cd.mean()) if cd.size else nan,
+        "control_delta_q05": float(np.quantile(cd, 0.05)) if cd.size else nan,
+        "control_delta_q95": float(np.quantile(cd, 0.95)) if cd.size else nan,
+        "control_delta_max": float(cd.max()) if cd.size else nan,
+        "model_name": model_name,
+        "kind": kind,
+        "n_heads": len(plan.pairs),
+        "layers": plan.layers,
+        "n_windows": n_windows,
+        "n_tokens": int(L.n_total),
+        "sum_delta_single": float(heads_df["delta_loss"].sum()) if singles else nan,
+        "control_rule": (
+            "same number of heads per layer, drawn from the layer's non-flagged heads; distinct sets, never the "
+            "flagged set" + ("; all of them" if bool(n_controls) and n_controls == n_distinct else "")
+        ),
+        "ci_method": (
+            f"percentile bootstrap, {BOOTSTRAP_DRAWS} draws: text windows resampled in moving blocks of {ell} "
+            "consecutive windows (the excess also resamples the control sets); seeded"
+        ),
+        "batching": run["batching"],
+        "threads": run["threads"],
+        "threads_seconds_per_set": run["threads_seconds_per_set"],
+        "check_max_abs_diff": run["check_max_abs_diff"],
+        "seconds": run["seconds"],
+    }
+    notes = []
+    if not n_controls:
+        notes.append("p_value and excess_over_controls are NaN: no control set was drawn (n_controls=0)")
+    if plan.warning:
+        notes.append(plan.warning)
+    if n_controls < n_requested:
+        notes.append(
+            f"{n_requested} controls were asked for, but only {n_distinct} distinct matched sets exist: all of them "
+            f"were used once (the p-value's floor is 1/{n_controls + 1})"
+        )
+    if n_resampled < 2:
+        notes.append("the 95% intervals are NaN: one text window cannot be resampled (give more text)")
+    if not singles:
+        notes.append("heads.delta_loss is NaN: each head alone is ablated with singles=True")
+    if plan.fallback:
+        summary["control_rule"] += (
+            f"; layers {plan.fallback} have fewer non-flagged than flagged heads, so their draws come from all heads"
+        )
+        notes.append(f"controls in layers {plan.fallback} may contain flagged heads (see controls.n_flagged_in_set)")
+    if run["fallback_window"] is not None:
+        notes.append(
+            f"from window {run['fallback_window']} on, the model refused the repeated residual stream (or its empty "
+            "set disagreed with the clean pass): those windows were repeated at the input"
+        )
+    if run["check_max_abs_diff"] > run["check_tolerance"]:
+        notes.append(
+            f"the empty head set differs from the clean pass by {run['check_max_abs_diff']:.3g} nats/token "
+            f"(> {run['check_tolerance']:g}): compare with batch_size=1"
+        )
+    if notes:
+        summary["note"] = "; ".join(notes)
+    return summary
+
+
 class AblationArgs(TypedDict, total=False):
     """The keyword options of :func:`ablation` besides ``model`` and ``heads`` (``**kwargs: Unpack[AblationArgs]``
     where they are forwarded, e.g. ``rep.ablation(model, ...)``); meaning and validation in :func:`ablation`."""
@@ -917,36 +1259,15 @@ def ablation(
         UserWarning: ``n_controls > 0`` and fewer than :data:`MIN_CONTROLS_FOR_P_005` distinct matched sets exist
             (``p <= 0.05`` is impossible; also in ``summary["controls_warning"]``, the note and ``repr``).
     """
-    if not is_tl_model(model):
-        raise UnsupportedModelError(
-            f"ablation needs a TransformerLens model (HookedTransformer or TransformerBridge) to run with hooks; got "
-            f"{type(model).__name__}. Load one with tl_idempotence.models.load(...)."
-        )
-    if not _is_causal(model):
-        raise UnsupportedModelError(
-            f"ablation measures next-token loss, which needs a causal language model; {type(model).__name__} "
-            f"({getattr(model.cfg, 'model_name', '?')}) is an encoder (bidirectional attention)."
-        )
-    if not isinstance(kind, str):
-        raise OptionTypeError(f"kind must be 'mean' or 'zero'; got {type(kind).__name__} {kind!r}.")
-    if kind not in ABLATION_KINDS:
-        close = difflib.get_close_matches(kind, ABLATION_KINDS, n=1, cutoff=0.4)
-        raise OptionError(
-            f"kind must be 'mean' or 'zero'; got {kind!r}" + (f" (did you mean {close[0]!r}?)" if close else "") + "."
-        )
+    _check_model(model)
+    _check_kind(kind)
     n_controls = check_int(n_controls, "n_controls", 0, MAX_CONTROLS)
     seed = check_seed(seed)
     seq_len = check_int(seq_len, "seq_len", 2, 1 << 20)
     batch_size = check_int(batch_size, "batch_size", 1, 4096)
     singles = check_bool(singles, "singles")
     progress = check_bool(progress, "progress")
-    if heads is None:
-        raise OptionError("heads is None: give the (layer, head) pairs to ablate, e.g. rep.closed_heads.")
-    if hasattr(heads, "__len__") and not isinstance(heads, (str, bytes)) and len(cast(Sized, heads)) == 0:
-        raise OptionError(
-            "heads is empty: give the (layer, head) pairs to ablate (rep.closed_heads is empty when no head "
-            "reaches the report's threshold)."
-        )
+    _check_heads_given(heads)
     src = TLModelSource(model)
     n_heads = src.info.n_heads
     flagged = select_heads(heads, list(src.layers()), n_heads)
@@ -956,185 +1277,24 @@ def ablation(
             "No counted target token: next-token loss needs windows of at least 2 tokens with a non-special "
             "token after the first position."
         )
-    n_distinct = count_matched_sets(flagged, n_heads)
-    if n_controls and not n_distinct:
-        raise OptionError(
-            f"No matched control set exists: every head of layer(s) {sorted(flagged)} is flagged, so the only set "
-            "with the flagged set's number of heads per layer is the flagged set itself and no p-value can be "
-            f"computed (n_controls={n_controls}). Pass n_controls=0 to measure the loss change alone, or flag "
-            "fewer heads."
-        )
-    controls, fallback = matched_controls(flagged, n_heads, n_controls, seed)
-    n_requested, n_controls = n_controls, len(controls)
-    controls_warning = None
-    if n_requested and n_distinct < MIN_CONTROLS_FOR_P_005:
-        controls_warning = (
-            f"only {n_distinct} distinct matched control set{'s' if n_distinct != 1 else ''} exist, so p >= "
-            f"{1 / (n_distinct + 1):.3g}: p <= 0.05 is impossible for this flagged set"
-        )
-        warnings.warn(f"tli.ablation: {controls_warning}.", UserWarning, stacklevel=3)
-    layers = sorted(flagged)
-    pairs = [(layer, h) for layer, hs in flagged.items() for h in hs]
-    single_sets = [{layer: [h]} for layer, h in pairs] if singles else []
-    sets = [flagged, *controls, *single_sets]
+    plan = _plan_sets(flagged, n_heads, n_controls, seed, singles)
+    if plan.warning:
+        warnings.warn(f"tli.ablation: {plan.warning}.", UserWarning, stacklevel=3)
 
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    try:
-        with torch.no_grad():
-            clean_s, sums, n_tok, run = _set_losses(
-                model,
-                toks,
-                counted,
-                sets,
-                kind=kind,
-                batch_size=batch_size,
-                progress=progress,
-                desc=f"ablation ({kind})",
-            )
-    finally:
-        if was_training:
-            model.train()
-
-    n_total = float(n_tok.sum())
-    loss_clean = float(clean_s.sum() / n_total)
-    set_loss = sums.sum(1) / n_total
-    loss_flagged = float(set_loss[0])
-    ctrl_loss = set_loss[1 : 1 + n_controls]
-    delta = loss_flagged - loss_clean
-    cd = ctrl_loss - loss_clean
-
-    kv_of = kv_layout(n_heads, src.info.n_kv_heads)
-    labels = [head_label(layer, h) for layer, h in pairs]
-    single_loss = set_loss[1 + n_controls :] if singles else np.full(len(pairs), np.nan)
-    heads_df = pd.DataFrame(
-        {
-            "layer": [p[0] for p in pairs],
-            "head": [p[1] for p in pairs],
-            "kv_head": [int(kv_of[h]) for _, h in pairs],
-            "loss_ablated": single_loss.astype(float),
-            "delta_loss": (single_loss - loss_clean).astype(float),
-            "reason": ["" if singles else "not ablated alone (singles=False)"] * len(pairs),
-        },
-        index=head_labels([p[0] for p in pairs], [p[1] for p in pairs]),
-    )
-    flagged_pairs = set(pairs)
-    ctrl_df = pd.DataFrame(
-        {
-            "control": np.arange(n_controls, dtype=np.int64),
-            "heads": [_set_labels(s) for s in controls],
-            "n_flagged_in_set": np.array(
-                [sum((layer, h) in flagged_pairs for layer, hs in s.items() for h in hs) for s in controls],
-                dtype=np.int64,
-            ),
-            "loss_ablated": ctrl_loss.astype(float),
-            "delta_loss": cd.astype(float),
-        },
-        columns=["control", "heads", "n_flagged_in_set", "loss_ablated", "delta_loss"],
-    )
-    names = ["flagged", *[f"control {c}" for c in range(n_controls)], *(labels if singles else [])]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        per_window = np.vstack([clean_s, sums]) / n_tok[None, :]
-    win_df = pd.DataFrame(per_window.T, columns=["clean", *names])
-    win_df.insert(0, "n_tokens", n_tok)
-    win_df.index.name = "window"
-
-    p_value, p_floor, n_at_least = rank_p_value(delta, cd)
-    nan = float("nan")
-    has = n_tok > 0  # a window without a counted target adds nothing to any loss
-    n_resampled = int(has.sum())
-    ci, ell = (
-        bootstrap_intervals(clean_s[has], sums[0][has], sums[1 : 1 + n_controls][:, has], n_tok[has], seed)
-        if n_resampled > 1
-        else ({}, 0)
-    )
-    summary: dict[str, Any] = {
-        "delta_loss": delta,
-        "control_delta_median": float(np.median(cd)) if cd.size else nan,
-        "p_value": p_value,
-        "p_value_floor": p_floor,
-        "n_controls": n_controls,
-        "n_controls_requested": n_requested,
-        "n_distinct_controls": n_distinct,
-        "controls_exhaustive": bool(n_controls) and n_controls == n_distinct,
-        **({"controls_warning": controls_warning} if controls_warning else {}),
-        "n_controls_at_least": n_at_least,
-        "excess_over_controls": delta - float(np.median(cd)) if cd.size else nan,
-        "delta_loss_ci_low": ci.get("delta_loss_ci_low", nan),
-        "delta_loss_ci_high": ci.get("delta_loss_ci_high", nan),
-        "excess_ci_low": ci.get("excess_ci_low", nan),
-        "excess_ci_high": ci.get("excess_ci_high", nan),
-        "loss_clean": loss_clean,
-        "loss_ablated": loss_flagged,
-        "control_delta_mean": float(cd.mean()) if cd.size else nan,
-        "control_delta_q05": float(np.quantile(cd, 0.05)) if cd.size else nan,
-        "control_delta_q95": float(np.quantile(cd, 0.95)) if cd.size else nan,
-        "control_delta_max": float(cd.max()) if cd.size else nan,
-        "model_name": src.info.model_name,
-        "kind": kind,
-        "n_heads": len(pairs),
-        "layers": layers,
-        "n_windows": int(toks.shape[0]),
-        "n_tokens": int(n_total),
-        "sum_delta_single": float(heads_df["delta_loss"].sum()) if singles else nan,
-        "control_rule": (
-            "same number of heads per layer, drawn from the layer's non-flagged heads; distinct sets, never the "
-            "flagged set" + ("; all of them" if bool(n_controls) and n_controls == n_distinct else "")
-        ),
-        "ci_method": (
-            f"percentile bootstrap, {BOOTSTRAP_DRAWS} draws: text windows resampled in moving blocks of {ell} "
-            "consecutive windows (the excess also resamples the control sets); seeded"
-        ),
-        "batching": run["batching"],
-        "threads": run["threads"],
-        "threads_seconds_per_set": run["threads_seconds_per_set"],
-        "check_max_abs_diff": run["check_max_abs_diff"],
-        "seconds": run["seconds"],
-    }
-    notes = []
-    if not n_controls:
-        notes.append("p_value and excess_over_controls are NaN: no control set was drawn (n_controls=0)")
-    if controls_warning:
-        notes.append(controls_warning)
-    if n_controls < n_requested:
-        notes.append(
-            f"{n_requested} controls were asked for, but only {n_distinct} distinct matched sets exist: all of them "
-            f"were used once (the p-value's floor is 1/{n_controls + 1})"
-        )
-    if n_resampled < 2:
-        notes.append("the 95% intervals are NaN: one text window cannot be resampled (give more text)")
-    if not singles:
-        notes.append("heads.delta_loss is NaN: each head alone is ablated with singles=True")
-    if fallback:
-        summary["control_rule"] += (
-            f"; layers {fallback} have fewer non-flagged than flagged heads, so their draws come from all heads"
-        )
-        notes.append(f"controls in layers {fallback} may contain flagged heads (see controls.n_flagged_in_set)")
-    if run["fallback_window"] is not None:
-        notes.append(
-            f"from window {run['fallback_window']} on, the model refused the repeated residual stream (or its empty "
-            "set disagreed with the clean pass): those windows were repeated at the input"
-        )
-    if run["check_max_abs_diff"] > run["check_tolerance"]:
-        notes.append(
-            f"the empty head set differs from the clean pass by {run['check_max_abs_diff']:.3g} nats/token "
-            f"(> {run['check_tolerance']:g}): compare with batch_size=1"
-        )
-    if notes:
-        summary["note"] = "; ".join(notes)
+    clean_s, sums, n_tok, run = _run_sets(model, toks, counted, plan, kind, batch_size, progress)
+    losses = _Losses.of(clean_s, sums, n_tok, plan.n_controls)
+    heads_df, ctrl_df, win_df = _ablation_tables(plan, losses, kv_layout(n_heads, src.info.n_kv_heads), singles)
+    summary = _ablation_summary(plan, losses, run, heads_df, seed, kind, src.info.model_name, int(toks.shape[0]))
     options = {
         "kind": kind,
-        "n_controls": n_requested,
+        "n_controls": plan.n_requested,
         "seed": seed,
         "seq_len": seq_len,
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "singles": singles,
         "corpus": "default (stdlib docstrings)" if texts is None else type(texts).__name__,
-        "hook": "blocks.{l}.attn.hook_z",
-        "mean_over": "every counted (non-special) position of the evaluated windows, clean run, per head"
-        if kind == "mean"
-        else None,
+        **_ABLATION_HOOK[kind],
     }
     return Ablation(
         heads=heads_df, controls=ctrl_df, summary=summary, info=src.info, options=options, window_losses=win_df

@@ -56,7 +56,7 @@ attention mask) with the same exclusion rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -307,6 +307,170 @@ class ActivationReturns(Result):
         return views().activation_figure(self)
 
 
+def _collect_returns(
+    model: Any,
+    toks: Tensor,
+    counted: Tensor,
+    ops: dict[int, _LayerOps],
+    control: str | None,
+    rand_gen: dict[int, torch.Generator],
+    batch_size: int,
+    progress: bool,
+) -> dict[int, dict[str, list[Tensor]]]:
+    """The forward passes of :func:`activation_returns`: windows ``toks`` ``[windows, pos]`` in batches, a
+    ``hook_z`` hook on every layer of ``ops`` reducing each counted position (``counted``, same shape) to the
+    heads' returns (:func:`head_returns`) and, with ``control``, their control's (:func:`_control_returns`); the
+    pass stops after the last needed layer. The model is put in eval mode and back.
+
+    Returns:
+        ``{layer: {"a", "c", "ca", "cc": [float32 tensors [n_tok, heads], one per batch]}}`` (``ca``/``cc`` empty
+        without a control).
+    """
+    from ..core.progress import progress_bar
+
+    last = max(ops)
+    n_layers = int(model.cfg.n_layers)  # a TransformerLens model (checked by the caller)
+    stats: dict[int, dict[str, list[Tensor]]] = {l: {"a": [], "c": [], "ca": [], "cc": []} for l in ops}
+    cur_mask: dict[str, Tensor] = {}
+
+    def make_hook(l: int):
+        o = ops[l]
+        hidx = torch.tensor(o.heads, dtype=torch.long)
+
+        def hook(z: Tensor, hook: Any = None) -> None:
+            zz = z.detach()[..., hidx, :].to("cpu")[cur_mask["m"]]  # [n_tok, h, r]
+            a, c2 = head_returns(zz, o.G_O, o.M)
+            stats[l]["a"].append(a.float())
+            stats[l]["c"].append(c2.float())
+            if control is not None:
+                ca, cc = _control_returns(o, zz, control, rand_gen.get(l))
+                stats[l]["ca"].append(ca.float())
+                stats[l]["cc"].append(cc.float())
+            if l == last and last < n_layers - 1:
+                raise _Stop
+
+        return hook
+
+    fwd_hooks = [(f"blocks.{l}.attn.hook_z", make_hook(l)) for l in ops]
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    device = getattr(model.cfg, "device", None) or "cpu"
+    try:
+        with torch.no_grad():
+            n_batches = (len(toks) + batch_size - 1) // batch_size
+            desc = f"activation returns ({len(toks)} windows x {toks.shape[1]} tokens; ~6 CPU-ms/token on SmolLM2)"
+            for start in progress_bar(
+                range(0, len(toks), batch_size), desc=desc, total=n_batches, unit="batch", enabled=progress
+            ):
+                batch = toks[start : start + batch_size]
+                cur_mask["m"] = counted[start : start + batch_size]
+                if not bool(cur_mask["m"].any()):
+                    continue
+                try:
+                    model.run_with_hooks(batch.to(device), fwd_hooks=fwd_hooks, return_type=None)
+                except _Stop:
+                    pass
+    finally:
+        if was_training:
+            model.train()
+    return stats
+
+
+def _returns_table(
+    ops: dict[int, _LayerOps], stats: dict[int, dict[str, list[Tensor]]], control: str | None, threshold: float
+) -> pd.DataFrame:
+    """One row per head (SPEC 8): its weight-level α, P and ``closed`` at ``threshold``, the quantiles of its
+    returns ``a`` and ``cos²`` over the counted tokens (float64 from the float32 per-token values), their relation
+    to α and P, and with ``control`` the control's medians and spreads; indexed by head label (``L10H8``)."""
+    rows = []
+    for l, o in ops.items():
+        a = torch.cat(stats[l]["a"]).double().numpy()
+        c2 = torch.cat(stats[l]["c"]).double().numpy()
+        ca = torch.cat(stats[l]["ca"]).double().numpy() if control else None
+        cc = torch.cat(stats[l]["cc"]).double().numpy() if control else None
+        for k, h in enumerate(o.heads):
+            ak, ck = a[:, k], c2[:, k]
+            row = {
+                "layer": l,
+                "head": h,
+                "kv_head": o.kv[k],
+                "alpha": float(o.alpha[k]),
+                "P": float(o.P[k]),
+                "closed": bool(np.isfinite(o.P[k]) and o.P[k] >= threshold),
+                "n_tokens": int(np.isfinite(ak).sum()),
+                "a_median": _q(ak, 0.5),
+                "a_q25": _q(ak, 0.25),
+                "a_q75": _q(ak, 0.75),
+                "a_min": _q(ak, 0.0),
+                "a_max": _q(ak, 1.0),
+                "cos2_median": _q(ck, 0.5),
+                "cos2_q25": _q(ck, 0.25),
+                "cos2_q75": _q(ck, 0.75),
+                "cos2_min": _q(ck, 0.0),
+            }
+            row["a_iqr"] = row["a_q75"] - row["a_q25"]
+            row["cos2_iqr"] = row["cos2_q75"] - row["cos2_q25"]
+            row["a_median_over_alpha"] = row["a_median"] / row["alpha"] if row["alpha"] else float("nan")
+            row["cos2_median_minus_P"] = row["cos2_median"] - row["P"]
+            if control:
+                assert ca is not None and cc is not None
+                row["ctrl_a_median"] = _q(ca[:, k], 0.5)
+                row["ctrl_a_iqr"] = _q(ca[:, k], 0.75) - _q(ca[:, k], 0.25)
+                row["ctrl_cos2_median"] = _q(cc[:, k], 0.5)
+                row["ctrl_cos2_iqr"] = _q(cc[:, k], 0.75) - _q(cc[:, k], 0.25)
+                row["cos2_beats_control"] = bool(row["cos2_median"] > row["ctrl_cos2_median"])
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    df.index = head_labels(df["layer"], df["head"])  # "L10H8", the index of rep.heads
+    return df
+
+
+def _returns_summary(
+    df: pd.DataFrame, control: str | None, model_name: str, n_tok: int, n_windows: int
+) -> dict[str, Any]:
+    """The summary of :func:`activation_returns`: medians over heads (closed and open apart; NaN heads left out,
+    NaN when none is left) and, with ``control``, the fraction of the compared heads whose median cos² beats it."""
+    closed = df["closed"].to_numpy(dtype=bool)
+
+    def med(col: str, m: np.ndarray | None = None) -> float:
+        v = df[col].to_numpy(dtype=float) if m is None else df.loc[m, col].to_numpy(dtype=float)
+        v = v[np.isfinite(v)]
+        return float(np.median(v)) if v.size else float("nan")
+
+    summary: dict[str, Any] = {
+        "model_name": model_name,
+        "n_heads": len(df),
+        "n_tokens": n_tok,
+        "n_windows": n_windows,
+        "n_closed": int(closed.sum()),
+        "median_cos2_all": med("cos2_median"),
+        "median_cos2_closed": med("cos2_median", closed),
+        "median_cos2_open": med("cos2_median", ~closed),
+        "median_a_over_alpha_closed": med("a_median_over_alpha", closed),
+    }
+    if control:
+        # Over the heads whose comparison is defined (both medians finite): an undefined head is in neither count.
+        compared = np.isfinite(df["cos2_median"].to_numpy(dtype=float)) & np.isfinite(
+            df["ctrl_cos2_median"].to_numpy(dtype=float)
+        )
+        beats = df["cos2_beats_control"].to_numpy(dtype=bool)
+
+        def frac(m: np.ndarray) -> float:
+            return float(beats[m].mean()) if m.any() else float("nan")
+
+        summary.update(
+            {
+                "control": control,
+                "median_ctrl_cos2_all": med("ctrl_cos2_median"),
+                "median_ctrl_cos2_closed": med("ctrl_cos2_median", closed),
+                "n_heads_compared": int(compared.sum()),
+                "frac_beats_control": frac(compared),
+                "frac_closed_beats_control": frac(compared & closed),
+            }
+        )
+    return summary
+
+
 @strict_kwargs
 def activation_returns(
     model: TLModel,
@@ -368,8 +532,6 @@ def activation_returns(
             vocabulary, empty input, no tokenizer for text, no counted tokens (every position was
             a special token), counts < 1.
     """
-    from ..core.progress import progress_bar
-
     if n_control_draws is not None:
         warn_at_caller("activation_returns(n_control_draws=...) is deprecated; use nulls=...", DeprecationWarning)
         nulls = n_control_draws
@@ -396,134 +558,10 @@ def activation_returns(
     if not bool(counted.any()):
         raise OptionError("Every position is a special token (BOS/EOS/PAD/CLS/SEP): there is no text to measure.")
     ops = {l: _layer_ops(src, l, hs, control, n_control_draws, seed) for l, hs in sel.items()}
-    last = max(sel)
-    n_layers = int(cast(Any, model).cfg.n_layers)  # a TransformerLens model (checked above)
-    stats: dict[int, dict[str, list[Tensor]]] = {l: {"a": [], "c": [], "ca": [], "cc": []} for l in sel}
-    rand_gen = {}
-    if control == "random":
-        rand_gen = {l: layer_generator(seed, l, "scramble", 9) for l in sel}
-    cur_mask: dict[str, Tensor] = {}
-
-    def make_hook(l: int):
-        o = ops[l]
-        hidx = torch.tensor(o.heads, dtype=torch.long)
-
-        def hook(z: Tensor, hook: Any = None) -> None:
-            zz = z.detach()[..., hidx, :].to("cpu")[cur_mask["m"]]  # [n_tok, h, r]
-            a, c2 = head_returns(zz, o.G_O, o.M)
-            stats[l]["a"].append(a.float())
-            stats[l]["c"].append(c2.float())
-            if control is not None:
-                ca, cc = _control_returns(o, zz, control, rand_gen.get(l))
-                stats[l]["ca"].append(ca.float())
-                stats[l]["cc"].append(cc.float())
-            if l == last and last < n_layers - 1:
-                raise _Stop
-
-        return hook
-
-    fwd_hooks = [(f"blocks.{l}.attn.hook_z", make_hook(l)) for l in sel]
-    was_training = bool(getattr(model, "training", False))
-    model.eval()
-    device = getattr(model.cfg, "device", None) or "cpu"
-    try:
-        with torch.no_grad():
-            n_batches = (len(toks) + batch_size - 1) // batch_size
-            desc = f"activation returns ({len(toks)} windows x {toks.shape[1]} tokens; ~6 CPU-ms/token on SmolLM2)"
-            for start in progress_bar(
-                range(0, len(toks), batch_size), desc=desc, total=n_batches, unit="batch", enabled=progress
-            ):
-                batch = toks[start : start + batch_size]
-                cur_mask["m"] = counted[start : start + batch_size]
-                if not bool(cur_mask["m"].any()):
-                    continue
-                try:
-                    cast(Any, model).run_with_hooks(batch.to(device), fwd_hooks=fwd_hooks, return_type=None)
-                except _Stop:
-                    pass
-    finally:
-        if was_training:
-            model.train()
-
-    rows = []
-    for l, o in ops.items():
-        a = torch.cat(stats[l]["a"]).double().numpy()
-        c2 = torch.cat(stats[l]["c"]).double().numpy()
-        ca = torch.cat(stats[l]["ca"]).double().numpy() if control else None
-        cc = torch.cat(stats[l]["cc"]).double().numpy() if control else None
-        for k, h in enumerate(o.heads):
-            ak, ck = a[:, k], c2[:, k]
-            row = {
-                "layer": l,
-                "head": h,
-                "kv_head": o.kv[k],
-                "alpha": float(o.alpha[k]),
-                "P": float(o.P[k]),
-                "closed": bool(np.isfinite(o.P[k]) and o.P[k] >= threshold),
-                "n_tokens": int(np.isfinite(ak).sum()),
-                "a_median": _q(ak, 0.5),
-                "a_q25": _q(ak, 0.25),
-                "a_q75": _q(ak, 0.75),
-                "a_min": _q(ak, 0.0),
-                "a_max": _q(ak, 1.0),
-                "cos2_median": _q(ck, 0.5),
-                "cos2_q25": _q(ck, 0.25),
-                "cos2_q75": _q(ck, 0.75),
-                "cos2_min": _q(ck, 0.0),
-            }
-            row["a_iqr"] = row["a_q75"] - row["a_q25"]
-            row["cos2_iqr"] = row["cos2_q75"] - row["cos2_q25"]
-            row["a_median_over_alpha"] = row["a_median"] / row["alpha"] if row["alpha"] else float("nan")
-            row["cos2_median_minus_P"] = row["cos2_median"] - row["P"]
-            if control:
-                assert ca is not None and cc is not None
-                row["ctrl_a_median"] = _q(ca[:, k], 0.5)
-                row["ctrl_a_iqr"] = _q(ca[:, k], 0.75) - _q(ca[:, k], 0.25)
-                row["ctrl_cos2_median"] = _q(cc[:, k], 0.5)
-                row["ctrl_cos2_iqr"] = _q(cc[:, k], 0.75) - _q(cc[:, k], 0.25)
-                row["cos2_beats_control"] = bool(row["cos2_median"] > row["ctrl_cos2_median"])
-            rows.append(row)
-    df = pd.DataFrame(rows)
-    df.index = head_labels(df["layer"], df["head"])  # "L10H8", the index of rep.heads
-    n_tok = int(counted.sum())
-    closed = df["closed"].to_numpy(dtype=bool)
-
-    def med(col: str, m: np.ndarray | None = None) -> float:
-        v = df[col].to_numpy(dtype=float) if m is None else df.loc[m, col].to_numpy(dtype=float)
-        v = v[np.isfinite(v)]
-        return float(np.median(v)) if v.size else float("nan")
-
-    summary: dict[str, Any] = {
-        "model_name": src.info.model_name,
-        "n_heads": len(df),
-        "n_tokens": n_tok,
-        "n_windows": len(toks),
-        "n_closed": int(closed.sum()),
-        "median_cos2_all": med("cos2_median"),
-        "median_cos2_closed": med("cos2_median", closed),
-        "median_cos2_open": med("cos2_median", ~closed),
-        "median_a_over_alpha_closed": med("a_median_over_alpha", closed),
-    }
-    if control:
-        # Over the heads whose comparison is defined (both medians finite): an undefined head is in neither count.
-        compared = np.isfinite(df["cos2_median"].to_numpy(dtype=float)) & np.isfinite(
-            df["ctrl_cos2_median"].to_numpy(dtype=float)
-        )
-        beats = df["cos2_beats_control"].to_numpy(dtype=bool)
-
-        def frac(m: np.ndarray) -> float:
-            return float(beats[m].mean()) if m.any() else float("nan")
-
-        summary.update(
-            {
-                "control": control,
-                "median_ctrl_cos2_all": med("ctrl_cos2_median"),
-                "median_ctrl_cos2_closed": med("ctrl_cos2_median", closed),
-                "n_heads_compared": int(compared.sum()),
-                "frac_beats_control": frac(compared),
-                "frac_closed_beats_control": frac(compared & closed),
-            }
-        )
+    rand_gen = {l: layer_generator(seed, l, "scramble", 9) for l in sel} if control == "random" else {}
+    stats = _collect_returns(model, toks, counted, ops, control, rand_gen, batch_size, progress)
+    df = _returns_table(ops, stats, control, threshold)
+    summary = _returns_summary(df, control, src.info.model_name, int(counted.sum()), len(toks))
     options = {
         "control": control,
         "nulls": n_control_draws if control == "scramble" else None,

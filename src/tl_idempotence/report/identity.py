@@ -10,7 +10,7 @@ is expected and says what differs, naming both sides; :func:`check_report_matche
 something uses it: a sweep task deciding whether a saved report still stands for its item
 (:func:`tl_idempotence.studies.sweep.saved_report_matches`), :func:`tl_idempotence.studies.sweep.load_sweep`
 reading an item's folder back, and the attention views given a model to run
-(:func:`tl_idempotence.views.attention.check_model_matches`).
+(:func:`tl_idempotence.report.attention.check_model_matches`).
 
 The option comparison (:func:`option_differences`, :data:`COMPARED_OPTIONS`) and the processing key
 (:func:`processing_key`) live here too; :mod:`tl_idempotence.studies.compare` uses them.
@@ -20,19 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.option_specs import resolve_layers
 from ..core.processing import T_PROCESSING
 from ..errors import ReportMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.heads import HeadSource
+    import pandas as pd
+
+    from ..core.heads import HeadSource, ModelInfo
     from ..core.options import ReportOptions
-    from .report import IdempotenceReport
 
 __all__ = [
     "COMPARED_OPTIONS",
+    "MeasuredReport",
     "Origin",
     "check_report_matches",
     "describe_report",
@@ -44,6 +46,23 @@ __all__ = [
 
 #: Options that change the numbers and must agree between reports that are compared or reused.
 COMPARED_OPTIONS = ("threshold", "nulls", "seed", "search", "algebra", "compute_dtype", "layers")
+
+
+class MeasuredReport(Protocol):
+    """What the identity check reads of a report (an :class:`~tl_idempotence.report.report.IdempotenceReport`):
+    named by attributes, so that this module, which the report's attention views use, never imports the report."""
+
+    @property
+    def summary(self) -> Any: ...  # a Mapping[str, Any]: model_name, processing, weights_fingerprint
+
+    @property
+    def options(self) -> ReportOptions: ...
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def layers(self) -> pd.DataFrame: ...  # with the per-layer ``fingerprint``
 
 
 @dataclass(frozen=True)
@@ -100,7 +119,7 @@ def option_differences(have: ReportOptions, want: ReportOptions) -> dict[str, tu
     return {k: (a[k], b[k]) for k in COMPARED_OPTIONS if a[k] != b[k]}
 
 
-def describe_report(report: IdempotenceReport) -> str:
+def describe_report(report: MeasuredReport) -> str:
     """A report in words for messages: its model name, origin and weights fingerprint (first 12 hex digits),
     e.g. ``"'ckB' (checkpoint 'ckB', weights sha256 0a1b2c3d4e5f)"``."""
     s = report.summary
@@ -123,7 +142,7 @@ def _sizes_text(have: Any, want: Any) -> str:
 
 
 def report_mismatch(
-    report: IdempotenceReport,
+    report: MeasuredReport,
     *,
     origin: Origin | None = None,
     fingerprint: str | None = None,
@@ -195,7 +214,7 @@ def report_mismatch(
 
 
 def check_report_matches(
-    report: IdempotenceReport,
+    report: MeasuredReport,
     *,
     what: str,
     fix: str,

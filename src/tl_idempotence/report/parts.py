@@ -28,7 +28,6 @@ from __future__ import annotations
 import importlib.metadata
 import io
 import json
-import math
 import os
 import warnings
 from pathlib import Path
@@ -46,10 +45,11 @@ from ..core.files import (
     sha256_file,
 )
 from ..core.heads import ModelInfo
+from ..core.jsonio import RECORD, json_ready, json_restore, json_text
 from ..core.options import ReportOptions
 from ..errors import ResumeError
 
-__all__ = ["FORMAT", "LayerPart", "ResumeDir", "json_safe"]
+__all__ = ["FORMAT", "LayerPart", "ResumeDir", "json_restore", "json_safe"]
 
 FORMAT = "tl_idempotence.resume/2"
 
@@ -66,44 +66,9 @@ _VERSION = _package_version()
 
 
 def json_safe(x: Any) -> Any:
-    """``x`` with numpy scalars as Python scalars and NaN/inf as the strings "NaN"/"Infinity"/"-Infinity"
-    (strict JSON); :func:`json_restore` undoes it."""
-    try:
-        import numpy as np
-
-        if isinstance(x, np.generic):
-            x = x.item()
-    except ImportError:  # pragma: no cover
-        pass
-    if isinstance(x, dict):
-        return {str(k): json_safe(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_safe(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
-    return x
-
-
-def json_restore(x: Any, float_keys: set[str] | None = None) -> Any:
-    """Undo :func:`json_safe` for the values of ``float_keys`` (or of every key when None).
-
-    A dict whose keys are all decimal integers (``"0"``, ``"12"``) gets int keys back: JSON keys are
-    strings, and the only such dicts this package writes are keyed by layer (``closed_per_layer``).
-    """
-    special = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
-    if isinstance(x, dict):
-        int_keys = bool(x) and all(isinstance(k, str) and k.isdecimal() for k in x)
-        return {
-            (int(k) if int_keys else k): (
-                special[v]
-                if isinstance(v, str) and v in special and (float_keys is None or k in float_keys)
-                else json_restore(v, float_keys)
-            )
-            for k, v in x.items()
-        }
-    if isinstance(x, list):
-        return [json_restore(v, float_keys) for v in x]
-    return x
+    """``x`` as strict JSON under the record policy (:data:`~tl_idempotence.core.jsonio.RECORD`): numpy scalars
+    as Python scalars, NaN/inf as the strings "NaN"/"Infinity"/"-Infinity"; :func:`json_restore` undoes it."""
+    return json_ready(x, RECORD)
 
 
 def _record_digest(rec: dict[str, Any]) -> str:
@@ -189,7 +154,7 @@ class ResumeDir:
                 )
         else:
             try:
-                atomic_write_text(mfile, json.dumps(manifest, indent=2, sort_keys=True))
+                atomic_write_text(mfile, json_text(manifest, RECORD, indent=2, sort_keys=True))
             except OSError as e:
                 raise ResumeError(f"Cannot write {mfile}: {e.strerror or e}. Is the directory writable?") from e
 
@@ -291,7 +256,7 @@ class ResumeDir:
                 "files": files,
             }
             rec["digest"] = _record_digest(rec)
-            atomic_write_text(self._record(part.layer), json.dumps(rec, indent=1, sort_keys=True))
+            atomic_write_text(self._record(part.layer), json_text(rec, RECORD, indent=1, sort_keys=True))
         except OSError as e:
             where = Path(e.filename).name if getattr(e, "filename", None) else self.dir
             if getattr(e, "filename2", None):

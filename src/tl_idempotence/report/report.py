@@ -33,6 +33,7 @@ from ..core.options import ReportOptions, check_bool, check_threshold, resolve_l
 from ..core.results import Result, views
 from ..errors import OptionError, OptionTypeError, ResumeError
 from ..sources.dispatch import head_source, model_inputs
+from .outputs import FOLDER, Output, write_output
 from .parts import ResumeDir
 from .store import ReportRecord, read_record, write_record
 from .summary import ReportSummary, build_summary, format_paper_table, paper_table
@@ -55,9 +56,12 @@ __all__ = [
     "IdempotenceReport",
     "add_q_values",
     "assemble",
+    "export_record",
     "head_label",
+    "heads_with_roles",
     "idempotence_report",
     "load_report",
+    "report_output",
     "report_with_options",
     "run_layer",
 ]
@@ -158,6 +162,7 @@ class IdempotenceReport(Result):
     #: (a class default: a report unpickled from an older version read from nothing known)
     inputs: tuple[tuple[str, Path], ...] = ()
 
+    display_kind: ClassVar[str] = "report"
     repr_keys: ClassVar[tuple[str, ...]] = (
         "model_name",
         "n_heads",
@@ -447,27 +452,59 @@ class IdempotenceReport(Result):
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
                 from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
-            OptionError: the folder of ``path`` does not exist; an attention view without a model; ``roles``
+            OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
+                ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.report.outputs`); ``attention_heads``,
+                ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model; ``roles``
                 joined with another report (names the heads).
-            OptionTypeError: ``roles`` is not a ``rep.roles(...)`` result.
+            OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result.
         """
-        refuse_outputs_over_inputs([("path", path)], self.inputs)
+        refuse_outputs_over_inputs([("path", path)], self.inputs)  # first, as every writer (write_output again)
         if roles is not None:
             from .roles import check_roles_fit_report
 
             check_roles_fit_report(self.heads, self.threshold, roles)
-        return str(
-            views().save_report_html(
-                self,
-                path,
-                attention_text=attention_text,
-                model=model,
-                attention_heads=attention_heads,
-                top_k=top_k,
-                max_tokens=max_tokens,
-                roles=roles,
-            )
+        if attention_text is None:  # options of the attention view alone would be silently ignored
+            ignored = [n for n, v in (("attention_heads", attention_heads), ("top_k", top_k)) if v is not None]
+            if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 64):
+                ignored.append("max_tokens")
+            if ignored:
+                raise OptionError(
+                    f"{', '.join(ignored)} only apply to the attention view: give attention_text='...' too, or "
+                    "drop them."
+                )
+        out = report_output(
+            self,
+            attention_text=attention_text,
+            model=model,
+            attention_heads=attention_heads,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            roles=roles,
         )
+        return str(write_output(out, path, ("html",)))
+
+    @strict_kwargs
+    def export(self, path: PathLike, overwrite: bool = False) -> str:
+        """Write the report in the format the extension of ``path`` chooses (the output registry,
+        :mod:`tl_idempotence.report.outputs`; docs/definitions.md "Output formats"):
+
+        * ``.html``/``.htm``: the page of :meth:`save_html` (without an attention view);
+        * ``.json``: ``{"summary": ..., "closed_heads": [...]}`` (the CLI's ``--json``; NaN as ``null``);
+        * ``.csv`` / ``.parquet``: :attr:`heads` with its label first (the CLI's ``--csv``);
+        * a path without extension (or an existing folder): the save format of :meth:`save`.
+
+        Returns:
+            The path written.
+
+        Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is (or links to) something the report was read
+                from (:attr:`inputs`).
+            OptionError: another extension (names the known ones); a folder where a file goes; a missing folder;
+                a file that cannot be written; the folder errors of :meth:`save`.
+            OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
+        """
+        overwrite = check_bool(overwrite, "overwrite")
+        return str(write_output(report_output(self), path, overwrite=overwrite))
 
     @strict_kwargs
     def show_attention(
@@ -493,7 +530,9 @@ class IdempotenceReport(Result):
         Raises:
             OptionError: no TransformerLens model is available.
         """
-        return views().report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
+        from .attention import report_attention_view
+
+        return report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
 
     def ablation(self, model: TLModel | None = None, **kwargs: Unpack[AblationArgs]) -> Ablation:
         """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
@@ -586,16 +625,99 @@ class IdempotenceReport(Result):
             OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
             OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
-        refuse_outputs_over_inputs([("path", path)], self.inputs)
+        return str(write_output(report_output(self), path, (FOLDER,), overwrite=overwrite))
+
+
+#: The per-head columns of the JSON export's ``closed_heads`` (those the report has), after the head's label.
+EXPORT_HEAD_COLUMNS = (
+    "layer",
+    "head",
+    "kv_head",
+    "alpha",
+    "P",
+    "P_scrambled_median",
+    "p_value",
+    "q_value",
+    "P_searched",
+)
+
+
+#: The role columns a report's exports add with ``roles`` (the CLI's ``--roles``: ``--csv`` and ``--json``).
+EXPORT_ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
+
+
+def heads_with_roles(heads: pd.DataFrame, roles: RoleAssociation | None) -> pd.DataFrame:
+    """``heads`` with the :data:`EXPORT_ROLE_COLUMNS` of ``roles`` (a ``rep.roles(...)`` of the same report)
+    joined on the head label; ``heads`` itself without roles."""
+    return heads if roles is None else heads.join(roles.table[list(EXPORT_ROLE_COLUMNS)])
+
+
+def export_record(rep: IdempotenceReport, roles: RoleAssociation | None = None) -> dict[str, Any]:
+    """The report's JSON export (``.json`` outputs and the CLI's ``--json``): ``{"summary": rep.summary,
+    "closed_heads": [{"label": "L10H8", "layer": .., "head": .., "alpha": .., "P": .., ...}, ...]}``, closed heads
+    highest P first, with the :data:`EXPORT_HEAD_COLUMNS` the report has; with ``roles`` (``rep.roles(...)``) also
+    their :data:`EXPORT_ROLE_COLUMNS` and ``"roles": {"summary", "association": [one record per role]}``.
+    Written under the export NaN policy (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``)."""
+    cols = [c for c in EXPORT_HEAD_COLUMNS if c in rep.heads.columns]
+    cols += list(EXPORT_ROLE_COLUMNS) if roles is not None else []
+    closed_heads = heads_with_roles(rep.closed_heads, roles)
+    closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in closed_heads.iterrows()]
+    out: dict[str, Any] = {"summary": rep.summary, "closed_heads": closed}
+    if roles is not None:
+        out["roles"] = {
+            "summary": roles.summary,
+            "association": [{"role": r, **row.to_dict()} for r, row in roles.association.iterrows()],
+        }
+    return out
+
+
+def report_output(
+    rep: IdempotenceReport,
+    *,
+    attention_text: str | None = None,
+    model: TLModel | None = None,
+    attention_heads: HeadPairs | None = None,
+    top_k: IntLike | None = None,
+    max_tokens: IntLike = 64,
+    roles: RoleAssociation | None = None,
+) -> Output:
+    """What a report can be written as (:class:`~tl_idempotence.report.outputs.Output`): its page (with an
+    attention section on ``attention_text``: the probe runs ``model``, the view draws; with ``roles``, the section
+    "What the closed heads do"), its JSON export (:func:`export_record`), its ``heads`` table with the label first
+    (and the role columns with ``roles``), and the save format (:meth:`IdempotenceReport.save`). Nothing is
+    rendered or run until a writer asks; ``roles`` is checked against the report by the caller."""
+
+    def page() -> str:
+        extra = []
+        if attention_text is not None:
+            from .attention import attention_section_html
+
+            extra.append(
+                attention_section_html(
+                    rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
+                )
+            )
+        return str(views().report_html(rep, extra_html=extra, roles=roles))
+
+    def folder(path: Path, overwrite: bool) -> Path:
         rec = ReportRecord(
-            heads=self.heads,
-            layers=self.layers,
-            tables=self.tables,
-            summary=self.summary,
-            info=self.info,
-            options=self.options,
+            heads=rep.heads,
+            layers=rep.layers,
+            tables=rep.tables,
+            summary=rep.summary,
+            info=rep.info,
+            options=rep.options,
         )
-        return str(write_record(rec, path, overwrite=overwrite))
+        return write_record(rec, path, overwrite=overwrite)
+
+    return Output(
+        what="report",
+        inputs=rep.inputs,
+        page=page,
+        record=lambda: export_record(rep, roles),
+        table=lambda: heads_with_roles(rep.heads, roles).reset_index(names="label"),
+        folder=folder,
+    )
 
 
 def load_report(path: PathLike) -> IdempotenceReport:

@@ -32,6 +32,8 @@ import pandas as pd
 from ..analyses.registry import REPORT_ANALYSES
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
 from ..core.heads import ModelInfo
+from ..core.jsonio import RECORD as JSON_RECORD
+from ..core.jsonio import json_text
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
@@ -235,7 +237,8 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
             "tables": sorted(rec.tables),
         }
         record["digest"] = _digest(record)
-        atomic_write_text(d / RECORD, json.dumps(record, indent=1))  # insertion order: the summary reads back as it was
+        # insertion order: the summary reads back as it was
+        atomic_write_text(d / RECORD, json_text(record, JSON_RECORD, indent=1))
         written = {d / RECORD, *(d / f"{n}.parquet" for n in files)}
         for p in old:  # tables of the earlier report that this one does not have
             if p not in written:
@@ -527,7 +530,7 @@ def write_tables_record(
             files[name] = sha256_bytes(buf.getvalue())
         record = {"format": fmt, **json_safe(_tag_int_keys(fields)), "files": files}
         record["digest"] = _digest(record)
-        atomic_write_text(rec_file, json.dumps(record, indent=1))
+        atomic_write_text(rec_file, json_text(record, JSON_RECORD, indent=1))
         written = {rec_file, *(d / f"{n}.parquet" for n in files)}
         for p in old:
             if p not in written:

@@ -14,8 +14,10 @@ of one layer and their layouts:
 * ``data/architectures.json`` — what must be explicit: the format, the config field names, the
   GGUF names, aliases, and refusals/entries no derivation can decide. Its entries win.
 
-This module merges and parses the table and a ``config.json``'s attention sizes. Nothing here
-imports transformer_lens or transformers. Biases never enter ``T = O Vᵀ`` and are not read.
+This module merges and parses the table and a ``config.json``'s attention sizes. The layouts an
+entry may name (their stored shapes, readers and descriptions) are the objects of :mod:`.layouts`;
+the table's ``_format.layouts`` is assembled from them. Nothing here imports transformer_lens or
+transformers. Biases never enter ``T = O Vᵀ`` and are not read.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 
 from ..core.heads import Sizes
 from ..errors import CheckpointError, OptionError, OptionTypeError, WeightError
+from .layouts import O_LAYOUTS, V_LAYOUTS, get_layout, layout_docs
 
 __all__ = [
     "apply_variant",
@@ -60,10 +63,12 @@ def architecture_table() -> dict[str, Any]:
         ``{"architectures": {model_type: entry}, "aliases": {name: model_type}, "refused":
         {model_type: reason}, "config_fields", "gguf", "_format", "_generated"}``; explicit
         entries, aliases and refusals win over derived ones, and a covered type is never refused.
+        ``_format["layouts"]`` describes every layout of :mod:`.layouts` (:func:`~.layouts.layout_docs`).
     """
     hand = _data_json("architectures.json")
     derived = _data_json("architectures_derived.json")
     t = dict(hand)
+    t["_format"] = {**hand["_format"], "layouts": layout_docs()}
     t["architectures"] = {**derived["architectures"], **hand["architectures"]}
     t["aliases"] = {**derived.get("aliases", {}), **hand.get("aliases", {})}
     refused = {**derived.get("refused", {}), **hand.get("refused", {})}
@@ -98,8 +103,6 @@ def how_to_add() -> str:
 #: Keys a custom ``architecture={...}`` entry may have, and those of its ``v`` / ``o`` parts.
 _ENTRY_KEYS = ("layer", "v", "o", "post_attention_norm", "note", "n_kv_heads", "variants", "source")
 _PART_KEYS = ("tensor", "layout")
-_V_LAYOUTS = ("linear", "fused_qkv", "neox_qkv", "conv1d_qkv", "grouped_qkv", "codegen_qkv")
-_O_LAYOUTS = ("linear", "conv1d")
 #: What a variant may change (``variants``: the first whose ``config`` values all match is applied).
 _VARIANT_KEYS = ("config", "v", "o", "n_kv_heads", "post_attention_norm", "note")
 
@@ -107,6 +110,31 @@ _VARIANT_KEYS = ("config", "v", "o", "n_kv_heads", "post_attention_norm", "note"
 def _closest(x: str, names: list[str]) -> str:
     close = difflib.get_close_matches(x, names, n=3, cutoff=0.5)
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _refuse_unknown_keys(d: dict[str, Any], valid: tuple[str, ...], where: str, listing: str) -> None:
+    """OptionError naming the first key of ``d`` not in ``valid``, the closest valid ones and ``listing``."""
+    unknown = [k for k in d if k not in valid]
+    if unknown:
+        k = str(unknown[0])
+        raise OptionError(f"{where} has unknown key {k!r}{_closest(k, list(valid))}; {listing}.")
+
+
+def _check_part(sub: Any, k: str, where: str) -> None:
+    """An entry's ``v`` or ``o`` part (``k``): ``{"tensor": name, "layout": a layout of that kind}``."""
+    if not isinstance(sub, dict):
+        raise OptionError(f"{where}['{k}'] must be {{'tensor': name, 'layout': layout}}; got {sub!r}.")
+    _refuse_unknown_keys(sub, _PART_KEYS, f"{where}['{k}']", "valid: tensor, layout")
+    if not isinstance(sub.get("tensor"), str) or not sub["tensor"]:
+        raise OptionError(f"{where}['{k}']['tensor'] must be a non-empty tensor name; got {sub.get('tensor')!r}.")
+    lay = sub.get("layout")
+    allowed = list(V_LAYOUTS if k == "v" else O_LAYOUTS)
+    if lay not in allowed:
+        hint = _closest(lay, allowed) if isinstance(lay, str) else ""
+        raise OptionError(
+            f"{where}['{k}']['layout'] = {lay!r} is not a layout of a {'value' if k == 'v' else 'output'} "
+            f"tensor{hint} (valid: {', '.join(allowed)}). {how_to_add()}"
+        )
 
 
 def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
@@ -128,35 +156,12 @@ def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
     """
     if not isinstance(entry, dict):
         raise OptionTypeError(f"{where} must be a dict entry; got {type(entry).__name__}.")
-    unknown = [k for k in entry if k not in _ENTRY_KEYS]
-    if unknown:
-        k = str(unknown[0])
-        raise OptionError(
-            f"{where} has unknown key {k!r}{_closest(k, list(_ENTRY_KEYS))}; valid keys: {', '.join(_ENTRY_KEYS)}."
-        )
+    _refuse_unknown_keys(entry, _ENTRY_KEYS, where, f"valid keys: {', '.join(_ENTRY_KEYS)}")
     missing = [k for k in ("layer", "v", "o") if k not in entry]
     if missing:
         raise OptionError(f"{where} entry lacks {missing}. {how_to_add()}")
     for k in ("v", "o"):
-        sub = entry[k]
-        if not isinstance(sub, dict):
-            raise OptionError(f"{where}['{k}'] must be {{'tensor': name, 'layout': layout}}; got {sub!r}.")
-        bad = [x for x in sub if x not in _PART_KEYS]
-        if bad:
-            b = str(bad[0])
-            raise OptionError(
-                f"{where}['{k}'] has unknown key {b!r}{_closest(b, list(_PART_KEYS))}; valid: tensor, layout."
-            )
-        if not isinstance(sub.get("tensor"), str) or not sub["tensor"]:
-            raise OptionError(f"{where}['{k}']['tensor'] must be a non-empty tensor name; got {sub.get('tensor')!r}.")
-        lay = sub.get("layout")
-        allowed = _V_LAYOUTS if k == "v" else _O_LAYOUTS
-        if lay not in allowed:
-            hint = _closest(lay, list(allowed)) if isinstance(lay, str) else ""
-            raise OptionError(
-                f"{where}['{k}']['layout'] = {lay!r} is not a layout of a {'value' if k == 'v' else 'output'} "
-                f"tensor{hint} (valid: {', '.join(allowed)}). {how_to_add()}"
-            )
+        _check_part(entry[k], k, where)
     tpl = entry["layer"]
     if not isinstance(tpl, str) or tpl.count("{l}") != 1:
         raise OptionError(f"{where}['layer'] must be a name template with '{{l}}' exactly once; got {tpl!r}.")
@@ -372,15 +377,10 @@ def attention_regex(entry: dict[str, Any]) -> re.Pattern[str]:
 
 
 def expected_shape(layout: str, kind: str, s: Sizes) -> tuple[int, int]:
-    """The stored 2-D shape of a layer's V (``kind="v"``) or O (``kind="o"``) tensor in ``layout``."""
-    nq, nkv, dh, dm = s.n_heads, s.n_kv_heads, s.d_head, s.d_model
-    if kind == "o":
-        return {"linear": (dm, nq * dh), "conv1d": (nq * dh, dm)}[layout]
-    return {
-        "linear": (nkv * dh, dm),
-        "fused_qkv": ((nq + 2 * nkv) * dh, dm),
-        "neox_qkv": (3 * nq * dh, dm),
-        "conv1d_qkv": (dm, (nq + 2 * nkv) * dh),
-        "grouped_qkv": ((nq + 2 * nkv) * dh, dm),
-        "codegen_qkv": (3 * nq * dh, dm),
-    }[layout]
+    """The stored 2-D shape of a layer's V (``kind="v"``) or O (``kind="o"``) tensor in ``layout``
+    (:attr:`.layouts.Layout.shape`).
+
+    Raises:
+        CheckpointError: an unknown layout.
+    """
+    return get_layout(kind, layout).shape(s)

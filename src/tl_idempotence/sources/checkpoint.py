@@ -14,12 +14,12 @@ in this module stream them layer by layer as :class:`~tl_idempotence.core.heads.
 * a loaded ``transformers`` ``PreTrainedModel`` (its parameters, no copy of the model).
 
 Where each architecture keeps those tensors is :mod:`.architectures`; how bytes are read
-is :mod:`.stores`. The weights are the checkpoint's own: no LayerNorm folding, no centring
+is :mod:`.stores` (GGUF: :mod:`.gguf_store`). The weights are the checkpoint's own: no LayerNorm folding, no centring
 (``processing["raw"] = True``).
 
 Files are checked before anything is measured, and every way a file can lie is refused with
 an error naming the file (:class:`~tl_idempotence.errors.CheckpointError` unless said otherwise;
-details in :mod:`.stores`):
+details in :mod:`.stores` and :mod:`.gguf_store`):
 
 * **ambiguous directories** — without an index, two ``*.safetensors`` files holding a tensor of
   the same name, or two complete sets of attention tensors (different roots) in disjoint files;
@@ -50,6 +50,7 @@ alone; ``info.extra["post_attention_norm"]`` says so, and the report's summary n
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import re
@@ -57,8 +58,6 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from ..core.files import sha256_file, shareable_name
 from ..core.heads import LayerHeads, ModelInfo, Sizes, kv_layout
@@ -68,13 +67,14 @@ from .architectures import (
     architecture_table,
     attention_regex,
     check_architecture,
-    expected_shape,
     how_to_add,
     layer_regex,
     resolve_architecture,
     sizes_from_config,
 )
-from .stores import FLOAT_DTYPES, GGUFStore, ModuleStore, SafetensorsStore, check_file, read_metadata_json
+from .gguf_store import GGUFStore
+from .layouts import get_layout
+from .stores import FLOAT_DTYPES, ModuleStore, SafetensorsStore, check_file, read_metadata_json
 
 __all__ = [
     "CheckpointSource",
@@ -113,7 +113,13 @@ def _find_root(keys: list[str], entry: dict[str, Any], s: Sizes, prefix: str | N
             f"(layer-0 attention tensors present: {near}). The checkpoint lacks the attention weights or uses "
             f"another layout. {how_to_add()}"
         )
-    last = entry["layer"].format(l=s.n_layers - 1) + entry["v"]["tensor"]
+    return _best_root(roots, keyset, entry, s.n_layers)
+
+
+def _best_root(roots: list[str], keyset: set[str], entry: dict[str, Any], n_layers: int) -> str:
+    """The root to measure among complete ones: one that holds the last layer's V too, then a language
+    model's (``language_model``, ``text``) before another tower's, then the shortest."""
+    last = entry["layer"].format(l=n_layers - 1) + entry["v"]["tensor"]
 
     def rank(r: str) -> tuple[int, int, int]:
         return (r + last not in keyset, not any(w in r for w in ("language_model", "text")), len(r))
@@ -199,10 +205,8 @@ def transformers_post_attention_note(model: Any) -> tuple[bool, str | None]:
     roots = _complete_roots(keys, entry)
     if not roots:
         return False, None
-    last = entry["layer"].format(l=sizes.n_layers - 1) + entry["v"]["tensor"]
-    keyset = set(keys)
-    roots.sort(key=lambda r: (r + last not in keyset, not any(w in r for w in ("language_model", "text")), len(r)))
-    return True, post_attention_note(keys, entry, roots[0], sizes.n_layers)
+    root = _best_root(roots, set(keys), entry, sizes.n_layers)
+    return True, post_attention_note(keys, entry, root, sizes.n_layers)
 
 
 class CheckpointSource:
@@ -256,17 +260,9 @@ class CheckpointSource:
         self.declared_by = declared_by
         self.sizes_from = sizes_from or declared_by
         self.extra_layers = extra_layers
-        lv = self.v_entry["layout"]
-        if lv in ("neox_qkv", "codegen_qkv") and sizes.n_kv_heads != sizes.n_heads:
-            raise CheckpointError(
-                f"{arch}: the {lv} layout has one kv head per query head; {declared_by} says "
-                f"{sizes.n_heads} heads, {sizes.n_kv_heads} kv heads."
-            )
-        if lv == "codegen_qkv" and sizes.n_heads % 4:
-            raise CheckpointError(
-                f"{arch}: the codegen_qkv layout splits the heads into 4 blocks; {declared_by} says {sizes.n_heads} "
-                "heads, not a multiple of 4."
-            )
+        self.v_layout = get_layout("v", self.v_entry["layout"])
+        self.o_layout = get_layout("o", self.o_entry["layout"])
+        self.v_layout.check_sizes(sizes, arch, declared_by)
         self._validate()
         self._kv = kv_layout(sizes.n_heads, sizes.n_kv_heads)  # after _validate: the sizes fit the tensors
 
@@ -313,14 +309,14 @@ class CheckpointSource:
         meta = self.store.meta([n for _, _, n in wanted])
         for _, kind, name in wanted:
             shape, dtype = meta[name]
-            entry = self.v_entry if kind == "v" else self.o_entry
-            exp = expected_shape(entry["layout"], kind, self.sizes)
+            layout = self.v_layout if kind == "v" else self.o_layout
+            exp = layout.shape(self.sizes)
             if shape != exp:
                 s = self.sizes
                 raise CheckpointError(
                     f"Tensor {name!r} in {self.store.where(name)} has shape {list(shape)}, but the sizes of "
                     f"{self.sizes_from} (d_model={s.d_model}, n_heads={s.n_heads}, n_kv_heads={s.n_kv_heads}, "
-                    f"d_head={s.d_head}) and layout {entry['layout']!r} need {list(exp)}. The config does not belong "
+                    f"d_head={s.d_head}) and layout {layout.name!r} need {list(exp)}. The config does not belong "
                     "to these weights (or head_dim is wrong)."
                 )
             if self.store.format == "safetensors" and dtype not in FLOAT_DTYPES:
@@ -355,49 +351,10 @@ class CheckpointSource:
         """Read one layer's O and V (only those two tensors) as :class:`LayerHeads`."""
         if not 0 <= int(layer) < self.sizes.n_layers:
             raise IndexError(f"Layer {layer} out of range: the checkpoint has layers 0..{self.sizes.n_layers - 1}.")
-        s = self.sizes
-        nq, nkv, dh, dm = s.n_heads, s.n_kv_heads, s.d_head, s.d_model
         v_name, o_name = self.names(layer)
         with self.store.reader() as r:
-            lv = self.v_entry["layout"]
-            if lv == "linear":
-                V = r.read(v_name).reshape(nkv, dh, dm).transpose(1, 2)
-            elif lv == "fused_qkv":
-                V = (
-                    r.read(v_name, rows=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh))
-                    .reshape(nkv, dh, dm)
-                    .transpose(1, 2)
-                )
-            elif lv == "neox_qkv":
-                V = torch.stack([r.read(v_name, rows=slice((3 * h + 2) * dh, (3 * h + 3) * dh)) for h in range(nq)])
-                V = V.transpose(1, 2)
-            elif lv == "grouped_qkv":  # [n_kv, group + 2, d_head, d_model]: a group's q heads, then k, then v
-                g = nq // nkv
-                V = torch.stack(
-                    [
-                        r.read(v_name, rows=slice((k * (g + 2) + g + 1) * dh, (k * (g + 2) + g + 2) * dh))
-                        for k in range(nkv)
-                    ]
-                ).transpose(1, 2)
-            elif lv == "codegen_qkv":  # 4 blocks of [q; v; k], each n_heads/4 heads wide
-                local, per = nq * dh // 4, nq // 4
-                starts = [(h // per) * 3 * local + local + (h % per) * dh for h in range(nq)]
-                V = torch.stack([r.read(v_name, rows=slice(a, a + dh)) for a in starts]).transpose(1, 2)
-            elif lv == "conv1d_qkv":
-                V = (
-                    r.read(v_name, cols=slice((nq + nkv) * dh, (nq + 2 * nkv) * dh))
-                    .reshape(dm, nkv, dh)
-                    .permute(1, 0, 2)
-                )
-            else:  # pragma: no cover - checked in resolve_architecture
-                raise CheckpointError(f"Unknown V layout {lv!r}.")
-            lo = self.o_entry["layout"]
-            if lo == "linear":
-                O = r.read(o_name).reshape(dm, nq, dh).permute(1, 0, 2)
-            elif lo == "conv1d":
-                O = r.read(o_name).reshape(nq, dh, dm).transpose(1, 2)
-            else:  # pragma: no cover
-                raise CheckpointError(f"Unknown O layout {lo!r}.")
+            V = self.v_layout.read(r, v_name, self.sizes)
+            O = self.o_layout.read(r, o_name, self.sizes)
         lh = LayerHeads(layer=int(layer), O=O, V=V, kv_head_of=self._kv.clone())
         if self.check:
             lh.check_finite(
@@ -413,6 +370,17 @@ class CheckpointSource:
 
 def _info(name: str, cls: str, s: Sizes, processing: dict[str, Any], extra: dict[str, Any]) -> ModelInfo:
     return ModelInfo(**vars(s.sizes), model_name=name, model_class=cls, processing=processing, extra=extra)
+
+
+def _described_source(
+    store: Any, sizes: Sizes, entry: dict[str, Any], arch: str, root: str, info: ModelInfo, **options: Any
+) -> CheckpointSource:
+    """The :class:`CheckpointSource` of every route, its ``info.extra`` noting a norm after ``W_O`` when the
+    tensors hold one (:func:`post_attention_note`, the one rule); ``options`` as :class:`CheckpointSource`'s."""
+    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
+    if note:
+        info = dataclasses.replace(info, extra={**info.extra, "post_attention_norm": note})
+    return CheckpointSource(store, sizes, entry, arch, root, info, **options)
 
 
 def _check_prefix(prefix: Any) -> str | None:
@@ -537,45 +505,21 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
         processing["header_sha256"] = {f: sha256_file(d / f, limit=8 + store.header(f).header_len) for f in files}
     name = shareable_name(str(config.get("_name_or_path") or d.name))
     extra: dict[str, Any] = {"format": "safetensors", "path": d.name, "architecture": arch, "tensor_root": root}
-    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
-    if note:
-        extra["post_attention_norm"] = note
-    info = _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra)
-    return CheckpointSource(
+    return _described_source(
         store,
         sizes,
         entry,
         arch,
         root,
-        info,
+        _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra),
         check_finite=check_finite,
         declared_by=f"config.json ({cfg_file})",
         extra_layers=extra_layers,
     )
 
 
-@strict_kwargs
-def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
-    """Source over a GGUF file: llama.cpp tensor names, sizes from its metadata.
-
-    ``{arch}.attention.head_count`` / ``head_count_kv`` / ``embedding_length`` /
-    ``block_count`` / ``value_length`` (d_head, the width of V and O per head; else
-    ``key_length``, else ``embedding_length // head_count``),
-    where ``arch`` is ``general.architecture``; each must be a positive integer (a per-layer
-    array must be constant). Quantized tensors are dequantized one layer at a time with
-    :func:`gguf.quants.dequantize`.
-
-    Raises:
-        OptionTypeError / UnknownOptionError: a bad argument.
-        MissingFileError: no such file.
-        CheckpointError: not a regular file / not GGUF / truncated / trailing bytes / corrupt
-            metadata / a tensor type that is invalid or does not fit the tensor; a missing,
-            non-integer or non-positive metadata value (names the key); a layer count that does not
-            match the tensors; a missing tensor; a shape mismatch.
-    """
-    p = _check_path(path)
-    check_finite = check_bool(check_finite, "check_finite")
-    store = GGUFStore(p)
+def _refuse_split_gguf(store: GGUFStore, p: Path) -> None:
+    """A part of a split GGUF holds only some layers: refused, saying how to merge the parts."""
     parts = store.field("split.count")
     if isinstance(parts, int) and not isinstance(parts, bool) and parts > 1:
         no = store.field("split.no")
@@ -584,6 +528,10 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
             f"GGUF file {p} is {which} of a split GGUF (split.count = {parts}): it holds only some of the layers. "
             "Merge the parts first (llama-gguf-split --merge FIRST_PART OUT.gguf)."
         )
+
+
+def _gguf_sizes(store: GGUFStore, p: Path) -> tuple[str, Sizes]:
+    """``general.architecture`` and the attention sizes from a GGUF file's metadata (see :func:`from_gguf`)."""
     arch = store.field("general.architecture")
     if arch is None:
         raise CheckpointError(f"GGUF file {p}: no general.architecture in its metadata (the key that names the sizes).")
@@ -629,6 +577,34 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
         sizes = Sizes(n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv, d_model=d_model, d_head=d_head)
     except ValueError as e:
         raise CheckpointError(f"GGUF file {p}: inconsistent attention sizes ({e})") from e
+    return arch, sizes
+
+
+@strict_kwargs
+def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
+    """Source over a GGUF file: llama.cpp tensor names, sizes from its metadata.
+
+    ``{arch}.attention.head_count`` / ``head_count_kv`` / ``embedding_length`` /
+    ``block_count`` / ``value_length`` (d_head, the width of V and O per head; else
+    ``key_length``, else ``embedding_length // head_count``),
+    where ``arch`` is ``general.architecture``; each must be a positive integer (a per-layer
+    array must be constant). Quantized tensors are dequantized one layer at a time with
+    :func:`gguf.quants.dequantize`.
+
+    Raises:
+        OptionTypeError / UnknownOptionError: a bad argument.
+        MissingFileError: no such file.
+        CheckpointError: not a regular file / not GGUF / truncated / trailing bytes / corrupt
+            metadata / a tensor type that is invalid or does not fit the tensor; a missing,
+            non-integer or non-positive metadata value (names the key); a layer count that does not
+            match the tensors; a missing tensor; a shape mismatch.
+    """
+    p = _check_path(path)
+    check_finite = check_bool(check_finite, "check_finite")
+    store = GGUFStore(p)
+    _refuse_split_gguf(store, p)
+    arch, sizes = _gguf_sizes(store, p)
+    n_layers = sizes.n_layers
     entry = dict(architecture_table()["gguf"])
     v_entry = entry["v"]
     if entry["layer"].format(l=0) + entry["v"]["tensor"] not in store.tensors:
@@ -654,17 +630,13 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
     }
     name = shareable_name(str(store.field("general.name") or p.stem))
     extra: dict[str, Any] = {"format": "gguf", "path": p.name, "architecture": f"gguf:{arch}", "tensor_root": ""}
-    note = post_attention_note(store.keys(), entry, "", sizes.n_layers)
-    if note:
-        extra["post_attention_norm"] = note
-    info = _info(name, f"GGUF checkpoint ({arch})", sizes, processing, extra)
-    return CheckpointSource(
+    return _described_source(
         store,
         sizes,
         entry,
         f"gguf:{arch}",
         "",
-        info,
+        _info(name, f"GGUF checkpoint ({arch})", sizes, processing, extra),
         check_finite=check_finite,
         declared_by=f"the GGUF metadata ({arch}.block_count = {n_layers})",
         sizes_from=f"the GGUF metadata of {p}",
@@ -706,17 +678,13 @@ def from_transformers(
     }
     name = shareable_name(str(config.get("_name_or_path") or type(model).__name__))
     extra: dict[str, Any] = {"format": "transformers", "architecture": arch, "tensor_root": root}
-    note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
-    if note:
-        extra["post_attention_norm"] = note
-    info = _info(name, type(model).__name__, sizes, processing, extra)
-    return CheckpointSource(
+    return _described_source(
         store,
         sizes,
         entry,
         arch,
         root,
-        info,
+        _info(name, type(model).__name__, sizes, processing, extra),
         check_finite=check_finite,
         declared_by=where,
         extra_layers=_extra_layers(config, where),

@@ -111,6 +111,126 @@ def _repeat_loss(model: Any, ids: torch.Tensor, seq_len: int) -> tuple[torch.Ten
     return loss, acc
 
 
+def tiny_llama_config(
+    d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, vocab_size: int, max_positions: int, **more: Any
+) -> Any:
+    """The ``transformers.LlamaConfig`` of the tiny models (the training lineage and
+    ``tl_idempotence.testing.tiny_hf_dir``): MLP width ``2 * d_model``, token ids 1/2/3 for BOS/EOS/PAD
+    (:func:`tiny_tokenizer`), ``more`` config fields on top. Sizes are not checked here (the callers do)."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        hidden_size=d_model,
+        intermediate_size=2 * d_model,
+        num_hidden_layers=n_layers,
+        num_attention_heads=n_heads,
+        num_key_value_heads=n_kv_heads,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_positions,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        **more,
+    )
+
+
+def _finished_lineage(root: Path, config: dict[str, Any]) -> Lineage | None:
+    """The lineage already in ``root`` when its manifest says it was trained with ``config`` and every saved
+    checkpoint is there; else ``None`` (a manifest that cannot be read, or is not what :func:`train_lineage`
+    writes, is not reused: the lineage is trained again and the manifest rewritten)."""
+    manifest = root / "lineage.json"
+    if not manifest.is_file():
+        return None
+    try:
+        old: Any = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        old = None
+    metrics = None
+    if (
+        isinstance(old, dict)
+        and old.get("config") == config
+        and all((root / f"ckpt_step{s}" / "model.safetensors").is_file() for s in config["saved_steps"])
+    ):
+        try:
+            metrics = pd.DataFrame(old["metrics"])
+        except (KeyError, TypeError, ValueError):
+            metrics = None
+    if metrics is not None and list(metrics.columns) == ["step", "loss", "induction_acc"]:
+        ckpts = [(f"step{s}", root / f"ckpt_step{s}") for s in config["saved_steps"]]
+        return Lineage(root=root, checkpoints=ckpts, metrics=metrics, config=config)
+    return None
+
+
+def _train_and_save(
+    hf_cfg: Any, root: Path, config: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[tuple[str, Path]]]:
+    """Initialise the model from ``config["seed"]`` (the caller's global RNG untouched), train it
+    ``config["steps"]`` AdamW steps and save it at ``config["saved_steps"]`` (with ``config["num_threads"]``
+    torch threads, restored after). Returns the metric rows and the ``(label, folder)`` of each checkpoint."""
+    import transformers
+
+    seed, steps, seq_len, vocab_size = config["seed"], config["steps"], config["seq_len"], config["vocab_size"]
+    batch_size, num_threads, to_save = config["batch_size"], config["num_threads"], set(config["saved_steps"])
+    lr, weight_decay = config["lr"], config["weight_decay"]
+    tokenizer = tiny_tokenizer(vocab_size)
+    old_threads = torch.get_num_threads()
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+    rows: list[dict[str, Any]] = []
+    checkpoints: list[tuple[str, Path]] = []
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = transformers.LlamaForCausalLM(hf_cfg)
+        model.train()
+        gen = torch.Generator().manual_seed(seed)
+        eval_ids = _batch(torch.Generator().manual_seed(seed + 10_000), 128, seq_len, vocab_size)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+
+        def save(step: int) -> None:
+            with torch.no_grad():
+                loss, acc = _repeat_loss(model, eval_ids, seq_len)
+            d = root / f"ckpt_step{step}"
+            with quiet_transformers():  # no "Writing model shards" bar per checkpoint
+                model.save_pretrained(d)
+                tokenizer.save_pretrained(d)
+            rows.append({"step": step, "loss": float(loss), "induction_acc": float(acc)})
+            checkpoints.append((f"step{step}", d))
+
+        save(0)
+        for step in range(1, steps + 1):
+            loss, _ = _repeat_loss(model, _batch(gen, batch_size, seq_len, vocab_size), seq_len)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if step in to_save:
+                save(step)
+    finally:
+        torch.set_num_threads(old_threads)
+    return rows, checkpoints
+
+
+def _check_rates(lr: Any, weight_decay: Any) -> None:
+    """``lr`` a finite number > 0, ``weight_decay`` a finite number >= 0 (OptionTypeError / OptionError)."""
+    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise OptionTypeError(f"{name} must be a number; got {type(v).__name__} {v!r}.")
+        if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
+            raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
+
+
+def _saved_steps(save_steps: Any, steps: int, save_every: int) -> list[int]:
+    """The steps to save, ascending: every ``save_every``-th (or the given ``save_steps``), with 0 and ``steps``."""
+    if save_steps is None:
+        to_save = set(range(0, steps + 1, save_every))
+    else:
+        if isinstance(save_steps, (str, bytes)) or not hasattr(save_steps, "__iter__"):
+            raise OptionTypeError(f"save_steps must be None or a sequence of integer steps; got {save_steps!r:.60}.")
+        to_save = {check_int(v, f"save_steps[{i}]", 0, steps) for i, v in enumerate(save_steps)}
+    to_save |= {0, steps}
+    return sorted(to_save)
+
+
 @strict_kwargs
 def train_lineage(
     out_dir: PathLike,
@@ -174,8 +294,6 @@ def train_lineage(
             than 2 non-special tokens; ``out_dir`` not a path (OptionTypeError), empty, an existing
             file or in a folder that does not exist (OptionError, naming the path).
     """
-    import transformers
-
     steps = check_int(steps, "steps", 1, 10_000_000)
     save_every = check_int(save_every, "save_every", 1)
     seed = check_seed(seed)
@@ -186,11 +304,7 @@ def train_lineage(
     vocab_size = check_int(vocab_size, "vocab_size", N_SPECIAL + 2, 1 << 20)
     seq_len = check_int(seq_len, "seq_len", 2, 1 << 14)  # the loss needs at least one repeated token
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
-    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise OptionTypeError(f"{name} must be a number; got {type(v).__name__} {v!r}.")
-        if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
-            raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
+    _check_rates(lr, weight_decay)
     tie_word_embeddings = check_bool(tie_word_embeddings, "tie_word_embeddings")
     reuse = check_bool(reuse, "reuse")
     if num_threads is not None:
@@ -200,13 +314,7 @@ def train_lineage(
             f"Need n_heads % n_kv_heads == 0 and d_model % n_heads == 0; got d_model={d_model}, "
             f"n_heads={n_heads}, n_kv_heads={n_kv_heads}."
         )
-    if save_steps is None:
-        to_save = set(range(0, steps + 1, save_every))
-    else:
-        if isinstance(save_steps, (str, bytes)) or not hasattr(save_steps, "__iter__"):
-            raise OptionTypeError(f"save_steps must be None or a sequence of integer steps; got {save_steps!r:.60}.")
-        to_save = {check_int(v, f"save_steps[{i}]", 0, steps) for i, v in enumerate(save_steps)}
-    to_save |= {0, steps}
+    to_save = _saved_steps(save_steps, steps, save_every)
 
     # not "", not a file, its parent existing (the rule of every folder a run creates): refused before training
     root = check_work_folder(out_dir, "out_dir")
@@ -226,80 +334,24 @@ def train_lineage(
         tie_word_embeddings=tie_word_embeddings,
         task="BOS x x (repeat), loss on repeat",
         architecture="LlamaForCausalLM",
-        saved_steps=sorted(to_save),
+        saved_steps=to_save,
         num_threads=num_threads,
     )
     manifest = root / "lineage.json"
-    if reuse and manifest.is_file():
-        # A manifest that cannot be read, or is not what train_lineage writes, is not reused: the
-        # lineage is trained again (and the manifest rewritten).
-        try:
-            old: Any = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            old = None
-        metrics = None
-        if (
-            isinstance(old, dict)
-            and old.get("config") == config
-            and all((root / f"ckpt_step{s}" / "model.safetensors").is_file() for s in config["saved_steps"])
-        ):
-            try:
-                metrics = pd.DataFrame(old["metrics"])
-            except (KeyError, TypeError, ValueError):
-                metrics = None
-        if metrics is not None and list(metrics.columns) == ["step", "loss", "induction_acc"]:
-            ckpts = [(f"step{s}", root / f"ckpt_step{s}") for s in config["saved_steps"]]
-            return Lineage(root=root, checkpoints=ckpts, metrics=metrics, config=config)
+    if reuse and (done := _finished_lineage(root, config)) is not None:
+        return done
     root.mkdir(parents=True, exist_ok=True)
     manifest.unlink(missing_ok=True)  # re-written when the new lineage is complete
-    hf_cfg = transformers.LlamaConfig(
-        hidden_size=d_model,
-        intermediate_size=2 * d_model,
-        num_hidden_layers=n_layers,
-        num_attention_heads=n_heads,
-        num_key_value_heads=n_kv_heads,
-        vocab_size=vocab_size,
-        max_position_embeddings=max(64, 2 * seq_len + 1),
+    hf_cfg = tiny_llama_config(
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        vocab_size,
+        max(64, 2 * seq_len + 1),
         tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
     )
-    tokenizer = tiny_tokenizer(vocab_size)
-    old_threads = torch.get_num_threads()
-    if num_threads is not None:
-        torch.set_num_threads(num_threads)
-    rows: list[dict[str, Any]] = []
-    checkpoints: list[tuple[str, Path]] = []
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = transformers.LlamaForCausalLM(hf_cfg)
-        model.train()
-        gen = torch.Generator().manual_seed(seed)
-        eval_ids = _batch(torch.Generator().manual_seed(seed + 10_000), 128, seq_len, vocab_size)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-
-        def save(step: int) -> None:
-            with torch.no_grad():
-                loss, acc = _repeat_loss(model, eval_ids, seq_len)
-            d = root / f"ckpt_step{step}"
-            with quiet_transformers():  # no "Writing model shards" bar per checkpoint
-                model.save_pretrained(d)
-                tokenizer.save_pretrained(d)
-            rows.append({"step": step, "loss": float(loss), "induction_acc": float(acc)})
-            checkpoints.append((f"step{step}", d))
-
-        save(0)
-        for step in range(1, steps + 1):
-            loss, _ = _repeat_loss(model, _batch(gen, batch_size, seq_len, vocab_size), seq_len)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if step in to_save:
-                save(step)
-    finally:
-        torch.set_num_threads(old_threads)
+    rows, checkpoints = _train_and_save(hf_cfg, root, config)
     metrics = pd.DataFrame(rows)
     tmp = manifest.with_name(f"lineage.json.tmp{os.getpid()}")
     tmp.write_text(json.dumps({"config": config, "metrics": rows}, indent=1))

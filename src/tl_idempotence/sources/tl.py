@@ -248,9 +248,14 @@ class TLModelSource:
 
 
 def bridge_from_dir(path: Any, **kwargs: Any) -> Any:
-    """``TransformerBridge.boot_transformers(path, device="cpu")``: a local HF directory as a
-    TransformerBridge with its raw weights (no processing). Imports transformer_lens."""
-    from transformer_lens.model_bridge import TransformerBridge
+    """A local HF directory as a TransformerBridge with its raw weights (no processing), loaded by the zoo's
+    loader (:func:`~tl_idempotence.sources.zoo.loaders.model_from_dir`): ``device`` defaults to ``"cpu"``, other
+    keywords go to ``TransformerBridge.boot_transformers``. Imports transformer_lens.
 
-    kwargs.setdefault("device", "cpu")
-    return TransformerBridge.boot_transformers(str(path), **kwargs)
+    Raises:
+        MissingFileError: ``path`` is not a folder. OptionTypeError / OptionError / DeviceError: a bad argument.
+    """
+    from .zoo.loaders import model_from_dir
+
+    device = kwargs.pop("device", "cpu")
+    return model_from_dir(path, "raw", "bridge", device=device, **kwargs)[0]

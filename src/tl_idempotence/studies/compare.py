@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from ..core.files import refuse_outputs_over_inputs
 from ..core.heads import HeadSource, LayerHeads
 from ..core.option_specs import DEFAULTS, ReportOptionsArgs, check_option_names, documents_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
@@ -44,6 +43,7 @@ from ..core.processing import T_PROCESSING
 from ..core.results import Result, views
 from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
 from ..report.identity import COMPARED_OPTIONS, option_differences, processing_key
+from ..report.outputs import Output, write_output
 from ..report.report import IdempotenceReport, load_report, report_with_options
 from ..report.store import RECORD
 from ..report.summary import PAPER, PAPER_THRESHOLD
@@ -677,6 +677,7 @@ class Comparison(Result):
             refuses to write over.
     """
 
+    display_kind: ClassVar[str] = "comparison"
     repr_keys: ClassVar[tuple[str, ...]] = (
         "n_models",
         "threshold",
@@ -814,8 +815,35 @@ class Comparison(Result):
             OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
             OptionTypeError: ``path`` is not a path. UnknownOptionError: an unknown keyword.
         """
-        refuse_outputs_over_inputs([("path", path)], self.inputs)
-        return str(views().save_comparison_html(self, path))
+        return str(write_output(self._output(), path, ("html",)))
+
+    @strict_kwargs
+    def export(self, path: PathLike) -> str:
+        """Write the comparison in the format the extension of ``path`` chooses (the output registry,
+        :mod:`tl_idempotence.report.outputs`; docs/definitions.md "Output formats"): ``.html``/``.htm`` the page of
+        :meth:`save_html`; ``.csv``/``.parquet`` :attr:`table` (the paper's rows included, ``is_paper``);
+        ``.json`` ``{"summary": ..., "table": [one record per row]}`` (NaN as ``null``).
+
+        Returns:
+            The path written.
+
+        Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the comparison was read
+                from (:attr:`inputs`).
+            OptionError: another extension (names the known ones); empty, a folder, a missing folder, or a file
+                that cannot be written. OptionTypeError: ``path`` is not a path.
+        """
+        return str(write_output(self._output(), path))
+
+    def _output(self) -> Output:
+        """What a comparison can be written as: its page, its JSON export and its table (no folder format)."""
+        return Output(
+            what="comparison",
+            inputs=self.inputs,
+            page=lambda: str(views().comparison_html(self)),
+            record=lambda: {"summary": self.summary, "table": self.table.to_dict(orient="records")},
+            table=lambda: self.table.reset_index(drop=True),
+        )
 
 
 def _options_error(label: str, diff: dict[str, tuple[Any, Any]]) -> OptionError:

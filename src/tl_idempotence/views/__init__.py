@@ -1,5 +1,6 @@
-"""Layer 6 — every figure, page and display: plotly figures (:mod:`.figures`), the standalone
-HTML report (:mod:`.page`), circuitsvis attention views (:mod:`.attention`), notebook
+"""Layer 6 — every figure, page and display, drawn from results (never a model, a forward pass, a source, a
+probe or a study: ``tests/test_layering.py``): plotly figures (:mod:`.figures`), the standalone
+HTML report (:mod:`.page`), circuitsvis attention views of computed patterns (:mod:`.attention`), notebook
 displays and :func:`use_offline_plotly` (figures that also render in a static HTML render of an
 executed notebook, offline; :mod:`.notebook`) and the words around the numbers (:mod:`.text`).
 
@@ -15,10 +16,10 @@ from typing import Any
 
 from . import compare as _compare
 from . import figures as _figures
-from .attention import AttentionView, attention_view, report_attention_view
-from .compare import comparison_headline, comparison_html, save_comparison_html
+from .attention import AttentionView, attention_section, draw_attention
+from .compare import comparison_headline, comparison_html
 from .notebook import result_html, use_offline_plotly
-from .page import report_html, save_report_html
+from .page import report_html
 
 
 def _returns_exportable(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,18 +52,16 @@ __all__ = [
     "activation_figure",
     "algebra_figures",
     "algebra_summary_figure",
-    "attention_view",
+    "attention_section",
     "comparison_figure",
     "comparison_headline",
     "comparison_html",
+    "draw_attention",
     "heads_heatmap",
-    "report_attention_view",
     "report_figures",
     "report_html",
     "result_html",
     "roles_figure",
-    "save_comparison_html",
-    "save_report_html",
     "scramble_figures",
     "trajectory_figure",
     "trajectory_summary_figure",

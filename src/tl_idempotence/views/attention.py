@@ -1,4 +1,9 @@
-"""Attention views of flagged heads with circuitsvis, offline.
+"""Attention views of flagged heads with circuitsvis, offline: drawn from the probe's result, never run here.
+
+This module draws only: :func:`draw_attention` takes attention patterns already computed
+(:class:`tl_idempotence.probes.attention.AttentionPatterns`, described here by :class:`PatternsLike`);
+:mod:`tl_idempotence.report.attention` runs the probe, checks a model against a report and calls it
+(``tli.attention_view``, ``rep.show_attention``, the attention section of ``rep.save_html``).
 
 Offline rendering: circuitsvis's ``RenderedHTML`` has two sources; ``str()`` and
 ``show_code()`` give the CDN version (an ES module import from unpkg.com, blank without
@@ -24,28 +29,18 @@ from __future__ import annotations
 import html as _html
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import pandas as pd
 
-from ..core.kwargs import strict_kwargs
-from ..errors import OptionError
-from ..probes.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
-from ..report.identity import check_report_matches
-from .output import page_path, write_page
+from ..report.outputs import Output, write_output
 from .text import format_P
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.hints import HeadPairs, IntLike, PathLike, TLModel
+    from ..core.hints import PathLike
 
-__all__ = [
-    "MAX_NAME_CHARS",
-    "AttentionView",
-    "attention_section_html",
-    "attention_view",
-    "check_model_matches",
-    "report_attention_view",
-]
+__all__ = ["MAX_NAME_CHARS", "AttentionView", "PatternsLike", "attention_section", "draw_attention"]
 
 
 @dataclass(repr=False)
@@ -94,13 +89,11 @@ class AttentionView:
             OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
             OptionTypeError: ``path`` is not a path.
         """
-        p = page_path(path, "attention page")
         page = (
             '<!DOCTYPE html><html><head><meta charset="utf-8"><title>Attention</title></head><body>'
             f"{self.html}</body></html>"
         )
-        write_page(p, page, "attention page")
-        return str(p)
+        return str(write_output(Output("attention", page=lambda: page), path, ("html",)))
 
 
 #: The longest head name the view gives circuitsvis (``L999H999``): its head selector clips longer ones.
@@ -149,7 +142,7 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
 
-def _positions_text(pats: AttentionPatterns, max_tokens: int) -> str:
+def _positions_text(pats: PatternsLike, max_tokens: int) -> str:
     """How many of the text's tokens are shown and how many special tokens are added, e.g. "all 16 tokens of
     the text are shown, with 1 special token (<|im_start|>): 17 positions"."""
     sp = pats.n_special
@@ -165,38 +158,49 @@ def _positions_text(pats: AttentionPatterns, max_tokens: int) -> str:
     return shown
 
 
-@strict_kwargs
-def attention_view(
-    model: TLModel,
-    text: str,
-    heads: HeadPairs,
+class PatternsLike(Protocol):
+    """What the view draws: the probe's result (:class:`tl_idempotence.probes.attention.AttentionPatterns`),
+    named by its attributes so that the views never import the probes."""
+
+    heads: list[tuple[int, int]]
+    tokens: list[str]
+    patterns: np.ndarray
+    causal: bool
+    n_text_tokens: int
+    truncated: bool
+    special_tokens: list[str]
+
+    @property
+    def n_special(self) -> int: ...
+
+    @property
+    def n_shown_text_tokens(self) -> int: ...
+
+
+def draw_attention(
+    pats: PatternsLike,
     *,
-    max_tokens: IntLike = 64,
+    why: str,
+    max_tokens: int,
     head_table: pd.DataFrame | None = None,
     threshold: float | None = None,
-    why: str | None = None,
 ) -> AttentionView:
-    """Render the attention patterns of ``heads`` on ``text`` with circuitsvis, offline.
+    """Draw attention patterns already computed (the probe's result) with circuitsvis, offline. Runs nothing.
 
     Args:
-        model: a TransformerLens model with a tokenizer.
-        text: the text to run.
-        heads: ``(layer, head)`` pairs (e.g. from :func:`~tl_idempotence.probes.attention.flagged_heads`).
-        max_tokens: cut the text to this many positions (its tokens and the special tokens); the caption says so.
-        head_table: optional per-head table (``layer, head, P, alpha``) for the labels.
+        pats: the patterns ``[n_heads_sel, query, key]`` of ``pats.heads`` on ``pats.tokens``
+            (:func:`tl_idempotence.probes.attention.attention_patterns`).
+        why: what these heads are, for the caption (e.g. ``"all 13 heads with P >= 0.9"``).
+        max_tokens: the cut the patterns were computed with (the caption names it when the text was cut).
+        head_table: optional per-head table (``layer, head, P, alpha``) for the legend.
         threshold: the P threshold (labels never round across it).
-        why: what these heads are, for the caption (default: a FlaggedHeads' own description).
 
     Returns:
         :class:`AttentionView` (``_repr_html_`` for notebooks; ``.html`` for pages). Its caption counts the
         text's own tokens and the special tokens separately, and their sum, the positions drawn.
-
-    Raises:
-        UnsupportedModelError / OptionError: see :func:`~tl_idempotence.probes.attention.attention_patterns`.
     """
     from circuitsvis.attention import attention_heads
 
-    pats = attention_patterns(model, text, list(heads), max_tokens=max_tokens)
     values = _head_values(pats.heads, head_table, threshold)
     names = [name for name, _, _ in values]
     labels = [name + ("" if P is None else f" P={P} α={alpha}") for name, P, alpha in values]
@@ -206,15 +210,14 @@ def attention_view(
     src = rendered.local_src  # never the CDN source (blank offline), never _repr_html_ (network probe)
     # circuitsvis writes a self-closing <div .../>, which HTML parses as an open div; close it explicitly.
     src = re.sub(r'(<div id="circuits-vis-[^"]+"[^>]*?)\s*/>', r"\1></div>", src, count=1)
-    what = why or (heads.describe() if isinstance(heads, FlaggedHeads) else f"{len(pats.heads)} chosen heads")
-    caption = f"Showing {what}; {_positions_text(pats, int(max_tokens))}."
+    caption = f"Showing {why}; {_positions_text(pats, int(max_tokens))}."
     body = (
         f'<p class="tli-caption">{_html.escape(caption)}</p>{_legend_html(values)}'
         f'<div class="tli-attention">{src}</div>'
     )
     return AttentionView(
         html=body,
-        heads=pats.heads,
+        heads=list(pats.heads),
         names=names,
         tokens=pats.tokens,
         causal=pats.causal,
@@ -224,63 +227,8 @@ def attention_view(
     )
 
 
-def check_model_matches(rep: Any, model: Any) -> None:
-    """Refuse a model that is not the one ``rep`` measured: other attention sizes, or — when both record the
-    same weight processing (SPEC 10) — other attention weights (a measured layer's O/V sha256 fingerprint,
-    :meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, differs from the one the report records).
-
-    The report-identity check (:func:`~tl_idempotence.report.identity.check_report_matches`) with the model's
-    head source. Names are not compared (a checkpoint folder and the TransformerLens model of the same weights
-    carry different names); sizes and weights are. Weights processed differently (a raw-weights report, a
-    ``fold_ln`` model) cannot be compared byte for byte and are not.
-
-    Raises:
-        ReportMismatchError (an OptionError): the sizes or a layer's weights differ (names the report's model
-            and the model given).
-    """
-    from ..sources.dispatch import head_source
-
-    src = head_source(model)
-    check_report_matches(
-        rep,
-        what=f"The model given, {src.info.model_name!r} ({type(model).__name__}),",
-        fix="Pass the model the report was made from.",
-        source=src,
-        processing_may_differ=True,
-    )
-
-
-@strict_kwargs
-def report_attention_view(
-    rep: Any, text: Any, model: Any = None, heads: Any = None, top_k: Any = None, max_tokens: Any = 64
-) -> AttentionView:
-    """The attention view of a report's flagged heads (every closed head, else the top 8 by P).
-
-    A ``model`` given here (not the report's own) is checked against the report first
-    (:func:`check_model_matches`): the view labels its heads with the report's P.
-
-    Raises:
-        OptionError: no TransformerLens model (pass ``model=``; a report keeps only a weak reference),
-            or a ``model`` that is not the one the report measured (other sizes or weights).
-    """
-    m = model if model is not None else rep.model
-    if m is None:
-        raise OptionError(
-            "No TransformerLens model to run: this report was made from a checkpoint file or a transformers model, "
-            "or the model object is gone. Pass it: rep.show_attention(text, model=model)."
-        )
-    if model is not None and model is not rep.model:
-        check_model_matches(rep, model)
-    chosen = flagged_heads(rep, top_k=top_k) if heads is None else heads  # pairs checked by attention_patterns
-    return attention_view(m, text, chosen, max_tokens=max_tokens, head_table=rep.heads, threshold=rep.threshold)
-
-
-@strict_kwargs
-def attention_section_html(
-    rep: Any, text: Any, model: Any = None, heads: Any = None, top_k: Any = None, max_tokens: Any = 64
-) -> str:
-    """An HTML section (heading, caption, circuitsvis view) of the report page."""
-    view = report_attention_view(rep, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
+def attention_section(view: AttentionView, text: str) -> str:
+    """An HTML section of the report page (heading, the text, the view's caption and circuitsvis view)."""
     intro = (
         "<h2>Attention patterns of the flagged heads</h2>"
         "<p>Patterns (query rows, key columns) from <code>hook_pattern</code>; click a head to enlarge. "

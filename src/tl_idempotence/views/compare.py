@@ -2,7 +2,7 @@
 
 * :func:`comparison_figure` — per model, the distribution of trained P next to the scramble
   null (each head's scramble median) on one log axis, with the threshold and the paper's medians.
-* :func:`comparison_html` / :func:`save_comparison_html` — the offline page: the answer first (which
+* :func:`comparison_html` — the offline page (written by :mod:`tl_idempotence.report.outputs`): the answer first (which
   model has the largest share of closed heads, :attr:`~tl_idempotence.studies.compare.Comparison.headline`),
   what was compared and how, warnings, the overview table (every column folded below it, with the paper's
   rows), the figure, the closed heads of every model.
@@ -12,14 +12,12 @@ Plotly and the table code are inlined (no CDN); the page is a jinja2 template.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..report.summary import PAPER, PAPER_THRESHOLD
 from .figures import log_P_range
-from .output import page_path, write_page
 from .page import datatable_html, datatables_init_html, display_frame
 from .text import plot_text
 
@@ -31,7 +29,6 @@ __all__ = [
     "comparison_headline",
     "comparison_html",
     "paper_threshold_note",
-    "save_comparison_html",
 ]
 
 #: The abstract's pooled medians, drawn as reference lines (arXiv 2609.01129).
@@ -256,14 +253,3 @@ def comparison_html(cmp: Any) -> str:
         options=[(k, str(v)) for k, v in cmp.options.as_dict().items()],
         datatables_init=datatables_init_html(),
     )
-
-
-def save_comparison_html(cmp: Any, path: Any) -> Path:
-    """Write :func:`comparison_html` to ``path`` and return it.
-
-    Raises:
-        OptionError: ``path`` is empty or a folder, its folder does not exist, or it cannot be written.
-        OptionTypeError: ``path`` is not a path.
-    """
-    p = page_path(path, "comparison page")
-    return write_page(p, comparison_html(cmp), "comparison page")

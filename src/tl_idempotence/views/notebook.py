@@ -325,15 +325,12 @@ def result_html(obj: Any) -> str:
     P column). An ablation leads with a sentence and a table of its Δ loss, controls and p-value.
     Plain HTML, no script: it shows in static renders too.
     """
-    from ..probes.ablation import Ablation
-    from ..report.report import IdempotenceReport
-    from ..studies.compare import Comparison
-
-    if isinstance(obj, IdempotenceReport):
+    kind = getattr(type(obj), "display_kind", "result")  # Result.display_kind: the class says which display
+    if kind == "report":
         return _report_html(obj)
-    if isinstance(obj, Ablation):
+    if kind == "ablation":
         return _ablation_html(obj)
-    if isinstance(obj, Comparison):
+    if kind == "comparison":
         return _comparison_html(obj)
     name = type(obj).__name__
     try:

@@ -11,17 +11,13 @@ itables' DataTables in offline mode, the page a jinja2 template
 
 from __future__ import annotations
 
-import os
 from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..errors import OptionError
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap_spec, roles_figure, scramble_figures
-from .output import page_path, write_page
 from .text import format_P, format_sig, headline, summary_sections
 
 __all__ = [
@@ -29,11 +25,8 @@ __all__ = [
     "datatable_html",
     "datatables_init_html",
     "display_frame",
-    "page_path",
     "report_html",
     "roles_section_tables",
-    "save_report_html",
-    "write_page",
 ]
 
 
@@ -350,46 +343,3 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
         summary_tables=summary_sections(s),
         datatables_init=_datatables_init(),
     )
-
-
-def save_report_html(
-    rep: Any,
-    path: str | os.PathLike[str],
-    attention_text: str | None = None,
-    model: Any = None,
-    attention_heads: Any = None,
-    top_k: int | None = None,
-    max_tokens: int = 64,
-    roles: Any = None,
-) -> Path:
-    """Write the report page to ``path`` (see :meth:`IdempotenceReport.save_html`).
-
-    Raises:
-        OptionError: the folder of ``path`` does not exist, ``path`` is empty or a folder, or the file
-            cannot be written; ``attention_heads``, ``top_k`` or ``max_tokens`` given without
-            ``attention_text`` (they would be ignored). OptionTypeError: ``path`` is not a path.
-    """
-    if attention_text is None:
-        ignored = [
-            name
-            for name, v, default in (("attention_heads", attention_heads, None), ("top_k", top_k, None))
-            if v is not default
-        ]
-        if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 64):
-            ignored.append("max_tokens")
-        if ignored:
-            raise OptionError(
-                f"{', '.join(ignored)} only apply to the attention view: give attention_text='...' too, or drop them."
-            )
-    p = page_path(path, "report page")
-    extra = []
-    if attention_text is not None:
-        from .attention import attention_section_html
-
-        extra.append(
-            attention_section_html(
-                rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
-            )
-        )
-    write_page(p, report_html(rep, extra_html=extra, roles=roles), "report page")
-    return p

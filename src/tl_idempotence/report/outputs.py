@@ -1,0 +1,247 @@
+"""THE registry of output formats: every file or folder a result is written to is chosen by the target's extension.
+
+One writer per format (docs/definitions.md, "Output formats"):
+
+============  ===============================  ==========================================================
+extension     format                           what is written
+============  ===============================  ==========================================================
+``.html``     standalone HTML page             the page (plotly.js and the table code inlined, offline)
+``.htm``
+``.json``     JSON export                      the result's record for other programs (NaN as ``null``,
+                                               :data:`~tl_idempotence.core.jsonio.EXPORT`)
+``.csv``      CSV table                        the result's main table (a report: ``heads``, label first)
+``.parquet``  parquet table                    the same table as one parquet file
+(a folder)    saved report                     the save format (:mod:`tl_idempotence.report.store`:
+                                               parquet tables + ``report.json``), read back by ``load_report``
+============  ===============================  ==========================================================
+
+Every writer (``rep.save_html``, ``rep.save``, ``rep.export``, a comparison's or sweep's ``save_html`` and
+``export``, an attention view's ``save``, the CLI's ``--out`` and ``--csv``) goes through :func:`write_output`,
+which checks in this order, before anything is rendered:
+
+1. the path's type and that it is not empty;
+2. that it is not (nor links to) a file or folder the result was read from
+   (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`);
+3. its format, by extension, among those the caller allows (an unknown one is refused naming the known ones);
+4. for a file: that it is not a folder and that its folder exists;
+
+then renders what the format needs and writes it atomically (:func:`~tl_idempotence.core.files.atomic_write_bytes`:
+a file with its final name is always complete); an operating-system refusal is an
+:class:`~tl_idempotence.errors.OptionError` naming the file.
+
+A result offers what it can be written as in an :class:`Output` (its page, record, table, folder writer); a
+format it does not offer is refused naming the ones it does. Views render the page (through
+:func:`tl_idempotence.core.results.views`); this module writes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..core.files import atomic_write_bytes, refuse_outputs_over_inputs
+from ..core.jsonio import EXPORT, json_text
+from ..errors import OptionError, OptionTypeError
+
+__all__ = [
+    "FOLDER",
+    "OUTPUT_FORMATS",
+    "Output",
+    "OutputFormat",
+    "known_formats_text",
+    "output_format",
+    "write_output",
+]
+
+#: The name of the folder format (the save format of a report).
+FOLDER = "folder"
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a result can be written as; :func:`write_output` asks only for what the chosen format needs.
+
+    Attributes:
+        what: the result in words, for messages (``"report"``, ``"comparison"``, ``"attention"``).
+        inputs: ``(what, path)`` pairs the result was read from: never written over.
+        page: renders the standalone HTML page (None: no page).
+        record: the JSON export, a mapping (None: no JSON export).
+        table: the main table as written, every column (an index worth keeping already a column; None: no table).
+        folder: writes the save format to ``(folder, overwrite)`` and returns the folder (None: no folder format).
+    """
+
+    what: str
+    inputs: tuple[tuple[str, Any], ...] = ()
+    page: Callable[[], str] | None = None
+    record: Callable[[], Mapping[str, Any]] | None = None
+    table: Callable[[], pd.DataFrame] | None = None
+    folder: Callable[[Path, bool], Path] | None = None
+
+
+def _write_page(out: Output, p: Path) -> None:
+    assert out.page is not None
+    atomic_write_bytes(p, out.page().encode("utf-8"))
+
+
+def _write_json(out: Output, p: Path) -> None:
+    assert out.record is not None
+    atomic_write_bytes(p, (json_text(out.record(), EXPORT, indent=1) + "\n").encode("utf-8"))
+
+
+def _write_csv(out: Output, p: Path) -> None:
+    assert out.table is not None
+    atomic_write_bytes(p, out.table().to_csv(index=False).encode("utf-8"))
+
+
+def _write_parquet(out: Output, p: Path) -> None:
+    assert out.table is not None
+    buf = io.BytesIO()
+    out.table().to_parquet(buf, index=False)
+    atomic_write_bytes(p, buf.getvalue())
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """One output format of the registry.
+
+    Attributes:
+        name: ``"html"``, ``"json"``, ``"csv"``, ``"parquet"`` or :data:`FOLDER`.
+        suffixes: the extensions that choose it (lower case; none for the folder).
+        noun: what messages call the written thing (``"page"``: "the report page").
+        needs: the :class:`Output` attribute it writes from (``"page"``, ``"record"``, ``"table"``, ``"folder"``).
+        write: writes ``Output`` to a checked file path (None for the folder: the result's own writer).
+    """
+
+    name: str
+    suffixes: tuple[str, ...]
+    noun: str
+    needs: str
+    write: Callable[[Output, Path], None] | None
+
+
+#: The registry, in the order messages list it.
+OUTPUT_FORMATS: tuple[OutputFormat, ...] = (
+    OutputFormat("html", (".html", ".htm"), "page", "page", _write_page),
+    OutputFormat("json", (".json",), "JSON export", "record", _write_json),
+    OutputFormat("csv", (".csv",), "CSV table", "table", _write_csv),
+    OutputFormat("parquet", (".parquet",), "parquet table", "table", _write_parquet),
+    OutputFormat(FOLDER, (), "saved folder", "folder", None),
+)
+_BY_NAME = {f.name: f for f in OUTPUT_FORMATS}
+
+
+def _offered(out: Output | None, formats: Sequence[str] | None) -> list[OutputFormat]:
+    names = list(_BY_NAME) if formats is None else list(formats)
+    unknown = [n for n in names if n not in _BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown output format(s) {unknown}; the registry has {list(_BY_NAME)}")
+    return [_BY_NAME[n] for n in names if out is None or getattr(out, _BY_NAME[n].needs) is not None]
+
+
+def known_formats_text(formats: Sequence[OutputFormat]) -> str:
+    """The formats in words for messages, e.g. ``".html (page), .json (JSON export) or a folder (saved folder)"``."""
+    parts = [f"{' or '.join(f.suffixes)} ({f.noun})" if f.suffixes else f"a folder ({f.noun})" for f in formats]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def output_format(
+    path: str | os.PathLike[str], formats: Sequence[str] | None = None, *, flag: str = "path", out: Output | None = None
+) -> OutputFormat:
+    """The format ``path`` chooses among ``formats`` (default: every one ``out`` offers, or all).
+
+    A known extension chooses its format. The folder format is chosen by a path without extension or an
+    existing folder, or by any path when it is the only format allowed (``rep.save(path)`` writes a folder
+    whatever its name).
+
+    Raises:
+        OptionError: an extension none of the allowed formats has (names the known ones).
+    """
+    allowed = _offered(out, formats)
+    p = Path(path).expanduser()
+    suffix = p.suffix.lower()
+    files = [f for f in allowed if f.name != FOLDER]
+    for f in files:
+        if suffix in f.suffixes:
+            return f
+    folder = _BY_NAME[FOLDER] if _BY_NAME[FOLDER] in allowed else None
+    if folder is not None and (not files or not suffix or p.is_dir()):
+        return folder
+    what = f"the {out.what} " if out is not None else ""
+    ext = f"the extension {p.suffix!r}" if p.suffix else "no extension"
+    raise OptionError(
+        f"{flag} {os.fspath(path)} has {ext}: {what}can be written as {known_formats_text(allowed)}; "
+        "give a file name with one of these."
+        if allowed
+        else f"{flag}: {what}offers no output format here."
+    )
+
+
+def _label(out: Output, fmt: OutputFormat | None, formats: Sequence[OutputFormat]) -> str:
+    """``"report page"``, ``"comparison CSV table"``; ``"report output"`` while the format is not known."""
+    if fmt is None:
+        fmt = formats[0] if len(formats) == 1 else None
+    return f"{out.what} {fmt.noun}" if fmt is not None else f"{out.what} output"
+
+
+def write_output(
+    out: Output,
+    path: Any,
+    formats: Sequence[str] | None = None,
+    *,
+    flag: str = "path",
+    overwrite: bool = False,
+) -> Path:
+    """Write ``out`` to ``path`` in the format its extension chooses among ``formats`` (module docstring).
+
+    Args:
+        out: what the result can be written as.
+        path: the file (or folder) to write: ``str`` or ``os.PathLike``.
+        formats: the format names allowed here (default: every format ``out`` offers).
+        flag: how messages name ``path`` (``"path"``, ``"--out"``).
+        overwrite: for the folder format, replace an earlier saved report there (a file is always replaced).
+
+    Returns:
+        The path written.
+
+    Raises:
+        OptionTypeError: ``path`` is not a path. OutputOverInputError (an ``OptionError``): ``path`` is (or links
+            to) something ``out`` was read from. OptionError: empty; an extension none of the formats has (names
+            the known ones); a folder where a file goes; a missing folder; the file cannot be written (names it).
+            The folder format: the errors of the result's own writer.
+    """
+    allowed = _offered(out, formats)
+    only_folder = [f.name for f in allowed] == [FOLDER]
+    if not only_folder:  # the folder writer checks its path with its own messages
+        if not isinstance(path, (str, os.PathLike)):
+            what = _label(out, None, allowed)
+            raise OptionTypeError(f"{flag} of the {what} must be a file path; got {type(path).__name__}.")
+        if not str(os.fspath(path)).strip():
+            raise OptionError(f"{flag} of the {_label(out, None, allowed)} must not be empty; give a file name.")
+    refuse_outputs_over_inputs([(flag, path)], out.inputs)
+    if only_folder:  # any name is a folder here (``rep.save``); its writer checks the path
+        assert out.folder is not None
+        return out.folder(path, overwrite)
+    p = Path(path).expanduser()
+    if p.is_dir() and _BY_NAME[FOLDER] not in allowed:
+        raise OptionError(f"Cannot write the {_label(out, None, allowed)} to {p}: it is a folder; give a file name.")
+    fmt = output_format(path, [f.name for f in allowed], flag=flag, out=out)
+    if fmt.name == FOLDER:
+        assert out.folder is not None
+        return out.folder(p, overwrite)
+    label = _label(out, fmt, allowed)
+    if p.is_dir():
+        raise OptionError(f"Cannot write the {label} to {p}: it is a folder; give a file name.")
+    if not p.parent.exists():
+        raise OptionError(f"Cannot write the {label} to {p}: the folder {p.parent} does not exist.")
+    assert fmt.write is not None
+    try:
+        fmt.write(out, p)
+    except OSError as e:
+        raise OptionError(f"Cannot write the {label} to {p}: {e.strerror or e}.") from e
+    return p

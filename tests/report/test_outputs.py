@@ -1,0 +1,272 @@
+"""The output registry (``report/outputs.py``) and the one JSON encoder with its two NaN policies
+(``core/jsonio.py``; docs/definitions.md "Output formats").
+
+Real values: a report of two synthetic layers with exact projections (P = 1, closed) and a zero head (P, α and
+its scramble p-value NaN, each with a reason), so NaN reaches every format; a small checkpoint for the refusal of
+outputs over inputs. Each format is read back with its own reader (``json``, ``pandas.read_csv``,
+``pandas.read_parquet``, ``load_report``) and compared value for value; the encoder is compared with the two
+encoders it replaces (copied here as they were) on hostile values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import tl_idempotence as tli
+from helpers import llama_like
+from tl_idempotence.core.heads import LayerHeads, kv_layout
+from tl_idempotence.core.jsonio import EXPORT, RECORD, json_ready, json_restore, json_text
+from tl_idempotence.errors import OptionError, OptionTypeError, OutputOverInputError
+from tl_idempotence.report.outputs import OUTPUT_FORMATS, Output, output_format, write_output
+from tl_idempotence.report.parts import json_safe
+from tl_idempotence.report.report import export_record
+
+pytestmark = pytest.mark.bridge  # no TransformerLens model: must also pass on transformer-lens 4.x
+
+
+def _layers() -> list[LayerHeads]:
+    """Two layers of 6 heads (d_model 16, d_head 4): heads 0-1 exact projections (P = 1), L1H5 zero (NaN)."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for layer in range(2):
+        V = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
+        O = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
+        for h in (0, 1):
+            V[h] = torch.linalg.qr(V[h]).Q
+            O[h] = V[h]
+        if layer == 1:
+            O[5] = 0.0
+        out.append(LayerHeads(layer, O, V, kv_layout(6, 6)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def rep():
+    return tli.idempotence_report(_layers(), nulls=9, progress=False)
+
+
+# --------------------------------------------------------------------------- the encoder, as it was before
+
+
+def _old_json_safe(x):
+    """report/parts.py's encoder before issue 28 (records: NaN as "NaN")."""
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, dict):
+        return {str(k): _old_json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_old_json_safe(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
+    return x
+
+
+def _old_cli_json_value(x):
+    """cli.py's encoder before issue 28 (--json: NaN as null)."""
+    from collections.abc import Mapping
+
+    if isinstance(x, Mapping):
+        return {str(k): _old_cli_json_value(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_old_cli_json_value(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+HOSTILE = {
+    "nan": float("nan"),
+    "np_nan": np.float64("nan"),
+    "np32_inf": np.float32("inf"),
+    "neg_inf": -math.inf,
+    "tiny": 5e-324,
+    "big_int": np.int64(2**62),
+    "flag": np.bool_(True),
+    "text_NaN": "NaN",  # a string that looks like the record's NaN
+    "nested": {3: [1.5, (np.float64(-0.0), float("-inf"))], "k": None},
+    "empty": {},
+    "zero_d": np.array(0.25),
+}
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN equal to NaN, types equal (bit for bit for floats)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return np.float64(a).tobytes() == np.float64(b).tobytes()
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def test_the_record_policy_is_the_saved_formats_encoder_bit_for_bit():
+    hostile = {k: v for k, v in HOSTILE.items() if k != "zero_d"}  # the old encoder could not write a 0-d array
+    assert _same(json_safe(hostile), _old_json_safe(hostile))
+    assert _same(json_ready(hostile, RECORD), _old_json_safe(hostile))
+    text = json_text(HOSTILE, RECORD, indent=1)
+    assert '"nan": "NaN"' in text and '"np32_inf": "Infinity"' in text and '"neg_inf": "-Infinity"' in text
+    assert '"zero_d": 0.25' in text and '"big_int": 4611686018427387904' in text
+
+
+def test_the_export_policy_is_the_clis_encoder_bit_for_bit():
+    assert _same(json_ready(HOSTILE, EXPORT), _old_cli_json_value(HOSTILE))
+    text = json_text(HOSTILE, EXPORT)
+    back = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert back["nan"] is None and back["np32_inf"] is None and back["neg_inf"] is None
+    assert back["text_NaN"] == "NaN" and back["nested"] == {"3": [1.5, [-0.0, None]], "k": None}
+
+
+def test_a_record_round_trips_nan_and_infinities_exactly():
+    rec = {"median_P": float("nan"), "hi": math.inf, "lo": -math.inf, "x": 0.1 + 0.2, "per_layer": {"0": 1, "7": 2}}
+    back = json_restore(json.loads(json_text(rec, RECORD)))
+    assert math.isnan(back["median_P"]) and back["hi"] == math.inf and back["lo"] == -math.inf
+    assert back["x"] == 0.1 + 0.2 and back["per_layer"] == {0: 1, 7: 2}
+    # a record written before issue 28 reads back the same (the format on disk is unchanged)
+    old_text = '{"median_P": "NaN", "hi": "Infinity", "lo": "-Infinity", "name": "NaN"}'
+    old = json_restore(json.loads(old_text), {"median_P", "hi", "lo"})
+    assert math.isnan(old["median_P"]) and old["hi"] == math.inf and old["lo"] == -math.inf and old["name"] == "NaN"
+
+
+def test_a_value_json_cannot_hold_is_refused_not_written():
+    with pytest.raises(TypeError):
+        json_text({"a": object()}, EXPORT)
+    with pytest.raises(ValueError, match="nan must be one of"):
+        json_ready(1.0, "null")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- every format, read back
+
+
+def test_a_saved_report_keeps_its_nans_as_nans(rep, tmp_path):
+    assert np.isnan(rep.heads.loc["L1H5", "P"]) and np.isnan(rep.heads.loc["L1H5", "p_value"])
+    d = Path(rep.export(tmp_path / "folder"))  # no extension: the save format
+    assert (d / "report.json").is_file()
+    back = tli.load_report(d)
+    assert back.heads["P"].to_numpy().tobytes() == rep.heads["P"].to_numpy().tobytes()
+    nan_keys = [k for k, v in rep.summary.items() if isinstance(v, float) and math.isnan(v)]
+    raw = json.loads((d / "report.json").read_text())["summary"]
+    for k in nan_keys:
+        assert raw[k] == "NaN" and math.isnan(back.summary[k]), k
+
+
+def test_csv_is_the_heads_table_label_first(rep, tmp_path):
+    p = Path(rep.export(tmp_path / "heads.csv"))
+    assert p.read_bytes() == rep.heads.to_csv(index=True, index_label="label").encode()  # the CLI's --csv, as before
+    back = pd.read_csv(p, index_col="label")
+    assert list(back.index) == list(rep.heads.index)
+    np.testing.assert_array_equal(back["P"].to_numpy(), rep.heads["P"].to_numpy())  # NaN where P is NaN
+    assert back.loc["L1H5", "reason"] == rep.heads.loc["L1H5", "reason"] != ""
+
+
+def test_parquet_is_the_heads_table_exactly(rep, tmp_path):
+    p = Path(rep.export(tmp_path / "heads.parquet"))
+    back = pd.read_parquet(p)
+    pd.testing.assert_frame_equal(back, rep.heads.reset_index(names="label"), check_exact=True)
+    assert back["P"].to_numpy().tobytes() == rep.heads["P"].to_numpy().tobytes()
+
+
+def test_json_is_the_export_with_nan_as_null(rep, tmp_path):
+    p = Path(rep.export(tmp_path / "r.JSON"))  # the extension is case-insensitive
+    back = json.loads(p.read_text(), parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    closed = rep.closed_heads
+    assert [h["label"] for h in back["closed_heads"]] == list(closed.index) and len(closed) == 4
+    assert [h["P"] for h in back["closed_heads"]] == closed["P"].tolist()
+    for k, v in rep.summary.items():
+        if isinstance(v, float) and math.isnan(v):
+            assert back["summary"][k] is None, k
+    from tl_idempotence.cli import _summary_json
+
+    assert p.read_text() == _summary_json(rep) + "\n"  # --json prints what a .json output holds
+
+
+def test_html_page_and_every_writer_is_atomic(rep, tmp_path):
+    p = tmp_path / "r.html"
+    p.write_text("old")
+    assert rep.export(p) == str(p) and p.read_text().startswith("<!DOCTYPE html>")
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["r.html"]  # no temporary file left
+
+
+def test_an_unknown_extension_is_refused_naming_the_known_ones(rep, tmp_path):
+    with pytest.raises(OptionError) as e:
+        rep.export(tmp_path / "r.txt")
+    msg = str(e.value)
+    assert "has the extension '.txt'" in msg and ".html or .htm (page)" in msg and ".json (JSON export)" in msg
+    assert ".csv (CSV table)" in msg and ".parquet (parquet table)" in msg and "a folder (saved folder)" in msg
+    with pytest.raises(OptionError, match=r"can be written as \.html or \.htm \(page\); give a file name"):
+        rep.save_html(tmp_path / "r.csv")
+    with pytest.raises(OptionError, match="has no extension"):
+        rep.save_html(tmp_path / "report")
+    assert list(tmp_path.iterdir()) == []
+    folder = Path(rep.save(tmp_path / "run.2024"))  # save writes a folder whatever its name
+    assert (folder / "report.json").is_file()
+
+
+def test_a_format_the_result_does_not_offer_is_refused(tmp_path):
+    out = Output("thing", page=lambda: "<p>x</p>")
+    with pytest.raises(OptionError, match=r"the thing can be written as \.html or \.htm \(page\)"):
+        write_output(out, tmp_path / "x.csv")
+    assert write_output(out, tmp_path / "x.htm").read_text() == "<p>x</p>"
+    with pytest.raises(ValueError, match="unknown output format"):
+        output_format(tmp_path / "x.csv", ("xlsx",))
+    assert [f.name for f in OUTPUT_FORMATS] == ["html", "json", "csv", "parquet", "folder"]
+
+
+def test_paths_are_checked_before_anything_is_rendered(tmp_path):
+    def boom() -> str:
+        raise AssertionError("rendered before the path was checked")
+
+    out = Output("report", page=boom, table=lambda: pd.DataFrame({"a": [1]}))
+    for path, err, says in [
+        (3, OptionTypeError, "path of the report output must be a file path; got int"),
+        ("  ", OptionError, "must not be empty"),
+        (tmp_path, OptionError, "it is a folder"),
+        (tmp_path / "missing" / "r.html", OptionError, "does not exist"),
+        (tmp_path / "r.xlsx", OptionError, "has the extension '.xlsx'"),
+    ]:
+        with pytest.raises(err, match=says):
+            write_output(out, path)
+    if os.geteuid() != 0:  # root writes whatever the mode
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        try:
+            with pytest.raises(OptionError, match=r"Cannot write the report CSV table to .*r\.csv: Permission denied"):
+                write_output(out, locked / "r.csv")
+        finally:
+            locked.chmod(0o700)
+
+
+def test_every_format_refuses_an_output_over_an_input(tmp_path):
+    ck, _, _ = llama_like(tmp_path / "CK", n_layers=2)
+    rep = tli.idempotence_report(str(ck), progress=False)
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    for path in (ck / "config.json", ck / "model.safetensors.index.json", ck / "x.safetensors", ck):
+        target = path if path.exists() else sorted(ck.glob("*.safetensors"))[0]
+        with pytest.raises(OutputOverInputError, match="which this run reads"):
+            rep.export(target)  # refused before its extension is looked at (.safetensors is no format)
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+
+
+def test_comparison_exports(rep, tmp_path):
+    cmp = tli.compare({"a": rep}, progress=False)
+    p = Path(cmp.export(tmp_path / "cmp.csv"))
+    back = pd.read_csv(p)
+    assert list(back["model"]) == list(cmp.table["model"]) and len(back) == len(cmp.table)
+    rec = json.loads(Path(cmp.export(tmp_path / "cmp.json")).read_text())
+    assert rec["summary"]["n_models"] == 1 and [r["model"] for r in rec["table"]] == list(cmp.table["model"])
+    with pytest.raises(OptionError, match="comparison can be written as"):
+        cmp.export(tmp_path / "cmp_folder")  # a comparison has no folder format
+    assert export_record(rep)["closed_heads"][0]["label"] == rep.closed_heads.index[0]
