@@ -304,3 +304,49 @@ def test_circuit_arguments_are_checked_where_they_enter():
     partial = roles_for(induction=INDUCTION)
     partial.table = partial.table.drop(columns=["copying"])  # only the roles the table has
     assert list(circuit_overlap(t, pairs, 0.9, roles=partial, n_sets=9).heads.columns)[-1] == "induction"
+
+
+def test_association_arguments_are_checked_where_they_enter():
+    from tl_idempotence.errors import OptionError, OptionTypeError
+
+    roles = roles_for(induction=INDUCTION, copying=COPYING)
+    a = role_association(heads_table(), roles, 0.9, n_permutations=99)
+    pd.testing.assert_frame_equal(a.association, role_association(heads_table(), roles, 0.9, 99, seed=0).association)
+    assert a.summary["seed"] == 0
+    with pytest.raises(OptionTypeError) as e:
+        role_association(heads_table(), roles.table, 0.9)  # type: ignore[arg-type]
+    assert str(e.value) == "roles must be the HeadRoles of tli.head_roles(model); got DataFrame."
+    for n, msg in [
+        (0, "n_permutations must be >= 1; got 0."),
+        ((1 << 20) + 1, "n_permutations must be <= 1048576; got 1048577."),
+    ]:
+        with pytest.raises(OptionError) as e:
+            role_association(heads_table(), roles, 0.9, n_permutations=n)
+        assert str(e.value) == msg
+    short = roles_for(induction=INDUCTION)
+    short.table = short.table.iloc[:5]
+    with pytest.raises(OptionError) as e:
+        role_association(heads_table(), short, 0.9)
+    assert str(e.value) == (
+        "The head roles lack 3 head(s) the report measured (['L1H1', 'L1H2', 'L1H3']): they are not of the "
+        "report's model."
+    )
+    # a constant P: no Spearman, with the reason
+    flat = role_association(heads_table(P=np.full(8, 0.5)), roles, 0.9, n_permutations=9).association
+    assert np.isnan(flat.loc["induction", "spearman_rho"]) and flat.loc["induction", "note"].startswith(
+        "Spearman undefined"
+    )
+    # the permutations come from the role's own stream, not a global one (99 resamples: p in steps of 0.02)
+    import scipy.stats
+
+    ok = ~np.isnan(P)
+    for i, (role, s) in enumerate([("induction", INDUCTION), ("copying", COPYING)], start=2):
+        okr = ok & ~np.isnan(s)
+        want = scipy.stats.permutation_test(
+            (P[okr],),
+            lambda v, s=s, okr=okr: scipy.stats.spearmanr(v, s[okr]).statistic,
+            permutation_type="pairings",
+            n_resamples=99,
+            rng=np.random.default_rng(np.random.SeedSequence([0, 6, i])),
+        ).pvalue
+        assert a.association.loc[role, "spearman_p"] == want, role
