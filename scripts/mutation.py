@@ -324,7 +324,7 @@ def write_index() -> None:
     for name in TARGETS:
         f = OUT / f"{name}.json"
         if not f.exists():
-            rows.append(f"| `{name}` | not run yet | | | | | |")
+            rows.append(f"| `{name}` | not run to the end (by_hand.md) | | | | | |")
             continue
         r = json.loads(f.read_text(encoding="utf-8"))
         score = "n/a" if r["score"] is None else f"{100 * r['score']:.1f} %"
