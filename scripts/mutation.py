@@ -45,7 +45,8 @@ class Target:
     name: str
     source: str  # the module file under src/
     mutants: tuple[str, ...]  # mutmut mutant-name globs (module.x_function*, module.xǁClassǁmethod*)
-    tests: tuple[str, ...]  # pytest selection (files or node ids)
+    tests: tuple[str, ...]  # pytest selection (files or node ids; tests/unit first, then the tests moved to
+    # tests/integration for time that the target's files held before the tiers were folders)
     why: str
     #: node ids left out of the run: tests that need what the run switches off (jaxtyping's shape hook)
     deselect: tuple[str, ...] = ()
@@ -65,7 +66,11 @@ TARGETS: dict[str, Target] = {
             "kv_map",
             "src/tl_idempotence/core/heads.py",
             ("tl_idempotence.core.heads.x_kv_layout*",),
-            ("tests/core/test_kv_layout.py", "tests/sources/test_checkpoint.py"),
+            (
+                "tests/unit/core/test_kv_layout.py",
+                "tests/unit/sources/test_checkpoint.py",
+                "tests/integration/sources/test_checkpoint_real.py",
+            ),
             "which kv head each query head reads (GQA/MQA): a wrong map changes every GQA head's T",
         ),
         Target(
@@ -75,22 +80,27 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.core.closure.x_closure_from_grams*",
                 "tl_idempotence.core.closure.x_layer_grams*",
             ),
-            ("tests/core/test_closure.py", "tests/core/test_scale_properties.py", "tests/core/test_closure_exact.py"),
+            (
+                "tests/unit/core/test_closure.py",
+                "tests/unit/core/test_scale_properties.py",
+                "tests/unit/core/test_closure_exact.py",
+                "tests/integration/core/test_closure_gram_rank_large.py",
+            ),
             "α and P from the Gram products (SPEC section 2)",
-            deselect=("tests/core/test_closure.py::test_shape_annotations_are_checked_while_the_tests_run",),
+            deselect=("tests/unit/core/test_closure.py::test_shape_annotations_are_checked_while_the_tests_run",),
         ),
         Target(
             "resume_key",
             "src/tl_idempotence/report/parts.py",
             ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.report.parts.x__record_digest*"),
-            ("tests/report/test_resume.py", "tests/report/test_resume_integrity.py"),
+            ("tests/unit/report/test_resume.py", "tests/unit/report/test_resume_integrity.py"),
             "a resumed layer is taken only if its weight fingerprint, options and digest match",
         ),
         Target(
             "store_digest",
             "src/tl_idempotence/report/store.py",
             ("tl_idempotence.report.store.x__digest*", "tl_idempotence.report.store.x__check_tables_fit_info*"),
-            ("tests/report/test_store_record.py",),  # its fastest killing tests (test_store.py: SmolLM2, minutes)
+            ("tests/unit/report/test_store_record.py",),  # its fastest killing tests (test_store.py: SmolLM2, minutes)
             "a saved report's record digest, and its tables checked against the sizes its record states",
             marker=QUICK,
         ),
@@ -98,7 +108,7 @@ TARGETS: dict[str, Target] = {
             "store_read",
             "src/tl_idempotence/report/store.py",
             ("tl_idempotence.report.store.x_read_record*",),
-            ("tests/report/test_store_record.py",),
+            ("tests/unit/report/test_store_record.py",),
             "a saved report is loaded only if its files match their sha256s and its summary fits its tables",
             marker=QUICK,
         ),
@@ -109,14 +119,14 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.analyses.scramble.x__summarize_draws*",
                 "tl_idempotence.analyses.scramble.x__frac_closed*",
             ),
-            ("tests/analyses/test_scramble_summary.py",),  # its fastest killing tests (test_controls.py: minutes)
+            ("tests/unit/analyses/test_scramble_summary.py",),  # its fastest killing tests (test_controls.py: minutes)
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
         ),
         Target(
             "sweep_identity",
             "src/tl_idempotence/report/identity.py",
             ("tl_idempotence.report.identity.x*",),
-            ("tests/report/test_identity_exact.py",),  # its fastest killing tests (test_identity.py: real files)
+            ("tests/unit/report/test_identity_exact.py",),  # its fastest killing tests (test_identity.py: real files)
             "whether a saved or finished report is of the checkpoint, weights, options and source it is taken for",
             marker=QUICK,
         ),
@@ -124,7 +134,7 @@ TARGETS: dict[str, Target] = {
             "name_resolver",
             "src/tl_idempotence/sources/names.py",
             ("tl_idempotence.sources.names.x*",),
-            ("tests/sources/test_names.py", "tests/sources/test_names_exact.py"),
+            ("tests/unit/sources/test_names.py", "tests/unit/sources/test_names_exact.py"),
             "what a string or path names (zoo model, checkpoint, unknown) and a checkpoint's label",
             marker=QUICK,
         ),
@@ -137,12 +147,12 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.probes.ablation.x_bootstrap_intervals*",
             ),
             (
-                "tests/probes/test_ablation.py::test_bootstrap_intervals_on_exact_constructions",
-                "tests/probes/test_ablation.py::test_percentile_interval_uses_the_2_5_and_97_5_percent_quantiles",
-                "tests/probes/test_ablation.py::test_percentile_interval_covers_95_percent_of_a_known_distribution",
-                "tests/probes/test_ablation.py::test_bootstrap_interval_covers_the_true_delta",
-                "tests/probes/test_ablation.py::test_rank_p_value",
-                "tests/probes/test_ablation_statistics.py",
+                "tests/unit/probes/test_ablation.py::test_bootstrap_intervals_on_exact_constructions",
+                "tests/unit/probes/test_ablation.py::test_percentile_interval_uses_the_2_5_and_97_5_percent_quantiles",
+                "tests/unit/probes/test_ablation.py::test_percentile_interval_covers_95_percent_of_a_known_distribution",
+                "tests/unit/probes/test_ablation.py::test_bootstrap_interval_covers_the_true_delta",
+                "tests/unit/probes/test_ablation.py::test_rank_p_value",
+                "tests/unit/probes/test_ablation_statistics.py",
             ),
             "the ablation's rank p-value, its floor and the bootstrap's percentile intervals (their level)",
             marker=QUICK,
@@ -151,7 +161,7 @@ TARGETS: dict[str, Target] = {
             "roles_circuit",
             "src/tl_idempotence/report/roles.py",
             ("tl_idempotence.report.roles.x_circuit_overlap*",),
-            ("tests/report/test_roles_statistics.py",),  # its fastest killing tests (no report is built)
+            ("tests/unit/report/test_roles_statistics.py",),  # its fastest killing tests (no report is built)
             "a circuit's overlap with the closed set: hypergeometric and layer-matched p",
             marker=QUICK,
         ),
@@ -159,7 +169,7 @@ TARGETS: dict[str, Target] = {
             "roles_assoc",
             "src/tl_idempotence/report/roles.py",
             ("tl_idempotence.report.roles.x__spearman_perm*", "tl_idempotence.report.roles.x_role_association*"),
-            ("tests/report/test_roles_statistics.py",),
+            ("tests/unit/report/test_roles_statistics.py",),
             "head roles vs closure: Spearman permutation p, Mann-Whitney, BH across roles, sign agreement",
             marker=QUICK,
         ),
@@ -168,9 +178,9 @@ TARGETS: dict[str, Target] = {
             "src/tl_idempotence/analyses/scramble.py",
             ("tl_idempotence.analyses.scramble.x_bh_q_values*", "tl_idempotence.report.report.x_add_q_values*"),
             (  # its fastest killing tests (test_q_values.py's report, save and page tests: minutes)
-                "tests/report/test_q_values.py::test_bh_matches_definition_on_a_fixed_array",
-                "tests/report/test_q_values.py::test_nan_p_values_are_outside_the_family",
-                "tests/report/test_q_values_exact.py",
+                "tests/unit/report/test_q_values.py::test_bh_matches_definition_on_a_fixed_array",
+                "tests/unit/report/test_q_values.py::test_nan_p_values_are_outside_the_family",
+                "tests/unit/report/test_q_values_exact.py",
             ),
             "the BH q-values of rep.heads (the family: every head with a finite scramble p-value)",
             more_sources=("src/tl_idempotence/report/report.py",),

@@ -19,13 +19,48 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import LINEAGE_KW  # needs tests/ on the path (set just above)
 
+#: The tier folders: a test's tier is told by its path (CONTRIBUTING.md, "The test tiers").
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "acceptance")
+#: Marks that name a tier, and the folders where each may appear (``slow``: the heavier integration tests).
+TIER_MARKS = {"integration": ("integration",), "slow": ("integration",), "acceptance": ("acceptance",)}
+
+
+def tier_of(path: Path) -> str | None:
+    """``unit``, ``integration`` or ``acceptance`` for a test file under that folder of tests/; None elsewhere."""
+    try:
+        rel = Path(path).resolve().relative_to(TESTS)
+    except ValueError:
+        return None  # README.md and docs/*.md (their blocks are integration tests: doc_blocks.py)
+    return rel.parts[0] if len(rel.parts) > 1 and rel.parts[0] in TIERS else ""
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tiers: a user's workflow replayed in a fresh process (``acceptance``) belongs to the integration tier
-    too, so ``-m "not integration"`` (the README's quick command) is the unit tier."""
+    """Tiers by path: ``tests/integration`` is marked ``integration`` and ``tests/acceptance`` ``acceptance``
+    and ``integration`` (so ``-m "not integration"`` is still the unit tier); a test file outside the three tier
+    folders, or a tier mark that contradicts its folder (an ``integration`` or ``slow`` test under tests/unit),
+    is a collection error, so a test's tier cannot silently differ from its path.
+
+    Raises:
+        pytest.UsageError: a test outside the tier folders or a mark that contradicts its folder.
+    """
+    wrong = []
     for item in items:
-        if item.get_closest_marker("acceptance") is not None and item.get_closest_marker("integration") is None:
+        tier = tier_of(item.path)
+        if tier is None:
+            continue
+        if tier == "":
+            wrong.append(f"{item.nodeid}: not under tests/unit, tests/integration or tests/acceptance")
+            continue
+        for mark, allowed in TIER_MARKS.items():
+            if item.get_closest_marker(mark) is not None and tier not in allowed:
+                wrong.append(f"{item.nodeid}: marked {mark!r} under tests/{tier} (move it to tests/{allowed[0]})")
+        if tier in ("integration", "acceptance") and item.get_closest_marker("integration") is None:
             item.add_marker(pytest.mark.integration)
+        if tier == "acceptance" and item.get_closest_marker("acceptance") is None:
+            item.add_marker(pytest.mark.acceptance)
+    if wrong:
+        raise pytest.UsageError("a test's tier is its folder:\n  " + "\n  ".join(wrong))
 
 
 def _transformer_lens_major() -> int:

@@ -9,9 +9,11 @@ the checkout). Blocks that cannot run on a CI machine (a GPU, a cluster, the Hug
 re-download of the zoo) carry ``<!-- skip: next "why" -->`` in the markdown; sh/console blocks are not
 Python and are not run.
 
-The blocks load the real zoo model (smollm2-135m): they are marked ``integration``, so the README's quick
-command (``pytest -q -m "not slow and not integration"``) deselects them and ``pytest -m integration``
-runs them. Only these files are parsed (``DOC_FILES``; ``tests/data/**/README.md`` is data, not docs).
+The blocks load the real zoo model (smollm2-135m): they are integration tests, marked ``integration``; the
+README's quick command (``pytest -q tests/unit``) does not name them, ``-m "not slow and not integration"``
+deselects them, and CI's integration stage names them by path (``pytest -q -m "not slow" tests/integration
+tests/acceptance README.md docs``). Only these files are parsed (``DOC_FILES``; ``tests/data/**/README.md`` is
+data, not docs).
 """
 
 from __future__ import annotations

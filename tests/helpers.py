@@ -307,7 +307,7 @@ def dense_closure_T(T):
     return inner**2 / ((T2 * T2).sum() * (T * T).sum())
 
 
-#: Training arguments of the tiny lineage shared by tests/studies and tests/test_demos.py
+#: Training arguments of the tiny lineage shared by tests/integration/studies and tests/integration/test_demos.py
 #: (``conftest.lineage``; ``train_lineage`` reuses a finished lineage with the same arguments).
 LINEAGE_KW = dict(steps=200, save_steps=(0, 20, 40, 60, 100, 200))
 

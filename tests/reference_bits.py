@@ -49,7 +49,7 @@ SEARCH_ATOL = 1e-3
 SEARCHED_P = ("P_searched", "feasible_P")
 #: Search columns that another CPU's rounding cannot change on the stored tables: every recorded head stopped on
 #: its iteration budget (200), no searched P lies within 2 · SEARCH_ATOL of THRESHOLD and each layer's best P
-#: leads its runner-up by more than 2 · SEARCH_ATOL (tests/test_reference_bits.py checks these margins).
+#: leads its runner-up by more than 2 · SEARCH_ATOL (tests/unit/test_reference_bits.py checks these margins).
 CPU_INDEPENDENT_SEARCH_COLUMNS = (
     "feasible",
     "feasible_head",

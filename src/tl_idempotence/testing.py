@@ -1,6 +1,6 @@
 """Test support only: tiny offline models for tests, demos and benchmarks (no hub, seeded).
 
-This module is never imported by the library's own code (``tests/test_layering.py`` checks it);
+This module is never imported by the library's own code (``tests/unit/test_layering.py`` checks it);
 it is public so that tests, demos and users' own test suites can build small seeded models.
 
 * :func:`tiny_tokenizer` — a word-level ``PreTrainedTokenizerFast`` (``w0 .. w{n-1}``).

@@ -439,7 +439,7 @@ def _range_angles(
     counted up to ``min(rank_O_a, rank_O_b)``. The cross products ``O_aᵀ O_b`` cost ``d r² n (n - 1)`` flops
     per group of ``n`` (``compute_dtype``, on ``device``, with the Grams' power-of-two exponents, which change
     no angle); everything else is ``r x r``. From cosines, an angle resolves to about 1e-6 degrees (a cosine
-    within float64's eps of 1): ``tests/analyses/test_algebra.py`` checks them against
+    within float64's eps of 1): ``tests/unit/analyses/test_algebra.py`` checks them against
     ``scipy.linalg.subspace_angles`` at 1e-6 degrees, a near-coincident pair included.
 
     Returns:

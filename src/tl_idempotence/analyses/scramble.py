@@ -17,7 +17,7 @@ sampled once; head ``h`` uses draws ``j = 1..n`` with ``R₁ = pool_O[j]`` and
 pairs are therefore i.i.d. Haar x Haar (exact null, exact p-values); different heads
 re-pair the same pools, which costs ``O(n)`` QRs per layer instead of ``O(n_heads · n)``; their
 draws are therefore not exactly independent of each other (two identical heads: Spearman ρ ≈ 0.08
-between their j-th draws at n = 4000; tests/analyses/test_scramble_statistics.py), which a joint
+between their j-th draws at n = 4000; tests/unit/analyses/test_scramble_statistics.py), which a joint
 statement across heads (BH q-values) should read as weak positive dependence.
 Everything is seeded by ``(seed, layer)``, so a layer's numbers do not depend on which
 other layers ran. The batched products run on the options' device; the pools are drawn

@@ -263,7 +263,7 @@ def _gram_products(
     """(G_O [n], G_V [n_kv or n], M [n]) on O's device in float64; ``kv`` None = paired (broadcast) form."""
     # One layer's heads (kv given; never a broadcast view): the products of O as a strided view (a
     # checkpoint's o_proj split into heads) run ~1.5x slower than of a contiguous copy made in the
-    # cast, with the same bits (tests/report/test_v01_values.py). V keeps its layout: a contiguous
+    # cast, with the same bits (tests/unit/report/test_v01_values.py). V keeps its layout: a contiguous
     # V changes the last bit of VᵀO for some shapes.
     Oc = apply_exponents(O, e_O, dtype, contiguous=kv is not None, buffer=buffer if kv is not None else None)
     Vc = apply_exponents(V, e_V, dtype)

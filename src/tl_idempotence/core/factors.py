@@ -90,7 +90,7 @@ def gram_rank(G: Float[Tensor, "*batch r r"], rtol: float) -> Int[Tensor, " *bat
 
     Returns:
         ``[*batch]`` int64 ranks, equal to the eigenvalue route's
-        (``tests/core/test_closure.py::test_gram_rank_equals_the_eigenvalue_rule``: spectra around the
+        (``tests/unit/core/test_closure.py::test_gram_rank_equals_the_eigenvalue_rule``: spectra around the
         threshold, scales 1e-160..1e150, Grams whose upper triangle differs from the lower).
     """
     r = G.shape[-1]

@@ -236,7 +236,7 @@ class IdempotenceReport(Result):
         """The same report at another P threshold: every threshold-dependent column, table, count and summary
         number re-derived from the stored results (each analysis's ``apply_threshold``, then its ``summarize``),
         equal to a run at that threshold (checked by the analyses' contract test and, for the whole summary,
-        ``tests/report/test_store_hostile.py``). This report is not changed.
+        ``tests/unit/report/test_store_hostile.py``). This report is not changed.
 
         Raises:
             OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].

@@ -120,7 +120,7 @@ def _digest(record: dict[str, Any]) -> str:
 
 #: Every table a report save can write (``<name>.parquet``): the per-head and per-layer tables and the analyses'
 #: long tables. ``overwrite=True`` deletes only these, and only when the earlier record lists them and passes its
-#: own digest (``tests/report/test_store_hostile.py`` checks that a report with every analysis writes no other).
+#: own digest (``tests/unit/report/test_store_hostile.py`` checks that a report with every analysis writes no other).
 TABLE_NAMES = frozenset(
     {
         "heads",

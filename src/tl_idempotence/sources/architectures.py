@@ -9,7 +9,7 @@ of one layer and their layouts:
   layouts were found by matching the saved tensors against each head's value read and output
   write measured by running the model (:func:`tl_idempotence.testing.ov_by_forward`), and its
   post-attention norm by the same forward pass. Types that cannot be read are listed under
-  ``refused`` with the reason. Never edited by hand; ``tests/sources/test_architectures.py``
+  ``refused`` with the reason. Never edited by hand; ``tests/integration/sources/test_architectures.py``
   checks it against the installed libraries and reads a tiny checkpoint of every entry.
 * ``data/architectures.json`` — what must be explicit: the format, the config field names, the
   GGUF names, aliases, and refusals/entries no derivation can decide. Its entries win.

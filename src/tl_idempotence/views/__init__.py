@@ -1,5 +1,5 @@
 """Layer 6 — every figure, page and display, drawn from results (never a model, a forward pass, a source, a
-probe or a study: ``tests/test_layering.py``): plotly figures (:mod:`.figures`), the standalone
+probe or a study: ``tests/unit/test_layering.py``): plotly figures (:mod:`.figures`), the standalone
 HTML report (:mod:`.page`), circuitsvis attention views of computed patterns (:mod:`.attention`), notebook
 displays and :func:`use_offline_plotly` (figures that also render in a static HTML render of an
 executed notebook, offline; :mod:`.notebook`) and the words around the numbers (:mod:`.text`).

@@ -3,7 +3,7 @@
     python tests/data/v0_1/make_reference.py
 
 Each ``*.parquet`` is a table exactly as 0.1 computed it (parquet keeps every float64 bit);
-``tests/report/test_v01_values.py`` checks that the current code reproduces them bit for bit.
+``tests/unit/report/test_v01_values.py`` checks that the current code reproduces them bit for bit.
 Kept for provenance: it uses the 0.1 API (module paths of that version). The search columns of
 smollm2_bridge_l5_l10_search were later rewritten by regenerate_search_columns.py (README.md says why).
 """

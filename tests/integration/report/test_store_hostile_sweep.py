@@ -1,0 +1,59 @@
+"""A sweep's collect step (a fresh process) on an edited stored summary; the store's hostile-input unit tests are
+tests/unit/report/test_store_hostile.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import llama_like
+from tl_idempotence.report.store import RECORD
+
+
+def rewrite_record(folder: Path, edit, digest: bool = True) -> None:
+    """Edit report.json; with ``digest``, recompute its digest the way store.py does (so only the consistency
+    checks can catch the edit)."""
+    f = folder / RECORD
+    rec = json.loads(f.read_text())
+    edit(rec)
+    if digest:
+        body = {k: v for k, v in rec.items() if k != "digest"}
+        canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
+    f.write_text(json.dumps(rec, indent=1))
+
+
+@pytest.mark.integration
+def test_sweep_collect_reports_an_edited_summary_as_missing_with_the_field(tmp_path):
+    """The CLI as a user runs it: one array task saves a report, an edit with the digest recomputed, then
+    ``--collect`` names the item without a report, the field and both values (exit 1)."""
+    ck = llama_like(tmp_path / "ckA")[0]
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    for k in ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX", "SGE_TASK_ID"):
+        env.pop(k, None)
+    cli = [sys.executable, "-m", "tl_idempotence.cli", "sweep", str(ck), "--out", str(out), "--quiet"]
+    first = subprocess.run([*cli, "--task-index", "0"], capture_output=True, text=True, env=env, timeout=600)
+    assert first.returncode == 0, first.stderr
+    [record] = [p for p in out.rglob(RECORD)]
+    s = json.loads(record.read_text())["summary"]
+    n_closed, per_layer = s["n_closed"], s["closed_per_layer"]["__int_keys__"]
+    per_layer[0][1] += 7  # a consistent forgery (the counts add up): only the recomputation can refuse it
+    forged = {
+        "n_closed": n_closed + 7,
+        "frac_closed": (n_closed + 7) / s["n_heads"],
+        "closed_per_layer": s["closed_per_layer"],
+    }
+    rewrite_record(record.parent, lambda r: r["summary"].update(forged))
+    collect = subprocess.run([*cli, "--collect"], capture_output=True, text=True, env=env, timeout=600)
+    said = collect.stdout + collect.stderr
+    assert f"summary['n_closed'] is {n_closed + 7} in the record but {n_closed} from its tables" in said, said
+    assert "1 item(s) have no report yet:" in said and "ckA: its saved report is unreadable (ReportFileError" in said
+    assert collect.returncode == 1, collect.returncode  # not every item has a report

@@ -1,0 +1,111 @@
+"""The demo notebooks in demos/ run top to bottom, offline (SPEC: design card, "demos executed in CI").
+
+Notebooks are stored without outputs. The default run checks that (and that every code cell
+parses); the executions are marked slow (each loads a real model or runs the search: 20-90 s
+on a loaded 2-core machine) and run in CI with ``-m slow``. A failing cell raises
+``nbclient.exceptions.CellExecutionError`` and fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat", reason="demo tests need the 'test' extra (nbformat, nbclient, ipykernel)")
+
+DEMOS = Path(__file__).resolve().parents[2] / "demos"
+#: notebook -> minimum number of plotly figures its execution must display
+NOTEBOOKS = {
+    "01_quickstart.ipynb": 1,
+    "02_geometry.ipynb": 3,
+    "03_algebra_activations.ipynb": 1,
+    "04_trajectories.ipynb": 3,
+    "05_head_roles.ipynb": 2,
+}
+
+
+@pytest.fixture(scope="session")
+def lineage_dir(lineage):
+    """The session lineage shared with tests/studies/test_trajectory.py (conftest.lineage, trained once)."""
+    return lineage.root
+
+
+def _run(name: str, tmp_path: Path, monkeypatch, env: dict[str, str]):
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the kernel must be this interpreter (its kernelspec runs "python" from PATH)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    nb = nbformat.read(DEMOS / name, as_version=4)
+    NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    streams = "".join(str(o.get("text", "")) for o in outputs if o.output_type == "stream")
+    for noise in ("TqdmWarning", "%|", "Writing model shards"):
+        assert noise not in streams, f"{name} printed {noise!r}: {streams[:500]}"
+    assert not [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    figs = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    assert len(figs) >= NOTEBOOKS[name], f"{name} displayed {len(figs)} plotly figures, expected >= {NOTEBOOKS[name]}"
+    # every figure also renders in a static, offline render: an HTML div, plotly.js inlined once in the notebook
+    assert all("text/html" in o["data"] and "plotly-graph-div" in o["data"]["text/html"] for o in figs)
+    html_all = "".join(str(o.get("data", {}).get("text/html", "")) for o in outputs)
+    # (the bundle itself names cdn.plot.ly as the default topojson URL of geo maps: no script may load from it)
+    assert html_all.count("plotly.js v") == 1 and not re.search(r"<script[^>]*src=[\"'][^\"']*cdn\.plot\.ly", html_all)
+    from nbconvert import HTMLExporter
+
+    page, _ = HTMLExporter().from_notebook_node(nb)
+    assert page.count('class="plotly-graph-div"') >= len(figs)
+    return nb
+
+
+def _text(nb) -> str:
+    return "\n".join(
+        str(o.get("text", "")) + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+    )
+
+
+@pytest.mark.slow
+def test_quickstart(tmp_path, monkeypatch):
+    nb = _run("01_quickstart.ipynb", tmp_path, monkeypatch, {})
+    assert "n_closed" in _text(nb)
+
+
+@pytest.mark.slow
+def test_geometry(tmp_path, monkeypatch):
+    nb = _run("02_geometry.ipynb", tmp_path, monkeypatch, {})
+    text = _text(nb)
+    # the notebook recomputes P from (K, D) and compares principal angles with scipy
+    assert "P from (K, D)" in text and "max |angle(D) - scipy|" in text
+
+
+@pytest.mark.slow
+def test_algebra_activations(tmp_path, monkeypatch):
+    _run("03_algebra_activations.ipynb", tmp_path, monkeypatch, {})
+
+
+@pytest.mark.slow
+def test_trajectories(tmp_path, monkeypatch, lineage_dir):
+    nb = _run("04_trajectories.ipynb", tmp_path, monkeypatch, {"TLI_LINEAGE_DIR": str(lineage_dir)})
+    assert "final P >= threshold" in _text(nb)
+
+
+@pytest.mark.integration
+def test_head_roles(tmp_path, monkeypatch, lineage_dir):
+    """SmolLM2's association table and the lineage's induction heads: the notebook's words match its numbers."""
+    nb = _run("05_head_roles.ipynb", tmp_path, monkeypatch, {"TLI_LINEAGE_DIR": str(lineage_dir)})
+    text = _text(nb)
+    assert "induction accuracy at step 200: 1.0" in text
+    assert "same association: True | same table: True" in text
+    assert "RoleAssociation(model_name='smollm2-135m', n_heads=270, n_closed=13" in text
+    assert "closed heads with alpha < 0: 7 | alpha > 0: 6 | min |copying|: 0.996" in text  # the words of the notebook
+    # the lineage's table, sorted by induction score: its four layer-1 heads come first
+    assert re.search(r"(?m)^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L0H\d ", text), text[-3000:]

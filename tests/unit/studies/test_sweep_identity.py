@@ -1,0 +1,111 @@
+"""A sweep folder's contents are checked against what its plan says they are (issue 27).
+
+* Another item's report copied into an item's folder (``cp -r DIR/b DIR/a``) is never that item's result:
+  ``load_sweep`` and ``--collect`` list the item as failed (``ReportMismatchError``, naming both), its task
+  measures it again, naming both. Told apart by the plan's checkpoint name, and — for two checkpoints with
+  one folder name — by the weights fingerprint the item's own task recorded.
+* A job-array task given another item list than ``DIR/sweep.json`` is refused (exit 2, the file byte for byte
+  unchanged, nothing measured); ``--replan`` makes the new list the plan.
+* A successful Dask sweep writes no library traceback on stderr.
+
+Tiny synthetic checkpoints on disk (``helpers``); array tasks in this process (``run_sweep_item``) and, where
+the user's route is the CLI, in fresh processes (those tests are in the integration tier).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+import tl_idempotence as tli
+from helpers import ARRAY_INDEX_VARIABLES, gpt2_like, llama_like
+from tl_idempotence.errors import OptionError, ReportFileError
+from tl_idempotence.report.identity import Origin
+from tl_idempotence.studies.sweep import ITEMS_DIR, RECORD_NAME, read_sweep_plan, run_sweep_item
+
+OPTS = {"nulls": 2, "seed": 1}
+INDEX_VARIABLES = ARRAY_INDEX_VARIABLES
+
+
+@pytest.fixture(autouse=True)
+def no_array_environment(monkeypatch):
+    for name in INDEX_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("identity_ckpts")
+    a = Path(llama_like(root / "ckA")[0])
+    # two checkpoints of one folder name (seed1/step200, seed2/step200), layer 1's values differ
+    s1 = root / "seed1" / "step200"
+    s2 = root / "seed2" / "step200"
+    shutil.copytree(a, s1)
+    shutil.copytree(a, s2)
+    name = "model.layers.1.self_attn.v_proj.weight"
+    shard = next(f for f in s2.glob("*.safetensors") if name in load_file(f))
+    tensors = load_file(shard)
+    tensors[name] = tensors[name] * 1.5 + 0.01
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    return {
+        "A": a,
+        "B": Path(gpt2_like(root / "ckB")[0]),
+        "C": Path(gpt2_like(root / "ckC", n_layers=3)[0]),
+        "s1": s1,
+        "s2": s2,
+    }
+
+
+def replace_folder(out: Path, src: str, dst: str) -> None:
+    """What the user did: the folder of item ``dst`` replaced by a copy of item ``src``'s."""
+    shutil.rmtree(out / dst)
+    shutil.copytree(out / src, out / dst)
+
+
+def test_a_copied_report_without_a_task_record_is_checked_against_the_plan(ckpts, tmp_path):
+    """The item's folder and its task record both gone, another item's report copied in: the plan's checkpoint
+    name is what is left to tell, and it does."""
+    out = tmp_path / "out"
+    items = {"a": ckpts["A"], "b": ckpts["B"]}
+    for i in (0, 1):
+        run_sweep_item(items, out, i, **OPTS)
+    replace_folder(out, "b", "a")
+    shutil.rmtree(out / ITEMS_DIR / "a")
+    with pytest.warns(UserWarning, match=r"a: ReportMismatchError"):
+        res = tli.load_sweep(out)
+    msg = res.failed.set_index("label").loc["a", "message"]
+    assert f"not of item 'a' (path {ckpts['A']}): the report was measured from checkpoint 'ckB'" in msg
+    assert list(res.tasks["status"]) == ["failed", "computed"]
+
+
+def test_a_plan_whose_origin_lies_is_refused_by_name(ckpts, tmp_path):
+    out = tmp_path / "out"
+    run_sweep_item({"a": ckpts["A"]}, out, 0, **OPTS)
+    plan = json.loads((out / RECORD_NAME).read_text())
+    assert plan["items"][0]["origin"] == {"kind": "checkpoint", "name": "ckA"}
+    assert read_sweep_plan(out).origins == (Origin("checkpoint", "ckA"),)
+    plan["items"][0]["origin"] = {"kind": "url", "name": "x"}
+    (out / RECORD_NAME).write_text(json.dumps(plan))
+    with pytest.raises(ReportFileError, match="gives item 'a' an origin that is not a checkpoint or zoo model"):
+        tli.load_sweep(out)
+
+
+def test_the_library_refuses_another_item_list_the_same_way(ckpts, tmp_path):
+    out = tmp_path / "out"
+    run_sweep_item({"a": ckpts["A"], "b": ckpts["B"]}, out, 0, **OPTS)
+    plan = (out / RECORD_NAME).read_bytes()
+    with pytest.raises(OptionError, match=r"is the plan of a sweep of other items \(items only given now: \['c'\]\)"):
+        run_sweep_item({"a": ckpts["A"], "b": ckpts["B"], "c": ckpts["C"]}, out, 2, **OPTS)
+    # a Dask sweep too, before any cluster starts
+    with pytest.raises(OptionError, match=r"items only in the folder's sweep: \['b'\]"):
+        tli.sweep({"a": ckpts["A"]}, out, workers=1, progress=False, **OPTS)
+    assert (out / RECORD_NAME).read_bytes() == plan and not (out / "c").exists()
+    # the same items with other options rewrite the plan (each item is then measured with the new ones)
+    run_sweep_item({"a": ckpts["A"], "b": ckpts["B"]}, out, 1, nulls=3, seed=1)
+    assert read_sweep_plan(out).options["nulls"] == 3
+    row = run_sweep_item({"a": ckpts["A"]}, out, 0, replan=True, **OPTS)
+    assert row["status"] == "skipped" and [i[0] for i in read_sweep_plan(out).items] == ["a"]

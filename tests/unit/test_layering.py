@@ -1,0 +1,249 @@
+"""The package's data flow, enforced: every import in src/ runs down the layers, never up or sideways
+into another module's private names, never in a cycle, and library code never imports ``testing``.
+
+Layers (docs/architecture.md): errors < core < sources < analyses < report < studies < views < cli,
+with the package ``__init__`` (the public façade and composition root) on top. Results in the lower
+layers draw through ``core.results.views()``, whose loader the root sets with a real
+``from . import views`` (seen here like any import); no module names a higher layer in a string.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "tl_idempotence"
+LAYERS = {
+    "errors": 0,
+    "core": 1,
+    "sources": 2,
+    "analyses": 3,
+    "probes": 3,  # beside analyses: forward-pass probes (neither imports the other: see below)
+    "report": 4,
+    "studies": 5,
+    "views": 6,
+    "cli": 7,
+    "testing": 8,
+    "__init__": 9,
+}
+#: (module, the higher-layer module it may name in a string): none.
+NAMED_BY_STRING: set[tuple[str, str]] = set()
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def layer_of(mod: str) -> int:
+    parts = mod.split(".")
+    if len(parts) == 1:
+        return LAYERS["__init__"]
+    return LAYERS[parts[1]]
+
+
+def resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = mod.split(".")
+    if not is_pkg:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports() -> list[tuple[str, str, str | None, int]]:
+    """(importer, imported module, imported name or None, line) for every import in src/."""
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        mod = module_name(path)
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out += [(mod, a.name, None, node.lineno) for a in node.names if a.name.startswith("tl_idempotence")]
+            elif isinstance(node, ast.ImportFrom):
+                target = resolve(mod, path.name == "__init__.py", node)
+                if target.startswith("tl_idempotence"):
+                    for a in node.names:
+                        full = f"{target}.{a.name}"
+                        is_mod = (SRC.parent / Path(*full.split("."))).with_suffix(".py").exists() or (
+                            SRC.parent / Path(*full.split(".")) / "__init__.py"
+                        ).exists()
+                        out.append((mod, full if is_mod else target, None if is_mod else a.name, node.lineno))
+    return out
+
+
+def test_the_walk_sees_the_package():
+    found = imports()
+    importers = {a for a, *_ in found}
+    assert {"tl_idempotence.report.report", "tl_idempotence.analyses.scramble", "tl_idempotence.cli"} <= importers
+    assert len(found) > 100
+
+
+def test_imports_only_run_down_the_layers():
+    bad = [
+        f"{a} (layer {layer_of(a)}) imports {b} (layer {layer_of(b)}) at line {line}"
+        for a, b, _, line in imports()
+        if layer_of(b) > layer_of(a)
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_private_name_of_another_module():
+    bad = []
+    for a, b, name, line in imports():
+        private_name = name is not None and name.startswith("_") and not name.startswith("__")
+        private_mod = any(p.startswith("_") and p != "__init__" for p in b.split("."))
+        if (private_name or private_mod) and b != a:
+            bad.append(f"{a} imports {b}{'.' + name if name else ''} at line {line}")
+    assert not bad, "\n".join(bad)
+
+
+def test_library_never_imports_testing():
+    bad = [
+        f"{a} imports {b} at line {line}"
+        for a, b, _, line in imports()
+        if b.startswith("tl_idempotence.testing") and a != "tl_idempotence.testing"
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph: dict[str, set[str]] = {}
+    for a, b, _, _ in imports():
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    # package __init__ files are facades; a submodule importing its own package's __init__ is not a cycle risk here
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt] if nxt in stack else [node, nxt])
+            elif state.get(nxt) is None:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for n in sorted(graph):
+        if state.get(n) is None:
+            visit(n, [n])
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_higher_layer_named_in_a_string():
+    """importlib by name would hide an upward import from the checks above: only the documented backend may."""
+    pat = re.compile(r"""["'](tl_idempotence(?:\.[a-z_]+)+)["']""")
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        mod = module_name(path)
+        if mod == "tl_idempotence":
+            continue  # the façade's lazy export table names every module, by design
+        for m in pat.finditer(path.read_text(encoding="utf-8")):
+            target = m.group(1)
+            try:
+                higher = layer_of(target) > layer_of(mod)
+            except KeyError:
+                continue
+            if higher and (mod, target) not in NAMED_BY_STRING:
+                bad.append(f"{mod} names {target}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("sub", ["core", "sources", "analyses", "probes", "report", "studies", "views"])
+def test_every_module_is_in_a_layer(sub):
+    assert (SRC / sub / "__init__.py").is_file()
+    for path in (SRC / sub).glob("*.py"):
+        assert layer_of(module_name(path)) == LAYERS[sub]
+
+
+def test_results_draw_through_the_loader_the_root_sets():
+    """The one upward reach (a result's display) is the root's import, not a module name in a string."""
+    import tl_idempotence
+    from tl_idempotence.core import results
+
+    assert results.views() is tl_idempotence._load_views() is __import__("tl_idempotence.views").views
+    src = (SRC / "core" / "results.py").read_text()
+    assert "import_module" not in src and "importlib" not in src
+
+
+def test_weight_only_analyses_and_forward_pass_probes_do_not_import_each_other():
+    bad = [
+        f"{a} imports {b} at line {line}"
+        for a, b, _, line in imports()
+        if {a.split(".")[1:2][0] if "." in a else "", b.split(".")[1:2][0] if "." in b else ""}
+        == {"analyses", "probes"}
+    ]
+    assert not bad, "\n".join(bad)
+
+
+#: What a view never imports: the layers that open models and files or run them (issue 28, "views only draw").
+VIEWS_NEVER_IMPORT = ("sources", "probes", "studies")
+#: Libraries that load or run a model; a view draws results and imports none of them.
+MODEL_LIBRARIES = ("torch", "transformer_lens", "transformers", "safetensors", "gguf")
+#: Calls that open a model or run a forward pass.
+RUNNING_CALLS = {"run_with_hooks", "run_with_cache", "from_pretrained", "boot_transformers", "head_source", "forward"}
+
+
+def _views_modules() -> list[Path]:
+    return sorted((SRC / "views").rglob("*.py"))
+
+
+def test_views_import_no_source_probe_or_study():
+    """Nothing under views/ imports sources, probes or studies — also not under TYPE_CHECKING or in a function."""
+    bad = [
+        f"{a} imports {b} at line {line}"
+        for a, b, _, line in imports()
+        if a.startswith("tl_idempotence.views") and b.split(".")[1:2] and b.split(".")[1] in VIEWS_NEVER_IMPORT
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_views_open_no_model_and_run_no_forward_pass():
+    """A view imports no model library and calls nothing that loads or runs a model: it draws results."""
+    bad = []
+    for path in _views_modules():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in MODEL_LIBRARIES]
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if called in RUNNING_CALLS:
+                    bad.append(f"{path.name}:{node.lineno} calls {called}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_views_rule_fails_on_a_view_that_runs_a_model(tmp_path, monkeypatch):
+    """The two checks above can fail: a views module that imports the probes and runs a model is caught."""
+    import tl_idempotence
+
+    fake_src = tmp_path / "tl_idempotence"
+    (fake_src / "views").mkdir(parents=True)
+    (fake_src / "probes").mkdir()
+    for d in (fake_src, fake_src / "views", fake_src / "probes"):
+        (d / "__init__.py").write_text("")
+    (fake_src / "probes" / "attention.py").write_text("def attention_patterns(m, t, h):\n    return None\n")
+    (fake_src / "views" / "bad.py").write_text(
+        "import torch\nfrom ..probes.attention import attention_patterns\n\n"
+        "def draw(model, toks):\n    return model.run_with_hooks(toks)\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake_src)
+    with pytest.raises(AssertionError, match=r"tl_idempotence\.views\.bad imports tl_idempotence\.probes\.attention"):
+        test_views_import_no_source_probe_or_study()
+    with pytest.raises(AssertionError, match=r"bad\.py:1 imports torch[\s\S]*bad\.py:5 calls run_with_hooks"):
+        test_views_open_no_model_and_run_no_forward_pass()
+    assert Path(tl_idempotence.__file__).parent != fake_src  # the real package is untouched
