@@ -23,12 +23,18 @@ it) and ``lost-worker-timeout`` 10 minutes (Dask's 15 s closed for good the nann
 longer to restart on a loaded machine: the sweep was then left without workers). It refuses, in one
 line, a script that would start it outside the ``__main__`` guard (Dask's workers re-import the main
 script; without the guard each would start a sweep of its own).
+
+:func:`run_trajectory_on_cluster` is the trajectory's cluster runner (``trajectory(client=...)``): one job
+per checkpoint on :func:`run_jobs`, its resume parts in :func:`cache_name`'s folder. The sweep's driver is
+:mod:`tl_idempotence.studies.sweep`.
 """
 
 from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
+import json
 import os
 import re
 import sys
@@ -36,25 +42,37 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ..errors import ClusterError
+from ..core.options import ReportOptions, check_int
+from ..errors import ClusterError, OptionError, OptionTypeError
+from ..report.report import IdempotenceReport, report_with_options
 
 __all__ = [
+    "DEFAULT_RETRIES",
     "DEFAULT_WORKER_TIMEOUT",
     "LOCAL_CLUSTER_SETTINGS",
     "MAX_REQUEUES",
+    "UNSAFE_CHARS",
     "Job",
     "Outcome",
     "Probe",
+    "cache_name",
+    "check_cluster_trajectory",
     "check_main_guard",
     "describe_deaths",
     "local_cluster",
     "machine_cores",
     "main_guard_problem",
     "run_jobs",
+    "run_trajectory_on_cluster",
 ]
 
+#: Default number of retries of a failed task (so up to 3 attempts).
+DEFAULT_RETRIES = 2
+#: Characters a folder name made from a label never holds (each run of them becomes ``_``).
+UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 #: Seconds :func:`run_jobs` waits while the cluster has no worker at all before it raises ClusterError.
 DEFAULT_WORKER_TIMEOUT = 120.0
 #: Resubmissions of a job whose task a worker death took down before it started (not charged to the job).
@@ -371,119 +389,160 @@ def run_jobs(
         ClusterError: the cluster had no worker for ``worker_timeout`` seconds (the unfinished tasks are
             cancelled; what finished is on disk wherever the tasks wrote it).
     """
-    from concurrent.futures import CancelledError
-
     from distributed import KilledWorker
 
-    run = uuid.uuid4().hex[:8]
     outcomes = {j.name: Outcome(j.name) for j in jobs}
-    pending: dict[Any, tuple[Job, int]] = {}
-    submitted: dict[str, int] = {}
+    state = _JobsRun(client, retries, key_prefix, probe, cluster, on_done, KilledWorker, outcomes)
+    for j in jobs:
+        state.submit(j, 1)
+    watch = _WorkerWatch(worker_timeout, next_check=time.monotonic() + _WORKER_CHECK_EVERY)
+    try:
+        while state.pending:
+            changed = False
+            for fut in list(state.pending):
+                status = fut.status
+                if status not in ("finished", "error", "cancelled"):
+                    continue
+                changed = True
+                state.settle(fut, status)
+            watch.check(client, state.outcomes, len(jobs))
+            if not changed:
+                time.sleep(poll)
+    finally:
+        for fut in state.pending:
+            fut.cancel()
+    _redescribe(client, cluster, state.outcomes)
+    return state.outcomes
 
-    def submit(job: Job, attempt: int) -> None:
-        n = submitted[job.name] = submitted.get(job.name, 0) + 1
-        fut = client.submit(job.fn, *job.args, attempt, key=f"{key_prefix}-{job.name}-{run}-{n}", retries=0, pure=False)
-        pending[fut] = (job, attempt)
 
-    def finish(o: Outcome, status: str) -> None:
+@dataclass
+class _JobsRun:
+    """One :func:`run_jobs` call: every job's outcome so far and the futures still pending (``{future: (job,
+    attempt)}``); its steps decide what an ended attempt means (module docstring)."""
+
+    client: Any
+    retries: int
+    key_prefix: str
+    probe: Callable[[Job, int], Probe] | None
+    cluster: Any
+    on_done: Callable[[Outcome], None] | None
+    killed: type[BaseException]  # distributed.KilledWorker
+    outcomes: dict[str, Outcome]
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    pending: dict[Any, tuple[Job, int]] = field(default_factory=dict)
+    submitted: dict[str, int] = field(default_factory=dict)
+
+    def submit(self, job: Job, attempt: int) -> None:
+        """A new task for ``attempt`` of ``job`` (its key numbered by the job's submissions)."""
+        n = self.submitted[job.name] = self.submitted.get(job.name, 0) + 1
+        key = f"{self.key_prefix}-{job.name}-{self.run}-{n}"
+        fut = self.client.submit(job.fn, *job.args, attempt, key=key, retries=0, pure=False)
+        self.pending[fut] = (job, attempt)
+
+    def finish(self, o: Outcome, status: str) -> None:
+        """The job's final outcome (a death's exit codes asked of the nannies), told to ``on_done``."""
         o.status = status
         if status == "died":
-            o.deaths = describe_deaths(client, cluster, o.died) + o.deaths
-        if on_done is not None:
-            on_done(o)
+            o.deaths = describe_deaths(self.client, self.cluster, o.died) + o.deaths
+        if self.on_done is not None:
+            self.on_done(o)
 
-    def failed_attempt(job: Job, attempt: int, status: str) -> None:
-        o = outcomes[job.name]
+    def failed_attempt(self, job: Job, attempt: int, status: str) -> None:
+        """An attempt that raised or died: retried while retries are left, else the job ends with ``status``."""
+        o = self.outcomes[job.name]
         o.attempts += 1
-        if o.attempts <= retries:
-            submit(job, attempt + 1)
+        if o.attempts <= self.retries:
+            self.submit(job, attempt + 1)
         else:
-            finish(o, status)
+            self.finish(o, status)
 
-    def lost(job: Job, attempt: int, charged_without_probe: bool) -> None:
+    def lost(self, job: Job, attempt: int, charged_without_probe: bool) -> None:
         """The attempt ended without a result: decide from the disk."""
-        o = outcomes[job.name]
-        p = probe(job, attempt) if probe is not None else None
+        o = self.outcomes[job.name]
+        p = self.probe(job, attempt) if self.probe is not None else None
         if p is not None and p.done:
             o.value = p.value
             o.attempts += 1
-            finish(o, "ok")
+            self.finish(o, "ok")
         elif (p is not None and p.died) or (p is None and charged_without_probe):
             o.died += list(p.died) if p is not None else [("", -1, "")]
-            failed_attempt(job, attempt, "died")
+            self.failed_attempt(job, attempt, "died")
         else:
             o.requeues += 1
             if o.requeues > MAX_REQUEUES:
                 o.deaths.append(f"its task was lost {o.requeues} times before it started (workers died or left)")
-                finish(o, "died")
+                self.finish(o, "died")
             else:
-                submit(job, attempt)
+                self.submit(job, attempt)
 
-    for j in jobs:
-        submit(j, 1)
+    def settle(self, fut: Any, status: str) -> None:
+        """A future that ended (``status``: ``"finished"``, ``"error"`` or ``"cancelled"``): its result fetched
+        once and the future released, or the attempt retried, charged or resubmitted."""
+        from concurrent.futures import CancelledError
+
+        job, attempt = self.pending.pop(fut)
+        o = self.outcomes[job.name]
+        if status == "finished":
+            try:
+                o.value = fut.result(timeout=10)
+            except (TimeoutError, CancelledError):  # its data went with a worker: the disk decides
+                fut.release()
+                self.lost(job, attempt, charged_without_probe=False)
+                return
+            except Exception as e:  # noqa: BLE001 - a result that cannot be fetched is that attempt's error
+                o.error = e
+                fut.release()
+                self.failed_attempt(job, attempt, "error")
+                return
+            fut.release()
+            o.attempts += 1
+            self.finish(o, "ok")
+        elif status == "error":
+            try:
+                exc = fut.exception(timeout=10)
+            except Exception as e:  # noqa: BLE001 - an error that cannot be fetched: the disk decides
+                exc = e
+            fut.release()
+            if isinstance(exc, (self.killed, CancelledError, TimeoutError)):
+                self.lost(job, attempt, charged_without_probe=isinstance(exc, self.killed))
+            else:
+                o.error = exc
+                self.failed_attempt(job, attempt, "error")
+        else:  # cancelled by the scheduler or a reconnecting client, not by us
+            fut.release()
+            self.lost(job, attempt, charged_without_probe=False)
+
+
+@dataclass
+class _WorkerWatch:
+    """How long the cluster has had no worker (looked at every :data:`_WORKER_CHECK_EVERY` seconds)."""
+
+    worker_timeout: float | None
+    next_check: float
     no_worker_since: float | None = None
-    next_check = time.monotonic() + _WORKER_CHECK_EVERY
-    try:
-        while pending:
-            changed = False
-            for fut in list(pending):
-                status = fut.status
-                if status not in ("finished", "error", "cancelled"):
-                    continue
-                job, attempt = pending.pop(fut)
-                changed = True
-                o = outcomes[job.name]
-                if status == "finished":
-                    try:
-                        o.value = fut.result(timeout=10)
-                    except (TimeoutError, CancelledError):  # its data went with a worker: the disk decides
-                        fut.release()
-                        lost(job, attempt, charged_without_probe=False)
-                        continue
-                    except Exception as e:  # noqa: BLE001 - a result that cannot be fetched is that attempt's error
-                        o.error = e
-                        fut.release()
-                        failed_attempt(job, attempt, "error")
-                        continue
-                    fut.release()
-                    o.attempts += 1
-                    finish(o, "ok")
-                elif status == "error":
-                    try:
-                        exc = fut.exception(timeout=10)
-                    except Exception as e:  # noqa: BLE001 - an error that cannot be fetched: the disk decides
-                        exc = e
-                    fut.release()
-                    if isinstance(exc, (KilledWorker, CancelledError, TimeoutError)):
-                        lost(job, attempt, charged_without_probe=isinstance(exc, KilledWorker))
-                    else:
-                        o.error = exc
-                        failed_attempt(job, attempt, "error")
-                else:  # cancelled by the scheduler or a reconnecting client, not by us
-                    fut.release()
-                    lost(job, attempt, charged_without_probe=False)
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + _WORKER_CHECK_EVERY
-                if _n_workers(client):
-                    no_worker_since = None
-                elif no_worker_since is None:
-                    no_worker_since = now
-                elif worker_timeout is not None and now - no_worker_since > worker_timeout:
-                    left = [o.name for o in outcomes.values() if o.status == "pending"]
-                    raise ClusterError(
-                        f"The Dask cluster has had no worker for {worker_timeout:g} s with {len(left)} of {len(jobs)} "
-                        f"tasks unfinished ({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}): its workers "
-                        "died or left and none came back. What finished is kept; rerun to finish the rest (give the "
-                        "cluster workers, or a larger worker_timeout while a batch system starts them)."
-                    )
-            if not changed:
-                time.sleep(poll)
-    finally:
-        for fut in pending:
-            fut.cancel()
-    _redescribe(client, cluster, outcomes)
-    return outcomes
+
+    def check(self, client: Any, outcomes: dict[str, Outcome], n_jobs: int) -> None:
+        """Look at the cluster's workers when it is time to.
+
+        Raises:
+            ClusterError: no worker for more than ``worker_timeout`` seconds (names the unfinished jobs).
+        """
+        now = time.monotonic()
+        if now < self.next_check:
+            return
+        self.next_check = now + _WORKER_CHECK_EVERY
+        if _n_workers(client):
+            self.no_worker_since = None
+        elif self.no_worker_since is None:
+            self.no_worker_since = now
+        elif self.worker_timeout is not None and now - self.no_worker_since > self.worker_timeout:
+            left = [o.name for o in outcomes.values() if o.status == "pending"]
+            raise ClusterError(
+                f"The Dask cluster has had no worker for {self.worker_timeout:g} s with {len(left)} of {n_jobs} "
+                f"tasks unfinished ({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}): its workers "
+                "died or left and none came back. What finished is kept; rerun to finish the rest (give the "
+                "cluster workers, or a larger worker_timeout while a batch system starts them)."
+            )
 
 
 def _redescribe(client: Any, cluster: Any, outcomes: dict[str, Outcome], budget: float = 10.0) -> None:
@@ -500,3 +559,141 @@ def _redescribe(client: Any, cluster: Any, outcomes: dict[str, Outcome], budget:
         for o in todo:
             o.deaths = describe_deaths(client, cluster, o.died) + [d for d in o.deaths if d.startswith("its task")]
         todo = [o for o in todo if any(_UNKNOWN in d for d in o.deaths)]
+
+
+# --------------------------------------------------------------------------- trajectories
+
+
+def _trajectory_task(
+    path: str, record: dict[str, Any], device: str, resume: str | None, attempt: int = 1
+) -> tuple[IdempotenceReport, float]:
+    """One checkpoint's report on a worker and the seconds it took to open and measure it."""
+    t0 = time.perf_counter()
+    opts = ReportOptions.at_device(record, device)
+    rep = report_with_options(path, opts, progress=False, resume=resume)
+    return rep, time.perf_counter() - t0
+
+
+def cache_name(order: int, label: str, opts: ReportOptions) -> str:
+    """The cache folder (under ``cache_dir``) of one checkpoint, the same on both routes (serial and
+    ``client=``): its order, label and a hash of the options key (another set of options is another
+    folder, never a refusal; the weights are keyed per layer inside).
+
+    Args:
+        order: the checkpoint's position in the input (>= 0).
+        label: its label (made filesystem-safe, at most 60 characters).
+        opts: the validated report options.
+    """
+    key = hashlib.sha256(json.dumps(opts.key(), sort_keys=True).encode()).hexdigest()[:12]
+    return f"{order:04d}-{_slug(label)}-{key}"
+
+
+def _slug(label: str) -> str:
+    return UNSAFE_CHARS.sub("_", label)[:60] or "ckpt"
+
+
+def check_cluster_trajectory(ckpts: Sequence[Any], client: Any, loader: Any = None) -> None:
+    """Refuse, before any work, a trajectory that cannot run on a Dask cluster.
+
+    Args:
+        ckpts: the trajectory's checkpoint records (``label``, ``kind``).
+        client: what was given as ``client``.
+        loader: what was given as ``loader`` (must be None: workers open paths with the built-in reader).
+
+    Raises:
+        OptionTypeError: ``client`` is not a ``distributed.Client``.
+        OptionError: a ``loader`` (it would never run), checkpoints that are not paths (a model object,
+            a hub spec or a callable cannot be opened on a worker).
+    """
+    if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
+        raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
+    if loader is not None:
+        raise OptionError(
+            "client=... and loader=... cannot be combined: with a client each checkpoint is opened on a worker from "
+            "its path by the built-in reader, so the loader would never run. Drop loader, or run without client."
+        )
+    bad = [c.label for c in ckpts if c.kind != "path"]
+    if bad:
+        raise OptionError(
+            f"trajectory(client=...) runs each checkpoint on a worker from its path; checkpoints {bad} are not paths "
+            "(a model object, hub spec or callable). Save them to disk, or run without client."
+        )
+
+
+def run_trajectory_on_cluster(
+    ckpts: Sequence[Any],
+    options: ReportOptions,
+    *,
+    client: Any,
+    cache_dir: str | os.PathLike[str] | None = None,
+    progress: bool = True,
+    retries: int = DEFAULT_RETRIES,
+    worker_timeout: float | None = DEFAULT_WORKER_TIMEOUT,
+) -> list[tuple[Any, IdempotenceReport, float]]:
+    """One task per checkpoint on ``client`` for :func:`~tl_idempotence.studies.trajectory.trajectory` (SPEC §6).
+
+    Runs on :func:`~tl_idempotence.studies.cluster.run_jobs`: each checkpoint's report is its task's own
+    result (fetched once, never taken from a future's status after a reschedule); a task that raises, or
+    whose worker dies, is retried ``retries`` times; the first checkpoint that still fails stops the
+    trajectory (the other tasks are cancelled).
+
+    Args:
+        ckpts: the trajectory's checkpoint records (``order``, ``label``, ``spec``, ``kind``, ``step``);
+            only ``kind == "path"`` (a checkpoint directory or file, opened on the worker).
+        options: the validated report options (device included: the workers must have it).
+        client: a ``distributed.Client``.
+        cache_dir: per-checkpoint resume parts, as in the serial route (a folder the workers see).
+        progress: tqdm bar over tasks.
+        retries: retries of a task that raised or whose worker died.
+        worker_timeout: seconds without any worker before ClusterError (None: wait).
+
+    Returns:
+        ``[(ckpt, report, seconds)]`` in checkpoint order (seconds: wall time to open and measure it on its worker).
+
+    Raises:
+        OptionError: a checkpoint that is not a path (a model object, a hub spec, a callable), a client
+            that is not a ``distributed.Client``.
+        ClusterError: a checkpoint whose worker died on every attempt; no worker for ``worker_timeout`` s.
+        The error of the first checkpoint that failed after its retries (with a note naming it).
+    """
+    from ..core.progress import progress_bar
+
+    check_cluster_trajectory(ckpts, client)
+    retries = check_int(retries, "retries", 0, 100)
+    record = {k: v for k, v in options.as_dict().items() if k != "device"}
+    device = str(options.device)
+    by_name = {f"{c.order:04d}": c for c in ckpts}
+    jobs = []
+    for name, c in by_name.items():
+        resume = (
+            None if cache_dir is None else str(Path(cache_dir).expanduser() / cache_name(c.order, c.label, options))
+        )
+        jobs.append(Job(name, _trajectory_task, (str(Path(c.spec).expanduser()), record, device, resume)))
+    bar = progress_bar(total=len(ckpts), desc="checkpoints", unit="ckpt", enabled=bool(progress))
+
+    def done(o: Outcome) -> None:
+        c = by_name[o.name]
+        if o.status == "died":
+            raise ClusterError(
+                f"Trajectory checkpoint {c.label!r} ({c.spec}): the worker process measuring it died on every attempt "
+                f"({'; '.join(o.deaths)}); {o.attempts} attempt(s), retries={retries}. Give the workers more memory."
+            )
+        if o.status == "error":
+            exc = o.error
+            assert exc is not None
+            if hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note(f"(trajectory checkpoint {c.label!r}, {c.spec}, failed on the Dask cluster)")
+            raise exc
+        bar.update(1)
+
+    try:
+        outcomes = run_jobs(
+            client, jobs, retries=retries, key_prefix="tli-trajectory", worker_timeout=worker_timeout, on_done=done
+        )
+    finally:
+        bar.close()
+    out = []
+    for name, c in by_name.items():
+        rep, seconds = outcomes[name].value
+        out.append((c, rep, seconds))
+    return out

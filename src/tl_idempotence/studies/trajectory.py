@@ -59,7 +59,7 @@ from ..report.report import report_with_options
 from ..sources.dispatch import head_source
 from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
-from .sweep import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
+from .cluster import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import TypeAlias
