@@ -48,7 +48,16 @@ class Target:
     tests: tuple[str, ...]  # pytest selection (files or node ids; tests/unit first, then the tests moved to
     # tests/integration for time that the target's files held before the tiers were folders)
     why: str
+    #: node ids left out of the run: tests that need what the run switches off (jaxtyping's shape hook)
+    deselect: tuple[str, ...] = ()
+    #: more module files the ``mutants`` globs reach (a target's functions in two modules)
+    more_sources: tuple[str, ...] = ()
+    #: a pytest ``-m`` expression (None: every selected test); fresh-process and real-model tests stay out
+    marker: str | None = None
 
+
+#: the quick tier's marker expression (README): no fresh processes, no real models
+QUICK = "not slow and not integration"
 
 TARGETS: dict[str, Target] = {
     t.name: t
@@ -74,9 +83,11 @@ TARGETS: dict[str, Target] = {
             (
                 "tests/unit/core/test_closure.py",
                 "tests/unit/core/test_scale_properties.py",
+                "tests/unit/core/test_closure_exact.py",
                 "tests/integration/core/test_closure_gram_rank_large.py",
             ),
             "α and P from the Gram products (SPEC section 2)",
+            deselect=("tests/unit/core/test_closure.py::test_shape_annotations_are_checked_while_the_tests_run",),
         ),
         Target(
             "resume_key",
@@ -88,13 +99,18 @@ TARGETS: dict[str, Target] = {
         Target(
             "store_digest",
             "src/tl_idempotence/report/store.py",
-            (
-                "tl_idempotence.report.store.x__digest*",
-                "tl_idempotence.report.store.x_read_record*",
-                "tl_idempotence.report.store.x__check_tables_fit_info*",
-            ),
-            ("tests/unit/report/test_store.py", "tests/integration/report/test_store_round_trip.py"),
-            "a saved report is loaded only if its files match their sha256s and its tables fit its info",
+            ("tl_idempotence.report.store.x__digest*", "tl_idempotence.report.store.x__check_tables_fit_info*"),
+            ("tests/unit/report/test_store_record.py",),  # its fastest killing tests (test_store.py: SmolLM2, minutes)
+            "a saved report's record digest, and its tables checked against the sizes its record states",
+            marker=QUICK,
+        ),
+        Target(  # split from store_digest: 203 mutants, ~10 s each on the shared machine (over half an hour)
+            "store_read",
+            "src/tl_idempotence/report/store.py",
+            ("tl_idempotence.report.store.x_read_record*",),
+            ("tests/unit/report/test_store_record.py",),
+            "a saved report is loaded only if its files match their sha256s and its summary fits its tables",
+            marker=QUICK,
         ),
         Target(
             "scramble_summary",
@@ -103,8 +119,72 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.analyses.scramble.x__summarize_draws*",
                 "tl_idempotence.analyses.scramble.x__frac_closed*",
             ),
-            ("tests/unit/analyses/test_controls.py", "tests/integration/analyses/test_controls_smollm2.py"),
+            ("tests/unit/analyses/test_scramble_summary.py",),  # its fastest killing tests (test_controls.py: minutes)
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
+        ),
+        Target(
+            "sweep_identity",
+            "src/tl_idempotence/report/identity.py",
+            ("tl_idempotence.report.identity.x*",),
+            ("tests/unit/report/test_identity_exact.py",),  # its fastest killing tests (test_identity.py: real files)
+            "whether a saved or finished report is of the checkpoint, weights, options and source it is taken for",
+            marker=QUICK,
+        ),
+        Target(
+            "name_resolver",
+            "src/tl_idempotence/sources/names.py",
+            ("tl_idempotence.sources.names.x*",),
+            ("tests/unit/sources/test_names.py", "tests/unit/sources/test_names_exact.py"),
+            "what a string or path names (zoo model, checkpoint, unknown) and a checkpoint's label",
+            marker=QUICK,
+        ),
+        Target(
+            "ablation_stats",
+            "src/tl_idempotence/probes/ablation.py",
+            (
+                "tl_idempotence.probes.ablation.x_rank_p_value*",
+                "tl_idempotence.probes.ablation.x_percentile_interval*",
+                "tl_idempotence.probes.ablation.x_bootstrap_intervals*",
+            ),
+            (
+                "tests/unit/probes/test_ablation.py::test_bootstrap_intervals_on_exact_constructions",
+                "tests/unit/probes/test_ablation.py::test_percentile_interval_uses_the_2_5_and_97_5_percent_quantiles",
+                "tests/unit/probes/test_ablation.py::test_percentile_interval_covers_95_percent_of_a_known_distribution",
+                "tests/unit/probes/test_ablation.py::test_bootstrap_interval_covers_the_true_delta",
+                "tests/unit/probes/test_ablation.py::test_rank_p_value",
+                "tests/unit/probes/test_ablation_statistics.py",
+            ),
+            "the ablation's rank p-value, its floor and the bootstrap's percentile intervals (their level)",
+            marker=QUICK,
+        ),
+        Target(  # split from roles_stats (439 mutants): the circuit's p-values
+            "roles_circuit",
+            "src/tl_idempotence/report/roles.py",
+            ("tl_idempotence.report.roles.x_circuit_overlap*",),
+            ("tests/unit/report/test_roles_statistics.py",),  # its fastest killing tests (no report is built)
+            "a circuit's overlap with the closed set: hypergeometric and layer-matched p",
+            marker=QUICK,
+        ),
+        Target(  # split from roles_stats: the association table (304 mutants)
+            "roles_assoc",
+            "src/tl_idempotence/report/roles.py",
+            ("tl_idempotence.report.roles.x__spearman_perm*", "tl_idempotence.report.roles.x_role_association*"),
+            ("tests/unit/report/test_roles_statistics.py",),
+            "head roles vs closure: Spearman permutation p, Mann-Whitney, BH across roles, sign agreement",
+            marker=QUICK,
+        ),
+        Target(
+            "q_values",
+            "src/tl_idempotence/analyses/scramble.py",
+            ("tl_idempotence.analyses.scramble.x_bh_q_values*", "tl_idempotence.report.report.x_add_q_values*"),
+            (  # its fastest killing tests (test_q_values.py's report, save and page tests: minutes)
+                "tests/unit/report/test_q_values.py::test_bh_matches_definition_on_a_fixed_array",
+                "tests/unit/report/test_q_values.py::test_nan_p_values_are_outside_the_family",
+                "tests/unit/report/test_q_values_exact.py",
+            ),
+            "the BH q-values of rep.heads (the family: every head with a finite scramble p-value)",
+            more_sources=("src/tl_idempotence/report/report.py",),
+            marker=QUICK,
         ),
     )
 }
@@ -131,10 +211,14 @@ def scratch_copy(dest: Path) -> None:
 
 def mutmut_table(t: Target) -> str:
     pytest_args = ["-p", "no:randomly", "-p", "no:jaxtyping", "-o", "addopts=-ra --import-mode=importlib", "-x", "-q"]
+    for node in t.deselect:
+        pytest_args += ["--deselect", node]
+    if t.marker is not None:
+        pytest_args += ["-m", t.marker]
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["src/"]\n'
-        f"only_mutate = {json.dumps([t.source])}\n"
+        f"only_mutate = {json.dumps([t.source, *t.more_sources])}\n"
         f"pytest_add_cli_args_test_selection = {json.dumps(list(t.tests))}\n"
         f"pytest_add_cli_args = {json.dumps(pytest_args)}\n"
         # torch is not fork-safe once its thread pools run: fork each mutant from a server that only imported
@@ -144,6 +228,7 @@ def mutmut_table(t: Target) -> str:
 
 
 def run_target(t: Target, max_children: int, keep: bool) -> dict:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     work = Path(tempfile.mkdtemp(prefix=f"tli-mutation-{t.name}-"))
     try:
         scratch_copy(work)
@@ -189,6 +274,8 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
         "source": t.source,
         "mutants": list(t.mutants),
         "tests": list(t.tests),
+        "deselected": list(t.deselect),
+        "marker": t.marker,
         "n_mutants": len(status),
         "killed": killed,
         "survived": len(survivors) - len(eq),
@@ -197,9 +284,7 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
         "score": (killed / counted) if counted else None,
         "seconds": round(seconds, 1),
         "survivors": {k: {"diff": diffs[k], "equivalent": equivalent.get(k)} for k in survivors},
-        "head": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "head": head.stdout.strip(),  # the commit mutated (git archive HEAD at the start)
     }
 
 
@@ -243,6 +328,36 @@ def write_report(r: dict) -> None:
     (OUT / f"{r['target']}.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def write_index() -> None:
+    """``benchmarks/mutation/README.md``: one line per target with a report (its score, counts, time and commit)."""
+    rows = []
+    for name in TARGETS:
+        f = OUT / f"{name}.json"
+        if not f.exists():
+            rows.append(f"| `{name}` | not run to the end (by_hand.md) | | | | | |")
+            continue
+        r = json.loads(f.read_text(encoding="utf-8"))
+        score = "n/a" if r["score"] is None else f"{100 * r['score']:.1f} %"
+        rows.append(
+            f"| [`{name}`]({name}.md) | **{score}** | {r['killed']} | {r['survived']} | {r['equivalent']} | "
+            f"{r['n_mutants']} | {r['seconds']} s at {r['head']} |"
+        )
+    text = [
+        "# Mutation testing: kill rates per target",
+        "",
+        "Written by `scripts/mutation.py` after each run (`--rescore` after editing `equivalent.json`). Score =",
+        "killed / (killed + survived), equivalent mutants (each with its reason in `equivalent.json`) left out;",
+        "each target's report lists every survivor's diff and verdict. Times: one mutant at a time",
+        "(`--max-children 1`) on the project's shared 2-core machine, so they vary with its load.",
+        "",
+        "| target | score | killed | survived | equivalent | mutants | time |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ]
+    (OUT / "README.md").write_text("\n".join(text), encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("targets", nargs="*", help=f"targets to run (of {', '.join(TARGETS)})")
@@ -275,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             f"({'n/a' if score is None else f'{100 * score:.1f} %'}), {r['equivalent']} equivalent, {r['seconds']} s"
         )
         ok &= score is not None and score >= a.min_score
+        write_index()
     return 0 if ok else 1
 
 

@@ -16,13 +16,20 @@ then demands every bit:
 * else of 0.1's tables, when they match bit for bit (the machine that wrote them);
 * else, on a CPU no table was recorded on, agreement to float64 rounding (``rtol`` 1e-9; the scramble's
   batched products 1e-6; the search, a tolerance-ended optimizer, 1e-3) with a warning that bits were
-  not checked here. Record that machine's tables only from a commit whose numbers are known good.
+  not checked here. No search column is skipped there: the searched P's decisions and the optimizer's
+  budget-bound path (:data:`CPU_INDEPENDENT_SEARCH_COLUMNS`, whose margins on the stored tables rounding cannot
+  cross) equal the recorded ones, ``feasible`` follows from the table's own searched P, and the winning
+  restart (which may flip between restarts ending within rounding) must be a restart index where the recorded
+  one is. Under ``CI=1`` this fallback fails unless :data:`CI_ALLOWED_UNRECORDED_KERNELS` names the signature
+  (as tests/conftest.py's ``CI_ALLOWED_SKIPS`` does for skips): CI's machine must have
+  its bits recorded. Record that machine's tables only from a commit whose numbers are known good.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import warnings
 from pathlib import Path
 
@@ -31,6 +38,26 @@ import pandas as pd
 import torch
 
 REF = Path(__file__).resolve().parent / "data" / "v0_1"
+
+#: Kernel signatures whose tables are not recorded but that CI=1 accepts on float64 rounding, each with why
+#: (empty: CI's machine, b99bc41a6afd2590 at one thread, is recorded).
+CI_ALLOWED_UNRECORDED_KERNELS: tuple[str, ...] = ()
+#: The threshold of the stored reports (make_reference.py: the default) and the searched P's tolerance here.
+THRESHOLD = 0.9
+SEARCH_ATOL = 1e-3
+#: The searched P columns, compared to SEARCH_ATOL on a CPU without recorded tables.
+SEARCHED_P = ("P_searched", "feasible_P")
+#: Search columns that another CPU's rounding cannot change on the stored tables: every recorded head stopped on
+#: its iteration budget (200), no searched P lies within 2 · SEARCH_ATOL of THRESHOLD and each layer's best P
+#: leads its runner-up by more than 2 · SEARCH_ATOL (tests/unit/test_reference_bits.py checks these margins).
+CPU_INDEPENDENT_SEARCH_COLUMNS = (
+    "feasible",
+    "feasible_head",
+    "n_heads_feasible",
+    "search_iters",
+    "search_stopped_on",
+    "n_search_budget_stops",
+)
 
 #: Columns of the constructive search (SPEC 5): an optimizer ended by a tolerance.
 SEARCH_COLUMNS = (
@@ -108,11 +135,22 @@ def assert_same_bits(got: pd.DataFrame, stem: str, columns: list[str] | None = N
     if not bad:
         return
     # A CPU whose kernels no table was recorded on: float64 rounding, not bits.
+    if os.environ.get("CI") and sig not in CI_ALLOWED_UNRECORDED_KERNELS:
+        raise AssertionError(
+            f"{stem}: this CPU's kernel signature {sig} has no recorded tables (columns {bad} differ from 0.1's), "
+            "and CI=1 accepts float64 rounding only for the signatures tests/reference_bits.py's "
+            "CI_ALLOWED_UNRECORDED_KERNELS names: record this machine's tables (tests/data/v0_1/README.md) "
+            "or name it there."
+        )
     for c in ref.columns:
         a, b = got[c].to_numpy(), ref[c].to_numpy()
         if c in SEARCH_COLUMNS:
-            if b.dtype.kind == "f" and c.endswith("P"):
-                np.testing.assert_allclose(a.astype(float), b.astype(float), rtol=0, atol=1e-3, err_msg=f"{stem}.{c}")
+            if c in SEARCHED_P:  # (P_searched was skipped here before: it does not end in "P")
+                np.testing.assert_allclose(
+                    a.astype(float), b.astype(float), rtol=0, atol=SEARCH_ATOL, err_msg=f"{stem}.{c}"
+                )
+            else:
+                _check_search_column(c, got, ref, stem)
             continue
         if b.dtype.kind == "f":
             rtol = 1e-6 if "scrambl" in c or c == "p_value" else 1e-9
@@ -125,3 +163,22 @@ def assert_same_bits(got: pd.DataFrame, stem: str, columns: list[str] | None = N
         UserWarning,
         stacklevel=2,
     )
+
+
+def _check_search_column(c: str, got: pd.DataFrame, ref: pd.DataFrame, stem: str) -> None:
+    """A non-P search column on a CPU without recorded tables (module docstring)."""
+    a, b = got[c].to_numpy(), ref[c].to_numpy()
+    if c == "feasible":
+        P_col = "P_searched" if "P_searched" in got.columns else "feasible_P"
+        P = got[P_col].to_numpy(dtype=float)
+        follows = np.isfinite(P) & (np.nan_to_num(P, nan=-1.0) >= THRESHOLD)
+        assert np.array_equal(a.astype(bool), follows), f"{stem}.{c}: not {P_col} >= {THRESHOLD} of its own table"
+    if c in CPU_INDEPENDENT_SEARCH_COLUMNS:
+        assert [str(x) for x in a] == [str(x) for x in b], f"{stem}: column {c} differs from the recorded one"
+    elif c == "search_best_restart":  # which restart wins may flip where two restarts end within rounding
+        fa, fb = pd.notna(a), pd.notna(b)
+        assert np.array_equal(fa, fb), f"{stem}.{c}: defined where the recorded one is not (or not where it is)"
+        vals = a[fa].astype(float)
+        assert ((vals == np.round(vals)) & (vals >= 0)).all(), f"{stem}.{c}: not a restart index"
+    else:  # a search column this check has no rule for: refuse rather than skip it
+        raise AssertionError(f"{stem}.{c}: no rule for this search column on a CPU without recorded tables")

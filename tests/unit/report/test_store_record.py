@@ -1,0 +1,279 @@
+"""``read_record`` refuses every folder that lies, each with its own words (issue 30; the mutation target
+``store_digest`` runs these, its fastest killing tests: a tiny synthetic report instead of SmolLM2).
+
+Each case copies one saved report and changes one thing: the record's type, format, digest, file list, a
+table's bytes, a table's contents with its sha256 and the digest recomputed (what an adversary does), the
+sizes, the closed column. The digest is recomputed here from its definition (sha256 of the record without
+``digest`` as canonical JSON: sorted keys, ``,``/``:`` separators, no NaN), never by the module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import tl_idempotence as tli
+from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.errors import MissingFileError, OptionTypeError, ReportFileError
+from tl_idempotence.report.store import FORMAT, RECORD, _digest, read_record
+
+pytestmark = pytest.mark.bridge  # no model: runs on both transformer-lens majors
+
+
+def _layers() -> list[LayerHeads]:
+    """Two layers of 4 query heads reading 2 kv heads (d_model 12, d_head 3); head 0 of each an exact projection."""
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for layer in range(2):
+        V = torch.randn(2, 12, 3, generator=g, dtype=torch.float64)
+        O = torch.randn(4, 12, 3, generator=g, dtype=torch.float64)
+        V[0] = torch.linalg.qr(V[0]).Q
+        O[0] = V[0]
+        out.append(LayerHeads(layer, O, V, torch.tensor([0, 0, 1, 1])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+    rep = tli.idempotence_report(_layers(), nulls=4, progress=False)
+    return Path(rep.save(tmp_path_factory.mktemp("store") / "rep"))
+
+
+@pytest.fixture
+def saved(original, tmp_path):
+    return Path(shutil.copytree(original, tmp_path / "rep"))
+
+
+def canonical_digest(rec: dict) -> str:
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
+def rewrite(folder: Path, edit=None, tables: dict[str, pd.DataFrame] | None = None) -> Path:
+    """Edit the record and/or replace tables, with every sha256 and the digest recomputed."""
+    f = folder / RECORD
+    rec = json.loads(f.read_text())
+    for name, df in (tables or {}).items():
+        df.to_parquet(folder / f"{name}.parquet")
+        rec["files"][name] = hashlib.sha256((folder / f"{name}.parquet").read_bytes()).hexdigest()
+    if edit is not None:
+        edit(rec)
+    rec["digest"] = canonical_digest(rec)
+    f.write_text(json.dumps(rec, indent=1))
+    return f
+
+
+def refused(folder: Path, error=ReportFileError) -> str:
+    with pytest.raises(error) as e:
+        read_record(folder)
+    return str(e.value)
+
+
+def test_the_digest_is_sha256_of_canonical_json(saved):
+    rec = json.loads((saved / RECORD).read_text())
+    assert rec["format"] == FORMAT and rec["digest"] == canonical_digest(rec) == _digest(rec)
+    assert _digest({"a": float("nan")}) == "" and _digest({"a": object()}) == ""
+    assert _digest({"b": 1, "a": [1, 2]}) == hashlib.sha256(b'{"a":[1,2],"b":1}').hexdigest()
+    # a record rewritten with a digest computed by its definition loads
+    rewrite(saved)
+    back = read_record(saved)
+    assert len(back.heads) == 8 and list(back.layers["layer"]) == [0, 1]
+    assert back.options.nulls == 4 and back.info.n_kv_heads == 2
+    assert set(back.tables) == {k for k in rec["files"] if k not in ("heads", "layers")}
+
+
+def test_not_a_report_folder(saved, tmp_path):
+    with pytest.raises(OptionTypeError) as e:
+        read_record(3)
+    assert str(e.value) == "The report folder must be a path; got int."
+    f = saved / "heads.parquet"
+    assert refused(f, MissingFileError) == f"{f} is not a folder; pass the folder written by rep.save(...)."
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert refused(empty, MissingFileError) == (
+        f"{empty} has no report.json: it is not a saved report (or the save was interrupted)."
+    )
+    (saved / RECORD).write_text("[1, 2]")
+    assert refused(saved) == f"{saved / RECORD} is not a {FORMAT} record (format 'list')."
+    (saved / RECORD).write_text(json.dumps({"format": "other/1"}))
+    assert refused(saved) == f"{saved / RECORD} is not a {FORMAT} record (format 'other/1')."
+
+
+def test_an_edited_record_without_its_digest(saved):
+    f = saved / RECORD
+    rec = json.loads(f.read_text())
+    rec["options"]["seed"] = 1
+    f.write_text(json.dumps(rec))
+    assert refused(saved) == (
+        f"{f} does not match its recorded sha256 digest: the record (summary, options, file list) was edited or "
+        "damaged. Save the report again from its source."
+    )
+    rec.pop("digest")
+    f.write_text(json.dumps(rec))
+    assert refused(saved).startswith(f"{f} does not match its recorded sha256 digest")
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda r: r.update(files=["heads", "layers"]), "lists no heads/layers tables."),
+        (lambda r: r["files"].pop("layers"), "lists no heads/layers tables."),
+        (lambda r: r["files"].pop("heads"), "lists no heads/layers tables."),
+        (lambda r: r["files"].update({"../x": "0" * 64}), "lists a table named '../x', which is not a table name."),
+        (lambda r: r["files"].update({"a b": "0" * 64}), "lists a table named 'a b', which is not a table name."),
+    ],
+)
+def test_a_file_list_that_lies(saved, edit, says):
+    f = rewrite(saved, edit)
+    assert refused(saved) == f"{f} {says}"
+
+
+def test_missing_changed_and_unreadable_tables(saved):
+    f = saved / RECORD
+    (saved / "layers.parquet").unlink()
+    assert refused(saved, MissingFileError) == f"{saved / 'layers.parquet'} is missing (listed in {f})."
+
+
+def test_a_changed_table_and_one_that_is_not_parquet(saved):
+    f = saved / RECORD
+    t = saved / "heads.parquet"
+    t.write_bytes(t.read_bytes()[:-1] + b"\0")
+    assert refused(saved) == f"{t} does not match the sha256 recorded in {f}: it was changed or damaged."
+    t.write_bytes(b"not parquet")
+    rec = json.loads(f.read_text())
+    rec["files"]["heads"] = hashlib.sha256(b"not parquet").hexdigest()
+    rec["digest"] = canonical_digest(rec)
+    f.write_text(json.dumps(rec))
+    assert refused(saved).startswith(f"{t} is not a readable parquet file (")
+
+
+@pytest.mark.parametrize("part", ["info", "options", "summary"])
+def test_a_malformed_info_options_or_summary(saved, part):
+    f = rewrite(saved, lambda r: r.update({part: "nonsense"}))
+    assert refused(saved).startswith(f"{f} has a malformed info/options/summary record (")
+    f = rewrite(saved, lambda r: r.pop(part))
+    assert refused(saved) == f"{f} has a malformed info/options/summary record (KeyError: '{part}')."
+
+
+def _heads(saved: Path) -> pd.DataFrame:
+    return pd.read_parquet(saved / "heads.parquet")
+
+
+def test_tables_that_do_not_fit_the_info(saved, original):
+    where = saved / "heads.parquet"
+    tail = "The tables and the record do not belong together."
+    fit = f"{where} does not fit what {saved / RECORD} says was measured: "
+
+    def says(problem: str) -> str:
+        return fit + problem + ". " + tail
+
+    h = _heads(original)
+    rewrite(saved, tables={"heads": h.drop(columns=["layer"])})
+    assert refused(saved) == f"{where} has no layer/head columns: it is not a report's per-head table."
+    rewrite(saved, tables={"heads": h.drop(columns=["head"])})
+    assert refused(saved) == f"{where} has no layer/head columns: it is not a report's per-head table."
+    bad = h.assign(head=h["head"].astype(str) + "x")
+    rewrite(saved, tables={"heads": bad})
+    assert refused(saved).startswith(f"{where}: layer/head/kv_head columns that are not integers (")
+    rewrite(saved, tables={"heads": h.assign(layer=h["layer"] - 1)})
+    rows = f"{saved / 'layers.parquet'} lists layers [0, 1], not those of the heads"
+    assert refused(saved) == says(f"layers [-1, 0] but the record says n_layers=2; {rows}")
+    rewrite(saved, tables={"heads": h.assign(layer=h["layer"] + 1)})
+    assert refused(saved) == says(f"layers [1, 2] but the record says n_layers=2; {rows}")
+    rewrite(saved, tables={"heads": h.assign(head=h["head"] + 1)})
+    assert refused(saved) == says("head indices up to 4 but the record says n_heads=4")
+    rewrite(saved, tables={"heads": h.assign(head=h["head"] - 1)})
+    assert refused(saved) == says("head indices up to 2 but the record says n_heads=4")
+    rewrite(saved, tables={"heads": h.assign(kv_head=h["kv_head"] + 1)})
+    assert refused(saved) == says("kv heads up to 2 but the record says n_kv_heads=2")
+    rewrite(saved, tables={"heads": h.assign(kv_head=h["kv_head"] - 1)})
+    assert refused(saved) == says("kv heads up to 0 but the record says n_kv_heads=2")
+    dup = h.copy()
+    dup.loc[dup.index[1], "head"] = 0  # layer 0: heads 0, 0, 2, 3
+    rewrite(saved, tables={"heads": dup})
+    assert refused(saved) == says("layers whose heads are not exactly 0..3 once each")
+    short = h[~((h["layer"] == 1) & (h["head"] == 3))]  # layer 1 without head 3
+    rewrite(saved, tables={"heads": short})
+    assert refused(saved) == says("layers whose heads are not exactly 0..3 once each")
+    lay = pd.read_parquet(original / "layers.parquet")
+    rewrite(saved, tables={"heads": h, "layers": lay.drop(columns=["layer"])})
+    assert refused(saved) == says(f"{saved / 'layers.parquet'} has no layer column")
+    rewrite(saved, tables={"layers": lay.assign(layer=[1, 0])})  # the same layers in another order fit
+    rewrite(saved, tables={"layers": lay.assign(layer=[0, 0])})
+    assert refused(saved) == says(f"{saved / 'layers.parquet'} lists layers [0, 0], not those of the heads")
+
+
+def test_sizes_recorded_twice_must_agree(saved):
+    f = rewrite(saved, lambda r: r["info"].update(d_model=13))
+    assert refused(saved) == (
+        f"{f}: the summary and what was measured (info, tables) disagree on d_model (12 vs 13): the record was "
+        "edited. Save the report again from its source."
+    )
+    rewrite(saved, lambda r: r["info"].update(d_model=12))
+    f = rewrite(saved, lambda r: r["info"].update(d_model=16, d_head=4))
+    assert "disagree on d_model (12 vs 16), d_head (3 vs 4): the record was edited" in refused(saved)
+
+
+def test_the_closed_column_must_follow_P_and_the_threshold(saved, original):
+    h = _heads(original)
+    assert h["closed"].sum() == 2  # the two projections
+    flipped = h.assign(closed=~h["closed"])
+    rewrite(saved, tables={"heads": flipped})
+    assert refused(saved) == (
+        f"{saved / 'heads.parquet'}: 'closed' disagrees with P >= threshold (0.9) for 8 head(s): the tables and the "
+        "record do not belong together."
+    )
+    one = h.copy()
+    one.loc[one.index[1], "closed"] = True
+    rewrite(saved, tables={"heads": one})
+    assert "for 1 head(s)" in refused(saved)
+    # at P exactly the threshold a head is closed (P >= threshold)
+    at = h.copy()
+    at.loc[at.index[1], "P"] = 0.9
+    rewrite(saved, tables={"heads": at})
+    assert "'closed' disagrees with P >= threshold (0.9) for 1 head(s)" in refused(saved)
+
+
+def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
+    h = _heads(original)
+    where = saved / "heads.parquet"
+    # layer numbers stored as floats are read as the integers they are
+    rewrite(saved, tables={"heads": h.assign(layer=(h["layer"] + 1).astype("float64"))})
+    assert refused(saved).startswith(
+        f"{where} does not fit what {saved / RECORD} says was measured: layers [1, 2] but the record says n_layers=2;"
+    )
+    rewrite(saved, tables={"heads": h.assign(kv_head=(h["kv_head"] + 1).astype("float64"))})
+    assert "kv heads up to 2 but the record says n_kv_heads=2." in refused(saved)
+    lay = pd.read_parquet(original / "layers.parquet")
+    rewrite(saved, tables={"heads": h, "layers": lay.assign(layer=[0.0, 0.0])})
+    assert refused(saved).endswith(
+        "layers.parquet lists layers [0, 0], not those of the heads. The tables and the record do not belong together."
+    )
+    rewrite(saved, tables={"layers": lay})
+    # many layers out of range: the message lists the first ten
+    many = pd.DataFrame({"layer": [a for a in range(12) for _ in range(4)], "head": list(range(4)) * 12})
+    rewrite(saved, tables={"heads": many})
+    assert refused(saved) == (
+        f"{where} does not fit what {saved / RECORD} says was measured: layers [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] but the "
+        f"record says n_layers=2; {saved / 'layers.parquet'} lists layers [0, 1], not those of the heads. The tables "
+        "and the record do not belong together."
+    )
+    rewrite(saved, tables={"heads": h, "layers": pd.DataFrame({"layer": list(range(12))})})
+    assert refused(saved).endswith(
+        f"{saved / 'layers.parquet'} lists layers [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], not those of the heads. The "
+        "tables and the record do not belong together."
+    )
+    rewrite(saved, tables={"layers": lay})
+    # a table of only layer and head columns is a per-head table whose heads fit; what it lacks is judged later
+    rewrite(saved, tables={"heads": h[["layer", "head"]]})
+    assert "has no layer/head columns" not in refused(saved)
+    assert refused(saved).endswith("(KeyError: 'P'): the tables and the record do not belong together.")
+    # no kv_head column: nothing to check the kv heads of; the rest fits, so it loads
+    rewrite(saved, tables={"heads": h.drop(columns=["kv_head"])})
+    assert "kv_head" not in read_record(saved).heads.columns
