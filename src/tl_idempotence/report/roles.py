@@ -32,7 +32,7 @@ from ..core.results import Result, views
 from ..core.selection import head_label, head_labels
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.roles import ROLES, HeadRoles
-from .store import read_tables_record, write_tables_record
+from .store import index_column, read_tables_record, write_tables_record
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -480,8 +480,8 @@ def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -
         info = ModelInfo(**fields["info"])
         summary = dict(fields["summary"])
         options = dict(fields["options"])
-        L = df["layer"].to_numpy(dtype="int64")
-        H = df["head"].to_numpy(dtype="int64")
+        L = index_column(df, "layer", f)
+        H = index_column(df, "head", f)
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(f"{where / ROLES_RECORD}: a malformed record or table ({type(e).__name__}: {e}).") from e
     outside = len(df) > 0 and (H.max() >= info.n_heads or L.max() >= info.n_layers or min(H.min(), L.min()) < 0)
@@ -530,7 +530,7 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
     f = d / "table.parquet"
     if tuple(table.columns) != (*ROLE_TABLE_COLUMNS, *JOIN_COLUMNS):
         raise ReportFileError(f"{f} has columns {list(table.columns)}, not a role association's table.")
-    table.index = head_labels(table["layer"].to_numpy(dtype="int64"), table["head"].to_numpy(dtype="int64"))
+    table.index = head_labels(index_column(table, "layer", f), index_column(table, "head", f))
     lacks = [x for x in table.index if x not in roles.table.index]
     same_roles = not lacks and all(
         _same(table[c].tolist(), roles.table.loc[table.index, c].tolist()) for c in ROLE_TABLE_COLUMNS

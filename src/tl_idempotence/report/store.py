@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from ..analyses.registry import report_analyses
@@ -45,6 +46,7 @@ __all__ = [
     "TABLE_NAMES",
     "ReportFileError",
     "ReportRecord",
+    "index_column",
     "read_record",
     "read_tables_record",
     "write_record",
@@ -248,6 +250,29 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
     return d
 
 
+def index_column(df: pd.DataFrame, name: str, where: Path) -> np.ndarray:
+    """A saved table's integer index column (``layer``, ``head``, ``kv_head``) as int64, or a refusal.
+
+    An integer column is taken as it is; a float column only when every value is a finite whole number (a
+    table another tool rewrote). Anything else — ``-0.5``, NaN, text, booleans — is refused: a cast would
+    truncate a lying value to another head (``-0.5`` to head 0) and attribute its numbers to it.
+
+    Raises:
+        ReportFileError: the column holds a value that is not a whole number (names the file and the column).
+    """
+    col = df[name]
+    if pd.api.types.is_integer_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
+        return col.to_numpy(dtype="int64")
+    if pd.api.types.is_float_dtype(col.dtype):
+        v = col.to_numpy(dtype="float64")
+        whole = np.isfinite(v) & (v == np.round(v)) & (np.abs(v) < 2**53)
+        if whole.all():
+            return v.astype("int64")
+        bad = v[~whole][:3].tolist()
+        raise ReportFileError(f"{where}: column {name!r} holds values that are not whole numbers ({bad}).")
+    raise ReportFileError(f"{where}: column {name!r} is of type {col.dtype}, not an integer index.")
+
+
 def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, info: ModelInfo) -> None:
     """What the record says was measured (``info``: layers, heads, kv heads) must be what the tables hold.
 
@@ -259,10 +284,10 @@ def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, i
     if not {"layer", "head"} <= set(heads.columns):
         raise ReportFileError(f"{where} has no layer/head columns: it is not a report's per-head table.")
     try:
-        L = heads["layer"].to_numpy(dtype="int64")
-        H = heads["head"].to_numpy(dtype="int64")
-        K = heads["kv_head"].to_numpy(dtype="int64") if "kv_head" in heads.columns else None
-        layer_rows = layers["layer"].to_numpy(dtype="int64") if "layer" in layers.columns else None
+        L = index_column(heads, "layer", where)
+        H = index_column(heads, "head", where)
+        K = index_column(heads, "kv_head", where) if "kv_head" in heads.columns else None
+        layer_rows = index_column(layers, "layer", d / "layers.parquet") if "layer" in layers.columns else None
     except (TypeError, ValueError) as e:
         raise ReportFileError(f"{where}: layer/head/kv_head columns that are not integers ({e}).") from e
     problems = []

@@ -26,6 +26,7 @@ import math
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -379,3 +380,41 @@ def test_a_record_written_before_a_derived_field_existed_loads_with_it(rep, save
     rewrite_record(saved, drop("median_P"))
     with pytest.raises(ReportFileError, match=re.escape("summary lacks ['median_P']")):
         tli.load_report(saved)
+
+
+# --------------------------------------------------------------------------- index columns that are not whole numbers
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        ("kv_head", -0.5, r"column 'kv_head' holds values that are not whole numbers \(\[-0\.5\]\)"),
+        ("head", 1.5, r"column 'head' holds values that are not whole numbers \(\[1\.5\]\)"),
+        ("layer", float("nan"), r"column 'layer' holds values that are not whole numbers \(\[nan\]\)"),
+        ("head", "text", r"column 'head' is of type \w+, not an integer index"),
+    ],
+)
+def test_a_head_index_that_is_not_a_whole_number_is_refused_not_truncated(saved, column, value, says):
+    """A lying index with every digest recomputed: a cast to int64 would read kv_head -0.5 as 0 (mutation run)."""
+    f = saved / "heads.parquet"
+    df = pd.read_parquet(f)
+    if isinstance(value, str):  # the whole column as text (parquet holds one type per column)
+        df[column] = df[column].astype(str)
+    else:
+        df[column] = df[column].astype("float64")
+        df.loc[df.index[0], column] = value
+    df.to_parquet(f)
+    rewrite_record(saved, lambda r: r["files"].__setitem__("heads", hashlib.sha256(f.read_bytes()).hexdigest()))
+    with pytest.raises(ReportFileError, match=says):
+        tli.load_report(saved)
+
+
+def test_a_whole_float_index_column_is_read_as_its_integers(saved, rep):
+    """A table another tool rewrote with float indices that are whole numbers still loads, to the same report."""
+    f = saved / "heads.parquet"
+    df = pd.read_parquet(f)
+    df["kv_head"] = df["kv_head"].astype("float64")
+    df.to_parquet(f)
+    rewrite_record(saved, lambda r: r["files"].__setitem__("heads", hashlib.sha256(f.read_bytes()).hexdigest()))
+    back = tli.load_report(saved)
+    assert back.heads["kv_head"].tolist() == rep.heads["kv_head"].tolist()
