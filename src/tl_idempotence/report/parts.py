@@ -29,7 +29,6 @@ import importlib.metadata
 import io
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from ..core.files import (
 )
 from ..core.heads import ModelInfo
 from ..core.jsonio import RECORD, json_ready, json_restore, json_text
+from ..core.kwargs import warn_at_caller
 from ..core.options import ReportOptions
 from ..errors import ResumeError
 
@@ -177,7 +177,7 @@ class ResumeDir:
 
         def stale(why: str) -> None:
             why = why.rstrip(".")  # a reason that is a sentence (a read error) ends where this one goes on
-            warnings.warn(f"Resume part {rec_file}: {why}; recomputing layer {layer}.", UserWarning, stacklevel=4)
+            warn_at_caller(f"Resume part {rec_file}: {why}; recomputing layer {layer}.", UserWarning)
 
         try:
             rec = read_json(rec_file, ResumeError, "resume part")

@@ -526,3 +526,20 @@ def test_a_part_that_is_not_json_says_so(ckpt, tmp_path, counter):
         f"Resume part {f}: resume part {f} is not valid JSON (line 1, column 2: Expecting property name "
         "enclosed in double quotes); recomputing layer 2."
     ], msgs
+
+
+def test_a_stale_part_warning_points_at_the_users_line(ckpt, tmp_path):
+    """The warning is attributed to the caller's line (core.kwargs.warn_at_caller), not to the package's report
+    loop, so filters and tracebacks name the user's code (mutation testing of ResumeDir.load found stacklevel
+    untested)."""
+    rd = tmp_path / "parts"
+    tli.idempotence_report(str(ckpt), resume=rd, **OPTS)
+    shutil.copyfile(rd / "layer_00000.json", rd / "layer_00003.json")
+    with pytest.warns(UserWarning, match="layer_00003.json") as rec:
+        tli.idempotence_report(str(ckpt), resume=rd, **OPTS)  # <- the line the warning must name
+    (w,) = [w for w in rec if "Resume part" in str(w.message)]
+    assert Path(w.filename).resolve() == Path(__file__).resolve()
+    assert (
+        "tli.idempotence_report(str(ckpt), resume=rd, **OPTS)  # <- the line"
+        in Path(__file__).read_text("utf-8").splitlines()[w.lineno - 1]
+    )
