@@ -31,19 +31,25 @@ __all__ = ["PACKAGE", "PublicExports", "public_names"]
 
 def _option_specs() -> types.ModuleType:
     """``tl_idempotence.core.option_specs`` (torch-free), imported from ``src/`` without running the package's
-    ``__init__`` (stand-in package modules, removed afterwards): the one declaration of the report options.
+    ``__init__`` (stand-in package modules, removed afterwards), with the analyses' registry handed to it as the
+    package root does: the report options.
 
     Raises:
         ImportError: the module (or what it imports) needs a package the docs venv does not have.
     """
     src = INIT.parent
     before = set(sys.modules)
-    for name, folder in ((PACKAGE, src), (f"{PACKAGE}.core", src / "core")):
+    for name, folder in ((PACKAGE, src), (f"{PACKAGE}.core", src / "core"), (f"{PACKAGE}.analyses", src / "analyses")):
         stub = types.ModuleType(name)
         stub.__path__ = [str(folder)]
         sys.modules[name] = stub
     try:
-        return importlib.import_module(f"{PACKAGE}.core.option_specs")
+        option_specs = importlib.import_module(f"{PACKAGE}.core.option_specs")
+        # the analyses declare their options beside their code (torch-free *_spec.py modules); the package root
+        # hands the registry to option_specs, so do the same here
+        registry = importlib.import_module(f"{PACKAGE}.analyses.registry")
+        option_specs.use_registry(registry.analysis_options)
+        return option_specs
     except ImportError as e:
         raise ImportError(
             f"scripts/docs/public_api.py: {PACKAGE}.core.option_specs must import without torch and the package's "
