@@ -196,6 +196,7 @@ def write_output(
     *,
     flag: str = "path",
     overwrite: bool = False,
+    replace_files: bool = True,
 ) -> Path:
     """Write ``out`` to ``path`` in the format its extension chooses among ``formats`` (module docstring).
 
@@ -204,7 +205,9 @@ def write_output(
         path: the file (or folder) to write: ``str`` or ``os.PathLike``.
         formats: the format names allowed here (default: every format ``out`` offers).
         flag: how messages name ``path`` (``"path"``, ``"--out"``).
-        overwrite: for the folder format, replace an earlier saved report there (a file is always replaced).
+        overwrite: for the folder format, replace an earlier saved report there.
+        replace_files: replace an existing file (the pages of ``save_html`` and the CLI's ``--out``/``--csv``/
+            ``--json`` do); ``export(path, overwrite=False)`` passes False, so an existing file is refused.
 
     Returns:
         The path written.
@@ -212,7 +215,8 @@ def write_output(
     Raises:
         OptionTypeError: ``path`` is not a path. OutputOverInputError (an ``OptionError``): ``path`` is (or links
             to) something ``out`` was read from. OptionError: empty; an extension none of the formats has (names
-            the known ones); a folder where a file goes; a missing folder; the file cannot be written (names it).
+            the known ones); a folder where a file goes; a missing folder; an existing file when ``replace_files``
+            is False; the file cannot be written (names it).
             The folder format: the errors of the result's own writer.
     """
     allowed = _offered(out, formats)
@@ -239,6 +243,8 @@ def write_output(
         raise OptionError(f"Cannot write the {label} to {p}: it is a folder; give a file name.")
     if not p.parent.exists():
         raise OptionError(f"Cannot write the {label} to {p}: the folder {p.parent} does not exist.")
+    if not replace_files and (p.exists() or p.is_symlink()):
+        raise OptionError(f"Cannot write the {label} to {p}: the file exists; pass overwrite=True to replace it.")
     assert fmt.write is not None
     try:
         fmt.write(out, p)

@@ -30,6 +30,7 @@ from ..analyses.registry import report_analyses
 from ..analyses.scramble import bh_q_values
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
+from ..core.kwargs import warn_at_caller
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, check_threshold, resolve_layers, strict_kwargs
 from ..core.results import Result, views
@@ -259,11 +260,12 @@ class IdempotenceReport(Result):
 
     @threshold.setter
     def threshold(self, value: Any) -> None:  # checked in with_threshold (OptionTypeError), not by annotation
-        warnings.warn(
+        # attributed to the user's line (the setter is reached through __setattr__: a fixed stacklevel named
+        # this file, and Python's default filters then hid the warning in a script)
+        warn_at_caller(
             "Assigning rep.threshold is deprecated and will be removed: use rep = rep.with_threshold(t), which "
             "returns a new report and leaves this one as it is.",
             DeprecationWarning,
-            stacklevel=2,
         )
         new = self.with_threshold(value)
         for name in ("heads", "layers", "tables", "options", "summary"):
@@ -541,11 +543,12 @@ class IdempotenceReport(Result):
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) something the report was read
                 from (:attr:`inputs`).
             OptionError: another extension (names the known ones); a folder where a file goes; a missing folder;
-                a file that cannot be written; the folder errors of :meth:`save`.
+                an existing file without ``overwrite=True``; a file that cannot be written; the folder errors of
+                :meth:`save`.
             OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
         overwrite = check_bool(overwrite, "overwrite")
-        return str(write_output(report_output(self), path, overwrite=overwrite))
+        return str(write_output(report_output(self), path, overwrite=overwrite, replace_files=overwrite))
 
     @strict_kwargs
     def show_attention(

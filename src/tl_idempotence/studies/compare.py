@@ -843,7 +843,7 @@ class Comparison(Result):
         return str(write_output(self._output(), path, ("html",)))
 
     @strict_kwargs
-    def export(self, path: PathLike) -> str:
+    def export(self, path: PathLike, overwrite: bool = False) -> str:
         """Write the comparison in the format the extension of ``path`` chooses (the output registry,
         :mod:`tl_idempotence.report.outputs`; docs/definitions.md "Output formats"): ``.html``/``.htm`` the page of
         :meth:`save_html`; ``.csv``/``.parquet`` :attr:`table` (the paper's rows included, ``is_paper``);
@@ -855,10 +855,12 @@ class Comparison(Result):
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the comparison was read
                 from (:attr:`inputs`).
-            OptionError: another extension (names the known ones); empty, a folder, a missing folder, or a file
-                that cannot be written. OptionTypeError: ``path`` is not a path.
+            OptionError: another extension (names the known ones); empty, a folder, a missing folder, an existing
+                file without ``overwrite=True``, or a file that cannot be written. OptionTypeError: ``path`` is not
+                a path, ``overwrite`` is not a bool.
         """
-        return str(write_output(self._output(), path))
+        overwrite = check_bool(overwrite, "overwrite")
+        return str(write_output(self._output(), path, replace_files=overwrite))
 
     def _output(self) -> Output:
         """What a comparison can be written as: its page, its JSON export and its table (no folder format)."""

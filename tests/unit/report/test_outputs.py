@@ -195,7 +195,7 @@ def test_json_is_the_export_with_nan_as_null(rep, tmp_path):
 def test_html_page_and_every_writer_is_atomic(rep, tmp_path):
     p = tmp_path / "r.html"
     p.write_text("old")
-    assert rep.export(p) == str(p) and p.read_text().startswith("<!DOCTYPE html>")
+    assert rep.export(p, overwrite=True) == str(p) and p.read_text().startswith("<!DOCTYPE html>")
     assert sorted(x.name for x in tmp_path.iterdir()) == ["r.html"]  # no temporary file left
 
 
@@ -270,3 +270,37 @@ def test_comparison_exports(rep, tmp_path):
     with pytest.raises(OptionError, match="comparison can be written as"):
         cmp.export(tmp_path / "cmp_folder")  # a comparison has no folder format
     assert export_record(rep)["closed_heads"][0]["label"] == rep.closed_heads.index[0]
+
+
+# --------------------------------------------------------------------------- export never replaces a file unasked
+
+
+@pytest.mark.parametrize("name", ["keep.csv", "keep.json", "keep.parquet", "keep.html"])
+def test_export_refuses_an_existing_file_unless_overwrite(rep, tmp_path, name):
+    """``rep.export(path)`` has ``overwrite=False``: a user's file there is kept byte for byte (it was replaced)."""
+    p = tmp_path / name
+    p.write_bytes(b"a user's own file")
+    with pytest.raises(OptionError, match=rf"{name}: the file exists; pass overwrite=True to replace it"):
+        rep.export(p)
+    assert p.read_bytes() == b"a user's own file"
+    assert Path(rep.export(p, overwrite=True)) == p and p.read_bytes() != b"a user's own file"
+
+
+def test_comparison_export_refuses_an_existing_file_unless_overwrite(rep, tmp_path):
+    cmp = tli.compare({"a": rep}, progress=False)
+    p = tmp_path / "cmp.csv"
+    p.write_text("mine")
+    with pytest.raises(OptionError, match="the file exists; pass overwrite=True"):
+        cmp.export(p)
+    assert p.read_text() == "mine"
+    cmp.export(p, overwrite=True)
+    assert pd.read_csv(p)["model"].tolist() == list(cmp.table["model"])
+    with pytest.raises(OptionTypeError, match="overwrite"):
+        cmp.export(p, overwrite="yes")  # type: ignore[arg-type]
+
+
+def test_the_page_writers_still_replace_their_page(rep, tmp_path):
+    """save_html (and the CLI's --out) replace an earlier page, as in 0.2."""
+    p = tmp_path / "r.html"
+    p.write_text("old page")
+    assert Path(rep.save_html(p)) == p and p.read_text().startswith("<!DOCTYPE html>")
