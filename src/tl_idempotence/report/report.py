@@ -317,8 +317,8 @@ class IdempotenceReport(Result):
 
     def _ranges_threshold(self) -> float:
         """The threshold the summary says the algebra's range angles are at (the run's, when it does not say)."""
-        record = self.summary.algebra
-        return self.options.threshold if record is None else float(record.algebra_ranges_threshold)
+        record = self.summary.analyses.get("algebra")
+        return self.options.threshold if record is None else float(record["algebra_ranges_threshold"])
 
     # ------------------------------------------------------------------ views of the data
     @property

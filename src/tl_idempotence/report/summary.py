@@ -136,7 +136,7 @@ class ReportSummary(Mapping[str, Any]):
     n_heads_beating_scramble, n_heads_q05, frac_beats_scramble, n_layers_trained_wins, layers_trained_loses``;
     O/V mismatch (SPEC 4a) ``n_mismatch_pairs, n_mismatch_closed, mismatch_P_max, mismatch_notes``; search
     (SPEC 5) ``n_feasible_layers, infeasible_layers``; shared-value algebra (SPEC 7) ``algebra`` (its summary
-    dict; as an attribute, ``summary.algebra`` is the record: ``summary.algebra.algebra``),
+    dict, as in 0.2, also as the attribute ``summary.algebra``; its typed record is ``summary.analyses["algebra"]``),
     ``algebra_ranges_threshold``.
     """
 
@@ -171,13 +171,15 @@ class ReportSummary(Mapping[str, Any]):
     # ---------------------------------------------------------------- the analyses' records
     def __getattr__(self, name: str) -> Any:
         """An analysis's record by its name (``summary.scramble``; None when it did not run), else a flat field of
-        the compatibility view (``summary.median_P_scrambled``; None when not set)."""
+        the compatibility view (``summary.median_P_scrambled``; None when not set). A name that is both (only
+        ``algebra``) is the flat field, as in 0.2 (``summary.algebra`` is the algebra's summary dict: code written
+        for 0.2 reads the same values); the record is ``summary.analyses["algebra"]``."""
         if name.startswith("_"):
             raise AttributeError(name)
         records = object.__getattribute__(self, "analyses")
-        if name in records:
+        if name in records and name not in field_rules():  # "algebra" is also 0.2's flat field: that wins
             return records[name]
-        if name in _analysis_names():
+        if name in _analysis_names() and name not in field_rules():
             return None
         if name in field_rules():
             for r in records.values():

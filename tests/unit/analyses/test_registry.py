@@ -254,3 +254,25 @@ def test_the_report_and_its_typed_summary_pickle():
     assert back.options == rep.options and back.summary.search.n_feasible_layers == rep.summary["n_feasible_layers"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         back.summary = rep.summary
+
+
+def test_summary_algebra_reads_as_in_0_2_and_the_record_is_under_analyses():
+    """``summary.algebra`` is 0.2's flat field (the algebra's summary dict), never the typed record: code written for
+    0.2 (``rep.summary.algebra.get("n_groups")``) must not silently read None from the record's own mapping."""
+    import torch
+
+    import tl_idempotence as tli
+    from tl_idempotence.core.heads import LayerHeads, kv_layout
+
+    g = torch.Generator().manual_seed(1)
+    V = torch.randn(2, 8, 2, generator=g, dtype=torch.float64)  # 2 kv heads, 4 query heads: kv groups of 2
+    O = torch.randn(4, 8, 2, generator=g, dtype=torch.float64)
+    rep = tli.idempotence_report([LayerHeads(0, O, V, kv_layout(4, 2))], algebra=True, progress=False)
+    flat = rep.summary["algebra"]
+    assert isinstance(flat, dict) and flat
+    assert rep.summary.algebra == flat
+    for k, v in flat.items():
+        assert rep.summary.algebra.get(k) == v
+    record = rep.summary.analyses["algebra"]
+    assert record.algebra == flat and record.algebra_ranges_threshold == rep.summary["algebra_ranges_threshold"]
+    assert rep.summary.scramble is None  # an analysis that did not run: None, as before
