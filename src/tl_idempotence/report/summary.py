@@ -110,6 +110,34 @@ _MEASURED = (
 )
 
 
+class RecordMap(Mapping[str, SummaryRecord]):
+    """The analyses' records of a summary, read-only (:attr:`ReportSummary.analyses`): no record can be replaced,
+    added or dropped after the summary validated them. Picklable (sweeps send reports between processes)."""
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: Mapping[str, SummaryRecord]) -> None:
+        self._records = dict(records)
+
+    def __getitem__(self, key: str) -> SummaryRecord:
+        return self._records[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._records)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        return f"RecordMap({self._records!r})"
+
+    def __getstate__(self) -> dict[str, SummaryRecord]:
+        return self._records
+
+    def __setstate__(self, state: dict[str, SummaryRecord]) -> None:
+        self._records = dict(state)
+
+
 @dataclass(frozen=True, repr=False, eq=False)  # equality is the mapping's: equal to a dict of the same items
 class ReportSummary(Mapping[str, Any]):
     """A report's summary: what was measured, each analysis's typed record, provenance.
@@ -165,7 +193,8 @@ class ReportSummary(Mapping[str, Any]):
             isinstance(r, SummaryRecord) for r in self.analyses.values()
         ):
             raise OptionTypeError("ReportSummary.analyses must map analysis names to their SummaryRecord.")
-        object.__setattr__(self, "analyses", dict(self.analyses))  # a copy (a plain dict: the summary pickles)
+        # a read-only copy (a record cannot be replaced or dropped after validation; it pickles, for Dask)
+        object.__setattr__(self, "analyses", RecordMap(self.analyses))
         _validate(self)
 
     # ---------------------------------------------------------------- the analyses' records

@@ -276,3 +276,23 @@ def test_summary_algebra_reads_as_in_0_2_and_the_record_is_under_analyses():
     record = rep.summary.analyses["algebra"]
     assert record.algebra == flat and record.algebra_ranges_threshold == rep.summary["algebra_ranges_threshold"]
     assert rep.summary.scramble is None  # an analysis that did not run: None, as before
+
+
+def test_a_summarys_records_cannot_be_replaced_or_dropped_and_it_still_pickles():
+    import pickle
+
+    import torch
+
+    import tl_idempotence as tli
+    from tl_idempotence.core.heads import LayerHeads, kv_layout
+
+    g = torch.Generator().manual_seed(2)
+    V = torch.randn(2, 8, 2, generator=g, dtype=torch.float64)
+    rep = tli.idempotence_report([LayerHeads(0, V.clone(), V, kv_layout(2, 2))], progress=False)
+    s = rep.summary
+    with pytest.raises(TypeError):
+        s.analyses["closure"] = s.analyses["closure"]  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        s.analyses.pop("closure")  # type: ignore[attr-defined]
+    back = pickle.loads(pickle.dumps(s))  # Dask sends reports between processes
+    assert back == s and back.closure == s.closure and dict(back.analyses) == dict(s.analyses)
