@@ -169,7 +169,7 @@ TARGETS: dict[str, Target] = {
             "roles_assoc",
             "src/tl_idempotence/report/roles.py",
             ("tl_idempotence.report.roles.x__spearman_perm*", "tl_idempotence.report.roles.x_role_association*"),
-            ("tests/unit/report/test_roles_statistics.py",),
+            ("tests/unit/report/test_roles_statistics.py", "tests/unit/report/test_roles_statistics_mutants.py"),
             "head roles vs closure: Spearman permutation p, Mann-Whitney, BH across roles, sign agreement",
             marker=QUICK,
         ),
