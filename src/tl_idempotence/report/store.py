@@ -561,11 +561,19 @@ def write_tables_record(
     return d
 
 
-def read_tables_record(path: Any, record_name: str, formats: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_tables_record(
+    path: Any, record_name: str, formats: tuple[str, ...], float_keys: frozenset[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a folder written by :func:`write_tables_record`, checking the record's digest and every table's sha256.
 
+    Args:
+        path, record_name, formats: the folder, its record's file name and the formats accepted.
+        float_keys: the record's fields (at any depth) that hold floats: only their ``"NaN"``/``"Infinity"``
+            strings become floats again, so a text field that reads ``"NaN"`` (a model name, a note) stays text.
+
     Returns:
-        ``(record, tables)``: the record's fields (NaN restored, int-keyed dicts back) and ``{name: DataFrame}``.
+        ``(record, tables)``: the record's fields (NaN restored in ``float_keys``, the tagged int-keyed dicts back;
+        other keys as written) and ``{name: DataFrame}``.
 
     Raises:
         MissingFileError: no such folder, no record, or a listed table is missing (names it).
@@ -606,5 +614,6 @@ def read_tables_record(path: Any, record_name: str, formats: tuple[str, ...]) ->
             tables[name] = pd.read_parquet(f)
         except Exception as e:
             raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
-    fields = _untag_int_keys(json_restore({k: v for k, v in rec.items() if k not in ("files", "digest")}))
+    body = {k: v for k, v in rec.items() if k not in ("files", "digest")}
+    fields = _untag_int_keys(json_restore(body, float_keys, int_keys=False))
     return fields, tables
