@@ -315,6 +315,29 @@ def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, i
         )
 
 
+def _read_listed_tables(d: Path, rec_file: Path, files: dict[Any, Any]) -> dict[str, pd.DataFrame]:
+    """The parquet tables a record lists (``{name: sha256}``), each checked against its sha256 before it is read.
+
+    Raises:
+        ReportFileError: a name that is not a table name, a file whose sha256 differs, an unreadable parquet file
+            (each names the file). MissingFileError: a listed file is missing.
+    """
+    tables: dict[str, pd.DataFrame] = {}
+    for name, digest in files.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
+        f = d / f"{name}.parquet"
+        if not f.is_file():
+            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
+        if sha256_file(f) != digest:
+            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
+        try:
+            tables[name] = pd.read_parquet(f)
+        except Exception as e:
+            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    return tables
+
+
 def read_record(path: Any) -> ReportRecord:
     """Read a folder written by :func:`write_record`, checking every file against its recorded sha256.
 
@@ -347,19 +370,7 @@ def read_record(path: Any) -> ReportRecord:
     files = rec.get("files")
     if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
         raise ReportFileError(f"{rec_file} lists no heads/layers tables.")
-    frames: dict[str, pd.DataFrame] = {}
-    for name, digest in files.items():
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
-            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
-        f = d / f"{name}.parquet"
-        if not f.is_file():
-            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
-        if sha256_file(f) != digest:
-            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
-        try:
-            frames[name] = pd.read_parquet(f)
-        except Exception as e:
-            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    frames = _read_listed_tables(d, rec_file, files)
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
@@ -601,19 +612,7 @@ def read_tables_record(
     files = rec.get("files")
     if not isinstance(files, dict):
         raise ReportFileError(f"{rec_file} lists no tables.")
-    tables: dict[str, pd.DataFrame] = {}
-    for name, digest in files.items():
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
-            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
-        f = d / f"{name}.parquet"
-        if not f.is_file():
-            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
-        if sha256_file(f) != digest:
-            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
-        try:
-            tables[name] = pd.read_parquet(f)
-        except Exception as e:
-            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    tables = _read_listed_tables(d, rec_file, files)
     body = {k: v for k, v in rec.items() if k not in ("files", "digest")}
     fields = _untag_int_keys(json_restore(body, float_keys, int_keys=False))
     return fields, tables
