@@ -97,22 +97,23 @@ def json_text(x: Any, nan: NanPolicy, **dumps: Any) -> str:
     return json.dumps(json_ready(x, nan), allow_nan=False, **dumps)
 
 
-def json_restore(x: Any, float_keys: Set[str] | None = None) -> Any:
+def json_restore(x: Any, float_keys: Set[str] | None = None, int_keys: bool = True) -> Any:
     """Undo the :data:`RECORD` policy for the values of ``float_keys`` (or of every key when None).
 
-    A dict whose keys are all decimal integers (``"0"``, ``"12"``) gets int keys back: JSON keys are
-    strings, and the only such dicts this package writes are keyed by layer (``closed_per_layer``).
+    With ``int_keys`` (the default), a dict whose keys are all decimal integers (``"0"``, ``"12"``) gets int keys
+    back: JSON keys are strings, and the only such dicts the report record writes are keyed by layer
+    (``closed_per_layer``). ``int_keys=False`` leaves keys as written (a record that tags its int-keyed dicts).
     """
     if isinstance(x, dict):
-        int_keys = bool(x) and all(isinstance(k, str) and k.isdecimal() for k in x)
+        as_int = int_keys and bool(x) and all(isinstance(k, str) and k.isdecimal() for k in x)
         return {
-            (int(k) if int_keys else k): (
+            (int(k) if as_int else k): (
                 _SPECIAL[v]
                 if isinstance(v, str) and v in _SPECIAL and (float_keys is None or k in float_keys)
-                else json_restore(v, float_keys)
+                else json_restore(v, float_keys, int_keys)
             )
             for k, v in x.items()
         }
     if isinstance(x, list):
-        return [json_restore(v, float_keys) for v in x]
+        return [json_restore(v, float_keys, int_keys) for v in x]
     return x

@@ -148,7 +148,7 @@ _KINDS = frozenset({"threshold", "count", "flag", "layers", "choice", "device"})
 class ReportOptionsArgs(TypedDict, total=False):
     """The report options as keyword arguments (``**options: Unpack[ReportOptionsArgs]``), for static tools only;
     defaults, meaning and validation in :func:`report_options` (each option's :class:`OptionSpec`), which
-    ``tests/core/test_option_registry.py`` checks this listing against (names and :attr:`OptionSpec.hint`)."""
+    ``tests/unit/analyses/test_registry.py`` checks this listing against (names and :attr:`OptionSpec.hint`)."""
 
     threshold: RealLike
     nulls: NullsLike

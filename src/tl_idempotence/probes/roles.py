@@ -76,6 +76,8 @@ class HeadRoles(Result):
     summary: dict[str, Any]
     info: ModelInfo
     options: dict[str, Any] = field(default_factory=dict)
+    #: The folder :func:`~tl_idempotence.report.roles.load_roles` read it from (``save_roles`` refuses to write there).
+    loaded_from: str | None = field(default=None, repr=False, compare=False)
 
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "n_sequences", "seed")
 

@@ -152,6 +152,13 @@ def _sizes_text(have: Any, want: Any) -> str:
     )
 
 
+def _processing_text(summary: Mapping[str, Any]) -> str:
+    key = processing_key(summary)
+    names = [k for k in T_PROCESSING if k != "raw"]
+    on = [n for n, v in zip(names, key[1:]) if v]
+    return "raw weights" if key[0] and not on else ("+".join(on) or "none")
+
+
 def report_mismatch(
     report: MeasuredReport,
     *,
@@ -160,6 +167,7 @@ def report_mismatch(
     options: ReportOptions | None = None,
     source: HeadSource | None = None,
     processing_may_differ: bool = False,
+    info: ModelInfo | None = None,
 ) -> str | None:
     """Why ``report`` is not a report of what is expected — or None when every given expectation holds.
 
@@ -172,14 +180,17 @@ def report_mismatch(
       (``processing_may_differ=True``: a source processed otherwise cannot be compared byte for byte and is
       accepted), with ``options`` the same measured layers, and every measured layer's current O/V sha256
       fingerprint (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, read from ``source`` now,
-      stopping at the first that differs) equal to the one the report records.
+      stopping at the first that differs) equal to the one the report records;
+    * ``info``: what a result made from a model records of it (a :class:`~tl_idempotence.probes.roles.HeadRoles`'
+      ``info``, which keeps no weights): the same sizes and the same weight processing (``processing_may_differ``
+      does not apply: a score of weights processed otherwise is another number).
 
     Names of models are never compared (a checkpoint folder and a TransformerLens model of the same weights
     carry different names): ``origin`` compares what the report says it was read from.
 
     Args:
         report: the report (an :class:`~tl_idempotence.report.report.IdempotenceReport`, e.g. from ``load_report``).
-        origin, fingerprint, options, source, processing_may_differ: the expectations (None: not checked).
+        origin, fingerprint, options, source, processing_may_differ, info: the expectations (None: not checked).
 
     Returns:
         None, or a short reason naming both sides, e.g. ``"the report was measured from checkpoint 'ckB', not
@@ -206,6 +217,12 @@ def report_mismatch(
             diff["device"] = (report.options.device.type, options.device.type)
         if diff:
             return "options differ: " + ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items())
+    if info is not None:
+        if info.sizes != report.info.sizes:
+            return f"model sizes differ: {_sizes_text(report.info, info)}"
+        if processing_key({"processing": info.processing}) != processing_key(s):
+            theirs = _processing_text({"processing": info.processing})
+            return f"weight processing differs: {_processing_text(s)} vs {theirs}"
     if source is None:
         return None
     info = source.info
@@ -234,6 +251,7 @@ def check_report_matches(
     options: ReportOptions | None = None,
     source: HeadSource | None = None,
     processing_may_differ: bool = False,
+    info: ModelInfo | None = None,
 ) -> None:
     """:func:`report_mismatch`, raising when it finds a difference.
 
@@ -241,7 +259,7 @@ def check_report_matches(
         report: the report.
         what: the expected side in words, for the message (e.g. ``"The model given, 'gpt2' (HookedTransformer),"``).
         fix: what to do, for the message.
-        origin, fingerprint, options, source, processing_may_differ: as for :func:`report_mismatch`.
+        origin, fingerprint, options, source, processing_may_differ, info: as for :func:`report_mismatch`.
 
     Raises:
         ReportMismatchError: ``"{what} is not the model this report measured ({the report}): {reason}. {fix}"``.
@@ -253,6 +271,7 @@ def check_report_matches(
         options=options,
         source=source,
         processing_may_differ=processing_may_differ,
+        info=info,
     )
     if why is not None:
         raise ReportMismatchError(

@@ -592,8 +592,8 @@ class IdempotenceReport(Result):
         self,
         model: TLModel | None = None,
         roles: HeadRoles | None = None,
-        n_tokens: IntLike = 24,
-        n_sequences: IntLike = 8,
+        n_tokens: IntLike | None = None,
+        n_sequences: IntLike | None = None,
         n_permutations: IntLike = 999,
         seed: IntLike = 0,
     ) -> RoleAssociation:
@@ -603,11 +603,15 @@ class IdempotenceReport(Result):
         among closed and other heads, Mann-Whitney p, BH q across roles).
 
         Args:
-            model: the TransformerLens model (default: the one the report was made from, while it is alive).
-            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed (then ``model`` and the
-                token arguments are not used).
-            n_tokens: passed to ``head_roles``.
-            n_sequences: passed to ``head_roles``.
+            model: the TransformerLens model (default: the one the report was made from, while it is alive). A
+                model given is checked against the report first (the report-identity check,
+                :func:`~tl_idempotence.report.identity.check_report_matches`: sizes, weight processing and every
+                measured layer's O/V fingerprint), since its role scores are joined to the report's P by label.
+            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed, of the report's model (its
+                sizes and weight processing are checked). ``model``, ``n_tokens`` and ``n_sequences`` are then
+                refused unless they are what ``roles`` was made with (they would be ignored).
+            n_tokens: passed to ``head_roles`` (default 24).
+            n_sequences: passed to ``head_roles`` (default 8).
             seed: its tokens' seed and the permutations'.
             n_permutations: permutations of each Spearman test.
 
@@ -615,12 +619,38 @@ class IdempotenceReport(Result):
             :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
 
         Raises:
-            OptionError: no model; roles of another model. UnsupportedModelError / OptionTypeError: as
-                ``head_roles`` and ``role_association``.
+            ReportMismatchError (an OptionError): ``model`` or ``roles`` is not of the model this report measured
+                (other sizes, weight processing or weights; names what differs).
+            OptionError: no model; roles of another model; ``roles`` with ``model``, ``n_tokens`` or
+                ``n_sequences`` other than what they were made with (names them). UnsupportedModelError /
+                OptionTypeError: as ``head_roles`` and ``role_association``.
         """
-        from ..probes.roles import head_roles
+        from ..probes.roles import HeadRoles, head_roles
+        from ..sources.dispatch import head_source
+        from .identity import check_report_matches
         from .roles import role_association
 
+        if roles is not None:
+            made = roles.options if isinstance(roles, HeadRoles) else {}
+            ignored = [
+                f"{name}={value!r} (the roles were made with {made.get(name)!r})"
+                for name, value in (("n_tokens", n_tokens), ("n_sequences", n_sequences))
+                if value is not None and value != made.get(name)
+            ]
+            if model is not None and (not isinstance(roles, HeadRoles) or head_source(model).info != roles.info):
+                ignored.insert(0, f"model={type(model).__name__} (not the model the roles were made from)")
+            if ignored:
+                raise OptionError(
+                    f"rep.roles(roles=...) uses the head roles given; {', '.join(ignored)} would be ignored. Drop "
+                    "them, or pass model=... without roles= to compute the roles again."
+                )
+            if isinstance(roles, HeadRoles):
+                check_report_matches(
+                    self,
+                    what=f"The model of the roles given, {roles.info.model_name!r},",
+                    fix="Pass the head roles of the model the report was made from (tli.head_roles(model)).",
+                    info=roles.info,
+                )
         if roles is None:
             m = model if model is not None else self.model
             if m is None:
@@ -630,7 +660,20 @@ class IdempotenceReport(Result):
                     "here or gives weights only (a checkpoint path, a HeadSource). Pass rep.roles(model=...) with "
                     "the HookedTransformer or TransformerBridge of the same weights."
                 )
-            roles = head_roles(m, n_tokens=n_tokens, n_sequences=n_sequences, seed=seed)
+            if m is not self.model:
+                src = head_source(m)
+                check_report_matches(
+                    self,
+                    what=f"The model given, {src.info.model_name!r} ({type(m).__name__}),",
+                    fix="Pass the model the report was made from, with the same weight processing.",
+                    source=src,
+                )
+            roles = head_roles(
+                m,
+                n_tokens=24 if n_tokens is None else n_tokens,
+                n_sequences=8 if n_sequences is None else n_sequences,
+                seed=seed,
+            )
         return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
 
     @strict_kwargs
@@ -703,7 +746,15 @@ def export_record(rep: IdempotenceReport, roles: RoleAssociation | None = None) 
     "closed_heads": [{"label": "L10H8", "layer": .., "head": .., "alpha": .., "P": .., ...}, ...]}``, closed heads
     highest P first, with the :data:`EXPORT_HEAD_COLUMNS` the report has; with ``roles`` (``rep.roles(...)``) also
     their :data:`EXPORT_ROLE_COLUMNS` and ``"roles": {"summary", "association": [one record per role]}``.
-    Written under the export NaN policy (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``)."""
+    Written under the export NaN policy (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``).
+
+    Raises:
+        OptionError / OptionTypeError: ``roles`` not joined with this report
+            (:func:`~tl_idempotence.report.roles.check_roles_fit_report`)."""
+    if roles is not None:
+        from .roles import check_roles_fit_report
+
+        check_roles_fit_report(rep.heads, rep.threshold, roles)
     cols = [c for c in EXPORT_HEAD_COLUMNS if c in rep.heads.columns]
     cols += list(EXPORT_ROLE_COLUMNS) if roles is not None else []
     closed_heads = heads_with_roles(rep.closed_heads, roles)
@@ -731,7 +782,13 @@ def report_output(
     attention section on ``attention_text``: the probe runs ``model``, the view draws; with ``roles``, the section
     "What the closed heads do"), its JSON export (:func:`export_record`), its ``heads`` table with the label first
     (and the role columns with ``roles``), and the save format (:meth:`IdempotenceReport.save`). Nothing is
-    rendered or run until a writer asks; ``roles`` is checked against the report by the caller."""
+    rendered or run until a writer asks; ``roles`` is checked against the report here, before any of it
+    (:func:`~tl_idempotence.report.roles.check_roles_fit_report`: roles of another report are refused, never
+    joined to the wrong heads by label)."""
+    if roles is not None:
+        from .roles import check_roles_fit_report
+
+        check_roles_fit_report(rep.heads, rep.threshold, roles)
 
     def page() -> str:
         extra = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -85,6 +86,8 @@ class RoleAssociation(Result):
     association: pd.DataFrame
     summary: dict[str, Any]
     roles: HeadRoles | None = None
+    #: The folder :func:`load_roles` read it from (:func:`save_roles` refuses to write there).
+    loaded_from: str | None = field(default=None, repr=False, compare=False)
 
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "n_permutations", "seed")
 
@@ -409,6 +412,11 @@ ASSOCIATION_FORMAT = "tl_idempotence.role_association/1"
 ROLE_TABLE_COLUMNS = ("layer", "head", "kv_head", *ROLES, "reason")
 #: The report columns a role association's table adds.
 JOIN_COLUMNS = ("P", "alpha", "closed")
+#: The record fields (at any depth) that hold floats: only these read "NaN"/"Infinity" back as floats, so a text
+#: field that reads "NaN" (a model name, a note) stays text (:func:`~tl_idempotence.report.store.read_tables_record`).
+ROLES_FLOAT_KEYS = frozenset({*(f"median_{r}" for r in ROLES), "threshold", "p_floor"})
+#: Extensions of single-file outputs: a roles save is a folder, never one of these.
+_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
 
 def _info_fields(info: ModelInfo) -> dict[str, Any]:
@@ -441,9 +449,23 @@ def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: b
 
     Raises:
         OptionTypeError: ``result`` is neither; ``path`` not a path; ``overwrite`` not a bool.
+        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from
+            (:func:`load_roles`), or a file in it.
         OptionError: as :func:`~tl_idempotence.report.store.write_tables_record` (non-empty folder, missing parent,
-            an edited earlier record; names it).
+            an edited earlier record; names it); ``path`` ends in a file extension (``.html``, ``.json``, ``.csv``,
+            ``.parquet``): a roles save is a folder (a page: ``rep.save_html(path, roles=...)``; a table or JSON:
+            ``rep.export``).
     """
+    from ..core.files import refuse_outputs_over_inputs
+
+    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
+        raise OptionError(
+            f"save_roles writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a folder "
+            "name without extension; for a page use rep.save_html(path, roles=...), for a table or JSON "
+            "rep.export(path) (the CLI's --roles)."
+        )
+    loaded = getattr(result, "loaded_from", None)
+    refuse_outputs_over_inputs([("path", path)], [("the saved roles", loaded)] if loaded else [])
     if isinstance(result, RoleAssociation):
         if result.roles is None:
             raise OptionError("This RoleAssociation carries no HeadRoles (it was not made by rep.roles); cannot save.")
@@ -516,7 +538,7 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
             the record gives (the edit had its digests recomputed; names the file and the field).
         OptionTypeError: ``path`` is not a path.
     """
-    fields, tables = read_tables_record(path, ROLES_RECORD, (HEAD_ROLES_FORMAT, ASSOCIATION_FORMAT))
+    fields, tables = read_tables_record(path, ROLES_RECORD, (HEAD_ROLES_FORMAT, ASSOCIATION_FORMAT), ROLES_FLOAT_KEYS)
     d = Path(path).expanduser()
     want = {"roles"} if fields["format"] == HEAD_ROLES_FORMAT else {"roles", "table", "association"}
     if set(tables) != want:
@@ -524,6 +546,7 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
             f"{d / ROLES_RECORD} lists tables {sorted(tables)}; a {fields['format']} has {sorted(want)}."
         )
     roles = _restore_head_roles(d, tables["roles"], fields)
+    roles.loaded_from = str(d)  # save_roles refuses to write over the folder it was read from
     if fields["format"] == HEAD_ROLES_FORMAT:
         return roles
     table, assoc = tables["table"], tables["association"]
@@ -561,6 +584,7 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
         raise ReportFileError(
             f"{d / ROLES_RECORD}: the association summary is not what its tables give: it was edited."
         )
+    fresh.loaded_from = str(d)
     return fresh
 
 

@@ -35,6 +35,7 @@ from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha25
 from ..core.heads import ModelInfo
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
+from ..core.option_specs import REQUIRED, report_options
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
@@ -315,6 +316,29 @@ def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, i
         )
 
 
+def _read_listed_tables(d: Path, rec_file: Path, files: dict[Any, Any]) -> dict[str, pd.DataFrame]:
+    """The parquet tables a record lists (``{name: sha256}``), each checked against its sha256 before it is read.
+
+    Raises:
+        ReportFileError: a name that is not a table name, a file whose sha256 differs, an unreadable parquet file
+            (each names the file). MissingFileError: a listed file is missing.
+    """
+    tables: dict[str, pd.DataFrame] = {}
+    for name, digest in files.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
+        f = d / f"{name}.parquet"
+        if not f.is_file():
+            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
+        if sha256_file(f) != digest:
+            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
+        try:
+            tables[name] = pd.read_parquet(f)
+        except Exception as e:
+            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    return tables
+
+
 def read_record(path: Any) -> ReportRecord:
     """Read a folder written by :func:`write_record`, checking every file against its recorded sha256.
 
@@ -347,19 +371,7 @@ def read_record(path: Any) -> ReportRecord:
     files = rec.get("files")
     if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
         raise ReportFileError(f"{rec_file} lists no heads/layers tables.")
-    frames: dict[str, pd.DataFrame] = {}
-    for name, digest in files.items():
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
-            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
-        f = d / f"{name}.parquet"
-        if not f.is_file():
-            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
-        if sha256_file(f) != digest:
-            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
-        try:
-            frames[name] = pd.read_parquet(f)
-        except Exception as e:
-            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    frames = _read_listed_tables(d, rec_file, files)
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
@@ -468,6 +480,14 @@ def _check_summary_fits_tables(
     want = _untag_int_keys(json_safe(_tag_int_keys(fresh.to_dict())))  # JSON form, NaN as "NaN", int keys
     got = {k: v for k, v in _untag_int_keys(stored).items() if k not in NOT_DERIVED}
     want = {k: v for k, v in want.items() if k not in NOT_DERIVED}
+    # An option declared after the record was written (OptionSpec.absent): the record's options lack it and mean
+    # its declared absent value, as ReportOptions.from_record reads them (a report with the option's analysis run
+    # has its columns, so its options are not the absent value and still differ).
+    if isinstance(got.get("options"), dict):
+        filled = {o.name: json_safe(o.absent) for o in report_options() if o.name not in got["options"]}
+        filled = {k: v for k, v in filled.items() if v is not REQUIRED}
+        if filled:
+            got = {**got, "options": {**filled, **got["options"]}}
     # Optional fields a later version added (e.g. n_heads_q05 in 0.3): a record written before them lacks them;
     # they are derived, so the loaded summary takes them from the tables (never a number the record claims).
     fresh_fields = fresh.to_dict()
@@ -561,11 +581,19 @@ def write_tables_record(
     return d
 
 
-def read_tables_record(path: Any, record_name: str, formats: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_tables_record(
+    path: Any, record_name: str, formats: tuple[str, ...], float_keys: frozenset[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read a folder written by :func:`write_tables_record`, checking the record's digest and every table's sha256.
 
+    Args:
+        path, record_name, formats: the folder, its record's file name and the formats accepted.
+        float_keys: the record's fields (at any depth) that hold floats: only their ``"NaN"``/``"Infinity"``
+            strings become floats again, so a text field that reads ``"NaN"`` (a model name, a note) stays text.
+
     Returns:
-        ``(record, tables)``: the record's fields (NaN restored, int-keyed dicts back) and ``{name: DataFrame}``.
+        ``(record, tables)``: the record's fields (NaN restored in ``float_keys``, the tagged int-keyed dicts back;
+        other keys as written) and ``{name: DataFrame}``.
 
     Raises:
         MissingFileError: no such folder, no record, or a listed table is missing (names it).
@@ -593,18 +621,7 @@ def read_tables_record(path: Any, record_name: str, formats: tuple[str, ...]) ->
     files = rec.get("files")
     if not isinstance(files, dict):
         raise ReportFileError(f"{rec_file} lists no tables.")
-    tables: dict[str, pd.DataFrame] = {}
-    for name, digest in files.items():
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
-            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
-        f = d / f"{name}.parquet"
-        if not f.is_file():
-            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
-        if sha256_file(f) != digest:
-            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
-        try:
-            tables[name] = pd.read_parquet(f)
-        except Exception as e:
-            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
-    fields = _untag_int_keys(json_restore({k: v for k, v in rec.items() if k not in ("files", "digest")}))
+    tables = _read_listed_tables(d, rec_file, files)
+    body = {k: v for k, v in rec.items() if k not in ("files", "digest")}
+    fields = _untag_int_keys(json_restore(body, float_keys, int_keys=False))
     return fields, tables

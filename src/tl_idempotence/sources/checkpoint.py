@@ -450,7 +450,8 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
         check_finite: raise on NaN/inf weights (names file, tensor, layer, head).
 
     Raises:
-        OptionTypeError / OptionError / UnknownOptionError: a bad argument.
+        OptionTypeError / OptionError / UnknownOptionError: a bad argument; OptionError also for a folder that
+            holds a saved report (``rep.save``) instead of a checkpoint.
         MissingFileError: no directory, no config.json, or the index points to a missing shard.
         CheckpointError: an ambiguous directory, a malformed config or index, a broken shard
             (truncated, trailing bytes, corrupt header, not a file, ...), a layer count that
@@ -474,6 +475,12 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
         ) from e
     cfg_file = d / "config.json"
     if not os.path.lexists(cfg_file):
+        if os.path.lexists(d / "report.json") and os.path.lexists(d / "heads.parquet"):
+            # a folder rep.save wrote (the file names of report/store.py): say what it is instead
+            raise OptionError(
+                f"{d} holds a saved idempotence report (report.json, heads.parquet), not a model checkpoint: read it "
+                "with tli.load_report(path); to measure a model, give its checkpoint folder or a zoo name."
+            )
         raise MissingFileError(f"{d} has no config.json: a Hugging Face model directory needs it for the head sizes.")
     config = read_metadata_json(cfg_file, "config.json")
     if not isinstance(config, dict):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .text import format_P, format_sig, headline
+from .text import SIGNED_COPYING_NOTE, format_P, format_sig, headline
 
 __all__ = [
     "OFFLINE_RENDERER",
@@ -350,7 +350,13 @@ def result_html(obj: Any) -> str:
     if isinstance(assoc, pd.DataFrame) and len(assoc):
         out += (
             "<details open><summary>association with closure (one row per role)</summary>"
-            f"{_frame_html(assoc, None)}</details>"
+            f"{_frame_html(assoc, None)}"
+            + (
+                f"<p><i>copying: {html.escape(SIGNED_COPYING_NOTE)}.</i></p>"
+                if "copying" in assoc.index and "|copying|" in assoc.index
+                else ""
+            )
+            + "</details>"
         )
     heads = getattr(obj, "heads", None)
     if isinstance(heads, pd.DataFrame) and len(heads):

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap_spec, roles_figure, scramble_figures
-from .text import format_P, format_sig, headline, summary_sections
+from .text import SIGNED_COPYING_NOTE, format_P, format_sig, headline, summary_sections
 
 __all__ = [
     "closed_heads_table",
@@ -197,6 +197,7 @@ def roles_section_tables(assoc: Any, threshold: float, top: int = 3) -> dict[str
             "closed heads (median)": [f"{a.loc[r, 'median_closed']:.3g}" for r in names],
             "other heads (median)": [f"{a.loc[r, 'median_other']:.3g}" for r in names],
             "all heads (median)": [median(t["copying"].abs() if r == "|copying|" else t[r]) for r in names],
+            "note": [SIGNED_COPYING_NOTE if r == "copying" else "" for r in names],
         }
     )
     assoc_df = pd.DataFrame(

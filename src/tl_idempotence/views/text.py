@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.processing import T_PROCESSING
 
-__all__ = ["format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
+__all__ = ["SIGNED_COPYING_NOTE", "format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
 
 
 def plot_text(value: Any) -> str:
@@ -159,3 +159,11 @@ def summary_sections(summary: Mapping[str, Any]) -> list[tuple[str, list[tuple[s
         if isinstance(s.get(key), dict) and s[key]:
             out.append((title, [(k, fmt(v)) for k, v in s[key].items()]))
     return out
+
+
+#: Beside the signed copying medians (page and notebook): a median of signed scores can sit near 0 when the closed
+#: heads copy (+) and suppress (−) alike, e.g. -0.999 and +0.998; ``|copying|`` says how strongly they do either.
+SIGNED_COPYING_NOTE = (
+    "signed: the median mixes copying (+) and suppressing (−) heads, which cancel (−0.999 and +0.998 give ≈ 0); "
+    "see the |copying| row for their strength"
+)

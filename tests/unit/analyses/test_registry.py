@@ -296,3 +296,20 @@ def test_a_summarys_records_cannot_be_replaced_or_dropped_and_it_still_pickles()
         s.analyses.pop("closure")  # type: ignore[attr-defined]
     back = pickle.loads(pickle.dumps(s))  # Dask sends reports between processes
     assert back == s and back.closure == s.closure and dict(back.analyses) == dict(s.analyses)
+
+
+def test_a_report_and_a_resume_folder_saved_before_an_option_existed_read_it_as_absent(tmp_path, monkeypatch):
+    """The next analysis added the registry way: a report saved before its option existed loads with the option's
+    declared ``absent`` value (it was refused: "'(absent)' in the record but False"), and a resume folder from before
+    is reused with its parts recomputed (a warning names each), equal to a fresh report."""
+    saved = tli.load_report(tli.idempotence_report(layers_of(0), nulls=4, progress=False).save(tmp_path / "r"))
+    parts = tmp_path / "parts"
+    tli.idempotence_report(layers_of(0), nulls=4, progress=False, resume=parts)
+    monkeypatch.setattr(registry, "ANALYSES", (*registry.ANALYSES, TOY_SPEC))  # the option is declared now
+    back = tli.load_report(tmp_path / "r")
+    assert back.options.toy is False and back.options == ReportOptions(nulls=4)
+    assert back.heads.equals(saved.heads)
+    with pytest.warns(UserWarning, match="made with other options; recomputing layer"):
+        resumed = tli.idempotence_report(layers_of(0), nulls=4, progress=False, resume=parts)
+    fresh = tli.idempotence_report(layers_of(0), nulls=4, progress=False)
+    assert resumed.heads.equals(fresh.heads)
