@@ -107,7 +107,7 @@ TARGETS: dict[str, Target] = {
         Target(  # split from store_digest: 203 mutants, ~10 s each on the shared machine (over half an hour)
             "store_read",
             "src/tl_idempotence/report/store.py",
-            ("tl_idempotence.report.store.x_read_record*",),
+            ("tl_idempotence.report.store.x_read_record*", "tl_idempotence.report.store.x__read_listed_tables*"),
             ("tests/unit/report/test_store_record.py",),
             "a saved report is loaded only if its files match their sha256s and its summary fits its tables",
             marker=QUICK,
