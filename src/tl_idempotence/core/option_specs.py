@@ -60,6 +60,7 @@ __all__ = [
     "report_options",
     "resolve_layers",
     "use_registry",
+    "with_absent",
 ]
 
 #: Scramble draws per head when ``nulls=True``.
@@ -432,6 +433,16 @@ def report_options() -> tuple[OptionSpec, ...]:
     if dup:
         raise OptionError(f"report options {dup} are declared twice (an analysis's option names one already taken).")
     return out
+
+
+def with_absent(record: Mapping[str, Any]) -> dict[str, Any]:
+    """An options record written before some options were declared, with each such option at the value the record
+    means (:attr:`OptionSpec.absent`; a new analysis's on/off option: its analysis did not run). An option whose
+    ``absent`` is :data:`REQUIRED` stays missing (the caller refuses it). The one rule for saved reports
+    (``ReportOptions.from_record``, the summary check of a saved report) and resume manifests.
+    """
+    filled = {o.name: o.absent for o in report_options() if o.name not in record and o.absent is not REQUIRED}
+    return {**filled, **record}
 
 
 def default(name: str) -> Any:

@@ -47,6 +47,7 @@ from .option_specs import (
     given,
     report_options,
     resolve_layers,
+    with_absent,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -362,7 +363,7 @@ class ReportOptions:
         if missing:
             raise OptionError(f"options record lacks {missing}: it does not say how its numbers were computed.")
         # an option declared after the record was written: the value the record means (its analysis did not run)
-        record = {**{o.name: o.absent for o in specs if o.name not in record}, **record}
+        record = with_absent(record)
         dev = record.get("device", "cpu")
         if not isinstance(dev, str):
             raise OptionTypeError(f"options.device must be a device name; got {dev!r}.")

@@ -46,7 +46,7 @@ from ..core.files import (
 from ..core.heads import ModelInfo
 from ..core.jsonio import RECORD, json_ready, json_restore, json_text
 from ..core.kwargs import warn_at_caller
-from ..core.option_specs import REQUIRED, report_options
+from ..core.option_specs import with_absent
 from ..core.options import ReportOptions
 from ..errors import ResumeError
 
@@ -144,8 +144,7 @@ class ResumeDir:
                 )
             oldopt = old.get("options", {})
             if isinstance(oldopt, dict):  # an option declared after the manifest was written means its absent value
-                absent = {o.name: o.absent for o in report_options() if o.name not in oldopt}
-                oldopt = {**{k: v for k, v in absent.items() if v is not REQUIRED}, **oldopt}
+                oldopt = with_absent(oldopt)
             diff = [
                 f"options.{k}: {oldopt.get(k)!r} -> {self.key.get(k)!r}"
                 for k in sorted(set(oldopt) | set(self.key))

@@ -35,7 +35,7 @@ from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha25
 from ..core.heads import ModelInfo
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
-from ..core.option_specs import REQUIRED, report_options
+from ..core.option_specs import with_absent
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
@@ -484,10 +484,7 @@ def _check_summary_fits_tables(
     # its declared absent value, as ReportOptions.from_record reads them (a report with the option's analysis run
     # has its columns, so its options are not the absent value and still differ).
     if isinstance(got.get("options"), dict):
-        filled = {o.name: json_safe(o.absent) for o in report_options() if o.name not in got["options"]}
-        filled = {k: v for k, v in filled.items() if v is not REQUIRED}
-        if filled:
-            got = {**got, "options": {**filled, **got["options"]}}
+        got = {**got, "options": json_safe(with_absent(got["options"]))}
     # Optional fields a later version added (e.g. n_heads_q05 in 0.3): a record written before them lacks them;
     # they are derived, so the loaded summary takes them from the tables (never a number the record claims).
     fresh_fields = fresh.to_dict()
