@@ -442,3 +442,31 @@ def hooked_or_skip(tiny_dir):
 
 #: The job-array index variables a sweep task reads (tests clear them: the machine's own must not leak in).
 ARRAY_INDEX_VARIABLES = ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX", "SGE_TASK_ID")
+
+
+def closed_pairs_layers() -> list[LayerHeads]:
+    """Two layers of 6 heads (d_model 16, d_head 4, seed 3): heads 0-1 of each layer closed exactly (T = ±0.5 times
+    a projection: α = ±0.5, P = 1), the others random; the head-roles and circuit tests' construction."""
+    from tl_idempotence.core.heads import kv_layout
+
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for layer in range(2):
+        V = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
+        O = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
+        for h in (0, 1):
+            V[h] = torch.linalg.qr(V[h]).Q
+            O[h] = (-1) ** layer * 0.5 * V[h]  # α = ±0.5, P = 1
+        out.append(LayerHeads(layer, O, V, kv_layout(6, 6)))
+    return out
+
+
+def fake_roles(rep, **cols):
+    """A HeadRoles of ``rep``'s heads with the given score columns (no model run): for the association tests."""
+    from tl_idempotence.probes.roles import HeadRoles
+
+    t = rep.heads[["layer", "head", "kv_head"]].copy()
+    for k, v in cols.items():
+        t[k] = v
+    t["reason"] = ""
+    return HeadRoles(table=t, summary={"model_name": "synthetic"}, info=rep.info)

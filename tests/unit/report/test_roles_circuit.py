@@ -18,43 +18,20 @@ import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
-import torch
 
 import tl_idempotence as tli
-from tl_idempotence.core.heads import LayerHeads, kv_layout
+from helpers import closed_pairs_layers, fake_roles
 from tl_idempotence.errors import OptionError, OptionTypeError
-from tl_idempotence.probes.roles import HeadRoles
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
 pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
 
 
-def _layers() -> list[LayerHeads]:
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for layer in range(2):
-        V = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        O = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        for h in (0, 1):
-            V[h] = torch.linalg.qr(V[h]).Q
-            O[h] = (-1) ** layer * 0.5 * V[h]  # α = ±0.5, P = 1
-        out.append(LayerHeads(layer, O, V, kv_layout(6, 6)))
-    return out
-
-
 @pytest.fixture(scope="module")
 def rep():
-    r = tli.idempotence_report(_layers(), progress=False)
+    r = tli.idempotence_report(closed_pairs_layers(), progress=False)
     assert set(r.closed_heads.index) == {"L0H0", "L0H1", "L1H0", "L1H1"}
     return r
-
-
-def fake_roles(rep, **cols) -> HeadRoles:
-    t = rep.heads[["layer", "head", "kv_head"]].copy()
-    for k, v in cols.items():
-        t[k] = v
-    t["reason"] = ""
-    return HeadRoles(table=t, summary={"model_name": "synthetic"}, info=rep.info)
 
 
 def test_circuit_counts_and_p_values(rep):
@@ -108,7 +85,7 @@ def test_circuit_refusals_name_the_heads(rep):
         rep.circuit(rep.heads[["P"]])
     with pytest.raises(OptionError, match="n_sets"):
         rep.circuit(["L0H1"], n_sets=0)
-    one = tli.idempotence_report(_layers(), layers=[0], progress=False)
+    one = tli.idempotence_report(closed_pairs_layers(), layers=[0], progress=False)
     with pytest.raises(OptionError, match=r"\['L1H0'\] are outside the report's measured layers \[0\]"):
         one.circuit([(0, 1), (1, 0)])
 

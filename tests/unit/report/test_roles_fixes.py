@@ -14,10 +14,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 import tl_idempotence as tli
-from tl_idempotence.core.heads import LayerHeads, kv_layout
+from helpers import closed_pairs_layers
 from tl_idempotence.errors import OptionError, OutputOverInputError, ReportMismatchError
 from tl_idempotence.probes.roles import ROLES, HeadRoles
 from tl_idempotence.report.report import export_record, report_output
@@ -26,22 +25,9 @@ from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 pytestmark = pytest.mark.bridge
 
 
-def _layers() -> list[LayerHeads]:
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for layer in range(2):
-        V = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        O = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        for h in (0, 1):
-            V[h] = torch.linalg.qr(V[h]).Q
-            O[h] = (-1) ** layer * 0.5 * V[h]  # α = ±0.5, P = 1
-        out.append(LayerHeads(layer, O, V, kv_layout(6, 6)))
-    return out
-
-
 @pytest.fixture(scope="module")
 def rep():
-    return tli.idempotence_report(_layers(), progress=False)
+    return tli.idempotence_report(closed_pairs_layers(), progress=False)
 
 
 def fake_roles(rep, options=None, info=None, **cols) -> HeadRoles:
