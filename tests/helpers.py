@@ -470,3 +470,35 @@ def fake_roles(rep, **cols):
         t[k] = v
     t["reason"] = ""
     return HeadRoles(table=t, summary={"model_name": "synthetic"}, info=rep.info)
+
+
+def mixed_lineage(root: Path, n_layers: int = 4) -> dict:
+    """Four sharded llama-like checkpoints under ``root``: A (step 0), B (step 1: every o_proj changed), C (a byte copy
+    of B), D (B with A's shard holding layer 0's o_proj: its layers come partly from A, partly from B); ``from_A``
+    is the set of D's layers whose o_proj is A's. The trajectory-integrity tests' construction."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    def index_of(d: Path) -> dict[str, str]:
+        return json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+
+    A, _, _ = llama_like(root / "A", n_layers=n_layers, nq=6, nkv=2, dm=32, dh=4, n_shards=4)
+    B = root / "B"
+    shutil.copytree(A, B)
+    for shard in sorted(set(index_of(B).values())):  # every o_proj of B changed
+        t = load_file(str(B / shard))
+        for name in list(t):
+            if name.endswith("o_proj.weight"):
+                t[name] = (0.5 * t[name] + 0.02).contiguous()
+        save_file(t, str(B / shard), metadata={"format": "pt"})
+    C = root / "C"
+    shutil.copytree(B, C)
+    D = root / "D"
+    shutil.copytree(B, D)
+    wm = index_of(A)
+    shard = wm["model.layers.0.self_attn.o_proj.weight"]
+    shutil.copyfile(A / shard, D / shard)
+    from_A = {l for l in range(n_layers) if wm[f"model.layers.{l}.self_attn.o_proj.weight"] == shard}
+    assert 0 < len(from_A) < n_layers  # the tests need a genuinely mixed checkpoint
+    return {"A": A, "B": B, "C": C, "D": D, "from_A": from_A}
