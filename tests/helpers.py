@@ -502,3 +502,37 @@ def mixed_lineage(root: Path, n_layers: int = 4) -> dict:
     from_A = {l for l in range(n_layers) if wm[f"model.layers.{l}.self_attn.o_proj.weight"] == shard}
     assert 0 < len(from_A) < n_layers  # the tests need a genuinely mixed checkpoint
     return {"A": A, "B": B, "C": C, "D": D, "from_A": from_A}
+
+
+#: The ablation tests' tiny model: head L1H4's W_O is zeroed in its checkpoint (ablation_tiny_dir).
+ABLATION_ZERO_HEAD = (1, 4)
+#: 6 windows of 24 token ids: BOS (id 1) then ordinary tokens (ids 4..99; 0..3 are the tiny tokenizer's specials).
+ABLATION_TOKENS = torch.cat(
+    [torch.ones(6, 1, dtype=torch.long), torch.randint(4, 100, (6, 23), generator=torch.Generator().manual_seed(0))], 1
+)
+
+
+def edit_safetensors(path: Path, fn) -> None:
+    """Apply ``fn`` to the tensors of ``path/model.safetensors`` (a dict, edited in place) and save them back."""
+    from safetensors.torch import load_file
+
+    f = path / "model.safetensors"
+    t = load_file(f)
+    fn(t)
+    save_file(t, str(f), metadata={"format": "pt"})
+
+
+def ablation_tiny_dir(root: Path) -> Path:
+    """Llama/GQA (2 layers, 9 heads on 3 kv heads, d_head 8) with head ABLATION_ZERO_HEAD's W_O zeroed in the HF
+    weights: the ablation tests' model."""
+    from tl_idempotence.testing import tiny_hf_dir
+
+    d = tiny_hf_dir(root / "tiny", n_layers=2)
+    layer, head = ABLATION_ZERO_HEAD
+
+    def zero(t):
+        W = t[f"model.layers.{layer}.self_attn.o_proj.weight"]  # [d_model, n_heads * d_head]: head h = columns h*8..
+        W[:, head * 8 : (head + 1) * 8] = 0.0
+
+    edit_safetensors(d, zero)
+    return d

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-from helpers import hooked_or_skip
+from helpers import ABLATION_TOKENS, ABLATION_ZERO_HEAD, ablation_tiny_dir, edit_safetensors, hooked_or_skip
 from tl_idempotence.core.random import layer_generator
 from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.probes.ablation import (
@@ -49,33 +47,18 @@ from tl_idempotence.probes.ablation import (
 from tl_idempotence.probes.tokens import prepare_tokens
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
-ZERO_HEAD = (1, 4)  # layer 1, head 4: W_O set to zero in the checkpoint
-# 6 windows of 24 token ids: BOS (id 1) then ordinary tokens (ids 4..99; 0..3 are the tiny tokenizer's specials)
-_BODY = torch.randint(4, 100, (6, 23), generator=torch.Generator().manual_seed(0))
-TOKENS = torch.cat([torch.ones(6, 1, dtype=torch.long), _BODY], 1)
+ZERO_HEAD = ABLATION_ZERO_HEAD
+TOKENS = ABLATION_TOKENS
 TEXTS = ["w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16"] * 4
+
+
 KW = {"seq_len": 24, "progress": False}
-
-
-def edit_safetensors(path: Path, fn) -> None:
-    f = path / "model.safetensors"
-    t = load_file(f)
-    fn(t)
-    save_file(t, str(f), metadata={"format": "pt"})
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """Llama/GQA (2 layers, 9 heads on 3 kv heads, d_head 8) with head L1H4's W_O zeroed in the HF weights."""
-    d = tiny_hf_dir(tmp_path_factory.mktemp("abl") / "tiny", n_layers=2)
-    layer, head = ZERO_HEAD
-
-    def zero(t):
-        W = t[f"model.layers.{layer}.self_attn.o_proj.weight"]  # [d_model, n_heads * d_head]: head h = columns h*8..
-        W[:, head * 8 : (head + 1) * 8] = 0.0
-
-    edit_safetensors(d, zero)
-    return d
+    return ablation_tiny_dir(tmp_path_factory.mktemp("abl"))
 
 
 @pytest.fixture(scope="module")
