@@ -186,6 +186,22 @@ TARGETS: dict[str, Target] = {
             more_sources=("src/tl_idempotence/report/report.py",),
             marker=QUICK,
         ),
+        Target(  # the algebra's maths has 1,159 mutants: these 159 decide the pairs' P and the threshold's
+            # re-derivation (left out: the range angles, 235, the table rows and concat)
+            "algebra",
+            "src/tl_idempotence/analyses/algebra_maths.py",
+            (
+                "tl_idempotence.analyses.algebra_maths.x__row*",
+                "tl_idempotence.analyses.algebra_maths.x__offdiagonal_nilpotent*",
+                "tl_idempotence.analyses.algebra_maths.x__pair_scalars*",
+                "tl_idempotence.analyses.algebra_maths.x__offdiagonal_pair*",
+                "tl_idempotence.analyses.algebra_maths.xǁSharedValueAlgebraǁat_threshold*",
+            ),
+            ("tests/unit/analyses/test_algebra.py",),
+            "the shared-value algebra (SPEC section 7): α_ij and P_ij of every pair and their T_iT_j ≈ 0 decision, "
+            "and the closed flags, group counts and closed range pairs re-derived at another threshold "
+            "(narrowed from the module's 1,159 mutants: the range angles, 235, and the table rows are left out)",
+        ),
     )
 }
 
