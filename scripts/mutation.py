@@ -197,7 +197,7 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.analyses.algebra_maths.x__offdiagonal_pair*",
                 "tl_idempotence.analyses.algebra_maths.xǁSharedValueAlgebraǁat_threshold*",
             ),
-            ("tests/unit/analyses/test_algebra.py",),
+            ("tests/unit/analyses/test_algebra.py", "tests/unit/analyses/test_algebra_exact.py"),
             "the shared-value algebra (SPEC section 7): α_ij and P_ij of every pair and their T_iT_j ≈ 0 decision, "
             "and the closed flags, group counts and closed range pairs re-derived at another threshold "
             "(narrowed from the module's 1,159 mutants: the range angles, 235, and the table rows are left out)",
