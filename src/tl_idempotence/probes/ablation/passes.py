@@ -11,6 +11,8 @@ residual: it propagates, with a note (:func:`_registered_hooks`, :func:`_checked
 
 from __future__ import annotations
 
+import functools
+
 import os
 import time
 from dataclasses import dataclass, field
@@ -113,10 +115,27 @@ def _repeat_hook(n: int) -> Any:
     return hook
 
 
+#: packages whose torch hooks are the model's own (a TransformerBridge keeps plain torch hooks on its wrapped modules;
+#: a hook point's ``add_hook`` registers a wrapper defined in transformer_lens): not the user's
+_LIBRARY_HOOK_PACKAGES = ("transformer_lens", "torch", "transformers", "accelerate", "tl_idempotence")
+
+
+def _users_torch_hook(fn: Any) -> bool:
+    """Whether a torch hook callable is the user's: defined outside :data:`_LIBRARY_HOOK_PACKAGES` (a
+    ``functools.partial`` is judged by the function it wraps)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    module = getattr(fn, "__module__", None) or getattr(type(fn), "__module__", "") or ""
+    return module.split(".")[0] not in _LIBRARY_HOOK_PACKAGES
+
+
 def _registered_hooks(model: Any) -> list[str]:
-    """Names of the model's hook points that hold TransformerLens forward hooks (``model.add_hook``, a ``hooks()``
-    context): before :func:`ablation` adds its own, every one is the user's. Hooks a ``TransformerBridge`` keeps
-    on its wrapped modules for its own use are plain torch hooks, not hook points' ``fwd_hooks``, and not counted.
+    """Names of the model's modules that hold hooks of the user's: TransformerLens forward hooks (``model.add_hook``,
+    a ``hooks()`` context: a hook point's ``fwd_hooks``) and plain torch forward / forward-pre hooks
+    (``module.register_forward_hook``; torch's global module hooks are listed as ``"<global torch hook>"``)
+    whose function is defined outside transformer_lens, torch and transformers. Before :func:`ablation` adds its
+    own, every one is the user's; hooks a ``TransformerBridge`` keeps on its wrapped modules for its own use are
+    defined in transformer_lens and not counted.
 
     Args:
         model: a TransformerLens model (a ``torch.nn.Module`` whose hook points have ``fwd_hooks`` lists).
@@ -127,7 +146,20 @@ def _registered_hooks(model: Any) -> list[str]:
     Raises:
         Nothing of its own.
     """
-    return [name for name, mod in model.named_modules() if getattr(mod, "fwd_hooks", None)]
+    from torch.nn.modules import module as torch_module
+
+    names = []
+    for name, mod in model.named_modules():
+        torch_hooks = [*mod._forward_hooks.values(), *mod._forward_pre_hooks.values()]
+        if getattr(mod, "fwd_hooks", None) or any(_users_torch_hook(f) for f in torch_hooks):
+            names.append(name)
+    global_hooks = [
+        *getattr(torch_module, "_global_forward_hooks", {}).values(),
+        *getattr(torch_module, "_global_forward_pre_hooks", {}).values(),
+    ]
+    if any(_users_torch_hook(f) for f in global_hooks):
+        names.append("<global torch hook>")
+    return names
 
 
 @dataclass
