@@ -12,7 +12,6 @@ residual: it propagates, with a note (:func:`_registered_hooks`, :func:`_checked
 from __future__ import annotations
 
 import functools
-
 import os
 import time
 from dataclasses import dataclass, field
