@@ -26,8 +26,9 @@ import torch
 from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlgebra
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
-from ..analyses.registry import report_analyses
+from ..analyses.registry import report_analyses, threshold_rules
 from ..analyses.scramble import bh_q_values
+from ..analyses.threshold import derive_at_threshold
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
 from ..core.kwargs import warn_at_caller
@@ -273,7 +274,8 @@ class IdempotenceReport(Result):
 
     def with_threshold(self, threshold: RealLike) -> IdempotenceReport:
         """The same report at another P threshold: every threshold-dependent column, table, count and summary
-        number re-derived from the stored results (each analysis's ``apply_threshold``, then its ``summarize``),
+        number re-derived from the stored results (the analyses' declared threshold rules applied by
+        :func:`~tl_idempotence.analyses.threshold.derive_at_threshold`, then each analysis's ``summarize``),
         equal to a run at that threshold (checked by the analyses' contract test and, for the whole summary,
         ``tests/unit/report/test_store_hostile.py``). This report is not changed.
 
@@ -285,10 +287,9 @@ class IdempotenceReport(Result):
                 taken below its run's threshold (the angles of the pairs closed only below it are not there).
         """
         t = check_threshold(threshold)
-        heads, layers = self.heads.copy(), self.layers.copy()
-        tables = {k: v.copy() for k, v in self.tables.items()}
+        layers, tables = self.layers, self.tables
         if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
-            layers[RANGES_THRESHOLD] = self._ranges_threshold()
+            layers = layers.assign(**{RANGES_THRESHOLD: self._ranges_threshold()})
         if self.options.algebra and "algebra_ranges" not in tables:  # saved before every pair's angles were kept
             rt = AlgebraAnalysis.ranges_threshold(layers, self.options.threshold)
             if t < rt:
@@ -302,8 +303,7 @@ class IdempotenceReport(Result):
                     stacklevel=2,
                 )
         ran = [a for a in report_analyses() if a.enabled(self.options)]
-        for a in ran:
-            a.apply_threshold(heads, layers, tables, t)
+        heads, layers, tables = derive_at_threshold(self.heads, layers, tables, threshold_rules(ran), t)
         opts = self.options.with_threshold(t)
         summary = build_summary(heads, layers, tables, self.info, opts, ran)
         # what the re-derivation cannot know: the code that computed the numbers, the route's additions

@@ -59,9 +59,6 @@ class ToyAnalysis:
         P = ctx.closure.P.numpy()
         return LayerResult(columns={"toy_P_squared": P * P})
 
-    def apply_threshold(self, heads: Any, layers: Any, tables: Any, threshold: float) -> None:
-        pass
-
     def summarize(self, heads: pd.DataFrame, layers: Any, tables: Any, options: ReportOptions) -> dict[str, Any]:
         sq = heads["toy_P_squared"].to_numpy(dtype=float)
         return {"n_toy_heads": len(sq), "max_P_squared": float(np.nanmax(sq)) if np.isfinite(sq).any() else np.nan}
