@@ -188,7 +188,7 @@ class FunctionRule:
             for part in name.split("."):
                 obj = getattr(obj, part)
             fn = obj
-        return fn(heads, layers, tables, t)  # type: ignore[operator]
+        return fn(heads, layers, tables, t)
 
 
 #: One threshold rule of an analysis's declaration.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -134,6 +134,26 @@ class HookPoint(tuple):
         return (HookPoint, (self[0], self[1], self.layer, self.axis, self.query_heads))
 
 
+class FrameTables(Mapping[str, pd.DataFrame]):
+    """A report's long tables as a read-only mapping: ``tables[name]`` is a copy of the stored frame, made on
+    each read (editing it leaves the report as it is); names in the report's order."""
+
+    def __init__(self, tables: Mapping[str, pd.DataFrame]) -> None:
+        self._tables = tables
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self._tables[name].copy()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tables)
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def __repr__(self) -> str:
+        return f"FrameTables({list(self._tables)})"
+
+
 class IdempotenceReport(Result):
     """Result of :func:`idempotence_report`.
 
@@ -159,7 +179,11 @@ class IdempotenceReport(Result):
             shown (a saved report holds no machine path).
 
     The report is immutable: assigning an attribute raises ``dataclasses.FrozenInstanceError`` (except the
-    deprecated ``rep.threshold = t``); :meth:`with_threshold` and :meth:`with_summary` return new reports.
+    deprecated ``rep.threshold = t``); :meth:`with_threshold` and :meth:`with_summary` return new reports. Its
+    tables cannot be edited through what it hands out either: :attr:`heads`, :attr:`layers`, :attr:`closed_heads`
+    and every ``tables[name]`` are copies made on each read (``rep.heads.loc["L0H0", "P"] = 9`` changes that copy,
+    never the report or its summary), and :attr:`tables` is a read-only mapping. Take a frame once
+    (``h = rep.heads``) when reading it in a loop.
 
     The report holds no model: :meth:`show_attention` and the attention section of
     :meth:`save_html` take the model as an argument (or use a weak reference to the model
@@ -169,9 +193,9 @@ class IdempotenceReport(Result):
 
     #: (a class default: a report unpickled from an older version read from nothing known)
     inputs: tuple[tuple[str, Path], ...] = ()
-    heads: pd.DataFrame
-    layers: pd.DataFrame
-    tables: dict[str, pd.DataFrame]
+    _heads: pd.DataFrame
+    _layers: pd.DataFrame
+    _tables: dict[str, pd.DataFrame]
     summary: ReportSummary
     info: ModelInfo
     options: ReportOptions
@@ -201,9 +225,9 @@ class IdempotenceReport(Result):
         inputs: Sequence[tuple[str, Path]] = (),
     ) -> None:
         set_ = functools.partial(object.__setattr__, self)  # the report is immutable once built (__setattr__)
-        set_("heads", heads)
-        set_("layers", layers)
-        set_("tables", tables)
+        set_("_heads", heads)  # never handed out: the properties give copies
+        set_("_layers", layers)
+        set_("_tables", dict(tables))
         set_("summary", summary)
         set_("info", info)
         set_("options", options)
@@ -249,6 +273,29 @@ class IdempotenceReport(Result):
         state["_model_ref"] = None  # never pickle (or keep alive) the model
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        for name in ("heads", "layers", "tables"):  # a report pickled before its frames were private
+            if name in state:
+                state[f"_{name}"] = state.pop(name)
+        self.__dict__.update(state)
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        """One row per (layer, head) (class docstring): a copy, made on each read (editing it leaves the report)."""
+        return self._heads.copy()
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        """One row per measured layer (class docstring): a copy, made on each read."""
+        return self._layers.copy()
+
+    @property
+    def tables(self) -> Mapping[str, pd.DataFrame]:
+        """The analyses' long tables by name (class docstring): a read-only mapping whose ``[name]`` is a copy,
+        made on each read."""
+        return FrameTables(self._tables)
+
     @property
     def model(self) -> Any:
         """The TransformerLens model the report was made from while it is alive (a weak reference), else None."""
@@ -269,8 +316,8 @@ class IdempotenceReport(Result):
             DeprecationWarning,
         )
         new = self.with_threshold(value)
-        for name in ("heads", "layers", "tables", "options", "summary"):
-            object.__setattr__(self, name, getattr(new, name))
+        for name in ("_heads", "_layers", "_tables", "options", "summary"):
+            object.__setattr__(self, name, new.__dict__[name])
 
     def with_threshold(self, threshold: RealLike) -> IdempotenceReport:
         """The same report at another P threshold: every threshold-dependent column, table, count and summary
@@ -287,7 +334,7 @@ class IdempotenceReport(Result):
                 taken below its run's threshold (the angles of the pairs closed only below it are not there).
         """
         t = check_threshold(threshold)
-        layers, tables = self.layers, self.tables
+        layers, tables = self._layers, self._tables
         if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
             layers = layers.assign(**{RANGES_THRESHOLD: self._ranges_threshold()})
         if self.options.algebra and "algebra_ranges" not in tables:  # saved before every pair's angles were kept
@@ -303,7 +350,7 @@ class IdempotenceReport(Result):
                     stacklevel=2,
                 )
         ran = [a for a in report_analyses() if a.enabled(self.options)]
-        heads, layers, tables = derive_at_threshold(self.heads, layers, tables, threshold_rules(ran), t)
+        heads, layers, tables = derive_at_threshold(self._heads, layers, tables, threshold_rules(ran), t)
         opts = self.options.with_threshold(t)
         summary = build_summary(heads, layers, tables, self.info, opts, ran)
         # what the re-derivation cannot know: the code that computed the numbers, the route's additions
@@ -323,16 +370,17 @@ class IdempotenceReport(Result):
     # ------------------------------------------------------------------ views of the data
     @property
     def closed_heads(self) -> pd.DataFrame:
-        """Rows of :attr:`heads` with ``P >= threshold``, sorted by P descending."""
-        return self.heads[self.heads["closed"]].sort_values("P", ascending=False, kind="stable")
+        """Rows of :attr:`heads` with ``P >= threshold``, sorted by P descending (a new frame on each read)."""
+        h = self._heads
+        return h[h["closed"]].sort_values("P", ascending=False, kind="stable").copy()
 
     @property
     def algebra(self) -> SharedValueAlgebra | None:
         """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
         if not self.options.algebra:
             return None
-        rt = AlgebraAnalysis.ranges_threshold(self.layers, self._ranges_threshold())
-        return AlgebraAnalysis.combine(self.tables, self.info, self.threshold, rt)
+        rt = AlgebraAnalysis.ranges_threshold(self._layers, self._ranges_threshold())
+        return AlgebraAnalysis.combine(self._tables, self.info, self.threshold, rt)
 
     @strict_kwargs
     def paper_table(self, formatted: bool = False) -> pd.DataFrame:
@@ -350,7 +398,7 @@ class IdempotenceReport(Result):
             OptionTypeError: ``formatted`` is not a bool.
         """
         formatted = check_bool(formatted, "formatted")
-        t = paper_table(self.summary, len(self.layers))
+        t = paper_table(self.summary, len(self._layers))
         return format_paper_table(t) if formatted else t
 
     @strict_kwargs
@@ -363,14 +411,14 @@ class IdempotenceReport(Result):
         """
         if not isinstance(column, str):
             raise OptionTypeError(f"column must be a column name (str); got {type(column).__name__}.")
-        if column not in self.heads.columns:
-            raise OptionError(f"{column!r} is not a column of report.heads; columns: {list(self.heads.columns)}.")
-        col = self.heads[column]
+        if column not in self._heads.columns:
+            raise OptionError(f"{column!r} is not a column of report.heads; columns: {list(self._heads.columns)}.")
+        col = self._heads[column]
         if col.dtype.kind not in "biuf":
             raise OptionError(f"Column {column!r} is not numeric (dtype {col.dtype}).")
         out = torch.full((self.info.n_layers, self.info.n_heads), float("nan"), dtype=torch.float64)
-        L = torch.tensor(self.heads["layer"].to_numpy(dtype=np.int64))  # copies: pandas' arrays may be read-only
-        H = torch.tensor(self.heads["head"].to_numpy(dtype=np.int64))
+        L = torch.tensor(self._heads["layer"].to_numpy(dtype=np.int64))  # copies: pandas' arrays may be read-only
+        H = torch.tensor(self._heads["head"].to_numpy(dtype=np.int64))
         out[L, H] = torch.tensor(col.to_numpy(dtype=np.float64))
         return out
 
@@ -433,21 +481,20 @@ class IdempotenceReport(Result):
             if heads == "closed":
                 df = self.closed_heads
             elif heads == "all":
-                df = self.heads
+                df = self._heads
             else:
                 raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
             pairs = [(int(a), int(b)) for a, b in zip(df["layer"], df["head"])]
         else:
             from ..core.selection import select_heads
 
-            sel = select_heads(heads, sorted({int(v) for v in self.heads["layer"]}), self.info.n_heads)
+            sel = select_heads(heads, sorted({int(v) for v in self._heads["layer"]}), self.info.n_heads)
             pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
         kind, axis = HOOK_AXES[hook]
         if kind == "query":
             return [HookPoint(f"blocks.{layer}.attn.hook_{hook}", h, layer, axis, (h,)) for layer, h in pairs]
-        kv_of = {
-            (int(a), int(b)): int(k) for a, b, k in zip(self.heads["layer"], self.heads["head"], self.heads["kv_head"])
-        }
+        h = self._heads
+        kv_of = {(int(a), int(b)): int(k) for a, b, k in zip(h["layer"], h["head"], h["kv_head"])}
         served: dict[tuple[int, int], list[int]] = {}
         for layer, h in pairs:
             served.setdefault((layer, kv_of[(layer, h)]), []).append(h)
@@ -806,7 +853,7 @@ def report_output(
         rec = ReportRecord(
             heads=rep.heads,
             layers=rep.layers,
-            tables=rep.tables,
+            tables=dict(rep.tables),
             summary=rep.summary,
             info=rep.info,
             options=rep.options,
