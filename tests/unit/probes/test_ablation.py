@@ -219,9 +219,10 @@ def test_count_matched_sets(flagged, n_heads, want):
 def test_drawn_controls_reject_the_flagged_set_and_repeats(monkeypatch):
     """Above ENUMERATE_AT_MOST sets, candidates come from one stream per layer; the flagged set and repeats are
     rejected. Forced on a 3-of-4 layer (3 distinct sets out of 4 candidates) the draw still finds each once."""
-    import tl_idempotence.probes.ablation as mod
+    import tl_idempotence.probes.ablation.controls as mod  # where matched_controls reads it
 
     monkeypatch.setattr(mod, "ENUMERATE_AT_MOST", 0)
+    assert matched_controls.__module__ == mod.__name__  # the function tested reads the patched module's value
     for seed in range(5):
         sets, fallback = matched_controls({0: [0, 1, 2]}, n_heads=4, n_controls=10, seed=seed)
         assert fallback == [0] and sorted(as_keys(sets)) == [((0, 1, 3),), ((0, 2, 3),), ((1, 2, 3),)]
