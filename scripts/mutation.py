@@ -117,10 +117,11 @@ TARGETS: dict[str, Target] = {
             "src/tl_idempotence/analyses/scramble.py",
             (
                 "tl_idempotence.analyses.scramble.x__summarize_draws*",
-                "tl_idempotence.analyses.scramble.x__frac_closed*",
+                "tl_idempotence.analyses.threshold.xǁFractionPerHeadǁfractions*",
             ),
             ("tests/unit/analyses/test_scramble_summary.py",),  # its fastest killing tests (test_controls.py: minutes)
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
+            more_sources=("src/tl_idempotence/analyses/threshold.py",),
         ),
         Target(
             "sweep_identity",

@@ -57,6 +57,7 @@ from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
+from .search_spec import FEASIBLE, N_HEADS_FEASIBLE
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import (
@@ -507,7 +508,9 @@ class SearchAnalysis:
 
     Per head: ``P_searched, search_iters, search_stopped_on, search_best_restart, search_reason``.
     Per layer: ``feasible_P`` (best searched P in the layer), ``feasible`` (``feasible_P >=
-    threshold``), ``feasible_head``, ``n_heads_feasible``, ``n_search_budget_stops``.
+    threshold``), ``feasible_head``, ``n_heads_feasible``, ``n_search_budget_stops``. ``feasible`` and
+    ``n_heads_feasible`` are the declared threshold rules (:data:`~tl_idempotence.analyses.search_spec.FEASIBLE`,
+    :data:`~tl_idempotence.analyses.search_spec.N_HEADS_FEASIBLE`), computed here through their kernels.
     """
 
     name: ClassVar[str] = "search"
@@ -532,9 +535,9 @@ class SearchAnalysis:
         fP = float(Ps[fin].max()) if fin.any() else float("nan")
         values = {
             "feasible_P": fP,
-            "feasible": bool(fin.any() and fP >= ctx.options.threshold),
+            "feasible": bool(FEASIBLE.flags(fP, ctx.options.threshold)),
             "feasible_head": int(np.nanargmax(np.where(fin, Ps, -np.inf))) if fin.any() else -1,
-            "n_heads_feasible": int((Ps[fin] >= ctx.options.threshold).sum()),
+            "n_heads_feasible": N_HEADS_FEASIBLE.count(Ps, ctx.options.threshold),
             "n_search_budget_stops": int((df["search_stopped_on"] == "budget").sum()),
         }
         notes = {} if fin.any() else {"feasible_P": "no head of the layer could be searched (see search_reason)"}
@@ -543,16 +546,6 @@ class SearchAnalysis:
             for c in ("P_searched", "search_iters", "search_stopped_on", "search_best_restart", "search_reason")
         }
         return LayerResult(columns=cols, values=values, notes=notes)
-
-    def apply_threshold(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
-    ) -> None:
-        """Recompute ``feasible`` and ``n_heads_feasible`` per layer."""
-        Ps = heads["P_searched"].to_numpy(dtype=float)
-        hit = pd.Series(np.nan_to_num(Ps, nan=-1.0) >= threshold, index=heads.index).groupby(heads["layer"]).sum()
-        layers["n_heads_feasible"] = layers["layer"].map(hit).fillna(0).astype(int).to_numpy()
-        fP = layers["feasible_P"].to_numpy(dtype=float)
-        layers["feasible"] = np.isfinite(fP) & (np.nan_to_num(fP, nan=-1.0) >= threshold)
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

@@ -15,6 +15,7 @@ import pytest
 
 import tl_idempotence as tli
 from helpers import SyntheticSource, gaussian_layer
+from tl_idempotence.report.report import IdempotenceReport
 from tl_idempotence.report.summary import PAPER_THRESHOLD
 from tl_idempotence.studies.trajectory import Trajectory
 from tl_idempotence.views.compare import comparison_figure, comparison_headline, comparison_html
@@ -36,10 +37,12 @@ def rep():
 
 def test_a_P_just_below_the_threshold_is_never_shown_as_the_threshold(rep):
     r = tli.idempotence_report(synthetic(), search=True, progress=False)
-    label = r.heads.index[0]
-    r.heads.loc[:, "P"] = 0.1
-    r.heads.loc[label, "P"] = NEAR
-    r.heads.loc[label, "P_searched"] = NEAR
+    heads = r.heads  # a copy (the report is immutable): edited, then made into a report of its own
+    label = heads.index[0]
+    heads.loc[:, "P"] = 0.1
+    heads.loc[label, "P"] = NEAR
+    heads.loc[label, "P_searched"] = NEAR
+    r = IdempotenceReport(heads, r.layers, r.tables, r.summary, r.info, r.options)
     assert not r.heads["closed"].any()  # Gaussian heads: none closed
     table = closed_heads_table(r)  # none closed: the top 10 by P
     row = table[table["head"] == label].iloc[0]
