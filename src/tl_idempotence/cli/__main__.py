@@ -4,4 +4,5 @@ import sys
 
 from . import console_main
 
-sys.exit(console_main())
+if __name__ == "__main__":  # sweep's Dask workers re-import the main module: only run as the script
+    sys.exit(console_main())
