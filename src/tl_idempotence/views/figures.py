@@ -296,31 +296,17 @@ def algebra_summary_figure(alg: Any) -> go.Figure:
 
     for i, (k, d) in enumerate(g.groupby("kv_head")):
         line = {"color": qualitative.Plotly[i % len(qualitative.Plotly)]}  # one colour per group in both panels
-        fig.add_trace(
-            go.Scatter(
+        for col, y, showlegend in ((1, "median_P_offdiag", None), (2, "median_alpha_spread", False)):
+            trace = go.Scatter(
                 x=d["layer"],
-                y=d["median_P_offdiag"],
+                y=d[y],
                 mode="lines+markers",
                 name=f"kv group {k}",
                 legendgroup=str(k),
+                showlegend=showlegend,  # the legend once per group (None: plotly's default)
                 line=line,
-            ),
-            row=1,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=d["layer"],
-                y=d["median_alpha_spread"],
-                mode="lines+markers",
-                name=f"kv group {k}",
-                legendgroup=str(k),
-                showlegend=False,
-                line=line,
-            ),
-            row=1,
-            col=2,
-        )
+            )
+            fig.add_trace(trace, row=1, col=col)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
     fig.update_xaxes(title_text="layer")
     fig.update_layout(title="Shared-value algebra T_i T_j ≈ α_j T_i, per layer and kv group", height=380)
@@ -349,30 +335,14 @@ def algebra_figures(alg: Any, layers: list[int] | None = None) -> list[go.Figure
         for c, k in enumerate(ks, start=1):
             heads, A, P = mats[k]
             labels = [str(h) for h in heads]
-            fig.add_trace(
-                go.Heatmap(
-                    z=A,
-                    x=labels,
-                    y=labels,
-                    coloraxis="coloraxis",
-                    hovertemplate="i=%{y}, j=%{x}<br>alpha_ij=%{z:.4g}<extra></extra>",
-                ),
-                row=1,
-                col=c,
-            )
-            fig.add_trace(
-                go.Heatmap(
-                    z=P,
-                    x=labels,
-                    y=labels,
-                    coloraxis="coloraxis2",
-                    hovertemplate="i=%{y}, j=%{x}<br>P_ij=%{z:.4f}<extra></extra>",
-                ),
-                row=2,
-                col=c,
-            )
-            fig.update_yaxes(autorange="reversed", row=1, col=c)
-            fig.update_yaxes(autorange="reversed", row=2, col=c)
+            for row, z, axis, value in (
+                (1, A, "coloraxis", "alpha_ij=%{z:.4g}"),
+                (2, P, "coloraxis2", "P_ij=%{z:.4f}"),
+            ):
+                hover = f"i=%{{y}}, j=%{{x}}<br>{value}<extra></extra>"
+                fig.add_trace(go.Heatmap(z=z, x=labels, y=labels, coloraxis=axis, hovertemplate=hover), row=row, col=c)
+            for row in (1, 2):
+                fig.update_yaxes(autorange="reversed", row=row, col=c)
         fig.update_layout(
             title=f"Shared-value algebra, layer {layer}: rows i (left factor), columns j (right factor)",
             coloraxis={

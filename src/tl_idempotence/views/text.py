@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.processing import T_PROCESSING
@@ -36,13 +37,7 @@ def format_P(P: float, threshold: float | None = None, digits: int = 4) -> str:
     if P is None or (isinstance(P, float) and math.isnan(P)):
         return "undefined"
     P = float(P)
-    d = digits
-    while d < 17:
-        text = f"{P:.{d}f}"
-        if threshold is None or (float(text) >= threshold) == (P >= threshold):
-            return text
-        d += 1
-    return repr(P)  # pragma: no cover
+    return _on_its_side(P, threshold, lambda d: f"{P:.{d}f}", digits)
 
 
 def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> str:
@@ -52,9 +47,14 @@ def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> st
     v = float(value)
     if math.isnan(v):
         return "NaN"
-    d = sig
+    return _on_its_side(v, threshold, lambda d: f"{v:.{d}g}", sig)
+
+
+def _on_its_side(v: float, threshold: float | None, text_at: Callable[[int], str], digits: int) -> str:
+    """``text_at(digits)``, or with more digits when fewer would round ``v`` across ``threshold`` (``repr`` at 17)."""
+    d = digits
     while d < 17:
-        text = f"{v:.{d}g}"
+        text = text_at(d)
         if threshold is None or (float(text) >= threshold) == (v >= threshold):
             return text
         d += 1
