@@ -140,11 +140,11 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             "ablation_stats",
-            "src/tl_idempotence/probes/ablation.py",
+            "src/tl_idempotence/probes/ablation/stats.py",
             (
-                "tl_idempotence.probes.ablation.x_rank_p_value*",
-                "tl_idempotence.probes.ablation.x_percentile_interval*",
-                "tl_idempotence.probes.ablation.x_bootstrap_intervals*",
+                "tl_idempotence.probes.ablation.stats.x_rank_p_value*",
+                "tl_idempotence.probes.ablation.stats.x_percentile_interval*",
+                "tl_idempotence.probes.ablation.stats.x_bootstrap_intervals*",
             ),
             (
                 "tests/unit/probes/test_ablation.py::test_bootstrap_intervals_on_exact_constructions",
