@@ -9,6 +9,8 @@ report's table, as the displays read it.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -113,12 +115,15 @@ def test_weights_phrase_says_when_processing_is_not_recorded(rep):
     assert rep.summary.get("processing") in (None, {})  # a synthetic source records no processing
     assert weights_phrase(rep.summary) == "weight processing not recorded"
     assert "(SyntheticSource, weight processing not recorded)" in headline(rep.summary, rep.threshold)
-    assert weights_phrase({"processing": {"raw": True}}) == "raw checkpoint weights"
-    assert weights_phrase({"processing": {"raw": False, "fold_ln": True}}) == (
+    with_processing = rep.summary.replace  # the typed summary with other processing flags
+    assert weights_phrase(with_processing(processing={"raw": True})) == "raw checkpoint weights"
+    assert weights_phrase(with_processing(processing={"raw": False, "fold_ln": True})) == (
         "TransformerLens-processed weights (fold_ln)"
     )
-    assert weights_phrase({"processing": {"fold_ln": True}}) == "TransformerLens-processed weights (fold_ln)"
-    assert weights_phrase({"processing": "raw"}) == "weight processing not recorded"  # a record that lies
+    only_fold = with_processing(processing={"fold_ln": True})
+    assert weights_phrase(only_fold) == "TransformerLens-processed weights (fold_ln)"
+    lying = SimpleNamespace(processing="raw")  # a record that lies (a ReportSummary refuses it)
+    assert weights_phrase(lying) == "weight processing not recorded"  # type: ignore[arg-type]
     assert np.isfinite(rep.heads["P"]).all()
 
 
