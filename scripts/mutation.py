@@ -203,6 +203,17 @@ TARGETS: dict[str, Target] = {
             "and the closed flags, group counts and closed range pairs re-derived at another threshold "
             "(narrowed from the module's 1,159 mutants: the range angles, 235, and the table rows are left out)",
         ),
+        Target(  # split from algebra: the principal angles between the ranges of a group's heads (276 mutants)
+            "algebra_angles",
+            "src/tl_idempotence/analyses/algebra_maths.py",
+            (
+                "tl_idempotence.analyses.algebra_maths.x__range_angles*",
+                "tl_idempotence.analyses.algebra_maths.x__closed_rows*",
+            ),
+            ("tests/unit/analyses/test_algebra.py", "tests/unit/analyses/test_algebra_exact.py"),
+            "the shared-value algebra's principal angles between the ranges of every pair of heads of a kv group "
+            "(SPEC section 7) and the rows of them whose two heads are closed",
+        ),
     )
 }
 
