@@ -20,6 +20,7 @@ from tl_idempotence.analyses.algebra_maths import (
     RANGE_COLUMNS,
     SharedValueAlgebra,
     _offdiagonal_nilpotent,
+    empty_table,
     layer_algebra,
 )
 from tl_idempotence.core.closure import layer_grams
@@ -203,3 +204,102 @@ def test_at_threshold_rederives_flags_counts_and_closed_pairs_exactly():
     assert list(lower.heads["closed"]) == [True, True, False, True, True, True]
     assert list(lower.groups["n_closed"]) == [2, 1, 2, 0]
     assert list(zip(lower.closed_ranges["layer"], lower.closed_ranges["head_a"])) == [(0, 0), (1, 0)]
+
+
+def _scipy_angles_deg(Oa: torch.Tensor, Ob: torch.Tensor) -> np.ndarray:
+    import scipy.linalg
+
+    return np.degrees(scipy.linalg.subspace_angles(Oa.double().numpy(), Ob.double().numpy()))
+
+
+def test_range_angles_of_a_rank_one_head_and_their_dtypes():
+    """A rank-1 head has one angle with every other head (its max angle is its min angle, ``mean_cos2`` that
+    angle's cos²); the table's columns are RANGE_COLUMNS with integer heads, kv heads and counts."""
+    g = torch.Generator().manual_seed(11)
+    O = torch.randn(4, 20, 4, generator=g, dtype=torch.float64)
+    O[1] = torch.randn(20, 1, generator=g, dtype=torch.float64) @ torch.randn(1, 4, generator=g, dtype=torch.float64)
+    V = torch.randn(2, 20, 4, generator=g, dtype=torch.float64)
+    lh = LayerHeads(0, O, V, torch.tensor([0, 0, 1, 1]))
+    ranges = layer_algebra(lh, layer_grams(lh.O, lh.V, lh.kv_head_of)).ranges
+    assert list(ranges.columns) == RANGE_COLUMNS
+    for c in ("layer", "kv_head", "head_a", "head_b", "n_angles"):
+        assert ranges[c].dtype == np.dtype(np.int64), c
+    one = ranges.iloc[0]
+    ang = _scipy_angles_deg(O[0], O[1])
+    assert (one.head_a, one.head_b, one.n_angles) == (0, 1, 1) and ang.size == 1
+    assert one.min_angle_deg == pytest.approx(ang[0], abs=1e-6) and one.max_angle_deg == one.min_angle_deg
+    assert one.mean_cos2 == pytest.approx(np.cos(np.radians(ang[0])) ** 2, abs=1e-10)
+
+
+@pytest.mark.parametrize("kv", [[0, 1, 1], [0, 0, 1]])
+def test_range_angles_skip_a_group_of_one_wherever_it_stands(kv):
+    """The group of one head has no pair; the group of two has its pair, whether it comes first or last."""
+    g = torch.Generator().manual_seed(12)
+    O = torch.randn(3, 16, 3, generator=g, dtype=torch.float64)
+    V = torch.randn(2, 16, 3, generator=g, dtype=torch.float64)
+    lh = LayerHeads(0, O, V, torch.tensor(kv))
+    ranges = layer_algebra(lh, layer_grams(lh.O, lh.V, lh.kv_head_of)).ranges
+    a, b = [h for h in range(3) if kv.count(kv[h]) == 2]
+    assert list(zip(ranges["head_a"], ranges["head_b"])) == [(a, b)]
+    assert ranges["min_angle_deg"].iloc[0] == pytest.approx(_scipy_angles_deg(O[a], O[b]).min(), abs=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_heads_with_one_range_have_zero_angles(seed):
+    """``O_b = O_a R`` (R invertible): the same range, every angle 0 (cosines that round a few ulps above 1
+    are 1, never a NaN angle)."""
+    g = torch.Generator().manual_seed(seed)
+    Oa = torch.randn(24, 4, generator=g, dtype=torch.float64)
+    O = torch.stack([Oa, Oa @ torch.randn(4, 4, generator=g, dtype=torch.float64)])
+    V = torch.randn(1, 24, 4, generator=g, dtype=torch.float64)
+    lh = LayerHeads(0, O, V, torch.zeros(2, dtype=torch.long))
+    row = layer_algebra(lh, layer_grams(lh.O, lh.V, lh.kv_head_of)).ranges.iloc[0]
+    assert 0.0 <= row.min_angle_deg <= row.max_angle_deg < 1e-3 and row.mean_cos2 == pytest.approx(1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("compute_dtype", [torch.float64, torch.float32])
+def test_range_angles_of_float32_weights_in_the_compute_dtype(compute_dtype):
+    """float32 weights (as real models have): the cross products run in ``compute_dtype``, so float64 gives the
+    angles of the float32 weights to ~1e-9 degrees and float32 to ~1e-3."""
+    g = torch.Generator().manual_seed(13)
+    O = torch.randn(3, 32, 4, generator=g)
+    V = torch.randn(1, 32, 4, generator=g)
+    lh = LayerHeads(0, O, V, torch.zeros(3, dtype=torch.long))
+    ranges = layer_algebra(lh, layer_grams(lh.O, lh.V, lh.kv_head_of), compute_dtype=compute_dtype).ranges
+    tol = 1e-9 if compute_dtype == torch.float64 else 1e-3
+    for row in ranges.itertuples():
+        ang = _scipy_angles_deg(O[row.head_a], O[row.head_b])
+        assert row.min_angle_deg == pytest.approx(ang.min(), abs=tol)
+        assert row.max_angle_deg == pytest.approx(ang.max(), abs=tol)
+
+
+def test_closed_rows_of_edge_tables():
+    """No head closed (or no head rows): no closed pair, as the empty object-typed table every empty algebra
+    table is; a column-less ranges table (read back empty) gives that table too; ``closed`` stored as 0/1 is
+    read as flags; the kept rows are renumbered with no index column."""
+    alg = _hand_algebra()
+    none = SharedValueAlgebra(
+        pairs=alg.pairs,
+        heads=alg.heads.iloc[:0],
+        groups=alg.groups,
+        closed_ranges=alg.ranges,
+        reason="",
+        ranges=alg.ranges,
+    ).at_threshold(0.5)
+    pd.testing.assert_frame_equal(none.closed_ranges, empty_table(RANGE_COLUMNS))
+    bare = SharedValueAlgebra(
+        pairs=alg.pairs, heads=alg.heads, groups=alg.groups, closed_ranges=pd.DataFrame(), reason="", ranges=None
+    ).at_threshold(0.5)
+    pd.testing.assert_frame_equal(bare.closed_ranges, empty_table(RANGE_COLUMNS))
+    typed = alg.ranges.iloc[:0]
+    kept = SharedValueAlgebra(
+        pairs=alg.pairs, heads=alg.heads, groups=alg.groups, closed_ranges=typed, reason="", ranges=typed
+    ).at_threshold(0.5)
+    pd.testing.assert_frame_equal(kept.closed_ranges, typed)
+    heads = alg.heads.copy()
+    heads["P"] = [0.9, 0.9, 0.9, 0.1, 0.9, 0.9]
+    got = SharedValueAlgebra(
+        pairs=alg.pairs, heads=heads, groups=alg.groups, closed_ranges=alg.ranges, reason="", ranges=alg.ranges
+    ).at_threshold(0.5)
+    assert list(got.closed_ranges.columns) == RANGE_COLUMNS and list(got.closed_ranges.index) == [0, 1]
+    assert list(zip(got.closed_ranges["layer"], got.closed_ranges["head_a"])) == [(0, 0), (1, 0)]
