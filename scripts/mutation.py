@@ -124,10 +124,11 @@ TARGETS: dict[str, Target] = {
             "src/tl_idempotence/analyses/scramble.py",
             (
                 "tl_idempotence.analyses.scramble.x__summarize_draws*",
-                "tl_idempotence.analyses.scramble.x__frac_closed*",
+                "tl_idempotence.analyses.threshold.xǁFractionPerHeadǁfractions*",
             ),
             ("tests/unit/analyses/test_scramble_summary.py",),  # its fastest killing tests (test_controls.py: minutes)
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
+            more_sources=("src/tl_idempotence/analyses/threshold.py",),
         ),
         Target(
             "sweep_identity",
@@ -147,11 +148,11 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             "ablation_stats",
-            "src/tl_idempotence/probes/ablation.py",
+            "src/tl_idempotence/probes/ablation/stats.py",
             (
-                "tl_idempotence.probes.ablation.x_rank_p_value*",
-                "tl_idempotence.probes.ablation.x_percentile_interval*",
-                "tl_idempotence.probes.ablation.x_bootstrap_intervals*",
+                "tl_idempotence.probes.ablation.stats.x_rank_p_value*",
+                "tl_idempotence.probes.ablation.stats.x_percentile_interval*",
+                "tl_idempotence.probes.ablation.stats.x_bootstrap_intervals*",
             ),
             (
                 "tests/unit/probes/test_ablation.py::test_bootstrap_intervals_on_exact_constructions",

@@ -29,6 +29,7 @@ LAYERS = {
     "cli": 7,
     "testing": 8,
     "__init__": 9,
+    "__main__": 9,  # python -m tl_idempotence: the command line
 }
 #: (module, the higher-layer module it may name in a string): none.
 NAMED_BY_STRING: set[tuple[str, str]] = set()

@@ -760,7 +760,7 @@ class AlgebraAnalysis:
         """
         part = self.layer(ctx)
         tables = {f"algebra_{k}": getattr(part, k) for k in TABLES}
-        # the threshold the closed ranges are at (apply_threshold moves it with the threshold)
+        # the threshold the closed ranges are at (the rule at_threshold moves it with the threshold)
         return LayerResult(tables=tables, values={RANGES_THRESHOLD: ctx.options.threshold}, notes={})
 
     @staticmethod
@@ -805,28 +805,31 @@ class AlgebraAnalysis:
             ranges_threshold=rt,
             ranges=ranges,
         )
-        # closed_ranges is at the threshold when every pair is known (apply_threshold keeps it there); a
+        # closed_ranges is at the threshold when every pair is known (at_threshold keeps it there); a
         # report without algebra_ranges keeps the pairs closed at ranges_threshold, viewed at both (at_threshold)
         if ranges is not None:
             return alg
         return alg.at_threshold(threshold) if threshold != rt and len(alg.closed_ranges) else alg
 
-    def apply_threshold(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
-    ) -> None:
-        """Recompute the algebra's ``closed`` flags, group counts and ``algebra_closed_ranges`` (the rows of
-        ``algebra_ranges``, every pair's angles, whose two heads are closed at ``threshold``), and set the
-        layer value ``algebra_ranges_threshold`` to ``threshold``: what a run at that threshold gives.
+    @staticmethod
+    def at_threshold(
+        heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
+    ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, pd.DataFrame]]:
+        """The algebra's threshold rule (:data:`~tl_idempotence.analyses.algebra_spec.AT_THRESHOLD`, applied by
+        :func:`~tl_idempotence.analyses.threshold.derive_at_threshold`): the frames with the algebra's ``closed``
+        flags, group counts and ``algebra_closed_ranges`` (the rows of ``algebra_ranges``, every pair's angles,
+        whose two heads are closed at ``threshold``) and the layer value ``algebra_ranges_threshold`` at
+        ``threshold``: what a run at that threshold gives. New frames; the inputs are not changed.
 
         A report saved before ``algebra_ranges`` was kept has the angles of the pairs closed at its run's
         threshold only: its ``algebra_closed_ranges`` is left as computed and its ``algebra_ranges_threshold``
         stays (so a threshold can be raised and set back without losing pairs; :meth:`combine` filters it).
         """
-        if "algebra_heads" not in tables or not len(tables["algebra_heads"]):
-            if "algebra_ranges" in tables and RANGES_THRESHOLD in layers.columns:
-                layers[RANGES_THRESHOLD] = threshold
-            return
         known = "algebra_ranges" in tables
+        moved = known and RANGES_THRESHOLD in layers.columns
+        new_layers = layers.assign(**{RANGES_THRESHOLD: threshold}) if moved else layers
+        if "algebra_heads" not in tables or not len(tables["algebra_heads"]):
+            return heads, new_layers, tables
         alg = SharedValueAlgebra(
             pairs=tables["algebra_pairs"],
             heads=tables["algebra_heads"],
@@ -835,11 +838,10 @@ class AlgebraAnalysis:
             reason="",
             ranges=tables["algebra_ranges"] if known else None,
         ).at_threshold(threshold)
-        tables["algebra_heads"], tables["algebra_groups"] = alg.heads, alg.groups
+        new = {**tables, "algebra_heads": alg.heads, "algebra_groups": alg.groups}
         if known:
-            tables["algebra_closed_ranges"] = alg.closed_ranges
-            if RANGES_THRESHOLD in layers.columns:
-                layers[RANGES_THRESHOLD] = threshold
+            new["algebra_closed_ranges"] = alg.closed_ranges
+        return heads, new_layers, new
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

@@ -10,8 +10,9 @@ from typing import Any
 
 from ..core.option_specs import OptionSpec, check_bool
 from .spec import AnalysisSpec, SummaryRecord, rule
+from .threshold import FunctionRule
 
-__all__ = ["ALGEBRA", "SPEC", "AlgebraSummary"]
+__all__ = ["ALGEBRA", "AT_THRESHOLD", "SPEC", "AlgebraSummary"]
 
 #: ``algebra``: run the shared-value algebra.
 ALGEBRA = OptionSpec(
@@ -39,9 +40,15 @@ class AlgebraSummary(SummaryRecord):
     algebra_ranges_threshold: float = field(metadata=rule("threshold"))
 
 
+#: The algebra's closed flags, group counts, closed-pair ranges and ``algebra_ranges_threshold`` at a threshold
+#: (:meth:`~tl_idempotence.analyses.algebra.AlgebraAnalysis.at_threshold`).
+AT_THRESHOLD = FunctionRule("algebra:AlgebraAnalysis.at_threshold")
+
+
 SPEC = AnalysisSpec(
     name="algebra",
     implementation="algebra:AlgebraAnalysis",
     options=(ALGEBRA,),
     summary=AlgebraSummary,
+    threshold_rules=(AT_THRESHOLD,),
 )

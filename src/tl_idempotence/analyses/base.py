@@ -8,7 +8,10 @@ pairs), and a reason for every NaN it produces. The report loop
 :func:`tl_idempotence.analyses.registry.report_analyses` on every layer and concatenates
 their results; adding an analysis does not touch the loop. What an analysis is called, the option that switches it
 on, the head columns it writes and its summary record are declared beside it, torch-free
-(:class:`~tl_idempotence.analyses.spec.AnalysisSpec` in ``analyses/<name>_spec.py``).
+(:class:`~tl_idempotence.analyses.spec.AnalysisSpec` in ``analyses/<name>_spec.py``), and so are its outputs that
+depend on the P threshold (``threshold_rules``, :mod:`tl_idempotence.analyses.threshold`): ``run`` computes them
+through those rules' kernels, and a report at another threshold derives them with the rules alone
+(:func:`~tl_idempotence.analyses.threshold.derive_at_threshold`); an analysis has no method of its own for that.
 
 Rules every analysis keeps (checked by one parametrized contract test):
 
@@ -142,22 +145,6 @@ class Analysis(Protocol):
 
     def run(self, ctx: LayerContext) -> LayerResult:
         """The analysis of one layer."""
-        ...
-
-    def apply_threshold(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
-    ) -> None:
-        """Re-derive, in place, every column, layer value and table entry of this analysis that depends on the
-        P threshold (e.g. ``closed``), from the stored results alone, so that the result equals what
-        :meth:`run` gives at ``threshold`` (checked by the contract test). An analysis without such
-        columns does nothing.
-
-        Args:
-            heads: the report's per-head table (all layers; ``layer``, ``head`` and this analysis's columns).
-            layers: the per-layer table (``layer`` and this analysis's values).
-            tables: the long tables (this analysis's, e.g. ``scramble_draws``).
-            threshold: the new threshold, already validated (in [0, 1]).
-        """
         ...
 
     def summarize(

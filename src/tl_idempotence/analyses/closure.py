@@ -2,7 +2,11 @@
 
 Per head: ``alpha, P, norm, norm_T2, rank_O, rank_V, closed`` (``P >= threshold``) and
 ``reason`` (why P is NaN: a zero or nilpotent head). Per layer: ``n_closed``,
-``median_P``, ``max_P``. Always enabled.
+``median_P``, ``max_P``. Always enabled. ``closed`` and ``n_closed`` are the declared threshold rules
+(:data:`~tl_idempotence.analyses.closure_spec.CLOSED`, :data:`~tl_idempotence.analyses.closure_spec.N_CLOSED`),
+computed here through their kernels and at another threshold by
+:func:`~tl_idempotence.analyses.threshold.derive_at_threshold`. :func:`closed_flags` lives in
+:mod:`~tl_idempotence.analyses.threshold` (importable from here too).
 """
 
 from __future__ import annotations
@@ -14,20 +18,12 @@ import pandas as pd
 
 from ..core.options import ReportOptions
 from .base import LayerContext, LayerResult, nan_max, nan_median
+from .closure_spec import CLOSED, N_CLOSED
+from .threshold import closed_flags
 
 __all__ = ["ClosureAnalysis", "closed_flags"]
 
 _NO_P = "no head of the layer has a defined P (see the heads' reason)"
-
-
-def closed_flags(P: Any, threshold: float) -> np.ndarray:
-    """``P >= threshold`` with NaN counted as not closed (SPEC 2): a bool array of ``P``'s shape.
-
-    Args:
-        P: squared closure alignments (any shape, dimensionless in [0, 1] or NaN).
-        threshold: the P threshold (already validated, in [0, 1]).
-    """
-    return np.nan_to_num(np.asarray(P, dtype=float), nan=-1.0) >= threshold
 
 
 class ClosureAnalysis:
@@ -47,7 +43,8 @@ class ClosureAnalysis:
         """
         c = ctx.closure
         P = c.P.numpy()
-        closed = closed_flags(P, ctx.options.threshold)
+        t = ctx.options.threshold
+        closed = CLOSED.flags(P, t)
         res = LayerResult(
             columns={
                 "alpha": c.alpha.numpy(),
@@ -59,19 +56,11 @@ class ClosureAnalysis:
                 "closed": closed,
                 "reason": np.asarray(c.reason, dtype=object).astype(str),
             },
-            values={"n_closed": int(closed.sum()), "median_P": nan_median(P), "max_P": nan_max(P)},
+            values={"n_closed": N_CLOSED.count(P, t), "median_P": nan_median(P), "max_P": nan_max(P)},
         )
         if not np.isfinite(P).any():
             res.notes.update(median_P=_NO_P, max_P=_NO_P)
         return res
-
-    def apply_threshold(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
-    ) -> None:
-        """Recompute the threshold-dependent columns in place (``closed``, per-layer ``n_closed``)."""
-        heads["closed"] = closed_flags(heads["P"], threshold)
-        counts = heads.groupby("layer")["closed"].sum()
-        layers["n_closed"] = layers["layer"].map(counts).fillna(0).astype(int).to_numpy()
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

@@ -11,8 +11,14 @@ from typing import Any
 
 from ..errors import OptionError
 from .spec import AnalysisSpec, SummaryRecord, nan_says_why, rule
+from .threshold import CountPerLayer, Flag
 
-__all__ = ["SPEC", "ClosureSummary"]
+__all__ = ["CLOSED", "N_CLOSED", "SPEC", "ClosureSummary"]
+
+#: Per head: ``closed = P >= threshold`` (NaN: not closed; SPEC 2).
+CLOSED = Flag("closed", "P")
+#: Per layer: ``n_closed``, the heads with ``P >= threshold``.
+N_CLOSED = CountPerLayer("n_closed", "P")
 
 
 @dataclass(frozen=True)
@@ -67,4 +73,5 @@ SPEC = AnalysisSpec(
     implementation="closure:ClosureAnalysis",
     head_columns=("alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"),
     summary=ClosureSummary,
+    threshold_rules=(CLOSED, N_CLOSED),
 )

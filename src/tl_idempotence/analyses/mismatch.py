@@ -24,7 +24,8 @@ from ..core.options import (
 from ..core.results import Result
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult, nan_max
-from .closure import closed_flags
+from .mismatch_spec import N_MISMATCH_CLOSED
+from .threshold import closed_flags
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import ArchitectureLike, DeviceLike, DtypeLike, LayersLike, ModelLike, RealLike
@@ -114,7 +115,7 @@ def _layer_values(tab: pd.DataFrame, note: str, threshold: float) -> tuple[dict[
         "n_mismatch_pairs": len(tab),
         "mismatch_P_max": float(fin.max()) if fin.size else float("nan"),
         "mismatch_P_median": float(np.median(fin)) if fin.size else float("nan"),
-        "n_mismatch_closed": int((fin >= threshold).sum()),
+        "n_mismatch_closed": N_MISMATCH_CLOSED.count(P, threshold),
         "mismatch_note": note,
     }
     notes = {}
@@ -211,7 +212,9 @@ def mismatch(
 class MismatchAnalysis:
     """Per-layer mismatch summary of the report (SPEC 4a); runs when ``nulls > 0``.
 
-    Tables: ``mismatch_pairs`` (every pair, for recomputing ``n_mismatch_closed`` at another threshold).
+    Tables: ``mismatch_pairs`` (every pair, from which the declared rule
+    :data:`~tl_idempotence.analyses.mismatch_spec.N_MISMATCH_CLOSED` derives ``n_mismatch_closed`` at another
+    threshold).
     """
 
     name: ClassVar[str] = "mismatch"
@@ -229,16 +232,6 @@ class MismatchAnalysis:
         tab, note = mismatch_pairs(ctx.heads, g=ctx.grams, compute_dtype=ctx.options.compute_dtype, device=ctx.device)
         values, notes = _layer_values(tab, note, ctx.options.threshold)
         return LayerResult(values=values, notes=notes, tables={"mismatch_pairs": tab})
-
-    def apply_threshold(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
-    ) -> None:
-        """Recompute ``n_mismatch_closed`` per layer from the stored pairs."""
-        t = tables.get("mismatch_pairs")
-        if t is None:
-            return
-        hit = pd.Series(closed_flags(t["P"], threshold), index=t.index).groupby(t["layer"]).sum()
-        layers["n_mismatch_closed"] = layers["layer"].map(hit).fillna(0).astype(int).to_numpy()
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .spec import AnalysisSpec, SummaryRecord, rule
+from .threshold import CountPerLayer
 
-__all__ = ["SPEC", "MismatchSummary"]
+__all__ = ["N_MISMATCH_CLOSED", "SPEC", "MismatchSummary"]
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,13 @@ class MismatchSummary(SummaryRecord):
     mismatch_notes: list[str] | None = field(default=None, metadata=rule("strs"))
 
 
+#: Per layer: ``n_mismatch_closed``, the layer's mismatched pairs (``mismatch_pairs``) with ``P >= threshold``.
+N_MISMATCH_CLOSED = CountPerLayer("n_mismatch_closed", "P", over="mismatch_pairs")
+
+
 SPEC = AnalysisSpec(
     name="mismatch",
     implementation="mismatch:MismatchAnalysis",
     summary=MismatchSummary,
+    threshold_rules=(N_MISMATCH_CLOSED,),
 )

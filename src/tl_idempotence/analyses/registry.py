@@ -6,7 +6,8 @@ the report options (:func:`~tl_idempotence.core.option_specs.report_options`, wh
 :func:`analysis_options`), :class:`~tl_idempotence.core.options.ReportOptions`' fields and defaults, the CLI's
 report flags, the options paragraph of every entry point's docstring, ``compare``'s and the sweeps' compared
 options (:func:`~tl_idempotence.report.identity.compared_options`), the report loop
-(:func:`report_analyses`) and the report summary's per-analysis records.
+(:func:`report_analyses`), the report summary's per-analysis records and the threshold-dependent outputs
+(:func:`threshold_rules`).
 
 To add an analysis: its module (the ``Analysis`` class) and its declaration (an ``AnalysisSpec`` with its option,
 head columns and summary record), then one line here. Imports no torch (the CLI's ``--help`` reads it).
@@ -14,6 +15,7 @@ head columns and summary record), then one line here. Imports no torch (the CLI'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..core.option_specs import OptionSpec
@@ -22,8 +24,9 @@ from .spec import AnalysisSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
+    from .threshold import ThresholdRule
 
-__all__ = ["ANALYSES", "analysis_options", "report_analyses", "spec_of"]
+__all__ = ["ANALYSES", "analysis_options", "report_analyses", "spec_of", "threshold_rules"]
 
 #: The report's analyses in the order their columns appear (closure first). Tests may extend it (monkeypatch).
 ANALYSES: tuple[AnalysisSpec, ...] = (
@@ -43,6 +46,16 @@ def analysis_options() -> tuple[OptionSpec, ...]:
 def report_analyses() -> tuple[Analysis, ...]:
     """The registered analyses' objects, in order (each imported on first use: this imports torch)."""
     return tuple(s.analysis() for s in ANALYSES)
+
+
+def threshold_rules(analyses: Sequence[Analysis]) -> tuple[ThresholdRule, ...]:
+    """The threshold rules (:mod:`.threshold`) of ``analyses`` (the analyses a report ran), in their order: what
+    :func:`~tl_idempotence.analyses.threshold.derive_at_threshold` applies.
+
+    Raises:
+        KeyError: an analysis that is not registered (names the registered ones).
+    """
+    return tuple(r for a in analyses for r in spec_of(a.name).threshold_rules)
 
 
 def spec_of(name: str) -> AnalysisSpec:

@@ -59,6 +59,7 @@ from ..core.results import Result
 from ..errors import OptionError
 from .base import LayerContext, LayerResult, nan_median
 from .orientation import Factors, P_from_Z, defined_for_orientation, factors_of, factors_of_closure
+from .scramble_spec import FRAC_SCRAMBLED_CLOSED
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import DeviceLike, DtypeLike, HeadWeightsLike, IntLike
@@ -184,16 +185,6 @@ def _summarize_draws(P_trained: Tensor, Pd: Tensor) -> dict[str, np.ndarray]:
         "beats_scramble": beats,
         "n_scramble_draws": n_valid.astype(np.int64),
     }
-
-
-def _frac_closed(Pd: np.ndarray, n_valid: np.ndarray, threshold: float) -> np.ndarray:
-    """Per head, the fraction of its defined scrambled draws with ``P~ >= threshold``: ``[b]`` float64 in [0, 1].
-
-    ``Pd``: ``[b, n]`` draws (NaN for an undefined draw); ``n_valid``: ``[b]`` defined draws per head.
-    NaN for a head with no defined draw (0 of 0 is not "never closed"; the caller gives the reason).
-    """
-    hits = np.where(np.isfinite(Pd), Pd >= threshold, False).sum(-1)
-    return np.where(n_valid > 0, hits / np.maximum(n_valid, 1), np.nan)
 
 
 #: Reason of a head that is defined but whose every scrambled draw has an undefined P.
@@ -375,8 +366,9 @@ class ScrambleAnalysis:
     Per layer: ``median_P_scrambled`` (median over heads of each head's scramble median),
     ``frac_beats_scramble`` (over the layer's ``n_heads_compared`` heads with a defined comparison; NaN with
     a note when there is none), ``n_heads_compared``, ``trained_wins`` (the layer's median trained P beats it).
-    Tables: ``scramble_draws`` (``layer, head, draw, P``) — every draw, for figures and
-    for recomputing ``frac_scrambled_closed`` at another threshold.
+    Tables: ``scramble_draws`` (``layer, head, draw, P``) — every draw, for figures and for the declared
+    threshold rule :data:`~tl_idempotence.analyses.scramble_spec.FRAC_SCRAMBLED_CLOSED`, which gives
+    ``frac_scrambled_closed`` (here at the run's threshold, and at another from the stored draws).
     """
 
     name: ClassVar[str] = "scramble"
@@ -397,8 +389,18 @@ class ScrambleAnalysis:
         Pd, _ = scramble_draws(f, n, ctx.options.seed, ctx.layer, return_K=False, device=ctx.device)
         summ = _summarize_draws(f.P, Pd)
         Pd_np = Pd.numpy()
+        draws = pd.DataFrame(
+            {
+                "layer": ctx.layer,
+                "head": np.repeat(np.arange(ctx.n_heads), n),
+                "draw": np.tile(np.arange(n), ctx.n_heads),
+                "P": Pd_np.reshape(-1),
+            }
+        )
         cols: dict[str, np.ndarray] = dict(summ)
-        cols["frac_scrambled_closed"] = _frac_closed(Pd_np, summ["n_scramble_draws"], ctx.options.threshold)
+        cols["frac_scrambled_closed"] = FRAC_SCRAMBLED_CLOSED.fractions(
+            draws, np.full(ctx.n_heads, ctx.layer), np.arange(ctx.n_heads), ctx.options.threshold
+        )
         cols["scramble_reason"] = _scramble_reasons(f.reason, summ["n_scramble_draws"])
         P = ctx.closure.P.numpy()
         med_trained = nan_median(P)
@@ -418,16 +420,7 @@ class ScrambleAnalysis:
                 "n_heads_compared": int(compared.sum()),
                 "trained_wins": bool(med_trained > med_scr),
             },
-            tables={
-                "scramble_draws": pd.DataFrame(
-                    {
-                        "layer": ctx.layer,
-                        "head": np.repeat(np.arange(ctx.n_heads), n),
-                        "draw": np.tile(np.arange(n), ctx.n_heads),
-                        "P": Pd_np.reshape(-1),
-                    }
-                )
-            },
+            tables={"scramble_draws": draws},
         )
         if not np.isfinite(med_scr):
             res.notes["median_P_scrambled"] = "no head of the layer has a defined scramble (see scramble_reason)"
@@ -436,21 +429,6 @@ class ScrambleAnalysis:
                 "no head of the layer has a defined comparison with its scramble (see scramble_reason)"
             )
         return res
-
-    def apply_threshold(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
-    ) -> None:
-        """Recompute ``frac_scrambled_closed`` from the stored draws."""
-        d = tables.get("scramble_draws")
-        if d is None or not len(d):
-            return
-        ok = np.isfinite(d["P"].to_numpy(dtype=float))
-        hit = d.assign(hit=ok & (np.nan_to_num(d["P"].to_numpy(dtype=float), nan=-1.0) >= threshold), ok=ok)
-        g = hit.groupby(["layer", "head"])[["hit", "ok"]].sum()
-        # NaN for a head without a defined draw (the run gave it a scramble_reason), never 0.
-        frac = (g["hit"] / g["ok"].clip(lower=1)).where(g["ok"] > 0).rename("f")
-        key = pd.MultiIndex.from_arrays([heads["layer"], heads["head"]])
-        heads["frac_scrambled_closed"] = frac.reindex(key).to_numpy()
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

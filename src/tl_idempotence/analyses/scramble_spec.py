@@ -11,8 +11,9 @@ from typing import Any
 
 from ..core.option_specs import OptionSpec, check_nulls
 from .spec import AnalysisSpec, SummaryRecord, nan_says_why, rule
+from .threshold import FractionPerHead
 
-__all__ = ["NULLS", "SPEC", "ScrambleSummary"]
+__all__ = ["FRAC_SCRAMBLED_CLOSED", "NULLS", "SPEC", "ScrambleSummary"]
 
 #: ``nulls``: scramble draws per head (0 = off); it also switches on the matched O/V mismatch.
 NULLS = OptionSpec(
@@ -69,6 +70,11 @@ class ScrambleSummary(SummaryRecord):
         nan_says_why("frac_beats_scramble", self.frac_beats_scramble, self.n_heads_compared == 0, why)
 
 
+#: Per head: ``frac_scrambled_closed``, the fraction of its defined scrambled draws (``scramble_draws``) with
+#: ``P~ >= threshold`` (NaN for a head without a defined draw: its ``scramble_reason`` says why).
+FRAC_SCRAMBLED_CLOSED = FractionPerHead("frac_scrambled_closed", "scramble_draws", "P")
+
+
 SPEC = AnalysisSpec(
     name="scramble",
     implementation="scramble:ScrambleAnalysis",
@@ -83,4 +89,5 @@ SPEC = AnalysisSpec(
         "scramble_reason",
     ),
     summary=ScrambleSummary,
+    threshold_rules=(FRAC_SCRAMBLED_CLOSED,),
 )

@@ -57,6 +57,7 @@ from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
+from .search_spec import FEASIBLE, N_HEADS_FEASIBLE
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import (
@@ -423,49 +424,6 @@ def constructive_search(
     dtype = check_compute_dtype(compute_dtype)
     dev = check_device(device)
     bud = _budget(restarts, max_iters, lr, tol)
-    tabs, Ks, Ds, Ss = [], [], [], []
-
-    def run(f: Factors, P: Tensor, layer: int | None, rows: list[int]) -> None:
-        n = int(P.numel())
-        bad = [h for h in rows if not 0 <= h < n]
-        if bad:
-            where = f" in layer {layer}." if layer is not None else "."
-            raise OptionError(f"Head index {bad} out of range: there are {n} heads{where}")
-        res = search_factors(f, rows, lambda h: head_generator(seed, layer, h, "search"), bud, dev)
-        tabs.append(
-            _table(
-                layer if layer is not None else -1, rows, P.reshape(-1)[torch.as_tensor(rows, dtype=torch.long)], res
-            )
-        )
-        sel = torch.as_tensor(rows, dtype=torch.long)
-        e = Factors(
-            S=f.S[sel],
-            cos=f.cos[sel],
-            rank_O=f.rank_O[sel],
-            rank_V=f.rank_V[sel],
-            P=f.P[sel],
-            K=f.K[sel],
-            rtol=f.rtol,
-            reason=f.reason[sel.numpy()],
-            e_S=f.e_S[sel],
-        )
-        Ks.append(e.unscale(res[5]))
-        Ds.append(res[6])
-        Ss.append(e.unscale(res[7]))
-
-    def as_rows(hs: Any, n: int) -> list[int]:
-        if hs is None:
-            return list(range(n))
-        if isinstance(hs, (str, bytes)) or not isinstance(hs, Iterable):
-            raise OptionTypeError(f"heads must be a sequence of head indices here; got {type(hs).__name__} {hs!r:.80}.")
-        out = [check_int(h, f"heads[{i}]", 0) for i, h in enumerate(hs)]
-        if not out:
-            raise OptionError("heads is empty; pass None for every head.")
-        dup = sorted({h for h in out if out.count(h) > 1})
-        if dup:
-            raise OptionError(f"heads repeats head(s) {dup}: each head is searched once.")
-        return out
-
     if isinstance(model, (LayerHeads, Closure)) or _is_pair(model) or (hasattr(model, "A") and hasattr(model, "B")):
         c = (
             model
@@ -473,33 +431,117 @@ def constructive_search(
             else closure(cast("HeadWeightsLike", model), factors=True, compute_dtype=dtype, device=dev)
         )
         layer = model.layer if isinstance(model, LayerHeads) else None
-        run(factors_of_closure(c), c.P, layer, as_rows(heads, int(c.P.numel())))
+        parts = [_search_rows(factors_of_closure(c), c.P, layer, _head_rows(heads, int(c.P.numel())), seed, bud, dev)]
     else:
         src = head_source(cast("ModelLike", model), architecture=architecture, prefix=prefix)
-        info = source_info(src)
-        all_layers = list(src.layers())
-        want: dict[int, list[int] | None] = {}
-        if heads is None:
-            want = {layer: None for layer in all_layers}
-        else:
-            if isinstance(heads, Iterable) and not isinstance(heads, (str, bytes)) and not hasattr(heads, "columns"):
-                heads = list(heads)
-                named = [it[0] for it in heads if isinstance(it, (tuple, list)) and len(it) == 2]
-                bad = sorted(
-                    {int(v) for v in named if isinstance(v, int) and not isinstance(v, bool) and v not in all_layers}
-                )
-                if bad:
-                    raise OptionError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
-            want.update(select_heads(heads, all_layers, info.n_heads))
-        from .loop import iter_layers
+        parts = _search_source(src, heads, seed, dtype, dev, bud)
+    return _search_result(parts, threshold)
 
-        opts = ReportOptions(seed=seed, compute_dtype=dtype, device=dev)
-        for w in iter_layers(src, info, opts, layers=list(want), progress=False, desc="search"):
-            c = closure_from_grams(w.context().grams, factors=True)  # = closure(heads, factors=True), grams reused
-            run(factors_of_closure(c), c.P, w.layer, as_rows(want[w.layer], w.heads.n_heads))
-    table = pd.concat(tabs, ignore_index=True)
+
+#: One searched block of heads: its table rows and the best orientation's K, D and S (see :class:`SearchResult`).
+_Part = tuple[pd.DataFrame, Tensor, Tensor, Tensor]
+
+
+def _head_rows(hs: Any, n: int) -> list[int]:
+    """The head indices to search among ``n`` heads (``None``: every one), validated.
+
+    Raises:
+        OptionTypeError: ``hs`` is not a sequence of ints. OptionError: empty, or a head repeated.
+    """
+    if hs is None:
+        return list(range(n))
+    if isinstance(hs, (str, bytes)) or not isinstance(hs, Iterable):
+        raise OptionTypeError(f"heads must be a sequence of head indices here; got {type(hs).__name__} {hs!r:.80}.")
+    out = [check_int(h, f"heads[{i}]", 0) for i, h in enumerate(hs)]
+    if not out:
+        raise OptionError("heads is empty; pass None for every head.")
+    dup = sorted({h for h in out if out.count(h) > 1})
+    if dup:
+        raise OptionError(f"heads repeats head(s) {dup}: each head is searched once.")
+    return out
+
+
+def _search_rows(
+    f: Factors, P: Tensor, layer: int | None, rows: list[int], seed: int, bud: dict[str, Any], dev: Any
+) -> _Part:
+    """Search heads ``rows`` of one block of factors (a layer, or a batch when ``layer`` is None).
+
+    Returns:
+        The block's table rows (``layer`` -1 for a batch) and its K, D, S (K and S unscaled to the heads' norms).
+
+    Raises:
+        OptionError: a head index out of range (names the layer).
+    """
+    n = int(P.numel())
+    bad = [h for h in rows if not 0 <= h < n]
+    if bad:
+        where = f" in layer {layer}." if layer is not None else "."
+        raise OptionError(f"Head index {bad} out of range: there are {n} heads{where}")
+    res = search_factors(f, rows, lambda h: head_generator(seed, layer, h, "search"), bud, dev)
+    table = _table(
+        layer if layer is not None else -1, rows, P.reshape(-1)[torch.as_tensor(rows, dtype=torch.long)], res
+    )
+    sel = torch.as_tensor(rows, dtype=torch.long)
+    e = Factors(
+        S=f.S[sel],
+        cos=f.cos[sel],
+        rank_O=f.rank_O[sel],
+        rank_V=f.rank_V[sel],
+        P=f.P[sel],
+        K=f.K[sel],
+        rtol=f.rtol,
+        reason=f.reason[sel.numpy()],
+        e_S=f.e_S[sel],
+    )
+    return table, e.unscale(res[5]), res[6], e.unscale(res[7])
+
+
+def _wanted_heads(heads: Any, all_layers: list[int], n_heads: int) -> dict[int, list[int] | None]:
+    """``{layer: head indices}`` of a model to search (``None``: every head of the layer).
+
+    Raises:
+        OptionError: a ``(layer, head)`` pair names a layer that is not an attention layer; the errors of
+            :func:`~tl_idempotence.core.selection.select_heads`.
+    """
+    want: dict[int, list[int] | None] = {}
+    if heads is None:
+        return {layer: None for layer in all_layers}
+    if isinstance(heads, Iterable) and not isinstance(heads, (str, bytes)) and not hasattr(heads, "columns"):
+        heads = list(heads)
+        named = [it[0] for it in heads if isinstance(it, (tuple, list)) and len(it) == 2]
+        bad = sorted({int(v) for v in named if isinstance(v, int) and not isinstance(v, bool) and v not in all_layers})
+        if bad:
+            raise OptionError(f"Unknown layer index {bad}: attention layers are {all_layers}.")
+    want.update(select_heads(heads, all_layers, n_heads))
+    return want
+
+
+def _search_source(src: Any, heads: Any, seed: int, dtype: Any, dev: Any, bud: dict[str, Any]) -> list[_Part]:
+    """Search the chosen heads of a head source, layer by layer (each layer's Gram products computed once)."""
+    from .loop import iter_layers
+
+    info = source_info(src)
+    want = _wanted_heads(heads, list(src.layers()), info.n_heads)
+    opts = ReportOptions(seed=seed, compute_dtype=dtype, device=dev)
+    parts = []
+    for w in iter_layers(src, info, opts, layers=list(want), progress=False, desc="search"):
+        c = closure_from_grams(w.context().grams, factors=True)  # = closure(heads, factors=True), grams reused
+        rows = _head_rows(want[w.layer], w.heads.n_heads)
+        parts.append(_search_rows(factors_of_closure(c), c.P, w.layer, rows, seed, bud, dev))
+    return parts
+
+
+def _search_result(parts: list[_Part], threshold: float) -> SearchResult:
+    """The :class:`SearchResult` of the searched blocks, in order (``feasible = P_searched >= threshold``)."""
+    table = pd.concat([p[0] for p in parts], ignore_index=True)
     table["feasible"] = np.nan_to_num(table["P_searched"].to_numpy(dtype=float), nan=-1.0) >= threshold
-    return SearchResult(table=table, K=torch.cat(Ks), D=torch.cat(Ds), S=torch.cat(Ss), threshold=threshold)
+    return SearchResult(
+        table=table,
+        K=torch.cat([p[1] for p in parts]),
+        D=torch.cat([p[2] for p in parts]),
+        S=torch.cat([p[3] for p in parts]),
+        threshold=threshold,
+    )
 
 
 class SearchAnalysis:
@@ -507,7 +549,9 @@ class SearchAnalysis:
 
     Per head: ``P_searched, search_iters, search_stopped_on, search_best_restart, search_reason``.
     Per layer: ``feasible_P`` (best searched P in the layer), ``feasible`` (``feasible_P >=
-    threshold``), ``feasible_head``, ``n_heads_feasible``, ``n_search_budget_stops``.
+    threshold``), ``feasible_head``, ``n_heads_feasible``, ``n_search_budget_stops``. ``feasible`` and
+    ``n_heads_feasible`` are the declared threshold rules (:data:`~tl_idempotence.analyses.search_spec.FEASIBLE`,
+    :data:`~tl_idempotence.analyses.search_spec.N_HEADS_FEASIBLE`), computed here through their kernels.
     """
 
     name: ClassVar[str] = "search"
@@ -532,9 +576,9 @@ class SearchAnalysis:
         fP = float(Ps[fin].max()) if fin.any() else float("nan")
         values = {
             "feasible_P": fP,
-            "feasible": bool(fin.any() and fP >= ctx.options.threshold),
+            "feasible": bool(FEASIBLE.flags(fP, ctx.options.threshold)),
             "feasible_head": int(np.nanargmax(np.where(fin, Ps, -np.inf))) if fin.any() else -1,
-            "n_heads_feasible": int((Ps[fin] >= ctx.options.threshold).sum()),
+            "n_heads_feasible": N_HEADS_FEASIBLE.count(Ps, ctx.options.threshold),
             "n_search_budget_stops": int((df["search_stopped_on"] == "budget").sum()),
         }
         notes = {} if fin.any() else {"feasible_P": "no head of the layer could be searched (see search_reason)"}
@@ -543,16 +587,6 @@ class SearchAnalysis:
             for c in ("P_searched", "search_iters", "search_stopped_on", "search_best_restart", "search_reason")
         }
         return LayerResult(columns=cols, values=values, notes=notes)
-
-    def apply_threshold(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], threshold: float
-    ) -> None:
-        """Recompute ``feasible`` and ``n_heads_feasible`` per layer."""
-        Ps = heads["P_searched"].to_numpy(dtype=float)
-        hit = pd.Series(np.nan_to_num(Ps, nan=-1.0) >= threshold, index=heads.index).groupby(heads["layer"]).sum()
-        layers["n_heads_feasible"] = layers["layer"].map(hit).fillna(0).astype(int).to_numpy()
-        fP = layers["feasible_P"].to_numpy(dtype=float)
-        layers["feasible"] = np.isfinite(fP) & (np.nan_to_num(fP, nan=-1.0) >= threshold)
 
     def summarize(
         self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from ..core.option_specs import OptionSpec, check_bool
 from .spec import AnalysisSpec, SummaryRecord, rule
+from .threshold import CountPerLayer, Flag
 
-__all__ = ["SEARCH", "SPEC", "SearchSummary"]
+__all__ = ["FEASIBLE", "N_HEADS_FEASIBLE", "SEARCH", "SPEC", "SearchSummary"]
 
 #: ``search``: run the constructive search.
 SEARCH = OptionSpec(
@@ -37,10 +38,17 @@ class SearchSummary(SummaryRecord):
     infeasible_layers: list[int] = field(metadata=rule("layers"))
 
 
+#: Per layer: ``n_heads_feasible``, the heads whose searched P reaches the threshold.
+N_HEADS_FEASIBLE = CountPerLayer("n_heads_feasible", "P_searched")
+#: Per layer: ``feasible = feasible_P >= threshold`` (NaN, no head searched: not feasible).
+FEASIBLE = Flag("feasible", "feasible_P", frame="layers")
+
+
 SPEC = AnalysisSpec(
     name="search",
     implementation="search:SearchAnalysis",
     options=(SEARCH,),
     head_columns=("P_searched", "search_iters", "search_stopped_on", "search_best_restart", "search_reason"),
     summary=SearchSummary,
+    threshold_rules=(N_HEADS_FEASIBLE, FEASIBLE),
 )

@@ -4,7 +4,8 @@ Each report analysis has a small declaration module (``analyses/<name>_spec.py``
 ``tl-idempotence --help`` stays fast) holding one :class:`AnalysisSpec`: its name, the report option(s) that
 switch it on (:class:`~tl_idempotence.core.option_specs.OptionSpec`: name, default, type, validator, help, CLI
 flag), the per-head columns it adds to ``rep.heads``, the summary numbers it contributes (and their field rules),
-and where its code is (``"module:Class"`` under this package, imported on first use).
+how its threshold-dependent outputs are derived (:mod:`.threshold`), and where its code is (``"module:Class"``
+under this package, imported on first use).
 :mod:`tl_idempotence.analyses.registry` lists the specs once; the report options, the CLI's flags, the options
 docstrings and ``compare``'s option checks are assembled from it.
 """
@@ -23,6 +24,7 @@ from ..errors import OptionError, OptionTypeError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
+    from .threshold import ThresholdRule
 
 __all__ = ["SUMMARY_RULES", "AnalysisSpec", "SummaryRecord", "check_summary_field", "nan_says_why", "rule"]
 
@@ -221,6 +223,10 @@ class AnalysisSpec:
         compared: the summary fields ``compare``'s table shows for it, a column each under the field's name (after
             the built-in analyses' columns); the five analyses of the paper have their columns (percentages, the
             paper's rows) written in :mod:`tl_idempotence.studies.compare` and declare none here.
+        threshold_rules: how its outputs that depend on the P threshold are derived
+            (:mod:`~tl_idempotence.analyses.threshold`: ``closed``, counts of closed rows, fractions): the report
+            derives them at another threshold with these rules alone (``rep.with_threshold``), and ``run`` computes
+            them through the same rules' kernels; none for an analysis without such outputs.
     """
 
     name: str
@@ -229,12 +235,14 @@ class AnalysisSpec:
     head_columns: tuple[str, ...] = ()
     summary: type[SummaryRecord] | None = None
     compared: tuple[str, ...] = ()
+    threshold_rules: tuple[ThresholdRule, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier() or self.name.startswith("_"):
             raise OptionError(f"an analysis name must be a public identifier; got {self.name!r}.")
         object.__setattr__(self, "options", tuple(self.options))
         object.__setattr__(self, "head_columns", tuple(self.head_columns))
+        object.__setattr__(self, "threshold_rules", tuple(self.threshold_rules))
         known = self.summary.rules() if self.summary is not None else {}
         stray = [c for c in self.compared if c not in known]
         if stray:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError, OptionTypeError, TLIError
 from .kwargs import unknown_option_error
 from .limits import MAX_LAYER_INDEX, MAX_NULLS
 
@@ -59,7 +59,9 @@ __all__ = [
     "options_doc",
     "report_options",
     "resolve_layers",
+    "torch_check",
     "use_registry",
+    "use_torch_checks",
     "with_absent",
 ]
 
@@ -87,6 +89,11 @@ class OptionSpec:
     (``analyses/<name>_spec.py``), and :mod:`tl_idempotence.analyses.registry` assembles them all
     (:func:`report_options`).
 
+    Raises (at declaration):
+        OptionError: a name that is no public identifier, an unknown kind, a flag whose default is not False, no
+            validator (``check``), or a default that its own validator refuses (an option with :func:`torch_check`:
+            when :mod:`tl_idempotence.core.options` hands its validator down, :func:`use_torch_checks`).
+
     Attributes:
         name: the keyword (``threshold``) and, with dashes, the flag (``--threshold``).
         default: the default every entry point uses.
@@ -98,8 +105,9 @@ class OptionSpec:
         types: the types it takes, as the docs say them (``"bool | int"``).
         hint: its annotation in :class:`ReportOptionsArgs` (``"NullsLike"``; a test checks the two agree).
         check: the validator ``check(value, name) -> validated value`` (raises ``OptionTypeError`` /
-            ``OptionError`` naming the option); None for the two that need torch (compute_dtype, device:
-            :mod:`tl_idempotence.core.options` holds them).
+            ``OptionError`` naming the option); required: an option declared without one is refused. The two
+            whose validators need torch (compute_dtype, device) declare :func:`torch_check`, which calls the one
+            :mod:`tl_idempotence.core.options` hands down (:func:`use_torch_checks`).
         position: where it sorts among the options (fields of ``ReportOptions``, flags, docs): the report's
             own options at 0-20 and 90+, analyses' at 10-50 (a new analysis's at 50, after the others).
         absent: the value a saved options record made before this option existed means (e.g. ``False`` for an
@@ -128,6 +136,13 @@ class OptionSpec:
             raise OptionError(f"option {self.name}: kind {self.kind!r} is not one of {sorted(_KINDS)}.")
         if self.kind == "flag" and self.default is not False:
             raise OptionError(f"option {self.name}: a flag's default is False (present on the command line = True).")
+        if not callable(self.check):
+            raise OptionError(
+                f"option {self.name}: no validator; declare check=, a function (value, name) -> the validated value "
+                "that raises OptionTypeError / OptionError naming the option (check_bool for an on/off option)."
+            )
+        if self.check is not torch_check:  # those are checked when their validators are handed down
+            self.check_default()
 
     @property
     def flag(self) -> str:
@@ -135,12 +150,27 @@ class OptionSpec:
         return "--" + self.name.replace("_", "-")
 
     def validate(self, value: Any) -> Any:
-        """``value`` checked by :attr:`check` (returned as it is when the option has no torch-free validator).
+        """``value`` checked by :attr:`check`.
 
         Raises:
             OptionTypeError / OptionError: as :attr:`check`, naming the option.
         """
-        return value if self.check is None else self.check(value, self.name)
+        check = self.check
+        assert check is not None  # refused at declaration
+        return check(value, self.name)
+
+    def check_default(self) -> None:
+        """Refuse a declaration whose default its own validator refuses (every entry point would fail on it).
+
+        Raises:
+            OptionError: names the option, its default and the validator's reason.
+        """
+        try:
+            self.validate(self.default)
+        except TLIError as e:
+            raise OptionError(
+                f"option {self.name}: its default {self.default!r} is refused by its own validator ({e})"
+            ) from None
 
 
 _KINDS = frozenset({"threshold", "count", "flag", "layers", "choice", "device"})
@@ -346,6 +376,44 @@ def resolve_layers(layers: Sequence[int] | None, available: Sequence[int]) -> li
     return [int(v) for v in layers]
 
 
+#: The validators that need torch, by option name, as :mod:`tl_idempotence.core.options` hands them down.
+_torch_checks: dict[str, Callable[[Any, str], Any]] = {}
+
+
+def torch_check(x: Any, name: str) -> Any:
+    """The validator of an option whose check needs torch (``compute_dtype``, ``device``; this module imports
+    none): the one :mod:`tl_idempotence.core.options` handed down for ``name`` (:func:`use_torch_checks`).
+
+    Raises:
+        OptionTypeError / OptionError / DeviceError: as that validator.
+        RuntimeError: none was handed down for ``name`` (:mod:`tl_idempotence.core.options` does it on import).
+    """
+    try:
+        check = _torch_checks[name]
+    except KeyError:
+        raise RuntimeError(
+            f"tl_idempotence.core.option_specs: the validator of {name} needs torch and was not handed down "
+            "(import tl_idempotence.core.options)"
+        ) from None
+    return check(x, name)
+
+
+def use_torch_checks(checks: Mapping[str, Callable[[Any, str], Any]]) -> None:
+    """Hand down the validators that need torch (``{option name: check}``; :mod:`tl_idempotence.core.options`
+    does it when imported) and check the default of each option that declares :func:`torch_check` against them.
+
+    Raises:
+        OptionError: an option that declares :func:`torch_check` without a validator handed down here, or whose
+            default its validator refuses.
+    """
+    _torch_checks.update(checks)
+    for o in GENERAL_OPTIONS:
+        if o.check is torch_check:
+            if o.name not in _torch_checks:
+                raise OptionError(f"option {o.name}: declares torch_check, but no validator needing torch was given.")
+            o.check_default()
+
+
 #: The report's own options (not an analysis's), with their place among all options (:attr:`OptionSpec.position`).
 GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
@@ -390,6 +458,7 @@ GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
         choices=("float64", "float32"),
         types="torch.dtype | str",
         hint="DtypeLike",
+        check=torch_check,
         position=91,
     ),
     OptionSpec(
@@ -400,6 +469,7 @@ GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
         "DEVICE",
         types="str | torch.device",
         hint="DeviceLike",
+        check=torch_check,
         position=92,
     ),
 )

@@ -47,6 +47,7 @@ from .option_specs import (
     given,
     report_options,
     resolve_layers,
+    use_torch_checks,
     with_absent,
 )
 
@@ -174,8 +175,10 @@ def check_device_name(x: Any, name: str = "device") -> str:
     return x
 
 
-#: The validators of the report's own options that need torch (every other option's is its spec's ``check``).
+#: The validators of the report's own options that need torch, handed down to their declarations (which say
+#: ``check=torch_check``; the declarations' module imports no torch), their defaults checked there.
 _TORCH_CHECKS: dict[str, Callable[[Any, str], Any]] = {"compute_dtype": check_compute_dtype, "device": check_device}
+use_torch_checks(_TORCH_CHECKS)
 
 
 def _encode(name: str, value: Any) -> Any:
@@ -230,7 +233,7 @@ class ReportOptions:
         values: dict[str, Any] = {}
         for o in specs:
             v = given_.get(o.name, o.default)
-            values[o.name] = _TORCH_CHECKS[o.name](v, o.name) if o.name in _TORCH_CHECKS else o.validate(v)
+            values[o.name] = o.validate(v)
         object.__setattr__(self, "_values", MappingProxyType(values))
 
     def __getattr__(self, name: str) -> Any:

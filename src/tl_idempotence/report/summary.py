@@ -13,7 +13,7 @@ import importlib.metadata
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,7 @@ from ..errors import OptionError, OptionTypeError
 __all__ = [
     "PAPER",
     "PAPER_THRESHOLD",
+    "REPR_FIELDS",
     "ReportSummary",
     "build_summary",
     "combined_fingerprint",
@@ -38,6 +39,8 @@ __all__ = [
     "paper_table",
     "versions",
 ]
+
+_V = TypeVar("_V")
 
 #: The abstract's headline figures (arXiv 2609.01129), as numbers.
 #: The threshold of the paper's "closed" figures (``frac_closed``, ``mismatch_closed``,
@@ -82,8 +85,9 @@ def combined_fingerprint(layer_fingerprints: Sequence[tuple[int, str]]) -> str:
     return h.hexdigest()
 
 
-#: Fields shown by :meth:`ReportSummary.__repr__` (the rest: ``to_dict()``), read through the mapping view.
-_REPR_FIELDS = (
+#: Fields shown by :meth:`ReportSummary.__repr__` (the rest: ``to_dict()``), read through the mapping view; the
+#: report's one-line repr shows them too (but the mismatch count: it shows eight).
+REPR_FIELDS = (
     "model_name",
     "n_heads",
     "n_closed",
@@ -110,16 +114,17 @@ _MEASURED = (
 )
 
 
-class RecordMap(Mapping[str, SummaryRecord]):
+class RecordMap(Mapping[str, _V]):
     """The analyses' records of a summary, read-only (:attr:`ReportSummary.analyses`): no record can be replaced,
-    added or dropped after the summary validated them. Picklable (sweeps send reports between processes)."""
+    added or dropped after the summary validated them. Picklable (sweeps send reports between processes). Also the
+    read-only base of other named collections of a report (its tables: ``report.result.FrameTables``)."""
 
     __slots__ = ("_records",)
 
-    def __init__(self, records: Mapping[str, SummaryRecord]) -> None:
+    def __init__(self, records: Mapping[str, _V]) -> None:
         self._records = dict(records)
 
-    def __getitem__(self, key: str) -> SummaryRecord:
+    def __getitem__(self, key: str) -> _V:
         return self._records[key]
 
     def __iter__(self) -> Iterator[str]:
@@ -129,12 +134,12 @@ class RecordMap(Mapping[str, SummaryRecord]):
         return len(self._records)
 
     def __repr__(self) -> str:
-        return f"RecordMap({self._records!r})"
+        return f"{type(self).__name__}({self._records!r})"
 
-    def __getstate__(self) -> dict[str, SummaryRecord]:
+    def __getstate__(self) -> dict[str, _V]:
         return self._records
 
-    def __setstate__(self, state: dict[str, SummaryRecord]) -> None:
+    def __setstate__(self, state: dict[str, _V]) -> None:
         self._records = dict(state)
 
 
@@ -296,7 +301,7 @@ class ReportSummary(Mapping[str, Any]):
 
     def __repr__(self) -> str:
         items = []
-        for k in _REPR_FIELDS:
+        for k in REPR_FIELDS:
             v = self.get(k)
             if v is not None:
                 items.append(f"{k}={v!r}" if not isinstance(v, float) else f"{k}={v:.4g}")
@@ -305,7 +310,7 @@ class ReportSummary(Mapping[str, Any]):
     def _repr_html_(self) -> str:
         import html
 
-        cells = [(k, self.get(k)) for k in _REPR_FIELDS if self.get(k) is not None]
+        cells = [(k, self.get(k)) for k in REPR_FIELDS if self.get(k) is not None]
         rows = "".join(
             f"<tr><td>{html.escape(k)}</td><td>{html.escape(f'{v:.4g}' if isinstance(v, float) else str(v))}</td></tr>"
             for k, v in cells

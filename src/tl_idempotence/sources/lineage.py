@@ -210,13 +210,13 @@ def _train_and_save(
     return rows, checkpoints
 
 
-def _check_rates(lr: Any, weight_decay: Any) -> None:
-    """``lr`` a finite number > 0, ``weight_decay`` a finite number >= 0 (OptionTypeError / OptionError)."""
-    for name, v in (("lr", lr), ("weight_decay", weight_decay)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise OptionTypeError(f"{name} must be a number; got {type(v).__name__} {v!r}.")
-        if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
-            raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
+def _check_rate(v: Any, name: str) -> Any:
+    """``v`` as given when a finite number (``lr``: > 0, ``weight_decay``: >= 0); OptionTypeError / OptionError."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise OptionTypeError(f"{name} must be a number; got {type(v).__name__} {v!r}.")
+    if not math.isfinite(v) or v < 0 or (name == "lr" and v == 0):
+        raise OptionError(f"{name} must be a finite number {'> 0' if name == 'lr' else '>= 0'}; got {v!r}.")
+    return v
 
 
 def _saved_steps(save_steps: Any, steps: int, save_every: int) -> list[int]:
@@ -298,69 +298,101 @@ def train_lineage(
             than 2 non-special tokens; ``out_dir`` not a path (OptionTypeError), empty, an existing
             file or in a folder that does not exist (OptionError, naming the path).
     """
-    steps = check_int(steps, "steps", 1, 10_000_000)
-    save_every = check_int(save_every, "save_every", 1)
-    seed = check_seed(seed)
-    n_layers = check_int(n_layers, "n_layers", 1, 1024)
-    d_model = check_int(d_model, "d_model", 1, 1 << 16)
-    n_heads = check_int(n_heads, "n_heads", 1, 1024)
-    n_kv_heads = check_int(n_kv_heads, "n_kv_heads", 1, 1024)
-    vocab_size = check_int(vocab_size, "vocab_size", N_SPECIAL + 2, 1 << 20)
-    seq_len = check_int(seq_len, "seq_len", 2, 1 << 14)  # the loss needs at least one repeated token
-    batch_size = check_int(batch_size, "batch_size", 1, 1 << 16)
-    _check_rates(lr, weight_decay)
-    tie_word_embeddings = check_bool(tie_word_embeddings, "tie_word_embeddings")
-    reuse = check_bool(reuse, "reuse")
-    if num_threads is not None:
-        num_threads = check_int(num_threads, "num_threads", 1, 1024)
-    if n_heads % n_kv_heads or d_model % n_heads:
-        raise OptionError(
-            f"Need n_heads % n_kv_heads == 0 and d_model % n_heads == 0; got d_model={d_model}, "
-            f"n_heads={n_heads}, n_kv_heads={n_kv_heads}."
-        )
-    to_save = _saved_steps(save_steps, steps, save_every)
-
-    # not "", not a file, its parent existing (the rule of every folder a run creates): refused before training
-    root = check_work_folder(out_dir, "out_dir")
-    config: dict[str, Any] = dict(
-        steps=steps,
-        save_every=save_every,
-        seed=seed,
-        n_layers=n_layers,
-        d_model=d_model,
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        vocab_size=vocab_size,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        lr=lr,
-        weight_decay=weight_decay,
-        tie_word_embeddings=tie_word_embeddings,
-        task="BOS x x (repeat), loss on repeat",
-        architecture="LlamaForCausalLM",
-        saved_steps=to_save,
-        num_threads=num_threads,
-    )
-    manifest = root / "lineage.json"
-    if reuse and (done := _finished_lineage(root, config)) is not None:
-        return done
-    root.mkdir(parents=True, exist_ok=True)
-    manifest.unlink(missing_ok=True)  # re-written when the new lineage is complete
-    hf_cfg = tiny_llama_config(
-        d_model,
+    config, reuse = _lineage_config(
+        steps,
+        save_every,
+        seed,
         n_layers,
+        d_model,
         n_heads,
         n_kv_heads,
         vocab_size,
-        max(64, 2 * seq_len + 1),
-        tie_word_embeddings=tie_word_embeddings,
+        seq_len,
+        batch_size,
+        lr,
+        weight_decay,
+        tie_word_embeddings,
+        num_threads,
+        save_steps,
+        reuse,
+    )
+    # not "", not a file, its parent existing (the rule of every folder a run creates): refused before training
+    root = check_work_folder(out_dir, "out_dir")
+    if reuse and (done := _finished_lineage(root, config)) is not None:
+        return done
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "lineage.json").unlink(missing_ok=True)  # re-written when the new lineage is complete
+    hf_cfg = tiny_llama_config(
+        config["d_model"],
+        config["n_layers"],
+        config["n_heads"],
+        config["n_kv_heads"],
+        config["vocab_size"],
+        max(64, 2 * config["seq_len"] + 1),
+        tie_word_embeddings=config["tie_word_embeddings"],
     )
     rows, checkpoints = _train_and_save(hf_cfg, root, config)
-    metrics = pd.DataFrame(rows)
+    _write_manifest(root, config, rows)
+    return Lineage(root=root, checkpoints=checkpoints, metrics=pd.DataFrame(rows), config=config)
+
+
+def _lineage_config(
+    steps: Any,
+    save_every: Any,
+    seed: Any,
+    n_layers: Any,
+    d_model: Any,
+    n_heads: Any,
+    n_kv_heads: Any,
+    vocab_size: Any,
+    seq_len: Any,
+    batch_size: Any,
+    lr: Any,
+    weight_decay: Any,
+    tie_word_embeddings: Any,
+    num_threads: Any,
+    save_steps: Any,
+    reuse: Any,
+) -> tuple[dict[str, Any], bool]:
+    """:func:`train_lineage`'s options checked, in the order of its signature, as the configuration its
+    manifest records (``lineage.json``'s ``config``, in this key order), and ``reuse``. Raises what it documents."""
+    config: dict[str, Any] = {
+        "steps": check_int(steps, "steps", 1, 10_000_000),
+        "save_every": check_int(save_every, "save_every", 1),
+        "seed": check_seed(seed),
+        "n_layers": check_int(n_layers, "n_layers", 1, 1024),
+        "d_model": check_int(d_model, "d_model", 1, 1 << 16),
+        "n_heads": check_int(n_heads, "n_heads", 1, 1024),
+        "n_kv_heads": check_int(n_kv_heads, "n_kv_heads", 1, 1024),
+        "vocab_size": check_int(vocab_size, "vocab_size", N_SPECIAL + 2, 1 << 20),
+        "seq_len": check_int(seq_len, "seq_len", 2, 1 << 14),  # the loss needs at least one repeated token
+        "batch_size": check_int(batch_size, "batch_size", 1, 1 << 16),
+        "lr": _check_rate(lr, "lr"),
+        "weight_decay": _check_rate(weight_decay, "weight_decay"),
+        "tie_word_embeddings": check_bool(tie_word_embeddings, "tie_word_embeddings"),
+        "task": "BOS x x (repeat), loss on repeat",
+        "architecture": "LlamaForCausalLM",
+    }
+    reuse = check_bool(reuse, "reuse")
+    if num_threads is not None:
+        num_threads = check_int(num_threads, "num_threads", 1, 1024)
+    if config["n_heads"] % config["n_kv_heads"] or config["d_model"] % config["n_heads"]:
+        raise OptionError(
+            f"Need n_heads % n_kv_heads == 0 and d_model % n_heads == 0; got d_model={config['d_model']}, "
+            f"n_heads={config['n_heads']}, n_kv_heads={config['n_kv_heads']}."
+        )
+    config["saved_steps"] = _saved_steps(save_steps, config["steps"], config["save_every"])
+    config["num_threads"] = num_threads
+    return config, reuse
+
+
+def _write_manifest(root: Path, config: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """``root/lineage.json`` (the configuration and the metric rows), written atomically and last: a lineage with
+    a manifest is complete."""
+    manifest = root / "lineage.json"
     tmp = manifest.with_name(f"lineage.json.tmp{os.getpid()}")
     tmp.write_text(json.dumps({"config": config, "metrics": rows}, indent=1))
-    os.replace(tmp, manifest)  # written last: a lineage with a manifest is complete
-    return Lineage(root=root, checkpoints=checkpoints, metrics=metrics, config=config)
+    os.replace(tmp, manifest)
 
 
 @strict_kwargs

@@ -96,22 +96,12 @@ def comparison_figure(cmp: Any) -> go.Figure:
         line_dash="dot",
         annotation_text=f"threshold P = {t:g}" + ("" if t == PAPER_THRESHOLD else f" (paper: {PAPER_THRESHOLD:g})"),
     )
-    fig.add_hline(
-        y=_PAPER_MEDIAN_TRAINED,
-        line_dash="dot",
-        line_color="crimson",
-        annotation_text="paper median trained P",
-        annotation_position="bottom right",
-    )
+    paper_lines = [(_PAPER_MEDIAN_TRAINED, "crimson", "paper median trained P")]
     if any_null:
-        fig.add_hline(
-            y=_PAPER_MEDIAN_SCRAMBLED,
-            line_dash="dot",
-            line_color="gray",
-            annotation_text="paper median scrambled P",
-            annotation_position="bottom right",
-        )
+        paper_lines.append((_PAPER_MEDIAN_SCRAMBLED, "gray", "paper median scrambled P"))
         arrays.append(np.array([_PAPER_MEDIAN_SCRAMBLED]))
+    for y, color, text in paper_lines:
+        fig.add_hline(y=y, line_dash="dot", line_color=color, annotation_text=text, annotation_position="bottom right")
     title = f"P per head across {len(cmp.reports)} models" + (
         " against the orientation-scramble null" if any_null else " (no null: compare with nulls=...)"
     )

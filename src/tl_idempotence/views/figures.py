@@ -146,7 +146,7 @@ def heads_heatmap_spec(rep: Any, value: str = "P", height: int | None = None) ->
         xaxis["dtick"] = 1
     layout = {
         "title": {
-            "text": f"{value} per head: {plot_text(s['model_name'])} ({s['n_closed']} of {s['n_heads']} heads with "
+            "text": f"{value} per head: {plot_text(s.model_name)} ({s.closure.n_closed} of {s.n_heads} heads with "
             f"P >= {rep.threshold:g}, ringed)"
         },
         "xaxis": xaxis,
@@ -186,40 +186,27 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
     Raises:
         OptionError: the report has no scramble columns (run with ``nulls=True``).
     """
-    import plotly.graph_objects as go
-
     from ..errors import OptionError
 
-    h = rep.heads
-    if "P_scrambled_median" not in h.columns:
+    if "P_scrambled_median" not in rep.heads.columns:
         raise OptionError("This report has no scramble columns: run idempotence_report(model, nulls=True).")
-    t = rep.threshold
+    return [_scramble_per_head(rep), _scramble_per_layer(rep.layers, rep.threshold)]
+
+
+def _scramble_per_head(rep: Any) -> go.Figure:
+    """Figure 1 of :func:`scramble_figures`: per head, trained P against its scramble median and q95."""
+    import plotly.graph_objects as go
+
+    h, t = rep.heads, rep.threshold
     label = [f"L{a}H{b}" for a, b in zip(h["layer"], h["head"])]
     x = np.arange(len(h))
     hover = "%{text}<br>%{y:.3g}<extra>%{fullData.name}</extra>"
     f1 = go.Figure()
-    f1.add_trace(
-        go.Scatter(
-            x=x,
-            y=h["P_scrambled_q95"],
-            mode="lines",
-            name="scrambled q95",
-            line={"color": "rgba(150,150,150,0.9)", "width": 1},
-            text=label,
-            hovertemplate=hover,
-        )
-    )
-    f1.add_trace(
-        go.Scatter(
-            x=x,
-            y=h["P_scrambled_median"],
-            mode="lines",
-            name="scrambled median",
-            line={"color": "gray", "width": 1.5},
-            text=label,
-            hovertemplate=hover,
-        )
-    )
+    for col, name, line in (
+        ("P_scrambled_q95", "scrambled q95", {"color": "rgba(150,150,150,0.9)", "width": 1}),
+        ("P_scrambled_median", "scrambled median", {"color": "gray", "width": 1.5}),
+    ):
+        f1.add_trace(go.Scatter(x=x, y=h[col], mode="lines", name=name, line=line, text=label, hovertemplate=hover))
     P_txt = _P_text(h["P"], t)
     f1.add_trace(
         go.Scatter(
@@ -247,11 +234,12 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
             )
         )
     _threshold_band(f1, t, 0, max(len(h) - 1, 1))
-    s = rep.summary
-    frac = s.get("frac_beats_scramble", float("nan"))
+    scramble = rep.summary.scramble
+    frac = float("nan") if scramble is None else scramble.frac_beats_scramble
+    draws = "" if scramble is None else scramble.n_scramble_draws
     f1.update_layout(
         title=(
-            f"Trained P vs orientation scramble per head ({s.get('n_scramble_draws', '')} Haar draws): "
+            f"Trained P vs orientation scramble per head ({draws} Haar draws): "
             f"{100 * frac:.2f}% of heads beat their scramble median"
         ),
         xaxis_title="head (layer order)",
@@ -259,41 +247,30 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
         yaxis={"type": "log", "range": log_P_range(h["P"], h["P_scrambled_median"], h["P_scrambled_q95"])},
         height=420,
     )
-    L = rep.layers
+    return f1
+
+
+#: The per-layer traces of :func:`scramble_figures`' second figure: ``(column, name, mode, marker)``; the last two
+#: are drawn when the report has the column (the mismatch control, the search).
+_PER_LAYER_TRACES = (
+    ("median_P", "median trained P", "lines+markers", None),
+    ("median_P_scrambled", "median scrambled P", "lines+markers", None),
+    ("mismatch_P_max", "max mismatch P", "markers", {"symbol": "x"}),
+    ("feasible_P", "feasible P (search)", "markers", {"symbol": "triangle-up"}),
+)
+
+
+def _scramble_per_layer(L: pd.DataFrame, t: float) -> go.Figure:
+    """Figure 2 of :func:`scramble_figures`: per layer, median trained P against median scrambled P, with the
+    layer's max mismatch P and feasible P when they were measured."""
+    import plotly.graph_objects as go
+
     f2 = go.Figure()
-    f2.add_trace(
-        go.Scatter(x=L["layer"], y=L["median_P"], mode="lines+markers", name="median trained P", cliponaxis=False)
-    )
-    f2.add_trace(
-        go.Scatter(
-            x=L["layer"], y=L["median_P_scrambled"], mode="lines+markers", name="median scrambled P", cliponaxis=False
-        )
-    )
-    arrays = [L["median_P"], L["median_P_scrambled"]]
-    if "mismatch_P_max" in L.columns:
-        f2.add_trace(
-            go.Scatter(
-                x=L["layer"],
-                y=L["mismatch_P_max"],
-                mode="markers",
-                name="max mismatch P",
-                marker={"symbol": "x"},
-                cliponaxis=False,
-            )
-        )
-        arrays.append(L["mismatch_P_max"])
-    if "feasible_P" in L.columns:
-        f2.add_trace(
-            go.Scatter(
-                x=L["layer"],
-                y=L["feasible_P"],
-                mode="markers",
-                name="feasible P (search)",
-                marker={"symbol": "triangle-up"},
-                cliponaxis=False,
-            )
-        )
-        arrays.append(L["feasible_P"])
+    arrays = []
+    for col, name, mode, marker in _PER_LAYER_TRACES:
+        if col in ("median_P", "median_P_scrambled") or col in L.columns:
+            f2.add_trace(go.Scatter(x=L["layer"], y=L[col], mode=mode, name=name, marker=marker, cliponaxis=False))
+            arrays.append(L[col])
     layer_x = L["layer"].to_numpy(dtype=float)
     _threshold_band(f2, t, float(layer_x.min()) if layer_x.size else 0.0, float(layer_x.max()) if layer_x.size else 1.0)
     f2.update_layout(
@@ -303,7 +280,7 @@ def scramble_figures(rep: Any) -> list[go.Figure]:
         yaxis={"type": "log", "range": log_P_range(*arrays)},
         height=380,
     )
-    return [f1, f2]
+    return f2
 
 
 def algebra_summary_figure(alg: Any) -> go.Figure:
@@ -319,31 +296,17 @@ def algebra_summary_figure(alg: Any) -> go.Figure:
 
     for i, (k, d) in enumerate(g.groupby("kv_head")):
         line = {"color": qualitative.Plotly[i % len(qualitative.Plotly)]}  # one colour per group in both panels
-        fig.add_trace(
-            go.Scatter(
+        for col, y, showlegend in ((1, "median_P_offdiag", None), (2, "median_alpha_spread", False)):
+            trace = go.Scatter(
                 x=d["layer"],
-                y=d["median_P_offdiag"],
+                y=d[y],
                 mode="lines+markers",
                 name=f"kv group {k}",
                 legendgroup=str(k),
+                showlegend=showlegend,  # the legend once per group (None: plotly's default)
                 line=line,
-            ),
-            row=1,
-            col=1,
-        )
-        fig.add_trace(
-            go.Scatter(
-                x=d["layer"],
-                y=d["median_alpha_spread"],
-                mode="lines+markers",
-                name=f"kv group {k}",
-                legendgroup=str(k),
-                showlegend=False,
-                line=line,
-            ),
-            row=1,
-            col=2,
-        )
+            )
+            fig.add_trace(trace, row=1, col=col)
     fig.update_yaxes(range=[0, 1.02], row=1, col=1)
     fig.update_xaxes(title_text="layer")
     fig.update_layout(title="Shared-value algebra T_i T_j ≈ α_j T_i, per layer and kv group", height=380)
@@ -372,30 +335,14 @@ def algebra_figures(alg: Any, layers: list[int] | None = None) -> list[go.Figure
         for c, k in enumerate(ks, start=1):
             heads, A, P = mats[k]
             labels = [str(h) for h in heads]
-            fig.add_trace(
-                go.Heatmap(
-                    z=A,
-                    x=labels,
-                    y=labels,
-                    coloraxis="coloraxis",
-                    hovertemplate="i=%{y}, j=%{x}<br>alpha_ij=%{z:.4g}<extra></extra>",
-                ),
-                row=1,
-                col=c,
-            )
-            fig.add_trace(
-                go.Heatmap(
-                    z=P,
-                    x=labels,
-                    y=labels,
-                    coloraxis="coloraxis2",
-                    hovertemplate="i=%{y}, j=%{x}<br>P_ij=%{z:.4f}<extra></extra>",
-                ),
-                row=2,
-                col=c,
-            )
-            fig.update_yaxes(autorange="reversed", row=1, col=c)
-            fig.update_yaxes(autorange="reversed", row=2, col=c)
+            for row, z, axis, value in (
+                (1, A, "coloraxis", "alpha_ij=%{z:.4g}"),
+                (2, P, "coloraxis2", "P_ij=%{z:.4f}"),
+            ):
+                hover = f"i=%{{y}}, j=%{{x}}<br>{value}<extra></extra>"
+                fig.add_trace(go.Heatmap(z=z, x=labels, y=labels, coloraxis=axis, hovertemplate=hover), row=row, col=c)
+            for row in (1, 2):
+                fig.update_yaxes(autorange="reversed", row=row, col=c)
         fig.update_layout(
             title=f"Shared-value algebra, layer {layer}: rows i (left factor), columns j (right factor)",
             coloraxis={
@@ -469,7 +416,6 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
     identical to an earlier one, or sharing layers with one, are marked with a grey band.
     """
     import plotly.graph_objects as go
-    from plotly.colors import qualitative
     from plotly.subplots import make_subplots
 
     tracked = tr.tracked_heads(top_k=top_k)
@@ -479,7 +425,6 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
         fig.update_layout(title="No head has a defined P at the final checkpoint")
         return fig
     layers = sorted(tracked["layer"].unique().tolist())
-    why = tracked["why"].iloc[0]
     fig = make_subplots(
         rows=len(layers),
         cols=1,
@@ -487,8 +432,38 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
         vertical_spacing=min(0.08, 0.3 / max(len(layers), 1)),
         subplot_titles=[f"layer {layer}" for layer in layers],
     )
+    has_search, has_null, arrays = _tracked_head_traces(fig, tr, tracked, layers, xcol)
+    arrays += _layer_feasible_traces(fig, tr, layers, xcol)
+    _mark_suspect_checkpoints(fig, tr, xcol)
+    if log_y:
+        fig.update_yaxes(title_text="P", type="log", range=log_P_range(*arrays))
+    else:
+        fig.update_yaxes(title_text="P", range=[0, 1.02])
+    fig.update_xaxes(title_text=xtitle, row=len(layers), col=1)
+    fig.update_layout(
+        title=_trajectory_title(tr, tracked, has_null, has_search),
+        height=260 * len(layers) + 120,
+        template="plotly_white",
+    )
+    return fig
+
+
+def _dashed_trace(x: Any, y: Any, name: str, line: dict[str, Any], legendgroup: str | None = None) -> go.Scatter:
+    """A line without markers on a trajectory panel (a head's searched P or scramble median, a layer's feasible P)."""
+    import plotly.graph_objects as go
+
+    return go.Scatter(x=x, y=y, mode="lines", name=name, legendgroup=legendgroup, line=line)
+
+
+def _tracked_head_traces(
+    fig: Any, tr: Any, tracked: pd.DataFrame, layers: list[int], xcol: str
+) -> tuple[bool, bool, list[Any]]:
+    """Each tracked head's P over training on its layer's panel, with its searched P and scramble median when
+    measured. Returns ``(has_search, has_null, the P values drawn)``."""
+    import plotly.graph_objects as go
+    from plotly.colors import qualitative
+
     colors = qualitative.Plotly
-    lay = tr.layers.sort_values("order")
     has_search = has_null = False
     arrays = []
     for i, (layer, head) in enumerate(zip(tracked["layer"], tracked["head"])):
@@ -517,50 +492,38 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
         if "P_searched" in d and d["P_searched"].notna().any():
             has_search = True
             arrays.append(d["P_searched"])
-            fig.add_trace(
-                go.Scatter(
-                    x=d[xcol],
-                    y=d["P_searched"],
-                    mode="lines",
-                    name=f"{name} searched P (constructive search)",
-                    legendgroup=name,
-                    line={"color": color, "dash": "longdash", "width": 1},
-                ),
-                row=row,
-                col=1,
-            )
+            line = {"color": color, "dash": "longdash", "width": 1}
+            trace = _dashed_trace(d[xcol], d["P_searched"], f"{name} searched P (constructive search)", line, name)
+            fig.add_trace(trace, row=row, col=1)
         if "P_scrambled_median" in d:
             has_null = True
             arrays.append(d["P_scrambled_median"])
-            fig.add_trace(
-                go.Scatter(
-                    x=d[xcol],
-                    y=d["P_scrambled_median"],
-                    mode="lines",
-                    name=f"{name} scramble median",
-                    legendgroup=name,
-                    line={"color": color, "dash": "dot"},
-                ),
-                row=row,
-                col=1,
-            )
+            line = {"color": color, "dash": "dot"}
+            trace = _dashed_trace(d[xcol], d["P_scrambled_median"], f"{name} scramble median", line, name)
+            fig.add_trace(trace, row=row, col=1)
+    return has_search, has_null, arrays
+
+
+def _layer_feasible_traces(fig: Any, tr: Any, layers: list[int], xcol: str) -> list[Any]:
+    """Each panel's feasible P (the best searched P in the layer, when searched) and the threshold line; returns
+    the feasible P values drawn."""
+    lay = tr.layers.sort_values("order")
+    arrays = []
     for layer in layers:
         row = layers.index(layer) + 1
         ld = lay[lay["layer"] == layer]
         if "feasible_P" in ld and ld["feasible_P"].notna().any():
             arrays.append(ld["feasible_P"])
+            name = f"layer {layer} feasible P (best searched P in the layer)"
             fig.add_trace(
-                go.Scatter(
-                    x=ld[xcol],
-                    y=ld["feasible_P"],
-                    mode="lines",
-                    name=f"layer {layer} feasible P (best searched P in the layer)",
-                    line={"color": "black", "dash": "dash"},
-                ),
-                row=row,
-                col=1,
+                _dashed_trace(ld[xcol], ld["feasible_P"], name, {"color": "black", "dash": "dash"}), row=row, col=1
             )
         fig.add_hline(y=tr.threshold, line={"color": "grey", "width": 1, "dash": "dashdot"}, row=row, col=1)
+    return arrays
+
+
+def _mark_suspect_checkpoints(fig: Any, tr: Any, xcol: str) -> None:
+    """A grey band at each checkpoint identical to an earlier one or sharing layers with one, saying which."""
     for _, ck in _suspect_points(tr).iterrows():
         x = ck[xcol]
         what = (
@@ -576,11 +539,11 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
             annotation_text=what,
             annotation_position="top left",
         )
-    if log_y:
-        fig.update_yaxes(title_text="P", type="log", range=log_P_range(*arrays))
-    else:
-        fig.update_yaxes(title_text="P", range=[0, 1.02])
-    fig.update_xaxes(title_text=xtitle, row=len(layers), col=1)
+
+
+def _trajectory_title(tr: Any, tracked: pd.DataFrame, has_null: bool, has_search: bool) -> str:
+    """The title of :func:`trajectory_figure`: which heads are tracked, and the key to its line styles."""
+    why = tracked["why"].iloc[0]
     head_note = (
         f"heads with final P ≥ {tr.threshold:g}"
         if why == "final P >= threshold"
@@ -595,12 +558,7 @@ def trajectory_figure(tr: Any, top_k: int = 5, log_y: bool = True) -> go.Figure:
         + (["dotted: scramble null"] if has_null else [])
         + (["long-dash: searched P", "black dashed: layer feasible P"] if has_search else [])
     )
-    fig.update_layout(
-        title=f"Closure over training — {head_note}; " + ", ".join(keys),
-        height=260 * len(layers) + 120,
-        template="plotly_white",
-    )
-    return fig
+    return f"Closure over training — {head_note}; " + ", ".join(keys)
 
 
 def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:

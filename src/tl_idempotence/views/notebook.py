@@ -191,7 +191,7 @@ def _report_html(rep: Any) -> str:
     from .page import closed_heads_table
 
     table = closed_heads_table(rep, limit=20).to_html(index=False, border=0)
-    n = int(rep.summary["n_closed"])
+    n = int(rep.summary.closure.n_closed)
     more = f"<div style='font-size:11px'>({n - 20} more in <code>rep.closed_heads</code>)</div>" if n > 20 else ""
     title = f"Near-idempotent heads ({n}), by P" if n else "No head is closed; the highest P"
     return (

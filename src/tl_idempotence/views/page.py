@@ -113,7 +113,8 @@ def _datatable(df: pd.DataFrame) -> str:
 
 def _p_value_note(rep: Any) -> str:
     """What the scramble p-value can resolve with this many draws (empty without controls)."""
-    n = rep.summary.get("n_scramble_draws")
+    scramble = rep.summary.scramble
+    n = None if scramble is None else scramble.n_scramble_draws
     if "p_value" not in rep.heads.columns or not n:
         return ""
     return (
@@ -124,8 +125,8 @@ def _p_value_note(rep: Any) -> str:
             " BH q-value: the Benjamini-Hochberg q-value of the p-value across all "
             f"{int(rep.heads['q_value'].notna().sum())} "
             "heads with a p-value (the smallest false-discovery rate at which BH declares the head); "
-            f"{rep.summary.get('n_heads_q05')} heads have q ≤ 0.05."
-            if "q_value" in rep.heads.columns and rep.summary.get("n_heads_q05") is not None
+            f"{scramble.n_heads_q05} heads have q ≤ 0.05."
+            if "q_value" in rep.heads.columns and scramble.n_heads_q05 is not None
             else ""
         )
     )
@@ -323,10 +324,10 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(default=True))
     heads = _display_frame(rep.heads.reset_index(), rep.threshold)
     return env.from_string(template).render(
-        title=f"Idempotence report: {s['model_name']}",
+        title=f"Idempotence report: {s.model_name}",
         headline=headline(s, rep.threshold),
         threshold=f"{rep.threshold:g}",
-        n_closed=int(s["n_closed"]),
+        n_closed=int(s.closure.n_closed),
         closed_table=_table_html(closed_heads_table(rep)),
         closed_note=_p_value_note(rep),
         heatmap=heat,

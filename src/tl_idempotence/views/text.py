@@ -11,10 +11,13 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..core.processing import T_PROCESSING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..report.summary import ReportSummary
 
 __all__ = ["SIGNED_COPYING_NOTE", "format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
 
@@ -34,13 +37,7 @@ def format_P(P: float, threshold: float | None = None, digits: int = 4) -> str:
     if P is None or (isinstance(P, float) and math.isnan(P)):
         return "undefined"
     P = float(P)
-    d = digits
-    while d < 17:
-        text = f"{P:.{d}f}"
-        if threshold is None or (float(text) >= threshold) == (P >= threshold):
-            return text
-        d += 1
-    return repr(P)  # pragma: no cover
+    return _on_its_side(P, threshold, lambda d: f"{P:.{d}f}", digits)
 
 
 def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> str:
@@ -50,21 +47,30 @@ def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> st
     v = float(value)
     if math.isnan(v):
         return "NaN"
-    d = sig
+    return _on_its_side(v, threshold, lambda d: f"{v:.{d}g}", sig)
+
+
+def _on_its_side(v: float, threshold: float | None, text_at: Callable[[int], str], digits: int) -> str:
+    """``text_at(digits)``, or with more digits when fewer would round ``v`` across ``threshold`` (``repr`` at 17)."""
+    d = digits
     while d < 17:
-        text = f"{v:.{d}g}"
+        text = text_at(d)
         if threshold is None or (float(text) >= threshold) == (v >= threshold):
             return text
         d += 1
     return repr(v)  # pragma: no cover
 
 
-def weights_phrase(summary: Mapping[str, Any]) -> str:
+def weights_phrase(summary: ReportSummary) -> str:
     """What weights were measured, in words (SPEC 10): ``"raw checkpoint weights"``, the
     TransformerLens processing that was applied (where the flags came from is in the summary's
     ``processing`` table), or ``"weight processing not recorded"`` when the summary does not say
-    (never a guess at raw or processed)."""
-    proc = summary.get("processing")
+    (never a guess at raw or processed).
+
+    Args:
+        summary: a report's :class:`~tl_idempotence.report.summary.ReportSummary` (its ``processing`` is read).
+    """
+    proc = summary.processing
     proc = proc if isinstance(proc, dict) else {}
     flags = [k for k in T_PROCESSING[1:] if proc.get(k)]
     if proc.get("raw") is None and not flags:
@@ -74,28 +80,34 @@ def weights_phrase(summary: Mapping[str, Any]) -> str:
     return "TransformerLens-processed weights (" + ", ".join(flags) + ")" if flags else "processed weights"
 
 
-def headline(summary: Mapping[str, Any], threshold: float) -> str:
+def headline(summary: ReportSummary, threshold: float) -> str:
     """One sentence: model, weights, closed heads, and the null they were measured against.
 
     E.g. ``"smollm2-135m (TransformerBridge, raw checkpoint weights): 13 of 270 heads (4.81 %) are
     near-idempotent, P ≥ 0.9; median P 0.265. Against the orientation-scramble null ..."``.
+
+    Args:
+        summary: a report's :class:`~tl_idempotence.report.summary.ReportSummary` (its own fields and the
+            closure, scramble, mismatch and search records are read).
+        threshold: the report's P threshold.
     """
     s = summary
-    n, k = int(s["n_heads"]), int(s["n_closed"])
+    closure, scramble, mismatch, search = s.closure, s.scramble, s.mismatch, s.search
+    n, k = int(s.n_heads), int(closure.n_closed)
     pct = 100.0 * k / n if n else float("nan")
     text = (
-        f"{s['model_name']} ({s['model_class']}, {weights_phrase(s)}): {k} of {n} heads ({pct:.2f} %) are "
-        f"near-idempotent, P ≥ {threshold:g}; median P {s['median_P']:.3g}."
+        f"{s.model_name} ({s.model_class}, {weights_phrase(s)}): {k} of {n} heads ({pct:.2f} %) are "
+        f"near-idempotent, P ≥ {threshold:g}; median P {closure.median_P:.3g}."
     )
-    if "median_P_scrambled" in s:
+    if scramble is not None:
         text += (
-            f" Against the orientation-scramble null ({s['n_scramble_draws']} Haar draws per head) "
-            f"{100 * s['frac_beats_scramble']:.2f} % of heads beat their scramble median (median scrambled P "
-            f"{s['median_P_scrambled']:.3g})"
+            f" Against the orientation-scramble null ({scramble.n_scramble_draws} Haar draws per head) "
+            f"{100 * scramble.frac_beats_scramble:.2f} % of heads beat their scramble median (median scrambled P "
+            f"{scramble.median_P_scrambled:.3g})"
         )
-        if s.get("n_mismatch_pairs"):
+        if mismatch is not None and mismatch.n_mismatch_pairs:
             text += (
-                f", and {s['n_mismatch_closed']} of {s['n_mismatch_pairs']} matched O/V mismatch pairs reach "
+                f", and {mismatch.n_mismatch_closed} of {mismatch.n_mismatch_pairs} matched O/V mismatch pairs reach "
                 f"P ≥ {threshold:g}."
             )
         else:
@@ -104,14 +116,21 @@ def headline(summary: Mapping[str, Any], threshold: float) -> str:
         text += (
             " No null control was run (nulls=0): use nulls=64 (CLI --nulls 64) for the scramble and mismatch controls."
         )
-    if "n_feasible_layers" in s:
-        n_layers = int(s.get("n_attention_layers", 0))
-        text += f" Constructive search: P ≥ {threshold:g} is feasible in {s['n_feasible_layers']} of {n_layers} layers."
+    if search is not None:
+        n_layers = int(s.n_attention_layers)
+        text += (
+            f" Constructive search: P ≥ {threshold:g} is feasible in {search.n_feasible_layers} of {n_layers} layers."
+        )
     return text
 
 
-def summary_sections(summary: Mapping[str, Any]) -> list[tuple[str, list[tuple[str, str]]]]:
-    """A summary as titled (key, value) tables: what was measured, processing, options, versions, source."""
+def summary_sections(summary: ReportSummary) -> list[tuple[str, list[tuple[str, str]]]]:
+    """A summary as titled (key, value) tables: what was measured, processing, options, versions, source.
+
+    Args:
+        summary: a report's :class:`~tl_idempotence.report.summary.ReportSummary`; every field that is set is
+            shown, in the order of its flat form (:meth:`~tl_idempotence.report.summary.ReportSummary.to_dict`).
+    """
 
     def fmt(v: Any) -> str:
         if isinstance(v, float):
@@ -122,7 +141,7 @@ def summary_sections(summary: Mapping[str, Any]) -> list[tuple[str, list[tuple[s
             return "; ".join(f"{a}: {fmt(b)}" for a, b in v.items())
         return str(v)
 
-    s = summary
+    s = summary.to_dict()  # every field that is set, flat, in order: what the tables show
     measured: list[tuple[str, str]] = [
         (k, fmt(s[k]))
         for k in (

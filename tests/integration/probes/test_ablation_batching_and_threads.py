@@ -147,7 +147,7 @@ def test_a_model_refusing_the_repeated_residual_is_run_with_the_input_repeated(b
 
 
 class FakeClock:
-    """The ablation module's ``time``: a clock that only moves when a forward pass says so (no wall clock)."""
+    """The ablation passes' ``time``: a clock that only moves when a forward pass says so (no wall clock)."""
 
     def __init__(self):
         self.now = 0.0
@@ -172,7 +172,7 @@ class SlowOn:
 @pytest.fixture
 def two_threads(monkeypatch):
     """torch on 2 threads, as if that were its count at import (the user chose nothing); restored after."""
-    import tl_idempotence.probes.ablation as mod
+    import tl_idempotence.probes.ablation.passes as mod  # the passes read the clock and the thread count
 
     before = torch.get_num_threads()
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -187,7 +187,7 @@ def two_threads(monkeypatch):
 @pytest.mark.parametrize("slow", [1, 2])
 def test_the_faster_thread_count_runs_the_ablated_passes(bridge, monkeypatch, two_threads, slow):
     """Window 0's first two chunks run on 1 thread and on torch's 2; the faster runs the rest; 2 is restored."""
-    import tl_idempotence.probes.ablation as mod
+    import tl_idempotence.probes.ablation.passes as mod  # the passes read the clock and the thread count
 
     flagged = [(0, 7), (1, 2)]
     clock = FakeClock()
@@ -210,7 +210,7 @@ def test_the_faster_thread_count_runs_the_ablated_passes(bridge, monkeypatch, tw
 
 @pytest.mark.bridge
 def test_a_thread_count_the_user_set_is_kept(bridge, two_threads, monkeypatch):
-    import tl_idempotence.probes.ablation as mod
+    import tl_idempotence.probes.ablation.passes as mod  # the passes read the clock and the thread count
 
     monkeypatch.setattr(mod, "_IMPORT_THREADS", 4)  # imported on 4 threads; torch.set_num_threads(2) since
     ab = ablation(bridge, [(0, 7)], TOKENS, n_controls=14, **KW)

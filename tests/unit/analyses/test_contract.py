@@ -153,27 +153,41 @@ def _frame_equal(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
             assert [str(v) for v in x] == [str(v) for v in y], f"{what}: {c}"
 
 
-def test_every_analysis_declares_apply_threshold():
+def test_threshold_outputs_are_declared_rules_not_a_method_of_the_analysis():
+    """Issue 28: the threshold-dependent outputs are derived on read from the analyses' declared rules
+    (analyses/threshold.py), by one function; the Analysis protocol has no apply_threshold."""
     from tl_idempotence.analyses.base import Analysis
+    from tl_idempotence.analyses.registry import spec_of
 
-    assert "apply_threshold" in Analysis.__dict__  # declared in the protocol
+    assert "apply_threshold" not in Analysis.__dict__
     for a in REPORT_ANALYSES:
-        assert isinstance(a, Analysis) and callable(getattr(a, "apply_threshold", None)), a.name
+        assert isinstance(a, Analysis) and not hasattr(a, "apply_threshold"), a.name
+    assert {a.name for a in REPORT_ANALYSES if spec_of(a.name).threshold_rules} == set(ANALYSES)
 
 
 @pytest.mark.parametrize("name", list(ANALYSES))
 @pytest.mark.parametrize("t_new", [0.0, 0.5, 1.0])
-def test_apply_threshold_equals_a_run_at_that_threshold(name, t_new):
+def test_derived_at_a_threshold_equals_a_run_at_that_threshold(name, t_new):
     """Finding F10: re-deriving the threshold-dependent results of a run at 0.9 gives what a run at ``t_new`` gives
     (every column, layer value and table; issue 30: the algebra's closed_ranges too, re-derived from every pair's
-    angles in algebra_ranges, and the layer value algebra_ranges_threshold that says where closed_ranges is)."""
+    angles in algebra_ranges, and the layer value algebra_ranges_threshold that says where closed_ranges is).
+    Issue 28: by the declared rules and one function (derive_at_threshold), which never changes its inputs."""
+    from tl_idempotence.analyses.registry import spec_of
+    from tl_idempotence.analyses.threshold import derive_at_threshold
+
     lh = degenerate_layer()
     old = run(name, lh)
     new = run(name, lh, ReportOptions(nulls=8, seed=3, search=True, algebra=True, threshold=t_new))
-    heads = pd.DataFrame({"layer": lh.layer, "head": np.arange(lh.n_heads), **old.columns})
-    layers = pd.DataFrame([{"layer": lh.layer, **old.values}])
-    tables = {k: v.copy() for k, v in old.tables.items()}
-    ANALYSES[name].apply_threshold(heads, layers, tables, t_new)
+    heads0 = pd.DataFrame({"layer": lh.layer, "head": np.arange(lh.n_heads), **old.columns})
+    layers0 = pd.DataFrame([{"layer": lh.layer, **old.values}])
+    tables0 = {k: v.copy() for k, v in old.tables.items()}
+    kept = (heads0.copy(), layers0.copy(), {k: v.copy() for k, v in tables0.items()})
+    heads, layers, tables = derive_at_threshold(heads0, layers0, tables0, spec_of(name).threshold_rules, t_new)
+    _frame_equal(heads0, kept[0], "heads input")  # the inputs are not changed
+    _frame_equal(layers0, kept[1], "layers input")
+    assert set(tables0) == set(kept[2])
+    for k in tables0:
+        _frame_equal(tables0[k], kept[2][k], f"{k} input")
     _frame_equal(heads, pd.DataFrame({"layer": lh.layer, "head": np.arange(lh.n_heads), **new.columns}), "heads")
     if "algebra_ranges_threshold" in old.values:
         assert old.values["algebra_ranges_threshold"] == 0.9 and new.values["algebra_ranges_threshold"] == t_new

@@ -33,6 +33,8 @@ from helpers import (
 from tl_idempotence.analyses.base import LayerContext
 from tl_idempotence.analyses.mismatch import MismatchAnalysis, mismatch_pairs
 from tl_idempotence.analyses.scramble import ScrambleAnalysis, orientation_scramble
+from tl_idempotence.analyses.scramble_spec import FRAC_SCRAMBLED_CLOSED
+from tl_idempotence.analyses.threshold import derive_at_threshold
 from tl_idempotence.core.closure import closure_from_grams, layer_grams
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.options import ReportOptions
@@ -297,7 +299,7 @@ def test_layer_fractions_are_over_defined_heads_and_nan_without_one():
     assert all("zero head" in r for r in A["scramble_reason"][:2])
     # a threshold change re-derives the column from the stored draws, keeping NaN where there is no draw
     heads = pd.DataFrame({"layer": 2, "head": range(4), "frac_scrambled_closed": fc})
-    ScrambleAnalysis().apply_threshold(heads, pd.DataFrame({"layer": [2]}), res.tables, 1.1)
+    heads, _, _ = derive_at_threshold(heads, pd.DataFrame({"layer": [2]}), res.tables, [FRAC_SCRAMBLED_CLOSED], 1.1)
     got = heads["frac_scrambled_closed"].to_numpy()
     assert np.isnan(got[:2]).all() and (got[2:] == 0.0).all()
     # no defined head at all
@@ -308,11 +310,12 @@ def test_layer_fractions_are_over_defined_heads_and_nan_without_one():
 
 
 def test_a_defined_head_without_a_defined_draw_gets_a_reason():
-    from tl_idempotence.analyses.scramble import NO_DRAWS, _frac_closed, _scramble_reasons
+    from tl_idempotence.analyses.scramble import NO_DRAWS, _scramble_reasons
 
     Pd = np.array([[np.nan, np.nan], [0.2, 0.95]])
     n_valid = np.array([0, 2])
-    fc = _frac_closed(Pd, n_valid, 0.9)
+    draws = pd.DataFrame({"layer": 0, "head": np.repeat([0, 1], 2), "P": Pd.reshape(-1)})
+    fc = FRAC_SCRAMBLED_CLOSED.fractions(draws, [0, 0], [0, 1], 0.9)
     assert np.isnan(fc[0]) and fc[1] == 0.5
     assert list(_scramble_reasons(np.array(["", ""], dtype=object), n_valid)) == [NO_DRAWS, ""]
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from tl_idempotence.analyses.scramble import _frac_closed, _summarize_draws
+from tl_idempotence.analyses.scramble import _summarize_draws
+from tl_idempotence.analyses.scramble_spec import FRAC_SCRAMBLED_CLOSED
 
 NAN = math.nan
 #                    trained P, its draws (NaN: an undefined draw)
@@ -74,11 +76,18 @@ def test_a_head_whose_median_is_undefined_never_beats_it():
     assert out["n_scramble_draws"].tolist() == [0]
 
 
+def _frac_closed(Pd: np.ndarray, threshold: float) -> np.ndarray:
+    """The scramble's declared rule (FRAC_SCRAMBLED_CLOSED) on the long table of ``[heads, draws]`` draws."""
+    b, n = Pd.shape
+    draws = pd.DataFrame({"layer": 3, "head": np.repeat(np.arange(b), n), "draw": np.tile(np.arange(n), b)})
+    draws["P"] = Pd.reshape(-1)
+    return FRAC_SCRAMBLED_CLOSED.fractions(draws, np.full(b, 3), np.arange(b), threshold)
+
+
 def test_fraction_of_draws_at_or_above_the_threshold():
     Pd = np.array([r[1] for r in ROWS])
-    n_valid = np.isfinite(Pd).sum(-1)
-    got = _frac_closed(Pd, n_valid, 0.2)
+    got = _frac_closed(Pd, 0.2)
     want = [3 / 4, 1.0, NAN, 1.0, 2 / 5, 1 / 2, 1.0]  # >= 0.2 among the defined draws
     np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(_frac_closed(Pd, n_valid, 0.7), [1 / 4, 0.0, NAN, 0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(_frac_closed(Pd, 0.7), [1 / 4, 0.0, NAN, 0.0, 0.0, 0.0, 0.0])
     assert got.dtype == np.float64

@@ -219,9 +219,10 @@ def test_count_matched_sets(flagged, n_heads, want):
 def test_drawn_controls_reject_the_flagged_set_and_repeats(monkeypatch):
     """Above ENUMERATE_AT_MOST sets, candidates come from one stream per layer; the flagged set and repeats are
     rejected. Forced on a 3-of-4 layer (3 distinct sets out of 4 candidates) the draw still finds each once."""
-    import tl_idempotence.probes.ablation as mod
+    import tl_idempotence.probes.ablation.controls as mod  # where matched_controls reads it
 
     monkeypatch.setattr(mod, "ENUMERATE_AT_MOST", 0)
+    assert matched_controls.__module__ == mod.__name__  # the function tested reads the patched module's value
     for seed in range(5):
         sets, fallback = matched_controls({0: [0, 1, 2]}, n_heads=4, n_controls=10, seed=seed)
         assert fallback == [0] and sorted(as_keys(sets)) == [((0, 1, 3),), ((0, 2, 3),), ((1, 2, 3),)]
@@ -587,3 +588,57 @@ def test_default_controls_reach_p_005():
 def test_not_a_transformer_lens_model():
     with pytest.raises(UnsupportedModelError, match="needs a TransformerLens model"):
         ablation(torch.nn.Linear(2, 2), [(0, 0)])
+
+
+@pytest.mark.parametrize("name", [pytest.param("bridge", marks=pytest.mark.bridge), "hooked"])
+@pytest.mark.parametrize("kind", ["forward", "forward_pre", "global"])
+@pytest.mark.parametrize("fail_on", [2, 3])
+def test_an_error_of_a_users_plain_torch_hook_propagates(request, name, kind, fail_on):
+    """The same with a plain torch hook (``module.register_forward_hook``, a pre-hook, torch's global module hook)
+    instead of TransformerLens's ``add_hook``: raised on window 0's or window 1's shared-prefix pass, it used to be
+    taken for the model refusing the repeated residual (only hook points' ``fwd_hooks`` were counted as the
+    user's), the pass rerun with the input repeated and a normal-looking result returned."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    model = model_of(request, name)
+    calls = []
+
+    def hook(module, *args):
+        if kind == "global" and module is not model.blocks[1]:
+            return None
+        calls.append(1)
+        if len(calls) == fail_on:
+            raise UserHookError(f"call {fail_on}")
+        return None
+
+    if kind == "forward":
+        handle = model.blocks[1].register_forward_hook(hook)
+    elif kind == "forward_pre":
+        handle = model.blocks[1].register_forward_pre_hook(hook)
+    else:
+        handle = register_module_forward_hook(hook)
+    try:
+        with pytest.raises(UserHookError, match=f"call {fail_on}") as err:
+            ablation(model, [(1, 2)], TOKENS, n_controls=3, **KW)
+    finally:
+        handle.remove()
+    assert len(calls) == fail_on  # nothing ran after the failing pass
+    if hasattr(err.value, "__notes__"):
+        assert "it is not retried with the input repeated" in "\n".join(err.value.__notes__)
+
+
+@pytest.mark.parametrize("name", [pytest.param("bridge", marks=pytest.mark.bridge), "hooked"])
+def test_the_models_own_torch_hooks_are_not_taken_for_the_users(request, name):
+    """A TransformerBridge keeps torch hooks of its own on its wrapped modules: without a hook of the user's, none
+    is listed (else a model refusing the repeated residual would be reported as the user's error); the user's
+    plain torch hook is listed by its module's name."""
+    from tl_idempotence.probes.ablation.passes import _registered_hooks
+
+    model = model_of(request, name)
+    assert _registered_hooks(model) == []
+    handle = model.blocks[1].register_forward_hook(lambda m, i, o: None)
+    try:
+        assert _registered_hooks(model) == ["blocks.1"]
+    finally:
+        handle.remove()
+    assert _registered_hooks(model) == []

@@ -9,12 +9,15 @@ report's table, as the displays read it.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
 
 import tl_idempotence as tli
 from helpers import SyntheticSource, gaussian_layer
+from tl_idempotence.report.report import IdempotenceReport
 from tl_idempotence.report.summary import PAPER_THRESHOLD
 from tl_idempotence.studies.trajectory import Trajectory
 from tl_idempotence.views.compare import comparison_figure, comparison_headline, comparison_html
@@ -36,10 +39,12 @@ def rep():
 
 def test_a_P_just_below_the_threshold_is_never_shown_as_the_threshold(rep):
     r = tli.idempotence_report(synthetic(), search=True, progress=False)
-    label = r.heads.index[0]
-    r.heads.loc[:, "P"] = 0.1
-    r.heads.loc[label, "P"] = NEAR
-    r.heads.loc[label, "P_searched"] = NEAR
+    heads = r.heads  # a copy (the report is immutable): edited, then made into a report of its own
+    label = heads.index[0]
+    heads.loc[:, "P"] = 0.1
+    heads.loc[label, "P"] = NEAR
+    heads.loc[label, "P_searched"] = NEAR
+    r = IdempotenceReport(heads, r.layers, r.tables, r.summary, r.info, r.options)
     assert not r.heads["closed"].any()  # Gaussian heads: none closed
     table = closed_heads_table(r)  # none closed: the top 10 by P
     row = table[table["head"] == label].iloc[0]
@@ -110,12 +115,15 @@ def test_weights_phrase_says_when_processing_is_not_recorded(rep):
     assert rep.summary.get("processing") in (None, {})  # a synthetic source records no processing
     assert weights_phrase(rep.summary) == "weight processing not recorded"
     assert "(SyntheticSource, weight processing not recorded)" in headline(rep.summary, rep.threshold)
-    assert weights_phrase({"processing": {"raw": True}}) == "raw checkpoint weights"
-    assert weights_phrase({"processing": {"raw": False, "fold_ln": True}}) == (
+    with_processing = rep.summary.replace  # the typed summary with other processing flags
+    assert weights_phrase(with_processing(processing={"raw": True})) == "raw checkpoint weights"
+    assert weights_phrase(with_processing(processing={"raw": False, "fold_ln": True})) == (
         "TransformerLens-processed weights (fold_ln)"
     )
-    assert weights_phrase({"processing": {"fold_ln": True}}) == "TransformerLens-processed weights (fold_ln)"
-    assert weights_phrase({"processing": "raw"}) == "weight processing not recorded"  # a record that lies
+    only_fold = with_processing(processing={"fold_ln": True})
+    assert weights_phrase(only_fold) == "TransformerLens-processed weights (fold_ln)"
+    lying = SimpleNamespace(processing="raw")  # a record that lies (a ReportSummary refuses it)
+    assert weights_phrase(lying) == "weight processing not recorded"  # type: ignore[arg-type]
     assert np.isfinite(rep.heads["P"]).all()
 
 

@@ -1,0 +1,62 @@
+"""What the commands share: the defaults, the exit codes, the one-line failure, the report options of a command
+line, and the checks of outputs (their format, and that none is a file or folder the run reads)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_MODEL = "smollm2-135m"
+#: The page ``report`` writes when no output at all is asked for.
+DEFAULT_PAGE = "report.html"
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def zoo_names() -> list[str]:
+    """The zoo's model names (:func:`~tl_idempotence.sources.zoo.known_models`), for help texts and messages."""
+    from ..sources import zoo
+
+    return zoo.known_models()
+
+
+class Failure(Exception):
+    """A user-facing failure: one line, exit code 1."""
+
+
+def one_line(e: BaseException) -> str:
+    """``TypeName: message`` on one line (white space folded): the reason printed for a failure (exit 1)."""
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def report_options_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The report options the command line was given (every one of ``report_options()``, by name)."""
+    from ..core.option_specs import report_options
+
+    return {o.name: getattr(args, o.name) for o in report_options()}
+
+
+def refuse_over_inputs(
+    parser: argparse.ArgumentParser, outputs: Sequence[tuple[str, Any]], inputs: Sequence[tuple[str, Any]]
+) -> None:
+    """Exit 2, before anything is read or written, when an output is (or links to) a file or folder the run
+    reads (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`, the API's rule)."""
+    from ..core.files import refuse_outputs_over_inputs
+    from ..errors import OutputOverInputError
+
+    try:
+        refuse_outputs_over_inputs(outputs, inputs)
+    except OutputOverInputError as e:
+        parser.error(str(e))
+
+
+def check_format(parser: argparse.ArgumentParser, path: str, formats: Sequence[str], flag: str) -> str:
+    """The registry's format of ``path`` among ``formats``; exit 2 naming the known extensions otherwise."""
+    from ..errors import OptionError
+    from ..report.outputs import output_format
+
+    try:
+        return output_format(path, formats, flag=flag).name
+    except OptionError as e:
+        parser.error(str(e))

@@ -1,0 +1,253 @@
+"""``tl-idempotence report``: checks every argument before any work (exit 2), measures the model and writes what
+was asked for (the page, ``--csv``, ``--json`` or the text summary)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import (
+    DEFAULT_PAGE,
+    EXIT_OK,
+    Failure,
+    check_format,
+    one_line,
+    refuse_over_inputs,
+    report_options_of,
+    zoo_names,
+)
+
+
+def _looks_like_path(name: str) -> bool:
+    """A local path rather than a Hugging Face repo id (``org/name`` or ``name``)."""
+    return (
+        name.startswith(("/", ".", "~"))
+        or name.count("/") > 1
+        or "\\" in name
+        or name.endswith((".gguf", ".safetensors", ".json", ".bin"))
+    )
+
+
+def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    """``(kind, value)``: ("zoo", name), ("path", path) or ("hub", name). Usage errors exit 2."""
+    from ..errors import TLIError
+    from ..sources.names import resolve_name
+
+    name = args.model
+    try:
+        named = resolve_name(name, "MODEL")  # the one rule of every route (sources/names.py)
+    except TLIError as e:
+        parser.error(str(e))
+    kind: str = named.kind
+    value = str(named.value)
+    if kind == "unknown":
+        if _looks_like_path(name):
+            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {', '.join(zoo_names())})")
+        kind = "hub"
+    if kind == "path" and (args.processing != "raw" or args.cls != "bridge"):
+        parser.error(
+            "--processing and --cls apply to zoo models (and hub names); a checkpoint path is read raw from its files"
+        )
+    if kind == "path" and args.attention_text is not None:
+        parser.error(
+            "--attention-text needs a model TransformerLens can run (a zoo model or a hub name); a checkpoint "
+            "path is read as weights only"
+        )
+    if kind == "path" and args.roles:
+        parser.error(
+            "--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as weights "
+            "only (no model to run): use a zoo model or a hub name, or in Python "
+            "rep.roles(model=TransformerBridge.boot_transformers(folder))"
+        )
+    return kind, value
+
+
+def _hub_model(name: str, args: argparse.Namespace) -> Any:
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
+        raise Failure(
+            f"{name!r} is not a zoo model ({', '.join(zoo_names())}) nor an existing path, and HF_HUB_OFFLINE is set, "
+            "so it cannot be downloaded from the Hugging Face hub. Pass a local checkpoint folder or .gguf file."
+        )
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        model = TransformerBridge.boot_transformers(name, device=args.device if args.device != "auto" else "cpu")
+    except OSError as e:
+        raise Failure(
+            f"{name!r} is not a zoo model ({', '.join(zoo_names())}) nor an existing path, and loading it from the "
+            f"Hugging Face hub failed ({one_line(e)}). Check the name and the network, or pass a local checkpoint."
+        ) from e
+    if args.processing == "tl":
+        model.enable_compatibility_mode(disable_warnings=True)
+    return model
+
+
+def _summary_text(rep: Any) -> str:
+    import pandas as pd
+
+    from ..views.text import format_P, headline
+
+    s = rep.summary
+    lines = [
+        headline(s, rep.threshold),
+        f"model: {s['model_name']} ({s['model_class']}), {s['n_attention_layers']} attention layers x "
+        f"{s['n_heads_per_layer']} heads ({s['n_kv_heads']} kv heads), d_model {s['d_model']}, d_head {s['d_head']}",
+    ]
+    closed = rep.closed_heads
+    if len(closed):
+        cols = [c for c in ("layer", "head", "kv_head", "alpha", "P") if c in closed.columns]
+        table = closed[cols].copy()
+        table["P"] = [format_P(v, rep.threshold) for v in table["P"]]
+        with pd.option_context("display.float_format", "{:.4f}".format, "display.max_rows", 500):
+            lines += ["closed heads:", table.to_string()]
+    else:
+        lines.append("closed heads: none")
+    return "\n".join(lines)
+
+
+def summary_json(rep: Any, roles: Any = None) -> str:
+    """``--json``: the report's JSON export (:func:`~tl_idempotence.report.report.export_record`, with ``--roles``
+    the role columns and the association) under the export NaN policy (NaN as null,
+    :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
+    from ..core.jsonio import EXPORT, json_text
+    from ..report.report import export_record
+
+    return json_text(export_record(rep, roles), EXPORT, indent=1)
+
+
+def _roles_text(roles: Any) -> str:
+    """The association table of ``--roles`` as text (one row per role)."""
+    import pandas as pd
+
+    cols = ["n", "spearman_rho", "spearman_q", "median_closed", "median_other", "mannwhitney_q"]
+    with pd.option_context("display.float_format", "{:.3g}".format, "display.width", 200):
+        return (
+            "head roles vs closure (Spearman ρ of P and the score, BH q across roles):\n"
+            + roles.association[cols].to_string()
+        )
+
+
+def _same_file(a: str, b: str) -> bool:
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if pa.exists() and pb.exists():
+        return os.path.samefile(pa, pb)
+    return pa.resolve() == pb.resolve()
+
+
+def _model_inputs(kind: str, value: str) -> list[tuple[str, Any]]:
+    """What the run over MODEL reads (``(what, path)`` pairs): a checkpoint path, the zoo cache, or for a hub name
+    the Hugging Face cache it downloads into (sources/names.py: named_inputs)."""
+    from ..sources.names import Named, named_inputs
+
+    if kind == "hub":
+        try:
+            from huggingface_hub import constants
+        except ImportError:  # pragma: no cover - transformers brings it
+            return []
+        return [("the Hugging Face cache", constants.HF_HUB_CACHE)]
+    return named_inputs(Named("zoo" if kind == "zoo" else "path", value))
+
+
+def _page_path(args: argparse.Namespace) -> str | None:
+    """Where the page goes: ``--out``, else :data:`DEFAULT_PAGE` when no other output (``--json``, ``--csv``) was
+    asked for, else nowhere (a run that asked for JSON writes no page beside it)."""
+    if args.out is not None:
+        return str(args.out)
+    return None if (args.json or args.csv) else DEFAULT_PAGE
+
+
+#: The formats ``--out`` writes (the output registry, :mod:`tl_idempotence.report.outputs`; ``--csv`` writes "csv").
+OUT_FORMATS = ("html", "json", "csv", "parquet")
+
+
+def _check_formats(parser: argparse.ArgumentParser, page: str | None, csv: str | None) -> str | None:
+    """Exit 2, before any work, when ``--out`` or ``--csv`` has an extension the registry does not write there
+    (names the known ones); returns the format of ``--out`` (None without a page)."""
+    if csv is not None:
+        check_format(parser, csv, ("csv",), "--csv")
+    return check_format(parser, page, OUT_FORMATS, "--out") if page is not None else None
+
+
+def _written(path: str, existed: bool) -> str:
+    return f"{path} (replaced the file that was there)" if existed else path
+
+
+def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``report``: every argument checked (exit 2) before the model is read, then the report measured and
+    written as asked (the page, ``--csv``, ``--json`` or the text summary); returns the exit code."""
+    page = _page_path(args)
+    if args.csv and page and _same_file(args.csv, page):
+        parser.error(f"--csv {args.csv} and --out {page} name the same file; give each its own file")
+    if args.attention_text is not None and page is None:
+        parser.error(
+            "--attention-text adds attention views to the HTML page: give --out (no page is written with "
+            "--json or --csv alone)"
+        )
+    kind, value = _resolve_model(args, parser)
+    reads = _model_inputs(kind, value)
+    refuse_over_inputs(parser, [("--resume", args.resume)], reads)  # parts never go into the checkpoint
+    refuse_over_inputs(parser, [("--out", page), ("--csv", args.csv)], [*reads, ("the resume folder", args.resume)])
+    page_format = _check_formats(parser, page, args.csv)
+    if args.attention_text is not None and page_format != "html":
+        parser.error(f"--attention-text adds attention views to the HTML page: --out {page} is not a page (.html)")
+    from ..core.options import check_device
+
+    check_device(args.device)  # a missing GPU fails before anything is loaded
+    from ..report.report import idempotence_report
+
+    # torch and pandas are imported now: ~200,000 objects that every full collection of the run, and
+    # the interpreter's collections at exit, would traverse again (~0.5 s of the main job). Freeze
+    # them (gc.freeze, public API; refcounting still frees everything); main() unfreezes on return
+    # unless this process is the console script and ends right after.
+    if args.freeze_gc:
+        gc.freeze()
+
+    needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None or args.roles
+    model: Any
+    if kind == "zoo" and not needs_model:
+        from ..sources import zoo
+
+        model = zoo.source(value, progress=not args.quiet)
+    elif kind == "zoo":
+        from ..sources import zoo
+
+        model = zoo.load(value, processing=args.processing, cls=args.cls, progress=not args.quiet)
+    elif kind == "hub":
+        model = _hub_model(value, args)
+    else:
+        model = value
+    rep = idempotence_report(model, resume=args.resume, progress=not args.quiet, **report_options_of(args))
+    roles = None
+    if args.roles:
+        if not args.quiet:  # no bar: the detector's forward passes and the eigenvalues take seconds to a minute
+            print("tl-idempotence: computing head roles (head detector and copying score)...", file=sys.stderr)
+        roles = rep.roles(model=model, seed=args.seed)
+    wrote = []
+    from ..report.outputs import write_output
+    from ..report.report import report_output
+
+    if page is not None:
+        existed = os.path.lexists(page)
+        view_model = model if needs_model or kind == "hub" else None
+        out = report_output(rep, attention_text=args.attention_text, model=view_model, roles=roles)
+        write_output(out, page, OUT_FORMATS, flag="--out")
+        wrote.append(_written(page, existed))
+    if args.csv:
+        existed = os.path.lexists(args.csv)
+        write_output(report_output(rep, roles=roles), args.csv, ("csv",), flag="--csv")
+        wrote.append(_written(args.csv, existed))
+    if args.json:
+        print(summary_json(rep, roles))
+        if wrote:  # stdout is the JSON alone; what was written goes to stderr
+            print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
+    else:
+        print(_summary_text(rep))
+        if roles is not None:
+            print(_roles_text(roles))
+        if wrote:
+            print(f"wrote {' and '.join(wrote)}")
+    return EXIT_OK

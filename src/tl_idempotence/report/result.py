@@ -1,0 +1,656 @@
+"""The report object: :class:`IdempotenceReport` (its tables, summary, what was measured and the options; immutable,
+and its tables handed out as copies), what it derives on read (another threshold, the algebra, the hook points,
+tensors) and what it is written as. Made by :func:`~tl_idempotence.report.report.idempotence_report` and
+:func:`~tl_idempotence.report.report.load_report` (both importable, with this class, from
+:mod:`tl_idempotence.report.report`)."""
+
+from __future__ import annotations
+
+import functools
+import warnings
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import FrozenInstanceError
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlgebra
+from ..analyses.registry import report_analyses, threshold_rules
+from ..analyses.threshold import derive_at_threshold
+from ..core.files import refuse_outputs_over_inputs
+from ..core.heads import ModelInfo
+from ..core.kwargs import warn_at_caller
+from ..core.options import ReportOptions, check_bool, check_threshold, strict_kwargs
+from ..core.results import Result, views
+from ..errors import OptionError, OptionTypeError
+from .export import report_output
+from .hooks import HOOK_AXES, HookPoint
+from .outputs import FOLDER, write_output
+from .summary import REPR_FIELDS, RecordMap, ReportSummary, build_summary, format_paper_table, paper_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Literal
+
+    from typing_extensions import Unpack
+
+    from ..core.hints import HeadPairs, HeadsLike, IntLike, PathLike, RealLike, TLModel
+    from ..probes.ablation import Ablation, AblationArgs
+    from ..probes.roles import HeadRoles
+    from .roles import Circuit, RoleAssociation
+
+__all__ = ["FrameTables", "IdempotenceReport"]
+
+
+class FrameTables(RecordMap[pd.DataFrame]):
+    """A report's long tables as a read-only mapping: ``tables[name]`` is a copy of the stored frame, made on
+    each read (editing it leaves the report as it is); names in the report's order."""
+
+    __slots__ = ()
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return super().__getitem__(name).copy()
+
+    def __repr__(self) -> str:
+        return f"FrameTables({list(self)})"
+
+
+class IdempotenceReport(Result):
+    """Result of :func:`idempotence_report`.
+
+    Attributes:
+        heads: one row per (layer, head), indexed by TransformerLens labels (``"L10H8"``):
+            ``layer, head, kv_head, alpha, P, norm, norm_T2, rank_O, rank_V, closed, reason``
+            (SPEC 2-3); with ``nulls`` the scramble columns (SPEC 4b); with ``search`` the
+            searched (feasible) P (SPEC 5).
+        layers: one row per layer: counts and medians; with ``nulls`` trained-vs-scrambled
+            medians and the O/V mismatch (SPEC 4a); with ``search`` the feasible P; the layer's
+            weight ``fingerprint`` (sha256) and a ``note`` for every NaN.
+        tables: long tables of the analyses (``scramble_draws``, ``mismatch_pairs``,
+            ``algebra_pairs``, ...).
+        summary: headline numbers, model sizes, processing flags, options, versions.
+        info: the :class:`~tl_idempotence.core.heads.ModelInfo` of what was measured.
+        options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
+        threshold: P threshold of ``closed`` (paper: 0.9); :meth:`with_threshold` gives the report at another
+            (assigning it is a deprecated shim that warns and recomputes every threshold-dependent column, count
+            and summary number in place).
+        inputs: what the report was read from on this machine, as ``(what, path)`` pairs (the checkpoint
+            folder or file, the zoo cache, the resume folder; for a loaded report its folder; empty for a
+            model in memory): what :meth:`save_html` and :meth:`save` refuse to write over. Never saved or
+            shown (a saved report holds no machine path).
+
+    The report is immutable: assigning an attribute raises ``dataclasses.FrozenInstanceError`` (except the
+    deprecated ``rep.threshold = t``); :meth:`with_threshold` and :meth:`with_summary` return new reports. Its
+    tables cannot be edited through what it hands out either: :attr:`heads`, :attr:`layers`, :attr:`closed_heads`
+    and every ``tables[name]`` are copies made on each read (``rep.heads.loc["L0H0", "P"] = 9`` changes that copy,
+    never the report or its summary), and :attr:`tables` is a read-only mapping. Take a frame once
+    (``h = rep.heads``) when reading it in a loop.
+
+    The report holds no model: :meth:`show_attention` and the attention section of
+    :meth:`save_html` take the model as an argument (or use a weak reference to the model
+    the report was made from, while it is alive), so a report pickles and saves
+    (:meth:`save`, :func:`~tl_idempotence.report.store.load_report`).
+    """
+
+    #: (a class default: a report unpickled from an older version read from nothing known)
+    inputs: tuple[tuple[str, Path], ...] = ()
+    _heads: pd.DataFrame
+    _layers: pd.DataFrame
+    _tables: dict[str, pd.DataFrame]
+    summary: ReportSummary
+    info: ModelInfo
+    options: ReportOptions
+    _model_ref: Any
+
+    display_kind: ClassVar[str] = "report"
+    #: the summary's repr fields but the mismatch count (eight fit the one-line repr)
+    repr_keys: ClassVar[tuple[str, ...]] = tuple(k for k in REPR_FIELDS if k != "n_mismatch_closed")
+
+    def __init__(
+        self,
+        heads: pd.DataFrame,
+        layers: pd.DataFrame,
+        tables: dict[str, pd.DataFrame],
+        summary: ReportSummary,
+        info: ModelInfo,
+        options: ReportOptions,
+        model: TLModel | None = None,
+        inputs: Sequence[tuple[str, Path]] = (),
+    ) -> None:
+        set_ = functools.partial(object.__setattr__, self)  # the report is immutable once built (__setattr__)
+        set_("_heads", heads)  # never handed out: the properties give copies
+        set_("_layers", layers)
+        set_("_tables", dict(tables))
+        set_("summary", summary)
+        set_("info", info)
+        set_("options", options)
+        set_("inputs", tuple(inputs))
+        set_("_model_ref", None)
+        if model is not None:
+            try:
+                set_("_model_ref", weakref.ref(model))
+            except TypeError:  # pragma: no cover - objects without weakref support
+                set_("_model_ref", None)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "threshold":  # the documented deprecation shim (it warns)
+            type(self).threshold.fset(self, value)  # type: ignore[attr-defined]
+            return
+        raise FrozenInstanceError(
+            f"cannot assign to {name!r}: a report is immutable (rep.with_threshold(t) for another threshold, "
+            "rep.with_summary(...) for a route's additions to its summary)."
+        )
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: a report is immutable.")
+
+    def _evolve(self, **changes: Any) -> IdempotenceReport:
+        """A copy with some attributes changed (the model reference kept)."""
+        new = object.__new__(IdempotenceReport)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
+    def with_summary(self, **changes: Any) -> IdempotenceReport:
+        """The same report with fields of its summary set that the measurement does not give but a route knows
+        (``n_params`` from a comparison's checkpoint headers, ``n_layers_resumed`` from a resume folder).
+
+        Raises:
+            OptionTypeError / OptionError: as :meth:`~tl_idempotence.report.summary.ReportSummary.replace`.
+        """
+        return self._evolve(summary=self.summary.replace(**changes))
+
+    # ------------------------------------------------------------------ state
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_model_ref"] = None  # never pickle (or keep alive) the model
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        for name in ("heads", "layers", "tables"):  # a report pickled before its frames were private
+            if name in state:
+                state[f"_{name}"] = state.pop(name)
+        self.__dict__.update(state)
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        """One row per (layer, head) (class docstring): a copy, made on each read (editing it leaves the report)."""
+        return self._heads.copy()
+
+    @property
+    def layers(self) -> pd.DataFrame:
+        """One row per measured layer (class docstring): a copy, made on each read."""
+        return self._layers.copy()
+
+    @property
+    def tables(self) -> Mapping[str, pd.DataFrame]:
+        """The analyses' long tables by name (class docstring): a read-only mapping whose ``[name]`` is a copy,
+        made on each read."""
+        return FrameTables(self._tables)
+
+    @property
+    def model(self) -> Any:
+        """The TransformerLens model the report was made from while it is alive (a weak reference), else None."""
+        return self._model_ref() if self._model_ref is not None else None
+
+    @property
+    def threshold(self) -> float:
+        """The P threshold of ``closed``. To change it, :meth:`with_threshold` (assigning it is deprecated)."""
+        return self.options.threshold
+
+    @threshold.setter
+    def threshold(self, value: Any) -> None:  # checked in with_threshold (OptionTypeError), not by annotation
+        # attributed to the user's line (the setter is reached through __setattr__: a fixed stacklevel named
+        # this file, and Python's default filters then hid the warning in a script)
+        warn_at_caller(
+            "Assigning rep.threshold is deprecated and will be removed: use rep = rep.with_threshold(t), which "
+            "returns a new report and leaves this one as it is.",
+            DeprecationWarning,
+        )
+        new = self.with_threshold(value)
+        for name in ("_heads", "_layers", "_tables", "options", "summary"):
+            object.__setattr__(self, name, new.__dict__[name])
+
+    def with_threshold(self, threshold: RealLike) -> IdempotenceReport:
+        """The same report at another P threshold: every threshold-dependent column, table, count and summary
+        number re-derived from the stored results (the analyses' declared threshold rules applied by
+        :func:`~tl_idempotence.analyses.threshold.derive_at_threshold`, then each analysis's ``summarize``),
+        equal to a run at that threshold (checked by the analyses' contract test and, for the whole summary,
+        ``tests/unit/report/test_store_hostile.py``). This report is not changed.
+
+        Raises:
+            OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].
+
+        Warns:
+            UserWarning: an ``algebra=True`` report saved before the algebra kept every pair's range angles,
+                taken below its run's threshold (the angles of the pairs closed only below it are not there).
+        """
+        t = check_threshold(threshold)
+        layers, tables = self._layers, self._tables
+        if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
+            layers = layers.assign(**{RANGES_THRESHOLD: self._ranges_threshold()})
+        if self.options.algebra and "algebra_ranges" not in tables:  # saved before every pair's angles were kept
+            rt = AlgebraAnalysis.ranges_threshold(layers, self.options.threshold)
+            if t < rt:
+                warnings.warn(
+                    f"This report was saved before the shared-value algebra kept the range angles of every pair: "
+                    f"its algebra_closed_ranges (and the summary's algebra n_closed_range_pairs and "
+                    f"median_min_angle_deg_closed) cover only the pairs closed at its run's threshold {rt:g}, not "
+                    f"every pair closed at {t:g}; summary algebra_ranges_threshold stays {rt:g}. Make the report "
+                    f"again for the angles at {t:g}.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        ran = [a for a in report_analyses() if a.enabled(self.options)]
+        heads, layers, tables = derive_at_threshold(self._heads, layers, tables, threshold_rules(ran), t)
+        opts = self.options.with_threshold(t)
+        summary = build_summary(heads, layers, tables, self.info, opts, ran)
+        # what the re-derivation cannot know: the code that computed the numbers, the route's additions
+        summary = summary.replace(
+            versions=self.summary.versions,
+            n_layers_resumed=self.summary.n_layers_resumed,
+            n_params=self.summary.n_params,
+        )
+        rep = IdempotenceReport(heads, layers, tables, summary, self.info, opts, inputs=self.inputs)
+        return rep._evolve(_model_ref=self._model_ref)
+
+    def _ranges_threshold(self) -> float:
+        """The threshold the summary says the algebra's range angles are at (the run's, when it does not say)."""
+        record = self.summary.analyses.get("algebra")
+        return self.options.threshold if record is None else float(record["algebra_ranges_threshold"])
+
+    # ------------------------------------------------------------------ views of the data
+    @property
+    def closed_heads(self) -> pd.DataFrame:
+        """Rows of :attr:`heads` with ``P >= threshold``, sorted by P descending (a new frame on each read)."""
+        h = self._heads
+        return h[h["closed"]].sort_values("P", ascending=False, kind="stable").copy()
+
+    @property
+    def algebra(self) -> SharedValueAlgebra | None:
+        """The shared-value algebra (SPEC 7) when the report ran it (``algebra=True``), else None."""
+        if not self.options.algebra:
+            return None
+        rt = AlgebraAnalysis.ranges_threshold(self._layers, self._ranges_threshold())
+        return AlgebraAnalysis.combine(self._tables, self.info, self.threshold, rt)
+
+    @strict_kwargs
+    def paper_table(self, formatted: bool = False) -> pd.DataFrame:
+        """The abstract's headline quantities for this model next to the paper's figures.
+
+        Args:
+            formatted: return display strings (``quantity, this model, paper``) instead of numbers.
+
+        Returns:
+            Numbers (default): ``quantity, value, n, of, paper_low, paper_high, note`` (see
+            :func:`~tl_idempotence.report.summary.paper_table`); rows whose analysis did not run
+            have NaN and say so in ``note``.
+
+        Raises:
+            OptionTypeError: ``formatted`` is not a bool.
+        """
+        formatted = check_bool(formatted, "formatted")
+        t = paper_table(self.summary, len(self._layers))
+        return format_paper_table(t) if formatted else t
+
+    @strict_kwargs
+    def to_tensor(self, column: str = "P") -> torch.Tensor:
+        """A numeric column as a ``[n_layers, n_heads]`` float64 tensor (TransformerLens layout);
+        NaN where a layer was not measured or has no attention.
+
+        Raises:
+            OptionTypeError: ``column`` is not a string. OptionError: not a numeric column of :attr:`heads`.
+        """
+        if not isinstance(column, str):
+            raise OptionTypeError(f"column must be a column name (str); got {type(column).__name__}.")
+        if column not in self._heads.columns:
+            raise OptionError(f"{column!r} is not a column of report.heads; columns: {list(self._heads.columns)}.")
+        col = self._heads[column]
+        if col.dtype.kind not in "biuf":
+            raise OptionError(f"Column {column!r} is not numeric (dtype {col.dtype}).")
+        out = torch.full((self.info.n_layers, self.info.n_heads), float("nan"), dtype=torch.float64)
+        L = torch.tensor(self._heads["layer"].to_numpy(dtype=np.int64))  # copies: pandas' arrays may be read-only
+        H = torch.tensor(self._heads["head"].to_numpy(dtype=np.int64))
+        out[L, H] = torch.tensor(col.to_numpy(dtype=np.float64))
+        return out
+
+    @strict_kwargs
+    def hook_points(
+        self,
+        heads: Literal["closed", "all"] | HeadsLike = "closed",
+        hook: Literal["z", "q", "result", "pattern", "attn_scores", "k", "v"] = "z",
+        model: TLModel | None = None,
+    ) -> list[HookPoint]:
+        """The hook points of the chosen heads, ready for ``run_with_hooks``, activation patching or an
+        ``ActivationCache``: each a :class:`HookPoint`, a ``(hook name, index)`` pair such as
+        ``("blocks.10.attn.hook_z", 8)`` that also carries ``layer``, ``axis`` (the dim of the
+        activation that ``index`` indexes) and ``query_heads`` (the heads it stands for).
+
+        The index is right for the hook it names (TransformerLens's shapes, the same on
+        HookedTransformer and TransformerBridge):
+
+        * ``"z"``, ``"q"`` ``[batch, pos, n_heads, d_head]`` and ``"result"`` ``[batch, pos, n_heads,
+          d_model]``: the query head, ``axis=2``;
+        * ``"pattern"``, ``"attn_scores"`` ``[batch, n_heads, query_pos, key_pos]``: the query head, ``axis=1``;
+        * ``"k"``, ``"v"`` ``[batch, pos, n_kv_heads, d_head]``: the **kv head** the chosen heads read
+          (``axis=2``); on GQA/MQA one kv head serves several query heads, so the points are
+          deduplicated per ``(layer, kv head)`` and ``query_heads`` lists the chosen query heads it serves.
+          Intervening there changes every query head that reads that kv head, not only the chosen ones.
+
+        ``hook_result`` fires only when the model computes per-head results
+        (``model.set_use_attn_result(True)``): with ``hook="result"`` and a model (``model=``, or the
+        one the report was made from while it is alive) whose ``cfg.use_attn_result`` is off, this
+        refuses with that fix.
+
+        Args:
+            heads: ``"closed"`` (default; highest P first), ``"all"``, or ``(layer, head)`` pairs / a
+                DataFrame with ``layer``/``head`` columns (layer order).
+            hook: ``"z"``, ``"pattern"``, ``"attn_scores"``, ``"result"``, ``"q"``, ``"k"`` or ``"v"``
+                (TransformerLens names ``blocks.{l}.attn.hook_{hook}``).
+            model: the TransformerLens model the points are for (only checked for ``"result"``).
+
+        Returns:
+            ``list[HookPoint]`` (each unpacks as ``name, index``).
+
+        Raises:
+            OptionTypeError: ``hook`` is not a string. OptionError: an unknown selector or hook name; ``"result"``
+                on a model without ``use_attn_result``.
+        """
+        if not isinstance(hook, str):
+            raise OptionTypeError(f"hook must be one of {tuple(HOOK_AXES)}; got {type(hook).__name__} {hook!r}.")
+        if hook not in HOOK_AXES:
+            raise OptionError(f"hook must be one of {tuple(HOOK_AXES)}; got {hook!r}.")
+        if hook == "result":
+            m = model if model is not None else self.model
+            cfg = getattr(m, "cfg", None)
+            if cfg is not None and not getattr(cfg, "use_attn_result", False):
+                raise OptionError(
+                    "hook_result fires only when the model computes per-head results, and this model's "
+                    "cfg.use_attn_result is off: call model.set_use_attn_result(True) first (it costs a "
+                    "[batch, pos, n_heads, d_model] tensor per layer), or use hook='z' (the same heads, before W_O)."
+                )
+        if isinstance(heads, str):
+            if heads == "closed":
+                df = self.closed_heads
+            elif heads == "all":
+                df = self._heads
+            else:
+                raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
+            pairs = [(int(a), int(b)) for a, b in zip(df["layer"], df["head"])]
+        else:
+            from ..core.selection import select_heads
+
+            sel = select_heads(heads, sorted({int(v) for v in self._heads["layer"]}), self.info.n_heads)
+            pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
+        kind, axis = HOOK_AXES[hook]
+        if kind == "query":
+            return [HookPoint(f"blocks.{layer}.attn.hook_{hook}", h, layer, axis, (h,)) for layer, h in pairs]
+        h = self._heads
+        kv_of = {(int(a), int(b)): int(k) for a, b, k in zip(h["layer"], h["head"], h["kv_head"])}
+        served: dict[tuple[int, int], list[int]] = {}
+        for layer, h in pairs:
+            served.setdefault((layer, kv_of[(layer, h)]), []).append(h)
+        return [
+            HookPoint(f"blocks.{layer}.attn.hook_{hook}", kv, layer, axis, tuple(hs))
+            for (layer, kv), hs in served.items()
+        ]
+
+    # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
+    @strict_kwargs
+    def figure(self, value: str = "P") -> Any:
+        """Plotly heatmap (layer x head) of ``value`` (default P) with the closed heads marked."""
+        return views().heads_heatmap(self, value=value)
+
+    @strict_kwargs
+    def figures(self) -> list[Any]:
+        """Every figure of the report page (heatmap, controls, algebra summary)."""
+        return list(views().report_figures(self))
+
+    @strict_kwargs
+    def save_html(
+        self,
+        path: PathLike,
+        attention_text: str | None = None,
+        model: TLModel | None = None,
+        attention_heads: HeadPairs | None = None,
+        top_k: IntLike | None = None,
+        max_tokens: IntLike = 64,
+        roles: RoleAssociation | None = None,
+    ) -> str:
+        """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
+
+        Args:
+            path: output file (its folder must exist).
+            attention_text: add a circuitsvis view of the flagged heads' attention on this text
+                (needs ``model``, or the TransformerLens model the report was made from).
+            model: the TransformerLens model for the attention view.
+            attention_heads: ``(layer, head)`` pairs to show (default: every closed head, else the top 8 by P).
+            top_k: cap on the default heads.
+            max_tokens: cut the text to this many tokens (the page says so when it cuts).
+            roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (the closed
+                heads' role scores next to all heads, the association table, the top heads of each role and
+                the figure of each role's score against P; SPEC 11).
+
+        Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
+                from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
+            OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
+                ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.report.outputs`); ``attention_heads``,
+                ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model; ``roles``
+                joined with another report (names the heads).
+            OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result.
+        """
+        refuse_outputs_over_inputs([("path", path)], self.inputs)  # first, as every writer (write_output again)
+        out = report_output(  # checks roles against the report (renders nothing yet)
+            self,
+            attention_text=attention_text,
+            model=model,
+            attention_heads=attention_heads,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            roles=roles,
+        )
+        if attention_text is None:  # options of the attention view alone would be silently ignored
+            ignored = [n for n, v in (("attention_heads", attention_heads), ("top_k", top_k)) if v is not None]
+            if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 64):
+                ignored.append("max_tokens")
+            if ignored:
+                raise OptionError(
+                    f"{', '.join(ignored)} only apply to the attention view: give attention_text='...' too, or "
+                    "drop them."
+                )
+        return str(write_output(out, path, ("html",)))
+
+    @strict_kwargs
+    def export(self, path: PathLike, overwrite: bool = False) -> str:
+        """Write the report in the format the extension of ``path`` chooses (the output registry,
+        :mod:`tl_idempotence.report.outputs`; docs/definitions.md "Output formats"):
+
+        * ``.html``/``.htm``: the page of :meth:`save_html` (without an attention view);
+        * ``.json``: ``{"summary": ..., "closed_heads": [...]}`` (the CLI's ``--json``; NaN as ``null``);
+        * ``.csv`` / ``.parquet``: :attr:`heads` with its label first (the CLI's ``--csv``);
+        * a path without extension (or an existing folder): the save format of :meth:`save`.
+
+        Returns:
+            The path written.
+
+        Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is (or links to) something the report was read
+                from (:attr:`inputs`).
+            OptionError: another extension (names the known ones); a folder where a file goes; a missing folder;
+                an existing file without ``overwrite=True``; a file that cannot be written; the folder errors of
+                :meth:`save`.
+            OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
+        """
+        overwrite = check_bool(overwrite, "overwrite")
+        return str(write_output(report_output(self), path, overwrite=overwrite, replace_files=overwrite))
+
+    @strict_kwargs
+    def show_attention(
+        self,
+        text: str,
+        model: TLModel | None = None,
+        heads: HeadPairs | None = None,
+        top_k: IntLike | None = None,
+        max_tokens: IntLike = 64,
+    ) -> Any:
+        """circuitsvis view of the flagged heads' attention patterns on ``text`` (notebooks, offline).
+
+        Args:
+            text: the text to run.
+            model: the TransformerLens model (default: the one the report was made from, if alive).
+            heads: ``(layer, head)`` pairs (default: every closed head, else the top 8 by P).
+            top_k: cap on the default heads.
+            max_tokens: cut the text to this many tokens (the view says so when it cuts).
+
+        Returns:
+            :class:`tl_idempotence.views.attention.AttentionView` (displays itself in Jupyter).
+
+        Raises:
+            OptionError: no TransformerLens model is available.
+        """
+        from .attention import report_attention_view
+
+        return report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
+
+    def ablation(self, model: TLModel | None = None, **kwargs: Unpack[AblationArgs]) -> Ablation:
+        """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
+        from ..probes.ablation import ablation
+
+        m = model if model is not None else self.model
+        if m is None:
+            raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
+        return ablation(m, self.closed_heads, **kwargs)
+
+    @strict_kwargs
+    def roles(
+        self,
+        model: TLModel | None = None,
+        roles: HeadRoles | None = None,
+        n_tokens: IntLike | None = None,
+        n_sequences: IntLike | None = None,
+        n_permutations: IntLike = 999,
+        seed: IntLike = 0,
+    ) -> RoleAssociation:
+        """What the closed heads do (SPEC 11): :func:`~tl_idempotence.probes.roles.head_roles` of ``model`` joined
+        with this report's P, α and closed set, and each role's association with closure
+        (:func:`~tl_idempotence.report.roles.role_association`: Spearman ρ with a seeded permutation p, medians
+        among closed and other heads, Mann-Whitney p, BH q across roles).
+
+        Args:
+            model: the TransformerLens model (default: the one the report was made from, while it is alive). A
+                model given is checked against the report first (the report-identity check,
+                :func:`~tl_idempotence.report.identity.check_report_matches`: sizes, weight processing and every
+                measured layer's O/V fingerprint), since its role scores are joined to the report's P by label.
+            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed, of the report's model (its
+                sizes and weight processing are checked). ``model``, ``n_tokens`` and ``n_sequences`` are then
+                refused unless they are what ``roles`` was made with (they would be ignored).
+            n_tokens: passed to ``head_roles`` (default 24).
+            n_sequences: passed to ``head_roles`` (default 8).
+            seed: its tokens' seed and the permutations'.
+            n_permutations: permutations of each Spearman test.
+
+        Returns:
+            :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
+
+        Raises:
+            ReportMismatchError (an OptionError): ``model`` or ``roles`` is not of the model this report measured
+                (other sizes, weight processing or weights; names what differs).
+            OptionError: no model; roles of another model; ``roles`` with ``model``, ``n_tokens`` or
+                ``n_sequences`` other than what they were made with (names them). UnsupportedModelError /
+                OptionTypeError: as ``head_roles`` and ``role_association``.
+        """
+        from ..probes.roles import HeadRoles, head_roles
+        from ..sources.dispatch import head_source
+        from .identity import check_report_matches
+        from .roles import role_association
+
+        if roles is not None:
+            made = roles.options if isinstance(roles, HeadRoles) else {}
+            ignored = [
+                f"{name}={value!r} (the roles were made with {made.get(name)!r})"
+                for name, value in (("n_tokens", n_tokens), ("n_sequences", n_sequences))
+                if value is not None and value != made.get(name)
+            ]
+            if model is not None and (not isinstance(roles, HeadRoles) or head_source(model).info != roles.info):
+                ignored.insert(0, f"model={type(model).__name__} (not the model the roles were made from)")
+            if ignored:
+                raise OptionError(
+                    f"rep.roles(roles=...) uses the head roles given; {', '.join(ignored)} would be ignored. Drop "
+                    "them, or pass model=... without roles= to compute the roles again."
+                )
+            if isinstance(roles, HeadRoles):
+                check_report_matches(
+                    self,
+                    what=f"The model of the roles given, {roles.info.model_name!r},",
+                    fix="Pass the head roles of the model the report was made from (tli.head_roles(model)).",
+                    info=roles.info,
+                )
+        if roles is None:
+            m = model if model is not None else self.model
+            if m is None:
+                raise OptionError(
+                    "rep.roles needs a TransformerLens model to run (the head detector runs it on tokens): this "
+                    f"report was measured from {self.info.model_class} {self.info.model_name!r}, which is not alive "
+                    "here or gives weights only (a checkpoint path, a HeadSource). Pass rep.roles(model=...) with "
+                    "the HookedTransformer or TransformerBridge of the same weights."
+                )
+            if m is not self.model:
+                src = head_source(m)
+                check_report_matches(
+                    self,
+                    what=f"The model given, {src.info.model_name!r} ({type(m).__name__}),",
+                    fix="Pass the model the report was made from, with the same weight processing.",
+                    source=src,
+                )
+            roles = head_roles(
+                m,
+                n_tokens=24 if n_tokens is None else n_tokens,
+                n_sequences=8 if n_sequences is None else n_sequences,
+                seed=seed,
+            )
+        return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
+
+    @strict_kwargs
+    def circuit(
+        self, heads: Any, roles: HeadRoles | RoleAssociation | None = None, n_sets: IntLike = 999, seed: IntLike = 0
+    ) -> Circuit:
+        """A circuit tested against this report's closed set (SPEC 11).
+
+        Args:
+            heads: ``[(layer, head)]``, ``"L10H8"`` labels, or :meth:`hook_points` output (``hook_k``/``hook_v``
+                points stand for the query heads they list).
+            roles: add these head roles (a ``HeadRoles`` or ``rep.roles(...)``) to the circuit's rows.
+            n_sets: random layer-matched sets of the permutation p-value (floor ``1/(n_sets + 1)``).
+            seed: their seed.
+
+        Returns:
+            :class:`~tl_idempotence.report.roles.Circuit`: ``.heads``, ``.n_overlap``, ``.p_hypergeom``
+            (scipy's hypergeometric tail over the measured heads), ``.p_layer_matched``.
+
+        Raises:
+            OptionTypeError: heads that are not pairs, labels or hook points.
+            OptionError: no heads; heads the model lacks, duplicates, or heads outside the measured layers (named).
+        """
+        from .roles import RoleAssociation, circuit_overlap, parse_circuit
+
+        pairs = parse_circuit(heads, self.info.n_layers, self.info.n_heads, self.heads["layer"].unique().tolist())
+        r = roles.roles if isinstance(roles, RoleAssociation) else roles
+        return circuit_overlap(self.heads, pairs, self.threshold, roles=r, n_sets=n_sets, seed=seed)
+
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save the report as a folder of parquet tables and one JSON record (no pickle); reload it with
+        :func:`load_report`. See :mod:`tl_idempotence.report.store` for the layout.
+
+        Raises:
+            OutputOverInputError (an ``OptionError``): ``path`` is a folder or file the report was read from
+                (:attr:`inputs`: its checkpoint, its resume folder, the folder it was loaded from).
+            OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), or its parent is missing.
+            OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
+        """
+        return str(write_output(report_output(self), path, (FOLDER,), overwrite=overwrite))
