@@ -341,16 +341,14 @@ def test_P_and_closed_must_be_floats_and_booleans(saved, original, column, dtype
 
 
 def test_an_unreadable_table_names_the_readers_error(saved):
-    f = saved / RECORD
     t = saved / "layers.parquet"
     t.write_bytes(b"PAR1 but not parquet")
     rewrite(saved, lambda r: r["files"].update(layers=hashlib.sha256(t.read_bytes()).hexdigest()))
     with pytest.raises(ReportFileError) as e:
         read_record(saved)
     cause = e.value.__cause__
-    assert cause is not None and str(e.value) == (
-        f"{t} is not a readable parquet file ({type(cause).__name__}: {cause})."
-    ), f
+    assert cause is not None
+    assert str(e.value) == f"{t} is not a readable parquet file ({type(cause).__name__}: {cause})."
     assert "NoneType" not in str(e.value)
 
 
