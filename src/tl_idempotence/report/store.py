@@ -346,7 +346,8 @@ def read_record(path: Any) -> ReportRecord:
         MissingFileError: no such folder, or a file the record lists is missing.
         ReportFileError (a ``CheckpointError``/``ValueError``): the record is malformed, edited (its
             digest does not match) or of another format, or a table file does not match its recorded
-            sha256 (names the file); the record's sizes or ``closed`` column do not fit its tables; a summary
+            sha256 (names the file); the record's sizes or ``closed`` column do not fit its tables, or ``P`` and
+            ``closed`` are not columns of floats and booleans (never cast: a cast would hide what they hold); a summary
             field that is impossible (:meth:`ReportSummary.from_dict`) or not what the tables give
             (:func:`_check_summary_fits_tables`: names the field and both values).
         OptionTypeError: ``path`` is not a path.
@@ -402,6 +403,12 @@ def read_record(path: Any) -> ReportRecord:
         )
     # What the threshold decides must agree with the numbers it was decided from.
     if {"P", "closed"} <= set(heads.columns):
+        P, closed = heads["P"].dtype, heads["closed"].dtype
+        if not (isinstance(P, np.dtype) and P.kind == "f") or closed != np.bool_:  # a cast would hide what they hold
+            raise ReportFileError(
+                f"{d / 'heads.parquet'}: P and 'closed' are columns of {P} and {closed}, not of floats and booleans: "
+                "the tables and the record do not belong together."
+            )
         want = (heads["P"] >= options.threshold).to_numpy(dtype=bool)
         got = heads["closed"].to_numpy(dtype=bool)
         if not (want == got).all():
