@@ -39,7 +39,7 @@ from ..core.option_specs import with_absent
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
-from .summary import ReportSummary, build_summary, optional_field
+from .summary import ReportSummary, build_summary, field_rules, optional_field
 
 __all__ = [
     "FORMAT",
@@ -339,6 +339,23 @@ def _read_listed_tables(d: Path, rec_file: Path, files: dict[Any, Any]) -> dict[
     return tables
 
 
+#: summary fields of the "dict" rule that hold text only (weights' processing, versions, file names)
+_TEXT_DICT_FIELDS = frozenset({"processing", "versions", "source"})
+
+
+def _restore_summary(raw: Any) -> Any:
+    """A saved summary with its RECORD-policy floats back (``"NaN"`` -> nan), except in its text: fields of rule
+    ``str``/``strs`` and the text dicts keep what was written (a model named "NaN" is a name, not a float).
+
+    Raises: nothing (a malformed record is refused by ``ReportSummary.from_dict``)."""
+    restored = json_restore(raw)
+    if isinstance(raw, dict) and isinstance(restored, dict):
+        for k, rule in field_rules().items():
+            if k in raw and (rule in ("str", "strs") or k in _TEXT_DICT_FIELDS):
+                restored[k] = json_restore(raw[k], set())  # int keys back, no "NaN" restored
+    return restored
+
+
 def read_record(path: Any) -> ReportRecord:
     """Read a folder written by :func:`write_record`, checking every file against its recorded sha256.
 
@@ -376,7 +393,7 @@ def read_record(path: Any) -> ReportRecord:
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
-        summary = ReportSummary.from_dict(_untag_int_keys(json_restore(rec["summary"])))
+        summary = ReportSummary.from_dict(_untag_int_keys(_restore_summary(rec["summary"])))
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(
             f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e})."

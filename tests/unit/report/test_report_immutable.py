@@ -138,7 +138,7 @@ def test_the_summarys_lists_and_dicts_cannot_be_edited_in_place(rep, tmp_path):
         lambda: s.scramble.layers_trained_loses.append(7),
         lambda: rep.with_threshold(0.5).summary.versions.update(torch="0"),
     ]
-    for i, edit in enumerate(edits):
+    for edit in edits:
         with pytest.raises(TypeError, match="read-only"):
             edit()
     assert json.dumps(s.to_dict(), sort_keys=True, default=str) == before

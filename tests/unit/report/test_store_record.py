@@ -410,3 +410,19 @@ def test_reports_of_other_options_load(tmp_path, options, files):
     back = read_record(d)
     assert set(back.tables) == files - {"heads", "layers"}
     assert back.summary.get("algebra") == rep.summary.get("algebra")
+
+
+@pytest.mark.parametrize("name", ["NaN", "Infinity", "-Infinity"])
+def test_a_model_whose_name_reads_as_a_float_saves_and_loads(tmp_path, name):
+    """The record writes NaN floats as the text "NaN"; reading it back turned every such text into a float, so a
+    report of a model named "NaN" saved but could not be loaded ("summary field model_name must be a str")."""
+    from helpers import SyntheticSource, gaussian_layer
+
+    src = SyntheticSource([gaussian_layer(0, 4, 4, 16, 4, seed=0)], name=name)
+    rep = tli.idempotence_report(src, progress=False)
+    rep.save(tmp_path / "r")
+    back = tli.load_report(tmp_path / "r")
+    assert back.summary.model_name == name and back.info.model_name == name
+    assert back.summary.to_dict() == rep.summary.to_dict() or json.dumps(
+        back.summary.to_dict(), sort_keys=True, default=str
+    ) == json.dumps(rep.summary.to_dict(), sort_keys=True, default=str)
