@@ -201,10 +201,10 @@ class ReportSummary(Mapping[str, Any]):
             raise OptionTypeError("ReportSummary.analyses must map analysis names to their SummaryRecord.")
         # a read-only copy (a record cannot be replaced or dropped after validation; it pickles, for Dask)
         object.__setattr__(self, "analyses", RecordMap(self.analyses))
+        _validate(self)
         for f in fields(self):  # its lists and dicts (processing, versions, ...) cannot be edited in place
             if f.name != "analyses":
                 object.__setattr__(self, f.name, frozen(getattr(self, f.name)))
-        _validate(self)
 
     # ---------------------------------------------------------------- the analyses' records
     def __getattr__(self, name: str) -> Any:
