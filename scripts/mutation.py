@@ -48,7 +48,8 @@ class Target:
     tests: tuple[str, ...]  # pytest selection (files or node ids; tests/unit first, then the tests moved to
     # tests/integration for time that the target's files held before the tiers were folders)
     why: str
-    #: node ids left out of the run: tests that need what the run switches off (jaxtyping's shape hook)
+    #: node ids left out of the run: tests that need what the run switches off (jaxtyping's shape hook), or
+    #: that cannot hold under mutmut by construction (each deselect says why where it is declared)
     deselect: tuple[str, ...] = ()
     #: more module files the ``mutants`` globs reach (a target's functions in two modules)
     more_sources: tuple[str, ...] = ()
@@ -95,6 +96,12 @@ TARGETS: dict[str, Target] = {
             ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.report.parts.x__record_digest*"),
             ("tests/unit/report/test_resume.py", "tests/unit/report/test_resume_integrity.py"),
             "a resumed layer is taken only if its weight fingerprint, options and digest match",
+            # mutmut calls ResumeDir.load through its trampoline, a frame of mutmut.mutation.trampoline between
+            # the user's line and the package: warn_at_caller (core/kwargs.py, not mutated here) rightly stops
+            # there, so the warning names trampoline.py; the test holds in every pytest tier, never under mutmut
+            deselect=(
+                "tests/unit/report/test_resume_integrity.py::test_a_stale_part_warning_points_at_the_users_line",
+            ),
         ),
         Target(
             "store_digest",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..core.frozen import frozen, thawed
 from ..core.option_specs import OptionSpec
 from ..errors import OptionError, OptionTypeError
 
@@ -143,6 +144,7 @@ class SummaryRecord(Mapping[str, Any]):
             if v is None and f.default is None:
                 continue
             check_summary_field(f.name, f.metadata["rule"], v)
+            object.__setattr__(self, f.name, frozen(v))  # its lists and dicts cannot be edited in place
         own = self.to_dict()
         for count, total in self.bounds:
             a, b = own.get(count), own.get(total)
@@ -169,8 +171,8 @@ class SummaryRecord(Mapping[str, Any]):
         return tuple(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields that are set, in order (JSON values; the form a saved report holds)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        """The fields that are set, in order (JSON values; the form a saved report holds): a plain, editable copy."""
+        return {f.name: thawed(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SummaryRecord:

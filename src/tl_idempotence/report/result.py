@@ -276,7 +276,9 @@ class IdempotenceReport(Result):
         if not self.options.algebra:
             return None
         rt = AlgebraAnalysis.ranges_threshold(self._layers, self._ranges_threshold())
-        return AlgebraAnalysis.combine(self._tables, self.info, self.threshold, rt)
+        # copies: the algebra's frames are the user's to edit, never this report's (or a with_threshold sibling's)
+        tables = {k: v.copy() for k, v in self._tables.items() if k.startswith("algebra_")}
+        return AlgebraAnalysis.combine(tables, self.info, self.threshold, rt)
 
     @strict_kwargs
     def paper_table(self, formatted: bool = False) -> pd.DataFrame:

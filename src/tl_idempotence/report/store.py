@@ -39,7 +39,7 @@ from ..core.option_specs import with_absent
 from ..core.options import ReportOptions, check_bool
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
-from .summary import ReportSummary, build_summary, optional_field
+from .summary import ReportSummary, build_summary, field_rules, optional_field
 
 __all__ = [
     "FORMAT",
@@ -339,6 +339,23 @@ def _read_listed_tables(d: Path, rec_file: Path, files: dict[Any, Any]) -> dict[
     return tables
 
 
+#: summary fields of the "dict" rule that hold text only (weights' processing, versions, file names)
+_TEXT_DICT_FIELDS = frozenset({"processing", "versions", "source"})
+
+
+def _restore_summary(raw: Any) -> Any:
+    """A saved summary with its RECORD-policy floats back (``"NaN"`` -> nan), except in its text: fields of rule
+    ``str``/``strs`` and the text dicts keep what was written (a model named "NaN" is a name, not a float).
+
+    Raises: nothing (a malformed record is refused by ``ReportSummary.from_dict``)."""
+    restored = json_restore(raw)
+    if isinstance(raw, dict) and isinstance(restored, dict):
+        for k, rule in field_rules().items():
+            if k in raw and (rule in ("str", "strs") or k in _TEXT_DICT_FIELDS):
+                restored[k] = json_restore(raw[k], set())  # int keys back, no "NaN" restored
+    return restored
+
+
 def read_record(path: Any) -> ReportRecord:
     """Read a folder written by :func:`write_record`, checking every file against its recorded sha256.
 
@@ -346,7 +363,8 @@ def read_record(path: Any) -> ReportRecord:
         MissingFileError: no such folder, or a file the record lists is missing.
         ReportFileError (a ``CheckpointError``/``ValueError``): the record is malformed, edited (its
             digest does not match) or of another format, or a table file does not match its recorded
-            sha256 (names the file); the record's sizes or ``closed`` column do not fit its tables; a summary
+            sha256 (names the file); the record's sizes or ``closed`` column do not fit its tables, or ``P`` and
+            ``closed`` are not columns of floats and booleans (never cast: a cast would hide what they hold); a summary
             field that is impossible (:meth:`ReportSummary.from_dict`) or not what the tables give
             (:func:`_check_summary_fits_tables`: names the field and both values).
         OptionTypeError: ``path`` is not a path.
@@ -375,7 +393,7 @@ def read_record(path: Any) -> ReportRecord:
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
-        summary = ReportSummary.from_dict(_untag_int_keys(json_restore(rec["summary"])))
+        summary = ReportSummary.from_dict(_untag_int_keys(_restore_summary(rec["summary"])))
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(
             f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e})."
@@ -402,6 +420,12 @@ def read_record(path: Any) -> ReportRecord:
         )
     # What the threshold decides must agree with the numbers it was decided from.
     if {"P", "closed"} <= set(heads.columns):
+        P, closed = heads["P"].dtype, heads["closed"].dtype
+        if not (isinstance(P, np.dtype) and P.kind == "f") or closed != np.bool_:  # a cast would hide what they hold
+            raise ReportFileError(
+                f"{d / 'heads.parquet'}: P and 'closed' are columns of {P} and {closed}, not of floats and booleans: "
+                "the tables and the record do not belong together."
+            )
         want = (heads["P"] >= options.threshold).to_numpy(dtype=bool)
         got = heads["closed"].to_numpy(dtype=bool)
         if not (want == got).all():

@@ -23,6 +23,7 @@ from ..analyses import registry
 from ..analyses.base import Analysis
 from ..analyses.spec import AnalysisSpec, SummaryRecord, check_summary_field
 from ..core.files import package_code_sha256
+from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo
 from ..core.options import ReportOptions
 from ..errors import OptionError, OptionTypeError
@@ -201,6 +202,9 @@ class ReportSummary(Mapping[str, Any]):
         # a read-only copy (a record cannot be replaced or dropped after validation; it pickles, for Dask)
         object.__setattr__(self, "analyses", RecordMap(self.analyses))
         _validate(self)
+        for f in fields(self):  # its lists and dicts (processing, versions, ...) cannot be edited in place
+            if f.name != "analyses":
+                object.__setattr__(self, f.name, frozen(getattr(self, f.name)))
 
     # ---------------------------------------------------------------- the analyses' records
     def __getattr__(self, name: str) -> Any:
@@ -231,14 +235,14 @@ class ReportSummary(Mapping[str, Any]):
             out.update(r.to_dict())
         for f in fields(self):
             if f.name not in _MEASURED and f.name != "analyses" and getattr(self, f.name) is not None:
-                out[f.name] = getattr(self, f.name)
+                out[f.name] = thawed(getattr(self, f.name))
         return out
 
     def __getitem__(self, key: str) -> Any:
         d = self.to_dict()
         if not isinstance(key, str) or key not in d:
             raise KeyError(key)
-        return d[key]
+        return frozen(d[key])  # read-only: an edit raises rather than changing a throwaway copy
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.to_dict())

@@ -642,3 +642,19 @@ def test_the_models_own_torch_hooks_are_not_taken_for_the_users(request, name):
     finally:
         handle.remove()
     assert _registered_hooks(model) == []
+
+
+@pytest.mark.bridge
+def test_the_controls_warning_names_the_users_line_through_the_report_too(gpt2_bridge):
+    """``rep.ablation(...)`` adds a frame between the user and ``tli.ablation``: the few-controls warning used a
+    fixed stacklevel and named the report's own file there, which Python's default filters hide in a script."""
+    rep = tli.idempotence_report(gpt2_bridge, progress=False)
+    rep = rep.with_threshold(float(rep.heads["P"].max()))
+    assert len(rep.closed_heads) == 1  # one head of a 4-head layer: 3 distinct matched sets
+    for call in (
+        lambda: rep.ablation(gpt2_bridge, texts=TOKENS, n_controls=200, **KW),
+        lambda: ablation(gpt2_bridge, rep.closed_heads, TOKENS, n_controls=200, **KW),
+    ):
+        with pytest.warns(UserWarning, match="only 3 distinct matched control sets") as rec:
+            call()
+        assert [w.filename for w in rec if "distinct matched" in str(w.message)] == [__file__]

@@ -103,3 +103,50 @@ def test_a_report_pickled_with_public_frames_still_loads(rep):
     old = object.__new__(type(rep))
     old.__setstate__(state)
     assert old.heads.equals(rep.heads) and old.layers.equals(rep.layers) and list(old.tables) == list(rep.tables)
+
+
+def test_the_algebras_frames_are_copies_of_the_reports(rep):
+    """``rep.algebra`` wrapped the report's own algebra tables, which ``with_threshold`` shares with the report it
+    came from: editing ``rep2.algebra.pairs`` in place changed ``rep``'s tables, its save and later summaries."""
+    sibling = rep.with_threshold(0.5)
+    before, before_sibling = _snapshot(rep), _snapshot(sibling)
+    for r in (rep, sibling):
+        alg = r.algebra
+        for frame in (alg.pairs, alg.heads, alg.groups, alg.closed_ranges):
+            if len(frame):
+                frame.iloc[0, frame.columns.get_loc(frame.select_dtypes("number").columns[0])] = -999
+    _same(before, _snapshot(rep))
+    _same(before_sibling, _snapshot(sibling))
+
+
+def test_the_summarys_lists_and_dicts_cannot_be_edited_in_place(rep, tmp_path):
+    """``rep.summary["closed_per_layer"][0] = 99`` changed the summary; ``rep.save`` then wrote a record
+    ``load_report`` refuses, and a ``with_threshold`` sibling shared ``versions``. Now every list and dict the
+    summary hands out (flat view, attributes, the analyses' records) refuses an edit with ``TypeError``; a copy
+    (``to_dict()``, ``copy.deepcopy``) is the user's to edit."""
+    import copy
+
+    s = rep.summary
+    before = json.dumps(s.to_dict(), sort_keys=True, default=str)
+    edits = [
+        lambda: s["closed_per_layer"].__setitem__(0, 99),
+        lambda: s.closure.closed_per_layer.update({0: 99}),
+        lambda: s.versions.__setitem__("torch", "0"),
+        lambda: s.processing.clear(),
+        lambda: s.options.pop("seed"),
+        lambda: s["algebra"].setdefault("x", 1),
+        lambda: s.scramble.layers_trained_loses.append(7),
+        lambda: rep.with_threshold(0.5).summary.versions.update(torch="0"),
+    ]
+    for edit in edits:
+        with pytest.raises(TypeError, match="read-only"):
+            edit()
+    assert json.dumps(s.to_dict(), sort_keys=True, default=str) == before
+    mine = s.to_dict()
+    mine["closed_per_layer"][0] = 99  # a plain copy
+    mine2 = copy.deepcopy(s["processing"])
+    mine2["x"] = 1
+    assert type(mine2) is dict and json.dumps(s.to_dict(), sort_keys=True, default=str) == before
+    assert pickle.loads(pickle.dumps(s)).to_dict() == s.to_dict()
+    rep.save(tmp_path / "r")
+    assert tli.load_report(tmp_path / "r").summary.to_dict() == s.to_dict()

@@ -472,6 +472,17 @@ def not_parquet(rec: dict, rd: Path) -> None:
     rec["files"]["heads"] = hashlib.sha256(t.read_bytes()).hexdigest()
 
 
+def damaged_footer(rec: dict, rd: Path) -> None:
+    """heads table replaced by a parquet file whose footer metadata is garbage (pyarrow raises an OSError
+    without errno for it), its recorded sha256 updated to match."""
+    import hashlib
+    import struct
+
+    t = rd / "layer_00001.heads.parquet"
+    t.write_bytes(b"PAR1" + b"\0" * 20 + b"\xff" * 30 + struct.pack("<i", 30) + b"PAR1")
+    rec["files"]["heads"] = hashlib.sha256(t.read_bytes()).hexdigest()
+
+
 PART_EDITS = {  # (edit of layer 1's record, recompute the digest, the exact reason the warning gives)
     "other format": (lambda r, _: r.update(format="other/1"), True, "not a part record of this format"),
     "stale digest": (
@@ -489,6 +500,11 @@ PART_EDITS = {  # (edit of layer 1's record, recompute the digest, the exact rea
     "row keys differ": (lambda r, _: r.update(row_keys=["nope"]), True, "its layer row is malformed"),
     "row not a mapping": (lambda r, _: r.update(row=list(r["row_keys"])), True, "its layer row is malformed"),
     "not parquet": (not_parquet, True, "layer_00001.heads.parquet is not a readable parquet file (Arrow"),
+    "damaged footer": (  # the reader's own words when the OSError has no strerror (mutation testing: never "None")
+        damaged_footer,
+        True,
+        "layer_00001.heads.parquet cannot be read (Could not open Parquet input source '",
+    ),
 }
 
 

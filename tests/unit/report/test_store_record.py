@@ -1,10 +1,13 @@
-"""``read_record`` refuses every folder that lies, each with its own words (issue 30; the mutation target
-``store_digest`` runs these, its fastest killing tests: a tiny synthetic report instead of SmolLM2).
+"""``read_record`` refuses every folder that lies, each with its own words (issue 30; the mutation targets
+``store_digest`` and ``store_read`` run these, their fastest killing tests: a tiny synthetic report instead of
+SmolLM2).
 
 Each case copies one saved report and changes one thing: the record's type, format, digest, file list, a
 table's bytes, a table's contents with its sha256 and the digest recomputed (what an adversary does), the
-sizes, the closed column. The digest is recomputed here from its definition (sha256 of the record without
-``digest`` as canonical JSON: sorted keys, ``,``/``:`` separators, no NaN), never by the module.
+sizes, the closed column and the types of P and closed. The tests after the marked line are those the run of
+``store_read`` (``read_record``, ``_read_listed_tables``) found missing. The digest is recomputed here from its
+definition (sha256 of the record without ``digest`` as canonical JSON: sorted keys, ``,``/``:`` separators, no
+NaN), never by the module.
 """
 
 from __future__ import annotations
@@ -277,3 +280,149 @@ def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
     # no kv_head column: nothing to check the kv heads of; the rest fits, so it loads
     rewrite(saved, tables={"heads": h.drop(columns=["kv_head"])})
     assert "kv_head" not in read_record(saved).heads.columns
+
+
+# ----------------------------------------------------------------- what read_record's mutation run found untested
+
+
+def test_a_record_that_is_not_json_is_refused_naming_it(saved):
+    f = saved / RECORD
+    f.write_text("{")
+    assert refused(saved) == (
+        f"report record {f} is not valid JSON (line 1, column 2: Expecting property name enclosed in double quotes)."
+    )
+    f.write_bytes(b"\xff")
+    assert refused(saved) == f"report record {f} is not UTF-8 text (byte 0): the file is corrupt or not JSON."
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "measured"),
+    [
+        ("n_layers", 3, 2),
+        ("n_heads_per_layer", 5, 4),
+        ("n_kv_heads", 1, 2),
+        ("d_model", 13, 12),
+        ("d_head", 4, 3),
+        ("n_heads", 9, 8),
+        ("n_attention_layers", 1, 2),
+    ],
+)
+def test_each_size_the_summary_repeats_is_checked_against_what_was_measured(saved, field, value, measured):
+    """Each size is compared by its own name (an edit of one is refused here, before the summary is recomputed)."""
+    f = rewrite(saved, lambda r: r["summary"].update({field: value}))
+    assert refused(saved) == (
+        f"{f}: the summary and what was measured (info, tables) disagree on {field} ({value!r} vs {measured!r}): the "
+        "record was edited. Save the report again from its source."
+    )
+
+
+@pytest.mark.parametrize(
+    ("column", "dtype"),
+    [
+        ("closed", "int64"),  # 0/1: a cast to bool, or a comparison with bools, would take it
+        ("closed", "float64"),
+        ("closed", "boolean"),  # pandas' nullable booleans
+        ("P", "Float64"),  # pandas' nullable floats
+        ("P", "str"),
+    ],
+)
+def test_P_and_closed_must_be_floats_and_booleans(saved, original, column, dtype):
+    """A cast to bool would take 0/1, 0.5 or 2 for a closed head and let the table load holding them: the columns
+    are judged by their type, so a loaded report's ``closed`` is the boolean column the report wrote."""
+    h = _heads(original)
+    rewrite(saved, tables={"heads": h.assign(**{column: h[column].astype(dtype)})})
+    back = _heads(saved)
+    if dtype != "str":  # (text reads back as object or str, by pandas version)
+        assert str(back[column].dtype) == dtype  # parquet keeps the type
+    assert refused(saved) == (
+        f"{saved / 'heads.parquet'}: P and 'closed' are columns of {back['P'].dtype} and {back['closed'].dtype}, not "
+        "of floats and booleans: the tables and the record do not belong together."
+    )
+
+
+def test_an_unreadable_table_names_the_readers_error(saved):
+    t = saved / "layers.parquet"
+    t.write_bytes(b"PAR1 but not parquet")
+    rewrite(saved, lambda r: r["files"].update(layers=hashlib.sha256(t.read_bytes()).hexdigest()))
+    with pytest.raises(ReportFileError) as e:
+        read_record(saved)
+    cause = e.value.__cause__
+    assert cause is not None
+    assert str(e.value) == f"{t} is not a readable parquet file ({type(cause).__name__}: {cause})."
+    assert "NoneType" not in str(e.value)
+
+
+def test_a_table_name_is_letters_digits_and_underscores_of_either_case(saved, original):
+    """``[A-Za-z0-9_]+``: a listed table the format does not write is checked against its sha256 and read."""
+    extra = pd.DataFrame({"x": [1.0, 2.0]})
+    rewrite(saved, tables={"Extra_2": extra})
+    assert read_record(saved).tables["Extra_2"].equals(extra)
+    (saved / "Extra_2.parquet").write_bytes((saved / "Extra_2.parquet").read_bytes() + b"\0")
+    assert refused(saved).startswith(f"{saved / 'Extra_2.parquet'} does not match the sha256 recorded in")
+
+
+def test_the_summary_loaded_is_the_records(saved):
+    rec = json.loads((saved / RECORD).read_text())
+    back = read_record(saved)
+    assert back.summary["n_closed"] == rec["summary"]["n_closed"] == 2
+    assert back.summary["median_P"] == rec["summary"]["median_P"]
+    assert back.summary["n_heads_q05"] == rec["summary"]["n_heads_q05"]
+
+
+def test_a_record_saved_before_a_derived_field_existed_gets_it_from_its_tables(saved):
+    want = json.loads((saved / RECORD).read_text())["summary"]["n_heads_q05"]
+    assert isinstance(want, int)
+    rewrite(saved, lambda r: r["summary"].pop("n_heads_q05"))
+    assert read_record(saved).summary["n_heads_q05"] == want
+
+
+def test_an_edited_summary_field_is_refused_naming_the_record(saved):
+    rec = json.loads((saved / RECORD).read_text())
+    f = rewrite(saved, lambda r: r["summary"].update(median_P=0.5))
+    assert refused(saved) == (
+        f"{f}: summary['median_P'] is 0.5 in the record but {rec['summary']['median_P']!r} from its tables, info and "
+        "options: the record was edited. Save the report again from its source."
+    )
+
+
+def test_text_in_the_info_that_reads_NaN_stays_text(saved):
+    """Only float fields get NaN back: the info's text is never restored (a checkpoint's extra config)."""
+    rewrite(saved, lambda r: (r["info"].update(extra={"note": "NaN"}), r["summary"].update(source={"note": "NaN"})))
+    assert read_record(saved).info.extra == {"note": "NaN"}
+
+
+@pytest.mark.parametrize(
+    ("options", "files"),
+    [
+        ({"nulls": 0}, {"heads", "layers"}),  # only the two tables every report has
+        (
+            {"nulls": 0, "algebra": True},  # the one analysis whose summary reads its own tables
+            {"heads", "layers", "algebra_pairs", "algebra_heads", "algebra_groups", "algebra_ranges"}
+            | {"algebra_closed_ranges"},
+        ),
+    ],
+)
+def test_reports_of_other_options_load(tmp_path, options, files):
+    rep = tli.idempotence_report(_layers(), progress=False, **options)
+    d = Path(rep.save(tmp_path / "rep"))
+    rec = json.loads((d / RECORD).read_text())
+    assert set(rec["files"]) == files
+    back = read_record(d)
+    assert set(back.tables) == files - {"heads", "layers"}
+    assert back.summary.get("algebra") == rep.summary.get("algebra")
+
+
+@pytest.mark.parametrize("name", ["NaN", "Infinity", "-Infinity"])
+def test_a_model_whose_name_reads_as_a_float_saves_and_loads(tmp_path, name):
+    """The record writes NaN floats as the text "NaN"; reading it back turned every such text into a float, so a
+    report of a model named "NaN" saved but could not be loaded ("summary field model_name must be a str")."""
+    from helpers import SyntheticSource, gaussian_layer
+
+    src = SyntheticSource([gaussian_layer(0, 4, 4, 16, 4, seed=0)], name=name)
+    rep = tli.idempotence_report(src, progress=False)
+    rep.save(tmp_path / "r")
+    back = tli.load_report(tmp_path / "r")
+    assert back.summary.model_name == name and back.info.model_name == name
+    assert back.summary.to_dict() == rep.summary.to_dict() or json.dumps(
+        back.summary.to_dict(), sort_keys=True, default=str
+    ) == json.dumps(rep.summary.to_dict(), sort_keys=True, default=str)

@@ -7,11 +7,11 @@ and the result built (:mod:`~tl_idempotence.probes.ablation.result`). Definition
 from __future__ import annotations
 
 import difflib
-import warnings
 from collections.abc import Sized
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from ...core.heads import kv_layout
+from ...core.kwargs import warn_at_caller
 from ...core.options import check_bool, check_int, check_seed, strict_kwargs
 from ...core.selection import select_heads
 from ...errors import OptionError, OptionTypeError, UnsupportedModelError
@@ -228,7 +228,7 @@ def ablation(
     toks, counted = _windows(model, texts, seq_len, max_tokens, text_column)
     plan = plan_sets(flagged, n_heads, n_controls, seed, singles)
     if plan.warning:
-        warnings.warn(f"tli.ablation: {plan.warning}.", UserWarning, stacklevel=3)
+        warn_at_caller(f"tli.ablation: {plan.warning}.", UserWarning)  # the user's line, via rep.ablation too
 
     clean_s, sums, n_tok, run = run_sets(model, toks, counted, plan.sets, kind, batch_size, progress)
     losses = Losses.of(clean_s, sums, n_tok, plan.n_controls)
