@@ -94,8 +94,8 @@ def _summary_text(rep: Any) -> str:
     s = rep.summary
     lines = [
         headline(s, rep.threshold),
-        f"model: {s['model_name']} ({s['model_class']}), {s['n_attention_layers']} attention layers x "
-        f"{s['n_heads_per_layer']} heads ({s['n_kv_heads']} kv heads), d_model {s['d_model']}, d_head {s['d_head']}",
+        f"model: {s.model_name} ({s.model_class}), {s.n_attention_layers} attention layers x "
+        f"{s.n_heads_per_layer} heads ({s.n_kv_heads} kv heads), d_model {s.d_model}, d_head {s.d_head}",
     ]
     closed = rep.closed_heads
     if len(closed):

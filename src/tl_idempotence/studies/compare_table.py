@@ -193,7 +193,7 @@ def comparison_table(reports: Mapping[str, IdempotenceReport], paper: bool = Tru
         majority = next(k for k in keys if counts[k] == best)  # ties: the first model's
         for row, k in zip(rows, keys):
             row["processing_differs"] = k != majority
-    fps = [str(rep.summary.get("weights_fingerprint", "")) for rep in reports.values()]
+    fps = [str(rep.summary.weights_fingerprint or "") for rep in reports.values()]
     first: dict[str, int] = {}
     for row, fp in zip(rows, fps):
         group = first.setdefault(fp, len(first) + 1) if fp else None

@@ -101,7 +101,7 @@ def _classify(value: Any, where: str) -> tuple[str, Any]:
 
 def _default_label(kind: str, value: Any, where: str) -> str:
     if kind == "report":
-        return str(value.summary.get("model_name") or "report")
+        return str(value.summary.model_name or "report")
     if kind in ("path", "saved"):
         return path_label(Path(value))
     if kind == "zoo":

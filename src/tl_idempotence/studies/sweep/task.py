@@ -279,7 +279,7 @@ def saved_report(
         rep = load_report(d)
     except (TLIError, OSError) as e:
         return None, f"the saved report is unreadable ({type(e).__name__}: {e})"
-    saved_v = rep.summary.get("versions") or {}
+    saved_v = rep.summary.versions or {}
     now_v = versions()
     for key in ("tl_idempotence", "tl_idempotence_code"):
         if saved_v.get(key) != now_v.get(key):
@@ -422,7 +422,7 @@ def _run_locked(at: _Attempt, opts: ReportOptions, files: ItemFiles) -> dict[str
 def _skip(at: _Attempt, files: ItemFiles, saved: IdempotenceReport) -> dict[str, Any]:
     """The outcome of a task whose saved report stands for its item: ``computed`` when this run computed it
     already (the task ran twice: computed once), else ``skipped`` (recorded)."""
-    fingerprint = saved.summary.get("weights_fingerprint")
+    fingerprint = saved.summary.weights_fingerprint
     digest = files.report_digest()
     rec, _ = files.read_record()
     if (
@@ -442,7 +442,7 @@ def _save(at: _Attempt, files: ItemFiles, rep: IdempotenceReport, reason: str) -
     tmp = files.out / f"{TMP_PREFIX}{at.task.dirname}-{uuid.uuid4().hex[:8]}"
     try:
         rep.save(tmp)
-        out = at.row("computed", reason, sha256_file(tmp / RECORD), rep.summary.get("weights_fingerprint"))
+        out = at.row("computed", reason, sha256_file(tmp / RECORD), rep.summary.weights_fingerprint)
         files.write_record(out, at.task.item)  # before the rename: a death in between leaves a record that
         _install(tmp, files.target)  # does not describe OUT/<dir>, so the next attempt computes again
     finally:
