@@ -131,6 +131,23 @@ TARGETS: dict[str, Target] = {
             more_sources=("src/tl_idempotence/analyses/threshold.py",),
         ),
         Target(
+            "threshold_rules",
+            "src/tl_idempotence/analyses/threshold.py",
+            (
+                "tl_idempotence.analyses.threshold.x_closed_flags*",
+                "tl_idempotence.analyses.threshold.x__frame*",
+                "tl_idempotence.analyses.threshold.x__put*",
+                "tl_idempotence.analyses.threshold.xǁFlagǁ*",
+                "tl_idempotence.analyses.threshold.xǁCountPerLayerǁ*",
+                "tl_idempotence.analyses.threshold.xǁFractionPerHeadǁapply*",
+                "tl_idempotence.analyses.threshold.xǁFunctionRuleǁ*",
+                "tl_idempotence.analyses.threshold.x_derive_at_threshold*",
+            ),
+            ("tests/unit/analyses/test_threshold_rules.py",),
+            "which heads are closed and every count of closed heads, pairs and layers, at run time and in "
+            "with_threshold (one code path: the threshold rules); FractionPerHead.fractions is scramble_summary's",
+        ),
+        Target(
             "sweep_identity",
             "src/tl_idempotence/report/identity.py",
             ("tl_idempotence.report.identity.x*",),
