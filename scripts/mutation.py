@@ -126,7 +126,8 @@ TARGETS: dict[str, Target] = {
                 "tl_idempotence.analyses.scramble.x__summarize_draws*",
                 "tl_idempotence.analyses.threshold.xǁFractionPerHeadǁfractions*",
             ),
-            ("tests/unit/analyses/test_scramble_summary.py",),  # its fastest killing tests (test_controls.py: minutes)
+            # its fastest killing tests (test_controls.py: minutes); the threshold rules' exact tests for the fractions
+            ("tests/unit/analyses/test_scramble_summary.py", "tests/unit/analyses/test_threshold_rules.py"),
             "the scramble's per-head p-values and closed fractions (SPEC section 4b)",
             more_sources=("src/tl_idempotence/analyses/threshold.py",),
         ),

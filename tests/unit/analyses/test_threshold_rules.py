@@ -151,3 +151,12 @@ def test_derive_applies_every_rule_in_order_and_never_changes_its_inputs():
     same = derive_at_threshold(*frames, [], 0.6)
     assert same[0] is frames[0] and same[1] is frames[1] and same[2] == frames[2]
     assert copy.deepcopy(rules[:4]) == rules[:4]  # rules are plain frozen values
+
+
+def test_a_fraction_of_draws_stored_as_objects():
+    """A long table read back with its P column as objects (None for an undefined draw) gives the same fractions
+    as floats (the kernel reads P as float: an object array has no isfinite)."""
+    frames = _frames()
+    draws = frames[2]["draws"].assign(P=pd.Series([0.9, 0.1, None, None, None, 0.5, 0.49], dtype=object))
+    h, _, _ = FractionPerHead("frac", "draws").apply(frames[0], frames[1], {"draws": draws}, 0.5)
+    np.testing.assert_array_equal(h["frac"].to_numpy(), [0.5, NAN, 1.0, 0.0, NAN])
