@@ -160,3 +160,16 @@ def test_a_fraction_of_draws_stored_as_objects():
     draws = frames[2]["draws"].assign(P=pd.Series([0.9, 0.1, None, None, None, 0.5, 0.49], dtype=object))
     h, _, _ = FractionPerHead("frac", "draws").apply(frames[0], frames[1], {"draws": draws}, 0.5)
     np.testing.assert_array_equal(h["frac"].to_numpy(), [0.5, NAN, 1.0, 0.0, NAN])
+
+
+def test_undefined_p_stored_as_none_is_not_closed():
+    """P read back as Python objects (None where undefined): the flags and the counts read it as float, so None is
+    an undefined P, never closed (an object array has no NaN to replace, and ``None >= t`` raises)."""
+    assert closed_flags([0.9, None, 0.5, 0.1], 0.5).tolist() == [True, False, True, False]
+    assert closed_flags(pd.Series([None, 0.7], dtype=object), 0.0).tolist() == [False, True]
+    frames = _frames()
+    heads = frames[0].assign(P=pd.Series([0.9, None, 0.5, 0.2, 0.6], dtype=object))
+    _, ly, _ = CountPerLayer("n_closed", "P").apply(heads, frames[1], frames[2], 0.5)
+    assert ly["n_closed"].tolist() == [2, 0, 1]
+    h, _, _ = Flag("closed", "P").apply(heads, frames[1], frames[2], 0.5)
+    assert h["closed"].tolist() == [True, False, True, False, True]
