@@ -289,6 +289,8 @@ def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, i
         H = index_column(heads, "head", where)
         K = index_column(heads, "kv_head", where) if "kv_head" in heads.columns else None
         layer_rows = index_column(layers, "layer", d / "layers.parquet") if "layer" in layers.columns else None
+    except ReportFileError:  # names its own file and column (a layers.parquet value is not heads.parquet's)
+        raise
     except (TypeError, ValueError) as e:
         raise ReportFileError(f"{where}: layer/head/kv_head columns that are not integers ({e}).") from e
     problems = []

@@ -183,7 +183,9 @@ def test_tables_that_do_not_fit_the_info(saved, original):
     assert refused(saved) == f"{where} has no layer/head columns: it is not a report's per-head table."
     bad = h.assign(head=h["head"].astype(str) + "x")
     rewrite(saved, tables={"heads": bad})
-    assert refused(saved).startswith(f"{where}: layer/head/kv_head columns that are not integers (")
+    # the index check's own words, once (it used to be wrapped in "layer/head/kv_head columns that are not
+    # integers (...)", which named heads.parquet even for a layers.parquet value)
+    assert refused(saved) == f"{where}: column 'head' is of type str, not an integer index."
     rewrite(saved, tables={"heads": h.assign(layer=h["layer"] - 1)})
     rows = f"{saved / 'layers.parquet'} lists layers [0, 1], not those of the heads"
     assert refused(saved) == says(f"layers [-1, 0] but the record says n_layers=2; {rows}")
@@ -426,3 +428,18 @@ def test_a_model_whose_name_reads_as_a_float_saves_and_loads(tmp_path, name):
     assert back.summary.to_dict() == rep.summary.to_dict() or json.dumps(
         back.summary.to_dict(), sort_keys=True, default=str
     ) == json.dumps(rep.summary.to_dict(), sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize(
+    ("table", "column"), [("heads", "layer"), ("heads", "head"), ("heads", "kv_head"), ("layers", "layer")]
+)
+def test_an_index_column_that_is_not_whole_is_refused_naming_its_file(saved, original, table, column):
+    """-0.5 in an index column is refused (a cast would make it head 0), and the message names the table's own
+    file and the column (store_digest's mutation run: the file name could be dropped or changed unnoticed)."""
+    frame = pd.read_parquet(original / f"{table}.parquet")
+    values = frame[column].to_numpy(dtype="float64", copy=True)
+    values[0] = -0.5
+    rewrite(saved, tables={table: frame.assign(**{column: values})})
+    assert refused(saved) == (
+        f"{saved / f'{table}.parquet'}: column {column!r} holds values that are not whole numbers ([-0.5])."
+    )
