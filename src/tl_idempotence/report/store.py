@@ -284,15 +284,11 @@ def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, i
     where = d / "heads.parquet"
     if not {"layer", "head"} <= set(heads.columns):
         raise ReportFileError(f"{where} has no layer/head columns: it is not a report's per-head table.")
-    try:
-        L = index_column(heads, "layer", where)
-        H = index_column(heads, "head", where)
-        K = index_column(heads, "kv_head", where) if "kv_head" in heads.columns else None
-        layer_rows = index_column(layers, "layer", d / "layers.parquet") if "layer" in layers.columns else None
-    except ReportFileError:  # names its own file and column (a layers.parquet value is not heads.parquet's)
-        raise
-    except (TypeError, ValueError) as e:
-        raise ReportFileError(f"{where}: layer/head/kv_head columns that are not integers ({e}).") from e
+    # index_column refuses a value that is not a whole number itself, naming its own file and column
+    L = index_column(heads, "layer", where)
+    H = index_column(heads, "head", where)
+    K = index_column(heads, "kv_head", where) if "kv_head" in heads.columns else None
+    layer_rows = index_column(layers, "layer", d / "layers.parquet") if "layer" in layers.columns else None
     problems = []
     if len(L) and (L.min() < 0 or L.max() >= info.n_layers):
         problems.append(f"layers {sorted(set(L.tolist()))[:10]} but the record says n_layers={info.n_layers}")
