@@ -227,9 +227,10 @@ class ResumeDir:
                 stale(f"{f.name} is not a readable parquet file ({type(e).__name__})")
                 return None
         heads = tables.pop("heads")
-        row = json_restore(rec.get("row", {}))
+        row = json_restore(rec.get("row"))
         keys = rec.get("row_keys")
-        if not isinstance(row, dict) or not isinstance(keys, list) or sorted(keys) != sorted(row):
+        # every layer has a row (at least the closure's values): a part without one is not a finished layer
+        if not isinstance(row, dict) or not row or not isinstance(keys, list) or sorted(keys) != sorted(row):
             stale("its layer row is malformed")
             return None
         row = {k: row[k] for k in keys}  # the column order of a fresh run (JSON keys are sorted)

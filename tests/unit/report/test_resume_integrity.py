@@ -499,6 +499,10 @@ PART_EDITS = {  # (edit of layer 1's record, recompute the digest, the exact rea
     "no table files": (lambda r, _: r.update(files={}), True, "its record lists no table files"),
     "row keys differ": (lambda r, _: r.update(row_keys=["nope"]), True, "its layer row is malformed"),
     "row not a mapping": (lambda r, _: r.update(row=list(r["row_keys"])), True, "its layer row is malformed"),
+    # a part without its row, or with an empty one, and row_keys [] to match (mutation testing: it loaded as a
+    # layer without values)
+    "no row": (lambda r, _: (r.pop("row"), r.update(row_keys=[])), True, "its layer row is malformed"),
+    "empty row": (lambda r, _: r.update(row={}, row_keys=[]), True, "its layer row is malformed"),
     "not parquet": (not_parquet, True, "layer_00001.heads.parquet is not a readable parquet file (Arrow"),
     "damaged footer": (  # the reader's own words when the OSError has no strerror (mutation testing: never "None")
         damaged_footer,
