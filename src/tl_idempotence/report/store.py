@@ -263,6 +263,8 @@ def index_column(df: pd.DataFrame, name: str, where: Path) -> np.ndarray:
     """
     col = df[name]
     if pd.api.types.is_integer_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
+        if col.isna().any():  # a nullable Int64 column with a missing value (pandas would raise its own ValueError)
+            raise ReportFileError(f"{where}: column {name!r} has {int(col.isna().sum())} missing value(s).")
         return col.to_numpy(dtype="int64")
     if pd.api.types.is_float_dtype(col.dtype):
         v = col.to_numpy(dtype="float64")

@@ -443,3 +443,11 @@ def test_an_index_column_that_is_not_whole_is_refused_naming_its_file(saved, ori
     assert refused(saved) == (
         f"{saved / f'{table}.parquet'}: column {column!r} holds values that are not whole numbers ([-0.5])."
     )
+
+
+def test_a_nullable_index_column_with_a_missing_value_is_refused_naming_its_file(saved, original):
+    """An Int64 (nullable) index column with a missing value: pandas' own ValueError escaped ``load_report``
+    (not a ``ReportFileError``, so a sweep task crashed instead of recomputing the item)."""
+    h = pd.read_parquet(original / "heads.parquet")
+    rewrite(saved, tables={"heads": h.assign(head=pd.array([None, *h["head"].iloc[1:]], dtype="Int64"))})
+    assert refused(saved) == f"{saved / 'heads.parquet'}: column 'head' has 1 missing value(s)."
