@@ -444,9 +444,11 @@ def hooked_or_skip(tiny_dir):
 ARRAY_INDEX_VARIABLES = ("SLURM_ARRAY_TASK_ID", "PBS_ARRAY_INDEX", "PBS_ARRAYID", "LSB_JOBINDEX", "SGE_TASK_ID")
 
 
-def closed_pairs_layers() -> list[LayerHeads]:
-    """Two layers of 6 heads (d_model 16, d_head 4, seed 3): heads 0-1 of each layer closed exactly (T = ±0.5 times
-    a projection: α = ±0.5, P = 1), the others random; the head-roles and circuit tests' construction."""
+def closed_pairs_layers(alpha: tuple[float, float] = (0.5, -0.5), zero_l1h5: bool = False) -> list[LayerHeads]:
+    """Two layers of 6 heads (d_model 16, d_head 4, seed 3): heads 0-1 of each layer closed exactly (T = α times a
+    projection, ``alpha[layer]``: P = 1), the others random; with ``zero_l1h5`` head 5 of layer 1 is zero (P
+    undefined: a NaN p-value). The head-roles and circuit tests' construction (α = ±0.5), and the outputs' and
+    q-values' (α = 1, L1H5 zero)."""
     from tl_idempotence.core.heads import kv_layout
 
     g = torch.Generator().manual_seed(3)
@@ -456,7 +458,9 @@ def closed_pairs_layers() -> list[LayerHeads]:
         O = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
         for h in (0, 1):
             V[h] = torch.linalg.qr(V[h]).Q
-            O[h] = (-1) ** layer * 0.5 * V[h]  # α = ±0.5, P = 1
+            O[h] = alpha[layer] * V[h]
+        if zero_l1h5 and layer == 1:
+            O[5] = 0.0
         out.append(LayerHeads(layer, O, V, kv_layout(6, 6)))
     return out
 
@@ -536,3 +540,65 @@ def ablation_tiny_dir(root: Path) -> Path:
 
     edit_safetensors(d, zero)
     return d
+
+
+def losses_with(model, hooks, toks, counted, batch_size=8):
+    """The loss as ablation computes it (same batches), with the given hooks."""
+    from tl_idempotence.probes.ablation import next_token_loss
+
+    total, n = 0.0, 0
+    with torch.no_grad():
+        for s in range(0, len(toks), batch_size):
+            logits = model.run_with_hooks(toks[s : s + batch_size], fwd_hooks=hooks, return_type="logits")
+            a, b = next_token_loss(logits, toks[s : s + batch_size], counted[s : s + batch_size])
+            total += a
+            n += b
+    return total / n
+
+
+def reference_losses(model, toks, counted, sets, kind):
+    """One forward pass per head set over all windows (the unbatched computation): the loss of each set."""
+    layers = sorted({layer for st in sets for layer in st})
+    means = {}
+    if kind == "mean":
+        with torch.no_grad():
+            _, cache = model.run_with_cache(toks, names_filter=lambda n: n.endswith("attn.hook_z"))
+        for layer in layers:
+            z = cache[f"blocks.{layer}.attn.hook_z"].double()  # [batch, pos, n_heads, d_head]
+            means[layer] = z[counted].mean(0)
+
+    def hook_for(layer, hs):
+        def hook(z, hook):
+            z = z.clone()
+            z[:, :, hs] = means[layer][hs].to(z.dtype) if kind == "mean" else 0.0
+            return z
+
+        return (f"blocks.{layer}.attn.hook_z", hook)
+
+    return [losses_with(model, [hook_for(layer, hs) for layer, hs in st.items()], toks, counted) for st in sets]
+
+
+def identity_checkpoints(root: Path) -> dict[str, Path]:
+    """The sweep-identity tests' checkpoints under ``root``: A (llama-like), B and C (gpt2-like, 2 and 3 layers),
+    and two copies of A under one folder name (seed1/step200, seed2/step200) whose layer 1 values differ."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    a = Path(llama_like(root / "ckA")[0])
+    s1 = root / "seed1" / "step200"
+    s2 = root / "seed2" / "step200"
+    shutil.copytree(a, s1)
+    shutil.copytree(a, s2)
+    name = "model.layers.1.self_attn.v_proj.weight"
+    shard = next(f for f in s2.glob("*.safetensors") if name in load_file(f))
+    tensors = load_file(shard)
+    tensors[name] = tensors[name] * 1.5 + 0.01
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    return {
+        "A": a,
+        "B": Path(gpt2_like(root / "ckB")[0]),
+        "C": Path(gpt2_like(root / "ckC", n_layers=3)[0]),
+        "s1": s1,
+        "s2": s2,
+    }

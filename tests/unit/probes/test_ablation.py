@@ -25,7 +25,15 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from helpers import ABLATION_TOKENS, ABLATION_ZERO_HEAD, ablation_tiny_dir, edit_safetensors, hooked_or_skip
+from helpers import (
+    ABLATION_TOKENS,
+    ABLATION_ZERO_HEAD,
+    ablation_tiny_dir,
+    edit_safetensors,
+    hooked_or_skip,
+    losses_with,
+    reference_losses,
+)
 from tl_idempotence.core.random import layer_generator
 from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.probes.ablation import (
@@ -86,18 +94,6 @@ def gpt2_bridge(tmp_path_factory):
 
 def model_of(request, name):
     return request.getfixturevalue(name)
-
-
-def losses_with(model, hooks, toks, counted, batch_size=8):
-    """The loss as ablation computes it (same batches), with the given hooks."""
-    total, n = 0.0, 0
-    with torch.no_grad():
-        for s in range(0, len(toks), batch_size):
-            logits = model.run_with_hooks(toks[s : s + batch_size], fwd_hooks=hooks, return_type="logits")
-            a, b = next_token_loss(logits, toks[s : s + batch_size], counted[s : s + batch_size])
-            total += a
-            n += b
-    return total / n
 
 
 @pytest.mark.parametrize("name", [pytest.param("bridge", marks=pytest.mark.bridge), "hooked"])
@@ -401,28 +397,6 @@ def test_bad_arguments(bridge, kwargs, err, match):
     args = {"heads": [(0, 1)], "texts": TEXTS, **KW, **kwargs}
     with pytest.raises(err, match=match):
         ablation(bridge, args.pop("heads"), args.pop("texts"), **args)
-
-
-def reference_losses(model, toks, counted, sets, kind):
-    """One forward pass per head set over all windows (the unbatched computation): the loss of each set."""
-    layers = sorted({layer for st in sets for layer in st})
-    means = {}
-    if kind == "mean":
-        with torch.no_grad():
-            _, cache = model.run_with_cache(toks, names_filter=lambda n: n.endswith("attn.hook_z"))
-        for layer in layers:
-            z = cache[f"blocks.{layer}.attn.hook_z"].double()  # [batch, pos, n_heads, d_head]
-            means[layer] = z[counted].mean(0)
-
-    def hook_for(layer, hs):
-        def hook(z, hook):
-            z = z.clone()
-            z[:, :, hs] = means[layer][hs].to(z.dtype) if kind == "mean" else 0.0
-            return z
-
-        return (f"blocks.{layer}.attn.hook_z", hook)
-
-    return [losses_with(model, [hook_for(layer, hs) for layer, hs in st.items()], toks, counted) for st in sets]
 
 
 def test_bootstrap_intervals_on_exact_constructions():

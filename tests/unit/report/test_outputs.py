@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 import tl_idempotence as tli
-from helpers import llama_like
-from tl_idempotence.core.heads import LayerHeads, kv_layout
+from helpers import closed_pairs_layers, llama_like
+from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.jsonio import EXPORT, RECORD, json_ready, json_restore, json_text
 from tl_idempotence.errors import OptionError, OptionTypeError, OutputOverInputError
 from tl_idempotence.report.outputs import OUTPUT_FORMATS, Output, output_format, write_output
@@ -33,19 +32,9 @@ pytestmark = pytest.mark.bridge  # no TransformerLens model: must also pass on t
 
 
 def _layers() -> list[LayerHeads]:
-    """Two layers of 6 heads (d_model 16, d_head 4): heads 0-1 exact projections (P = 1), L1H5 zero (NaN)."""
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for layer in range(2):
-        V = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        O = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        for h in (0, 1):
-            V[h] = torch.linalg.qr(V[h]).Q
-            O[h] = V[h]
-        if layer == 1:
-            O[5] = 0.0
-        out.append(LayerHeads(layer, O, V, kv_layout(6, 6)))
-    return out
+    """Two layers of 6 heads (d_model 16, d_head 4): heads 0-1 of each are exact projections (O = V with
+    orthonormal columns: P = 1), head 5 of layer 1 is zero (P undefined: NaN p-value), the rest random."""
+    return closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True)
 
 
 @pytest.fixture(scope="module")

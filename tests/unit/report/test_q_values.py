@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 
 import tl_idempotence as tli
+from helpers import closed_pairs_layers
 from tl_idempotence.analyses.scramble import FDR_LEVEL, bh_q_values
-from tl_idempotence.core.heads import LayerHeads, kv_layout
+from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.report.report import add_q_values
 from tl_idempotence.views.page import closed_heads_table, report_html
 
@@ -63,18 +63,7 @@ def test_nan_p_values_are_outside_the_family():
 def _layers() -> list[LayerHeads]:
     """Two layers of 6 heads (d_model 16, d_head 4): heads 0-1 of each are exact projections (O = V with
     orthonormal columns: P = 1), head 5 of layer 1 is zero (P undefined: NaN p-value), the rest random."""
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for layer in range(2):
-        V = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        O = torch.randn(6, 16, 4, generator=g, dtype=torch.float64) / 4
-        for h in (0, 1):
-            V[h] = torch.linalg.qr(V[h]).Q
-            O[h] = V[h]
-        if layer == 1:
-            O[5] = 0.0
-        out.append(LayerHeads(layer, O, V, kv_layout(6, 6)))
-    return out
+    return closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True)
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-from helpers import ARRAY_INDEX_VARIABLES, gpt2_like, llama_like
+from helpers import ARRAY_INDEX_VARIABLES, identity_checkpoints
 from tl_idempotence.errors import OptionError, ReportFileError
 from tl_idempotence.report.identity import Origin
 from tl_idempotence.studies.sweep import ITEMS_DIR, RECORD_NAME, read_sweep_plan, run_sweep_item
@@ -39,25 +38,7 @@ def no_array_environment(monkeypatch):
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("identity_ckpts")
-    a = Path(llama_like(root / "ckA")[0])
-    # two checkpoints of one folder name (seed1/step200, seed2/step200), layer 1's values differ
-    s1 = root / "seed1" / "step200"
-    s2 = root / "seed2" / "step200"
-    shutil.copytree(a, s1)
-    shutil.copytree(a, s2)
-    name = "model.layers.1.self_attn.v_proj.weight"
-    shard = next(f for f in s2.glob("*.safetensors") if name in load_file(f))
-    tensors = load_file(shard)
-    tensors[name] = tensors[name] * 1.5 + 0.01
-    save_file(tensors, str(shard), metadata={"format": "pt"})
-    return {
-        "A": a,
-        "B": Path(gpt2_like(root / "ckB")[0]),
-        "C": Path(gpt2_like(root / "ckC", n_layers=3)[0]),
-        "s1": s1,
-        "s2": s2,
-    }
+    return identity_checkpoints(tmp_path_factory.mktemp("identity_ckpts"))
 
 
 def replace_folder(out: Path, src: str, dst: str) -> None:
