@@ -202,10 +202,10 @@ class SummaryRecord(Mapping[str, Any]):
         return v
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
+        return (f.name for f in fields(self) if getattr(self, f.name) is not None)
 
     def __len__(self) -> int:
-        return len(self.to_dict())
+        return sum(1 for _ in self)
 
 
 @dataclass(frozen=True)

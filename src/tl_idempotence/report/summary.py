@@ -227,31 +227,35 @@ class ReportSummary(Mapping[str, Any]):
         raise AttributeError(f"ReportSummary has no field or analysis {name!r}")
 
     # ---------------------------------------------------------------- read-only flat mapping of the set fields
-    def to_dict(self) -> dict[str, Any]:
-        """Every field that is set, flat, in order (what was measured, each analysis's record in registry order,
-        provenance), as a plain dict (JSON values)."""
+    def _flat(self) -> dict[str, Any]:
+        """Every field that is set, flat, in order, as stored (its lists and dicts read-only)."""
         out = {k: getattr(self, k) for k in _MEASURED}
         for r in self.analyses.values():
-            out.update(r.to_dict())
+            out.update(r)  # a record's mapping: its set fields, as stored
         for f in fields(self):
             if f.name not in _MEASURED and f.name != "analyses" and getattr(self, f.name) is not None:
-                out[f.name] = thawed(getattr(self, f.name))
+                out[f.name] = getattr(self, f.name)
         return out
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field that is set, flat, in order (what was measured, each analysis's record in registry order,
+        provenance), as a plain dict (JSON values): an editable copy."""
+        return thawed(self._flat())
+
     def __getitem__(self, key: str) -> Any:
-        d = self.to_dict()
+        d = self._flat()
         if not isinstance(key, str) or key not in d:
             raise KeyError(key)
-        return frozen(d[key])  # read-only: an edit raises rather than changing a throwaway copy
+        return d[key]  # read-only: an edit raises rather than changing a throwaway copy
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.to_dict())
+        return iter(self._flat())
 
     def __len__(self) -> int:
-        return len(self.to_dict())
+        return len(self._flat())
 
     def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self.to_dict()
+        return isinstance(key, str) and key in self._flat()
 
     # ---------------------------------------------------------------- conversions
     @classmethod
