@@ -61,8 +61,10 @@ def frozen(value: Any) -> Any:
     """
     if isinstance(value, dict):
         return FrozenDict({k: frozen(v) for k, v in value.items()})
-    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):  # a tuple reads back from JSON as a list
-        return FrozenList(frozen(v) for v in value) if isinstance(value, list) else tuple(frozen(v) for v in value)
+    if isinstance(value, list):
+        return FrozenList(frozen(v) for v in value)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):  # its items (a named tuple is left as it is)
+        return tuple(frozen(v) for v in value)
     return value
 
 
