@@ -22,8 +22,12 @@ variant in :data:`VARIANTS`.
 
     python scripts/derive_architectures.py            # rewrite the JSON
     python scripts/derive_architectures.py --check    # exit 1 if the committed JSON differs
+    python scripts/derive_architectures.py --drift    # exit 1, naming each difference, if these libraries
+                                                      # would change the table (the versions aside)
 
-Needs transformer-lens 3.9 and transformers as pinned in the README (the JSON records the versions).
+Needs transformer-lens 3.9 and transformers as pinned in constraints.txt (the JSON records the versions;
+``scripts/update_constraints.py`` rewrites the pins and this table together). CI's unpinned stage runs ``--drift``
+with the newest releases: the versions recorded aside, any difference is named with the command that adopts them.
 """
 
 from __future__ import annotations
@@ -425,12 +429,80 @@ def dumps(table: dict[str, Any]) -> str:
     return json.dumps(table, indent=1, sort_keys=False) + "\n"
 
 
+#: The libraries whose versions a table's texts quote (a refusal names "transformers 5.24.0"): ignored by --drift.
+_VERSIONED = re.compile(r"\b(transformers|transformer-lens|transformer_lens) v?\d+(\.\d+)*\S*")
+
+
+def _content(table: dict[str, Any]) -> dict[str, Any]:
+    """A table without its ``_generated`` record and with library versions in its texts blanked."""
+    body = {k: v for k, v in table.items() if k != "_generated"}
+    return json.loads(_VERSIONED.sub(r"\1 <version>", json.dumps(body)))
+
+
+def drift(committed: dict[str, Any], derived: dict[str, Any]) -> list[str]:
+    """The entries of ``derived`` that differ from ``committed``, one line each, versions aside (empty: no drift).
+
+    A line names the section and the model type or class: ``architectures['falcon']: was an entry (...); now
+    absent``, ``refused['falcon']: new: the config gives 2 kv heads, the weights hold 4``.
+    """
+
+    def short(v: Any) -> str:
+        text = json.dumps(v) if not isinstance(v, str) else v
+        return text if len(text) <= 160 else text[:157] + "..."
+
+    old, new = _content(committed), _content(derived)
+    lines = []
+    for section in sorted(set(old) | set(new)):
+        a, b = old.get(section, {}), new.get(section, {})
+        for key in sorted(set(a) | set(b)):
+            if key not in b:
+                lines.append(f"{section}[{key!r}]: removed (was {short(a[key])})")
+            elif key not in a:
+                lines.append(f"{section}[{key!r}]: new: {short(b[key])}")
+            elif a[key] != b[key]:
+                lines.append(f"{section}[{key!r}]: was {short(a[key])}; now {short(b[key])}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the committed JSON instead of writing it")
+    ap.add_argument(
+        "--drift",
+        action="store_true",
+        help="name every difference these libraries make to the committed table, versions aside (exit 1 if any)",
+    )
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
-    text = dumps(generate())
+    table = generate()
+    if args.drift:
+        committed = json.loads(args.out.read_text())
+        was, now = committed.get("_generated", {}), table["_generated"]
+        libs = ("transformer_lens", "transformers")
+        lines = drift(committed, table)
+        if not lines:
+            print(
+                "no drift: the architecture table derived with "
+                + ", ".join(f"{k} {now[k]}" for k in libs)
+                + " equals the committed one (derived with "
+                + ", ".join(f"{k} {was.get(k)}" for k in libs)
+                + "), versions aside"
+            )
+            return 0
+        print(
+            f"DRIFT: {len(lines)} entr{'y' if len(lines) == 1 else 'ies'} of the architecture table differ when it is "
+            "derived with " + ", ".join(f"{k} {now[k]}" for k in libs) + " (the committed table: "
+            + ", ".join(f"{k} {was.get(k)}" for k in libs) + "):"
+        )
+        for line in lines:
+            print(f"  {line}")
+        print(
+            "constraints.txt keeps CI's main stage and the README on the tested versions. To adopt the new releases: "
+            "`python scripts/update_constraints.py` (rewrites constraints.txt, constraints-tl4.txt and this table), "
+            "fix what the tests then show, and commit them together (CONTRIBUTING.md, 'Updating the pinned versions')."
+        )
+        return 1
+    text = dumps(table)
     if args.check:
         same = args.out.read_text() == text
         print("architectures_derived.json is " + ("up to date" if same else "OUT OF DATE: rerun the script"))

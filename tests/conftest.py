@@ -88,17 +88,33 @@ def ci_allows_skip(reason: str) -> bool:
     return any(fragment in reason and applies() for fragment, applies in CI_ALLOWED_SKIPS)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
-    """Under ``CI`` a skip that :data:`CI_ALLOWED_SKIPS` does not name is a failure (issue 30)."""
-    outcome = yield
-    rep = outcome.get_result()
+def fail_unnamed_skip(rep: pytest.TestReport | pytest.CollectReport) -> None:
+    """Under ``CI``, turn a skipped report whose reason :data:`CI_ALLOWED_SKIPS` does not name into a failure.
+
+    The one rule for every skip, whether a test skipped while it ran (``pytest.skip`` in its body or a
+    fixture, ``skipif`` marks) or a module skipped while it was collected (``pytest.skip(...,
+    allow_module_level=True)``, a module-level ``pytest.importorskip``): both hooks below call it.
+    """
     if not os.environ.get("CI") or not rep.skipped or hasattr(rep, "wasxfail"):
         return
     reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
     if not ci_allows_skip(reason):
         rep.outcome = "failed"
         rep.longrepr = f"skipped under CI=1, which accepts only the skips tests/conftest.py names: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
+    """A test's skip under ``CI``: :func:`fail_unnamed_skip`."""
+    outcome = yield
+    fail_unnamed_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
+    """A module (or class) skipped while it was collected, under ``CI``: :func:`fail_unnamed_skip`."""
+    outcome = yield
+    fail_unnamed_skip(outcome.get_result())
 
 
 def unavailable(what: str, err: BaseException | None = None) -> None:

@@ -46,3 +46,62 @@ def test_an_unnamed_skip_fails_under_ci_and_skips_elsewhere():
 def test_a_named_skip_stays_a_skip_under_ci():
     ci = run_probe("needs CUDA", ci=True)
     assert ci.returncode == 0 and "1 skipped" in ci.stdout, ci.stdout
+
+
+MODULE_SKIP = """
+import pytest
+
+pytest.skip({reason!r}, allow_module_level=True)
+
+
+def test_never_runs():
+    raise AssertionError("the module was skipped")
+"""
+
+IMPORT_SKIP = """
+import pytest
+
+pytest.importorskip("tli_no_such_module_for_the_skip_probe")
+
+
+def test_never_runs():
+    raise AssertionError("the module was skipped")
+"""
+
+
+def run_module_probe(tmp_path: Path, source: str, ci: bool) -> subprocess.CompletedProcess:
+    """A temporary test module outside the checkout, collected with tests/conftest.py loaded as a plugin (the
+    hooks every test of tests/ gets), in a fresh pytest process with or without ``CI=1``."""
+    (tmp_path / "test_module_probe.py").write_text(source)
+    tests = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tests), *filter(None, [env.get("PYTHONPATH")])])
+    if ci:
+        env["CI"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "--rootdir", str(tmp_path)]
+        + ["-c", str(tmp_path / "pytest.ini"), "test_module_probe.py"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize("source", [MODULE_SKIP.format(reason="Chromium is not installed"), IMPORT_SKIP])
+def test_a_module_skipped_at_collection_fails_under_ci(tmp_path, source):
+    """``pytest.skip(..., allow_module_level=True)`` or a module-level ``importorskip``: the module's collection
+    is skipped; under CI=1 that is a failure like any unnamed skip, elsewhere a skip."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    ci = run_module_probe(tmp_path, source, ci=True)
+    assert ci.returncode != 0, ci.stdout
+    assert "skipped under CI=1" in ci.stdout and "1 error" in ci.stdout, ci.stdout
+    dev = run_module_probe(tmp_path, source, ci=False)
+    assert dev.returncode == 5 and "1 skipped" in dev.stdout, dev.stdout  # 5: the module collected no test
+
+
+def test_a_named_module_skip_stays_a_skip_under_ci(tmp_path):
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    ci = run_module_probe(tmp_path, MODULE_SKIP.format(reason="needs CUDA"), ci=True)
+    assert ci.returncode == 5 and "1 skipped" in ci.stdout, ci.stdout  # 5: the module collected no test

@@ -193,23 +193,30 @@ def _falcon_reference(model) -> tuple[list, list]:
 
     modeling_falcon splits the fused query_key_value output as ``view(..., n_kv, n_heads // n_kv + 2, d_head)``:
     per kv group its query heads, then k, then v; query head ``h`` (flattened [n_kv, g]) reads group ``h // g``;
-    ``dense`` takes the heads' outputs concatenated, head ``h`` = columns ``h*d_head:(h+1)*d_head``.
+    ``dense`` takes the heads' outputs concatenated, head ``h`` = columns ``h*d_head:(h+1)*d_head``. That reading
+    is checked against the model's own forward pass (transformers' public API: a forward with the value input
+    replaced by basis vectors and the output projection's input captured, :func:`tl_idempotence.testing.ov_by_forward`),
+    not against a private method of the attention module.
     """
+    from tl_idempotence.testing import ov_by_forward
+
     cfg = model.config
     nq, nkv = cfg.num_attention_heads, cfg.num_kv_heads
     d = cfg.hidden_size
     dh, g = d // nq, nq // nkv
     alphas, Ps = [], []
-    for block in model.transformer.h:
+    for i, block in enumerate(model.transformer.h):
         attn = block.self_attention
         W = attn.query_key_value.weight.detach().double()  # [(nq + 2 nkv) dh, d]
         Wv = W.view(nkv, g + 2, dh, d)[:, -1]  # [nkv, dh, d]: group k's value rows
         V = torch.stack([Wv[h // g].T for h in range(nq)])  # column form [nq, d, dh]
-        # the model's own split of the fused output for the inputs e_1..e_d gives the same per-head values
-        _q, _k, value = attn._split_heads(torch.eye(d, dtype=torch.float64)[None] @ W.T)
-        assert torch.equal(value[0].view(d, nq, dh).permute(1, 0, 2), V)
         Wo = attn.dense.weight.detach().double()  # [d, nq dh]
         O = torch.stack([Wo[:, h * dh : (h + 1) * dh] for h in range(nq)])
+        # the model's forward pass gives the same per-head values and output writes
+        layer = f"transformer.h.{i}.self_attention"
+        V_fwd, O_fwd = ov_by_forward(model, f"{layer}.query_key_value", f"{layer}.dense", nq)
+        assert torch.allclose(V_fwd, V, rtol=0, atol=1e-12), (i, (V_fwd - V).abs().max())
+        assert torch.allclose(O_fwd, O, rtol=0, atol=1e-12), (i, (O_fwd - O).abs().max())
         T = O @ V.transpose(1, 2)  # T_h = O_h V_h^T, [nq, d, d]
         T2 = T @ T
         inner = (T2 * T).sum((-1, -2))
@@ -315,17 +322,29 @@ def _generator():
     return mod
 
 
-def _same_libraries() -> bool:
+def _require_the_table_libraries() -> None:
+    """Fail (never skip) when this install is not the one the architecture table was derived with: the main
+    stage installs with constraints.txt, whose versions the table records; a difference is drift, named with the
+    command that updates both (CI's unpinned stage reports it with scripts/derive_architectures.py --drift)."""
     g = DERIVED["_generated"]
-    return version("transformer-lens") == g["transformer_lens"] and version("transformers") == g["transformers"]
+    have = {"transformer_lens": version("transformer-lens"), "transformers": version("transformers")}
+    differ = {k: (g[k], v) for k, v in have.items() if g[k] != v}
+    if differ:
+        pytest.fail(
+            "drift: the architecture table was derived with "
+            + ", ".join(f"{k} {was}" for k, (was, _now) in differ.items())
+            + "; this install has "
+            + ", ".join(f"{k} {now}" for k, (_was, now) in differ.items())
+            + ". Install with `pip install -c constraints.txt ...` (README), or adopt the new release: "
+            "`python scripts/update_constraints.py` (rewrites constraints*.txt and the table; CONTRIBUTING.md)",
+            pytrace=False,
+        )
 
 
 def test_every_transformer_lens_adapter_type_is_covered_or_refused():
     """Each TransformerBridge adapter class transformers builds has a table entry, a refusal or a recorded
     reason it could not be derived; adapter classes transformers lacks are refused by class name."""
-    if not _same_libraries():
-        pytest.skip(f"the table was generated with {DERIVED['_generated']}; this install differs")
-    pytest.importorskip("transformer_lens")
+    _require_the_table_libraries()
     cands, remote = _generator()._tl_candidates()
     t = architecture_table()
     known = set(t["architectures"]) | set(t["refused"]) | set(DERIVED["not_derived"])
@@ -339,9 +358,7 @@ def test_every_transformer_lens_adapter_type_is_covered_or_refused():
 @pytest.mark.slow
 def test_generated_table_is_what_the_installed_libraries_give():
     """scripts/derive_architectures.py --check, in-process: the committed JSON is regenerated bit for bit."""
-    if not _same_libraries():
-        pytest.skip(f"the table was generated with {DERIVED['_generated']}; this install differs")
-    pytest.importorskip("transformer_lens")
+    _require_the_table_libraries()
     gen = _generator()
     assert gen.dumps(gen.generate()) == (ROOT / "src/tl_idempotence/data/architectures_derived.json").read_text()
 
