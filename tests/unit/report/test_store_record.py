@@ -231,18 +231,18 @@ def test_the_closed_column_must_follow_P_and_the_threshold(saved, original):
     flipped = h.assign(closed=~h["closed"])
     rewrite(saved, tables={"heads": flipped})
     assert refused(saved) == (
-        f"{saved / 'heads.parquet'}: 'closed' disagrees with P >= threshold (0.9) for 8 head(s): the tables and the "
-        "record do not belong together."
+        f"{saved / 'heads.parquet'}: column 'closed' disagrees with P >= threshold (0.9) at L0H0 (first of 8 heads): "
+        "the tables and the record do not belong together."
     )
     one = h.copy()
     one.loc[one.index[1], "closed"] = True
     rewrite(saved, tables={"heads": one})
-    assert "for 1 head(s)" in refused(saved)
+    assert "at L0H1 (first of 1 head):" in refused(saved)
     # at P exactly the threshold a head is closed (P >= threshold)
     at = h.copy()
     at.loc[at.index[1], "P"] = 0.9
     rewrite(saved, tables={"heads": at})
-    assert "'closed' disagrees with P >= threshold (0.9) for 1 head(s)" in refused(saved)
+    assert "'closed' disagrees with P >= threshold (0.9) at L0H1 (first of 1 head)" in refused(saved)
 
 
 def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
