@@ -544,16 +544,16 @@ def _check_roles_record(
             )
     for k in ("model_name", "model_class", "processing"):
         if k in summary and not _same(_json_like(summary[k]), _json_like(getattr(info, k))):
-            raise error(
-                f"{rec}: summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}: {edited}."
-            )
+            raise error(f"{rec}: summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}: {edited}.")
     for k in ("n_tokens", "n_sequences", "seed"):
         if summary.get(k) != options.get(k) or type(summary.get(k)) is not type(options.get(k)):
             raise error(
                 f"{rec}: summary[{k!r}] is {summary.get(k)!r} but options[{k!r}] is {options.get(k)!r}: {edited}."
             )
     seq = summary.get("sequence")
-    if ("sequence" in summary or "n_tokens" in summary) and not (isinstance(seq, str) and seq.startswith(f"BOS x x, x = {summary.get('n_tokens')} random ")):
+    if ("sequence" in summary or "n_tokens" in summary) and not (
+        isinstance(seq, str) and seq.startswith(f"BOS x x, x = {summary.get('n_tokens')} random ")
+    ):
         raise error(
             f"{rec}: summary['sequence'] ({seq!r}) does not state n_tokens={summary.get('n_tokens')!r}: {edited}."
         )

@@ -112,7 +112,9 @@ def test_tables_whose_closed_column_disagrees_with_P_and_the_threshold_are_refus
     canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
     rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
     rf.write_text(json.dumps(rec, indent=1, sort_keys=True))
-    with pytest.raises(ReportFileError, match=r"'closed' disagrees with P >= threshold \(0\.9\) at L\d+H\d+ \(first of 1 head\)"):
+    with pytest.raises(
+        ReportFileError, match=r"'closed' disagrees with P >= threshold \(0\.9\) at L\d+H\d+ \(first of 1 head\)"
+    ):
         tli.load_report(saved)
 
 

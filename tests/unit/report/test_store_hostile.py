@@ -216,7 +216,9 @@ def test_an_impossible_count_is_refused_before_anything_is_compared(saved):
 def test_the_threshold_moved_with_the_options_is_refused_by_the_closed_column(saved):
     """options.threshold and summary.threshold both 0.2 (consistent record), the 'closed' column at 0.9."""
     rewrite_record(saved, lambda r: (r["options"].update(threshold=0.2), r["summary"].update(threshold=0.2)))
-    with pytest.raises(ReportFileError, match=r"'closed' disagrees with P >= threshold \(0\.2\) at L\d+H\d+ \(first of \d+ head"):
+    with pytest.raises(
+        ReportFileError, match=r"'closed' disagrees with P >= threshold \(0\.2\) at L\d+H\d+ \(first of \d+ head"
+    ):
         tli.load_report(saved)
 
 
