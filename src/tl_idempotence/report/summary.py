@@ -424,8 +424,8 @@ def _check_sizes(flat: Mapping[str, Any]) -> None:
     if isinstance(cpl, Mapping):
         if len(cpl) != n_att:
             raise OptionError(
-                f"summary field closed_per_layer has {len(cpl)} layers, but n_attention_layers={n_att!r} (one entry per "
-                "measured layer)."
+                f"summary field closed_per_layer has {len(cpl)} layers, but n_attention_layers={n_att!r} (one entry "
+                "per measured layer)."
             )
         over = [(k, v) for k, v in cpl.items() if v > per]
         if over:

@@ -85,7 +85,7 @@ def test_kv_heads_swapped_within_a_layer_are_refused(roles, tmp_path):
     edited(d, table=lambda df: df.assign(kv_head=swapped))
     t = roles.table
     label = f"L{t['layer'].iloc[i]}H{t['head'].iloc[i]}"
-    assert f"roles.parquet: column 'kv_head' disagrees with the kv map of info.n_heads=" in refused(d)
+    assert "roles.parquet: column 'kv_head' disagrees with the kv map of info.n_heads=" in refused(d)
     assert f"at {label} (first of 2)" in refused(d)
 
 

@@ -13,8 +13,8 @@ NaN), never by the module.
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 import shutil
 from pathlib import Path
 
