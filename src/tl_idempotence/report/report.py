@@ -85,7 +85,10 @@ def load_report(path: PathLike) -> IdempotenceReport:
         ReportFileError (a ``ValueError``): a file that does not match its recorded sha256, a malformed
             record or another format (names the file); a summary that is impossible on its own
             (:meth:`ReportSummary.from_dict`'s rules) or that is not what the tables, the info and the options
-            give (it is recomputed: names the field and both values).
+            give (it is recomputed and compared exactly, floats bit for bit, never within a tolerance: names the
+            field and both values); a ``closed``, ``kv_head`` or ``q_value`` column that is not, head by head, what
+            P and the threshold, the kv map, or Benjamini-Hochberg of ``p_value`` give (names the column and the
+            first head, ``L3H2``).
     """
     rec = read_record(path)
     heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # saved before q-values

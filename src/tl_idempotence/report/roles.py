@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.scramble import bh_q_values
-from ..core.heads import ModelInfo
+from ..core.heads import ModelInfo, kv_layout
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.results import Result, views
 from ..core.selection import head_label, head_labels
-from ..errors import OptionError, OptionTypeError, ReportFileError
+from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
 from .store import index_column, read_tables_record, write_tables_record
 
@@ -485,12 +485,78 @@ def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: b
             f"save_roles saves a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
             f"{type(result).__name__}."
         )
+    t = roles.table
+    _check_roles_record(
+        "the HeadRoles", "its table", t, t["layer"].to_numpy(dtype=np.int64), t["head"].to_numpy(dtype=np.int64),
+        roles.info, dict(roles.summary), dict(roles.options), OptionError, "it would not load; nothing was written",
+    )  # fmt: skip
     fields = {"summary": roles.summary, "options": roles.options, "info": _info_fields(roles.info), **extra}
     replaces = {
         HEAD_ROLES_FORMAT: frozenset({"roles"}),
         ASSOCIATION_FORMAT: frozenset({"roles", "table", "association"}),
     }
     return str(write_tables_record(path, fmt, ROLES_RECORD, tables, fields, overwrite, replaces=replaces))
+
+
+def _check_roles_record(
+    rec: Any,
+    f: Any,
+    df: pd.DataFrame,
+    L: np.ndarray,
+    H: np.ndarray,
+    info: ModelInfo,
+    summary: dict[str, Any],
+    options: dict[str, Any],
+    error: type[Exception] = ReportFileError,
+    edited: str = "the record or the table was edited",
+) -> None:
+    """A saved head-roles record must agree with itself: every measured layer has each of ``info.n_heads`` heads
+    once, ``kv_head`` is the kv map of the info's sizes (:func:`~tl_idempotence.core.heads.kv_layout`: head roles
+    run TransformerLens models, which use it), the summary's ``model_name``, ``model_class`` and ``processing`` are
+    the info's, and its ``n_tokens``, ``n_sequences``, ``seed`` are the options' (``n_tokens`` also the one its
+    ``sequence`` states).
+
+    :func:`save_roles` runs the same check (``error=OptionError``): it never writes what :func:`load_roles` refuses.
+
+    Raises:
+        ReportFileError (``error``): names the file and the field or column (the first head that disagrees, ``L3H2``).
+    """
+    if len(df):
+        per_layer = pd.Series(H).groupby(L).nunique()
+        short = per_layer[per_layer != info.n_heads]
+        if len(short):
+            raise error(
+                f"{f}: layer {int(short.index[0])} has {int(short.iloc[0])} heads, but the record's info.n_heads is "
+                f"{info.n_heads} (every head of each measured layer is scored): {edited}."
+            )
+        K = index_column(df, "kv_head", Path(str(f)))
+        try:
+            want = kv_layout(info.n_heads, info.n_kv_heads).numpy()[H]
+        except WeightError as e:
+            raise error(f"{rec}: field info.n_kv_heads: {e}") from e
+        bad = want != K
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise error(
+                f"{f}: column 'kv_head' disagrees with the kv map of info.n_heads={info.n_heads}, "
+                f"info.n_kv_heads={info.n_kv_heads} (tl_idempotence.kv_layout) at {head_label(L[i], H[i])} (first of "
+                f"{int(bad.sum())}): {edited}."
+            )
+    for k in ("model_name", "model_class", "processing"):
+        if k in summary and not _same(_json_like(summary[k]), _json_like(getattr(info, k))):
+            raise error(f"{rec}: summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}: {edited}.")
+    for k in ("n_tokens", "n_sequences", "seed"):
+        if summary.get(k) != options.get(k) or type(summary.get(k)) is not type(options.get(k)):
+            raise error(
+                f"{rec}: summary[{k!r}] is {summary.get(k)!r} but options[{k!r}] is {options.get(k)!r}: {edited}."
+            )
+    seq = summary.get("sequence")
+    if ("sequence" in summary or "n_tokens" in summary) and not (
+        isinstance(seq, str) and seq.startswith(f"BOS x x, x = {summary.get('n_tokens')} random ")
+    ):
+        raise error(
+            f"{rec}: summary['sequence'] ({seq!r}) does not state n_tokens={summary.get('n_tokens')!r}: {edited}."
+        )
 
 
 def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -> HeadRoles:
@@ -512,6 +578,7 @@ def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -
             f"{f}: heads that repeat or that the record's model does not have (its sizes: {info.n_layers} layers of "
             f"{info.n_heads} heads)."
         )
+    _check_roles_record(where / ROLES_RECORD, f, df, L, H, info, summary, options)
     recomputed: dict[str, Any] = {"n_heads": len(df)}
     for role in ROLES:
         v = df[role].to_numpy(dtype=float)

@@ -31,12 +31,14 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.registry import report_analyses
+from ..analyses.scramble import bh_q_values
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
-from ..core.heads import ModelInfo
+from ..core.heads import ModelInfo, kv_layout
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
 from ..core.option_specs import with_absent
 from ..core.options import ReportOptions, check_bool
+from ..core.selection import head_label
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
 from .summary import ReportSummary, build_summary, field_rules, optional_field
@@ -239,6 +241,9 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
             "files": files,
             "tables": sorted(rec.tables),
         }
+        kv_map = _stated_kv_map(rec.heads, rec.info)
+        if kv_map:  # only a report of LayerHeads with their own kv_head_of: every model source uses kv_layout
+            record[KV_MAP] = kv_map
         record["digest"] = _digest(record)
         # insertion order: the summary reads back as it was
         atomic_write_text(d / RECORD, json_text(record, JSON_RECORD, indent=1))
@@ -418,26 +423,121 @@ def read_record(path: Any) -> ReportRecord:
             + ", ".join(f"{k} ({a!r} vs {b!r})" for k, (a, b) in differ.items())
             + ": the record was edited. Save the report again from its source."
         )
-    # What the threshold decides must agree with the numbers it was decided from.
+    _check_head_elements(d, rec_file, heads, info, options, rec.get("kv_map"))
+    added = _check_summary_fits_tables(rec_file, rec["summary"], heads, layers, frames, info, options)
+    if added:  # a record of an earlier version: the fields it predates, as its tables give them
+        summary = summary.replace(**added)
+    return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)
+
+
+#: The record's key for a kv map other than :func:`~tl_idempotence.core.heads.kv_layout`'s (``{layer: [kv head of
+#: each query head]}``, layers as strings); absent when every layer follows it (every model source does).
+KV_MAP = "kv_map"
+
+
+def _stated_kv_map(heads: pd.DataFrame, info: ModelInfo) -> dict[str, list[int]]:
+    """The layers whose ``kv_head`` column is not ``kv_layout(n_heads, n_kv_heads)``, with their map (``LayerHeads``
+    given directly may read their kv heads in any order); ``{}`` when every layer follows the standard layout."""
+    if "kv_head" not in heads.columns or not len(heads):
+        return {}
+    standard = kv_layout(info.n_heads, info.n_kv_heads).tolist()
+    out: dict[str, list[int]] = {}
+    for layer, g in heads.sort_values(["layer", "head"]).groupby("layer", sort=True):
+        kv = [int(v) for v in g["kv_head"]]
+        if kv != standard:
+            out[str(int(layer))] = kv
+    return out
+
+
+def _first_head(heads: pd.DataFrame, bad: np.ndarray) -> str:
+    """``"L3H2 (first of 2 heads)"``: the first head (table order) where ``bad`` is True, and how many there are."""
+    i = int(np.flatnonzero(bad)[0])
+    n = int(bad.sum())
+    label = head_label(heads["layer"].iloc[i], heads["head"].iloc[i])
+    return f"{label} (first of {n} head{'s' if n != 1 else ''})"
+
+
+def _check_head_elements(
+    d: Path, rec_file: Path, heads: pd.DataFrame, info: ModelInfo, options: ReportOptions, kv_map: Any
+) -> None:
+    """Every per-head column the record determines must be, head by head, what it determines (never counts: two
+    values swapped within a layer keep every count): ``closed`` is ``P >= threshold``; ``kv_head`` is the kv map
+    (:func:`~tl_idempotence.core.heads.kv_layout` of ``n_heads``/``n_kv_heads``, or the record's stated
+    :data:`KV_MAP` for a layer that reads its kv heads otherwise); ``q_value`` is Benjamini-Hochberg of the stored
+    ``p_value`` (:func:`~tl_idempotence.analyses.scramble.bh_q_values`), exactly (NaN where p is NaN).
+
+    Raises:
+        ReportFileError: names ``heads.parquet``, the column and the first head that disagrees (``L3H2``), or the
+            record's ``kv_map`` when it is malformed.
+    """
+    where = d / "heads.parquet"
     if {"P", "closed"} <= set(heads.columns):
         P, closed = heads["P"].dtype, heads["closed"].dtype
         if not (isinstance(P, np.dtype) and P.kind == "f") or closed != np.bool_:  # a cast would hide what they hold
             raise ReportFileError(
-                f"{d / 'heads.parquet'}: P and 'closed' are columns of {P} and {closed}, not of floats and booleans: "
+                f"{where}: P and 'closed' are columns of {P} and {closed}, not of floats and booleans: "
                 "the tables and the record do not belong together."
             )
         want = (heads["P"] >= options.threshold).to_numpy(dtype=bool)
         got = heads["closed"].to_numpy(dtype=bool)
         if not (want == got).all():
-            n = int((want != got).sum())
             raise ReportFileError(
-                f"{d / 'heads.parquet'}: 'closed' disagrees with P >= threshold ({options.threshold:g}) for {n} "
-                "head(s): the tables and the record do not belong together."
+                f"{where}: column 'closed' disagrees with P >= threshold ({options.threshold:g}) at "
+                f"{_first_head(heads, want != got)}: the tables and the record do not belong together."
             )
-    added = _check_summary_fits_tables(rec_file, rec["summary"], heads, layers, frames, info, options)
-    if added:  # a record of an earlier version: the fields it predates, as its tables give them
-        summary = summary.replace(**added)
-    return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)
+    if "kv_head" in heads.columns and len(heads):
+        standard = kv_layout(info.n_heads, info.n_kv_heads).numpy()
+        stated: dict[int, np.ndarray] = {}
+        if kv_map is not None:
+            ok = isinstance(kv_map, dict) and bool(kv_map)
+            for k, v in kv_map.items() if ok else ():
+                good = (
+                    isinstance(k, str)
+                    and k.isdigit()
+                    and isinstance(v, list)
+                    and len(v) == info.n_heads
+                    and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < info.n_kv_heads for x in v)
+                    and v != standard.tolist()
+                )
+                if not good:
+                    ok = False
+                    break
+                stated[int(k)] = np.asarray(v, dtype=np.int64)
+            if not ok:
+                raise ReportFileError(
+                    f"{rec_file}: field {KV_MAP!r} is not a map {{layer: [the kv head of each of the {info.n_heads} "
+                    f"query heads, below n_kv_heads={info.n_kv_heads}]}} of layers that differ from the standard "
+                    "layout: the record was edited."
+                )
+        L = heads["layer"].to_numpy(dtype=np.int64)  # whole numbers in range: _check_tables_fit_info
+        H = heads["head"].to_numpy(dtype=np.int64)
+        K = heads["kv_head"].to_numpy(dtype=np.int64)
+        want_kv = np.array([stated[lay][h] if lay in stated else standard[h] for lay, h in zip(L, H)], dtype=np.int64)
+        if not (want_kv == K).all():
+            also = f", or the layers of its {KV_MAP!r}" if stated else ""
+            raise ReportFileError(
+                f"{where}: column 'kv_head' disagrees with the kv map of n_heads={info.n_heads}, "
+                f"n_kv_heads={info.n_kv_heads} (tl_idempotence.kv_layout{also}) at {_first_head(heads, want_kv != K)}: "
+                "the tables and the record do not belong together."
+            )
+        extra = sorted(set(stated) - set(L.tolist()))
+        if extra:
+            raise ReportFileError(f"{rec_file}: field {KV_MAP!r} names layer {extra[0]}, which was not measured.")
+    if "q_value" in heads.columns:
+        if "p_value" not in heads.columns:
+            raise ReportFileError(f"{where}: column 'q_value' without the 'p_value' it is derived from.")
+        try:
+            p = heads["p_value"].to_numpy(dtype=np.float64)
+            q = heads["q_value"].to_numpy(dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise ReportFileError(f"{where}: column 'p_value' or 'q_value' is not numeric ({e}).") from e
+        want_q = bh_q_values(p)
+        bad = ~((want_q == q) | (np.isnan(want_q) & np.isnan(q)))
+        if bad.any():
+            raise ReportFileError(
+                f"{where}: column 'q_value' is not Benjamini-Hochberg of its 'p_value' column at "
+                f"{_first_head(heads, bad)}: the tables and the record do not belong together."
+            )
 
 
 #: Summary fields the tables cannot give: the code that computed the numbers, and what a route added (a resumed

@@ -398,6 +398,56 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def _check_sizes(flat: Mapping[str, Any]) -> None:
+    """Every size bounded by the others (what a report measures: every head of each measured layer):
+    ``n_kv_heads`` divides ``n_heads_per_layer`` (query heads are grouped onto kv heads), ``n_heads`` is
+    ``n_attention_layers × n_heads_per_layer``, ``closed_per_layer`` has one entry per measured layer and none above
+    ``n_heads_per_layer``, ``n_mismatch_pairs`` is at most ``n_attention_layers × n_heads_per_layer²`` (pairs within
+    a layer), ``infeasible_layers`` and ``layers_trained_loses`` list distinct measured layers only.
+
+    Raises:
+        OptionError: names the field, its value and the fields that bound it.
+    """
+    n_layers, n_att = flat["n_layers"], flat["n_attention_layers"]
+    per, n_kv, n_heads = flat["n_heads_per_layer"], flat["n_kv_heads"], flat["n_heads"]
+    if per % n_kv:
+        raise OptionError(
+            f"summary field n_kv_heads={n_kv!r} is impossible: it must divide n_heads_per_layer={per!r} (query heads "
+            "are grouped onto kv heads)."
+        )
+    if n_heads != n_att * per:
+        raise OptionError(
+            f"summary field n_heads={n_heads!r} is impossible: a report measures every head of each measured layer, "
+            f"n_attention_layers × n_heads_per_layer = {n_att!r} × {per!r} = {n_att * per!r}."
+        )
+    cpl = flat.get("closed_per_layer")
+    if isinstance(cpl, Mapping):
+        if len(cpl) != n_att:
+            raise OptionError(
+                f"summary field closed_per_layer has {len(cpl)} layers, but n_attention_layers={n_att!r} (one entry "
+                "per measured layer)."
+            )
+        over = [(k, v) for k, v in cpl.items() if v > per]
+        if over:
+            raise OptionError(
+                f"summary field closed_per_layer has {over[0][1]!r} closed heads in layer {over[0][0]!r}, more than "
+                f"n_heads_per_layer={per!r}."
+            )
+    pairs = flat.get("n_mismatch_pairs")
+    if pairs is not None and pairs > n_att * per * per:
+        raise OptionError(
+            f"summary field n_mismatch_pairs={pairs!r} is impossible: more than n_attention_layers × "
+            f"n_heads_per_layer² = {n_att * per * per!r} (pairs within a layer)."
+        )
+    for name in ("infeasible_layers", "layers_trained_loses"):
+        v = flat.get(name)
+        if isinstance(v, list) and (len(set(v)) != len(v) or len(v) > n_att or any(x >= n_layers for x in v)):
+            raise OptionError(
+                f"summary field {name}={v[:10]!r} is impossible: it must list distinct measured layers (at most "
+                f"n_attention_layers={n_att!r}, each below n_layers={n_layers!r})."
+            )
+
+
 def _validate(s: ReportSummary) -> None:
     """The report's own fields against their rules, then every count against its total (the report's and each
     record's bounds), then each record's checks against the report (:meth:`SummaryRecord.check`).
@@ -416,6 +466,7 @@ def _validate(s: ReportSummary) -> None:
         a, b = flat.get(count), flat.get(total)
         if a is not None and b is not None and a > b:
             raise OptionError(f"summary field {count}={a!r} is impossible: more than {total}={b!r}.")
+    _check_sizes(flat)
     for r in s.analyses.values():
         r.check(flat)
 

@@ -35,7 +35,7 @@ def fake_roles(rep, options=None, info=None, **cols) -> HeadRoles:
     for r in ROLES:
         t[r] = cols.get(r, 0.0)
     t["reason"] = ""
-    summary: dict = {"model_name": "synthetic", "n_heads": len(t)}
+    summary: dict = {"model_name": (info or rep.info).model_name, "n_heads": len(t)}  # the info's, as load_roles checks
     for r in ROLES:
         v = t[r].to_numpy(dtype=float)
         summary[f"median_{r}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")

@@ -216,7 +216,9 @@ def test_an_impossible_count_is_refused_before_anything_is_compared(saved):
 def test_the_threshold_moved_with_the_options_is_refused_by_the_closed_column(saved):
     """options.threshold and summary.threshold both 0.2 (consistent record), the 'closed' column at 0.9."""
     rewrite_record(saved, lambda r: (r["options"].update(threshold=0.2), r["summary"].update(threshold=0.2)))
-    with pytest.raises(ReportFileError, match=r"'closed' disagrees with P >= threshold \(0\.2\) for \d+ head"):
+    with pytest.raises(
+        ReportFileError, match=r"'closed' disagrees with P >= threshold \(0\.2\) at L\d+H\d+ \(first of \d+ head"
+    ):
         tli.load_report(saved)
 
 
@@ -299,8 +301,23 @@ def test_from_dict_takes_every_valid_summary_back(rep):
     for r in (rep, rep.with_threshold(0.0), rep.with_threshold(1.0)):
         assert ReportSummary.from_dict(r.summary.to_dict()) == r.summary
     nan = float("nan")
-    nothing = {"n_heads": 0, "n_closed": 0, "frac_closed": nan, "median_P": nan, "n_undefined_P": 0}
-    nothing.update(closed_per_layer={}, n_heads_compared=0, n_heads_beating_scramble=0, frac_beats_scramble=nan)
+    nothing = {
+        "n_attention_layers": 0,
+        "n_heads": 0,
+        "n_closed": 0,
+        "frac_closed": nan,
+        "median_P": nan,
+        "n_undefined_P": 0,
+    }
+    nothing.update(closed_per_layer={}, layers_trained_loses=[], n_layers_trained_wins=0, n_feasible_layers=0)
+    nothing.update(
+        infeasible_layers=[],
+        n_mismatch_pairs=0,
+        n_mismatch_closed=0,
+        n_heads_compared=0,
+        n_heads_beating_scramble=0,
+        frac_beats_scramble=nan,
+    )
     assert math.isnan(ReportSummary.from_dict({**rep.summary.to_dict(), **nothing}).median_P)
     # every flat field of 0.2's summary keeps its name (now the report's own fields and the analyses' records)
     assert set(FIELD_RULES) == set(V02_SUMMARY_FIELDS)

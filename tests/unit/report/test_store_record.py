@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -231,18 +232,18 @@ def test_the_closed_column_must_follow_P_and_the_threshold(saved, original):
     flipped = h.assign(closed=~h["closed"])
     rewrite(saved, tables={"heads": flipped})
     assert refused(saved) == (
-        f"{saved / 'heads.parquet'}: 'closed' disagrees with P >= threshold (0.9) for 8 head(s): the tables and the "
-        "record do not belong together."
+        f"{saved / 'heads.parquet'}: column 'closed' disagrees with P >= threshold (0.9) at L0H0 (first of 8 heads): "
+        "the tables and the record do not belong together."
     )
     one = h.copy()
     one.loc[one.index[1], "closed"] = True
     rewrite(saved, tables={"heads": one})
-    assert "for 1 head(s)" in refused(saved)
+    assert "at L0H1 (first of 1 head):" in refused(saved)
     # at P exactly the threshold a head is closed (P >= threshold)
     at = h.copy()
     at.loc[at.index[1], "P"] = 0.9
     rewrite(saved, tables={"heads": at})
-    assert "'closed' disagrees with P >= threshold (0.9) for 1 head(s)" in refused(saved)
+    assert "'closed' disagrees with P >= threshold (0.9) at L0H1 (first of 1 head)" in refused(saved)
 
 
 def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
@@ -312,6 +313,11 @@ def test_a_record_that_is_not_json_is_refused_naming_it(saved):
 def test_each_size_the_summary_repeats_is_checked_against_what_was_measured(saved, field, value, measured):
     """Each size is compared by its own name (an edit of one is refused here, before the summary is recomputed)."""
     f = rewrite(saved, lambda r: r["summary"].update({field: value}))
+    if field in ("n_heads_per_layer", "n_heads", "n_attention_layers"):  # impossible on its own (issue 37)
+        msg = refused(saved)
+        assert msg.startswith(f"{f} has a malformed info/options/summary record (OptionError: summary field ")
+        assert ("n_kv_heads=2 is impossible" if field == "n_heads_per_layer" else "n_heads=") in msg
+        return
     assert refused(saved) == (
         f"{f}: the summary and what was measured (info, tables) disagree on {field} ({value!r} vs {measured!r}): the "
         "record was edited. Save the report again from its source."
@@ -451,3 +457,104 @@ def test_a_nullable_index_column_with_a_missing_value_is_refused_naming_its_file
     h = pd.read_parquet(original / "heads.parquet")
     rewrite(saved, tables={"heads": h.assign(head=pd.array([None, *h["head"].iloc[1:]], dtype="Int64"))})
     assert refused(saved) == f"{saved / 'heads.parquet'}: column 'head' has 1 missing value(s)."
+
+
+# ------------------------------------------------------------------- issue 37: edits that keep every count
+# Each edit below keeps the counts a check by counts would compare (flags swapped within a layer, kv heads swapped,
+# q-values permuted) and has every sha256 and the digest recomputed (``rewrite``): only a check of every element
+# refuses it, naming the file, the column and the first head.
+
+
+def test_two_closed_flags_swapped_within_a_layer_are_refused_naming_the_first_head(saved, original):
+    h = _heads(original)
+    i, j = h.index[(h["layer"] == 1) & (h["head"] == 0)][0], h.index[(h["layer"] == 1) & (h["head"] == 1)][0]
+    assert h.loc[i, "closed"] and not h.loc[j, "closed"]
+    x = h.copy()
+    x.loc[[i, j], "closed"] = [False, True]
+    assert x.groupby("layer")["closed"].sum().tolist() == h.groupby("layer")["closed"].sum().tolist()
+    rewrite(saved, tables={"heads": x})
+    assert refused(saved) == (
+        f"{saved / 'heads.parquet'}: column 'closed' disagrees with P >= threshold (0.9) at L1H0 (first of 2 heads): "
+        "the tables and the record do not belong together."
+    )
+
+
+def test_kv_heads_swapped_within_a_layer_are_refused_naming_the_first_head(saved, original):
+    h = _heads(original)
+    assert h["kv_head"].tolist() == [0, 0, 1, 1, 0, 0, 1, 1]  # kv_layout(4, 2) in both layers
+    x = h.copy()
+    x.loc[x.index[5], "kv_head"], x.loc[x.index[6], "kv_head"] = 1, 0  # L1H1 <-> L1H2: each kv head still read twice
+    rewrite(saved, tables={"heads": x})
+    assert refused(saved) == (
+        f"{saved / 'heads.parquet'}: column 'kv_head' disagrees with the kv map of n_heads=4, n_kv_heads=2 "
+        "(tl_idempotence.kv_layout) at L1H1 (first of 2 heads): the tables and the record do not belong together."
+    )
+
+
+def test_q_values_permuted_are_refused_as_not_BH_of_the_p_values(saved, original):
+    h = _heads(original)
+    q = h["q_value"].to_numpy()
+    assert len(set(q.tolist())) > 1
+    x = h.assign(q_value=q[::-1])  # the same values (the same count under every level), other heads
+    first = next(i for i in range(len(q)) if q[::-1][i] != q[i])
+    rewrite(saved, tables={"heads": x})
+    msg = refused(saved)
+    label = f"L{h['layer'].iloc[first]}H{h['head'].iloc[first]}"
+    assert msg.startswith(
+        f"{saved / 'heads.parquet'}: column 'q_value' is not Benjamini-Hochberg of its 'p_value' column at {label} "
+    )
+    rewrite(saved, tables={"heads": h.drop(columns="p_value")})
+    assert refused(saved) == f"{saved / 'heads.parquet'}: column 'q_value' without the 'p_value' it is derived from."
+
+
+def test_a_summary_float_changed_in_its_seventh_significant_digit_is_refused(saved):
+    """The summary is compared exactly (as the docstring says), never within a relative tolerance."""
+    rec = json.loads((saved / RECORD).read_text())
+    v = rec["summary"]["median_P"]
+    w = float(f"{v:.7g}") + 10 ** (math.floor(math.log10(abs(v))) - 6)  # one unit in the 7th significant digit
+    assert f"{v:.6g}" == f"{w:.6g}" and abs(w - v) / v < 1e-5
+    f = rewrite(saved, lambda r: r["summary"].update(median_P=w))
+    assert refused(saved).startswith(f"{f}: summary['median_P'] is {w!r} in the record but {v!r} from its tables")
+
+
+def test_a_kv_map_other_than_the_standard_layout_is_stated_and_checked(tmp_path):
+    g = torch.Generator().manual_seed(3)
+    maps = [[0, 1, 0, 1], [0, 0, 1, 1]]
+    layers = [
+        LayerHeads(i, torch.randn(4, 12, 3, generator=g, dtype=torch.float64),
+                   torch.randn(2, 12, 3, generator=g, dtype=torch.float64), torch.tensor(m))
+        for i, m in enumerate(maps)
+    ]  # fmt: skip
+    d = Path(tli.idempotence_report(layers, progress=False).save(tmp_path / "r"))
+    assert json.loads((d / RECORD).read_text())["kv_map"] == {"0": [0, 1, 0, 1]}  # layer 1 is kv_layout's
+    assert tli.load_report(d).heads["kv_head"].tolist() == maps[0] + maps[1]
+    h = pd.read_parquet(d / "heads.parquet")
+    rewrite(d, tables={"heads": h.assign(kv_head=[0, 0, 1, 1, 0, 0, 1, 1])})
+    assert "column 'kv_head' disagrees with the kv map of n_heads=4, n_kv_heads=2 (tl_idempotence.kv_layout, or " \
+        "the layers of its 'kv_map') at L0H1 (first of 2 heads)" in refused(d)  # fmt: skip
+    rewrite(d, lambda r: r.update(kv_map={"0": [0, 1, 0, 2]}), tables={"heads": h})
+    assert refused(d).startswith(f"{d / RECORD}: field 'kv_map' is not a map")
+    rewrite(d, lambda r: r.update(kv_map={"0": [0, 1, 0, 1], "5": [1, 0, 1, 0]}))
+    assert refused(d) == f"{d / RECORD}: field 'kv_map' names layer 5, which was not measured."
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        ({"n_heads": 10**12}, "summary field n_heads=1000000000000 is impossible: a report measures every head"),
+        ({"n_heads": 10}, "summary field n_heads=10 is impossible: a report measures every head"),
+        ({"n_kv_heads": 3}, "summary field n_kv_heads=3 is impossible: it must divide n_heads_per_layer=4"),
+        ({"closed_per_layer": {0: 2}}, "summary field closed_per_layer has 1 layers, but n_attention_layers=2"),
+        ({"n_mismatch_pairs": 10**9}, "summary field n_mismatch_pairs=1000000000 is impossible: more than"),
+        ({"n_feasible_layers": 0, "infeasible_layers": [0, 0]}, "summary field infeasible_layers=[0, 0] is impossible"),
+    ],
+)
+def test_from_dict_bounds_every_size_by_the_others(original, edit, says):
+    from tl_idempotence.errors import OptionError
+    from tl_idempotence.report.summary import ReportSummary
+
+    s = read_record(original).summary.to_dict()
+    assert ReportSummary.from_dict(s) == s  # untouched: the same summary
+    with pytest.raises(OptionError) as e:
+        ReportSummary.from_dict({**s, **edit})
+    assert str(e.value).startswith(says)

@@ -90,3 +90,35 @@ def test_the_library_refuses_another_item_list_the_same_way(ckpts, tmp_path):
     assert read_sweep_plan(out).options["nulls"] == 3
     row = run_sweep_item({"a": ckpts["A"]}, out, 0, replan=True, **OPTS)
     assert row["status"] == "skipped" and [i[0] for i in read_sweep_plan(out).items] == ["a"]
+
+
+def test_an_item_folder_copied_with_its_task_record_is_refused_by_its_full_source(ckpts, tmp_path):
+    """Two checkpoints with one folder name (seed1/step200, seed2/step200): item p's folder and task record copied
+    over item q's. The task record names the full source, so q is refused (issue 37, item 3); with q's record gone
+    (only the report copied), the shared folder name cannot tell them apart and q is missing, never p's numbers."""
+    out = tmp_path / "out"
+    items = {"p": ckpts["s1"], "q": ckpts["s2"]}
+    for i in (0, 1):
+        run_sweep_item(items, out, i, **OPTS)
+    replace_folder(out, "p", "q")
+    shutil.rmtree(out / ITEMS_DIR / "q")
+    shutil.copytree(out / ITEMS_DIR / "p", out / ITEMS_DIR / "q")
+    with pytest.warns(UserWarning, match=r"q: ReportMismatchError"):
+        res = tli.load_sweep(out)
+    msg = res.failed.set_index("label").loc["q", "message"]
+    assert f"{out / 'q'} is not of item 'q' (path {ckpts['s2']}): its task record" in msg
+    assert list(res.tasks["status"]) == ["computed", "failed"] and list(res.reports) == ["p"]
+    # the record edited to name q's folder: its item (the full source) is still p's
+    rec = json.loads((out / ITEMS_DIR / "q" / "record.json").read_text())
+    (out / ITEMS_DIR / "q" / "record.json").write_text(json.dumps({**rec, "dir": "q", "label": "q"}))
+    with pytest.warns(UserWarning, match=r"q: ReportMismatchError"):
+        res = tli.load_sweep(out)
+    assert f"is of 'path {ckpts['s1']}'" in res.failed.set_index("label").loc["q", "message"]
+    # no task record at all: the folder name is shared with p, so q's report cannot be told from p's
+    shutil.rmtree(out / ITEMS_DIR / "q")
+    with pytest.warns(UserWarning):
+        res = tli.load_sweep(out)
+    assert (
+        list(res.reports) == ["p"]
+        and "share its checkpoint 'step200'" in res.missing.set_index("label").loc["q", "reason"]
+    )

@@ -257,8 +257,9 @@ def load_sweep(out: PathLike, items: SweepItems | None = None) -> SweepResult:
     want = ReportOptions.from_record({**plan.options, "device": "cpu"})
     want_device = None if plan.device_asked == "auto" else check_device_name(plan.device_asked)
     found = _Found()
+    shares = {e.label: [o.label for o in entries if o.origin == e.origin and o is not e] for e in entries}
     for e in entries:
-        _read_item(d, e, want, want_device, found)
+        _read_item(d, e, want, want_device, found, shares[e.label] if e.origin is not None else [])
     return build_result(
         d,
         entries,
@@ -310,8 +311,12 @@ class _Found:
         self.rows[e.label] = {**base, "status": "missing", "reason": why}
 
 
-def _read_item(d: Path, e: Entry, want: ReportOptions, want_device: str | None, found: _Found) -> None:
-    """One item of :func:`load_sweep`: its report (checked against the item and the options) and task record."""
+def _read_item(
+    d: Path, e: Entry, want: ReportOptions, want_device: str | None, found: _Found, shares: list[str] | None = None
+) -> None:
+    """One item of :func:`load_sweep`: its report (checked against the item and the options) and task record.
+    ``shares``: the labels of the plan's other items with the same origin (a checkpoint folder name), which only
+    the item's own task record (its full source and weights fingerprint) tells apart."""
     files = ItemFiles(d, e.dir)
     rec, rec_problem = files.read_record()
     digest = files.report_digest()
@@ -337,10 +342,30 @@ def _read_item(d: Path, e: Entry, want: ReportOptions, want_device: str | None, 
     except (TLIError, OSError) as err:
         found.miss(e, base, f"its saved report is unreadable ({type(err).__name__}: {err}): rerun its task")
         return
+    # a task record of another item (the item's folder and its record copied from another item's): its full
+    # source says so even when both checkpoints have one folder name (x/ck, y/ck)
+    other = files.record_of_another_item(e.item)
+    if other is not None:
+        found.fail(
+            e,
+            base,
+            ReportMismatchError.__name__,
+            f"{files.target} is not of item {e.label!r} ({e.item}): {other} (copied from another item's folder). "
+            "Its numbers are not used; rerun its task (it measures the item again)",
+        )
+        return
     # the report-identity check: the plan's item (its checkpoint or zoo name) and the weights its own task
     # recorded having measured; a report copied in from another item's folder is never this item's result
     recorded = rec.get("weights_fingerprint") if rec is not None else None
     recorded = recorded if isinstance(recorded, str) else None
+    if recorded is None and shares:
+        found.miss(
+            e,
+            base,
+            f"its report has no task record naming this item's weights fingerprint, and item(s) {shares} share its "
+            f"{e.origin}: which of them it measured cannot be told. Rerun its task",
+        )
+        return
     foreign = report_mismatch(rep, origin=e.origin, fingerprint=recorded)
     if foreign is not None:
         measured = "" if recorded is None else f", whose task measured weights sha256 {recorded[:12]}"

@@ -138,6 +138,22 @@ class ItemFiles:
             return None, f"the task record {self.record_path} is not one this version writes (ignored)"
         return rec, None
 
+    def record_of_another_item(self, item: str) -> str | None:
+        """Why the task record in this item's folder is another item's (a copy of another item's folder with its
+        record), or None: a record of :data:`ITEM_FORMAT` that names another folder (``dir``) or another item
+        (``item``: the full source in words, ``path /abs/x/ck``, never a folder name), given the plan's ``item``."""
+        try:
+            rec = json.loads(self.record_path.read_text("utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(rec, dict) or rec.get("format") != ITEM_FORMAT:
+            return None
+        if rec.get("dir") != self.dirname:
+            return f"its task record {self.record_path} is of the item in folder {rec.get('dir')!r}"
+        if rec.get("item") != item:
+            return f"its task record {self.record_path} is of {rec.get('item')!r}"
+        return None
+
     def write_record(self, row: Mapping[str, Any], item: Item) -> None:
         """Write the item's task record (``row`` plus the format, the item in words and the time), atomically."""
         self.folder.mkdir(parents=True, exist_ok=True)
