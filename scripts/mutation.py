@@ -374,6 +374,8 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
         "if want.sum() != got.sum():",
         _STORE_TESTS,
         "load_report compares the number of closed heads with P >= threshold, not each head's flag",
+        pending="survived at 48c52b7: the test that swaps two flags within a layer (counts kept) is on the "
+        "stored-record branch (issue 37, item 3); run it once that lands",
     ),
     HandMutant(
         "store_summary_tolerance",
@@ -382,6 +384,8 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
         "return None if same and (a == b or abs(a - b) <= 1e-6 * abs(b)) else (where, a, b)",
         _STORE_TESTS,
         "a stored summary number compared with a relative tolerance of 1e-6 instead of exactly",
+        pending="survived at 48c52b7: the test that changes a summary float in its 7th digit is on the "
+        "stored-record branch (issue 37, item 3); run it once that lands",
     ),
     HandMutant(
         "store_kv_range_off_by_one",
@@ -422,14 +426,15 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
 
 
 def run_hand_mutants(names: list[str], keep: bool, timeout: float) -> dict:
-    """Apply each hand-written mutant (``names``; empty: all not pending) to a copy of the committed tree, run its
-    tests there (``PYTHONPATH`` = the copy's ``src``), and report killed (the tests failed) or survived.
+    """Apply each hand-written mutant (``names``; empty: all; a pending one is reported, not run) to a copy of the
+    committed tree, run its tests there (``PYTHONPATH`` = the copy's ``src``), and report killed (the tests
+    failed) or survived.
 
     A mutant whose ``old`` text is not exactly once in its file stops the run (the code moved: edit the mutant).
     The tests are first run on the unmutated copy: a failure there stops the run (a mutant would count as killed).
     """
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    chosen = [m for m in HAND_MUTANTS if (m.name in names if names else m.pending is None)]
+    chosen = [m for m in HAND_MUTANTS if not names or m.name in names]  # a pending one is listed, never run
     unknown = set(names) - {m.name for m in HAND_MUTANTS}
     if unknown:
         raise SystemExit(f"unknown hand-written mutant(s) {sorted(unknown)}; see --list-by-hand")
