@@ -5,8 +5,8 @@ HookedTransformer on transformer-lens 3.x): the attention scores equal Transform
 on the same tokens; a head built to attend to the previous token scores ~1 as previous-token head (and a head
 with no query reads scores the uniform share); ``copying`` equals ``Re Σλ / Σ|λ|`` of a dense float64
 eigendecomposition of the 100 x 100 full OV circuit (the kv head's W_V on GQA), also with W_U W_E accumulated
-over chunks of 1 .. 101 vocabulary rows; the same weights on the two
-classes give the same table; the seed decides the tokens; every argument is checked.
+over chunks of 1 .. 101 vocabulary rows; the same weights on the two classes give the same table; the seed
+decides the tokens; every argument is checked.
 """
 
 from __future__ import annotations
