@@ -11,6 +11,13 @@ diff of every survivor. A survivor is either killed by a new test, or written in
     python scripts/mutation.py --list
     python scripts/mutation.py resume_key kv_map --max-children 2
     python scripts/mutation.py --all               # every target (hours on a 2-core machine)
+    python scripts/mutation.py --by-hand           # the hand-written mutants (HAND_MUTANTS), their kill ratio
+
+mutmut's operator mutants (a flipped comparison, a changed constant) do not write the bugs a person writes: a
+query head given its kv head's row, a count compared instead of the elements, a tolerance instead of equality, a
+chunk boundary off by one. ``--by-hand`` applies each of :data:`HAND_MUTANTS` (a file, an exact text, its
+replacement) to a copy of the committed tree, runs the mutant's tests there and reports killed / survived in
+``benchmarks/mutation/hand_written.md`` and ``.json``, beside mutmut's scores in the index.
 
 Not part of any pytest tier: CI runs it as its own stage after the tests (``.ci/run``: the targets in
 ``TLI_CI_MUTATION``, default ``kv_map``; ``all`` runs every target).
@@ -242,6 +249,284 @@ TARGETS: dict[str, Target] = {
     )
 }
 
+
+@dataclass(frozen=True)
+class HandMutant:
+    """A bug written by hand: ``old`` (exactly once in ``file``) replaced by ``new``; ``tests`` must fail on it."""
+
+    name: str
+    file: str  # the module file, from the repository root
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest selection run on the mutated copy (unit tier files or node ids)
+    why: str  # the bug, in words
+    #: the reason it is not run yet (its code is on another branch); None: run
+    pending: str | None = None
+
+
+_ROLES = "src/tl_idempotence/probes/roles.py"
+_ROLES_TESTS = ("tests/unit/probes/test_roles_gqa_mixup.py", "tests/unit/probes/test_roles.py")
+_STORE_TESTS = ("tests/unit/report/test_store_record.py",)
+_ABL_TESTS = ("tests/unit/probes/test_ablation_gqa.py", "tests/unit/probes/test_ablation.py")
+
+#: Hand-written mutants (issue 37): head mix-ups, counts for elements, tolerances for equality, chunk boundaries.
+HAND_MUTANTS: tuple[HandMutant, ...] = (
+    HandMutant(
+        "roles_row_kv_head",
+        _ROLES,
+        "table.insert(3 + i, role, scores[role][idx, H])",
+        'table.insert(3 + i, role, scores[role][idx, table["kv_head"].to_numpy()])',
+        _ROLES_TESTS,
+        "head_roles takes each query head's attention scores from row kv_head instead of head (GQA)",
+    ),
+    HandMutant(
+        "roles_pattern_of_kv_head",
+        _ROLES,
+        "ph = pat[b, h].double().cpu()",
+        'ph = pat[b, h // (n_heads // int(getattr(model.cfg, "n_key_value_heads", None) or n_heads))].double().cpu()',
+        _ROLES_TESTS,
+        "role_scores scores the pattern of the query head's kv head index instead of its own",
+    ),
+    HandMutant(
+        "roles_chunk_overlap",
+        _ROLES,
+        "M += W_U[:, s : s + VOCAB_CHUNK].double() @ W_E[s : s + VOCAB_CHUNK].double()",
+        "M += W_U[:, s : s + VOCAB_CHUNK + 1].double() @ W_E[s : s + VOCAB_CHUNK + 1].double()",
+        _ROLES_TESTS,
+        "W_U W_E accumulated over vocabulary chunks that overlap by one row",
+    ),
+    HandMutant(
+        "roles_chunk_short",
+        _ROLES,
+        "M += W_U[:, s : s + VOCAB_CHUNK].double() @ W_E[s : s + VOCAB_CHUNK].double()",
+        "M += W_U[:, s : s + VOCAB_CHUNK - 1].double() @ W_E[s : s + VOCAB_CHUNK - 1].double()",
+        _ROLES_TESTS,
+        "W_U W_E accumulated over vocabulary chunks that skip the last row of each chunk",
+    ),
+    HandMutant(
+        "roles_chunk_stop",
+        _ROLES,
+        "for s in range(0, W_E.shape[0], VOCAB_CHUNK):",
+        "for s in range(0, W_E.shape[0] - 1, VOCAB_CHUNK):",
+        _ROLES_TESTS,
+        "the chunk loop stops one row early (the vocabulary's last row is lost when it starts a chunk)",
+    ),
+    HandMutant(
+        "roles_v_interleaved",
+        _ROLES,
+        "V = lh.V.double()[lh.kv_head_of.to(lh.V.device)]",
+        "V = lh.V.double()[torch.arange(len(lh.kv_head_of), device=lh.V.device) % len(lh.V)]",
+        _ROLES_TESTS,
+        "the copying score expands W_V by an interleaved map (another kv head's W_V for most query heads)",
+    ),
+    HandMutant(
+        "roles_kv_column_interleaved",
+        _ROLES,
+        '"kv_head": int(lh.kv_head_of[h]),',
+        '"kv_head": h % len(lh.V),',
+        _ROLES_TESTS,
+        "the roles table's kv_head column from an interleaved map instead of the model's",
+    ),
+    HandMutant(
+        "roles_mean_over_last_pass",
+        _ROLES,
+        "return {r: v / tokens.shape[0] for r, v in out.items()}",
+        "return {r: v / part.shape[0] for r, v in out.items()}",
+        _ROLES_TESTS,
+        "the attention scores averaged over the last forward pass's sequences instead of all of them (a count)",
+    ),
+    HandMutant(
+        "kv_map_interleaved",
+        "src/tl_idempotence/core/heads.py",
+        "return torch.arange(n_heads) // (n_heads // n_kv_heads)",
+        "return torch.arange(n_heads) % n_kv_heads",
+        ("tests/unit/core/test_kv_layout.py", "tests/unit/sources/test_checkpoint.py"),
+        "the GQA map interleaved (h % n_kv) instead of grouped (h // group), as repeat_kv does",
+    ),
+    HandMutant(
+        "ablation_kv_column_is_head",
+        "src/tl_idempotence/probes/ablation/result.py",
+        '"kv_head": [int(kv_of[h]) for _, h in pairs],',
+        '"kv_head": [int(h) for _, h in pairs],',
+        _ABL_TESTS,
+        "the ablation's kv_head column holds the query head (head for kv_head)",
+    ),
+    HandMutant(
+        "ablation_mha_map",
+        "src/tl_idempotence/probes/ablation/entry.py",
+        "kv_layout(n_heads, src.info.n_kv_heads)",
+        "kv_layout(n_heads, n_heads)",
+        _ABL_TESTS,
+        "the ablation's kv map of an MHA model on a GQA model (n_heads for n_kv_heads)",
+    ),
+    HandMutant(
+        "ablation_next_head",
+        "src/tl_idempotence/probes/ablation/passes.py",
+        "m = mask.to(z.device)[:, None, :, None]",
+        "m = mask.to(z.device).roll(1, -1)[:, None, :, None]",
+        _ABL_TESTS,
+        "hook_z ablates the next query head instead of the head in the set",
+    ),
+    HandMutant(
+        "store_closed_by_count",
+        "src/tl_idempotence/report/store.py",
+        "if not (want == got).all():",
+        "if want.sum() != got.sum():",
+        _STORE_TESTS,
+        "load_report compares the number of closed heads with P >= threshold, not each head's flag",
+        pending="survived at 48c52b7: the test that swaps two flags within a layer (counts kept) is on the "
+        "stored-record branch (issue 37, item 3); run it once that lands",
+    ),
+    HandMutant(
+        "store_summary_tolerance",
+        "src/tl_idempotence/report/store.py",
+        "return None if same and a == b else (where, a, b)",
+        "return None if same and (a == b or abs(a - b) <= 1e-6 * abs(b)) else (where, a, b)",
+        _STORE_TESTS,
+        "a stored summary number compared with a relative tolerance of 1e-6 instead of exactly",
+        pending="survived at 48c52b7: the test that changes a summary float in its 7th digit is on the "
+        "stored-record branch (issue 37, item 3); run it once that lands",
+    ),
+    HandMutant(
+        "store_kv_range_off_by_one",
+        "src/tl_idempotence/report/store.py",
+        "K.max() >= info.n_kv_heads",
+        "K.max() > info.n_kv_heads",
+        _STORE_TESTS,
+        "a stored kv_head equal to n_kv_heads (one past the last kv head) accepted",
+    ),
+    HandMutant(
+        "store_q_values_not_bh",
+        "src/tl_idempotence/report/store.py",
+        "",
+        "",
+        _STORE_TESTS,
+        "stored q-values checked by count or range, not element by element against BH of the stored p-values",
+        pending="load_report's element-wise q-value check is on another branch (issue 37, item 3)",
+    ),
+    HandMutant(
+        "store_kv_head_not_map",
+        "src/tl_idempotence/report/store.py",
+        "",
+        "",
+        _STORE_TESTS,
+        "a stored kv_head checked against the range only, not against the kv map head by head",
+        pending="load_report's kv_head-vs-kv-map check is on another branch (issue 37, item 3)",
+    ),
+    HandMutant(
+        "roles_store_kv_head",
+        "src/tl_idempotence/report/roles.py",
+        "",
+        "",
+        ("tests/unit/report/",),
+        "load_roles takes a kv_head, n_tokens or info.n_heads that contradict the rest of the record",
+        pending="load_roles' record checks are on another branch (issue 37, item 3)",
+    ),
+)
+
+
+def run_hand_mutants(names: list[str], keep: bool, timeout: float) -> dict:
+    """Apply each hand-written mutant (``names``; empty: all; a pending one is reported, not run) to a copy of the
+    committed tree, run its tests there (``PYTHONPATH`` = the copy's ``src``), and report killed (the tests
+    failed) or survived.
+
+    A mutant whose ``old`` text is not exactly once in its file stops the run (the code moved: edit the mutant).
+    The tests are first run on the unmutated copy: a failure there stops the run (a mutant would count as killed).
+    """
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    chosen = [m for m in HAND_MUTANTS if not names or m.name in names]  # a pending one is listed, never run
+    unknown = set(names) - {m.name for m in HAND_MUTANTS}
+    if unknown:
+        raise SystemExit(f"unknown hand-written mutant(s) {sorted(unknown)}; see --list-by-hand")
+    work = Path(tempfile.mkdtemp(prefix="tli-mutation-by-hand-"))
+    env = {**os.environ, "PYTHONPATH": str(work / "src"), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+    results = []
+    t_all = time.perf_counter()
+    try:
+        scratch_copy(work)
+        for m in chosen:
+            if m.pending is None and (work / m.file).read_text(encoding="utf-8").count(m.old) != 1:
+                raise SystemExit(f"{m.name}: its text is not exactly once in {m.file} (the code moved): {m.old!r}")
+        tests = sorted({t for m in chosen if m.pending is None for t in m.tests})
+        clean = subprocess.run([*base, *tests], cwd=work, env=env, capture_output=True, text=True)
+        if clean.returncode != 0:
+            raise SystemExit(f"the tests fail on the unmutated tree:\n{clean.stdout[-3000:]}\n{clean.stderr[-2000:]}")
+        for m in chosen:
+            if m.pending is not None:
+                results.append(
+                    {"name": m.name, "file": m.file, "why": m.why, "status": "pending", "pending": m.pending}
+                )
+                continue
+            path = work / m.file
+            original = path.read_text(encoding="utf-8")
+            path.write_text(original.replace(m.old, m.new), encoding="utf-8")
+            t0 = time.perf_counter()
+            try:
+                run = subprocess.run(
+                    [*base, *m.tests], cwd=work, env=env, capture_output=True, text=True, timeout=timeout
+                )
+                # pytest: 1 = tests failed (killed), 0 = passed (survived); 2..5 = interrupted, usage, no tests
+                status = {0: "survived", 1: "killed"}.get(run.returncode, f"error (pytest exit {run.returncode})")
+                failed = [ln.split(" ")[1] for ln in run.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+            except subprocess.TimeoutExpired:
+                status, failed = "timeout", []
+            finally:
+                path.write_text(original, encoding="utf-8")
+            results.append(
+                {
+                    "name": m.name,
+                    "file": m.file,
+                    "why": m.why,
+                    "old": m.old,
+                    "new": m.new,
+                    "tests": list(m.tests),
+                    "status": status,
+                    "killed_by": failed[:3],
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
+            print(f"{m.name}: {status} ({results[-1]['seconds']} s) {' '.join(failed[:1])}", flush=True)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    killed = sum(r["status"] == "killed" for r in results)
+    run_n = sum(r["status"] in ("killed", "survived") for r in results)
+    return {
+        "head": head.stdout.strip(),
+        "killed": killed,
+        "survived": sum(r["status"] == "survived" for r in results),
+        "pending": sum(r["status"] == "pending" for r in results),
+        "other": sum(r["status"] not in ("killed", "survived", "pending") for r in results),
+        "score": killed / run_n if run_n else None,
+        "seconds": round(time.perf_counter() - t_all, 1),
+        "mutants": results,
+    }
+
+
+def write_hand_report(r: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "hand_written.json").write_text(json.dumps(r, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    score = "n/a" if r["score"] is None else f"{100 * r['score']:.1f} %"
+    lines = [
+        f"# Mutation testing: hand-written mutants (at {r['head']})",
+        "",
+        "Written by `scripts/mutation.py --by-hand`: each mutant of `HAND_MUTANTS` (a file, an exact text, its",
+        "replacement) applied alone to a copy of the committed tree, its tests run there (`pytest -x`).",
+        "",
+        f"- killed {r['killed']}; survived {r['survived']}; pending {r['pending']}; other {r['other']}",
+        f"- kill ratio (killed / (killed + survived)): **{score}**; {r['seconds']} s",
+        "",
+        "| mutant | file | the bug | status | killed by |",
+        "|---|---|---|---|---|",
+    ]
+    for m in r["mutants"]:
+        by = ", ".join(f"`{t}`" for t in m.get("killed_by", [])) or m.get("pending") or ""
+        lines.append(f"| `{m['name']}` | `{m['file']}` | {m['why']} | {m['status']} | {by} |")
+    lines.append("")
+    (OUT / "hand_written.md").write_text("\n".join(lines), encoding="utf-8")
+
+
 #: mutmut's status names, as ``mutmut results --all true`` prints them.
 KILLED = {"killed"}
 SURVIVED = {"survived"}
@@ -381,6 +666,20 @@ def write_report(r: dict) -> None:
     (OUT / f"{r['target']}.md").write_text("\n".join(lines), encoding="utf-8")
 
 
+def _hand_index_lines() -> list[str]:
+    f = OUT / "hand_written.json"
+    if not f.exists():
+        return []
+    r = json.loads(f.read_text(encoding="utf-8"))
+    score = "n/a" if r["score"] is None else f"{100 * r['score']:.1f} %"
+    return [
+        "Hand-written mutants (`--by-hand`: head mix-ups, counts for elements, tolerances, chunk boundaries; see",
+        f"[hand_written.md](hand_written.md)): **{score}** ({r['killed']} killed, {r['survived']} survived, "
+        f"{r['pending']} pending) at {r['head']}.",
+        "",
+    ]
+
+
 def write_index() -> None:
     """``benchmarks/mutation/README.md``: one line per target with a report (its score, counts, time and commit)."""
     rows = []
@@ -407,6 +706,7 @@ def write_index() -> None:
         "|---|---|---|---|---|---|---|",
         *rows,
         "",
+        *_hand_index_lines(),
     ]
     (OUT / "README.md").write_text("\n".join(text), encoding="utf-8")
 
@@ -424,7 +724,32 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rewrite the named targets' reports from their JSON with the current equivalent.json (no run)",
     )
+    ap.add_argument(
+        "--by-hand",
+        nargs="*",
+        metavar="MUTANT",
+        default=None,
+        help="run the hand-written mutants (all that are not pending, or those named) instead of mutmut",
+    )
+    ap.add_argument("--list-by-hand", action="store_true", help="list the hand-written mutants and exit")
+    ap.add_argument("--timeout", type=float, default=1200.0, help="seconds per hand-written mutant (default 1200)")
     a = ap.parse_args(argv)
+    if a.list_by_hand:
+        for m in HAND_MUTANTS:
+            print(f"{m.name:28} {m.file}: {m.why}" + (f" [pending: {m.pending}]" if m.pending else ""))
+        return 0
+    if a.by_hand is not None:
+        r = run_hand_mutants(a.by_hand, a.keep, a.timeout)
+        if not a.by_hand:  # the whole campaign: its report and the index
+            write_hand_report(r)
+            write_index()
+        score = r["score"]
+        print(
+            f"by hand: {r['killed']}/{r['killed'] + r['survived']} killed "
+            f"({'n/a' if score is None else f'{100 * score:.1f} %'}), {r['pending']} pending, {r['other']} other, "
+            f"{r['seconds']} s"
+        )
+        return 0 if score is not None and score >= a.min_score and not r["other"] else 1
     if a.list:
         for t in TARGETS.values():
             print(f"{t.name:18} {t.source}: {t.why}")

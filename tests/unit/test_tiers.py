@@ -1,7 +1,8 @@
 """The test tiers are folders (CONTRIBUTING.md, "The test tiers"): tests/conftest.py gives a test the marks of its
 folder and refuses a test outside the three tier folders or a tier mark that contradicts its folder; the CI-skip
 rule (tests/conftest.py ``ci_allows_skip``; replayed in fresh pytest processes by
-tests/integration/test_ci_skips.py); and every test path scripts/mutation.py names exists."""
+tests/integration/test_ci_skips.py); and every test path scripts/mutation.py names exists
+(and every hand-written mutant still applies)."""
 
 from __future__ import annotations
 
@@ -97,6 +98,24 @@ def _mutation_targets(monkeypatch: pytest.MonkeyPatch) -> dict:
     monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up while it runs
     spec.loader.exec_module(mod)
     return mod.TARGETS
+
+
+def _hand_mutants(monkeypatch: pytest.MonkeyPatch) -> tuple:
+    _mutation_targets(monkeypatch)
+    return sys.modules["tli_mutation_script"].HAND_MUTANTS
+
+
+def test_every_hand_written_mutant_still_applies(monkeypatch):
+    """``mutation.py --by-hand`` replaces each mutant's text, which must be exactly once in its file (a text the code
+    no longer holds would mutate nothing), and runs tests that exist; at least 8 are run, of distinct names."""
+    mutants = _hand_mutants(monkeypatch)
+    live = [m for m in mutants if m.pending is None]
+    assert len(live) >= 8 and len({m.name for m in mutants}) == len(mutants)
+    for m in live:
+        assert m.old != m.new and (ROOT / m.file).read_text(encoding="utf-8").count(m.old) == 1, (m.name, m.old)
+        assert m.tests and all(t.startswith("tests/unit/") and (ROOT / t.split("::")[0]).exists() for t in m.tests)
+    for m in mutants:
+        assert m.pending is None or m.pending.strip(), m.name
 
 
 def test_every_test_path_of_the_mutation_targets_exists(monkeypatch):

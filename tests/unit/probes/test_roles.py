@@ -4,8 +4,9 @@ Replays what a user does on tiny models (a Llama/GQA checkpoint folder booted as
 HookedTransformer on transformer-lens 3.x): the attention scores equal TransformerLens's own ``detect_head``
 on the same tokens; a head built to attend to the previous token scores ~1 as previous-token head (and a head
 with no query reads scores the uniform share); ``copying`` equals ``Re Σλ / Σ|λ|`` of a dense float64
-eigendecomposition of the 100 x 100 full OV circuit (the kv head's W_V on GQA); the same weights on the two
-classes give the same table; the seed decides the tokens; every argument is checked.
+eigendecomposition of the 100 x 100 full OV circuit (the kv head's W_V on GQA), also with W_U W_E accumulated
+over chunks of 1 .. 101 vocabulary rows; the same weights on the two classes give the same table; the seed
+decides the tokens; every argument is checked.
 """
 
 from __future__ import annotations
@@ -81,6 +82,26 @@ def test_copying_equals_dense_eigendecomposition(roles, bridge):
         assert row["copying"] == pytest.approx(want, abs=1e-9), lab
     # GQA: heads reading the same kv head have different O, so different scores
     assert roles.table["copying"].nunique() == 18
+
+
+@pytest.fixture(scope="module")
+def dense_copying_all(bridge):
+    return {(layer, h): dense_copying(bridge, layer, h) for layer in range(2) for h in range(9)}
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 33, 99, 100, 101])
+def test_copying_over_several_vocabulary_chunks(bridge, dense_copying_all, monkeypatch, chunk):
+    """W_U W_E accumulated over chunks of 1, 7, 33, 99 (the last chunk one row), 100 (one chunk, exactly) and
+    101 rows of the 100-token vocabulary equals the dense float64 circuit: a chunk boundary that overlaps or skips
+    a row (the default chunk, 8192, is one chunk on every unit-tier model) changes W_U W_E, so the scores."""
+    import tl_idempotence.probes.roles as roles_mod
+
+    monkeypatch.setattr(roles_mod, "VOCAB_CHUNK", chunk)
+    table, _ = roles_mod.copying_scores(bridge)
+    got = {(int(r.layer), int(r.head)): float(r.copying) for r in table.itertuples()}
+    assert got.keys() == dense_copying_all.keys()
+    for k, want in dense_copying_all.items():
+        assert got[k] == pytest.approx(want, abs=1e-9), (chunk, k)
 
 
 def test_attention_scores_equal_tl_detect_head(bridge, request):
