@@ -459,6 +459,11 @@ def drift(committed: dict[str, Any], derived: dict[str, Any]) -> list[str]:
                 lines.append(f"{section}[{key!r}]: removed (was {short(a[key])})")
             elif key not in a:
                 lines.append(f"{section}[{key!r}]: new: {short(b[key])}")
+            elif isinstance(a[key], dict) and isinstance(b[key], dict):  # an entry: the fields that changed
+                fields = sorted(k for k in set(a[key]) | set(b[key]) if a[key].get(k) != b[key].get(k))
+                if fields:
+                    changed = "; ".join(f"{k} was {short(a[key].get(k))}, now {short(b[key].get(k))}" for k in fields)
+                    lines.append(f"{section}[{key!r}]: {changed}")
             elif a[key] != b[key]:
                 lines.append(f"{section}[{key!r}]: was {short(a[key])}; now {short(b[key])}")
     return lines

@@ -112,6 +112,10 @@ def test_drift_names_every_changed_entry_and_ignores_versions(monkeypatch):
     lines = derive.drift(committed, newer)
     assert len(lines) == 4, lines
     assert lines[0].startswith("architectures['falcon']: removed (was {")
-    assert lines[1].startswith("architectures['llama']: was {") and '"tensor": "x"' in lines[1]
+    assert lines[1] == (
+        "architectures['llama']: v was "
+        + json.dumps(committed["architectures"]["llama"]["v"])
+        + ', now {"tensor": "x", "layout": "linear"}'
+    )
     assert lines[2].startswith("architectures['newtype']: new: {")
     assert lines[3] == "refused['falcon']: new: the config gives 2 kv heads, the weights hold 4"
