@@ -496,8 +496,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         print(
             f"DRIFT: {len(lines)} entr{'y' if len(lines) == 1 else 'ies'} of the architecture table differ when it is "
-            "derived with " + ", ".join(f"{k} {now[k]}" for k in libs) + " (the committed table: "
-            + ", ".join(f"{k} {was.get(k)}" for k in libs) + "):"
+            "derived with "
+            + ", ".join(f"{k} {now[k]}" for k in libs)
+            + " (the committed table: "
+            + ", ".join(f"{k} {was.get(k)}" for k in libs)
+            + "):"
         )
         for line in lines:
             print(f"  {line}")

@@ -374,8 +374,6 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
         "if want.sum() != got.sum():",
         _STORE_TESTS,
         "load_report compares the number of closed heads with P >= threshold, not each head's flag",
-        pending="survived at 48c52b7: the test that swaps two flags within a layer (counts kept) is on the "
-        "stored-record branch (issue 37, item 3); run it once that lands",
     ),
     HandMutant(
         "store_summary_tolerance",
@@ -384,8 +382,6 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
         "return None if same and (a == b or abs(a - b) <= 1e-6 * abs(b)) else (where, a, b)",
         _STORE_TESTS,
         "a stored summary number compared with a relative tolerance of 1e-6 instead of exactly",
-        pending="survived at 48c52b7: the test that changes a summary float in its 7th digit is on the "
-        "stored-record branch (issue 37, item 3); run it once that lands",
     ),
     HandMutant(
         "store_kv_range_off_by_one",
@@ -398,29 +394,26 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
     HandMutant(
         "store_q_values_not_bh",
         "src/tl_idempotence/report/store.py",
-        "",
-        "",
+        "bad = ~((want_q == q) | (np.isnan(want_q) & np.isnan(q)))",
+        "bad = ~((np.sort(want_q) == np.sort(q)) | (np.isnan(np.sort(want_q)) & np.isnan(np.sort(q))))",
         _STORE_TESTS,
-        "stored q-values checked by count or range, not element by element against BH of the stored p-values",
-        pending="load_report's element-wise q-value check is on another branch (issue 37, item 3)",
+        "stored q-values checked as a set (sorted), not head by head against BH of the stored p-values",
     ),
     HandMutant(
         "store_kv_head_not_map",
         "src/tl_idempotence/report/store.py",
-        "",
-        "",
+        "if not (want_kv == K).all():",
+        "if not (np.sort(want_kv) == np.sort(K)).all():",
         _STORE_TESTS,
-        "a stored kv_head checked against the range only, not against the kv map head by head",
-        pending="load_report's kv_head-vs-kv-map check is on another branch (issue 37, item 3)",
+        "a stored kv_head checked by the counts of each kv head, not against the kv map head by head",
     ),
     HandMutant(
         "roles_store_kv_head",
         "src/tl_idempotence/report/roles.py",
-        "",
-        "",
-        ("tests/unit/report/",),
-        "load_roles takes a kv_head, n_tokens or info.n_heads that contradict the rest of the record",
-        pending="load_roles' record checks are on another branch (issue 37, item 3)",
+        "        bad = want != K\n",
+        "        bad = np.sort(want) != np.sort(K)\n",
+        ("tests/unit/report/test_roles_record.py",),
+        "load_roles checks a stored kv_head by the counts of each kv head, not against the kv map head by head",
     ),
 )
 
