@@ -148,3 +148,18 @@ def test_every_python_block_of_the_docs_checks_its_output_or_says_why_it_is_skip
         for line, why in unchecked_blocks(Path(path).read_text(encoding="utf-8"))
     }
     assert not found, found
+
+
+def test_only_the_blocks_that_cannot_run_here_are_skipped_and_the_sweep_page_runs_on_a_cluster():
+    skipped: dict[str, int] = {}
+    for path in DOC_FILES:
+        for ex in SYBIL.parse(path).examples():
+            if isinstance(ex.region.evaluator, Skipper):
+                name = str(Path(path).relative_to(ROOT))
+                skipped[name] = skipped.get(name, 0) + 1
+    # README: the Hugging Face hub + a GPU, the 2-CPU-minute ablation; api.md and sweeps.md: a signature each;
+    # models.md: re-downloading the wheel; sweeps.md: SLURM + dask-jobqueue, a Kubernetes scheduler
+    assert skipped == {"README.md": 2, "docs/api.md": 1, "docs/models.md": 1, "docs/sweeps.md": 3}
+    sweeps = (ROOT / "docs" / "sweeps.md").read_text(encoding="utf-8")
+    assert sweeps.count("tli.sweep(items") >= 2 and "LocalCluster(n_workers=2" in sweeps
+    assert "run_sweep_item(items" in sweeps and 'tli.load_sweep("DIR")' in sweeps  # a job array's folder
