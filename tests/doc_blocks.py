@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 from sybil import Sybil
-from sybil.integration.pytest import SybilItem
 from sybil.evaluators.doctest import NUMBER
+from sybil.integration.pytest import SybilItem
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,10 +102,7 @@ def unchecked_blocks(text: str) -> list[tuple[int, str]]:
             continue
         skipped = start > 0 and _SKIP.match(lines[start - 1]) is not None
         session = bool(body) and body[0].startswith(">>>")
-        shown = any(
-            line.strip() and not line.startswith((">>>", "..."))
-            for line in body[1:]
-        )
+        shown = any(line.strip() and not line.startswith((">>>", "...")) for line in body[1:])
         if skipped and session:
             found.append((start + 1, "a skip comment above a >>> block skips only its first statement"))
         elif skipped:
@@ -115,6 +112,8 @@ def unchecked_blocks(text: str) -> list[tuple[int, str]]:
         elif not session and not _ASSERT.search("\n".join(body)):
             found.append((start + 1, "neither a >>> session with its output, nor an assert, nor a skip reason"))
     return found
+
+
 _collect_doc = SYBIL.pytest()
 
 
