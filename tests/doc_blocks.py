@@ -8,11 +8,12 @@ fresh temporary working folder (what the blocks write, ``report.html``, ``smollm
 the checkout); the namespace is a script's (``__name__ == "__main__"``), so a block's
 ``if __name__ == "__main__":`` body runs. Every python block checks what it shows (:func:`unchecked_blocks`,
 tests/unit/test_doc_blocks.py): a ``>>>`` block is a doctest whose printed lines are compared with what the
-code prints (ELLIPSIS, NORMALIZE_WHITESPACE, and sybil's NUMBER: a float is compared to the digits the page
-shows), another block asserts. Blocks that cannot run on a CI machine (a GPU, a SLURM or Kubernetes cluster,
-the Hugging Face hub, a re-download of the zoo) carry ``<!-- skip: next "why" -->`` in the markdown. A page
-prepares what its blocks need (tiny checkpoints) in ``<!-- invisible-code-block: python -->`` comments, which
-run but are not shown; sh/console blocks are not Python and are not run.
+code prints (ELLIPSIS, NORMALIZE_WHITESPACE, and sybil's NUMBER: a float agrees to within one unit of the
+last digit the page shows), another block asserts. Blocks that cannot run on a CI machine (a GPU, a SLURM
+or Kubernetes cluster, the Hugging Face hub, a re-download of the zoo) carry ``<!-- skip: next "why" -->``
+in the markdown. A page prepares what its blocks need (tiny checkpoints) in
+``<!-- invisible-code-block: python -->`` comments, which run but are not shown; sh/console blocks are not
+Python and are not run.
 
 The blocks load the real zoo model (smollm2-135m): they are integration tests, marked ``integration``; the
 README's quick command (``pytest -q tests/unit``) does not name them, ``-m "not slow and not integration"``
