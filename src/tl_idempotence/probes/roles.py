@@ -172,8 +172,8 @@ def _check_vocab(W_E: torch.Tensor, W_U: torch.Tensor) -> None:
             f"{W_U.shape[-1] if W_U.ndim else '?'}). Its eigenvalues are undefined for d_vocab != d_vocab_out; "
             "head_roles cannot score this model."
         )
-    check_weights(W_E, "W_E (the token embedding)", "token")
-    check_weights(W_U.transpose(0, 1), "W_U (the unembedding; its transpose)", "token")
+    check_weights(W_E.unsqueeze(-1), "W_E (the token embedding)", "token")  # [d_vocab, d_model, 1]: names the row
+    check_weights(W_U.transpose(0, 1).unsqueeze(-1), "W_U (the unembedding)", "token")  # names the column
 
 
 def copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo, dict[str, str]]:
