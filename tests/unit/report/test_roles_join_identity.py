@@ -140,7 +140,11 @@ def test_circuit_roles_must_be_the_reports(hooked, synthetic):
 def test_frames_handed_out_are_copies_and_saves_round_trip(synthetic, tmp_path):
     made = fake_roles(synthetic, **{**dict.fromkeys(ROLES, 0.25), "copying": np.linspace(-1, 1, 12)})
     summary = {**made.summary, "n_heads": 12, **{f"median_{r}": 0.25 for r in ROLES}, "median_copying": 0.0}
-    hr = HeadRoles(table=made.table, summary=summary, info=made.info)  # a record load_roles takes
+    given = made.table
+    hr = HeadRoles(table=given, summary=summary, info=made.info)  # a record load_roles takes
+    given.loc["L0H1", "induction"] = 7.0  # the frame it was made from, edited afterwards: not the result's
+    summary["n_heads"] = 5
+    assert hr.table.loc["L0H1", "induction"] == 0.25 and hr.summary["n_heads"] == 12
     want = hr.table
     t = hr.table
     t.loc["L0H0", "copying"] = 99.0
