@@ -13,7 +13,9 @@ edits, and ``save`` then ``load`` round-trips after such edits; ``head_roles`` o
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import numpy as np
 import pandas as pd
@@ -113,7 +115,7 @@ def test_roles_with_another_model_is_refused(hooked):
 
 
 def test_circuit_roles_must_be_the_reports(hooked, synthetic):
-    m, rep = hooked
+    _, rep = hooked
     bigger = tli.head_roles(tiny_hooked(n_layers=3), **FAST)
     with pytest.raises(ReportMismatchError, match="model sizes differ: n_layers 2 vs 3"):
         rep.circuit(["L0H0"], roles=bigger)
@@ -173,6 +175,9 @@ def test_frames_handed_out_are_copies_and_saves_round_trip(synthetic, tmp_path):
     pd.testing.assert_frame_equal(back_a.table, table, check_names=False, check_index_type=False)
     assert back_a.summary == a.summary
 
+    for r in (hr, a):  # pickle and deepcopy keep the class and its numbers (results are never stored so)
+        for twin in (pickle.loads(pickle.dumps(r)), copy.deepcopy(r)):
+            assert type(twin) is type(r) and twin.table.equals(r.table) and twin.summary == r.summary
     c = synthetic.circuit(["L0H0", "L1H1"], n_sets=9)
     h, h2 = c.heads, c.heads
     h2.loc["L0H0", "closed"] = False
