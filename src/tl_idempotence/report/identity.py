@@ -9,8 +9,9 @@ is expected and says what differs, naming both sides; :func:`check_report_matche
 :class:`~tl_idempotence.errors.ReportMismatchError` instead. Every reader that takes a report *for*
 something uses it: a sweep task deciding whether a saved report still stands for its item
 (:func:`tl_idempotence.studies.sweep.saved_report_matches`), :func:`tl_idempotence.studies.sweep.load_sweep`
-reading an item's folder back, and the attention views given a model to run
-(:func:`tl_idempotence.report.attention.check_model_matches`).
+reading an item's folder back, and every join of a report with a model or with a result made from a model
+(:meth:`tl_idempotence.report.result.IdempotenceReport.check_joins`: ``rep.roles``, ``rep.circuit(roles=...)``,
+the attention views, ``rep.ablation``), by content (per-layer weight fingerprints), never object identity.
 
 The option comparison (:func:`option_differences`, :data:`COMPARED_OPTIONS`) and the processing key
 (:func:`processing_key`) live here too; :mod:`tl_idempotence.studies.compare` uses them.
