@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     wall_rep, _, _, rep = peak_above_start(lambda: model.idempotence_report(progress=False))
     d_vocab = int(model.cfg.d_vocab)
     dense_gb = d_vocab**2 * 8 / 1024**3
-    w_cop, c_cop, m_cop, (table, _) = peak_above_start(lambda: copying_scores(model))
+    w_cop, c_cop, m_cop, (table, _, _) = peak_above_start(lambda: copying_scores(model))
     w_roles, c_roles, m_roles, roles = peak_above_start(lambda: tli.head_roles(model))
     w_assoc, c_assoc, _, assoc = peak_above_start(lambda: rep.roles(roles=roles))
     load_after = loadavg()

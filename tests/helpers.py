@@ -473,7 +473,16 @@ def fake_roles(rep, **cols):
     for k, v in cols.items():
         t[k] = v
     t["reason"] = ""
-    return HeadRoles(table=t, summary={"model_name": "synthetic"}, info=rep.info)
+    return HeadRoles(
+        table=t, summary={"model_name": "synthetic", "layer_fingerprints": report_fingerprints(rep)}, info=rep.info
+    )
+
+
+def report_fingerprints(rep) -> dict[str, str]:
+    """``{"layer": sha256}`` of the layers ``rep`` measured: what a HeadRoles of its model records (roles made by
+    hand without them are refused by every join)."""
+    layers = rep.layers
+    return {str(int(a)): str(b) for a, b in zip(layers["layer"], layers["fingerprint"])}
 
 
 def mixed_lineage(root: Path, n_layers: int = 4) -> dict:

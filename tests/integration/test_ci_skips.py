@@ -79,8 +79,10 @@ def run_module_probe(tmp_path: Path, source: str, ci: bool) -> subprocess.Comple
     if ci:
         env["CI"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "--rootdir", str(tmp_path)]
-        + ["-c", str(tmp_path / "pytest.ini"), "test_module_probe.py"],
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest"),
+            *("--rootdir", str(tmp_path), "-c", str(tmp_path / "pytest.ini"), "test_module_probe.py"),
+        ],
         capture_output=True,
         text=True,
         env=env,

@@ -24,6 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from ..errors import TLIError, UnsupportedModelError, WeightError
+from .frozen import frozen
 
 __all__ = [
     "HeadSource",
@@ -178,12 +179,23 @@ class ModelInfo(Sizes):
             ``center_writing_weights``, ...), where they come from, and file provenance.
         extra: source details (format, path, architecture, tensor root, notes such as a
             post-attention norm after ``W_O``).
+
+    ``processing`` and ``extra`` are read-only (:class:`~tl_idempotence.core.frozen.FrozenDict`, equal to and
+    ``isinstance`` of ``dict``): every result that holds an info is immutable. ``dataclasses.replace`` or
+    ``copy.deepcopy(info.processing)`` make changed copies.
     """
 
     model_name: str = "model"
     model_class: str = "unknown"
     processing: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # read-only, like the report that holds it: rep.info.processing["fold_ln"] = True raised nothing and
+        # changed what the report says it measured (and what rep.save wrote); a copy is copy.deepcopy(...)
+        object.__setattr__(self, "processing", frozen(dict(self.processing)))
+        object.__setattr__(self, "extra", frozen(dict(self.extra)))
 
 
 def kv_layout(n_heads: int, n_kv_heads: int) -> Int[Tensor, " n_heads"]:  # type: ignore[name-defined]

@@ -18,15 +18,18 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import FrozenInstanceError
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..core.heads import ModelInfo
+from ..core.frozen import frozen
+from ..core.heads import ModelInfo, check_weights
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.results import Result
@@ -57,9 +60,11 @@ MAX_TOKENS = 1 << 14
 MAX_SEQUENCES = 1 << 12
 
 
-@dataclass(repr=False, eq=False)
 class HeadRoles(Result):
-    """Result of :func:`head_roles`.
+    """Result of :func:`head_roles`. Immutable, like the report: :attr:`table` is a copy made on each read (editing
+    it leaves the result as it is), :attr:`summary` and :attr:`options` are read-only
+    (:func:`~tl_idempotence.core.frozen.frozen`), and assigning an attribute raises
+    ``dataclasses.FrozenInstanceError``.
 
     Attributes:
         table: one row per query head, indexed by TransformerLens labels (``"L10H8"``, like ``rep.heads``):
@@ -68,23 +73,69 @@ class HeadRoles(Result):
             suppresses them; NaN with ``reason`` for a head whose OV circuit is zero).
         summary: ``model_name, model_class, n_heads, n_tokens, n_sequences, seed, sequence`` (what the
             attention roles ran on), ``exclude_bos``, ``error_measure``, ``copying`` (what the score is),
-            ``processing`` (the weights' processing, as a report records it), ``median_*`` per role.
+            ``processing`` (the weights' processing, as a report records it), ``layer_fingerprints``
+            (``{"layer": sha256}`` of each layer's O and V as the scores were computed,
+            :meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`: what ``rep.roles(roles=...)`` and
+            ``rep.circuit(roles=...)`` compare with the report's), ``median_*`` per role.
         info: the model's :class:`~tl_idempotence.core.heads.ModelInfo`.
+        options: ``n_tokens, n_sequences, seed``.
+        loaded_from: the folder :func:`~tl_idempotence.report.roles.load_roles` read it from (``save_roles``
+            refuses to write there); None for a computed result.
     """
-
-    table: pd.DataFrame
-    summary: dict[str, Any]
-    info: ModelInfo
-    options: dict[str, Any] = field(default_factory=dict)
-    #: The folder :func:`~tl_idempotence.report.roles.load_roles` read it from (``save_roles`` refuses to write there).
-    loaded_from: str | None = field(default=None, repr=False, compare=False)
 
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "n_sequences", "seed")
 
+    _table: pd.DataFrame
+    summary: Mapping[str, Any]
+    info: ModelInfo
+    options: Mapping[str, Any]
+    loaded_from: str | None
+
+    def __init__(
+        self,
+        table: pd.DataFrame,
+        summary: Mapping[str, Any],
+        info: ModelInfo,
+        options: Mapping[str, Any] | None = None,
+        loaded_from: str | None = None,
+    ) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("_table", table.copy())  # never handed out: the property gives copies
+        set_("summary", frozen(dict(summary)))
+        set_("info", info)
+        set_("options", frozen(dict(options or {})))
+        set_("loaded_from", loaded_from)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "loaded_from":  # set once by load_roles (where the result was read from), never a number
+            object.__setattr__(self, name, value)
+            return
+        raise FrozenInstanceError(f"cannot assign to {name!r}: head roles are immutable (compute them again).")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: head roles are immutable.")
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per query head (class docstring): a copy, made on each read (take it once in a loop)."""
+        return self._table.copy()
+
     @property
     def heads(self) -> pd.DataFrame:
-        """:attr:`table` (every result has ``heads``)."""
-        return self.table
+        """:attr:`table` (every result has ``heads``): a copy, made on each read."""
+        return self._table.copy()
+
+    @property
+    def layer_fingerprints(self) -> dict[int, str] | None:
+        """``{layer: sha256}`` of the attention weights the scores were computed from (``summary``'s
+        ``layer_fingerprints`` with integer keys), or None when the summary records none."""
+        fps = self.summary.get("layer_fingerprints")
+        if not isinstance(fps, Mapping):
+            return None
+        try:
+            return {int(k): str(v) for k, v in fps.items()}
+        except (TypeError, ValueError):
+            return None
 
 
 def _check_model(model: Any) -> None:
@@ -105,15 +156,40 @@ def _check_model(model: Any) -> None:
             ) from e
 
 
-def copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo]:
+def _check_vocab(W_E: torch.Tensor, W_U: torch.Tensor) -> None:
+    """Refuse embeddings whose full OV circuit is not square or not finite (the copying score's eigenvalues).
+
+    Raises:
+        UnsupportedModelError: ``W_E`` ``[d_vocab, d_model]`` and ``W_U`` ``[d_model, d_vocab_out]`` of other
+            vocabularies or widths (names both sizes).
+        WeightError: non-float or NaN/inf ``W_E`` or ``W_U`` (names the token row or column).
+    """
+    if W_E.ndim != 2 or W_U.ndim != 2 or W_E.shape[1] != W_U.shape[0] or W_E.shape[0] != W_U.shape[1]:
+        raise UnsupportedModelError(
+            f"The copying score needs the full OV circuit W_E W_V W_O W_U to be square (the unembedding reads "
+            f"the embedding's vocabulary): this model's W_E is {tuple(W_E.shape)} (d_vocab = "
+            f"{W_E.shape[0] if W_E.ndim else '?'}) and W_U {tuple(W_U.shape)} (d_vocab_out = "
+            f"{W_U.shape[-1] if W_U.ndim else '?'}). Its eigenvalues are undefined for d_vocab != d_vocab_out; "
+            "head_roles cannot score this model."
+        )
+    check_weights(W_E.unsqueeze(-1), "W_E (the token embedding)", "token")  # [d_vocab, d_model, 1]: names the row
+    check_weights(W_U.transpose(0, 1).unsqueeze(-1), "W_U (the unembedding)", "token")  # names the column
+
+
+def copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo, dict[str, str]]:
     """The copying score of every query head (module docstring): ``Re Σλ / Σ|λ|`` of ``W_E W_V W_O W_U``.
 
     Returns:
-        ``(table, info)``: ``table`` has ``layer, head, kv_head, copying, reason`` (one row per query head in
-        layer, head order; ``reason`` says why a score is NaN), ``info`` the model's ModelInfo.
+        ``(table, info, layer_fingerprints)``: ``table`` has ``layer, head, kv_head, copying, reason`` (one row
+        per query head in layer, head order; ``reason`` says why a score is NaN), ``info`` the model's ModelInfo,
+        ``layer_fingerprints`` ``{"layer": sha256}`` of each layer's O and V as they were read
+        (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, the key a report records).
 
     Raises:
-        UnsupportedModelError: not a TransformerLens model, or no ``W_E``/``W_U``.
+        UnsupportedModelError: not a TransformerLens model, no ``W_E``/``W_U``, or ``d_vocab != d_vocab_out``
+            (names both).
+        WeightError: NaN/inf in a layer's W_O or W_V (names layer and head, as ``idempotence_report``), in
+            ``W_E`` or ``W_U``; a non-float dtype.
     """
     _check_model(model)
     from transformer_lens import FactoredMatrix
@@ -122,11 +198,15 @@ def copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo]:
     with torch.no_grad():
         W_E = model.W_E.detach()
         W_U = model.W_U.detach()
+        _check_vocab(W_E, W_U)
         M = torch.zeros(W_U.shape[0], W_E.shape[1], dtype=torch.float64, device=W_E.device)
         for s in range(0, W_E.shape[0], VOCAB_CHUNK):  # W_U W_E [d_model, d_model], never d_vocab x d_vocab
             M += W_U[:, s : s + VOCAB_CHUNK].double() @ W_E[s : s + VOCAB_CHUNK].double()
         rows = []
+        fingerprints: dict[str, str] = {}
         for lh in src:
+            lh.check_finite()  # WeightError naming layer and head (the eigenvalues of NaN raise torch's error)
+            fingerprints[str(lh.layer)] = lh.fingerprint()
             V = lh.V.double()[lh.kv_head_of.to(lh.V.device)]  # [n_heads, d_model, d_head]: model.OV's expansion
             W_O = lh.O.double().transpose(-1, -2)  # [n_heads, d_head, d_model]
             lam = FactoredMatrix(V, W_O @ M.to(V.device)).eigenvalues  # [n_heads, d_head] complex
@@ -143,7 +223,7 @@ def copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo]:
                         "reason": "" if ok else "the full OV circuit has no nonzero eigenvalue (Σ|λ| = 0)",
                     }
                 )
-    return pd.DataFrame(rows), src.info
+    return pd.DataFrame(rows), src.info, fingerprints
 
 
 def role_scores(model: Any, tokens: torch.Tensor, layers: list[int] | None = None) -> dict[str, np.ndarray]:
@@ -247,7 +327,10 @@ def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, see
         :class:`HeadRoles`; ``.table`` ``[n_layers · n_heads rows]``, indexed by ``"L10H8"`` labels.
 
     Raises:
-        UnsupportedModelError: not a TransformerLens model, or no ``W_E``/``W_U``.
+        UnsupportedModelError: not a TransformerLens model, no ``W_E``/``W_U``, or an unembedding of another
+            vocabulary (``d_vocab_out != d_vocab``: names both sizes).
+        WeightError: NaN/inf attention weights (names layer and head, as ``idempotence_report``), or NaN/inf
+            ``W_E``/``W_U``; checked before the model is run.
         OptionTypeError / OptionError: ``n_tokens``, ``n_sequences`` or ``seed`` of the wrong type or range, or
             sequences that do not fit the context.
     """
@@ -256,7 +339,7 @@ def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, see
     n_sequences = check_int(n_sequences, "n_sequences", 1, MAX_SEQUENCES)
     seed = check_seed(seed)
     tokens, bos = repeated_random_tokens(model, n_tokens, n_sequences, seed)
-    table, info = copying_scores(model)
+    table, info, fingerprints = copying_scores(model)
     layers = sorted(set(table["layer"].tolist()))
     scores = role_scores(model, tokens, layers)
     L = table["layer"].to_numpy()
@@ -279,6 +362,7 @@ def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, see
         "copying": "Re Σλ / Σ|λ| of W_E W_V W_O W_U (eigenvalues via FactoredMatrix, d_head x d_head; no biases, no "
         "final norm)",
         "processing": dict(info.processing),
+        "layer_fingerprints": fingerprints,
     }
     for role in ROLES:
         v = table[role].to_numpy(dtype=float)

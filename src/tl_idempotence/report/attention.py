@@ -79,7 +79,11 @@ def check_model_matches(rep: Any, model: Any) -> None:
         ReportMismatchError (an OptionError): the sizes or a layer's weights differ (names the report's model
             and the model given).
     """
-    src = head_source(model)
+    joins = getattr(rep, "check_joins", None)
+    if joins is not None:  # the report's one join check (IdempotenceReport.check_joins)
+        joins(model=model, processing_may_differ=True)
+        return
+    src = head_source(model)  # pragma: no cover - a report-like object without it
     check_report_matches(
         rep,
         what=f"The model given, {src.info.model_name!r} ({type(model).__name__}),",
@@ -95,8 +99,9 @@ def report_attention_view(
 ) -> Any:
     """The attention view of a report's flagged heads (every closed head, else the top 8 by P).
 
-    A ``model`` given here (not the report's own) is checked against the report first
-    (:func:`check_model_matches`): the view labels its heads with the report's P.
+    The model (given, or the report's own while it is alive) is checked against the report first, by content
+    (:func:`check_model_matches`; a model edited in place since the report was made is refused): the view labels
+    its heads with the report's P.
 
     Returns:
         :class:`~tl_idempotence.views.attention.AttentionView`.
@@ -111,8 +116,7 @@ def report_attention_view(
             "No TransformerLens model to run: this report was made from a checkpoint file or a transformers model, "
             "or the model object is gone. Pass it: rep.show_attention(text, model=model)."
         )
-    if model is not None and model is not rep.model:
-        check_model_matches(rep, model)
+    check_model_matches(rep, m)  # the report's own model too: one edited in place since is another model
     chosen = flagged_heads(rep, top_k=top_k) if heads is None else heads  # pairs checked by attention_patterns
     return attention_view(m, text, chosen, max_tokens=max_tokens, head_table=rep.heads, threshold=rep.threshold)
 

@@ -9,8 +9,9 @@ is expected and says what differs, naming both sides; :func:`check_report_matche
 :class:`~tl_idempotence.errors.ReportMismatchError` instead. Every reader that takes a report *for*
 something uses it: a sweep task deciding whether a saved report still stands for its item
 (:func:`tl_idempotence.studies.sweep.saved_report_matches`), :func:`tl_idempotence.studies.sweep.load_sweep`
-reading an item's folder back, and the attention views given a model to run
-(:func:`tl_idempotence.report.attention.check_model_matches`).
+reading an item's folder back, and every join of a report with a model or with a result made from a model
+(:meth:`tl_idempotence.report.result.IdempotenceReport.check_joins`: ``rep.roles``, ``rep.circuit(roles=...)``,
+the attention views, ``rep.ablation``), by content (per-layer weight fingerprints), never object identity.
 
 The option comparison (:func:`option_differences`, :data:`COMPARED_OPTIONS`) and the processing key
 (:func:`processing_key`) live here too; :mod:`tl_idempotence.studies.compare` uses them.
@@ -41,6 +42,7 @@ __all__ = [
     "option_differences",
     "origin_of",
     "processing_key",
+    "report_layer_fingerprints",
     "report_mismatch",
 ]
 
@@ -159,6 +161,35 @@ def _processing_text(summary: Mapping[str, Any]) -> str:
     return "raw weights" if key[0] and not on else ("+".join(on) or "none")
 
 
+def report_layer_fingerprints(report: MeasuredReport) -> dict[int, str] | str:
+    """``{layer: sha256}`` of every layer the report measured (its ``layers.fingerprint``), or the reason it has
+    none to compare (a report that records no fingerprint of a layer cannot be joined by content).
+
+    Raises: nothing.
+    """
+    layers = report.layers
+    if "fingerprint" not in layers.columns:
+        return "the report records no weight fingerprints (make the report again)"
+    out: dict[int, str] = {}
+    for layer, fp in zip(layers["layer"].tolist(), layers["fingerprint"].tolist()):
+        if not isinstance(fp, str) or not fp:
+            return f"the report records no weight fingerprint of layer {int(layer)} (make the report again)"
+        out[int(layer)] = fp
+    return out
+
+
+def _fingerprints_differ(saved: Mapping[int, str], current: Any, whose: str) -> str | None:
+    """The first measured layer whose fingerprint ``current(layer)`` is not the report's ``saved[layer]``, in
+    words; None when every one is equal. ``current`` returns None for a layer it has no fingerprint of."""
+    for layer in sorted(saved):
+        have = current(layer)
+        if have is None:
+            return f"{whose} record no weight fingerprint of layer {layer}, which the report measured"
+        if have != saved[layer]:
+            return f"layer {layer}'s attention weights differ (weight fingerprint)"
+    return None
+
+
 def report_mismatch(
     report: MeasuredReport,
     *,
@@ -168,6 +199,7 @@ def report_mismatch(
     source: HeadSource | None = None,
     processing_may_differ: bool = False,
     info: ModelInfo | None = None,
+    fingerprints: Mapping[int, str] | None = None,
 ) -> str | None:
     """Why ``report`` is not a report of what is expected — or None when every given expectation holds.
 
@@ -183,14 +215,23 @@ def report_mismatch(
       stopping at the first that differs) equal to the one the report records;
     * ``info``: what a result made from a model records of it (a :class:`~tl_idempotence.probes.roles.HeadRoles`'
       ``info``, which keeps no weights): the same sizes and the same weight processing (``processing_may_differ``
-      does not apply: a score of weights processed otherwise is another number).
+      does not apply: a score of weights processed otherwise is another number);
+    * ``fingerprints``: ``{layer: sha256}`` of the attention weights another result was computed from (a
+      ``HeadRoles``' ``layer_fingerprints``): every layer the report measured must be there with the fingerprint
+      the report records (content, never object identity: a model edited in place after the report was made has
+      other fingerprints).
+
+    The weights are compared by the same element-by-element comparison of per-layer fingerprints
+    (:func:`report_layer_fingerprints` against ``source``'s current layers or the ``fingerprints`` recorded), the
+    one path of every join of a report with a model or with a result made from a model.
 
     Names of models are never compared (a checkpoint folder and a TransformerLens model of the same weights
     carry different names): ``origin`` compares what the report says it was read from.
 
     Args:
         report: the report (an :class:`~tl_idempotence.report.report.IdempotenceReport`, e.g. from ``load_report``).
-        origin, fingerprint, options, source, processing_may_differ, info: the expectations (None: not checked).
+        origin, fingerprint, options, source, processing_may_differ, info, fingerprints: the expectations (None:
+            not checked).
 
     Returns:
         None, or a short reason naming both sides, e.g. ``"the report was measured from checkpoint 'ckB', not
@@ -223,6 +264,14 @@ def report_mismatch(
         if processing_key({"processing": info.processing}) != processing_key(s):
             theirs = _processing_text({"processing": info.processing})
             return f"weight processing differs: {_processing_text(s)} vs {theirs}"
+    if fingerprints is not None:
+        saved_fp = report_layer_fingerprints(report)
+        if isinstance(saved_fp, str):
+            return saved_fp
+        recorded = dict(fingerprints)
+        why = _fingerprints_differ(saved_fp, recorded.get, "the roles")
+        if why is not None:
+            return why
     if source is None:
         return None
     info = source.info
@@ -230,15 +279,14 @@ def report_mismatch(
         return f"model sizes differ: {_sizes_text(report.info, info)}"
     if processing_key({"processing": info.processing}) != processing_key(s):
         return None if processing_may_differ else "weight processing differs"
-    saved = dict(zip(report.layers["layer"].astype(int), report.layers["fingerprint"].astype(str)))
+    saved = report_layer_fingerprints(report)
+    if isinstance(saved, str):
+        return saved
     if options is not None:
         want = resolve_layers(options.layers, list(source.layers()))
         if sorted(want) != sorted(saved):
             return f"measured layers differ: {sorted(saved)} -> {sorted(want)}"
-    for layer in sorted(saved):
-        if source.layer_heads(layer).fingerprint() != saved[layer]:
-            return f"layer {layer}'s attention weights differ (weight fingerprint)"
-    return None
+    return _fingerprints_differ(saved, lambda layer: source.layer_heads(layer).fingerprint(), "the model")
 
 
 def check_report_matches(
@@ -252,6 +300,7 @@ def check_report_matches(
     source: HeadSource | None = None,
     processing_may_differ: bool = False,
     info: ModelInfo | None = None,
+    fingerprints: Mapping[int, str] | None = None,
 ) -> None:
     """:func:`report_mismatch`, raising when it finds a difference.
 
@@ -259,7 +308,8 @@ def check_report_matches(
         report: the report.
         what: the expected side in words, for the message (e.g. ``"The model given, 'gpt2' (HookedTransformer),"``).
         fix: what to do, for the message.
-        origin, fingerprint, options, source, processing_may_differ, info: as for :func:`report_mismatch`.
+        origin, fingerprint, options, source, processing_may_differ, info, fingerprints: as for
+            :func:`report_mismatch`.
 
     Raises:
         ReportMismatchError: ``"{what} is not the model this report measured ({the report}): {reason}. {fix}"``.
@@ -272,6 +322,7 @@ def check_report_matches(
         source=source,
         processing_may_differ=processing_may_differ,
         info=info,
+        fingerprints=fingerprints,
     )
     if why is not None:
         raise ReportMismatchError(

@@ -520,12 +520,21 @@ class IdempotenceReport(Result):
         return report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
 
     def ablation(self, model: TLModel | None = None, **kwargs: Unpack[AblationArgs]) -> Ablation:
-        """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``)."""
+        """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``).
+
+        The model (given, or the report's own while it is alive) must be the one the report measured, by content
+        (:meth:`check_joins`, weight processing may differ).
+
+        Raises:
+            ReportMismatchError (an OptionError): another model, or the report's own edited in place since.
+            OptionError: no model. The errors of ``tli.ablation``.
+        """
         from ..probes.ablation import ablation
 
         m = model if model is not None else self.model
         if m is None:
             raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
+        self.check_joins(model=m, processing_may_differ=True)  # the closed heads are this report's: of this model
         return ablation(m, self.closed_heads, **kwargs)
 
     @strict_kwargs
@@ -544,13 +553,16 @@ class IdempotenceReport(Result):
         among closed and other heads, Mann-Whitney p, BH q across roles).
 
         Args:
-            model: the TransformerLens model (default: the one the report was made from, while it is alive). A
-                model given is checked against the report first (the report-identity check,
-                :func:`~tl_idempotence.report.identity.check_report_matches`: sizes, weight processing and every
-                measured layer's O/V fingerprint), since its role scores are joined to the report's P by label.
+            model: the TransformerLens model (default: the one the report was made from, while it is alive). It is
+                checked against the report first, by content (:meth:`check_joins`: sizes, weight processing and
+                every measured layer's O/V sha256 fingerprint read now), since its role scores are joined to the
+                report's P by label: the report's own model edited in place since the report was made (a weight
+                patched for an experiment) is refused, never joined; make the report again.
             roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed, of the report's model (its
-                sizes and weight processing are checked). ``model``, ``n_tokens`` and ``n_sequences`` are then
-                refused unless they are what ``roles`` was made with (they would be ignored).
+                sizes, weight processing and the per-layer weight fingerprints it records are checked; roles made
+                by hand without ``layer_fingerprints`` are refused). ``n_tokens`` and ``n_sequences`` are then
+                refused unless they are what ``roles`` was made with (they would be ignored); a ``model`` is
+                refused unless it is, by content, the report's (and so the roles') model.
             n_tokens: passed to ``head_roles`` (default 24).
             n_sequences: passed to ``head_roles`` (default 8).
             seed: its tokens' seed and the permutations'.
@@ -560,39 +572,36 @@ class IdempotenceReport(Result):
             :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
 
         Raises:
-            ReportMismatchError (an OptionError): ``model`` or ``roles`` is not of the model this report measured
-                (other sizes, weight processing or weights; names what differs).
-            OptionError: no model; roles of another model; ``roles`` with ``model``, ``n_tokens`` or
-                ``n_sequences`` other than what they were made with (names them). UnsupportedModelError /
-                OptionTypeError: as ``head_roles`` and ``role_association``.
+            ReportMismatchError (an OptionError): ``model`` (also the report's own, edited in place) or ``roles``
+                is not of the model this report measured (other sizes, weight processing or weights; names the
+                layer or what differs); ``roles`` with a ``model`` that is not the report's.
+            OptionError: no model; ``roles`` with ``n_tokens`` or ``n_sequences`` other than what they were made
+                with (names them). OptionTypeError: ``roles`` is not a HeadRoles. UnsupportedModelError /
+                WeightError: as ``head_roles``.
         """
         from ..probes.roles import HeadRoles, head_roles
-        from ..sources.dispatch import head_source
-        from .identity import check_report_matches
         from .roles import role_association
 
         if roles is not None:
-            made = roles.options if isinstance(roles, HeadRoles) else {}
+            if not isinstance(roles, HeadRoles):
+                raise OptionTypeError(
+                    f"roles must be the HeadRoles of tli.head_roles(model); got {type(roles).__name__}."
+                )
+            made = roles.options
             ignored = [
                 f"{name}={value!r} (the roles were made with {made.get(name)!r})"
                 for name, value in (("n_tokens", n_tokens), ("n_sequences", n_sequences))
                 if value is not None and value != made.get(name)
             ]
-            if model is not None and (not isinstance(roles, HeadRoles) or head_source(model).info != roles.info):
-                ignored.insert(0, f"model={type(model).__name__} (not the model the roles were made from)")
             if ignored:
                 raise OptionError(
                     f"rep.roles(roles=...) uses the head roles given; {', '.join(ignored)} would be ignored. Drop "
                     "them, or pass model=... without roles= to compute the roles again."
                 )
-            if isinstance(roles, HeadRoles):
-                check_report_matches(
-                    self,
-                    what=f"The model of the roles given, {roles.info.model_name!r},",
-                    fix="Pass the head roles of the model the report was made from (tli.head_roles(model)).",
-                    info=roles.info,
-                )
-        if roles is None:
+            if model is not None:  # it would be ignored: refused unless it is, by content, the roles' model
+                self.check_joins(model=model)
+            self.check_joins(roles=roles)
+        else:
             m = model if model is not None else self.model
             if m is None:
                 raise OptionError(
@@ -601,20 +610,14 @@ class IdempotenceReport(Result):
                     "here or gives weights only (a checkpoint path, a HeadSource). Pass rep.roles(model=...) with "
                     "the HookedTransformer or TransformerBridge of the same weights."
                 )
-            if m is not self.model:
-                src = head_source(m)
-                check_report_matches(
-                    self,
-                    what=f"The model given, {src.info.model_name!r} ({type(m).__name__}),",
-                    fix="Pass the model the report was made from, with the same weight processing.",
-                    source=src,
-                )
+            self.check_joins(model=m)  # before the model is run: the report's own model too (edited in place?)
             roles = head_roles(
                 m,
                 n_tokens=24 if n_tokens is None else n_tokens,
                 n_sequences=8 if n_sequences is None else n_sequences,
                 seed=seed,
             )
+            self.check_joins(roles=roles)  # the weights the scores were computed from (the same path)
         return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
 
     @strict_kwargs
@@ -626,7 +629,8 @@ class IdempotenceReport(Result):
         Args:
             heads: ``[(layer, head)]``, ``"L10H8"`` labels, or :meth:`hook_points` output (``hook_k``/``hook_v``
                 points stand for the query heads they list).
-            roles: add these head roles (a ``HeadRoles`` or ``rep.roles(...)``) to the circuit's rows.
+            roles: add these head roles (a ``HeadRoles`` or ``rep.roles(...)``) to the circuit's rows; they must
+                be of this report's model, by content (:meth:`check_joins`).
             n_sets: random layer-matched sets of the permutation p-value (floor ``1/(n_sets + 1)``).
             seed: their seed.
 
@@ -636,13 +640,85 @@ class IdempotenceReport(Result):
 
         Raises:
             OptionTypeError: heads that are not pairs, labels or hook points.
-            OptionError: no heads; heads the model lacks, duplicates, or heads outside the measured layers (named).
+            OptionError: no heads; heads the model lacks, duplicates, or heads outside the measured layers (named);
+                a ``rep.roles(...)`` of another report.
+            ReportMismatchError (an OptionError): ``roles`` of another model (sizes, processing, weights).
         """
-        from .roles import RoleAssociation, circuit_overlap, parse_circuit
+        from .roles import circuit_overlap, parse_circuit
 
-        pairs = parse_circuit(heads, self.info.n_layers, self.info.n_heads, self.heads["layer"].unique().tolist())
-        r = roles.roles if isinstance(roles, RoleAssociation) else roles
+        pairs = parse_circuit(heads, self.info.n_layers, self.info.n_heads, self._heads["layer"].unique().tolist())
+        r = None if roles is None else self.check_joins(roles=roles)
         return circuit_overlap(self.heads, pairs, self.threshold, roles=r, n_sets=n_sets, seed=seed)
+
+    def check_joins(
+        self, *, model: Any = None, roles: Any = None, processing_may_differ: bool = False
+    ) -> HeadRoles | None:
+        """The one check every join with this report takes (``rep.roles``, ``rep.circuit(roles=...)``, the
+        attention views, ``rep.ablation``): ``model`` and ``roles`` must be of the model this report measured, by
+        content, never by object identity
+        (:func:`~tl_idempotence.report.identity.check_report_matches`).
+
+        * ``model``: its sizes, weight processing (SPEC 10; ``processing_may_differ=True``: a model processed
+          otherwise is accepted, its bytes cannot be compared) and every measured layer's O/V sha256 fingerprint
+          read now (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`). The report's own model is checked
+          too: one edited in place after the report was made is another model.
+        * ``roles``: a :class:`~tl_idempotence.probes.roles.HeadRoles` (its sizes, processing and the per-layer
+          fingerprints it records of the weights its scores came from), or a ``rep.roles(...)``
+          :class:`~tl_idempotence.report.roles.RoleAssociation` (its heads, P and threshold must be this report's,
+          and its HeadRoles as above).
+
+        Cost: one pass over each measured layer's O and V bytes for a model (hashing, no product); none for roles.
+
+        Returns:
+            The HeadRoles of ``roles`` (None without ``roles``).
+
+        Raises:
+            ReportMismatchError (an OptionError): other sizes, processing or weights (names the layer and what
+                differs); roles that record no fingerprints (made by hand; compute them with tli.head_roles).
+            OptionError: a RoleAssociation joined with another report (names the heads).
+            OptionTypeError: ``roles`` is neither result.
+        """
+        from ..probes.roles import HeadRoles
+        from ..sources.dispatch import head_source
+        from .identity import check_report_matches
+        from .roles import RoleAssociation, check_roles_fit_report
+
+        if model is not None:
+            src = head_source(model)
+            own = self.model is not None and model is self.model
+            what = (
+                f"The report's own model, {src.info.model_name!r} ({type(model).__name__}), as it is now (changed "
+                "in place since the report was made?),"
+                if own
+                else f"The model given, {src.info.model_name!r} ({type(model).__name__}),"
+            )
+            fix = (
+                "Make the report again from the model as it is now (tli.idempotence_report(model))."
+                if own
+                else "Pass the model the report was made from, with the same weight processing."
+            )
+            check_report_matches(self, what=what, fix=fix, source=src, processing_may_differ=processing_may_differ)
+        if roles is None:
+            return None
+        if isinstance(roles, RoleAssociation):
+            check_roles_fit_report(self._heads, self.threshold, roles)
+            if roles.roles is None:
+                raise OptionError("This RoleAssociation carries no HeadRoles (it was not made by rep.roles).")
+            roles = roles.roles
+        if not isinstance(roles, HeadRoles):
+            raise OptionTypeError(
+                f"roles must be a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
+                f"{type(roles).__name__}."
+            )
+        fps = roles.layer_fingerprints
+        check_report_matches(
+            self,
+            what=f"The model of the roles given, {roles.info.model_name!r},",
+            fix="Pass the head roles of the model the report was made from (tli.head_roles(model)).",
+            info=roles.info,
+            fingerprints={} if fps is None else fps,
+        )
+        return roles
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:

@@ -15,11 +15,12 @@ circuit tested for overlap with the closed set.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -27,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.scramble import bh_q_values
+from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo, kv_layout
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.results import Result, views
@@ -65,9 +67,10 @@ def _rng(seed: int, tag: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, tag, *extra]))
 
 
-@dataclass(repr=False, eq=False)
 class RoleAssociation(Result):
-    """Result of ``rep.roles(model=...)``.
+    """Result of ``rep.roles(model=...)``. Immutable, like the report: :attr:`table` and :attr:`association` are
+    copies made on each read (editing one leaves the result, and what :meth:`save` writes, as it is),
+    :attr:`summary` is read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
 
     Attributes:
         table: the roles' table (:class:`~tl_idempotence.probes.roles.HeadRoles`) of the report's heads, with the
@@ -80,21 +83,55 @@ class RoleAssociation(Result):
         summary: ``model_name, n_heads, n_closed, threshold, n_permutations, seed, p_floor`` (the smallest two-sided
             permutation p: ``2/(n_permutations + 1)``) and the roles' summary.
         roles: the :class:`~tl_idempotence.probes.roles.HeadRoles` joined.
+        loaded_from: the folder :func:`load_roles` read it from (:func:`save_roles` refuses to write there).
     """
-
-    table: pd.DataFrame
-    association: pd.DataFrame
-    summary: dict[str, Any]
-    roles: HeadRoles | None = None
-    #: The folder :func:`load_roles` read it from (:func:`save_roles` refuses to write there).
-    loaded_from: str | None = field(default=None, repr=False, compare=False)
 
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "n_permutations", "seed")
 
+    _table: pd.DataFrame
+    _association: pd.DataFrame
+    summary: Mapping[str, Any]
+    roles: HeadRoles | None
+    loaded_from: str | None
+
+    def __init__(
+        self,
+        table: pd.DataFrame,
+        association: pd.DataFrame,
+        summary: Mapping[str, Any],
+        roles: HeadRoles | None = None,
+        loaded_from: str | None = None,
+    ) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("_table", table.copy())  # never handed out: the properties give copies
+        set_("_association", association.copy())
+        set_("summary", frozen(dict(summary)))
+        set_("roles", roles)
+        set_("loaded_from", loaded_from)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "loaded_from":  # set once by load_roles (where the result was read from), never a number
+            object.__setattr__(self, name, value)
+            return
+        raise FrozenInstanceError(f"cannot assign to {name!r}: a role association is immutable (rep.roles(...) again).")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: a role association is immutable.")
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """The joined table (class docstring): a copy, made on each read (take it once in a loop)."""
+        return self._table.copy()
+
+    @property
+    def association(self) -> pd.DataFrame:
+        """One row per role (class docstring): a copy, made on each read."""
+        return self._association.copy()
+
     @property
     def heads(self) -> pd.DataFrame:
-        """:attr:`table` (every result has ``heads``)."""
-        return self.table
+        """:attr:`table` (every result has ``heads``): a copy, made on each read."""
+        return self._table.copy()
 
     @strict_kwargs
     def figure(self) -> Any:
@@ -146,13 +183,15 @@ def role_association(
         raise OptionTypeError(f"roles must be the HeadRoles of tli.head_roles(model); got {type(roles).__name__}.")
     n_perm = check_int(n_permutations, "n_permutations", 1, MAX_RESAMPLES)
     seed = check_seed(seed)
-    missing = [lab for lab in heads.index if lab not in roles.table.index]
+    role_table = roles.table  # a copy: taken once
+    have = set(role_table.index)
+    missing = [lab for lab in heads.index if lab not in have]
     if missing:
         raise OptionError(
             f"The head roles lack {len(missing)} head(s) the report measured ({missing[:5]}): they are not of the "
             "report's model."
         )
-    rt = roles.table.loc[list(heads.index)]
+    rt = role_table.loc[list(heads.index)]
     table = rt.join(heads[["P", "alpha", "closed"]])
     P = table["P"].to_numpy(dtype=float)
     alpha = table["alpha"].to_numpy(dtype=float)
@@ -207,7 +246,7 @@ def role_association(
         "n_permutations": n_perm,
         "seed": seed,
         "p_floor": min(1.0, 2 / (n_perm + 1)),  # two-sided: twice the one-sided floor (scipy's permutation_test)
-        "roles": dict(roles.summary),
+        "roles": thawed(roles.summary),
     }
     return RoleAssociation(table=table, association=assoc, summary=summary, roles=roles)
 
@@ -277,9 +316,9 @@ def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[in
     return pairs
 
 
-@dataclass(repr=False, eq=False)
 class Circuit(Result):
-    """Result of ``rep.circuit(heads)``.
+    """Result of ``rep.circuit(heads)``. Immutable, like the report: :attr:`heads` is a copy made on each read,
+    :attr:`summary` is read-only and :attr:`set_overlaps` a read-only array.
 
     Attributes:
         heads: one row per circuit head (labels): ``layer, head, P, alpha, closed`` (and the role scores when
@@ -288,13 +327,33 @@ class Circuit(Result):
             ``p_hypergeom`` (``P[X >= n_overlap]``, X hypergeometric over the measured heads), ``p_layer_matched``
             (``(1 + #{sets with overlap >= n_overlap}) / (n_sets + 1)``), ``p_layer_matched_floor``, ``n_sets``,
             ``seed``, ``layers`` ({layer: circuit heads in it}), ``threshold``.
+        set_overlaps: ``[n_sets]`` int64, the overlap of each random layer-matched set.
     """
 
-    heads: pd.DataFrame
-    summary: dict[str, Any]
-    set_overlaps: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-
     repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "n_overlap", "n_closed", "p_hypergeom", "p_layer_matched")
+
+    _heads: pd.DataFrame
+    summary: Mapping[str, Any]
+    set_overlaps: np.ndarray
+
+    def __init__(self, heads: pd.DataFrame, summary: Mapping[str, Any], set_overlaps: np.ndarray | None = None):
+        set_ = functools.partial(object.__setattr__, self)
+        set_("_heads", heads.copy())
+        set_("summary", frozen(dict(summary)))
+        overlaps = np.array(np.zeros(0, dtype=np.int64) if set_overlaps is None else set_overlaps, copy=True)
+        overlaps.flags.writeable = False
+        set_("set_overlaps", overlaps)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to {name!r}: a circuit result is immutable.")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: a circuit result is immutable.")
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        """One row per circuit head (class docstring): a copy, made on each read."""
+        return self._heads.copy()
 
     @property
     def n_overlap(self) -> int:
@@ -340,7 +399,8 @@ def circuit_overlap(
     cols = ["layer", "head", "P", "alpha", "closed"]
     heads = rep_heads.loc[labels, cols].copy()
     if roles is not None:
-        heads = heads.join(roles.table[[r for r in ROLES if r in roles.table.columns]])
+        role_table = roles.table
+        heads = heads.join(role_table[[r for r in ROLES if r in role_table.columns]])
     closed = rep_heads["closed"].to_numpy(dtype=bool)
     N, K, n = len(rep_heads), int(closed.sum()), len(pairs)
     k = int(heads["closed"].to_numpy(dtype=bool).sum())
@@ -382,7 +442,8 @@ def check_roles_fit_report(rep_heads: pd.DataFrame, threshold: float, assoc: Any
     """
     if not isinstance(assoc, RoleAssociation):
         raise OptionTypeError(f"roles must be the RoleAssociation of rep.roles(model=...); got {type(assoc).__name__}.")
-    want, got = list(rep_heads.index), list(assoc.table.index)
+    assoc_table = assoc.table  # a copy: taken once
+    want, got = list(rep_heads.index), list(assoc_table.index)
     if want != got:
         extra = [x for x in got if x not in set(want)][:5]
         lack = [x for x in want if x not in set(got)][:5]
@@ -391,7 +452,7 @@ def check_roles_fit_report(rep_heads: pd.DataFrame, threshold: float, assoc: Any
             "with this report, rep.roles(model=...)."
         )
     a = rep_heads["P"].to_numpy(dtype=float)
-    b = assoc.table["P"].to_numpy(dtype=float)
+    b = assoc_table["P"].to_numpy(dtype=float)
     differ = ~((a == b) | (np.isnan(a) & np.isnan(b)))
     if differ.any() or float(assoc.summary.get("threshold", math.nan)) != float(threshold):
         bad = [lab for lab, d in zip(want, differ) if d][:5]
@@ -621,9 +682,10 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
     if tuple(table.columns) != (*ROLE_TABLE_COLUMNS, *JOIN_COLUMNS):
         raise ReportFileError(f"{f} has columns {list(table.columns)}, not a role association's table.")
     table.index = head_labels(index_column(table, "layer", f), index_column(table, "head", f))
-    lacks = [x for x in table.index if x not in roles.table.index]
+    role_table = roles.table  # a copy: taken once
+    lacks = [x for x in table.index if x not in set(role_table.index)]
     same_roles = not lacks and all(
-        _same(table[c].tolist(), roles.table.loc[table.index, c].tolist()) for c in ROLE_TABLE_COLUMNS
+        _same(table[c].tolist(), role_table.loc[table.index, c].tolist()) for c in ROLE_TABLE_COLUMNS
     )
     if not same_roles:
         raise ReportFileError(f"{f}: its role columns are not those of {d / 'roles.parquet'}: a table was edited.")

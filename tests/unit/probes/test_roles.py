@@ -73,7 +73,7 @@ def test_table_layout_and_summary(roles, bridge):
     assert s["processing"] == tl_processing(bridge) and s["n_tokens"] == 12 and s["n_sequences"] == 3
     assert s["seed"] == 5 and s["exclude_bos"] is True and "BOS id 1" in s["sequence"]
     assert s["median_copying"] == pytest.approx(float(np.median(t["copying"])))
-    assert roles.heads is roles.table and "HeadRoles(" in repr(roles) and "HeadRoles" in roles._repr_html_()
+    assert roles.heads.equals(roles.table) and "HeadRoles(" in repr(roles) and "HeadRoles" in roles._repr_html_()
 
 
 def test_copying_equals_dense_eigendecomposition(roles, bridge):

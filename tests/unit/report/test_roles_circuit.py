@@ -22,6 +22,7 @@ import scipy.stats
 import tl_idempotence as tli
 from helpers import closed_pairs_layers, fake_roles
 from tl_idempotence.errors import OptionError, OptionTypeError
+from tl_idempotence.probes.roles import HeadRoles
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
 pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
@@ -94,7 +95,7 @@ def test_roles_refusals(rep):
     with pytest.raises(OptionError, match=r"rep.roles\(model=...\)"):
         rep.roles()
     other = fake_roles(rep, previous_token=0.0, duplicate_token=0.0, induction=0.0, copying=0.0)
-    other.table = other.table.iloc[:6]
+    other = HeadRoles(table=other.table.iloc[:6], summary=other.summary, info=other.info)
     with pytest.raises(OptionError, match=r"lack 6 head\(s\) the report measured \(\['L1H0'"):
         rep.roles(roles=other)
     with pytest.raises(OptionTypeError, match="HeadRoles"):

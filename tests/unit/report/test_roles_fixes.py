@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tl_idempotence as tli
-from helpers import closed_pairs_layers
+from helpers import closed_pairs_layers, report_fingerprints
 from tl_idempotence.errors import OptionError, OutputOverInputError, ReportMismatchError
 from tl_idempotence.probes.roles import ROLES, HeadRoles
 from tl_idempotence.report.report import export_record, report_output
@@ -35,7 +35,11 @@ def fake_roles(rep, options=None, info=None, **cols) -> HeadRoles:
     for r in ROLES:
         t[r] = cols.get(r, 0.0)
     t["reason"] = ""
-    summary: dict = {"model_name": (info or rep.info).model_name, "n_heads": len(t)}  # the info's, as load_roles checks
+    summary: dict = {  # model_name: the info's, as load_roles checks
+        "model_name": (info or rep.info).model_name,
+        "n_heads": len(t),
+        "layer_fingerprints": report_fingerprints(rep),
+    }
     for r in ROLES:
         v = t[r].to_numpy(dtype=float)
         summary[f"median_{r}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
@@ -91,7 +95,7 @@ def test_roles_with_arguments_it_would_ignore_is_refused(rep, tiny):
         rep.roles(roles=made, n_tokens=4, n_permutations=9)
     with pytest.raises(OptionError, match="n_sequences=2"):
         rep.roles(roles=made, n_sequences=2, n_permutations=9)
-    with pytest.raises(OptionError, match="model=TransformerBridge"):
+    with pytest.raises(ReportMismatchError, match=r"The model given, .*\(TransformerBridge\), is not the model"):
         rep.roles(roles=made, model=tiny[1], n_permutations=9)
     ok = rep.roles(roles=made, n_tokens=16, n_sequences=8, n_permutations=9)  # what it was made with
     assert ok.roles is made
@@ -114,8 +118,9 @@ def test_exports_refuse_roles_of_another_report(rep, tmp_path):
 
 
 def test_text_that_reads_nan_round_trips(rep, tmp_path):
-    hr = fake_roles(rep, info=dataclasses.replace(rep.info, model_name="NaN"))
-    hr.summary.update({"model_name": "NaN", "note": "Infinity", "by_name": {"12": "x", "3": "NaN"}})
+    made = fake_roles(rep, info=dataclasses.replace(rep.info, model_name="NaN"))
+    summary = {**made.summary, "model_name": "NaN", "note": "Infinity", "by_name": {"12": "x", "3": "NaN"}}
+    hr = HeadRoles(table=made.table, summary=summary, info=made.info, options=made.options)
     back = tli.load_roles(tli.save_roles(hr, tmp_path / "h"))
     assert back.info.model_name == "NaN" and back.info == hr.info
     assert back.summary["note"] == "Infinity" and back.summary["by_name"] == {"12": "x", "3": "NaN"}

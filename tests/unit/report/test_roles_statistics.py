@@ -302,7 +302,9 @@ def test_circuit_arguments_are_checked_where_they_enter():
     assert c.heads["induction"].tolist() == [INDUCTION[0], INDUCTION[5]]
     assert c.heads["copying"].tolist()[0] == COPYING[0] and np.isnan(c.heads["copying"].tolist()[1])
     partial = roles_for(induction=INDUCTION)
-    partial.table = partial.table.drop(columns=["copying"])  # only the roles the table has
+    partial = HeadRoles(
+        table=partial.table.drop(columns=["copying"]), summary=partial.summary, info=partial.info
+    )  # only the roles the table has
     assert list(circuit_overlap(t, pairs, 0.9, roles=partial, n_sets=9).heads.columns)[-1] == "induction"
 
 
@@ -324,7 +326,7 @@ def test_association_arguments_are_checked_where_they_enter():
             role_association(heads_table(), roles, 0.9, n_permutations=n)
         assert str(e.value) == msg
     short = roles_for(induction=INDUCTION)
-    short.table = short.table.iloc[:5]
+    short = HeadRoles(table=short.table.iloc[:5], summary=short.summary, info=short.info)
     with pytest.raises(OptionError) as e:
         role_association(heads_table(), short, 0.9)
     assert str(e.value) == (

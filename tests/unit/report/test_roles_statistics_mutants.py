@@ -190,7 +190,9 @@ def test_columns_of_python_objects_are_read_as_numbers():
     """A P, closed or score column of dtype object (Python floats and bools) gives the same numbers."""
     heads = heads_table().astype({"P": object, "closed": object})
     roles = roles_for()
-    roles.table = roles.table.astype({"induction": object, "copying": object})
+    roles = HeadRoles(
+        table=roles.table.astype({"induction": object, "copying": object}), summary=roles.summary, info=roles.info
+    )
     a = role_association(heads, roles, 0.9, n_permutations=9).association
     ok = ~np.isnan(P)
     assert a["n"].tolist() == [7, 2, 7, 6, 6] and a["n_closed"].tolist() == [3, 0, 3, 2, 2]
@@ -201,7 +203,7 @@ def test_columns_of_python_objects_are_read_as_numbers():
 
 def test_the_missing_heads_message_names_five():
     short = roles_for()
-    short.table = short.table.iloc[:1]
+    short = HeadRoles(table=short.table.iloc[:1], summary=short.summary, info=short.info)
     with pytest.raises(OptionError) as e:
         role_association(heads_table(), short, 0.9)
     assert str(e.value) == (
