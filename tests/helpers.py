@@ -474,7 +474,9 @@ def fake_roles(rep, **cols):
         t[k] = v
     t["reason"] = ""
     return HeadRoles(
-        table=t, summary={"model_name": "synthetic", "layer_fingerprints": report_fingerprints(rep)}, info=rep.info
+        table=t,
+        summary={"model_name": rep.info.model_name, "layer_fingerprints": report_fingerprints(rep)},
+        info=rep.info,
     )
 
 
