@@ -191,7 +191,9 @@ def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
         raise OptionError(f"{where}['n_kv_heads'] must be a positive integer (e.g. 1 for multi-query); got {nkv!r}.")
     kvf = entry.get("n_kv_heads_field")
     if kvf is not None and (not isinstance(kvf, str) or not kvf):
-        raise OptionError(f"{where}['n_kv_heads_field'] must be a config field name (e.g. 'num_kv_heads'); got {kvf!r}.")
+        raise OptionError(
+            f"{where}['n_kv_heads_field'] must be a config field name (e.g. 'num_kv_heads'); got {kvf!r}."
+        )
     variants = entry.get("variants", [])
     if not isinstance(variants, list):
         raise OptionError(f"{where}['variants'] must be a list of {{'config': {{...}}, ...}}; got {variants!r:.80}.")

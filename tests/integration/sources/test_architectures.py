@@ -358,7 +358,7 @@ def test_falcon_kv_heads_are_read_from_the_field_transformers_reads(
     assert runs is not (not new_decoder and num_kv_heads == 2)
     if not runs:
         for src in (str(tmp_path), loaded):
-            with pytest.raises(CheckpointError, match="one kv head per query head; .* 4 heads, 2 kv heads"):
+            with pytest.raises(CheckpointError, match=r"one kv head per query head; .* 4 heads, 2 kv heads"):
                 tli.idempotence_report(src, progress=False)
         return
     nkv, Ps = _falcon_heads_reference(loaded)
