@@ -391,6 +391,10 @@ def run_jobs(
     """
     from distributed import KilledWorker
 
+    from .quiet import QuietTaskErrors
+
+    with contextlib.suppress(Exception):  # best effort: the workers' "Compute Failed" tracebacks of errors we record
+        client.register_plugin(QuietTaskErrors(key_prefix))
     outcomes = {j.name: Outcome(j.name) for j in jobs}
     state = _JobsRun(client, retries, key_prefix, probe, cluster, on_done, KilledWorker, outcomes)
     for j in jobs:
