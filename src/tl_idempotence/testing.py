@@ -172,7 +172,9 @@ TINY_TWEAKS: dict[str, dict[str, Any]] = {
     "gptj": {"rotary_dim": 4},
     "codegen": {"rotary_dim": 4},
     "audio-spectrogram-transformer": {"max_length": 32, "num_mel_bins": 32, "frequency_stride": 16, "time_stride": 16},
-    "falcon": {"num_kv_heads": 2},
+    # num_key_value_heads is what FalconConfig derives from num_kv_heads (1 under multi_query): setting it too
+    # would save a config whose two fields disagree whenever a caller passes num_kv_heads
+    "falcon": {"num_kv_heads": 2, "_drop": ["num_key_value_heads"]},
     "gpt_bigcode": {"_drop": ["num_key_value_heads"]},  # derived from multi_query
     "falcon_h1": {"mamba_d_ssm": 64, "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_chunk_size": 16},
     "qwen2_audio": {"audio_config": {"d_model": 64, "encoder_attention_heads": 4, "encoder_layers": 1}},

@@ -352,3 +352,37 @@ def test_the_cli_writes_only_what_was_asked_and_no_machine_path(ckpt, tmp_path):
     proc = run(["report", str(ckpt), "--quiet", "--json", "--out", "report.html"], cwd=work)
     assert proc.returncode == 0 and "replaced the file that was there" in proc.stderr
     json.loads(proc.stdout)  # stdout stays the JSON alone
+
+
+def test_an_output_into_a_zoo_models_cache_folder_exits_2(tmp_path):
+    """Issue 37: ``report minilm-l6 --out <cache>/minilm-l6/files/r.html`` was accepted (a new file beside the
+    checkpoint): ``files/`` is the zoo's own checkpoint folder (a ``.json`` there is read with it) and ``fetch
+    --force`` deletes it. Every CLI output into a zoo model's cache folder (whatever model the run reads, through a
+    symbolic link too) exits 2 with one error line naming the folder, before anything is read or written."""
+    cache = tmp_path / "cache"
+    files = cache / "minilm-l6" / "files"
+    files.mkdir(parents=True)
+    (files / "config.json").write_text("{}")  # not a loadable model: reading it would exit 1, not 2
+    (tmp_path / "link").symlink_to(files)
+    ck, _, _ = llama_like(tmp_path / "CK", n_layers=2)
+    env = {"TL_IDEMPOTENCE_CACHE": str(cache)}
+    for argv, flag, path, folder in [
+        (["report", "minilm-l6", "--out"], "--out", files / "r.html", files),
+        (["report", "minilm-l6", "--json", "--csv"], "--csv", files / "t.csv", files),
+        (["report", str(ck), "--out"], "--out", files / "model.safetensors.index.json", files),
+        (["report", str(ck), "--out"], "--out", tmp_path / "link" / "r.html", files),
+        (["report", str(ck), "--json", "--resume"], "--resume", cache / "minilm-l6" / "parts", cache / "minilm-l6"),
+        (["sweep", str(ck), "--out"], "--out", cache / "minilm-l6" / "attention", cache / "minilm-l6"),
+    ]:
+        proc = run([*argv, str(path), "--quiet"], cwd=tmp_path, env_extra=env)
+        assert proc.returncode == 2, (argv, proc.returncode, proc.stderr)
+        errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert errors == [
+            f"{proc.stderr.splitlines()[-1].split(': error: ')[0]}: error: {flag} {path} is in the zoo cache's folder "
+            f"{folder}, which the library verifies, reads and deletes (fetch --force): write the output elsewhere"
+        ], proc.stderr
+        assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert sorted(p.name for p in cache.rglob("*")) == ["config.json", "files", "minilm-l6"]
+    # the cache folder itself holds no model: an output there (not in a zoo model's folder) is allowed
+    proc = run(["report", str(ck), "--out", str(cache / "r.html"), "--quiet"], cwd=tmp_path, env_extra=env)
+    assert proc.returncode == 0 and (cache / "r.html").is_file(), proc.stderr

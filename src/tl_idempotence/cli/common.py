@@ -41,14 +41,24 @@ def refuse_over_inputs(
     parser: argparse.ArgumentParser, outputs: Sequence[tuple[str, Any]], inputs: Sequence[tuple[str, Any]]
 ) -> None:
     """Exit 2, before anything is read or written, when an output is (or links to) a file or folder the run
-    reads (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`, the API's rule)."""
+    reads (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`, the API's rule), or lies in a zoo
+    model's cache folder (:func:`~tl_idempotence.sources.zoo.cache.cache_folder_of`: ``files/`` is a
+    checkpoint folder, and ``fetch --force`` deletes it), whatever model the run reads."""
     from ..core.files import refuse_outputs_over_inputs
     from ..errors import OutputOverInputError
+    from ..sources.zoo import cache_folder_of
 
     try:
         refuse_outputs_over_inputs(outputs, inputs)
     except OutputOverInputError as e:
         parser.error(str(e))
+    for flag, path in outputs:
+        folder = cache_folder_of(path)
+        if folder is not None:
+            parser.error(
+                f"{flag} {path} is in the zoo cache's folder {folder}, which the library verifies, reads and "
+                "deletes (fetch --force): write the output elsewhere"
+            )
 
 
 def check_format(parser: argparse.ArgumentParser, path: str, formats: Sequence[str], flag: str) -> str:

@@ -215,7 +215,8 @@ def write_output(
     Raises:
         OptionTypeError: ``path`` is not a path. OutputOverInputError (an ``OptionError``): ``path`` is (or links
             to) something ``out`` was read from. OptionError: empty; an extension none of the formats has (names
-            the known ones); a folder where a file goes; a missing folder; an existing file when ``replace_files``
+            the known ones); a folder where a file goes (an existing folder, or a path ending in a separator, e.g.
+            ``"x.html/"``); a missing folder; an existing file when ``replace_files``
             is False; the file cannot be written (names it).
             The folder format: the errors of the result's own writer.
     """
@@ -239,6 +240,14 @@ def write_output(
         assert out.folder is not None
         return out.folder(p, overwrite)
     label = _label(out, fmt, allowed)
+    raw = os.fspath(path)
+    if isinstance(raw, bytes):
+        raw = os.fsdecode(raw)
+    if raw.endswith(tuple(c for c in (os.sep, os.altsep, "/") if c)):  # Path() drops the trailing separator
+        raise OptionError(
+            f"Cannot write the {label} to {raw!r}: a path ending in a separator names a folder; give a file name "
+            f"(e.g. {str(p)!r})."
+        )
     if p.is_dir():
         raise OptionError(f"Cannot write the {label} to {p}: it is a folder; give a file name.")
     if not p.parent.exists():

@@ -48,7 +48,7 @@ from ..core.jsonio import RECORD, json_ready, json_restore, json_text
 from ..core.kwargs import warn_at_caller
 from ..core.option_specs import with_absent
 from ..core.options import ReportOptions
-from ..errors import ResumeError
+from ..errors import OptionTypeError, ResumeError
 
 __all__ = ["FORMAT", "LayerPart", "ResumeDir", "json_restore", "json_safe"]
 
@@ -104,10 +104,12 @@ class ResumeDir:
     Raises:
         ResumeError: the directory's manifest was written for other options (names them), or
             the manifest is unreadable (names the file); a path that is a file; an unwritable
-            directory.
+            directory. OptionTypeError: ``path`` is not a ``str`` / ``os.PathLike`` (nothing is made).
     """
 
     def __init__(self, path: str | os.PathLike[str], options: ReportOptions, info: ModelInfo) -> None:
+        if not isinstance(path, (str, os.PathLike)):  # every route checks first; here too, never a raw TypeError
+            raise OptionTypeError(f"resume must be a folder path; got {type(path).__name__}.")
         self.dir = Path(path).expanduser()
         if self.dir.exists() and not self.dir.is_dir():
             raise ResumeError(f"resume={str(path)!r} is a file, not a directory.")

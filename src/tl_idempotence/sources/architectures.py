@@ -101,7 +101,17 @@ def how_to_add() -> str:
 
 
 #: Keys a custom ``architecture={...}`` entry may have, and those of its ``v`` / ``o`` parts.
-_ENTRY_KEYS = ("layer", "v", "o", "post_attention_norm", "note", "n_kv_heads", "variants", "source")
+_ENTRY_KEYS = (
+    "layer",
+    "v",
+    "o",
+    "post_attention_norm",
+    "note",
+    "n_kv_heads",
+    "n_kv_heads_field",
+    "variants",
+    "source",
+)
 _PART_KEYS = ("tensor", "layout")
 #: What a variant may change (``variants``: the first whose ``config`` values all match is applied).
 _VARIANT_KEYS = ("config", "v", "o", "n_kv_heads", "post_attention_norm", "note")
@@ -179,6 +189,11 @@ def check_entry(entry: Any, where: str = "architecture") -> dict[str, Any]:
     nkv = entry.get("n_kv_heads")
     if nkv is not None and (isinstance(nkv, bool) or not isinstance(nkv, int) or nkv < 1 or nkv > 65535):
         raise OptionError(f"{where}['n_kv_heads'] must be a positive integer (e.g. 1 for multi-query); got {nkv!r}.")
+    kvf = entry.get("n_kv_heads_field")
+    if kvf is not None and (not isinstance(kvf, str) or not kvf):
+        raise OptionError(
+            f"{where}['n_kv_heads_field'] must be a config field name (e.g. 'num_kv_heads'); got {kvf!r}."
+        )
     variants = entry.get("variants", [])
     if not isinstance(variants, list):
         raise OptionError(f"{where}['variants'] must be a list of {{'config': {{...}}, ...}}; got {variants!r:.80}.")
@@ -220,6 +235,13 @@ def select_variant(config: dict[str, Any], entry: dict[str, Any]) -> dict[str, A
         if all(text.get(k, config.get(k)) == v for k, v in var["config"].items()):
             return apply_variant(entry, var)
     return {k: v for k, v in entry.items() if k != "variants"}
+
+
+def _with_kv_field(key: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with the table's ``kv_heads_field`` of ``key`` (the config field transformers reads for its kv
+    heads, e.g. Falcon's ``num_kv_heads``) as ``n_kv_heads_field``, unless the entry names one itself."""
+    field = architecture_table().get("kv_heads_field", {}).get(key)
+    return {**entry, "n_kv_heads_field": field} if field and "n_kv_heads_field" not in entry else entry
 
 
 def check_architecture(x: Any, name: str = "architecture") -> str | dict[str, Any] | None:
@@ -276,7 +298,7 @@ def resolve_architecture(
         return "custom", select_variant(config if isinstance(config, dict) else {}, forced)
     if forced is not None:
         key = aliases.get(forced, forced)
-        return key, select_variant(config if isinstance(config, dict) else {}, archs[key])
+        return key, _with_kv_field(key, select_variant(config if isinstance(config, dict) else {}, archs[key]))
     if not isinstance(config, dict):
         raise CheckpointError(f"{where}: the config is a JSON {type(config).__name__}, not an object.")
     model_type = str(config.get("model_type", ""))
@@ -293,7 +315,7 @@ def resolve_architecture(
     for name in candidates:
         key = aliases.get(name, name)
         if key in archs:
-            return key, select_variant(config, archs[key])
+            return key, _with_kv_field(key, select_variant(config, archs[key]))
     for name in candidates[1:]:
         if name in refused:
             raise CheckpointError(f"{where}: {name!r} cannot be measured as T = O V^T per head: {refused[name]}.")
@@ -307,7 +329,9 @@ def sizes_from_config(config: dict[str, Any], where: str, entry: dict[str, Any] 
     Each size is read from the first of its field names (``config_fields`` of the table) that
     is present and not ``null``; it must be a positive integer (``"four"``, ``4.0``, ``true``,
     ``0`` and ``-1`` are refused, never converted). ``n_kv_heads`` is the entry's ``n_kv_heads``
-    when it has one (multi-query variants: 1), else read from the config, default ``n_heads``;
+    when it has one (multi-query variants: 1), else read from the entry's ``n_kv_heads_field`` when it
+    names one (the field transformers reads: Falcon's ``num_kv_heads``, whatever ``num_key_value_heads``
+    says), else from the first of ``config_fields``; default ``n_heads``;
     ``d_head`` defaults to ``d_model // n_heads`` (which must then divide evenly).
 
     Raises:
@@ -324,6 +348,10 @@ def sizes_from_config(config: dict[str, Any], where: str, entry: dict[str, Any] 
     cfg: dict[str, Any] = text if isinstance(text, dict) else config
 
     scopes = [("text_config.", cfg), ("", config)] if cfg is not config else [("", config)]
+
+    kv_field = (entry or {}).get("n_kv_heads_field")
+    if kv_field is not None:  # the one field transformers reads for this type (Falcon: num_kv_heads)
+        fields = {**fields, "n_kv_heads": [kv_field]}
 
     def get(key: str, required: bool = True) -> int | None:
         for name in fields[key]:

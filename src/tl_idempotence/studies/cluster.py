@@ -116,9 +116,38 @@ def _is_main_check(node: ast.expr) -> bool:
     return len(names) == 1 and len(consts) == 1
 
 
+#: Attempts at :func:`ast.parse` that meet CPython's ``SystemError: AST constructor recursion depth mismatch``.
+AST_PARSE_ATTEMPTS = 5
+
+#: ``{(path, mtime_ns, size): guarded line ranges}`` of main scripts already read (:func:`main_guard_problem`).
+_GUARDED_CACHE: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+
+
+def _parse(source: str) -> ast.Module:
+    """``ast.parse(source)``, retried when CPython 3.11 raises ``SystemError: AST constructor recursion depth
+    mismatch``: its AST constructor keeps its recursion depth in interpreter-wide state, so a parse in another
+    thread at another stack depth (Python 3.11 formats every traceback with :mod:`ast`: Dask's and tornado's
+    threads in this process, when a task fails and its error is logged) that a garbage collection interleaves
+    with ours makes a correct parse fail (python/cpython#106905). The parse itself is deterministic: a retry
+    gives the tree.
+
+    Raises:
+        SyntaxError / ValueError: as ``ast.parse``. SystemError: any other, or the mismatch on every one of
+            :data:`AST_PARSE_ATTEMPTS` attempts.
+    """
+    for attempt in range(1, AST_PARSE_ATTEMPTS + 1):
+        try:
+            return ast.parse(source)
+        except SystemError as e:
+            if "recursion depth mismatch" not in str(e) or attempt == AST_PARSE_ATTEMPTS:
+                raise
+            time.sleep(0.01 * attempt)  # let the other thread's parse finish
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def _guarded_lines(source: str) -> list[tuple[int, int]]:
     """Line ranges (first, last) of the bodies of ``if __name__ == "__main__":`` blocks in ``source``."""
-    tree = ast.parse(source)
+    tree = _parse(source)
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and _is_main_check(node.test) and node.body:
@@ -132,9 +161,11 @@ def main_guard_problem(what: str) -> str | None:
 
     Two cases: this process is itself a worker that is importing the main script (``__mp_main__``), or the
     call runs while the main script's top-level code runs and the line of the script that leads to it is not
-    inside an ``if __name__ == "__main__":`` block (read from the script's source with :mod:`ast`). A
+    inside an ``if __name__ == "__main__":`` block (read from the script's source with :mod:`ast`, once per
+    version of the file; a parse that meets CPython's AST recursion-depth race is retried, :func:`_parse`). A
     notebook, ``python -c``, an interactive session, a call from a function that runs after the script's
-    top level (or a script whose source cannot be read) is never flagged.
+    top level (or a script whose source cannot be read, or that CPython's race keeps from being parsed) is never
+    flagged.
     """
     import inspect
     import multiprocessing
@@ -158,10 +189,16 @@ def main_guard_problem(what: str) -> str | None:
     if line is None:
         return None
     try:
-        with open(path, "rb") as f:
-            source = f.read().decode("utf-8")
-        guarded = _guarded_lines(source)
+        st = os.stat(path)
+        key = (os.path.realpath(path), st.st_mtime_ns, st.st_size)
+        guarded = _GUARDED_CACHE.get(key)
+        if guarded is None:  # read once per version of the script: later sweeps of a session parse nothing
+            with open(path, "rb") as f:
+                source = f.read().decode("utf-8")
+            guarded = _GUARDED_CACHE[key] = _guarded_lines(source)
     except (OSError, UnicodeDecodeError, SyntaxError, ValueError):
+        return None
+    except SystemError:  # CPython's AST race on every attempt (_parse): the source cannot be read now
         return None
     if any(first <= line <= last for first, last in guarded):
         return None
@@ -391,6 +428,10 @@ def run_jobs(
     """
     from distributed import KilledWorker
 
+    from .quiet import QuietTaskErrors
+
+    with contextlib.suppress(Exception):  # best effort: the workers' "Compute Failed" tracebacks of errors we record
+        client.register_plugin(QuietTaskErrors(key_prefix))
     outcomes = {j.name: Outcome(j.name) for j in jobs}
     state = _JobsRun(client, retries, key_prefix, probe, cluster, on_done, KilledWorker, outcomes)
     for j in jobs:

@@ -13,6 +13,12 @@ process from the moment that worker starts to close (its ``teardown``). Every ot
 before the shutdown, is left as distributed writes it (a worker death, a task's error and a failing
 scheduler are all decided and reported by the runner, and still logged).
 
+:class:`QuietTaskErrors` is a worker plugin for the other noise: a task of ours that raises (an item whose
+checkpoint is truncated) is logged by each worker as ``distributed.worker - ERROR - Compute Failed`` with its whole
+traceback, although the runner records the failure, retries it and reports it in ``res.tasks`` / ``res.failed``
+with its reason. It drops exactly those records, for task keys of our runs (``tli-sweep-...``,
+``tli-trajectory-...``); a worker's death, a failing scheduler and any other task's error are logged as before.
+
 This module imports ``distributed``; it is imported only where a cluster is started.
 """
 
@@ -27,7 +33,15 @@ from distributed.comm.core import CommClosedError
 from distributed.diagnostics.plugin import WorkerPlugin
 from tornado.iostream import StreamClosedError
 
-__all__ = ["NOISY_LOGGERS", "CommClosedFilter", "QuietClose", "is_comm_closed", "quiet_shutdown"]
+__all__ = [
+    "NOISY_LOGGERS",
+    "CommClosedFilter",
+    "QuietClose",
+    "QuietTaskErrors",
+    "RecordedTaskErrorFilter",
+    "is_comm_closed",
+    "quiet_shutdown",
+]
 
 #: Loggers that write distributed's shutdown noise (with every ``distributed.*`` logger that exists).
 NOISY_LOGGERS = ("distributed", "tornado", "tornado.application", "tornado.general", "asyncio")
@@ -91,3 +105,37 @@ class QuietClose(WorkerPlugin):
         noise = CommClosedFilter()
         for lg in _loggers():
             lg.addFilter(noise)
+
+
+class RecordedTaskErrorFilter(logging.Filter):
+    """Drops distributed's ``Compute Failed`` record (``distributed.worker``, one per task that raised, with its
+    traceback) when the task's key starts with ``key_prefix``: a task whose error the runner records; keeps every
+    other record."""
+
+    def __init__(self, key_prefix: str) -> None:
+        super().__init__()
+        self.key_prefix = key_prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith("Compute Failed")):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not (args and str(args[0]).startswith(self.key_prefix))
+
+
+class QuietTaskErrors(WorkerPlugin):
+    """A worker plugin: in each worker process (present and future), :class:`RecordedTaskErrorFilter` for the
+    task keys ``{key_prefix}-...`` of :func:`~tl_idempotence.studies.cluster.run_jobs` (module docstring)."""
+
+    idempotent = True
+
+    def __init__(self, key_prefix: str) -> None:
+        self.key_prefix = key_prefix
+        self.name = f"tli-quiet-task-errors-{key_prefix}"
+
+    def setup(self, worker: Any) -> None:
+        lg = logging.getLogger("distributed.worker")
+        if not any(
+            isinstance(f, RecordedTaskErrorFilter) and f.key_prefix == self.key_prefix + "-" for f in lg.filters
+        ):
+            lg.addFilter(RecordedTaskErrorFilter(self.key_prefix + "-"))

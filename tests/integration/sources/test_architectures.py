@@ -27,6 +27,7 @@ from tl_idempotence.sources.architectures import (
     check_entry,
     refused_architectures,
     resolve_architecture,
+    sizes_from_config,
     supported_architectures,
 )
 from tl_idempotence.sources.checkpoint import from_path
@@ -282,6 +283,118 @@ def test_falcon_new_decoder_architecture_with_grouped_kv_heads(tmp_path, n_head,
     np.testing.assert_allclose(
         loaded_rep.heads.sort_values(["layer", "head"]).P.to_numpy(), heads.P.to_numpy(), rtol=0, atol=1e-9
     )
+
+
+def _falcon_heads_reference(model) -> tuple[int, list]:
+    """Transformers' own kv-head count of a FalconForCausalLM (its attention module's ``num_kv_heads``) and each
+    layer's dense float64 P from the parameters, split the way modeling_falcon splits the fused output: grouped
+    ``[n_kv, g + 2, d_head]`` under new_decoder_architecture, ``[n_heads, 3, d_head]`` otherwise (multi-head)."""
+    cfg = model.config
+    nq, d = cfg.num_attention_heads, cfg.hidden_size
+    dh = d // nq
+    nkv = model.transformer.h[0].self_attention.num_kv_heads
+    Ps = []
+    for block in model.transformer.h:
+        attn = block.self_attention
+        W = attn.query_key_value.weight.detach().double()
+        if cfg.new_decoder_architecture:
+            g = nq // nkv
+            Wv = W.view(nkv, g + 2, dh, d)[:, -1]
+            V = torch.stack([Wv[h // g].T for h in range(nq)])
+        else:
+            V = W.view(nq, 3, dh, d)[:, 2].transpose(1, 2)
+        Wo = attn.dense.weight.detach().double()
+        O = torch.stack([Wo[:, h * dh : (h + 1) * dh] for h in range(nq)])
+        T = O @ V.transpose(1, 2)
+        T2 = T @ T
+        inner = (T2 * T).sum((-1, -2))
+        Ps.append(inner**2 / ((T2 * T2).sum((-1, -2)) * (T * T).sum((-1, -2))))
+    return nkv, Ps
+
+
+@pytest.mark.parametrize(
+    ("new_decoder", "num_kv_heads", "num_key_value_heads"),
+    [
+        (True, 4, 2),  # transformers: 4 kv heads (the tensor holds 4); read as 2, it was refused
+        (True, 2, 4),  # transformers: 2 kv heads; read as 4, it was refused
+        (True, None, 2),  # num_kv_heads absent: transformers' default n_heads (4), not num_key_value_heads
+        (False, None, 2),  # multi-head (multi_query=False): 4 kv heads; read as 2, a GQA split of MHA weights
+        (False, 2, 4),  # multi-head with num_kv_heads=2: transformers' forward fails; it must be refused
+    ],
+)
+def test_falcon_kv_heads_are_read_from_the_field_transformers_reads(
+    tmp_path, new_decoder, num_kv_heads, num_key_value_heads
+):
+    """A Falcon config.json whose num_kv_heads and num_key_value_heads disagree (FalconConfig(...) built with
+    both, saved by save_pretrained): transformers' FalconAttention reads num_kv_heads; tl_idempotence reads the
+    same field, and measures what transformers loads and runs (P per head against a dense float64 reference
+    from the loaded model's parameters) or refuses what transformers' forward pass refuses."""
+    import transformers
+
+    kw = {"num_kv_heads": num_kv_heads} if num_kv_heads is not None else {}
+    cfg = transformers.FalconConfig(
+        vocab_size=64,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        new_decoder_architecture=new_decoder,
+        multi_query=False,
+        num_key_value_heads=num_key_value_heads,
+        **kw,
+    )
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["num_key_value_heads"] == num_key_value_heads
+    assert config["num_kv_heads"] != num_key_value_heads  # the two fields disagree in the saved file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = transformers.FalconForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float64)
+    try:  # transformers' own verdict: a forward pass
+        with torch.no_grad():
+            loaded(torch.tensor([[1, 2, 3]]))
+        runs = True
+    except RuntimeError:
+        runs = False
+    assert runs is not (not new_decoder and num_kv_heads == 2)
+    if not runs:
+        for src in (str(tmp_path), loaded):
+            with pytest.raises(CheckpointError, match=r"one kv head per query head; .* 4 heads, 2 kv heads"):
+                tli.idempotence_report(src, progress=False)
+        return
+    nkv, Ps = _falcon_heads_reference(loaded)
+    assert nkv == config["num_kv_heads"] != num_key_value_heads
+    for src in (str(tmp_path), loaded):
+        rep = tli.idempotence_report(src, progress=False)
+        assert (rep.info.n_heads, rep.info.n_kv_heads) == (4, nkv)
+        heads = rep.heads.sort_values(["layer", "head"])
+        for layer, p_ref in enumerate(Ps):
+            P = torch.tensor(heads[heads.layer == layer].P.to_numpy())
+            assert torch.allclose(P, p_ref, rtol=0, atol=1e-9), (layer, (P - p_ref).abs().max())
+
+
+def test_tiny_falcon_writes_consistent_kv_head_fields(tmp_path):
+    """testing.tiny_model("falcon", num_kv_heads=...) saves a config whose num_key_value_heads is what FalconConfig
+    derives (num_kv_heads, or 1 under multi_query), never the tiny-size default 2 beside another num_kv_heads."""
+    from tl_idempotence.testing import tiny_model
+
+    for kw, want in [
+        ({"new_decoder_architecture": True, "num_kv_heads": 4}, 4),
+        ({"new_decoder_architecture": False, "multi_query": False, "num_kv_heads": 4}, 4),
+        ({"new_decoder_architecture": False, "multi_query": True, "num_kv_heads": 4}, 1),
+    ]:
+        m = tiny_model("falcon", "FalconForCausalLM", **kw)
+        cfg = m.config.to_dict()  # what save_pretrained writes
+        assert m.transformer.h[0].self_attention.num_kv_heads == want, kw  # transformers' own count
+        # no second kv-head field that disagrees (FalconConfig of transformers >= 5.25 derives one)
+        assert cfg["num_kv_heads"] == 4 and cfg.get("num_key_value_heads", want) == want, kw
+        assert sizes_from_config(cfg, "config.json", resolve_architecture(cfg, None)[1]).n_kv_heads == want, kw
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -448,3 +449,45 @@ def test_default_local_cluster(ckpts, reference, tmp_path):
     assert_same_report(res.reports["A"], reference["A"])
     assert_same_report(res.reports["D"], reference["D"])
     assert res.tasks["pid"].nunique() == 2
+
+
+_PARTLY_FAILED_SCRIPT = """
+import sys
+import tl_idempotence as tli
+
+if __name__ == "__main__":
+    good, bad, out = sys.argv[1:4]
+    res = tli.sweep({"good": good, "bad": bad}, out, workers=1, retries=1, progress=False, nulls=0)
+    for row in res.tasks.itertuples():
+        print(row.label, row.status, row.attempts, row.reason, sep="|")
+"""
+
+
+def test_a_partly_failed_sweep_leaves_no_traceback_on_stderr(ckpts, tmp_path):
+    """Issue 37: an item whose shard is truncated (CheckpointError on every attempt) made each worker print
+    distributed's "Compute Failed" record with the whole traceback on stderr, once per attempt, although the sweep
+    records the failure. In a fresh process: the failure is in res.tasks with its reason and attempts, and stderr
+    holds only the sweep's one-line warning."""
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["D"], bad)
+    shard = sorted(bad.glob("*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    script = tmp_path / "run.py"
+    script.write_text(_PARTLY_FAILED_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ckpts["D"]), str(bad), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split("|")[0]: line.split("|")[1:] for line in proc.stdout.splitlines()}
+    assert rows["good"][:2] == ["computed", "1"]
+    assert rows["bad"][:2] == ["failed", "2"] and rows["bad"][2].startswith(f"CheckpointError: shard {shard} is trunc")
+    for noise in ("Traceback", "Compute Failed", "distributed.worker", "ERROR", 'File "'):
+        assert noise not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert (
+        len(lines) == 1 and "UserWarning: 1 of 2 sweep items failed after 1 retries: bad: CheckpointError" in lines[0]
+    )

@@ -632,3 +632,25 @@ def test_the_controls_warning_names_the_users_line_through_the_report_too(gpt2_b
         with pytest.warns(UserWarning, match="only 3 distinct matched control sets") as rec:
             call()
         assert [w.filename for w in rec if "distinct matched" in str(w.message)] == [__file__]
+
+
+def test_the_few_controls_warning_quotes_the_floor_of_the_sets_used():
+    """Issue 37: 10 distinct matched sets exist for L0H0 of an 11-head layer; ``n_controls=3`` uses 3 of them, so
+    the p-value's floor is 1/4 (rank_p_value over 3 controls), but the warning quoted 1/11 = 0.0909 (every distinct
+    set). It quotes the floor of the sets used, the same number as ``p_value_floor``."""
+    from tl_idempotence.probes.ablation.controls import plan_sets
+
+    flagged = {0: [0]}
+    assert count_matched_sets(flagged, 11) == 10 < MIN_CONTROLS_FOR_P_005
+    for n_controls, n_used, says in [
+        (3, 3, "only 10 distinct matched control sets exist and n_controls=3 uses 3 of them, so p >= 0.25:"),
+        (9, 9, "only 10 distinct matched control sets exist and n_controls=9 uses 9 of them, so p >= 0.1:"),
+        (10, 10, "only 10 distinct matched control sets exist, so p >= 0.0909:"),
+        (200, 10, "only 10 distinct matched control sets exist, so p >= 0.0909:"),
+    ]:
+        plan = plan_sets(flagged, 11, n_controls, seed=0, singles=False)
+        assert plan.n_controls == n_used and plan.warning is not None
+        assert plan.warning.startswith(says) and plan.warning.endswith("p <= 0.05 is impossible for this flagged set")
+        _p, floor, _n = rank_p_value(0.0, np.zeros(n_used))
+        assert f"p >= {floor:.3g}:" in plan.warning
+    assert plan_sets({0: [0]}, 21, 3, seed=0, singles=False).warning is None  # 20 distinct sets: no warning

@@ -293,3 +293,23 @@ def test_the_page_writers_still_replace_their_page(rep, tmp_path):
     p = tmp_path / "r.html"
     p.write_text("old page")
     assert Path(rep.save_html(p)) == p and p.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_a_path_ending_in_a_separator_names_a_folder_and_no_file_is_written(rep, tmp_path):
+    """``export("x.html/")``: Path() drops the trailing slash, so it used to write the file x.html; a path ending in a
+    separator names a folder, and a file format there is refused naming the path as given. The folder format (the
+    save format of a report) still takes such a path."""
+    for name in ("x.html/", "x.json/", "x.csv/", "x.parquet/", "x.htm" + os.sep):
+        target = f"{tmp_path}{os.sep}{name}"  # (a Path would drop the separator before export sees it)
+        with pytest.raises(OptionError, match=r"to '.*x\.\w+/': a path ending in a separator names a folder"):
+            rep.export(target)
+        with pytest.raises(OptionError, match="a path ending in a separator names a folder"):
+            rep.export(target, overwrite=True)
+    with pytest.raises(OptionError, match="a path ending in a separator names a folder"):
+        rep.save_html(f"{tmp_path}/page.html/")
+    cmp = tli.compare({"a": rep}, progress=False)
+    with pytest.raises(OptionError, match=r"cmp\.csv/': a path ending in a separator names a folder"):
+        cmp.export(str(tmp_path / "cmp.csv") + "/")
+    assert list(tmp_path.iterdir()) == []  # nothing written
+    folder = Path(rep.export(str(tmp_path / "saved") + "/"))  # the save format: a folder, as the slash says
+    assert folder.is_dir() and (folder / "report.json").is_file()

@@ -262,6 +262,17 @@ def test_resume_that_is_not_a_path_is_refused_before_any_folder_is_made(ckpt, tm
         tli.idempotence_report(str(ckpt), progress=False, resume=bad)
     with pytest.raises(OptionTypeError, match="resume must be a folder path"):
         report_mod.report_with_options(str(ckpt), ReportOptions(), progress=False, resume=bad)
+    # the sweep's and the cluster trajectory's route (measure_item), and the parts folder itself
+    from tl_idempotence.report.parts import ResumeDir
+    from tl_idempotence.studies.items import measure_item, resolve_items
+
+    (item,) = resolve_items([str(ckpt)])
+    with pytest.raises(OptionTypeError, match=rf"resume must be a folder path; got {type(bad).__name__}\."):
+        measure_item(item, ReportOptions(), resume=bad)
+    info = tli.idempotence_report(str(ckpt), progress=False, nulls=0, layers=[0]).info
+    analysed.clear()
+    with pytest.raises(OptionTypeError, match=rf"resume must be a folder path; got {type(bad).__name__}\."):
+        ResumeDir(bad, ReportOptions(), info)
     assert list(cwd.iterdir()) == [] and analysed == []
     # a folder name that is a number is a str: made, and used
     rep = tli.idempotence_report(str(ckpt), progress=False, resume="123")

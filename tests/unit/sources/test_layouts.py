@@ -222,3 +222,37 @@ def test_a_new_layout_is_one_object(tmp_path, monkeypatch):
     save_file(bad, str(tmp_path / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"layout 'reversed_linear' need \[6, 6\]"):
         from_hf_dir(tmp_path, architecture=entry)
+
+
+@pytest.mark.parametrize(
+    ("fields", "want"),
+    [
+        ({"new_decoder_architecture": True, "num_kv_heads": 4, "num_key_value_heads": 2}, 4),
+        ({"new_decoder_architecture": True, "num_kv_heads": 2, "num_key_value_heads": 4}, 2),
+        ({"new_decoder_architecture": True, "num_key_value_heads": 2}, 8),  # FalconConfig: absent -> n_heads
+        ({"multi_query": False, "num_key_value_heads": 2}, 8),
+        ({"multi_query": True, "num_kv_heads": 4, "num_key_value_heads": 4}, 1),  # old multi-query: always 1
+    ],
+)
+def test_falcon_kv_heads_come_from_num_kv_heads_as_in_transformers(fields, want):
+    """FalconAttention reads num_kv_heads (1 under old multi-query); num_key_value_heads, which FalconConfig derives
+    but a config.json may carry disagreeing, is never read for Falcon (checked against transformers itself in
+    tests/integration/sources/test_architectures.py)."""
+    from tl_idempotence.sources.architectures import resolve_architecture, sizes_from_config
+
+    config = {"model_type": "falcon", "num_attention_heads": 8, "hidden_size": 64, "num_hidden_layers": 2, **fields}
+    _key, entry = resolve_architecture(config, None)
+    assert sizes_from_config(config, "config.json", entry).n_kv_heads == want
+    _key, forced = resolve_architecture(config, "falcon")  # architecture="falcon" forced: the same field
+    assert sizes_from_config(config, "config.json", forced).n_kv_heads == want
+    # another type keeps config_fields' order (num_key_value_heads first)
+    llama = {**config, "model_type": "llama", "num_kv_heads": 4, "num_key_value_heads": 2}
+    assert sizes_from_config(llama, "config.json", resolve_architecture(llama, None)[1]).n_kv_heads == 2
+
+
+def test_an_entry_kv_heads_field_must_be_a_field_name():
+    e = {"layer": "layers.{l}.", **{k: architecture_table()["architectures"]["llama"][k] for k in ("v", "o")}}
+    for bad in ("", 4, ["num_kv_heads"]):
+        with pytest.raises(OptionError, match="n_kv_heads_field"):
+            check_entry({**e, "n_kv_heads_field": bad})
+    assert check_entry({**e, "n_kv_heads_field": "num_kv_heads"})["n_kv_heads_field"] == "num_kv_heads"

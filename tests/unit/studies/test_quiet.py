@@ -11,7 +11,13 @@ import pytest
 from distributed.comm.core import CommClosedError
 from tornado.iostream import StreamClosedError
 
-from tl_idempotence.studies.quiet import NOISY_LOGGERS, QuietClose, is_comm_closed, quiet_shutdown
+from tl_idempotence.studies.quiet import (
+    NOISY_LOGGERS,
+    QuietClose,
+    QuietTaskErrors,
+    is_comm_closed,
+    quiet_shutdown,
+)
 
 
 def closed_connection() -> CommClosedError:
@@ -108,3 +114,44 @@ def test_a_closing_worker_drops_closed_connections(stderr_of):
         for name, lg in logging.root.manager.loggerDict.items():
             if isinstance(lg, logging.Logger):
                 lg.filters = before.get(name, [])
+
+
+def compute_failed(key: str) -> None:
+    """distributed.worker's record of a task that raised (worker.py, ``Worker._handle_stimulus_from_task``), with
+    the same format and arguments."""
+    logging.getLogger("distributed.worker").error(
+        "Compute Failed\nKey:       %s\nState:     %s\nTask:  %s\nException: %r\nTraceback: %r\n",
+        key,
+        "executing",
+        f"<Task {key!r} run_sweep_task(...)>",
+        "CheckpointError('shard x is truncated')",
+        '  File "task.py", line 355, in run_sweep_task\n',
+    )
+
+
+def test_a_recorded_task_error_is_not_logged_by_the_worker_and_nothing_else_is_dropped(stderr_of):
+    """Issue 37: a sweep item that raises was logged by each worker as "Compute Failed" with its traceback on
+    stderr, although the sweep records it (res.tasks, res.failed). The worker plugin drops exactly that record for
+    the keys of our runs; another task's failure, a worker's other errors and our own other records stay."""
+    buf = stderr_of("distributed.worker")
+    lg = logging.getLogger("distributed.worker")
+    before = list(lg.filters)
+    try:
+        for prefix in ("tli-sweep", "tli-trajectory"):
+            plugin = QuietTaskErrors(prefix)
+            plugin.setup(worker=None)
+            plugin.setup(worker=None)  # a worker that gets it twice filters once
+        assert len(lg.filters) == len(before) + 2
+        compute_failed("tli-sweep-bad-871182c2-1")
+        compute_failed("tli-trajectory-ck1-0a1b2c3d-2")
+        assert buf.getvalue() == ""
+        compute_failed("users-own-task-1")  # a task that is not ours: logged as distributed logs it
+        compute_failed("tli-sweeping-x")  # not a key of ours (the prefix is "tli-sweep-")
+        log_error("distributed.worker", KeyError("k"), "Unexpected exception")  # any other worker error
+        lg.error("Compute Failed but without a key")  # no arguments: kept
+        out = buf.getvalue()
+        assert out.count("Compute Failed") == 3 and "Key:       users-own-task-1" in out
+        assert "Key:       tli-sweeping-x" in out and "KeyError: 'k'" in out
+        assert QuietTaskErrors("tli-sweep").name != QuietTaskErrors("tli-trajectory").name
+    finally:
+        lg.filters = before

@@ -189,10 +189,10 @@ def plan_sets(flagged: dict[int, list[int]], n_heads: int, n_controls: int, seed
     controls, fallback = matched_controls(flagged, n_heads, n_controls, seed)
     warning = None
     if n_controls and n_distinct < MIN_CONTROLS_FOR_P_005:
-        warning = (
-            f"only {n_distinct} distinct matched control set{'s' if n_distinct != 1 else ''} exist, so p >= "
-            f"{1 / (n_distinct + 1):.3g}: p <= 0.05 is impossible for this flagged set"
-        )
+        n_used = len(controls)  # the floor is that of the sets used (rank_p_value: 1 / (n_used + 1))
+        exist = f"only {n_distinct} distinct matched control set{'s' if n_distinct != 1 else ''} exist"
+        used = "" if n_used == n_distinct else f" and n_controls={n_controls} uses {n_used} of them"
+        warning = f"{exist}{used}, so p >= {1 / (n_used + 1):.3g}: p <= 0.05 is impossible for this flagged set"
     pairs = [(layer, h) for layer, hs in flagged.items() for h in hs]
     single_sets = [{layer: [h]} for layer, h in pairs] if singles else []
     return SetPlan(

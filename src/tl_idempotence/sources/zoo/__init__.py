@@ -71,7 +71,7 @@ The package, by job (each module imports only those above it):
 from __future__ import annotations
 
 from ...errors import ChecksumError, RegistryUnreachableError, UnknownModelError, ZooError
-from .cache import CACHE_ENV, MARKER, cache_dir, is_cached, verify
+from .cache import CACHE_ENV, MARKER, cache_dir, cache_folder_of, is_cached, verify
 from .folders import attention_dir, checkpoint_dir, fetch, files_dir, gguf_path
 from .loaders import SOURCE_FILES, load, model_from_dir, source
 from .registry import known_models, model_spec
@@ -86,6 +86,7 @@ __all__ = [
     "ZooError",
     "attention_dir",
     "cache_dir",
+    "cache_folder_of",
     "checkpoint_dir",
     "fetch",
     "files_dir",

@@ -16,7 +16,7 @@ from typing import Any
 
 from ...core.files import atomic_write_text, read_json, sha256_file
 from ...errors import CacheError, ChecksumError, ZooError
-from .registry import member_names, model_spec
+from .registry import known_models, member_names, model_spec
 
 __all__ = [
     "CACHE_ENV",
@@ -24,6 +24,7 @@ __all__ = [
     "MARKER_FORMAT",
     "building",
     "cache_dir",
+    "cache_folder_of",
     "cache_lock",
     "disk_error",
     "disk_guard",
@@ -71,6 +72,32 @@ def _repair(name: str) -> str:
         f"Run `tl-idempotence fetch --force {name}` (or tl_idempotence.models.fetch({name!r}, force=True)) "
         "to rebuild it."
     )
+
+
+def cache_folder_of(path: Any) -> Path | None:
+    """The zoo cache folder that ``path`` lies in or is, else None.
+
+    A zoo model's entry ``<cache>/<name>`` and its ``files/``, ``attention/`` and ``hf/`` folders are the
+    library's own: ``files/`` is a safetensors model's checkpoint folder (a new ``*.json`` there is read with
+    it), and ``fetch --force`` / a rebuild deletes them. An output written there is refused (the CLI's
+    ``--out``, ``--csv``, ``--resume``, ``sweep --out`` / ``--html``). Symbolic links are resolved; ``<name>``
+    must be a zoo model's name, so other files in a cache folder set by ``$TL_IDEMPOTENCE_CACHE`` are free.
+
+    Returns:
+        ``<cache>/<name>/<folder>`` for a path below it (``<cache>/<name>`` for the entry or a file directly in
+        it); None for anything else (also a path that is not ``str`` / ``os.PathLike`` or is empty).
+    """
+    if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
+        return None
+    root = Path(os.path.realpath(cache_dir()))
+    target = Path(os.path.realpath(Path(os.fspath(path)).expanduser()))
+    try:
+        parts = target.relative_to(root).parts
+    except ValueError:
+        return None
+    if not parts or parts[0] not in known_models():
+        return None
+    return root.joinpath(*parts[: max(1, min(2, len(parts) - 1))])
 
 
 def verify_files(d: Path, expected: dict[str, str], name: str, what: str) -> None:
