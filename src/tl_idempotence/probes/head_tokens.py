@@ -15,8 +15,8 @@ Computation (never a ``d_vocab²`` matrix): per kv head ``x = W_E[tokens] @ W_V`
 float64); per query head ``W_OU = W_O[h] @ W_U`` (``[d_head, d_vocab]``, float32), then per chunk of
 ``chunk`` source tokens the float32 logits ``x @ W_OU`` (``[chunk, d_vocab]``). The ranks are those of the
 float64 rows: each float32 logit carries a rigorous rounding bound (``γ_n = n u / (1 - n u)`` of the
-standard summation analysis, times ``Σ_k |x_k| ‖W_O[h]_k‖ ‖W_U[:, u]‖``); the logits that lie within their
-bound of the float64 self logit ``logit_t`` (a handful per row) are recomputed in float64 and compared
+standard summation analysis, times ``|x| @ |W_O[h]| @ |W_U|``, one more ``d_head``-sized product); the logits
+that lie within their bound of the float64 self logit ``logit_t`` are recomputed in float64 and compared
 exactly, so a rank never depends on float32 rounding. TF32 is switched off on CUDA while the products run.
 
 The leading singular directions of ``W_V[h] W_O[h]`` (``d_model x d_model``, rank ``<= d_head``) are
@@ -269,37 +269,40 @@ def _self_ranks(
     x64: torch.Tensor,
     W_O: torch.Tensor,
     W_U32: torch.Tensor,
-    U_tok64: torch.Tensor,
-    U_norm: torch.Tensor,
+    absU32: torch.Tensor,
+    U_rows32: torch.Tensor,
     tok: torch.Tensor,
     chunk: int,
-    get_U64: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(above, below)`` counts per source token of one head (module docstring), each ``[n_tokens]`` int64.
 
     ``x64``: ``[n, d_head]`` float64 ``W_E[tokens] @ W_V``; ``W_O``: ``[d_head, d_model]`` (float64);
-    ``W_U32``: ``[d_model, d_vocab]`` float32; ``U_tok64``: ``[d_model, n]`` float64 (W_U's columns of the tokens);
-    ``U_norm``: ``[d_vocab]`` float64 column norms; ``tok``: ``[n]`` ids; ``get_U64(ids)``: ``[d_model, m]``
-    float64 columns.
+    ``W_U32``: ``[d_model, d_vocab]`` float32, ``absU32`` its absolute values, ``U_rows32`` its transpose
+    ``[d_vocab, d_model]`` (rows: the float64 recount gathers them); ``tok``: ``[n]`` ids.
+
+    The bound: ``|fl(x32 @ fl(W_O32 @ W_U32)) - x @ W_O @ W_U| <= g · (|x| @ |W_O| @ |W_U|)`` elementwise with
+    ``g = 2 (γ_{d_head} + γ_{d_model} + 2u)`` (each product's standard bound plus the float32 casts; the factor 2
+    covers the rounding of the bound's own float32 product, whose terms are all non-negative).
     """
     d_head, d_model = W_O.shape
-    WOU = W_O.to(torch.float32) @ W_U32  # [d_head, d_vocab]
+    W_O32 = W_O.to(torch.float32)
+    WOU = W_O32 @ W_U32  # [d_head, d_vocab]
+    A = W_O32.abs() @ absU32  # [d_head, d_vocab]: |W_O| |W_U|
     y64 = x64 @ W_O  # [n, d_model]
-    L = (y64 * U_tok64.T).sum(-1)  # [n] float64 self logits
+    L = (y64 * U_rows32[tok].double()).sum(-1)  # [n] float64 self logits
     g = 2.0 * (_gamma(d_head) + _gamma(d_model) + 2 * _U32)
-    U_norm32 = U_norm.to(torch.float32) * (1 + 1e-6)
-    s = x64.abs() @ W_O.norm(dim=1)  # [n]: Σ_k |x_k| ‖W_O[k]‖
     above = torch.empty(len(tok), dtype=torch.long, device=x64.device)
     below = torch.empty_like(above)
     for a in range(0, len(tok), chunk):
         sl = slice(a, a + chunk)
-        logits = x64[sl].to(torch.float32) @ WOU  # [c, d_vocab] float32
+        x32 = x64[sl].to(torch.float32)
+        logits = x32 @ WOU  # [c, d_vocab] float32
         Lc = L[sl].to(torch.float32).unsqueeze(1)
         diff = logits - Lc
-        # |diff - (exact logit - L)| <= b: the products' bound, Lc's rounding and the subtraction's (+1e-6 relative
-        # for b's own float32 rounding, and a tiny absolute term)
-        b = (g * s[sl]).to(torch.float32).unsqueeze(1) * U_norm32.unsqueeze(0)
-        b = (b + (Lc.abs() + diff.abs()) * (2 * _U32)) * (1 + 1e-6) + 1e-30
+        # |diff - (exact logit - L)| <= b: the products' bound, Lc's rounding and the subtraction's (a row constant
+        # bounds |Lc| + |diff|), widened by 1e-6 relative for b's own rounding and a tiny absolute term
+        row = (Lc.abs() + diff.abs().amax(1, keepdim=True)) * (2 * _U32) + 1e-30
+        b = torch.addmm(row, x32.abs(), A, alpha=g * (1 + 1e-6))
         sure_up = diff > b
         sure_down = diff < -b
         rows = torch.arange(sure_up.shape[0], device=x64.device)
@@ -311,7 +314,7 @@ def _self_ranks(
         down = sure_down.sum(1)
         r, u = cand.nonzero(as_tuple=True)
         if len(r):
-            exact = (y64[sl][r] * get_U64(u).T).sum(-1)  # float64 logits of the close calls
+            exact = (y64[sl][r] * U_rows32[u].double()).sum(-1)  # float64 logits of the close calls
             Lr = L[sl][r]
             up = up.index_add(0, r, (exact > Lr).long())
             down = down.index_add(0, r, (exact < Lr).long())
@@ -461,11 +464,8 @@ def _compute(
     tok = torch.as_tensor(tok_ids, dtype=torch.long, device=dev)
     W_U32 = W_U.to(dev, torch.float32)
     E_tok64 = W_E[tok.to(W_E.device)].to(dev, torch.float64)  # [n, d_model]
-    U_tok64 = W_U32[:, tok].double()  # float32 -> float64 is exact (bf16/fp16 -> float32 too)
-    U_norm = torch.cat([W_U32[:, s : s + 8192].double().norm(dim=0) for s in range(0, d_vocab, 8192)])
-
-    def get_U64(ids: torch.Tensor) -> torch.Tensor:
-        return W_U32[:, ids].double()
+    absU32 = W_U32.abs()
+    U_rows32 = W_U32.T.contiguous()  # a view when W_U is W_Eᵀ of a tied model
 
     tokenizer = getattr(model, "tokenizer", None)
     rows, ranks = [], []
@@ -480,7 +480,7 @@ def _compute(
             if kv not in x_kv:
                 x_kv[kv] = E_tok64 @ V64[kv]
             W_O64 = lh.O[h].to(dev, torch.float64).T  # [d_head, d_model]
-            above, below = _self_ranks(x_kv[kv], W_O64, W_U32, U_tok64, U_norm, tok, chunk, get_U64)
+            above, below = _self_ranks(x_kv[kv], W_O64, W_U32, absU32, U_rows32, tok, chunk)
             r = (above.double() / (d_vocab - 1)).cpu().numpy()
             ranks.append(r)
             rd, sg, wr = _svd_directions(V64[kv], W_O64, n_directions)
