@@ -68,6 +68,10 @@ _EXPORTS: dict[str, str] = {
     "ablation": "tl_idempotence.probes.ablation",
     "HeadRoles": "tl_idempotence.probes.roles",
     "head_roles": "tl_idempotence.probes.roles",
+    "HeadTokens": "tl_idempotence.probes.head_tokens",
+    "head_tokens": "tl_idempotence.probes.head_tokens",
+    "AttendedTokenEffect": "tl_idempotence.probes.token_effect",
+    "attended_token_effect": "tl_idempotence.probes.token_effect",
     # report
     "IdempotenceReport": "tl_idempotence.report.report",
     "idempotence_report": "tl_idempotence.report.report",

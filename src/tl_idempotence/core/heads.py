@@ -34,6 +34,7 @@ __all__ = [
     "all_finite",
     "check_storage",
     "check_weights",
+    "combined_fingerprint",
     "kv_layout",
     "read_layer",
     "source_info",
@@ -335,6 +336,15 @@ class LayerHeads:
             for i in range(t.shape[0]):
                 h.update(block.copy_(t[i]).reshape(-1).view(torch.uint8).numpy().data)
         return h.hexdigest()
+
+
+def combined_fingerprint(layer_fingerprints: Any) -> str:
+    """sha256 over ``layer:fingerprint`` lines in layer order (pairs of layer and :meth:`LayerHeads.fingerprint`):
+    one key for all measured weights (a report's ``summary.weights_fingerprint``). Raises nothing of its own."""
+    h = hashlib.sha256()
+    for layer, fp in sorted(layer_fingerprints):
+        h.update(f"{int(layer)}:{fp}\n".encode())
+    return h.hexdigest()
 
 
 def source_info(src: Any) -> ModelInfo:

@@ -25,7 +25,16 @@ from .options import check_int, check_seed
 __all__ = ["TAGS", "embed_orthogonal", "haar_orthogonal", "head_generator", "layer_generator", "sign_fixed_qr"]
 
 #: Stream tags: two analyses never share a stream.
-TAGS = {"scramble": 1, "search": 2, "ablation": 3, "roles": 4, "circuit": 5, "association": 6}
+TAGS = {
+    "scramble": 1,
+    "search": 2,
+    "ablation": 3,
+    "roles": 4,
+    "circuit": 5,
+    "association": 6,
+    "head_tokens": 7,
+    "token_effect": 8,
+}
 
 
 def layer_generator(seed: int, layer: int | None, tag: str = "scramble", *extra: int) -> torch.Generator:

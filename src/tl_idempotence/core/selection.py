@@ -6,6 +6,7 @@ Imports no torch (pandas only inside :func:`head_labels`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,6 +14,8 @@ from ..errors import OptionError, OptionTypeError
 from .option_specs import check_int
 
 __all__ = ["head_label", "head_labels", "select_heads"]
+
+_LABEL = re.compile(r"L(\d+)H(\d+)")
 
 
 def head_label(layer: int, head: int) -> str:
@@ -28,15 +31,17 @@ def head_labels(layers: Iterable[Any], heads: Iterable[Any]) -> Any:
     return pd.Index([head_label(a, b) for a, b in zip(layers, heads)], name="label")
 
 
-def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[int]]:
+def select_heads(heads: Any, layers: list[int], n_heads: int, *, labels: bool = False) -> dict[int, list[int]]:
     """``{layer: sorted heads}`` from ``None`` (all), ``(layer, head)`` pairs or a DataFrame with
     ``layer``/``head`` columns (e.g. ``report.closed_heads``); duplicates are merged (head selection for
-    SPEC 5, 8 and the ablation).
+    SPEC 5, 8 and the ablation). With ``labels``, TransformerLens labels (``"L10H8"``, or one such string) are
+    accepted too (SPEC 12's probes).
 
     Args:
         heads: the selection.
         layers: the model's attention layers.
         n_heads: query heads per layer.
+        labels: accept ``"L10H8"`` labels as items.
 
     Raises:
         OptionTypeError: not pairs of integers / no layer, head columns.
@@ -49,6 +54,8 @@ def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[
             raise OptionTypeError(f"A heads DataFrame needs 'layer' and 'head' columns; got {list(heads.columns)}.")
         items = list(zip(heads["layer"], heads["head"]))
     else:
+        if labels and isinstance(heads, str):
+            heads = [heads]
         if isinstance(heads, (str, bytes)) or not isinstance(heads, Iterable):
             raise OptionTypeError(
                 "heads must be None, a DataFrame with layer/head columns, or (layer, head) pairs; got "
@@ -57,6 +64,11 @@ def select_heads(heads: Any, layers: list[int], n_heads: int) -> dict[int, list[
         items = list(heads)
     pairs: list[tuple[int, int]] = []
     for item in items:
+        if labels and isinstance(item, str):
+            m = _LABEL.fullmatch(item)
+            if not m:
+                raise OptionTypeError(f"heads: {item!r:.60} is not a head label like 'L10H8'.")
+            item = (int(m[1]), int(m[2]))
         try:
             if isinstance(item, (str, bytes)):
                 raise TypeError("a string is not a (layer, head) pair")

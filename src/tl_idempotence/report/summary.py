@@ -8,7 +8,6 @@ headline quantities for this model next to the paper's figures, as numbers.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import math
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,7 +23,7 @@ from ..analyses.base import Analysis
 from ..analyses.spec import AnalysisSpec, SummaryRecord, check_summary_field
 from ..core.files import package_code_sha256
 from ..core.frozen import frozen, thawed
-from ..core.heads import ModelInfo
+from ..core.heads import ModelInfo, combined_fingerprint
 from ..core.options import ReportOptions
 from ..errors import OptionError, OptionTypeError
 
@@ -76,14 +75,6 @@ def versions() -> dict[str, str | None]:
         "transformer_lens": v("transformer-lens"),
         "torch": str(torch.__version__),  # a plain str (torch's TorchVersion does not survive JSON as itself)
     }
-
-
-def combined_fingerprint(layer_fingerprints: Sequence[tuple[int, str]]) -> str:
-    """sha256 over ``layer:fingerprint`` lines in layer order: one key for all measured weights."""
-    h = hashlib.sha256()
-    for layer, fp in sorted(layer_fingerprints):
-        h.update(f"{int(layer)}:{fp}\n".encode())
-    return h.hexdigest()
 
 
 #: Fields shown by :meth:`ReportSummary.__repr__` (the rest: ``to_dict()``), read through the mapping view; the
