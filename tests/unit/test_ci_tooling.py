@@ -99,9 +99,7 @@ def test_drift_names_every_changed_entry_and_ignores_versions(monkeypatch):
     newer["_generated"] = {**newer["_generated"], "transformers": "99.0.0", "transformer_lens": "9.9.9"}
     tf = committed["_generated"]["transformers"]
     # a refusal quoting the library's version: the same text with another version is no drift
-    newer["refused"] = {
-        k: v.replace(f"transformers {tf}", "transformers 99.0.0") for k, v in newer["refused"].items()
-    }
+    newer["refused"] = {k: v.replace(f"transformers {tf}", "transformers 99.0.0") for k, v in newer["refused"].items()}
     assert any(f"transformers {tf}" in v for v in committed["refused"].values())
     assert derive.drift(committed, newer) == []
     # an entry that became a refusal (what transformers 5.25 did to falcon), a new entry, a changed layout

@@ -23,7 +23,7 @@ from .common import (
 
 
 def _looks_like_path(name: str) -> bool:
-    """A local path rather than a Hugging Face repo id (``org/name`` or ``name``)."""
+    """A local path rather than a Hugging Face repo id (``owner/name``)."""
     return (
         name.startswith(("/", ".", "~"))
         or name.count("/") > 1
@@ -33,9 +33,15 @@ def _looks_like_path(name: str) -> bool:
 
 
 def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
-    """``(kind, value)``: ("zoo", name), ("path", path) or ("hub", name). Usage errors exit 2."""
+    """``(kind, value)``: ("zoo", name), ("path", path) or ("hub", name). Usage errors exit 2.
+
+    A name that is neither an existing path, a zoo name nor a plausible hub id (``owner/name``,
+    :func:`~tl_idempotence.sources.names.is_hub_id`) exits 2 naming the nearest zoo models, before any network or
+    hub attempt; with the hub switched off (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``) a hub id that the local
+    Hugging Face cache does not hold fails in one line (exit 1), before transformers is imported.
+    """
     from ..errors import TLIError
-    from ..sources.names import resolve_name
+    from ..sources.names import hub_offline, in_hub_cache, is_hub_id, known_and_close, resolve_name
 
     name = args.model
     try:
@@ -45,8 +51,21 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     kind: str = named.kind
     value = str(named.value)
     if kind == "unknown":
+        zoo = ", ".join(zoo_names())
         if _looks_like_path(name):
-            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {', '.join(zoo_names())})")
+            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {known_and_close(name)})")
+        if not is_hub_id(name):
+            parser.error(
+                f"MODEL {name!r} is not a zoo model ({known_and_close(name)}), nor an existing file or folder, nor "
+                "a Hugging Face hub id (owner/name, e.g. HuggingFaceTB/SmolLM2-135M)"
+            )
+        offline = hub_offline()
+        if offline and not in_hub_cache(name):
+            raise Failure(
+                f"{name!r} is not a zoo model ({zoo}) nor an existing path, and {offline} is set and the local "
+                "Hugging Face cache does not hold it, so it cannot be read from the hub. Pass a local checkpoint "
+                "folder or .gguf file."
+            )
         kind = "hub"
     if kind == "path" and (args.processing != "raw" or args.cls != "bridge"):
         parser.error(
@@ -67,11 +86,8 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 
 def _hub_model(name: str, args: argparse.Namespace) -> Any:
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
-        raise Failure(
-            f"{name!r} is not a zoo model ({', '.join(zoo_names())}) nor an existing path, and HF_HUB_OFFLINE is set, "
-            "so it cannot be downloaded from the Hugging Face hub. Pass a local checkpoint folder or .gguf file."
-        )
+    """The hub model ``name`` (``TransformerBridge.boot_transformers``); a hub id that is not there fails in one
+    line. Only reached for a plausible hub id that the hub may serve (:func:`_resolve_model`)."""
     try:
         from transformer_lens.model_bridge import TransformerBridge
 
