@@ -66,3 +66,33 @@ def sphinx_roles_as_code(text: str) -> str:
     The docstrings keep their roles (the package's convention, read by ``help()``); the site shows code.
     """
     return SPHINX_ROLE.sub(lambda m: f"`{m.group(2).rsplit('.', 1)[-1] if m.group(1) else m.group(2)}`", text)
+
+
+#: A Google-style ``Raises:`` item whose exception name carries a parenthetical before its colon
+#: (``OutputOverInputError (an ``OptionError``): ...``): griffe takes all of it for the exception's name and the
+#: site prints it as it is, double backticks included.
+_RAISES_ITEM = re.compile(r"^(\s+)([A-Za-z_][\w.]*) \(([^()]*)\):(\s|$)")
+
+
+def raises_parentheticals_as_text(text: str) -> str:
+    """In the ``Raises:`` section of a Google-style docstring, ``Name (an ``Base``): why`` ->
+    ``Name: (an `Base`) why``: the exception's name alone is its type, the parenthetical goes to the description
+    (where Markdown renders its code spans). Other lines and sections are returned as they are."""
+    out: list[str] = []
+    indent: int | None = None  # the indentation of the "Raises:" header while inside that section
+    item: int | None = None  # the indentation of its items (a deeper line continues an item)
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        here = len(line) - len(line.lstrip())
+        if stripped == "Raises:":
+            indent, item = here, None
+        elif indent is not None and stripped and here <= indent:
+            indent = None  # the next section (or the end of the Raises block)
+        elif indent is not None and stripped:
+            item = here if item is None else item
+            m = _RAISES_ITEM.match(line) if here == item else None
+            if m:
+                note = m.group(3).replace("``", "`")
+                line = f"{m.group(1)}{m.group(2)}: ({note}){m.group(4)}{line[m.end() :]}"
+        out.append(line)
+    return "".join(out)

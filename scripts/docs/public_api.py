@@ -24,7 +24,7 @@ from typing import Any
 import griffe
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from exports import INIT, PACKAGE, public_names, sphinx_roles_as_code
+from exports import INIT, PACKAGE, public_names, raises_parentheticals_as_text, sphinx_roles_as_code
 
 __all__ = ["PACKAGE", "PublicExports", "public_names"]
 
@@ -69,8 +69,14 @@ def _report_options_markdown(option_specs: types.ModuleType, indent: str) -> str
 
 
 def _docstrings(obj: griffe.Object, option_specs: types.ModuleType) -> None:
+    if isinstance(obj, griffe.Function):
+        # griffe gives ``*args``/``**kwargs`` the defaults "()"/"{}", which the parameter tables would print as
+        # the default of a parameter that has none
+        for param in obj.parameters:
+            if param.kind in (griffe.ParameterKind.var_positional, griffe.ParameterKind.var_keyword):
+                param.default = None
     if obj.docstring is not None:
-        text = sphinx_roles_as_code(obj.docstring.value)
+        text = raises_parentheticals_as_text(sphinx_roles_as_code(obj.docstring.value))
         marker = option_specs.OPTIONS_DOC_MARKER
         if marker in text:  # what documents_options writes into __doc__ at import
             lines = text.splitlines()
@@ -85,7 +91,8 @@ def _docstrings(obj: griffe.Object, option_specs: types.ModuleType) -> None:
 
 
 class PublicExports(griffe.Extension):
-    """Adds every public name of ``tl_idempotence`` as an alias member of the package; roles as code."""
+    """Adds every public name of ``tl_idempotence`` as an alias member of the package; roles as code, a
+    ``Raises:`` item's parenthetical as text, no default shown for ``*args``/``**kwargs``."""
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         if pkg.name != PACKAGE:

@@ -77,6 +77,8 @@ def _text(nb) -> str:
 def test_quickstart(tmp_path, monkeypatch):
     nb = _run("01_quickstart.ipynb", tmp_path, monkeypatch, {})
     assert "n_closed" in _text(nb)
+    # only the library's figures here, and they render offline by themselves (_run checks): no set-up call
+    assert "use_offline_plotly" not in "".join(c.source for c in nb.cells)
 
 
 @pytest.mark.slow
@@ -102,6 +104,7 @@ def test_trajectories(tmp_path, monkeypatch, lineage_dir):
 def test_head_roles(tmp_path, monkeypatch, lineage_dir):
     """SmolLM2's association table and the lineage's induction heads: the notebook's words match its numbers."""
     nb = _run("05_head_roles.ipynb", tmp_path, monkeypatch, {"TLI_LINEAGE_DIR": str(lineage_dir)})
+    assert "use_offline_plotly" not in "".join(c.source for c in nb.cells)  # library figures need no set-up call
     text = _text(nb)
     assert "induction accuracy at step 200: 1.0" in text
     assert "same association: True | same table: True" in text

@@ -74,24 +74,62 @@ def test_bad_arguments_exit_2(argv, capsys):
 
 
 def test_unknown_model_exits_1_with_one_line(capsys, tmp_path, monkeypatch):
-    """A name that is neither a zoo model nor a path is tried on the Hugging Face hub; offline that fails in one
-    line."""
+    """A hub id (owner/name) that is neither a zoo model nor a path is tried on the Hugging Face hub; offline, and
+    not in the local Hugging Face cache, that fails in one line with no hub request."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hf-cache"))  # holds nothing
     out = tmp_path / "r.html"
-    assert cli.main(["report", "gpt-17", "--out", str(out)]) == 1
+    assert cli.main(["report", "some-org/gpt-17", "--out", str(out)]) == 1
     cap = capsys.readouterr()
     lines = cap.err.strip().splitlines()
     assert len(lines) == 1, cap.err
-    assert lines[0].startswith(
-        "tl-idempotence: error: 'gpt-17' is not a zoo model (gemma-3-270m, minilm-l6, smollm2-135m) nor an "
-        "existing path, and HF_HUB_OFFLINE is set"
+    assert lines[0] == (
+        "tl-idempotence: error: 'some-org/gpt-17' is not a zoo model (gemma-3-270m, minilm-l6, smollm2-135m) nor an "
+        "existing path, and HF_HUB_OFFLINE is set and the local Hugging Face cache does not hold it, so it cannot be "
+        "read from the hub. Pass a local checkpoint folder or .gguf file."
     )
     assert "Traceback" not in cap.err and cap.out == "" and not out.exists()
-    with pytest.raises(Exception, match="'gpt-17' is not a zoo model"):  # --debug: the real exception propagates
-        cli.main(["report", "gpt-17", "--debug", "--out", str(out)])
+    with pytest.raises(Exception, match="'some-org/gpt-17' is not a zoo model"):  # --debug: the exception propagates
+        cli.main(["report", "some-org/gpt-17", "--debug", "--out", str(out)])
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("TRANSFORMERS_OFFLINE", "yes")  # the other switch, spelled as huggingface_hub accepts it
+    assert cli.main(["report", "some-org/gpt-17", "--out", str(out)]) == 1
+    assert "and TRANSFORMERS_OFFLINE is set and the local Hugging Face cache" in capsys.readouterr().err
     # zoo:NAME is explicit: an unknown zoo name is a usage error (exit 2) listing the known ones
     assert _exit_code(["report", "zoo:gpt-17", "--out", str(out)]) == 2
     assert "Unknown zoo model 'gpt-17'. Known models: gemma-3-270m, minilm-l6, smollm2-135m" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("offline", [None, "1"])
+def test_a_mistyped_model_is_refused_with_the_nearest_zoo_name(offline, capsys, tmp_path, monkeypatch):
+    """Neither a path, a zoo name nor a hub id (owner/name): exit 2 naming the nearest zoo names, before transformers
+    or huggingface_hub is asked anything (the hub route is not reached: _hub_model would raise here)."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    monkeypatch.chdir(tmp_path)
+    from tl_idempotence.cli import report_command
+
+    def no_hub(*a, **k):
+        raise AssertionError("the hub was tried")
+
+    monkeypatch.setattr(report_command, "_hub_model", no_hub)
+    monkeypatch.setattr("tl_idempotence.sources.names.in_hub_cache", no_hub)
+    for name, hint in [
+        ("smollm2-13m", "; did you mean 'smollm2-135m'?)"),
+        ("SmolLM2-135M", "; did you mean 'smollm2-135m'?)"),  # case is folded for the hint
+        ("minilm_l6", "; did you mean 'minilm-l6'?)"),
+        ("gpt2", ")"),  # a bare hub short name: written in full (owner/name) to reach the hub
+        ("a--b/c", ")"),  # not a hub id the hub accepts
+    ]:
+        assert _exit_code(["report", name, "--out", "r.html"]) == 2, name
+        err = capsys.readouterr().err
+        assert (
+            f"error: MODEL {name!r} is not a zoo model (gemma-3-270m, minilm-l6, smollm2-135m{hint}, nor an existing "
+            "file or folder, nor a Hugging Face hub id (owner/name, e.g. HuggingFaceTB/SmolLM2-135M)"
+        ) in err, err
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_zoo_only_flags_on_a_path_exit_2(capsys, tmp_path):

@@ -99,6 +99,36 @@ def test_sphinx_roles_become_code_spans():
     assert f(plain) == plain
 
 
+def test_a_raises_parenthetical_leaves_the_exception_name():
+    """The site printed ``OutputOverInputError (an ``OptionError``)`` with its backticks as the exception's name
+    (issue 38); the parenthetical moves to the description, other sections keep theirs."""
+    f = exports.raises_parentheticals_as_text
+    doc = (
+        "Write it.\n\n    Args:\n        path (str): the file.\n\n    Raises:\n"
+        "        OutputOverInputError (an ``OptionError``): ``path`` is an input.\n"
+        "            OptionError (not an item): a continuation line.\n"
+        "        ReportFileError (a ``ValueError``):\n"
+        "        OptionError: empty.\n\n    Returns:\n        x (int): kept.\n"
+    )
+    assert f(doc) == (
+        "Write it.\n\n    Args:\n        path (str): the file.\n\n    Raises:\n"
+        "        OutputOverInputError: (an `OptionError`) ``path`` is an input.\n"
+        "            OptionError (not an item): a continuation line.\n"
+        "        ReportFileError: (a `ValueError`)\n"
+        "        OptionError: empty.\n\n    Returns:\n        x (int): kept.\n"
+    )
+    assert (
+        f("Raises:\n    E (x): y") == "Raises:\n    E: (x) y" and f("Args:\n    a (int): b") == "Args:\n    a (int): b"
+    )
+
+
+def test_constants_named_in_docstrings_carry_their_values():
+    from tl_idempotence.probes import roles
+
+    assert f"(2 .. MAX_TOKENS = {roles.MAX_TOKENS};" in (roles.head_roles.__doc__ or "")
+    assert f"(1 .. MAX_SEQUENCES = {roles.MAX_SEQUENCES})." in (roles.head_roles.__doc__ or "")
+
+
 @pytest.mark.parametrize(
     ("source", "message"),
     [

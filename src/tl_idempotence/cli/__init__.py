@@ -14,8 +14,10 @@ Commands::
     tl-idempotence sweep ITEM... --out DIR --collect           # read the array's reports back
 
 ``MODEL`` is a zoo name (default ``smollm2-135m``; ``zoo:NAME`` to be explicit), a path to a
-checkpoint directory or ``.gguf`` file, or any other name TransformerLens can load from the
-Hugging Face hub (raw weights, ``TransformerBridge.boot_transformers``) when the hub is reachable.
+checkpoint directory or ``.gguf`` file, or a Hugging Face hub id (``owner/name``) TransformerLens can load
+(raw weights, ``TransformerBridge.boot_transformers``) when the hub is reachable. Any other name exits 2
+naming the nearest zoo models, before any network request; with ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``
+set, a hub id that is not in the local Hugging Face cache fails in one line with no hub request.
 A zoo model is measured from its cached checkpoint files, streamed layer by layer (no model
 object, no transformer_lens import), unless the options need a TransformerLens model
 (``--processing tl``, ``--cls hooked``, ``--attention-text``, ``--roles``); the numbers are the same bit for bit.

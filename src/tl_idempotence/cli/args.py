@@ -66,10 +66,16 @@ def parse_layers(s: str) -> list[int]:
 
 
 def output_file(s: str) -> str:
-    """A file to write (``--out``, ``--csv``, ``--html``): not empty, not a folder, in a writable folder that exists."""
+    """A file to write (``--out``, ``--csv``, ``--html``): not empty, not a folder, in a writable folder that exists;
+    or a stream (``/dev/null``, ``/dev/stdout``, a named pipe: :func:`~tl_idempotence.core.files.is_stream`),
+    written in place whatever its folder."""
+    from ..core.files import is_stream
+
     if not s.strip():
         raise argparse.ArgumentTypeError("must not be empty; give a file name")
     p = Path(s).expanduser()
+    if is_stream(p):
+        return str(p)
     if p.is_dir():
         raise argparse.ArgumentTypeError(f"{s} is a folder; give a file name")
     parent = p.parent

@@ -61,12 +61,15 @@ def refuse_over_inputs(
             )
 
 
-def check_format(parser: argparse.ArgumentParser, path: str, formats: Sequence[str], flag: str) -> str:
-    """The registry's format of ``path`` among ``formats``; exit 2 naming the known extensions otherwise."""
+def check_format(
+    parser: argparse.ArgumentParser, path: str, formats: Sequence[str], flag: str, stream_format: str | None = None
+) -> str:
+    """The registry's format of ``path`` among ``formats`` (a stream without extension: ``stream_format``); exit 2
+    naming the known extensions otherwise."""
     from ..errors import OptionError
     from ..report.outputs import output_format
 
     try:
-        return output_format(path, formats, flag=flag).name
+        return output_format(path, formats, flag=flag, stream_format=stream_format).name
     except OptionError as e:
         parser.error(str(e))

@@ -130,8 +130,8 @@ def _add_report_command(sub: Any, known: str) -> None:
         default=DEFAULT_MODEL,
         metavar="MODEL",
         help=f"a zoo model ({known}; default {DEFAULT_MODEL}; zoo:NAME to be explicit), a path to a Hugging Face "
-        "checkpoint directory (config.json + *.safetensors) or a .gguf file, or a Hugging Face model name "
-        "TransformerLens can load (needs the hub)",
+        "checkpoint directory (config.json + *.safetensors) or a .gguf file, or a Hugging Face hub id (owner/name) "
+        "TransformerLens can load (needs the hub, or the model in the local Hugging Face cache)",
     )
     r.add_argument(
         "--out",

@@ -23,7 +23,7 @@ from .common import (
 
 
 def _looks_like_path(name: str) -> bool:
-    """A local path rather than a Hugging Face repo id (``org/name`` or ``name``)."""
+    """A local path rather than a Hugging Face repo id (``owner/name``)."""
     return (
         name.startswith(("/", ".", "~"))
         or name.count("/") > 1
@@ -33,9 +33,15 @@ def _looks_like_path(name: str) -> bool:
 
 
 def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
-    """``(kind, value)``: ("zoo", name), ("path", path) or ("hub", name). Usage errors exit 2."""
+    """``(kind, value)``: ("zoo", name), ("path", path) or ("hub", name). Usage errors exit 2.
+
+    A name that is neither an existing path, a zoo name nor a plausible hub id (``owner/name``,
+    :func:`~tl_idempotence.sources.names.is_hub_id`) exits 2 naming the nearest zoo models, before any network or
+    hub attempt; with the hub switched off (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``) a hub id that the local
+    Hugging Face cache does not hold fails in one line (exit 1), before transformers is imported.
+    """
     from ..errors import TLIError
-    from ..sources.names import resolve_name
+    from ..sources.names import hub_offline, in_hub_cache, is_hub_id, known_and_close, resolve_name
 
     name = args.model
     try:
@@ -45,8 +51,21 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     kind: str = named.kind
     value = str(named.value)
     if kind == "unknown":
+        zoo = ", ".join(zoo_names())
         if _looks_like_path(name):
-            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {', '.join(zoo_names())})")
+            parser.error(f"no such file or folder: {name!r} (and not a zoo model: {known_and_close(name)})")
+        if not is_hub_id(name):
+            parser.error(
+                f"MODEL {name!r} is not a zoo model ({known_and_close(name)}), nor an existing file or folder, nor "
+                "a Hugging Face hub id (owner/name, e.g. HuggingFaceTB/SmolLM2-135M)"
+            )
+        offline = hub_offline()
+        if offline and not in_hub_cache(name):
+            raise Failure(
+                f"{name!r} is not a zoo model ({zoo}) nor an existing path, and {offline} is set and the local "
+                "Hugging Face cache does not hold it, so it cannot be read from the hub. Pass a local checkpoint "
+                "folder or .gguf file."
+            )
         kind = "hub"
     if kind == "path" and (args.processing != "raw" or args.cls != "bridge"):
         parser.error(
@@ -67,11 +86,8 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 
 def _hub_model(name: str, args: argparse.Namespace) -> Any:
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes"):
-        raise Failure(
-            f"{name!r} is not a zoo model ({', '.join(zoo_names())}) nor an existing path, and HF_HUB_OFFLINE is set, "
-            "so it cannot be downloaded from the Hugging Face hub. Pass a local checkpoint folder or .gguf file."
-        )
+    """The hub model ``name`` (``TransformerBridge.boot_transformers``); a hub id that is not there fails in one
+    line. Only reached for a plausible hub id that the hub may serve (:func:`_resolve_model`)."""
     try:
         from transformer_lens.model_bridge import TransformerBridge
 
@@ -132,7 +148,12 @@ def _roles_text(roles: Any) -> str:
 
 
 def _same_file(a: str, b: str) -> bool:
+    """Whether ``--csv`` and ``--out`` name one regular file (two streams, ``/dev/null`` twice, may be one)."""
+    from ..core.files import is_stream
+
     pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    if is_stream(pa) or is_stream(pb):
+        return False
     if pa.exists() and pb.exists():
         return os.path.samefile(pa, pb)
     return pa.resolve() == pb.resolve()
@@ -164,16 +185,27 @@ def _page_path(args: argparse.Namespace) -> str | None:
 OUT_FORMATS = ("html", "json", "csv", "parquet")
 
 
-def _check_formats(parser: argparse.ArgumentParser, page: str | None, csv: str | None) -> str | None:
+def _out_stream_format(args: argparse.Namespace) -> str:
+    """The format ``--out`` is written as when it names a stream (``/dev/null``, ``/dev/stdout``, a named pipe: no
+    extension to choose by): the page, or the JSON export with ``--json``."""
+    return "json" if args.json else "html"
+
+
+def _check_formats(
+    parser: argparse.ArgumentParser, page: str | None, csv: str | None, out_stream: str = "html"
+) -> str | None:
     """Exit 2, before any work, when ``--out`` or ``--csv`` has an extension the registry does not write there
-    (names the known ones); returns the format of ``--out`` (None without a page)."""
+    (names the known ones); a stream is written as the flag implies (``--csv`` CSV, ``--out`` ``out_stream``).
+    Returns the format of ``--out`` (None without a page)."""
     if csv is not None:
-        check_format(parser, csv, ("csv",), "--csv")
-    return check_format(parser, page, OUT_FORMATS, "--out") if page is not None else None
+        check_format(parser, csv, ("csv",), "--csv", stream_format="csv")
+    return check_format(parser, page, OUT_FORMATS, "--out", stream_format=out_stream) if page is not None else None
 
 
 def _written(path: str, existed: bool) -> str:
-    return f"{path} (replaced the file that was there)" if existed else path
+    from ..core.files import is_stream
+
+    return f"{path} (replaced the file that was there)" if existed and not is_stream(path) else path
 
 
 def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -191,7 +223,7 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     reads = _model_inputs(kind, value)
     refuse_over_inputs(parser, [("--resume", args.resume)], reads)  # parts never go into the checkpoint
     refuse_over_inputs(parser, [("--out", page), ("--csv", args.csv)], [*reads, ("the resume folder", args.resume)])
-    page_format = _check_formats(parser, page, args.csv)
+    page_format = _check_formats(parser, page, args.csv, _out_stream_format(args))
     if args.attention_text is not None and page_format != "html":
         parser.error(f"--attention-text adds attention views to the HTML page: --out {page} is not a page (.html)")
     from ..core.options import check_device
@@ -234,11 +266,11 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         existed = os.path.lexists(page)
         view_model = model if needs_model or kind == "hub" else None
         out = report_output(rep, attention_text=args.attention_text, model=view_model, roles=roles)
-        write_output(out, page, OUT_FORMATS, flag="--out")
+        write_output(out, page, OUT_FORMATS, flag="--out", stream_format=_out_stream_format(args))
         wrote.append(_written(page, existed))
     if args.csv:
         existed = os.path.lexists(args.csv)
-        write_output(report_output(rep, roles=roles), args.csv, ("csv",), flag="--csv")
+        write_output(report_output(rep, roles=roles), args.csv, ("csv",), flag="--csv", stream_format="csv")
         wrote.append(_written(args.csv, existed))
     if args.json:
         print(summary_json(rep, roles))

@@ -2,7 +2,8 @@
 
 * :func:`sha256_file` — streamed hex sha256 (optionally of the first ``limit`` bytes).
 * :func:`atomic_write_bytes` / :func:`atomic_write_text` — write a temp file in the same
-  directory, ``fsync``, ``os.replace``: a file with its final name is always complete.
+  directory, ``fsync``, ``os.replace``: a file with its final name is always complete; a stream
+  (:func:`is_stream`: ``/dev/null``, ``/dev/stdout``, a named pipe) is written in place.
 * :func:`read_json` — parse a JSON file; an unreadable or malformed file raises the
   caller's error class with the file's name (never a bare ``JSONDecodeError``).
 * :func:`package_code_sha256` — sha256 of this package's own code and data files: what resumed
@@ -23,7 +24,9 @@ import functools
 import hashlib
 import json
 import os
+import re
 import stat
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -33,6 +36,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_work_folder",
+    "is_stream",
     "package_code_sha256",
     "read_json",
     "refuse_outputs_over_inputs",
@@ -243,14 +247,49 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# the names of this process's own streams, whatever they point to (a pipe, a terminal, a regular file)
+_OWN_STREAM = re.compile(r"/dev/(stdout|stderr|fd/[0-9]+)|/proc/(self|thread-self)/fd/[0-9]+")
+
+
+def is_stream(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` names a stream rather than a file to replace: an existing character device, FIFO or
+    socket (``/dev/null``, a terminal, a named pipe made by ``mkfifo``), or one of this process's own streams by
+    name (``/dev/stdout``, ``/dev/stderr``, ``/dev/fd/N``, ``/proc/self/fd/N``, whatever they point to). A
+    stream has no extension to choose a format and is written in place (:func:`atomic_write_bytes`). Symbolic
+    links are followed; a path that does not exist, a regular file or a folder is not a stream. Raises nothing.
+    """
+    try:
+        s = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    except (TypeError, ValueError):
+        return False
+    if _OWN_STREAM.fullmatch(s):
+        return True
+    try:
+        mode = os.stat(s).st_mode
+    except (OSError, ValueError):
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same directory + fsync + ``os.replace``).
 
     Returns the path. A killed writer leaves at most a ``*.tmp<pid>-<random>`` file, never a partial
     file under the final name. The temporary name is unique per call (the pid alone is not: processes
     on two machines, or in two containers, writing one file on a shared filesystem can share a pid).
+
+    A stream (:func:`is_stream`: ``/dev/null``, ``/dev/stdout``, a named pipe) is not replaced but written in
+    place, opened for appending (``/dev/stdout`` redirected to a file keeps what this process printed
+    before; ``sys.stdout`` is flushed first so the order holds). ``BrokenPipeError`` (the reader went
+    away, ``| head``) propagates.
     """
     p = Path(path)
+    if is_stream(p):
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        with open(p, "ab") as f:
+            f.write(data)
+        return p
     tmp = p.with_name(f"{p.name}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "wb") as f:

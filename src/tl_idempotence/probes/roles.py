@@ -318,9 +318,9 @@ def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, see
 
     Args:
         model: a TransformerLens model (HookedTransformer or TransformerBridge; GQA/MQA: one row per query head).
-        n_tokens: the length of the random block ``x`` of each ``BOS x x`` sequence (2 .. MAX_TOKENS;
+        n_tokens: the length of the random block ``x`` of each ``BOS x x`` sequence (2 .. MAX_TOKENS = 16384;
             ``1 + 2 n_tokens`` must be below ``n_ctx``).
-        n_sequences: how many seeded sequences the attention scores average over (1 .. MAX_SEQUENCES).
+        n_sequences: how many seeded sequences the attention scores average over (1 .. MAX_SEQUENCES = 4096).
         seed: the seed of the random tokens.
 
     Returns:

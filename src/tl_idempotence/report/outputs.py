@@ -23,6 +23,9 @@ which checks in this order, before anything is rendered:
 2. that it is not (nor links to) a file or folder the result was read from
    (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`);
 3. its format, by extension, among those the caller allows (an unknown one is refused naming the known ones);
+   a stream (:func:`~tl_idempotence.core.files.is_stream`: ``/dev/null``, ``/dev/stdout``, a named pipe) has
+   no extension to read: it is written as the caller's ``stream_format`` (the CLI: ``--csv`` a CSV table,
+   ``--out`` the page, or the JSON export with ``--json``), or as the one file format allowed;
 4. for a file: that it is not a folder and that its folder exists;
 
 then renders what the format needs and writes it atomically (:func:`~tl_idempotence.core.files.atomic_write_bytes`:
@@ -45,7 +48,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..core.files import atomic_write_bytes, refuse_outputs_over_inputs
+from ..core.files import atomic_write_bytes, is_stream, refuse_outputs_over_inputs
 from ..core.jsonio import EXPORT, json_text
 from ..errors import OptionError, OptionTypeError
 
@@ -151,16 +154,24 @@ def known_formats_text(formats: Sequence[OutputFormat]) -> str:
 
 
 def output_format(
-    path: str | os.PathLike[str], formats: Sequence[str] | None = None, *, flag: str = "path", out: Output | None = None
+    path: str | os.PathLike[str],
+    formats: Sequence[str] | None = None,
+    *,
+    flag: str = "path",
+    out: Output | None = None,
+    stream_format: str | None = None,
 ) -> OutputFormat:
     """The format ``path`` chooses among ``formats`` (default: every one ``out`` offers, or all).
 
-    A known extension chooses its format. The folder format is chosen by a path without extension or an
+    A known extension chooses its format. A stream (:func:`~tl_idempotence.core.files.is_stream`:
+    ``/dev/null``, ``/dev/stdout``, a named pipe) without one is ``stream_format`` when that is allowed, else the
+    one file format allowed (never the folder). The folder format is chosen by a path without extension or an
     existing folder, or by any path when it is the only format allowed (``rep.save(path)`` writes a folder
     whatever its name).
 
     Raises:
-        OptionError: an extension none of the allowed formats has (names the known ones).
+        OptionError: an extension none of the allowed formats has (names the known ones); a stream when
+            several file formats are allowed and ``stream_format`` is not one of them.
     """
     allowed = _offered(out, formats)
     p = Path(path).expanduser()
@@ -169,6 +180,15 @@ def output_format(
     for f in files:
         if suffix in f.suffixes:
             return f
+    if files and is_stream(p):
+        chosen = [f for f in files if f.name == stream_format] or (files if len(files) == 1 else [])
+        if chosen:
+            return chosen[0]
+        what = f"the {out.what} " if out is not None else ""
+        raise OptionError(
+            f"{flag} {os.fspath(path)} is a stream (a device or a pipe) with no extension to choose among "
+            f"{known_formats_text(files)} for {what or 'it'}; write to a file name with one of these."
+        )
     folder = _BY_NAME[FOLDER] if _BY_NAME[FOLDER] in allowed else None
     if folder is not None and (not files or not suffix or p.is_dir()):
         return folder
@@ -197,6 +217,7 @@ def write_output(
     flag: str = "path",
     overwrite: bool = False,
     replace_files: bool = True,
+    stream_format: str | None = None,
 ) -> Path:
     """Write ``out`` to ``path`` in the format its extension chooses among ``formats`` (module docstring).
 
@@ -208,6 +229,9 @@ def write_output(
         overwrite: for the folder format, replace an earlier saved report there.
         replace_files: replace an existing file (the pages of ``save_html`` and the CLI's ``--out``/``--csv``/
             ``--json`` do); ``export(path, overwrite=False)`` passes False, so an existing file is refused.
+        stream_format: the format a stream without extension is written as (:func:`output_format`; the CLI's
+            ``--csv`` passes ``"csv"``); a stream is written in place, never replaced (``replace_files`` does
+            not apply to it).
 
     Returns:
         The path written.
@@ -235,7 +259,7 @@ def write_output(
     p = Path(path).expanduser()
     if p.is_dir() and _BY_NAME[FOLDER] not in allowed:
         raise OptionError(f"Cannot write the {_label(out, None, allowed)} to {p}: it is a folder; give a file name.")
-    fmt = output_format(path, [f.name for f in allowed], flag=flag, out=out)
+    fmt = output_format(path, [f.name for f in allowed], flag=flag, out=out, stream_format=stream_format)
     if fmt.name == FOLDER:
         assert out.folder is not None
         return out.folder(p, overwrite)
@@ -252,11 +276,13 @@ def write_output(
         raise OptionError(f"Cannot write the {label} to {p}: it is a folder; give a file name.")
     if not p.parent.exists():
         raise OptionError(f"Cannot write the {label} to {p}: the folder {p.parent} does not exist.")
-    if not replace_files and (p.exists() or p.is_symlink()):
+    if not replace_files and not is_stream(p) and (p.exists() or p.is_symlink()):
         raise OptionError(f"Cannot write the {label} to {p}: the file exists; pass overwrite=True to replace it.")
     assert fmt.write is not None
     try:
         fmt.write(out, p)
+    except BrokenPipeError:  # a stream's reader went away (| head): the caller's to handle, not a bad path
+        raise
     except OSError as e:
         raise OptionError(f"Cannot write the {label} to {p}: {e.strerror or e}.") from e
     return p

@@ -9,7 +9,12 @@ The rule (docs/api.md, "What a name means"):
 * a ``str`` that is both a zoo model name and an existing path is refused as ambiguous (write
   ``zoo:NAME`` for the model, ``./NAME`` or ``pathlib.Path(NAME)`` for the folder) — never guessed;
 * otherwise an existing path is a path, a zoo name is the zoo model, and anything else is
-  *unknown* (the caller decides: a missing path, or on the CLI a Hugging Face hub name).
+  *unknown* (the caller decides: the API refuses it as a missing path; the CLI tries it on the Hugging Face
+  hub only when it is a plausible hub id, ``owner/name`` (:func:`is_hub_id`), and the hub is not switched
+  off (:func:`hub_offline`) or the model is in the local Hugging Face cache (:func:`in_hub_cache`)).
+
+A name that is none of these is refused with the nearest zoo names (:func:`close_zoo_names`), before any
+network or hub attempt.
 
 A ``.safetensors`` or ``config.json`` file inside a checkpoint folder names that folder's checkpoint:
 its label is the folder's name on every route (a ``.gguf`` file is its own checkpoint, labelled by
@@ -18,7 +23,9 @@ its name without the suffix).
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,6 +37,11 @@ __all__ = [
     "ZOO_PREFIX",
     "Named",
     "checkpoint_of",
+    "close_zoo_names",
+    "hub_offline",
+    "in_hub_cache",
+    "is_hub_id",
+    "known_and_close",
     "missing_path_error",
     "named_inputs",
     "path_label",
@@ -39,6 +51,12 @@ __all__ = [
 #: Written before a zoo name to name the zoo model whatever folders exist (``"zoo:smollm2-135m"``).
 ZOO_PREFIX = "zoo:"
 _CHECKPOINT_FILES = (".safetensors", ".json")
+# A Hugging Face hub repo id as the hub accepts it: "owner/name", each part letters, digits, "-", "_", "."
+# (not first), at most 96 characters; "--" and ".." are not allowed (huggingface_hub.utils.validate_repo_id).
+_HUB_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}"
+_HUB_ID = re.compile(rf"{_HUB_PART}/{_HUB_PART}")
+_PATH_SUFFIXES = (".gguf", ".safetensors", ".json", ".bin", ".pt", ".pth")
+_TRUE = ("1", "on", "yes", "true")
 
 
 @dataclass(frozen=True)
@@ -89,11 +107,75 @@ def resolve_name(name: str | os.PathLike[str], where: str = "model") -> Named:
     raise OptionTypeError(f"{where} must be a str or a path; got {type(name).__name__}.")
 
 
+def close_zoo_names(name: str, n: int = 3) -> list[str]:
+    """The zoo model names nearest to ``name`` (``difflib``, case-folded, at most ``n``, best first; ``[]`` when
+    none is close): ``close_zoo_names("smollm2-13m") == ["smollm2-135m"]``. A ``"zoo:"`` prefix is ignored.
+    Reads no file but the package's registry; raises nothing."""
+    s = str(name)
+    s = s[len(ZOO_PREFIX) :] if s.startswith(ZOO_PREFIX) else s
+    s = s.rsplit("/", 1)[-1].lower()  # "HuggingFaceTB/SmolLM2-135" -> "smollm2-135"
+    by_lower = {m.lower(): m for m in known_models()}
+    return [by_lower[m] for m in difflib.get_close_matches(s, list(by_lower), n=n, cutoff=0.6)]
+
+
+def known_and_close(name: str) -> str:
+    """The zoo names for a message about ``name``: ``"gemma-3-270m, minilm-l6, smollm2-135m; did you mean
+    'smollm2-135m'?"`` (every known name, then the nearest, :func:`close_zoo_names`, when one is close). Raises
+    nothing."""
+    close = close_zoo_names(name)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return ", ".join(known_models()) + hint
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` is a plausible Hugging Face hub model id, ``owner/name`` (``"HuggingFaceTB/SmolLM2-135M"``):
+    exactly one ``/``, each part of letters, digits, ``-``, ``_`` and ``.`` (not first, no ``--`` or ``..``,
+    at most 96 characters), not a file name (``.gguf``, ``.safetensors``, ``.json``, ``.bin``, ``.pt``).
+    A bare name (``"gpt2"``) is not one: the hub's own short names are written in full
+    (``"openai-community/gpt2"``), so a mistyped zoo name is never sent to the network. Raises nothing."""
+    return (
+        isinstance(name, str)
+        and _HUB_ID.fullmatch(name) is not None
+        and "--" not in name
+        and ".." not in name
+        and not name.lower().endswith(_PATH_SUFFIXES)
+    )
+
+
+def hub_offline() -> str | None:
+    """The environment variable that switches the Hugging Face hub off in this process, ``"HF_HUB_OFFLINE"`` or
+    ``"TRANSFORMERS_OFFLINE"`` (set to 1/on/yes/true, case-insensitive, as huggingface_hub reads them), else
+    ``None``. Raises nothing."""
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(var, "").strip().lower() in _TRUE:
+            return var
+    return None
+
+
+def in_hub_cache(repo_id: str, cache_dir: str | os.PathLike[str] | None = None) -> bool:
+    """Whether the local Hugging Face cache (``cache_dir``, default huggingface_hub's ``HF_HUB_CACHE``) holds a
+    snapshot of model ``repo_id`` with its ``config.json`` (``huggingface_hub.try_to_load_from_cache``: reads the
+    cache folder, never the network). ``False`` when huggingface_hub is not installed, the cache cannot be read or
+    ``repo_id`` is not a hub id (:func:`is_hub_id`). Raises nothing."""
+    if not is_hub_id(repo_id):
+        return False
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - transformers brings it
+        return False
+    try:
+        hit = try_to_load_from_cache(repo_id, "config.json", cache_dir=None if cache_dir is None else Path(cache_dir))
+    except (OSError, ValueError):  # a cache folder that cannot be read is not a cached model
+        return False
+    return isinstance(hit, str) and os.path.isfile(hit)
+
+
 def missing_path_error(name: object, where: str = "model") -> MissingFileError:
-    """The error for a name that is neither an existing path nor a zoo model (the same text on every route)."""
+    """The error for a name that is neither an existing path nor a zoo model (the same text on every route):
+    names the nearest zoo models (:func:`close_zoo_names`) and every known one."""
     return MissingFileError(
         f"{where}: {str(name)!r} is not an existing file or folder, nor a zoo model name "
-        f"({', '.join(known_models())}); nothing is downloaded for paths."
+        f"({known_and_close(str(name))}); nothing is downloaded for paths."
     )
 
 

@@ -653,7 +653,8 @@ def roles_figure(assoc: Any) -> go.Figure:
     Closed heads (P >= the report's threshold) are red diamonds, the others grey dots; the threshold is a dotted
     vertical line; each panel's title gives the role's Spearman ρ with P and its BH q-value (the association table).
     Hover: the head's label, P (never rounded across the threshold), α and the score. Heads with a NaN P or score
-    are left out (the association counts them out too; ``assoc.association["n"]``).
+    are left out (the association counts them out too; ``assoc.association["n"]``). Each panel's title names its
+    score (the y axis) on one line and ρ, q on a second, so titles of neighbouring panels do not overlap.
 
     Args:
         assoc: a :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table`` with ``P``, ``alpha``,
@@ -680,8 +681,11 @@ def roles_figure(assoc: Any) -> go.Figure:
         row = association.loc[r] if r in association.index else None
         rho = float(row["spearman_rho"]) if row is not None else math.nan
         q = float(row["spearman_q"]) if row is not None else math.nan
-        titles.append(f"{r}: ρ = {rho:.2f}, q = {q:.2g}" if math.isfinite(rho) else f"{r}: ρ undefined")
-    fig = make_subplots(rows=1, cols=len(roles), subplot_titles=titles, horizontal_spacing=0.06)
+        # two short lines (what the panel's y is; ρ and q), so that neighbouring panels' titles never overlap
+        stats = f"ρ = {rho:.2f}, q = {q:.2g}" if math.isfinite(rho) else "ρ undefined"
+        titles.append(f"{ROLE_PANELS[r]}<br>{stats}")
+    fig = make_subplots(rows=1, cols=len(roles), subplot_titles=titles, horizontal_spacing=0.07)
+    fig.update_annotations(font={"size": 12})  # the subplot titles (the only annotations here)
     for i, r in enumerate(roles, start=1):
         ok = table["P"].notna() & table[r].notna()
         for closed, name, marker in (
@@ -709,12 +713,16 @@ def roles_figure(assoc: Any) -> go.Figure:
             )
         fig.add_vline(x=t, line={"color": "#e8175d", "width": 1, "dash": "dot"}, row=1, col=i)
         fig.update_xaxes(title_text="P", range=[0, 1.02], row=1, col=i)
-        fig.update_yaxes(title_text=ROLE_PANELS[r], row=1, col=i)
     name = plot_text(str(assoc.summary.get("model_name", "model")))
     fig.update_layout(
-        title={"text": f"What the closed heads do: head roles against P, {name} ({int(table['closed'].sum())} closed)"},
-        height=380,
-        legend={"orientation": "h", "y": -0.22},
+        title={
+            "text": f"What the closed heads do: head roles against P, {name} ({int(table['closed'].sum())} closed)",
+            "y": 0.97,
+            "yanchor": "top",
+        },
+        height=420,
+        margin={"t": 120, "l": 50, "r": 30},  # room for the title above the two-line panel titles
+        legend={"orientation": "h", "y": -0.2},
         template="plotly_white",
     )
     return fig

@@ -14,6 +14,7 @@ import pytest
 import tl_idempotence as tli
 from tl_idempotence.errors import OptionError, OptionTypeError
 from tl_idempotence.testing import bridge_from_dir
+from tl_idempotence.views.figures import ROLE_PANELS
 from tl_idempotence.views.page import roles_section_tables
 
 pytestmark = pytest.mark.bridge
@@ -41,8 +42,11 @@ def test_figure_panels_hold_the_table(rep_and_roles):
         np.testing.assert_array_equal(c.y, closed[role].to_numpy())
         np.testing.assert_array_equal(o.y, other[role].to_numpy())
         assert c.marker.symbol == "diamond" and c.text[0].startswith(closed.index[0] + ": P = ")
-        rho = assoc.association.loc[role, "spearman_rho"]
-        assert fig.layout.annotations[i].text.startswith(f"{role}: ρ = {rho:.2f}")
+        rho, q = assoc.association.loc[role, ["spearman_rho", "spearman_q"]]
+        # two short lines (the score, then ρ and q): four panels' titles side by side never overlap (issue 38)
+        assert fig.layout.annotations[i].text == f"{ROLE_PANELS[role]}<br>ρ = {rho:.2f}, q = {q:.2g}"
+        assert all(len(line) <= 30 for line in fig.layout.annotations[i].text.split("<br>"))
+    assert fig.layout.annotations[0].font.size == 12 and fig.layout.margin.t >= 100  # room above the titles
     vlines = [s for s in fig.layout.shapes if s.type == "line"]
     assert len(vlines) == len(ROLES4) and all(s.x0 == 0.9 for s in vlines)
 

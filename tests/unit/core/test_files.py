@@ -104,3 +104,23 @@ def test_the_first_output_over_an_input_is_named(ck):
         refuse_outputs_over_inputs(
             [("--out", ck.parent / "fine.html"), ("--csv", ck / "config.json")], [("the checkpoint", ck)]
         )
+
+
+def test_what_a_stream_is(tmp_path: Path):
+    """is_stream: what is written in place with the format its flag implies (issue 38), never replaced."""
+    from tl_idempotence.core.files import atomic_write_bytes, is_stream
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    (tmp_path / "f.csv").write_text("x")
+    os.symlink("/dev/null", tmp_path / "null-link")
+    for p in ["/dev/null", "/dev/stdout", "/dev/stderr", "/dev/fd/1", "/proc/self/fd/2", fifo, tmp_path / "null-link"]:
+        assert is_stream(p), p
+    for p in [tmp_path / "f.csv", tmp_path, tmp_path / "missing", "/dev/shm/not-there.csv", "", "/dev"]:
+        assert not is_stream(p), p
+    assert atomic_write_bytes("/dev/null", b"gone") == Path("/dev/null")
+    assert os.stat("/dev/null").st_size == 0 and sorted(x.name for x in tmp_path.iterdir()) == [
+        "f.csv",
+        "null-link",
+        "pipe",
+    ]

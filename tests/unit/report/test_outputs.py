@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -313,3 +314,52 @@ def test_a_path_ending_in_a_separator_names_a_folder_and_no_file_is_written(rep,
     assert list(tmp_path.iterdir()) == []  # nothing written
     folder = Path(rep.export(str(tmp_path / "saved") + "/"))  # the save format: a folder, as the slash says
     assert folder.is_dir() and (folder / "report.json").is_file()
+
+
+def _read_fifo(path: Path) -> tuple[threading.Thread, list[bytes]]:
+    """A reader of the named pipe ``path`` in a thread (a FIFO's writer blocks until a reader opens it)."""
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(path, "rb") as f:
+            got.append(f.read())
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    return t, got
+
+
+def test_streams_are_written_as_the_format_the_caller_implies(rep, tmp_path):
+    """/dev/null, /dev/stdout and a named pipe have no extension: issue 38 (they were refused since 0.3)."""
+    page = Output("thing", page=lambda: "<p>x</p>", table=lambda: pd.DataFrame({"a": [1, 2]}))
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    t, got = _read_fifo(fifo)
+    assert write_output(page, fifo, stream_format="csv") == fifo
+    t.join(10)
+    assert got == [b"a\n1\n2\n"] and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # written in place
+    t, got = _read_fifo(fifo)
+    write_output(page, fifo, stream_format="html")
+    t.join(10)
+    assert got == [b"<p>x</p>"]
+    t, got = _read_fifo(fifo)
+    write_output(page, fifo, ["html"])  # one file format allowed: that one, no stream_format needed
+    t.join(10)
+    assert got == [b"<p>x</p>"]
+    with pytest.raises(OptionError, match=r"is a stream \(a device or a pipe\) with no extension to choose among"):
+        write_output(page, "/dev/null")  # two formats and no stream_format: refused, never guessed
+    assert output_format("/dev/null", ["html", "csv"], stream_format="csv").name == "csv"
+    assert output_format("/dev/stdout", ["html", "json"], stream_format="json").name == "json"
+    # the API writers: save_html writes one format, so a stream is its page; export chooses by extension, and a
+    # stream has none: refused naming the formats (never guessed)
+    assert rep.save_html("/dev/null") == "/dev/null"
+    t, got = _read_fifo(fifo)
+    rep.save_html(fifo)
+    t.join(10)
+    assert got and got[0].startswith(b"<!DOCTYPE html>") and b"L0H0" in got[0]
+    with pytest.raises(OptionError, match=r"path /dev/null is a stream .* \.json \(JSON export\)"):
+        rep.export("/dev/null")
+    # a regular file keeps the extension check
+    with pytest.raises(OptionError, match="has no extension"):
+        write_output(page, tmp_path / "plain", stream_format="csv")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]

