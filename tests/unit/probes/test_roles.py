@@ -97,7 +97,7 @@ def test_copying_over_several_vocabulary_chunks(bridge, dense_copying_all, monke
     import tl_idempotence.probes.roles as roles_mod
 
     monkeypatch.setattr(roles_mod, "VOCAB_CHUNK", chunk)
-    table, _ = roles_mod.copying_scores(bridge)
+    table, _info, _fingerprints = roles_mod.copying_scores(bridge)
     got = {(int(r.layer), int(r.head)): float(r.copying) for r in table.itertuples()}
     assert got.keys() == dense_copying_all.keys()
     for k, want in dense_copying_all.items():
