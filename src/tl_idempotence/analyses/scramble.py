@@ -25,12 +25,13 @@ on the CPU generator (so the draws are the same on every device).
 
 Per head (report columns): ``P_scrambled_median``, ``P_scrambled_q95``, ``p_value``
 ``= (1 + #{P~ >= P}) / (n + 1)``, ``beats_scramble`` (``P > P_scrambled_median``),
-``n_scramble_draws``, ``frac_scrambled_closed``, ``scramble_effect`` (:func:`scramble_effect`), ``scramble_reason``.
-The p-value tests "trained orientation vs Haar-scrambled orientation with the same spectra", not "closed" (P >= the
-threshold is closure; almost every trained head beats its scramble, paper: 98.64 %), and with n draws it cannot go
-below ``1/(n + 1)``; ``scramble_effect = log10(P / P_scrambled_median)`` ranks heads within that floor. Across every measured head of a report
-(:func:`bh_q_values`, added by the report's assembly, not per layer): ``q_value``, the Benjamini-Hochberg
-q-value of ``p_value`` (NaN where ``p_value`` is NaN: the head's ``scramble_reason`` says why).
+``n_scramble_draws``, ``frac_scrambled_closed``, ``scramble_effect`` (:func:`scramble_effect`),
+``scramble_reason``. The p-value tests "trained orientation vs Haar-scrambled orientation with the same spectra",
+not "closed" (P >= the threshold is closure; almost every trained head beats its scramble, paper: 98.64 %), and with
+n draws it cannot go below ``1/(n + 1)``; ``scramble_effect = log10(P / P_scrambled_median)`` ranks heads within
+that floor. Across every measured head of a report (:func:`bh_q_values`, added by the report's assembly, not per
+layer): ``q_value``, the Benjamini-Hochberg q-value of ``p_value`` (NaN where ``p_value`` is NaN: the head's
+``scramble_reason`` says why).
 """
 
 from __future__ import annotations

@@ -577,7 +577,8 @@ def test_scramble_effect_saves_and_loads_and_an_edited_one_is_refused(saved, ori
     rewrite(saved, tables={"heads": x})
     assert refused(saved) == (
         f"{saved / 'heads.parquet'}: column 'scramble_effect' is not log10(P / P_scrambled_median) at "
-        f"L{h['layer'].iloc[2]}H{h['head'].iloc[2]} (first of 1 head): the tables and the record do not belong together."
+        f"L{h['layer'].iloc[2]}H{h['head'].iloc[2]} (first of 1 head): the tables and the record do not belong "
+        "together."
     )
     rewrite(saved, tables={"heads": h.drop(columns="P_scrambled_median")})
     assert refused(saved).startswith(
