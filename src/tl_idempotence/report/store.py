@@ -465,7 +465,7 @@ def _check_head_elements(
     (:func:`~tl_idempotence.core.heads.kv_layout` of ``n_heads``/``n_kv_heads``, or the record's stated
     :data:`KV_MAP` for a layer that reads its kv heads otherwise); ``q_value`` is Benjamini-Hochberg of the stored
     ``p_value`` (:func:`~tl_idempotence.analyses.scramble.bh_q_values`), exactly (NaN where p is NaN);
-    ``scramble_effect`` (added in 0.4; a record saved before lacks it and it stays absent) is
+    ``scramble_effect`` (added in 0.3.0; a record saved by an earlier version lacks it and it stays absent) is
     ``log10(P / P_scrambled_median)`` (:func:`~tl_idempotence.analyses.scramble.scramble_effect`), exactly.
 
     Raises:
@@ -540,7 +540,7 @@ def _check_head_elements(
                 f"{where}: column 'q_value' is not Benjamini-Hochberg of its 'p_value' column at "
                 f"{_first_head(heads, bad)}: the tables and the record do not belong together."
             )
-    if "scramble_effect" in heads.columns:  # absent in a record saved before 0.4: it stays absent (never filled)
+    if "scramble_effect" in heads.columns:  # absent in an earlier version's record: stays absent
         if not {"P", "P_scrambled_median"} <= set(heads.columns):
             raise ReportFileError(
                 f"{where}: column 'scramble_effect' without the 'P' and 'P_scrambled_median' it is derived from."

@@ -83,7 +83,7 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
         out["scramble p-value"] = [f"{v:.3g}" for v in df["p_value"]]
         if "q_value" in df.columns:
             out["BH q-value"] = [f"{v:.3g}" for v in df["q_value"]]
-        if "scramble_effect" in df.columns:  # absent in a report saved before 0.4
+        if "scramble_effect" in df.columns:  # absent in a report saved by a version before it
             out["scramble effect (log10 P / null median)"] = [format_sig(v, None, sig=3) for v in df["scramble_effect"]]
     if "P_searched" in df.columns:
         out["searched P"] = [format_P(v, t) for v in df["P_searched"]]

@@ -587,8 +587,8 @@ def test_scramble_effect_saves_and_loads_and_an_edited_one_is_refused(saved, ori
 
 
 def test_a_record_saved_before_the_scramble_effect_loads_without_it(saved):
-    """A 0.3 record (no scramble_effect column) loads; the column is absent, never filled with a made-up number,
-    and the displays that read it say nothing of it."""
+    """A record of an earlier version (no scramble_effect column) loads; the column is absent, never filled with a
+    made-up number, and the displays that read it say nothing of it."""
     rewrite(saved, tables={"heads": _heads(saved).drop(columns="scramble_effect")})
     rep = tli.load_report(saved)
     assert "scramble_effect" not in rep.heads.columns and "p_value" in rep.heads.columns
