@@ -25,9 +25,13 @@ on the CPU generator (so the draws are the same on every device).
 
 Per head (report columns): ``P_scrambled_median``, ``P_scrambled_q95``, ``p_value``
 ``= (1 + #{P~ >= P}) / (n + 1)``, ``beats_scramble`` (``P > P_scrambled_median``),
-``n_scramble_draws``, ``frac_scrambled_closed``, ``scramble_reason``. Across every measured head of a report
-(:func:`bh_q_values`, added by the report's assembly, not per layer): ``q_value``, the Benjamini-Hochberg
-q-value of ``p_value`` (NaN where ``p_value`` is NaN: the head's ``scramble_reason`` says why).
+``n_scramble_draws``, ``frac_scrambled_closed``, ``scramble_effect`` (:func:`scramble_effect`),
+``scramble_reason``. The p-value tests "trained orientation vs Haar-scrambled orientation with the same spectra",
+not "closed" (P >= the threshold is closure; almost every trained head beats its scramble, paper: 98.64 %), and with
+n draws it cannot go below ``1/(n + 1)``; ``scramble_effect = log10(P / P_scrambled_median)`` ranks heads within
+that floor. Across every measured head of a report (:func:`bh_q_values`, added by the report's assembly, not per
+layer): ``q_value``, the Benjamini-Hochberg q-value of ``p_value`` (NaN where ``p_value`` is NaN: the head's
+``scramble_reason`` says why).
 """
 
 from __future__ import annotations
@@ -64,7 +68,17 @@ from .scramble_spec import FRAC_SCRAMBLED_CLOSED
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import DeviceLike, DtypeLike, HeadWeightsLike, IntLike
 
-__all__ = ["FDR_LEVEL", "Scramble", "ScrambleAnalysis", "bh_q_values", "orientation_scramble", "scramble_draws"]
+__all__ = [
+    "EFFECT_ZERO_NULL",
+    "EFFECT_ZERO_P",
+    "FDR_LEVEL",
+    "Scramble",
+    "ScrambleAnalysis",
+    "bh_q_values",
+    "orientation_scramble",
+    "scramble_draws",
+    "scramble_effect",
+]
 
 #: Elements per batched tensor chunk ([heads, draws, r, r]); bounds memory at ~32 MB a tensor.
 CHUNK_ELEMS = 1 << 22
@@ -99,6 +113,47 @@ def bh_q_values(p_values: Any) -> np.ndarray:
     if ok.any():
         q[ok] = false_discovery_control(p[ok], method="bh")
     return q
+
+
+#: ``scramble_reason`` of a head with a defined p-value whose ``scramble_effect`` is NaN because its trained P is 0.
+EFFECT_ZERO_P = "trained P = 0, so scramble_effect = log10(P / scramble median) is -inf: written as NaN"
+#: ``scramble_reason`` of a head with a defined p-value whose ``scramble_effect`` is NaN because its null median is 0.
+EFFECT_ZERO_NULL = (
+    "the median of the head's scrambled P is 0 (at least half its draws have P = 0), so scramble_effect = "
+    "log10(P / 0) is undefined: written as NaN"
+)
+
+
+def scramble_effect(P: Any, null_median: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The effect size that ranks heads within the scramble p's floor (docs/definitions.md, "scramble effect"):
+    ``scramble_effect = log10(P / m)``, ``m`` the median of the head's own scrambled P draws (``P_scrambled_median``).
+
+    Dimensionless, in decades: 0 when the trained orientation sits at its null's median, 2 when its P is 100 times
+    the median. ``m`` estimates the median of the head's scramble distribution, a property of the head (its singular
+    values and principal angles), not of the number of draws: more draws make the estimate more precise (its spread
+    shrinks like ``1/sqrt(n)``) without moving its target, unlike the p-value, whose floor is ``1/(n + 1)``.
+
+    Args:
+        P: ``[n]`` trained P (dimensionless, [0, 1] or NaN).
+        null_median: ``[n]`` the median of each head's defined scrambled draws (NaN when it has none).
+
+    Returns:
+        ``(effect [n] float64, reason [n] str)``: NaN where either input is NaN (the head's ``scramble_reason`` says
+        why: no comparison), and NaN with :data:`EFFECT_ZERO_P` / :data:`EFFECT_ZERO_NULL` where ``P = 0`` or
+        ``m = 0`` (a logarithm of 0; no epsilon is added, so a number is never made up); reason ``""`` elsewhere.
+    """
+    Pt = np.asarray(P, dtype=np.float64).reshape(-1)
+    m = np.asarray(null_median, dtype=np.float64).reshape(-1)
+    eff = np.full(Pt.shape, np.nan)
+    why = np.full(Pt.shape, "", dtype=object)
+    finite = np.isfinite(Pt) & np.isfinite(m)
+    zero_p = finite & (Pt <= 0)
+    zero_m = finite & ~zero_p & (m <= 0)
+    ok = finite & ~zero_p & ~zero_m
+    eff[ok] = np.log10(Pt[ok]) - np.log10(m[ok])
+    why[zero_p] = EFFECT_ZERO_P
+    why[zero_m] = EFFECT_ZERO_NULL
+    return eff, why.astype(str)
 
 
 def scramble_draws(
@@ -206,7 +261,8 @@ class Scramble(Result):
         P_draws: P of each scrambled orientation, ``[*batch, n_draws]`` (NaN for a
             nilpotent draw or an undefined head).
         P_scrambled_median, P_scrambled_q95: per head, ``[*batch]``.
-        p_value: ``(1 + #{P~ >= P}) / (n + 1)`` over the defined draws, ``[*batch]``.
+        p_value: ``(1 + #{P~ >= P}) / (n + 1)`` over the defined draws, ``[*batch]``: the test of the trained
+            orientation against Haar-scrambled orientations with the same spectra (not of closure); floor ``1/(n+1)``.
         beats_scramble: ``P > P_scrambled_median``, ``[*batch]`` bool (False when undefined).
         S: singular values of K (= of T), ``[*batch, r]``, kept by every draw (weights' units).
         D: principal cosines, ``[*batch, r]``, kept by every draw.
@@ -245,8 +301,12 @@ class Scramble(Result):
     @property
     def heads(self) -> pd.DataFrame:
         """One row per head (flattened batch): ``index, P, P_scrambled_median, P_scrambled_q95, p_value,
-        beats_scramble, scramble_reason``."""
+        scramble_effect, beats_scramble, scramble_reason`` (``p_value`` tests trained vs Haar-scrambled orientation
+        with the same spectra, not closure; ``scramble_effect`` = ``log10(P / P_scrambled_median)``,
+        :func:`scramble_effect`)."""
         n = int(self.P.numel())
+        eff, eff_why = scramble_effect(self.P.reshape(-1).numpy(), self.P_scrambled_median.reshape(-1).numpy())
+        reason = np.asarray(self.reason, dtype=object).reshape(-1).astype(str)
         return pd.DataFrame(
             {
                 "index": np.arange(n),
@@ -254,8 +314,9 @@ class Scramble(Result):
                 "P_scrambled_median": self.P_scrambled_median.reshape(-1).numpy(),
                 "P_scrambled_q95": self.P_scrambled_q95.reshape(-1).numpy(),
                 "p_value": self.p_value.reshape(-1).numpy(),
+                "scramble_effect": eff,
                 "beats_scramble": self.beats_scramble.reshape(-1).numpy(),
-                "scramble_reason": np.asarray(self.reason, dtype=object).reshape(-1).astype(str),
+                "scramble_reason": np.where(reason == "", eff_why, reason),
             }
         )
 
@@ -363,6 +424,7 @@ def orientation_scramble(
 class ScrambleAnalysis:
     """Per-head scramble columns of the report (SPEC 4b); runs when ``nulls > 0``.
 
+    Per head: the module docstring's columns (``scramble_effect`` beside ``p_value``).
     Per layer: ``median_P_scrambled`` (median over heads of each head's scramble median),
     ``frac_beats_scramble`` (over the layer's ``n_heads_compared`` heads with a defined comparison; NaN with
     a note when there is none), ``n_heads_compared``, ``trained_wins`` (the layer's median trained P beats it).
@@ -401,7 +463,10 @@ class ScrambleAnalysis:
         cols["frac_scrambled_closed"] = FRAC_SCRAMBLED_CLOSED.fractions(
             draws, np.full(ctx.n_heads, ctx.layer), np.arange(ctx.n_heads), ctx.options.threshold
         )
-        cols["scramble_reason"] = _scramble_reasons(f.reason, summ["n_scramble_draws"])
+        eff, eff_why = scramble_effect(f.P.numpy(), summ["P_scrambled_median"])
+        cols["scramble_effect"] = eff
+        reasons = _scramble_reasons(f.reason, summ["n_scramble_draws"])
+        cols["scramble_reason"] = np.where(reasons == "", eff_why, reasons)
         P = ctx.closure.P.numpy()
         med_trained = nan_median(P)
         med_scr = (

@@ -86,6 +86,7 @@ SPEC = AnalysisSpec(
         "beats_scramble",
         "n_scramble_draws",
         "frac_scrambled_closed",
+        "scramble_effect",
         "scramble_reason",
     ),
     summary=ScrambleSummary,

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.results import views
 from .outputs import Output
+from .readings import report_headline
 from .store import ReportRecord, write_record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,6 +58,7 @@ EXPORT_HEAD_COLUMNS = (
     "P_scrambled_median",
     "p_value",
     "q_value",
+    "scramble_effect",
     "P_searched",
 )
 
@@ -72,10 +74,13 @@ def heads_with_roles(heads: pd.DataFrame, roles: RoleAssociation | None) -> pd.D
 
 
 def export_record(rep: WrittenReport, roles: RoleAssociation | None = None) -> dict[str, Any]:
-    """The report's JSON export (``.json`` outputs and the CLI's ``--json``): ``{"summary": rep.summary,
+    """The report's JSON export (``.json`` outputs and the CLI's ``--json``): ``{"headline": rep.headline (closed
+    count and scramble q count in separate clauses), "summary": rep.summary,
     "closed_heads": [{"label": "L10H8", "layer": .., "head": .., "alpha": .., "P": .., ...}, ...]}``, closed heads
     highest P first, with the :data:`EXPORT_HEAD_COLUMNS` the report has; with ``roles`` (``rep.roles(...)``) also
-    their :data:`EXPORT_ROLE_COLUMNS` and ``"roles": {"summary", "association": [one record per role]}``.
+    their :data:`EXPORT_ROLE_COLUMNS` and ``"roles": {"headline", "summary", "association": [one record per role]}``.
+    ``p_value`` and ``q_value`` test trained vs Haar-scrambled orientation with the same spectra (not closure);
+    ``scramble_effect`` is ``log10(P / P_scrambled_median)`` (docs/definitions.md).
     Written under the export NaN policy (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``).
 
     Raises:
@@ -89,9 +94,11 @@ def export_record(rep: WrittenReport, roles: RoleAssociation | None = None) -> d
     cols += list(EXPORT_ROLE_COLUMNS) if roles is not None else []
     closed_heads = heads_with_roles(rep.closed_heads, roles)
     closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in closed_heads.iterrows()]
-    out: dict[str, Any] = {"summary": rep.summary, "closed_heads": closed}
+    out: dict[str, Any] = {"headline": report_headline(rep.summary, rep.threshold), "summary": rep.summary}
+    out["closed_heads"] = closed
     if roles is not None:
         out["roles"] = {
+            "headline": roles.headline,
             "summary": roles.summary,
             "association": [{"role": r, **row.to_dict()} for r, row in roles.association.iterrows()],
         }

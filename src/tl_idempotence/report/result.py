@@ -30,6 +30,7 @@ from ..errors import OptionError, OptionTypeError
 from .export import report_output
 from .hooks import HOOK_AXES, HookPoint
 from .outputs import FOLDER, write_output
+from .readings import report_headline
 from .summary import REPR_FIELDS, RecordMap, ReportSummary, build_summary, format_paper_table, paper_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -264,6 +265,16 @@ class IdempotenceReport(Result):
         return self.options.threshold if record is None else float(record["algebra_ranges_threshold"])
 
     # ------------------------------------------------------------------ views of the data
+    @property
+    def headline(self) -> str:
+        """The report's first sentence, which the notebook display and the page lead with: how many heads are closed
+        (``P >= threshold``, an effect size) and, in a separate clause, how many have a scramble ``q <= 0.05``
+        (trained orientation vs Haar-scrambled orientation with the same spectra: a significance, not closure), e.g.
+        ``"13 of 270 heads are closed (P ≥ 0.9); q ≤ 0.05 for 247 of 270 (trained orientation beats its scramble
+        almost everywhere, as in the paper)."`` Computed from :attr:`summary`
+        (:func:`~tl_idempotence.report.readings.report_headline`; docs/definitions.md, "Reading a report")."""
+        return report_headline(self.summary, self.threshold)
+
     @property
     def closed_heads(self) -> pd.DataFrame:
         """Rows of :attr:`heads` with ``P >= threshold``, sorted by P descending (a new frame on each read)."""

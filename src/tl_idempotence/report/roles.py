@@ -35,6 +35,7 @@ from ..core.results import Result, views
 from ..core.selection import head_label, head_labels
 from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
+from .readings import circuit_headline, roles_headline
 from .store import index_column, read_tables_record, write_tables_record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,6 +133,13 @@ class RoleAssociation(Result):
     def heads(self) -> pd.DataFrame:
         """:attr:`table` (every result has ``heads``): a copy, made on each read."""
         return self._table.copy()
+
+    @property
+    def headline(self) -> str:
+        """The first sentence (what was asked, the answer, the number): the role that best separates the closed heads
+        from the others (smallest Mann-Whitney q) and the closed heads' copying by sign, with sign(copying) =
+        sign(α) (:func:`~tl_idempotence.report.readings.roles_headline`; never a signed median of a mixed set)."""
+        return roles_headline(self.table, self.association, self.summary)
 
     @strict_kwargs
     def figure(self) -> Any:
@@ -354,6 +362,13 @@ class Circuit(Result):
     def heads(self) -> pd.DataFrame:
         """One row per circuit head (class docstring): a copy, made on each read."""
         return self._heads.copy()
+
+    @property
+    def headline(self) -> str:
+        """The first sentence: the circuit's overlap with the closed set, what chance gives (the hypergeometric
+        expectation), the enrichment (hypergeometric) p and the layer-matched p with its floor
+        (:func:`~tl_idempotence.report.readings.circuit_headline`)."""
+        return circuit_headline(self.summary)
 
     @property
     def n_overlap(self) -> int:

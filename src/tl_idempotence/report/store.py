@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.registry import report_analyses
-from ..analyses.scramble import bh_q_values
+from ..analyses.scramble import bh_q_values, scramble_effect
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
 from ..core.heads import ModelInfo, kv_layout
 from ..core.jsonio import RECORD as JSON_RECORD
@@ -464,7 +464,9 @@ def _check_head_elements(
     values swapped within a layer keep every count): ``closed`` is ``P >= threshold``; ``kv_head`` is the kv map
     (:func:`~tl_idempotence.core.heads.kv_layout` of ``n_heads``/``n_kv_heads``, or the record's stated
     :data:`KV_MAP` for a layer that reads its kv heads otherwise); ``q_value`` is Benjamini-Hochberg of the stored
-    ``p_value`` (:func:`~tl_idempotence.analyses.scramble.bh_q_values`), exactly (NaN where p is NaN).
+    ``p_value`` (:func:`~tl_idempotence.analyses.scramble.bh_q_values`), exactly (NaN where p is NaN);
+    ``scramble_effect`` (added in 0.3.0; a record saved by an earlier version lacks it and it stays absent) is
+    ``log10(P / P_scrambled_median)`` (:func:`~tl_idempotence.analyses.scramble.scramble_effect`), exactly.
 
     Raises:
         ReportFileError: names ``heads.parquet``, the column and the first head that disagrees (``L3H2``), or the
@@ -536,6 +538,26 @@ def _check_head_elements(
         if bad.any():
             raise ReportFileError(
                 f"{where}: column 'q_value' is not Benjamini-Hochberg of its 'p_value' column at "
+                f"{_first_head(heads, bad)}: the tables and the record do not belong together."
+            )
+    if "scramble_effect" in heads.columns:  # absent in an earlier version's record: stays absent
+        if not {"P", "P_scrambled_median"} <= set(heads.columns):
+            raise ReportFileError(
+                f"{where}: column 'scramble_effect' without the 'P' and 'P_scrambled_median' it is derived from."
+            )
+        try:
+            got_e = heads["scramble_effect"].to_numpy(dtype=np.float64)
+            want_e, _ = scramble_effect(
+                heads["P"].to_numpy(dtype=np.float64), heads["P_scrambled_median"].to_numpy(dtype=np.float64)
+            )
+        except (TypeError, ValueError) as e:
+            raise ReportFileError(
+                f"{where}: column 'scramble_effect' or what it is derived from is not numeric ({e})."
+            ) from e
+        bad = ~((want_e == got_e) | (np.isnan(want_e) & np.isnan(got_e)))
+        if bad.any():
+            raise ReportFileError(
+                f"{where}: column 'scramble_effect' is not log10(P / P_scrambled_median) at "
                 f"{_first_head(heads, bad)}: the tables and the record do not belong together."
             )
 

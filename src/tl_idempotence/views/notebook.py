@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .text import SIGNED_COPYING_NOTE, format_P, format_sig, headline
+from ..report.readings import copying_by_sign, copying_sign_sentence
+from .text import format_P, format_sig, headline
 
 __all__ = [
     "OFFLINE_RENDERER",
@@ -188,15 +189,17 @@ def mini_heatmap(rep: Any, value: str = "P") -> str:
 
 
 def _report_html(rep: Any) -> str:
-    from .page import closed_heads_table
+    from .page import closed_heads_table, p_value_note
 
     table = closed_heads_table(rep, limit=20).to_html(index=False, border=0)
     n = int(rep.summary.closure.n_closed)
     more = f"<div style='font-size:11px'>({n - 20} more in <code>rep.closed_heads</code>)</div>" if n > 20 else ""
     title = f"Near-idempotent heads ({n}), by P" if n else "No head is closed; the highest P"
+    note = p_value_note(rep)  # what the p- and q-values test, their floor, and the effect size beside them
+    note_html = f"<div style='font-size:11px'>{html.escape(note)}</div>" if note else ""
     return (
         f"<div><b>IdempotenceReport</b><p>{html.escape(headline(rep.summary, rep.threshold))}</p>"
-        f"<details open><summary>{title}</summary>{table}{more}</details>"
+        f"<details open><summary>{title}</summary>{table}{more}{note_html}</details>"
         f"<details open><summary>P over layer x head</summary>{mini_heatmap(rep)}</details></div>"
     )
 
@@ -317,6 +320,27 @@ def _comparison_html(cmp: Any) -> str:
     return out + "</div>"
 
 
+def _association_by_sign(assoc: pd.DataFrame, table: Any) -> tuple[pd.DataFrame, str]:
+    """The association table as shown: the signed ``copying`` row without its medians of a mixed set (blank), and
+    the sentence that replaces them (closed and other heads by sign, with the sign agreement with α)."""
+    if "copying" not in assoc.index or not isinstance(table, pd.DataFrame) or "copying" not in table.columns:
+        return assoc, ""
+    shown = assoc.copy()
+    for col in ("median_closed", "median_other"):
+        if col in shown.columns:
+            shown[col] = [format_sig(v, None, sig=4) for v in shown[col]]
+            shown.loc["copying", col] = "by sign, below"
+    closed = table["closed"].to_numpy(dtype=bool)
+    c, o = table[closed], table[~closed]
+    text = (
+        "copying is signed (+ copies, − suppresses), so it is shown by sign, never as a median of a mixed set: "
+        + copying_sign_sentence(copying_by_sign(c["copying"], c["alpha"]))
+        + "; "
+        + copying_sign_sentence(copying_by_sign(o["copying"]), who="other heads")
+    )
+    return shown, text
+
+
 def result_html(obj: Any) -> str:
     """The notebook display of a result object (reports get their own, see the module docstring).
 
@@ -339,7 +363,14 @@ def result_html(obj: Any) -> str:
         return f"<b>{html.escape(name)}</b> (summary unavailable: {html.escape(type(e).__name__)})"
     t = summary.get("threshold") if isinstance(summary, Mapping) else None
     t = float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
-    out = f"<div><b>{html.escape(name)}</b>{_summary_table(summary)}"
+    out = f"<div><b>{html.escape(name)}</b>"
+    try:  # roles, circuit: the sentence first (what was asked, the answer, the number)
+        lead = getattr(obj, "headline", None)
+    except Exception:  # noqa: BLE001 - a display must not raise
+        lead = None
+    if isinstance(lead, str):
+        out += f"<p>{html.escape(lead)}</p>"
+    out += _summary_table(summary)
     ck = getattr(obj, "checkpoints", None)
     if isinstance(ck, pd.DataFrame) and len(ck):
         out += (
@@ -348,15 +379,10 @@ def result_html(obj: Any) -> str:
         )
     assoc = getattr(obj, "association", None)  # rep.roles(...): one row per role
     if isinstance(assoc, pd.DataFrame) and len(assoc):
+        shown, signed = _association_by_sign(assoc, getattr(obj, "table", None))
         out += (
             "<details open><summary>association with closure (one row per role)</summary>"
-            f"{_frame_html(assoc, None)}"
-            + (
-                f"<p><i>copying: {html.escape(SIGNED_COPYING_NOTE)}.</i></p>"
-                if "copying" in assoc.index and "|copying|" in assoc.index
-                else ""
-            )
-            + "</details>"
+            f"{_frame_html(shown, None)}" + (f"<p><i>{html.escape(signed)}.</i></p>" if signed else "") + "</details>"
         )
     heads = getattr(obj, "heads", None)
     if isinstance(heads, pd.DataFrame) and len(heads):

@@ -17,14 +17,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..report.readings import copying_by_sign
 from .figures import algebra_figures, algebra_summary_figure, heads_heatmap_spec, roles_figure, scramble_figures
-from .text import SIGNED_COPYING_NOTE, format_P, format_sig, headline, summary_sections
+from .text import P_VALUE_TESTS, format_P, format_sig, headline, summary_sections
 
 __all__ = [
     "closed_heads_table",
     "datatable_html",
     "datatables_init_html",
     "display_frame",
+    "p_value_note",
     "report_html",
     "roles_section_tables",
 ]
@@ -54,7 +56,9 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
 
     Columns: ``head`` (``L10H8``), ``layer``, ``head index``, ``kv head``, ``α``, ``P`` (never
     rounded across the threshold); with controls ``scramble median P``, ``scramble p-value`` and
-    ``BH q-value`` (Benjamini-Hochberg across every measured head);
+    ``BH q-value`` (Benjamini-Hochberg across every measured head; both test trained vs Haar-scrambled orientation
+    with the same spectra, not closure) and ``scramble effect (log10 P / null median)`` (``scramble_effect``, which
+    ranks heads at the p floor; absent for a report saved before it);
     with the search ``searched P`` (the constructive search's P for this head, SPEC 5 — not the
     head's own P). P-valued columns never round across the threshold.
     """
@@ -79,6 +83,8 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
         out["scramble p-value"] = [f"{v:.3g}" for v in df["p_value"]]
         if "q_value" in df.columns:
             out["BH q-value"] = [f"{v:.3g}" for v in df["q_value"]]
+        if "scramble_effect" in df.columns:  # absent in a report saved by a version before it
+            out["scramble effect (log10 P / null median)"] = [format_sig(v, None, sig=3) for v in df["scramble_effect"]]
     if "P_searched" in df.columns:
         out["searched P"] = [format_P(v, t) for v in df["P_searched"]]
     return out
@@ -117,19 +123,33 @@ def _p_value_note(rep: Any) -> str:
     n = None if scramble is None else scramble.n_scramble_draws
     if "p_value" not in rep.heads.columns or not n:
         return ""
-    return (
-        f"scramble p-value = (1 + number of draws with scrambled P ≥ P) / (n + 1) over n = {int(n)} Haar draws per "
-        f"head, so it cannot go below 1/{int(n) + 1} = {1 / (int(n) + 1):.3g}; more draws (nulls=...) resolve "
-        "smaller p-values."
-        + (
+    text = (
+        f"The {P_VALUE_TESTS}: a small p says the head's trained orientation gives a higher P than Haar-random "
+        "orientations with the same singular values and principal angles, which almost every trained head does (the "
+        "paper: 98.64 %); closure is P ≥ the threshold. scramble p-value = (1 + number of draws with scrambled P ≥ "
+        f"P) / (n + 1) over n = {int(n)} Haar draws per head, so it cannot go below 1/{int(n) + 1} = "
+        f"{1 / (int(n) + 1):.3g}; more draws (nulls=...) resolve smaller p-values."
+    )
+    if "q_value" in rep.heads.columns and scramble.n_heads_q05 is not None:
+        text += (
             " BH q-value: the Benjamini-Hochberg q-value of the p-value across all "
             f"{int(rep.heads['q_value'].notna().sum())} "
             "heads with a p-value (the smallest false-discovery rate at which BH declares the head); "
             f"{scramble.n_heads_q05} heads have q ≤ 0.05."
-            if "q_value" in rep.heads.columns and scramble.n_heads_q05 is not None
-            else ""
         )
-    )
+    if "scramble_effect" in rep.heads.columns:
+        text += (
+            " scramble effect = log10(P / the median of the head's own scrambled P): how many decades the head sits "
+            "above its null (0: at its median), which ranks the heads the p floor cannot tell apart and does not "
+            "depend on the number of draws."
+        )
+    return text
+
+
+def p_value_note(rep: Any) -> str:
+    """What the scramble p- and q-values test, the p floor with this many draws, and the effect size beside them
+    (the page's and the notebook display's note under the closed heads; empty without controls)."""
+    return _p_value_note(rep)
 
 
 def _display_frame(df: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame:
@@ -166,10 +186,12 @@ def roles_section_tables(assoc: Any, threshold: float, top: int = 3) -> dict[str
 
     Returns:
         ``closed``: every closed head (by P) with its role scores; ``beside``: per role, the median score of the
-        closed heads, of the other heads and of all heads; ``association``: per role, Spearman ρ of P and the
-        score with its permutation p and BH q, Mann-Whitney p and q (closed vs other), and for ``copying`` the share
-        of closed heads whose copying sign equals the sign of α; ``top``: the ``top`` heads of each role by score
-        with their P (a display only: no threshold on a role enters the statistics).
+        closed heads, of the other heads and of all heads, except the signed ``copying``, shown by sign (the number
+        of copying, > 0, and suppressing, < 0, heads with the median |copying| of each: never a signed median of a
+        mixed set); ``association``: per role, Spearman ρ of P and the score with its permutation p and BH q,
+        Mann-Whitney p and q (closed vs other), and for ``copying`` the closed heads whose copying sign equals the
+        sign of α (``"13 of 13"``); ``top``: the ``top`` heads of each role by score (``copying`` by |copying|, the
+        sign shown) with their P (a display only: no threshold on a role enters the statistics).
     """
     t = assoc.table
     roles = [r for r in _ROLE_COLUMNS if r in t.columns]
@@ -192,13 +214,35 @@ def roles_section_tables(assoc: Any, threshold: float, top: int = 3) -> dict[str
         v = v[np.isfinite(v) & np.isfinite(P)]
         return f"{np.median(v):.3g}" if len(v) else "–"
 
+    counted = np.isfinite(P)
+    closed_mask = t["closed"].to_numpy(dtype=bool)
+
+    def by_sign(mask: np.ndarray) -> str:  # a signed score over a mixed set: by sign, never a signed median
+        b = copying_by_sign(t["copying"].to_numpy(dtype=float)[mask & counted])
+        return (
+            f"{b['n_copying']} copying ({_median_text(b['median_abs_copying'])}), "
+            f"{b['n_suppressing']} suppressing ({_median_text(b['median_abs_suppressing'])})"
+        )
+
+    def cell(r: str, which: str, mask: np.ndarray) -> str:
+        if r == "copying":
+            return by_sign(mask)
+        if which == "all":
+            return median(t["copying"].abs() if r == "|copying|" else t[r])
+        return f"{a.loc[r, which]:.3g}"
+
     beside = pd.DataFrame(
         {
             "role": names,
-            "closed heads (median)": [f"{a.loc[r, 'median_closed']:.3g}" for r in names],
-            "other heads (median)": [f"{a.loc[r, 'median_other']:.3g}" for r in names],
-            "all heads (median)": [median(t["copying"].abs() if r == "|copying|" else t[r]) for r in names],
-            "note": [SIGNED_COPYING_NOTE if r == "copying" else "" for r in names],
+            "closed heads (median)": [cell(r, "median_closed", closed_mask) for r in names],
+            "other heads (median)": [cell(r, "median_other", ~closed_mask) for r in names],
+            "all heads (median)": [cell(r, "all", np.ones(len(t), dtype=bool)) for r in names],
+            "note": [
+                "signed score by sign: heads with copying > 0 and < 0, each with its median |copying|"
+                if r == "copying"
+                else ""
+                for r in names
+            ],
         }
     )
     assoc_df = pd.DataFrame(
@@ -210,18 +254,19 @@ def roles_section_tables(assoc: Any, threshold: float, top: int = 3) -> dict[str
             "BH q (ρ)": [f"{a.loc[r, 'spearman_q']:.3g}" for r in names],
             "Mann-Whitney p": [f"{a.loc[r, 'mannwhitney_p']:.3g}" for r in names],
             "BH q (M-W)": [f"{a.loc[r, 'mannwhitney_q']:.3g}" for r in names],
-            "sign(copying) = sign(α)": [
-                f"{a.loc[r, 'frac_sign_agrees_alpha']:.3g}" if r == "copying" else "" for r in names
-            ],
+            "sign(copying) = sign(α), closed": [_sign_agreement(t) if r == "copying" else "" for r in names],
             "note": [str(a.loc[r, "note"]) for r in names],
         }
     )
     top_rows = []
     for r in roles:
-        best = t.dropna(subset=[r]).sort_values(r, ascending=False, kind="stable").head(top)
+        d = t.dropna(subset=[r])
+        # copying is signed: the strongest copiers and suppressors alike (by |copying|), each with its sign
+        key = d[r].abs() if r == "copying" else d[r]
+        best = d.loc[key.sort_values(ascending=False, kind="stable").index].head(top)
         top_rows.append(
             {
-                "role": r,
+                "role": r + (" (by |copying|)" if r == "copying" else ""),
                 f"top {top} heads (score, P)": "; ".join(
                     f"{lab} ({v:.4g}, P {format_P(p, threshold)}{', closed' if c else ''})"
                     for lab, v, p, c in zip(best.index, best[r], best["P"], best["closed"])
@@ -229,6 +274,17 @@ def roles_section_tables(assoc: Any, threshold: float, top: int = 3) -> dict[str
             }
         )
     return {"closed": closed_df, "beside": beside, "association": assoc_df, "top": pd.DataFrame(top_rows)}
+
+
+def _median_text(v: float) -> str:
+    return "–" if not np.isfinite(v) else f"median |copying| {v:.3g}"
+
+
+def _sign_agreement(t: pd.DataFrame) -> str:
+    """``"13 of 13"``: closed heads whose sign(copying) = sign(α), over those with both signs nonzero."""
+    c = t[t["closed"].to_numpy(dtype=bool)]
+    b = copying_by_sign(c["copying"], c["alpha"])
+    return f"{b['n_sign_agrees']} of {b['n_sign_compared']}" if b["n_sign_compared"] else "no closed head"
 
 
 def _roles_note(assoc: Any) -> str:
@@ -308,7 +364,7 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
             {
                 "id": "roles",
                 "title": "What the closed heads do",
-                "note": _roles_note(roles),
+                "note": f"{roles.headline} {_roles_note(roles)}",
                 "tables": [
                     ("Role scores of the closed heads, by P", _table_html(tabs["closed"]) if n_closed_roles else ""),
                     ("The closed heads next to all heads", _table_html(tabs["beside"])),
@@ -325,7 +381,7 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
     heads = _display_frame(rep.heads.reset_index(), rep.threshold)
     return env.from_string(template).render(
         title=f"Idempotence report: {s.model_name}",
-        headline=headline(s, rep.threshold),
+        headline=headline(s, rep.threshold) + ("" if roles is None else f" Roles: {roles.headline}"),
         threshold=f"{rep.threshold:g}",
         n_closed=int(s.closure.n_closed),
         closed_table=_table_html(closed_heads_table(rep)),

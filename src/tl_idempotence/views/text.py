@@ -15,11 +15,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..core.processing import T_PROCESSING
+from ..report.readings import SCRAMBLE_TEST, report_headline
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..report.summary import ReportSummary
 
-__all__ = ["SIGNED_COPYING_NOTE", "format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
+__all__ = ["P_VALUE_TESTS", "format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
 
 
 def plot_text(value: Any) -> str:
@@ -81,10 +82,13 @@ def weights_phrase(summary: ReportSummary) -> str:
 
 
 def headline(summary: ReportSummary, threshold: float) -> str:
-    """One sentence: model, weights, closed heads, and the null they were measured against.
+    """The report's lead: ``rep.headline`` (closed count and scramble q count in separate clauses,
+    :func:`~tl_idempotence.report.readings.report_headline`), then model, weights, closed heads, and the null they
+    were measured against.
 
-    E.g. ``"smollm2-135m (TransformerBridge, raw checkpoint weights): 13 of 270 heads (4.81 %) are
-    near-idempotent, P ≥ 0.9; median P 0.265. Against the orientation-scramble null ..."``.
+    E.g. ``"13 of 270 heads are closed (P ≥ 0.9); q ≤ 0.05 for 247 of 270 (trained orientation beats its scramble
+    almost everywhere, as in the paper). smollm2-135m (TransformerBridge, raw checkpoint weights): 13 of 270 heads
+    (4.81 %) are near-idempotent, P ≥ 0.9; median P 0.265. Against the orientation-scramble null ..."``.
 
     Args:
         summary: a report's :class:`~tl_idempotence.report.summary.ReportSummary` (its own fields and the
@@ -95,7 +99,8 @@ def headline(summary: ReportSummary, threshold: float) -> str:
     closure, scramble, mismatch, search = s.closure, s.scramble, s.mismatch, s.search
     n, k = int(s.n_heads), int(closure.n_closed)
     pct = 100.0 * k / n if n else float("nan")
-    text = (
+    text = report_headline(s, threshold) + " "
+    text += (
         f"{s.model_name} ({s.model_class}, {weights_phrase(s)}): {k} of {n} heads ({pct:.2f} %) are "
         f"near-idempotent, P ≥ {threshold:g}; median P {closure.median_P:.3g}."
     )
@@ -180,9 +185,5 @@ def summary_sections(summary: ReportSummary) -> list[tuple[str, list[tuple[str, 
     return out
 
 
-#: Beside the signed copying medians (page and notebook): a median of signed scores can sit near 0 when the closed
-#: heads copy (+) and suppress (−) alike, e.g. -0.999 and +0.998; ``|copying|`` says how strongly they do either.
-SIGNED_COPYING_NOTE = (
-    "signed: the median mixes copying (+) and suppressing (−) heads, which cancel (−0.999 and +0.998 give ≈ 0); "
-    "see the |copying| row for their strength"
-)
+#: What the scramble p- and q-values test, beside them wherever they are shown (page, notebook, column docs).
+P_VALUE_TESTS = f"scramble p and its BH q test {SCRAMBLE_TEST}"

@@ -59,12 +59,21 @@ def test_section_tables(rep_and_roles):
         f"{v:.4g}" for v in assoc.table.loc[["L1H1", "L1H0", "L1H2", "L1H3"], "induction"]
     ]
     beside = tabs["beside"].set_index("role")
-    for role in ROLES4:
+    for role in ROLES4[:3]:
         assert beside.loc[role, "all heads (median)"] == f"{np.median(assoc.table[role]):.3g}"
         assert (
             beside.loc[role, "closed heads (median)"]
             == f"{np.median(assoc.table.loc[assoc.table['closed'], role]):.3g}"
         )
+    # copying is signed: shown by sign (issue 38), never a median of a mixed set
+    for col, mask in (("all heads (median)", True), ("closed heads (median)", assoc.table["closed"])):
+        c = assoc.table.loc[mask, "copying"] if col != "all heads (median)" else assoc.table["copying"]
+        pos, neg = c[c > 0], -c[c < 0]
+        want = (
+            f"{len(pos)} copying ({'median |copying| ' + format(np.median(pos), '.3g') if len(pos) else '–'}), "
+            f"{len(neg)} suppressing ({'median |copying| ' + format(np.median(neg), '.3g') if len(neg) else '–'})"
+        )
+        assert beside.loc["copying", col] == want
     top = tabs["top"].set_index("role").iloc[:, 0]
     assert top["induction"].startswith("L1H") and ", closed" in top["induction"]
 

@@ -193,6 +193,7 @@ def test_scramble_analysis_contract_and_determinism():
         "beats_scramble",
         "n_scramble_draws",
         "frac_scrambled_closed",
+        "scramble_effect",
         "scramble_reason",
     }
     assert all(len(v) == 9 for v in a.columns.values())

@@ -18,6 +18,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -558,3 +559,40 @@ def test_from_dict_bounds_every_size_by_the_others(original, edit, says):
     with pytest.raises(OptionError) as e:
         ReportSummary.from_dict({**s, **edit})
     assert str(e.value).startswith(says)
+
+
+# ------------------------------------------------------------------- issue 38: the scramble effect column
+
+
+def test_scramble_effect_saves_and_loads_and_an_edited_one_is_refused(saved, original):
+    rep = tli.load_report(original)
+    h = _heads(original)
+    assert "scramble_effect" in h.columns
+    np.testing.assert_array_equal(rep.heads["scramble_effect"].to_numpy(), h["scramble_effect"].to_numpy())
+    np.testing.assert_allclose(
+        h["scramble_effect"].to_numpy(), np.log10(h["P"].to_numpy() / h["P_scrambled_median"].to_numpy()), rtol=1e-14
+    )
+    e = h["scramble_effect"].to_numpy()
+    x = h.assign(scramble_effect=e + np.where(np.arange(len(e)) == 2, 1e-12, 0.0))  # one head, far below display
+    rewrite(saved, tables={"heads": x})
+    assert refused(saved) == (
+        f"{saved / 'heads.parquet'}: column 'scramble_effect' is not log10(P / P_scrambled_median) at "
+        f"L{h['layer'].iloc[2]}H{h['head'].iloc[2]} (first of 1 head): the tables and the record do not belong "
+        "together."
+    )
+    rewrite(saved, tables={"heads": h.drop(columns="P_scrambled_median")})
+    assert refused(saved).startswith(
+        f"{saved / 'heads.parquet'}: column 'scramble_effect' without the 'P' and 'P_scrambled_median'"
+    )
+
+
+def test_a_record_saved_before_the_scramble_effect_loads_without_it(saved):
+    """A record of an earlier version (no scramble_effect column) loads; the column is absent, never filled with a
+    made-up number, and the displays that read it say nothing of it."""
+    rewrite(saved, tables={"heads": _heads(saved).drop(columns="scramble_effect")})
+    rep = tli.load_report(saved)
+    assert "scramble_effect" not in rep.heads.columns and "p_value" in rep.heads.columns
+    from tl_idempotence.views.page import closed_heads_table
+
+    assert "scramble effect (log10 P / null median)" not in closed_heads_table(rep).columns
+    assert rep.headline.startswith("2 of 8 heads are closed (P ≥ 0.9); q ≤ 0.05 for ")
