@@ -154,7 +154,11 @@ class HeadTokens(Result):
         return out
 
     def to_text(self, n: int = 10) -> str:
-        """The headline and the ``n`` heads with the lowest and highest median self-rank, as plain text."""
+        """The headline and the ``n`` heads with the lowest and highest median self-rank, as plain text.
+
+        Raises:
+            TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``/``tail``).
+        """
         t = self._table.sort_values("self_rank_median", kind="stable")
         cols = ["self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens"]
         parts = [self.headline, f"({self.summary['convention']})", t[cols].head(n).to_string()]

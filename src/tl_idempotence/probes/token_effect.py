@@ -105,7 +105,11 @@ class AttendedTokenEffect(Result):
         return str(self.summary["headline"])
 
     def to_text(self, n: int = 10) -> str:
-        """The headline and the ``n`` heads with the most negative and most positive median effect."""
+        """The headline and the ``n`` heads with the most negative and most positive median effect.
+
+        Raises:
+            TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``/``tail``).
+        """
         cols = ["effect_median", "frac_negative", "null_median", "p_value", "q_value", "n_positions"]
         t = self._table.sort_values("effect_median", kind="stable")[cols]
         parts = [self.headline, f"({self.summary['convention']})", t.head(n).to_string()]

@@ -86,6 +86,9 @@ def cache_folder_of(path: Any) -> Path | None:
     Returns:
         ``<cache>/<name>/<folder>`` for a path below it (``<cache>/<name>`` for the entry or a file directly in
         it); None for anything else (also a path that is not ``str`` / ``os.PathLike`` or is empty).
+
+    Raises:
+        Nothing of its own: a path that is not text or a path-like object, or that lies outside the cache, is None.
     """
     if not isinstance(path, (str, os.PathLike)) or not str(os.fspath(path)).strip():
         return None
