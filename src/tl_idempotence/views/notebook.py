@@ -326,6 +326,8 @@ def _association_by_sign(assoc: pd.DataFrame, table: Any) -> tuple[pd.DataFrame,
     if "copying" not in assoc.index or not isinstance(table, pd.DataFrame) or "copying" not in table.columns:
         return assoc, ""
     shown = assoc.copy()
+    if "frac_sign_agrees_alpha" in shown.columns:  # first, where a 1280 px screen shows it (it was the last column)
+        shown = shown[["frac_sign_agrees_alpha", *(c for c in shown.columns if c != "frac_sign_agrees_alpha")]]
     for col in ("median_closed", "median_other"):
         if col in shown.columns:
             shown[col] = [format_sig(v, None, sig=4) for v in shown[col]]

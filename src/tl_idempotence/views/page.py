@@ -393,6 +393,14 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
             "rows that say 'not run' need an analysis this report did not run."
         ),
         sections=sections,
+        # the first screen names every section this run computed (the sections after the fixed three)
+        contents=[
+            ("closed-heads", "near-idempotent heads"),
+            ("heatmap", "P over layer × head"),
+            ("paper", "this model next to the paper"),
+            *((sec["id"], sec["title"]) for sec in sections),
+            ("details", "details: every head and layer, the summary"),
+        ],
         extra_html=list(extra_html or []),
         n_heads=len(rep.heads),
         n_layers=len(rep.layers),

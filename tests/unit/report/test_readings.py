@@ -165,8 +165,20 @@ def test_the_page_and_the_notebook_show_copying_by_sign_never_its_signed_median(
     signed = assoc.association.loc["copying", "median_closed"]
     assert signed == pytest.approx(0.005)
     assert "by sign, below" in nb and format(signed, ".4g") not in nb
+    # the sign agreement is the table's first column (it was the last, off-screen at 1280 px)
+    table = nb[nb.index("association with closure") :]
+    header = table[table.index("<thead>") : table.index("</thead>")]
+    assert header.index("frac_sign_agrees_alpha") < header.index("spearman_rho"), header
     page = report_html(rep, roles=assoc)
     assert f"Roles: {html.escape(assoc.headline)}" in page
+    # the first screen (before the first section) names every section the run computed, roles among them
+    first = page[: page.index('<h2 id="closed-heads">')]
+    contents = first[first.index('<p class="note" id="contents">') :]
+    for anchor, name in (("controls", "Null controls"), ("roles", "What the closed heads do")):
+        assert f'<a href="#{anchor}">{name}' in contents, contents[:600]
+        assert f'<h2 id="{anchor}">' in page
+    plain = report_html(rep)
+    assert '<a href="#roles">' not in plain and '<a href="#controls">' in plain  # only the sections computed
 
 
 def test_circuit_headline_names_the_enrichment_test_and_what_chance_gives(rep):
