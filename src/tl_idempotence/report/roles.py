@@ -185,13 +185,20 @@ def role_association(
 
     Raises:
         OptionTypeError: ``roles`` is not a HeadRoles; a bad count or seed type. OptionError: a count or seed out
-            of range; the roles miss heads the report measured (another model: names them).
+            of range; the roles miss heads the report measured (another model: names them) or a role score
+            column (a HeadRoles made by hand: names them).
     """
     if not isinstance(roles, HeadRoles):
         raise OptionTypeError(f"roles must be the HeadRoles of tli.head_roles(model); got {type(roles).__name__}.")
     n_perm = check_int(n_permutations, "n_permutations", 1, MAX_RESAMPLES)
     seed = check_seed(seed)
     role_table = roles.table  # a copy: taken once
+    absent = [c for c in ("layer", "head", "kv_head", *ROLES) if c not in role_table.columns]
+    if absent:  # a HeadRoles made by hand without every score: named, not a KeyError from pandas
+        raise OptionError(
+            f"The head roles' table has no column(s) {absent}: a HeadRoles holds every role score "
+            f"({', '.join(ROLES)}); compute them with tli.head_roles(model)."
+        )
     have = set(role_table.index)
     missing = [lab for lab in heads.index if lab not in have]
     if missing:

@@ -170,3 +170,12 @@ def test_the_signed_copying_median_is_explained(rep, tmp_path):
     nb = assoc._repr_html_()
     assert "closed heads: 1 copying (median |copying| 0.998), 1 suppressing (median |copying| 0.999)" in nb
     assert "by sign, below" in nb and "mixes copying" not in nb
+
+
+def test_roles_made_by_hand_without_every_score_are_refused_naming_the_columns(rep):
+    """A HeadRoles whose table lacks role scores (made by hand): the join names them (it raised pandas' KeyError)."""
+    full = fake_roles(rep)
+    t = full.table.drop(columns=["previous_token", "induction"])
+    partial = HeadRoles(table=t, summary=dict(full.summary), info=full.info)
+    with pytest.raises(OptionError, match=r"no column\(s\) \['previous_token', 'induction'\]"):
+        rep.roles(roles=partial, n_permutations=9)
