@@ -72,6 +72,9 @@ _EXPORTS: dict[str, str] = {
     "head_tokens": "tl_idempotence.probes.head_tokens",
     "AttendedTokenEffect": "tl_idempotence.probes.token_effect",
     "attended_token_effect": "tl_idempotence.probes.token_effect",
+    "EmbeddingTie": "tl_idempotence.probes.tied",
+    "embedding_tie": "tl_idempotence.probes.tied",
+    "own_copying_scores": "tl_idempotence.probes.tied",
     # report
     "IdempotenceReport": "tl_idempotence.report.report",
     "idempotence_report": "tl_idempotence.report.report",
