@@ -81,6 +81,7 @@ _EXPORTS: dict[str, str] = {
     "load_report": "tl_idempotence.report.report",
     "attention_view": "tl_idempotence.report.attention",  # runs the probe, then the view draws
     "RoleAssociation": "tl_idempotence.report.roles",
+    "Mechanism": "tl_idempotence.report.mechanism",
     "load_roles": "tl_idempotence.report.roles",
     "save_roles": "tl_idempotence.report.roles",
     # studies
