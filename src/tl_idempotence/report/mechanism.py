@@ -329,3 +329,59 @@ def mechanism_join(
     }
     summary["headline"] = _headline(summary, tie, n_closed_own, med_abs_copy)
     return Mechanism(table=table, signs=signs, summary=summary, tokens=tokens, effect=effect, tie=tie)
+
+
+#: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``).
+EXPORT_MECHANISM_COLUMNS = (
+    "effect_median", "frac_negative", "null_median", "effect_p", "effect_q", "self_rank_median", "frac_top_k",
+    "frac_bottom_k", "copying", "copying_own", "sign_agrees",
+)  # fmt: skip
+
+
+def check_mechanism_fits_report(heads: pd.DataFrame, threshold: float, mech: Any) -> Mechanism:
+    """A mechanism result joined with *this* report: every head it joined is one of the report's, with the
+    report's P, α and closed flag, at the report's threshold (no second identity check: ``rep.mechanism`` ran the
+    report's; this refuses a result of another report, never joining it to the wrong heads by label).
+
+    Raises:
+        OptionTypeError: not a :class:`Mechanism`. OptionError: heads, P, α or threshold that are not the report's
+            (names the first heads).
+    """
+    from ..errors import OptionError, OptionTypeError
+
+    if not isinstance(mech, Mechanism):
+        raise OptionTypeError(f"mechanism must be the result of rep.mechanism(model=...); got {type(mech).__name__}.")
+    t = mech._table
+    lack = [x for x in t.index if x not in heads.index]
+    if lack:
+        raise OptionError(
+            f"This mechanism result joined heads the report did not measure ({lack[:5]}): it is of another report; "
+            "make it with this report, rep.mechanism(model=...)."
+        )
+    h = heads.loc[t.index]
+    bad = []
+    for col in ("P", "alpha"):
+        a, b = t[col].to_numpy(dtype=float), h[col].to_numpy(dtype=float)
+        bad += [lab for lab, d in zip(t.index, ~((a == b) | (np.isnan(a) & np.isnan(b)))) if d]
+    if bad or float(mech.summary.get("threshold", math.nan)) != float(threshold):
+        raise OptionError(
+            f"This mechanism result was joined with another report (P or α differ at {sorted(set(bad))[:5]}, or "
+            f"threshold {mech.summary.get('threshold')} != {threshold:g}): make it with this report, "
+            "rep.mechanism(model=...)."
+        )
+    return mech
+
+
+def mechanism_columns(mech: Mechanism) -> pd.DataFrame:
+    """The :data:`EXPORT_MECHANISM_COLUMNS` of ``mech`` (``sign_agrees`` as object: True/False/None)."""
+    t = mech._table.loc[:, list(EXPORT_MECHANISM_COLUMNS)].copy()
+    t["sign_agrees"] = [None if pd.isna(v) else bool(v) for v in t["sign_agrees"]]
+    return t.astype({"sign_agrees": object})
+
+
+def mechanism_record(mech: Mechanism) -> dict[str, Any]:
+    """The JSON export of a mechanism result: its summary (without the probes' own summaries) and its ``signs``
+    rows, under ``"mechanism"`` of the report's ``--json``."""
+    s = {k: v for k, v in thawed(mech.summary).items() if k not in ("head_tokens", "attended_token_effect")}
+    signs = [{"quantity": q, "group": g, **row.to_dict()} for (q, g), row in mech._signs.iterrows()]
+    return {"summary": s, "signs": signs}

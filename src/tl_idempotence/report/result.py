@@ -423,6 +423,7 @@ class IdempotenceReport(Result):
         top_k: IntLike | None = None,
         max_tokens: IntLike = 64,
         roles: RoleAssociation | None = None,
+        mechanism: Mechanism | None = None,
     ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
@@ -437,6 +438,9 @@ class IdempotenceReport(Result):
             roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (the closed
                 heads' role scores next to all heads, the association table, the top heads of each role and
                 the figure of each role's score against P; SPEC 11).
+            mechanism: this report's :meth:`mechanism` result: adds the section "What the closed heads do to
+                tokens" (per closed head α, P, the tokens it promotes and suppresses, the attended-token effect with
+                its null; the signed scores by sign; SPEC 12).
 
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
@@ -444,8 +448,9 @@ class IdempotenceReport(Result):
             OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
                 ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.report.outputs`); ``attention_heads``,
                 ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model; ``roles``
-                joined with another report (names the heads).
-            OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result.
+                joined with another report (names the heads); a ``mechanism`` of another report.
+            OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result; ``mechanism`` is
+                not a ``rep.mechanism(...)`` result.
         """
         refuse_outputs_over_inputs([("path", path)], self.inputs)  # first, as every writer (write_output again)
         out = report_output(  # checks roles against the report (renders nothing yet)
@@ -456,6 +461,7 @@ class IdempotenceReport(Result):
             top_k=top_k,
             max_tokens=max_tokens,
             roles=roles,
+            mechanism=mechanism,
         )
         if attention_text is None:  # options of the attention view alone would be silently ignored
             ignored = [n for n, v in (("attention_heads", attention_heads), ("top_k", top_k)) if v is not None]

@@ -14,6 +14,7 @@ errors; the result is immutable and hands out copies.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,3 +211,32 @@ def test_roles_are_joined_through_the_reports_identity_check(joined):
     other = constructed(seed=4)
     with pytest.raises(ReportMismatchError, match="roles"):
         rep.mechanism(texts=tokens(), roles=tli.head_roles(other, n_tokens=4, n_sequences=1), **FAST)
+
+
+def test_page_json_and_csv_carry_the_mechanism(joined, tmp_path):
+    import json
+
+    import pandas as pd
+
+    _, rep, mech = joined
+    page = Path(rep.save_html(tmp_path / "r.html", mechanism=mech)).read_text(encoding="utf-8")
+    assert "What the closed heads do to tokens" in page and "Signed scores by sign" in page
+    sec = page[page.index("What the closed heads do to tokens") :]
+    assert all(f"L0H{h}" in sec for h in range(4)) and "copying (G = I)" in sec
+    from tl_idempotence.report.export import report_output
+    from tl_idempotence.report.outputs import write_output
+
+    write_output(report_output(rep, mechanism=mech), tmp_path / "r.json", ("json",))
+    rec = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    assert rec["mechanism"]["summary"]["n_agree"] == 4 and len(rec["mechanism"]["signs"]) == 8
+    by = {h["label"]: h for h in rec["closed_heads"]}
+    assert by["L0H1"]["effect_median"] == pytest.approx(mech.table.loc["L0H1", "effect_median"])
+    assert by["L0H1"]["sign_agrees"] is True
+    write_output(report_output(rep, mechanism=mech), tmp_path / "r.csv", ("csv",))
+    csv = pd.read_csv(tmp_path / "r.csv").set_index("label")
+    np.testing.assert_allclose(csv["copying_own"].to_numpy(), mech.table["copying_own"].to_numpy(), atol=1e-12)
+    # a mechanism of another report (another threshold) is refused, never joined by label
+    with pytest.raises(OptionError, match="another report"):
+        rep.with_threshold(0.5).save_html(tmp_path / "s.html", mechanism=mech)
+    with pytest.raises(OptionTypeError, match=r"rep\.mechanism"):
+        rep.save_html(tmp_path / "t.html", mechanism=rep.heads)
