@@ -72,12 +72,16 @@ _EXPORTS: dict[str, str] = {
     "head_tokens": "tl_idempotence.probes.head_tokens",
     "AttendedTokenEffect": "tl_idempotence.probes.token_effect",
     "attended_token_effect": "tl_idempotence.probes.token_effect",
+    "EmbeddingTie": "tl_idempotence.probes.tied",
+    "embedding_tie": "tl_idempotence.probes.tied",
+    "own_copying_scores": "tl_idempotence.probes.tied",
     # report
     "IdempotenceReport": "tl_idempotence.report.report",
     "idempotence_report": "tl_idempotence.report.report",
     "load_report": "tl_idempotence.report.report",
     "attention_view": "tl_idempotence.report.attention",  # runs the probe, then the view draws
     "RoleAssociation": "tl_idempotence.report.roles",
+    "Mechanism": "tl_idempotence.report.mechanism",
     "load_roles": "tl_idempotence.report.roles",
     "save_roles": "tl_idempotence.report.roles",
     # studies

@@ -52,3 +52,13 @@ def test_a_report_from_weights_only_refuses_roles_naming_its_source(tiny_dir):
 
     with pytest.raises(UnsupportedModelError, match="gives weights only, not a model TransformerLens can run"):
         rep.roles(model=from_path(tiny_dir))  # a bare HeadSource
+
+
+def test_mechanism_on_a_checkpoint_path_exits_2_saying_why(tiny_dir, tmp_path, capsys):
+    assert _exit_code(["report", str(tiny_dir), "--mechanism", "--out", str(tmp_path / "r.html")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--mechanism runs the model on text" in err and "weights only" in err
+    assert not (tmp_path / "r.html").exists()
+    assert _exit_code(["report", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--mechanism" in out and "sign(α)" in out

@@ -4,7 +4,7 @@ Commands::
 
     tl-idempotence report [MODEL] [--out FILE] [--csv heads.csv] [--json] [--threshold 0.9]
                           [--layers 0,5,10-12] [--nulls N] [--search] [--algebra] [--seed S]
-                          [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT] [--roles]
+                          [--processing raw|tl] [--cls bridge|hooked] [--attention-text TEXT] [--roles] [--mechanism]
                           [--compute-dtype float64|float32] [--device cpu|cuda|auto] [--resume DIR]
                           [--quiet] [--debug]
     tl-idempotence models                     # the offline model zoo and what is cached
@@ -24,7 +24,9 @@ object, no transformer_lens import), unless the options need a TransformerLens m
 ``--roles`` runs TransformerLens's head detector and the copying score on that model (``rep.roles``) and joins
 them with the report: the page gets the section "What the closed heads do", ``--csv`` the role columns,
 ``--json`` the association table and the closed heads' scores. A checkpoint path gives weights only, so
-``--roles`` on one is refused (exit 2) before any work.
+``--roles`` on one is refused (exit 2) before any work. ``--mechanism`` (``rep.mechanism``, SPEC 12) measures what
+the heads do to tokens on that model and whether sign(α) predicts it: the page gets the section "What the closed
+heads do to tokens", ``--csv`` its columns, ``--json`` its summary; refused on a checkpoint path likewise.
 
 Outputs: the summary (or ``--json``) on stdout; the report to ``--out`` in the format its extension names (the
 output registry, :mod:`tl_idempotence.report.outputs`: ``.html`` page, ``.json``, ``.csv``, ``.parquet``; another

@@ -181,6 +181,14 @@ def _add_report_command(sub: Any, known: str) -> None:
         "a model TransformerLens can run: a zoo model or a hub name)",
     )
     r.add_argument(
+        "--mechanism",
+        action="store_true",
+        help="also measure what the heads do to tokens (SPEC 12: the OV circuit's token readout, each head's direct "
+        "effect on the token it attends to on the default corpus, the copying score with G = I) and whether sign(α) "
+        "predicts that effect (rep.mechanism): a page section, the columns in --csv, the result in --json; seeded "
+        "by --seed (needs a model TransformerLens can run: a zoo model or a hub name; minutes on a CPU)",
+    )
+    r.add_argument(
         "--resume",
         type=folder,
         default=None,

@@ -82,6 +82,12 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
             "only (no model to run): use a zoo model or a hub name, or in Python "
             "rep.roles(model=TransformerBridge.boot_transformers(folder))"
         )
+    if kind == "path" and args.mechanism:
+        parser.error(
+            "--mechanism runs the model on text (the attended-token effect), and a checkpoint path is read as weights "
+            "only (no model to run): use a zoo model or a hub name, or in Python "
+            "rep.mechanism(model=TransformerBridge.boot_transformers(folder))"
+        )
     return kind, value
 
 
@@ -125,14 +131,14 @@ def _summary_text(rep: Any) -> str:
     return "\n".join(lines)
 
 
-def summary_json(rep: Any, roles: Any = None) -> str:
+def summary_json(rep: Any, roles: Any = None, mechanism: Any = None) -> str:
     """``--json``: the report's JSON export (:func:`~tl_idempotence.report.report.export_record`, with ``--roles``
     the role columns and the association) under the export NaN policy (NaN as null,
     :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
     from ..core.jsonio import EXPORT, json_text
     from ..report.report import export_record
 
-    return json_text(export_record(rep, roles), EXPORT, indent=1)
+    return json_text(export_record(rep, roles, mechanism), EXPORT, indent=1)
 
 
 def _roles_text(roles: Any) -> str:
@@ -238,7 +244,9 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.freeze_gc:
         gc.freeze()
 
-    needs_model = args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None or args.roles
+    needs_model = (
+        args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None or args.roles
+    ) or args.mechanism
     model: Any
     if kind == "zoo" and not needs_model:
         from ..sources import zoo
@@ -258,6 +266,12 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         if not args.quiet:  # no bar: the detector's forward passes and the eigenvalues take seconds to a minute
             print("tl-idempotence: computing head roles (head detector and copying score)...", file=sys.stderr)
         roles = rep.roles(model=model, seed=args.seed)
+    mechanism = None
+    if args.mechanism:
+        if not args.quiet:
+            print("tl-idempotence: measuring what the heads do to tokens (token readout, attended-token effect)...",
+                  file=sys.stderr)  # fmt: skip
+        mechanism = rep.mechanism(model=model, roles=roles, seed=args.seed)
     wrote = []
     from ..report.outputs import write_output
     from ..report.report import report_output
@@ -265,21 +279,25 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if page is not None:
         existed = os.path.lexists(page)
         view_model = model if needs_model or kind == "hub" else None
-        out = report_output(rep, attention_text=args.attention_text, model=view_model, roles=roles)
+        out = report_output(rep, attention_text=args.attention_text, model=view_model, roles=roles, mechanism=mechanism)
         write_output(out, page, OUT_FORMATS, flag="--out", stream_format=_out_stream_format(args))
         wrote.append(_written(page, existed))
     if args.csv:
         existed = os.path.lexists(args.csv)
-        write_output(report_output(rep, roles=roles), args.csv, ("csv",), flag="--csv", stream_format="csv")
+        write_output(
+            report_output(rep, roles=roles, mechanism=mechanism), args.csv, ("csv",), flag="--csv", stream_format="csv"
+        )
         wrote.append(_written(args.csv, existed))
     if args.json:
-        print(summary_json(rep, roles))
+        print(summary_json(rep, roles, mechanism))
         if wrote:  # stdout is the JSON alone; what was written goes to stderr
             print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
     else:
         print(_summary_text(rep))
         if roles is not None:
             print(_roles_text(roles))
+        if mechanism is not None:
+            print(mechanism.headline)
         if wrote:
             print(f"wrote {' and '.join(wrote)}")
     return EXIT_OK

@@ -21,10 +21,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.heads import ModelInfo
     from ..core.hints import HeadPairs, IntLike, TLModel
     from ..core.options import ReportOptions
+    from .mechanism import Mechanism
     from .roles import RoleAssociation
     from .summary import ReportSummary
 
-__all__ = ["EXPORT_HEAD_COLUMNS", "EXPORT_ROLE_COLUMNS", "export_record", "heads_with_roles", "report_output"]
+__all__ = [
+    "EXPORT_HEAD_COLUMNS",
+    "EXPORT_ROLE_COLUMNS",
+    "export_record",
+    "heads_with_mechanism",
+    "heads_with_roles",
+    "report_output",
+]
 
 
 class WrittenReport(Protocol):
@@ -73,7 +81,21 @@ def heads_with_roles(heads: pd.DataFrame, roles: RoleAssociation | None) -> pd.D
     return heads if roles is None else heads.join(roles.table[list(EXPORT_ROLE_COLUMNS)])
 
 
-def export_record(rep: WrittenReport, roles: RoleAssociation | None = None) -> dict[str, Any]:
+def heads_with_mechanism(heads: pd.DataFrame, mechanism: Mechanism | None) -> pd.DataFrame:
+    """``heads`` with the mechanism columns (:data:`~tl_idempotence.report.mechanism.EXPORT_MECHANISM_COLUMNS`
+    that ``heads`` does not have yet: the role export's ``copying`` is the same score) joined on the head label
+    (NaN for a head the mechanism did not join); ``heads`` itself without one."""
+    if mechanism is None:
+        return heads
+    from .mechanism import mechanism_columns
+
+    m = mechanism_columns(mechanism)
+    return heads.join(m[[c for c in m.columns if c not in heads.columns]])
+
+
+def export_record(
+    rep: WrittenReport, roles: RoleAssociation | None = None, mechanism: Mechanism | None = None
+) -> dict[str, Any]:
     """The report's JSON export (``.json`` outputs and the CLI's ``--json``): ``{"headline": rep.headline (closed
     count and scramble q count in separate clauses), "summary": rep.summary,
     "closed_heads": [{"label": "L10H8", "layer": .., "head": .., "alpha": .., "P": .., ...}, ...]}``, closed heads
@@ -83,16 +105,28 @@ def export_record(rep: WrittenReport, roles: RoleAssociation | None = None) -> d
     ``scramble_effect`` is ``log10(P / P_scrambled_median)`` (docs/definitions.md).
     Written under the export NaN policy (:data:`~tl_idempotence.core.jsonio.EXPORT`: NaN as ``null``).
 
+    With ``mechanism`` (``rep.mechanism(...)``) also its per-head columns and ``"mechanism": {"summary", "signs"}``
+    (:func:`~tl_idempotence.report.mechanism.mechanism_record`).
+
     Raises:
-        OptionError / OptionTypeError: ``roles`` not joined with this report
-            (:func:`~tl_idempotence.report.roles.check_roles_fit_report`)."""
+        OptionError / OptionTypeError: ``roles`` or ``mechanism`` not joined with this report
+            (:func:`~tl_idempotence.report.roles.check_roles_fit_report`,
+            :func:`~tl_idempotence.report.mechanism.check_mechanism_fits_report`)."""
     if roles is not None:
         from .roles import check_roles_fit_report
 
         check_roles_fit_report(rep.heads, rep.threshold, roles)
+    if mechanism is not None:
+        from .mechanism import check_mechanism_fits_report
+
+        check_mechanism_fits_report(rep.heads, rep.threshold, mechanism)
     cols = [c for c in EXPORT_HEAD_COLUMNS if c in rep.heads.columns]
     cols += list(EXPORT_ROLE_COLUMNS) if roles is not None else []
-    closed_heads = heads_with_roles(rep.closed_heads, roles)
+    closed_heads = heads_with_mechanism(heads_with_roles(rep.closed_heads, roles), mechanism)
+    if mechanism is not None:
+        from .mechanism import EXPORT_MECHANISM_COLUMNS
+
+        cols += [c for c in EXPORT_MECHANISM_COLUMNS if c in closed_heads.columns and c not in cols]
     closed = [{"label": lab, **{c: row[c] for c in cols}} for lab, row in closed_heads.iterrows()]
     out: dict[str, Any] = {"headline": report_headline(rep.summary, rep.threshold), "summary": rep.summary}
     out["closed_heads"] = closed
@@ -102,6 +136,10 @@ def export_record(rep: WrittenReport, roles: RoleAssociation | None = None) -> d
             "summary": roles.summary,
             "association": [{"role": r, **row.to_dict()} for r, row in roles.association.iterrows()],
         }
+    if mechanism is not None:
+        from .mechanism import mechanism_record
+
+        out["mechanism"] = mechanism_record(mechanism)
     return out
 
 
@@ -114,6 +152,7 @@ def report_output(
     top_k: IntLike | None = None,
     max_tokens: IntLike = 64,
     roles: RoleAssociation | None = None,
+    mechanism: Mechanism | None = None,
 ) -> Output:
     """What a report can be written as (:class:`~tl_idempotence.report.outputs.Output`): its page (with an
     attention section on ``attention_text``: the probe runs ``model``, the view draws; with ``roles``, the section
@@ -126,6 +165,10 @@ def report_output(
         from .roles import check_roles_fit_report
 
         check_roles_fit_report(rep.heads, rep.threshold, roles)
+    if mechanism is not None:  # with ``mechanism`` the page's section "What the closed heads do to tokens"
+        from .mechanism import check_mechanism_fits_report
+
+        check_mechanism_fits_report(rep.heads, rep.threshold, mechanism)
 
     def page() -> str:
         extra = []
@@ -137,7 +180,8 @@ def report_output(
                     rep, attention_text, model=model, heads=attention_heads, top_k=top_k, max_tokens=max_tokens
                 )
             )
-        return str(views().report_html(rep, extra_html=extra, roles=roles))
+        more = {} if mechanism is None else {"mechanism": mechanism}
+        return str(views().report_html(rep, extra_html=extra, roles=roles, **more))
 
     def folder(path: Path, overwrite: bool) -> Path:
         rec = ReportRecord(
@@ -154,7 +198,7 @@ def report_output(
         what="report",
         inputs=rep.inputs,
         page=page,
-        record=lambda: export_record(rep, roles),
-        table=lambda: heads_with_roles(rep.heads, roles).reset_index(names="label"),
+        record=lambda: export_record(rep, roles, mechanism),
+        table=lambda: heads_with_mechanism(heads_with_roles(rep.heads, roles), mechanism).reset_index(names="label"),
         folder=folder,
     )

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import HeadPairs, HeadsLike, IntLike, PathLike, RealLike, TLModel
     from ..probes.ablation import Ablation, AblationArgs
     from ..probes.roles import HeadRoles
+    from .mechanism import Mechanism
     from .roles import Circuit, RoleAssociation
 
 __all__ = ["FrameTables", "IdempotenceReport"]
@@ -433,6 +434,7 @@ class IdempotenceReport(Result):
         top_k: IntLike | None = None,
         max_tokens: IntLike = 64,
         roles: RoleAssociation | None = None,
+        mechanism: Mechanism | None = None,
     ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
@@ -447,6 +449,9 @@ class IdempotenceReport(Result):
             roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (the closed
                 heads' role scores next to all heads, the association table, the top heads of each role and
                 the figure of each role's score against P; SPEC 11).
+            mechanism: this report's :meth:`mechanism` result: adds the section "What the closed heads do to
+                tokens" (per closed head α, P, the tokens it promotes and suppresses, the attended-token effect with
+                its null; the signed scores by sign; SPEC 12).
 
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
@@ -454,8 +459,9 @@ class IdempotenceReport(Result):
             OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
                 ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.report.outputs`); ``attention_heads``,
                 ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model; ``roles``
-                joined with another report (names the heads).
-            OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result.
+                joined with another report (names the heads); a ``mechanism`` of another report.
+            OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result; ``mechanism`` is
+                not a ``rep.mechanism(...)`` result.
         """
         refuse_outputs_over_inputs([("path", path)], self.inputs)  # first, as every writer (write_output again)
         out = report_output(  # checks roles against the report (renders nothing yet)
@@ -466,6 +472,7 @@ class IdempotenceReport(Result):
             top_k=top_k,
             max_tokens=max_tokens,
             roles=roles,
+            mechanism=mechanism,
         )
         if attention_text is None:  # options of the attention view alone would be silently ignored
             ignored = [n for n, v in (("attention_heads", attention_heads), ("top_k", top_k)) if v is not None]
@@ -630,6 +637,111 @@ class IdempotenceReport(Result):
             )
             self.check_joins(roles=roles)  # the weights the scores were computed from (the same path)
         return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
+
+    @strict_kwargs
+    def mechanism(
+        self,
+        model: TLModel | None = None,
+        texts: Any = None,
+        heads: Any = None,
+        roles: HeadRoles | RoleAssociation | None = None,
+        *,
+        n_tokens: IntLike = 512,
+        k: IntLike = 20,
+        seq_len: IntLike = 128,
+        max_tokens: IntLike | None = 2048,
+        batch_size: IntLike = 8,
+        n_permutations: IntLike = 999,
+        seed: IntLike = 0,
+    ) -> Mechanism:
+        """What the closed heads do to tokens (SPEC 12): this report's P, α and closed set joined with the token
+        readout (:func:`~tl_idempotence.probes.head_tokens.head_tokens`), the attended-token effect on text
+        (:func:`~tl_idempotence.probes.token_effect.attended_token_effect`), the copying score and the copying
+        score with G = I (:func:`~tl_idempotence.probes.tied.own_copying_scores`), and whether sign(α) predicts
+        the sign of the effect (:func:`~tl_idempotence.report.mechanism.mechanism_join`: a sign test among closed
+        heads, Spearman of α·P with the effect and a seeded permutation p among all joined heads).
+
+        Args:
+            model: the TransformerLens model (default: the one the report was made from, while it is alive),
+                checked against the report first by content (:meth:`check_joins`, weight processing included): the
+                report's own model edited in place since is refused.
+            texts: the text of the attended-token effect (None: the default corpus; as ``attended_token_effect``).
+            heads: the heads to join (None: every head the report measured; ``(layer, head)`` pairs, ``"L10H8"``
+                labels or a DataFrame such as ``rep.closed_heads``); the Spearman test runs over these.
+            roles: head roles of the report's model (``tli.head_roles`` or ``rep.roles(...)``, checked by
+                :meth:`check_joins`): their attention-role scores are added to the table.
+            n_tokens, k: the token readout's sample size and top/bottom size.
+            seq_len, max_tokens, batch_size: the attended-token effect's windows.
+            n_permutations: permutations of the Spearman test (1 .. 2^20).
+            seed: the token sample's, the null sources' and the permutations' seed.
+
+        Returns:
+            :class:`~tl_idempotence.report.mechanism.Mechanism` (``.headline``, ``.table`` indexed by ``"L10H8"``,
+            ``.signs``, ``.top_tokens(label)``).
+
+        Cost: one hash pass over the measured weights, one forward pass per ``batch_size`` windows, and about
+        ``n_tokens · d_vocab · d_head`` multiply-adds per joined head (the readout).
+
+        Raises:
+            ReportMismatchError (an OptionError): ``model`` (also the report's own, edited in place) or ``roles``
+                is not of the model this report measured (names the layer or what differs).
+            OptionError: no model; heads outside the measured layers or unknown; counts out of range.
+            OptionTypeError: an option of the wrong type; ``roles`` neither result. UnsupportedModelError /
+                WeightError: as the probes (no ``W_E``/``W_U``, ``d_vocab_out != d_vocab``, NaN weights).
+        """
+        from ..core.options import check_int, check_seed
+        from ..core.selection import head_labels, select_heads
+        from ..probes.head_tokens import MAX_TOKENS, head_tokens
+        from ..probes.roles import HeadRoles, copying_scores
+        from ..probes.tied import embedding_tie, own_copying_scores
+        from ..probes.token_effect import attended_token_effect
+        from .mechanism import mechanism_join
+        from .roles import RoleAssociation
+
+        n_perm = check_int(n_permutations, "n_permutations", 1, 1 << 20)
+        seed = check_seed(seed)
+        n_tokens = check_int(n_tokens, "n_tokens", 1, MAX_TOKENS)
+        k = check_int(k, "k", 1)
+        seq_len = check_int(seq_len, "seq_len", 2, 1 << 24)
+        if max_tokens is not None:
+            max_tokens = check_int(max_tokens, "max_tokens", 1)
+        batch_size = check_int(batch_size, "batch_size", 1, 1 << 20)
+        if roles is not None and not isinstance(roles, (HeadRoles, RoleAssociation)):
+            raise OptionTypeError(
+                f"roles must be a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
+                f"{type(roles).__name__}."
+            )
+        m = model if model is not None else self.model
+        if m is None:
+            raise OptionError(
+                "rep.mechanism needs the TransformerLens model (the attended-token effect runs it on text): this "
+                f"report was measured from {self.info.model_class} {self.info.model_name!r}, which is not alive here "
+                "or gives weights only. Pass rep.mechanism(model=...) with the HookedTransformer or "
+                "TransformerBridge of the same weights."
+            )
+        self.check_joins(model=m)  # the one identity check: sizes, processing, every measured layer's weights
+        hr = self.check_joins(roles=roles) if roles is not None else None
+        h = self._heads
+        measured = sorted(int(x) for x in h["layer"].unique())
+        sel = select_heads(heads, measured, self.info.n_heads, labels=True)
+        pairs = [(a, b) for a, hs in sorted(sel.items()) for b in hs]
+        labels = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
+        missing = [lab for lab in labels if lab not in h.index]
+        if missing:
+            raise OptionError(f"Heads {missing[:10]} are not heads this report measured.")
+        tie = embedding_tie(m)
+        d_vocab = int(getattr(m.cfg, "d_vocab", 0) or 0)
+        if d_vocab and k > d_vocab:
+            raise OptionError(f"k must be at most d_vocab = {d_vocab} (the token readout's top/bottom size); got {k}.")
+        effect = attended_token_effect(  # first: the text is checked before the readout's cost
+            m, heads=pairs, texts=texts, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed
+        )
+        tokens = head_tokens(m, heads=pairs, n_tokens=n_tokens, k=k, seed=seed)
+        copying, _, _ = copying_scores(m)
+        own, _ = own_copying_scores(m)
+        return mechanism_join(
+            h.loc[labels], self.threshold, tokens, effect, copying, own, tie, hr, n_permutations=n_perm, seed=seed
+        )
 
     @strict_kwargs
     def circuit(

@@ -293,6 +293,36 @@ def _ablation_html(ab: Any) -> str:
     return out + "</div>"
 
 
+#: The summary entries a mechanism result's display shows first, in this order.
+_MECHANISM_LEAD = (
+    "n_heads", "n_closed", "n_sign_tested", "n_agree", "sign_test_p", "n_spearman", "spearman_rho", "spearman_p",
+    "p_floor", "tied", "n_closed_own_sign_alpha", "median_abs_copying_closed", "seed",
+)  # fmt: skip
+
+
+def _mechanism_html(mech: Any) -> str:
+    """``rep.mechanism(...)``: the headline sentence, its leading numbers, the closed heads' rows (by P), the
+    signed columns by sign, and every head folded (rows of the result's table, never recomputed)."""
+    s = mech.summary
+    lead = {k: s[k] for k in _MECHANISM_LEAD if k in s}
+    out = f"<div><b>{html.escape(type(mech).__name__)}</b><p>{html.escape(str(mech.headline))}</p>"
+    out += _summary_table(lead, limit=len(lead))
+    if s.get("notes"):
+        out += f"<div style='font-size:11px'>Note: {html.escape(str(s['notes']))}</div>"
+    t = mech.table
+    t_ = float(s["threshold"]) if isinstance(s.get("threshold"), float) else None
+    cols = [c for c in ("P", "alpha", "effect_median", "effect_q", "self_rank_median", "copying", "copying_own",
+                        "sign_agrees") if c in t.columns]  # fmt: skip
+    closed = t[t["closed"]].sort_values("P", ascending=False, kind="stable")
+    out += (
+        f"<details open><summary>closed heads ({len(closed)}{'; the first 20' if len(closed) > 20 else ''})</summary>"
+        f"{_frame_html(closed[cols].head(20), t_) if len(closed) else '<p>none</p>'}</details>"
+    )
+    out += f"<details><summary>signed scores by sign</summary>{_frame_html(mech.signs, None)}</details>"
+    out += f"<details><summary>every head ({len(t)}; the first 50)</summary>{_frame_html(t.head(50), t_)}</details>"
+    return out + "</div>"
+
+
 def _comparison_html(cmp: Any) -> str:
     """A comparison (or sweep): the headline sentence, its warnings, the overview table; the summary and the
     heads folded (the summary open when items failed or are missing)."""
@@ -358,6 +388,8 @@ def result_html(obj: Any) -> str:
         return _ablation_html(obj)
     if kind == "comparison":
         return _comparison_html(obj)
+    if kind == "mechanism":
+        return _mechanism_html(obj)
     name = type(obj).__name__
     try:
         summary = obj.summary

@@ -26,6 +26,7 @@ __all__ = [
     "datatable_html",
     "datatables_init_html",
     "display_frame",
+    "mechanism_section_tables",
     "p_value_note",
     "report_html",
     "roles_section_tables",
@@ -304,7 +305,61 @@ def _roles_note(assoc: Any) -> str:
     )
 
 
-def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None) -> str:
+def _tokens_text(top: pd.DataFrame, kind: str, n: int) -> str:
+    rows = top[top["kind"] == kind].head(n)
+    return ", ".join(repr(t) if isinstance(t, str) else f"#{i}" for t, i in zip(rows["token"], rows["token_id"]))
+
+
+def mechanism_section_tables(mech: Any, threshold: float, n_tokens: int = 5) -> dict[str, pd.DataFrame]:
+    """The tables of the page's "What the closed heads do to tokens" section, as display strings, from
+    ``rep.mechanism(...)``.
+
+    Returns:
+        ``closed``: per closed head (by P): α, P, the ``n_tokens`` source tokens it promotes and suppresses most for
+        themselves (``mech.top_tokens``), its median attended-token effect with the null's median, the sign-test
+        p and BH q, the copying score and the G = I score; ``signs``: the signed columns by sign
+        (``mech.signs``: counts and median |x| of each sign, never one median of a mixed set).
+    """
+    t = mech.table
+    closed = t[t["closed"].astype(bool)].sort_values("P", ascending=False, kind="stable")
+    rows = []
+    for lab, r in closed.iterrows():
+        top = mech.top_tokens(lab)
+        rows.append(
+            {
+                "head": lab,
+                "α": f"{r['alpha']:.4g}",
+                "P": format_P(r["P"], threshold),
+                f"promoted (top {n_tokens})": _tokens_text(top, "promoted", n_tokens),
+                f"suppressed (top {n_tokens})": _tokens_text(top, "suppressed", n_tokens),
+                "median self-rank": f"{r['self_rank_median']:.3g}",
+                "effect (median)": f"{r['effect_median']:+.3g}",
+                "null (median)": f"{r['null_median']:+.3g}",
+                "p / BH q": f"{r['effect_p']:.2g} / {r['effect_q']:.2g}",
+                "sign = sign(α)": "" if pd.isna(r["sign_agrees"]) else ("yes" if r["sign_agrees"] else "no"),
+                "copying": f"{r['copying']:+.3g}",
+                "copying (G = I)": f"{r['copying_own']:+.3g}",
+            }
+        )
+    signs = mech.signs.reset_index()
+    for col in ("median_abs_positive", "median_abs_negative"):
+        signs[col] = [f"{v:.3g}" for v in signs[col]]
+    return {"closed": pd.DataFrame(rows), "signs": signs}
+
+
+def _mechanism_note(mech: Any) -> str:
+    s = mech.summary
+    conv = s.get("conventions", {})
+    return (
+        f"{mech.headline} Attended-token effect: {conv.get('effect')}; null: the same head's effect on a seeded random "
+        f"earlier token, two-sided sign test, BH q over the heads. Token readout: {conv.get('tokens')}. Copying "
+        "(G = I): Re Σλ / Σ|λ| over T's own eigenvalues, exactly sign(α) for T = α·(any projection); on a tied model "
+        "an orthogonal projection also gives copying = sign(α) exactly (docs/definitions.md §12). Direct effects "
+        "only: indirect paths and self-repair are not measured."
+    )
+
+
+def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None, mechanism: Any = None) -> str:
     """The standalone report page as a string (plotly.js inlined once; no remote scripts).
 
     ``roles``: a ``rep.roles(model=...)`` result of this report (already checked by the caller); adds the section
@@ -372,6 +427,21 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
                     ("The top heads of each role", _table_html(tabs["top"])),
                 ],
                 "figures": [div(roles_figure(roles))],
+                "folded": [],
+            }
+        )
+    if mechanism is not None:  # ``rep.mechanism(...)`` of this report (checked by the caller)
+        mtabs = mechanism_section_tables(mechanism, rep.threshold)
+        sections.append(
+            {
+                "id": "mechanism",
+                "title": "What the closed heads do to tokens",
+                "note": _mechanism_note(mechanism),
+                "tables": [
+                    ("The closed heads, by P", _table_html(mtabs["closed"]) if len(mtabs["closed"]) else ""),
+                    ("Signed scores by sign", _table_html(mtabs["signs"])),
+                ],
+                "figures": [],
                 "folded": [],
             }
         )

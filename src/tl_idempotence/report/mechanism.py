@@ -1,0 +1,387 @@
+"""What the closed heads do to tokens, joined with closure (SPEC 12): ``rep.mechanism(model=...)``.
+
+:func:`mechanism_join` joins a report's ``P``, ``α`` and ``closed`` (and head roles when given) with the token
+readout (:func:`~tl_idempotence.probes.head_tokens.head_tokens`), the attended-token effect on text
+(:func:`~tl_idempotence.probes.token_effect.attended_token_effect`), the real copying score
+(:func:`~tl_idempotence.probes.roles.copying_scores`) and the copying score with ``G = I``
+(:func:`~tl_idempotence.probes.tied.own_copying_scores`), and answers two questions:
+
+* among closed heads with ``α ≠ 0`` and a nonzero median effect: how many have ``sign(effect_median) = sign(α)``,
+  with a two-sided sign test (``scipy.stats.binomtest``, p = 1/2);
+* among all joined heads with a defined ``α·P`` and effect: the Spearman correlation of ``α·P`` with
+  ``effect_median`` (scipy), with a seeded two-sided permutation p (scipy's ``permutation_test``, pairings;
+  floor ``2/(n_permutations + 1)``).
+
+Signed scores (α, the effect, both copying scores) are summarized by sign (:attr:`Mechanism.signs`: counts of
+positive and negative values and the median ``|x|`` of each), never as one median of a mixed set. Whether the
+model ties its embeddings (:func:`~tl_idempotence.probes.tied.embedding_tie`) is stated, and for a tied model
+the headline says which part of "closed ⇒ copying = sign(α)" is algebra.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from dataclasses import FrozenInstanceError
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from ..core.frozen import frozen, thawed
+from ..core.results import Result
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..probes.head_tokens import HeadTokens
+    from ..probes.roles import HeadRoles
+    from ..probes.tied import EmbeddingTie
+    from ..probes.token_effect import AttendedTokenEffect
+
+__all__ = ["Mechanism", "mechanism_join", "sign_summary"]
+
+#: Permutations of the Spearman test (two-sided p floor 2/(n + 1) = 0.002).
+DEFAULT_N_PERMUTATIONS = 999
+#: numpy SeedSequence tag of the permutation stream (never shared with another module's streams).
+_TAG_MECHANISM = 7
+#: The question every headline asks first.
+QUESTION = "Does sign(α) predict the sign of a closed head's direct effect on the token it attends to?"
+#: The signed columns :attr:`Mechanism.signs` summarizes.
+SIGNED = ("alpha", "effect_median", "copying", "copying_own")
+
+
+class Mechanism(Result):
+    """Result of ``rep.mechanism(model=...)`` (module docstring). Immutable, like the report: :attr:`table` and
+    :attr:`signs` are copies made on each read, :attr:`summary` is read-only, and assigning an attribute raises
+    ``dataclasses.FrozenInstanceError``.
+
+    Attributes:
+        table: one row per joined head, indexed by ``"L10H8"``: ``layer, head, kv_head, P, alpha, closed,
+            alpha_P`` (the report's), ``effect_median, frac_negative, null_median, effect_p, effect_q,
+            n_positions`` (the attended-token effect: standardized, direct, on text), ``self_rank_median,
+            frac_top_k, frac_bottom_k`` (the token readout), ``copying`` (the full OV circuit's score),
+            ``copying_own`` (the same with ``G = I``: T's own eigenvalues), ``sign_agrees`` (closed heads with
+            ``α ≠ 0`` and a nonzero effect: ``sign(effect_median) == sign(α)``; NA otherwise), and the attention
+            roles (``previous_token, duplicate_token, induction``) when roles were given.
+        signs: one row per (signed column, group ``closed``/``all``): ``n_positive, median_abs_positive,
+            n_negative, median_abs_negative, n_zero, n_nan``.
+        summary: ``model_name, n_heads, n_closed, threshold, n_sign_tested, n_agree, sign_test_p, n_spearman,
+            spearman_rho, spearman_p, n_permutations, p_floor, seed, tied, embedding_tie`` (the
+            :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict), ``n_closed_own_sign_alpha`` (closed heads
+            whose G = I score has the sign of α), ``headline``, ``notes``, and the probes' ``conventions``.
+        tokens: the :class:`~tl_idempotence.probes.head_tokens.HeadTokens` joined (its ``top_tokens``).
+        effect: the :class:`~tl_idempotence.probes.token_effect.AttendedTokenEffect` joined (its positions).
+        tie: the :class:`~tl_idempotence.probes.tied.EmbeddingTie`.
+    """
+
+    repr_keys: ClassVar[tuple[str, ...]] = (
+        "model_name", "n_heads", "n_closed", "n_agree", "n_sign_tested", "sign_test_p", "spearman_rho", "tied",
+    )  # fmt: skip
+    display_kind: ClassVar[str] = "mechanism"
+
+    _table: pd.DataFrame
+    _signs: pd.DataFrame
+    summary: Mapping[str, Any]
+    tokens: HeadTokens
+    effect: AttendedTokenEffect
+    tie: EmbeddingTie
+
+    def __init__(
+        self,
+        table: pd.DataFrame,
+        signs: pd.DataFrame,
+        summary: Mapping[str, Any],
+        tokens: HeadTokens,
+        effect: AttendedTokenEffect,
+        tie: EmbeddingTie,
+    ) -> None:
+        set_ = functools.partial(object.__setattr__, self)
+        set_("_table", table.copy())  # never handed out: the properties give copies
+        set_("_signs", signs.copy())
+        set_("summary", frozen(dict(summary)))
+        set_("tokens", tokens)
+        set_("effect", effect)
+        set_("tie", tie)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to {name!r}: a mechanism result is immutable (rep.mechanism again).")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: a mechanism result is immutable.")
+
+    @property
+    def table(self) -> pd.DataFrame:
+        """One row per joined head (class docstring): a copy, made on each read."""
+        return self._table.copy()
+
+    @property
+    def heads(self) -> pd.DataFrame:
+        """:attr:`table` (every result has ``heads``): a copy."""
+        return self._table.copy()
+
+    @property
+    def signs(self) -> pd.DataFrame:
+        """The signed columns summarized by sign (class docstring): a copy."""
+        return self._signs.copy()
+
+    @property
+    def headline(self) -> str:
+        """One sentence: the question, the answer, the supporting numbers, and the tie of the embeddings."""
+        return str(self.summary["headline"])
+
+    def top_tokens(self, head: str) -> pd.DataFrame:
+        """The tokens one head promotes and suppresses (:meth:`HeadTokens.top_tokens`; a copy).
+
+        Raises:
+            OptionTypeError: not a label. OptionError: a head this result did not join.
+        """
+        return self.tokens.top_tokens(head)
+
+    def to_text(self, n: int = 20) -> str:
+        """The headline, the closed heads' rows (by P) and the sign summary, as plain text."""
+        cols = ["P", "alpha", "effect_median", "effect_q", "self_rank_median", "copying", "copying_own"]
+        t = self._table
+        closed = t[t["closed"]].sort_values("P", ascending=False, kind="stable")[cols]
+        parts = [self.headline, f"closed heads ({len(closed)}):", closed.head(n).to_string() if len(closed) else "-"]
+        if len(closed) > n:
+            parts.append(f"... ({len(closed) - n} more)")
+        parts += ["by sign:", self._signs.to_string()]
+        return "\n".join(parts)
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+
+def sign_summary(values: np.ndarray) -> dict[str, Any]:
+    """A signed score by sign: ``n_positive, median_abs_positive, n_negative, median_abs_negative, n_zero, n_nan``
+    (numpy's median; NaN for an empty side). Never one median of a mixed set."""
+    v = np.asarray(values, dtype=float)
+    fin = np.isfinite(v)
+    pos, neg = v[fin & (v > 0)], v[fin & (v < 0)]
+    return {
+        "n_positive": len(pos),
+        "median_abs_positive": float(np.median(pos)) if len(pos) else math.nan,
+        "n_negative": len(neg),
+        "median_abs_negative": float(np.median(-neg)) if len(neg) else math.nan,
+        "n_zero": int((fin & (v == 0)).sum()),
+        "n_nan": int((~fin).sum()),
+    }
+
+
+def _spearman(x: np.ndarray, y: np.ndarray, n_perm: int, seed: int) -> tuple[float, float, str]:
+    from scipy.stats import permutation_test, spearmanr
+
+    if len(x) < 3:
+        return math.nan, math.nan, f"Spearman undefined: {len(x)} head(s) with a defined α·P and effect (need 3)"
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan, math.nan, "Spearman undefined: α·P or the effect is constant over the heads"
+    rho = float(spearmanr(x, y).statistic)
+
+    def stat(a: np.ndarray) -> float:
+        return float(spearmanr(a, y).statistic)
+
+    rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG_MECHANISM]))
+    res = permutation_test((x,), stat, permutation_type="pairings", n_resamples=n_perm, rng=rng)
+    return rho, float(res.pvalue), ""
+
+
+def _fmt_p(p: float) -> str:
+    return "undefined" if not math.isfinite(p) else (f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}")
+
+
+def _headline(s: dict[str, Any], tie: EmbeddingTie, n_closed_own: int, med_abs_copy: float) -> str:
+    n, k, p = s["n_sign_tested"], s["n_agree"], s["sign_test_p"]
+    if s["n_closed"] == 0:
+        first = f"{QUESTION} No head is closed"
+    elif n == 0:
+        first = f"{QUESTION} Undefined: no closed head of {s['n_closed']} has both α ≠ 0 and a nonzero median effect"
+    else:
+        if math.isfinite(p) and p <= 0.05:
+            answer = "Yes" if 2 * k > n else "The opposite"
+        else:
+            answer = "Not detectably"
+        first = f"{QUESTION} {answer}: {k} of {n} closed heads agree (two-sided sign test p = {_fmt_p(p)})"
+    rho = s["spearman_rho"]
+    second = (
+        f"across {s['n_spearman']} heads, Spearman ρ(α·P, effect) = {rho:+.2f} (permutation p = "
+        f"{_fmt_p(s['spearman_p'])})"
+        if math.isfinite(rho)
+        else f"across {s['n_spearman']} heads the Spearman correlation of α·P with the effect is undefined"
+    )
+    third = f"the model {tie.describe()}"
+    if tie.tied and s["n_closed"]:
+        third += (
+            f"; T's own eigenvalues (G = I) give copying of the sign of α for {n_closed_own} of {s['n_closed']} "
+            f"closed heads (real median |copying| among them {med_abs_copy:.3f}): that part of 'closed ⇒ copying = "
+            "sign(α)' is algebra"
+        )
+    return f"{first}; {second}; {third}."
+
+
+def mechanism_join(
+    heads: pd.DataFrame,
+    threshold: float,
+    tokens: HeadTokens,
+    effect: AttendedTokenEffect,
+    copying: pd.DataFrame,
+    own: pd.DataFrame,
+    tie: EmbeddingTie,
+    roles: HeadRoles | None,
+    n_permutations: int,
+    seed: int,
+) -> Mechanism:
+    """Join and test (module docstring). The inputs are already checked to be of one model (the caller,
+    ``rep.mechanism``, runs the report's identity check first and computes every probe from that model).
+
+    Args:
+        heads: the report's heads restricted to the joined ones (``layer, head, kv_head, P, alpha, closed``).
+        threshold: the report's P threshold. tokens, effect: the probes' results on those heads. copying: the
+            real copying score (``layer, head, copying``); own: the G = I score (``copying_own``), both for every
+            head. tie: the embedding tie. roles: head roles of the same model, or None.
+        n_permutations, seed: the Spearman test's permutations (checked by the caller) and seed.
+
+    Raises:
+        OptionError: a probe result lacks a joined head (it was not computed on them).
+    """
+    from scipy.stats import binomtest
+
+    from ..errors import OptionError
+
+    labels = list(heads.index)
+    tt, et = tokens.table, effect.table
+    for what, frame in (("head_tokens", tt), ("attended_token_effect", et)):
+        lack = [x for x in labels if x not in frame.index]
+        if lack:
+            raise OptionError(f"The {what} result lacks {len(lack)} joined head(s) ({lack[:5]}).")
+    cop = copying.copy()
+    cop.index = [f"L{int(a)}H{int(b)}" for a, b in zip(cop["layer"], cop["head"])]
+    table = heads.loc[:, ["layer", "head", "kv_head", "P", "alpha", "closed"]].copy()
+    table["alpha_P"] = table["alpha"].to_numpy(dtype=float) * table["P"].to_numpy(dtype=float)
+    e = et.loc[labels]
+    for col, src in (
+        ("effect_median", "effect_median"), ("frac_negative", "frac_negative"), ("null_median", "null_median"),
+        ("effect_p", "p_value"), ("effect_q", "q_value"), ("n_positions", "n_positions"),
+    ):  # fmt: skip
+        table[col] = e[src].to_numpy()
+    tk = tt.loc[labels]
+    for col in ("self_rank_median", "frac_top_k", "frac_bottom_k"):
+        table[col] = tk[col].to_numpy()
+    table["copying"] = cop.loc[labels, "copying"].to_numpy(dtype=float)
+    table["copying_own"] = own.loc[labels, "copying_own"].to_numpy(dtype=float)
+    alpha = table["alpha"].to_numpy(dtype=float)
+    eff = table["effect_median"].to_numpy(dtype=float)
+    closed = table["closed"].to_numpy(dtype=bool)
+    tested = closed & np.isfinite(alpha) & (alpha != 0) & np.isfinite(eff) & (eff != 0)
+    agrees = np.sign(alpha) == np.sign(eff)
+    table["sign_agrees"] = pd.array([bool(a) if t else pd.NA for a, t in zip(agrees, tested)], dtype="boolean")
+    if roles is not None:
+        rt = roles.table
+        for col in ("previous_token", "duplicate_token", "induction"):
+            table[col] = rt.loc[labels, col].to_numpy(dtype=float)
+    notes = []
+    n_tested, n_agree = int(tested.sum()), int((agrees & tested).sum())
+    if n_tested:
+        p_sign = float(binomtest(n_agree, n_tested, 0.5, alternative="two-sided").pvalue)
+    else:
+        p_sign = math.nan
+        notes.append("sign test undefined: no closed head with α ≠ 0 and a nonzero median effect")
+    ap = table["alpha_P"].to_numpy(dtype=float)
+    ok = np.isfinite(ap) & np.isfinite(eff)
+    rho, p_rho, why = _spearman(ap[ok], eff[ok], n_permutations, seed)
+    if why:
+        notes.append(why)
+    own_v = table["copying_own"].to_numpy(dtype=float)
+    n_closed_own = int((closed & np.isfinite(own_v) & (np.sign(own_v) == np.sign(alpha)) & (alpha != 0)).sum())
+    cv = np.abs(table["copying"].to_numpy(dtype=float))[closed]
+    med_abs_copy = float(np.median(cv[np.isfinite(cv)])) if np.isfinite(cv).any() else math.nan
+    rows = []
+    for col in SIGNED:
+        v = table[col].to_numpy(dtype=float)
+        for group, mask in (("closed", closed), ("all", np.ones(len(v), dtype=bool))):
+            rows.append({"quantity": col, "group": group, **sign_summary(v[mask])})
+    signs = pd.DataFrame(rows).set_index(["quantity", "group"])
+    summary: dict[str, Any] = {
+        "model_name": tokens.summary.get("model_name"),
+        "n_heads": len(table),
+        "n_closed": int(closed.sum()),
+        "threshold": float(threshold),
+        "n_sign_tested": n_tested,
+        "n_agree": n_agree,
+        "sign_test_p": p_sign,
+        "n_spearman": int(ok.sum()),
+        "spearman_rho": rho,
+        "spearman_p": p_rho,
+        "n_permutations": n_permutations,
+        "p_floor": min(1.0, 2 / (n_permutations + 1)),
+        "seed": seed,
+        "tied": tie.tied,
+        "embedding_tie": tie.to_dict(),
+        "n_closed_own_sign_alpha": n_closed_own,
+        "median_abs_copying_closed": med_abs_copy,
+        "notes": "; ".join(notes),
+        "conventions": {
+            "effect": effect.summary.get("convention"),
+            "tokens": tokens.summary.get("convention"),
+            "copying_own": "Re Σλ / Σ|λ| over T's own eigenvalues (G = I)",
+        },
+        "head_tokens": thawed(tokens.summary),
+        "attended_token_effect": thawed(effect.summary),
+    }
+    summary["headline"] = _headline(summary, tie, n_closed_own, med_abs_copy)
+    return Mechanism(table=table, signs=signs, summary=summary, tokens=tokens, effect=effect, tie=tie)
+
+
+#: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``).
+EXPORT_MECHANISM_COLUMNS = (
+    "effect_median", "frac_negative", "null_median", "effect_p", "effect_q", "self_rank_median", "frac_top_k",
+    "frac_bottom_k", "copying", "copying_own", "sign_agrees",
+)  # fmt: skip
+
+
+def check_mechanism_fits_report(heads: pd.DataFrame, threshold: float, mech: Any) -> Mechanism:
+    """A mechanism result joined with *this* report: every head it joined is one of the report's, with the
+    report's P, α and closed flag, at the report's threshold (no second identity check: ``rep.mechanism`` ran the
+    report's; this refuses a result of another report, never joining it to the wrong heads by label).
+
+    Raises:
+        OptionTypeError: not a :class:`Mechanism`. OptionError: heads, P, α or threshold that are not the report's
+            (names the first heads).
+    """
+    from ..errors import OptionError, OptionTypeError
+
+    if not isinstance(mech, Mechanism):
+        raise OptionTypeError(f"mechanism must be the result of rep.mechanism(model=...); got {type(mech).__name__}.")
+    t = mech._table
+    lack = [x for x in t.index if x not in heads.index]
+    if lack:
+        raise OptionError(
+            f"This mechanism result joined heads the report did not measure ({lack[:5]}): it is of another report; "
+            "make it with this report, rep.mechanism(model=...)."
+        )
+    h = heads.loc[t.index]
+    bad = []
+    for col in ("P", "alpha"):
+        a, b = t[col].to_numpy(dtype=float), h[col].to_numpy(dtype=float)
+        bad += [lab for lab, d in zip(t.index, ~((a == b) | (np.isnan(a) & np.isnan(b)))) if d]
+    if bad or float(mech.summary.get("threshold", math.nan)) != float(threshold):
+        raise OptionError(
+            f"This mechanism result was joined with another report (P or α differ at {sorted(set(bad))[:5]}, or "
+            f"threshold {mech.summary.get('threshold')} != {threshold:g}): make it with this report, "
+            "rep.mechanism(model=...)."
+        )
+    return mech
+
+
+def mechanism_columns(mech: Mechanism) -> pd.DataFrame:
+    """The :data:`EXPORT_MECHANISM_COLUMNS` of ``mech`` (``sign_agrees`` as object: True/False/None)."""
+    t = mech._table.loc[:, list(EXPORT_MECHANISM_COLUMNS)].copy()
+    t["sign_agrees"] = [None if pd.isna(v) else bool(v) for v in t["sign_agrees"]]
+    return t.astype({"sign_agrees": object})
+
+
+def mechanism_record(mech: Mechanism) -> dict[str, Any]:
+    """The JSON export of a mechanism result: its summary (without the probes' own summaries) and its ``signs``
+    rows, under ``"mechanism"`` of the report's ``--json``."""
+    s = {k: v for k, v in thawed(mech.summary).items() if k not in ("head_tokens", "attended_token_effect")}
+    signs = [{"quantity": q, "group": g, **row.to_dict()} for (q, g), row in mech._signs.iterrows()]
+    return {"summary": s, "signs": signs}

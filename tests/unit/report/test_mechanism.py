@@ -1,0 +1,242 @@
+"""rep.mechanism(model=...): closure joined with what heads do to tokens (SPEC 12, issue 39).
+
+A constructed attention-only HookedTransformer (16 positions one-hot in dims 0..15, embeddings in dims 16..31,
+every head attending to the previous position) whose heads 0..3 have ``OV = c_h Π`` (Π the orthogonal projection
+onto the embedding dimensions; c = +2, -1.5, +0.5, -3: closed, α = c) and head 4 a random OV (not closed). With
+``W_U = W_Eᵀ`` (tied): the join equals the probes' own tables row for row; the four closed heads agree in sign
+(sign test p = binomtest(4, 4) = 0.125), the Spearman ρ of α·P with the effect is scipy's on the five heads,
+the copying score and the G = I score are exactly sign(α) for the closed heads, and the headline says the model
+ties its embeddings. Untied (``W_U`` random): stated so. Hostile inputs: the report's own model edited in place,
+another model, heads outside the report, bad options and roles of the wrong type are refused with the library's
+errors; the result is immutable and hands out copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tl_idempotence as tli
+from tl_idempotence.errors import OptionError, OptionTypeError, ReportMismatchError, UnknownOptionError
+
+pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
+
+N = 16
+ALPHAS = (2.0, -1.5, 0.5, -3.0)
+FAST = {"n_tokens": 30, "k": 3, "n_permutations": 99}
+
+
+def constructed(tied: bool = True, seed: int = 0):
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError as e:  # pragma: no cover - transformer-lens 4.x
+        pytest.skip(f"transformer-lens 4.x has no HookedTransformer: {e}")
+    d_vocab = 50
+    cfg = HookedTransformerConfig(
+        n_layers=1, d_model=2 * N, n_ctx=N, d_head=N, n_heads=5, d_vocab=d_vocab, attn_only=True,
+        normalization_type=None, act_fn="relu", positional_embedding_type="standard", seed=0,
+    )  # fmt: skip
+    m = HookedTransformer(cfg)
+    gen = torch.Generator().manual_seed(seed)
+    E = torch.zeros(d_vocab, 2 * N)
+    E[:, N:] = torch.randn(d_vocab, N, generator=gen)
+    read = torch.zeros(2 * N, N)
+    read[N:] = torch.eye(N)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.zero_()
+        m.pos_embed.W_pos[:, :N].copy_(torch.eye(N))
+        m.embed.W_E.copy_(E)
+        m.unembed.W_U.copy_(E.T if tied else torch.randn(2 * N, d_vocab, generator=gen))
+        attn = m.blocks[0].attn
+        for h in range(5):
+            attn.W_Q[h][:N].copy_(400 * torch.eye(N))
+            attn.W_K[h][:N].copy_(torch.diag(torch.ones(N - 1), 1))  # query q attends to key q - 1
+            if h < 4:
+                attn.W_V[h].copy_(read)
+                attn.W_O[h].copy_(ALPHAS[h] * read.T)
+            else:
+                attn.W_V[h].copy_(torch.randn(2 * N, N, generator=gen) / 4)
+                attn.W_O[h].copy_(torch.randn(N, 2 * N, generator=gen) / 4)
+    m.eval()
+    return m
+
+
+def tokens(seed: int = 1):
+    return torch.randint(0, 50, (4, N), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def joined():
+    m = constructed()
+    rep = tli.idempotence_report(m, progress=False)
+    return m, rep, rep.mechanism(texts=tokens(), **FAST)
+
+
+def test_the_join_is_the_probes_tables_and_the_report(joined):
+    m, rep, mech = joined
+    t = mech.table
+    assert list(t.index) == [f"L0H{h}" for h in range(5)]
+    np.testing.assert_allclose(t["alpha"].to_numpy()[:4], ALPHAS, rtol=1e-5)
+    assert t["closed"].tolist() == [True, True, True, True, False]
+    np.testing.assert_array_equal(t["P"].to_numpy(), rep.heads.loc[t.index, "P"].to_numpy())
+    np.testing.assert_array_equal(t["alpha_P"].to_numpy(), (t["alpha"] * t["P"]).to_numpy())
+    eff = tli.attended_token_effect(m, texts=tokens(), seed=0).table
+    np.testing.assert_array_equal(t["effect_median"].to_numpy(), eff.loc[t.index, "effect_median"].to_numpy())
+    np.testing.assert_array_equal(t["effect_q"].to_numpy(), eff.loc[t.index, "q_value"].to_numpy())
+    ht = tli.head_tokens(m, n_tokens=30, k=3, seed=0).table
+    np.testing.assert_array_equal(t["self_rank_median"].to_numpy(), ht.loc[t.index, "self_rank_median"].to_numpy())
+    # copiers (α > 0) raise the attended token, suppressors lower it, all by the same standardized amount
+    e = t["effect_median"].to_numpy()
+    assert (np.sign(e[:4]) == np.sign(ALPHAS)).all()
+    assert e[0] == pytest.approx(-e[1], rel=1e-6) and e[0] == pytest.approx(e[2], rel=1e-6)
+
+
+def test_the_sign_test_and_spearman_are_scipys(joined):
+    from scipy.stats import binomtest, spearmanr
+
+    _, _, mech = joined
+    s = mech.summary
+    t = mech.table
+    assert (s["n_closed"], s["n_sign_tested"], s["n_agree"]) == (4, 4, 4)
+    assert s["sign_test_p"] == binomtest(4, 4, 0.5).pvalue == 0.125
+    assert t["sign_agrees"].tolist()[:4] == [True] * 4 and t["sign_agrees"].isna().tolist() == [False] * 4 + [True]
+    rho = spearmanr(t["alpha_P"], t["effect_median"]).statistic
+    assert s["spearman_rho"] == pytest.approx(rho, abs=1e-12) and s["n_spearman"] == 5
+    assert 2 / 100 <= s["spearman_p"] <= 1 and s["p_floor"] == pytest.approx(0.02)
+    assert "4 of 4 closed heads agree" in mech.headline
+    assert "Not detectably" in mech.headline  # p = 0.125 with four heads: no claim
+
+
+def test_tied_algebra_and_signs_by_sign(joined):
+    _, _, mech = joined
+    t = mech.table
+    assert mech.summary["tied"] is True and mech.tie.how == "exact"
+    np.testing.assert_allclose(t["copying"].to_numpy()[:4], np.sign(ALPHAS), atol=1e-6)
+    np.testing.assert_allclose(t["copying_own"].to_numpy()[:4], np.sign(ALPHAS), atol=1e-6)
+    assert mech.summary["n_closed_own_sign_alpha"] == 4
+    assert "ties its embeddings (W_U = W_Eᵀ exactly)" in mech.headline and "algebra" in mech.headline
+    sg = mech.signs
+    row = sg.loc[("alpha", "closed")]
+    assert (row["n_positive"], row["n_negative"]) == (2, 2)
+    assert row["median_abs_positive"] == pytest.approx(1.25, rel=1e-5)  # median of 2, 0.5
+    assert row["median_abs_negative"] == pytest.approx(2.25, rel=1e-5)  # median of |-1.5|, |-3|
+    e = sg.loc[("effect_median", "closed")]
+    assert (e["n_positive"], e["n_negative"], e["n_zero"], e["n_nan"]) == (2, 2, 0, 0)
+    assert set(sg.index.get_level_values(0)) == {"alpha", "effect_median", "copying", "copying_own"}
+
+
+def test_an_untied_model_is_said_to_be_untied():
+    m = constructed(tied=False)
+    rep = tli.idempotence_report(m, progress=False)
+    mech = rep.mechanism(model=m, texts=tokens(), heads=["L0H0", "L0H1", "L0H4"], **FAST)
+    assert list(mech.table.index) == ["L0H0", "L0H1", "L0H4"]
+    assert mech.summary["tied"] is False and "does not tie its embeddings" in mech.headline
+    assert "algebra" not in mech.headline
+    assert mech.summary["n_spearman"] == 3
+
+
+def test_the_result_is_immutable_and_hands_out_copies(joined):
+    _, _, mech = joined
+    t = mech.table
+    t.loc["L0H0", "alpha"] = 99.0
+    assert mech.table.loc["L0H0", "alpha"] != 99.0
+    s = mech.signs
+    s.iloc[0, 0] = -5
+    assert mech.signs.iloc[0, 0] != -5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mech.summary_x = 1  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        mech.summary["n_agree"] = 0  # type: ignore[index]
+    assert repr(mech).startswith("Mechanism(") and "n_agree=4" in repr(mech)
+    html = mech._repr_html_()
+    assert html.index("Does sign(α) predict") < html.index("L0H0")
+    assert str(mech).startswith("Does sign(α) predict")
+    assert mech.top_tokens("L0H0")["kind"].iloc[0] == "promoted"
+
+
+def test_hostile_inputs(joined):
+    _, rep, _ = joined
+    other = constructed(seed=3)
+    with pytest.raises(ReportMismatchError, match="not the model this report measured"):
+        rep.mechanism(model=other, texts=tokens(), **FAST)
+    with pytest.raises(UnknownOptionError):
+        rep.mechanism(texts=tokens(), n_permutation=9)
+    with pytest.raises(OptionError, match="n_permutations"):
+        rep.mechanism(texts=tokens(), n_permutations=0)
+    with pytest.raises(OptionTypeError, match="seed"):
+        rep.mechanism(texts=tokens(), seed="x")
+    with pytest.raises(OptionError, match="k"):
+        rep.mechanism(texts=tokens(), k=0)
+    with pytest.raises(OptionError):
+        rep.mechanism(texts=tokens(), heads=["L3H0"], **FAST)  # a layer the report did not measure
+    with pytest.raises(OptionTypeError, match="roles must be"):
+        rep.mechanism(texts=tokens(), roles=rep.heads, **FAST)
+    with pytest.raises(OptionError, match="no tokenizer"):
+        rep.mechanism(texts=["a text"], **FAST)  # the model has no tokenizer: the probe's error, not a crash
+    with pytest.raises(OptionError, match="No token ids given"):
+        rep.mechanism(texts=torch.zeros((0, N), dtype=torch.long), **FAST)
+    fresh = constructed()
+    rep2 = tli.idempotence_report(fresh, progress=False)
+    del fresh
+    import gc
+
+    gc.collect()
+    assert rep2.model is None  # the report keeps a weak reference only
+    with pytest.raises(OptionError, match="needs the TransformerLens model"):
+        rep2.mechanism(texts=tokens(), **FAST)
+    with pytest.raises(OptionError, match="at most d_vocab = 50"):
+        rep.mechanism(texts=tokens(), k=51)
+    # the report's own model edited in place after the report was made: refused, never joined to the old P
+    m2 = constructed()
+    rep3 = tli.idempotence_report(m2, progress=False)
+    with torch.no_grad():
+        m2.blocks[0].attn.W_V[4, 0, 0] += 1
+    with pytest.raises(ReportMismatchError, match=r"own model.*changed in place.*layer 0's attention weights"):
+        rep3.mechanism(texts=tokens(), **FAST)
+
+
+def test_roles_are_joined_through_the_reports_identity_check(joined):
+    m, rep, _ = joined
+    hr = tli.head_roles(m, n_tokens=4, n_sequences=2)
+    mech = rep.mechanism(texts=tokens(), roles=hr, heads=rep.closed_heads, **FAST)
+    t = mech.table
+    assert list(t.index) == ["L0H0", "L0H1", "L0H2", "L0H3"]
+    np.testing.assert_array_equal(t["previous_token"].to_numpy(), hr.table.loc[t.index, "previous_token"].to_numpy())
+    assert (t["previous_token"] > 0.9).all()  # every head attends to the previous position
+    other = constructed(seed=4)
+    with pytest.raises(ReportMismatchError, match="roles"):
+        rep.mechanism(texts=tokens(), roles=tli.head_roles(other, n_tokens=4, n_sequences=1), **FAST)
+
+
+def test_page_json_and_csv_carry_the_mechanism(joined, tmp_path):
+    import json
+
+    import pandas as pd
+
+    _, rep, mech = joined
+    page = Path(rep.save_html(tmp_path / "r.html", mechanism=mech)).read_text(encoding="utf-8")
+    assert "What the closed heads do to tokens" in page and "Signed scores by sign" in page
+    sec = page[page.index("What the closed heads do to tokens") :]
+    assert all(f"L0H{h}" in sec for h in range(4)) and "copying (G = I)" in sec
+    from tl_idempotence.report.export import report_output
+    from tl_idempotence.report.outputs import write_output
+
+    write_output(report_output(rep, mechanism=mech), tmp_path / "r.json", ("json",))
+    rec = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
+    assert rec["mechanism"]["summary"]["n_agree"] == 4 and len(rec["mechanism"]["signs"]) == 8
+    by = {h["label"]: h for h in rec["closed_heads"]}
+    assert by["L0H1"]["effect_median"] == pytest.approx(mech.table.loc["L0H1", "effect_median"])
+    assert by["L0H1"]["sign_agrees"] is True
+    write_output(report_output(rep, mechanism=mech), tmp_path / "r.csv", ("csv",))
+    csv = pd.read_csv(tmp_path / "r.csv").set_index("label")
+    np.testing.assert_allclose(csv["copying_own"].to_numpy(), mech.table["copying_own"].to_numpy(), atol=1e-12)
+    # a mechanism of another report (another threshold) is refused, never joined by label
+    with pytest.raises(OptionError, match="another report"):
+        rep.with_threshold(0.5).save_html(tmp_path / "s.html", mechanism=mech)
+    with pytest.raises(OptionTypeError, match=r"rep\.mechanism"):
+        rep.save_html(tmp_path / "t.html", mechanism=rep.heads)
