@@ -138,7 +138,11 @@ class Mechanism(Result):
         return self.tokens.top_tokens(head)
 
     def to_text(self, n: int = 20) -> str:
-        """The headline, the closed heads' rows (by P) and the sign summary, as plain text."""
+        """The headline, the closed heads' rows (by P) and the sign summary, as plain text.
+
+        Raises:
+            TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``).
+        """
         cols = ["P", "alpha", "effect_median", "effect_q", "self_rank_median", "copying", "copying_own"]
         t = self._table
         closed = t[t["closed"]].sort_values("P", ascending=False, kind="stable")[cols]

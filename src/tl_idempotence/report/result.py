@@ -670,8 +670,11 @@ class IdempotenceReport(Result):
                 labels or a DataFrame such as ``rep.closed_heads``); the Spearman test runs over these.
             roles: head roles of the report's model (``tli.head_roles`` or ``rep.roles(...)``, checked by
                 :meth:`check_joins`): their attention-role scores are added to the table.
-            n_tokens, k: the token readout's sample size and top/bottom size.
-            seq_len, max_tokens, batch_size: the attended-token effect's windows.
+            n_tokens: the token readout's sample of source tokens.
+            k: the token readout's top/bottom size.
+            seq_len: the attended-token effect's window length.
+            max_tokens: the attended-token effect's token budget.
+            batch_size: the attended-token effect's windows per forward pass.
             n_permutations: permutations of the Spearman test (1 .. 2^20).
             seed: the token sample's, the null sources' and the permutations' seed.
 
