@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.frozen import frozen, thawed
-from ..core.results import Result
+from ..core.results import Result, views
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..probes.head_tokens import HeadTokens
@@ -136,6 +136,11 @@ class Mechanism(Result):
             OptionTypeError: not a label. OptionError: a head this result did not join.
         """
         return self.tokens.top_tokens(head)
+
+    def figure(self) -> Any:
+        """Plotly figure: each joined head's attended-token effect against α·P, closed heads marked, the sign
+        agreement and the Spearman ρ in its title (:func:`tl_idempotence.views.figures.mechanism_figure`)."""
+        return views().mechanism_figure(self)
 
     def to_text(self, n: int = 20) -> str:
         """The headline, the closed heads' rows (by P) and the sign summary, as plain text.

@@ -42,6 +42,7 @@ algebra_summary_figure = _returns_exportable(_figures.algebra_summary_figure)
 heads_heatmap = _returns_exportable(_figures.heads_heatmap)
 report_figures = _returns_exportable(_figures.report_figures)
 roles_figure = _returns_exportable(_figures.roles_figure)
+mechanism_figure = _returns_exportable(_figures.mechanism_figure)
 scramble_figures = _returns_exportable(_figures.scramble_figures)
 trajectory_figure = _returns_exportable(_figures.trajectory_figure)
 trajectory_summary_figure = _returns_exportable(_figures.trajectory_summary_figure)
@@ -58,6 +59,7 @@ __all__ = [
     "comparison_html",
     "draw_attention",
     "heads_heatmap",
+    "mechanism_figure",
     "report_figures",
     "report_html",
     "result_html",

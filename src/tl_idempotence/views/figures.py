@@ -728,6 +728,81 @@ def roles_figure(assoc: Any) -> go.Figure:
     return fig
 
 
+def mechanism_figure(mech: Any) -> go.Figure:
+    """Each joined head's attended-token effect (y: the median standardized direct logit effect on the token it
+    attends to most, on text) against α·P (x), closed heads marked, from ``rep.mechanism(model=...)`` (SPEC §12).
+
+    Closed heads are red diamonds, the others grey dots; y = 0 and x = 0 are dotted lines, so a closed head in the
+    top-right or bottom-left quadrant is one whose effect has the sign of α. The title gives the sign agreement
+    among closed heads with its sign-test p and the Spearman ρ of α·P with the effect with its permutation p (the
+    result's summary). Hover: the head's label, P, α and the effect with its BH q. Heads with a NaN α·P or effect
+    are left out (the statistics count them out too).
+
+    Args:
+        mech: a :class:`~tl_idempotence.report.mechanism.Mechanism` (``.table`` with ``alpha_P``, ``P``,
+            ``alpha``, ``closed``, ``effect_median``, ``effect_q``; ``.summary``).
+
+    Raises:
+        OptionTypeError: ``mech`` has no such table (not a ``rep.mechanism`` result).
+    """
+    import plotly.graph_objects as go
+
+    from ..errors import OptionTypeError
+
+    table = getattr(mech, "table", None)
+    need = {"alpha_P", "P", "alpha", "closed", "effect_median", "effect_q"}
+    if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
+        raise OptionTypeError(
+            f"mechanism_figure draws rep.mechanism(model=...) (a Mechanism); got {type(mech).__name__}."
+        )
+    s = mech.summary
+    t = float(s["threshold"])
+    ok = table["alpha_P"].notna() & table["effect_median"].notna()
+    fig = go.Figure()
+    for closed, name, marker in (
+        (False, "other heads", {"color": "#7f7f7f", "size": 6, "opacity": 0.6}),
+        (True, f"closed (P >= {t:g})", {"color": "#e8175d", "size": 10, "symbol": "diamond"}),
+    ):
+        part = table[ok & (table["closed"].astype(bool) == closed)]
+        fig.add_trace(
+            go.Scatter(
+                x=part["alpha_P"].to_numpy(dtype=float),
+                y=part["effect_median"].to_numpy(dtype=float),
+                mode="markers",
+                name=name,
+                marker=marker,
+                text=[
+                    f"{lab}: P = {p}, α = {a:.4g}, effect = {e:.3g} (q = {q:.2g})"
+                    for lab, p, a, e, q in zip(
+                        part.index, _P_text(part["P"], t), part["alpha"], part["effect_median"], part["effect_q"]
+                    )
+                ],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
+    fig.add_hline(y=0, line={"color": "#999", "width": 1, "dash": "dot"})
+    fig.add_vline(x=0, line={"color": "#999", "width": 1, "dash": "dot"})
+
+    def num(key: str) -> float:
+        v = s.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+    agree = f"sign(effect) = sign(α) for {s.get('n_agree')} of {s.get('n_sign_tested')} closed heads"
+    stats = f"{agree} (sign test p = {num('sign_test_p'):.2g}); Spearman ρ(α·P, effect) = {num('spearman_rho'):.2f}"
+    stats += f" (permutation p = {num('spearman_p'):.2g})"
+    name = plot_text(str(s.get("model_name", "model")))
+    fig.update_layout(
+        title={"text": f"What the heads do to the tokens they attend to: {name}<br><sub>{stats}</sub>"},
+        xaxis_title="α·P (sign of α, size of closure)",
+        yaxis_title="median attended-token effect (standardized over the vocabulary)",
+        height=480,
+        margin={"t": 100, "l": 60, "r": 30},
+        legend={"orientation": "h", "y": -0.18},
+        template="plotly_white",
+    )
+    return fig
+
+
 def report_figures(rep: Any) -> list[go.Figure]:
     """The figures of a report page, in order: heatmap; with controls the scramble figures;
     with the algebra its per-layer summary."""

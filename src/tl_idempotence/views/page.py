@@ -18,7 +18,14 @@ import numpy as np
 import pandas as pd
 
 from ..report.readings import copying_by_sign
-from .figures import algebra_figures, algebra_summary_figure, heads_heatmap_spec, roles_figure, scramble_figures
+from .figures import (
+    algebra_figures,
+    algebra_summary_figure,
+    heads_heatmap_spec,
+    mechanism_figure,
+    roles_figure,
+    scramble_figures,
+)
 from .text import P_VALUE_TESTS, format_P, format_sig, headline, summary_sections
 
 __all__ = [
@@ -441,7 +448,7 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
                     ("The closed heads, by P", _table_html(mtabs["closed"]) if len(mtabs["closed"]) else ""),
                     ("Signed scores by sign", _table_html(mtabs["signs"])),
                 ],
-                "figures": [],
+                "figures": [div(mechanism_figure(mechanism))],
                 "folded": [],
             }
         )

@@ -240,3 +240,26 @@ def test_page_json_and_csv_carry_the_mechanism(joined, tmp_path):
         rep.with_threshold(0.5).save_html(tmp_path / "s.html", mechanism=mech)
     with pytest.raises(OptionTypeError, match=r"rep\.mechanism"):
         rep.save_html(tmp_path / "t.html", mechanism=rep.heads)
+
+
+def test_the_figure_draws_the_effect_against_alpha_P_with_closed_heads_marked(joined, tmp_path):
+    _, rep, mech = joined
+    t = mech.table
+    fig = mech.figure()
+    by_name = {tr.name: tr for tr in fig.data}
+    closed = by_name[f"closed (P >= {rep.threshold:g})"]
+    other = by_name["other heads"]
+    ok = t["alpha_P"].notna() & t["effect_median"].notna()
+    want = t[ok & t["closed"].astype(bool)]
+    np.testing.assert_array_equal(np.asarray(closed.x), want["alpha_P"].to_numpy(dtype=float))
+    np.testing.assert_array_equal(np.asarray(closed.y), want["effect_median"].to_numpy(dtype=float))
+    assert len(other.x) == int((ok & ~t["closed"].astype(bool)).sum())
+    assert [s.split(":")[0] for s in closed.text] == list(want.index)  # each point named by its label
+    s = mech.summary
+    assert f"sign(effect) = sign(α) for {s['n_agree']} of {s['n_sign_tested']} closed heads" in fig.layout.title.text
+    with pytest.raises(tli.errors.OptionTypeError, match="Mechanism"):
+        tli.views.mechanism_figure(rep)
+    page = open(rep.save_html(tmp_path / "m.html", mechanism=mech), encoding="utf-8").read()
+    section = page[page.index('<h2 id="mechanism">') :]
+    assert "plotly-graph-div" in section.split("<h2")[1]  # the figure is in the section
+    assert '<a href="#mechanism">What the closed heads do to tokens</a>' in page[: page.index('<h2 id="closed-heads">')]
