@@ -11,13 +11,18 @@ over a seeded sample of source tokens (or the ``tokens`` given): the median self
 the fraction of tokens in their own row's top ``k`` (``#{u != t : logit_u > logit_t} < k``) and bottom ``k``
 (``#{u != t : logit_u < logit_t} < k``).
 
-Computation (never a ``d_vocab²`` matrix): per kv head ``x = W_E[tokens] @ W_V`` (``[n_tokens, d_head]``,
-float64); per query head ``W_OU = W_O[h] @ W_U`` (``[d_head, d_vocab]``, float32), then per chunk of
-``chunk`` source tokens the float32 logits ``x @ W_OU`` (``[chunk, d_vocab]``). The ranks are those of the
-float64 rows: each float32 logit carries a rigorous rounding bound (``γ_n = n u / (1 - n u)`` of the
-standard summation analysis, times ``|x| @ |W_O[h]| @ |W_U|``, one more ``d_head``-sized product); the logits
-that lie within their bound of the float64 self logit ``logit_t`` are recomputed in float64 and compared
-exactly, so a rank never depends on float32 rounding. TF32 is switched off on CUDA while the products run.
+Computation (never a ``d_vocab²`` matrix), per layer and per tile of ``VOCAB_TILE`` vocabulary columns: one
+float64 product ``W_U[:, tile]ᵀ @ W_O[heads]ᵀ`` gives the ``W_OU = W_O[h] @ W_U`` columns of every selected head of
+the layer (``[tile, heads · d_head]``; float64 because ``W_O W_U`` cancels heavily: a float32 product's rounding
+bound, in ``|W_O| |W_U|``, left ~200 close calls per row on SmolLM2, this one ~2); per head and chunk of ``chunk``
+source tokens the float32 logits ``fl32(x) @ fl32(W_OU)`` (``x = W_E[tokens] @ W_V``, inner dimension
+``d_head``) are compared with ``logit_t ± b`` (one ``>``, one ``<`` and their counts per block). The ranks are
+those of the float64 rows ``ℓ_u = fl64(fl64(x @ W_O) · W_U[:, u])`` (the row form's association): ``b`` is a
+rigorous bound on ``|logit32_u - ℓ_u|`` over the tile (``γ_n = n u / (1 - n u)`` of the standard dot-product
+analysis, Cauchy-Schwarz over the inner dimension: ``g1 ‖x‖ max ‖W_OU[:, u]‖ + g2 ‖|x| |W_O|‖ max ‖W_U[:, u]‖``,
+:func:`_layer_counts`), and the logits within ``b`` of ``logit_t`` (the source token itself among them) are
+recomputed as ``ℓ_u`` and compared exactly, so a rank never depends on float32 rounding. TF32 is switched off on
+CUDA while the products run.
 
 The leading singular directions of ``W_V[h] W_O[h]`` (``d_model x d_model``, rank ``<= d_head``) are
 computed from the ``d_head``-sized factors (QR of ``W_V`` and ``W_O^T``, SVD of the ``d_head x d_head``
@@ -468,8 +473,10 @@ def head_tokens(
         n_tokens: the sample size when ``tokens`` is None (1 .. 2^20).
         seed: the sample's seed.
         n_directions: leading singular directions of ``W_V W_O`` read per head (1 .. d_head).
-        chunk: source tokens per ``[chunk, d_vocab]`` logit block (default ``max(1, 2^22 // d_vocab)``; memory
-            ``~ chunk · d_vocab`` floats plus ``d_head · d_vocab`` per head, never ``d_vocab²``).
+        chunk: source tokens per ``[chunk, VOCAB_TILE]`` float32 logit block (default
+            ``max(1, 2^19 // min(VOCAB_TILE, d_vocab))``, 256 on SmolLM2; memory ``~ chunk · VOCAB_TILE`` floats,
+            a ``VOCAB_TILE x heads · d_head`` float64 tile per layer and a float64 copy of ``W_U`` up to 512 MiB,
+            never ``d_vocab²``).
 
     Returns:
         :class:`HeadTokens` (``.table`` indexed by ``"L10H8"``; ``.top_tokens(label)``; ``.headline``).
