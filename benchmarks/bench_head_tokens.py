@@ -7,7 +7,7 @@ time ``tli.head_tokens(model, n_tokens=512)`` (every head, 512 seeded source tok
 quiet 2-core machine) with its peak memory: the process's peak resident set (Linux ``VmHWM``, reset through
 ``/proc/self/clear_refs`` before the call) above its resident set before the call, against the
 ``d_vocab x d_vocab`` float64 matrix the computation never forms (49,152² x 8 B = 18.0 GiB). Prints the headline,
-how many float32 logits fell within their rounding bound (recounted in float64), a markdown row with the date,
+a markdown row with the date, wall and CPU time (``time.process_time``: the steadier figure on a shared machine),
 load average before and after, torch's thread count and the command line (``benchmarks/RESULTS.md``).
 """
 

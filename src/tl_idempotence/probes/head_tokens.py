@@ -11,13 +11,18 @@ over a seeded sample of source tokens (or the ``tokens`` given): the median self
 the fraction of tokens in their own row's top ``k`` (``#{u != t : logit_u > logit_t} < k``) and bottom ``k``
 (``#{u != t : logit_u < logit_t} < k``).
 
-Computation (never a ``d_vocab²`` matrix): per kv head ``x = W_E[tokens] @ W_V`` (``[n_tokens, d_head]``,
-float64); per query head ``W_OU = W_O[h] @ W_U`` (``[d_head, d_vocab]``, float32), then per chunk of
-``chunk`` source tokens the float32 logits ``x @ W_OU`` (``[chunk, d_vocab]``). The ranks are those of the
-float64 rows: each float32 logit carries a rigorous rounding bound (``γ_n = n u / (1 - n u)`` of the
-standard summation analysis, times ``|x| @ |W_O[h]| @ |W_U|``, one more ``d_head``-sized product); the logits
-that lie within their bound of the float64 self logit ``logit_t`` are recomputed in float64 and compared
-exactly, so a rank never depends on float32 rounding. TF32 is switched off on CUDA while the products run.
+Computation (never a ``d_vocab²`` matrix), per layer and per tile of ``VOCAB_TILE`` vocabulary columns: one
+float64 product ``W_U[:, tile]ᵀ @ W_O[heads]ᵀ`` gives the ``W_OU = W_O[h] @ W_U`` columns of every selected head of
+the layer (``[tile, heads · d_head]``; float64 because ``W_O W_U`` cancels heavily: a float32 product's rounding
+bound, in ``|W_O| |W_U|``, left ~200 close calls per row on SmolLM2, this one ~2); per head and chunk of ``chunk``
+source tokens the float32 logits ``fl32(x) @ fl32(W_OU)`` (``x = W_E[tokens] @ W_V``, inner dimension
+``d_head``) are compared with ``logit_t ± b`` (one ``>``, one ``<`` and their counts per block). The ranks are
+those of the float64 rows ``ℓ_u = fl64(fl64(x @ W_O) · W_U[:, u])`` (the row form's association): ``b`` is a
+rigorous bound on ``|logit32_u - ℓ_u|`` over the tile (``γ_n = n u / (1 - n u)`` of the standard dot-product
+analysis, Cauchy-Schwarz over the inner dimension: ``g1 ‖x‖ max ‖W_OU[:, u]‖ + g2 ‖|x| |W_O|‖ max ‖W_U[:, u]‖``,
+:func:`_layer_counts`), and the logits within ``b`` of ``logit_t`` (the source token itself among them) are
+recomputed as ``ℓ_u`` and compared exactly, so a rank never depends on float32 rounding. TF32 is switched off on
+CUDA while the products run.
 
 The leading singular directions of ``W_V[h] W_O[h]`` (``d_model x d_model``, rank ``<= d_head``) are
 computed from the ``d_head``-sized factors (QR of ``W_V`` and ``W_O^T``, SVD of the ``d_head x d_head``
@@ -63,8 +68,14 @@ __all__ = [
 
 #: Stated maximum of ``n_tokens`` (checked before any allocation).
 MAX_TOKENS = 1 << 20
-#: Logit elements per chunk when ``chunk`` is not given (``chunk = max(1, LOGIT_ELEMS // d_vocab)``).
-LOGIT_ELEMS = 1 << 22
+#: Vocabulary columns per logit block (one float64 ``W_OU`` tile of every selected head of a layer).
+VOCAB_TILE = 2048
+#: Logit elements per block when ``chunk`` is not given (``chunk = max(1, LOGIT_ELEMS // min(VOCAB_TILE, d_vocab))``).
+LOGIT_ELEMS = 1 << 19
+#: Largest float64 copy of W_U kept for one call (larger unembeddings are converted tile by tile).
+U64_CACHE_BYTES = 1 << 29
+#: float64 elements gathered at a time by the recount of close calls.
+RECOUNT_ELEMS = 1 << 22
 #: Leading singular directions kept per head by default.
 N_DIRECTIONS = 3
 #: What the readout includes, stated in every result.
@@ -73,10 +84,20 @@ CONVENTION = (
     "embedding, no final norm"
 )
 _U32 = 2.0**-24  # float32 unit roundoff
+_U64 = 2.0**-53  # float64 unit roundoff
 
 
 def _gamma(n: int) -> float:
     return n * _U32 / (1 - n * _U32)
+
+
+def _gamma64(n: int) -> float:
+    return n * _U64 / (1 - n * _U64)
+
+
+def _row_norms(rows: torch.Tensor) -> torch.Tensor:
+    """float64 Euclidean norms of ``rows`` (``[m, d]``), 8192 rows at a time (no float64 copy of the whole)."""
+    return torch.cat([rows[s : s + 8192].double().norm(dim=1) for s in range(0, rows.shape[0], 8192)])
 
 
 @dataclass(repr=False, eq=False)
@@ -269,62 +290,130 @@ def _sample_tokens(model: Any, d_vocab: int, n_tokens: int, seed: int) -> tuple[
     return np.sort(allowed[pick].numpy()), f"{n_tokens} non-special token ids drawn without replacement (seed {seed})"
 
 
-def _self_ranks(
-    x64: torch.Tensor,
-    W_O: torch.Tensor,
-    W_U32: torch.Tensor,
-    absU32: torch.Tensor,
-    U_rows32: torch.Tensor,
+def _up32(v: torch.Tensor) -> torch.Tensor:
+    """float32 values ``>= v`` (float64), the nearest such (inf when beyond float32's range)."""
+    f = v.to(torch.float32)
+    low = f.double() < v
+    return torch.where(low, torch.nextafter(f, torch.full_like(f, float("inf"))), f)
+
+
+def _down32(v: torch.Tensor) -> torch.Tensor:
+    """float32 values ``<= v`` (float64), the nearest such (-inf when beyond float32's range)."""
+    f = v.to(torch.float32)
+    high = f.double() > v
+    return torch.where(high, torch.nextafter(f, torch.full_like(f, float("-inf"))), f)
+
+
+def _layer_counts(
+    xs: list[torch.Tensor],
+    O64: torch.Tensor,
+    U_rows: torch.Tensor,
+    u_norm: torch.Tensor,
     tok: torch.Tensor,
     chunk: int,
+    tile: int,
+    U_tiles: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(above, below)`` counts per source token of one head (module docstring), each ``[n_tokens]`` int64.
+    """``(above, below)`` ``[heads, n]`` int64 counts of the selected heads of one layer (module docstring).
 
-    ``x64``: ``[n, d_head]`` float64 ``W_E[tokens] @ W_V``; ``W_O``: ``[d_head, d_model]`` (float64);
-    ``W_U32``: ``[d_model, d_vocab]`` float32, ``absU32`` its absolute values, ``U_rows32`` its transpose
-    ``[d_vocab, d_model]`` (rows: the float64 recount gathers them); ``tok``: ``[n]`` ids.
+    ``xs``: per head ``[n, d_head]`` float64 ``W_E[tokens] @ W_V[kv]``; ``O64``: ``[heads, d_head, d_model]``
+    float64 ``W_O``; ``U_rows``: ``[d_vocab, d_model]`` (``W_U`` transposed; float32 or float64);
+    ``u_norm``: ``[d_vocab]`` float64 norms of its rows; ``tok``: ``[n]`` ids; ``U_tiles(a, T)``: its rows
+    ``a .. a+T`` in float64 (:func:`_float64_tiles`).
 
-    The bound: ``|fl(x32 @ fl(W_O32 @ W_U32)) - x @ W_O @ W_U| <= g · (|x| @ |W_O| @ |W_U|)`` elementwise with
-    ``g = 2 (γ_{d_head} + γ_{d_model} + 2u)`` (each product's standard bound plus the float32 casts; the factor 2
-    covers the rounding of the bound's own float32 product, whose terms are all non-negative).
+    Per tile of ``tile`` vocabulary columns, one float64 product ``W_U[:, tile]ᵀ @ W_O[heads]ᵀ`` gives every
+    head's ``W_OU`` columns (``[tile, heads * d_head]``); each head's float32 logits ``fl32(x) @ fl32(W_OU)``
+    (inner dimension ``d_head``) are compared with per-row thresholds ``logit_t ± b``. With
+    ``y = fl64(x @ W_O)`` and the reference logits ``ℓ_u = fl64(y · W_U[:, u])`` (the row form's association;
+    ``logit_t = ℓ_t``), the standard dot-product bounds give, for every ``u`` of the tile,
+
+        |logit32_u - ℓ_u| <= g1 ‖x‖ max_tile ‖W_OU[:, u]‖ + g2 ‖|x| |W_O|‖ max_tile ‖W_U[:, u]‖ = b
+
+    (Cauchy-Schwarz over the inner dimensions; ``g1 = γ_{d_head}(1+u)² + 2u + u²`` for the float32 product and
+    the two float32 casts, ``g2 = γ64_{d_head} + 3 γ64_{d_model}`` for the float64 products on both sides).
+    A logit above ``fl32↑(logit_t + b)`` or below ``fl32↓(logit_t - b)`` is surely above / below; the rest
+    (the source token itself always among them) are recomputed as ``ℓ_u`` and compared exactly.
     """
-    d_head, d_model = W_O.shape
-    W_O32 = W_O.to(torch.float32)
-    WOU = W_O32 @ W_U32  # [d_head, d_vocab]
-    A = W_O32.abs() @ absU32  # [d_head, d_vocab]: |W_O| |W_U|
-    y64 = x64 @ W_O  # [n, d_model]
-    L = (y64 * U_rows32[tok].double()).sum(-1)  # [n] float64 self logits
-    g = 2.0 * (_gamma(d_head) + _gamma(d_model) + 2 * _U32)
-    above = torch.empty(len(tok), dtype=torch.long, device=x64.device)
-    below = torch.empty_like(above)
-    for a in range(0, len(tok), chunk):
-        sl = slice(a, a + chunk)
-        x32 = x64[sl].to(torch.float32)
-        logits = x32 @ WOU  # [c, d_vocab] float32
-        Lc = L[sl].to(torch.float32).unsqueeze(1)
-        diff = logits - Lc
-        # |diff - (exact logit - L)| <= b: the products' bound, Lc's rounding and the subtraction's (a row constant
-        # bounds |Lc| + |diff|), widened by 1e-6 relative for b's own rounding and a tiny absolute term
-        row = (Lc.abs() + diff.abs().amax(1, keepdim=True)) * (2 * _U32) + 1e-30
-        b = torch.addmm(row, x32.abs(), A, alpha=g * (1 + 1e-6))
-        sure_up = diff > b
-        sure_down = diff < -b
-        rows = torch.arange(sure_up.shape[0], device=x64.device)
-        self_col = tok[sl]
-        cand = ~(sure_up | sure_down)
-        for m in (sure_up, sure_down, cand):
-            m[rows, self_col] = False  # u != t
-        up = sure_up.sum(1)
-        down = sure_down.sum(1)
-        r, u = cand.nonzero(as_tuple=True)
-        if len(r):
-            exact = (y64[sl][r] * U_rows32[u].double()).sum(-1)  # float64 logits of the close calls
-            Lr = L[sl][r]
-            up = up.index_add(0, r, (exact > Lr).long())
-            down = down.index_add(0, r, (exact < Lr).long())
-        above[sl] = up
-        below[sl] = down
+    H, d_head, d_model = O64.shape
+    n = len(tok)
+    d_vocab = U_rows.shape[0]
+    dev = O64.device
+    OT = O64.reshape(H * d_head, d_model).T  # [d_model, H * d_head]
+    ys = [x @ O64[j] for j, x in enumerate(xs)]  # [n, d_model] float64
+    U_tok = U_rows[tok].double()
+    Ls = [(y * U_tok).sum(-1) for y in ys]  # [n] float64: ℓ_t
+    x32s = [x.to(torch.float32) for x in xs]
+    g1 = _gamma(d_head) * (1 + _U32) ** 2 + 2 * _U32 + _U32**2
+    g2 = _gamma64(d_head) + 3 * _gamma64(d_model)
+    slack = 1 + 1e-9  # the norms' and the bound's own float64 rounding (relative <= 1e-13)
+    xn = [x.norm(dim=1) for x in xs]
+    zn = [(x.abs() @ O64[j].abs()).norm(dim=1) for j, x in enumerate(xs)]
+    above = torch.zeros(H, n, dtype=torch.long, device=dev)
+    below = torch.zeros(H, n, dtype=torch.long, device=dev)
+    c_rows = min(chunk, n)
+    width = min(tile, d_vocab)
+    buf = torch.empty(c_rows, width, dtype=torch.float32, device=dev)
+    m_up = torch.empty(c_rows, width, dtype=torch.bool, device=dev)
+    m_dn = torch.empty_like(m_up)
+    for a in range(0, d_vocab, tile):
+        T = min(tile, d_vocab - a)
+        W64 = U_tiles(a, T) @ OT  # [T, H * d_head]: W_OU's columns of this tile, every head
+        W32 = W64.to(torch.float32)
+        c_max = W64.view(T, H, d_head).norm(dim=2).amax(0)  # [H]
+        u_max = float(u_norm[a : a + T].max())
+        in_tile = ((tok >= a) & (tok < a + T)).to(torch.int32)
+        for j in range(H):
+            b = (g1 * xn[j] * float(c_max[j]) + g2 * zn[j] * u_max) * slack
+            b = b + (Ls[j].abs() + b) * 2.0**-51  # L ± b's own float64 rounding
+            hi, lo = _up32(Ls[j] + b), _down32(Ls[j] - b)
+            Wt = W32[:, j * d_head : (j + 1) * d_head].T  # [d_head, T]
+            for c in range(0, n, chunk):
+                cs = min(chunk, n - c)
+                lg = torch.mm(x32s[j][c : c + cs], Wt, out=buf[:cs, :T])
+                up = torch.gt(lg, hi[c : c + cs, None], out=m_up[:cs, :T])
+                dn = torch.lt(lg, lo[c : c + cs, None], out=m_dn[:cs, :T])
+                n_up = up.view(torch.uint8).sum(1, dtype=torch.int32)
+                n_dn = dn.view(torch.uint8).sum(1, dtype=torch.int32)
+                above[j, c : c + cs] += n_up
+                below[j, c : c + cs] += n_dn
+                # rows with close calls besides their source token (always close: |logit32_t - ℓ_t| <= b)
+                rows = (n_up + n_dn + in_tile[c : c + cs] < T).nonzero().squeeze(1)
+                if len(rows):
+                    rr, u = (~(up[rows] | dn[rows])).nonzero(as_tuple=True)
+                    r, u = rows[rr] + c, u + a
+                    keep = u != tok[r]
+                    _recount(ys[j], Ls[j], U_rows, r[keep], u[keep], above[j], below[j])
     return above, below
+
+
+def _float64_tiles(U_rows: torch.Tensor) -> Any:
+    """``f(a, T)``: rows ``a .. a+T`` of ``U_rows`` in float64 (from one float64 copy when it takes at most
+    ``U64_CACHE_BYTES``, else converted per call)."""
+    if U_rows.dtype == torch.float64:
+        return lambda a, T: U_rows[a : a + T]
+    if U_rows.numel() * 8 <= U64_CACHE_BYTES:
+        U64 = U_rows.double()
+        return lambda a, T: U64[a : a + T]
+    return lambda a, T: U_rows[a : a + T].double()
+
+
+def _recount(
+    y: torch.Tensor,
+    L: torch.Tensor,
+    U_rows: torch.Tensor,
+    r: torch.Tensor,
+    u: torch.Tensor,
+    above: torch.Tensor,
+    below: torch.Tensor,
+) -> None:
+    """Adds to ``above[r]`` / ``below[r]`` whether ``ℓ_u = fl64(y[r] · W_U[:, u]) > / < L[r]`` (in place)."""
+    step = max(1, RECOUNT_ELEMS // y.shape[1])
+    for s in range(0, len(r), step):
+        rr, uu = r[s : s + step], u[s : s + step]
+        exact = (y[rr] * U_rows[uu].double()).sum(-1)
+        Lr = L[rr]
+        above.index_add_(0, rr, (exact > Lr).long())
+        below.index_add_(0, rr, (exact < Lr).long())
 
 
 def _svd_directions(V: torch.Tensor, W_O: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -388,8 +477,10 @@ def head_tokens(
         n_tokens: the sample size when ``tokens`` is None (1 .. 2^20).
         seed: the sample's seed.
         n_directions: leading singular directions of ``W_V W_O`` read per head (1 .. d_head).
-        chunk: source tokens per ``[chunk, d_vocab]`` logit block (default ``max(1, 2^22 // d_vocab)``; memory
-            ``~ chunk · d_vocab`` floats plus ``d_head · d_vocab`` per head, never ``d_vocab²``).
+        chunk: source tokens per ``[chunk, VOCAB_TILE]`` float32 logit block (default
+            ``max(1, 2^19 // min(VOCAB_TILE, d_vocab))``, 256 on SmolLM2; memory ``~ chunk · VOCAB_TILE`` floats,
+            a ``VOCAB_TILE x heads · d_head`` float64 tile per layer and a float64 copy of ``W_U`` up to 512 MiB,
+            never ``d_vocab²``).
 
     Returns:
         :class:`HeadTokens` (``.table`` indexed by ``"L10H8"``; ``.top_tokens(label)``; ``.headline``).
@@ -409,7 +500,8 @@ def head_tokens(
     n_tokens = check_int(n_tokens, "n_tokens", 1, MAX_TOKENS)
     seed = check_seed(seed)
     n_directions = check_int(n_directions, "n_directions", 1, info.d_head)
-    chunk = max(1, LOGIT_ELEMS // d_vocab) if chunk is None else check_int(chunk, "chunk", 1, MAX_TOKENS)
+    default_chunk = max(1, LOGIT_ELEMS // min(VOCAB_TILE, d_vocab))
+    chunk = default_chunk if chunk is None else check_int(chunk, "chunk", 1, MAX_TOKENS)
     if tokens is None:
         tok_ids, how = _sample_tokens(model, d_vocab, n_tokens, seed)
     else:
@@ -468,8 +560,11 @@ def _compute(
     tok = torch.as_tensor(tok_ids, dtype=torch.long, device=dev)
     W_U32 = W_U.to(dev, torch.float32)
     E_tok64 = W_E[tok.to(W_E.device)].to(dev, torch.float64)  # [n, d_model]
-    absU32 = W_U32.abs()
-    U_rows32 = W_U32.T.contiguous()  # a view when W_U is W_Eᵀ of a tied model
+    # W_U's columns as rows, in its own precision when that is float64 (else float32, exact for bf16/fp16): the
+    # reference logits are computed from them; a view of W_E, no copy, on a tied float32 model
+    U_rows = (W_U.to(dev, torch.float64) if W_U.dtype == torch.float64 else W_U32).T.contiguous()
+    u_norm = _row_norms(U_rows)
+    U_tiles = _float64_tiles(U_rows)
 
     tokenizer = getattr(model, "tokenizer", None)
     rows, ranks = [], []
@@ -478,13 +573,18 @@ def _compute(
         lh = layers[lay]
         V64 = lh.V.to(dev, torch.float64)  # [n_kv, d_model, d_head]
         x_kv: dict[int, torch.Tensor] = {}
-        reads, writes, sigmas = [], [], []
         for h in hs:
             kv = int(lh.kv_head_of[h])
             if kv not in x_kv:
                 x_kv[kv] = E_tok64 @ V64[kv]
-            W_O64 = lh.O[h].to(dev, torch.float64).T  # [d_head, d_model]
-            above, below = _self_ranks(x_kv[kv], W_O64, W_U32, absU32, U_rows32, tok, chunk)
+        O64 = torch.stack([lh.O[h].to(dev, torch.float64).T for h in hs])  # [heads, d_head, d_model]
+        xs = [x_kv[int(lh.kv_head_of[h])] for h in hs]
+        above_l, below_l = _layer_counts(xs, O64, U_rows, u_norm, tok, chunk, VOCAB_TILE, U_tiles)
+        reads, writes, sigmas = [], [], []
+        for j, h in enumerate(hs):
+            kv = int(lh.kv_head_of[h])
+            W_O64 = O64[j]
+            above, below = above_l[j], below_l[j]
             r = (above.double() / (d_vocab - 1)).cpu().numpy()
             ranks.append(r)
             rd, sg, wr = _svd_directions(V64[kv], W_O64, n_directions)

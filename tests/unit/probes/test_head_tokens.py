@@ -71,9 +71,15 @@ def test_self_ranks_equal_dense_float64_rows(bridge):
         assert row["n_tokens"] == 40
 
 
-def test_near_ties_below_float32_resolution_are_ranked_in_float64(tmp_path):
+@pytest.mark.parametrize("tile", [None, 7])
+def test_near_ties_below_float32_resolution_are_ranked_in_float64(tmp_path, monkeypatch, tile):
     """W_U's columns 51..59 are columns 50..58 moved by one float32 ulp: logit_{u+1} - logit_u is ~1e-7 relative,
-    below what the float32 products resolve, so only the float64 recount of the close calls ranks them right."""
+    below what the float32 products resolve, so only the float64 recount of the close calls ranks them right
+    (also with 7-column vocabulary tiles: the close calls then lie in tiles that start past column 0)."""
+    if tile is not None:
+        import tl_idempotence.probes.head_tokens as ht
+
+        monkeypatch.setattr(ht, "VOCAB_TILE", tile)
     d = tiny_hf_dir(tmp_path / "ties", n_layers=1)
 
     def nudge(t):
@@ -98,6 +104,22 @@ def test_chunk_size_does_not_change_the_ranks(bridge):
     b = tli.head_tokens(bridge, heads=[(0, 2), "L1H4"], n_tokens=30, chunk=1000)
     assert list(a.table.index) == ["L0H2", "L1H4"]
     np.testing.assert_array_equal(a.self_ranks.to_numpy(), b.self_ranks.to_numpy())
+
+
+@pytest.mark.parametrize(("tile", "chunk"), [(7, 5), (33, 1), (99, 64), (100, 3)])
+def test_vocabulary_tiles_do_not_change_the_ranks(bridge, monkeypatch, tile, chunk):
+    """The logits are formed in [chunk, tile] blocks with one W_OU tile per layer (module docstring): tiles of 7 (a
+    2-column tail), 33, 99 (a 1-column tail) and the whole vocabulary, chunks down to one token, give the dense
+    float64 counts of every head of both layers."""
+    import tl_idempotence.probes.head_tokens as ht
+
+    monkeypatch.setattr(ht, "VOCAB_TILE", tile)
+    toks = list(range(0, 100, 3))
+    r = tli.head_tokens(bridge, tokens=toks, k=4, chunk=chunk)
+    for lab, row in r.table.iterrows():
+        above, below = dense_counts(bridge, int(row["layer"]), int(row["head"]), toks)
+        np.testing.assert_array_equal(r.self_ranks.loc[lab].to_numpy(), above / 99)
+        assert row["frac_bottom_k"] == np.mean(below < 4)
 
 
 def test_gqa_heads_of_one_kv_group_differ(bridge):
