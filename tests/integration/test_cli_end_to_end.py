@@ -41,7 +41,10 @@ def test_default_command_end_to_end(tmp_path):
     from tl_idempotence.views.text import format_P
 
     # the default zoo route streams the cached checkpoint files (no model object is built)
-    assert out.startswith("smollm2-135m (zoo checkpoint (llama), raw checkpoint weights): ")
+    assert out.startswith(  # the headline first: the closed count, and what the null (not run) would test
+        "13 of 270 heads are closed (P ≥ 0.9); no scramble null was run (nulls=0), so there is no p- or q-value. "
+        "smollm2-135m (zoo checkpoint (llama), raw checkpoint weights): "
+    ), out[:300]
     assert (
         "model: smollm2-135m (zoo checkpoint (llama)), 30 attention layers x 9 heads (3 kv heads), d_model 576, "
         "d_head 64"

@@ -45,15 +45,18 @@ def test_sweep_collect_reports_an_edited_summary_as_missing_with_the_field(tmp_p
     [record] = [p for p in out.rglob(RECORD)]
     s = json.loads(record.read_text())["summary"]
     n_closed, per_layer = s["n_closed"], s["closed_per_layer"]["__int_keys__"]
-    per_layer[0][1] += 7  # a consistent forgery (the counts add up): only the recomputation can refuse it
+    # a consistent forgery (the counts add up, and stay within the heads of the layer, which from_dict bounds):
+    # only the recomputation from the tables can refuse it
+    layer = next(i for i, (_lay, k) in enumerate(per_layer) if k < s["n_heads_per_layer"])
+    per_layer[layer][1] += 1
     forged = {
-        "n_closed": n_closed + 7,
-        "frac_closed": (n_closed + 7) / s["n_heads"],
+        "n_closed": n_closed + 1,
+        "frac_closed": (n_closed + 1) / s["n_heads"],
         "closed_per_layer": s["closed_per_layer"],
     }
     rewrite_record(record.parent, lambda r: r["summary"].update(forged))
     collect = subprocess.run([*cli, "--collect"], capture_output=True, text=True, env=env, timeout=600)
     said = collect.stdout + collect.stderr
-    assert f"summary['n_closed'] is {n_closed + 7} in the record but {n_closed} from its tables" in said, said
+    assert f"summary['n_closed'] is {n_closed + 1} in the record but {n_closed} from its tables" in said, said
     assert "1 item(s) have no report yet:" in said and "ckA: its saved report is unreadable (ReportFileError" in said
     assert collect.returncode == 1, collect.returncode  # not every item has a report

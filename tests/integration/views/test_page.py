@@ -79,10 +79,13 @@ def test_sections_lead_with_the_answer(rep, html):
     first_fig = html.index('class="plotly-graph-div"')
     assert html.index('id="heatmap"') < first_fig < html.index('id="paper"')
     headline = section(html, 'id="headline">', "</p>")
-    assert headline.startswith(
-        'id="headline">smollm2-135m (TransformerBridge, raw checkpoint weights): 13 of 270 heads (4.81 %) are '
-        "near-idempotent, P ≥ 0.9; median P 0.265."
-    ), headline
+    # rep.headline first (the closed count and the scramble q count, apart), then the model and its numbers
+    assert headline.startswith(f'id="headline">{rep.headline} '), headline
+    assert headline.startswith('id="headline">13 of 270 heads are closed (P ≥ 0.9); q ≤ 0.05 for 0 of 270 '), headline
+    assert (
+        "smollm2-135m (TransformerBridge, raw checkpoint weights): 13 of 270 heads (4.81 %) are near-idempotent, "
+        "P ≥ 0.9; median P 0.265."
+    ) in headline
     assert "Against the orientation-scramble null (8 Haar draws per head)" in headline
     assert "of 540 matched O/V mismatch pairs reach P ≥ 0.9" in headline
 
