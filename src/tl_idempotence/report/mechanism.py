@@ -33,12 +33,13 @@ from ..core.frozen import frozen, thawed
 from ..core.results import Result, views
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import PathLike
     from ..probes.head_tokens import HeadTokens
     from ..probes.roles import HeadRoles
     from ..probes.tied import EmbeddingTie
     from ..probes.token_effect import AttendedTokenEffect
 
-__all__ = ["Mechanism", "mechanism_join", "sign_summary"]
+__all__ = ["Mechanism", "derive_tests", "mechanism_headline", "mechanism_join", "sign_summary"]
 
 #: Permutations of the Spearman test (two-sided p floor 2/(n + 1) = 0.002).
 DEFAULT_N_PERMUTATIONS = 999
@@ -69,9 +70,14 @@ class Mechanism(Result):
             spearman_rho, spearman_p, n_permutations, p_floor, seed, tied, embedding_tie`` (the
             :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict), ``n_closed_own_sign_alpha`` (closed heads
             whose G = I score has the sign of α), ``headline``, ``notes``, and the probes' ``conventions``.
-        tokens: the :class:`~tl_idempotence.probes.head_tokens.HeadTokens` joined (its ``top_tokens``).
-        effect: the :class:`~tl_idempotence.probes.token_effect.AttendedTokenEffect` joined (its positions).
+        tokens: the :class:`~tl_idempotence.probes.head_tokens.HeadTokens` joined (its ``top_tokens``); None for
+            a result read back by :func:`~tl_idempotence.report.mechanism_store.load_mechanism` (not saved).
+        effect: the :class:`~tl_idempotence.probes.token_effect.AttendedTokenEffect` joined (its positions); None
+            for a result read back (not saved; its table's columns and its summary are in :attr:`table` and
+            ``summary["attended_token_effect"]``).
         tie: the :class:`~tl_idempotence.probes.tied.EmbeddingTie`.
+        loaded_from: the folder :func:`~tl_idempotence.report.mechanism_store.load_mechanism` read it from
+            (:meth:`save` refuses to write there), else None.
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = (
@@ -82,18 +88,20 @@ class Mechanism(Result):
     _table: pd.DataFrame
     _signs: pd.DataFrame
     summary: Mapping[str, Any]
-    tokens: HeadTokens
-    effect: AttendedTokenEffect
+    tokens: HeadTokens | None
+    effect: AttendedTokenEffect | None
     tie: EmbeddingTie
+    loaded_from: str | None
 
     def __init__(
         self,
         table: pd.DataFrame,
         signs: pd.DataFrame,
         summary: Mapping[str, Any],
-        tokens: HeadTokens,
-        effect: AttendedTokenEffect,
+        tokens: HeadTokens | None,
+        effect: AttendedTokenEffect | None,
         tie: EmbeddingTie,
+        loaded_from: str | None = None,
     ) -> None:
         set_ = functools.partial(object.__setattr__, self)
         set_("_table", table.copy())  # never handed out: the properties give copies
@@ -102,6 +110,7 @@ class Mechanism(Result):
         set_("tokens", tokens)
         set_("effect", effect)
         set_("tie", tie)
+        set_("loaded_from", loaded_from)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise FrozenInstanceError(f"cannot assign to {name!r}: a mechanism result is immutable (rep.mechanism again).")
@@ -132,10 +141,45 @@ class Mechanism(Result):
     def top_tokens(self, head: str) -> pd.DataFrame:
         """The tokens one head promotes and suppresses (:meth:`HeadTokens.top_tokens`; a copy).
 
+        Args:
+            head: a joined head's label, ``"L10H8"``.
+
+        Returns:
+            The :meth:`HeadTokens.top_tokens` frame of that head.
+
         Raises:
-            OptionTypeError: not a label. OptionError: a head this result did not join.
+            OptionTypeError: not a label. OptionError: a head this result did not join; a result read back by
+                :func:`~tl_idempotence.report.mechanism_store.load_mechanism` (the token readout is not saved:
+                run ``tli.head_tokens(model, heads=[head])`` or ``rep.mechanism(model=...)`` again).
         """
+        if self.tokens is None:
+            from ..errors import OptionError
+
+            raise OptionError(
+                f"This mechanism result was read back from {self.loaded_from or 'a saved folder'}, and a save keeps "
+                "the joined table, signs and summary but not the token readout: run tli.head_tokens(model, "
+                f"heads=[{head!r}]).top_tokens({head!r}) or rep.mechanism(model=...) again."
+            )
         return self.tokens.top_tokens(head)
+
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`~tl_idempotence.report.mechanism_store.save_mechanism`): parquet
+        tables and one JSON record with their sha256s and its own digest, no pickle.
+
+        Args:
+            path: a folder that does not exist yet (or is empty), or an earlier mechanism save with ``overwrite``.
+            overwrite: replace an earlier mechanism save's files (only those).
+
+        Returns:
+            The folder, as a string.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as
+                :func:`~tl_idempotence.report.mechanism_store.save_mechanism`.
+        """
+        from .mechanism_store import save_mechanism
+
+        return save_mechanism(self, path, overwrite=overwrite)
 
     def figure(self) -> Any:
         """Plotly figure: each joined head's attended-token effect against α·P, closed heads marked, the sign
@@ -198,7 +242,7 @@ def _fmt_p(p: float) -> str:
     return "undefined" if not math.isfinite(p) else (f"{p:.2g}" if p >= 1e-3 else f"{p:.1e}")
 
 
-def _headline(s: dict[str, Any], tie: EmbeddingTie, n_closed_own: int, med_abs_copy: float) -> str:
+def mechanism_headline(s: dict[str, Any], tie: EmbeddingTie, n_closed_own: int, med_abs_copy: float) -> str:
     n, k, p = s["n_sign_tested"], s["n_agree"], s["sign_test_p"]
     if s["n_closed"] == 0:
         first = f"{QUESTION} No head is closed"
@@ -227,6 +271,65 @@ def _headline(s: dict[str, Any], tie: EmbeddingTie, n_closed_own: int, med_abs_c
     return f"{first}; {second}; {third}."
 
 
+def derive_tests(table: pd.DataFrame, n_permutations: int, seed: int) -> tuple[Any, pd.DataFrame, dict[str, Any]]:
+    """The tests a mechanism table gives (module docstring): its ``sign_agrees`` column, its :attr:`Mechanism.signs`
+    and the summary's counts and p values. :func:`mechanism_join` makes a result with it and
+    :func:`~tl_idempotence.report.mechanism_store.load_mechanism` recomputes a saved one with it.
+
+    Args:
+        table: the joined columns ``alpha, P, closed, effect_median, alpha_P, copying, copying_own`` (any others
+            are ignored; ``sign_agrees``, when present, is not read).
+        n_permutations, seed: the Spearman test's permutations and seed.
+
+    Returns:
+        ``(sign_agrees, signs, stats)``: a nullable boolean array, the signs frame, and ``n_sign_tested, n_agree,
+        sign_test_p, n_spearman, spearman_rho, spearman_p, n_closed_own_sign_alpha, median_abs_copying_closed,
+        notes``.
+    """
+    from scipy.stats import binomtest
+
+    alpha = table["alpha"].to_numpy(dtype=float)
+    eff = table["effect_median"].to_numpy(dtype=float)
+    closed = table["closed"].to_numpy(dtype=bool)
+    tested = closed & np.isfinite(alpha) & (alpha != 0) & np.isfinite(eff) & (eff != 0)
+    agrees = np.sign(alpha) == np.sign(eff)
+    sign_agrees = pd.array([bool(a) if t else pd.NA for a, t in zip(agrees, tested)], dtype="boolean")
+    notes = []
+    n_tested, n_agree = int(tested.sum()), int((agrees & tested).sum())
+    if n_tested:
+        p_sign = float(binomtest(n_agree, n_tested, 0.5, alternative="two-sided").pvalue)
+    else:
+        p_sign = math.nan
+        notes.append("sign test undefined: no closed head with α ≠ 0 and a nonzero median effect")
+    ap = table["alpha_P"].to_numpy(dtype=float)
+    ok = np.isfinite(ap) & np.isfinite(eff)
+    rho, p_rho, why = _spearman(ap[ok], eff[ok], n_permutations, seed)
+    if why:
+        notes.append(why)
+    own_v = table["copying_own"].to_numpy(dtype=float)
+    n_closed_own = int((closed & np.isfinite(own_v) & (np.sign(own_v) == np.sign(alpha)) & (alpha != 0)).sum())
+    cv = np.abs(table["copying"].to_numpy(dtype=float))[closed]
+    med_abs_copy = float(np.median(cv[np.isfinite(cv)])) if np.isfinite(cv).any() else math.nan
+    rows = []
+    for col in SIGNED:
+        v = table[col].to_numpy(dtype=float)
+        for group, mask in (("closed", closed), ("all", np.ones(len(v), dtype=bool))):
+            rows.append({"quantity": col, "group": group, **sign_summary(v[mask])})
+    signs = pd.DataFrame(rows).set_index(["quantity", "group"])
+    stats = {
+        "n_sign_tested": n_tested,
+        "n_agree": n_agree,
+        "sign_test_p": p_sign,
+        "n_spearman": int(ok.sum()),
+        "spearman_rho": rho,
+        "spearman_p": p_rho,
+        "n_closed_own_sign_alpha": n_closed_own,
+        "median_abs_copying_closed": med_abs_copy,
+        "notes": "; ".join(notes),
+    }
+    return sign_agrees, signs, stats
+
+
 def mechanism_join(
     heads: pd.DataFrame,
     threshold: float,
@@ -252,8 +355,6 @@ def mechanism_join(
     Raises:
         OptionError: a probe result lacks a joined head (it was not computed on them).
     """
-    from scipy.stats import binomtest
-
     from ..errors import OptionError
 
     labels = list(heads.index)
@@ -277,57 +378,31 @@ def mechanism_join(
         table[col] = tk[col].to_numpy()
     table["copying"] = cop.loc[labels, "copying"].to_numpy(dtype=float)
     table["copying_own"] = own.loc[labels, "copying_own"].to_numpy(dtype=float)
-    alpha = table["alpha"].to_numpy(dtype=float)
-    eff = table["effect_median"].to_numpy(dtype=float)
-    closed = table["closed"].to_numpy(dtype=bool)
-    tested = closed & np.isfinite(alpha) & (alpha != 0) & np.isfinite(eff) & (eff != 0)
-    agrees = np.sign(alpha) == np.sign(eff)
-    table["sign_agrees"] = pd.array([bool(a) if t else pd.NA for a, t in zip(agrees, tested)], dtype="boolean")
     if roles is not None:
         rt = roles.table
         for col in ("previous_token", "duplicate_token", "induction"):
             table[col] = rt.loc[labels, col].to_numpy(dtype=float)
-    notes = []
-    n_tested, n_agree = int(tested.sum()), int((agrees & tested).sum())
-    if n_tested:
-        p_sign = float(binomtest(n_agree, n_tested, 0.5, alternative="two-sided").pvalue)
-    else:
-        p_sign = math.nan
-        notes.append("sign test undefined: no closed head with α ≠ 0 and a nonzero median effect")
-    ap = table["alpha_P"].to_numpy(dtype=float)
-    ok = np.isfinite(ap) & np.isfinite(eff)
-    rho, p_rho, why = _spearman(ap[ok], eff[ok], n_permutations, seed)
-    if why:
-        notes.append(why)
-    own_v = table["copying_own"].to_numpy(dtype=float)
-    n_closed_own = int((closed & np.isfinite(own_v) & (np.sign(own_v) == np.sign(alpha)) & (alpha != 0)).sum())
-    cv = np.abs(table["copying"].to_numpy(dtype=float))[closed]
-    med_abs_copy = float(np.median(cv[np.isfinite(cv)])) if np.isfinite(cv).any() else math.nan
-    rows = []
-    for col in SIGNED:
-        v = table[col].to_numpy(dtype=float)
-        for group, mask in (("closed", closed), ("all", np.ones(len(v), dtype=bool))):
-            rows.append({"quantity": col, "group": group, **sign_summary(v[mask])})
-    signs = pd.DataFrame(rows).set_index(["quantity", "group"])
+    agrees_col, signs, stats = derive_tests(table, n_permutations, seed)
+    table.insert(list(table.columns).index("copying_own") + 1, "sign_agrees", agrees_col)
     summary: dict[str, Any] = {
         "model_name": tokens.summary.get("model_name"),
         "n_heads": len(table),
-        "n_closed": int(closed.sum()),
+        "n_closed": int(table["closed"].to_numpy(dtype=bool).sum()),
         "threshold": float(threshold),
-        "n_sign_tested": n_tested,
-        "n_agree": n_agree,
-        "sign_test_p": p_sign,
-        "n_spearman": int(ok.sum()),
-        "spearman_rho": rho,
-        "spearman_p": p_rho,
+        "n_sign_tested": stats["n_sign_tested"],
+        "n_agree": stats["n_agree"],
+        "sign_test_p": stats["sign_test_p"],
+        "n_spearman": stats["n_spearman"],
+        "spearman_rho": stats["spearman_rho"],
+        "spearman_p": stats["spearman_p"],
         "n_permutations": n_permutations,
         "p_floor": min(1.0, 2 / (n_permutations + 1)),
         "seed": seed,
         "tied": tie.tied,
         "embedding_tie": tie.to_dict(),
-        "n_closed_own_sign_alpha": n_closed_own,
-        "median_abs_copying_closed": med_abs_copy,
-        "notes": "; ".join(notes),
+        "n_closed_own_sign_alpha": stats["n_closed_own_sign_alpha"],
+        "median_abs_copying_closed": stats["median_abs_copying_closed"],
+        "notes": stats["notes"],
         "conventions": {
             "effect": effect.summary.get("convention"),
             "tokens": tokens.summary.get("convention"),
@@ -336,7 +411,9 @@ def mechanism_join(
         "head_tokens": thawed(tokens.summary),
         "attended_token_effect": thawed(effect.summary),
     }
-    summary["headline"] = _headline(summary, tie, n_closed_own, med_abs_copy)
+    summary["headline"] = mechanism_headline(
+        summary, tie, stats["n_closed_own_sign_alpha"], stats["median_abs_copying_closed"]
+    )
     return Mechanism(table=table, signs=signs, summary=summary, tokens=tokens, effect=effect, tie=tie)
 
 

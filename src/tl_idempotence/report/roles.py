@@ -48,9 +48,11 @@ __all__ = [
     "RoleAssociation",
     "check_roles_fit_report",
     "circuit_overlap",
+    "json_like",
     "load_roles",
     "parse_circuit",
     "role_association",
+    "same_value",
     "save_roles",
 ]
 
@@ -506,12 +508,12 @@ def _info_fields(info: ModelInfo) -> dict[str, Any]:
     return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Equal, NaN equal to NaN (floats exactly), through dicts and lists."""
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return bool(a == b)
@@ -626,7 +628,7 @@ def _check_roles_record(
                 f"{int(bad.sum())}): {edited}."
             )
     for k in ("model_name", "model_class", "processing"):
-        if k in summary and not _same(_json_like(summary[k]), _json_like(getattr(info, k))):
+        if k in summary and not same_value(json_like(summary[k]), json_like(getattr(info, k))):
             raise error(f"{rec}: summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}: {edited}.")
     for k in ("n_tokens", "n_sequences", "seed"):
         if summary.get(k) != options.get(k) or type(summary.get(k)) is not type(options.get(k)):
@@ -667,7 +669,7 @@ def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -
         v = df[role].to_numpy(dtype=float)
         recomputed[f"median_{role}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
     for k, v in recomputed.items():
-        if not _same(summary.get(k), v):
+        if not same_value(summary.get(k), v):
             raise ReportFileError(
                 f"{where / ROLES_RECORD}: summary[{k!r}] is {summary.get(k)!r} but {v!r} from {f}: the record or the "
                 "table was edited. Save the roles again from the model."
@@ -707,7 +709,7 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
     role_table = roles.table  # a copy: taken once
     lacks = [x for x in table.index if x not in set(role_table.index)]
     same_roles = not lacks and all(
-        _same(table[c].tolist(), role_table.loc[table.index, c].tolist()) for c in ROLE_TABLE_COLUMNS
+        same_value(table[c].tolist(), role_table.loc[table.index, c].tolist()) for c in ROLE_TABLE_COLUMNS
     )
     if not same_roles:
         raise ReportFileError(f"{f}: its role columns are not those of {d / 'roles.parquet'}: a table was edited.")
@@ -725,13 +727,13 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
     stored = assoc.set_index("role") if "role" in assoc.columns else assoc
     ok = list(stored.columns) == list(fresh.association.columns) and list(stored.index) == list(fresh.association.index)
     for col in fresh.association.columns if ok else []:
-        if not _same(stored[col].tolist(), fresh.association[col].tolist()):
+        if not same_value(stored[col].tolist(), fresh.association[col].tolist()):
             raise ReportFileError(
                 f"{d / 'association.parquet'}: column {col!r} is not what {f} gives (recomputed): a table was edited."
             )
     if not ok:
         raise ReportFileError(f"{d / 'association.parquet'} is not a role association table (columns or roles differ).")
-    if not _same(_json_like(s), _json_like(fresh.summary)):
+    if not same_value(json_like(s), json_like(fresh.summary)):
         raise ReportFileError(
             f"{d / ROLES_RECORD}: the association summary is not what its tables give: it was edited."
         )
@@ -739,12 +741,12 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
     return fresh
 
 
-def _json_like(x: Any) -> Any:
+def json_like(x: Any) -> Any:
     """``x`` with tuples as lists and numpy scalars as Python scalars (how a summary reads back from JSON)."""
     if isinstance(x, dict):
-        return {str(k): _json_like(v) for k, v in x.items()}
+        return {str(k): json_like(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_json_like(v) for v in x]
+        return [json_like(v) for v in x]
     if isinstance(x, np.generic):
         return x.item()
     return x

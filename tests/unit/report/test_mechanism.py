@@ -263,3 +263,60 @@ def test_the_figure_draws_the_effect_against_alpha_P_with_closed_heads_marked(jo
     section = page[page.index('<h2 id="mechanism">') :]
     assert "plotly-graph-div" in section.split("<h2")[1]  # the figure is in the section
     assert '<a href="#mechanism">What the closed heads do to tokens</a>' in page[: page.index('<h2 id="closed-heads">')]
+
+
+def _redigest(folder: Path, table=None, record=None) -> None:
+    """Edit the saved table and/or record, every sha256 and the digest recomputed (as test_roles_record.py)."""
+    import hashlib
+    import json
+
+    import pandas as pd
+
+    f = folder / "mechanism.json"
+    rec = json.loads(f.read_text())
+    if table is not None:
+        df = table(pd.read_parquet(folder / "table.parquet"))
+        df.to_parquet(folder / "table.parquet", index=False)
+        rec["files"]["table"] = hashlib.sha256((folder / "table.parquet").read_bytes()).hexdigest()
+    if record is not None:
+        record(rec)
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    rec["digest"] = hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+    ).hexdigest()
+    f.write_text(json.dumps(rec))
+
+
+def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):
+    from tl_idempotence.errors import MissingFileError, OutputOverInputError, ReportFileError
+
+    _, _, mech = joined
+    back = tli.load_mechanism(mech.save(tmp_path / "m"))
+    assert back.table.equals(mech.table) and list(back.table.dtypes) == list(mech.table.dtypes)
+    assert back.signs.equals(mech.signs) and dict(back.summary) == dict(mech.summary)
+    assert back.headline == mech.headline and back.tie == mech.tie and back.tokens is None and back.effect is None
+    with pytest.raises(OptionError, match="not the token readout"):
+        back.top_tokens("L0H0")
+    with pytest.raises(OutputOverInputError):
+        back.save(tmp_path / "m", overwrite=True)
+    with pytest.raises(OptionError, match="not empty"):
+        mech.save(tmp_path / "m")
+    assert mech.save(tmp_path / "m", overwrite=True) == str(tmp_path / "m")
+    with pytest.raises(OptionError, match="folder, not a file"):
+        mech.save(tmp_path / "x.html")
+    for name, edit in (
+        ("table.parquet", lambda df: df.assign(effect_median=-df["effect_median"])),
+        ("table.parquet", lambda df: df.assign(alpha_P=df["alpha_P"] * 2)),
+    ):
+        d = Path(mech.save(tmp_path / f"e{len(name)}{id(edit)}"))
+        _redigest(d, table=edit)
+        with pytest.raises(ReportFileError, match=name):
+            tli.load_mechanism(d)
+    d = Path(mech.save(tmp_path / "r"))
+    _redigest(d, record=lambda r: r["summary"].update(n_agree=0))
+    with pytest.raises(ReportFileError, match="mechanism.json.*n_agree"):
+        tli.load_mechanism(d)
+    d = Path(mech.save(tmp_path / "s"))
+    (d / "signs.parquet").unlink()
+    with pytest.raises(MissingFileError, match="signs.parquet"):
+        tli.load_mechanism(d)
