@@ -84,8 +84,8 @@ _EXPORTS: dict[str, str] = {
     "Mechanism": "tl_idempotence.report.mechanism",
     "load_roles": "tl_idempotence.report.roles",
     "save_roles": "tl_idempotence.report.roles",
-    "load_mechanism": "tl_idempotence.report.mechanism_store",
-    "save_mechanism": "tl_idempotence.report.mechanism_store",
+    "load_mechanism": "tl_idempotence.report.mechanism",
+    "save_mechanism": "tl_idempotence.report.mechanism",
     # studies
     "Trajectory": "tl_idempotence.studies.trajectory",
     "trajectory": "tl_idempotence.studies.trajectory",

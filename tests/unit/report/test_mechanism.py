@@ -314,9 +314,9 @@ def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):
             tli.load_mechanism(d)
     d = Path(mech.save(tmp_path / "r"))
     _redigest(d, record=lambda r: r["summary"].update(n_agree=0))
-    with pytest.raises(ReportFileError, match="mechanism.json.*n_agree"):
+    with pytest.raises(ReportFileError, match=r"mechanism\.json.*n_agree"):
         tli.load_mechanism(d)
     d = Path(mech.save(tmp_path / "s"))
     (d / "signs.parquet").unlink()
-    with pytest.raises(MissingFileError, match="signs.parquet"):
+    with pytest.raises(MissingFileError, match=r"signs\.parquet"):
         tli.load_mechanism(d)
