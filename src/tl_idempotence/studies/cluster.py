@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.options import ReportOptions, check_int
-from ..errors import ClusterError, OptionError, OptionTypeError
+from ..errors import ClusterError, MissingExtraError, OptionError, OptionTypeError
 from ..report.report import IdempotenceReport, report_with_options
 
 __all__ = [
+    "CLUSTER_INSTALL",
     "DEFAULT_RETRIES",
     "DEFAULT_WORKER_TIMEOUT",
     "LOCAL_CLUSTER_SETTINGS",
@@ -65,10 +66,13 @@ __all__ = [
     "local_cluster",
     "machine_cores",
     "main_guard_problem",
+    "require_cluster",
     "run_jobs",
     "run_trajectory_on_cluster",
 ]
 
+#: The pip command that installs the cluster engine (the ``[cluster]`` extra: ``dask`` and ``distributed``).
+CLUSTER_INSTALL = 'pip install "tl_idempotence[cluster]"'
 #: Default number of retries of a failed task (so up to 3 attempts).
 DEFAULT_RETRIES = 2
 #: Characters a folder name made from a label never holds (each run of them becomes ``_``).
@@ -203,6 +207,30 @@ def main_guard_problem(what: str) -> str | None:
     if any(first <= line <= last for first, last in guarded):
         return None
     return f"{path}, line {line}: {fix}."
+
+
+def require_cluster(what: str) -> None:
+    """Refuse, before any work, an entry point that needs the cluster engine when ``dask`` or ``distributed``
+    is not installed (they are the optional ``[cluster]`` extra).
+
+    Args:
+        what: the entry point, as the message names it (``"tli.sweep()"``, ``"tl-idempotence sweep"``).
+
+    Raises:
+        MissingExtraError: ``dask`` or ``distributed`` cannot be imported (one line naming
+            ``pip install "tl_idempotence[cluster]"``).
+    """
+    missing = []
+    for name in ("dask", "distributed"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise MissingExtraError(
+            f"{what} runs on a Dask cluster and needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+            f"not installed: {CLUSTER_INSTALL} (a job array, --task-index, and tli.load_sweep need neither)."
+        )
 
 
 def check_main_guard(what: str) -> None:
@@ -642,10 +670,12 @@ def check_cluster_trajectory(ckpts: Sequence[Any], client: Any, loader: Any = No
         loader: what was given as ``loader`` (must be None: workers open paths with the built-in reader).
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed (:func:`require_cluster`).
         OptionTypeError: ``client`` is not a ``distributed.Client``.
         OptionError: a ``loader`` (it would never run), checkpoints that are not paths (a model object,
             a hub spec or a callable cannot be opened on a worker).
     """
+    require_cluster("tli.trajectory(client=...)")
     if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
         raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
     if loader is not None:
@@ -692,6 +722,7 @@ def run_trajectory_on_cluster(
         ``[(ckpt, report, seconds)]`` in checkpoint order (seconds: wall time to open and measure it on its worker).
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed.
         OptionError: a checkpoint that is not a path (a model object, a hub spec, a callable), a client
             that is not a ``distributed.Client``.
         ClusterError: a checkpoint whose worker died on every attempt; no worker for ``worker_timeout`` s.
