@@ -227,9 +227,10 @@ def require_cluster(what: str) -> None:
         except ImportError:
             missing.append(name)
     if missing:
+        verb = "is" if len(missing) == 1 else "are"
         raise MissingExtraError(
-            f"{what} runs on a Dask cluster and needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
-            f"not installed: {CLUSTER_INSTALL} (a job array, --task-index, and tli.load_sweep need neither)."
+            f"{what} runs on a Dask cluster and needs {' and '.join(missing)}, which {verb} not installed: "
+            f"{CLUSTER_INSTALL} (a job array, --task-index, and tli.load_sweep need neither)."
         )
 
 

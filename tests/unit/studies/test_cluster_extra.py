@@ -13,7 +13,6 @@ import textwrap
 from pathlib import Path
 
 from helpers import llama_like
-
 from tl_idempotence.errors import MissingExtraError, TLIError
 from tl_idempotence.studies.cluster import CLUSTER_INSTALL
 
@@ -87,8 +86,9 @@ def test_without_dask_the_package_measures_and_each_cluster_entry_point_refuses_
     # the CLI: one line naming the pip command, exit 1 (not a usage error)
     assert got["cli_rc"] == 1
     assert got["cli_stderr"].strip().splitlines() == [
-        "tl-idempotence: error: MissingExtraError: tl-idempotence sweep runs on a Dask cluster and needs dask and distributed, which are "
-        f"not installed: {CLUSTER_INSTALL} (a job array, --task-index, and tli.load_sweep need neither)."
+        "tl-idempotence: error: MissingExtraError: tl-idempotence sweep runs on a Dask cluster and needs dask and "
+        f"distributed, which are not installed: {CLUSTER_INSTALL} (a job array, --task-index, and tli.load_sweep need "
+        "neither)."
     ]
     assert got["made"] == []  # refused before any work: no sweep folder was created
 
@@ -104,7 +104,7 @@ def test_with_dask_the_same_calls_pass_the_check(tmp_path):
     ckpt, _, _ = llama_like(tmp_path / "ckpt", n_layers=2)
     with pytest.raises(OptionError, match="retries"):
         tli.sweep({"a": str(ckpt)}, tmp_path / "out", retries=-1)
-    with pytest.raises(OptionTypeError, match="client must be a distributed.Client"):
+    with pytest.raises(OptionTypeError, match=r"client must be a distributed\.Client"):
         tli.trajectory([("a", str(ckpt))], client=object(), progress=False)
 
 

@@ -33,8 +33,8 @@ from ..cluster import (
     Probe,
     check_main_guard,
     local_cluster,
-    require_cluster,
     machine_cores,
+    require_cluster,
     run_jobs,
 )
 from ..compare import item_inputs
