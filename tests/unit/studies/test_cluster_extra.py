@@ -51,6 +51,11 @@ with contextlib.redirect_stderr(err):
     out["cli_rc"] = main(["sweep", ckpt, "--out", str(work / "cli_out"), "--quiet"])
 out["cli_stderr"] = err.getvalue()
 out["made"] = sorted(p.name for p in work.iterdir())
+# a job array's task and load_sweep need neither package
+from tl_idempotence.studies.sweep import run_sweep_item
+
+row = run_sweep_item({"a": ckpt}, work / "array", 0)
+out["array"] = [row["status"], list(tli.load_sweep(work / "array").reports)]
 out["loaded"] = sorted(m for m in ("dask", "distributed") if sys.modules.get(m) is not None)
 print("RESULT " + json.dumps(out))
 """
@@ -91,6 +96,7 @@ def test_without_dask_the_package_measures_and_each_cluster_entry_point_refuses_
         "neither)."
     ]
     assert got["made"] == []  # refused before any work: no sweep folder was created
+    assert got["array"] == ["computed", ["a"]]
 
 
 def test_with_dask_the_same_calls_pass_the_check(tmp_path):
