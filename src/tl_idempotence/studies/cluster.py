@@ -251,9 +251,11 @@ def local_cluster(n_workers: int, what: str = "tli.sweep()") -> Iterator[tuple[A
     (:mod:`tl_idempotence.studies.quiet`: a successful run leaves no traceback on stderr).
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed (:func:`require_cluster`).
         ClusterError: the call is not under the ``__main__`` guard of a script (checked before anything
             starts); the cluster's workers could not start (the first line of Dask's error, and the guard hint).
     """
+    require_cluster(what)
     check_main_guard(what)
     import logging
 
@@ -452,9 +454,11 @@ def run_jobs(
         ``{name: Outcome}`` for every job.
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed (:func:`require_cluster`).
         ClusterError: the cluster had no worker for ``worker_timeout`` seconds (the unfinished tasks are
             cancelled; what finished is on disk wherever the tasks wrote it).
     """
+    require_cluster(f"the Dask runner ({key_prefix})")
     from distributed import KilledWorker
 
     from .quiet import QuietTaskErrors
