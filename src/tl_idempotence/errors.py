@@ -18,6 +18,7 @@ __all__ = [
     "ClusterError",
     "DeviceError",
     "ItemError",
+    "MissingExtraError",
     "MissingFileError",
     "OptionError",
     "OptionTypeError",
@@ -98,6 +99,11 @@ class ClusterError(TLIError, RuntimeError):
     """A Dask cluster that cannot run a sweep or trajectory: no worker left for the allowed time, a
     LocalCluster that could not start, a script that starts one without the ``__main__`` guard, a
     trajectory checkpoint whose worker kept dying (the message says which and what to do)."""
+
+
+class MissingExtraError(TLIError, ImportError):
+    """An entry point whose optional dependencies are not installed (a Dask sweep without ``dask`` and
+    ``distributed``); the one-line message names the ``pip install "tl_idempotence[EXTRA]"`` that adds them."""
 
 
 class ZooError(TLIError, RuntimeError):

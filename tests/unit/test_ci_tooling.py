@@ -73,6 +73,26 @@ def test_the_readme_and_ci_install_with_the_lock():
     assert "scripts/derive_architectures.py --drift" in ci
 
 
+def test_the_cluster_engine_is_an_extra_that_the_tests_and_the_locks_include(monkeypatch):
+    """dask/distributed are the ``cluster`` extra, not dependencies; ``test`` pulls it in (CI installs ``.[test]``);
+    the locks pin both (update_constraints installs ``.[test,...]``); the README's report command installs the
+    package alone (what it uses), its test command ``.[test]``."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[<>=!~\[ ;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert not names & {"dask", "distributed"}, names
+    extras = project["optional-dependencies"]
+    assert sorted(extras["cluster"]) == ["dask", "distributed"]
+    assert "tl_idempotence[cluster]" in extras["test"]
+    for lock in ("constraints.txt", "constraints-tl4.txt"):
+        assert {"dask", "distributed"} <= set(_pins(ROOT / lock)), lock
+    assert '"-e", ".[test,' in (ROOT / "scripts" / "update_constraints.py").read_text()
+    readme = (ROOT / "README.md").read_text().splitlines()
+    assert readme[1].endswith(" -e . && .venv/bin/tl-idempotence report smollm2-135m --nulls 64 --out report.html")
+    assert ' -e ".[test]" && .venv/bin/python -m pytest' in readme[2]
+
+
 def test_freeze_lines_keep_exact_pins_only(monkeypatch):
     lock = _script("update_constraints", monkeypatch)
     freeze = "\n".join(

@@ -125,7 +125,7 @@ class AlgebraAnalysis:
     @staticmethod
     def ranges_threshold(layers: pd.DataFrame, default: float) -> float:
         """The threshold a report's ``algebra_closed_ranges`` were computed at (its layer rows say; ``default``
-        for a report saved before they did)."""
+        for layer rows that do not say)."""
         if RANGES_THRESHOLD in layers.columns and len(layers):
             return float(layers[RANGES_THRESHOLD].iloc[0])
         return float(default)
@@ -142,7 +142,7 @@ class AlgebraAnalysis:
         whether every kv group has one query head, by default from ``info``)."""
         got = {k: tables.get(f"algebra_{k}", _empty(cols)) for k, cols in TABLES.items()}
         got = {k: (v if len(v) else _empty(TABLES[k])) for k, v in got.items()}
-        # a report saved before every pair's angles were kept has no algebra_ranges table
+        # a saved report without every pair's angles has no algebra_ranges table
         ranges = got["ranges"] if "algebra_ranges" in tables else None
         if mha is None:
             mha = info is not None and info.n_kv_heads == info.n_heads
@@ -180,7 +180,7 @@ class AlgebraAnalysis:
         whose two heads are closed at ``threshold``) and the layer value ``algebra_ranges_threshold`` at
         ``threshold``: what a run at that threshold gives. New frames; the inputs are not changed.
 
-        A report saved before ``algebra_ranges`` was kept has the angles of the pairs closed at its run's
+        A saved report without the ``algebra_ranges`` table has the angles of the pairs closed at its run's
         threshold only: its ``algebra_closed_ranges`` is left as computed and its ``algebra_ranges_threshold``
         stays (so a threshold can be raised and set back without losing pairs; :meth:`combine` filters it).
         """

@@ -168,12 +168,12 @@ class SharedValueAlgebra(Result):
         info: what was measured.
         threshold: P threshold for "closed".
         ranges_threshold: the threshold ``closed_ranges`` was taken at: ``threshold`` whenever ``ranges``
-            is known (every pair's angles); for a report saved before ``ranges`` was kept, the run's
+            is known (every pair's angles); for a saved report without ``ranges``, the run's
             threshold (its ``closed_ranges`` has only the pairs closed there, and :meth:`at_threshold` can
             only drop pairs).
         ranges: the same columns as ``closed_ranges`` for every pair ``head_a < head_b`` of one group,
             closed or not (``n_angles = min(rank_O)`` of the two; NaN angles when one head is zero), or
-            ``None`` for an algebra read from a report saved before it was kept.
+            ``None`` for an algebra read from a saved report without it.
     """
 
     pairs: pd.DataFrame
@@ -301,7 +301,7 @@ class SharedValueAlgebra(Result):
     def at_threshold(self, threshold: float) -> SharedValueAlgebra:
         """The same algebra with ``closed`` flags, group counts and ``closed_ranges`` at another threshold:
         the rows of :attr:`ranges` whose two heads are closed there, exactly what a run at that threshold
-        gives. Without :attr:`ranges` (a report saved before it was kept) ``closed_ranges`` can only keep
+        gives. Without :attr:`ranges` (a saved report without it) ``closed_ranges`` can only keep
         the pairs closed at both thresholds, and :attr:`ranges_threshold` stays the run's.
 
         Raises:

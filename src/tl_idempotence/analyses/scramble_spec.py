@@ -40,7 +40,7 @@ class ScrambleSummary(SummaryRecord):
         those whose trained P beats their scramble median; frac_beats_scramble: their fraction (NaN when none
         is compared). n_layers_trained_wins / layers_trained_loses: layers whose median trained P beats / does
         not beat the scramble's. n_heads_q05: heads whose Benjamini-Hochberg q-value is <= 0.05 (unset in a
-        record saved before 0.3; a loaded report derives it from its tables).
+        record without it; a loaded report derives it from its tables).
     """
 
     bounds = (
@@ -58,7 +58,7 @@ class ScrambleSummary(SummaryRecord):
     frac_beats_scramble: float = field(metadata=rule("fraction"))
     n_layers_trained_wins: int = field(metadata=rule("count"))
     layers_trained_loses: list[int] = field(metadata=rule("layers"))
-    n_heads_q05: int | None = field(default=None, metadata=rule("count"))  # a 0.2 record lacks it (added in 0.3)
+    n_heads_q05: int | None = field(default=None, metadata=rule("count"))  # a record may lack it (OPTIONAL_SINCE)
 
     def check(self, report: Mapping[str, Any]) -> None:
         """``frac_beats_scramble`` is NaN exactly when ``n_heads_compared = 0``.

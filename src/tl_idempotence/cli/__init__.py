@@ -44,11 +44,9 @@ stdout; a closed pipe on stdout (``| head -1``) ends quietly. ``--help`` imports
 
 from __future__ import annotations
 
-# A package split by job (issue 28: cli.py had grown to 1,022 lines): args.py (argument types), parser.py (one
-# builder per subcommand), common.py (exit codes, checks of outputs), report_command.py, sweep_command.py and
-# zoo_commands.py (the commands); this module runs them. ``tl_idempotence.cli`` keeps every name it had
-# (main, console_main, build_parser, parse_layers; _summary_json for the tests); __main__.py keeps
-# ``python -m tl_idempotence.cli``.
+# A package split by job: args.py (argument types), parser.py (one builder per subcommand), common.py (exit codes,
+# checks of outputs), report_command.py, sweep_command.py and zoo_commands.py (the commands); this module runs them
+# and names main, console_main, build_parser and parse_layers; __main__.py is ``python -m tl_idempotence.cli``.
 import argparse
 import gc
 import os
@@ -59,7 +57,6 @@ from .args import parse_layers
 from .common import EXIT_FAILURE, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, Failure, one_line
 from .parser import build_parser
 from .report_command import cmd_report
-from .report_command import summary_json as _summary_json  # noqa: F401  (its former name, which tests import)
 from .sweep_command import cmd_sweep
 from .zoo_commands import cmd_fetch, cmd_models
 

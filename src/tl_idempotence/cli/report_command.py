@@ -136,7 +136,7 @@ def summary_json(rep: Any, roles: Any = None, mechanism: Any = None) -> str:
     the role columns and the association) under the export NaN policy (NaN as null,
     :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
     from ..core.jsonio import EXPORT, json_text
-    from ..report.report import export_record
+    from ..report.export import export_record
 
     return json_text(export_record(rep, roles, mechanism), EXPORT, indent=1)
 
@@ -273,8 +273,8 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                   file=sys.stderr)  # fmt: skip
         mechanism = rep.mechanism(model=model, roles=roles, seed=args.seed)
     wrote = []
+    from ..report.export import report_output
     from ..report.outputs import write_output
-    from ..report.report import report_output
 
     if page is not None:
         existed = os.path.lexists(page)

@@ -147,6 +147,10 @@ def cmd_sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _sweep_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.task_index is None and not args.collect:  # the Dask route: its [cluster] extra, before any work
+        from ..studies.cluster import require_cluster
+
+        require_cluster("tl-idempotence sweep")
     items = _sweep_items(args.items, parser)
     from ..sources.names import named_inputs, resolve_name
 

@@ -38,11 +38,6 @@ from .head_tokens import embedding_matrices
 
 __all__ = ["EmbeddingTie", "embedding_tie", "own_copying_scores"]
 
-#: What the G = I score is, stated wherever it is shown.
-OWN_COPYING = (
-    "Re Σλ / Σ|λ| over the eigenvalues of T = O Vᵀ itself (G = I; the d_head x d_head product W_O W_V, "
-    "FactoredMatrix(W_V, W_O)): sign(α) exactly for T = α·(any projection)"
-)
 #: Vocabulary rows per block when comparing W_U with W_Eᵀ.
 _ROWS = 8192
 

@@ -13,7 +13,7 @@ reading an item's folder back, and every join of a report with a model or with a
 (:meth:`tl_idempotence.report.result.IdempotenceReport.check_joins`: ``rep.roles``, ``rep.circuit(roles=...)``,
 the attention views, ``rep.ablation``), by content (per-layer weight fingerprints), never object identity.
 
-The option comparison (:func:`option_differences`, :data:`COMPARED_OPTIONS`) and the processing key
+The option comparison (:func:`option_differences`, :func:`compared_options`) and the processing key
 (:func:`processing_key`) live here too; :mod:`tl_idempotence.studies.compare` uses them.
 """
 
@@ -50,15 +50,8 @@ __all__ = [
 def compared_options() -> tuple[str, ...]:
     """Options that change the numbers and must agree between reports that are compared or reused: every report
     option of :meth:`ReportOptions.key` but the device (results agree across devices to float64 rounding), then
-    ``layers`` (also :data:`COMPARED_OPTIONS`; assembled from the registry at each call)."""
+    ``layers`` (assembled from the registry at each call)."""
     return (*(o.name for o in report_options() if o.in_key and o.name != "device"), "layers")
-
-
-def __getattr__(name: str) -> Any:
-    """:data:`COMPARED_OPTIONS`: :func:`compared_options` (a name kept for its callers)."""
-    if name == "COMPARED_OPTIONS":
-        return compared_options()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MeasuredReport(Protocol):
@@ -126,7 +119,7 @@ def _option_values(opts: ReportOptions) -> dict[str, Any]:
 
 
 def option_differences(have: ReportOptions, want: ReportOptions) -> dict[str, tuple[Any, Any]]:
-    """``{option: (have, want)}`` for the :data:`COMPARED_OPTIONS` that differ (the device is not compared:
+    """``{option: (have, want)}`` for the :func:`compared_options` that differ (the device is not compared:
     results agree across devices to float64 rounding)."""
     a, b = _option_values(have), _option_values(want)
     return {k: (a[k], b[k]) for k in compared_options() if a[k] != b[k]}

@@ -1,4 +1,4 @@
-"""Headline sentences that cannot be misread (issue 38): what was asked, the answer, the number that supports it.
+"""Headline sentences that cannot be misread: what was asked, the answer, the number that supports it.
 
 * :func:`report_headline` (``rep.headline``): the closed count (an effect size: ``P >= threshold``) and the count
   with scramble ``q <= 0.05`` (a significance: trained orientation vs Haar-scrambled orientation with the same

@@ -27,10 +27,8 @@ from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, resolve_layers
 from ..errors import OptionTypeError, ResumeError
 from ..sources.dispatch import head_source, model_inputs
-from .export import EXPORT_HEAD_COLUMNS, EXPORT_ROLE_COLUMNS, export_record, heads_with_roles, report_output
-from .hooks import HOOK_AXES, HookPoint
 from .parts import ResumeDir
-from .result import FrameTables, IdempotenceReport
+from .result import IdempotenceReport
 from .store import read_record
 from .summary import build_summary
 
@@ -40,24 +38,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import ArchitectureLike, ModelLike, PathLike
 
 __all__ = [
-    "EXPORT_HEAD_COLUMNS",
-    "EXPORT_ROLE_COLUMNS",
-    "HEAD_COLUMNS",
-    "HOOK_AXES",
     "REPORT_LEVEL_COLUMNS",
-    "FrameTables",
-    "HookPoint",
     "IdempotenceReport",
     "add_q_values",
     "assemble",
-    "export_record",
     "head_label",
-    "heads_with_roles",
     "idempotence_report",
     "load_report",
-    "report_output",
     "report_with_options",
-    "run_layer",
 ]
 
 #: Measured cost of the constructive search per SmolLM2-135M layer (9 heads, d_head 64), one CPU thread
@@ -67,9 +55,6 @@ SEARCH_CPU_S_PER_LAYER = 1.4
 #: Columns of :attr:`IdempotenceReport.heads` that depend on every measured head, not on one layer (derived by
 #: :func:`add_q_values` after the per-layer rows; what the analyses' contract of layer independence leaves out).
 REPORT_LEVEL_COLUMNS = ("q_value",)
-
-#: Columns of :attr:`IdempotenceReport.heads` always present (SPEC sections 2-3).
-HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"]
 
 
 def head_label(layer: int, head: int) -> str:
@@ -91,7 +76,7 @@ def load_report(path: PathLike) -> IdempotenceReport:
             first head, ``L3H2``).
     """
     rec = read_record(path)
-    heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # saved before q-values
+    heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # a table without q-values
     heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
     return IdempotenceReport(
         heads=heads,

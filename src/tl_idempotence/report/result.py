@@ -97,7 +97,7 @@ class IdempotenceReport(Result):
     (:meth:`save`, :func:`~tl_idempotence.report.store.load_report`).
     """
 
-    #: (a class default: a report unpickled from an older version read from nothing known)
+    #: (a class default: a report unpickled without this attribute read from nothing known)
     inputs: tuple[tuple[str, Path], ...] = ()
     _heads: pd.DataFrame
     _layers: pd.DataFrame
@@ -228,18 +228,18 @@ class IdempotenceReport(Result):
             OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].
 
         Warns:
-            UserWarning: an ``algebra=True`` report saved before the algebra kept every pair's range angles,
-                taken below its run's threshold (the angles of the pairs closed only below it are not there).
+            UserWarning: an ``algebra=True`` report without the ``algebra_ranges`` table (every pair's range
+                angles), taken below its run's threshold (the angles of the pairs closed only below it are not there).
         """
         t = check_threshold(threshold)
         layers, tables = self._layers, self._tables
-        if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # a report saved before layers said
+        if self.options.algebra and RANGES_THRESHOLD not in layers.columns:  # layer rows that do not say it
             layers = layers.assign(**{RANGES_THRESHOLD: self._ranges_threshold()})
-        if self.options.algebra and "algebra_ranges" not in tables:  # saved before every pair's angles were kept
+        if self.options.algebra and "algebra_ranges" not in tables:  # a saved report without every pair's angles
             rt = AlgebraAnalysis.ranges_threshold(layers, self.options.threshold)
             if t < rt:
                 warnings.warn(
-                    f"This report was saved before the shared-value algebra kept the range angles of every pair: "
+                    f"This report holds no algebra_ranges table (the algebra's range angles of every pair): "
                     f"its algebra_closed_ranges (and the summary's algebra n_closed_range_pairs and "
                     f"median_min_angle_deg_closed) cover only the pairs closed at its run's threshold {rt:g}, not "
                     f"every pair closed at {t:g}; summary algebra_ranges_threshold stays {rt:g}. Make the report "

@@ -465,7 +465,7 @@ def _check_head_elements(
     (:func:`~tl_idempotence.core.heads.kv_layout` of ``n_heads``/``n_kv_heads``, or the record's stated
     :data:`KV_MAP` for a layer that reads its kv heads otherwise); ``q_value`` is Benjamini-Hochberg of the stored
     ``p_value`` (:func:`~tl_idempotence.analyses.scramble.bh_q_values`), exactly (NaN where p is NaN);
-    ``scramble_effect`` (added in 0.3.0; a record saved by an earlier version lacks it and it stays absent) is
+    ``scramble_effect`` (a heads table without it loads, and it stays absent) is
     ``log10(P / P_scrambled_median)`` (:func:`~tl_idempotence.analyses.scramble.scramble_effect`), exactly.
 
     Raises:
@@ -566,9 +566,8 @@ def _check_head_elements(
 #: report's ``n_layers_resumed``, a comparison's ``n_params``).
 NOT_DERIVED = frozenset({"versions", "n_layers_resumed", "n_params"})
 
-#: Derived summary fields added after the save format's first release, with the version that added them: a record
-#: written before them lacks them and loads (the field is computed from its tables); any other missing field is an
-#: edit and is refused.
+#: Derived summary fields a record may lack, each with the first version that writes it: a record without one
+#: loads (the field is computed from its tables); any other missing field is an edit and is refused.
 OPTIONAL_SINCE = {"n_heads_q05": "0.3.0"}
 
 
@@ -631,8 +630,8 @@ def _check_summary_fits_tables(
     # has its columns, so its options are not the absent value and still differ).
     if isinstance(got.get("options"), dict):
         got = {**got, "options": json_safe(with_absent(got["options"]))}
-    # Optional fields a later version added (e.g. n_heads_q05 in 0.3): a record written before them lacks them;
-    # they are derived, so the loaded summary takes them from the tables (never a number the record claims).
+    # Optional fields (OPTIONAL_SINCE, e.g. n_heads_q05) a record may lack: they are derived, so the loaded
+    # summary takes them from the tables (never a number the record claims).
     fresh_fields = fresh.to_dict()
     added = {k: fresh_fields[k] for k in want if k not in got and k in OPTIONAL_SINCE and optional_field(k)}
     want = {k: v for k, v in want.items() if k not in added}

@@ -148,8 +148,8 @@ class ReportSummary(Mapping[str, Any]):
     A read-only compatibility view keeps the flat form: the summary is a mapping of every field that is set —
     the report's and every record's, flat (``summary["n_closed"]``, ``"median_P_scrambled" in summary``,
     ``dict(summary)``; the flat names also read as attributes, ``summary.n_closed``, ``None`` when not set);
-    :meth:`to_dict` gives this flat JSON form (what a saved report and ``--json`` hold, unchanged since 0.1) and
-    :meth:`from_dict` reads it back (refusing unknown keys; :data:`FIELD_RULES` has every flat field's rule).
+    :meth:`to_dict` gives this flat JSON form (what a saved report and ``--json`` hold) and
+    :meth:`from_dict` reads it back (refusing unknown keys; :func:`field_rules` has every flat field's rule).
 
     The report's own fields: ``model_name, model_class, n_layers, n_attention_layers`` (measured), ``n_heads``
     (measured heads), ``n_heads_per_layer, n_kv_heads, d_model, d_head, threshold``; provenance: ``processing``
@@ -161,7 +161,7 @@ class ReportSummary(Mapping[str, Any]):
     n_heads_beating_scramble, n_heads_q05, frac_beats_scramble, n_layers_trained_wins, layers_trained_loses``;
     O/V mismatch (SPEC 4a) ``n_mismatch_pairs, n_mismatch_closed, mismatch_P_max, mismatch_notes``; search
     (SPEC 5) ``n_feasible_layers, infeasible_layers``; shared-value algebra (SPEC 7) ``algebra`` (its summary
-    dict, as in 0.2, also as the attribute ``summary.algebra``; its typed record is ``summary.analyses["algebra"]``),
+    dict, also the attribute ``summary.algebra``; its typed record is ``summary.analyses["algebra"]``),
     ``algebra_ranges_threshold``.
     """
 
@@ -201,12 +201,12 @@ class ReportSummary(Mapping[str, Any]):
     def __getattr__(self, name: str) -> Any:
         """An analysis's record by its name (``summary.scramble``; None when it did not run), else a flat field of
         the compatibility view (``summary.median_P_scrambled``; None when not set). A name that is both (only
-        ``algebra``) is the flat field, as in 0.2 (``summary.algebra`` is the algebra's summary dict: code written
-        for 0.2 reads the same values); the record is ``summary.analyses["algebra"]``."""
+        ``algebra``) is the flat field (``summary.algebra`` is the algebra's summary dict, the same values as the
+        record's); the record is ``summary.analyses["algebra"]``."""
         if name.startswith("_"):
             raise AttributeError(name)
         records = object.__getattribute__(self, "analyses")
-        if name in records and name not in field_rules():  # "algebra" is also 0.2's flat field: that wins
+        if name in records and name not in field_rules():  # "algebra" is also a flat field: that wins
             return records[name]
         if name in _analysis_names() and name not in field_rules():
             return None
@@ -253,7 +253,7 @@ class ReportSummary(Mapping[str, Any]):
     def from_dict(cls, d: Mapping[str, Any]) -> ReportSummary:
         """A summary from :meth:`to_dict` (a saved report's record, ``--json``): each key goes to the report's own
         fields or to the registered analysis that declares it, validated like every summary (the types and ranges
-        of :data:`FIELD_RULES`, and counts that fit their totals).
+        of :func:`field_rules`, and counts that fit their totals).
 
         Raises:
             OptionTypeError: ``d`` is not a mapping; a field of the wrong type (``n_closed="3"``, ``True`` for a
@@ -361,7 +361,7 @@ def _analysis_names() -> set[str]:
 
 def field_rules() -> dict[str, str]:
     """Every flat summary field's rule (:data:`~tl_idempotence.analyses.spec.SUMMARY_RULES`): the report's own
-    and every registered analysis's record's (also :data:`FIELD_RULES`; read from the registry at each call)."""
+    and every registered analysis's record's (read from the registry at each call)."""
     out = dict(OWN_FIELD_RULES)
     for spec in _records():
         assert spec.summary is not None
@@ -380,13 +380,6 @@ def optional_field(name: str) -> bool:
         if name in spec.summary.rules():
             return name not in spec.summary.required()
     return False
-
-
-def __getattr__(name: str) -> Any:
-    """:data:`FIELD_RULES`: :func:`field_rules` (every flat field's rule, assembled from the registry)."""
-    if name == "FIELD_RULES":
-        return field_rules()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_sizes(flat: Mapping[str, Any]) -> None:

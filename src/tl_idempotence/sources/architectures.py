@@ -32,7 +32,7 @@ from typing import Any
 
 from ..core.heads import Sizes
 from ..errors import CheckpointError, OptionError, OptionTypeError, WeightError
-from .layouts import O_LAYOUTS, V_LAYOUTS, get_layout, layout_docs
+from .layouts import O_LAYOUTS, V_LAYOUTS, layout_docs
 
 __all__ = [
     "apply_variant",
@@ -40,7 +40,6 @@ __all__ = [
     "attention_regex",
     "check_architecture",
     "check_entry",
-    "expected_shape",
     "how_to_add",
     "layer_regex",
     "refused_architectures",
@@ -402,13 +401,3 @@ def attention_regex(entry: dict[str, Any]) -> re.Pattern[str]:
     pre, post = entry["layer"].split("{l}", 1)
     tensors = "|".join(re.escape(entry[k]["tensor"]) for k in ("v", "o", "v_fused") if k in entry)
     return re.compile(r"(?:^|\.)" + re.escape(pre) + r"\d+" + re.escape(post) + f"(?:{tensors})$")
-
-
-def expected_shape(layout: str, kind: str, s: Sizes) -> tuple[int, int]:
-    """The stored 2-D shape of a layer's V (``kind="v"``) or O (``kind="o"``) tensor in ``layout``
-    (:attr:`.layouts.Layout.shape`).
-
-    Raises:
-        CheckpointError: an unknown layout.
-    """
-    return get_layout(kind, layout).shape(s)

@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from ..core.options import ReportOptions, check_int
-from ..errors import ClusterError, OptionError, OptionTypeError
+from ..errors import ClusterError, MissingExtraError, OptionError, OptionTypeError
 from ..report.report import IdempotenceReport, report_with_options
 
 __all__ = [
+    "CLUSTER_INSTALL",
     "DEFAULT_RETRIES",
     "DEFAULT_WORKER_TIMEOUT",
     "LOCAL_CLUSTER_SETTINGS",
@@ -65,10 +66,13 @@ __all__ = [
     "local_cluster",
     "machine_cores",
     "main_guard_problem",
+    "require_cluster",
     "run_jobs",
     "run_trajectory_on_cluster",
 ]
 
+#: The pip command that installs the cluster engine (the ``[cluster]`` extra: ``dask`` and ``distributed``).
+CLUSTER_INSTALL = 'pip install "tl_idempotence[cluster]"'
 #: Default number of retries of a failed task (so up to 3 attempts).
 DEFAULT_RETRIES = 2
 #: Characters a folder name made from a label never holds (each run of them becomes ``_``).
@@ -205,6 +209,31 @@ def main_guard_problem(what: str) -> str | None:
     return f"{path}, line {line}: {fix}."
 
 
+def require_cluster(what: str) -> None:
+    """Refuse, before any work, an entry point that needs the cluster engine when ``dask`` or ``distributed``
+    is not installed (they are the optional ``[cluster]`` extra).
+
+    Args:
+        what: the entry point, as the message names it (``"tli.sweep()"``, ``"tl-idempotence sweep"``).
+
+    Raises:
+        MissingExtraError: ``dask`` or ``distributed`` cannot be imported (one line naming
+            ``pip install "tl_idempotence[cluster]"``).
+    """
+    missing = []
+    for name in ("dask", "distributed"):
+        try:
+            __import__(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise MissingExtraError(
+            f"{what} runs on a Dask cluster and needs {' and '.join(missing)}, which {verb} not installed: "
+            f"{CLUSTER_INSTALL} (a job array, --task-index, and tli.load_sweep need neither)."
+        )
+
+
 def check_main_guard(what: str) -> None:
     """Raise :class:`ClusterError` with the one-line fix when :func:`main_guard_problem` finds one."""
     problem = main_guard_problem(what)
@@ -222,9 +251,11 @@ def local_cluster(n_workers: int, what: str = "tli.sweep()") -> Iterator[tuple[A
     (:mod:`tl_idempotence.studies.quiet`: a successful run leaves no traceback on stderr).
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed (:func:`require_cluster`).
         ClusterError: the call is not under the ``__main__`` guard of a script (checked before anything
             starts); the cluster's workers could not start (the first line of Dask's error, and the guard hint).
     """
+    require_cluster(what)
     check_main_guard(what)
     import logging
 
@@ -423,9 +454,11 @@ def run_jobs(
         ``{name: Outcome}`` for every job.
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed (:func:`require_cluster`).
         ClusterError: the cluster had no worker for ``worker_timeout`` seconds (the unfinished tasks are
             cancelled; what finished is on disk wherever the tasks wrote it).
     """
+    require_cluster(f"the Dask runner ({key_prefix})")
     from distributed import KilledWorker
 
     from .quiet import QuietTaskErrors
@@ -642,10 +675,12 @@ def check_cluster_trajectory(ckpts: Sequence[Any], client: Any, loader: Any = No
         loader: what was given as ``loader`` (must be None: workers open paths with the built-in reader).
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed (:func:`require_cluster`).
         OptionTypeError: ``client`` is not a ``distributed.Client``.
         OptionError: a ``loader`` (it would never run), checkpoints that are not paths (a model object,
             a hub spec or a callable cannot be opened on a worker).
     """
+    require_cluster("tli.trajectory(client=...)")
     if client is None or not all(hasattr(client, m) for m in ("submit", "gather")):
         raise OptionTypeError(f"client must be a distributed.Client; got {type(client).__name__}.")
     if loader is not None:
@@ -692,6 +727,7 @@ def run_trajectory_on_cluster(
         ``[(ckpt, report, seconds)]`` in checkpoint order (seconds: wall time to open and measure it on its worker).
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed.
         OptionError: a checkpoint that is not a path (a model object, a hub spec, a callable), a client
             that is not a ``distributed.Client``.
         ClusterError: a checkpoint whose worker died on every attempt; no worker for ``worker_timeout`` s.

@@ -441,10 +441,3 @@ def compare(
     for it in resolved:
         reports[it.label] = given_reports[it.label] if it.label in given_reports else made[it.label]
     return Comparison(reports, opts)
-
-
-def __getattr__(name: str) -> Any:
-    """:data:`COMPARED_OPTIONS` (:func:`~tl_idempotence.report.identity.compared_options`, named here too)."""
-    if name == "COMPARED_OPTIONS":
-        return compared_options()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

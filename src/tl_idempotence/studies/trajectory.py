@@ -559,6 +559,8 @@ def trajectory(
             that disagrees with the checkpoint's recorded step, ``client`` with ``loader`` or with
             checkpoints that are not paths.
         MissingFileError: a checkpoint path that does not exist.
+        MissingExtraError: ``client`` given without ``dask``/``distributed`` installed (``pip install
+            "tl_idempotence[cluster]"``), before any checkpoint is opened.
         OSError: a hub checkpoint that cannot be downloaded (offline); the message says what to do.
     """
     from ..core.progress import progress_bar

@@ -9,7 +9,7 @@ whose notebook display (``_repr_mimebundle_``) carries two representations:
 * ``text/html`` — a ``<div>`` and its drawing script, what a static export (``jupyter nbconvert --to html``,
   a rendered notebook on a website) shows. The first figure displayed in a kernel embeds plotly.js itself
   (~4.7 MB, from the installed plotly package, no CDN), later ones reuse it, so the export draws every
-  figure with no network and no extra call (``use_offline_plotly()`` is no longer needed for that).
+  figure with no network and no extra call.
 
 Only the library's own figures change; the user's plotly defaults (``plotly.io.renderers``) are untouched.
 This module imports plotly: it is loaded only when a figure is made.

@@ -66,7 +66,7 @@ def closed_heads_table(rep: Any, limit: int | None = None) -> pd.DataFrame:
     rounded across the threshold); with controls ``scramble median P``, ``scramble p-value`` and
     ``BH q-value`` (Benjamini-Hochberg across every measured head; both test trained vs Haar-scrambled orientation
     with the same spectra, not closure) and ``scramble effect (log10 P / null median)`` (``scramble_effect``, which
-    ranks heads at the p floor; absent for a report saved before it);
+    ranks heads at the p floor; absent for a saved report whose heads table lacks it);
     with the search ``searched P`` (the constructive search's P for this head, SPEC 5 — not the
     head's own P). P-valued columns never round across the threshold.
     """

@@ -25,9 +25,9 @@ from helpers import closed_pairs_layers, llama_like
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.jsonio import EXPORT, RECORD, json_ready, json_restore, json_text
 from tl_idempotence.errors import OptionError, OptionTypeError, OutputOverInputError
+from tl_idempotence.report.export import export_record
 from tl_idempotence.report.outputs import OUTPUT_FORMATS, Output, output_format, write_output
 from tl_idempotence.report.parts import json_safe
-from tl_idempotence.report.report import export_record
 
 pytestmark = pytest.mark.bridge  # no TransformerLens model: must also pass on transformer-lens 4.x
 
@@ -177,9 +177,9 @@ def test_json_is_the_export_with_nan_as_null(rep, tmp_path):
     for k, v in rep.summary.items():
         if isinstance(v, float) and math.isnan(v):
             assert back["summary"][k] is None, k
-    from tl_idempotence.cli import _summary_json
+    from tl_idempotence.cli.report_command import summary_json
 
-    assert p.read_text() == _summary_json(rep) + "\n"  # --json prints what a .json output holds
+    assert p.read_text() == summary_json(rep) + "\n"  # --json prints what a .json output holds
 
 
 def test_html_page_and_every_writer_is_atomic(rep, tmp_path):

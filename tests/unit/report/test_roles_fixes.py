@@ -19,7 +19,7 @@ import tl_idempotence as tli
 from helpers import closed_pairs_layers, report_fingerprints
 from tl_idempotence.errors import OptionError, OutputOverInputError, ReportMismatchError
 from tl_idempotence.probes.roles import ROLES, HeadRoles
-from tl_idempotence.report.report import export_record, report_output
+from tl_idempotence.report.export import export_record, report_output
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 
 pytestmark = pytest.mark.bridge

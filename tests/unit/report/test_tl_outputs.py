@@ -75,7 +75,7 @@ def test_hook_points_zero_the_flagged_heads_in_run_with_hooks(tiny):
 def test_kv_hooks_get_kv_head_indices_deduplicated_with_the_query_heads_they_serve(tiny):
     """hook_k/hook_v are [batch, pos, n_kv_heads, d_head] on GQA: a query head's index there would be wrong."""
 
-    from tl_idempotence.report.report import HookPoint
+    from tl_idempotence.report.hooks import HookPoint
 
     rep = tli.idempotence_report(tiny, progress=False)  # 9 query heads on 3 kv heads
     sel = [(0, 0), (0, 2), (0, 4), (1, 8)]

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from tl_idempotence.core.heads import Sizes
 from tl_idempotence.errors import CheckpointError, OptionError
-from tl_idempotence.sources.architectures import architecture_table, check_entry, expected_shape
+from tl_idempotence.sources.architectures import architecture_table, check_entry
 from tl_idempotence.sources.checkpoint import from_hf_dir
 from tl_idempotence.sources.layouts import O_LAYOUTS, V_LAYOUTS, Layout, get_layout, layout_docs
 
@@ -90,7 +90,7 @@ def test_every_v_layout_reads_the_heads_it_stores(name):
     s = MHA if name in ("neox_qkv", "codegen_qkv") else GQA
     h = _heads(s)
     W = _stored_v(name, s, h)
-    assert tuple(W.shape) == lay.shape(s) == expected_shape(name, "v", s)
+    assert tuple(W.shape) == lay.shape(s) == get_layout("v", name).shape(s)
     got = lay.read(DictReader({"w": W}), "w", s)
     assert got.shape == (s.n_kv_heads, s.d_model, s.d_head)
     assert torch.equal(got, h["V"])
@@ -101,7 +101,7 @@ def test_every_o_layout_reads_the_heads_it_stores(name):
     lay = O_LAYOUTS[name]
     h = _heads(GQA)
     W = _stored_o(name, h)
-    assert tuple(W.shape) == lay.shape(GQA) == expected_shape(name, "o", GQA)
+    assert tuple(W.shape) == lay.shape(GQA) == get_layout("o", name).shape(GQA)
     assert torch.equal(lay.read(DictReader({"w": W}), "w", GQA), h["O"])
 
 
@@ -148,7 +148,7 @@ def test_unknown_layout_names_the_valid_ones():
     with pytest.raises(CheckpointError, match=r"Unknown output tensor layout 'fused_qkv' \(valid: linear, conv1d\)"):
         get_layout("o", "fused_qkv")
     with pytest.raises(CheckpointError, match="Unknown output tensor layout"):
-        expected_shape("conv1d_qkv", "o", GQA)
+        get_layout("o", "conv1d_qkv").shape(GQA)
 
 
 def test_the_table_documents_exactly_the_registered_layouts():

@@ -58,14 +58,11 @@ The package, one module per job: :mod:`~tl_idempotence.studies.sweep.plan` (item
 ``OUT/sweep.json``), :mod:`~tl_idempotence.studies.sweep.task` (one task: an item's lock, task record, start
 markers and report), :mod:`~tl_idempotence.studies.sweep.driver` (the Dask driver, :func:`sweep`),
 :mod:`~tl_idempotence.studies.sweep.arrays` (job arrays, :func:`run_sweep_item`) and
-:mod:`~tl_idempotence.studies.sweep.results` (:class:`SweepResult`, :func:`load_sweep`). The names below are
-re-exported here, where they have always been imported from.
-
-:func:`run_trajectory_on_cluster` (re-exported here from :mod:`tl_idempotence.studies.cluster`, where it lives)
-is the same runner for :func:`tl_idempotence.studies.trajectory.trajectory` (``client=...``).
+:mod:`~tl_idempotence.studies.sweep.results` (:class:`SweepResult`, :func:`load_sweep`); the names below are
+imported from this package. The Dask runner that sweeps and trajectories share is
+:mod:`tl_idempotence.studies.cluster`.
 """
 
-from ..cluster import DEFAULT_RETRIES, cache_name, check_cluster_trajectory, run_trajectory_on_cluster
 from .arrays import ARRAY_INDEX_VARIABLES, array_task_index, run_sweep_item
 from .driver import sweep
 from .plan import (
@@ -84,7 +81,6 @@ from .task import TASK_COLUMNS, SweepTask, run_sweep_task, saved_report_matches
 
 __all__ = [
     "ARRAY_INDEX_VARIABLES",
-    "DEFAULT_RETRIES",
     "ITEMS_DIR",
     "LOCK_NAME",
     "RECORD_NAME",
@@ -95,15 +91,12 @@ __all__ = [
     "SweepResult",
     "SweepTask",
     "array_task_index",
-    "cache_name",
-    "check_cluster_trajectory",
     "item_dirname",
     "item_origin",
     "load_sweep",
     "read_sweep_plan",
     "run_sweep_item",
     "run_sweep_task",
-    "run_trajectory_on_cluster",
     "saved_report_matches",
     "sweep",
 ]

@@ -34,6 +34,7 @@ from ..cluster import (
     check_main_guard,
     local_cluster,
     machine_cores,
+    require_cluster,
     run_jobs,
 )
 from ..compare import item_inputs
@@ -157,6 +158,8 @@ def sweep(
         skipped / failed per item) and ``.failed`` (label, item, error type, message).
 
     Raises:
+        MissingExtraError: ``dask`` or ``distributed`` is not installed (the ``[cluster]`` extra: ``pip install
+            "tl_idempotence[cluster]"``), before anything else.
         OptionError / OptionTypeError / UnknownOptionError: bad items, labels or options, ``out``
             a file or not writable, ``client`` with ``scheduler``/``workers``, ``workers`` above the
             cores without ``oversubscribe``, another sweep running on ``out``, a folder ``out/<dir>``
@@ -170,6 +173,7 @@ def sweep(
     Warns:
         UserWarning: items that failed (also in ``.failed``); models with processed or identical weights.
     """
+    require_cluster("tli.sweep()")  # the cluster engine is the [cluster] extra: refused before any work
     t_start = time.perf_counter()
     progress, replan, retries, worker_timeout, workers = check_sweep_arguments(
         progress, replan, retries, oversubscribe, worker_timeout, client, scheduler, workers
