@@ -187,7 +187,7 @@ def _page_path(args: argparse.Namespace) -> str | None:
     return None if (args.json or args.csv) else DEFAULT_PAGE
 
 
-#: The formats ``--out`` writes (the output registry, :mod:`tl_idempotence.report.outputs`; ``--csv`` writes "csv").
+#: The formats ``--out`` writes (the output registry, :mod:`tl_idempotence.core.outputs`; ``--csv`` writes "csv").
 OUT_FORMATS = ("html", "json", "csv", "parquet")
 
 
@@ -273,7 +273,7 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                   file=sys.stderr)  # fmt: skip
         mechanism = rep.mechanism(model=model, roles=roles, seed=args.seed)
     wrote = []
-    from ..report.outputs import write_output
+    from ..core.outputs import write_output
     from ..report.report import report_output
 
     if page is not None:
