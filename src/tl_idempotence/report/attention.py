@@ -6,7 +6,7 @@
 public entry points — :func:`attention_view` (``tli.attention_view``), ``rep.show_attention`` and the attention
 section of ``rep.save_html`` — and checks, with the one report-identity function
 (:func:`~tl_idempotence.report.identity.check_report_matches`), that a model given for a report is the model it
-measured. The views are reached through :func:`tl_idempotence.core.results.views` (the loader the package root sets).
+measured. The views' drawing functions are imported where they are used.
 """
 
 from __future__ import annotations
