@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from tl_idempotence.core.closure import closure_from_grams, layer_grams
+from tl_idempotence.maths.closure import closure_from_grams, layer_grams
 
 SHAPES = [  # (label, d_model, n_heads, n_kv_heads, d_head)
     ("SmolLM2-135M layer", 576, 9, 3, 64),

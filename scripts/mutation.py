@@ -83,10 +83,10 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             "closure",
-            "src/tl_idempotence/core/closure.py",
+            "src/tl_idempotence/maths/closure.py",
             (
-                "tl_idempotence.core.closure.x_closure_from_grams*",
-                "tl_idempotence.core.closure.x_layer_grams*",
+                "tl_idempotence.maths.closure.x_closure_from_grams*",
+                "tl_idempotence.maths.closure.x_layer_grams*",
             ),
             (
                 "tests/unit/core/test_closure.py",

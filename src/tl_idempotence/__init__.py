@@ -5,9 +5,11 @@ Geometry and Shared-Value Algebras" (arXiv 2609.01129); definitions in ``docs/de
 
 The package is layered (``docs/architecture.md``); data flows one way:
 
-    core (closure maths) -> sources (models, files -> LayerHeads) -> analyses (per layer)
-    -> report (loop, summary, save) -> studies (trajectories, comparisons, sweeps)
-    -> views (figures, HTML) -> cli
+    core (records, files, options) -> views (figures, HTML, displays) -> maths (closure)
+    -> sources (models, files -> LayerHeads) -> analyses, probes (per layer)
+    -> report (loop, summary, save) -> studies (trajectories, comparisons, sweeps) -> cli
+
+(the views sit low so that every result above them draws itself with a plain import)
 
 ``import tl_idempotence`` is cheap: it imports nothing heavy (no torch until a function is
 used, never transformer_lens, transformers or plotly); every public name below is loaded
@@ -22,12 +24,10 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import PackageNotFoundError, version
-from types import ModuleType
 from typing import Any
 
 from .analyses import registry as _registry
 from .core import option_specs as _option_specs
-from .core import results as _results
 
 # the report options are declared beside the analyses (a layer above core): core reads them from the registry
 _option_specs.use_registry(_registry.analysis_options)
@@ -39,9 +39,10 @@ except PackageNotFoundError:  # pragma: no cover
 
 #: Public name -> module that defines it (loaded on first access).
 _EXPORTS: dict[str, str] = {
-    # core: the closure maths
-    "Closure": "tl_idempotence.core.closure",
-    "closure": "tl_idempotence.core.closure",
+    # maths: the closure maths
+    "Closure": "tl_idempotence.maths.closure",
+    "closure": "tl_idempotence.maths.closure",
+    # core
     "HeadSource": "tl_idempotence.core.heads",
     "LayerHeads": "tl_idempotence.core.heads",
     "ModelInfo": "tl_idempotence.core.heads",
@@ -104,17 +105,6 @@ _MODULES: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS) + sorted(_MODULES)
-
-
-def _load_views() -> ModuleType:
-    """The views module, imported when a result is first drawn (the composition root: results in the lower
-    layers draw through :func:`tl_idempotence.core.results.views`, which calls this)."""
-    from . import views
-
-    return views
-
-
-_results.use_views(_load_views)
 
 
 def __getattr__(name: str) -> Any:

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from tl_idempotence.core.closure import Closure
 from tl_idempotence.core.heads import LayerHeads, ModelInfo, kv_layout
 from tl_idempotence.core.random import haar_orthogonal
 from tl_idempotence.errors import (
@@ -33,6 +32,7 @@ from tl_idempotence.errors import (
     UnsupportedModelError,
     WeightError,
 )
+from tl_idempotence.maths.closure import Closure
 
 CUDA = torch.cuda.is_available()
 N_LAYERS, N_HEADS, N_KV, D_MODEL, D_HEAD, VOCAB = 2, 4, 2, 32, 8, 64
@@ -746,7 +746,7 @@ def test_lineage_checkpoints_and_a_malformed_manifest(tmp_path):
 
 
 def test_grams_refuse_half_given_exponents_and_the_nilpotent_test_is_scale_free():
-    from tl_idempotence.core.closure import Grams, closure_from_grams, closure_scalars, grams
+    from tl_idempotence.maths.closure import Grams, closure_from_grams, closure_scalars, grams
 
     g = torch.Generator().manual_seed(0)
     O = torch.randn(3, 16, 4, generator=g, dtype=torch.float64)

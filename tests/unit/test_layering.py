@@ -1,10 +1,10 @@
 """The package's data flow, enforced: every import in src/ runs down the layers, never up or sideways
 into another module's private names, never in a cycle, and library code never imports ``testing``.
 
-Layers (docs/architecture.md): errors < core < sources < analyses < report < studies < views < cli,
-with the package ``__init__`` (the public façade and composition root) on top. Results in the lower
-layers draw through ``core.results.views()``, whose loader the root sets with a real
-``from . import views`` (seen here like any import); no module names a higher layer in a string.
+Layers (docs/architecture.md): errors < core < views < maths < sources < analyses = probes < report < studies
+< cli, with the package ``__init__`` (the public façade) on top. The views sit just above ``core`` so that every
+result (``maths`` and up) draws itself with a plain ``from ..views import ...`` that this walk sees: there is no
+locator and no hand-down from the root; no module names a higher layer in a string.
 """
 
 from __future__ import annotations
@@ -20,16 +20,17 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "tl_idempotence"
 LAYERS = {
     "errors": 0,
     "core": 1,
-    "sources": 2,
-    "analyses": 3,
-    "probes": 3,  # beside analyses: forward-pass probes (neither imports the other: see below)
-    "report": 4,
-    "studies": 5,
-    "views": 6,
-    "cli": 7,
-    "testing": 8,
-    "__init__": 9,
-    "__main__": 9,  # python -m tl_idempotence: the command line
+    "views": 2,  # every figure, page and display: imports errors and core only (see below)
+    "maths": 3,  # the closure maths; its Closure draws itself, so above the views
+    "sources": 4,
+    "analyses": 5,
+    "probes": 5,  # beside analyses: forward-pass probes (neither imports the other: see below)
+    "report": 6,
+    "studies": 7,
+    "cli": 8,
+    "testing": 9,
+    "__init__": 10,
+    "__main__": 10,  # python -m tl_idempotence: the command line
 }
 #: (module, the higher-layer module it may name in a string): none.
 NAMED_BY_STRING: set[tuple[str, str]] = set()
@@ -159,21 +160,29 @@ def test_no_higher_layer_named_in_a_string():
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("sub", ["core", "sources", "analyses", "probes", "report", "studies", "views"])
+@pytest.mark.parametrize("sub", ["core", "views", "maths", "sources", "analyses", "probes", "report", "studies"])
 def test_every_module_is_in_a_layer(sub):
     assert (SRC / sub / "__init__.py").is_file()
     for path in (SRC / sub).glob("*.py"):
         assert layer_of(module_name(path)) == LAYERS[sub]
 
 
-def test_results_draw_through_the_loader_the_root_sets():
-    """The one upward reach (a result's display) is the root's import, not a module name in a string."""
+def test_results_draw_through_a_plain_import_of_the_views():
+    """No locator: nothing in src/ hands the views down or looks them up, and every result class draws through
+    :class:`~tl_idempotence.views.results.DrawnResult` (a display the import walk above sees)."""
     import tl_idempotence
     from tl_idempotence.core import results
+    from tl_idempotence.views.results import DrawnResult
 
-    assert results.views() is tl_idempotence._load_views() is __import__("tl_idempotence.views").views
-    src = (SRC / "core" / "results.py").read_text()
-    assert "import_module" not in src and "importlib" not in src
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert "use_views" not in text and "_load_views" not in text and "views()" not in text, path
+    assert not hasattr(results, "views") and not hasattr(tl_idempotence, "_load_views")
+    assert "_repr_html_" not in vars(results.Result)
+    for name in ("Closure", "Scramble", "SearchResult", "MismatchResult", "SharedValueAlgebra", "ActivationReturns",
+                 "Ablation", "HeadRoles", "HeadTokens", "AttendedTokenEffect", "IdempotenceReport", "RoleAssociation",
+                 "Mechanism", "Trajectory", "Comparison"):  # fmt: skip
+        assert issubclass(getattr(tl_idempotence, name), DrawnResult), name
 
 
 def test_weight_only_analyses_and_forward_pass_probes_do_not_import_each_other():
@@ -186,7 +195,8 @@ def test_weight_only_analyses_and_forward_pass_probes_do_not_import_each_other()
     assert not bad, "\n".join(bad)
 
 
-#: What a view never imports: the layers that open models and files or run them (issue 28, "views only draw").
+#: What a view never imports: the layers that open models and files or run them ("views only draw"); the layer rule
+#: refuses these too (they all sit above the views), this check says why.
 VIEWS_NEVER_IMPORT = ("sources", "probes", "studies")
 #: Libraries that load or run a model; a view draws results and imports none of them.
 MODEL_LIBRARIES = ("torch", "transformer_lens", "transformers", "safetensors", "gguf")

@@ -1,4 +1,4 @@
-"""Layer 3 — the paper's analyses, each a per-layer function of a ``LayerContext`` (SPEC 4-8).
+"""Layer 5 — the paper's analyses, each a per-layer function of a ``LayerContext`` (SPEC 4-8).
 
 :mod:`.base` defines the contract (``LayerContext`` -> ``LayerResult``) and the list of
 report analyses; :mod:`.closure`, :mod:`.scramble`, :mod:`.mismatch`, :mod:`.search`,

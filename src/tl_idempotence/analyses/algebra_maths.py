@@ -11,7 +11,7 @@ If ``M_j ≈ α_j I`` then ``T_i T_j ≈ α_j T_i`` for every ``i`` of the group
 action whose scale depends only on the right factor ``j``.
 
 **[ours]** Everything reduces to the Gram products the core already has
-(``G_O_i = O_iᵀ O_i``, ``G_V = Vᵀ V``, ``M_j = Vᵀ O_j``; :mod:`tl_idempotence.core.closure`).
+(``G_O_i = O_iᵀ O_i``, ``G_V = Vᵀ V``, ``M_j = Vᵀ O_j``; :mod:`tl_idempotence.maths.closure`).
 Using ``‖O X Vᵀ‖²_F = ⟨G_O X, X G_V⟩_F`` and ``⟨O X Vᵀ, O Y Vᵀ⟩_F = ⟨G_O X, Y G_V⟩_F``::
 
     ‖T_i‖²            = ⟨G_O_i, G_V⟩
@@ -23,7 +23,7 @@ Using ``‖O X Vᵀ‖²_F = ⟨G_O X, X G_V⟩_F`` and ``⟨O X Vᵀ, O Y Vᵀ�
 
 These are exactly the core's formulas for ``α`` and ``P`` with ``M`` replaced by
 ``M_j`` and ``G_O`` by ``G_O_i``; so this module evaluates them with
-:func:`~tl_idempotence.core.closure.closure_scalars` on the Grams ``(G_O_i, G_V, M_j)``,
+:func:`~tl_idempotence.maths.closure.closure_scalars` on the Grams ``(G_O_i, G_V, M_j)``,
 and ``i = j`` reproduces the core's ``α`` and ``P`` bit for bit, with the same
 degeneracy rules (zero ``T_i`` -> NaN; ``T_i T_j ≈ 0`` -> ``α_ij = 0``, ``P_ij`` NaN). Off the
 diagonal, ``T_i T_j ≈ 0`` means ``‖T_iT_j‖_F ≤ DEGENERATE_RTOL · ‖T_i‖_F ‖T_j‖_F`` (a ratio of
@@ -74,12 +74,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.closure import Grams, apply_exponents, closure_scalars, closure_sums
 from ..core.factors import DEGENERATE_RTOL, gram_eig, rank_rtol
 from ..core.heads import LayerHeads, ModelInfo
 from ..core.options import check_layers, check_threshold, strict_kwargs
-from ..core.results import Result
 from ..errors import OptionError
+from ..maths.closure import Grams, apply_exponents, closure_scalars, closure_sums
+from ..views.results import DrawnResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import LayersLike
@@ -144,7 +144,7 @@ def empty_table(cols: list[str]) -> pd.DataFrame:
 
 
 @dataclass(repr=False)
-class SharedValueAlgebra(Result):
+class SharedValueAlgebra(DrawnResult):
     """Shared-value algebra of one layer or a whole model (SPEC section 7), from
     :func:`~tl_idempotence.analyses.algebra.shared_value_algebra` or ``idempotence_report(..., algebra=True).algebra``.
 
@@ -249,8 +249,6 @@ class SharedValueAlgebra(Result):
             OptionTypeError / OptionError: ``layers`` not a sequence of distinct non-negative ints, or naming a
                 layer this algebra has no value sharing in (the layers it has are named).
         """
-        from ..core.results import views
-
         want = check_layers(layers)
         if want is not None:
             missing = [v for v in want if v not in self.layers]
@@ -258,7 +256,9 @@ class SharedValueAlgebra(Result):
                 raise OptionError(
                     f"layers {missing}: this algebra has no value sharing measured there; its layers are {self.layers}."
                 )
-        return list(views().algebra_figures(self, layers=None if want is None else list(want)))
+        from ..views import algebra_figures
+
+        return list(algebra_figures(self, layers=None if want is None else list(want)))
 
     @classmethod
     def concat(
@@ -356,7 +356,7 @@ def _row(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str], float]:
     """α_ij, P_ij, ‖T_iT_j‖, reasons and ‖T_i‖ for one left factor ``i`` against right factors ``M = M_j`` [n, r, r].
 
-    :func:`~tl_idempotence.core.closure.closure_scalars` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
+    :func:`~tl_idempotence.maths.closure.closure_scalars` with ``(G_O, G_V, M) = (G_O_i, G_V, M_j)``,
     so ``i = j`` reproduces the core's α and P bit for bit (tested), degeneracy rules included.
     The off-diagonal ``T_i T_j ≈ 0`` decision is re-made by :func:`_offdiagonal_nilpotent`
     (:func:`_pair_scalars` fills α_ij, P_ij where it disagrees).
@@ -389,7 +389,7 @@ def _offdiagonal_nilpotent(norm_TiTj: float, norm_Ti: float, norm_Tj: float) -> 
 
 def _pair_scalars(G_Oi: torch.Tensor, G_V: torch.Tensor, M_j: torch.Tensor) -> tuple[float, float]:
     """α_ij and P_ij of one pair from the core's formulas (Grams' units), for a pair that
-    :func:`~tl_idempotence.core.closure.closure_scalars` called nilpotent but the scale-free test does not.
+    :func:`~tl_idempotence.maths.closure.closure_scalars` called nilpotent but the scale-free test does not.
 
     Args:
         G_Oi: ``[r, r]`` ``O_iᵀO_i``; G_V: ``[r, r]``; M_j: ``[r, r]`` ``VᵀO_j`` (Grams' units).

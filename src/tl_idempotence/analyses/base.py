@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from ..core.closure import CastBuffer, Closure, Grams, closure_from_grams, layer_grams
 from ..core.factors import principal_factors
 from ..core.heads import LayerHeads
 from ..core.options import ReportOptions
 from ..core.random import head_generator, layer_generator
+from ..maths.closure import CastBuffer, Closure, Grams, closure_from_grams, layer_grams
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -51,7 +51,7 @@ class LayerContext:
     Attributes:
         heads: the layer's :class:`~tl_idempotence.core.heads.LayerHeads` (column form).
         grams: its Gram products (``[n_heads]``, CPU float64; maybe power-of-two rescaled).
-        closure: its :class:`~tl_idempotence.core.closure.Closure` without factors.
+        closure: its :class:`~tl_idempotence.maths.closure.Closure` without factors.
         options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
     """
 
@@ -64,7 +64,7 @@ class LayerContext:
     @classmethod
     def build(cls, heads: LayerHeads, options: ReportOptions, buffer: CastBuffer | None = None) -> LayerContext:
         """Compute the layer's Gram products (on ``options.device``) and closure once (``buffer``: memory reused
-        across a loop's layers for the cast of O, :class:`~tl_idempotence.core.closure.CastBuffer`)."""
+        across a loop's layers for the cast of O, :class:`~tl_idempotence.maths.closure.CastBuffer`)."""
         g = layer_grams(
             heads.O,
             heads.V,

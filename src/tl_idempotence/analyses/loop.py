@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..core.closure import CastBuffer
 from ..core.heads import HeadSource, LayerHeads, ModelInfo, read_layer
 from ..core.options import ReportOptions, resolve_layers
 from ..core.threads import layer_macs, threads_for
+from ..maths.closure import CastBuffer
 from .base import Analysis, LayerContext
 
 __all__ = ["LayerPart", "LayerWork", "iter_layers", "run_layer"]

@@ -15,14 +15,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.closure import Grams, apply_exponents, closure_from_grams, layer_grams
 from ..core.heads import LayerHeads, source_info
 from ..core.options import (
     ReportOptions,
     strict_kwargs,
 )
-from ..core.results import Result
+from ..maths.closure import Grams, apply_exponents, closure_from_grams, layer_grams
 from ..sources.dispatch import head_source
+from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult, nan_max
 from .mismatch_spec import N_MISMATCH_CLOSED
 from .threshold import closed_flags
@@ -48,7 +48,7 @@ def mismatch_pairs(
 
     Args:
         lh: the layer's heads (``O [n_heads, d_model, d_head]``, unexpanded ``V [n_kv, ...]``).
-        g: the layer's :class:`~tl_idempotence.core.closure.Grams` if already computed (reuses
+        g: the layer's :class:`~tl_idempotence.maths.closure.Grams` if already computed (reuses
             ``G_O``, ``G_V`` and their power-of-two exponents; only ``V_gᵀ O_i`` is new).
         compute_dtype: dtype of the ``d_model``-long products (float64 default).
         device: where the GEMM runs (default: where ``lh.O`` is).
@@ -125,7 +125,7 @@ def _layer_values(tab: pd.DataFrame, note: str, threshold: float) -> tuple[dict[
     return values, notes
 
 
-class MismatchResult(Result):
+class MismatchResult(DrawnResult):
     """Result of :func:`mismatch`.
 
     Attributes:

@@ -22,8 +22,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from ..core.closure import Closure, pow2_scale
 from ..errors import OptionError
+from ..maths.closure import Closure, pow2_scale
 
 __all__ = ["Factors", "P_from_Z", "P_of_K", "defined_for_orientation", "factors_of"]
 
@@ -123,7 +123,7 @@ def factors_of(
 
 
 def factors_of_closure(c: Closure) -> Factors:
-    """:class:`Factors` of a factored :class:`~tl_idempotence.core.closure.Closure` (``factors=True``).
+    """:class:`Factors` of a factored :class:`~tl_idempotence.maths.closure.Closure` (``factors=True``).
 
     Raises:
         OptionError: the closure has no K/D factors.

@@ -46,7 +46,6 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..core.closure import Closure, closure
 from ..core.heads import LayerHeads
 from ..core.kwargs import warn_at_caller
 from ..core.options import (
@@ -58,9 +57,11 @@ from ..core.options import (
     check_seed,
     strict_kwargs,
 )
+from ..core.paper import FDR_LEVEL
 from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator
-from ..core.results import Result
 from ..errors import OptionError
+from ..maths.closure import Closure, closure
+from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult, nan_median
 from .orientation import Factors, P_from_Z, defined_for_orientation, factors_of, factors_of_closure
 from .scramble_spec import FRAC_SCRAMBLED_CLOSED
@@ -71,7 +72,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "EFFECT_ZERO_NULL",
     "EFFECT_ZERO_P",
-    "FDR_LEVEL",
     "Scramble",
     "ScrambleAnalysis",
     "bh_q_values",
@@ -86,8 +86,6 @@ CHUNK_ELEMS = 1 << 22
 MAX_NULLS = 1 << 24
 #: Refuse Haar pools (2 · nulls · r² float64 per rank pair) above this many bytes.
 MAX_POOL_BYTES = 8 << 30
-#: The false-discovery level at which the summary counts heads (``n_heads_q05``: heads with ``q_value <= 0.05``).
-FDR_LEVEL = 0.05
 
 
 def bh_q_values(p_values: Any) -> np.ndarray:
@@ -253,7 +251,7 @@ def _scramble_reasons(reason: np.ndarray, n_valid: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True, repr=False)
-class Scramble(Result):
+class Scramble(DrawnResult):
     """Orientation-scramble draws for a batch of heads (SPEC 4b). float64, CPU.
 
     Attributes:
@@ -360,7 +358,7 @@ def orientation_scramble(
     0.336 vs scrambled 1.04e-4 over 7,304 heads).
 
     Args:
-        heads: a factored :class:`~tl_idempotence.core.closure.Closure` (``tli.closure(...)``),
+        heads: a factored :class:`~tl_idempotence.maths.closure.Closure` (``tli.closure(...)``),
             a :class:`~tl_idempotence.core.heads.LayerHeads`, a TransformerLens
             ``FactoredMatrix`` (``model.OV`` or one head ``model.OV[l, h]``) or a ``(W_V, W_O)``
             pair in TL row form (``[*batch, d_model, d_head]`` / ``[*batch, d_head, d_model]``).

@@ -39,7 +39,6 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..core.closure import Closure, closure, closure_from_grams
 from ..core.heads import LayerHeads, source_info
 from ..core.options import (
     ReportOptions,
@@ -51,10 +50,11 @@ from ..core.options import (
     strict_kwargs,
 )
 from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
-from ..core.results import Result
 from ..core.selection import select_heads
 from ..errors import OptionError, OptionTypeError
+from ..maths.closure import Closure, closure, closure_from_grams
 from ..sources.dispatch import head_source
+from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
 from .search_spec import FEASIBLE, N_HEADS_FEASIBLE
@@ -191,7 +191,7 @@ def _optimize(
 
 
 @dataclass(frozen=True, repr=False)
-class SearchResult(Result):
+class SearchResult(DrawnResult):
     """Result of :func:`constructive_search`.
 
     Attributes:
@@ -392,7 +392,7 @@ def constructive_search(
     Args:
         model: a model or checkpoint (anything :func:`~tl_idempotence.sources.dispatch.head_source`
             takes), a :class:`~tl_idempotence.core.heads.LayerHeads`, a factored
-            :class:`~tl_idempotence.core.closure.Closure` (``tli.closure(...)``), a
+            :class:`~tl_idempotence.maths.closure.Closure` (``tli.closure(...)``), a
             ``FactoredMatrix`` or a ``(W_V, W_O)`` pair.
         heads: for a model, ``[(layer, head), ...]`` (default: every head); for a
             LayerHeads, head indices; for a Closure/pair, indices into the flattened

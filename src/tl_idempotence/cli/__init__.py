@@ -29,7 +29,7 @@ the heads do to tokens on that model and whether sign(α) predicts it: the page 
 heads do to tokens", ``--csv`` its columns, ``--json`` its summary; refused on a checkpoint path likewise.
 
 Outputs: the summary (or ``--json``) on stdout; the report to ``--out`` in the format its extension names (the
-output registry, :mod:`tl_idempotence.report.outputs`: ``.html`` page, ``.json``, ``.csv``, ``.parquet``; another
+output registry, :mod:`tl_idempotence.core.outputs`: ``.html`` page, ``.json``, ``.csv``, ``.parquet``; another
 extension exits 2 naming these), or the page to ``report.html`` when no output at all was asked for
 (``--json``/``--csv`` alone write no page); every file is written atomically, and one written over an existing one
 is named as replaced. A mistyped flag is refused naming the closest ones (``--nul``: did you mean ``--nulls``?).

@@ -66,8 +66,8 @@ def check_format(
 ) -> str:
     """The registry's format of ``path`` among ``formats`` (a stream without extension: ``stream_format``); exit 2
     naming the known extensions otherwise."""
+    from ..core.outputs import output_format
     from ..errors import OptionError
-    from ..report.outputs import output_format
 
     try:
         return output_format(path, formats, flag=flag, stream_format=stream_format).name

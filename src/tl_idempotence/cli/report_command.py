@@ -187,7 +187,7 @@ def _page_path(args: argparse.Namespace) -> str | None:
     return None if (args.json or args.csv) else DEFAULT_PAGE
 
 
-#: The formats ``--out`` writes (the output registry, :mod:`tl_idempotence.report.outputs`; ``--csv`` writes "csv").
+#: The formats ``--out`` writes (the output registry, :mod:`tl_idempotence.core.outputs`; ``--csv`` writes "csv").
 OUT_FORMATS = ("html", "json", "csv", "parquet")
 
 
@@ -273,8 +273,8 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                   file=sys.stderr)  # fmt: skip
         mechanism = rep.mechanism(model=model, roles=roles, seed=args.seed)
     wrote = []
+    from ..core.outputs import write_output
     from ..report.export import report_output
-    from ..report.outputs import write_output
 
     if page is not None:
         existed = os.path.lexists(page)

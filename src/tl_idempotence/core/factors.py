@@ -132,7 +132,7 @@ def principal_factors(
     ``D = Σ`` (cosines of the principal angles, descending; entries at index
     ``>= min(rank_O, rank_V)`` set to 0).
 
-    ``K`` is in the units of the Grams: when :func:`~tl_idempotence.core.closure.layer_grams`
+    ``K`` is in the units of the Grams: when :func:`~tl_idempotence.maths.closure.layer_grams`
     rescaled a head by a power of two (``Grams.e_O``, ``Grams.e_V``), ``K`` carries the factor
     ``2^(e_O + e_V)``; ``D`` and the ranks do not depend on scale.
 

@@ -1,47 +1,22 @@
-"""What every result object shares: a short ``repr`` and a notebook display drawn by ``views``.
+"""What every result object shares: a short one-line ``repr``.
 
 Every result of the library (``Closure``, ``Scramble``, ``SearchResult``,
 ``MismatchResult``, ``SharedValueAlgebra``, ``ActivationReturns``, ``IdempotenceReport``,
 ``Trajectory``, ...) has ``.heads`` (a DataFrame), ``.summary`` (a dict of JSON-able
-headline numbers) and derives from :class:`Result`, which gives it
+headline numbers) and derives from :class:`Result`, which gives it ``repr(x)``: one line, the class
+name and a few headline numbers — never a tensor dump.
 
-* ``repr(x)``: one line, the class name and a few headline numbers — never a tensor dump;
-* ``x._repr_html_()``: the notebook display, drawn by :mod:`tl_idempotence.views`.
-
-Data flows one way (core -> sources -> analyses -> report -> studies -> views -> cli), so
-nothing below ``views`` imports it. The package root (``tl_idempotence/__init__.py``, the
-composition root above every layer, run before any submodule is imported) hands this module
-a loader of the views with :func:`use_views` — a real ``from . import views`` there, which the
-layering test sees; :func:`views` calls it when a display or figure is asked for.
+The notebook display (``x._repr_html_()``) comes from
+:class:`tl_idempotence.views.results.DrawnResult`, the :class:`Result` every result class derives from:
+the views sit one layer above this one, so a result's display is an import the layering test sees.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from types import ModuleType
 from typing import Any, ClassVar
 
-__all__ = ["Result", "short_value", "use_views", "views"]
-
-_views_loader: Callable[[], ModuleType] | None = None
-
-
-def use_views(loader: Callable[[], ModuleType]) -> None:
-    """Set the loader of the views module (called once, by the package root; imports nothing itself)."""
-    global _views_loader
-    _views_loader = loader
-
-
-def views() -> ModuleType:
-    """The views module (plotly figures, HTML pages, notebook displays), imported on first use.
-
-    Raises:
-        RuntimeError: no loader was set (impossible once ``tl_idempotence`` is imported, which runs first).
-    """
-    if _views_loader is None:  # pragma: no cover - the package root always sets it
-        raise RuntimeError("tl_idempotence's views were not registered (import tl_idempotence first).")
-    return _views_loader()
+__all__ = ["Result", "short_value"]
 
 
 def short_value(v: Any) -> str | None:
@@ -65,7 +40,7 @@ def short_value(v: Any) -> str | None:
 
 
 class Result:
-    """Mixin of every result object: short ``repr`` and ``_repr_html_`` (module docstring).
+    """Mixin of every result object: a short ``repr`` (module docstring).
 
     Subclasses provide ``heads`` and ``summary`` (attributes or properties; not declared
     here, so that dataclass fields of those names work); :attr:`repr_keys` chooses which summary
@@ -92,6 +67,3 @@ class Result:
             if len(items) >= 8:
                 break
         return f"{type(self).__name__}({', '.join(items)})"
-
-    def _repr_html_(self) -> str:
-        return str(views().result_html(self))

@@ -1,4 +1,4 @@
-"""Layer 3 (beside :mod:`tl_idempotence.analyses`) — forward-pass probes: they run a model on text.
+"""Layer 5 (beside :mod:`tl_idempotence.analyses`) — forward-pass probes: they run a model on text.
 
 :mod:`.tokens` (real text as token windows), :mod:`.activations` (activation-level
 returns, SPEC 8), :mod:`.attention` (attention patterns of flagged heads: the data behind the views),

@@ -64,16 +64,16 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..core.closure import closure_from_grams, layer_grams
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
 from ..core.kwargs import warn_at_caller
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, head_generator, layer_generator
-from ..core.results import Result
 from ..core.selection import head_labels, select_heads
 from ..errors import OptionError, UnsupportedModelError, WeightError
+from ..maths.closure import closure_from_grams, layer_grams
 from ..sources.tl import TLModelSource, is_tl_model
+from ..views.results import DrawnResult
 from .tokens import default_corpus, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -272,7 +272,7 @@ def _q(x: np.ndarray, q: float) -> float:
 
 
 @dataclass(repr=False)
-class ActivationReturns(Result):
+class ActivationReturns(DrawnResult):
     """Result of :func:`activation_returns` (SPEC section 8).
 
     Attributes:
@@ -302,9 +302,9 @@ class ActivationReturns(Result):
 
     def figure(self) -> Any:
         """Plotly scatter: per head, median cos²(Ty, y) on text vs weight-level P (control in grey)."""
-        from ..core.results import views
+        from ..views import activation_figure
 
-        return views().activation_figure(self)
+        return activation_figure(self)
 
 
 def _collect_returns(

@@ -48,10 +48,10 @@ from ..core.frozen import frozen
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.results import Result
 from ..core.selection import head_label, head_labels, select_heads
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
+from ..views.results import DrawnResult
 from .tokens import special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,7 +101,7 @@ def _row_norms(rows: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(repr=False, eq=False)
-class HeadTokens(Result):
+class HeadTokens(DrawnResult):
     """Result of :func:`head_tokens` (SPEC 12, token readout). Every frame handed out is a copy.
 
     Attributes (properties):

@@ -32,10 +32,10 @@ from ..core.frozen import frozen
 from ..core.heads import ModelInfo, check_weights
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.results import Result
 from ..core.selection import head_labels
 from ..errors import OptionError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
+from ..views.results import DrawnResult
 from .tokens import special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,7 @@ MAX_TOKENS = 1 << 14
 MAX_SEQUENCES = 1 << 12
 
 
-class HeadRoles(Result):
+class HeadRoles(DrawnResult):
     """Result of :func:`head_roles`. Immutable, like the report: :attr:`table` is a copy made on each read (editing
     it leaves the result as it is), :attr:`summary` and :attr:`options` are read-only
     (:func:`~tl_idempotence.core.frozen.frozen`), and assigning an attribute raises

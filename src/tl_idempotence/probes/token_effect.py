@@ -40,10 +40,10 @@ from ..core.frozen import frozen
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.results import Result
 from ..core.selection import head_labels, select_heads
 from ..errors import OptionError
 from ..sources.tl import TLModelSource
+from ..views.results import DrawnResult
 from .head_tokens import embedding_fingerprint, embedding_matrices
 from .tokens import prepare_tokens
 
@@ -61,7 +61,7 @@ CONVENTION = (
 
 
 @dataclass(repr=False, eq=False)
-class AttendedTokenEffect(Result):
+class AttendedTokenEffect(DrawnResult):
     """Result of :func:`attended_token_effect` (SPEC 12, behaviour). Every frame handed out is a copy.
 
     Attributes (properties):

@@ -1,2 +1,2 @@
-"""Layer 4 — the report: the per-layer loop over the analyses, its summary and paper table,
+"""Layer 6 — the report: the per-layer loop over the analyses, its summary and paper table,
 resume parts and the save format (parquet + JSON)."""

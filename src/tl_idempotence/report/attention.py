@@ -6,7 +6,7 @@
 public entry points — :func:`attention_view` (``tli.attention_view``), ``rep.show_attention`` and the attention
 section of ``rep.save_html`` — and checks, with the one report-identity function
 (:func:`~tl_idempotence.report.identity.check_report_matches`), that a model given for a report is the model it
-measured. The views are reached through :func:`tl_idempotence.core.results.views` (the loader the package root sets).
+measured. The views' drawing functions are imported where they are used.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..core.kwargs import strict_kwargs
-from ..core.results import views
 from ..errors import OptionError
 from ..probes.attention import FlaggedHeads, attention_patterns, flagged_heads
 from ..sources.dispatch import head_source
@@ -62,7 +61,9 @@ def attention_view(
     pats = attention_patterns(model, text, heads, max_tokens=max_tokens)
     if why is None:
         why = heads.describe() if isinstance(heads, FlaggedHeads) else f"{len(pats.heads)} chosen heads"
-    return views().draw_attention(pats, why=why, max_tokens=int(max_tokens), head_table=head_table, threshold=threshold)
+    from ..views import draw_attention
+
+    return draw_attention(pats, why=why, max_tokens=int(max_tokens), head_table=head_table, threshold=threshold)
 
 
 def check_model_matches(rep: Any, model: Any) -> None:
@@ -132,4 +133,6 @@ def attention_section_html(
         The errors of :func:`report_attention_view`.
     """
     view = report_attention_view(rep, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
-    return str(views().attention_section(view, text))
+    from ..views import attention_section
+
+    return str(attention_section(view, text))

@@ -1,6 +1,6 @@
 """What a report is written as: its JSON export, its heads table with the label first (and the role columns), its
-page and its save format, as one :class:`~tl_idempotence.report.outputs.Output` (:func:`report_output`) that the
-output registry's writers (:mod:`tl_idempotence.report.outputs`) write by the target's extension: ``rep.save``,
+page and its save format, as one :class:`~tl_idempotence.core.outputs.Output` (:func:`report_output`) that the
+output registry's writers (:mod:`tl_idempotence.core.outputs`) write by the target's extension: ``rep.save``,
 ``rep.save_html``, ``rep.export`` and the CLI's ``--out``/``--json``/``--csv``."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..core.results import views
-from .outputs import Output
-from .readings import report_headline
+from ..core.outputs import Output
+from ..core.readings import report_headline
 from .store import ReportRecord, write_record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -154,7 +153,7 @@ def report_output(
     roles: RoleAssociation | None = None,
     mechanism: Mechanism | None = None,
 ) -> Output:
-    """What a report can be written as (:class:`~tl_idempotence.report.outputs.Output`): its page (with an
+    """What a report can be written as (:class:`~tl_idempotence.core.outputs.Output`): its page (with an
     attention section on ``attention_text``: the probe runs ``model``, the view draws; with ``roles``, the section
     "What the closed heads do"), its JSON export (:func:`export_record`), its ``heads`` table with the label first
     (and the role columns with ``roles``), and the save format (:meth:`IdempotenceReport.save`). Nothing is
@@ -181,7 +180,9 @@ def report_output(
                 )
             )
         more = {} if mechanism is None else {"mechanism": mechanism}
-        return str(views().report_html(rep, extra_html=extra, roles=roles, **more))
+        from ..views import report_html
+
+        return str(report_html(rep, extra_html=extra, roles=roles, **more))
 
     def folder(path: Path, overwrite: bool) -> Path:
         rec = ReportRecord(

@@ -47,10 +47,10 @@ import pandas as pd
 from ..core.frozen import frozen, thawed
 from ..core.jsonio import json_restore
 from ..core.options import strict_kwargs
-from ..core.results import Result, views
 from ..core.selection import head_labels
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.tied import EmbeddingTie
+from ..views.results import DrawnResult
 from .roles import json_like, same_value
 from .store import index_column, read_tables_record, write_tables_record
 
@@ -82,7 +82,7 @@ QUESTION = "Does sign(α) predict the sign of a closed head's direct effect on t
 SIGNED = ("alpha", "effect_median", "copying", "copying_own")
 
 
-class Mechanism(Result):
+class Mechanism(DrawnResult):
     """Result of ``rep.mechanism(model=...)`` (module docstring). Immutable, like the report: :attr:`table` and
     :attr:`signs` are copies made on each read, :attr:`summary` is read-only, and assigning an attribute raises
     ``dataclasses.FrozenInstanceError``.
@@ -213,7 +213,9 @@ class Mechanism(Result):
     def figure(self) -> Any:
         """Plotly figure: each joined head's attended-token effect against α·P, closed heads marked, the sign
         agreement and the Spearman ρ in its title (:func:`tl_idempotence.views.figures.mechanism_figure`)."""
-        return views().mechanism_figure(self)
+        from ..views import mechanism_figure
+
+        return mechanism_figure(self)
 
     def to_text(self, n: int = 20) -> str:
         """The headline, the closed heads' rows (by P) and the sign summary, as plain text.

@@ -25,12 +25,12 @@ from ..core.files import refuse_outputs_over_inputs
 from ..core.heads import ModelInfo
 from ..core.kwargs import warn_at_caller
 from ..core.options import ReportOptions, check_bool, check_threshold, strict_kwargs
-from ..core.results import Result, views
+from ..core.outputs import FOLDER, write_output
+from ..core.readings import report_headline
 from ..errors import OptionError, OptionTypeError
+from ..views.results import DrawnResult
 from .export import report_output
 from .hooks import HOOK_AXES, HookPoint
-from .outputs import FOLDER, write_output
-from .readings import report_headline
 from .summary import REPR_FIELDS, RecordMap, ReportSummary, build_summary, format_paper_table, paper_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,7 @@ class FrameTables(RecordMap[pd.DataFrame]):
         return f"FrameTables({list(self)})"
 
 
-class IdempotenceReport(Result):
+class IdempotenceReport(DrawnResult):
     """Result of :func:`idempotence_report`.
 
     Attributes:
@@ -273,7 +273,7 @@ class IdempotenceReport(Result):
         (trained orientation vs Haar-scrambled orientation with the same spectra: a significance, not closure), e.g.
         ``"13 of 270 heads are closed (P ≥ 0.9); q ≤ 0.05 for 247 of 270 (trained orientation beats its scramble
         almost everywhere, as in the paper)."`` Computed from :attr:`summary`
-        (:func:`~tl_idempotence.report.readings.report_headline`; docs/definitions.md, "Reading a report")."""
+        (:func:`~tl_idempotence.core.readings.report_headline`; docs/definitions.md, "Reading a report")."""
         return report_headline(self.summary, self.threshold)
 
     @property
@@ -417,12 +417,16 @@ class IdempotenceReport(Result):
     @strict_kwargs
     def figure(self, value: str = "P") -> Any:
         """Plotly heatmap (layer x head) of ``value`` (default P) with the closed heads marked."""
-        return views().heads_heatmap(self, value=value)
+        from ..views import heads_heatmap
+
+        return heads_heatmap(self, value=value)
 
     @strict_kwargs
     def figures(self) -> list[Any]:
         """Every figure of the report page (heatmap, controls, algebra summary)."""
-        return list(views().report_figures(self))
+        from ..views import report_figures
+
+        return list(report_figures(self))
 
     @strict_kwargs
     def save_html(
@@ -457,7 +461,7 @@ class IdempotenceReport(Result):
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
                 from (:attr:`inputs`: a checkpoint file, a resume part, a saved report's file).
             OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
-                ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.report.outputs`); ``attention_heads``,
+                ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.core.outputs`); ``attention_heads``,
                 ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model; ``roles``
                 joined with another report (names the heads); a ``mechanism`` of another report.
             OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result; ``mechanism`` is
@@ -488,7 +492,7 @@ class IdempotenceReport(Result):
     @strict_kwargs
     def export(self, path: PathLike, overwrite: bool = False) -> str:
         """Write the report in the format the extension of ``path`` chooses (the output registry,
-        :mod:`tl_idempotence.report.outputs`; docs/definitions.md "Output formats"):
+        :mod:`tl_idempotence.core.outputs`; docs/definitions.md "Output formats"):
 
         * ``.html``/``.htm``: the page of :meth:`save_html` (without an attention view);
         * ``.json``: ``{"summary": ..., "closed_heads": [...]}`` (the CLI's ``--json``; NaN as ``null``);

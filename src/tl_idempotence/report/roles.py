@@ -31,11 +31,11 @@ from ..analyses.scramble import bh_q_values
 from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo, kv_layout
 from ..core.options import check_int, check_seed, strict_kwargs
-from ..core.results import Result, views
+from ..core.readings import circuit_headline, roles_headline
 from ..core.selection import head_label, head_labels
 from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
-from .readings import circuit_headline, roles_headline
+from ..views.results import DrawnResult
 from .store import index_column, read_tables_record, write_tables_record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,7 +70,7 @@ def _rng(seed: int, tag: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, tag, *extra]))
 
 
-class RoleAssociation(Result):
+class RoleAssociation(DrawnResult):
     """Result of ``rep.roles(model=...)``. Immutable, like the report: :attr:`table` and :attr:`association` are
     copies made on each read (editing one leaves the result, and what :meth:`save` writes, as it is),
     :attr:`summary` is read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
@@ -140,14 +140,16 @@ class RoleAssociation(Result):
     def headline(self) -> str:
         """The first sentence (what was asked, the answer, the number): the role that best separates the closed heads
         from the others (smallest Mann-Whitney q) and the closed heads' copying by sign, with sign(copying) =
-        sign(α) (:func:`~tl_idempotence.report.readings.roles_headline`; never a signed median of a mixed set)."""
+        sign(α) (:func:`~tl_idempotence.core.readings.roles_headline`; never a signed median of a mixed set)."""
         return roles_headline(self.table, self.association, self.summary)
 
     @strict_kwargs
     def figure(self) -> Any:
         """Plotly figure: each role's score against P, one panel per role, closed heads marked
         (:func:`tl_idempotence.views.figures.roles_figure`)."""
-        return views().roles_figure(self)
+        from ..views import roles_figure
+
+        return roles_figure(self)
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
@@ -333,7 +335,7 @@ def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[in
     return pairs
 
 
-class Circuit(Result):
+class Circuit(DrawnResult):
     """Result of ``rep.circuit(heads)``. Immutable, like the report: :attr:`heads` is a copy made on each read,
     :attr:`summary` is read-only and :attr:`set_overlaps` a read-only array.
 
@@ -376,7 +378,7 @@ class Circuit(Result):
     def headline(self) -> str:
         """The first sentence: the circuit's overlap with the closed set, what chance gives (the hypergeometric
         expectation), the enrichment (hypergeometric) p and the layer-matched p with its floor
-        (:func:`~tl_idempotence.report.readings.circuit_headline`)."""
+        (:func:`~tl_idempotence.core.readings.circuit_headline`)."""
         return circuit_headline(self.summary)
 
     @property

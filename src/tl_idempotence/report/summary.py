@@ -25,11 +25,10 @@ from ..core.files import package_code_sha256
 from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo, combined_fingerprint
 from ..core.options import ReportOptions
+from ..core.paper import PAPER, PAPER_THRESHOLD
 from ..errors import OptionError, OptionTypeError
 
 __all__ = [
-    "PAPER",
-    "PAPER_THRESHOLD",
     "REPR_FIELDS",
     "ReportSummary",
     "build_summary",
@@ -41,21 +40,6 @@ __all__ = [
 ]
 
 _V = TypeVar("_V")
-
-#: The abstract's headline figures (arXiv 2609.01129), as numbers.
-#: The threshold of the paper's "closed" figures (``frac_closed``, ``mismatch_closed``,
-#: ``frac_layers_feasible``).
-PAPER_THRESHOLD = 0.9
-
-PAPER = {
-    "frac_closed": (0.0398, 0.0800),  # 3.98-8.00 % of heads with P >= 0.9, per model (six endpoints)
-    "mismatch_closed": (0.0, 0.0),  # no matched within-layer O/V mismatch reaches P >= 0.9
-    "median_P_trained": (0.336, 0.336),  # over 7,304 heads in nine MHA/GQA models
-    "median_P_scrambled": (1.04e-4, 1.04e-4),
-    "frac_beats_scramble": (0.9864, 0.9864),
-    "frac_layers_trained_wins": (1.0, 1.0),  # "in every layer"
-    "frac_layers_feasible": (1.0, 1.0),  # "feasible in every surveyed layer"
-}
 
 
 def versions() -> dict[str, str | None]:

@@ -1,4 +1,4 @@
-"""Layer 2 — every route from a model or a file to per-layer head factors (``LayerHeads``).
+"""Layer 4 — every route from a model or a file to per-layer head factors (``LayerHeads``).
 
 Modules: :mod:`.tl` (TransformerLens models), :mod:`.checkpoint` (safetensors / GGUF files
 and ``transformers`` models, streamed layer by layer), :mod:`.architectures` (where each

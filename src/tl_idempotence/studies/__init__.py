@@ -1,1 +1,1 @@
-"""Layer 5 — studies of many reports: training trajectories, cross-model comparisons, sweeps."""
+"""Layer 7 — studies of many reports: training trajectories, cross-model comparisons, sweeps."""

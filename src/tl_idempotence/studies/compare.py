@@ -34,11 +34,11 @@ import pandas as pd
 
 from ..core.option_specs import ReportOptionsArgs, check_option_names, default, documents_options
 from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
-from ..core.results import Result, views
+from ..core.outputs import Output, write_output
 from ..errors import OptionError
 from ..report.identity import compared_options, option_differences, processing_key
-from ..report.outputs import Output, write_output
 from ..report.report import IdempotenceReport, load_report
+from ..views.results import DrawnResult
 from .compare_table import (
     OVERVIEW_COLUMNS,
     PAPER_LABEL,
@@ -149,7 +149,7 @@ def _combined_heads(reports: Mapping[str, IdempotenceReport]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-class Comparison(Result):
+class Comparison(DrawnResult):
     """Result of :func:`compare`: many models measured with the same options.
 
     Attributes:
@@ -172,7 +172,7 @@ class Comparison(Result):
               ``weights_group`` (rows with identical weights share it).
 
             Paper rows: ``paper (low)`` and ``paper (high)`` hold the abstract's figures
-            (:data:`tl_idempotence.report.summary.PAPER`); where the paper gives one figure
+            (:data:`tl_idempotence.core.paper.PAPER`); where the paper gives one figure
             (median P 0.336 trained and 1.04e-4 scrambled, 98.64 % beating the scramble — pooled
             over 7,304 heads; every layer; no mismatch pair closed) both rows hold it, where it gives
             a per-model range (3.98–8.00 % closed) the rows hold its ends.
@@ -313,7 +313,9 @@ class Comparison(Result):
 
     def figure(self) -> Any:
         """Per model: the distribution of trained P against the scramble null on one log axis (views)."""
-        return views().comparison_figure(self)
+        from ..views import comparison_figure
+
+        return comparison_figure(self)
 
     @strict_kwargs
     def save_html(self, path: PathLike) -> str:
@@ -330,7 +332,7 @@ class Comparison(Result):
     @strict_kwargs
     def export(self, path: PathLike, overwrite: bool = False) -> str:
         """Write the comparison in the format the extension of ``path`` chooses (the output registry,
-        :mod:`tl_idempotence.report.outputs`; docs/definitions.md "Output formats"): ``.html``/``.htm`` the page of
+        :mod:`tl_idempotence.core.outputs`; docs/definitions.md "Output formats"): ``.html``/``.htm`` the page of
         :meth:`save_html`; ``.csv``/``.parquet`` :attr:`table` (the paper's rows included, ``is_paper``);
         ``.json`` ``{"summary": ..., "table": [one record per row]}`` (NaN as ``null``).
 
@@ -349,10 +351,12 @@ class Comparison(Result):
 
     def _output(self) -> Output:
         """What a comparison can be written as: its page, its JSON export and its table (no folder format)."""
+        from ..views import comparison_html
+
         return Output(
             what="comparison",
             inputs=self.inputs,
-            page=lambda: str(views().comparison_html(self)),
+            page=lambda: str(comparison_html(self)),
             record=lambda: {"summary": self.summary, "table": self.table.to_dict(orient="records")},
             table=lambda: self.table.reset_index(drop=True),
         )

@@ -16,10 +16,11 @@ from typing import Any
 import pandas as pd
 
 from ..analyses import registry
+from ..core.paper import PAPER, PAPER_THRESHOLD
 from ..core.processing import T_PROCESSING
 from ..report.identity import processing_key
 from ..report.report import IdempotenceReport
-from ..report.summary import PAPER, PAPER_THRESHOLD, field_rules
+from ..report.summary import field_rules
 
 __all__ = [
     "OVERVIEW_COLUMNS",

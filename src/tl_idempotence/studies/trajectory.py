@@ -53,12 +53,12 @@ from ..core.heads import HeadSource, LayerHeads
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, check_int, strict_kwargs
 from ..core.processing import T_PROCESSING
-from ..core.results import Result, views
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.report import report_with_options
 from ..sources.dispatch import head_source
 from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
+from ..views.results import DrawnResult
 from .cluster import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -338,7 +338,7 @@ def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFram
 
 
 @dataclass(repr=False)
-class Trajectory(Result):
+class Trajectory(DrawnResult):
     """Result of :func:`trajectory`.
 
     Attributes:
@@ -457,7 +457,9 @@ class Trajectory(Result):
             OptionError / OptionTypeError / UnknownOptionError: a bad ``top_k`` or ``log_y``, an unknown keyword.
         """
         top_k = check_int(top_k, "top_k", 1)
-        return views().trajectory_figure(self, top_k=top_k, log_y=check_bool(log_y, "log_y"))
+        from ..views import trajectory_figure
+
+        return trajectory_figure(self, top_k=top_k, log_y=check_bool(log_y, "log_y"))
 
     @strict_kwargs
     def summary_figure(self, log_y: bool = True) -> Any:
@@ -466,7 +468,9 @@ class Trajectory(Result):
         Raises:
             OptionTypeError / UnknownOptionError: ``log_y`` not a bool, an unknown keyword.
         """
-        return views().trajectory_summary_figure(self, log_y=check_bool(log_y, "log_y"))
+        from ..views import trajectory_summary_figure
+
+        return trajectory_summary_figure(self, log_y=check_bool(log_y, "log_y"))
 
     @strict_kwargs
     def figures(self, top_k: IntLike = 5) -> list[Any]:

@@ -1,11 +1,12 @@
-"""Layer 6 — every figure, page and display, drawn from results (never a model, a forward pass, a source, a
+"""Layer 2 — every figure, page and display, drawn from results (never a model, a forward pass, a source, a
 probe or a study: ``tests/unit/test_layering.py``): plotly figures (:mod:`.figures`), the standalone
 HTML report (:mod:`.page`), circuitsvis attention views of computed patterns (:mod:`.attention`), notebook
 displays and :func:`use_offline_plotly` (figures that also render in a static HTML render of an
 executed notebook, offline; :mod:`.notebook`) and the words around the numbers (:mod:`.text`).
 
-Result objects reach these functions through :func:`tl_idempotence.core.results.views`, whose loader
-the package root sets (``from . import views`` in ``tl_idempotence/__init__.py``); nothing below imports it.
+The views import only ``errors`` and ``core`` and sit just above ``core``, below every layer that defines a result:
+a result's figure or page imports what it draws with here where it is used (``from ..views import heads_heatmap``),
+and its notebook display comes from :class:`.results.DrawnResult`.
 """
 
 from __future__ import annotations

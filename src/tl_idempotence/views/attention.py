@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import pandas as pd
 
-from ..report.outputs import Output, write_output
+from ..core.outputs import Output, write_output
 from .text import format_P
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -2,7 +2,7 @@
 
 * :func:`comparison_figure` — per model, the distribution of trained P next to the scramble
   null (each head's scramble median) on one log axis, with the threshold and the paper's medians.
-* :func:`comparison_html` — the offline page (written by :mod:`tl_idempotence.report.outputs`): the answer first (which
+* :func:`comparison_html` — the offline page (written by :mod:`tl_idempotence.core.outputs`): the answer first (which
   model has the largest share of closed heads, :attr:`~tl_idempotence.studies.compare.Comparison.headline`),
   what was compared and how, warnings, the overview table (every column folded below it, with the paper's
   rows), the figure, the closed heads of every model.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..report.summary import PAPER, PAPER_THRESHOLD
+from ..core.paper import PAPER, PAPER_THRESHOLD
 from .figures import log_P_range
 from .page import datatable_html, datatables_init_html, display_frame
 from .text import plot_text

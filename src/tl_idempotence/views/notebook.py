@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..report.readings import copying_by_sign, copying_sign_sentence
+from ..core.readings import copying_by_sign, copying_sign_sentence
 from .text import format_P, format_sig, headline
 
 __all__ = [

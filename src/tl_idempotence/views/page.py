@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..report.readings import copying_by_sign
+from ..core.readings import copying_by_sign
 from .figures import (
     algebra_figures,
     algebra_summary_figure,

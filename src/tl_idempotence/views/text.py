@@ -12,15 +12,43 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..core.processing import T_PROCESSING
-from ..report.readings import SCRAMBLE_TEST, report_headline
+from ..core.readings import SCRAMBLE_TEST, HeadlineSummary, report_headline
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..report.summary import ReportSummary
+__all__ = [
+    "P_VALUE_TESTS",
+    "ReportSummaryLike",
+    "format_P",
+    "format_sig",
+    "headline",
+    "summary_sections",
+    "weights_phrase",
+]
 
-__all__ = ["P_VALUE_TESTS", "format_P", "format_sig", "headline", "summary_sections", "weights_phrase"]
+
+class ReportSummaryLike(HeadlineSummary, Protocol):
+    """What the words around a report read of its summary (:class:`~tl_idempotence.report.summary.ReportSummary`
+    is one): the headline's counts, the model, the weights' processing, the records and the flat form."""
+
+    @property
+    def model_name(self) -> Any: ...
+    @property
+    def model_class(self) -> Any: ...
+    @property
+    def n_attention_layers(self) -> Any: ...
+    @property
+    def processing(self) -> Any: ...
+    @property
+    def closure(self) -> Any: ...
+    @property
+    def scramble(self) -> Any: ...
+    @property
+    def mismatch(self) -> Any: ...
+    @property
+    def search(self) -> Any: ...
+    def to_dict(self) -> dict[str, Any]: ...
 
 
 def plot_text(value: Any) -> str:
@@ -62,7 +90,7 @@ def _on_its_side(v: float, threshold: float | None, text_at: Callable[[int], str
     return repr(v)  # pragma: no cover
 
 
-def weights_phrase(summary: ReportSummary) -> str:
+def weights_phrase(summary: ReportSummaryLike) -> str:
     """What weights were measured, in words (SPEC 10): ``"raw checkpoint weights"``, the
     TransformerLens processing that was applied (where the flags came from is in the summary's
     ``processing`` table), or ``"weight processing not recorded"`` when the summary does not say
@@ -81,9 +109,9 @@ def weights_phrase(summary: ReportSummary) -> str:
     return "TransformerLens-processed weights (" + ", ".join(flags) + ")" if flags else "processed weights"
 
 
-def headline(summary: ReportSummary, threshold: float) -> str:
+def headline(summary: ReportSummaryLike, threshold: float) -> str:
     """The report's lead: ``rep.headline`` (closed count and scramble q count in separate clauses,
-    :func:`~tl_idempotence.report.readings.report_headline`), then model, weights, closed heads, and the null they
+    :func:`~tl_idempotence.core.readings.report_headline`), then model, weights, closed heads, and the null they
     were measured against.
 
     E.g. ``"13 of 270 heads are closed (P ≥ 0.9); q ≤ 0.05 for 247 of 270 (trained orientation beats its scramble
@@ -129,7 +157,7 @@ def headline(summary: ReportSummary, threshold: float) -> str:
     return text
 
 
-def summary_sections(summary: ReportSummary) -> list[tuple[str, list[tuple[str, str]]]]:
+def summary_sections(summary: ReportSummaryLike) -> list[tuple[str, list[tuple[str, str]]]]:
     """A summary as titled (key, value) tables: what was measured, processing, options, versions, source.
 
     Args:

@@ -14,9 +14,9 @@ from helpers import dense_closure_T, gaussian_layer, head_with, pair, principal_
 from tl_idempotence.analyses import search
 from tl_idempotence.analyses.base import LayerContext
 from tl_idempotence.analyses.search import SearchAnalysis
-from tl_idempotence.core.closure import closure_from_grams, layer_grams
 from tl_idempotence.core.options import ReportOptions
 from tl_idempotence.core.random import haar_orthogonal
+from tl_idempotence.maths.closure import closure_from_grams, layer_grams
 
 
 def test_search_analysis_contract_and_determinism():

@@ -10,9 +10,9 @@ import torch
 import tl_idempotence as tli
 from helpers import dense_T
 from tl_idempotence.analyses.algebra import MHA_REASON, SharedValueAlgebra, layer_algebra, shared_value_algebra
-from tl_idempotence.core.closure import closure_from_grams, layer_grams
 from tl_idempotence.core.heads import LayerHeads, kv_layout
 from tl_idempotence.errors import OptionError
+from tl_idempotence.maths.closure import closure_from_grams, layer_grams
 
 
 def _law_layer(seed: int = 1, d: int = 24, r: int = 4, n: int = 6, n_kv: int = 2, alphas=None):

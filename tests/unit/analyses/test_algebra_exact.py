@@ -23,9 +23,9 @@ from tl_idempotence.analyses.algebra_maths import (
     empty_table,
     layer_algebra,
 )
-from tl_idempotence.core.closure import layer_grams
 from tl_idempotence.core.factors import DEGENERATE_RTOL
 from tl_idempotence.core.heads import LayerHeads, ModelInfo
+from tl_idempotence.maths.closure import layer_grams
 
 
 def test_offdiagonal_nilpotent_decision_on_exact_norms():

@@ -10,9 +10,9 @@ import torch
 
 import tl_idempotence as tli
 from helpers import dense_closure, oblique_projection, principal_cosines
-from tl_idempotence.core.closure import CastBuffer, closure_from_grams, closure_sums, grams, layer_grams
 from tl_idempotence.core.factors import rank_rtol
 from tl_idempotence.errors import OptionTypeError, WeightError
+from tl_idempotence.maths.closure import CastBuffer, closure_from_grams, closure_sums, grams, layer_grams
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -421,7 +421,7 @@ def test_shape_annotations_are_checked_while_the_tests_run():
     is refused by the annotation itself, so a wrong shape inside the library cannot pass silently in the tests."""
     import jaxtyping
 
-    from tl_idempotence.core.closure import closure_sums
+    from tl_idempotence.maths.closure import closure_sums
 
     good = torch.eye(3, dtype=torch.float64)[None]
     closure_sums(good, good, good)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-import tl_idempotence.core.closure as closure_mod
-from tl_idempotence.core.closure import closure_from_grams, grams, layer_grams
+import tl_idempotence.maths.closure as closure_mod
+from tl_idempotence.maths.closure import closure_from_grams, grams, layer_grams
 
 EPS32 = 2.0**-23  # float32 machine epsilon
 

@@ -353,7 +353,7 @@ def test_a_1e_minus_100_head_is_not_a_zero_head_but_an_exact_zero_is():
 
 def test_ordinary_weights_are_never_rescaled():
     """Weights of ordinary size keep the plain products bit for bit (the 0.1 numbers)."""
-    from tl_idempotence.core.closure import layer_grams
+    from tl_idempotence.maths.closure import layer_grams
 
     g = torch.Generator().manual_seed(9)
     O = torch.randn(4, 32, 8, generator=g) / 32**0.5

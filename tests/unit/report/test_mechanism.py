@@ -223,8 +223,8 @@ def test_page_json_and_csv_carry_the_mechanism(joined, tmp_path):
     assert "What the closed heads do to tokens" in page and "Signed scores by sign" in page
     sec = page[page.index("What the closed heads do to tokens") :]
     assert all(f"L0H{h}" in sec for h in range(4)) and "copying (G = I)" in sec
+    from tl_idempotence.core.outputs import write_output
     from tl_idempotence.report.export import report_output
-    from tl_idempotence.report.outputs import write_output
 
     write_output(report_output(rep, mechanism=mech), tmp_path / "r.json", ("json",))
     rec = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""The output registry (``report/outputs.py``) and the one JSON encoder with its two NaN policies
+"""The output registry (``core/outputs.py``) and the one JSON encoder with its two NaN policies
 (``core/jsonio.py``; docs/definitions.md "Output formats").
 
 Real values: a report of two synthetic layers with exact projections (P = 1, closed) and a zero head (P, α and
@@ -24,9 +24,9 @@ import tl_idempotence as tli
 from helpers import closed_pairs_layers, llama_like
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.jsonio import EXPORT, RECORD, json_ready, json_restore, json_text
+from tl_idempotence.core.outputs import OUTPUT_FORMATS, Output, output_format, write_output
 from tl_idempotence.errors import OptionError, OptionTypeError, OutputOverInputError
 from tl_idempotence.report.export import export_record
-from tl_idempotence.report.outputs import OUTPUT_FORMATS, Output, output_format, write_output
 from tl_idempotence.report.parts import json_safe
 
 pytestmark = pytest.mark.bridge  # no TransformerLens model: must also pass on transformer-lens 4.x

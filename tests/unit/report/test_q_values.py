@@ -16,8 +16,9 @@ import pytest
 
 import tl_idempotence as tli
 from helpers import closed_pairs_layers
-from tl_idempotence.analyses.scramble import FDR_LEVEL, bh_q_values
+from tl_idempotence.analyses.scramble import bh_q_values
 from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.core.paper import FDR_LEVEL
 from tl_idempotence.report.report import add_q_values
 from tl_idempotence.views.page import closed_heads_table, report_html
 

@@ -15,8 +15,8 @@ import torch
 import tl_idempotence as tli
 from helpers import closed_pairs_layers, fake_roles, gaussian_layer
 from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.core.readings import copying_by_sign, copying_sign_sentence
 from tl_idempotence.report.export import export_record
-from tl_idempotence.report.readings import copying_by_sign, copying_sign_sentence
 from tl_idempotence.report.roles import role_association
 from tl_idempotence.views.notebook import result_html
 from tl_idempotence.views.page import closed_heads_table, p_value_note, report_html, roles_section_tables

@@ -19,8 +19,8 @@ from safetensors.torch import load_file
 
 import tl_idempotence as tli
 from helpers import SyntheticSource, gaussian_layer, llama_like, neox_like, oblique_projection
+from tl_idempotence.core.paper import PAPER
 from tl_idempotence.errors import MissingFileError, OptionError, UnknownModelError, UnknownOptionError
-from tl_idempotence.report.summary import PAPER
 from tl_idempotence.studies.compare import TABLE_COLUMNS, Comparison, ModelCount, comparison_table, resolve_items
 
 pytestmark = pytest.mark.bridge

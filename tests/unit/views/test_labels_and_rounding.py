@@ -17,8 +17,8 @@ import pytest
 
 import tl_idempotence as tli
 from helpers import SyntheticSource, gaussian_layer
+from tl_idempotence.core.paper import PAPER_THRESHOLD
 from tl_idempotence.report.report import IdempotenceReport
-from tl_idempotence.report.summary import PAPER_THRESHOLD
 from tl_idempotence.studies.trajectory import Trajectory
 from tl_idempotence.views.compare import comparison_figure, comparison_headline, comparison_html
 from tl_idempotence.views.notebook import mini_heatmap

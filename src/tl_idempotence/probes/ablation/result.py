@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from ...core.heads import ModelInfo
-from ...core.results import Result
 from ...core.selection import head_label, head_labels
+from ...views.results import DrawnResult
 from .controls import SetPlan, set_labels
 from .stats import BOOTSTRAP_DRAWS, bootstrap_intervals, rank_p_value
 
@@ -53,7 +53,7 @@ class _SummaryValue(Generic[_T]):
 
 
 @dataclass(repr=False)
-class Ablation(Result):
+class Ablation(DrawnResult):
     """Result of :func:`ablation`.
 
     Attributes:

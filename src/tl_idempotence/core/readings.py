@@ -15,23 +15,52 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
-from ..analyses.scramble import FDR_LEVEL
+from .paper import FDR_LEVEL
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .summary import ReportSummary
-
-__all__ = ["circuit_headline", "copying_by_sign", "copying_sign_sentence", "report_headline", "roles_headline"]
+__all__ = [
+    "SCRAMBLE_TEST",
+    "HeadlineSummary",
+    "circuit_headline",
+    "copying_by_sign",
+    "copying_sign_sentence",
+    "report_headline",
+    "roles_headline",
+]
 
 #: What the scramble p- and q-values test, in the words every display uses beside them.
 SCRAMBLE_TEST = "trained orientation vs Haar-scrambled orientation with the same spectra (not closure)"
 
 
-def report_headline(summary: ReportSummary, threshold: float) -> str:
+class _ClosedCount(Protocol):
+    @property
+    def n_closed(self) -> int: ...
+
+
+class _ScrambleCounts(Protocol):
+    @property
+    def n_heads_compared(self) -> int: ...
+    @property
+    def n_heads_q05(self) -> int | None: ...
+
+
+class HeadlineSummary(Protocol):
+    """What :func:`report_headline` reads of a report's summary
+    (:class:`~tl_idempotence.report.summary.ReportSummary` is one)."""
+
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def closure(self) -> _ClosedCount: ...
+    @property
+    def scramble(self) -> _ScrambleCounts | None: ...
+
+
+def report_headline(summary: HeadlineSummary, threshold: float) -> str:
     """The report's first sentence: how many heads are closed, and separately how many beat their scramble.
 
     E.g. ``"13 of 270 heads are closed (P ≥ 0.9); q ≤ 0.05 for 247 of 270 (trained orientation beats its scramble

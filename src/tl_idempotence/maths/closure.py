@@ -44,14 +44,14 @@ import torch
 from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
+from ..core.factors import DEGENERATE_RTOL, gram_rank, principal_factors, rank_rtol
+from ..core.heads import LayerHeads, check_storage, check_weights
+from ..core.options import check_bool, check_compute_dtype, check_device, strict_kwargs
 from ..errors import OptionError, OptionTypeError, WeightError
-from .factors import DEGENERATE_RTOL, gram_rank, principal_factors, rank_rtol
-from .heads import LayerHeads, check_storage, check_weights
-from .options import check_bool, check_compute_dtype, check_device, strict_kwargs
-from .results import Result
+from ..views.results import DrawnResult
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .hints import DeviceLike, DtypeLike, HeadWeightsLike
+    from ..core.hints import DeviceLike, DtypeLike, HeadWeightsLike
 
 __all__ = [
     "CastBuffer",
@@ -470,7 +470,7 @@ def closure_scalars(
 
 
 @dataclass(frozen=True, repr=False)
-class Closure(Result):
+class Closure(DrawnResult):
     """Closure of a batch of heads (SPEC sections 2-3). All tensors float64 on the CPU.
 
     Attributes:

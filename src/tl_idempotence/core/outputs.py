@@ -33,8 +33,8 @@ a file with its final name is always complete); an operating-system refusal is a
 :class:`~tl_idempotence.errors.OptionError` naming the file.
 
 A result offers what it can be written as in an :class:`Output` (its page, record, table, folder writer); a
-format it does not offer is refused naming the ones it does. Views render the page (through
-:func:`tl_idempotence.core.results.views`); this module writes.
+format it does not offer is refused naming the ones it does. Views render the page (the result's ``page``
+callable imports them); this module writes.
 """
 
 from __future__ import annotations
