@@ -29,7 +29,7 @@ components do in response (self-repair) are not measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -40,17 +40,18 @@ from ..core.frozen import frozen
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.results import Result
 from ..core.selection import head_labels, select_heads
+from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError
 from ..sources.tl import TLModelSource
-from .head_tokens import embedding_fingerprint, embedding_matrices
+from .head_tokens import embedding_matrices
+from .token_records import embedding_fingerprint
 from .tokens import prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import IntLike
 
-__all__ = ["AttendedTokenEffect", "attended_token_effect"]
+__all__ = ["AttendedTokenEffect", "AttendedTokenEffectSummary", "attended_token_effect"]
 
 #: What the effect includes, stated in every result.
 CONVENTION = (
@@ -60,9 +61,31 @@ CONVENTION = (
 )
 
 
-@dataclass(repr=False, eq=False)
-class AttendedTokenEffect(Result):
-    """Result of :func:`attended_token_effect` (SPEC 12, behaviour). Every frame handed out is a copy.
+class AttendedTokenEffectSummary(FrozenSummary):
+    """The summary of :class:`AttendedTokenEffect` (typed, read-only; a mapping of the fields given)."""
+
+    __slots__ = ()
+    model_name: str
+    model_class: str
+    n_heads: int
+    n_positions: int
+    n_windows: int
+    seed: int
+    convention: str
+    final_norm: str
+    test: str
+    processing: Mapping[str, Any]
+    weights_fingerprint: str
+    embedding_fingerprint: str
+    n_negative_q05: int
+    n_positive_q05: int
+    headline: str
+
+
+class AttendedTokenEffect(FrozenResult):
+    """Result of :func:`attended_token_effect` (SPEC 12, behaviour). Immutable: every frame handed out is a
+    copy made on each read, :attr:`summary` (a typed :class:`AttendedTokenEffectSummary`) and :attr:`options` are
+    read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
 
     Attributes (properties):
         table: one row per head, indexed by ``"L10H8"``: ``layer, head, kv_head, n_positions``,
@@ -74,25 +97,39 @@ class AttendedTokenEffect(Result):
             null_source_pos, null_effect, raw_effect``.
         summary: ``model_name, n_heads, n_positions, n_windows, seed, convention, test, processing,
             weights_fingerprint, embedding_fingerprint``, ``n_negative_q05, n_positive_q05``, ``headline``.
+        info: the model's :class:`~tl_idempotence.core.heads.ModelInfo`.
+        options: ``seq_len, max_tokens, batch_size, seed, corpus``.
+        loaded_from: the folder :func:`load_attended_token_effect` read it from (:meth:`save` refuses to write
+            there), else None.
     """
 
-    _table: pd.DataFrame
-    _positions: pd.DataFrame
-    summary: dict[str, Any]
-    info: ModelInfo
-    options: dict[str, Any] = field(default_factory=dict)
-
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_positions", "n_negative_q05", "n_positive_q05")
+    frozen_name: ClassVar[str] = "an attended-token effect is"
+    frozen_hint: ClassVar[str] = "tli.attended_token_effect again"
 
-    @property
-    def table(self) -> pd.DataFrame:
-        """The per-head table (a copy)."""
-        return self._table.copy()
+    _positions: pd.DataFrame
+    summary: AttendedTokenEffectSummary
+    info: ModelInfo
+    options: Mapping[str, Any]
+    loaded_from: str | None
 
-    @property
-    def heads(self) -> pd.DataFrame:
-        """:attr:`table` (a copy)."""
-        return self._table.copy()
+    def __init__(
+        self,
+        table: pd.DataFrame,
+        positions: pd.DataFrame,
+        summary: Mapping[str, Any],
+        info: ModelInfo,
+        options: Mapping[str, Any] | None = None,
+        loaded_from: str | None = None,
+    ) -> None:
+        self._freeze(
+            _table=table,
+            _positions=positions.copy(),  # never handed out: the property gives copies
+            summary=AttendedTokenEffectSummary(summary),
+            info=info,
+            options=frozen(dict(options or {})),
+            loaded_from=loaded_from,
+        )
 
     @property
     def positions(self) -> pd.DataFrame:
@@ -239,9 +276,7 @@ def attended_token_effect(
         "seed": seed,
         "corpus": "default (stdlib docstrings)" if texts is None else type(texts).__name__,
     }
-    return AttendedTokenEffect(
-        _table=table, _positions=positions, summary=frozen(summary), info=info, options=frozen(options)
-    )
+    return AttendedTokenEffect(table=table, positions=positions, summary=summary, info=info, options=options)
 
 
 def _collect(

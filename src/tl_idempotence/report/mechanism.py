@@ -19,7 +19,7 @@ the headline says which part of "closed ⇒ copying = sign(α)" is algebra.
 
 Saving (:func:`save_mechanism`, ``Mechanism.save``; :func:`load_mechanism`) is as the report and the head roles
 are saved: a folder of parquet tables and one JSON record ``mechanism.json`` holding their sha256s and its own
-digest (:func:`~tl_idempotence.report.store.write_tables_record`; no pickle).
+digest (:func:`~tl_idempotence.core.records.write_tables_record`; no pickle).
 Layout: ``table.parquet`` (:attr:`Mechanism.table`, labels rebuilt from ``layer``/``head`` on load) and
 ``signs.parquet`` (:attr:`Mechanism.signs`, its ``quantity``/``group`` index as columns); the summary (with the
 embedding tie and the probes' own summaries) is in the record. The probes' own results (``tokens``: the token
@@ -33,26 +33,25 @@ whose sha256s and digest were recomputed is refused where it makes the record di
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import FrozenInstanceError
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from ..core.frozen import frozen, thawed
+from ..core.frozen import thawed
 from ..core.jsonio import json_restore
 from ..core.options import strict_kwargs
-from ..core.results import Result, views
+from ..core.records import float_keys, index_column, read_tables_record, same_value, write_tables_record
+from ..core.results import views
 from ..core.selection import head_labels
+from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.tied import EmbeddingTie
-from .roles import json_like, same_value
-from .store import index_column, read_tables_record, write_tables_record
+from .roles import json_like
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -64,6 +63,7 @@ __all__ = [
     "MECHANISM_FORMAT",
     "MECHANISM_RECORD",
     "Mechanism",
+    "MechanismSummary",
     "derive_tests",
     "load_mechanism",
     "mechanism_headline",
@@ -82,7 +82,37 @@ QUESTION = "Does sign(α) predict the sign of a closed head's direct effect on t
 SIGNED = ("alpha", "effect_median", "copying", "copying_own")
 
 
-class Mechanism(Result):
+class MechanismSummary(FrozenSummary):
+    """The summary of :class:`Mechanism` (typed, read-only; a mapping of the fields given; a field not given reads
+    as None). ``embedding_tie`` is the :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict; ``head_tokens``
+    and ``attended_token_effect`` are the probes' own summaries."""
+
+    __slots__ = ()
+    model_name: str | None
+    n_heads: int
+    n_closed: int
+    threshold: float
+    n_sign_tested: int
+    n_agree: int
+    sign_test_p: float
+    n_spearman: int
+    spearman_rho: float
+    spearman_p: float
+    n_permutations: int
+    p_floor: float
+    seed: int
+    tied: bool
+    embedding_tie: Mapping[str, Any]
+    n_closed_own_sign_alpha: int
+    median_abs_copying_closed: float
+    notes: Sequence[str]
+    conventions: Mapping[str, Any]
+    head_tokens: Mapping[str, Any]
+    attended_token_effect: Mapping[str, Any]
+    headline: str
+
+
+class Mechanism(FrozenResult):
     """Result of ``rep.mechanism(model=...)`` (module docstring). Immutable, like the report: :attr:`table` and
     :attr:`signs` are copies made on each read, :attr:`summary` is read-only, and assigning an attribute raises
     ``dataclasses.FrozenInstanceError``.
@@ -115,10 +145,11 @@ class Mechanism(Result):
         "model_name", "n_heads", "n_closed", "n_agree", "n_sign_tested", "sign_test_p", "spearman_rho", "tied",
     )  # fmt: skip
     display_kind: ClassVar[str] = "mechanism"
+    frozen_name: ClassVar[str] = "a mechanism result is"
+    frozen_hint: ClassVar[str] = "rep.mechanism again"
 
-    _table: pd.DataFrame
     _signs: pd.DataFrame
-    summary: Mapping[str, Any]
+    summary: MechanismSummary
     tokens: HeadTokens | None
     effect: AttendedTokenEffect | None
     tie: EmbeddingTie
@@ -134,30 +165,15 @@ class Mechanism(Result):
         tie: EmbeddingTie,
         loaded_from: str | None = None,
     ) -> None:
-        set_ = functools.partial(object.__setattr__, self)
-        set_("_table", table.copy())  # never handed out: the properties give copies
-        set_("_signs", signs.copy())
-        set_("summary", frozen(dict(summary)))
-        set_("tokens", tokens)
-        set_("effect", effect)
-        set_("tie", tie)
-        set_("loaded_from", loaded_from)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to {name!r}: a mechanism result is immutable (rep.mechanism again).")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: a mechanism result is immutable.")
-
-    @property
-    def table(self) -> pd.DataFrame:
-        """One row per joined head (class docstring): a copy, made on each read."""
-        return self._table.copy()
-
-    @property
-    def heads(self) -> pd.DataFrame:
-        """:attr:`table` (every result has ``heads``): a copy."""
-        return self._table.copy()
+        self._freeze(
+            _table=table,
+            _signs=signs.copy(),  # never handed out: the property gives copies
+            summary=MechanismSummary(summary),
+            tokens=tokens,
+            effect=effect,
+            tie=tie,
+            loaded_from=loaded_from,
+        )
 
     @property
     def signs(self) -> pd.DataFrame:
@@ -522,19 +538,6 @@ _RECOMPUTED = (
 _FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
 
-def _float_keys(x: Any, out: set[str]) -> set[str]:
-    """The keys (at any depth) whose values are floats: only these read "NaN"/"Infinity" back as floats."""
-    if isinstance(x, dict):
-        for k, v in x.items():
-            if isinstance(v, (float, np.floating)):
-                out.add(str(k))
-            _float_keys(v, out)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            _float_keys(v, out)
-    return out
-
-
 @strict_kwargs
 def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -> str:
     """Save a mechanism result (``rep.mechanism``) to the folder ``path`` (module docstring); ``Mechanism.save``.
@@ -550,7 +553,7 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     Raises:
         OptionTypeError: ``result`` is not a :class:`Mechanism`; ``path`` not a path; ``overwrite`` not a bool.
         OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
-        OptionError: as :func:`~tl_idempotence.report.store.write_tables_record` (non-empty folder, missing parent,
+        OptionError: as :func:`~tl_idempotence.core.records.write_tables_record` (non-empty folder, missing parent,
             an edited earlier record; names it); ``path`` ends in a file extension (``.html``, ``.json``, ``.csv``,
             ``.parquet``): a mechanism save is a folder.
     """
@@ -571,7 +574,7 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     if tuple(cols) != TABLE_COLUMNS:
         raise OptionError(f"This Mechanism's table has columns {list(table.columns)}, not rep.mechanism's: not saved.")
     summary = dict(result.summary)
-    fields = {"summary": summary, "float_keys": sorted(_float_keys(summary, set()))}
+    fields = {"summary": summary, "float_keys": sorted(float_keys(summary))}
     tables = {"table": table, "signs": result._signs.reset_index()}
     return str(write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite))
 
