@@ -50,7 +50,9 @@ from ..core.results import views
 from ..core.selection import head_labels
 from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
+from ..probes.head_tokens import load_head_tokens, save_head_tokens
 from ..probes.tied import EmbeddingTie
+from ..probes.token_effect import load_attended_token_effect, save_attended_token_effect
 from .roles import json_like
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -574,9 +576,15 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     if tuple(cols) != TABLE_COLUMNS:
         raise OptionError(f"This Mechanism's table has columns {list(table.columns)}, not rep.mechanism's: not saved.")
     summary = dict(result.summary)
-    fields = {"summary": summary, "float_keys": sorted(float_keys(summary))}
+    parts = [name for name, part in (("head_tokens", result.tokens), ("attended_token_effect", result.effect)) if part]
+    fields = {"summary": summary, "float_keys": sorted(float_keys(summary)), "parts": parts}
     tables = {"table": table, "signs": result._signs.reset_index()}
-    return str(write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite))
+    d = write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite)
+    if result.tokens is not None:  # after the record: the folder was empty (or an earlier save) when it was written
+        save_head_tokens(result.tokens, d / "head_tokens", overwrite=overwrite)
+    if result.effect is not None:
+        save_attended_token_effect(result.effect, d / "attended_token_effect", overwrite=overwrite)
+    return str(d)
 
 
 def _refuse(f: Path, what: str) -> ReportFileError:
@@ -654,4 +662,49 @@ def load_mechanism(path: PathLike) -> Mechanism:
         raise _refuse(rec, "summary['headline'] is not what the table and the summary give")
     if not math.isfinite(threshold):
         raise _refuse(rec, f"summary['threshold'] is {threshold!r}")
-    return Mechanism(table=table, signs=stored, summary=summary, tokens=None, effect=None, tie=tie, loaded_from=str(d))
+    tokens, effect = _load_parts(d, raw.get("parts", []), table, summary)
+    return Mechanism(
+        table=table, signs=stored, summary=summary, tokens=tokens, effect=effect, tie=tie, loaded_from=str(d)
+    )
+
+
+#: The joined table's columns each probe gives (mechanism column, probe column).
+_PART_COLUMNS = {
+    "head_tokens": (
+        ("self_rank_median", "self_rank_median"), ("frac_top_k", "frac_top_k"), ("frac_bottom_k", "frac_bottom_k"),
+    ),
+    "attended_token_effect": (
+        ("effect_median", "effect_median"), ("frac_negative", "frac_negative"), ("null_median", "null_median"),
+        ("effect_p", "p_value"), ("effect_q", "q_value"), ("n_positions", "n_positions"),
+    ),
+}  # fmt: skip
+
+
+def _load_parts(
+    d: Path, parts: Any, table: pd.DataFrame, summary: Mapping[str, Any]
+) -> tuple[HeadTokens | None, AttendedTokenEffect | None]:
+    """The probes' results a mechanism save holds (``parts`` of its record; none in a save without them), each
+    loaded and checked against the joined table and the summary.
+
+    Raises:
+        ReportFileError: ``parts`` names something else; a part whose numbers or summary are not the joined
+            table's (names the part's folder and the column). As the parts' loaders (their files named).
+    """
+    rec = d / MECHANISM_RECORD
+    if not (isinstance(parts, list) and set(parts) <= set(_PART_COLUMNS) and len(set(parts)) == len(parts)):
+        raise ReportFileError(f"{rec}: parts {parts!r} are not a list of {sorted(_PART_COLUMNS)}.")
+    loaded: dict[str, Any] = {}
+    for name in parts:
+        part = (load_head_tokens if name == "head_tokens" else load_attended_token_effect)(d / name)
+        where = d / name
+        pt = part._table
+        lack = [x for x in table.index if x not in pt.index]
+        if lack:
+            raise _refuse(where, f"it lacks joined heads {lack[:5]}")
+        for col, src in _PART_COLUMNS[name]:
+            if not same_value(table[col].astype(float).tolist(), pt.loc[table.index, src].astype(float).tolist()):
+                raise _refuse(where, f"its {src!r} is not {MECHANISM_RECORD}'s table's {col!r}")
+        if not same_value(json_like(thawed(part.summary)), json_like(thawed(summary.get(name)))):
+            raise _refuse(where, f"its summary is not summary[{name!r}] of {MECHANISM_RECORD}")
+        loaded[name] = part
+    return loaded.get("head_tokens"), loaded.get("attended_token_effect")
