@@ -36,8 +36,8 @@ convention, as the copying score of :mod:`.roles`): the result says so in ``summ
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,7 +54,7 @@ from ..core.selection import head_label, head_labels, select_heads
 from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
-from .token_records import check_model_fits, embedding_fingerprint, read_probe, same_floats, write_probe
+from .token_records import check_model_fits, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
 from .tokens import special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -249,8 +249,7 @@ class HeadTokens(FrozenResult):
         layer (``summary["weights_fingerprint"]``) or embeddings (``summary["embedding_fingerprint"]``).
 
         Raises:
-            OptionTypeError: not a TransformerLens model. ReportMismatchError (an ``OptionError``): names what
-                differs.
+            OptionTypeError: not a TransformerLens model. ReportMismatchError: names what differs.
         """
         layers = sorted({int(x) for x in self._table["layer"]})
         check_model_fits("head_tokens", self.summary, self.info, layers, model)
@@ -712,13 +711,10 @@ def save_head_tokens(result: HeadTokens, path: PathLike, overwrite: bool = False
         raise OptionTypeError(f"save_head_tokens saves a HeadTokens (tli.head_tokens); got {type(result).__name__}.")
     labels = list(result._table.index)
     ranks = pd.DataFrame({"token_id": result._tokens, **{lab: result._ranks[i] for i, lab in enumerate(labels)}})
-    top = pd.concat([result._top[lab].assign(label=lab) for lab in labels], ignore_index=True)
-    top = top.loc[:, ["label", *TOP_COLUMNS]]
+    top = pd.concat([result._top[lab].assign(label=lab) for lab in labels], ignore_index=True)[["label", *TOP_COLUMNS]]
     tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "self_ranks": ranks, "top": top}
-    sigmas = {lab: dict(result._top[lab].attrs) for lab in labels}
-    return write_probe(
-        "head_tokens", path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, result, overwrite, {"sigmas": sigmas}
-    )
+    sigmas = {"sigmas": {lab: dict(result._top[lab].attrs) for lab in labels}}
+    return write_probe("head_tokens", path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, result, overwrite, sigmas)
 
 
 def load_head_tokens(path: PathLike) -> HeadTokens:
@@ -730,8 +726,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         path: the folder.
 
     Returns:
-        The :class:`HeadTokens` (equal tables and summary; ``loaded_from`` the folder). Join it with a model only
-        after :meth:`HeadTokens.check_model`.
+        The :class:`HeadTokens` (equal tables and summary; ``loaded_from`` the folder; :meth:`HeadTokens.check_model`).
 
     Raises:
         MissingFileError: no such folder, no ``head_tokens.json``, a listed table missing (names it).
@@ -744,9 +739,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, frozenset({"table", "self_ranks", "top"})
     )
     rec, ft, fr, fo = d / HEAD_TOKENS_RECORD, d / "table.parquet", d / "self_ranks.parquet", d / "top.parquet"
-
-    def edited(f: Path, what: str) -> ReportFileError:
-        return ReportFileError(f"{f}: {what}: the record or a table was edited. Compute tli.head_tokens again.")
+    edited = functools.partial(edited_error, again="tli.head_tokens")
 
     table, ranks, top = tables["table"], tables["self_ranks"], tables["top"]
     if tuple(table.columns) != TABLE_COLUMNS:
@@ -798,7 +791,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
     for key, v in fresh_summary.items():
         if summary.get(key) != v:
             raise edited(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
+    opts = fields["options"]
     return HeadTokens(
-        table=table, ranks=R, tokens=tok, top=top_of, summary=summary, info=info, options=fields["options"],
-        loaded_from=str(d),
-    )  # fmt: skip
+        table=table, ranks=R, tokens=tok, top=top_of, summary=summary, info=info, options=opts, loaded_from=str(d)
+    )

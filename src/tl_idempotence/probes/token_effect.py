@@ -29,8 +29,8 @@ components do in response (self-repair) are not measured.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -47,7 +47,7 @@ from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
 from .head_tokens import embedding_matrices
-from .token_records import check_model_fits, embedding_fingerprint, read_probe, same_floats, write_probe
+from .token_records import check_model_fits, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
 from .tokens import prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -520,11 +520,7 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
     names = frozenset({"table", "positions"})
     d, fields, tables, info = read_probe(path, EFFECT_FORMAT, EFFECT_RECORD, names)
     rec, ft, fp = d / EFFECT_RECORD, d / "table.parquet", d / "positions.parquet"
-
-    def edited(f: Path, what: str) -> ReportFileError:
-        return ReportFileError(
-            f"{f}: {what}: the record or a table was edited. Compute tli.attended_token_effect again."
-        )
+    edited = functools.partial(edited_error, again="tli.attended_token_effect")
 
     table, positions = tables["table"], tables["positions"]
     if tuple(table.columns) != TABLE_COLUMNS:

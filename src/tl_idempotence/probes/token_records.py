@@ -37,7 +37,7 @@ from ..sources.tl import TLModelSource, is_tl_model
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
 
-__all__ = ["check_model_fits", "embedding_fingerprint", "read_probe", "same_floats", "write_probe"]
+__all__ = ["check_model_fits", "edited_error", "embedding_fingerprint", "read_probe", "same_floats", "write_probe"]
 
 _FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
@@ -51,6 +51,11 @@ def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
         for s in range(0, w.shape[0], 4096):  # row blocks: no full copy of a transposed or tied matrix
             h.update(w[s : s + 4096].contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def edited_error(f: Path, what: str, again: str) -> ReportFileError:
+    """The refusal of a saved file that disagrees with the rest of its save: names the file and what differs."""
+    return ReportFileError(f"{f}: {what}: the record or a table was edited. Compute {again} again.")
 
 
 def same_floats(a: Any, b: Any) -> bool:
