@@ -550,12 +550,12 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
     for col in TABLE_COLUMNS[3:]:
         if not same_floats(table[col].to_numpy(dtype=float), fresh[col].to_numpy(dtype=float)):
             raise edited(ft, f"{col!r} is not what {fp.name} gives")
-    q, e = fresh["q_value"].to_numpy(dtype=float), fresh["effect_median"].to_numpy(dtype=float)
+    q, med = fresh["q_value"].to_numpy(dtype=float), fresh["effect_median"].to_numpy(dtype=float)
     fresh_summary = {
         "n_heads": len(labels),
         "n_positions": int(fresh["n_positions"].max()),
-        "n_negative_q05": int(((q <= 0.05) & (e < 0)).sum()),
-        "n_positive_q05": int(((q <= 0.05) & (e > 0)).sum()),
+        "n_negative_q05": int(((q <= 0.05) & (med < 0)).sum()),
+        "n_positive_q05": int(((q <= 0.05) & (med > 0)).sum()),
         "headline": _headline(table),
     }
     for key, v in fresh_summary.items():
