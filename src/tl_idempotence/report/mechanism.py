@@ -22,9 +22,11 @@ are saved: a folder of parquet tables and one JSON record ``mechanism.json`` hol
 digest (:func:`~tl_idempotence.core.records.write_tables_record`; no pickle).
 Layout: ``table.parquet`` (:attr:`Mechanism.table`, labels rebuilt from ``layer``/``head`` on load) and
 ``signs.parquet`` (:attr:`Mechanism.signs`, its ``quantity``/``group`` index as columns); the summary (with the
-embedding tie and the probes' own summaries) is in the record. The probes' own results (``tokens``: the token
-readout behind ``top_tokens``; ``effect``: the per-position effects) are not saved: a loaded result has them None
-and its ``top_tokens`` says so.
+embedding tie and the probes' own summaries) is in the record, which lists in ``parts`` the probes' own results
+it holds (``tokens``: the token readout behind ``top_tokens``, saved to ``head_tokens/`` by
+:func:`~tl_idempotence.probes.head_tokens.save_head_tokens`; ``effect``: the per-position effects, to
+``attended_token_effect/`` by :func:`~tl_idempotence.probes.token_effect.save_attended_token_effect`). A folder
+whose record lists no parts loads with them None (its ``top_tokens`` says so).
 
 A load recomputes from ``table.parquet`` what the rest of the record states (``alpha_P``, ``closed`` against the
 threshold, ``sign_agrees``, the signs, the sign test, the Spearman test, the counts and the headline), so an edit
@@ -134,10 +136,10 @@ class Mechanism(FrozenResult):
             :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict), ``n_closed_own_sign_alpha`` (closed heads
             whose G = I score has the sign of α), ``headline``, ``notes``, and the probes' ``conventions``.
         tokens: the :class:`~tl_idempotence.probes.head_tokens.HeadTokens` joined (its ``top_tokens``); None for
-            a result read back by :func:`~tl_idempotence.report.mechanism.load_mechanism` (not saved).
+            a result read back from a save that holds none.
         effect: the :class:`~tl_idempotence.probes.token_effect.AttendedTokenEffect` joined (its positions); None
-            for a result read back (not saved; its table's columns and its summary are in :attr:`table` and
-            ``summary["attended_token_effect"]``).
+            for a result read back from a save that holds none (its table's columns and its summary are in
+            :attr:`table` and ``summary["attended_token_effect"]``).
         tie: the :class:`~tl_idempotence.probes.tied.EmbeddingTie`.
         loaded_from: the folder :func:`~tl_idempotence.report.mechanism.load_mechanism` read it from
             (:meth:`save` refuses to write there), else None.
@@ -198,14 +200,14 @@ class Mechanism(FrozenResult):
 
         Raises:
             OptionTypeError: not a label. OptionError: a head this result did not join; a result read back by
-                :func:`~tl_idempotence.report.mechanism.load_mechanism` (the token readout is not saved:
-                run ``tli.head_tokens(model, heads=[head])`` or ``rep.mechanism(model=...)`` again).
+                :func:`~tl_idempotence.report.mechanism.load_mechanism` from a save without the token readout
+                (run ``tli.head_tokens(model, heads=[head])`` or ``rep.mechanism(model=...)`` again).
         """
         if self.tokens is None:
             from ..errors import OptionError
 
             raise OptionError(
-                f"This mechanism result was read back from {self.loaded_from or 'a saved folder'}, and a save keeps "
+                f"This mechanism result was read back from {self.loaded_from or 'a saved folder'}, a save that holds "
                 "the joined table, signs and summary but not the token readout: run tli.head_tokens(model, "
                 f"heads=[{head!r}]).top_tokens({head!r}) or rep.mechanism(model=...) again."
             )
@@ -557,7 +559,8 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
         OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
         OptionError: as :func:`~tl_idempotence.core.records.write_tables_record` (non-empty folder, missing parent,
             an edited earlier record; names it); ``path`` ends in a file extension (``.html``, ``.json``, ``.csv``,
-            ``.parquet``): a mechanism save is a folder.
+            ``.parquet``): a mechanism save is a folder; as the probes' savers for its parts (``head_tokens/``,
+            ``attended_token_effect/``, written after the record).
     """
     from ..core.files import refuse_outputs_over_inputs
 
@@ -598,14 +601,16 @@ def load_mechanism(path: PathLike) -> Mechanism:
         path: the folder.
 
     Returns:
-        The :class:`Mechanism`, with ``tokens`` and ``effect`` None (not saved; ``top_tokens`` says so) and
-        ``loaded_from`` the folder.
+        The :class:`Mechanism`, with ``tokens`` and ``effect`` read back from the parts the record lists (None
+        when it lists none; ``top_tokens`` says so) and ``loaded_from`` the folder.
 
     Raises:
         MissingFileError: no such folder, no ``mechanism.json``, a listed table missing (names it).
         ReportFileError: another format; an edited record (digest) or table (sha256), each named; a table whose
             columns, ``alpha_P``, ``closed``, ``sign_agrees`` or signs, or a summary whose counts, tests or headline,
-            are not what the table gives (an edit whose digests were recomputed; names the file and the field).
+            are not what the table gives (an edit whose digests were recomputed; names the file and the field); a
+            part (``head_tokens/``, ``attended_token_effect/``) refused by its loader or whose numbers or summary are
+            not the joined table's (names its folder and the column).
         OptionTypeError: ``path`` is not a path.
     """
     raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
