@@ -96,3 +96,16 @@ def test_a_frozen_result_refuses_assignment_and_hands_out_copies():
     assert type(roles.summary) is HeadRolesSummary and roles.summary.n_heads == 1 and roles.summary.seed is None
     with pytest.raises(dataclasses.FrozenInstanceError, match="head roles are immutable"):
         roles.info = None
+
+
+def test_model_info_processing_and_extra_are_read_only_and_round_trip():
+    info = ModelInfo(2, 4, 2, 16, 4, "m", "c", processing={"fold_ln": True, "files": ["a"]}, extra={"note": "x"})
+    with pytest.raises(TypeError):
+        info.processing["fold_ln"] = False
+    with pytest.raises(TypeError):
+        info.processing["files"].append("b")
+    with pytest.raises(TypeError):
+        info.extra["note"] = "y"
+    assert info.processing == {"fold_ln": True, "files": ["a"]} and isinstance(info.extra, dict)
+    back = ModelInfo(**json.loads(json.dumps(dataclasses.asdict(info))))
+    assert back == info and hash(back.sizes) == hash(info.sizes)
