@@ -50,9 +50,10 @@ class FrozenResult(Result):
     _table: pd.DataFrame
 
     def _freeze(self, **attrs: Any) -> None:
-        """Store ``attrs`` on a result whose ``__setattr__`` refuses (for ``__init__``); ``table`` is copied."""
+        """Store ``attrs`` on a result whose ``__setattr__`` refuses (for ``__init__``); ``_table`` is copied (never
+        handed out: :attr:`table` gives copies). Raises nothing."""
         for name, value in attrs.items():
-            object.__setattr__(self, name, value.copy() if name in ("_table",) else value)
+            object.__setattr__(self, name, value.copy() if name == "_table" else value)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self.settable:

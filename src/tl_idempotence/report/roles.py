@@ -89,7 +89,8 @@ class RoleAssociationSummary(FrozenSummary):
 class RoleAssociation(FrozenResult):
     """Result of ``rep.roles(model=...)``. Immutable, like the report: :attr:`table` and :attr:`association` are
     copies made on each read (editing one leaves the result, and what :meth:`save` writes, as it is),
-    :attr:`summary` is read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
+    :attr:`summary` is a typed read-only :class:`RoleAssociationSummary`, and assigning an attribute raises
+    ``dataclasses.FrozenInstanceError``.
 
     Attributes:
         table: the roles' table (:class:`~tl_idempotence.probes.roles.HeadRoles`) of the report's heads, with the
