@@ -112,18 +112,18 @@ TARGETS: dict[str, Target] = {
         ),
         Target(
             "store_digest",
-            "src/tl_idempotence/report/store.py",
-            ("tl_idempotence.report.store.x__digest*", "tl_idempotence.report.store.x__check_tables_fit_info*"),
+            "src/tl_idempotence/core/records.py",
+            ("tl_idempotence.core.records.x_record_digest*", "tl_idempotence.core.records.x_read_listed_tables*"),
             ("tests/unit/report/test_store_record.py",),  # its fastest killing tests (test_store.py: SmolLM2, minutes)
-            "a saved report's record digest, and its tables checked against the sizes its record states",
+            "a saved record's digest, and its tables read only if they match their sha256s",
             marker=QUICK,
         ),
         Target(  # split from store_digest: 203 mutants, ~10 s each on the shared machine (over half an hour)
             "store_read",
             "src/tl_idempotence/report/store.py",
-            ("tl_idempotence.report.store.x_read_record*", "tl_idempotence.report.store.x__read_listed_tables*"),
+            ("tl_idempotence.report.store.x_read_record*", "tl_idempotence.report.store.x__check_tables_fit_info*"),
             ("tests/unit/report/test_store_record.py",),
-            "a saved report is loaded only if its files match their sha256s and its summary fits its tables",
+            "a saved report is loaded only if its tables fit the sizes its record states and its summary its tables",
             marker=QUICK,
         ),
         Target(

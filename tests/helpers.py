@@ -613,3 +613,24 @@ def identity_checkpoints(root: Path) -> dict[str, Path]:
         "s1": s1,
         "s2": s2,
     }
+
+
+def redigest(folder: Path, record: str, tables=None, fields=None) -> None:
+    """Edit a saved result's tables (``{name: DataFrame -> DataFrame}``) and/or its JSON record (``fields(rec)``,
+    in place), every sha256 and the record's digest recomputed: an edit only the loader's recomputation can see."""
+    import hashlib
+
+    import pandas as pd
+
+    f = folder / record
+    rec = json.loads(f.read_text())
+    for name, fn in (tables or {}).items():
+        p = folder / f"{name}.parquet"
+        fn(pd.read_parquet(p)).to_parquet(p, index=False)
+        rec["files"][name] = hashlib.sha256(p.read_bytes()).hexdigest()
+    if fields is not None:
+        fields(rec)
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    rec["digest"] = hashlib.sha256(text.encode()).hexdigest()
+    f.write_text(json.dumps(rec))

@@ -15,7 +15,7 @@ Sources (``tl_idempotence.sources``) produce these; analyses consume them. Impor
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -188,8 +188,8 @@ class ModelInfo(Sizes):
 
     model_name: str = "model"
     model_class: str = "unknown"
-    processing: dict[str, Any] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    processing: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -36,8 +36,9 @@ convention, as the copying score of :mod:`.roles`): the result says so in ``summ
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -48,21 +49,26 @@ from ..core.frozen import frozen
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
+from ..core.records import index_column
 from ..core.selection import head_label, head_labels, select_heads
-from ..errors import OptionError, OptionTypeError, UnsupportedModelError
+from ..core.tables import FrozenResult, FrozenSummary
+from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
+from .token_records import check_model_fits, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
 from .tokens import special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.hints import IntLike
+    from ..core.hints import IntLike, PathLike
 
 __all__ = [
     "CONVENTION",
     "HeadTokens",
-    "embedding_fingerprint",
+    "HeadTokensSummary",
     "embedding_matrices",
     "head_tokens",
+    "load_head_tokens",
+    "save_head_tokens",
     "token_ids",
 ]
 
@@ -100,9 +106,30 @@ def _row_norms(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([rows[s : s + 8192].double().norm(dim=1) for s in range(0, rows.shape[0], 8192)])
 
 
-@dataclass(repr=False, eq=False)
-class HeadTokens(DrawnResult):
-    """Result of :func:`head_tokens` (SPEC 12, token readout). Every frame handed out is a copy.
+class HeadTokensSummary(FrozenSummary):
+    """The summary of :class:`HeadTokens` (typed, read-only; a mapping of the fields given)."""
+
+    __slots__ = ()
+    model_name: str
+    model_class: str
+    n_heads: int
+    n_tokens: int
+    k: int
+    seed: int
+    d_vocab: int
+    tokens: str
+    convention: str
+    processing: Mapping[str, Any]
+    weights_fingerprint: str
+    embedding_fingerprint: str
+    median_self_rank: float
+    headline: str
+
+
+class HeadTokens(FrozenResult, DrawnResult):
+    """Result of :func:`head_tokens` (SPEC 12, token readout). Immutable: every frame and array handed out is a copy
+    made on each read, :attr:`summary` (a typed :class:`HeadTokensSummary`) and :attr:`options` are read-only, and
+    assigning an attribute raises ``dataclasses.FrozenInstanceError``.
 
     Attributes (properties):
         table: one row per head, indexed by ``"L10H8"`` labels: ``layer, head, kv_head``, ``self_rank_median``
@@ -115,27 +142,44 @@ class HeadTokens(DrawnResult):
             chosen), ``convention``, ``processing``, ``weights_fingerprint`` (the report's combined key over the
             measured layers), ``embedding_fingerprint`` (sha256 of W_E and W_U), ``median_self_rank``, ``headline``.
         info: the model's :class:`~tl_idempotence.core.heads.ModelInfo`.
+        options: ``k, n_tokens, seed, n_directions, chunk``.
+        loaded_from: the folder :func:`load_head_tokens` read it from (:meth:`save` refuses to write there), else
+            None.
     """
 
-    _table: pd.DataFrame
+    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "k", "median_self_rank")
+    frozen_name: ClassVar[str] = "a head-tokens result is"
+    frozen_hint: ClassVar[str] = "tli.head_tokens again"
+
     _ranks: np.ndarray  # [heads, tokens] float64
     _tokens: np.ndarray  # [tokens] int64
-    _top: dict[str, pd.DataFrame]
-    summary: dict[str, Any]
+    _top: Mapping[str, pd.DataFrame]
+    summary: HeadTokensSummary
     info: ModelInfo
-    options: dict[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any]
+    loaded_from: str | None
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "k", "median_self_rank")
-
-    @property
-    def table(self) -> pd.DataFrame:
-        """The per-head table (a copy)."""
-        return self._table.copy()
-
-    @property
-    def heads(self) -> pd.DataFrame:
-        """:attr:`table` (every result has ``heads``; a copy)."""
-        return self._table.copy()
+    def __init__(
+        self,
+        table: pd.DataFrame,
+        ranks: np.ndarray,
+        tokens: np.ndarray,
+        top: Mapping[str, pd.DataFrame],
+        summary: Mapping[str, Any],
+        info: ModelInfo,
+        options: Mapping[str, Any] | None = None,
+        loaded_from: str | None = None,
+    ) -> None:
+        self._freeze(
+            _table=table,
+            _ranks=np.array(ranks, dtype=np.float64),  # never handed out: the properties give copies
+            _tokens=np.array(tokens, dtype=np.int64),
+            _top=MappingProxyType(dict(top)),
+            summary=HeadTokensSummary(summary),
+            info=info,
+            options=frozen(dict(options or {})),
+            loaded_from=loaded_from,
+        )
 
     @property
     def self_ranks(self) -> pd.DataFrame:
@@ -191,6 +235,26 @@ class HeadTokens(DrawnResult):
     def __str__(self) -> str:
         return self.to_text()
 
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`save_head_tokens`: parquet tables and one JSON record with their
+        sha256s and its own digest; no pickle); :func:`load_head_tokens` reads it back.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_head_tokens`.
+        """
+        return save_head_tokens(self, path, overwrite=overwrite)
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model this result was not computed from: other sizes, weight processing, weights of a measured
+        layer (``summary["weights_fingerprint"]``) or embeddings (``summary["embedding_fingerprint"]``).
+
+        Raises:
+            OptionTypeError: not a TransformerLens model. ReportMismatchError: names what differs.
+        """
+        layers = sorted({int(x) for x in self._table["layer"]})
+        check_model_fits("head_tokens", self.summary, self.info, layers, model)
+
 
 def embedding_matrices(model: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W_E [d_vocab, d_model], W_U [d_model, d_vocab])`` of a TransformerLens model, checked (SPEC 12).
@@ -235,17 +299,6 @@ def embedding_matrices(model: Any, where: str) -> tuple[torch.Tensor, torch.Tens
     check_weights(W_E, "W_E (model.W_E)")
     check_weights(W_U, "W_U (model.W_U)")
     return W_E, W_U
-
-
-def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
-    """sha256 (hex) of W_E's and W_U's dtype, shape and bytes (C order). Raises nothing of its own."""
-    h = hashlib.sha256()
-    for name, w in (("W_E", W_E), ("W_U", W_U)):
-        w = w.detach()
-        h.update(f"{name}:{w.dtype}:{tuple(w.shape)};".encode())
-        for s in range(0, w.shape[0], 4096):  # row blocks: no full copy of a transposed or tied matrix
-            h.update(w[s : s + 4096].contiguous().view(torch.uint8).cpu().numpy().tobytes())
-    return h.hexdigest()
 
 
 def token_ids(tokens: Any, d_vocab: int, name: str = "tokens") -> np.ndarray:
@@ -533,15 +586,7 @@ def head_tokens(
         "headline": _headline(table, k, len(tok_ids)),
     }
     options = {"k": k, "n_tokens": n_tokens, "seed": seed, "n_directions": n_directions, "chunk": chunk}
-    return HeadTokens(
-        _table=table,
-        _ranks=ranks,
-        _tokens=tok_ids,
-        _top=top,
-        summary=frozen(summary),
-        info=info,
-        options=frozen(options),
-    )
+    return HeadTokens(table=table, ranks=ranks, tokens=tok_ids, top=top, summary=summary, info=info, options=options)
 
 
 def _compute(
@@ -637,3 +682,117 @@ def _compute(
     table = pd.DataFrame(rows)
     table.index = head_labels(table["layer"], table["head"])
     return table, np.stack(ranks), top
+
+
+HEAD_TOKENS_FORMAT = "tl_idempotence.head_tokens/1"
+HEAD_TOKENS_RECORD = "head_tokens.json"
+#: The columns of :attr:`HeadTokens.table` and of its ``top_tokens`` frames, in order.
+TABLE_COLUMNS = ("layer", "head", "kv_head", "self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens", "sv_1")
+TOP_COLUMNS = ("kind", "rank", "token_id", "token", "value")
+
+
+@strict_kwargs
+def save_head_tokens(result: HeadTokens, path: PathLike, overwrite: bool = False) -> str:
+    """Save a :class:`HeadTokens` to the folder ``path``: ``table.parquet`` (:attr:`HeadTokens.table`; labels
+    rebuilt from ``layer``/``head``), ``self_ranks.parquet`` (a ``token_id`` column and one column of self-ranks per
+    head label, in the table's order), ``top.parquet`` (every head's ``top_tokens`` frame with a ``label`` column)
+    and ``head_tokens.json`` (summary, options, info, the frames' ``sigma_i``, the sha256 of every table and the
+    record's own digest; no pickle).
+
+    Returns:
+        The folder, as a string.
+
+    Raises:
+        OptionTypeError: ``result`` is not a :class:`HeadTokens`; ``path`` not a path; ``overwrite`` not a bool.
+        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
+        OptionError: ``path`` ends in a file extension; a non-empty folder without ``overwrite``, a missing parent,
+            an edited earlier record (:func:`~tl_idempotence.core.records.write_tables_record`; names it).
+    """
+    if not isinstance(result, HeadTokens):
+        raise OptionTypeError(f"save_head_tokens saves a HeadTokens (tli.head_tokens); got {type(result).__name__}.")
+    labels = list(result._table.index)
+    ranks = pd.DataFrame({"token_id": result._tokens, **{lab: result._ranks[i] for i, lab in enumerate(labels)}})
+    top = pd.concat([result._top[lab].assign(label=lab) for lab in labels], ignore_index=True)[["label", *TOP_COLUMNS]]
+    tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "self_ranks": ranks, "top": top}
+    sigmas = {"sigmas": {lab: dict(result._top[lab].attrs) for lab in labels}}
+    return write_probe("head_tokens", path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, result, overwrite, sigmas)
+
+
+def load_head_tokens(path: PathLike) -> HeadTokens:
+    """Read back what :func:`save_head_tokens` wrote, checking every digest and recomputing what the tables give:
+    each head's ``self_rank_median``, ``frac_top_k`` and ``n_tokens`` and its promoted / suppressed tokens from
+    the self-ranks, and the summary's ``n_heads``, ``n_tokens``, ``median_self_rank`` and ``headline``.
+
+    Args:
+        path: the folder.
+
+    Returns:
+        The :class:`HeadTokens` (equal tables and summary; ``loaded_from`` the folder; :meth:`HeadTokens.check_model`).
+
+    Raises:
+        MissingFileError: no such folder, no ``head_tokens.json``, a listed table missing (names it).
+        ReportFileError: another format; an edited record (digest) or table (sha256), each named; tables, columns,
+            ranks or a summary field that are not what the tables give (an edit whose digests were recomputed;
+            names the file and the field).
+        OptionTypeError: ``path`` is not a path.
+    """
+    d, fields, tables, info = read_probe(
+        path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, frozenset({"table", "self_ranks", "top"})
+    )
+    rec, ft, fr, fo = d / HEAD_TOKENS_RECORD, d / "table.parquet", d / "self_ranks.parquet", d / "top.parquet"
+    edited = functools.partial(edited_error, again="tli.head_tokens")
+
+    table, ranks, top = tables["table"], tables["self_ranks"], tables["top"]
+    if tuple(table.columns) != TABLE_COLUMNS:
+        raise ReportFileError(f"{ft} has columns {list(table.columns)}, not a head-tokens table {list(TABLE_COLUMNS)}.")
+    table.index = head_labels(index_column(table, "layer", ft), index_column(table, "head", ft))
+    labels = list(table.index)
+    if table.index.duplicated().any() or not labels:
+        raise edited(ft, "no heads, or a head that repeats")
+    if list(ranks.columns) != ["token_id", *labels]:
+        raise edited(fr, f"columns {list(ranks.columns)[:6]} are not token_id and the table's heads")
+    try:
+        summary = HeadTokensSummary(fields["summary"])
+        d_vocab, k = int(summary["d_vocab"]), int(summary["k"])
+        sigmas = {lab: {str(a): float(b) for a, b in fields["sigmas"][lab].items()} for lab in labels}
+    except (KeyError, TypeError, ValueError, AttributeError, OptionError) as e:
+        raise ReportFileError(f"{rec}: a malformed summary or record ({type(e).__name__}: {e}).") from e
+    tok = index_column(ranks, "token_id", fr)
+    R = ranks.loc[:, labels].to_numpy(dtype=np.float64).T  # [heads, tokens]
+    if len(np.unique(tok)) != len(tok) or (len(tok) and (tok.min() < 0 or tok.max() >= d_vocab)):
+        raise edited(fr, f"token ids that repeat or lie outside [0, d_vocab = {d_vocab})")
+    above = np.round(R * (d_vocab - 1))
+    if not (np.isfinite(R).all() and (R >= 0).all() and (R <= 1).all() and same_floats(above / (d_vocab - 1), R)):
+        raise edited(fr, f"self-ranks that are not counts / (d_vocab - 1) = {d_vocab - 1}")
+    for col, fresh in (
+        ("self_rank_median", np.median(R, axis=1)),
+        ("frac_top_k", (above < k).mean(axis=1)),
+        ("n_tokens", np.full(len(labels), R.shape[1])),
+    ):
+        if not same_floats(table[col].to_numpy(dtype=float), fresh):
+            raise edited(ft, f"{col!r} is not what {fr.name} gives")
+    if tuple(top.columns) != ("label", *TOP_COLUMNS):
+        raise edited(fo, f"columns {list(top.columns)} are not {['label', *TOP_COLUMNS]}")
+    top_of: dict[str, pd.DataFrame] = {}
+    for i, lab in enumerate(labels):
+        t = top[top["label"] == lab].drop(columns="label").reset_index(drop=True)
+        order = {"promoted": np.lexsort((tok, R[i]))[:k], "suppressed": np.lexsort((tok, -R[i]))[:k]}
+        for kind, o in order.items():
+            rows = t[t["kind"] == kind]
+            if list(rows["token_id"]) != tok[o].tolist() or not same_floats(rows["value"], R[i][o]):
+                raise edited(fo, f"{lab}'s {kind} tokens are not what {fr.name} gives")
+        t.attrs = sigmas[lab]
+        top_of[lab] = t
+    fresh_summary = {
+        "n_heads": len(labels),
+        "n_tokens": R.shape[1],
+        "median_self_rank": float(np.median(table["self_rank_median"].to_numpy(dtype=float))),
+        "headline": _headline(table, k, R.shape[1]),
+    }
+    for key, v in fresh_summary.items():
+        if summary.get(key) != v:
+            raise edited(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
+    opts = fields["options"]
+    return HeadTokens(
+        table=table, ranks=R, tokens=tok, top=top_of, summary=summary, info=info, options=opts, loaded_from=str(d)
+    )

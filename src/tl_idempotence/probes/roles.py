@@ -18,10 +18,8 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping
-from dataclasses import FrozenInstanceError
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -33,6 +31,7 @@ from ..core.heads import ModelInfo, check_weights
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.selection import head_labels
+from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
@@ -41,7 +40,7 @@ from .tokens import special_ids
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import IntLike
 
-__all__ = ["ATTENTION_ROLES", "ROLES", "HeadRoles", "copying_scores", "head_roles", "role_scores"]
+__all__ = ["ATTENTION_ROLES", "ROLES", "HeadRoles", "HeadRolesSummary", "copying_scores", "head_roles", "role_scores"]
 
 #: The attention roles: column name -> TransformerLens's detection pattern name.
 ATTENTION_ROLES = {
@@ -60,10 +59,34 @@ MAX_TOKENS = 1 << 14
 MAX_SEQUENCES = 1 << 12
 
 
-class HeadRoles(DrawnResult):
+class HeadRolesSummary(FrozenSummary):
+    """The summary of :class:`HeadRoles` (typed, read-only; a mapping of the fields given): what the attention
+    roles ran on, the copying score's definition, the weights' processing and fingerprints, the median of each role.
+    A field not given reads as None."""
+
+    __slots__ = ()
+    model_name: str | None
+    model_class: str | None
+    n_heads: int | None
+    n_tokens: int | None
+    n_sequences: int | None
+    seed: int | None
+    sequence: str | None
+    exclude_bos: bool | None
+    error_measure: str | None
+    copying: str | None
+    processing: Mapping[str, Any] | None
+    layer_fingerprints: Mapping[str, str] | None
+    median_previous_token: float | None
+    median_duplicate_token: float | None
+    median_induction: float | None
+    median_copying: float | None
+
+
+class HeadRoles(FrozenResult, DrawnResult):
     """Result of :func:`head_roles`. Immutable, like the report: :attr:`table` is a copy made on each read (editing
-    it leaves the result as it is), :attr:`summary` and :attr:`options` are read-only
-    (:func:`~tl_idempotence.core.frozen.frozen`), and assigning an attribute raises
+    it leaves the result as it is), :attr:`summary` (a typed :class:`HeadRolesSummary`) and :attr:`options` are
+    read-only, and assigning an attribute raises
     ``dataclasses.FrozenInstanceError``.
 
     Attributes:
@@ -84,9 +107,11 @@ class HeadRoles(DrawnResult):
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "n_sequences", "seed")
+    frozen_name: ClassVar[str] = "head roles are"
+    frozen_hint: ClassVar[str] = "compute them again"
+    settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
-    _table: pd.DataFrame
-    summary: Mapping[str, Any]
+    summary: HeadRolesSummary
     info: ModelInfo
     options: Mapping[str, Any]
     loaded_from: str | None
@@ -99,31 +124,13 @@ class HeadRoles(DrawnResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        set_ = functools.partial(object.__setattr__, self)
-        set_("_table", table.copy())  # never handed out: the property gives copies
-        set_("summary", frozen(dict(summary)))
-        set_("info", info)
-        set_("options", frozen(dict(options or {})))
-        set_("loaded_from", loaded_from)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "loaded_from":  # set once by load_roles (where the result was read from), never a number
-            object.__setattr__(self, name, value)
-            return
-        raise FrozenInstanceError(f"cannot assign to {name!r}: head roles are immutable (compute them again).")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: head roles are immutable.")
-
-    @property
-    def table(self) -> pd.DataFrame:
-        """One row per query head (class docstring): a copy, made on each read (take it once in a loop)."""
-        return self._table.copy()
-
-    @property
-    def heads(self) -> pd.DataFrame:
-        """:attr:`table` (every result has ``heads``): a copy, made on each read."""
-        return self._table.copy()
+        self._freeze(
+            _table=table,
+            summary=HeadRolesSummary(summary),
+            info=info,
+            options=frozen(dict(options or {})),
+            loaded_from=loaded_from,
+        )
 
     @property
     def layer_fingerprints(self) -> dict[int, str] | None:

@@ -29,7 +29,8 @@ components do in response (self-repair) are not measured.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -40,17 +41,26 @@ from ..core.frozen import frozen
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
+from ..core.records import index_column
 from ..core.selection import head_labels, select_heads
-from ..errors import OptionError
+from ..core.tables import FrozenResult, FrozenSummary
+from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
 from ..views.results import DrawnResult
-from .head_tokens import embedding_fingerprint, embedding_matrices
+from .head_tokens import embedding_matrices
+from .token_records import check_model_fits, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
 from .tokens import prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.hints import IntLike
+    from ..core.hints import IntLike, PathLike
 
-__all__ = ["AttendedTokenEffect", "attended_token_effect"]
+__all__ = [
+    "AttendedTokenEffect",
+    "AttendedTokenEffectSummary",
+    "attended_token_effect",
+    "load_attended_token_effect",
+    "save_attended_token_effect",
+]
 
 #: What the effect includes, stated in every result.
 CONVENTION = (
@@ -60,9 +70,31 @@ CONVENTION = (
 )
 
 
-@dataclass(repr=False, eq=False)
-class AttendedTokenEffect(DrawnResult):
-    """Result of :func:`attended_token_effect` (SPEC 12, behaviour). Every frame handed out is a copy.
+class AttendedTokenEffectSummary(FrozenSummary):
+    """The summary of :class:`AttendedTokenEffect` (typed, read-only; a mapping of the fields given)."""
+
+    __slots__ = ()
+    model_name: str
+    model_class: str
+    n_heads: int
+    n_positions: int
+    n_windows: int
+    seed: int
+    convention: str
+    final_norm: str
+    test: str
+    processing: Mapping[str, Any]
+    weights_fingerprint: str
+    embedding_fingerprint: str
+    n_negative_q05: int
+    n_positive_q05: int
+    headline: str
+
+
+class AttendedTokenEffect(FrozenResult, DrawnResult):
+    """Result of :func:`attended_token_effect` (SPEC 12, behaviour). Immutable: every frame handed out is a
+    copy made on each read, :attr:`summary` (a typed :class:`AttendedTokenEffectSummary`) and :attr:`options` are
+    read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
 
     Attributes (properties):
         table: one row per head, indexed by ``"L10H8"``: ``layer, head, kv_head, n_positions``,
@@ -74,25 +106,39 @@ class AttendedTokenEffect(DrawnResult):
             null_source_pos, null_effect, raw_effect``.
         summary: ``model_name, n_heads, n_positions, n_windows, seed, convention, test, processing,
             weights_fingerprint, embedding_fingerprint``, ``n_negative_q05, n_positive_q05``, ``headline``.
+        info: the model's :class:`~tl_idempotence.core.heads.ModelInfo`.
+        options: ``seq_len, max_tokens, batch_size, seed, corpus``.
+        loaded_from: the folder :func:`load_attended_token_effect` read it from (:meth:`save` refuses to write
+            there), else None.
     """
 
-    _table: pd.DataFrame
-    _positions: pd.DataFrame
-    summary: dict[str, Any]
-    info: ModelInfo
-    options: dict[str, Any] = field(default_factory=dict)
-
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_positions", "n_negative_q05", "n_positive_q05")
+    frozen_name: ClassVar[str] = "an attended-token effect is"
+    frozen_hint: ClassVar[str] = "tli.attended_token_effect again"
 
-    @property
-    def table(self) -> pd.DataFrame:
-        """The per-head table (a copy)."""
-        return self._table.copy()
+    _positions: pd.DataFrame
+    summary: AttendedTokenEffectSummary
+    info: ModelInfo
+    options: Mapping[str, Any]
+    loaded_from: str | None
 
-    @property
-    def heads(self) -> pd.DataFrame:
-        """:attr:`table` (a copy)."""
-        return self._table.copy()
+    def __init__(
+        self,
+        table: pd.DataFrame,
+        positions: pd.DataFrame,
+        summary: Mapping[str, Any],
+        info: ModelInfo,
+        options: Mapping[str, Any] | None = None,
+        loaded_from: str | None = None,
+    ) -> None:
+        self._freeze(
+            _table=table,
+            _positions=positions.copy(),  # never handed out: the property gives copies
+            summary=AttendedTokenEffectSummary(summary),
+            info=info,
+            options=frozen(dict(options or {})),
+            loaded_from=loaded_from,
+        )
 
     @property
     def positions(self) -> pd.DataFrame:
@@ -119,6 +165,27 @@ class AttendedTokenEffect(DrawnResult):
 
     def __str__(self) -> str:
         return self.to_text()
+
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`save_attended_token_effect`: parquet tables and one JSON record with
+        their sha256s and its own digest; no pickle); :func:`load_attended_token_effect` reads it back.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_attended_token_effect`.
+        """
+        return save_attended_token_effect(self, path, overwrite=overwrite)
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model this result was not computed from: other sizes, weight processing, weights of a measured
+        layer (``summary["weights_fingerprint"]``) or embeddings (``summary["embedding_fingerprint"]``).
+
+        Raises:
+            OptionTypeError: not a TransformerLens model. ReportMismatchError (an ``OptionError``): names what
+                differs.
+        """
+        layers = sorted({int(x) for x in self._table["layer"]})
+        check_model_fits("attended_token_effect", self.summary, self.info, layers, model)
 
 
 def _final_norm(model: Any) -> tuple[bool, bool]:
@@ -239,9 +306,7 @@ def attended_token_effect(
         "seed": seed,
         "corpus": "default (stdlib docstrings)" if texts is None else type(texts).__name__,
     }
-    return AttendedTokenEffect(
-        _table=table, _positions=positions, summary=frozen(summary), info=info, options=frozen(options)
-    )
+    return AttendedTokenEffect(table=table, positions=positions, summary=summary, info=info, options=options)
 
 
 def _collect(
@@ -333,33 +398,47 @@ def _collect(
     return recs
 
 
+def _head_stats(eff: np.ndarray, neff: np.ndarray, raw: np.ndarray) -> dict[str, Any]:
+    """One head's row from its positions' standardized effects, null effects and raw effects (a position whose
+    effect or null is not finite, a zero output, is left out), from ``n_positions`` to ``raw_effect_median``."""
+    ok = np.isfinite(eff) & np.isfinite(neff)  # a zero output (std 0) has no standardized effect
+    d = eff[ok] - neff[ok]
+    npos, nneg, p = _sign_test(d)
+    nan = float("nan")
+    return {
+        "n_positions": int(ok.sum()),
+        "effect_median": float(np.median(eff[ok])) if ok.any() else nan,
+        "frac_negative": float((eff[ok] < 0).mean()) if ok.any() else nan,
+        "null_median": float(np.median(neff[ok])) if ok.any() else nan,
+        "median_diff": float(np.median(d)) if ok.any() else nan,
+        "n_pos_diff": npos,
+        "n_neg_diff": nneg,
+        "p_value": p,
+        "raw_effect_median": float(np.median(raw[ok])) if ok.any() else nan,
+    }
+
+
+def _insert_q_values(table: pd.DataFrame) -> None:
+    """Insert ``q_value`` (BH over the heads with a finite ``p_value``; NaN for the others) after ``p_value``."""
+    from scipy.stats import false_discovery_control
+
+    p = table["p_value"].to_numpy(dtype=float)
+    q = np.full(p.shape, np.nan)
+    fin = np.isfinite(p)
+    if fin.any():
+        q[fin] = false_discovery_control(p[fin], method="bh")
+    table.insert(table.columns.get_loc("p_value") + 1, "q_value", q)
+
+
 def _tables(
     recs: dict[tuple[int, int], dict[str, list[np.ndarray]]], sel: dict[int, list[int]], layers: dict[int, Any]
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from scipy.stats import false_discovery_control
-
     rows, frames = [], []
     for (lay, h), r in recs.items():
         cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in r.items()}
         eff, neff = cat["eff"], cat["neff"]
-        ok = np.isfinite(eff) & np.isfinite(neff)  # a zero output (std 0) has no standardized effect
-        d = eff[ok] - neff[ok]
-        npos, nneg, p = _sign_test(d)
         rows.append(
-            {
-                "layer": lay,
-                "head": h,
-                "kv_head": int(layers[lay].kv_head_of[h]),
-                "n_positions": int(ok.sum()),
-                "effect_median": float(np.median(eff[ok])) if ok.any() else float("nan"),
-                "frac_negative": float((eff[ok] < 0).mean()) if ok.any() else float("nan"),
-                "null_median": float(np.median(neff[ok])) if ok.any() else float("nan"),
-                "median_diff": float(np.median(d)) if ok.any() else float("nan"),
-                "n_pos_diff": npos,
-                "n_neg_diff": nneg,
-                "p_value": p,
-                "raw_effect_median": float(np.median(cat["raw"][ok])) if ok.any() else float("nan"),
-            }
+            {"layer": lay, "head": h, "kv_head": int(layers[lay].kv_head_of[h]), **_head_stats(eff, neff, cat["raw"])}
         )
         frames.append(
             pd.DataFrame(
@@ -378,10 +457,111 @@ def _tables(
         )
     table = pd.DataFrame(rows)
     table.index = head_labels(table["layer"], table["head"])
-    p = table["p_value"].to_numpy(dtype=float)
-    q = np.full(p.shape, np.nan)
-    fin = np.isfinite(p)
-    if fin.any():
-        q[fin] = false_discovery_control(p[fin], method="bh")
-    table.insert(table.columns.get_loc("p_value") + 1, "q_value", q)
+    _insert_q_values(table)
     return table, pd.concat(frames, ignore_index=True)
+
+
+EFFECT_FORMAT = "tl_idempotence.attended_token_effect/1"
+EFFECT_RECORD = "attended_token_effect.json"
+#: The columns of :attr:`AttendedTokenEffect.table` and :attr:`AttendedTokenEffect.positions`, in order.
+TABLE_COLUMNS = (
+    "layer", "head", "kv_head", "n_positions", "effect_median", "frac_negative", "null_median", "median_diff",
+    "n_pos_diff", "n_neg_diff", "p_value", "q_value", "raw_effect_median",
+)  # fmt: skip
+POSITION_COLUMNS = (
+    "label", "window", "pos", "source_pos", "token", "effect", "null_source_pos", "null_effect", "raw_effect",
+)  # fmt: skip
+
+
+@strict_kwargs
+def save_attended_token_effect(result: AttendedTokenEffect, path: PathLike, overwrite: bool = False) -> str:
+    """Save an :class:`AttendedTokenEffect` to the folder ``path``: ``table.parquet``
+    (:attr:`~AttendedTokenEffect.table`; labels rebuilt from ``layer``/``head``), ``positions.parquet``
+    (:attr:`~AttendedTokenEffect.positions`) and ``attended_token_effect.json`` (summary, options, info, the sha256
+    of both tables and the record's own digest; no pickle).
+
+    Returns:
+        The folder, as a string.
+
+    Raises:
+        OptionTypeError: ``result`` is not an :class:`AttendedTokenEffect`; ``path`` not a path; ``overwrite`` not a
+            bool.
+        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
+        OptionError: ``path`` ends in a file extension; a non-empty folder without ``overwrite``, a missing parent,
+            an edited earlier record (:func:`~tl_idempotence.core.records.write_tables_record`; names it).
+    """
+    if not isinstance(result, AttendedTokenEffect):
+        raise OptionTypeError(
+            f"save_attended_token_effect saves an AttendedTokenEffect (tli.attended_token_effect); got "
+            f"{type(result).__name__}."
+        )
+    tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result._positions}
+    return write_probe("attended_token_effect", path, EFFECT_FORMAT, EFFECT_RECORD, tables, result, overwrite)
+
+
+def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
+    """Read back what :func:`save_attended_token_effect` wrote, checking every digest and recomputing from the
+    positions every column of the table (medians, counts, sign test, BH q-values) and the summary's ``n_heads``,
+    ``n_positions``, ``n_negative_q05``, ``n_positive_q05`` and ``headline``.
+
+    Args:
+        path: the folder.
+
+    Returns:
+        The :class:`AttendedTokenEffect` (equal tables and summary; ``loaded_from`` the folder). Join it with a
+        model only after :meth:`AttendedTokenEffect.check_model`.
+
+    Raises:
+        MissingFileError: no such folder, no ``attended_token_effect.json``, a listed table missing (names it).
+        ReportFileError: another format; an edited record (digest) or table (sha256), each named; columns, a
+            table value or a summary field that are not what the positions give (an edit whose digests were
+            recomputed; names the file and the field).
+        OptionTypeError: ``path`` is not a path.
+    """
+    names = frozenset({"table", "positions"})
+    d, fields, tables, info = read_probe(path, EFFECT_FORMAT, EFFECT_RECORD, names)
+    rec, ft, fp = d / EFFECT_RECORD, d / "table.parquet", d / "positions.parquet"
+    edited = functools.partial(edited_error, again="tli.attended_token_effect")
+
+    table, positions = tables["table"], tables["positions"]
+    if tuple(table.columns) != TABLE_COLUMNS:
+        raise ReportFileError(f"{ft} has columns {list(table.columns)}, not an attended-token-effect table.")
+    if tuple(positions.columns) != POSITION_COLUMNS:
+        raise ReportFileError(f"{fp} has columns {list(positions.columns)}, not {list(POSITION_COLUMNS)}.")
+    table.index = head_labels(index_column(table, "layer", ft), index_column(table, "head", ft))
+    labels = list(table.index)
+    if table.index.duplicated().any() or not labels:
+        raise edited(ft, "no heads, or a head that repeats")
+    try:
+        summary = AttendedTokenEffectSummary(fields["summary"])
+    except (TypeError, ValueError, OptionError) as e:
+        raise ReportFileError(f"{rec}: a malformed summary ({type(e).__name__}: {e}).") from e
+    for col in (*POSITION_COLUMNS[1:5], "null_source_pos"):
+        index_column(positions, col, fp)  # whole numbers
+    if set(positions["label"]) - set(labels):
+        raise edited(fp, f"positions of heads the table lacks ({sorted(set(positions['label']) - set(labels))[:5]})")
+    groups = {lab: g for lab, g in positions.groupby("label", sort=False)}
+    rows = []
+    for lab in labels:
+        g = groups.get(lab, positions.iloc[:0])
+        rows.append(_head_stats(*(g[c].to_numpy(dtype=np.float64) for c in ("effect", "null_effect", "raw_effect"))))
+    fresh = pd.DataFrame(rows, index=table.index)
+    fresh.insert(0, "kv_head", table["kv_head"].to_numpy())
+    _insert_q_values(fresh)
+    for col in TABLE_COLUMNS[3:]:
+        if not same_floats(table[col].to_numpy(dtype=float), fresh[col].to_numpy(dtype=float)):
+            raise edited(ft, f"{col!r} is not what {fp.name} gives")
+    q, med = fresh["q_value"].to_numpy(dtype=float), fresh["effect_median"].to_numpy(dtype=float)
+    fresh_summary = {
+        "n_heads": len(labels),
+        "n_positions": int(fresh["n_positions"].max()),
+        "n_negative_q05": int(((q <= 0.05) & (med < 0)).sum()),
+        "n_positive_q05": int(((q <= 0.05) & (med > 0)).sum()),
+        "headline": _headline(table),
+    }
+    for key, v in fresh_summary.items():
+        if summary.get(key) != v:
+            raise edited(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
+    return AttendedTokenEffect(
+        table=table, positions=positions, summary=summary, info=info, options=fields["options"], loaded_from=str(d)
+    )

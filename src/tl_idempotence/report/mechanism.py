@@ -19,12 +19,14 @@ the headline says which part of "closed ⇒ copying = sign(α)" is algebra.
 
 Saving (:func:`save_mechanism`, ``Mechanism.save``; :func:`load_mechanism`) is as the report and the head roles
 are saved: a folder of parquet tables and one JSON record ``mechanism.json`` holding their sha256s and its own
-digest (:func:`~tl_idempotence.report.store.write_tables_record`; no pickle).
+digest (:func:`~tl_idempotence.core.records.write_tables_record`; no pickle).
 Layout: ``table.parquet`` (:attr:`Mechanism.table`, labels rebuilt from ``layer``/``head`` on load) and
 ``signs.parquet`` (:attr:`Mechanism.signs`, its ``quantity``/``group`` index as columns); the summary (with the
-embedding tie and the probes' own summaries) is in the record. The probes' own results (``tokens``: the token
-readout behind ``top_tokens``; ``effect``: the per-position effects) are not saved: a loaded result has them None
-and its ``top_tokens`` says so.
+embedding tie and the probes' own summaries) is in the record, which lists in ``parts`` the probes' own results
+it holds (``tokens``: the token readout behind ``top_tokens``, saved to ``head_tokens/`` by
+:func:`~tl_idempotence.probes.head_tokens.save_head_tokens`; ``effect``: the per-position effects, to
+``attended_token_effect/`` by :func:`~tl_idempotence.probes.token_effect.save_attended_token_effect`). A folder
+whose record lists no parts loads with them None (its ``top_tokens`` says so).
 
 A load recomputes from ``table.parquet`` what the rest of the record states (``alpha_P``, ``closed`` against the
 threshold, ``sign_agrees``, the signs, the sign test, the Spearman test, the counts and the headline), so an edit
@@ -33,26 +35,27 @@ whose sha256s and digest were recomputed is refused where it makes the record di
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from collections.abc import Mapping
-from dataclasses import FrozenInstanceError
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from ..core.frozen import frozen, thawed
+from ..core.frozen import thawed
 from ..core.jsonio import json_restore
 from ..core.options import strict_kwargs
+from ..core.records import float_keys, index_column, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_labels
+from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
+from ..probes.head_tokens import load_head_tokens, save_head_tokens
 from ..probes.tied import EmbeddingTie
+from ..probes.token_effect import load_attended_token_effect, save_attended_token_effect
 from ..views.results import DrawnResult
-from .roles import json_like, same_value
-from .store import index_column, read_tables_record, write_tables_record
+from .roles import json_like
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -64,6 +67,7 @@ __all__ = [
     "MECHANISM_FORMAT",
     "MECHANISM_RECORD",
     "Mechanism",
+    "MechanismSummary",
     "derive_tests",
     "load_mechanism",
     "mechanism_headline",
@@ -82,7 +86,37 @@ QUESTION = "Does sign(α) predict the sign of a closed head's direct effect on t
 SIGNED = ("alpha", "effect_median", "copying", "copying_own")
 
 
-class Mechanism(DrawnResult):
+class MechanismSummary(FrozenSummary):
+    """The summary of :class:`Mechanism` (typed, read-only; a mapping of the fields given; a field not given reads
+    as None). ``embedding_tie`` is the :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict; ``head_tokens``
+    and ``attended_token_effect`` are the probes' own summaries."""
+
+    __slots__ = ()
+    model_name: str | None
+    n_heads: int
+    n_closed: int
+    threshold: float
+    n_sign_tested: int
+    n_agree: int
+    sign_test_p: float
+    n_spearman: int
+    spearman_rho: float
+    spearman_p: float
+    n_permutations: int
+    p_floor: float
+    seed: int
+    tied: bool
+    embedding_tie: Mapping[str, Any]
+    n_closed_own_sign_alpha: int
+    median_abs_copying_closed: float
+    notes: Sequence[str]
+    conventions: Mapping[str, Any]
+    head_tokens: Mapping[str, Any]
+    attended_token_effect: Mapping[str, Any]
+    headline: str
+
+
+class Mechanism(FrozenResult, DrawnResult):
     """Result of ``rep.mechanism(model=...)`` (module docstring). Immutable, like the report: :attr:`table` and
     :attr:`signs` are copies made on each read, :attr:`summary` is read-only, and assigning an attribute raises
     ``dataclasses.FrozenInstanceError``.
@@ -102,10 +136,10 @@ class Mechanism(DrawnResult):
             :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict), ``n_closed_own_sign_alpha`` (closed heads
             whose G = I score has the sign of α), ``headline``, ``notes``, and the probes' ``conventions``.
         tokens: the :class:`~tl_idempotence.probes.head_tokens.HeadTokens` joined (its ``top_tokens``); None for
-            a result read back by :func:`~tl_idempotence.report.mechanism.load_mechanism` (not saved).
+            a result read back from a save that holds none.
         effect: the :class:`~tl_idempotence.probes.token_effect.AttendedTokenEffect` joined (its positions); None
-            for a result read back (not saved; its table's columns and its summary are in :attr:`table` and
-            ``summary["attended_token_effect"]``).
+            for a result read back from a save that holds none (its table's columns and its summary are in
+            :attr:`table` and ``summary["attended_token_effect"]``).
         tie: the :class:`~tl_idempotence.probes.tied.EmbeddingTie`.
         loaded_from: the folder :func:`~tl_idempotence.report.mechanism.load_mechanism` read it from
             (:meth:`save` refuses to write there), else None.
@@ -115,10 +149,11 @@ class Mechanism(DrawnResult):
         "model_name", "n_heads", "n_closed", "n_agree", "n_sign_tested", "sign_test_p", "spearman_rho", "tied",
     )  # fmt: skip
     display_kind: ClassVar[str] = "mechanism"
+    frozen_name: ClassVar[str] = "a mechanism result is"
+    frozen_hint: ClassVar[str] = "rep.mechanism again"
 
-    _table: pd.DataFrame
     _signs: pd.DataFrame
-    summary: Mapping[str, Any]
+    summary: MechanismSummary
     tokens: HeadTokens | None
     effect: AttendedTokenEffect | None
     tie: EmbeddingTie
@@ -134,30 +169,15 @@ class Mechanism(DrawnResult):
         tie: EmbeddingTie,
         loaded_from: str | None = None,
     ) -> None:
-        set_ = functools.partial(object.__setattr__, self)
-        set_("_table", table.copy())  # never handed out: the properties give copies
-        set_("_signs", signs.copy())
-        set_("summary", frozen(dict(summary)))
-        set_("tokens", tokens)
-        set_("effect", effect)
-        set_("tie", tie)
-        set_("loaded_from", loaded_from)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to {name!r}: a mechanism result is immutable (rep.mechanism again).")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: a mechanism result is immutable.")
-
-    @property
-    def table(self) -> pd.DataFrame:
-        """One row per joined head (class docstring): a copy, made on each read."""
-        return self._table.copy()
-
-    @property
-    def heads(self) -> pd.DataFrame:
-        """:attr:`table` (every result has ``heads``): a copy."""
-        return self._table.copy()
+        self._freeze(
+            _table=table,
+            _signs=signs.copy(),  # never handed out: the property gives copies
+            summary=MechanismSummary(summary),
+            tokens=tokens,
+            effect=effect,
+            tie=tie,
+            loaded_from=loaded_from,
+        )
 
     @property
     def signs(self) -> pd.DataFrame:
@@ -180,14 +200,14 @@ class Mechanism(DrawnResult):
 
         Raises:
             OptionTypeError: not a label. OptionError: a head this result did not join; a result read back by
-                :func:`~tl_idempotence.report.mechanism.load_mechanism` (the token readout is not saved:
-                run ``tli.head_tokens(model, heads=[head])`` or ``rep.mechanism(model=...)`` again).
+                :func:`~tl_idempotence.report.mechanism.load_mechanism` from a save without the token readout
+                (run ``tli.head_tokens(model, heads=[head])`` or ``rep.mechanism(model=...)`` again).
         """
         if self.tokens is None:
             from ..errors import OptionError
 
             raise OptionError(
-                f"This mechanism result was read back from {self.loaded_from or 'a saved folder'}, and a save keeps "
+                f"This mechanism result was read back from {self.loaded_from or 'a saved folder'}, a save that holds "
                 "the joined table, signs and summary but not the token readout: run tli.head_tokens(model, "
                 f"heads=[{head!r}]).top_tokens({head!r}) or rep.mechanism(model=...) again."
             )
@@ -524,19 +544,6 @@ _RECOMPUTED = (
 _FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
 
-def _float_keys(x: Any, out: set[str]) -> set[str]:
-    """The keys (at any depth) whose values are floats: only these read "NaN"/"Infinity" back as floats."""
-    if isinstance(x, dict):
-        for k, v in x.items():
-            if isinstance(v, (float, np.floating)):
-                out.add(str(k))
-            _float_keys(v, out)
-    elif isinstance(x, (list, tuple)):
-        for v in x:
-            _float_keys(v, out)
-    return out
-
-
 @strict_kwargs
 def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -> str:
     """Save a mechanism result (``rep.mechanism``) to the folder ``path`` (module docstring); ``Mechanism.save``.
@@ -552,9 +559,10 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     Raises:
         OptionTypeError: ``result`` is not a :class:`Mechanism`; ``path`` not a path; ``overwrite`` not a bool.
         OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
-        OptionError: as :func:`~tl_idempotence.report.store.write_tables_record` (non-empty folder, missing parent,
+        OptionError: as :func:`~tl_idempotence.core.records.write_tables_record` (non-empty folder, missing parent,
             an edited earlier record; names it); ``path`` ends in a file extension (``.html``, ``.json``, ``.csv``,
-            ``.parquet``): a mechanism save is a folder.
+            ``.parquet``): a mechanism save is a folder; as the probes' savers for its parts (``head_tokens/``,
+            ``attended_token_effect/``, written after the record).
     """
     from ..core.files import refuse_outputs_over_inputs
 
@@ -573,9 +581,15 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     if tuple(cols) != TABLE_COLUMNS:
         raise OptionError(f"This Mechanism's table has columns {list(table.columns)}, not rep.mechanism's: not saved.")
     summary = dict(result.summary)
-    fields = {"summary": summary, "float_keys": sorted(_float_keys(summary, set()))}
+    parts = [name for name, part in (("head_tokens", result.tokens), ("attended_token_effect", result.effect)) if part]
+    fields = {"summary": summary, "float_keys": sorted(float_keys(summary)), "parts": parts}
     tables = {"table": table, "signs": result._signs.reset_index()}
-    return str(write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite))
+    d = write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite)
+    if result.tokens is not None:  # after the record: the folder was empty (or an earlier save) when it was written
+        save_head_tokens(result.tokens, d / "head_tokens", overwrite=overwrite)
+    if result.effect is not None:
+        save_attended_token_effect(result.effect, d / "attended_token_effect", overwrite=overwrite)
+    return str(d)
 
 
 def _refuse(f: Path, what: str) -> ReportFileError:
@@ -589,14 +603,16 @@ def load_mechanism(path: PathLike) -> Mechanism:
         path: the folder.
 
     Returns:
-        The :class:`Mechanism`, with ``tokens`` and ``effect`` None (not saved; ``top_tokens`` says so) and
-        ``loaded_from`` the folder.
+        The :class:`Mechanism`, with ``tokens`` and ``effect`` read back from the parts the record lists (None
+        when it lists none; ``top_tokens`` says so) and ``loaded_from`` the folder.
 
     Raises:
         MissingFileError: no such folder, no ``mechanism.json``, a listed table missing (names it).
         ReportFileError: another format; an edited record (digest) or table (sha256), each named; a table whose
             columns, ``alpha_P``, ``closed``, ``sign_agrees`` or signs, or a summary whose counts, tests or headline,
-            are not what the table gives (an edit whose digests were recomputed; names the file and the field).
+            are not what the table gives (an edit whose digests were recomputed; names the file and the field); a
+            part (``head_tokens/``, ``attended_token_effect/``) refused by its loader or whose numbers or summary are
+            not the joined table's (names its folder and the column).
         OptionTypeError: ``path`` is not a path.
     """
     raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
@@ -653,4 +669,49 @@ def load_mechanism(path: PathLike) -> Mechanism:
         raise _refuse(rec, "summary['headline'] is not what the table and the summary give")
     if not math.isfinite(threshold):
         raise _refuse(rec, f"summary['threshold'] is {threshold!r}")
-    return Mechanism(table=table, signs=stored, summary=summary, tokens=None, effect=None, tie=tie, loaded_from=str(d))
+    tokens, effect = _load_parts(d, raw.get("parts", []), table, summary)
+    return Mechanism(
+        table=table, signs=stored, summary=summary, tokens=tokens, effect=effect, tie=tie, loaded_from=str(d)
+    )
+
+
+#: The joined table's columns each probe gives (mechanism column, probe column).
+_PART_COLUMNS = {
+    "head_tokens": (
+        ("self_rank_median", "self_rank_median"), ("frac_top_k", "frac_top_k"), ("frac_bottom_k", "frac_bottom_k"),
+    ),
+    "attended_token_effect": (
+        ("effect_median", "effect_median"), ("frac_negative", "frac_negative"), ("null_median", "null_median"),
+        ("effect_p", "p_value"), ("effect_q", "q_value"), ("n_positions", "n_positions"),
+    ),
+}  # fmt: skip
+
+
+def _load_parts(
+    d: Path, parts: Any, table: pd.DataFrame, summary: Mapping[str, Any]
+) -> tuple[HeadTokens | None, AttendedTokenEffect | None]:
+    """The probes' results a mechanism save holds (``parts`` of its record; none in a save without them), each
+    loaded and checked against the joined table and the summary.
+
+    Raises:
+        ReportFileError: ``parts`` names something else; a part whose numbers or summary are not the joined
+            table's (names the part's folder and the column). As the parts' loaders (their files named).
+    """
+    rec = d / MECHANISM_RECORD
+    if not (isinstance(parts, list) and set(parts) <= set(_PART_COLUMNS) and len(set(parts)) == len(parts)):
+        raise ReportFileError(f"{rec}: parts {parts!r} are not a list of {sorted(_PART_COLUMNS)}.")
+    loaded: dict[str, Any] = {}
+    for name in parts:
+        part = (load_head_tokens if name == "head_tokens" else load_attended_token_effect)(d / name)
+        where = d / name
+        pt = part._table
+        lack = [x for x in table.index if x not in pt.index]
+        if lack:
+            raise _refuse(where, f"it lacks joined heads {lack[:5]}")
+        for col, src in _PART_COLUMNS[name]:
+            if not same_value(table[col].astype(float).tolist(), pt.loc[table.index, src].astype(float).tolist()):
+                raise _refuse(where, f"its {src!r} is not {MECHANISM_RECORD}'s table's {col!r}")
+        if not same_value(json_like(thawed(part.summary)), json_like(thawed(summary.get(name)))):
+            raise _refuse(where, f"its summary is not summary[{name!r}] of {MECHANISM_RECORD}")
+        loaded[name] = part
+    return loaded.get("head_tokens"), loaded.get("attended_token_effect")

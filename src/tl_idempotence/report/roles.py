@@ -32,11 +32,12 @@ from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo, kv_layout
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.readings import circuit_headline, roles_headline
+from ..core.records import index_column, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
+from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
 from ..views.results import DrawnResult
-from .store import index_column, read_tables_record, write_tables_record
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -46,13 +47,13 @@ __all__ = [
     "DEFAULT_N_SETS",
     "Circuit",
     "RoleAssociation",
+    "RoleAssociationSummary",
     "check_roles_fit_report",
     "circuit_overlap",
     "json_like",
     "load_roles",
     "parse_circuit",
     "role_association",
-    "same_value",
     "save_roles",
 ]
 
@@ -70,10 +71,26 @@ def _rng(seed: int, tag: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, tag, *extra]))
 
 
-class RoleAssociation(DrawnResult):
+class RoleAssociationSummary(FrozenSummary):
+    """The summary of :class:`RoleAssociation` (typed, read-only; a mapping of the fields given; a field not given
+    reads as None): ``roles`` is the joined :class:`~tl_idempotence.probes.roles.HeadRoles`' summary."""
+
+    __slots__ = ()
+    model_name: str | None
+    n_heads: int | None
+    n_closed: int | None
+    threshold: float | None
+    n_permutations: int | None
+    seed: int | None
+    p_floor: float | None
+    roles: Mapping[str, Any] | None
+
+
+class RoleAssociation(FrozenResult, DrawnResult):
     """Result of ``rep.roles(model=...)``. Immutable, like the report: :attr:`table` and :attr:`association` are
     copies made on each read (editing one leaves the result, and what :meth:`save` writes, as it is),
-    :attr:`summary` is read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
+    :attr:`summary` is a typed read-only :class:`RoleAssociationSummary`, and assigning an attribute raises
+    ``dataclasses.FrozenInstanceError``.
 
     Attributes:
         table: the roles' table (:class:`~tl_idempotence.probes.roles.HeadRoles`) of the report's heads, with the
@@ -90,10 +107,12 @@ class RoleAssociation(DrawnResult):
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "n_permutations", "seed")
+    frozen_name: ClassVar[str] = "a role association is"
+    frozen_hint: ClassVar[str] = "rep.roles(...) again"
+    settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
-    _table: pd.DataFrame
     _association: pd.DataFrame
-    summary: Mapping[str, Any]
+    summary: RoleAssociationSummary
     roles: HeadRoles | None
     loaded_from: str | None
 
@@ -105,36 +124,18 @@ class RoleAssociation(DrawnResult):
         roles: HeadRoles | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        set_ = functools.partial(object.__setattr__, self)
-        set_("_table", table.copy())  # never handed out: the properties give copies
-        set_("_association", association.copy())
-        set_("summary", frozen(dict(summary)))
-        set_("roles", roles)
-        set_("loaded_from", loaded_from)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "loaded_from":  # set once by load_roles (where the result was read from), never a number
-            object.__setattr__(self, name, value)
-            return
-        raise FrozenInstanceError(f"cannot assign to {name!r}: a role association is immutable (rep.roles(...) again).")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: a role association is immutable.")
-
-    @property
-    def table(self) -> pd.DataFrame:
-        """The joined table (class docstring): a copy, made on each read (take it once in a loop)."""
-        return self._table.copy()
+        self._freeze(
+            _table=table,
+            _association=association.copy(),  # never handed out: the property gives copies
+            summary=RoleAssociationSummary(summary),
+            roles=roles,
+            loaded_from=loaded_from,
+        )
 
     @property
     def association(self) -> pd.DataFrame:
         """One row per role (class docstring): a copy, made on each read."""
         return self._association.copy()
-
-    @property
-    def heads(self) -> pd.DataFrame:
-        """:attr:`table` (every result has ``heads``): a copy, made on each read."""
-        return self._table.copy()
 
     @property
     def headline(self) -> str:
@@ -500,7 +501,7 @@ ROLE_TABLE_COLUMNS = ("layer", "head", "kv_head", *ROLES, "reason")
 #: The report columns a role association's table adds.
 JOIN_COLUMNS = ("P", "alpha", "closed")
 #: The record fields (at any depth) that hold floats: only these read "NaN"/"Infinity" back as floats, so a text
-#: field that reads "NaN" (a model name, a note) stays text (:func:`~tl_idempotence.report.store.read_tables_record`).
+#: field that reads "NaN" (a model name, a note) stays text (:func:`~tl_idempotence.core.records.read_tables_record`).
 ROLES_FLOAT_KEYS = frozenset({*(f"median_{r}" for r in ROLES), "threshold", "p_floor"})
 #: Extensions of single-file outputs: a roles save is a folder, never one of these.
 _FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
@@ -510,21 +511,10 @@ def _info_fields(info: ModelInfo) -> dict[str, Any]:
     return {f.name: getattr(info, f.name) for f in dataclasses.fields(info)}
 
 
-def same_value(a: Any, b: Any) -> bool:
-    """Equal, NaN equal to NaN (floats exactly), through dicts and lists."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)
-
-
 @strict_kwargs
 def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: bool = False) -> str:
     """Save head roles (``tli.head_roles``) or their join with a report (``rep.roles``) to the folder ``path``, the
-    way a report is saved (:func:`~tl_idempotence.report.store.write_tables_record`: parquet tables, one JSON
+    way a report is saved (:func:`~tl_idempotence.core.records.write_tables_record`: parquet tables, one JSON
     record ``roles.json`` with their sha256s and its own digest; no pickle).
 
     Layout: ``roles.parquet`` (the :attr:`HeadRoles.table` columns, labels rebuilt from layer/head on load) and,
@@ -538,7 +528,7 @@ def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: b
         OptionTypeError: ``result`` is neither; ``path`` not a path; ``overwrite`` not a bool.
         OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from
             (:func:`load_roles`), or a file in it.
-        OptionError: as :func:`~tl_idempotence.report.store.write_tables_record` (non-empty folder, missing parent,
+        OptionError: as :func:`~tl_idempotence.core.records.write_tables_record` (non-empty folder, missing parent,
             an edited earlier record; names it); ``path`` ends in a file extension (``.html``, ``.json``, ``.csv``,
             ``.parquet``): a roles save is a folder (a page: ``rep.save_html(path, roles=...)``; a table or JSON:
             ``rep.export``).

@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +31,13 @@ import pandas as pd
 
 from ..analyses.registry import report_analyses
 from ..analyses.scramble import bh_q_values, scramble_effect
-from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
+from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes
 from ..core.heads import ModelInfo, kv_layout
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
 from ..core.option_specs import with_absent
 from ..core.options import ReportOptions, check_bool
+from ..core.records import index_column, read_listed_tables, record_digest, tag_int_keys, untag_int_keys
 from ..core.selection import head_label
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
@@ -49,39 +49,12 @@ __all__ = [
     "TABLE_NAMES",
     "ReportFileError",
     "ReportRecord",
-    "index_column",
     "read_record",
-    "read_tables_record",
     "write_record",
-    "write_tables_record",
 ]
 
 FORMAT = "tl_idempotence.report/1"
 RECORD = "report.json"
-
-
-INT_KEYS = "__int_keys__"
-
-
-def _tag_int_keys(x: Any) -> Any:
-    """Dicts keyed by ints (``closed_per_layer``) as ``{"__int_keys__": [[k, v], ...]}``: JSON keys are strings."""
-    if isinstance(x, dict):
-        if x and all(isinstance(k, int) and not isinstance(k, bool) for k in x):
-            return {INT_KEYS: [[k, _tag_int_keys(v)] for k, v in x.items()]}
-        return {k: _tag_int_keys(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_tag_int_keys(v) for v in x]
-    return x
-
-
-def _untag_int_keys(x: Any) -> Any:
-    if isinstance(x, dict):
-        if set(x) == {INT_KEYS} and isinstance(x[INT_KEYS], list):
-            return {int(k): _untag_int_keys(v) for k, v in x[INT_KEYS]}
-        return {k: _untag_int_keys(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_untag_int_keys(v) for v in x]
-    return x
 
 
 @dataclass
@@ -112,15 +85,6 @@ def _info_record(info: ModelInfo) -> dict[str, Any]:
             }
         )
     )
-
-
-def _digest(record: dict[str, Any]) -> str:
-    """sha256 of the record without its ``digest`` (canonical JSON), or "" when it is not JSON-able."""
-    body = {k: v for k, v in record.items() if k != "digest"}
-    try:
-        return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8"))
-    except (TypeError, ValueError):
-        return ""
 
 
 #: Every table a report save can write (``<name>.parquet``): the per-head and per-layer tables and the analyses'
@@ -161,7 +125,7 @@ def _own_files(d: Path) -> list[Path]:
         raise OptionError(f"{rec_file} cannot be read as a report record ({type(e).__name__}: {e}); {refuse}") from e
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         raise OptionError(f"{rec_file} is not a {FORMAT} record; {refuse}")
-    if rec.get("digest") != _digest(rec):
+    if rec.get("digest") != record_digest(rec):
         raise OptionError(
             f"{rec_file} does not match its recorded sha256 digest (it was edited or damaged), so the files it "
             f"lists may not be the report's; {refuse}"
@@ -235,7 +199,7 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
             files[name] = sha256_bytes(buf.getvalue())
         record = {
             "format": FORMAT,
-            "summary": json_safe(_tag_int_keys(rec.summary.to_dict())),
+            "summary": json_safe(tag_int_keys(rec.summary.to_dict())),
             "options": rec.options.as_dict(),
             "info": _info_record(rec.info),
             "files": files,
@@ -244,7 +208,7 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
         kv_map = _stated_kv_map(rec.heads, rec.info)
         if kv_map:  # only a report of LayerHeads with their own kv_head_of: every model source uses kv_layout
             record[KV_MAP] = kv_map
-        record["digest"] = _digest(record)
+        record["digest"] = record_digest(record)
         # insertion order: the summary reads back as it was
         atomic_write_text(d / RECORD, json_text(record, JSON_RECORD, indent=1))
         written = {d / RECORD, *(d / f"{n}.parquet" for n in files)}
@@ -254,31 +218,6 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
     except OSError as e:
         raise OptionError(f"Cannot save the report to {d}: {e.strerror or e} ({e.filename or d}).") from e
     return d
-
-
-def index_column(df: pd.DataFrame, name: str, where: Path) -> np.ndarray:
-    """A saved table's integer index column (``layer``, ``head``, ``kv_head``) as int64, or a refusal.
-
-    An integer column is taken as it is; a float column only when every value is a finite whole number (a
-    table another tool rewrote). Anything else — ``-0.5``, NaN, text, booleans — is refused: a cast would
-    truncate a lying value to another head (``-0.5`` to head 0) and attribute its numbers to it.
-
-    Raises:
-        ReportFileError: the column holds a value that is not a whole number (names the file and the column).
-    """
-    col = df[name]
-    if pd.api.types.is_integer_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
-        if col.isna().any():  # a nullable Int64 column with a missing value (pandas would raise its own ValueError)
-            raise ReportFileError(f"{where}: column {name!r} has {int(col.isna().sum())} missing value(s).")
-        return col.to_numpy(dtype="int64")
-    if pd.api.types.is_float_dtype(col.dtype):
-        v = col.to_numpy(dtype="float64")
-        whole = np.isfinite(v) & (v == np.round(v)) & (np.abs(v) < 2**53)
-        if whole.all():
-            return v.astype("int64")
-        bad = v[~whole][:3].tolist()
-        raise ReportFileError(f"{where}: column {name!r} holds values that are not whole numbers ({bad}).")
-    raise ReportFileError(f"{where}: column {name!r} is of type {col.dtype}, not an integer index.")
 
 
 def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, info: ModelInfo) -> None:
@@ -319,29 +258,6 @@ def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, i
             f"{where} does not fit what {d / RECORD} says was measured: {'; '.join(problems)}. The tables and the "
             "record do not belong together."
         )
-
-
-def _read_listed_tables(d: Path, rec_file: Path, files: dict[Any, Any]) -> dict[str, pd.DataFrame]:
-    """The parquet tables a record lists (``{name: sha256}``), each checked against its sha256 before it is read.
-
-    Raises:
-        ReportFileError: a name that is not a table name, a file whose sha256 differs, an unreadable parquet file
-            (each names the file). MissingFileError: a listed file is missing.
-    """
-    tables: dict[str, pd.DataFrame] = {}
-    for name, digest in files.items():
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
-            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
-        f = d / f"{name}.parquet"
-        if not f.is_file():
-            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
-        if sha256_file(f) != digest:
-            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
-        try:
-            tables[name] = pd.read_parquet(f)
-        except Exception as e:
-            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
-    return tables
 
 
 #: summary fields of the "dict" rule that hold text only (weights' processing, versions, file names)
@@ -386,7 +302,7 @@ def read_record(path: Any) -> ReportRecord:
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
         raise ReportFileError(f"{rec_file} is not a {FORMAT} record (format {fmt!r}).")
-    if rec.get("digest") != _digest(rec):
+    if rec.get("digest") != record_digest(rec):
         raise ReportFileError(
             f"{rec_file} does not match its recorded sha256 digest: the record (summary, options, file list) was "
             "edited or damaged. Save the report again from its source."
@@ -394,11 +310,11 @@ def read_record(path: Any) -> ReportRecord:
     files = rec.get("files")
     if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
         raise ReportFileError(f"{rec_file} lists no heads/layers tables.")
-    frames = _read_listed_tables(d, rec_file, files)
+    frames = read_listed_tables(d, rec_file, files)
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
-        summary = ReportSummary.from_dict(_untag_int_keys(_restore_summary(rec["summary"])))
+        summary = ReportSummary.from_dict(untag_int_keys(_restore_summary(rec["summary"])))
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(
             f"{rec_file} has a malformed info/options/summary record ({type(e).__name__}: {e})."
@@ -622,8 +538,8 @@ def _check_summary_fits_tables(
             f"{rec_file}: the summary cannot be recomputed from the tables ({type(e).__name__}: {e}): the tables "
             "and the record do not belong together."
         ) from e
-    want = _untag_int_keys(json_safe(_tag_int_keys(fresh.to_dict())))  # JSON form, NaN as "NaN", int keys
-    got = {k: v for k, v in _untag_int_keys(stored).items() if k not in NOT_DERIVED}
+    want = untag_int_keys(json_safe(tag_int_keys(fresh.to_dict())))  # JSON form, NaN as "NaN", int keys
+    got = {k: v for k, v in untag_int_keys(stored).items() if k not in NOT_DERIVED}
     want = {k: v for k, v in want.items() if k not in NOT_DERIVED}
     # An option declared after the record was written (OptionSpec.absent): the record's options lack it and mean
     # its declared absent value, as ReportOptions.from_record reads them (a report with the option's analysis run
@@ -643,127 +559,3 @@ def _check_summary_fits_tables(
             "was edited. Save the report again from its source."
         )
     return added
-
-
-# ----------------------------------------------------------------------------- other results saved the same way
-
-
-def write_tables_record(
-    path: Any,
-    fmt: str,
-    record_name: str,
-    tables: dict[str, pd.DataFrame],
-    fields: dict[str, Any],
-    overwrite: Any,
-    replaces: dict[str, frozenset[str]] | None = None,
-) -> Path:
-    """Save a result as the report is saved (parquet tables + one JSON record with their sha256s and its own
-    ``digest``; no pickle): ``<name>.parquet`` for each of ``tables`` (written without the index), then
-    ``record_name`` (``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``; ``fields`` are made
-    strict JSON by ``json_safe``). Used by the head-roles results (:mod:`tl_idempotence.report.roles`).
-
-    With ``overwrite=True`` a folder holding an earlier save is replaced when its record is of a format of
-    ``replaces`` (``{format: the tables it writes}``; default ``{fmt: tables}``), passes its digest and lists only
-    tables of its format: only those files and the record are deleted; anything else in the folder stays.
-
-    Raises:
-        OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder without a record
-            of this format or with an edited record (names it; nothing is deleted), its parent does not exist,
-            or a write fails (names the file).
-        OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
-    """
-    overwrite = check_bool(overwrite, "overwrite")
-    if not isinstance(path, (str, os.PathLike)):
-        raise OptionTypeError(f"The folder to save to must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
-    rec_file = d / record_name
-    old: list[Path] = []
-    try:
-        if d.exists():
-            if not d.is_dir():
-                raise OptionError(f"Cannot save to {d}: it is a file.")
-            if any(d.iterdir()):
-                if not overwrite:
-                    raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
-                refuse = f"refusing to overwrite {d}: nothing was deleted."
-                if not rec_file.is_file():
-                    raise OptionError(f"{d} holds no {record_name}; {refuse}")
-                try:
-                    prev = json.loads(rec_file.read_text("utf-8"))
-                except (OSError, ValueError) as e:
-                    raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
-                own = replaces if replaces is not None else {fmt: frozenset(tables)}
-                if not isinstance(prev, dict) or prev.get("format") not in own or prev.get("digest") != _digest(prev):
-                    raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
-                listed = prev.get("files")
-                names: dict[str, Any] = listed if isinstance(listed, dict) else {}
-                bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
-                if bad:
-                    raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
-                old = [rec_file, *(d / f"{n}.parquet" for n in names)]
-                rec_file.unlink()  # first: an interrupted overwrite leaves no record, never a mix that loads
-        if not d.parent.exists():
-            raise OptionError(f"Cannot save to {d}: the folder {d.parent} does not exist.")
-        d.mkdir(exist_ok=True)
-        files: dict[str, str] = {}
-        for name, df in tables.items():
-            buf = io.BytesIO()
-            df.to_parquet(buf, index=False)
-            atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
-            files[name] = sha256_bytes(buf.getvalue())
-        record = {"format": fmt, **json_safe(_tag_int_keys(fields)), "files": files}
-        record["digest"] = _digest(record)
-        atomic_write_text(rec_file, json_text(record, JSON_RECORD, indent=1))
-        written = {rec_file, *(d / f"{n}.parquet" for n in files)}
-        for p in old:
-            if p not in written:
-                p.unlink(missing_ok=True)
-    except OSError as e:
-        raise OptionError(f"Cannot save to {d}: {e.strerror or e} ({e.filename or d}).") from e
-    return d
-
-
-def read_tables_record(
-    path: Any, record_name: str, formats: tuple[str, ...], float_keys: frozenset[str]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Read a folder written by :func:`write_tables_record`, checking the record's digest and every table's sha256.
-
-    Args:
-        path, record_name, formats: the folder, its record's file name and the formats accepted.
-        float_keys: the record's fields (at any depth) that hold floats: only their ``"NaN"``/``"Infinity"``
-            strings become floats again, so a text field that reads ``"NaN"`` (a model name, a note) stays text.
-
-    Returns:
-        ``(record, tables)``: the record's fields (NaN restored in ``float_keys``, the tagged int-keyed dicts back;
-        other keys as written) and ``{name: DataFrame}``.
-
-    Raises:
-        MissingFileError: no such folder, no record, or a listed table is missing (names it).
-        ReportFileError: a record of another format, an edited record (digest), a table that does not match its
-            recorded sha256 or is not parquet (names the file).
-        OptionTypeError: ``path`` is not a path.
-    """
-    if not isinstance(path, (str, os.PathLike)):
-        raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
-    if not d.is_dir():
-        raise MissingFileError(f"{d} is not a folder; pass the folder the result was saved to.")
-    rec_file = d / record_name
-    if not rec_file.is_file():
-        raise MissingFileError(f"{d} has no {record_name}: it is not a saved result (or the save was interrupted).")
-    rec = read_json(rec_file, ReportFileError, "saved record")
-    if not isinstance(rec, dict) or rec.get("format") not in formats:
-        fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
-        raise ReportFileError(f"{rec_file} is not a {' or '.join(formats)} record (format {fmt!r}).")
-    if rec.get("digest") != _digest(rec):
-        raise ReportFileError(
-            f"{rec_file} does not match its recorded sha256 digest: the record was edited or damaged. Save the result "
-            "again from its source."
-        )
-    files = rec.get("files")
-    if not isinstance(files, dict):
-        raise ReportFileError(f"{rec_file} lists no tables.")
-    tables = _read_listed_tables(d, rec_file, files)
-    body = {k: v for k, v in rec.items() if k not in ("files", "digest")}
-    fields = _untag_int_keys(json_restore(body, float_keys, int_keys=False))
-    return fields, tables

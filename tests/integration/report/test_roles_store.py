@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
+from tl_idempotence.core.records import record_digest as _digest
 from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from tl_idempotence.report.roles import ROLES_RECORD, RoleAssociation
-from tl_idempotence.report.store import _digest
 from tl_idempotence.testing import bridge_from_dir
 
 pytestmark = pytest.mark.bridge

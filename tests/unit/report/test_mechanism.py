@@ -14,6 +14,7 @@ errors; the result is immutable and hands out copies.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 import tl_idempotence as tli
+from helpers import redigest
 from tl_idempotence.errors import OptionError, OptionTypeError, ReportMismatchError, UnknownOptionError
 
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
@@ -294,9 +296,23 @@ def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):
     back = tli.load_mechanism(mech.save(tmp_path / "m"))
     assert back.table.equals(mech.table) and list(back.table.dtypes) == list(mech.table.dtypes)
     assert back.signs.equals(mech.signs) and dict(back.summary) == dict(mech.summary)
-    assert back.headline == mech.headline and back.tie == mech.tie and back.tokens is None and back.effect is None
+    assert back.headline == mech.headline and back.tie == mech.tie
+    assert back.tokens.table.equals(mech.tokens.table) and back.tokens.summary == mech.tokens.summary
+    assert back.top_tokens("L0H0").equals(mech.top_tokens("L0H0"))
+    assert back.effect.positions.equals(mech.effect.positions) and back.effect.summary == mech.effect.summary
+    old = Path(mech.save(tmp_path / "old"))  # a save without the probes' results (as written before they were kept)
+    shutil.rmtree(old / "head_tokens")
+    shutil.rmtree(old / "attended_token_effect")
+    _redigest(old, record=lambda r: r.pop("parts"))
+    back_old = tli.load_mechanism(old)
+    assert back_old.tokens is None and back_old.effect is None and back_old.table.equals(mech.table)
     with pytest.raises(OptionError, match="not the token readout"):
-        back.top_tokens("L0H0")
+        back_old.top_tokens("L0H0")
+    part = Path(mech.save(tmp_path / "p")) / "head_tokens"  # a part that is not the joined table's
+    bump = {"table": lambda df: df.assign(frac_bottom_k=df["frac_bottom_k"] + (df["head"] == 2) * 0.5)}  # no headline
+    redigest(part, "head_tokens.json", tables=bump)
+    with pytest.raises(ReportFileError, match=r"head_tokens.*frac_bottom_k"):
+        tli.load_mechanism(part.parent)
     with pytest.raises(OutputOverInputError):
         back.save(tmp_path / "m", overwrite=True)
     with pytest.raises(OptionError, match="not empty"):

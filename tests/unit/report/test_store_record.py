@@ -25,8 +25,9 @@ import torch
 
 import tl_idempotence as tli
 from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.core.records import record_digest as _digest
 from tl_idempotence.errors import MissingFileError, OptionTypeError, ReportFileError
-from tl_idempotence.report.store import FORMAT, RECORD, _digest, read_record
+from tl_idempotence.report.store import FORMAT, RECORD, read_record
 
 pytestmark = pytest.mark.bridge  # no model: runs on both transformer-lens majors
 

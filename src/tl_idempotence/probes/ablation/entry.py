@@ -19,7 +19,7 @@ from ...sources.tl import TLModelSource, is_tl_model
 from ..tokens import prepare_tokens
 from .controls import plan_sets
 from .passes import run_sets
-from .result import Ablation, Losses, ablation_summary, ablation_tables
+from .result import Ablation, AblationSummary, Losses, ablation_summary, ablation_tables
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Literal
@@ -246,5 +246,10 @@ def ablation(
         **_ABLATION_HOOK[kind],
     }
     return Ablation(
-        heads=heads_df, controls=ctrl_df, summary=summary, info=src.info, options=options, window_losses=win_df
+        heads=heads_df,
+        controls=ctrl_df,
+        summary=AblationSummary(summary),
+        info=src.info,
+        options=options,
+        window_losses=win_df,
     )

@@ -8,7 +8,7 @@ NaN and caveat. Definitions: the :mod:`tl_idempotence.probes.ablation` package d
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar, overload
 
@@ -17,11 +17,12 @@ import pandas as pd
 
 from ...core.heads import ModelInfo
 from ...core.selection import head_label, head_labels
+from ...core.tables import FrozenSummary
 from ...views.results import DrawnResult
 from .controls import SetPlan, set_labels
 from .stats import BOOTSTRAP_DRAWS, bootstrap_intervals, rank_p_value
 
-__all__ = ["Ablation", "Losses", "ablation_summary", "ablation_tables"]
+__all__ = ["Ablation", "AblationSummary", "Losses", "ablation_summary", "ablation_tables"]
 
 _T = TypeVar("_T")
 
@@ -50,6 +51,49 @@ class _SummaryValue(Generic[_T]):
 
     def __set__(self, obj: object, value: Any) -> None:
         raise AttributeError(f"{self.key} is read from summary[{self.key!r}]; it cannot be set")
+
+
+class AblationSummary(FrozenSummary):
+    """The summary of :class:`Ablation` (typed, read-only; a mapping of the fields given, in the order
+    :func:`ablation_summary` writes them; ``controls_warning`` and ``note`` only where they apply, else None)."""
+
+    __slots__ = ()
+    delta_loss: float
+    control_delta_median: float
+    p_value: float
+    p_value_floor: float
+    n_controls: int
+    n_controls_requested: int
+    n_distinct_controls: int
+    controls_exhaustive: bool
+    controls_warning: str | None
+    n_controls_at_least: int
+    excess_over_controls: float
+    delta_loss_ci_low: float
+    delta_loss_ci_high: float
+    excess_ci_low: float
+    excess_ci_high: float
+    loss_clean: float
+    loss_ablated: float
+    control_delta_mean: float
+    control_delta_q05: float
+    control_delta_q95: float
+    control_delta_max: float
+    model_name: str
+    kind: str
+    n_heads: int
+    layers: Sequence[int]
+    n_windows: int
+    n_tokens: int
+    sum_delta_single: float
+    control_rule: str
+    ci_method: str
+    batching: str
+    threads: int
+    threads_seconds_per_set: Mapping[str, float]
+    check_max_abs_diff: float
+    seconds: float
+    note: str | None
 
 
 @dataclass(repr=False)
@@ -88,7 +132,7 @@ class Ablation(DrawnResult):
 
     heads: pd.DataFrame
     controls: pd.DataFrame
-    summary: dict[str, Any]
+    summary: AblationSummary
     info: ModelInfo
     options: dict[str, Any] = field(default_factory=dict)
     window_losses: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -104,6 +148,10 @@ class Ablation(DrawnResult):
         "n_tokens",
         "loss_clean",
     )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.summary, AblationSummary):  # typed and read-only, whatever mapping was given
+            self.summary = AblationSummary(self.summary)
 
     def __repr__(self) -> str:
         base = super().__repr__()

@@ -1,0 +1,273 @@
+"""The save format of a result: a folder of parquet tables and one JSON record with their sha256s and its own
+digest (no pickle).
+
+:func:`write_tables_record` writes ``<name>.parquet`` for each table and the record
+``{"format": ..., **fields, "files": {name: sha256}, "digest": sha256}``; :func:`read_tables_record` refuses a
+folder whose files do not match their recorded sha256, a record edited after it was written (its digest), a missing
+file or a record of another format, each error naming the file. The report's own save
+(:mod:`tl_idempotence.report.store`) uses the same digest, int-key tagging and table reading.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
+from .files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
+from .jsonio import RECORD, json_ready, json_restore, json_text
+from .options import check_bool
+
+__all__ = [
+    "INT_KEYS",
+    "float_keys",
+    "index_column",
+    "read_listed_tables",
+    "read_tables_record",
+    "record_digest",
+    "same_value",
+    "tag_int_keys",
+    "untag_int_keys",
+    "write_tables_record",
+]
+
+#: The key of an int-keyed dict in a record (JSON keys are strings).
+INT_KEYS = "__int_keys__"
+
+
+def tag_int_keys(x: Any) -> Any:
+    """Dicts keyed by ints (``closed_per_layer``) as ``{"__int_keys__": [[k, v], ...]}``: JSON keys are strings."""
+    if isinstance(x, dict):
+        if x and all(isinstance(k, int) and not isinstance(k, bool) for k in x):
+            return {INT_KEYS: [[k, tag_int_keys(v)] for k, v in x.items()]}
+        return {k: tag_int_keys(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [tag_int_keys(v) for v in x]
+    return x
+
+
+def untag_int_keys(x: Any) -> Any:
+    if isinstance(x, dict):
+        if set(x) == {INT_KEYS} and isinstance(x[INT_KEYS], list):
+            return {int(k): untag_int_keys(v) for k, v in x[INT_KEYS]}
+        return {k: untag_int_keys(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [untag_int_keys(v) for v in x]
+    return x
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """sha256 of the record without its ``digest`` (canonical JSON), or "" when it is not JSON-able."""
+    body = {k: v for k, v in record.items() if k != "digest"}
+    try:
+        return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8"))
+    except (TypeError, ValueError):
+        return ""
+
+
+def index_column(df: pd.DataFrame, name: str, where: Path) -> np.ndarray:
+    """A saved table's integer index column (``layer``, ``head``, ``kv_head``) as int64, or a refusal.
+
+    An integer column is taken as it is; a float column only when every value is a finite whole number (a
+    table another tool rewrote). Anything else — ``-0.5``, NaN, text, booleans — is refused: a cast would
+    truncate a lying value to another head (``-0.5`` to head 0) and attribute its numbers to it.
+
+    Raises:
+        ReportFileError: the column holds a value that is not a whole number (names the file and the column).
+    """
+    col = df[name]
+    if pd.api.types.is_integer_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
+        if col.isna().any():  # a nullable Int64 column with a missing value (pandas would raise its own ValueError)
+            raise ReportFileError(f"{where}: column {name!r} has {int(col.isna().sum())} missing value(s).")
+        return col.to_numpy(dtype="int64")
+    if pd.api.types.is_float_dtype(col.dtype):
+        v = col.to_numpy(dtype="float64")
+        whole = np.isfinite(v) & (v == np.round(v)) & (np.abs(v) < 2**53)
+        if whole.all():
+            return v.astype("int64")
+        bad = v[~whole][:3].tolist()
+        raise ReportFileError(f"{where}: column {name!r} holds values that are not whole numbers ({bad}).")
+    raise ReportFileError(f"{where}: column {name!r} is of type {col.dtype}, not an integer index.")
+
+
+def read_listed_tables(d: Path, rec_file: Path, files: dict[Any, Any]) -> dict[str, pd.DataFrame]:
+    """The parquet tables a record lists (``{name: sha256}``), each checked against its sha256 before it is read.
+
+    Raises:
+        ReportFileError: a name that is not a table name, a file whose sha256 differs, an unreadable parquet file
+            (each names the file). MissingFileError: a listed file is missing.
+    """
+    tables: dict[str, pd.DataFrame] = {}
+    for name, digest in files.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_]+", name):
+            raise ReportFileError(f"{rec_file} lists a table named {name!r}, which is not a table name.")
+        f = d / f"{name}.parquet"
+        if not f.is_file():
+            raise MissingFileError(f"{f} is missing (listed in {rec_file}).")
+        if sha256_file(f) != digest:
+            raise ReportFileError(f"{f} does not match the sha256 recorded in {rec_file}: it was changed or damaged.")
+        try:
+            tables[name] = pd.read_parquet(f)
+        except Exception as e:
+            raise ReportFileError(f"{f} is not a readable parquet file ({type(e).__name__}: {e}).") from e
+    return tables
+
+
+def write_tables_record(
+    path: Any,
+    fmt: str,
+    record_name: str,
+    tables: dict[str, pd.DataFrame],
+    fields: dict[str, Any],
+    overwrite: Any,
+    replaces: dict[str, frozenset[str]] | None = None,
+) -> Path:
+    """Save a result as the report is saved (parquet tables + one JSON record with their sha256s and its own
+    ``digest``; no pickle): ``<name>.parquet`` for each of ``tables`` (written without the index), then
+    ``record_name`` (``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``; ``fields`` are made
+    strict JSON by ``json_ready`` under the record policy). Used by the head roles, the mechanism, the token readout
+    and the attended-token effect.
+
+    With ``overwrite=True`` a folder holding an earlier save is replaced when its record is of a format of
+    ``replaces`` (``{format: the tables it writes}``; default ``{fmt: tables}``), passes its digest and lists only
+    tables of its format: only those files and the record are deleted; anything else in the folder stays.
+
+    Raises:
+        OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder without a record
+            of this format or with an edited record (names it; nothing is deleted), its parent does not exist,
+            or a write fails (names the file).
+        OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
+    """
+    overwrite = check_bool(overwrite, "overwrite")
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The folder to save to must be a path; got {type(path).__name__}.")
+    d = Path(path).expanduser()
+    rec_file = d / record_name
+    old: list[Path] = []
+    try:
+        if d.exists():
+            if not d.is_dir():
+                raise OptionError(f"Cannot save to {d}: it is a file.")
+            if any(d.iterdir()):
+                if not overwrite:
+                    raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
+                refuse = f"refusing to overwrite {d}: nothing was deleted."
+                if not rec_file.is_file():
+                    raise OptionError(f"{d} holds no {record_name}; {refuse}")
+                try:
+                    prev = json.loads(rec_file.read_text("utf-8"))
+                except (OSError, ValueError) as e:
+                    raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
+                own = replaces if replaces is not None else {fmt: frozenset(tables)}
+                if (
+                    not isinstance(prev, dict)
+                    or prev.get("format") not in own
+                    or prev.get("digest") != record_digest(prev)
+                ):
+                    raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
+                listed = prev.get("files")
+                names: dict[str, Any] = listed if isinstance(listed, dict) else {}
+                bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
+                if bad:
+                    raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
+                old = [rec_file, *(d / f"{n}.parquet" for n in names)]
+                rec_file.unlink()  # first: an interrupted overwrite leaves no record, never a mix that loads
+        if not d.parent.exists():
+            raise OptionError(f"Cannot save to {d}: the folder {d.parent} does not exist.")
+        d.mkdir(exist_ok=True)
+        files: dict[str, str] = {}
+        for name, df in tables.items():
+            buf = io.BytesIO()
+            df.to_parquet(buf, index=False)
+            atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
+            files[name] = sha256_bytes(buf.getvalue())
+        record = {"format": fmt, **json_ready(tag_int_keys(fields), RECORD), "files": files}
+        record["digest"] = record_digest(record)
+        atomic_write_text(rec_file, json_text(record, RECORD, indent=1))
+        written = {rec_file, *(d / f"{n}.parquet" for n in files)}
+        for p in old:
+            if p not in written:
+                p.unlink(missing_ok=True)
+    except OSError as e:
+        raise OptionError(f"Cannot save to {d}: {e.strerror or e} ({e.filename or d}).") from e
+    return d
+
+
+def read_tables_record(
+    path: Any, record_name: str, formats: tuple[str, ...], float_keys: frozenset[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read a folder written by :func:`write_tables_record`, checking the record's digest and every table's sha256.
+
+    Args:
+        path, record_name, formats: the folder, its record's file name and the formats accepted.
+        float_keys: the record's fields (at any depth) that hold floats: only their ``"NaN"``/``"Infinity"``
+            strings become floats again, so a text field that reads ``"NaN"`` (a model name, a note) stays text.
+
+    Returns:
+        ``(record, tables)``: the record's fields (NaN restored in ``float_keys``, the tagged int-keyed dicts back;
+        other keys as written) and ``{name: DataFrame}``.
+
+    Raises:
+        MissingFileError: no such folder, no record, or a listed table is missing (names it).
+        ReportFileError: a record of another format, an edited record (digest), a table that does not match its
+            recorded sha256 or is not parquet (names the file).
+        OptionTypeError: ``path`` is not a path.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
+    d = Path(path).expanduser()
+    if not d.is_dir():
+        raise MissingFileError(f"{d} is not a folder; pass the folder the result was saved to.")
+    rec_file = d / record_name
+    if not rec_file.is_file():
+        raise MissingFileError(f"{d} has no {record_name}: it is not a saved result (or the save was interrupted).")
+    rec = read_json(rec_file, ReportFileError, "saved record")
+    if not isinstance(rec, dict) or rec.get("format") not in formats:
+        fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
+        raise ReportFileError(f"{rec_file} is not a {' or '.join(formats)} record (format {fmt!r}).")
+    if rec.get("digest") != record_digest(rec):
+        raise ReportFileError(
+            f"{rec_file} does not match its recorded sha256 digest: the record was edited or damaged. Save the result "
+            "again from its source."
+        )
+    files = rec.get("files")
+    if not isinstance(files, dict):
+        raise ReportFileError(f"{rec_file} lists no tables.")
+    tables = read_listed_tables(d, rec_file, files)
+    body = {k: v for k, v in rec.items() if k not in ("files", "digest")}
+    fields = untag_int_keys(json_restore(body, float_keys, int_keys=False))
+    return fields, tables
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN (floats exactly), through dicts and lists."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def float_keys(x: Any, out: set[str] | None = None) -> set[str]:
+    """The keys (at any depth) whose values are floats: the ``float_keys`` of :func:`read_tables_record` (only
+    these read "NaN"/"Infinity" back as floats). Raises nothing."""
+    out = set() if out is None else out
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if isinstance(v, (float, np.floating)):
+                out.add(str(k))
+            float_keys(v, out)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            float_keys(v, out)
+    return out

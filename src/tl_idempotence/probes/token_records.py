@@ -1,0 +1,166 @@
+"""What the token probes' results share when saved and when joined with a model (SPEC 12).
+
+A :class:`~tl_idempotence.probes.head_tokens.HeadTokens` or
+:class:`~tl_idempotence.probes.token_effect.AttendedTokenEffect` is saved as a report is
+(:func:`~tl_idempotence.core.records.write_tables_record`: a folder of parquet tables and one JSON record holding
+their sha256s and its own digest; no pickle). The record holds ``summary``, ``options``, ``info`` (the
+:class:`~tl_idempotence.core.heads.ModelInfo`'s fields) and ``float_keys``; :func:`write_probe` writes it and
+:func:`read_probe` reads it back, checked; each result's loader recomputes from its tables what the record states.
+
+A result knows the weights it was computed from: ``summary["weights_fingerprint"]`` (sha256 over the measured
+layers' :meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, the report's combined key) and
+``summary["embedding_fingerprint"]`` (:func:`embedding_fingerprint` of ``W_E`` and ``W_U``). :func:`check_model_fits`
+compares them, the sizes and the weights' processing with a model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..core.files import refuse_outputs_over_inputs
+from ..core.frozen import thawed
+from ..core.heads import ModelInfo, combined_fingerprint, read_layer
+from ..core.jsonio import json_restore
+from ..core.records import float_keys, read_tables_record, write_tables_record
+from ..errors import OptionError, OptionTypeError, ReportFileError, ReportMismatchError
+from ..sources.tl import TLModelSource, is_tl_model
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import PathLike
+
+__all__ = ["check_model_fits", "edited_error", "embedding_fingerprint", "read_probe", "same_floats", "write_probe"]
+
+_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
+
+
+def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
+    """sha256 (hex) of W_E's and W_U's dtype, shape and bytes (C order). Raises nothing of its own."""
+    h = hashlib.sha256()
+    for name, w in (("W_E", W_E), ("W_U", W_U)):
+        w = w.detach()
+        h.update(f"{name}:{w.dtype}:{tuple(w.shape)};".encode())
+        for s in range(0, w.shape[0], 4096):  # row blocks: no full copy of a transposed or tied matrix
+            h.update(w[s : s + 4096].contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def edited_error(f: Path, what: str, again: str) -> ReportFileError:
+    """The refusal of a saved file that disagrees with the rest of its save: names the file and what differs."""
+    return ReportFileError(f"{f}: {what}: the record or a table was edited. Compute {again} again.")
+
+
+def same_floats(a: Any, b: Any) -> bool:
+    """Whether two arrays of numbers are equal element by element, NaN equal to NaN (exactly; same shape)."""
+    return bool(np.array_equal(np.asarray(a, dtype=float), np.asarray(b, dtype=float), equal_nan=True))
+
+
+def write_probe(
+    what: str,
+    path: PathLike,
+    fmt: str,
+    record: str,
+    tables: dict[str, pd.DataFrame],
+    result: Any,
+    overwrite: bool,
+    extra: Mapping[str, Any] | None = None,
+) -> str:
+    """Save ``result`` (its ``summary``, ``options``, ``info``, ``loaded_from``) with ``tables`` to the folder ``path``.
+
+    Raises:
+        OptionTypeError: ``path`` not a path; ``overwrite`` not a bool. OutputOverInputError (an ``OptionError``):
+            ``path`` is the folder ``result`` was loaded from, or in it. OptionError: ``path`` ends in a file
+            extension; as :func:`~tl_idempotence.core.records.write_tables_record` (a non-empty folder, a missing
+            parent, an edited earlier record; names it).
+    """
+    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
+        raise OptionError(
+            f"A {what} save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a folder "
+            "name without extension."
+        )
+    loaded = result.loaded_from
+    refuse_outputs_over_inputs([("path", path)], [(f"the saved {what}", loaded)] if loaded else [])
+    summary, options = thawed(dict(result.summary)), thawed(dict(result.options))
+    info = {f.name: thawed(getattr(result.info, f.name)) for f in dataclasses.fields(result.info)}
+    fields: dict[str, Any] = {"summary": summary, "options": options, "info": info, **thawed(dict(extra or {}))}
+    fields["float_keys"] = sorted(float_keys(fields))
+    return str(write_tables_record(path, fmt, record, tables, fields, overwrite))
+
+
+def read_probe(
+    path: PathLike, fmt: str, record: str, names: frozenset[str]
+) -> tuple[Path, dict[str, Any], dict[str, pd.DataFrame], ModelInfo]:
+    """Read what :func:`write_probe` wrote: ``(folder, record fields, tables, info)``, every digest checked.
+
+    Raises:
+        MissingFileError: no such folder, no record, a listed table missing (names it).
+        ReportFileError: another format, an edited record or table (names it), tables other than ``names``, a
+            malformed record (no summary, options, info or float_keys).
+        OptionTypeError: ``path`` is not a path.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
+    d = Path(path).expanduser()
+    rec = d / record
+    raw, tables = read_tables_record(d, record, (fmt,), frozenset())
+    fk = raw.get("float_keys")
+    if not (isinstance(fk, list) and all(isinstance(k, str) for k in fk)):
+        raise ReportFileError(f"{rec}: a malformed record (float_keys is not a list of names).")
+    fields = json_restore(raw, frozenset(fk), int_keys=False)
+    if set(tables) != set(names):
+        raise ReportFileError(f"{rec} lists tables {sorted(tables)}; this save has {sorted(names)}.")
+    for k in ("summary", "options", "info"):
+        if not isinstance(fields.get(k), dict):
+            raise ReportFileError(f"{rec}: a malformed record (no {k}).")
+    try:
+        info = ModelInfo(**fields["info"])
+    except (TypeError, ValueError) as e:
+        raise ReportFileError(f"{rec}: a malformed info ({type(e).__name__}: {e}).") from e
+    return d, fields, tables, info
+
+
+def check_model_fits(what: str, summary: Mapping[str, Any], info: ModelInfo, layers: list[int], model: Any) -> None:
+    """Refuse a model whose sizes, weight processing, measured layers' weights (``weights_fingerprint``) or
+    embeddings (``embedding_fingerprint``) are not those the result was computed from.
+
+    Raises:
+        OptionTypeError: not a TransformerLens model. ReportMismatchError (an ``OptionError``): names what differs.
+    """
+    if not is_tl_model(model):
+        raise OptionTypeError(
+            f"A {what} result is checked against a TransformerLens model (HookedTransformer or TransformerBridge); "
+            f"got {type(model).__name__}."
+        )
+    src = TLModelSource(model)
+    mine = src.info
+    again = f"compute the {what} result again from this model."
+    if mine.sizes != info.sizes:
+        raise ReportMismatchError(
+            f"This {what} result is of a model of sizes {info.sizes}; this one has {mine.sizes}: {again}"
+        )
+    if dict(mine.processing) != dict(info.processing):
+        raise ReportMismatchError(
+            f"This {what} result was computed from weights processed as {dict(info.processing)}; this model's are "
+            f"{dict(mine.processing)}: {again}"
+        )
+    fp = combined_fingerprint([(lay, read_layer(src, lay, mine).fingerprint()) for lay in layers])
+    if fp != summary.get("weights_fingerprint"):
+        raise ReportMismatchError(
+            f"This {what} result was computed from other attention weights (layers {layers[:8]}: weights_fingerprint "
+            f"{str(summary.get('weights_fingerprint'))[:12]}..., this model's {fp[:12]}...): {again}"
+        )
+    with torch.no_grad():
+        efp = embedding_fingerprint(model.W_E, model.W_U)
+    if efp != summary.get("embedding_fingerprint"):
+        raise ReportMismatchError(
+            f"This {what} result was computed from other embeddings (W_E, W_U: embedding_fingerprint "
+            f"{str(summary.get('embedding_fingerprint'))[:12]}..., this model's {efp[:12]}...): {again}"
+        )
