@@ -100,7 +100,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "resume_key",
             "src/tl_idempotence/report/parts.py",
-            ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.report.parts.x__record_digest*"),
+            ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.core.files.x_record_digest*"),
             ("tests/unit/report/test_resume.py", "tests/unit/report/test_resume_integrity.py"),
             "a resumed layer is taken only if its weight fingerprint, options and digest match",
             # mutmut calls ResumeDir.load through its trampoline, a frame of mutmut.mutation.trampoline between
@@ -109,13 +109,15 @@ TARGETS: dict[str, Target] = {
             deselect=(
                 "tests/unit/report/test_resume_integrity.py::test_a_stale_part_warning_points_at_the_users_line",
             ),
+            more_sources=("src/tl_idempotence/core/files.py",),
         ),
         Target(
             "store_digest",
             "src/tl_idempotence/report/store.py",
-            ("tl_idempotence.report.store.x__digest*", "tl_idempotence.report.store.x__check_tables_fit_info*"),
+            ("tl_idempotence.core.files.x_record_digest*", "tl_idempotence.report.store.x__check_tables_fit_info*"),
             ("tests/unit/report/test_store_record.py",),  # its fastest killing tests (test_store.py: SmolLM2, minutes)
             "a saved report's record digest, and its tables checked against the sizes its record states",
+            more_sources=("src/tl_idempotence/core/files.py",),
             marker=QUICK,
         ),
         Target(  # split from store_digest: 203 mutants, ~10 s each on the shared machine (over half an hour)

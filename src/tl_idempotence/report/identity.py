@@ -19,7 +19,7 @@ The option comparison (:func:`option_differences`, :data:`COMPARED_OPTIONS`) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -42,6 +42,7 @@ __all__ = [
     "option_differences",
     "origin_of",
     "processing_key",
+    "recorded_flags",
     "report_layer_fingerprints",
     "report_mismatch",
 ]
@@ -108,13 +109,19 @@ def origin_of(summary: Mapping[str, Any]) -> Origin | None:
     return None
 
 
+def recorded_flags(summary: Mapping[str, Any], names: Sequence[str]) -> tuple[bool | None, ...]:
+    """The processing flags ``names`` as a summary's ``processing`` records them: each a bool, or ``None`` where
+    the source does not record it. Raises nothing."""
+    proc = summary.get("processing") or {}
+    return tuple(None if proc.get(k) is None else bool(proc.get(k)) for k in names)
+
+
 def processing_key(summary: Mapping[str, Any]) -> tuple[bool, ...]:
     """The processing flags that change T (SPEC 10) as a tuple: ``raw`` then
     :data:`~tl_idempotence.core.processing.T_PROCESSING` without it; a flag a source does not record counts
     as not applied."""
-    proc = summary.get("processing") or {}
-    flags = tuple(bool(proc.get(k)) for k in T_PROCESSING if k != "raw")
-    raw = proc.get("raw")
+    raw, *recorded = recorded_flags(summary, T_PROCESSING)
+    flags = tuple(bool(f) for f in recorded)
     return (bool(raw) if raw is not None else not any(flags), *flags)
 
 

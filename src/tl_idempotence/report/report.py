@@ -25,6 +25,7 @@ from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, resolve_layers
+from ..core.selection import head_labels
 from ..errors import OptionTypeError, ResumeError
 from ..sources.dispatch import head_source, model_inputs
 from .export import EXPORT_HEAD_COLUMNS, EXPORT_ROLE_COLUMNS, export_record, heads_with_roles, report_output
@@ -51,7 +52,6 @@ __all__ = [
     "add_q_values",
     "assemble",
     "export_record",
-    "head_label",
     "heads_with_roles",
     "idempotence_report",
     "load_report",
@@ -72,11 +72,6 @@ REPORT_LEVEL_COLUMNS = ("q_value",)
 HEAD_COLUMNS = ["layer", "head", "kv_head", "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"]
 
 
-def head_label(layer: int, head: int) -> str:
-    """TransformerLens's head label, e.g. ``"L10H8"``."""
-    return f"L{int(layer)}H{int(head)}"
-
-
 def load_report(path: PathLike) -> IdempotenceReport:
     """A report saved with :meth:`IdempotenceReport.save`: the same tables, summary, figures and HTML.
 
@@ -92,7 +87,7 @@ def load_report(path: PathLike) -> IdempotenceReport:
     """
     rec = read_record(path)
     heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # saved before q-values
-    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
+    heads.index = head_labels(heads["layer"], heads["head"])
     return IdempotenceReport(
         heads=heads,
         layers=rec.layers,
@@ -232,7 +227,7 @@ def assemble(
 ) -> IdempotenceReport:
     """The report from finished layer parts (the end of the loop; also used by resumed and loaded reports)."""
     heads = add_q_values(pd.concat([p.heads for p in parts], ignore_index=True))
-    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
+    heads.index = head_labels(heads["layer"], heads["head"])
     layers = pd.DataFrame([p.row for p in parts])
     tables = concat_tables(parts)
     summary = build_summary(heads, layers, tables, info, options, analyses)

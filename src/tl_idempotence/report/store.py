@@ -32,7 +32,7 @@ import pandas as pd
 
 from ..analyses.registry import report_analyses
 from ..analyses.scramble import bh_q_values, scramble_effect
-from ..core.files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
+from ..core.files import atomic_write_bytes, atomic_write_text, read_json, record_digest, sha256_bytes, sha256_file
 from ..core.heads import ModelInfo, kv_layout
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
@@ -114,15 +114,6 @@ def _info_record(info: ModelInfo) -> dict[str, Any]:
     )
 
 
-def _digest(record: dict[str, Any]) -> str:
-    """sha256 of the record without its ``digest`` (canonical JSON), or "" when it is not JSON-able."""
-    body = {k: v for k, v in record.items() if k != "digest"}
-    try:
-        return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8"))
-    except (TypeError, ValueError):
-        return ""
-
-
 #: Every table a report save can write (``<name>.parquet``): the per-head and per-layer tables and the analyses'
 #: long tables. ``overwrite=True`` deletes only these, and only when the earlier record lists them and passes its
 #: own digest (``tests/unit/report/test_store_hostile.py`` checks that a report with every analysis writes no other).
@@ -161,7 +152,7 @@ def _own_files(d: Path) -> list[Path]:
         raise OptionError(f"{rec_file} cannot be read as a report record ({type(e).__name__}: {e}); {refuse}") from e
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         raise OptionError(f"{rec_file} is not a {FORMAT} record; {refuse}")
-    if rec.get("digest") != _digest(rec):
+    if rec.get("digest") != record_digest(rec):
         raise OptionError(
             f"{rec_file} does not match its recorded sha256 digest (it was edited or damaged), so the files it "
             f"lists may not be the report's; {refuse}"
@@ -244,7 +235,7 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
         kv_map = _stated_kv_map(rec.heads, rec.info)
         if kv_map:  # only a report of LayerHeads with their own kv_head_of: every model source uses kv_layout
             record[KV_MAP] = kv_map
-        record["digest"] = _digest(record)
+        record["digest"] = record_digest(record)
         # insertion order: the summary reads back as it was
         atomic_write_text(d / RECORD, json_text(record, JSON_RECORD, indent=1))
         written = {d / RECORD, *(d / f"{n}.parquet" for n in files)}
@@ -386,7 +377,7 @@ def read_record(path: Any) -> ReportRecord:
     if not isinstance(rec, dict) or rec.get("format") != FORMAT:
         fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
         raise ReportFileError(f"{rec_file} is not a {FORMAT} record (format {fmt!r}).")
-    if rec.get("digest") != _digest(rec):
+    if rec.get("digest") != record_digest(rec):
         raise ReportFileError(
             f"{rec_file} does not match its recorded sha256 digest: the record (summary, options, file list) was "
             "edited or damaged. Save the report again from its source."
@@ -694,7 +685,8 @@ def write_tables_record(
                 except (OSError, ValueError) as e:
                     raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
                 own = replaces if replaces is not None else {fmt: frozenset(tables)}
-                if not isinstance(prev, dict) or prev.get("format") not in own or prev.get("digest") != _digest(prev):
+                unedited = isinstance(prev, dict) and prev.get("digest") == record_digest(prev)
+                if not unedited or prev.get("format") not in own:
                     raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
                 listed = prev.get("files")
                 names: dict[str, Any] = listed if isinstance(listed, dict) else {}
@@ -713,7 +705,7 @@ def write_tables_record(
             atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
             files[name] = sha256_bytes(buf.getvalue())
         record = {"format": fmt, **json_safe(_tag_int_keys(fields)), "files": files}
-        record["digest"] = _digest(record)
+        record["digest"] = record_digest(record)
         atomic_write_text(rec_file, json_text(record, JSON_RECORD, indent=1))
         written = {rec_file, *(d / f"{n}.parquet" for n in files)}
         for p in old:
@@ -756,7 +748,7 @@ def read_tables_record(
     if not isinstance(rec, dict) or rec.get("format") not in formats:
         fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
         raise ReportFileError(f"{rec_file} is not a {' or '.join(formats)} record (format {fmt!r}).")
-    if rec.get("digest") != _digest(rec):
+    if rec.get("digest") != record_digest(rec):
         raise ReportFileError(
             f"{rec_file} does not match its recorded sha256 digest: the record was edited or damaged. Save the result "
             "again from its source."
