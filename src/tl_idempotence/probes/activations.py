@@ -68,6 +68,7 @@ from ..core.closure import closure_from_grams, layer_grams
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
 from ..core.kwargs import warn_at_caller
+from ..core.option_defaults import DEFAULT_THRESHOLD
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.results import Result
@@ -483,7 +484,7 @@ def activation_returns(
     control: Literal["scramble", "random"] | None = "scramble",
     nulls: IntLike = 4,
     seed: IntLike = 0,
-    threshold: RealLike = 0.9,
+    threshold: RealLike = DEFAULT_THRESHOLD,
     text_column: str = "text",
     progress: bool = True,
     n_control_draws: IntLike | None = None,
