@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from ..core.option_specs import report_options, resolve_layers
 from ..core.processing import T_PROCESSING
@@ -29,11 +29,13 @@ from ..errors import ReportMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+    from typing_extensions import Unpack
 
     from ..core.heads import HeadSource, ModelInfo
     from ..core.options import ReportOptions
 
 __all__ = [
+    "Expectations",
     "MeasuredReport",
     "Origin",
     "check_report_matches",
@@ -197,6 +199,18 @@ def _fingerprints_differ(saved: Mapping[int, str], current: Any, whose: str) -> 
     return None
 
 
+class Expectations(TypedDict, total=False):
+    """The keyword expectations of :func:`report_mismatch`, for :func:`check_report_matches`'s ``**expected``."""
+
+    origin: Origin | None
+    fingerprint: str | None
+    options: ReportOptions | None
+    source: HeadSource | None
+    processing_may_differ: bool
+    info: ModelInfo | None
+    fingerprints: Mapping[int, str] | None
+
+
 def report_mismatch(
     report: MeasuredReport,
     *,
@@ -301,13 +315,7 @@ def check_report_matches(
     *,
     what: str,
     fix: str,
-    origin: Origin | None = None,
-    fingerprint: str | None = None,
-    options: ReportOptions | None = None,
-    source: HeadSource | None = None,
-    processing_may_differ: bool = False,
-    info: ModelInfo | None = None,
-    fingerprints: Mapping[int, str] | None = None,
+    **expected: Unpack[Expectations],
 ) -> None:
     """:func:`report_mismatch`, raising when it finds a difference.
 
@@ -315,22 +323,12 @@ def check_report_matches(
         report: the report.
         what: the expected side in words, for the message (e.g. ``"The model given, 'gpt2' (HookedTransformer),"``).
         fix: what to do, for the message.
-        origin, fingerprint, options, source, processing_may_differ, info, fingerprints: as for
-            :func:`report_mismatch`.
+        expected: the expectations, as for :func:`report_mismatch` (:class:`Expectations`).
 
     Raises:
         ReportMismatchError: ``"{what} is not the model this report measured ({the report}): {reason}. {fix}"``.
     """
-    why = report_mismatch(
-        report,
-        origin=origin,
-        fingerprint=fingerprint,
-        options=options,
-        source=source,
-        processing_may_differ=processing_may_differ,
-        info=info,
-        fingerprints=fingerprints,
-    )
+    why = report_mismatch(report, **expected)
     if why is not None:
         raise ReportMismatchError(
             f"{what} is not the model this report measured ({describe_report(report)}): {why}. {fix}"
