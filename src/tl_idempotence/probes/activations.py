@@ -75,7 +75,7 @@ from ..core.results import Result
 from ..core.selection import head_labels, select_heads
 from ..errors import OptionError, UnsupportedModelError, WeightError
 from ..sources.tl import TLModelSource, is_tl_model
-from .tokens import default_corpus, prepare_tokens
+from .tokens import corpus_name, default_corpus, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Literal
@@ -571,7 +571,7 @@ def activation_returns(
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "threshold": threshold,
-        "corpus": "default (stdlib docstrings)" if texts_or_tokens is None else type(texts_or_tokens).__name__,
+        "corpus": corpus_name(texts_or_tokens),
         "excluded_positions": "special tokens (BOS/CLS/EOS/SEP/PAD)",
     }
     return ActivationReturns(heads=df, summary=summary, info=src.info, options=options)

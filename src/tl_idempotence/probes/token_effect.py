@@ -45,7 +45,7 @@ from ..core.selection import head_labels, select_heads
 from ..errors import OptionError
 from ..sources.tl import TLModelSource
 from .head_tokens import embedding_fingerprint, embedding_matrices
-from .tokens import prepare_tokens
+from .tokens import corpus_name, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import IntLike
@@ -237,7 +237,7 @@ def attended_token_effect(
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "seed": seed,
-        "corpus": "default (stdlib docstrings)" if texts is None else type(texts).__name__,
+        "corpus": corpus_name(texts),
     }
     return AttendedTokenEffect(
         _table=table, _positions=positions, summary=frozen(summary), info=info, options=frozen(options)
