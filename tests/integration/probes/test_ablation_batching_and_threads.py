@@ -185,7 +185,7 @@ def test_a_thread_count_the_user_set_is_kept(bridge, two_threads, monkeypatch):
     import tl_idempotence.core.threads as threads
 
     monkeypatch.setattr(threads, "_DEFAULT_THREADS", 4)  # imported on 4 threads; torch.set_num_threads(2) since
-    ab = ablation(bridge, [(0, 7)], TOKENS, n_controls=14, **KW)
+    ab = ablation(bridge, [(0, 7), (1, 2)], TOKENS, n_controls=14, **KW)  # 2 full chunks: a count could be tried
     assert ab.summary["threads"] == 2 and ab.summary["threads_seconds_per_set"] == {}
     assert torch.get_num_threads() == 2
 
