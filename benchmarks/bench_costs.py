@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 from _harness import bench_parser, loadavg, md_header, md_row, setting, use_threads
+from _harness import timed as timed_once
 
 CHEAP_S = 20.0
 
@@ -43,10 +43,9 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, int, Any]:
     walls, cpus = [], []
     out = None
     for i in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        out = fn()
-        walls.append(time.perf_counter() - t)
-        cpus.append(time.process_time() - c)
+        wall, cpu, out = timed_once(fn)
+        walls.append(wall)
+        cpus.append(cpu)
         if i == 0 and cpus[0] >= CHEAP_S:
             break
     return statistics.median(walls), statistics.median(cpus), len(walls), out
@@ -91,16 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         report("shared-value algebra", "tli.idempotence_report(model, algebra=True)", algebra=True)
 
     if not {"load", "activations"} <= skip:
-        t, c = time.perf_counter(), time.process_time()
-        model = tli.models.load(name, progress=False)
-        add(
-            "load the TransformerBridge",
-            f'tli.models.load("{name}")',
-            time.perf_counter() - t,
-            time.process_time() - c,
-            1,
-            "",
-        )
+        wall, cpu, model = timed_once(lambda: tli.models.load(name, progress=False))
+        add("load the TransformerBridge", f'tli.models.load("{name}")', wall, cpu, 1, "")
     if "activations" not in skip:
         wall, cpu, n, ret = timed(lambda: tli.activation_returns(model, progress=False), args.repeats)
         add(
