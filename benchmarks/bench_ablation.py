@@ -21,41 +21,22 @@ before and after, torch's thread count and the command line (``benchmarks/RESULT
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import os
-import platform
 import sys
-import time
 from typing import Any
 
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:  # pragma: no cover
-        return "n/a"
-
-
-def timed(fn: Any) -> tuple[float, float, Any]:
-    t, c = time.perf_counter(), time.process_time()
-    out = fn()
-    return time.perf_counter() - t, time.process_time() - c, out
+from _harness import bench_parser, loadavg, md_header, md_row, setting, timed, use_threads
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default 0: torch's own)")
+    ap = bench_parser(__doc__)
     ap.add_argument("--unbatched", action="store_true", help="also time batch_size=1 (one forward per head set)")
     args = ap.parse_args(argv)
 
     import numpy as np
-    import torch
 
     import tl_idempotence as tli
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     load_before = loadavg()
     wall_load, _, model = timed(lambda: tli.models.load("smollm2-135m", progress=False))
     wall_rep, _, rep = timed(lambda: model.idempotence_report(progress=False))
@@ -74,23 +55,28 @@ def main(argv: list[str] | None = None) -> None:
     s = ab.summary
     print(
         f"\nSmolLM2-135M (TransformerBridge, raw weights), {s['n_heads']} closed heads in layers {s['layers']}, "
-        f"{dt.date.today().isoformat()}, {platform.machine()} with {os.cpu_count()} CPUs, torch {torch.__version__} "
-        f"({torch.get_num_threads()} torch thread(s)); load average before {load_before}, after {loadavg()}.\n"
+        f"{setting(load_before)}.\n"
         f"Command: `{cmd}`. Loading the model: {wall_load:.1f} s; the report: {wall_rep:.1f} s (not included).\n"
     )
-    print(
-        "| run | call | wall time | CPU time | tokens | head sets | Δ loss (95 % CI) | controls: median, max "
-        "| p (floor) | batching | threads (s per set tried) |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(md_header("run", "call", "wall time", "CPU time", "tokens", "head sets", "Δ loss (95 % CI)",
+                    "controls: median, max", "p (floor)", "batching", "threads (s per set tried)"))  # fmt: skip
     for label, call, w, c, r in runs:
         t = r.summary
+        tried = ", ".join(f"{k}: {v:.2f}" for k, v in t["threads_seconds_per_set"].items()) or "not tried"
         print(
-            f"| {label} | `{call}` | {w:.1f} s | {c:.1f} s | {t['n_tokens']} in {t['n_windows']} windows | "
-            f"1 + {t['n_controls']} | {t['delta_loss']:.4f} ({t['delta_loss_ci_low']:.3f} to "
-            f"{t['delta_loss_ci_high']:.3f}) | {t['control_delta_median']:.4f}, {t['control_delta_max']:.4f} | "
-            f"{t['p_value']:.3f} ({t['p_value_floor']:.3f}) | {t['batching']} | {t['threads']} "
-            f"({', '.join(f'{k}: {v:.2f}' for k, v in t['threads_seconds_per_set'].items()) or 'not tried'}) |"
+            md_row(
+                label,
+                f"`{call}`",
+                f"{w:.1f} s",
+                f"{c:.1f} s",
+                f"{t['n_tokens']} in {t['n_windows']} windows",
+                f"1 + {t['n_controls']}",
+                f"{t['delta_loss']:.4f} ({t['delta_loss_ci_low']:.3f} to {t['delta_loss_ci_high']:.3f})",
+                f"{t['control_delta_median']:.4f}, {t['control_delta_max']:.4f}",
+                f"{t['p_value']:.3f} ({t['p_value_floor']:.3f})",
+                t["batching"],
+                f"{t['threads']} ({tried})",
+            )
         )
     print(
         f"\nExcess over the control median: {s['excess_over_controls']:.4f} nats/token (95 % CI "

@@ -27,24 +27,15 @@ several cores and torch's default threads finishes the batched parts faster than
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import os
-import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
+from _harness import bench_parser, loadavg, md_header, md_row, setting, use_threads
+from _harness import timed as timed_once
+
 CHEAP_S = 20.0
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:  # pragma: no cover
-        return "n/a"
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, int, Any]:
@@ -52,19 +43,17 @@ def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, float, int, Any]:
     walls, cpus = [], []
     out = None
     for i in range(repeats):
-        t, c = time.perf_counter(), time.process_time()
-        out = fn()
-        walls.append(time.perf_counter() - t)
-        cpus.append(time.process_time() - c)
+        wall, cpu, out = timed_once(fn)
+        walls.append(wall)
+        cpus.append(cpu)
         if i == 0 and cpus[0] >= CHEAP_S:
             break
     return statistics.median(walls), statistics.median(cpus), len(walls), out
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = bench_parser(__doc__, threads=1)
     ap.add_argument("--repeats", type=int, default=3, help="runs per cheap measurement (median); default 3")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1; 0: torch's own)")
     ap.add_argument("--model", default="smollm2-135m", help="a zoo model name (default smollm2-135m)")
     steps = ("report", "nulls", "search", "algebra", "load", "activations")
     ap.add_argument("--skip", default="", help=f"comma-separated steps to leave out, of {', '.join(steps)}")
@@ -73,12 +62,9 @@ def main(argv: list[str] | None = None) -> None:
     if skip - set(steps):
         ap.error(f"--skip: unknown step(s) {sorted(skip - set(steps))}; valid: {', '.join(steps)}")
 
-    import torch
-
     import tl_idempotence as tli
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     name = args.model
     if name not in tli.models.known_models():
         ap.error(f"--model: not a zoo model: {name!r} (known: {', '.join(tli.models.known_models())})")
@@ -104,16 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         report("shared-value algebra", "tli.idempotence_report(model, algebra=True)", algebra=True)
 
     if not {"load", "activations"} <= skip:
-        t, c = time.perf_counter(), time.process_time()
-        model = tli.models.load(name, progress=False)
-        add(
-            "load the TransformerBridge",
-            f'tli.models.load("{name}")',
-            time.perf_counter() - t,
-            time.process_time() - c,
-            1,
-            "",
-        )
+        wall, cpu, model = timed_once(lambda: tli.models.load(name, progress=False))
+        add("load the TransformerBridge", f'tli.models.load("{name}")', wall, cpu, 1, "")
     if "activations" not in skip:
         wall, cpu, n, ret = timed(lambda: tli.activation_returns(model, progress=False), args.repeats)
         add(
@@ -140,19 +118,16 @@ def main(argv: list[str] | None = None) -> None:
     a = tli.models.model_spec(name)["architecture"]
     print(
         f"\n{name} ({a['n_layers']} layers x {a['n_heads']} heads, {a['n_kv_heads']} kv heads, d_head {a['d_head']}; "
-        f"weights from the zoo's cached files), {dt.date.today().isoformat()}, "
-        f"{platform.machine()} with {os.cpu_count()} CPUs, torch {torch.__version__} ({torch.get_num_threads()} torch "
-        f"thread(s)); load average before {load_before}, after {loadavg()}.\nCommand: `{cmd}`\n"
+        f"weights from the zoo's cached files), {setting(load_before)}.\nCommand: `{cmd}`\n"
     )
-    print("| analysis | call | CPU time | wall time | runs | per unit |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(md_header("analysis", "call", "CPU time", "wall time", "runs", "per unit"))
 
     def fmt(sec: float) -> str:
         return f"{sec:.1f} s" if sec < 120 else f"{sec / 60:.1f} min"
 
     for label, call, wall, cpu, n, unit in rows:
         runs = f"median of {n}" if n > 1 else "1"
-        print(f"| {label} | `{call}` | {fmt(cpu)} | {fmt(wall)} | {runs} | {unit} |")
+        print(md_row(label, f"`{call}`", fmt(cpu), fmt(wall), runs, unit))
 
 
 if __name__ == "__main__":

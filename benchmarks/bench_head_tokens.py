@@ -13,51 +13,16 @@ load average before and after, torch's thread count and the command line (``benc
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import platform
 import sys
-import time
-from pathlib import Path
-from typing import Any
 
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:  # pragma: no cover
-        return "n/a"
-
-
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:  # pragma: no cover - not Linux
-        return None
-    return None
-
-
-def peak_above_start(fn: Any) -> tuple[float, float, float | None, Any]:
-    """``(wall s, CPU s, peak RSS above the RSS at the start in GB or None, result)`` of ``fn()``."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        start = _status_kb("VmRSS")
-    except OSError:  # pragma: no cover - not Linux
-        start = None
-    t, c = time.perf_counter(), time.process_time()
-    out = fn()
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
-    hwm = _status_kb("VmHWM")
-    peak = (hwm - start) / 1024**2 if start is not None and hwm is not None else None
-    return wall, cpu, peak, out
+from _harness import bench_parser, loadavg, md_header, md_row, peak_above_start, use_threads
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default 0: torch's own)")
+    ap = bench_parser(__doc__)
     ap.add_argument("--n-tokens", type=int, default=512, help="source tokens per head (default 512)")
     args = ap.parse_args(argv)
 
@@ -65,8 +30,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import tl_idempotence as tli
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     load_before = loadavg()
     wall_load, _, _, model = peak_above_start(lambda: tli.models.load("smollm2-135m", progress=False))
     wall, cpu, peak, r = peak_above_start(lambda: tli.head_tokens(model, n_tokens=args.n_tokens))
@@ -77,13 +41,11 @@ def main(argv: list[str] | None = None) -> None:
     print(r.to_text(5))
     peak_s = f"{peak:.2f} GB" if peak is not None else "n/a"
     print()
-    print("| date | what | wall s | CPU s | peak RSS above start | d_vocab² float64 | threads | load before/after |")
-    print("|---|---|---|---|---|---|---|---|")
-    print(
-        f"| {dt.date.today()} | head_tokens, {r.summary['n_heads']} heads x {r.summary['n_tokens']} tokens "
-        f"(load {wall_load:.1f} s) | {wall:.1f} | {cpu:.1f} | {peak_s} | {dense_gb:.1f} GB | "
-        f"{torch.get_num_threads()} | {load_before} / {load_after} |"
-    )
+    print(md_header("date", "what", "wall s", "CPU s", "peak RSS above start", "d_vocab² float64", "threads",
+                    "load before/after"))  # fmt: skip
+    what = f"head_tokens, {r.summary['n_heads']} heads x {r.summary['n_tokens']} tokens (load {wall_load:.1f} s)"
+    print(md_row(dt.date.today(), what, f"{wall:.1f}", f"{cpu:.1f}", peak_s, f"{dense_gb:.1f} GB",
+                 torch.get_num_threads(), f"{load_before} / {load_after}"))  # fmt: skip
     print(f"\n{platform.platform()}, Python {platform.python_version()}, torch {torch.__version__}; "
           f"command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")  # fmt: skip
 

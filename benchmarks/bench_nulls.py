@@ -26,6 +26,7 @@ import os
 import time
 
 import torch
+from _harness import loadavg
 
 from tl_idempotence.analyses.base import LayerContext
 from tl_idempotence.analyses.mismatch import MismatchAnalysis
@@ -37,10 +38,7 @@ from tl_idempotence.maths.closure import closure_from_grams, layer_grams
 
 
 def load() -> str:
-    try:
-        return "load average %.2f %.2f %.2f" % os.getloadavg()
-    except OSError:  # pragma: no cover
-        return "load average n/a"
+    return f"load average {loadavg()}"
 
 
 def random_layer(layer: int, n_heads: int, n_kv: int, d_model: int, d_head: int, dtype=torch.float32) -> LayerHeads:

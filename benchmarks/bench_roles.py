@@ -21,51 +21,16 @@ command line (``benchmarks/RESULTS.md``).
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import os
 import platform
 import sys
-import time
-from pathlib import Path
-from typing import Any
 
-
-def loadavg() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:  # pragma: no cover
-        return "n/a"
-
-
-def _status_kb(key: str) -> int | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except OSError:  # pragma: no cover - not Linux
-        return None
-    return None
-
-
-def peak_above_start(fn: Any) -> tuple[float, float, float | None, Any]:
-    """``(wall s, CPU s, peak RSS above the RSS at the start in GB or None, result)`` of ``fn()``."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
-        start = _status_kb("VmRSS")
-    except OSError:  # pragma: no cover - not Linux
-        start = None
-    t, c = time.perf_counter(), time.process_time()
-    out = fn()
-    wall, cpu = time.perf_counter() - t, time.process_time() - c
-    hwm = _status_kb("VmHWM")
-    peak = (hwm - start) / 1024**2 if start is not None and hwm is not None else None
-    return wall, cpu, peak, out
+from _harness import bench_parser, loadavg, md_header, md_row, peak_above_start, use_threads
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (default 0: torch's own)")
+    ap = bench_parser(__doc__)
     args = ap.parse_args(argv)
 
     import torch
@@ -73,8 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     import tl_idempotence as tli
     from tl_idempotence.probes.roles import copying_scores
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     load_before = loadavg()
     wall_load, _, _, model = peak_above_start(lambda: tli.models.load("smollm2-135m", progress=False))
     wall_rep, _, _, rep = peak_above_start(lambda: model.idempotence_report(progress=False))
@@ -95,11 +59,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{load_after} after. Model load {wall_load:.1f} s and report {wall_rep:.1f} s (not part of the targets). "
         f"d_vocab = {d_vocab}: a d_vocab² float64 matrix would take {dense_gb:.1f} GiB.\n"
     )
-    print("| what | wall | CPU | peak RSS above start | target |")
-    print("| --- | --- | --- | --- | --- |")
-    print(f"| copying scores, {len(table)} heads | {w_cop:.2f} s | {c_cop:.2f} s | {gb(m_cop)} | < 5 s |")
-    print(f"| `tli.head_roles(model)`, defaults | {w_roles:.2f} s | {c_roles:.2f} s | {gb(m_roles)} | < 30 s |")
-    print(f"| `rep.roles(roles=...)`: association only | {w_assoc:.2f} s | {c_assoc:.2f} s | | |")
+    print(md_header("what", "wall", "CPU", "peak RSS above start", "target"))
+    print(md_row(f"copying scores, {len(table)} heads", f"{w_cop:.2f} s", f"{c_cop:.2f} s", gb(m_cop), "< 5 s"))
+    print(md_row("`tli.head_roles(model)`, defaults", f"{w_roles:.2f} s", f"{c_roles:.2f} s", gb(m_roles), "< 30 s"))
+    print(md_row("`rep.roles(roles=...)`: association only", f"{w_assoc:.2f} s", f"{c_assoc:.2f} s", "", ""))
     a = assoc.association
     print(
         f"\nassociation: |copying| ρ = {a.loc['|copying|', 'spearman_rho']:.3f}, Mann-Whitney q = "

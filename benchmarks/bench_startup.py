@@ -33,7 +33,6 @@ under load the wall time also counts what the busy processes took, the CPU time 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import resource
 import shutil
@@ -43,6 +42,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _harness import busy_cores, md_header, md_row
 
 BIN = Path(sys.executable).parent
 CLI = str(BIN / "tl-idempotence")
@@ -76,20 +77,6 @@ def median(cmd: list[str], repeat: int, env: dict[str, str] | None = None, setup
     env = BASE_ENV if env is None else env
     run(cmd, env, setup)
     return statistics.median(run(cmd, env, setup) for _ in range(repeat))
-
-
-@contextlib.contextmanager
-def busy_cores(n: int):
-    """``n`` processes that each keep one core busy, for the duration of the block."""
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        time.sleep(1.0)
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 def pairs(a: list[str], b: list[str], repeat: int) -> dict[str, float]:
@@ -227,10 +214,9 @@ def main() -> None:
             f"\n### {label}\n\ntorch {__import__('torch').__version__}, {os.cpu_count()} CPUs, load average "
             f"{os.getloadavg()[0]:.2f} at the end, median of {args.repeat} fresh processes each\n"
         )
-        print('| command | wall | vs `python -c "import torch"` |')
-        print("| --- | --- | --- |")
+        print(md_header("command", "wall", 'vs `python -c "import torch"`'))
         for name, t in rows:
-            print(f"| `{name}` | {t:.2f} s | {t / floor:.2f}x |")
+            print(md_row(f"`{name}`", f"{t:.2f} s", f"{t / floor:.2f}x"))
         print(
             f"\n{args.repeat} interleaved pairs: floor {pr['wall_a']:.2f} s, cached main job {pr['wall_b']:.2f} s, "
             f"median ratio **{pr['wall_ratio']:.2f}x**; CPU time (user + system): floor {pr['cpu_a']:.2f} s, job "

@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+from _harness import status_kb
 
 N_HEADS, N_KV, D_MODEL, D_HEAD = 64, 4, 4096, 128
 
@@ -149,12 +150,9 @@ def phase_report(d: Path, dtype: torch.dtype, nulls: int, only: int = 0) -> dict
 
 
 def vm_hwm_bytes() -> int:
-    """Peak resident set size of this process (``VmHWM`` in /proc/self/status), bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Peak resident set size of this process (``VmHWM`` in /proc/self/status; ``ru_maxrss`` elsewhere), bytes."""
+    hwm = status_kb("VmHWM")
+    return (hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 def child(args: argparse.Namespace) -> None:

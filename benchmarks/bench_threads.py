@@ -14,14 +14,12 @@ per core keeps every core busy (a shared machine).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
-import subprocess
-import sys
 import time
 
 import torch
+from _harness import busy_cores, md_header, md_row
 
 import tl_idempotence as tli
 from tl_idempotence.core.threads import SMALL_LAYER_MACS, layer_macs
@@ -35,19 +33,6 @@ SHAPES = {
     "Llama-2-7B (32/32, 4096, 128)": (32, 32, 4096, 128),
     "Qwen3-235B (64/4, 4096, 128)": (64, 4, 4096, 128),
 }
-
-
-@contextlib.contextmanager
-def busy_cores(n: int):
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
-    try:
-        time.sleep(1.0)
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
 
 
 def layers_of(shape: tuple[int, int, int, int], n: int) -> list[tli.LayerHeads]:
@@ -76,8 +61,7 @@ def per_layer(lhs: list[tli.LayerHeads], threads: int, repeat: int, nulls: int) 
 
 def table(label: str, args: argparse.Namespace, default: int) -> None:
     print(f"\n### {label} (load average {os.getloadavg()[0]:.2f} at the start)\n")
-    print(f"| layer shape | multiply-adds | 1 thread | {default} threads | {default} threads / 1 thread |")
-    print("| --- | --- | --- | --- | --- |")
+    print(md_header("layer shape", "multiply-adds", "1 thread", f"{default} threads", f"{default} threads / 1 thread"))
     for name, shape in SHAPES.items():
         n = args.layers if shape[2] * shape[0] * shape[3] < 50_000_000 else 2
         lhs = layers_of(shape, n)
@@ -85,7 +69,7 @@ def table(label: str, args: argparse.Namespace, default: int) -> None:
         many = per_layer(lhs, default, args.repeat, args.nulls)
         macs = layer_macs(*shape)
         mark = " (one thread chosen)" if macs < SMALL_LAYER_MACS else ""
-        print(f"| {name} | {macs:.2e}{mark} | {one * 1e3:.1f} ms | {many * 1e3:.1f} ms | {many / one:.2f} |")
+        print(md_row(name, f"{macs:.2e}{mark}", f"{one * 1e3:.1f} ms", f"{many * 1e3:.1f} ms", f"{many / one:.2f}"))
 
 
 def main() -> None:

@@ -100,7 +100,7 @@ TARGETS: dict[str, Target] = {
         Target(
             "resume_key",
             "src/tl_idempotence/report/parts.py",
-            ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.report.parts.x__record_digest*"),
+            ("tl_idempotence.report.parts.xǁResumeDirǁload*", "tl_idempotence.core.files.x_record_digest*"),
             ("tests/unit/report/test_resume.py", "tests/unit/report/test_resume_integrity.py"),
             "a resumed layer is taken only if its weight fingerprint, options and digest match",
             # mutmut calls ResumeDir.load through its trampoline, a frame of mutmut.mutation.trampoline between
@@ -109,13 +109,15 @@ TARGETS: dict[str, Target] = {
             deselect=(
                 "tests/unit/report/test_resume_integrity.py::test_a_stale_part_warning_points_at_the_users_line",
             ),
+            more_sources=("src/tl_idempotence/core/files.py",),
         ),
         Target(
             "store_digest",
             "src/tl_idempotence/core/records.py",
-            ("tl_idempotence.core.records.x_record_digest*", "tl_idempotence.core.records.x_read_listed_tables*"),
+            ("tl_idempotence.core.files.x_record_digest*", "tl_idempotence.core.records.x_read_listed_tables*"),
             ("tests/unit/report/test_store_record.py",),  # its fastest killing tests (test_store.py: SmolLM2, minutes)
             "a saved record's digest, and its tables read only if they match their sha256s",
+            more_sources=("src/tl_idempotence/core/files.py",),
             marker=QUICK,
         ),
         Target(  # split from store_digest: 203 mutants, ~10 s each on the shared machine (over half an hour)

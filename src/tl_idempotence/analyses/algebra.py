@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
-import torch
 
 from ..core.heads import ModelInfo, source_info
+from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.options import ReportOptions, check_bool, resolve_layers, strict_kwargs
 from ..sources.dispatch import head_source
 from .algebra_maths import MHA_REASON, TABLES, SharedValueAlgebra, layer_algebra
@@ -30,10 +30,10 @@ __all__ = ["MHA_REASON", "AlgebraAnalysis", "SharedValueAlgebra", "layer_algebra
 def shared_value_algebra(
     model: ModelLike,
     *,
-    threshold: RealLike = 0.9,
+    threshold: RealLike = DEFAULT_THRESHOLD,
     layers: LayersLike = None,
-    compute_dtype: DtypeLike = torch.float64,
-    device: DeviceLike = "cpu",
+    compute_dtype: DtypeLike = DEFAULT_COMPUTE_DTYPE,
+    device: DeviceLike = DEFAULT_DEVICE,
     progress: bool = True,
     architecture: ArchitectureLike | None = None,
     prefix: str | None = None,

@@ -76,6 +76,7 @@ import torch
 
 from ..core.factors import DEGENERATE_RTOL, gram_eig, rank_rtol
 from ..core.heads import LayerHeads, ModelInfo
+from ..core.option_defaults import DEFAULT_THRESHOLD
 from ..core.options import check_layers, check_threshold, strict_kwargs
 from ..errors import OptionError
 from ..maths.closure import Grams, apply_exponents, closure_scalars, closure_sums
@@ -182,7 +183,7 @@ class SharedValueAlgebra(DrawnResult):
     closed_ranges: pd.DataFrame
     reason: str
     info: ModelInfo | None = None
-    threshold: float = 0.9
+    threshold: float = DEFAULT_THRESHOLD
     ranges_threshold: float | None = None
     ranges: pd.DataFrame | None = None
 
@@ -695,7 +696,7 @@ def _group_row(grp: _KvGroup, P: np.ndarray, head_rows: list[dict[str, Any]]) ->
 def layer_algebra(
     lh: LayerHeads,
     g: Grams,
-    threshold: float = 0.9,
+    threshold: float = DEFAULT_THRESHOLD,
     compute_dtype: torch.dtype = torch.float64,
     device: torch.device | str | None = None,
 ) -> SharedValueAlgebra:

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from ..core.heads import LayerHeads, source_info
+from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.options import (
     ReportOptions,
     strict_kwargs,
@@ -163,10 +164,10 @@ class MismatchResult(DrawnResult):
 def mismatch(
     model: ModelLike,
     *,
-    threshold: RealLike = 0.9,
+    threshold: RealLike = DEFAULT_THRESHOLD,
     layers: LayersLike = None,
-    compute_dtype: DtypeLike = torch.float64,
-    device: DeviceLike = "cpu",
+    compute_dtype: DtypeLike = DEFAULT_COMPUTE_DTYPE,
+    device: DeviceLike = DEFAULT_DEVICE,
     architecture: ArchitectureLike | None = None,
     prefix: str | None = None,
 ) -> MismatchResult:

@@ -48,6 +48,7 @@ from torch import Tensor
 
 from ..core.heads import LayerHeads
 from ..core.kwargs import warn_at_caller
+from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE
 from ..core.options import (
     ReportOptions,
     check_bool,
@@ -350,8 +351,8 @@ def orientation_scramble(
     *,
     layer: IntLike | None = None,
     return_K: bool = True,
-    compute_dtype: DtypeLike = torch.float64,
-    device: DeviceLike = "cpu",
+    compute_dtype: DtypeLike = DEFAULT_COMPUTE_DTYPE,
+    device: DeviceLike = DEFAULT_DEVICE,
     n_draws: IntLike | None = None,
 ) -> Scramble:
     """Orientation-scramble null for a batch of heads (SPEC 4b; paper: trained median P

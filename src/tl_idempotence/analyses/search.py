@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from ..core.heads import LayerHeads, source_info
+from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.options import (
     ReportOptions,
     check_compute_dtype,
@@ -212,7 +213,7 @@ class SearchResult(DrawnResult):
     K: Tensor
     D: Tensor
     S: Tensor
-    threshold: float = 0.9
+    threshold: float = DEFAULT_THRESHOLD
 
     repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "max_P_searched", "n_feasible", "n_budget_stops")
 
@@ -380,9 +381,9 @@ def constructive_search(
     lr: FloatLike | None = None,
     tol: FloatLike | None = None,
     seed: IntLike = 0,
-    threshold: RealLike = 0.9,
-    compute_dtype: DtypeLike = torch.float64,
-    device: DeviceLike = "cpu",
+    threshold: RealLike = DEFAULT_THRESHOLD,
+    compute_dtype: DtypeLike = DEFAULT_COMPUTE_DTYPE,
+    device: DeviceLike = DEFAULT_DEVICE,
     architecture: ArchitectureLike | None = None,
     prefix: str | None = None,
 ) -> SearchResult:

@@ -39,6 +39,7 @@ __all__ = [
     "is_stream",
     "package_code_sha256",
     "read_json",
+    "record_digest",
     "refuse_outputs_over_inputs",
     "sha256_bytes",
     "sha256_file",
@@ -245,6 +246,21 @@ def sha256_file(path: str | os.PathLike[str], limit: int | None = None, chunk: i
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of bytes."""
     return hashlib.sha256(data).hexdigest()
+
+
+def record_digest(record: dict[str, Any]) -> str:
+    """Hex sha256 of a JSON record without its ``digest`` field (canonical JSON: sorted keys, no spaces), or ""
+    when the rest is not strict JSON (never a real digest, so such a record does not verify). Raises nothing.
+
+    A saved record holds its own numbers, so an edit or a damaged byte anywhere in it (a number, a layer, a
+    fingerprint, a table's sha256) changes the digest.
+    """
+    body = {k: v for k, v in record.items() if k != "digest"}
+    try:
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        return ""
+    return sha256_bytes(text.encode("utf-8"))
 
 
 # the names of this process's own streams, whatever they point to (a pipe, a terminal, a regular file)

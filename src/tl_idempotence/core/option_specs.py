@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from ..errors import OptionError, OptionTypeError, TLIError
 from .kwargs import unknown_option_error
 from .limits import MAX_LAYER_INDEX, MAX_NULLS
+from .option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 
 if TYPE_CHECKING:  # pragma: no cover
     from .hints import DeviceLike, DtypeLike, IntLike, LayersLike, NullsLike, RealLike
@@ -418,7 +419,7 @@ def use_torch_checks(checks: Mapping[str, Callable[[Any, str], Any]]) -> None:
 GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
         "threshold",
-        0.9,
+        DEFAULT_THRESHOLD,
         "P threshold of a 'closed' head, in [0, 1] (the paper's 0.9)",
         "threshold",
         types="float",
@@ -451,7 +452,7 @@ GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "compute_dtype",
-        "float64",
+        DEFAULT_COMPUTE_DTYPE,
         "dtype of the d_model-long products O^T O, V^T O: float64 or float32 (faster on large checkpoints, "
         "|dP| < 1e-6 measured; the d_head-sized algebra stays float64)",
         "choice",
@@ -463,7 +464,7 @@ GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
     ),
     OptionSpec(
         "device",
-        "cpu",
+        DEFAULT_DEVICE,
         "where the products and the controls run: cpu, cuda, cuda:N or auto (results are CPU float64)",
         "device",
         "DEVICE",

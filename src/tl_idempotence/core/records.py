@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
-from .files import atomic_write_bytes, atomic_write_text, read_json, sha256_bytes, sha256_file
+from .files import atomic_write_bytes, atomic_write_text, read_json, record_digest, sha256_bytes, sha256_file
 from .jsonio import RECORD, json_ready, json_restore, json_text
 from .options import check_bool
 
@@ -32,7 +32,6 @@ __all__ = [
     "index_column",
     "read_listed_tables",
     "read_tables_record",
-    "record_digest",
     "same_value",
     "tag_int_keys",
     "untag_int_keys",
@@ -62,15 +61,6 @@ def untag_int_keys(x: Any) -> Any:
     if isinstance(x, list):
         return [untag_int_keys(v) for v in x]
     return x
-
-
-def record_digest(record: dict[str, Any]) -> str:
-    """sha256 of the record without its ``digest`` (canonical JSON), or "" when it is not JSON-able."""
-    body = {k: v for k, v in record.items() if k != "digest"}
-    try:
-        return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8"))
-    except (TypeError, ValueError):
-        return ""
 
 
 def index_column(df: pd.DataFrame, name: str, where: Path) -> np.ndarray:

@@ -46,6 +46,7 @@ from torch import Tensor
 
 from ..core.factors import DEGENERATE_RTOL, gram_rank, principal_factors, rank_rtol
 from ..core.heads import LayerHeads, check_storage, check_weights
+from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE
 from ..core.options import check_bool, check_compute_dtype, check_device, strict_kwargs
 from ..errors import OptionError, OptionTypeError, WeightError
 from ..views.results import DrawnResult
@@ -679,8 +680,8 @@ def closure(
     heads: HeadWeightsLike,
     *,
     factors: bool = True,
-    compute_dtype: DtypeLike = torch.float64,
-    device: DeviceLike = "cpu",
+    compute_dtype: DtypeLike = DEFAULT_COMPUTE_DTYPE,
+    device: DeviceLike = DEFAULT_DEVICE,
 ) -> Closure:
     """Closure of every head in a FactoredMatrix, a ``(W_V, W_O)`` pair or a LayerHeads (SPEC 2-3).
 

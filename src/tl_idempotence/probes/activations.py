@@ -67,6 +67,7 @@ from torch import Tensor
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
 from ..core.kwargs import warn_at_caller
+from ..core.option_defaults import DEFAULT_THRESHOLD
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.selection import head_labels, select_heads
@@ -74,7 +75,7 @@ from ..errors import OptionError, UnsupportedModelError, WeightError
 from ..maths.closure import closure_from_grams, layer_grams
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
-from .tokens import default_corpus, prepare_tokens
+from .tokens import corpus_name, default_corpus, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Literal
@@ -483,7 +484,7 @@ def activation_returns(
     control: Literal["scramble", "random"] | None = "scramble",
     nulls: IntLike = 4,
     seed: IntLike = 0,
-    threshold: RealLike = 0.9,
+    threshold: RealLike = DEFAULT_THRESHOLD,
     text_column: str = "text",
     progress: bool = True,
     n_control_draws: IntLike | None = None,
@@ -570,7 +571,7 @@ def activation_returns(
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "threshold": threshold,
-        "corpus": "default (stdlib docstrings)" if texts_or_tokens is None else type(texts_or_tokens).__name__,
+        "corpus": corpus_name(texts_or_tokens),
         "excluded_positions": "special tokens (BOS/CLS/EOS/SEP/PAD)",
     }
     return ActivationReturns(heads=df, summary=summary, info=src.info, options=options)

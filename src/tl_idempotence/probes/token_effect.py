@@ -49,7 +49,7 @@ from ..sources.tl import TLModelSource
 from ..views.results import DrawnResult
 from .head_tokens import embedding_matrices
 from .token_records import check_model_fits, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
-from .tokens import prepare_tokens
+from .tokens import corpus_name, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import IntLike, PathLike
@@ -304,7 +304,7 @@ def attended_token_effect(
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "seed": seed,
-        "corpus": "default (stdlib docstrings)" if texts is None else type(texts).__name__,
+        "corpus": corpus_name(texts),
     }
     return AttendedTokenEffect(table=table, positions=positions, summary=summary, info=info, options=options)
 

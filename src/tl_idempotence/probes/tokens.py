@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DEFAULT_CORPUS_MODULES",
+    "corpus_name",
     "default_corpus",
     "prepare_tokens",
     "special_ids",
@@ -92,6 +93,13 @@ DEFAULT_CORPUS_MODULES = (
 
 #: Longest window :func:`prepare_tokens` makes (tokens).
 MAX_SEQ_LEN = 1 << 24
+
+
+def corpus_name(texts: Any) -> str:
+    """What a probe's ``options`` record as its corpus: ``"default (stdlib docstrings)"`` for ``None``
+    (:func:`default_corpus`), else the type of what was given (``"list"``, ``"Tensor"``, ``"Dataset"``). Raises
+    nothing."""
+    return "default (stdlib docstrings)" if texts is None else type(texts).__name__
 
 
 @strict_kwargs

@@ -19,9 +19,9 @@ The option comparison (:func:`option_differences`, :func:`compared_options`) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from ..core.option_specs import report_options, resolve_layers
 from ..core.processing import T_PROCESSING
@@ -29,11 +29,13 @@ from ..errors import ReportMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+    from typing_extensions import Unpack
 
     from ..core.heads import HeadSource, ModelInfo
     from ..core.options import ReportOptions
 
 __all__ = [
+    "Expectations",
     "MeasuredReport",
     "Origin",
     "check_report_matches",
@@ -42,6 +44,7 @@ __all__ = [
     "option_differences",
     "origin_of",
     "processing_key",
+    "recorded_flags",
     "report_layer_fingerprints",
     "report_mismatch",
 ]
@@ -101,13 +104,19 @@ def origin_of(summary: Mapping[str, Any]) -> Origin | None:
     return None
 
 
+def recorded_flags(summary: Mapping[str, Any], names: Sequence[str]) -> tuple[bool | None, ...]:
+    """The processing flags ``names`` as a summary's ``processing`` records them: each a bool, or ``None`` where
+    the source does not record it. Raises nothing."""
+    proc = summary.get("processing") or {}
+    return tuple(None if proc.get(k) is None else bool(proc.get(k)) for k in names)
+
+
 def processing_key(summary: Mapping[str, Any]) -> tuple[bool, ...]:
     """The processing flags that change T (SPEC 10) as a tuple: ``raw`` then
     :data:`~tl_idempotence.core.processing.T_PROCESSING` without it; a flag a source does not record counts
     as not applied."""
-    proc = summary.get("processing") or {}
-    flags = tuple(bool(proc.get(k)) for k in T_PROCESSING if k != "raw")
-    raw = proc.get("raw")
+    raw, *recorded = recorded_flags(summary, T_PROCESSING)
+    flags = tuple(bool(f) for f in recorded)
     return (bool(raw) if raw is not None else not any(flags), *flags)
 
 
@@ -181,6 +190,18 @@ def _fingerprints_differ(saved: Mapping[int, str], current: Any, whose: str) -> 
         if have != saved[layer]:
             return f"layer {layer}'s attention weights differ (weight fingerprint)"
     return None
+
+
+class Expectations(TypedDict, total=False):
+    """The keyword expectations of :func:`report_mismatch`, for :func:`check_report_matches`'s ``**expected``."""
+
+    origin: Origin | None
+    fingerprint: str | None
+    options: ReportOptions | None
+    source: HeadSource | None
+    processing_may_differ: bool
+    info: ModelInfo | None
+    fingerprints: Mapping[int, str] | None
 
 
 def report_mismatch(
@@ -287,13 +308,7 @@ def check_report_matches(
     *,
     what: str,
     fix: str,
-    origin: Origin | None = None,
-    fingerprint: str | None = None,
-    options: ReportOptions | None = None,
-    source: HeadSource | None = None,
-    processing_may_differ: bool = False,
-    info: ModelInfo | None = None,
-    fingerprints: Mapping[int, str] | None = None,
+    **expected: Unpack[Expectations],
 ) -> None:
     """:func:`report_mismatch`, raising when it finds a difference.
 
@@ -301,22 +316,12 @@ def check_report_matches(
         report: the report.
         what: the expected side in words, for the message (e.g. ``"The model given, 'gpt2' (HookedTransformer),"``).
         fix: what to do, for the message.
-        origin, fingerprint, options, source, processing_may_differ, info, fingerprints: as for
-            :func:`report_mismatch`.
+        expected: the expectations, as for :func:`report_mismatch` (:class:`Expectations`).
 
     Raises:
         ReportMismatchError: ``"{what} is not the model this report measured ({the report}): {reason}. {fix}"``.
     """
-    why = report_mismatch(
-        report,
-        origin=origin,
-        fingerprint=fingerprint,
-        options=options,
-        source=source,
-        processing_may_differ=processing_may_differ,
-        info=info,
-        fingerprints=fingerprints,
-    )
+    why = report_mismatch(report, **expected)
     if why is not None:
         raise ReportMismatchError(
             f"{what} is not the model this report measured ({describe_report(report)}): {why}. {fix}"

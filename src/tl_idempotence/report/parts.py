@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import io
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from ..core.files import (
     atomic_write_text,
     package_code_sha256,
     read_json,
+    record_digest,
     sha256_bytes,
     sha256_file,
 )
@@ -70,20 +70,6 @@ def json_safe(x: Any) -> Any:
     """``x`` as strict JSON under the record policy (:data:`~tl_idempotence.core.jsonio.RECORD`): numpy scalars
     as Python scalars, NaN/inf as the strings "NaN"/"Infinity"/"-Infinity"; :func:`json_restore` undoes it."""
     return json_ready(x, RECORD)
-
-
-def _record_digest(rec: dict[str, Any]) -> str:
-    """sha256 of a part record without its ``digest`` field (canonical JSON: sorted keys, no spaces).
-
-    The record holds the layer row's numbers itself, so an edit or a damaged byte anywhere in it
-    (a number, the layer, the fingerprint, a table's sha256) is detected.
-    """
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    try:
-        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError):
-        return ""
-    return sha256_bytes(text.encode("utf-8"))
 
 
 def _parquet_bytes(df: pd.DataFrame) -> bytes:
@@ -192,7 +178,7 @@ class ResumeDir:
         if not isinstance(rec, dict) or rec.get("format") != FORMAT:
             stale("not a part record of this format")
             return None
-        if rec.get("digest") != _record_digest(rec):
+        if rec.get("digest") != record_digest(rec):
             stale("its record does not match its recorded sha256 digest (edited or damaged)")
             return None
         if rec.get("layer") != int(layer):
@@ -261,7 +247,7 @@ class ResumeDir:
                 "row_keys": [str(k) for k in part.row],
                 "files": files,
             }
-            rec["digest"] = _record_digest(rec)
+            rec["digest"] = record_digest(rec)
             atomic_write_text(self._record(part.layer), json_text(rec, RECORD, indent=1, sort_keys=True))
         except OSError as e:
             where = Path(e.filename).name if getattr(e, "filename", None) else self.dir

@@ -25,6 +25,7 @@ from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
 from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, resolve_layers
+from ..core.selection import head_labels
 from ..errors import OptionTypeError, ResumeError
 from ..sources.dispatch import head_source, model_inputs
 from .parts import ResumeDir
@@ -42,7 +43,6 @@ __all__ = [
     "IdempotenceReport",
     "add_q_values",
     "assemble",
-    "head_label",
     "idempotence_report",
     "load_report",
     "report_with_options",
@@ -55,11 +55,6 @@ SEARCH_CPU_S_PER_LAYER = 1.4
 #: Columns of :attr:`IdempotenceReport.heads` that depend on every measured head, not on one layer (derived by
 #: :func:`add_q_values` after the per-layer rows; what the analyses' contract of layer independence leaves out).
 REPORT_LEVEL_COLUMNS = ("q_value",)
-
-
-def head_label(layer: int, head: int) -> str:
-    """TransformerLens's head label, e.g. ``"L10H8"``."""
-    return f"L{int(layer)}H{int(head)}"
 
 
 def load_report(path: PathLike) -> IdempotenceReport:
@@ -77,7 +72,7 @@ def load_report(path: PathLike) -> IdempotenceReport:
     """
     rec = read_record(path)
     heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # a table without q-values
-    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
+    heads.index = head_labels(heads["layer"], heads["head"])
     return IdempotenceReport(
         heads=heads,
         layers=rec.layers,
@@ -217,7 +212,7 @@ def assemble(
 ) -> IdempotenceReport:
     """The report from finished layer parts (the end of the loop; also used by resumed and loaded reports)."""
     heads = add_q_values(pd.concat([p.heads for p in parts], ignore_index=True))
-    heads.index = pd.Index([head_label(a, b) for a, b in zip(heads["layer"], heads["head"])], name="label")
+    heads.index = head_labels(heads["layer"], heads["head"])
     layers = pd.DataFrame([p.row for p in parts])
     tables = concat_tables(parts)
     summary = build_summary(heads, layers, tables, info, options, analyses)

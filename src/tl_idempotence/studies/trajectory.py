@@ -54,6 +54,7 @@ from ..core.option_specs import ReportOptionsArgs, documents_options
 from ..core.options import ReportOptions, check_bool, check_int, strict_kwargs
 from ..core.processing import T_PROCESSING
 from ..errors import MissingFileError, OptionError, OptionTypeError
+from ..report.identity import recorded_flags
 from ..report.report import report_with_options
 from ..sources.dispatch import head_source
 from ..sources.lineage import Lineage, lineage_checkpoints
@@ -493,11 +494,6 @@ def _load(c: _Ckpt, loader: Callable[[Any], Any] | None) -> Any:
     return c.spec
 
 
-def _processing_key(summary: Mapping[str, Any]) -> tuple[Any, ...]:
-    proc = summary.get("processing") or {}
-    return tuple(bool(proc.get(k)) if proc.get(k) is not None else None for k in PROCESSING_FLAGS)
-
-
 #: trajectory's own parameters (suggested, with the options, for a misspelled keyword).
 _OWN_PARAMETERS = ("checkpoints", "heads", "cache_dir", "loader", "allow_mixed_processing", "progress", "client")
 
@@ -657,7 +653,7 @@ def _combine(
 ) -> Trajectory:
     """The trajectory tables from per-checkpoint reports (in checkpoint order)."""
     threshold = opts.threshold
-    procs = {c.label: _processing_key(rep.summary) for c, rep, _ in results}
+    procs = {c.label: recorded_flags(rep.summary, PROCESSING_FLAGS) for c, rep, _ in results}
     # A flag conflicts when two checkpoints record different known values (None = not recorded).
     conflicts = [
         k for n, k in enumerate(PROCESSING_FLAGS) if len({key[n] for key in procs.values() if key[n] is not None}) > 1

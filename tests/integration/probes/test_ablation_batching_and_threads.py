@@ -144,13 +144,13 @@ class SlowOn:
 @pytest.fixture
 def two_threads(monkeypatch):
     """torch on 2 threads, as if that were its count at import (the user chose nothing); restored after."""
-    import tl_idempotence.probes.ablation.passes as mod  # the passes read the clock and the thread count
+    import tl_idempotence.core.threads as threads  # the thread count the user chose nothing against
 
     before = torch.get_num_threads()
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(k, raising=False)
     torch.set_num_threads(2)
-    monkeypatch.setattr(mod, "_IMPORT_THREADS", 2)
+    monkeypatch.setattr(threads, "_DEFAULT_THREADS", 2)
     yield
     torch.set_num_threads(before)
 
@@ -182,10 +182,10 @@ def test_the_faster_thread_count_runs_the_ablated_passes(bridge, monkeypatch, tw
 
 @pytest.mark.bridge
 def test_a_thread_count_the_user_set_is_kept(bridge, two_threads, monkeypatch):
-    import tl_idempotence.probes.ablation.passes as mod  # the passes read the clock and the thread count
+    import tl_idempotence.core.threads as threads
 
-    monkeypatch.setattr(mod, "_IMPORT_THREADS", 4)  # imported on 4 threads; torch.set_num_threads(2) since
-    ab = ablation(bridge, [(0, 7)], TOKENS, n_controls=14, **KW)
+    monkeypatch.setattr(threads, "_DEFAULT_THREADS", 4)  # imported on 4 threads; torch.set_num_threads(2) since
+    ab = ablation(bridge, [(0, 7), (1, 2)], TOKENS, n_controls=14, **KW)  # 2 full chunks: a count could be tried
     assert ab.summary["threads"] == 2 and ab.summary["threads_seconds_per_set"] == {}
     assert torch.get_num_threads() == 2
 

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-from tl_idempotence.core.records import record_digest as _digest
+from tl_idempotence.core.files import record_digest
 from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from tl_idempotence.report.roles import ROLES_RECORD, RoleAssociation
 from tl_idempotence.testing import bridge_from_dir
@@ -43,7 +43,7 @@ def _rewrite_table(d, name, edit):
     from tl_idempotence.core.files import sha256_bytes
 
     rec["files"][name] = sha256_bytes(buf.getvalue())
-    rec["digest"] = _digest(rec)
+    rec["digest"] = record_digest(rec)
     (d / ROLES_RECORD).write_text(json.dumps(rec))
 
 
@@ -98,7 +98,7 @@ def test_a_median_edited_with_its_digest_is_refused(assoc, tmp_path):
     tli.save_roles(assoc.roles, d)
     rec = json.loads((d / ROLES_RECORD).read_text())
     rec["summary"]["median_induction"] = 0.99
-    rec["digest"] = _digest(rec)
+    rec["digest"] = record_digest(rec)
     (d / ROLES_RECORD).write_text(json.dumps(rec))
     with pytest.raises(ReportFileError, match=r"summary\['median_induction'\] is 0\.99 but .* from .*roles\.parquet"):
         tli.load_roles(d)
@@ -162,7 +162,7 @@ def test_a_report_folder_is_not_roles(assoc, tmp_path, lineage):
     assoc.save(d)
     rec = json.loads((d / ROLES_RECORD).read_text())
     rec["format"] = "tl_idempotence.report/1"
-    rec["digest"] = _digest(rec)
+    rec["digest"] = record_digest(rec)
     (d / ROLES_RECORD).write_text(json.dumps(rec))
     with pytest.raises(ReportFileError, match=r"is not a tl_idempotence\.head_roles/1 or .* record"):
         tli.load_roles(d)

@@ -102,6 +102,7 @@ def test_exact_scaled_projection_returns_alpha(tmp_path, arch, cls):
     toks = _tokens()
     res = activation_returns(model, toks, heads=[(0, 0), (0, 1)], progress=False, nulls=8)
     assert res.options["nulls"] == 8 and res.options["control"] == "scramble" and "n_control_draws" not in res.options
+    assert res.options["corpus"] == type(toks).__name__ != "default (stdlib docstrings)"
     row = res.heads.set_index("head").loc[0]
     assert row["P"] == pytest.approx(1.0, abs=1e-6) and row["alpha"] == pytest.approx(alpha, rel=1e-5)
     assert row["n_tokens"] == 4 * 23  # position 0 (BOS) excluded
@@ -260,3 +261,10 @@ def test_fraction_beating_the_control_is_over_compared_heads(tmp_path):
     assert np.isnan(h.loc[0, "cos2_median"]) and np.isfinite(h.loc[4, "cos2_median"])
     assert res.summary["n_heads_compared"] == 1
     assert res.summary["frac_beats_control"] == float(h.loc[4, "cos2_beats_control"])
+
+
+def test_the_corpus_is_recorded_by_name():
+    from tl_idempotence.probes.tokens import corpus_name
+
+    assert corpus_name(None) == "default (stdlib docstrings)"
+    assert corpus_name(["some text"]) == "list" and corpus_name(torch.zeros(1, 2)) == "Tensor"

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 import tl_idempotence as tli
+from tl_idempotence.core.files import record_digest
 from tl_idempotence.core.heads import LayerHeads
-from tl_idempotence.core.records import record_digest as _digest
 from tl_idempotence.errors import MissingFileError, OptionTypeError, ReportFileError
 from tl_idempotence.report.store import FORMAT, RECORD, read_record
 
@@ -83,9 +83,9 @@ def refused(folder: Path, error=ReportFileError) -> str:
 
 def test_the_digest_is_sha256_of_canonical_json(saved):
     rec = json.loads((saved / RECORD).read_text())
-    assert rec["format"] == FORMAT and rec["digest"] == canonical_digest(rec) == _digest(rec)
-    assert _digest({"a": float("nan")}) == "" and _digest({"a": object()}) == ""
-    assert _digest({"b": 1, "a": [1, 2]}) == hashlib.sha256(b'{"a":[1,2],"b":1}').hexdigest()
+    assert rec["format"] == FORMAT and rec["digest"] == canonical_digest(rec) == record_digest(rec)
+    assert record_digest({"a": float("nan")}) == "" and record_digest({"a": object()}) == ""
+    assert record_digest({"b": 1, "a": [1, 2]}) == hashlib.sha256(b'{"a":[1,2],"b":1}').hexdigest()
     # a record rewritten with a digest computed by its definition loads
     rewrite(saved)
     back = read_record(saved)

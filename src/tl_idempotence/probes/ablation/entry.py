@@ -16,7 +16,7 @@ from ...core.options import check_bool, check_int, check_seed, strict_kwargs
 from ...core.selection import select_heads
 from ...errors import OptionError, OptionTypeError, UnsupportedModelError
 from ...sources.tl import TLModelSource, is_tl_model
-from ..tokens import prepare_tokens
+from ..tokens import corpus_name, prepare_tokens
 from .controls import plan_sets
 from .passes import run_sets
 from .result import Ablation, AblationSummary, Losses, ablation_summary, ablation_tables
@@ -242,7 +242,7 @@ def ablation(
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "singles": singles,
-        "corpus": "default (stdlib docstrings)" if texts is None else type(texts).__name__,
+        "corpus": corpus_name(texts),
         **_ABLATION_HOOK[kind],
     }
     return Ablation(

@@ -12,7 +12,6 @@ residual: it propagates, with a note (:func:`_registered_hooks`, :func:`_checked
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ...core.threads import explicit_threads
 from .schedule import Schedule
 
 __all__ = ["CHECK_TOLERANCE", "next_token_loss", "next_token_losses", "run_sets", "set_losses"]
@@ -30,16 +30,6 @@ __all__ = ["CHECK_TOLERANCE", "next_token_loss", "next_token_losses", "run_sets"
 #: float32/float64 models (half precision: :data:`_HALF_CHECK_TOLERANCE`).
 CHECK_TOLERANCE = 1e-3
 _HALF_CHECK_TOLERANCE = 5e-2
-#: torch's thread count when this module was imported: a different count later means the user chose one.
-_IMPORT_THREADS = torch.get_num_threads()
-
-
-def _user_chose_threads() -> bool:
-    """Whether the user fixed torch's thread count (``OMP_NUM_THREADS``/``MKL_NUM_THREADS``, or
-    ``torch.set_num_threads`` since this module was imported): the ablation then never changes it."""
-    return any(os.environ.get(k, "").strip() for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")) or (
-        torch.get_num_threads() != _IMPORT_THREADS
-    )
 
 
 def next_token_losses(
@@ -254,7 +244,7 @@ class _Threads:
         on_cpu = torch.device(device).type == "cpu"
         # two full chunks of window 0 time the two counts: one thread first (a first-pass overhead counts against
         # it, so a close call keeps torch's count), then torch's count
-        self.tune = on_cpu and self.n_threads > 1 and schedule.two_full_chunks() and not _user_chose_threads()
+        self.tune = on_cpu and self.n_threads > 1 and schedule.two_full_chunks() and not explicit_threads()
         self.per_set_s: dict[int, float] = {}  # seconds per head set and window, by thread count (window 0's chunks)
 
     def _trying(self, w: int, ci: int) -> bool:

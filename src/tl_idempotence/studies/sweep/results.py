@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -162,22 +162,21 @@ def build_result(
         ],
         columns=["label", "dir", "item", "reason"],
     )
-    if len(failed_df):
-        warnings.warn(
-            f"{len(failed_df)} of {len(entries)} sweep items failed{what}: "
-            + "; ".join(f"{r.label}: {r.error_type}: {r.message[:200]}" for r in failed_df.itertuples())
-            + " (listed in SweepResult.failed; every other result is kept).",
-            UserWarning,
-            stacklevel=4,
-        )
-    if len(missing_df):
-        warnings.warn(
-            f"{len(missing_df)} of {len(entries)} sweep items have no report yet: "
-            + "; ".join(f"{r.label}: {r.reason[:200]}" for r in missing_df.itertuples())
-            + " (listed in SweepResult.missing).",
-            UserWarning,
-            stacklevel=4,
-        )
+    # one warning per kind of absent item: (table, what happened, each row's reason, where it is listed)
+    kept = "failed; every other result is kept"
+    absent: tuple[tuple[pd.DataFrame, str, Callable[[Any], str], str], ...] = (
+        (failed_df, f"failed{what}", lambda r: f"{r.error_type}: {r.message[:200]}", kept),
+        (missing_df, "have no report yet", lambda r: r.reason[:200], "missing"),
+    )
+    for df, happened, reason, listed in absent:
+        if len(df):
+            warnings.warn(
+                f"{len(df)} of {len(entries)} sweep items {happened}: "
+                + "; ".join(f"{r.label}: {reason(r)}" for r in df.itertuples())
+                + f" (listed in SweepResult.{listed}).",
+                UserWarning,
+                stacklevel=4,
+            )
     return SweepResult(
         reports,
         opts,
