@@ -25,9 +25,10 @@ import pandas as pd
 
 from ..core.closure import CastBuffer
 from ..core.heads import HeadSource, LayerHeads, ModelInfo, read_layer
-from ..core.options import ReportOptions, resolve_layers
+from ..core.options import resolve_layers
 from ..core.threads import layer_macs, threads_for
 from .base import Analysis, LayerContext
+from .report_options import ReportOptions
 
 __all__ = ["LayerPart", "LayerWork", "iter_layers", "run_layer"]
 

@@ -17,14 +17,12 @@ import torch
 
 from ..core.closure import Grams, apply_exponents, closure_from_grams, layer_grams
 from ..core.heads import LayerHeads, source_info
-from ..core.options import (
-    ReportOptions,
-    strict_kwargs,
-)
+from ..core.options import strict_kwargs
 from ..core.results import Result
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult, nan_max
 from .mismatch_spec import N_MISMATCH_CLOSED
+from .report_options import ReportOptions
 from .threshold import closed_flags
 
 if TYPE_CHECKING:  # pragma: no cover

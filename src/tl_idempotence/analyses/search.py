@@ -41,15 +41,7 @@ from torch import Tensor
 
 from ..core.closure import Closure, closure, closure_from_grams
 from ..core.heads import LayerHeads, source_info
-from ..core.options import (
-    ReportOptions,
-    check_compute_dtype,
-    check_device,
-    check_int,
-    check_seed,
-    check_threshold,
-    strict_kwargs,
-)
+from ..core.options import check_compute_dtype, check_device, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
 from ..core.results import Result
 from ..core.selection import select_heads
@@ -57,6 +49,7 @@ from ..errors import OptionError, OptionTypeError
 from ..sources.dispatch import head_source
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
+from .report_options import ReportOptions
 from .search_spec import FEASIBLE, N_HEADS_FEASIBLE
 
 if TYPE_CHECKING:  # pragma: no cover

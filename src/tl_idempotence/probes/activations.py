@@ -65,6 +65,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from ..core.closure import closure_from_grams, layer_grams
+from ..core.defaults import default_of
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
 from ..core.kwargs import warn_at_caller
@@ -82,6 +83,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import HeadsLike, IntLike, RealLike, TextsLike, TLModel
 
 __all__ = ["ActivationReturns", "activation_returns", "default_corpus", "head_returns", "prepare_tokens"]
+
+#: The scramble control's draws per head by default (:mod:`tl_idempotence.core.defaults` says why).
+CONTROL_NULLS = default_of("tli.activation_returns", "nulls")
 
 # --------------------------------------------------------------------------- per-head maths
 
@@ -481,7 +485,7 @@ def activation_returns(
     seq_len: IntLike = 128,
     max_tokens: IntLike | None = 8192,
     control: Literal["scramble", "random"] | None = "scramble",
-    nulls: IntLike = 4,
+    nulls: IntLike = CONTROL_NULLS,
     seed: IntLike = 0,
     threshold: RealLike = 0.9,
     text_column: str = "text",
