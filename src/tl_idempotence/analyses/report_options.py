@@ -199,42 +199,42 @@ class ReportOptions:
     @property
     def threshold(self) -> float:
         """P threshold of a "closed" head, in [0, 1]."""
-        return self._values["threshold"]  # type: ignore[no-any-return]
+        return self._values["threshold"]
 
     @property
     def nulls(self) -> int:
         """Orientation-scramble draws per head (0: no controls)."""
-        return self._values["nulls"]  # type: ignore[no-any-return]
+        return self._values["nulls"]
 
     @property
     def seed(self) -> int:
         """The seed of every random analysis (layer ``l`` draws from ``(seed, l)``)."""
-        return self._values["seed"]  # type: ignore[no-any-return]
+        return self._values["seed"]
 
     @property
     def search(self) -> bool:
         """Whether the constructive search runs."""
-        return self._values["search"]  # type: ignore[no-any-return]
+        return self._values["search"]
 
     @property
     def algebra(self) -> bool:
         """Whether the shared-value algebra runs."""
-        return self._values["algebra"]  # type: ignore[no-any-return]
+        return self._values["algebra"]
 
     @property
     def layers(self) -> tuple[int, ...] | None:
         """The layer indices to measure, or None for all."""
-        return self._values["layers"]  # type: ignore[no-any-return]
+        return self._values["layers"]
 
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype of the ``d_model``-long products."""
-        return self._values["compute_dtype"]  # type: ignore[no-any-return]
+        return self._values["compute_dtype"]
 
     @property
     def device(self) -> torch.device:
         """Where the products and the batched r x r work run."""
-        return self._values["device"]  # type: ignore[no-any-return]
+        return self._values["device"]
 
     def __getitem__(self, name: str) -> Any:
         """The value of the option ``name`` (any registered option).

@@ -43,10 +43,11 @@ DEFAULTS_TABLE: tuple[Default, ...] = (
         "the scramble null and the O/V mismatch over every head are the costliest part of a report: off unless asked",
     ),
     Default(
-        "nulls=True (the report options)",
+        "nulls=True",
         "nulls",
         64,
-        "the usual null: its p-value floor 1/65 is below 0.05 with room for the Benjamini-Hochberg q-values",
+        "what nulls=True means at every entry point that takes the report options: the usual null, whose p-value "
+        "floor 1/65 = 0.015 is below 0.05",
     ),
     Default(
         "tli.orientation_scramble",
@@ -64,21 +65,21 @@ DEFAULTS_TABLE: tuple[Default, ...] = (
         "tli.ablation",
         "n_controls",
         39,
-        "random head sets of the same shape: 39 gives the exact rank p-value floor 1/40 = 0.025 < 0.05",
+        "matched random head sets: the exact rank p-value's floor is 1/40 = 0.025, so a flagged set that beats all "
+        "of them, or all but one, gets p <= 0.05",
     ),
 )
 
 
 def default_of(entry: str, option: str) -> int:
-    """The default of ``option`` at ``entry`` (an entry's first name suffices: ``"tli.idempotence_report"``;
+    """The default of ``option`` at ``entry`` (one of the entry points a row names: ``"tli.idempotence_report"``;
     ``"nulls=True"`` for the count ``nulls=True`` means).
 
     Raises:
         KeyError: no such row (names the entries of the table).
     """
     for d in DEFAULTS_TABLE:
-        names = [n.strip() for n in d.entry.split(",")]
-        if d.option == option and (entry == d.entry or entry in names or d.entry.startswith(entry + " ")):
+        if d.option == option and entry in [n.strip() for n in d.entry.split(",")]:
             return d.value
     raise KeyError(f"no default of {option!r} at {entry!r}; the table has {[d.entry for d in DEFAULTS_TABLE]}")
 
