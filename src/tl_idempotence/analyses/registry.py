@@ -41,7 +41,7 @@ def _owners(specs: Sequence[AnalysisSpec]) -> dict[tuple[str, str], str]:
     taken = {("option", o.name): "the report's own options" for o in GENERAL_OPTIONS}
     for s in specs:
         owner = f"analysis {s.name!r}"
-        taken[("analysis", s.name)] = owner
+        taken[("name", s.name)] = owner
         taken.update({("option", o.name): owner for o in s.options})
         taken.update({("head column", c): owner for c in s.head_columns})
         taken.update({("summary field", f): owner for f in (s.summary.rules() if s.summary is not None else ())})
@@ -62,7 +62,7 @@ def register(spec: AnalysisSpec) -> AnalysisSpec:
     if not isinstance(spec, AnalysisSpec):
         raise TypeError(f"register() takes an AnalysisSpec; got {type(spec).__name__}.")
     taken = _owners(ANALYSES)
-    mine = [("analysis", spec.name)]
+    mine = [("name", spec.name)]
     mine += [("option", o.name) for o in spec.options]
     mine += [("head column", c) for c in spec.head_columns]
     mine += [("summary field", f) for f in (spec.summary.rules() if spec.summary is not None else ())]

@@ -122,7 +122,7 @@ def _resolve_options(
         if value is not None:
             chosen[name] = value
             continue
-        seen = {label: getattr(rep.options, name) for label, rep in reports.items()}
+        seen = {label: rep.options[name] for label, rep in reports.items()}
         distinct = {str(v) for v in seen.values()}
         if len(distinct) > 1:
             detail = ", ".join(f"{lab}: {v}" for lab, v in seen.items())

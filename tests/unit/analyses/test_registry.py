@@ -173,7 +173,7 @@ def test_a_toy_summary_is_checked_by_its_rules(with_toy):
             "its head column 'P_scrambled_median' belongs to analysis 'scramble'",
         ),
         (
-            dict(summary=None, head_columns=("toy_P_squared", "closed")),
+            dict(head_columns=("toy_P_squared", "closed")),
             "its head column 'closed' belongs to analysis 'closure'",
         ),
         (
@@ -185,7 +185,7 @@ def test_a_toy_summary_is_checked_by_its_rules(with_toy):
             "its option 'seed' belongs to the report's own options",
         ),
         (dict(options=(dataclasses.replace(TOY, name="nulls"),)), "its option 'nulls' belongs to analysis 'scramble'"),
-        (dict(name="algebra", options=()), "its analysis 'algebra' belongs to analysis 'algebra'"),
+        (dict(name="algebra", options=()), "its name 'algebra' belongs to analysis 'algebra'"),
     ],
     ids=["head column", "closure column", "summary field", "general option", "analysis option", "name"],
 )
