@@ -47,7 +47,8 @@ def _option_specs() -> types.ModuleType:
         return importlib.import_module(f"{PACKAGE}.analyses.report_options")
     except ImportError as e:
         raise ImportError(
-            f"scripts/docs/public_api.py: {PACKAGE}.analyses.report_options must import without torch and the package's "
+            f"scripts/docs/public_api.py: {PACKAGE}.analyses.report_options must import without torch and the "
+            "package's "
             f"dependencies (the reference writes the report options from it): {e}"
         ) from e
     finally:

@@ -4,8 +4,8 @@ docs/api.md's table is generated from it (scripts/docs/defaults_table.py rewrite
 from __future__ import annotations
 
 import importlib.util
-import re
 import inspect
+import re
 from pathlib import Path
 
 import pytest
