@@ -33,9 +33,9 @@ import time
 import torch
 
 from tl_idempotence.analyses.base import LayerContext
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.analyses.scramble import ScrambleAnalysis
 from tl_idempotence.core.heads import LayerHeads, kv_layout
-from tl_idempotence.core.options import ReportOptions
 from tl_idempotence.maths.closure import layer_grams
 
 D_MODEL, N_HEADS, N_KV, D_HEAD, N_LAYERS_REAL = 4096, 64, 4, 128, 94

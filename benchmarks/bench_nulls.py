@@ -31,9 +31,9 @@ from _harness import loadavg
 from tl_idempotence.analyses.base import LayerContext
 from tl_idempotence.analyses.mismatch import MismatchAnalysis
 from tl_idempotence.analyses.orientation import factors_of_closure
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.analyses.scramble import ScrambleAnalysis, scramble_draws
 from tl_idempotence.core.heads import LayerHeads, kv_layout
-from tl_idempotence.core.options import ReportOptions
 from tl_idempotence.maths.closure import closure_from_grams, layer_grams
 
 

@@ -4,7 +4,7 @@
 
 Plain annotations (``threshold: float``, ``path: str | os.PathLike[str]``) describe the public API for
 editors, ``help()`` and type checkers; at run time every public argument is validated by the library itself
-where it enters (``tl_idempotence.core.option_specs`` and the ``check_*`` functions), which is what a user,
+where it enters (the ``check_*`` functions of ``tl_idempotence.core.options``), which is what a user,
 who runs without this hook, meets: the library's own ``OptionTypeError`` naming the argument. Checking those
 annotations here too would answer a wrong type with jaxtyping's ``TypeCheckError`` first — the tests would
 check an error users never see.

@@ -7,7 +7,7 @@ the rendered entry and ``objects.inv`` carry the public path ``tl_idempotence.cl
 refactor needs no change to the pages (only ``_EXPORTS`` changes, as it must for the package itself). It also
 shows the docstrings' Sphinx roles (``:func:`~x.y` ``) as code spans, and writes the report options where a
 docstring says ``**options: the report options (REPORT_OPTIONS_DOC).``, as ``documents_options`` does at
-import (griffe reads the source, not ``__doc__``), from ``tl_idempotence.core.option_specs`` (torch-free).
+import (griffe reads the source, not ``__doc__``), from ``tl_idempotence.analyses.report_options`` (torch-free).
 
 Loaded by mkdocstrings (``mkdocs.yml``: ``handlers.python.options.extensions``) and by
 ``check_reference.py``. Runs in the docs venv (griffe; no torch).
@@ -30,9 +30,9 @@ __all__ = ["PACKAGE", "PublicExports", "public_names"]
 
 
 def _option_specs() -> types.ModuleType:
-    """``tl_idempotence.core.option_specs`` (torch-free), imported from ``src/`` without running the package's
-    ``__init__`` (stand-in package modules, removed afterwards), with the analyses' registry handed to it as the
-    package root does: the report options.
+    """``tl_idempotence.analyses.report_options`` (torch-free: the report options assembled from the analyses'
+    registry), imported from ``src/`` without running the package's ``__init__`` (stand-in package modules,
+    removed afterwards).
 
     Raises:
         ImportError: the module (or what it imports) needs a package the docs venv does not have.
@@ -44,15 +44,11 @@ def _option_specs() -> types.ModuleType:
         stub.__path__ = [str(folder)]
         sys.modules[name] = stub
     try:
-        option_specs = importlib.import_module(f"{PACKAGE}.core.option_specs")
-        # the analyses declare their options beside their code (torch-free *_spec.py modules); the package root
-        # hands the registry to option_specs, so do the same here
-        registry = importlib.import_module(f"{PACKAGE}.analyses.registry")
-        option_specs.use_registry(registry.analysis_options)
-        return option_specs
+        return importlib.import_module(f"{PACKAGE}.analyses.report_options")
     except ImportError as e:
         raise ImportError(
-            f"scripts/docs/public_api.py: {PACKAGE}.core.option_specs must import without torch and the package's "
+            f"scripts/docs/public_api.py: {PACKAGE}.analyses.report_options must import without torch and the "
+            "package's "
             f"dependencies (the reference writes the report options from it): {e}"
         ) from e
     finally:

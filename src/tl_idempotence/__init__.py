@@ -26,12 +26,6 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from .analyses import registry as _registry
-from .core import option_specs as _option_specs
-
-# the report options are declared beside the analyses (a layer above core): core reads them from the registry
-_option_specs.use_registry(_registry.analysis_options)
-
 try:
     __version__ = version("tl_idempotence")
 except PackageNotFoundError:  # pragma: no cover
@@ -47,12 +41,12 @@ _EXPORTS: dict[str, str] = {
     "LayerHeads": "tl_idempotence.core.heads",
     "ModelInfo": "tl_idempotence.core.heads",
     "kv_layout": "tl_idempotence.core.heads",
-    "ReportOptions": "tl_idempotence.core.options",
     # sources
     "head_source": "tl_idempotence.sources.dispatch",
     "Lineage": "tl_idempotence.sources.lineage",
     "train_lineage": "tl_idempotence.sources.lineage",
     # analyses
+    "ReportOptions": "tl_idempotence.analyses.report_options",
     "MismatchResult": "tl_idempotence.analyses.mismatch",
     "mismatch": "tl_idempotence.analyses.mismatch",
     "Scramble": "tl_idempotence.analyses.scramble",

@@ -23,6 +23,7 @@ __all__ = [
     "OptionError",
     "OptionTypeError",
     "OutputOverInputError",
+    "RegistrationError",
     "RegistryUnreachableError",
     "ReportFileError",
     "ReportMismatchError",
@@ -52,6 +53,11 @@ class OutputOverInputError(OptionError):
 class ReportMismatchError(OptionError):
     """A report taken for a model or a sweep item that it did not measure: another checkpoint, other weights
     (sha256 fingerprint), other sizes or options; the message names both sides."""
+
+
+class RegistrationError(TLIError, ValueError):
+    """An analysis registered with a name, option, head column or summary field that another analysis (or a report
+    option) already has; the message names the name and both owners."""
 
 
 class OptionTypeError(TLIError, TypeError):

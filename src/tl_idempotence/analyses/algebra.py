@@ -14,11 +14,12 @@ import pandas as pd
 
 from ..core.heads import ModelInfo, source_info
 from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
-from ..core.options import ReportOptions, check_bool, resolve_layers, strict_kwargs
+from ..core.options import check_bool, resolve_layers, strict_kwargs
 from ..sources.dispatch import head_source
 from .algebra_maths import MHA_REASON, TABLES, SharedValueAlgebra, layer_algebra
 from .algebra_maths import empty_table as _empty
 from .base import LayerContext, LayerResult
+from .report_options import ReportOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import ArchitectureLike, DeviceLike, DtypeLike, LayersLike, ModelLike, RealLike

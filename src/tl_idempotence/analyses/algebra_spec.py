@@ -6,13 +6,26 @@ Torch-free (the registry, and so the CLI's ``--help``, reads it); the code is :m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..core.option_specs import OptionSpec, check_bool
+from ..core.option_specs import OptionSpec
+from ..core.options import check_bool
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import FunctionRule
 
-__all__ = ["ALGEBRA", "AT_THRESHOLD", "SPEC", "AlgebraSummary"]
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from .base import Analysis
+
+__all__ = [
+    "ALGEBRA",
+    "AT_THRESHOLD",
+    "SPEC",
+    "AlgebraSummary",
+    "analysis",
+    "at_threshold",
+]
 
 #: ``algebra``: run the shared-value algebra.
 ALGEBRA = OptionSpec(
@@ -42,12 +55,28 @@ class AlgebraSummary(SummaryRecord):
 
 #: The algebra's closed flags, group counts, closed-pair ranges and ``algebra_ranges_threshold`` at a threshold
 #: (:meth:`~tl_idempotence.analyses.algebra.AlgebraAnalysis.at_threshold`).
-AT_THRESHOLD = FunctionRule("algebra:AlgebraAnalysis.at_threshold")
+def at_threshold(
+    heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], t: float
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, pd.DataFrame]]:
+    """:meth:`.algebra.AlgebraAnalysis.at_threshold` (imported here, on first use: this module stays torch-free)."""
+    from .algebra import AlgebraAnalysis
+
+    return AlgebraAnalysis.at_threshold(heads, layers, tables, t)
+
+
+AT_THRESHOLD = FunctionRule(at_threshold)
+
+
+def analysis() -> Analysis:
+    """The algebra analysis (:class:`.algebra.AlgebraAnalysis`, imported on first use: stays torch-free)."""
+    from .algebra import AlgebraAnalysis
+
+    return AlgebraAnalysis()
 
 
 SPEC = AnalysisSpec(
     name="algebra",
-    implementation="algebra:AlgebraAnalysis",
+    implementation=analysis,
     options=(ALGEBRA,),
     summary=AlgebraSummary,
     threshold_rules=(AT_THRESHOLD,),

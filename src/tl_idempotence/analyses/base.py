@@ -34,9 +34,9 @@ import torch
 
 from ..core.factors import principal_factors
 from ..core.heads import LayerHeads
-from ..core.options import ReportOptions
 from ..core.random import head_generator, layer_generator
 from ..maths.closure import CastBuffer, Closure, Grams, closure_from_grams, layer_grams
+from .report_options import ReportOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -52,7 +52,7 @@ class LayerContext:
         heads: the layer's :class:`~tl_idempotence.core.heads.LayerHeads` (column form).
         grams: its Gram products (``[n_heads]``, CPU float64; maybe power-of-two rescaled).
         closure: its :class:`~tl_idempotence.maths.closure.Closure` without factors.
-        options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
+        options: the validated :class:`~tl_idempotence.analyses.report_options.ReportOptions`.
     """
 
     heads: LayerHeads

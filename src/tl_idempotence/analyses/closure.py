@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from ..core.options import ReportOptions
 from .base import LayerContext, LayerResult, nan_max, nan_median
 from .closure_spec import CLOSED, N_CLOSED
+from .report_options import ReportOptions
 from .threshold import closed_flags
 
 __all__ = ["ClosureAnalysis", "closed_flags"]

@@ -7,13 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import OptionError
 from .spec import AnalysisSpec, SummaryRecord, nan_says_why, rule
 from .threshold import CountPerLayer, Flag
 
-__all__ = ["CLOSED", "N_CLOSED", "SPEC", "ClosureSummary"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .base import Analysis
+
+__all__ = [
+    "CLOSED",
+    "N_CLOSED",
+    "SPEC",
+    "ClosureSummary",
+    "analysis",
+]
 
 #: Per head: ``closed = P >= threshold`` (NaN: not closed; SPEC 2).
 CLOSED = Flag("closed", "P")
@@ -68,9 +77,16 @@ class ClosureSummary(SummaryRecord):
             nan_says_why(name, getattr(self, name), undefined, why)
 
 
+def analysis() -> Analysis:
+    """The closure analysis (:class:`.closure.ClosureAnalysis`, imported on first use: stays torch-free)."""
+    from .closure import ClosureAnalysis
+
+    return ClosureAnalysis()
+
+
 SPEC = AnalysisSpec(
     name="closure",
-    implementation="closure:ClosureAnalysis",
+    implementation=analysis,
     head_columns=("alpha", "P", "norm", "norm_T2", "rank_O", "rank_V", "closed", "reason"),
     summary=ClosureSummary,
     threshold_rules=(CLOSED, N_CLOSED),

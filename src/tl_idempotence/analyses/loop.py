@@ -24,10 +24,11 @@ import numpy as np
 import pandas as pd
 
 from ..core.heads import HeadSource, LayerHeads, ModelInfo, read_layer
-from ..core.options import ReportOptions, resolve_layers
+from ..core.options import resolve_layers
 from ..core.threads import layer_macs, threads_for
 from ..maths.closure import CastBuffer
 from .base import Analysis, LayerContext
+from .report_options import ReportOptions
 
 __all__ = ["LayerPart", "LayerWork", "iter_layers", "run_layer"]
 

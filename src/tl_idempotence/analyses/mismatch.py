@@ -17,15 +17,13 @@ import torch
 
 from ..core.heads import LayerHeads, source_info
 from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
-from ..core.options import (
-    ReportOptions,
-    strict_kwargs,
-)
+from ..core.options import strict_kwargs
 from ..maths.closure import Grams, apply_exponents, closure_from_grams, layer_grams
 from ..sources.dispatch import head_source
 from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult, nan_max
 from .mismatch_spec import N_MISMATCH_CLOSED
+from .report_options import ReportOptions
 from .threshold import closed_flags
 
 if TYPE_CHECKING:  # pragma: no cover

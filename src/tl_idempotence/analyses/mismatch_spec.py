@@ -6,11 +6,20 @@ Torch-free (the registry, and so the CLI's ``--help``, reads it); the code is :m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import CountPerLayer
 
-__all__ = ["N_MISMATCH_CLOSED", "SPEC", "MismatchSummary"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .base import Analysis
+
+__all__ = [
+    "N_MISMATCH_CLOSED",
+    "SPEC",
+    "MismatchSummary",
+    "analysis",
+]
 
 
 @dataclass(frozen=True)
@@ -34,9 +43,16 @@ class MismatchSummary(SummaryRecord):
 N_MISMATCH_CLOSED = CountPerLayer("n_mismatch_closed", "P", over="mismatch_pairs")
 
 
+def analysis() -> Analysis:
+    """The mismatch analysis (:class:`.mismatch.MismatchAnalysis`, imported on first use: stays torch-free)."""
+    from .mismatch import MismatchAnalysis
+
+    return MismatchAnalysis()
+
+
 SPEC = AnalysisSpec(
     name="mismatch",
-    implementation="mismatch:MismatchAnalysis",
+    implementation=analysis,
     summary=MismatchSummary,
     threshold_rules=(N_MISMATCH_CLOSED,),
 )

@@ -46,18 +46,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from ..core.defaults import default_of
 from ..core.heads import LayerHeads
 from ..core.kwargs import warn_at_caller
 from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE
-from ..core.options import (
-    ReportOptions,
-    check_bool,
-    check_compute_dtype,
-    check_device,
-    check_int,
-    check_seed,
-    strict_kwargs,
-)
+from ..core.options import check_bool, check_compute_dtype, check_device, check_int, check_seed, strict_kwargs
 from ..core.paper import FDR_LEVEL
 from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator
 from ..errors import OptionError
@@ -65,6 +58,7 @@ from ..maths.closure import Closure, closure
 from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult, nan_median
 from .orientation import Factors, P_from_Z, defined_for_orientation, factors_of, factors_of_closure
+from .report_options import ReportOptions
 from .scramble_spec import FRAC_SCRAMBLED_CLOSED
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,6 +75,8 @@ __all__ = [
     "scramble_effect",
 ]
 
+#: :func:`orientation_scramble`'s draws per head by default (:mod:`tl_idempotence.core.defaults` says why).
+SCRAMBLE_NULLS = default_of("tli.orientation_scramble", "nulls")
 #: Elements per batched tensor chunk ([heads, draws, r, r]); bounds memory at ~32 MB a tensor.
 CHUNK_ELEMS = 1 << 22
 #: Most draws per head :func:`orientation_scramble` takes (a count, not a memory bound: see MAX_POOL_BYTES).
@@ -346,7 +342,7 @@ def _factors_for(x: Any, compute_dtype: torch.dtype, device: torch.device) -> tu
 @strict_kwargs
 def orientation_scramble(
     heads: Closure | HeadWeightsLike,
-    nulls: IntLike = 64,
+    nulls: IntLike = SCRAMBLE_NULLS,
     seed: IntLike = 0,
     *,
     layer: IntLike | None = None,

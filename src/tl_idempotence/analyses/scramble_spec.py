@@ -7,18 +7,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..core.option_specs import OptionSpec, check_nulls
+from ..core.defaults import default_of
+from ..core.option_specs import OptionSpec
+from ..core.options import check_nulls
 from .spec import AnalysisSpec, SummaryRecord, nan_says_why, rule
 from .threshold import FractionPerHead
 
-__all__ = ["FRAC_SCRAMBLED_CLOSED", "NULLS", "SPEC", "ScrambleSummary"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .base import Analysis
+
+__all__ = [
+    "FRAC_SCRAMBLED_CLOSED",
+    "NULLS",
+    "SPEC",
+    "ScrambleSummary",
+    "analysis",
+]
 
 #: ``nulls``: scramble draws per head (0 = off); it also switches on the matched O/V mismatch.
 NULLS = OptionSpec(
     "nulls",
-    0,
+    default_of("tli.idempotence_report", "nulls"),
     "orientation-scramble draws per head, with the matched O/V mismatch: an integer, 0 = off, 64 the usual "
     "(the Python API also takes True for 64)",
     "count",
@@ -75,9 +86,16 @@ class ScrambleSummary(SummaryRecord):
 FRAC_SCRAMBLED_CLOSED = FractionPerHead("frac_scrambled_closed", "scramble_draws", "P")
 
 
+def analysis() -> Analysis:
+    """The scramble analysis (:class:`.scramble.ScrambleAnalysis`, imported on first use: stays torch-free)."""
+    from .scramble import ScrambleAnalysis
+
+    return ScrambleAnalysis()
+
+
 SPEC = AnalysisSpec(
     name="scramble",
-    implementation="scramble:ScrambleAnalysis",
+    implementation=analysis,
     options=(NULLS,),
     head_columns=(
         "P_scrambled_median",

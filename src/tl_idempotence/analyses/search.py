@@ -41,15 +41,7 @@ from torch import Tensor
 
 from ..core.heads import LayerHeads, source_info
 from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
-from ..core.options import (
-    ReportOptions,
-    check_compute_dtype,
-    check_device,
-    check_int,
-    check_seed,
-    check_threshold,
-    strict_kwargs,
-)
+from ..core.options import check_compute_dtype, check_device, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
 from ..core.selection import select_heads
 from ..errors import OptionError, OptionTypeError
@@ -58,6 +50,7 @@ from ..sources.dispatch import head_source
 from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
+from .report_options import ReportOptions
 from .search_spec import FEASIBLE, N_HEADS_FEASIBLE
 
 if TYPE_CHECKING:  # pragma: no cover

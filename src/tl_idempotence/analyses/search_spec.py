@@ -6,12 +6,24 @@ Torch-free (the registry, and so the CLI's ``--help``, reads it); the code is :m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..core.option_specs import OptionSpec, check_bool
+from ..core.option_specs import OptionSpec
+from ..core.options import check_bool
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import CountPerLayer, Flag
 
-__all__ = ["FEASIBLE", "N_HEADS_FEASIBLE", "SEARCH", "SPEC", "SearchSummary"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .base import Analysis
+
+__all__ = [
+    "FEASIBLE",
+    "N_HEADS_FEASIBLE",
+    "SEARCH",
+    "SPEC",
+    "SearchSummary",
+    "analysis",
+]
 
 #: ``search``: run the constructive search.
 SEARCH = OptionSpec(
@@ -44,9 +56,16 @@ N_HEADS_FEASIBLE = CountPerLayer("n_heads_feasible", "P_searched")
 FEASIBLE = Flag("feasible", "feasible_P", frame="layers")
 
 
+def analysis() -> Analysis:
+    """The search analysis (:class:`.search.SearchAnalysis`, imported on first use: stays torch-free)."""
+    from .search import SearchAnalysis
+
+    return SearchAnalysis()
+
+
 SPEC = AnalysisSpec(
     name="search",
-    implementation="search:SearchAnalysis",
+    implementation=analysis,
     options=(SEARCH,),
     head_columns=("P_searched", "search_iters", "search_stopped_on", "search_best_restart", "search_reason"),
     summary=SearchSummary,

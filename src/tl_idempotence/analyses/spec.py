@@ -4,15 +4,14 @@ Each report analysis has a small declaration module (``analyses/<name>_spec.py``
 ``tl-idempotence --help`` stays fast) holding one :class:`AnalysisSpec`: its name, the report option(s) that
 switch it on (:class:`~tl_idempotence.core.option_specs.OptionSpec`: name, default, type, validator, help, CLI
 flag), the per-head columns it adds to ``rep.heads``, the summary numbers it contributes (and their field rules),
-how its threshold-dependent outputs are derived (:mod:`.threshold`), and where its code is (``"module:Class"``
-under this package, imported on first use).
+how its threshold-dependent outputs are derived (:mod:`.threshold`), and its code: a factory function that imports
+its class when first called (so the declaration stays torch-free and every tool follows the call).
 :mod:`tl_idempotence.analyses.registry` lists the specs once; the report options, the CLI's flags, the options
 docstrings and ``compare``'s option checks are assembled from it.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 from collections.abc import Callable, Iterator, Mapping
@@ -214,8 +213,8 @@ class AnalysisSpec:
 
     Attributes:
         name: short name (``"scramble"``); the progress bar and error messages use it.
-        implementation: where its :class:`~tl_idempotence.analyses.base.Analysis` is: ``"module:Class"`` (a module
-            of this package, imported on first use) or a zero-argument callable returning it (tests).
+        implementation: a zero-argument factory returning its :class:`~tl_idempotence.analyses.base.Analysis`
+            (a small function that imports the class, called on first use; or the class itself).
         options: the report options this analysis declares (usually one on/off option; none for the closure).
         head_columns: the per-head columns its ``run`` adds to ``rep.heads``, in order (the contract test checks
             them against what it returns).
@@ -232,7 +231,7 @@ class AnalysisSpec:
     """
 
     name: str
-    implementation: str | Callable[[], Analysis]
+    implementation: Callable[[], Analysis]
     options: tuple[OptionSpec, ...] = ()
     head_columns: tuple[str, ...] = ()
     summary: type[SummaryRecord] | None = None
@@ -254,18 +253,11 @@ class AnalysisSpec:
         """The analysis object (imported and built once per spec).
 
         Raises:
-            OptionError: ``implementation`` names no such module or class, or builds an object whose ``name`` is
+            OptionError: ``implementation`` builds an object whose ``name`` is
                 not this spec's.
         """
         if id(self) not in _LOADED:
-            if isinstance(self.implementation, str):
-                module, _, cls = self.implementation.partition(":")
-                try:
-                    made = getattr(importlib.import_module(f".{module}", __package__), cls)()
-                except (ImportError, AttributeError) as e:
-                    raise OptionError(f"analysis {self.name}: no {self.implementation!r} in {__package__}.") from e
-            else:
-                made = self.implementation()
+            made = self.implementation()
             if getattr(made, "name", None) != self.name:
                 raise OptionError(f"analysis {self.name}: its implementation is named {getattr(made, 'name', None)!r}.")
             _LOADED[id(self)] = (self, made)  # the spec kept alive with it: its id is never reused

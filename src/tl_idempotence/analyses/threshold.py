@@ -23,7 +23,6 @@ Imports no torch, numpy or pandas at import (the analyses' declarations, and so 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -173,22 +172,15 @@ class FunctionRule:
     and never changes its inputs (the algebra's closed flags and closed-pair ranges).
 
     Attributes:
-        function: the function, or where it is, ``"module:name"`` or ``"module:Class.name"`` under
-            :mod:`tl_idempotence.analyses` (imported on first use: the declarations stay torch-free).
+        function: the function (in a torch-free declaration, a small function that imports the real one when
+            called).
     """
 
-    function: str | Callable[[pd.DataFrame, pd.DataFrame, dict[str, pd.DataFrame], float], Frames]
+    function: Callable[[pd.DataFrame, pd.DataFrame, dict[str, pd.DataFrame], float], Frames]
 
     def apply(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], t: float) -> Frames:
         """The frames the function gives at ``t``."""
-        fn = self.function
-        if isinstance(fn, str):
-            module, _, name = fn.partition(":")
-            obj: Any = importlib.import_module(f".{module}", __package__)
-            for part in name.split("."):
-                obj = getattr(obj, part)
-            fn = obj
-        return fn(heads, layers, tables, t)
+        return self.function(heads, layers, tables, t)
 
 
 #: One threshold rule of an analysis's declaration.

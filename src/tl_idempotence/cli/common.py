@@ -32,7 +32,7 @@ def one_line(e: BaseException) -> str:
 
 def report_options_of(args: argparse.Namespace) -> dict[str, Any]:
     """The report options the command line was given (every one of ``report_options()``, by name)."""
-    from ..core.option_specs import report_options
+    from ..analyses.report_options import report_options
 
     return {o.name: getattr(args, o.name) for o in report_options()}
 

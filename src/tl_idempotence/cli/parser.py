@@ -1,5 +1,5 @@
 """The argparse parser of ``tl-idempotence``: one builder per subcommand; the report options are generated
-from their declarations (:func:`~tl_idempotence.core.option_specs.report_options`). Imports no torch."""
+from their declarations (:func:`~tl_idempotence.analyses.report_options.report_options`). Imports no torch."""
 
 from __future__ import annotations
 
@@ -58,11 +58,11 @@ _COMMAND_TEXTS: dict[str, dict[str, str]] = {
 
 def add_report_options(r: argparse.ArgumentParser) -> None:
     """The report options as flags, built from their one declaration each
-    (:func:`~tl_idempotence.core.option_specs.report_options`: the report's own and every registered analysis's;
+    (:func:`~tl_idempotence.analyses.report_options.report_options`: the report's own and every registered analysis's;
     the same names, defaults and validators as the API)."""
-    from ..core import option_specs as spec
+    from ..analyses.report_options import report_options
 
-    for o in spec.report_options():
+    for o in report_options():
         help_ = o.help if o.kind in ("flag", "layers") else f"{o.help} (default: {o.default})"
         if o.kind == "flag":
             r.add_argument(o.flag, action="store_true", help=help_)

@@ -113,7 +113,7 @@ def _refuse_with(args: argparse.Namespace, parser: argparse.ArgumentParser, mode
 
 def _collect_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """--collect reads the options from DIR/sweep.json: an option given on the command line must equal them."""
-    from ..core.option_specs import report_options
+    from ..analyses.report_options import report_options
     from ..studies.sweep import read_sweep_plan
 
     plan = read_sweep_plan(args.out)
@@ -127,7 +127,7 @@ def _collect_options(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             flag = "--" + name.replace("_", "-")
             shown, made = str(value), repr(have)
             if name == "layers":  # any number of layers, in a message of bounded length
-                from ..core.option_specs import index_summary
+                from ..core.options import index_summary
 
                 shown, made = index_summary(want), index_summary(have) if isinstance(have, list) else repr(have)
             parser.error(

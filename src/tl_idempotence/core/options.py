@@ -1,67 +1,43 @@
-"""The frozen report options and the two validators that need torch; arguments are checked where they enter.
+"""The validators of every argument, each raising the library's error where the argument enters.
 
-The options are declared once in :mod:`tl_idempotence.core.option_specs` (names, defaults, help, the CLI's
-form; the torch-free validators): :class:`ReportOptions` takes its defaults from there and validates every
-option when it is built, so every route — ``idempotence_report``, ``compare``, ``sweep``, ``trajectory``,
-the CLI — refuses the same input the same way before any work is done, with an error that names the
-argument, what was given and what is allowed (:mod:`tl_idempotence.errors`):
+Every route into a report — ``idempotence_report``, ``compare``, ``sweep``, ``trajectory``, the CLI — and every
+public function checks its arguments with these, so the same input is refused the same way before any work is
+done, with an error that names the argument, what was given and what is allowed (:mod:`tl_idempotence.errors`):
 
 * wrong type -> :class:`~tl_idempotence.errors.OptionTypeError` (a ``TypeError``):
   ``threshold="0.5"``, ``nulls=1.7``, ``seed=1.5``, ``compute_dtype=torch.int64``;
 * wrong value -> :class:`~tl_idempotence.errors.OptionError` (a ``ValueError``):
   ``threshold=1.5``, ``nulls=-1``, ``layers=[]``, ``layers=[0, 0]``;
-* unknown keyword -> :class:`~tl_idempotence.errors.UnknownOptionError` (a
-  ``TypeError``) naming the closest valid names (:func:`strict_kwargs`, :meth:`ReportOptions.from_kwargs`);
+* unknown keyword -> :class:`~tl_idempotence.errors.UnknownOptionError` (a ``TypeError``) naming the closest
+  valid names (:func:`strict_kwargs`);
 * a device that is not there -> :class:`~tl_idempotence.errors.DeviceError`.
 
-:class:`ReportOptions` is what the report loop, the resume manifest and every cache key on
-(:meth:`ReportOptions.key`); its one encoding in files is :meth:`ReportOptions.as_dict` /
-:meth:`ReportOptions.from_record`, and between processes :meth:`ReportOptions.for_elsewhere` /
-:meth:`ReportOptions.at_device` (the same record without the device, plus the device's name).
+The report options are declared with these validators in :mod:`tl_idempotence.core.option_specs` (the report's
+own) and beside each analysis; :class:`~tl_idempotence.analyses.report_options.ReportOptions` holds them.
+Imports no torch at import (the validators of a dtype and a device import it when called), so the CLI's
+``--help`` and a mistyped flag answer in a fraction of a second.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import FrozenInstanceError
-from types import MappingProxyType
+import itertools
+import numbers
+from collections.abc import Iterable, Mapping, Sequence, Set
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from ..errors import DeviceError, OptionError, OptionTypeError
+from .defaults import default_of
 from .kwargs import strict_kwargs, unknown_option_error
 from .limits import MAX_LAYER_INDEX, MAX_NULLS
-from .option_specs import (
-    DEFAULT_NULLS,
-    REQUIRED,
-    ReportOptionsArgs,
-    check_bool,
-    check_int,
-    check_layers,
-    check_nulls,
-    check_option_names,
-    check_seed,
-    check_threshold,
-    default,
-    given,
-    report_options,
-    resolve_layers,
-    use_torch_checks,
-    with_absent,
-)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from typing_extensions import Unpack
-
-    from .hints import RealLike
+    import torch
 
 __all__ = [
     "DEFAULT_NULLS",
     "MAX_LAYER_INDEX",
     "MAX_NULLS",
-    "ReportOptions",
-    "ReportOptionsArgs",
+    "SHOWN_RUNS",
     "check_bool",
     "check_compute_dtype",
     "check_device",
@@ -71,13 +47,165 @@ __all__ = [
     "check_nulls",
     "check_seed",
     "check_threshold",
+    "given",
+    "index_summary",
     "resolve_layers",
     "strict_kwargs",
     "unknown_option_error",
 ]
 
-_COMPUTE_DTYPES = {"float64": torch.float64, "float32": torch.float32}
-_given = given
+#: Scramble draws per head when ``nulls=True`` (:mod:`tl_idempotence.core.defaults`).
+DEFAULT_NULLS: int = default_of("nulls=True", "nulls")
+
+_COMPUTE_DTYPES = ("float64", "float32")
+
+
+def given(x: Any) -> str:
+    """``x`` as an error message shows it: its type and a short repr."""
+    r = repr(x)
+    return f"{type(x).__name__} {r if len(r) <= 60 else r[:57] + '...'}"
+
+
+def check_threshold(x: Any, name: str = "threshold") -> float:
+    """A P threshold: a real number (not bool, not str) in [0, 1] (P is a squared cosine).
+
+    Raises:
+        OptionTypeError: not a real number. OptionError: NaN or outside [0, 1].
+    """
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise OptionTypeError(f"{name} must be a real number in [0, 1] (P is a squared cosine); got {given(x)}.")
+    v = float(x)
+    if not 0.0 <= v <= 1.0:
+        raise OptionError(f"{name} must be in [0, 1] (P is a squared cosine); got {v}.")
+    return v
+
+
+def check_int(x: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An integer (``int`` or numpy integer; not bool, not float) within ``[minimum, maximum]``.
+
+    Raises:
+        OptionTypeError: not an integer (``1.7`` or ``2.0`` are refused, never truncated).
+        OptionError: out of range.
+    """
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise OptionTypeError(f"{name} must be an integer; got {given(x)}.")
+    v = int(x)
+    if minimum is not None and v < minimum:
+        raise OptionError(f"{name} must be >= {minimum}; got {v}.")
+    if maximum is not None and v > maximum:
+        raise OptionError(f"{name} must be <= {maximum}; got {v}.")
+    return v
+
+
+def check_bool(x: Any, name: str) -> bool:
+    """A boolean (``True``/``False`` or a numpy bool); ``0``/``1``/strings are refused.
+
+    Raises:
+        OptionTypeError: not a boolean.
+    """
+    if isinstance(x, bool):
+        return x
+    try:
+        import numpy as np
+
+        if isinstance(x, np.bool_):
+            return bool(x)
+    except ImportError:  # pragma: no cover
+        pass
+    raise OptionTypeError(f"{name} must be True or False; got {given(x)}.")
+
+
+def check_nulls(x: Any, name: str = "nulls") -> int:
+    """Scramble draws per head: ``True`` (= :data:`DEFAULT_NULLS`), ``False``/0 (off) or an int in [0, MAX_NULLS].
+
+    Raises:
+        OptionTypeError: not a bool or an integer. OptionError: negative or above :data:`MAX_NULLS`.
+    """
+    if isinstance(x, bool):
+        return DEFAULT_NULLS if x else 0
+    return check_int(x, name, 0, MAX_NULLS)
+
+
+def check_seed(x: Any, name: str = "seed") -> int:
+    """A seed: a non-negative integer (mixed with the layer index by ``layer_generator``).
+
+    Raises:
+        OptionTypeError: not an integer. OptionError: negative.
+    """
+    return check_int(x, name, 0, 2**128)
+
+
+def check_layers(x: Any, name: str = "layers") -> tuple[int, ...] | None:
+    """``None`` (all layers) or a non-empty sequence of distinct non-negative layer indices.
+
+    Returns the indices in the given order. A bare int, a string, an empty sequence, a
+    repeated or a negative index is refused (whether each layer exists is checked against
+    the model by :func:`resolve_layers`).
+
+    Raises:
+        OptionTypeError: not a sequence of integers. OptionError: empty, repeated or negative.
+    """
+    if x is None:
+        return None
+    if isinstance(x, (str, bytes, Mapping, Set)) or isinstance(x, numbers.Number) or not isinstance(x, Iterable):
+        # sets have no order and mappings would give their keys: neither says which layers in which order
+        raise OptionTypeError(f"{name} must be None or a sequence of layer indices such as [0, 5]; got {given(x)}.")
+    if hasattr(x, "numel") and hasattr(x, "flatten"):  # a torch tensor (torch is not imported here)
+        x = x.flatten().tolist() if x.numel() <= MAX_LAYER_INDEX + 1 else range(MAX_LAYER_INDEX + 2)
+    if isinstance(x, range) and len(x) and (x[0] > MAX_LAYER_INDEX or x[-1] > MAX_LAYER_INDEX):
+        bad = x[0] if x[0] > MAX_LAYER_INDEX else x[-1]
+        raise OptionError(f"{name} holds layer {bad}; layer indices are at most {MAX_LAYER_INDEX}.")
+    items = list(itertools.islice(x, MAX_LAYER_INDEX + 2))  # never more than one past the largest valid list
+    if not items:
+        raise OptionError(f"{name} is empty: pass None for every layer, or the layer indices to measure.")
+    out = tuple(check_int(v, f"{name}[{i}]", 0, MAX_LAYER_INDEX) for i, v in enumerate(items))
+    seen: set[int] = set()
+    dup = sorted({v for v in out if v in seen or seen.add(v)})  # type: ignore[func-returns-value]
+    if dup:
+        raise OptionError(f"{name} repeats layer(s) {index_summary(dup)}: each layer is measured once.")
+    return out
+
+
+#: How many runs of indices :func:`index_summary` writes out before it counts the rest.
+SHOWN_RUNS = 6
+
+
+def index_summary(values: Sequence[int], shown: int = SHOWN_RUNS) -> str:
+    """Layer indices for a message, bounded in length whatever their number: runs of three or more consecutive
+    indices as ``a..b``, the first ``shown`` items, and the count when items were joined or left out
+    (``[3..65535] (65,533 indices)``, ``[1, 4, 9, ...] (40 indices)``, ``[2, 7]``).
+
+    Args:
+        values: the indices, in the order to show them.
+        shown: how many items (indices or runs) to write out.
+    """
+    runs: list[list[int]] = []
+    for v in (int(x) for x in values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    words = [w for a, b in runs for w in ([f"{a}..{b}"] if b - a >= 2 else [str(v) for v in range(a, b + 1)])]
+    text = "[" + ", ".join(words[:shown]) + (", ...]" if len(words) > shown else "]")
+    n = len(values)
+    return text if n == len(words) <= shown else f"{text} ({n:,} indices)"
+
+
+def resolve_layers(layers: Sequence[int] | None, available: Sequence[int]) -> list[int]:
+    """The layers to run: all of ``available`` when ``layers`` is None, else ``layers`` (validated order).
+
+    Raises:
+        OptionError: a layer that is not an attention layer of the model (lists the available ones).
+    """
+    avail = [int(a) for a in available]
+    if layers is None:
+        return avail
+    known = set(avail)
+    bad = [int(v) for v in layers if int(v) not in known]
+    if bad:
+        span = f"{avail[0]}..{avail[-1]}" if avail == list(range(avail[0], avail[-1] + 1)) else index_summary(avail)
+        raise OptionError(f"Unknown layer index {index_summary(bad)}: this model's attention layers are {span}.")
+    return [int(v) for v in layers]
 
 
 def check_compute_dtype(x: Any, name: str = "compute_dtype") -> torch.dtype:
@@ -90,15 +218,17 @@ def check_compute_dtype(x: Any, name: str = "compute_dtype") -> torch.dtype:
     Raises:
         OptionTypeError: not a dtype or dtype name. OptionError: a dtype other than float32/float64.
     """
+    import torch
+
     if isinstance(x, str):
         key = x.removeprefix("torch.")
         if key in _COMPUTE_DTYPES:
-            return _COMPUTE_DTYPES[key]
+            return torch.float64 if key == "float64" else torch.float32
         if key == "double":
             return torch.float64
         raise OptionError(f"{name}={x!r} is not supported; use 'float64' (default) or 'float32'.")
     if not isinstance(x, torch.dtype):
-        raise OptionTypeError(f"{name} must be torch.float64 or torch.float32 (or their names); got {_given(x)}.")
+        raise OptionTypeError(f"{name} must be torch.float64 or torch.float32 (or their names); got {given(x)}.")
     if x in (torch.float64, torch.float32):
         return x
     why = (
@@ -122,6 +252,8 @@ def check_device(x: Any, name: str = "device") -> torch.device:
         OptionTypeError: not a string or device. DeviceError: an unknown device string, or a
             device that is not available (``"cuda"`` without CUDA, ``"cuda:3"`` with 1 GPU).
     """
+    import torch
+
     if isinstance(x, str):
         if x == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -132,7 +264,7 @@ def check_device(x: Any, name: str = "device") -> torch.device:
     elif isinstance(x, torch.device):
         dev = x
     else:
-        raise OptionTypeError(f"{name} must be 'cpu', 'cuda', 'cuda:N', 'auto' or a torch.device; got {_given(x)}.")
+        raise OptionTypeError(f"{name} must be 'cpu', 'cuda', 'cuda:N', 'auto' or a torch.device; got {given(x)}.")
     if dev.type == "cpu":
         return torch.device("cpu")
     if dev.type == "cuda":
@@ -161,10 +293,12 @@ def check_device_name(x: Any, name: str = "device") -> str:
         OptionTypeError: not a string or device. OptionError: not a device name, or a device type other than
             cpu and cuda.
     """
+    import torch
+
     if isinstance(x, torch.device):
         x = str(x)
     if not isinstance(x, str):
-        raise OptionTypeError(f"{name} must be a device name such as 'cpu', 'cuda' or 'auto'; got {_given(x)}.")
+        raise OptionTypeError(f"{name} must be a device name such as 'cpu', 'cuda' or 'auto'; got {given(x)}.")
     if x != "auto":
         try:
             kind = torch.device(x).type
@@ -173,223 +307,3 @@ def check_device_name(x: Any, name: str = "device") -> str:
         if kind not in ("cpu", "cuda"):
             raise OptionError(f"{name}={x!r}: the work runs on 'cpu' or 'cuda' (or 'auto').")
     return x
-
-
-#: The validators of the report's own options that need torch, handed down to their declarations (which say
-#: ``check=torch_check``; the declarations' module imports no torch), their defaults checked there.
-_TORCH_CHECKS: dict[str, Callable[[Any, str], Any]] = {"compute_dtype": check_compute_dtype, "device": check_device}
-use_torch_checks(_TORCH_CHECKS)
-
-
-def _encode(name: str, value: Any) -> Any:
-    """An option's value as a JSON value (the dtype and device by name, layers as a list)."""
-    if name == "compute_dtype":
-        return str(value).removeprefix("torch.")
-    if name == "device":
-        return value.type
-    if name == "layers":
-        return None if value is None else list(value)
-    return value
-
-
-class ReportOptions:
-    """The validated options of a report (and of every route into it). Frozen (assigning an attribute raises
-    ``dataclasses.FrozenInstanceError``), compared and hashed by value.
-
-    Its options are :func:`~tl_idempotence.core.option_specs.report_options`: the report's own (below) and every
-    registered analysis's (``nulls``, ``search``, ``algebra``, ...; declared beside the analysis, read as
-    attributes: ``options.nulls``), each validated by its declared validator when the options are built.
-
-    Attributes:
-        threshold: P threshold of a "closed" head, in [0, 1] (paper: 0.9).
-        seed: non-negative seed; layer ``l`` of every random analysis seeds its own
-            generator from ``(seed, l)``.
-        layers: the layer indices to measure, or ``None`` for all.
-        compute_dtype: dtype of the ``d_model``-long products (float64 or float32).
-        device: where the products and the batched r x r work run (results are CPU float64).
-        nulls: orientation-scramble draws per head (0 = no controls; ``True`` gives 64); with ``nulls > 0`` the
-            matched O/V mismatch runs too (SPEC 4; declared in ``analyses/scramble_spec.py``).
-        search: run the constructive search (SPEC 5; ``analyses/search_spec.py``).
-        algebra: run the shared-value algebra (SPEC 7; ``analyses/algebra_spec.py``).
-
-    Raises:
-        UnknownOptionError: a keyword that is no option (names the closest valid ones).
-        OptionTypeError / OptionError / DeviceError: see the ``check_*`` functions.
-    """
-
-    __slots__ = ("_values",)
-    _values: MappingProxyType[str, Any]
-
-    threshold: float
-    seed: int
-    layers: tuple[int, ...] | None
-    compute_dtype: torch.dtype
-    device: torch.device
-
-    def __init__(self, **options: Unpack[ReportOptionsArgs]) -> None:
-        specs = report_options()
-        given_ = dict(options)
-        check_option_names("ReportOptions()", given_)
-        values: dict[str, Any] = {}
-        for o in specs:
-            v = given_.get(o.name, o.default)
-            values[o.name] = o.validate(v)
-        object.__setattr__(self, "_values", MappingProxyType(values))
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return object.__getattribute__(self, "_values")[name]
-        except (KeyError, AttributeError):
-            raise AttributeError(f"ReportOptions has no option {name!r}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}: ReportOptions is frozen")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}: ReportOptions is frozen")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ReportOptions):
-            return NotImplemented
-        return dict(self._values) == dict(other._values)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._values.items()))
-
-    def __repr__(self) -> str:
-        return f"ReportOptions({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (dict(self._values),))
-
-    def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *self._values})
-
-    @classmethod
-    def names(cls) -> list[str]:
-        """The option names (the order of :func:`~tl_idempotence.core.option_specs.report_options`)."""
-        return [o.name for o in report_options()]
-
-    @classmethod
-    def from_kwargs(
-        cls, where: str, options: Mapping[str, Any], others: Iterable[str] = (), **fixed: Unpack[ReportOptionsArgs]
-    ) -> ReportOptions:
-        """The options an entry point was given as ``**options`` (each absent one at its declared default).
-
-        Args:
-            where: the entry point, for messages (``"sweep()"``).
-            options: the keyword arguments it received besides its own parameters.
-            others: its own parameter names (suggested too when a keyword is unknown).
-            **fixed: options the entry point sets itself (e.g. ``algebra=True``), refused when also given.
-
-        Raises:
-            UnknownOptionError: a keyword that is no option (names the closest valid ones).
-            OptionError: an option the entry point sets itself. OptionTypeError / OptionError / DeviceError:
-                a bad value (:class:`ReportOptions`).
-        """
-        check_option_names(where, options, others)
-        clash = sorted(set(options) & set(fixed))
-        if clash:
-            raise OptionError(f"{where} sets {clash} itself; do not pass them.")
-        return cls(**{**options, **fixed})
-
-    def key(self) -> dict[str, Any]:
-        """The options that change numbers, as JSON values (what caches and resume parts key on).
-
-        ``layers`` is not part of the key: a layer's numbers do not depend on which other
-        layers ran. The device is (results agree across devices to float64 rounding, not bit
-        for bit).
-        """
-        return {o.name: _encode(o.name, self._values[o.name]) for o in report_options() if o.in_key}
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every option as a JSON value (for summaries and saved reports): :meth:`key`, then the others."""
-        out_of_key = {o.name: _encode(o.name, self._values[o.name]) for o in report_options() if not o.in_key}
-        return {**self.key(), **out_of_key}
-
-    @classmethod
-    def for_elsewhere(
-        cls, where: str, options: Mapping[str, Any], others: Iterable[str] = ()
-    ) -> tuple[dict[str, Any], str]:
-        """The options of work that runs in other processes (sweep workers, job-array tasks, trajectory tasks),
-        in their one encoding: the validated options without the device as a JSON record (:meth:`as_dict`
-        without ``device``) and the device as asked, a name resolved where the work runs (:meth:`at_device`).
-
-        Raises:
-            UnknownOptionError / OptionTypeError / OptionError: as :meth:`from_kwargs` and
-                :func:`check_device_name`.
-        """
-        check_option_names(where, options, others)
-        device = check_device_name(options.get("device", default("device")))
-        opts = cls(**{k: v for k, v in options.items() if k != "device"})
-        return {k: v for k, v in opts.as_dict().items() if k != "device"}, device
-
-    @classmethod
-    def at_device(cls, record: Mapping[str, Any], device: str) -> ReportOptions:
-        """Options from :meth:`for_elsewhere`'s record, with the device resolved here (where the work runs).
-
-        Raises:
-            OptionError / OptionTypeError: a record that is not valid options. DeviceError: a device this machine
-                does not have.
-        """
-        if "device" in record:
-            raise OptionError("an options record for elsewhere holds no device (it is given apart).")
-        return cls.from_kwargs("options record", record, device=device)
-
-    def with_threshold(self, threshold: RealLike) -> ReportOptions:
-        """A copy with another threshold (validated); the device is kept as is."""
-        out = ReportOptions.from_record({**self.as_dict(), "threshold": check_threshold(threshold)})
-        return _restore({**out._values, "device": self.device})
-
-    @classmethod
-    def from_record(cls, record: object) -> ReportOptions:
-        """Options from :meth:`as_dict` (a saved report's record), validated.
-
-        The device is restored as recorded without asking whether it exists here: a report
-        computed on a GPU loads on a CPU-only machine.
-
-        An option declared after the record was written (:attr:`~tl_idempotence.core.option_specs.OptionSpec.absent`
-        not ``REQUIRED``, e.g. a new analysis's on/off option) takes the value such a record means.
-
-        Raises:
-            OptionTypeError / OptionError: a record that is not a dict of valid options, or that
-                lacks one (a missing option is never filled with its default: the numbers were
-                computed with whatever value it had).
-        """
-        if not isinstance(record, dict):
-            raise OptionTypeError(f"options record must be a dict; got {type(record).__name__}.")
-        unknown = set(record) - set(cls.names())
-        if unknown:
-            raise unknown_option_error("ReportOptions record", sorted(unknown), cls.names())
-        specs = report_options()
-        missing = [o.name for o in specs if o.name not in record and o.absent is REQUIRED]
-        if missing:
-            raise OptionError(f"options record lacks {missing}: it does not say how its numbers were computed.")
-        # an option declared after the record was written: the value the record means (its analysis did not run)
-        record = with_absent(record)
-        dev = record.get("device", "cpu")
-        if not isinstance(dev, str):
-            raise OptionTypeError(f"options.device must be a device name; got {dev!r}.")
-        out = cls(**{**record, "device": "cpu"})
-        try:
-            device = torch.device(dev)
-        except RuntimeError as e:
-            raise OptionError(f"options.device={dev!r} is not a device name.") from e
-        return _restore({**out._values, "device": device})
-
-
-def _restore(values: Mapping[str, Any]) -> ReportOptions:
-    """Options from values already validated (unpickling, :meth:`ReportOptions.from_record`'s recorded device)."""
-    out = object.__new__(ReportOptions)
-    object.__setattr__(out, "_values", MappingProxyType(dict(values)))
-    return out
-
-
-def __getattr__(name: str) -> Any:
-    """:data:`REPORT_OPTIONS` and :data:`DEFAULTS`, as :mod:`tl_idempotence.core.option_specs` assembles them (names
-    this module exported before the options were declared beside the analyses)."""
-    if name in ("REPORT_OPTIONS", "DEFAULTS", "REPORT_OPTION_NAMES"):
-        from . import option_specs
-
-        return getattr(option_specs, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import OptionError, OptionTypeError
-from .option_specs import check_int
+from .options import check_int
 
 __all__ = ["head_label", "head_labels", "select_heads"]
 

@@ -64,6 +64,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from ..core.defaults import default_of
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
 from ..core.kwargs import warn_at_caller
@@ -83,6 +84,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import HeadsLike, IntLike, RealLike, TextsLike, TLModel
 
 __all__ = ["ActivationReturns", "activation_returns", "default_corpus", "head_returns", "prepare_tokens"]
+
+#: The scramble control's draws per head by default (:mod:`tl_idempotence.core.defaults` says why).
+CONTROL_NULLS = default_of("tli.activation_returns", "nulls")
 
 # --------------------------------------------------------------------------- per-head maths
 
@@ -482,7 +486,7 @@ def activation_returns(
     seq_len: IntLike = 128,
     max_tokens: IntLike | None = 8192,
     control: Literal["scramble", "random"] | None = "scramble",
-    nulls: IntLike = 4,
+    nulls: IntLike = CONTROL_NULLS,
     seed: IntLike = 0,
     threshold: RealLike = DEFAULT_THRESHOLD,
     text_column: str = "text",

@@ -17,9 +17,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
     import pandas as pd
 
+    from ..analyses.report_options import ReportOptions
     from ..core.heads import ModelInfo
     from ..core.hints import HeadPairs, IntLike, TLModel
-    from ..core.options import ReportOptions
     from .mechanism import Mechanism
     from .roles import RoleAssociation
     from .summary import ReportSummary

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
-from ..core.option_specs import report_options, resolve_layers
+from ..analyses.report_options import report_options
+from ..core.options import resolve_layers
 from ..core.processing import T_PROCESSING
 from ..errors import ReportMismatchError
 
@@ -31,8 +32,8 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     from typing_extensions import Unpack
 
+    from ..analyses.report_options import ReportOptions
     from ..core.heads import HeadSource, ModelInfo
-    from ..core.options import ReportOptions
 
 __all__ = [
     "Expectations",

@@ -34,6 +34,7 @@ from typing import Any
 import pandas as pd
 
 from ..analyses.loop import LayerPart
+from ..analyses.report_options import ReportOptions, with_absent
 from ..core.files import (
     atomic_write_bytes,
     atomic_write_text,
@@ -46,8 +47,6 @@ from ..core.files import (
 from ..core.heads import ModelInfo
 from ..core.jsonio import RECORD, json_ready, json_restore, json_text
 from ..core.kwargs import warn_at_caller
-from ..core.option_specs import with_absent
-from ..core.options import ReportOptions
 from ..errors import OptionTypeError, ResumeError
 
 __all__ = ["FORMAT", "LayerPart", "ResumeDir", "json_restore", "json_safe"]

@@ -20,11 +20,11 @@ import pandas as pd
 from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import report_analyses
+from ..analyses.report_options import ReportOptions, ReportOptionsArgs, documents_options
 from ..analyses.scramble import bh_q_values
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
-from ..core.option_specs import ReportOptionsArgs, documents_options
-from ..core.options import ReportOptions, check_bool, resolve_layers
+from ..core.options import check_bool, resolve_layers
 from ..core.selection import head_labels
 from ..errors import OptionTypeError, ResumeError
 from ..sources.dispatch import head_source, model_inputs
@@ -97,7 +97,7 @@ def idempotence_report(
     """Closure of every attention head of a model, with the paper's controls on request (SPEC 2-5, 7).
 
     Every argument is validated here, where it enters: the report options by
-    :class:`~tl_idempotence.core.options.ReportOptions` (declared once, the same on every route), the others
+    :class:`~tl_idempotence.analyses.report_options.ReportOptions` (declared once, the same on every route), the others
     below.
 
     Args:
@@ -151,7 +151,7 @@ def report_with_options(
 
     Args:
         model: as for :func:`idempotence_report`.
-        options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
+        options: the validated :class:`~tl_idempotence.analyses.report_options.ReportOptions`.
         progress, resume, architecture, prefix: as for :func:`idempotence_report`.
 
     Raises:

@@ -20,11 +20,12 @@ import torch
 
 from ..analyses.algebra import RANGES_THRESHOLD, AlgebraAnalysis, SharedValueAlgebra
 from ..analyses.registry import report_analyses, threshold_rules
+from ..analyses.report_options import ReportOptions
 from ..analyses.threshold import derive_at_threshold
 from ..core.files import refuse_outputs_over_inputs
 from ..core.heads import ModelInfo
 from ..core.kwargs import warn_at_caller
-from ..core.options import ReportOptions, check_bool, check_threshold, strict_kwargs
+from ..core.options import check_bool, check_threshold, strict_kwargs
 from ..core.outputs import FOLDER, write_output
 from ..core.readings import report_headline
 from ..errors import OptionError, OptionTypeError
@@ -75,7 +76,7 @@ class IdempotenceReport(DrawnResult):
             ``algebra_pairs``, ...).
         summary: headline numbers, model sizes, processing flags, options, versions.
         info: the :class:`~tl_idempotence.core.heads.ModelInfo` of what was measured.
-        options: the validated :class:`~tl_idempotence.core.options.ReportOptions`.
+        options: the validated :class:`~tl_idempotence.analyses.report_options.ReportOptions`.
         threshold: P threshold of ``closed`` (paper: 0.9); :meth:`with_threshold` gives the report at another
             (assigning it is a deprecated shim that warns and recomputes every threshold-dependent column, count
             and summary number in place).

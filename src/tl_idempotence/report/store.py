@@ -30,13 +30,13 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.registry import report_analyses
+from ..analyses.report_options import ReportOptions, with_absent
 from ..analyses.scramble import bh_q_values, scramble_effect
 from ..core.files import atomic_write_bytes, atomic_write_text, read_json, record_digest, sha256_bytes
 from ..core.heads import ModelInfo, kv_layout
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
-from ..core.option_specs import with_absent
-from ..core.options import ReportOptions, check_bool
+from ..core.options import check_bool
 from ..core.records import index_column, read_listed_tables, tag_int_keys, untag_int_keys
 from ..core.selection import head_label
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError

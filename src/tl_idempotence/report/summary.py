@@ -20,11 +20,11 @@ import torch
 
 from ..analyses import registry
 from ..analyses.base import Analysis
+from ..analyses.report_options import ReportOptions
 from ..analyses.spec import AnalysisSpec, SummaryRecord, check_summary_field
 from ..core.files import package_code_sha256
 from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo, combined_fingerprint
-from ..core.options import ReportOptions
 from ..core.paper import PAPER, PAPER_THRESHOLD
 from ..errors import OptionError, OptionTypeError
 

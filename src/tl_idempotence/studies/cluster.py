@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.options import ReportOptions, check_int
+from ..analyses.report_options import ReportOptions
+from ..core.options import check_int
 from ..errors import ClusterError, MissingExtraError, OptionError, OptionTypeError
 from ..report.report import IdempotenceReport, report_with_options
 

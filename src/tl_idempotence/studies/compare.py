@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from ..core.option_specs import ReportOptionsArgs, check_option_names, default, documents_options
-from ..core.options import ReportOptions, check_bool, check_layers, strict_kwargs
+from ..analyses.report_options import ReportOptions, ReportOptionsArgs, check_option_names, default, documents_options
+from ..core.options import check_bool, check_layers, strict_kwargs
 from ..core.outputs import Output, write_output
 from ..errors import OptionError
 from ..report.identity import compared_options, option_differences, processing_key
@@ -122,7 +122,7 @@ def _resolve_options(
         if value is not None:
             chosen[name] = value
             continue
-        seen = {label: getattr(rep.options, name) for label, rep in reports.items()}
+        seen = {label: rep.options[name] for label, rep in reports.items()}
         distinct = {str(v) for v in seen.values()}
         if len(distinct) > 1:
             detail = ", ".join(f"{lab}: {v}" for lab, v in seen.items())
@@ -180,7 +180,7 @@ class Comparison(DrawnResult):
         headline: the answer first (:class:`ComparisonHeadline`): which model has the largest share of closed
             heads, which the smallest, in one sentence; ``overview``: :attr:`table` in its ten headline columns.
             The notebook display shows the sentence, then the overview; ``table`` keeps every column.
-        options: the :class:`~tl_idempotence.core.options.ReportOptions` every report shares.
+        options: the :class:`~tl_idempotence.analyses.report_options.ReportOptions` every report shares.
         warnings: the warnings raised when the comparison was made (processing, identical weights).
         inputs: what its reports were read from on this machine (``(what, path)`` pairs, the union of every
             report's :attr:`~tl_idempotence.report.report.IdempotenceReport.inputs`): what :meth:`save_html`

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..analyses.report_options import ReportOptions
 from ..core.heads import HeadSource, LayerHeads
-from ..core.options import ReportOptions
 from ..errors import ItemError, MissingFileError, OptionError, OptionTypeError, TLIError
 from ..report.report import IdempotenceReport, report_with_options
 from ..report.store import RECORD

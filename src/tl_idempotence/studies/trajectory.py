@@ -49,9 +49,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from ..analyses.report_options import ReportOptions, ReportOptionsArgs, documents_options
 from ..core.heads import HeadSource, LayerHeads
-from ..core.option_specs import ReportOptionsArgs, documents_options
-from ..core.options import ReportOptions, check_bool, check_int, strict_kwargs
+from ..core.options import check_bool, check_int, strict_kwargs
 from ..core.processing import T_PROCESSING
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.identity import recorded_flags

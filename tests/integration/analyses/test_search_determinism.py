@@ -13,8 +13,8 @@ import tl_idempotence as tli
 from helpers import dense_closure_T, gaussian_layer, head_with, pair, principal_bases
 from tl_idempotence.analyses import search
 from tl_idempotence.analyses.base import LayerContext
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.analyses.search import SearchAnalysis
-from tl_idempotence.core.options import ReportOptions
 from tl_idempotence.core.random import haar_orthogonal
 from tl_idempotence.maths.closure import closure_from_grams, layer_grams
 

@@ -266,7 +266,7 @@ def test_a_task_that_ran_twice_is_computed_once(ckpts, tmp_path):
     """What a rescheduled Dask task sees: its first run saved the report and its record, then the result was
     lost with the worker. The second run of the same sweep run is "computed" (nothing recomputed); a later
     sweep run is "skipped"."""
-    from tl_idempotence.core.options import ReportOptions
+    from tl_idempotence.analyses.report_options import ReportOptions
 
     record = {k: v for k, v in ReportOptions(nulls=4, seed=1).as_dict().items() if k != "device"}
     item = Item("ckA", "path", Path(ckpts["ckA"]))

@@ -15,13 +15,14 @@ import torch
 import tl_idempotence as tli
 from helpers import SyntheticSource, gaussian_layer
 from tl_idempotence.analyses.base import LayerContext, LayerResult
-from tl_idempotence.analyses.registry import REPORT_ANALYSES
+from tl_idempotence.analyses.registry import report_analyses
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.analyses.scramble import bh_q_values
 from tl_idempotence.core.heads import LayerHeads
-from tl_idempotence.core.options import ReportOptions
 from tl_idempotence.report.report import REPORT_LEVEL_COLUMNS
 
 OPTIONS = ReportOptions(nulls=8, seed=3, search=True, algebra=True)
+REPORT_ANALYSES = report_analyses()
 ANALYSES = {a.name: a for a in REPORT_ANALYSES}
 
 

@@ -32,11 +32,11 @@ from helpers import (
 )
 from tl_idempotence.analyses.base import LayerContext
 from tl_idempotence.analyses.mismatch import MismatchAnalysis, mismatch_pairs
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.analyses.scramble import ScrambleAnalysis, orientation_scramble
 from tl_idempotence.analyses.scramble_spec import FRAC_SCRAMBLED_CLOSED
 from tl_idempotence.analyses.threshold import derive_at_threshold
 from tl_idempotence.core.heads import LayerHeads
-from tl_idempotence.core.options import ReportOptions
 from tl_idempotence.core.random import haar_orthogonal, layer_generator
 from tl_idempotence.errors import OptionError, OptionTypeError
 from tl_idempotence.maths.closure import closure_from_grams, layer_grams

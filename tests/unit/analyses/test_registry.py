@@ -19,18 +19,13 @@ import tl_idempotence as tli
 from helpers import gaussian_layer
 from tl_idempotence.analyses import registry
 from tl_idempotence.analyses.base import LayerContext, LayerResult
+from tl_idempotence.analyses.report_options import ReportOptions, ReportOptionsArgs, options_doc, report_options
 from tl_idempotence.analyses.spec import AnalysisSpec, SummaryRecord, rule
 from tl_idempotence.cli import build_parser
 from tl_idempotence.core.heads import LayerHeads
-from tl_idempotence.core.option_specs import (
-    OptionSpec,
-    ReportOptionsArgs,
-    check_bool,
-    options_doc,
-    report_options,
-)
-from tl_idempotence.core.options import ReportOptions
-from tl_idempotence.errors import OptionError, OptionTypeError, UnknownOptionError
+from tl_idempotence.core.option_specs import OptionSpec
+from tl_idempotence.core.options import check_bool
+from tl_idempotence.errors import OptionError, OptionTypeError, RegistrationError, TLIError, UnknownOptionError
 from tl_idempotence.report.identity import compared_options
 
 # ----------------------------------------------------------------------------- the toy analysis (its whole module)
@@ -48,12 +43,19 @@ class ToySummary(SummaryRecord):
     max_P_squared: float = field(metadata=rule("P"))
 
 
+@dataclass(frozen=True)
+class TakenFieldSummary(SummaryRecord):
+    """A summary whose field the search's summary already has."""
+
+    n_feasible_layers: int = field(metadata=rule("count"))
+
+
 class ToyAnalysis:
     name: ClassVar[str] = "toy"
     reason_column: ClassVar[str | None] = None
 
     def enabled(self, options: ReportOptions) -> bool:
-        return bool(options.toy)
+        return bool(options["toy"])
 
     def run(self, ctx: LayerContext) -> LayerResult:
         P = ctx.closure.P.numpy()
@@ -76,8 +78,9 @@ TOY_SPEC = AnalysisSpec(
 
 @pytest.fixture
 def with_toy(monkeypatch):
-    """The one registry line the toy needs."""
-    monkeypatch.setattr(registry, "ANALYSES", (*registry.ANALYSES, TOY_SPEC))
+    """The one registry line the toy needs (the registry restored afterwards)."""
+    monkeypatch.setattr(registry, "ANALYSES", registry.ANALYSES)
+    registry.register(TOY_SPEC)
 
 
 def layers_of(seed: int) -> list[LayerHeads]:
@@ -103,7 +106,7 @@ def test_a_registered_analysis_gets_its_option_everywhere(with_toy):
         "compute_dtype",
         "device",
     ]
-    assert ReportOptions().toy is False and ReportOptions(toy=True).toy is True
+    assert ReportOptions()["toy"] is False and ReportOptions(toy=True)["toy"] is True
     assert ReportOptions(toy=True).key()["toy"] is True and "toy" in ReportOptions().as_dict()
     assert ReportOptions(toy=True) != ReportOptions()
     with pytest.raises(OptionTypeError, match="toy must be True or False; got int 1"):
@@ -137,7 +140,7 @@ def test_a_registered_analysis_gets_its_columns_summary_and_compare_column(with_
     # at another threshold and through a saved report, the toy's record is recomputed the same
     assert rep.with_threshold(0.2).summary.toy == s.toy
     back = tli.load_report(rep.save(tmp_path / "r"))
-    assert back.summary.toy == s.toy and back.options.toy is True
+    assert back.summary.toy == s.toy and back.options["toy"] is True
 
     off = tli.idempotence_report(lhs, nulls=4, progress=False)
     assert off.summary.toy is None and "toy_P_squared" not in off.heads.columns and "max_P_squared" not in off.summary
@@ -162,11 +165,46 @@ def test_a_toy_summary_is_checked_by_its_rules(with_toy):
         type(rep.summary).from_dict({k: v for k, v in d.items() if k != "max_P_squared"})
 
 
-def test_an_option_name_taken_twice_is_refused(monkeypatch):
-    clash = dataclasses.replace(TOY_SPEC, options=(dataclasses.replace(TOY, name="seed"),))
-    monkeypatch.setattr(registry, "ANALYSES", (*registry.ANALYSES, clash))
-    with pytest.raises(OptionError, match=r"report options \['seed'\] are declared twice"):
-        report_options()
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        (
+            dict(head_columns=("toy_P_squared", "P_scrambled_median")),
+            "its head column 'P_scrambled_median' belongs to analysis 'scramble'",
+        ),
+        (
+            dict(head_columns=("toy_P_squared", "closed")),
+            "its head column 'closed' belongs to analysis 'closure'",
+        ),
+        (
+            dict(summary=TakenFieldSummary, compared=()),
+            "its summary field 'n_feasible_layers' belongs to analysis 'search'",
+        ),
+        (
+            dict(options=(dataclasses.replace(TOY, name="seed"),)),
+            "its option 'seed' belongs to the report's own options",
+        ),
+        (dict(options=(dataclasses.replace(TOY, name="nulls"),)), "its option 'nulls' belongs to analysis 'scramble'"),
+        (dict(name="algebra", options=()), "its name 'algebra' belongs to analysis 'algebra'"),
+    ],
+    ids=["head column", "closure column", "summary field", "general option", "analysis option", "name"],
+)
+def test_a_taken_name_is_refused_at_registration_naming_both_owners(monkeypatch, change, words):
+    monkeypatch.setattr(registry, "ANALYSES", registry.ANALYSES)
+    before = registry.ANALYSES
+    clash = dataclasses.replace(TOY_SPEC, **change)
+    with pytest.raises(RegistrationError, match=re.escape(f"cannot register analysis {clash.name!r}: {words}")):
+        registry.register(clash)
+    assert registry.ANALYSES is before  # nothing added
+    assert [o.name for o in report_options()] == ReportOptions.names()  # the options as before
+    registry.register(TOY_SPEC)  # the toy as declared takes no name of another
+    assert registry.ANALYSES == (*before, TOY_SPEC)
+
+
+def test_a_registration_error_is_the_librarys_value_error():
+    assert issubclass(RegistrationError, TLIError) and issubclass(RegistrationError, ValueError)
+    with pytest.raises(TypeError, match="takes an AnalysisSpec"):
+        registry.register("toy")  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- the paper's analyses, as declared
@@ -183,7 +221,6 @@ def test_the_typed_dict_for_static_tools_equals_the_registry():
 def test_the_registry_lists_the_papers_analyses_in_column_order():
     assert [s.name for s in registry.ANALYSES] == ["closure", "scramble", "mismatch", "search", "algebra"]
     assert [a.name for a in registry.report_analyses()] == [s.name for s in registry.ANALYSES]
-    assert registry.REPORT_ANALYSES == registry.report_analyses()  # the earlier constant's name still reads
     assert [o.name for o in registry.analysis_options()] == ["nulls", "search", "algebra"]
     assert registry.spec_of("scramble").options[0].name == "nulls"
     with pytest.raises(KeyError, match="registered"):
@@ -302,9 +339,10 @@ def test_a_report_and_a_resume_folder_saved_before_an_option_existed_read_it_as_
     saved = tli.load_report(tli.idempotence_report(layers_of(0), nulls=4, progress=False).save(tmp_path / "r"))
     parts = tmp_path / "parts"
     tli.idempotence_report(layers_of(0), nulls=4, progress=False, resume=parts)
-    monkeypatch.setattr(registry, "ANALYSES", (*registry.ANALYSES, TOY_SPEC))  # the option is declared now
+    monkeypatch.setattr(registry, "ANALYSES", registry.ANALYSES)
+    registry.register(TOY_SPEC)  # the option is declared now
     back = tli.load_report(tmp_path / "r")
-    assert back.options.toy is False and back.options == ReportOptions(nulls=4)
+    assert back.options["toy"] is False and back.options == ReportOptions(nulls=4)
     assert back.heads.equals(saved.heads)
     with pytest.warns(UserWarning, match="made with other options; recomputing layer"):
         resumed = tli.idempotence_report(layers_of(0), nulls=4, progress=False, resume=parts)

@@ -12,8 +12,8 @@ from helpers import SyntheticSource, dense_closure_T, gaussian_layer, head_with,
 from tl_idempotence.analyses import search
 from tl_idempotence.analyses.base import LayerContext
 from tl_idempotence.analyses.orientation import P_of_K
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.analyses.search import SearchAnalysis
-from tl_idempotence.core.options import ReportOptions
 from tl_idempotence.core.random import haar_orthogonal
 from tl_idempotence.errors import OptionError, OptionTypeError, UnknownOptionError
 from tl_idempotence.maths.closure import closure_from_grams, layer_grams

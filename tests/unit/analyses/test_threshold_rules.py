@@ -114,7 +114,7 @@ def test_a_fraction_per_head_of_its_defined_draws():
     _assert_unchanged(before, frames)
 
 
-def test_a_function_rule_by_callable_and_by_name():
+def test_a_function_rule_and_the_algebras_factory():
     frames = _frames()
     seen = []
 
@@ -124,11 +124,11 @@ def test_a_function_rule_by_callable_and_by_name():
 
     h, _, _ = FunctionRule(rule).apply(*frames, 0.25)
     assert seen == [0.25] and h["x"].tolist() == [0.25] * 5
-    by_name = FunctionRule("algebra:AlgebraAnalysis.at_threshold")  # the algebra's, imported on first use
-    out = by_name.apply(*frames, 0.5)  # a report without algebra tables: returned as it is
+    from tl_idempotence.analyses import algebra_spec
+
+    assert algebra_spec.AT_THRESHOLD.function is algebra_spec.at_threshold  # a function, imported on first call
+    out = algebra_spec.AT_THRESHOLD.apply(*frames, 0.5)  # a report without algebra tables: returned as it is
     pd.testing.assert_frame_equal(out[0], frames[0])
-    with pytest.raises(AttributeError):
-        FunctionRule("algebra:NoSuchThing").apply(*frames, 0.5)
 
 
 def test_derive_applies_every_rule_in_order_and_never_changes_its_inputs():

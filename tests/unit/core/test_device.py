@@ -21,7 +21,7 @@ import tl_idempotence.analyses.scramble as scramble_mod
 import tl_idempotence.analyses.search as search_mod
 import tl_idempotence.maths.closure as closure_mod
 from helpers import SyntheticSource, gaussian_layer
-from tl_idempotence.core.options import ReportOptions
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.errors import DeviceError
 
 CUDA = torch.cuda.is_available()

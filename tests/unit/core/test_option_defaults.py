@@ -8,10 +8,11 @@ import inspect
 import torch
 
 import tl_idempotence as tli
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.cli.parser import build_parser
 from tl_idempotence.core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from tl_idempotence.core.option_specs import GENERAL_OPTIONS
-from tl_idempotence.core.options import ReportOptions, check_compute_dtype
+from tl_idempotence.core.options import check_compute_dtype
 
 DEFAULTS = {"threshold": DEFAULT_THRESHOLD, "compute_dtype": DEFAULT_COMPUTE_DTYPE, "device": DEFAULT_DEVICE}
 

@@ -1,6 +1,6 @@
-"""A report option is refused where it is declared (issue 28): one without a validator, or whose default its own
-validator refuses, raises at declaration (``OptionSpec(...)``), or for a validator that needs torch when
-core/options.py hands it down (``use_torch_checks``), never later in a user's call. One table."""
+"""A report option is refused where it is declared: one without a validator, or whose default its own validator
+refuses, raises at declaration (``OptionSpec(...)``), never later in a user's call; the defaults of the options whose
+validators import torch (``needs_torch``, not checked at declaration) are checked here. One table."""
 
 from __future__ import annotations
 
@@ -9,19 +9,17 @@ import dataclasses
 import pytest
 
 from tl_idempotence.analyses import registry
-from tl_idempotence.core import option_specs
-from tl_idempotence.core.option_specs import (
-    OptionSpec,
+from tl_idempotence.analyses.report_options import report_options
+from tl_idempotence.core.option_specs import OptionSpec
+from tl_idempotence.core.options import (
     check_bool,
+    check_compute_dtype,
+    check_device,
     check_layers,
     check_nulls,
     check_seed,
     check_threshold,
-    report_options,
-    torch_check,
-    use_torch_checks,
 )
-from tl_idempotence.core.options import check_compute_dtype, check_device
 from tl_idempotence.errors import OptionError
 
 #: (id, the declaration's arguments, words of the OptionError)
@@ -77,18 +75,19 @@ def test_every_declared_option_has_a_validator_that_takes_its_default():
         dataclasses.replace(o)  # declaring it again passes
 
 
-def test_the_options_that_need_torch_validate_through_the_handed_down_checks():
+def test_the_options_that_need_torch_validate_with_their_validators_and_only_those_skip_the_declaration_check():
     by_name = {o.name: o for o in report_options()}
-    assert by_name["compute_dtype"].check is by_name["device"].check is torch_check
+    assert by_name["compute_dtype"].check is check_compute_dtype and by_name["device"].check is check_device
     assert by_name["compute_dtype"].validate("float32") is check_compute_dtype("float32")
     assert by_name["device"].validate("cpu") == check_device("cpu")
+    assert [o.name for o in report_options() if o.needs_torch] == ["compute_dtype", "device"]
 
 
-def test_a_torch_checked_default_is_refused_when_its_validator_is_handed_down(monkeypatch):
-    bad = OptionSpec("toy_dtype", "float16", "h", "choice", choices=("float16",), check=torch_check)  # not yet
-    monkeypatch.setattr(option_specs, "GENERAL_OPTIONS", (*option_specs.GENERAL_OPTIONS, bad))
-    monkeypatch.setattr(option_specs, "_torch_checks", dict(option_specs._torch_checks))
-    with pytest.raises(OptionError, match="option toy_dtype: declares torch_check, but no validator"):
-        use_torch_checks({})
+def test_a_torch_checked_default_that_its_validator_refuses_is_caught_by_check_default():
+    bad = OptionSpec(
+        "toy_dtype", "float16", "h", "choice", choices=("float16",), check=check_compute_dtype, needs_torch=True
+    )
     with pytest.raises(OptionError, match="option toy_dtype: its default 'float16' is refused by its own validator"):
-        use_torch_checks({"toy_dtype": check_compute_dtype})
+        bad.check_default()
+    with pytest.raises(OptionError, match="option toy_dtype: its default 'float16' is refused by its own validator"):
+        dataclasses.replace(bad, needs_torch=False)  # declared without the flag: refused at declaration

@@ -23,7 +23,7 @@ import tl_idempotence as tli
 import tl_idempotence.core.files as files_mod
 import tl_idempotence.report.report as report_mod
 from helpers import Interrupting, llama_like
-from tl_idempotence.core.options import ReportOptions
+from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.errors import OptionTypeError, ResumeError
 from tl_idempotence.sources.checkpoint import from_path
 

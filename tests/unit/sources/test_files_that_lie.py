@@ -1070,7 +1070,7 @@ PREFIX_LIES = {
     "b'model.'": (b"model.", OptionTypeError, ["prefix", "bytes"]),
     "['model.']": (["model."], OptionTypeError, ["prefix", "list"]),
 }
-#: check_bool(x, "check_finite") (core/option_specs.py).
+#: check_bool(x, "check_finite") (core/options.py).
 CHECK_FINITE_LIES = {
     "1": (1, OptionTypeError, ["check_finite", "int 1"]),
     "'yes'": ("yes", OptionTypeError, ["check_finite", "'yes'"]),

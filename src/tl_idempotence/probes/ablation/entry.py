@@ -10,6 +10,7 @@ import difflib
 from collections.abc import Sized
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
+from ...core.defaults import default_of
 from ...core.heads import kv_layout
 from ...core.kwargs import warn_at_caller
 from ...core.options import check_bool, check_int, check_seed, strict_kwargs
@@ -36,7 +37,7 @@ ABLATION_KINDS = ("mean", "zero")
 MAX_CONTROLS = 1000
 #: Default number of matched control sets: the p-value's floor is 1/40 = 0.025, so a flagged set that beats
 #: all of them, or all but one, gets p <= 0.05.
-DEFAULT_N_CONTROLS = 39
+DEFAULT_N_CONTROLS = default_of("tli.ablation", "n_controls")
 
 #: What an ablation of each kind records of its hook (its ``options``).
 _ABLATION_HOOK: dict[str, dict[str, str | None]] = {

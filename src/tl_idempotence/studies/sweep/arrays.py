@@ -12,9 +12,9 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from ...analyses.report_options import ReportOptions, ReportOptionsArgs, documents_options
 from ...core.files import refuse_outputs_over_inputs
-from ...core.option_specs import ReportOptionsArgs, documents_options
-from ...core.options import ReportOptions, check_bool, check_device, check_int
+from ...core.options import check_bool, check_device, check_int
 from ...errors import OptionError, OptionTypeError
 from ..cluster import DEFAULT_RETRIES
 from ..compare import item_inputs

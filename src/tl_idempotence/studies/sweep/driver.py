@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...analyses.report_options import ReportOptions, ReportOptionsArgs, documents_options
 from ...core.files import atomic_write_text, refuse_outputs_over_inputs
 from ...core.jsonio import RECORD, json_text
-from ...core.option_specs import ReportOptionsArgs, documents_options
-from ...core.options import ReportOptions, check_bool, check_device, check_int
+from ...core.options import check_bool, check_device, check_int
 from ...errors import OptionError, OptionTypeError, TLIError
 from ...report.report import IdempotenceReport
 from ..cluster import (

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ...analyses.report_options import ReportOptions
 from ...core.files import atomic_write_text, check_work_folder, read_json
 from ...core.jsonio import RECORD, json_text
-from ...core.options import ReportOptions, check_device_name
+from ...core.options import check_device_name
 from ...errors import MissingFileError, OptionError, OptionTypeError, ReportFileError, TLIError
 from ...report.identity import Origin
 from ..cluster import UNSAFE_CHARS

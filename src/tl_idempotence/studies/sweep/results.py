@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
-from ...core.options import ReportOptions, check_device_name, strict_kwargs
+from ...analyses.report_options import ReportOptions
+from ...core.options import check_device_name, strict_kwargs
 from ...errors import OptionError, ReportMismatchError, TLIError
 from ...report.identity import describe_report, option_differences, report_mismatch
 from ...report.report import IdempotenceReport, load_report

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...analyses.report_options import ReportOptions
 from ...core.files import atomic_write_text, read_json, sha256_file
 from ...core.jsonio import RECORD as RECORD_NAN_POLICY
 from ...core.jsonio import json_restore, json_text
-from ...core.options import ReportOptions
 from ...errors import OptionError, ReportFileError, TLIError
 from ...report.identity import origin_of, report_mismatch
 from ...report.report import IdempotenceReport, load_report
