@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pandas as pd
 
+from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.heads import ModelInfo, source_info
-from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.options import check_bool, resolve_layers, strict_kwargs
 from ..sources.dispatch import head_source
 from .algebra_maths import MHA_REASON, TABLES, SharedValueAlgebra, layer_algebra

@@ -74,9 +74,9 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import DEFAULT_THRESHOLD
 from ..core.factors import DEGENERATE_RTOL, gram_eig, rank_rtol
 from ..core.heads import LayerHeads, ModelInfo
-from ..core.option_defaults import DEFAULT_THRESHOLD
 from ..core.options import check_layers, check_threshold, strict_kwargs
 from ..errors import OptionError
 from ..maths.closure import Grams, apply_exponents, closure_scalars, closure_sums

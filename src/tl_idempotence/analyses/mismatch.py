@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import torch
 
+from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.heads import LayerHeads, source_info
-from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.options import strict_kwargs
 from ..maths.closure import Grams, apply_exponents, closure_from_grams, layer_grams
 from ..sources.dispatch import head_source

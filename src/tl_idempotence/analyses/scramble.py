@@ -46,10 +46,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from ..core.defaults import default_of
+from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, default_of
 from ..core.heads import LayerHeads
 from ..core.kwargs import warn_at_caller
-from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE
 from ..core.options import check_bool, check_compute_dtype, check_device, check_int, check_seed, strict_kwargs
 from ..core.paper import FDR_LEVEL
 from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator

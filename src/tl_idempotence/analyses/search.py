@@ -39,8 +39,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.heads import LayerHeads, source_info
-from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.options import check_compute_dtype, check_device, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
 from ..core.selection import select_heads

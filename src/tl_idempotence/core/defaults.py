@@ -1,4 +1,10 @@
-"""The defaults of the draw counts, one table: each entry point's default of ``nulls`` and its siblings, with why.
+"""The defaults, in one place: the general options' (:data:`DEFAULT_THRESHOLD`, :data:`DEFAULT_COMPUTE_DTYPE`,
+:data:`DEFAULT_DEVICE`) and the draw counts' table: each entry point's default of ``nulls`` and its siblings, with why.
+
+The report's options (:data:`~tl_idempotence.core.option_specs.GENERAL_OPTIONS`) and every standalone function
+taking the same parameter (``closure``, ``orientation_scramble``, ``mismatch``, ``constructive_search``,
+``shared_value_algebra``, ``activation_returns``) read the general defaults here, so ``help()`` on each shows the
+same value.
 
 The same word means different work at different entry points, so its default differs: a report runs no null
 unless asked (a control over every head of a model is the costliest part of a report), the one-head scramble is
@@ -14,7 +20,25 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-__all__ = ["DEFAULTS_TABLE", "Default", "default_of", "defaults_markdown"]
+__all__ = [
+    "DEFAULTS_TABLE",
+    "DEFAULT_COMPUTE_DTYPE",
+    "DEFAULT_DEVICE",
+    "DEFAULT_THRESHOLD",
+    "Default",
+    "default_of",
+    "defaults_markdown",
+]
+
+#: P threshold of a "closed" head, in [0, 1] (SPEC 3; the paper's 0.9).
+DEFAULT_THRESHOLD = 0.9
+
+#: dtype of the ``d_model``-long Gram products, by name (``torch.float64``; the ``d_head``-sized algebra is
+#: float64 whatever is chosen).
+DEFAULT_COMPUTE_DTYPE = "float64"
+
+#: where the products and the controls run (results are CPU float64 wherever they run).
+DEFAULT_DEVICE = "cpu"
 
 
 class Default(NamedTuple):

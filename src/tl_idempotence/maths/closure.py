@@ -44,9 +44,9 @@ import torch
 from jaxtyping import Complex, Float, Int
 from torch import Tensor
 
+from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE
 from ..core.factors import DEGENERATE_RTOL, gram_rank, principal_factors, rank_rtol
 from ..core.heads import LayerHeads, check_storage, check_weights
-from ..core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE
 from ..core.options import check_bool, check_compute_dtype, check_device, strict_kwargs
 from ..errors import OptionError, OptionTypeError, WeightError
 from ..views.results import DrawnResult

@@ -64,11 +64,10 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from ..core.defaults import default_of
+from ..core.defaults import DEFAULT_THRESHOLD, default_of
 from ..core.factors import gram_eig
 from ..core.heads import ModelInfo, read_layer
 from ..core.kwargs import warn_at_caller
-from ..core.option_defaults import DEFAULT_THRESHOLD
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.selection import head_labels, select_heads

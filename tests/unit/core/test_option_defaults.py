@@ -1,4 +1,4 @@
-"""The general options' defaults live once (core/option_defaults.py): the report's options, the command line and
+"""The general options' defaults live once (core/defaults.py): the report's options, the command line and
 every public standalone function taking ``threshold``, ``compute_dtype`` or ``device`` show the same value."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import tl_idempotence as tli
 from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.cli.parser import build_parser
-from tl_idempotence.core.option_defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
+from tl_idempotence.core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from tl_idempotence.core.option_specs import GENERAL_OPTIONS
 from tl_idempotence.core.options import check_compute_dtype
 
