@@ -50,17 +50,11 @@ from tl_idempotence.studies.sweep import (
 )
 
 # integration tier: array tasks in fresh processes
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_array_environment")]
 
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 TESTS = Path(__file__).resolve().parents[2]
 INDEX_VARIABLES = ARRAY_INDEX_VARIABLES
-
-
-@pytest.fixture(autouse=True)
-def no_array_environment(monkeypatch):
-    for name in INDEX_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")

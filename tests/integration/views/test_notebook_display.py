@@ -32,16 +32,6 @@ TEXT = "w5 w6 w7 w8 w9 w4 w5 w6 w7 w8 w9 w4"
 
 
 @pytest.fixture(scope="module")
-def smol_path():
-    from conftest import unavailable
-
-    try:
-        return str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
-    except Exception as e:
-        unavailable("the zoo's smollm2-135m checkpoint files", e)
-
-
-@pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return tiny_hf_dir(tmp_path_factory.mktemp("nbdisp") / "tq", arch="llama")
 

@@ -30,7 +30,6 @@ from helpers import (
     ABLATION_ZERO_HEAD,
     ablation_tiny_dir,
     edit_safetensors,
-    hooked_or_skip,
     losses_with,
     reference_losses,
 )
@@ -67,16 +66,6 @@ KW = {"seq_len": 24, "progress": False}
 def tiny_dir(tmp_path_factory):
     """Llama/GQA (2 layers, 9 heads on 3 kv heads, d_head 8) with head L1H4's W_O zeroed in the HF weights."""
     return ablation_tiny_dir(tmp_path_factory.mktemp("abl"))
-
-
-@pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def hooked(tiny_dir):
-    return hooked_or_skip(tiny_dir)
 
 
 @pytest.fixture(scope="module")

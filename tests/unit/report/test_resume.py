@@ -38,20 +38,6 @@ def ckpt(tmp_path):
     return d
 
 
-@pytest.fixture
-def analysed(monkeypatch):
-    """The layers the report loop actually analyses (``run_layer`` calls), in order."""
-    calls: list[int] = []
-    real = report_mod.run_layer
-
-    def counting(lh, *args, **kwargs):
-        calls.append(lh.layer)
-        return real(lh, *args, **kwargs)
-
-    monkeypatch.setattr(report_mod, "run_layer", counting)
-    return calls
-
-
 def parts(d):
     """The finished parts: their records (``layer_NNNNN.json``, written last)."""
     return sorted(p.name for p in d.iterdir() if p.name.startswith("layer_") and p.name.endswith(".json"))
