@@ -613,3 +613,118 @@ def identity_checkpoints(root: Path) -> dict[str, Path]:
         "s1": s1,
         "s2": s2,
     }
+
+
+def haar_head(S, cos, d, seed):
+    """``head_with(S, cos, d, ...)`` with Haar-random rotations drawn from ``seed``."""
+    from tl_idempotence.core.random import haar_orthogonal
+
+    g = torch.Generator().manual_seed(seed)
+    R1, R2 = haar_orthogonal(2, len(S), g)
+    return head_with(S, cos, d, g, R1, R2)
+
+
+def stack_heads(heads):
+    """[(O, V), ...] -> (O stacked, V stacked)."""
+    return torch.stack([h[0] for h in heads]), torch.stack([h[1] for h in heads])
+
+
+def dense_check(O, V, K):
+    """Dense float64 P of T = Q_O K Q_Vᵀ built from test-side principal bases of (O, V)."""
+    Q_O, Q_V, _ = principal_bases(O, V)
+    rO, rV = Q_O.shape[1], Q_V.shape[1]
+    assert float(K[rO:].abs().sum()) == 0 and float(K[:, rV:].abs().sum()) == 0
+    return float(dense_closure_T(Q_O @ K[:rO, :rV] @ Q_V.T))
+
+
+def frames_identical(a, b, name: str = "frame") -> None:
+    """Same columns, dtypes, index and values, floats bit for bit (NaN payloads included)."""
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a, b, check_exact=True, check_dtype=True, obj=name)
+    for col in a.columns:
+        if a[col].dtype.kind == "f":
+            assert a[col].to_numpy().tobytes() == b[col].to_numpy().tobytes(), f"{name}.{col}"
+
+
+def assert_same_value(a, b, where: str = "summary") -> None:
+    """Equal values of the same types, dict keys in the same order, floats bit for bit (NaN included)."""
+    import struct
+
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same_value(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_value(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def canonical_digest(rec: dict) -> str:
+    """sha256 of a saved record's canonical JSON (sorted keys, no spaces, no NaN), its ``digest`` left out."""
+    import hashlib
+
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
+def rewrite_record(folder: Path, edit, digest: bool = True) -> None:
+    """Edit a saved report's report.json; with ``digest``, recompute its digest the way a careless script (or an
+    adversary) would, so only the consistency checks can catch the edit."""
+    from tl_idempotence.report.store import RECORD
+
+    f = folder / RECORD
+    rec = json.loads(f.read_text())
+    edit(rec)
+    if digest:
+        rec["digest"] = canonical_digest(rec)
+    f.write_text(json.dumps(rec, indent=1))
+
+
+def saved_tiny_model(tmp_path: Path, model_type: str, hf_class: str):
+    """(``testing.tiny_model(model_type, hf_class)``, the folder it and a 128-token tokenizer are saved in)."""
+    import warnings
+
+    from tl_idempotence.testing import tiny_model, tiny_tokenizer
+
+    model = tiny_model(model_type, hf_class)
+    d = tmp_path / "ck"  # no model-family word in the path (TL 3.x dispatches on names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(d)
+    tiny_tokenizer(128).save_pretrained(d)
+    return model, d
+
+
+#: Headless Chromium for the page-rendering tests: no sandbox, GPU, QUIC, first-run or background traffic.
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+def chromium_exe() -> str | None:
+    """The installed ``chromium`` (or ``chromium-browser``) executable, None when there is none."""
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def run_chromium(profile: Path, *args: str, timeout: float = 300):
+    """Headless Chromium (:data:`CHROMIUM_FLAGS`) with its profile in ``profile``, then ``args``."""
+    import subprocess
+
+    cmd = [chromium_exe(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from bs4 import BeautifulSoup
 
+from helpers import CHROMIUM_FLAGS
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,14 +80,7 @@ def _dom(exe: str, page: Path, proxy: _Recorder, profile: Path) -> str:
     """The page's DOM after its scripts ran, every request off the machine sent to ``proxy``."""
     cmd = [
         exe,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
+        *CHROMIUM_FLAGS,
         "--disable-features=NetworkTimeServiceQuerying",
         f"--user-data-dir={profile}",
         f"--proxy-server=http://127.0.0.1:{proxy.server_address[1]}",

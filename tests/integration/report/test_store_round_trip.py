@@ -5,13 +5,12 @@ for its time); the store's unit tests are tests/unit/report/test_store.py.
 from __future__ import annotations
 
 import re
-import struct
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 import tl_idempotence as tli
+from helpers import assert_same_value, frames_identical
 from tl_idempotence.report.store import RECORD
 from tl_idempotence.views.page import report_html
 
@@ -20,30 +19,6 @@ pytestmark = pytest.mark.bridge  # checkpoint files only: must also pass on tran
 
 #: plotly's and itables' element ids are random per render; everything else of the page is deterministic.
 RANDOM_IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|itables_[0-9a-f_]{20,}")
-
-
-def frames_identical(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
-    pd.testing.assert_frame_equal(a, b, check_exact=True, check_dtype=True, obj=name)
-    for col in a.columns:
-        if a[col].dtype.kind == "f":  # bit for bit, NaN payloads included
-            assert a[col].to_numpy().tobytes() == b[col].to_numpy().tobytes(), f"{name}.{col}"
-
-
-def assert_same_value(a, b, where: str = "summary") -> None:
-    """Equal values of the same types, dict keys in the same order, floats bit for bit (NaN included)."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same_value(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_value(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def page(rep) -> str:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import copy
 import math
 import pickle
-import struct
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 import tl_idempotence as tli
+from helpers import assert_same_value, frames_identical
 from tl_idempotence.errors import OptionError, OptionTypeError
 
 pytestmark = pytest.mark.bridge  # checkpoint files and TransformerBridge only
@@ -25,31 +24,6 @@ pytestmark = pytest.mark.bridge  # checkpoint files and TransformerBridge only
 def smol(smol_path):
     """The whole model, closure only."""
     return tli.idempotence_report(smol_path, progress=False)
-
-
-def frames_identical(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    """Same columns, dtypes, index and values, bit for bit (NaN where NaN)."""
-    pd.testing.assert_frame_equal(a, b, check_exact=True, check_dtype=True)
-    for col in a.columns:
-        if a[col].dtype.kind == "f":
-            assert a[col].to_numpy().tobytes() == b[col].to_numpy().tobytes(), col
-
-
-def assert_same_value(a, b, where: str = "summary") -> None:
-    """Equal values of the same types, dict keys in the same order, floats bit for bit (NaN included)."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same_value(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_value(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def state(rep) -> tuple:

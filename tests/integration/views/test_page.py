@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import tl_idempotence as tli
+from helpers import run_chromium
 from tl_idempotence.errors import OptionError
 from tl_idempotence.sources.tl import bridge_from_dir
 from tl_idempotence.testing import tiny_hf_dir
@@ -261,23 +262,7 @@ def test_pages_without_controls_or_closed_heads(tmp_path):
 
 
 def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    cmd = [
-        exe,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-quic",
-        f"--user-data-dir={tmp}",
-        "--virtual-time-budget=20000",
-        "--window-size=1300,1600",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return run_chromium(tmp, "--virtual-time-budget=20000", "--window-size=1300,1600", *args)
 
 
 def test_page_renders_in_headless_chromium(rep, tmp_path):

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import tl_idempotence as tli
+from helpers import rewrite_record
 from tl_idempotence.errors import MissingFileError, OptionError
 from tl_idempotence.report.store import RECORD, ReportFileError
 
@@ -177,19 +177,6 @@ def test_overwrite_through_a_symlinked_folder_writes_where_it_points(smol_full, 
         smol_full.save(dangling)
 
 
-def _rewrite_record(folder: Path, edit) -> None:
-    """Edit report.json and recompute its digest (what a careless script or an adversary does)."""
-    import hashlib
-
-    f = folder / RECORD
-    rec = json.loads(f.read_text())
-    edit(rec)
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
-    f.write_text(json.dumps(rec, indent=1))
-
-
 @pytest.mark.parametrize(
     ("edit", "says"),
     [
@@ -206,6 +193,6 @@ def _rewrite_record(folder: Path, edit) -> None:
 )
 def test_what_was_measured_must_fit_the_tables(smol_saved, edit, says):
     """The digest is recomputed, so only the cross-checks stand between the edit and a wrong tensor shape."""
-    _rewrite_record(smol_saved, edit)
+    rewrite_record(smol_saved, edit)
     with pytest.raises(ReportFileError, match=re.escape(says)):
         tli.load_report(smol_saved)

@@ -31,7 +31,7 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from helpers import SyntheticSource, closed_head_for
+from helpers import SyntheticSource, closed_head_for, rewrite_record
 from tl_idempotence.core.heads import LayerHeads, kv_layout
 from tl_idempotence.errors import OptionError, OptionTypeError, ReportFileError, TLIError
 from tl_idempotence.report.store import NOT_DERIVED, RECORD, TABLE_NAMES
@@ -67,19 +67,6 @@ def rep():
 @pytest.fixture
 def saved(rep, tmp_path):
     return Path(rep.save(tmp_path / "report"))
-
-
-def rewrite_record(folder: Path, edit, digest: bool = True) -> None:
-    """Edit report.json; with ``digest``, recompute its digest the way store.py does (so only the consistency
-    checks can catch the edit)."""
-    f = folder / RECORD
-    rec = json.loads(f.read_text())
-    edit(rec)
-    if digest:
-        body = {k: v for k, v in rec.items() if k != "digest"}
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
-    f.write_text(json.dumps(rec, indent=1))
 
 
 def folder_bytes(d: Path) -> dict[str, bytes]:

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import tl_idempotence as tli
+from helpers import canonical_digest
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.errors import MissingFileError, OptionTypeError, ReportFileError
 from tl_idempotence.report.store import FORMAT, RECORD, _digest, read_record
@@ -53,11 +54,6 @@ def original(tmp_path_factory):
 @pytest.fixture
 def saved(original, tmp_path):
     return Path(shutil.copytree(original, tmp_path / "rep"))
-
-
-def canonical_digest(rec: dict) -> str:
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
 
 
 def rewrite(folder: Path, edit=None, tables: dict[str, pd.DataFrame] | None = None) -> Path:
