@@ -388,7 +388,7 @@ def write_gguf_file(path: Path, O, V, *, meta=None, drop=(), tensors=None, post_
 def run_unprivileged(fn) -> None:
     """Run ``fn()`` as this user, or, when the tests run as root (CI does), in a forked child that has dropped
     to the unprivileged uid/gid 65534 ("nobody"), so that file modes mean what they mean for a user: root
-    reads and lists anything, which would make a permission test skip (issue 30: no silent skips in CI).
+    reads and lists anything, which would make a permission test skip (and CI accepts no silent skip).
     An exception in the child is re-raised here as AssertionError with the child's traceback."""
     import os
     import traceback

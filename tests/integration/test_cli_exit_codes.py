@@ -1,4 +1,4 @@
-"""The CLI's exit codes, table-driven (issue 11 class 5, issue 12, issue 13's CLI flags).
+"""The CLI's exit codes, table-driven: usage errors, files that lie, the device and the report flags.
 
 0 success; 2 bad arguments — every value is checked before any work starts; 1 failure with a one-line
 reason and no traceback. Each case runs the real command in a fresh process.
@@ -133,10 +133,10 @@ def sha256s(d: Path) -> dict[str, str]:
 
 
 def test_an_output_never_replaces_an_input(tmp_path):
-    """Issue 27: ``report CK --out CK/model.safetensors`` measured the model, then wrote the page over its weights;
-    ``--csv CK/config.json`` turned the config into the CSV. Every output over a file the run reads (by its path, a
-    symbolic link or a hard link; the checkpoint's files, a resume folder's parts) exits 2 before anything is read,
-    naming both; the checkpoint's files stay byte-identical."""
+    """An output over an input would destroy it (``report CK --out CK/model.safetensors`` would write the page over
+    the weights it measured, ``--csv CK/config.json`` the CSV over the config). Every output over a file the run
+    reads (by its path, a symbolic link or a hard link; the checkpoint's files, a resume folder's parts) exits 2
+    before anything is read, naming both; the checkpoint's files stay byte-identical."""
     ck, _, _ = llama_like(tmp_path / "CK", n_layers=2)
     shard = sorted(ck.glob("*.safetensors"))[0]
     (tmp_path / "to_shard").symlink_to(shard)
@@ -349,8 +349,8 @@ def test_the_cli_writes_only_what_was_asked_and_no_machine_path(tiny_ckpt, tmp_p
 
 
 def test_an_output_into_a_zoo_models_cache_folder_exits_2(tmp_path):
-    """Issue 37: ``report minilm-l6 --out <cache>/minilm-l6/files/r.html`` was accepted (a new file beside the
-    checkpoint): ``files/`` is the zoo's own checkpoint folder (a ``.json`` there is read with it) and ``fetch
+    """``report minilm-l6 --out <cache>/minilm-l6/files/r.html`` is refused, though it writes a new file beside the
+    checkpoint: ``files/`` is the zoo's own checkpoint folder (a ``.json`` there is read with it) and ``fetch
     --force`` deletes it. Every CLI output into a zoo model's cache folder (whatever model the run reads, through a
     symbolic link too) exits 2 with one error line naming the folder, before anything is read or written."""
     cache = tmp_path / "cache"

@@ -1,4 +1,4 @@
-"""The CLI writes to streams (issue 38): ``--out /dev/null`` discards the page, ``--csv /dev/stdout | head -1``
+"""The CLI writes to streams: ``--out /dev/null`` discards the page, ``--csv /dev/stdout | head -1``
 prints the CSV header, and a named pipe gets the format its flag implies (``--csv`` CSV, ``--out`` the page, or
 the JSON export with ``--json``); a regular file without extension is still refused (exit 2). Each case runs the
 real command in a fresh process."""

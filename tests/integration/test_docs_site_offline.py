@@ -1,4 +1,4 @@
-"""The documentation site works offline (issue 38): every page of the built site, opened in headless Chromium with
+"""The documentation site works offline: every page of the built site, opened in headless Chromium with
 the network blocked, makes no request off the machine, and no page shows literal docstring markup (RST's double
 backticks, a Sphinx role).
 

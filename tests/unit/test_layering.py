@@ -186,7 +186,7 @@ def test_weight_only_analyses_and_forward_pass_probes_do_not_import_each_other()
     assert not bad, "\n".join(bad)
 
 
-#: What a view never imports: the layers that open models and files or run them (issue 28, "views only draw").
+#: What a view never imports: the layers that open models and files or run them (views only draw).
 VIEWS_NEVER_IMPORT = ("sources", "probes", "studies")
 #: Libraries that load or run a model; a view draws results and imports none of them.
 MODEL_LIBRARIES = ("torch", "transformer_lens", "transformers", "safetensors", "gguf")

@@ -1,4 +1,4 @@
-"""Issue 29's must-holds for head roles on the induction-trained lineage (sources/lineage.py, seed 0, 200 steps).
+"""What must hold for head roles on the induction-trained lineage (sources/lineage.py, seed 0, 200 steps).
 
 * At the lineage's last checkpoint (induction accuracy 1.0) the heads with the highest ``induction`` score are its
   four layer-1 heads — the heads that read the repeat (measured: 0.529-0.542 on ``BOS x x`` with ``x`` as long as

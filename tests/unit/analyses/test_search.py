@@ -129,7 +129,7 @@ def test_search_bad_input():
 
 def test_a_heads_search_depends_only_on_seed_layer_and_head():
     """Per-head generators: searching a subset, in another order, or with another layer alongside gives
-    each head exactly the numbers it gets when the whole layer is searched (finding F4)."""
+    each head exactly the numbers it gets when the whole layer is searched."""
     lh = gaussian_layer(3, 9, 3, 40, 8, seed=4)
     other = gaussian_layer(1, 9, 3, 40, 8, seed=5)
     kw = {"seed": 2, "max_iters": 40, "restarts": 3}

@@ -1,4 +1,4 @@
-"""A report option is refused where it is declared (issue 28): one without a validator, or whose default its own
+"""A report option is refused where it is declared: one without a validator, or whose default its own
 validator refuses, raises at declaration (``OptionSpec(...)``), or for a validator that needs torch when
 core/options.py hands it down (``use_torch_checks``), never later in a user's call. One table."""
 

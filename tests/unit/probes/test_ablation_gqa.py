@@ -1,4 +1,4 @@
-"""tli.ablation on a GQA model: each query head is ablated as itself and reported with its own kv head (issue 37).
+"""tli.ablation on a GQA model: each query head is ablated as itself and reported with its own kv head.
 
 The tiny Llama of the ablation tests (9 query heads on 3 kv heads, head L1H4's W_O zeroed) with three heads of
 two kv groups ablated alone: the ``kv_head`` column is ``head // 3`` head by head (not the query head, not an

@@ -1,4 +1,4 @@
-"""rep.mechanism(model=...): closure joined with what heads do to tokens (SPEC 12, issue 39).
+"""rep.mechanism(model=...): closure joined with what heads do to tokens (SPEC 12).
 
 A constructed attention-only HookedTransformer (16 positions one-hot in dims 0..15, embeddings in dims 16..31,
 every head attending to the previous position) whose heads 0..3 have ``OV = c_h Π`` (Π the orthogonal projection

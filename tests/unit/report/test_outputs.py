@@ -47,7 +47,7 @@ def rep():
 
 
 def _old_json_safe(x):
-    """report/parts.py's encoder before issue 28 (records: NaN as "NaN")."""
+    """A reference encoder for records, written out here (NaN as "NaN")."""
     if isinstance(x, np.generic):
         x = x.item()
     if isinstance(x, dict):
@@ -60,7 +60,7 @@ def _old_json_safe(x):
 
 
 def _old_cli_json_value(x):
-    """cli.py's encoder before issue 28 (--json: NaN as null)."""
+    """A reference encoder for ``--json``, written out here (NaN as null)."""
     from collections.abc import Mapping
 
     if isinstance(x, Mapping):
@@ -124,7 +124,7 @@ def test_a_record_round_trips_nan_and_infinities_exactly():
     back = json_restore(json.loads(json_text(rec, RECORD)))
     assert math.isnan(back["median_P"]) and back["hi"] == math.inf and back["lo"] == -math.inf
     assert back["x"] == 0.1 + 0.2 and back["per_layer"] == {0: 1, 7: 2}
-    # a record written before issue 28 reads back the same (the format on disk is unchanged)
+    # a record in the format on disk reads back the same
     old_text = '{"median_P": "NaN", "hi": "Infinity", "lo": "-Infinity", "name": "NaN"}'
     old = json_restore(json.loads(old_text), {"median_P", "hi", "lo"})
     assert math.isnan(old["median_P"]) and old["hi"] == math.inf and old["lo"] == -math.inf and old["name"] == "NaN"
@@ -290,7 +290,7 @@ def test_comparison_export_refuses_an_existing_file_unless_overwrite(rep, tmp_pa
 
 
 def test_the_page_writers_still_replace_their_page(rep, tmp_path):
-    """save_html (and the CLI's --out) replace an earlier page, as in 0.2."""
+    """save_html (and the CLI's --out) replace an earlier page."""
     p = tmp_path / "r.html"
     p.write_text("old page")
     assert Path(rep.save_html(p)) == p and p.read_text().startswith("<!DOCTYPE html>")
@@ -330,7 +330,7 @@ def _read_fifo(path: Path) -> tuple[threading.Thread, list[bytes]]:
 
 
 def test_streams_are_written_as_the_format_the_caller_implies(rep, tmp_path):
-    """/dev/null, /dev/stdout and a named pipe have no extension: issue 38 (they were refused since 0.3)."""
+    """/dev/null, /dev/stdout and a named pipe have no extension: each is written as the format the caller implies."""
     page = Output("thing", page=lambda: "<p>x</p>", table=lambda: pd.DataFrame({"a": [1, 2]}))
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

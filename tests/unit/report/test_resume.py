@@ -1,4 +1,4 @@
-"""Interruptible reports: ``idempotence_report(..., resume=dir)`` (issue 6, SPEC section 9).
+"""Interruptible reports: ``idempotence_report(..., resume=dir)`` (SPEC section 9).
 
 Resume format 2: no pickles; per layer ``layer_NNNNN.json`` (the record, written last) plus
 ``layer_NNNNN.heads.parquet`` and ``layer_NNNNN.<table>.parquet``. Every part is keyed on the

@@ -1,4 +1,4 @@
-"""Resumed and cached results are what the weights say (issue 11, class 1).
+"""Resumed and cached results are what the weights say.
 
 Every part of a resume directory is keyed on the sha256 of its layer's exact O and V bytes and
 on the options; a part made from other weights, copied to another layer's name, kept after the
@@ -172,7 +172,7 @@ def test_parts_kept_after_the_manifest_is_deleted_are_used_only_when_their_finge
 
 @pytest.mark.parametrize("other", [{"seed": 1}, {"nulls": 5}, {"threshold": 0.5}], ids=["seed", "nulls", "threshold"])
 def test_parts_kept_after_the_manifest_is_deleted_are_not_taken_for_other_options(ckpt, tmp_path, analysed, other):
-    """issue 30's replay: a report with seed=0, nulls=4 into DIR, DIR/manifest.json deleted, then a report with
+    """A report with seed=0, nulls=4 into DIR, DIR/manifest.json deleted, then a report with
     other options: every layer is recomputed (with a warning naming the part), so the result labelled with the
     new options holds the new options' numbers, never the old ones (it equals a fresh report bit for bit)."""
     rd = tmp_path / "parts"
@@ -486,12 +486,12 @@ PART_EDITS = {  # (edit of layer 1's record, recompute the digest, the exact rea
     "no table files": (lambda r, _: r.update(files={}), True, "its record lists no table files"),
     "row keys differ": (lambda r, _: r.update(row_keys=["nope"]), True, "its layer row is malformed"),
     "row not a mapping": (lambda r, _: r.update(row=list(r["row_keys"])), True, "its layer row is malformed"),
-    # a part without its row, or with an empty one, and row_keys [] to match (mutation testing: it loaded as a
+    # a part without its row, or with an empty one, and row_keys [] to match (taken, it would load as a
     # layer without values)
     "no row": (lambda r, _: (r.pop("row"), r.update(row_keys=[])), True, "its layer row is malformed"),
     "empty row": (lambda r, _: r.update(row={}, row_keys=[]), True, "its layer row is malformed"),
     "not parquet": (not_parquet, True, "layer_00001.heads.parquet is not a readable parquet file (Arrow"),
-    "damaged footer": (  # the reader's own words when the OSError has no strerror (mutation testing: never "None")
+    "damaged footer": (  # the reader's own words when the OSError has no strerror (never "None")
         damaged_footer,
         True,
         "layer_00001.heads.parquet cannot be read (Could not open Parquet input source '",
@@ -501,8 +501,8 @@ PART_EDITS = {  # (edit of layer 1's record, recompute the digest, the exact rea
 
 @pytest.mark.parametrize("case", list(PART_EDITS))
 def test_each_stale_part_says_exactly_why(ckpt, tmp_path, analysed, case):
-    """A part that cannot be taken is recomputed with a UserWarning naming its file and the exact reason
-    (mutation testing showed the reasons were untested); the result equals a fresh report bit for bit."""
+    """A part that cannot be taken is recomputed with a UserWarning naming its file and the exact reason;
+    the result equals a fresh report bit for bit."""
     edit, redigest, reason = PART_EDITS[case]
     rd = tmp_path / "parts"
     fresh = report(str(ckpt), rd)
@@ -537,8 +537,8 @@ def test_a_part_that_is_not_json_says_so(ckpt, tmp_path, analysed):
 
 def test_a_stale_part_warning_points_at_the_users_line(ckpt, tmp_path):
     """The warning is attributed to the caller's line (core.kwargs.warn_at_caller), not to the package's report
-    loop, so filters and tracebacks name the user's code (mutation testing of ResumeDir.load found stacklevel
-    untested)."""
+    loop, so filters and tracebacks name the user's code (a wrong stacklevel in ResumeDir.load
+    would fail)."""
     rd = tmp_path / "parts"
     tli.idempotence_report(str(ckpt), resume=rd, **OPTS)
     shutil.copyfile(rd / "layer_00000.json", rd / "layer_00003.json")

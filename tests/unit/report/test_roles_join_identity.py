@@ -1,4 +1,4 @@
-"""Every join of two results takes one content check, and every result is immutable (issue 37, items 1, 2, 4).
+"""Every join of two results takes one content check, and every result is immutable.
 
 Replays, on tiny constructed models: the report's own model edited in place after the report was made
 (``W_V[0] += 1`` on a HookedTransformer; the same edit on a TransformerBridge, whose ``W_V`` is a view of the

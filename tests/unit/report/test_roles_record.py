@@ -1,4 +1,4 @@
-"""A saved head-roles record that contradicts itself is refused, digests recomputed (issue 37, item 3): ``kv_head``
+"""A saved head-roles record that contradicts itself is refused, digests recomputed: ``kv_head``
 against the kv map of the info's sizes, ``info.n_heads`` against the table, ``model_name`` against the info,
 ``n_tokens`` against the options and the sequence it states; ``save_roles`` refuses to write such a result."""
 

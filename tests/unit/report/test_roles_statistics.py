@@ -1,5 +1,5 @@
 """The head-roles statistics (``report/roles.py``) against references written here from their definitions
-(issue 30; the mutation target ``roles_stats``): the exact permutation p of Spearman's ρ by enumerating every
+(the mutation target ``roles_stats`` runs these): the exact permutation p of Spearman's ρ by enumerating every
 pairing (integer sums of squared rank differences), the exact two-sided Mann-Whitney p by enumerating every
 split, Benjamini-Hochberg across the roles by its formula, which heads enter each count (a NaN P or score is
 left out, an α or score of 0 has no sign), every note's words, and the circuit's two p-values on constructions

@@ -1,6 +1,6 @@
-"""The survivors of the ``roles_assoc`` mutation run (issue 30), killed: every test calls ``role_association``
-itself (a module-scoped fixture is attributed by mutmut to the first test that uses it only, so the checks of
-the other tests never ran against a mutant), on a table whose answers are written here by hand or by
+"""``role_association`` value by value, each test calling it itself (a mutation tool attributes a module-scoped
+fixture to the first test that uses it only, so the other tests' checks would not run against a changed
+line), on a table whose answers are written here by hand or by
 enumeration: the exact column layout, ``n_closed`` and the medians of a role whose closed head has no score,
 every note's words and separator, the role's own random stream, a P that spans exactly 0 .. 1, no warning where a
 value is undefined, columns of Python objects read as numbers, and the roles kept in the result.

@@ -185,7 +185,7 @@ def test_overwrite_through_a_symlinked_folder_writes_where_it_points(smol_full, 
         (lambda r: r["info"].update(n_kv_heads=1), "kv heads up to 2 but the record says n_kv_heads=1"),
         (lambda r: r["info"].update(n_layers=8), "the record says n_layers=8"),
         (lambda r: r["info"].update(n_layers=40), "n_layers (30 vs 40)"),
-        # impossible on its own since issue 37: 2 layers of 12 heads are not 18 heads
+        # impossible on its own: 2 layers of 12 heads are not 18 heads
         (lambda r: r["summary"].update(n_heads_per_layer=12), "summary field n_heads=18 is impossible"),
         (lambda r: r["info"].update(d_head=32), "d_head (64 vs 32)"),
     ],

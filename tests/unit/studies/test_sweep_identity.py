@@ -1,4 +1,4 @@
-"""A sweep folder's contents are checked against what its plan says they are (issue 27).
+"""A sweep folder's contents are checked against what its plan says they are.
 
 * Another item's report copied into an item's folder (``cp -r DIR/b DIR/a``) is never that item's result:
   ``load_sweep`` and ``--collect`` list the item as failed (``ReportMismatchError``, naming both), its task
@@ -85,7 +85,7 @@ def test_the_library_refuses_another_item_list_the_same_way(identity_ckpts, tmp_
 
 def test_an_item_folder_copied_with_its_task_record_is_refused_by_its_full_source(identity_ckpts, tmp_path):
     """Two checkpoints with one folder name (seed1/step200, seed2/step200): item p's folder and task record copied
-    over item q's. The task record names the full source, so q is refused (issue 37, item 3); with q's record gone
+    over item q's. The task record names the full source, so q is refused; with q's record gone
     (only the report copied), the shared folder name cannot tell them apart and q is missing, never p's numbers."""
     out = tmp_path / "out"
     items = {"p": identity_ckpts["s1"], "q": identity_ckpts["s2"]}

@@ -1,4 +1,4 @@
-"""The sweep split by job (issue 28): every public name still imports from ``tl_idempotence.studies.sweep``
+"""The sweep split by job: every public name still imports from ``tl_idempotence.studies.sweep``
 as the very object its job's module defines, and the trajectory reaches its cluster runner through
 ``studies.cluster``, never through the sweep."""
 

@@ -1,4 +1,4 @@
-"""Trajectories that mix what should not be mixed (issue 11, class 6).
+"""Trajectories that mix what should not be mixed.
 
 Checkpoints that are byte-identical to an earlier one, or that hold another checkpoint's shard
 (both happen in published lineages), are fingerprinted layer by layer and marked in
