@@ -2,12 +2,13 @@
 ``pytest_plugins``; the real-model fixtures ``smollm2``, ``minilm``, ``lineage`` ... are in tests/conftest.py).
 
 A module that needs one of these names it as an argument; it does not define a fixture of the same name
-(tests/unit/test_tiers.py refuses a fixture defined twice). Module-scoped fixtures are built once per module
+(tests/unit/test_fixtures_once.py refuses a fixture defined twice). Module-scoped fixtures are built once per module
 that uses them, as a fixture written in that module would be.
 
 * ``bridge`` / ``hooked``: the TransformerBridge / HookedTransformer of the module's own ``tiny_dir`` fixture.
 * ``smol_path``, ``smol_full``, ``smol_saved``: the zoo's SmolLM2-135M files, its report with every analysis on
   layers 5 and 10, and that report saved to a fresh folder.
+* ``lineage_bridge``: the TransformerBridge of the session lineage's last checkpoint.
 * ``tiny_llama``: a tiny Llama/GQA TransformerBridge (2 layers, 9 heads on 3 kv heads).
 * ``tiny_ckpt``: a 2-layer Llama-like checkpoint folder (``helpers.llama_like``).
 * ``closed_pairs_report``: the report of ``helpers.closed_pairs_layers()`` (closed heads L0H0 L0H1 L1H0 L1H1).
@@ -51,6 +52,14 @@ def bridge(tiny_dir):
 def hooked(tiny_dir):
     """The HookedTransformer of the requesting module's ``tiny_dir`` (skipped on transformer-lens 4.x)."""
     return hooked_or_skip(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def lineage_bridge(lineage):
+    """The TransformerBridge of the session lineage's last checkpoint (``conftest.lineage``)."""
+    from tl_idempotence.testing import bridge_from_dir
+
+    return bridge_from_dir(lineage.checkpoints[-1][1])
 
 
 @pytest.fixture(scope="module")
