@@ -1,6 +1,8 @@
-"""Each test fixture is defined once (tests/fixtures.py, registered by tests/conftest.py, holds the shared ones):
+"""Each test fixture is defined once (tests/shared_fixtures.py, registered by tests/conftest.py, holds the shared
+ones):
 
-* no fixture name is defined twice among the fixture modules (every conftest.py under tests/ and tests/fixtures.py);
+* no fixture name is defined twice among the fixture modules (every conftest.py under tests/, and
+  tests/shared_fixtures.py);
 * no test module redefines a fixture of the fixture modules (it would shadow it there, and only there);
 * no fixture is copied: one definition (its decorator, arguments and body, docstring aside) stands in one file.
   A fixture whose body is one ``return`` of a helper call is not counted: the helper is the one copy.
@@ -44,8 +46,8 @@ def fixture_defs(path: Path) -> list[tuple[str, int, str]]:
 
 
 def fixture_modules(root: Path) -> list[Path]:
-    """Where the shared fixtures live: every conftest.py under ``root`` and ``root``/fixtures.py."""
-    plugin = root / "fixtures.py"
+    """Where the shared fixtures live: every conftest.py under ``root`` and ``root``/shared_fixtures.py."""
+    plugin = root / "shared_fixtures.py"
     return sorted([*root.rglob("conftest.py"), *([plugin] if plugin.exists() else [])])
 
 
@@ -92,7 +94,9 @@ def {name}(tmp_path_factory):
     (tmp_path / "unit").mkdir()
     (tmp_path / "integration").mkdir()
     (tmp_path / "conftest.py").write_text(fixture.format(name="shared", doc="one"))
-    (tmp_path / "fixtures.py").write_text(fixture.format(name="shared", doc="two") + "\n\n" + "def helper(): pass\n")
+    (tmp_path / "shared_fixtures.py").write_text(
+        fixture.format(name="shared", doc="two") + "\n\n" + "def helper(): pass\n"
+    )
     (tmp_path / "unit" / "test_a.py").write_text(fixture.format(name="ckpt", doc="a"))
     (tmp_path / "integration" / "test_b.py").write_text(fixture.format(name="ckpt", doc="another docstring"))
     (tmp_path / "integration" / "test_c.py").write_text(fixture.format(name="shared", doc="c"))
@@ -103,12 +107,12 @@ def {name}(tmp_path_factory):
         "import pytest\n\n\n@pytest.fixture\ndef tiny(tmp_path):\n    return make(tmp_path)\n"
     )
     assert problems(tmp_path) == [
-        "fixture 'shared' is defined in conftest.py:5 and fixtures.py:5",
+        "fixture 'shared' is defined in conftest.py:5 and shared_fixtures.py:5",
         "fixture 'shared' at integration/test_c.py:5 shadows the one at conftest.py:5",
-        "one fixture copied: conftest.py:5 and fixtures.py:5 and integration/test_c.py:5",
+        "one fixture copied: conftest.py:5 and shared_fixtures.py:5 and integration/test_c.py:5",
         "one fixture copied: integration/test_b.py:5 and unit/test_a.py:5",
     ]
-    (tmp_path / "fixtures.py").unlink()
+    (tmp_path / "shared_fixtures.py").unlink()
     (tmp_path / "integration" / "test_b.py").write_text(fixture.format(name="ckpt", doc="b").replace('"x"', '"y"'))
     (tmp_path / "integration" / "test_c.py").unlink()
     assert problems(tmp_path) == []

@@ -339,21 +339,21 @@ def rewrite_value_in_place(d: Path, tensor: str) -> Path:
 
 
 def test_trajectory_cache_recomputes_a_checkpoint_whose_bytes_changed_with_same_name_size_and_mtime(
-    ckpt, tmp_path, counter
+    ckpt, tmp_path, analysed
 ):
     cache = tmp_path / "cache"
     t1 = tli.trajectory([("step100", ckpt)], cache_dir=cache, progress=False)
-    assert counter == [0, 1, 2, 3] and not bool(t1.checkpoints["cached"].iloc[0])
-    counter.clear()
+    assert analysed == [0, 1, 2, 3] and not bool(t1.checkpoints["cached"].iloc[0])
+    analysed.clear()
     t2 = tli.trajectory([("step100", ckpt)], cache_dir=cache, progress=False)
-    assert counter == [] and bool(t2.checkpoints["cached"].iloc[0])
+    assert analysed == [] and bool(t2.checkpoints["cached"].iloc[0])
     pd.testing.assert_frame_equal(t1.heads, t2.heads, check_exact=True)
 
     rewrite_value_in_place(ckpt, "model.layers.3.self_attn.v_proj.weight")
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning, match="layer_00003.json"):
         t3 = tli.trajectory([("step100", ckpt)], cache_dir=cache, progress=False)
-    assert counter == [3] and not bool(t3.checkpoints["cached"].iloc[0])
+    assert analysed == [3] and not bool(t3.checkpoints["cached"].iloc[0])
     fresh = tli.idempotence_report(str(ckpt), progress=False)
     got = t3.heads.drop(columns=["checkpoint", "order", "step"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, fresh.heads.reset_index(drop=True), check_exact=True)

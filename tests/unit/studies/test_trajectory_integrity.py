@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-from fixtures import MIXED_LINEAGE_LAYERS as N_LAYERS
+from shared_fixtures import MIXED_LINEAGE_LAYERS as N_LAYERS
 from tl_idempotence.core.heads import LayerHeads, ModelInfo, kv_layout
 from tl_idempotence.errors import OptionError
 
