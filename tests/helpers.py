@@ -722,9 +722,48 @@ def chromium_exe() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+def require_chromium() -> str:
+    """The installed Chromium executable, or skip/fail (``conftest.unavailable``) where there is none."""
+    from conftest import unavailable
+
+    exe = chromium_exe()
+    if exe is None:
+        unavailable("headless Chromium (apt-get install -y chromium)")
+    assert exe is not None
+    return exe
+
+
 def run_chromium(profile: Path, *args: str, timeout: float = 300):
     """Headless Chromium (:data:`CHROMIUM_FLAGS`) with its profile in ``profile``, then ``args``."""
     import subprocess
 
     cmd = [chromium_exe(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def mannwhitney_exact_p(a, b) -> float:
+    """Two-sided exact Mann-Whitney p: U of every split of the pooled values into len(a) and len(b)."""
+    import itertools
+
+    pooled = list(a) + list(b)
+    obs = sum(x > y for x in a for y in b)
+    null = []
+    for pick in itertools.combinations(range(len(pooled)), len(a)):
+        xs = [pooled[i] for i in pick]
+        ys = [pooled[i] for i in range(len(pooled)) if i not in pick]
+        null.append(sum(x > y for x in xs for y in ys))
+    return min(1.0, 2 * min(sum(v <= obs for v in null), sum(v >= obs for v in null)) / len(null))
+
+
+def bh_list(p) -> list[float]:
+    """Benjamini-Hochberg q-values by their definition (loops, no library) over the non-NaN p-values; NaN outside
+    the family."""
+    import math
+
+    idx = [i for i, v in enumerate(p) if not math.isnan(v)]
+    m = len(idx)
+    order = sorted(idx, key=lambda i: p[i])
+    q = [math.nan] * len(p)
+    for r, i in enumerate(order, start=1):
+        q[i] = min(min(1.0, m * p[order[k - 1]] / k) for k in range(r, m + 1))
+    return q

@@ -11,8 +11,6 @@ from __future__ import annotations
 import inspect
 import os
 import re
-import shutil
-import subprocess
 import textwrap
 from html import escape as html_escape
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import tl_idempotence as tli
+from helpers import require_chromium, run_chromium
 from tl_idempotence.core.progress import progress_bar, quiet_transformers, tqdm_class
 from tl_idempotence.sources.tl import bridge_from_dir
 from tl_idempotence.testing import tiny_hf_dir
@@ -194,15 +193,8 @@ def test_executed_notebook_renders_figures_offline_in_static_html(tmp_path):
     assert "<b>IdempotenceReport</b>" in html  # the report's own display
     page = tmp_path / "executed.html"
     page.write_text(html, encoding="utf-8")
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        unavailable("headless Chromium (apt-get install -y chromium)")
-    cmd = [
-        exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}",
-    ]  # fmt: skip
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
+    require_chromium()
+    dom = run_chromium(tmp_path / "profile", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}").stdout
     assert dom.count('class="main-svg"') >= 4, "plotly did not draw the two figures of the static page"
 
 
@@ -247,14 +239,7 @@ def test_a_figure_survives_a_static_export_with_no_extra_call(tmp_path):
     assert not re.search(r"<script[^>]*src=[\"'][^\"']*(plot\.ly|plotly)", html)
     page = tmp_path / "exported.html"
     page.write_text(html, encoding="utf-8")
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        unavailable("headless Chromium (apt-get install -y chromium)")
-    cmd = [
-        exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}",
-    ]  # fmt: skip
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
+    require_chromium()
+    dom = run_chromium(tmp_path / "profile", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}").stdout
     assert dom.count('class="main-svg"') >= 2, "plotly did not draw the figure of the exported page"
     assert "P per head: smollm2-135m" in dom
