@@ -687,6 +687,28 @@ def rewrite_record(folder: Path, edit, digest: bool = True) -> None:
     f.write_text(json.dumps(rec, indent=1))
 
 
+def rewrite_saved(folder: Path, record: str, table: str | None = None, edit_table=None, edit_record=None) -> Path:
+    """Edit a saved result's folder as an adversary would: ``edit_table(df) -> df`` on ``table``.parquet and/or
+    ``edit_record(rec)`` on the JSON ``record``, every sha256 and the digest recomputed, so only the loader's own
+    consistency checks can catch the edit. Returns the record's path."""
+    import hashlib
+
+    import pandas as pd
+
+    f = folder / record
+    rec = json.loads(f.read_text())
+    if edit_table is not None:
+        assert table is not None
+        path = folder / f"{table}.parquet"
+        edit_table(pd.read_parquet(path)).to_parquet(path, index=False)
+        rec["files"][table] = hashlib.sha256(path.read_bytes()).hexdigest()
+    if edit_record is not None:
+        edit_record(rec)
+    rec["digest"] = canonical_digest(rec)
+    f.write_text(json.dumps(rec))
+    return f
+
+
 def saved_tiny_model(tmp_path: Path, model_type: str, hf_class: str):
     """(``testing.tiny_model(model_type, hf_class)``, the folder it and a 128-token tokenizer are saved in)."""
     import warnings

@@ -155,11 +155,22 @@ NOTEBOOK = [
 ]
 
 
+def execute_notebook(nb, cwd: Path) -> None:
+    """Run every cell of ``nb`` in a fresh python3 kernel started in ``cwd``, with this checkout's sources first."""
+    import nbclient
+
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src = str(Path(tli.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client.execute(env=env)
+
+
 def test_executed_notebook_renders_figures_offline_in_static_html(tmp_path):
     from conftest import unavailable
 
     try:
-        import nbclient
+        import nbclient  # noqa: F401  (execute_notebook's: here to skip where it is missing)
         import nbformat
         from nbconvert import HTMLExporter
     except ImportError as e:
@@ -167,13 +178,7 @@ def test_executed_notebook_renders_figures_offline_in_static_html(tmp_path):
     nb = nbformat.v4.new_notebook()
     cells = [f"LINEAGE = {str(tmp_path / 'lineage')!r}", *NOTEBOOK]
     nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src = str(Path(tli.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute(env=env)
+    execute_notebook(nb, tmp_path)
     streams = "".join(o.get("text", "") for c in nb.cells for o in c.outputs if o.output_type == "stream")
     assert "TqdmWarning" not in streams and "Writing model shards" not in streams and "%|" not in streams, streams
     widgets = [
@@ -210,7 +215,7 @@ def test_a_figure_survives_a_static_export_with_no_extra_call(tmp_path):
     from conftest import unavailable
 
     try:
-        import nbclient
+        import nbclient  # noqa: F401  (execute_notebook's: here to skip where it is missing)
         import nbformat
         from nbconvert import HTMLExporter
 
@@ -223,13 +228,7 @@ def test_a_figure_survives_a_static_export_with_no_extra_call(tmp_path):
         "rep.figure()",
     ]
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src = str(Path(tli.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute(env=env)
+    execute_notebook(nb, tmp_path)
     out = nb.cells[1].outputs
     assert len(out) == 1 and {"application/vnd.plotly.v1+json", "text/html"} <= set(out[0].data)
     html, _ = HTMLExporter().from_notebook_node(nb)

@@ -22,7 +22,6 @@ import pytest
 
 import tl_idempotence as tli
 from helpers import closed_pairs_layers, llama_like
-from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.jsonio import EXPORT, RECORD, json_ready, json_restore, json_text
 from tl_idempotence.errors import OptionError, OptionTypeError, OutputOverInputError
 from tl_idempotence.report.outputs import OUTPUT_FORMATS, Output, output_format, write_output
@@ -32,15 +31,9 @@ from tl_idempotence.report.report import export_record
 pytestmark = pytest.mark.bridge  # no TransformerLens model: must also pass on transformer-lens 4.x
 
 
-def _layers() -> list[LayerHeads]:
-    """Two layers of 6 heads (d_model 16, d_head 4): heads 0-1 of each are exact projections (O = V with
-    orthonormal columns: P = 1), head 5 of layer 1 is zero (P undefined: NaN p-value), the rest random."""
-    return closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True)
-
-
 @pytest.fixture(scope="module")
 def rep():
-    return tli.idempotence_report(_layers(), nulls=9, progress=False)
+    return tli.idempotence_report(closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True), nulls=9, progress=False)
 
 
 # --------------------------------------------------------------------------- the encoder, as it was before
