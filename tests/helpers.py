@@ -6,6 +6,10 @@
 * Heads with known geometry (``head_with``, ``closed_head_for``, ...) and ``SyntheticSource``.
 * ``Interrupting``: a HeadSource that dies at a chosen layer and counts what it read.
 * ``LINEAGE_KW``: the training arguments of the session lineage (``conftest.lineage``).
+* Exact references written out here: ``dense_check`` (a searched K), ``mannwhitney_exact_p``, ``bh_list``.
+* Saved results: ``frames_identical`` / ``assert_same_value`` (bit for bit), ``canonical_digest``,
+  ``rewrite_record`` / ``rewrite_saved`` (an edit with every sha256 and the digest recomputed).
+* Headless Chromium: ``CHROMIUM_FLAGS``, ``require_chromium``, ``run_chromium``.
 
 Tests import this module (``from helpers import ...``; tests/conftest.py puts tests/ on the
 path); test modules never import each other.
