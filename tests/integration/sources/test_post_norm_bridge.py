@@ -25,7 +25,7 @@ CASES = [
 
 
 @pytest.mark.parametrize(("model_type", "hf_class", "noted"), CASES)
-def test_bridge_carries_the_same_post_norm_note_as_itssaved_tiny_model(tmp_path, model_type, hf_class, noted):
+def test_bridge_carries_the_same_post_norm_note_as_its_folder(tmp_path, model_type, hf_class, noted):
     from tl_idempotence.testing import bridge_from_dir
 
     model, d = saved_tiny_model(tmp_path, model_type, hf_class)
