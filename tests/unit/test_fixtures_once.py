@@ -109,7 +109,7 @@ def {name}(tmp_path_factory):
     assert problems(tmp_path) == [
         "fixture 'shared' is defined in conftest.py:5 and shared_fixtures.py:5",
         "fixture 'shared' at integration/test_c.py:5 shadows the one at conftest.py:5",
-        "one fixture copied: conftest.py:5 and shared_fixtures.py:5 and integration/test_c.py:5",
+        "one fixture copied: conftest.py:5 and integration/test_c.py:5 and shared_fixtures.py:5",
         "one fixture copied: integration/test_b.py:5 and unit/test_a.py:5",
     ]
     (tmp_path / "shared_fixtures.py").unlink()

@@ -89,7 +89,7 @@ def test_circuit_refusals_name_the_heads(closed_pairs_report):
 
 
 def test_roles_refusals(closed_pairs_report):
-    with pytest.raises(OptionError, match=r"closed_pairs_report.roles\(model=...\)"):
+    with pytest.raises(OptionError, match=r"rep.roles\(model=...\)"):
         closed_pairs_report.roles()
     other = fake_roles(closed_pairs_report, previous_token=0.0, duplicate_token=0.0, induction=0.0, copying=0.0)
     other = HeadRoles(table=other.table.iloc[:6], summary=other.summary, info=other.info)
