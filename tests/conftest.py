@@ -19,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import LINEAGE_KW  # needs tests/ on the path (set just above)
 
+#: The fixtures several test modules share (tests/shared_fixtures.py), for every tier.
+pytest_plugins = ("shared_fixtures",)  # not "fixtures": pytest has a plugin of that name
+
 #: The tier folders: a test's tier is told by its path (CONTRIBUTING.md, "The test tiers").
 TESTS = Path(__file__).resolve().parent
 TIERS = ("unit", "integration", "acceptance")

@@ -6,6 +6,10 @@
 * Heads with known geometry (``head_with``, ``closed_head_for``, ...) and ``SyntheticSource``.
 * ``Interrupting``: a HeadSource that dies at a chosen layer and counts what it read.
 * ``LINEAGE_KW``: the training arguments of the session lineage (``conftest.lineage``).
+* Exact references written out here: ``dense_check`` (a searched K), ``mannwhitney_exact_p``, ``bh_list``.
+* Saved results: ``frames_identical`` / ``assert_same_value`` (bit for bit), ``canonical_digest``,
+  ``rewrite_record`` / ``rewrite_saved`` (an edit with every sha256 and the digest recomputed).
+* Headless Chromium: ``CHROMIUM_FLAGS``, ``require_chromium``, ``run_chromium``.
 
 Tests import this module (``from helpers import ...``; tests/conftest.py puts tests/ on the
 path); test modules never import each other.
@@ -388,7 +392,7 @@ def write_gguf_file(path: Path, O, V, *, meta=None, drop=(), tensors=None, post_
 def run_unprivileged(fn) -> None:
     """Run ``fn()`` as this user, or, when the tests run as root (CI does), in a forked child that has dropped
     to the unprivileged uid/gid 65534 ("nobody"), so that file modes mean what they mean for a user: root
-    reads and lists anything, which would make a permission test skip (issue 30: no silent skips in CI).
+    reads and lists anything, which would make a permission test skip (and CI accepts no silent skip).
     An exception in the child is re-raised here as AssertionError with the child's traceback."""
     import os
     import traceback
@@ -615,22 +619,187 @@ def identity_checkpoints(root: Path) -> dict[str, Path]:
     }
 
 
-def redigest(folder: Path, record: str, tables=None, fields=None) -> None:
-    """Edit a saved result's tables (``{name: DataFrame -> DataFrame}``) and/or its JSON record (``fields(rec)``,
-    in place), every sha256 and the record's digest recomputed: an edit only the loader's recomputation can see."""
+def haar_head(S, cos, d, seed):
+    """``head_with(S, cos, d, ...)`` with Haar-random rotations drawn from ``seed``."""
+    from tl_idempotence.core.random import haar_orthogonal
+
+    g = torch.Generator().manual_seed(seed)
+    R1, R2 = haar_orthogonal(2, len(S), g)
+    return head_with(S, cos, d, g, R1, R2)
+
+
+def stack_heads(heads):
+    """[(O, V), ...] -> (O stacked, V stacked)."""
+    return torch.stack([h[0] for h in heads]), torch.stack([h[1] for h in heads])
+
+
+def dense_check(O, V, K):
+    """Dense float64 P of T = Q_O K Q_Vᵀ built from test-side principal bases of (O, V)."""
+    Q_O, Q_V, _ = principal_bases(O, V)
+    rO, rV = Q_O.shape[1], Q_V.shape[1]
+    assert float(K[rO:].abs().sum()) == 0 and float(K[:, rV:].abs().sum()) == 0
+    return float(dense_closure_T(Q_O @ K[:rO, :rV] @ Q_V.T))
+
+
+def frames_identical(a, b, name: str = "frame") -> None:
+    """Same columns, dtypes, index and values, floats bit for bit (NaN payloads included)."""
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(a, b, check_exact=True, check_dtype=True, obj=name)
+    for col in a.columns:
+        if a[col].dtype.kind == "f":
+            assert a[col].to_numpy().tobytes() == b[col].to_numpy().tobytes(), f"{name}.{col}"
+
+
+def assert_same_value(a, b, where: str = "summary") -> None:
+    """Equal values of the same types, dict keys in the same order, floats bit for bit (NaN included)."""
+    import struct
+
+    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same_value(a[k], b[k], f"{where}[{k!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_value(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def canonical_digest(rec: dict) -> str:
+    """sha256 of a saved record's canonical JSON (sorted keys, no spaces, no NaN), its ``digest`` left out."""
+    import hashlib
+
+    body = {k: v for k, v in rec.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+
+
+def rewrite_record(folder: Path, edit, digest: bool = True) -> None:
+    """Edit a saved report's report.json; with ``digest``, recompute its digest the way a careless script (or an
+    adversary) would, so only the consistency checks can catch the edit."""
+    from tl_idempotence.report.store import RECORD
+
+    f = folder / RECORD
+    rec = json.loads(f.read_text())
+    edit(rec)
+    if digest:
+        rec["digest"] = canonical_digest(rec)
+    f.write_text(json.dumps(rec, indent=1))
+
+
+def rewrite_saved(folder: Path, record: str, table: str | None = None, edit_table=None, edit_record=None) -> Path:
+    """Edit a saved result's folder as an adversary would: ``edit_table(df) -> df`` on ``table``.parquet and/or
+    ``edit_record(rec)`` on the JSON ``record``, every sha256 and the digest recomputed, so only the loader's own
+    consistency checks can catch the edit. Returns the record's path."""
     import hashlib
 
     import pandas as pd
 
     f = folder / record
     rec = json.loads(f.read_text())
-    for name, fn in (tables or {}).items():
-        p = folder / f"{name}.parquet"
-        fn(pd.read_parquet(p)).to_parquet(p, index=False)
-        rec["files"][name] = hashlib.sha256(p.read_bytes()).hexdigest()
-    if fields is not None:
-        fields(rec)
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    rec["digest"] = hashlib.sha256(text.encode()).hexdigest()
+    if edit_table is not None:
+        assert table is not None
+        path = folder / f"{table}.parquet"
+        edit_table(pd.read_parquet(path)).to_parquet(path, index=False)
+        rec["files"][table] = hashlib.sha256(path.read_bytes()).hexdigest()
+    if edit_record is not None:
+        edit_record(rec)
+    rec["digest"] = canonical_digest(rec)
     f.write_text(json.dumps(rec))
+    return f
+
+
+def saved_tiny_model(tmp_path: Path, model_type: str, hf_class: str):
+    """(``testing.tiny_model(model_type, hf_class)``, the folder it and a 128-token tokenizer are saved in)."""
+    import warnings
+
+    from tl_idempotence.testing import tiny_model, tiny_tokenizer
+
+    model = tiny_model(model_type, hf_class)
+    d = tmp_path / "ck"  # no model-family word in the path (TL 3.x dispatches on names)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(d)
+    tiny_tokenizer(128).save_pretrained(d)
+    return model, d
+
+
+#: Headless Chromium for the page-rendering tests: no sandbox, GPU, QUIC, first-run or background traffic.
+CHROMIUM_FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+
+
+def chromium_exe() -> str | None:
+    """The installed ``chromium`` (or ``chromium-browser``) executable, None when there is none."""
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def require_chromium() -> str:
+    """The installed Chromium executable, or skip/fail (``conftest.unavailable``) where there is none."""
+    from conftest import unavailable
+
+    exe = chromium_exe()
+    if exe is None:
+        unavailable("headless Chromium (apt-get install -y chromium)")
+    assert exe is not None
+    return exe
+
+
+def run_chromium(profile: Path, *args: str, timeout: float = 300):
+    """Headless Chromium (:data:`CHROMIUM_FLAGS`) with its profile in ``profile``, then ``args``."""
+    import subprocess
+
+    cmd = [chromium_exe(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def mannwhitney_exact_p(a, b) -> float:
+    """Two-sided exact Mann-Whitney p: U of every split of the pooled values into len(a) and len(b)."""
+    import itertools
+
+    pooled = list(a) + list(b)
+    obs = sum(x > y for x in a for y in b)
+    null = []
+    for pick in itertools.combinations(range(len(pooled)), len(a)):
+        xs = [pooled[i] for i in pick]
+        ys = [pooled[i] for i in range(len(pooled)) if i not in pick]
+        null.append(sum(x > y for x in xs for y in ys))
+    return min(1.0, 2 * min(sum(v <= obs for v in null), sum(v >= obs for v in null)) / len(null))
+
+
+def bh_list(p) -> list[float]:
+    """Benjamini-Hochberg q-values by their definition (loops, no library) over the non-NaN p-values; NaN outside
+    the family."""
+    import math
+
+    idx = [i for i, v in enumerate(p) if not math.isnan(v)]
+    m = len(idx)
+    order = sorted(idx, key=lambda i: p[i])
+    q = [math.nan] * len(p)
+    for r, i in enumerate(order, start=1):
+        q[i] = min(min(1.0, m * p[order[k - 1]] / k) for k in range(r, m + 1))
+    return q
+
+
+def redigest(folder: Path, record: str, tables=None, fields=None) -> None:
+    """:func:`rewrite_saved` over several tables (``{name: DataFrame -> DataFrame}``) and/or the JSON record
+    (``fields(rec)``, in place), every sha256 and the record's digest recomputed."""
+    items = list((tables or {}).items())
+    if not items:
+        rewrite_saved(folder, record, edit_record=fields)
+    for i, (name, fn) in enumerate(items):
+        rewrite_saved(folder, record, name, fn, fields if i == len(items) - 1 else None)

@@ -1,4 +1,4 @@
-"""Under ``CI=1`` a skip is a failure unless tests/conftest.py's ``CI_ALLOWED_SKIPS`` names it (issue 30):
+"""Under ``CI=1`` a skip is a failure unless tests/conftest.py's ``CI_ALLOWED_SKIPS`` names it:
 replayed in a fresh pytest process on the probes below, which skip only when that process asks them to."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CLI's exit codes, table-driven (issue 11 class 5, issue 12, issue 13's CLI flags).
+"""The CLI's exit codes, table-driven: usage errors, files that lie, the device and the report flags.
 
 0 success; 2 bad arguments — every value is checked before any work starts; 1 failure with a one-line
 reason and no traceback. Each case runs the real command in a fresh process.
@@ -23,17 +23,11 @@ CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    d, _, _ = llama_like(tmp_path_factory.mktemp("ck") / "tiny", n_layers=2)
-    return d
-
-
-@pytest.fixture(scope="module")
-def broken(tmp_path_factory, ckpt):
+def broken(tmp_path_factory, tiny_ckpt):
     import shutil
 
     d = tmp_path_factory.mktemp("broken") / "tiny"
-    shutil.copytree(ckpt, d)
+    shutil.copytree(tiny_ckpt, d)
     shard = sorted(d.glob("*.safetensors"))[0]
     shard.write_bytes(shard.read_bytes()[:-100])  # truncated
     return d
@@ -107,13 +101,13 @@ def test_bad_arguments_exit_2_before_any_work(argv, fragment, tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written, not even resume parts in the current folder
 
 
-def test_path_only_flags_and_runtime_option_errors_exit_2(ckpt, tmp_path):
+def test_path_only_flags_and_runtime_option_errors_exit_2(tiny_ckpt, tmp_path):
     for argv, fragment in [
-        ([str(ckpt), "--processing", "tl"], "apply to zoo models"),
-        ([str(ckpt), "--cls", "hooked"], "apply to zoo models"),
-        ([str(ckpt), "--attention-text", "hello"], "needs a model TransformerLens can run"),
-        ([str(ckpt), "--attention-text", "  "], "must not be empty"),
-        ([str(ckpt), "--layers", "7"], "Unknown layer index [7]"),  # checked against the model's layers
+        ([str(tiny_ckpt), "--processing", "tl"], "apply to zoo models"),
+        ([str(tiny_ckpt), "--cls", "hooked"], "apply to zoo models"),
+        ([str(tiny_ckpt), "--attention-text", "hello"], "needs a model TransformerLens can run"),
+        ([str(tiny_ckpt), "--attention-text", "  "], "must not be empty"),
+        ([str(tiny_ckpt), "--layers", "7"], "Unknown layer index [7]"),  # checked against the model's layers
     ]:
         proc = run(["report", *argv, "--out", str(tmp_path / "r.html"), "--quiet"])
         assert proc.returncode == 2, (argv, proc.stderr)
@@ -121,13 +115,13 @@ def test_path_only_flags_and_runtime_option_errors_exit_2(ckpt, tmp_path):
         assert not (tmp_path / "r.html").exists()
 
 
-def test_a_layer_range_error_is_one_short_line(ckpt, tmp_path):
+def test_a_layer_range_error_is_one_short_line(tiny_ckpt, tmp_path):
     """``--layers 0-65535`` on a 2-layer model: the unknown indices are summarized (was a 448 KB line)."""
-    proc = run(["report", str(ckpt), "--layers", "0-65535", "--json", "--quiet"], cwd=tmp_path)
+    proc = run(["report", str(tiny_ckpt), "--layers", "0-65535", "--json", "--quiet"], cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "Unknown layer index [2..65535] (65,534 indices): this model's attention layers are 0..1" in proc.stderr
     assert len(proc.stderr) < 300, len(proc.stderr)
-    proc = run(["report", str(ckpt), "--layers", "1,3,5,7,9,11,13,15,17", "--json", "--quiet"], cwd=tmp_path)
+    proc = run(["report", str(tiny_ckpt), "--layers", "1,3,5,7,9,11,13,15,17", "--json", "--quiet"], cwd=tmp_path)
     assert proc.returncode == 2 and "Unknown layer index [3, 5, 7, 9, 11, 13, ...] (8 indices)" in proc.stderr
 
 
@@ -139,10 +133,10 @@ def sha256s(d: Path) -> dict[str, str]:
 
 
 def test_an_output_never_replaces_an_input(tmp_path):
-    """Issue 27: ``report CK --out CK/model.safetensors`` measured the model, then wrote the page over its weights;
-    ``--csv CK/config.json`` turned the config into the CSV. Every output over a file the run reads (by its path, a
-    symbolic link or a hard link; the checkpoint's files, a resume folder's parts) exits 2 before anything is read,
-    naming both; the checkpoint's files stay byte-identical."""
+    """An output over an input would destroy it (``report CK --out CK/model.safetensors`` would write the page over
+    the weights it measured, ``--csv CK/config.json`` the CSV over the config). Every output over a file the run
+    reads (by its path, a symbolic link or a hard link; the checkpoint's files, a resume folder's parts) exits 2
+    before anything is read, naming both; the checkpoint's files stay byte-identical."""
     ck, _, _ = llama_like(tmp_path / "CK", n_layers=2)
     shard = sorted(ck.glob("*.safetensors"))[0]
     (tmp_path / "to_shard").symlink_to(shard)
@@ -220,9 +214,9 @@ def test_failures_exit_1_with_one_line(broken, tmp_path):
     assert proc.returncode == 1 and "HF_HUB_OFFLINE is set" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_success_layers_csv_and_json(ckpt, tmp_path):
+def test_success_layers_csv_and_json(tiny_ckpt, tmp_path):
     out, csv = tmp_path / "r.html", tmp_path / "h.csv"
-    proc = run(["report", str(ckpt), "--out", str(out), "--csv", str(csv), "--layers", "1", "--json", "--quiet"])
+    proc = run(["report", str(tiny_ckpt), "--out", str(out), "--csv", str(csv), "--layers", "1", "--json", "--quiet"])
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["summary"]["n_heads"] == 6 and data["summary"]["options"]["layers"] == [1]
@@ -234,9 +228,9 @@ def test_success_layers_csv_and_json(ckpt, tmp_path):
     assert list(h["label"]) == [f"L1H{i}" for i in range(6)] and (h["layer"] == 1).all()
 
 
-def test_closed_stdout_pipe_is_quiet(ckpt, tmp_path):
+def test_closed_stdout_pipe_is_quiet(tiny_ckpt, tmp_path):
     """`tl-idempotence report ... | head -1` must not print a BrokenPipeError."""
-    cmd = " ".join([*CLI, "report", str(ckpt), "--out", str(tmp_path / "r.html"), "--quiet"]) + " | head -1"
+    cmd = " ".join([*CLI, "report", str(tiny_ckpt), "--out", str(tmp_path / "r.html"), "--quiet"]) + " | head -1"
     proc = subprocess.run(
         ["bash", "-c", cmd], capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
     )
@@ -256,12 +250,12 @@ def test_help_and_argument_errors_import_no_torch():
     assert proc.stdout.strip().splitlines()[-1] == "False False", proc.stdout + proc.stderr
 
 
-def test_report_job_imports_only_what_it_uses(ckpt, tmp_path):
+def test_report_job_imports_only_what_it_uses(tiny_ckpt, tmp_path):
     """The main job's path (a checkpoint report and its page) never imports sympy, transformer_lens or
     transformers: torch.broadcast_shapes' first call imports sympy (~0.5 s), so core uses numpy's rule."""
     code = (
         "import sys; from tl_idempotence.cli import main\n"
-        f"main(['report', {str(ckpt)!r}, '--out', {str(tmp_path / 'r.html')!r}, '--quiet'])\n"
+        f"main(['report', {str(tiny_ckpt)!r}, '--out', {str(tmp_path / 'r.html')!r}, '--quiet'])\n"
         "print(sorted(m for m in ('sympy', 'transformer_lens', 'transformers') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -269,14 +263,14 @@ def test_report_job_imports_only_what_it_uses(ckpt, tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout + proc.stderr
 
 
-def test_console_script_freezes_the_gc_and_main_does_not(ckpt, tmp_path):
+def test_console_script_freezes_the_gc_and_main_does_not(tiny_ckpt, tmp_path):
     """The console script keeps torch's ~10^5 objects frozen (gc.freeze) so the interpreter's exit
     collections skip them (~0.5 s a run); main() called in a caller's process unfreezes on return."""
     from importlib.metadata import entry_points
 
     (ep,) = entry_points(group="console_scripts", name="tl-idempotence")
     assert ep.value == "tl_idempotence.cli:console_main"
-    argv = ["report", str(ckpt), "--out", str(tmp_path / "r.html"), "--quiet"]
+    argv = ["report", str(tiny_ckpt), "--out", str(tmp_path / "r.html"), "--quiet"]
     code = (
         "import gc, sys; from tl_idempotence.cli import console_main, main\n"
         f"rc = main({argv!r}); after_main = gc.get_freeze_count()\n"
@@ -329,34 +323,34 @@ def test_version_prints_the_package_version():
     assert proc.returncode == 0 and proc.stdout.strip() == f"tl-idempotence {version('tl_idempotence')}"
 
 
-def test_the_cli_writes_only_what_was_asked_and_no_machine_path(ckpt, tmp_path):
+def test_the_cli_writes_only_what_was_asked_and_no_machine_path(tiny_ckpt, tmp_path):
     """--json in an empty folder: JSON on stdout, no page beside it; no absolute path (of the checkpoint, the
     cache or the home folder) in the JSON or the page; a page written over an existing file says so."""
     work = tmp_path / "work"
     work.mkdir()
-    proc = run(["report", str(ckpt), "--json", "--quiet"], cwd=work)
+    proc = run(["report", str(tiny_ckpt), "--json", "--quiet"], cwd=work)
     assert proc.returncode == 0, proc.stderr
     assert list(work.iterdir()) == []  # no report.html
     data = json.loads(proc.stdout)
-    for secret in (str(ckpt), str(tmp_path), os.path.expanduser("~")):
+    for secret in (str(tiny_ckpt), str(tmp_path), os.path.expanduser("~")):
         assert secret not in proc.stdout, secret
-    assert data["summary"]["processing"]["path"] == ckpt.name
-    proc = run(["report", str(ckpt), "--csv", "h.csv", "--quiet"], cwd=work)
+    assert data["summary"]["processing"]["path"] == tiny_ckpt.name
+    proc = run(["report", str(tiny_ckpt), "--csv", "h.csv", "--quiet"], cwd=work)
     assert proc.returncode == 0 and sorted(p.name for p in work.iterdir()) == ["h.csv"]
-    proc = run(["report", str(ckpt), "--quiet"], cwd=work)  # nothing asked: the page, as always
+    proc = run(["report", str(tiny_ckpt), "--quiet"], cwd=work)  # nothing asked: the page, as always
     assert proc.returncode == 0 and (work / "report.html").exists()
     assert "wrote report.html" in proc.stdout and "replaced" not in proc.stdout
     page = (work / "report.html").read_text(encoding="utf-8")
-    for secret in (str(ckpt), str(tmp_path), os.path.expanduser("~") + "/"):
+    for secret in (str(tiny_ckpt), str(tmp_path), os.path.expanduser("~") + "/"):
         assert secret not in page, secret
-    proc = run(["report", str(ckpt), "--quiet", "--json", "--out", "report.html"], cwd=work)
+    proc = run(["report", str(tiny_ckpt), "--quiet", "--json", "--out", "report.html"], cwd=work)
     assert proc.returncode == 0 and "replaced the file that was there" in proc.stderr
     json.loads(proc.stdout)  # stdout stays the JSON alone
 
 
 def test_an_output_into_a_zoo_models_cache_folder_exits_2(tmp_path):
-    """Issue 37: ``report minilm-l6 --out <cache>/minilm-l6/files/r.html`` was accepted (a new file beside the
-    checkpoint): ``files/`` is the zoo's own checkpoint folder (a ``.json`` there is read with it) and ``fetch
+    """``report minilm-l6 --out <cache>/minilm-l6/files/r.html`` is refused, though it writes a new file beside the
+    checkpoint: ``files/`` is the zoo's own checkpoint folder (a ``.json`` there is read with it) and ``fetch
     --force`` deletes it. Every CLI output into a zoo model's cache folder (whatever model the run reads, through a
     symbolic link too) exits 2 with one error line naming the folder, before anything is read or written."""
     cache = tmp_path / "cache"

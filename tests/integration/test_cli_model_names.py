@@ -1,5 +1,5 @@
 """A model name the user mistypes is refused fast, with the nearest zoo names, and never sent to the network
-(issue 38): ``tl-idempotence report smollm2-13m`` exits 2 naming ``smollm2-135m`` whether or not the hub is
+: ``tl-idempotence report smollm2-13m`` exits 2 naming ``smollm2-135m`` whether or not the hub is
 switched off; with ``HF_HUB_OFFLINE`` a hub id the local Hugging Face cache does not hold fails in one line.
 
 Each case runs the real command in a fresh process with ``HF_ENDPOINT`` pointed at a loopback socket this test

@@ -13,18 +13,12 @@ import pytest
 import tl_idempotence as tli
 from tl_idempotence import cli
 from tl_idempotence.probes.roles import ROLES
-from tl_idempotence.testing import bridge_from_dir
 
 pytestmark = pytest.mark.bridge
 
 
-@pytest.fixture(scope="module")
-def bridge(lineage):
-    return bridge_from_dir(lineage.checkpoints[-1][1])
-
-
 @pytest.fixture
-def zoo_is_tiny(monkeypatch, bridge):
+def zoo_is_tiny(monkeypatch, lineage_bridge):
     """``zoo.load`` returns the tiny bridge and records its arguments (the route ``--roles`` takes)."""
     from tl_idempotence.sources import zoo
 
@@ -32,13 +26,13 @@ def zoo_is_tiny(monkeypatch, bridge):
 
     def load(name, **kw):
         calls.append((name, kw))
-        return bridge
+        return lineage_bridge
 
     monkeypatch.setattr(zoo, "load", load)
     return calls
 
 
-def test_zoo_route_joins_the_roles(zoo_is_tiny, bridge, tmp_path, capsys):
+def test_zoo_route_joins_the_roles(zoo_is_tiny, lineage_bridge, tmp_path, capsys):
     csv, page = tmp_path / "h.csv", tmp_path / "r.html"
     args = ["report", "smollm2-135m", "--roles", "--seed", "4", "--quiet", "--csv", str(csv), "--out", str(page)]
     assert cli.main(args) == 0
@@ -46,18 +40,18 @@ def test_zoo_route_joins_the_roles(zoo_is_tiny, bridge, tmp_path, capsys):
     assert zoo_is_tiny and zoo_is_tiny[0][0] == "smollm2-135m"  # a model object was loaded (not the file source)
     assert "head roles vs closure" in out and "induction" in out
     heads = pd.read_csv(csv).set_index("label")
-    want = tli.head_roles(bridge, seed=4).table
+    want = tli.head_roles(lineage_bridge, seed=4).table
     assert list(heads.columns[-4:]) == list(ROLES)
     np.testing.assert_array_equal(heads.loc[want.index, list(ROLES)].to_numpy(), want[list(ROLES)].to_numpy())
     html = page.read_text("utf-8")
     assert 'id="roles"' in html and "What the closed heads do" in html and "Association of each role" in html
 
 
-def test_zoo_route_json_carries_the_association(zoo_is_tiny, bridge, tmp_path, capsys):
+def test_zoo_route_json_carries_the_association(zoo_is_tiny, lineage_bridge, tmp_path, capsys):
     assert cli.main(["report", "smollm2-135m", "--roles", "--json", "--quiet", "--threshold", "0.91"]) == 0
     got = json.loads(capsys.readouterr().out)
-    rep = tli.idempotence_report(bridge, threshold=0.91, progress=False)
-    assoc = rep.roles(model=bridge, seed=0)
+    rep = tli.idempotence_report(lineage_bridge, threshold=0.91, progress=False)
+    assoc = rep.roles(model=lineage_bridge, seed=0)
     rows = {r["role"]: r for r in got["roles"]["association"]}
     assert list(rows) == list(assoc.association.index)
     for role, row in assoc.association.iterrows():

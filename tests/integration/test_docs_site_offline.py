@@ -1,4 +1,4 @@
-"""The documentation site works offline (issue 38): every page of the built site, opened in headless Chromium with
+"""The documentation site works offline: every page of the built site, opened in headless Chromium with
 the network blocked, makes no request off the machine, and no page shows literal docstring markup (RST's double
 backticks, a Sphinx role).
 
@@ -16,7 +16,6 @@ developer machine, a failure when ``CI`` is set.
 from __future__ import annotations
 
 import re
-import shutil
 import socketserver
 import subprocess
 import threading
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import pytest
 from bs4 import BeautifulSoup
+
+from helpers import CHROMIUM_FLAGS, require_chromium
 
 pytestmark = pytest.mark.integration
 
@@ -64,28 +65,11 @@ def proxy():
     srv.server_close()
 
 
-def _chromium() -> str:
-    from conftest import unavailable
-
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        unavailable("headless Chromium (apt-get install -y chromium)")
-    assert exe is not None
-    return exe
-
-
 def _dom(exe: str, page: Path, proxy: _Recorder, profile: Path) -> str:
     """The page's DOM after its scripts ran, every request off the machine sent to ``proxy``."""
     cmd = [
         exe,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
+        *CHROMIUM_FLAGS,
         "--disable-features=NetworkTimeServiceQuerying",
         f"--user-data-dir={profile}",
         f"--proxy-server=http://127.0.0.1:{proxy.server_address[1]}",
@@ -107,7 +91,7 @@ def _host(request_line: str) -> str:
 
 
 def test_the_recorder_sees_a_request_off_the_machine(proxy, tmp_path):
-    exe = _chromium()
+    exe = require_chromium()
     page = tmp_path / "control.html"
     page.write_text(
         '<!DOCTYPE html><html><head><link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
@@ -128,7 +112,7 @@ def test_the_recorder_sees_a_request_off_the_machine(proxy, tmp_path):
 def test_every_page_of_the_site_makes_no_request_and_shows_no_literal_markup(proxy, tmp_path):
     from conftest import unavailable
 
-    exe = _chromium()
+    exe = require_chromium()
     if not (SITE / "index.html").is_file():
         unavailable("the built documentation site, site/ (bash scripts/docs/build.sh)")
     pages = sorted(SITE.rglob("*.html"))

@@ -47,7 +47,7 @@ def test_help_is_complete(capsys):
 
 
 def test_nulls_help_says_what_the_flag_takes(capsys):
-    """``--nulls`` takes an integer; ``True`` is the Python API's spelling of 64 (issue 27)."""
+    """``--nulls`` takes an integer; ``True`` is the Python API's spelling of 64."""
     assert _exit_code(["report", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "an integer, 0 = off, 64 the usual (the Python API also takes True for 64)" in out

@@ -1,4 +1,4 @@
-"""The CLI's outputs go through the output registry (issue 28): ``--out`` writes the format its extension names,
+"""The CLI's outputs go through the output registry: ``--out`` writes the format its extension names,
 ``--csv`` writes CSV, ``--json`` prints the JSON export (NaN as null); another extension exits 2 naming the known
 ones, before any model is read."""
 

@@ -1,4 +1,4 @@
-"""The API reference's source of truth (issue 31): the public names the docs build renders are tli.__all__.
+"""The API reference's source of truth: the public names the docs build renders are tli.__all__.
 
 The site itself is built and checked by ``bash scripts/docs/build.sh`` (CI's docs stage, its own venv:
 ``mkdocs build --strict`` and ``scripts/docs/check_reference.py``). These unit tests need no docs venv: they
@@ -100,8 +100,8 @@ def test_sphinx_roles_become_code_spans():
 
 
 def test_a_raises_parenthetical_leaves_the_exception_name():
-    """The site printed ``OutputOverInputError (an ``OptionError``)`` with its backticks as the exception's name
-    (issue 38); the parenthetical moves to the description, other sections keep theirs."""
+    """``OutputOverInputError (an ``OptionError``)`` must not be printed with its backticks as the exception's
+    name; the parenthetical moves to the description, other sections keep theirs."""
     f = exports.raises_parentheticals_as_text
     doc = (
         "Write it.\n\n    Args:\n        path (str): the file.\n\n    Raises:\n"

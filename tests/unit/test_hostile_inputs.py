@@ -1,4 +1,4 @@
-"""Every argument is checked where it enters (issue 11, class 3): a table of hostile inputs.
+"""Every argument is checked where it enters: a table of hostile inputs.
 
 Each row calls the public API with one bad value and asserts the *exact* error class of
 ``tl_idempotence.errors`` (not a subclass, not a raw torch/pandas/numpy error) and that the
@@ -815,7 +815,7 @@ def test_flagged_heads_and_attention_patterns_check_their_arguments(env):
     assert_raises(lambda: attention_patterns(str(env.dir), TEXT, [(0, 1)]), UnsupportedModelError, ["TransformerLens"])
 
 
-# ------------------------------------------------------------------ token inputs (probes/tokens.py, finding F6)
+# ------------------------------------------------------------------------------ token inputs (probes/tokens.py)
 
 TOKEN_CASES = [
     ("empty text", "", OptionError, ["texts_or_tokens", "no (non-special) token"]),

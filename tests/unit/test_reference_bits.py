@@ -1,4 +1,4 @@
-"""The golden-bits comparison (tests/reference_bits.py) on a CPU whose kernels have no recorded tables (issue 30):
+"""The golden-bits comparison (tests/reference_bits.py) on a CPU whose kernels have no recorded tables:
 no search column is skipped there, and under CI=1 the fallback fails unless the signature is named.
 
 Synthetic stored tables in tmp_path stand in for tests/data/v0_1 (the module's ``REF``), and the kernel signature

@@ -2,7 +2,7 @@
 folder and refuses a test outside the three tier folders or a tier mark that contradicts its folder; the CI-skip
 rule (tests/conftest.py ``ci_allows_skip``; replayed in fresh pytest processes by
 tests/integration/test_ci_skips.py); and every test path scripts/mutation.py names exists
-(and every hand-written mutant still applies)."""
+(and every hand-written change of scripts/mutation.py still applies)."""
 
 from __future__ import annotations
 

@@ -10,12 +10,17 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from helpers import dense_closure_T, gaussian_layer, head_with, pair, principal_bases
+from helpers import (
+    dense_check,
+    gaussian_layer,
+    haar_head,
+    pair,
+    stack_heads,
+)
 from tl_idempotence.analyses import search
 from tl_idempotence.analyses.base import LayerContext
 from tl_idempotence.analyses.report_options import ReportOptions
 from tl_idempotence.analyses.search import SearchAnalysis
-from tl_idempotence.core.random import haar_orthogonal
 from tl_idempotence.maths.closure import closure_from_grams, layer_grams
 
 
@@ -50,24 +55,6 @@ def test_search_analysis_contract_and_determinism():
 
 
 F64 = torch.float64
-
-
-def haar_head(S, cos, d, seed):
-    g = torch.Generator().manual_seed(seed)
-    R1, R2 = haar_orthogonal(2, len(S), g)
-    return head_with(S, cos, d, g, R1, R2)
-
-
-def stack_heads(heads):
-    return torch.stack([h[0] for h in heads]), torch.stack([h[1] for h in heads])
-
-
-def dense_check(O, V, K):
-    """Dense float64 P of T = Q_O K Q_Vᵀ built from test-side principal bases of (O, V)."""
-    Q_O, Q_V, _ = principal_bases(O, V)
-    rO, rV = Q_O.shape[1], Q_V.shape[1]
-    assert float(K[rO:].abs().sum()) == 0 and float(K[:, rV:].abs().sum()) == 0
-    return float(dense_closure_T(Q_O @ K[:rO, :rV] @ Q_V.T))
 
 
 @pytest.mark.parametrize(

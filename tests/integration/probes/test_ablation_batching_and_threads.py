@@ -14,7 +14,6 @@ from helpers import (
     ABLATION_TOKENS,
     ABLATION_ZERO_HEAD,
     ablation_tiny_dir,
-    hooked_or_skip,
     losses_with,
     reference_losses,
 )
@@ -23,7 +22,6 @@ from tl_idempotence.probes.ablation import (
     matched_controls,
 )
 from tl_idempotence.probes.tokens import prepare_tokens
-from tl_idempotence.testing import bridge_from_dir
 
 ZERO_HEAD = ABLATION_ZERO_HEAD
 TOKENS = ABLATION_TOKENS
@@ -36,16 +34,6 @@ KW = {"seq_len": 24, "progress": False}
 def tiny_dir(tmp_path_factory):
     """Llama/GQA (2 layers, 9 heads on 3 kv heads, d_head 8) with head L1H4's W_O zeroed in the HF weights."""
     return ablation_tiny_dir(tmp_path_factory.mktemp("abl"))
-
-
-@pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def hooked(tiny_dir):
-    return hooked_or_skip(tiny_dir)
 
 
 def model_of(request, name):

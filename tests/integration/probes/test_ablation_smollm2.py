@@ -4,24 +4,11 @@ are tests/unit/probes/test_ablation.py.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    """SmolLM2-135M-Instruct from the zoo (TransformerBridge, raw weights); skip (fail under CI) if unavailable."""
-    try:
-        return tli.models.load("smollm2-135m", progress=False)
-    except Exception as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"zoo model smollm2-135m not available: {e}")
-        pytest.skip(f"zoo model smollm2-135m not available: {e}")
 
 
 @pytest.mark.slow

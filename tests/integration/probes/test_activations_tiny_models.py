@@ -45,7 +45,7 @@ def test_bridge_and_hooked_agree_and_random_control(tmp_path):
 
 @pytest.mark.bridge
 def test_heads_are_indexed_like_the_report(tmp_path):
-    """One index convention for per-head tables: TransformerLens labels "L1H2", as in rep.heads (issue 23)."""
+    """One index convention for per-head tables: TransformerLens labels "L1H2", as in rep.heads."""
     import tl_idempotence as tli
 
     model = bridge_from_dir(tiny_hf_dir(tmp_path / "tq", arch="llama"))

@@ -1,5 +1,5 @@
 """SmolLM2-135M's token readout against dense float64 rows, and its attended-token effect against TransformerLens's
-own cache (issue 39; slow). The unit tests on tiny models are tests/unit/probes/test_head_tokens.py and
+own cache (slow). The unit tests on tiny models are tests/unit/probes/test_head_tokens.py and
 test_token_effect.py.
 """
 

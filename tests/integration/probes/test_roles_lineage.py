@@ -1,4 +1,4 @@
-"""Issue 29's must-holds for head roles on the induction-trained lineage (sources/lineage.py, seed 0, 200 steps).
+"""What must hold for head roles on the induction-trained lineage (sources/lineage.py, seed 0, 200 steps).
 
 * At the lineage's last checkpoint (induction accuracy 1.0) the heads with the highest ``induction`` score are its
   four layer-1 heads — the heads that read the repeat (measured: 0.529-0.542 on ``BOS x x`` with ``x`` as long as
@@ -18,7 +18,6 @@ import pytest
 import tl_idempotence as tli
 from helpers import hooked_or_skip
 from tl_idempotence.probes.roles import ROLES
-from tl_idempotence.testing import bridge_from_dir
 
 pytestmark = pytest.mark.bridge
 
@@ -32,13 +31,8 @@ def last(lineage):
 
 
 @pytest.fixture(scope="module")
-def bridge(last):
-    return bridge_from_dir(last)
-
-
-@pytest.fixture(scope="module")
-def roles(bridge):
-    return tli.head_roles(bridge, n_tokens=16)  # the lineage's seq_len: BOS x x as in training
+def roles(lineage_bridge):
+    return tli.head_roles(lineage_bridge, n_tokens=16)  # the lineage's seq_len: BOS x x as in training
 
 
 def test_the_lineage_solves_induction(lineage):
@@ -64,8 +58,8 @@ def test_top_induction_heads_are_the_layer1_heads(roles, lineage):
     assert assoc.association.loc["induction", "mannwhitney_p"] == pytest.approx(2 / 70)  # exact: 4 vs 4 separated
 
 
-def test_the_lineage_learned_the_fixed_offset(bridge):
-    t = tli.head_roles(bridge, n_tokens=24).table  # a repeat 24 tokens back, never seen in training
+def test_the_lineage_learned_the_fixed_offset(lineage_bridge):
+    t = tli.head_roles(lineage_bridge, n_tokens=24).table  # a repeat 24 tokens back, never seen in training
     assert t.loc[LAYER1, "induction"].max() < 0.05
 
 

@@ -9,32 +9,30 @@ import pandas as pd
 import pytest
 import scipy.stats
 
-import tl_idempotence as tli
-from helpers import closed_pairs_layers, fake_roles
+from helpers import fake_roles
 
 pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
 
 
-@pytest.fixture(scope="module")
-def rep():
-    r = tli.idempotence_report(closed_pairs_layers(), progress=False)
-    assert set(r.closed_heads.index) == {"L0H0", "L0H1", "L1H0", "L1H1"}
-    return r
-
-
-def test_association_equals_scipy(rep):
-    P = rep.heads["P"].to_numpy()
+def test_association_equals_scipy(closed_pairs_report):
+    P = closed_pairs_report.heads["P"].to_numpy()
     rng = np.random.default_rng(0)
     induction = P + 0.0  # perfectly monotone in P
     noise = rng.uniform(size=12)
-    copying = np.where(rep.heads["closed"], np.sign(rep.heads["alpha"]) * 0.8, rng.uniform(-0.2, 0.2, 12))
-    roles = fake_roles(rep, previous_token=noise, duplicate_token=noise[::-1].copy(), induction=induction,
-                       copying=copying)  # fmt: skip
-    ra = rep.roles(roles=roles, n_permutations=999, seed=2)
+    copying = np.where(
+        closed_pairs_report.heads["closed"],
+        np.sign(closed_pairs_report.heads["alpha"]) * 0.8,
+        rng.uniform(-0.2, 0.2, 12),
+    )
+    roles = fake_roles(closed_pairs_report, previous_token=noise, duplicate_token=noise[::-1].copy(),
+                       induction=induction, copying=copying)  # fmt: skip
+    ra = closed_pairs_report.roles(roles=roles, n_permutations=999, seed=2)
     a = ra.association
     assert list(a.index) == ["previous_token", "duplicate_token", "induction", "copying", "|copying|"]
-    assert list(ra.table.columns[-3:]) == ["P", "alpha", "closed"] and list(ra.table.index) == list(rep.heads.index)
-    closed = rep.heads["closed"].to_numpy()
+    assert list(ra.table.columns[-3:]) == ["P", "alpha", "closed"] and list(ra.table.index) == list(
+        closed_pairs_report.heads.index
+    )
+    closed = closed_pairs_report.heads["closed"].to_numpy()
     for role, s in [("previous_token", noise), ("induction", induction), ("copying", copying),
                     ("|copying|", np.abs(copying))]:  # fmt: skip
         r = a.loc[role]
@@ -48,8 +46,8 @@ def test_association_equals_scipy(rep):
         np.testing.assert_allclose(
             a[f"{col}_q"], scipy.stats.false_discovery_control(a[f"{col}_p"], method="bh"), rtol=1e-12
         )
-    again = rep.roles(roles=roles, n_permutations=999, seed=2).association
+    again = closed_pairs_report.roles(roles=roles, n_permutations=999, seed=2).association
     pd.testing.assert_frame_equal(again, a)
     assert ra.summary["p_floor"] == 2 / 1000 and ra.summary["n_closed"] == 4
-    c = rep.circuit(["L0H0"], roles=ra)
+    c = closed_pairs_report.circuit(["L0H0"], roles=ra)
     assert c.heads.loc["L0H0", "induction"] == induction[0]

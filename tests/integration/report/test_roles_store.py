@@ -10,13 +10,13 @@ what the earlier save wrote.
 
 from __future__ import annotations
 
-import io
 import json
 
 import pandas as pd
 import pytest
 
 import tl_idempotence as tli
+from helpers import rewrite_saved
 from tl_idempotence.core.files import record_digest
 from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from tl_idempotence.report.roles import ROLES_RECORD, RoleAssociation
@@ -34,17 +34,7 @@ def assoc(lineage):
 
 def _rewrite_table(d, name, edit):
     """Edit ``name.parquet`` and recompute its sha256 and the record's digest (an edit that hides itself)."""
-    f = d / f"{name}.parquet"
-    df = edit(pd.read_parquet(f))
-    buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
-    f.write_bytes(buf.getvalue())
-    rec = json.loads((d / ROLES_RECORD).read_text())
-    from tl_idempotence.core.files import sha256_bytes
-
-    rec["files"][name] = sha256_bytes(buf.getvalue())
-    rec["digest"] = record_digest(rec)
-    (d / ROLES_RECORD).write_text(json.dumps(rec))
+    rewrite_saved(d, ROLES_RECORD, name, edit)
 
 
 def test_head_roles_round_trip(assoc, tmp_path):
@@ -104,44 +94,49 @@ def test_a_median_edited_with_its_digest_is_refused(assoc, tmp_path):
         tli.load_roles(d)
 
 
-def test_a_score_edited_with_its_sha256_is_refused(assoc, tmp_path):
+def _zero_the_top_induction(df):
+    df.loc[df["induction"].idxmax(), "induction"] = 0.0
+    return df
+
+
+def _open_the_closed_heads(df):
+    df.loc[df["closed"], "P"] = 0.5
+    return df
+
+
+def _change_a_rho(df):
+    df.loc[0, "spearman_rho"] = 0.123
+    return df
+
+
+#: (what is saved: the roles or the whole association, the table edited, the edit, what the refusal says)
+TABLE_EDITS = {
+    "a score": ("roles", "roles", _zero_the_top_induction, r"summary\['median_induction'\]"),
+    "a P that no longer fits closed": (
+        "association",
+        "table",
+        _open_the_closed_heads,
+        r"table\.parquet: 'closed' disagrees with P >= threshold \(0\.9\)",
+    ),
+    "an association number": (
+        "association",
+        "association",
+        _change_a_rho,
+        r"association\.parquet: column 'spearman_rho' is not what .*table\.parquet",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(TABLE_EDITS))
+def test_a_table_edited_with_its_sha256_is_refused(assoc, tmp_path, case):
+    saved, table, edit, says = TABLE_EDITS[case]
     d = tmp_path / "r"
-    tli.save_roles(assoc.roles, d)
-
-    def edit(df):
-        df.loc[df["induction"].idxmax(), "induction"] = 0.0
-        return df
-
-    _rewrite_table(d, "roles", edit)
-    with pytest.raises(ReportFileError, match=r"summary\['median_induction'\]"):
-        tli.load_roles(d)
-
-
-def test_a_P_that_no_longer_fits_closed_is_refused(assoc, tmp_path):
-    d = tmp_path / "a"
-    assoc.save(d)
-
-    def edit(df):
-        df.loc[df["closed"], "P"] = 0.5
-        return df
-
-    _rewrite_table(d, "table", edit)
-    with pytest.raises(ReportFileError, match=r"table\.parquet: 'closed' disagrees with P >= threshold \(0\.9\)"):
-        tli.load_roles(d)
-
-
-def test_an_association_number_edited_with_its_sha256_is_refused(assoc, tmp_path):
-    d = tmp_path / "a"
-    assoc.save(d)
-
-    def edit(df):
-        df.loc[0, "spearman_rho"] = 0.123
-        return df
-
-    _rewrite_table(d, "association", edit)
-    with pytest.raises(
-        ReportFileError, match=r"association\.parquet: column 'spearman_rho' is not what .*table\.parquet"
-    ):
+    if saved == "roles":
+        tli.save_roles(assoc.roles, d)
+    else:
+        assoc.save(d)
+    _rewrite_table(d, table, edit)
+    with pytest.raises(ReportFileError, match=says):
         tli.load_roles(d)
 
 

@@ -4,30 +4,15 @@ tests/unit/report/test_store_hostile.py.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from helpers import llama_like
+from helpers import llama_like, rewrite_record
 from tl_idempotence.report.store import RECORD
-
-
-def rewrite_record(folder: Path, edit, digest: bool = True) -> None:
-    """Edit report.json; with ``digest``, recompute its digest the way store.py does (so only the consistency
-    checks can catch the edit)."""
-    f = folder / RECORD
-    rec = json.loads(f.read_text())
-    edit(rec)
-    if digest:
-        body = {k: v for k, v in rec.items() if k != "digest"}
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
-    f.write_text(json.dumps(rec, indent=1))
 
 
 @pytest.mark.integration

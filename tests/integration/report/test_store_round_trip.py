@@ -5,13 +5,12 @@ for its time); the store's unit tests are tests/unit/report/test_store.py.
 from __future__ import annotations
 
 import re
-import struct
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 import tl_idempotence as tli
+from helpers import assert_same_value, frames_identical
 from tl_idempotence.report.store import RECORD
 from tl_idempotence.views.page import report_html
 
@@ -22,75 +21,35 @@ pytestmark = pytest.mark.bridge  # checkpoint files only: must also pass on tran
 RANDOM_IDS = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|itables_[0-9a-f_]{20,}")
 
 
-@pytest.fixture(scope="module")
-def rep():
-    from conftest import unavailable
-
-    try:
-        path = str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
-    except Exception as e:
-        unavailable("the zoo's smollm2-135m checkpoint files", e)
-    return tli.idempotence_report(path, nulls=8, search=True, algebra=True, layers=[5, 10], progress=False)
-
-
-@pytest.fixture
-def saved(rep, tmp_path):
-    return Path(rep.save(tmp_path / "smol_report"))
-
-
-def frames_identical(a: pd.DataFrame, b: pd.DataFrame, name: str) -> None:
-    pd.testing.assert_frame_equal(a, b, check_exact=True, check_dtype=True, obj=name)
-    for col in a.columns:
-        if a[col].dtype.kind == "f":  # bit for bit, NaN payloads included
-            assert a[col].to_numpy().tobytes() == b[col].to_numpy().tobytes(), f"{name}.{col}"
-
-
-def assert_same_value(a, b, where: str = "summary") -> None:
-    """Equal values of the same types, dict keys in the same order, floats bit for bit (NaN included)."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same_value(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_value(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
 def page(rep) -> str:
     return RANDOM_IDS.sub("ID", report_html(rep))
 
 
-def test_save_load_round_trip_is_identical(rep, saved):
-    back = tli.load_report(saved)
-    assert sorted(p.name for p in saved.iterdir()) == sorted(
-        [RECORD, "heads.parquet", "layers.parquet"] + [f"{k}.parquet" for k in rep.tables]
+def test_save_load_round_trip_is_identical(smol_full, smol_saved):
+    back = tli.load_report(smol_saved)
+    assert sorted(p.name for p in smol_saved.iterdir()) == sorted(
+        [RECORD, "heads.parquet", "layers.parquet"] + [f"{k}.parquet" for k in smol_full.tables]
     )
-    assert {"scramble_draws", "mismatch_pairs", "algebra_pairs", "algebra_closed_ranges"} <= set(rep.tables)
-    frames_identical(back.heads, rep.heads, "heads")
-    assert list(back.heads.index) == list(rep.heads.index) and back.heads.index.name == "label"
-    frames_identical(back.layers, rep.layers, "layers")
-    assert sorted(back.tables) == sorted(rep.tables)
-    for k in rep.tables:
-        frames_identical(back.tables[k], rep.tables[k], k)
-    assert_same_value(back.summary, rep.summary)  # every value, type and key order; floats bit for bit
-    assert back.info == rep.info and back.options == rep.options and back.threshold == 0.9
+    assert {"scramble_draws", "mismatch_pairs", "algebra_pairs", "algebra_closed_ranges"} <= set(smol_full.tables)
+    frames_identical(back.heads, smol_full.heads, "heads")
+    assert list(back.heads.index) == list(smol_full.heads.index) and back.heads.index.name == "label"
+    frames_identical(back.layers, smol_full.layers, "layers")
+    assert sorted(back.tables) == sorted(smol_full.tables)
+    for k in smol_full.tables:
+        frames_identical(back.tables[k], smol_full.tables[k], k)
+    assert_same_value(back.summary, smol_full.summary)  # every value, type and key order; floats bit for bit
+    assert back.info == smol_full.info and back.options == smol_full.options and back.threshold == 0.9
     # what the report shows: the same closed heads, figures (plotly JSON) and page
     assert list(back.closed_heads.index) == ["L10H8", "L5H2", "L10H6"]
-    assert back.closed_heads["P"].iloc[0] == rep.heads.loc["L10H8", "P"] == pytest.approx(0.953258, abs=5e-7)
-    figs, figs_back = rep.figures(), back.figures()
+    assert back.closed_heads["P"].iloc[0] == smol_full.heads.loc["L10H8", "P"] == pytest.approx(0.953258, abs=5e-7)
+    figs, figs_back = smol_full.figures(), back.figures()
     assert len(figs) == len(figs_back) == 4  # heatmap, two scramble figures, algebra summary
     assert [f.to_json() for f in figs_back] == [f.to_json() for f in figs]
-    assert page(back) == page(rep)
-    assert back.paper_table().equals(rep.paper_table())
+    assert page(back) == page(smol_full)
+    assert back.paper_table().equals(smol_full.paper_table())
     # a loaded report is a report: its threshold can move, and it saves again to the same bytes
     assert list(back.with_threshold(0.95).closed_heads.index) == ["L10H8"]
     back = back.with_threshold(0.95).with_threshold(0.9)
-    again = Path(back.save(saved.parent / "again"))
-    for f in saved.iterdir():
+    again = Path(back.save(smol_saved.parent / "again"))
+    for f in smol_saved.iterdir():
         assert (again / f.name).read_bytes() == f.read_bytes(), f.name

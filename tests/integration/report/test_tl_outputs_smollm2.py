@@ -8,71 +8,22 @@ from __future__ import annotations
 import copy
 import math
 import pickle
-import struct
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 
 import tl_idempotence as tli
+from helpers import assert_same_value, frames_identical
 from tl_idempotence.errors import OptionError, OptionTypeError
-from tl_idempotence.sources.tl import bridge_from_dir
-from tl_idempotence.testing import tiny_hf_dir
 
 pytestmark = pytest.mark.bridge  # checkpoint files and TransformerBridge only
-
-
-@pytest.fixture(scope="module")
-def smol_path():
-    from conftest import unavailable
-
-    try:
-        return str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
-    except Exception as e:
-        unavailable("the zoo's smollm2-135m checkpoint files", e)
 
 
 @pytest.fixture(scope="module")
 def smol(smol_path):
     """The whole model, closure only."""
     return tli.idempotence_report(smol_path, progress=False)
-
-
-@pytest.fixture(scope="module")
-def smol_full(smol_path):
-    """Two layers with every analysis (scramble, mismatch, search, algebra): every threshold-dependent column."""
-    return tli.idempotence_report(smol_path, nulls=8, search=True, algebra=True, layers=[5, 10], progress=False)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return bridge_from_dir(tiny_hf_dir(tmp_path_factory.mktemp("tl_out") / "tq", arch="llama"))
-
-
-def frames_identical(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    """Same columns, dtypes, index and values, bit for bit (NaN where NaN)."""
-    pd.testing.assert_frame_equal(a, b, check_exact=True, check_dtype=True)
-    for col in a.columns:
-        if a[col].dtype.kind == "f":
-            assert a[col].to_numpy().tobytes() == b[col].to_numpy().tobytes(), col
-
-
-def assert_same_value(a, b, where: str = "summary") -> None:
-    """Equal values of the same types, dict keys in the same order, floats bit for bit (NaN included)."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, dict):
-        assert list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same_value(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), f"{where}: length {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same_value(x, y, f"{where}[{i}]")
-    elif isinstance(a, float):
-        assert struct.pack("<d", a) == struct.pack("<d", b), f"{where}: {a!r} != {b!r}"
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def state(rep) -> tuple:
@@ -170,13 +121,13 @@ def test_a_bad_threshold_is_refused_and_changes_nothing(smol_full, value, error)
     assert_same_state(smol_full, before)
 
 
-def test_pickle_round_trip_is_identical_and_holds_no_model(smol_full, tiny):
+def test_pickle_round_trip_is_identical_and_holds_no_model(smol_full, tiny_llama):
     back = pickle.loads(pickle.dumps(smol_full))
     assert_same_state(back, state(smol_full))
     assert back.info == smol_full.info
     assert list(back.closed_heads.index) == list(smol_full.closed_heads.index)
-    rep = tli.idempotence_report(tiny, progress=False)
-    assert rep.model is tiny  # a weak reference while the model lives ...
+    rep = tli.idempotence_report(tiny_llama, progress=False)
+    assert rep.model is tiny_llama  # a weak reference while the model lives ...
     blob = pickle.dumps(rep)
     assert len(blob) < 200_000  # ... that is never pickled (the model's weights are not in it)
     back = pickle.loads(blob)

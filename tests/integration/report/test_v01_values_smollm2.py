@@ -12,18 +12,6 @@ from reference_bits import assert_same_bits
 
 
 @pytest.fixture(scope="module")
-def zoo_ready():
-    """The zoo's cached files of both models (fetched once when missing), or skip/fail (conftest.unavailable)."""
-    from conftest import unavailable
-
-    try:
-        for name in ("smollm2-135m", "minilm-l6"):
-            tli.models.checkpoint_dir(name, progress=False)
-    except Exception as e:
-        unavailable("the zoo models' files", e)
-
-
-@pytest.fixture(scope="module")
 def smol_files(zoo_ready):
     return str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
 

@@ -227,6 +227,20 @@ def _falcon_reference(model) -> tuple[list, list]:
     return alphas, Ps
 
 
+def saved_falcon(cfg, path) -> None:
+    """A FalconForCausalLM of ``cfg`` (seed 0, every parameter moved by 0.05 N(0, 1)) saved to ``path``."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.FalconForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(path)
+
+
 @pytest.mark.parametrize("n_head", [4, 8])
 @pytest.mark.parametrize("multi_query", ["default", True, False, "absent"])
 def test_falcon_new_decoder_architecture_with_grouped_kv_heads(tmp_path, n_head, multi_query):
@@ -245,14 +259,7 @@ def test_falcon_new_decoder_architecture_with_grouped_kv_heads(tmp_path, n_head,
         new_decoder_architecture=True,
         **kw,
     )
-    torch.manual_seed(0)
-    model = transformers.FalconForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(tmp_path)
+    saved_falcon(cfg, tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["new_decoder_architecture"] is True and config["num_kv_heads"] == 2
@@ -342,14 +349,7 @@ def test_falcon_kv_heads_are_read_from_the_field_transformers_reads(
         num_key_value_heads=num_key_value_heads,
         **kw,
     )
-    torch.manual_seed(0)
-    model = transformers.FalconForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(tmp_path)
+    saved_falcon(cfg, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["num_key_value_heads"] == num_key_value_heads
     assert config["num_kv_heads"] != num_key_value_heads  # the two fields disagree in the saved file

@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 import tl_idempotence as tli
+from helpers import saved_tiny_model
 from tl_idempotence.sources.checkpoint import from_path, from_transformers
 from tl_idempotence.sources.dispatch import head_source
 
@@ -23,23 +24,11 @@ CASES = [
 ]
 
 
-def _folder(tmp_path, model_type, hf_class):
-    from tl_idempotence.testing import tiny_model, tiny_tokenizer
-
-    model = tiny_model(model_type, hf_class)
-    d = tmp_path / "ck"  # no model-family word in the path (TL 3.x dispatches on names)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(d)
-    tiny_tokenizer(128).save_pretrained(d)
-    return model, d
-
-
 @pytest.mark.parametrize(("model_type", "hf_class", "noted"), CASES)
 def test_bridge_carries_the_same_post_norm_note_as_its_folder(tmp_path, model_type, hf_class, noted):
     from tl_idempotence.testing import bridge_from_dir
 
-    model, d = _folder(tmp_path, model_type, hf_class)
+    model, d = saved_tiny_model(tmp_path, model_type, hf_class)
     folder = from_path(d).info.extra.get("post_attention_norm")
     loaded = from_transformers(model).info.extra.get("post_attention_norm")
     with warnings.catch_warnings():

@@ -1,4 +1,4 @@
-"""The zoo cache is never trusted: every use verifies every file it reads (issue 11, class 1 and 5).
+"""The zoo cache is never trusted: every use verifies every file it reads.
 
 Each test builds its own cache in a temporary ``TL_IDEMPOTENCE_CACHE`` from verified copies of the
 real members (never touching the shared cache), then damages it the way a user or a disk would.
@@ -176,8 +176,8 @@ def test_fetch_with_a_bad_source_fails_even_when_cached(cache, tmp_path):
 
 
 def test_fetch_force_never_deletes_its_own_source(tmp_path, monkeypatch):
-    """``fetch --force --source <a file inside the cache entry>`` deleted the entry, source included, before reading
-    it (issue 27): refused before anything is deleted, naming the file (API and CLI, exit 2)."""
+    """``fetch --force --source <a file inside the cache entry>`` would delete the entry, source included, before
+    reading it: refused before anything is deleted, naming the file (API and CLI, exit 2)."""
     root = tmp_path / "cache"
     monkeypatch.setenv(zoo.CACHE_ENV, str(root))
     inside = root / "smollm2-135m" / "files" / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-from helpers import llama_like, neox_like
 from tl_idempotence.errors import OptionError
 
 pytestmark = pytest.mark.bridge
@@ -44,12 +43,6 @@ def test_the_three_zoo_models_in_one_call():
 DATA = Path(__file__).resolve().parents[2] / "data" / "v0_1"
 
 
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compare_ckpts")
-    return {"A": llama_like(root / "ckA")[0], "B": neox_like(root / "ckB", n_layers=3, nq=8, dm=64)[0]}
-
-
 def test_zoo_model_from_its_checkpoint_files_matches_the_stored_values():
     try:
         from tl_idempotence.sources.zoo import checkpoint_dir
@@ -78,8 +71,8 @@ def test_zoo_model_from_its_checkpoint_files_matches_the_stored_values():
     assert len(proc["checkpoint_sha256"]) == 64
 
 
-def test_figure_and_offline_page(ckpts, tmp_path):
-    cmp = tli.compare(dict(ckpts), nulls=8, progress=False)
+def test_figure_and_offline_page(compare_ckpts, tmp_path):
+    cmp = tli.compare(dict(compare_ckpts), nulls=8, progress=False)
     fig = cmp.figure()
     boxes = [tr for tr in fig.data if tr.type == "box"]
     assert [(tr.name, tr.x[0]) for tr in boxes] == [
@@ -99,6 +92,6 @@ def test_figure_and_offline_page(ckpts, tmp_path):
         cmp.save_html(tmp_path / "missing" / "x.html")
     with pytest.raises(OptionError, match="is a folder"):
         cmp.save_html(tmp_path)
-    no_null = tli.compare(dict(ckpts), progress=False).figure()
+    no_null = tli.compare(dict(compare_ckpts), progress=False).figure()
     assert [tr.name for tr in no_null.data] == ["trained P", "trained P"]
     assert "no null" in no_null.layout.title.text

@@ -146,7 +146,7 @@ def test_sweep_equals_single_process_bit_for_bit(client, ckpts, reference, tmp_p
     assert [i["status"] for i in rec["items"]] == ["computed"] * 4
     assert rec["options"]["nulls"] == 4
     assert "n_computed=4" in repr(res)
-    # the page never goes over an item's checkpoint file or the sweep's own plan (issue 27)
+    # the page never goes over an item's checkpoint file or the sweep's own plan
     for path, says in [(ckpts["A"] / "config.json", "a file of the checkpoint of item 'A'"), (out / RECORD_NAME, "")]:
         with pytest.raises(tli.errors.OutputOverInputError, match="which this run reads") as e:
             res.save_html(path)
@@ -464,8 +464,8 @@ if __name__ == "__main__":
 
 
 def test_a_partly_failed_sweep_leaves_no_traceback_on_stderr(ckpts, tmp_path):
-    """Issue 37: an item whose shard is truncated (CheckpointError on every attempt) made each worker print
-    distributed's "Compute Failed" record with the whole traceback on stderr, once per attempt, although the sweep
+    """An item whose shard is truncated (CheckpointError on every attempt) must not make each worker print
+    distributed's "Compute Failed" record with the whole traceback on stderr, once per attempt: the sweep
     records the failure. In a fresh process: the failure is in res.tasks with its reason and attempts, and stderr
     holds only the sweep's one-line warning."""
     bad = tmp_path / "bad"

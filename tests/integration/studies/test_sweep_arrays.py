@@ -1,4 +1,4 @@
-"""Sweeps without Dask and sweeps whose workers die (issue 21).
+"""Sweeps without Dask and sweeps whose workers die.
 
 * Job arrays: ``tl-idempotence sweep ITEMS --out DIR --task-index I`` run as concurrent processes on one
   folder (while a Dask sweep's folder lock is held: array tasks never take it), then ``tli.load_sweep(DIR)``
@@ -9,7 +9,7 @@
 * The CLI's items (checkpoint paths labelled by folder, made unique), its bounds (``--workers`` and the
   cores, ``--device``) and its argument conflicts, all before any cluster starts.
 * A script without ``if __name__ == "__main__":`` gets one line with the fix, not Dask's tracebacks.
-* The dying-worker sweep of issue 21, replayed as a user runs it (fresh process, default LocalCluster).
+* A sweep with a dying worker, replayed as a user runs it (fresh process, default LocalCluster).
 """
 
 from __future__ import annotations
@@ -50,17 +50,11 @@ from tl_idempotence.studies.sweep import (
 )
 
 # integration tier: array tasks in fresh processes
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("no_array_environment")]
 
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
 TESTS = Path(__file__).resolve().parents[2]
 INDEX_VARIABLES = ARRAY_INDEX_VARIABLES
-
-
-@pytest.fixture(autouse=True)
-def no_array_environment(monkeypatch):
-    for name in INDEX_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -534,7 +528,7 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 def test_a_dying_worker_fails_only_its_item(ckpts, reference, tmp_path):
-    """issue 21's check: ``tli.sweep({"good0": ck0, "good1": ck1, "good2": ck2, "dies": f}, out=NEW_DIR,
+    """A worker that dies: ``tli.sweep({"good0": ck0, "good1": ck1, "good2": ck2, "dies": f}, out=NEW_DIR,
     workers=2)`` where ``f`` calls ``os._exit(1)`` on the worker, in a fresh process: it ends within 3 minutes,
     ``.failed`` is exactly the dying item (WorkerDied, exit status 1), the healthy items are computed and
     equal to single in-process reports."""

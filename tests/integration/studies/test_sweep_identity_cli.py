@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-from helpers import ARRAY_INDEX_VARIABLES, identity_checkpoints
+from helpers import ARRAY_INDEX_VARIABLES
 from tl_idempotence.studies.sweep import ITEMS_DIR, RECORD_NAME, read_sweep_plan, run_sweep_item
 
 CLI = [sys.executable, "-m", "tl_idempotence.cli"]
@@ -28,11 +28,6 @@ CLI_OPTS = ["--nulls", "2", "--seed", "1", "--quiet"]
 
 
 INDEX_VARIABLES = ARRAY_INDEX_VARIABLES
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    return identity_checkpoints(tmp_path_factory.mktemp("identity_ckpts"))
 
 
 def run_cli(args):
@@ -48,9 +43,9 @@ def replace_folder(out: Path, src: str, dst: str) -> None:
 
 
 @pytest.mark.integration  # the CLI in fresh processes
-def test_another_items_report_in_an_items_folder_is_never_its_result(ckpts, tmp_path):
+def test_another_items_report_in_an_items_folder_is_never_its_result(identity_ckpts, tmp_path):
     out = tmp_path / "out"
-    items = {"a": ckpts["A"], "b": ckpts["B"]}
+    items = {"a": identity_ckpts["A"], "b": identity_ckpts["B"]}
     for i in (0, 1):
         assert run_sweep_item(items, out, i, **OPTS)["status"] == "computed"
     replace_folder(out, "b", "a")
@@ -64,12 +59,12 @@ def test_another_items_report_in_an_items_folder_is_never_its_result(ckpts, tmp_
     assert row["label"] == "a" and row["error_type"] == "ReportMismatchError"
     assert row["message"].startswith(
         f"{out / 'a'} holds a report of 'ckB' (checkpoint 'ckB', weights sha256 {fb[:12]}), "
-        f"not of item 'a' (path {ckpts['A']}, whose task measured weights sha256 "
+        f"not of item 'a' (path {identity_ckpts['A']}, whose task measured weights sha256 "
     )
     assert "): the report was measured from checkpoint 'ckB', not from checkpoint 'ckA'." in row["message"]
     assert row["message"].endswith("rerun its task (it measures the item again)")
     # --collect says the same, item by item, and exits 1
-    proc = run_cli(["sweep", f"a={ckpts['A']}", f"b={ckpts['B']}", "--out", str(out), "--collect"])
+    proc = run_cli(["sweep", f"a={identity_ckpts['A']}", f"b={identity_ckpts['B']}", "--out", str(out), "--collect"])
     assert proc.returncode == 1, proc.stderr
     assert "1 item(s) failed:" in proc.stderr
     assert "a: ReportMismatchError: " in proc.stderr and "not from checkpoint 'ckA'" in proc.stderr
@@ -81,18 +76,18 @@ def test_another_items_report_in_an_items_folder_is_never_its_result(ckpts, tmp_
     assert row["reason"] == "the report was measured from checkpoint 'ckB', not from checkpoint 'ckA'"
     res = tli.load_sweep(out)
     assert list(res.tasks["status"]) == ["computed", "computed"] and res.failed.empty
-    ref = tli.idempotence_report(ckpts["A"], progress=False, **OPTS)
+    ref = tli.idempotence_report(identity_ckpts["A"], progress=False, **OPTS)
     pd.testing.assert_frame_equal(res.reports["a"].heads, ref.heads, check_exact=True)
 
 
 @pytest.mark.integration  # the CLI in fresh processes
-def test_a_task_given_another_item_list_is_refused_and_the_plan_is_unchanged(ckpts, tmp_path):
+def test_a_task_given_another_item_list_is_refused_and_the_plan_is_unchanged(identity_ckpts, tmp_path):
     out = tmp_path / "out"
-    first = [f"a={ckpts['A']}", f"b={ckpts['B']}"]
+    first = [f"a={identity_ckpts['A']}", f"b={identity_ckpts['B']}"]
     proc = run_cli(["sweep", *first, "--out", str(out), "--task-index", "0", *CLI_OPTS])
     assert proc.returncode == 0, proc.stderr
     plan = (out / RECORD_NAME).read_bytes()
-    other = [f"a={ckpts['A']}", f"c={ckpts['C']}"]
+    other = [f"a={identity_ckpts['A']}", f"c={identity_ckpts['C']}"]
     proc = run_cli(["sweep", *other, "--out", str(out), "--task-index", "1", *CLI_OPTS])
     assert proc.returncode == 2, proc.stderr
     err = " ".join(proc.stderr.split())
@@ -102,7 +97,7 @@ def test_a_task_given_another_item_list_is_refused_and_the_plan_is_unchanged(ckp
     assert (out / RECORD_NAME).read_bytes() == plan
     assert not (out / "c").exists() and not (out / ITEMS_DIR / "c").exists()
     # the same label given another path is another list too
-    moved = [f"a={ckpts['A']}", f"b={ckpts['C']}"]
+    moved = [f"a={identity_ckpts['A']}", f"b={identity_ckpts['C']}"]
     proc = run_cli(["sweep", *moved, "--out", str(out), "--task-index", "1", *CLI_OPTS])
     assert proc.returncode == 2 and "item 'b' is 'path " in proc.stderr
     assert (out / RECORD_NAME).read_bytes() == plan
@@ -118,11 +113,20 @@ def test_a_task_given_another_item_list_is_refused_and_the_plan_is_unchanged(ckp
 
 
 @pytest.mark.integration
-def test_a_successful_sweep_writes_no_traceback_on_stderr(ckpts, tmp_path):
+def test_a_successful_sweep_writes_no_traceback_on_stderr(identity_ckpts, tmp_path):
     """The Dask route as a user runs it (a fresh process, the default LocalCluster of two workers): exit 0, the
     table on stdout, and nothing of distributed's shutdown on stderr; then the rerun that skips both items."""
     out = tmp_path / "out"
-    argv = ["sweep", f"a={ckpts['A']}", f"b={ckpts['B']}", "--out", str(out), "--workers", "2", *CLI_OPTS]
+    argv = [
+        "sweep",
+        f"a={identity_ckpts['A']}",
+        f"b={identity_ckpts['B']}",
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        *CLI_OPTS,
+    ]
     for status in ("computed", "skipped"):
         proc = run_cli(argv)
         assert proc.returncode == 0, proc.stderr
@@ -131,9 +135,9 @@ def test_a_successful_sweep_writes_no_traceback_on_stderr(ckpts, tmp_path):
         assert json.loads((out / RECORD_NAME).read_text())["items"][0]["status"] == status
 
 
-def test_two_checkpoints_of_one_name_are_told_apart_by_their_recorded_weights(ckpts, tmp_path):
+def test_two_checkpoints_of_one_name_are_told_apart_by_their_recorded_weights(identity_ckpts, tmp_path):
     out = tmp_path / "out"
-    items = {"s1": ckpts["s1"], "s2": ckpts["s2"]}
+    items = {"s1": identity_ckpts["s1"], "s2": identity_ckpts["s2"]}
     for i in (0, 1):
         run_sweep_item(items, out, i, **OPTS)
     f1 = tli.load_report(out / "s1").summary["weights_fingerprint"]

@@ -24,7 +24,6 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-import tl_idempotence.report.report as report_mod
 from helpers import SyntheticSource, gaussian_layer
 from tl_idempotence.errors import MissingFileError, OptionError, OptionTypeError
 from tl_idempotence.sources.lineage import lineage_checkpoints, train_lineage
@@ -35,20 +34,6 @@ from tl_idempotence.testing import bridge_from_dir
 pytestmark = [pytest.mark.bridge, pytest.mark.integration]
 
 # The lineage (conftest.lineage, trained with helpers.LINEAGE_KW) is shared with tests/test_demos.py.
-
-
-@pytest.fixture
-def analysed(monkeypatch):
-    """The layers the report loop analyses (``run_layer`` calls) — a layer served from the cache is not."""
-    calls: list[int] = []
-    real = report_mod.run_layer
-
-    def counting(lh, *args, **kwargs):
-        calls.append(lh.layer)
-        return real(lh, *args, **kwargs)
-
-    monkeypatch.setattr(report_mod, "run_layer", counting)
-    return calls
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 import tl_idempotence as tli
+from helpers import run_chromium
 from tl_idempotence.errors import OptionError
 from tl_idempotence.probes.attention import AttentionPatterns, FlaggedHeads, attention_patterns, flagged_heads
 from tl_idempotence.report.attention import attention_view
@@ -193,22 +194,7 @@ def test_head_names_fit_the_selector_and_the_caption_counts_positions(tiny_q):
 
 
 def _chromium(*args: str, tmp) -> subprocess.CompletedProcess:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    cmd = [
-        exe,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp}",
-        "--virtual-time-budget=15000",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    return run_chromium(tmp, "--virtual-time-budget=15000", *args, timeout=180)
 
 
 @pytest.mark.skipif(

@@ -11,8 +11,6 @@ from __future__ import annotations
 import inspect
 import os
 import re
-import shutil
-import subprocess
 import textwrap
 from html import escape as html_escape
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import tl_idempotence as tli
+from helpers import require_chromium, run_chromium
 from tl_idempotence.core.progress import progress_bar, quiet_transformers, tqdm_class
 from tl_idempotence.sources.tl import bridge_from_dir
 from tl_idempotence.testing import tiny_hf_dir
@@ -29,16 +28,6 @@ pytestmark = [pytest.mark.bridge, pytest.mark.integration]  # checkpoint files a
 
 SMOL_CLOSED = "L10H8 L27H1 L28H5 L12H5 L29H1 L5H2 L11H6 L29H0 L11H4 L6H8 L29H2 L26H4 L10H6".split()
 TEXT = "w5 w6 w7 w8 w9 w4 w5 w6 w7 w8 w9 w4"
-
-
-@pytest.fixture(scope="module")
-def smol_path():
-    from conftest import unavailable
-
-    try:
-        return str(tli.models.checkpoint_dir("smollm2-135m", progress=False))
-    except Exception as e:
-        unavailable("the zoo's smollm2-135m checkpoint files", e)
 
 
 @pytest.fixture(scope="module")
@@ -166,11 +155,22 @@ NOTEBOOK = [
 ]
 
 
+def execute_notebook(nb, cwd: Path) -> None:
+    """Run every cell of ``nb`` in a fresh python3 kernel started in ``cwd``, with this checkout's sources first."""
+    import nbclient
+
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src = str(Path(tli.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client.execute(env=env)
+
+
 def test_executed_notebook_renders_figures_offline_in_static_html(tmp_path):
     from conftest import unavailable
 
     try:
-        import nbclient
+        import nbclient  # noqa: F401  (execute_notebook's: here to skip where it is missing)
         import nbformat
         from nbconvert import HTMLExporter
     except ImportError as e:
@@ -178,13 +178,7 @@ def test_executed_notebook_renders_figures_offline_in_static_html(tmp_path):
     nb = nbformat.v4.new_notebook()
     cells = [f"LINEAGE = {str(tmp_path / 'lineage')!r}", *NOTEBOOK]
     nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(c)) for c in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src = str(Path(tli.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute(env=env)
+    execute_notebook(nb, tmp_path)
     streams = "".join(o.get("text", "") for c in nb.cells for o in c.outputs if o.output_type == "stream")
     assert "TqdmWarning" not in streams and "Writing model shards" not in streams and "%|" not in streams, streams
     widgets = [
@@ -204,15 +198,8 @@ def test_executed_notebook_renders_figures_offline_in_static_html(tmp_path):
     assert "<b>IdempotenceReport</b>" in html  # the report's own display
     page = tmp_path / "executed.html"
     page.write_text(html, encoding="utf-8")
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        unavailable("headless Chromium (apt-get install -y chromium)")
-    cmd = [
-        exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}",
-    ]  # fmt: skip
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
+    require_chromium()
+    dom = run_chromium(tmp_path / "profile", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}").stdout
     assert dom.count('class="main-svg"') >= 4, "plotly did not draw the two figures of the static page"
 
 
@@ -228,7 +215,7 @@ def test_a_figure_survives_a_static_export_with_no_extra_call(tmp_path):
     from conftest import unavailable
 
     try:
-        import nbclient
+        import nbclient  # noqa: F401  (execute_notebook's: here to skip where it is missing)
         import nbformat
         from nbconvert import HTMLExporter
 
@@ -241,13 +228,7 @@ def test_a_figure_survives_a_static_export_with_no_extra_call(tmp_path):
         "rep.figure()",
     ]
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    src = str(Path(tli.__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    client = nbclient.NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    client.execute(env=env)
+    execute_notebook(nb, tmp_path)
     out = nb.cells[1].outputs
     assert len(out) == 1 and {"application/vnd.plotly.v1+json", "text/html"} <= set(out[0].data)
     html, _ = HTMLExporter().from_notebook_node(nb)
@@ -257,14 +238,7 @@ def test_a_figure_survives_a_static_export_with_no_extra_call(tmp_path):
     assert not re.search(r"<script[^>]*src=[\"'][^\"']*(plot\.ly|plotly)", html)
     page = tmp_path / "exported.html"
     page.write_text(html, encoding="utf-8")
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        unavailable("headless Chromium (apt-get install -y chromium)")
-    cmd = [
-        exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-        f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}",
-    ]  # fmt: skip
-    dom = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
+    require_chromium()
+    dom = run_chromium(tmp_path / "profile", "--virtual-time-budget=20000", "--dump-dom", f"file://{page}").stdout
     assert dom.count('class="main-svg"') >= 2, "plotly did not draw the figure of the exported page"
     assert "P per head: smollm2-135m" in dom

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-import shutil
 import subprocess
 from importlib import resources
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 import pytest
 
 import tl_idempotence as tli
+from helpers import require_chromium, run_chromium
 from tl_idempotence.errors import OptionError
 from tl_idempotence.sources.tl import bridge_from_dir
 from tl_idempotence.testing import tiny_hf_dir
@@ -261,30 +261,13 @@ def test_pages_without_controls_or_closed_heads(tmp_path):
 
 
 def _chromium(tmp: Path, *args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    cmd = [
-        exe,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-quic",
-        f"--user-data-dir={tmp}",
-        "--virtual-time-budget=20000",
-        "--window-size=1300,1600",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return run_chromium(tmp, "--virtual-time-budget=20000", "--window-size=1300,1600", *args)
 
 
 def test_page_renders_in_headless_chromium(rep, tmp_path):
     from conftest import unavailable
 
-    if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
-        unavailable("headless Chromium (apt-get install -y chromium)")
+    require_chromium()
     try:
         from PIL import Image
     except ImportError as e:
@@ -324,10 +307,8 @@ def test_page_renders_in_headless_chromium(rep, tmp_path):
 def test_clicking_a_column_header_sorts_the_table(rep, tmp_path):
     """The head table sorts when its header is clicked (itables' default made only the small arrow sort):
     P ascending, then descending, numerically."""
-    from conftest import unavailable
 
-    if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
-        unavailable("headless Chromium (apt-get install -y chromium)")
+    require_chromium()
     page = Path(rep.save_html(tmp_path / "report.html"))
     click = """<script>
 window.addEventListener('load', () => setTimeout(() => {

@@ -43,7 +43,7 @@ def test_figure_panels_hold_the_table(rep_and_roles):
         np.testing.assert_array_equal(o.y, other[role].to_numpy())
         assert c.marker.symbol == "diamond" and c.text[0].startswith(closed.index[0] + ": P = ")
         rho, q = assoc.association.loc[role, ["spearman_rho", "spearman_q"]]
-        # two short lines (the score, then ρ and q): four panels' titles side by side never overlap (issue 38)
+        # two short lines (the score, then ρ and q): four panels' titles side by side never overlap
         assert fig.layout.annotations[i].text == f"{ROLE_PANELS[role]}<br>ρ = {rho:.2f}, q = {q:.2g}"
         assert all(len(line) <= 30 for line in fig.layout.annotations[i].text.split("<br>"))
     assert fig.layout.annotations[0].font.size == 12 and fig.layout.margin.t >= 100  # room above the titles
@@ -65,7 +65,7 @@ def test_section_tables(rep_and_roles):
             beside.loc[role, "closed heads (median)"]
             == f"{np.median(assoc.table.loc[assoc.table['closed'], role]):.3g}"
         )
-    # copying is signed: shown by sign (issue 38), never a median of a mixed set
+    # copying is signed: shown by sign, never a median of a mixed set
     for col, mask in (("all heads (median)", True), ("closed heads (median)", assoc.table["closed"])):
         c = assoc.table.loc[mask, "copying"] if col != "all heads (median)" else assoc.table["copying"]
         pos, neg = c[c > 0], -c[c < 0]

@@ -148,7 +148,7 @@ def test_closed_range_angles_match_independent_qr():
 
 @pytest.mark.parametrize("scale", [1.0, 2.0**-70, 1e40])
 def test_every_pairs_range_angles_match_scipy(scale):
-    """Issue 30: the angles of every pair of a group (closed or not), from the Grams and the cross products, are
+    """The angles of every pair of a group (closed or not), from the Grams and the cross products, are
     scipy.linalg.subspace_angles's; a rank-deficient head gets min(rank) angles, a zero head none (NaN); weights
     far outside float64's comfortable range (rescaled by powers of two inside) give the same angles."""
     import scipy.linalg
@@ -330,7 +330,7 @@ def _near_nilpotent_pair_layer(eps: float = 1e-9):
 @pytest.mark.parametrize("scale", [2.0**30, 2.0**-30, 1e3, 1e-3, 1e150, 1e-150])
 @pytest.mark.parametrize("which", ["all", "O_1", "O_0"])
 def test_offdiagonal_nilpotent_decision_is_scale_free(scale, which):
-    """Finding F5: whether T_i T_j ~ 0 is decided relative to ||T_i|| ||T_j|| in the weights' units, so rescaling
+    """Whether T_i T_j ~ 0 is decided relative to ||T_i|| ||T_j|| in the weights' units, so rescaling
     every weight, or one head's O, by 2^k, 1e3 or 1e±150 (power-of-two rescaled Grams) changes no decision; and
     P_ij, which is invariant under those rescalings, keeps its value."""
     O, V, kv = _near_nilpotent_pair_layer()

@@ -1,7 +1,7 @@
 """Shared-value algebra (SPEC section 7) on exact constructions with known answers: the off-diagonal
 ``T_i T_j ≈ 0`` decision at its boundaries, pairs that the scale-free decision takes apart from the core's,
-an irregular kv map, and the threshold's re-derivation on hand-written tables (issue 30: the algebra's
-mutation survivors; expected values never come from the package's own functions)."""
+an irregular kv map, and the threshold's re-derivation on hand-written tables (expected values
+never come from the package's own functions)."""
 
 from __future__ import annotations
 

@@ -155,7 +155,7 @@ def _frame_equal(a: pd.DataFrame, b: pd.DataFrame, what: str) -> None:
 
 
 def test_threshold_outputs_are_declared_rules_not_a_method_of_the_analysis():
-    """Issue 28: the threshold-dependent outputs are derived on read from the analyses' declared rules
+    """The threshold-dependent outputs are derived on read from the analyses' declared rules
     (analyses/threshold.py), by one function; the Analysis protocol has no apply_threshold."""
     from tl_idempotence.analyses.base import Analysis
     from tl_idempotence.analyses.registry import spec_of
@@ -169,10 +169,10 @@ def test_threshold_outputs_are_declared_rules_not_a_method_of_the_analysis():
 @pytest.mark.parametrize("name", list(ANALYSES))
 @pytest.mark.parametrize("t_new", [0.0, 0.5, 1.0])
 def test_derived_at_a_threshold_equals_a_run_at_that_threshold(name, t_new):
-    """Finding F10: re-deriving the threshold-dependent results of a run at 0.9 gives what a run at ``t_new`` gives
-    (every column, layer value and table; issue 30: the algebra's closed_ranges too, re-derived from every pair's
+    """Re-deriving the threshold-dependent results of a run at 0.9 gives what a run at ``t_new`` gives
+    (every column, layer value and table; the algebra's closed_ranges too, re-derived from every pair's
     angles in algebra_ranges, and the layer value algebra_ranges_threshold that says where closed_ranges is).
-    Issue 28: by the declared rules and one function (derive_at_threshold), which never changes its inputs."""
+    By the declared rules and one function (derive_at_threshold), which never changes its inputs."""
     from tl_idempotence.analyses.registry import spec_of
     from tl_idempotence.analyses.threshold import derive_at_threshold
 

@@ -1,4 +1,4 @@
-"""Statistical properties of the orientation scramble's draws, tested directly (issue 30).
+"""Statistical properties of the orientation scramble's draws, tested directly.
 
 Each test is deterministic (fixed seeds); the thresholds are those of a test whose false-alarm rate is
 stated (``ALPHA``): with a correct sampler, a fresh seed would fail such a check with probability ALPHA.

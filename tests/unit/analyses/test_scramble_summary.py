@@ -1,5 +1,5 @@
 """The scramble's per-head summary of its draws (SPEC 4b) on a hand-made draw table, every value written here
-from its definition (issue 30; the mutation target ``scramble_summary`` runs these, its fastest killing tests):
+from its definition (the mutation target ``scramble_summary`` runs these, its fastest killing tests):
 the median and 95 % quantile of the defined draws, ``p = (1 + #{P~ >= P}) / (n + 1)`` over the defined draws
 (ties count against the head; the floor ``1/(n + 1)``), ``beats_scramble`` as ``P > median`` (False when
 undefined), the number of defined draws, and the fraction of defined draws at or above a threshold.

@@ -1,4 +1,4 @@
-"""The threshold rules (analyses/threshold.py, issue 28): every number that depends on the P threshold — ``closed``,
+"""The threshold rules (analyses/threshold.py): every number that depends on the P threshold — ``closed``,
 the per-layer counts, the scramble's closed fractions — comes from these kernels, at run time and in
 ``with_threshold``. Expected values are written by hand from the definitions (SPEC 2: closed iff P >= t, an
 undefined P is never closed; a fraction of no defined draw is undefined, not 0)."""

@@ -478,8 +478,8 @@ def test_gram_rank_equals_the_eigenvalue_rule(d_model, r):
     assert calls == []  # three well-conditioned heads: proved by the Cholesky certificate alone
 
 
-def test_gram_rank_cases_an_adversarial_review_found():
-    """Two Grams on which an earlier version of the certificate claimed full rank: a subnormal one (its τ
+def test_gram_rank_of_a_subnormal_and_a_one_triangle_gram():
+    """Two Grams on which a careless certificate would claim full rank: a subnormal one (its τ
     underflowed to 0) and one whose upper triangle is zero (the Gershgorin bound read both triangles)."""
     from tl_idempotence.core.factors import gram_eig, gram_rank
 

@@ -1,5 +1,5 @@
-"""What ``layer_grams`` and ``closure_from_grams`` record beside α and P (issue 30: the mutation run of the target
-``closure`` found these unchecked): ``d_model`` and the input dtype of the Grams, the rank tolerance of SPEC 3
+"""What ``layer_grams`` and ``closure_from_grams`` record beside α and P (the mutation target
+``closure`` runs these): ``d_model`` and the input dtype of the Grams, the rank tolerance of SPEC 3
 (``max(max(d_model, d_head) · eps(float32), 1e-7)``, written here from its definition) on a batch of any shape,
 no principal factors unless asked, and the products on the device given (CUDA only).
 """

@@ -1,4 +1,4 @@
-"""The device path (issue 12): ``device=`` on the report and every analysis.
+"""The device path: ``device=`` on the report and every analysis.
 
 On a CPU-only machine: ``"cpu"``, ``torch.device("cpu")`` and ``"auto"`` give the same numbers
 bit for bit, the options carry the device, every result is CPU float64, and the device reaches

@@ -107,7 +107,7 @@ def test_the_first_output_over_an_input_is_named(ck):
 
 
 def test_what_a_stream_is(tmp_path: Path):
-    """is_stream: what is written in place with the format its flag implies (issue 38), never replaced."""
+    """is_stream: what is written in place with the format its flag implies, never replaced."""
     from tl_idempotence.core.files import atomic_write_bytes, is_stream
 
     fifo = tmp_path / "pipe"

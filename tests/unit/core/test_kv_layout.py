@@ -1,4 +1,4 @@
-"""The query head -> kv head map (GQA/MQA), against its definition written here (issue 30: a reference
+"""The query head -> kv head map (GQA/MQA), against its definition written here (a reference
 independent of the code under test), and every refusal of its validator (one table)."""
 
 from __future__ import annotations

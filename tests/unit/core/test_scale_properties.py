@@ -1,4 +1,4 @@
-"""Scale-proof maths (issue 11, class 2): P and α are right for every finite input.
+"""Scale-proof maths: P and α are right for every finite input.
 
 Property tests (hypothesis, derandomized) over weight scales 1e-30..1e30 (1e-100..1e100 for
 float64 inputs; fp16 at the scales it represents), input dtypes (float16, bfloat16, float32,

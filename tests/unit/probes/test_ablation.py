@@ -30,7 +30,6 @@ from helpers import (
     ABLATION_ZERO_HEAD,
     ablation_tiny_dir,
     edit_safetensors,
-    hooked_or_skip,
     losses_with,
     reference_losses,
 )
@@ -67,16 +66,6 @@ KW = {"seq_len": 24, "progress": False}
 def tiny_dir(tmp_path_factory):
     """Llama/GQA (2 layers, 9 heads on 3 kv heads, d_head 8) with head L1H4's W_O zeroed in the HF weights."""
     return ablation_tiny_dir(tmp_path_factory.mktemp("abl"))
-
-
-@pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def hooked(tiny_dir):
-    return hooked_or_skip(tiny_dir)
 
 
 @pytest.fixture(scope="module")
@@ -635,9 +624,9 @@ def test_the_controls_warning_names_the_users_line_through_the_report_too(gpt2_b
 
 
 def test_the_few_controls_warning_quotes_the_floor_of_the_sets_used():
-    """Issue 37: 10 distinct matched sets exist for L0H0 of an 11-head layer; ``n_controls=3`` uses 3 of them, so
-    the p-value's floor is 1/4 (rank_p_value over 3 controls), but the warning quoted 1/11 = 0.0909 (every distinct
-    set). It quotes the floor of the sets used, the same number as ``p_value_floor``."""
+    """10 distinct matched sets exist for L0H0 of an 11-head layer; ``n_controls=3`` uses 3 of them, so the p-value's
+    floor is 1/4 (rank_p_value over 3 controls), not 1/11 = 0.0909 (every distinct set). The warning quotes the
+    floor of the sets used, the same number as ``p_value_floor``."""
     from tl_idempotence.probes.ablation.controls import plan_sets
 
     flagged = {0: [0]}

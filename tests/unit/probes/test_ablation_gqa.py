@@ -1,4 +1,4 @@
-"""tli.ablation on a GQA model: each query head is ablated as itself and reported with its own kv head (issue 37).
+"""tli.ablation on a GQA model: each query head is ablated as itself and reported with its own kv head.
 
 The tiny Llama of the ablation tests (9 query heads on 3 kv heads, head L1H4's W_O zeroed) with three heads of
 two kv groups ablated alone: the ``kv_head`` column is ``head // 3`` head by head (not the query head, not an
@@ -14,7 +14,6 @@ import pytest
 from helpers import ABLATION_TOKENS, ABLATION_ZERO_HEAD, ablation_tiny_dir, reference_losses
 from tl_idempotence.probes.ablation import ablation
 from tl_idempotence.probes.tokens import prepare_tokens
-from tl_idempotence.testing import bridge_from_dir
 
 pytestmark = pytest.mark.bridge
 
@@ -22,8 +21,8 @@ HEADS = [ABLATION_ZERO_HEAD, (1, 5), (0, 7)]  # L1H4 (W_O = 0) and L1H5 read kv 
 
 
 @pytest.fixture(scope="module")
-def bridge(tmp_path_factory):
-    return bridge_from_dir(ablation_tiny_dir(tmp_path_factory.mktemp("abl-gqa")))
+def tiny_dir(tmp_path_factory):
+    return ablation_tiny_dir(tmp_path_factory.mktemp("abl-gqa"))
 
 
 def test_each_head_is_ablated_as_itself_with_its_own_kv_head(bridge):

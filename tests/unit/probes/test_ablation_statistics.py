@@ -1,6 +1,6 @@
-"""The ablation's statistics against references written here from their definitions (issue 30; the mutation
-target ``ablation_stats``): the moving-block bootstrap re-done draw by draw with explicit loops, the percentile
-interval as linear interpolation between order statistics, the rank p-value counted by hand, every refusal's
+"""The ablation's statistics against references written here from their definitions (the mutation
+target ``ablation_stats`` runs these): the moving-block bootstrap re-done draw by draw with explicit loops, the
+percentile interval as linear interpolation between order statistics, the rank p-value counted by hand, every refusal's
 words.
 
 The bootstrap's random numbers are the documented stream (``layer_generator(seed, None, "ablation", 1)``: first

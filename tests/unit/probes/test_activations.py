@@ -233,7 +233,7 @@ def test_scramble_control_keeps_a_rank_deficient_heads_rank(tmp_path):
 
 
 def test_public_entry_points_refuse_typod_keywords():
-    """Finding F7: every public entry point of analyses/ refuses an unknown keyword naming the close match."""
+    """Every public entry point of analyses/ refuses an unknown keyword naming the close match."""
     from tl_idempotence.errors import UnknownOptionError
     from tl_idempotence.probes.attention import attention_patterns, flagged_heads
 

@@ -34,11 +34,6 @@ def tiny_dir(tmp_path_factory):
     return tiny_hf_dir(tmp_path_factory.mktemp("head_tokens") / "tiny", n_layers=2)
 
 
-@pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
-
-
 def dense_counts(model, layer: int, head: int, tokens) -> tuple[np.ndarray, np.ndarray]:
     """(#{u != t: logit_u > logit_t}, #{u != t: logit_u < logit_t}) from dense float64 rows of W_E W_V W_O W_U."""
     n_kv = int(model.cfg.n_key_value_heads or model.cfg.n_heads)

@@ -16,11 +16,10 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from helpers import hooked_or_skip
 from tl_idempotence.errors import OptionError, OptionTypeError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.probes.roles import ATTENTION_ROLES, ROLES, repeated_random_tokens, role_scores
 from tl_idempotence.sources.tl import tl_processing
-from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+from tl_idempotence.testing import tiny_hf_dir
 
 pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
 
@@ -30,16 +29,6 @@ SCORES = [*ATTENTION_ROLES, "copying"]
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return tiny_hf_dir(tmp_path_factory.mktemp("roles") / "tiny", n_layers=2)  # 9 heads on 3 kv heads, d_vocab 100
-
-
-@pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def hooked(tiny_dir):
-    return hooked_or_skip(tiny_dir)
 
 
 @pytest.fixture(scope="module")

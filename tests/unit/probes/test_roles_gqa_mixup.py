@@ -1,4 +1,4 @@
-"""tli.head_roles on a GQA model whose heads differ in kind within a kv group (issue 37, item 5).
+"""tli.head_roles on a GQA model whose heads differ in kind within a kv group.
 
 Two query heads that read the same kv head share ``W_K`` and ``W_V`` but not ``W_Q`` or ``W_O``: their attention
 patterns and OV circuits differ, so a head mix-up (a query head given the scores, pattern or ``W_O`` of its kv head's

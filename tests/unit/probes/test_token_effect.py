@@ -23,7 +23,7 @@ from tl_idempotence.errors import (
     UnsupportedModelError,
     WeightError,
 )
-from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+from tl_idempotence.testing import tiny_hf_dir
 
 pytestmark = pytest.mark.bridge  # the bridge tests run on both majors; the HookedTransformer ones skip on 4.x
 
@@ -31,11 +31,6 @@ pytestmark = pytest.mark.bridge  # the bridge tests run on both majors; the Hook
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return tiny_hf_dir(tmp_path_factory.mktemp("token_effect") / "tiny", n_layers=2)
-
-
-@pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
 
 
 def _tokens(seed=0, n=3, length=20):

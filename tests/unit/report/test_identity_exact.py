@@ -1,5 +1,5 @@
-"""``report/identity.py`` decision by decision (issue 30: what the mutation run of the target ``sweep_identity``
-found open in tests/report/test_identity.py): every compared option, the processing key's ``raw`` rule, each
+"""``report/identity.py`` decision by decision (the mutation target ``sweep_identity`` runs
+these): every compared option, the processing key's ``raw`` rule, each
 reason's words in full, the order in which expectations are checked, and which layer's fingerprint is named
 first.
 

@@ -1,4 +1,4 @@
-"""rep.mechanism(model=...): closure joined with what heads do to tokens (SPEC 12, issue 39).
+"""rep.mechanism(model=...): closure joined with what heads do to tokens (SPEC 12).
 
 A constructed attention-only HookedTransformer (16 positions one-hot in dims 0..15, embeddings in dims 16..31,
 every head attending to the previous position) whose heads 0..3 have ``OV = c_h Π`` (Π the orthogonal projection
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from helpers import redigest
+from helpers import redigest, rewrite_saved
 from tl_idempotence.errors import OptionError, OptionTypeError, ReportMismatchError, UnknownOptionError
 
 pytestmark = pytest.mark.filterwarnings("ignore:HookedTransformer is deprecated:DeprecationWarning")
@@ -268,25 +268,8 @@ def test_the_figure_draws_the_effect_against_alpha_P_with_closed_heads_marked(jo
 
 
 def _redigest(folder: Path, table=None, record=None) -> None:
-    """Edit the saved table and/or record, every sha256 and the digest recomputed (as test_roles_record.py)."""
-    import hashlib
-    import json
-
-    import pandas as pd
-
-    f = folder / "mechanism.json"
-    rec = json.loads(f.read_text())
-    if table is not None:
-        df = table(pd.read_parquet(folder / "table.parquet"))
-        df.to_parquet(folder / "table.parquet", index=False)
-        rec["files"]["table"] = hashlib.sha256((folder / "table.parquet").read_bytes()).hexdigest()
-    if record is not None:
-        record(rec)
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    rec["digest"] = hashlib.sha256(
-        json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-    ).hexdigest()
-    f.write_text(json.dumps(rec))
+    """Edit the saved table and/or record, every sha256 and the digest recomputed (``helpers.rewrite_saved``)."""
+    rewrite_saved(folder, "mechanism.json", "table", table, record)
 
 
 def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):

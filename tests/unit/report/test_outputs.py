@@ -22,7 +22,6 @@ import pytest
 
 import tl_idempotence as tli
 from helpers import closed_pairs_layers, llama_like
-from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.jsonio import EXPORT, RECORD, json_ready, json_restore, json_text
 from tl_idempotence.core.outputs import OUTPUT_FORMATS, Output, output_format, write_output
 from tl_idempotence.errors import OptionError, OptionTypeError, OutputOverInputError
@@ -32,22 +31,16 @@ from tl_idempotence.report.parts import json_safe
 pytestmark = pytest.mark.bridge  # no TransformerLens model: must also pass on transformer-lens 4.x
 
 
-def _layers() -> list[LayerHeads]:
-    """Two layers of 6 heads (d_model 16, d_head 4): heads 0-1 of each are exact projections (O = V with
-    orthonormal columns: P = 1), head 5 of layer 1 is zero (P undefined: NaN p-value), the rest random."""
-    return closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True)
-
-
 @pytest.fixture(scope="module")
 def rep():
-    return tli.idempotence_report(_layers(), nulls=9, progress=False)
+    return tli.idempotence_report(closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True), nulls=9, progress=False)
 
 
 # --------------------------------------------------------------------------- the encoder, as it was before
 
 
 def _old_json_safe(x):
-    """report/parts.py's encoder before issue 28 (records: NaN as "NaN")."""
+    """A reference encoder for records, written out here (NaN as "NaN")."""
     if isinstance(x, np.generic):
         x = x.item()
     if isinstance(x, dict):
@@ -60,7 +53,7 @@ def _old_json_safe(x):
 
 
 def _old_cli_json_value(x):
-    """cli.py's encoder before issue 28 (--json: NaN as null)."""
+    """A reference encoder for ``--json``, written out here (NaN as null)."""
     from collections.abc import Mapping
 
     if isinstance(x, Mapping):
@@ -124,7 +117,7 @@ def test_a_record_round_trips_nan_and_infinities_exactly():
     back = json_restore(json.loads(json_text(rec, RECORD)))
     assert math.isnan(back["median_P"]) and back["hi"] == math.inf and back["lo"] == -math.inf
     assert back["x"] == 0.1 + 0.2 and back["per_layer"] == {0: 1, 7: 2}
-    # a record written before issue 28 reads back the same (the format on disk is unchanged)
+    # a record in the format on disk reads back the same
     old_text = '{"median_P": "NaN", "hi": "Infinity", "lo": "-Infinity", "name": "NaN"}'
     old = json_restore(json.loads(old_text), {"median_P", "hi", "lo"})
     assert math.isnan(old["median_P"]) and old["hi"] == math.inf and old["lo"] == -math.inf and old["name"] == "NaN"
@@ -290,7 +283,7 @@ def test_comparison_export_refuses_an_existing_file_unless_overwrite(rep, tmp_pa
 
 
 def test_the_page_writers_still_replace_their_page(rep, tmp_path):
-    """save_html (and the CLI's --out) replace an earlier page, as in 0.2."""
+    """save_html (and the CLI's --out) replace an earlier page."""
     p = tmp_path / "r.html"
     p.write_text("old page")
     assert Path(rep.save_html(p)) == p and p.read_text().startswith("<!DOCTYPE html>")
@@ -330,7 +323,7 @@ def _read_fifo(path: Path) -> tuple[threading.Thread, list[bytes]]:
 
 
 def test_streams_are_written_as_the_format_the_caller_implies(rep, tmp_path):
-    """/dev/null, /dev/stdout and a named pipe have no extension: issue 38 (they were refused since 0.3)."""
+    """/dev/null, /dev/stdout and a named pipe have no extension: each is written as the format the caller implies."""
     page = Output("thing", page=lambda: "<p>x</p>", table=lambda: pd.DataFrame({"a": [1, 2]}))
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)

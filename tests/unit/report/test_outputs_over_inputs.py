@@ -1,4 +1,4 @@
-"""An output never replaces an input (issue 27): ``rep.save_html``, ``rep.save``, ``resume=`` and the
+"""An output never replaces an input: ``rep.save_html``, ``rep.save``, ``resume=`` and the
 comparison page refuse a path that is (or links to) a file or folder the report was read from.
 
 Each test makes a small checkpoint (and a resume folder, a saved report) in tmp_path, asks for an output over

@@ -17,7 +17,6 @@ import pytest
 import tl_idempotence as tli
 from helpers import closed_pairs_layers
 from tl_idempotence.analyses.scramble import bh_q_values
-from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.paper import FDR_LEVEL
 from tl_idempotence.report.report import add_q_values
 from tl_idempotence.views.page import closed_heads_table, report_html
@@ -61,15 +60,9 @@ def test_nan_p_values_are_outside_the_family():
     assert np.isnan(bh_q_values([np.nan, np.nan])).all() and bh_q_values([]).shape == (0,)
 
 
-def _layers() -> list[LayerHeads]:
-    """Two layers of 6 heads (d_model 16, d_head 4): heads 0-1 of each are exact projections (O = V with
-    orthonormal columns: P = 1), head 5 of layer 1 is zero (P undefined: NaN p-value), the rest random."""
-    return closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True)
-
-
 @pytest.fixture(scope="module")
 def rep():
-    return tli.idempotence_report(_layers(), nulls=99, progress=False)
+    return tli.idempotence_report(closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True), nulls=99, progress=False)
 
 
 def test_report_q_values_are_bh_of_its_p_values(rep, tmp_path):
@@ -111,7 +104,7 @@ def test_page_shows_q_next_to_p(rep):
 
 
 def test_no_p_values_no_q_column():
-    r = tli.idempotence_report(_layers(), progress=False)
+    r = tli.idempotence_report(closed_pairs_layers(alpha=(1.0, 1.0), zero_l1h5=True), progress=False)
     assert "q_value" not in r.heads.columns and "n_heads_q05" not in r.summary
     assert "BH q-value" not in closed_heads_table(r).columns
     assert isinstance(r.heads, pd.DataFrame)

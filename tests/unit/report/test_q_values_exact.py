@@ -1,4 +1,4 @@
-"""BH q-values on inputs tests/report/test_q_values.py leaves out (issue 30; the mutation target ``q_values``):
+"""BH q-values on inputs tests/report/test_q_values.py leaves out (the mutation target ``q_values`` runs these):
 any array shape comes back as ``[n]``, a column of object dtype (a JSON column with nulls) has its nulls
 outside the family, and a table that already holds a (stale) ``q_value`` gets it recomputed in place.
 

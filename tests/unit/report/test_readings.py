@@ -1,4 +1,4 @@
-"""Readings that cannot mislead (issue 38): the report's headline separates closure (an effect size) from the
+"""Readings that cannot mislead: the report's headline separates closure (an effect size) from the
 scramble q (a significance), every display leads with it, the p- and q-values say what they test, and a signed
 score (copying) is shown by sign with its agreement with α, never as a signed median of a mixed set. Exact
 sentences on constructed reports (tests/helpers.py)."""

@@ -202,7 +202,7 @@ def test_report_html_is_standalone(tmp_path, tiny_gqa_bridge):
     order = [
         html.index(x)
         for x in (
-            '<p class="headline" id="headline">' + rep.headline + " " + head,  # rep.headline first (issue 38)
+            '<p class="headline" id="headline">' + rep.headline + " " + head,  # rep.headline first
             'id="closed-heads"',
             'id="heatmap"',
             'id="paper"',

@@ -1,4 +1,4 @@
-"""A report cannot be edited through what it hands out (issue 28: "the report is immutable"): ``rep.heads``,
+"""A report cannot be edited through what it hands out: ``rep.heads``,
 ``rep.layers``, ``rep.closed_heads`` and every ``rep.tables[name]`` are copies, ``rep.tables`` is read-only, so
 editing them leaves the report, its summary and what it derives (``with_threshold``, ``to_tensor``, the save)
 as they were."""

@@ -1,4 +1,4 @@
-"""Interruptible reports: ``idempotence_report(..., resume=dir)`` (issue 6, SPEC section 9).
+"""Interruptible reports: ``idempotence_report(..., resume=dir)`` (SPEC section 9).
 
 Resume format 2: no pickles; per layer ``layer_NNNNN.json`` (the record, written last) plus
 ``layer_NNNNN.heads.parquet`` and ``layer_NNNNN.<table>.parquet``. Every part is keyed on the
@@ -36,20 +36,6 @@ OPTION_KEYS = ["algebra", "compute_dtype", "device", "nulls", "search", "seed", 
 def ckpt(tmp_path):
     d, _, _ = llama_like(tmp_path / "ck", n_layers=5)
     return d
-
-
-@pytest.fixture
-def analysed(monkeypatch):
-    """The layers the report loop actually analyses (``run_layer`` calls), in order."""
-    calls: list[int] = []
-    real = report_mod.run_layer
-
-    def counting(lh, *args, **kwargs):
-        calls.append(lh.layer)
-        return real(lh, *args, **kwargs)
-
-    monkeypatch.setattr(report_mod, "run_layer", counting)
-    return calls
 
 
 def parts(d):

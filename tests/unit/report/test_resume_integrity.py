@@ -1,4 +1,4 @@
-"""Resumed and cached results are what the weights say (issue 11, class 1).
+"""Resumed and cached results are what the weights say.
 
 Every part of a resume directory is keyed on the sha256 of its layer's exact O and V bytes and
 on the options; a part made from other weights, copied to another layer's name, kept after the
@@ -23,25 +23,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-import tl_idempotence.report.report as report_mod
 from helpers import llama_like
 from tl_idempotence.errors import ResumeError
 
 OPTS = dict(nulls=4, progress=False)
-
-
-@pytest.fixture
-def counter(monkeypatch):
-    """Layers the report loop actually analysed (``run_layer`` calls), in order."""
-    calls: list[int] = []
-    real = report_mod.run_layer
-
-    def counting(lh, *a, **kw):
-        calls.append(lh.layer)
-        return real(lh, *a, **kw)
-
-    monkeypatch.setattr(report_mod, "run_layer", counting)
-    return calls
 
 
 def same(a, b) -> None:
@@ -83,25 +68,25 @@ def bridges(tmp_path_factory):
     return out
 
 
-def test_other_model_resumed_in_a_directory_recomputes_every_layer(bridges, tmp_path, counter):
+def test_other_model_resumed_in_a_directory_recomputes_every_layer(bridges, tmp_path, analysed):
     m0, m1 = bridges
     rd = tmp_path / "parts"
     first = report(m0, rd)
-    assert counter == [0, 1]
+    assert analysed == [0, 1]
     fresh1 = report(m1)
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning) as rec:
         resumed = report(m1, rd)
-    assert counter == [0, 1]  # nothing of seed 0 was reused
+    assert analysed == [0, 1]  # nothing of seed 0 was reused
     msgs = stale_warnings(rec)
     for layer in (0, 1):
         assert any(f"layer_{layer:05d}.json" in m and "weights changed" in m for m in msgs), msgs
     same(resumed, fresh1)
     assert not (resumed.heads["P"].to_numpy() == first.heads["P"].to_numpy()).all()
     # and the directory now holds seed 1's parts: a third run reuses them all
-    counter.clear()
+    analysed.clear()
     again = report(m1, rd)
-    assert counter == [] and again.summary["n_layers_resumed"] == 2
+    assert analysed == [] and again.summary["n_layers_resumed"] == 2
     same(again, fresh1)
 
 
@@ -123,15 +108,15 @@ def resave_with(d: Path, tensor: str, fn) -> None:
     save_file(tensors, str(shard), metadata={"format": "pt"})
 
 
-def test_checkpoint_resaved_with_layer_2_changed_recomputes_layer_2_only(ckpt, tmp_path, counter):
+def test_checkpoint_resaved_with_layer_2_changed_recomputes_layer_2_only(ckpt, tmp_path, analysed):
     rd = tmp_path / "parts"
     before = report(str(ckpt), rd)
-    assert counter == [0, 1, 2, 3]
+    assert analysed == [0, 1, 2, 3]
     resave_with(ckpt, "model.layers.2.self_attn.v_proj.weight", lambda t: t * 1.5 + 0.01)
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning) as rec:
         resumed = report(str(ckpt), rd)
-    assert counter == [2]
+    assert analysed == [2]
     assert [m for m in stale_warnings(rec) if "layer_00002.json" in m], stale_warnings(rec)
     assert resumed.summary["n_layers_resumed"] == 3
     fresh = report(str(ckpt))
@@ -141,60 +126,62 @@ def test_checkpoint_resaved_with_layer_2_changed_recomputes_layer_2_only(ckpt, t
     pd.testing.assert_frame_equal(resumed.heads[~changed], before.heads[~changed], check_exact=True)
 
 
-def test_part_copied_to_another_layer_is_recomputed(ckpt, tmp_path, counter):
+def test_part_copied_to_another_layer_is_recomputed(ckpt, tmp_path, analysed):
     rd = tmp_path / "parts"
     fresh = report(str(ckpt), rd)
     for f in rd.glob("layer_00001.*"):
         shutil.copyfile(f, rd / f.name.replace("layer_00001", "layer_00002"))
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning) as rec:
         resumed = report(str(ckpt), rd)
-    assert counter == [2]
+    assert analysed == [2]
     assert any("layer_00002.json" in m and "records layer 1" in m for m in stale_warnings(rec)), stale_warnings(rec)
     same(resumed, fresh)
 
 
-def test_only_the_record_copied_is_recomputed_too(ckpt, tmp_path, counter):
+def test_only_the_record_copied_is_recomputed_too(ckpt, tmp_path, analysed):
     rd = tmp_path / "parts"
     fresh = report(str(ckpt), rd)
     shutil.copyfile(rd / "layer_00000.json", rd / "layer_00003.json")
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning, match="layer_00003.json"):
         resumed = report(str(ckpt), rd)
-    assert counter == [3]
+    assert analysed == [3]
     same(resumed, fresh)
 
 
-def test_parts_kept_after_the_manifest_is_deleted_are_used_only_when_their_fingerprint_matches(ckpt, tmp_path, counter):
+def test_parts_kept_after_the_manifest_is_deleted_are_used_only_when_their_fingerprint_matches(
+    ckpt, tmp_path, analysed
+):
     rd = tmp_path / "parts"
     fresh = report(str(ckpt), rd)
     (rd / "manifest.json").unlink()
-    counter.clear()
+    analysed.clear()
     resumed = report(str(ckpt), rd)  # same weights, same options: every part matches
-    assert counter == [] and resumed.summary["n_layers_resumed"] == 4
+    assert analysed == [] and resumed.summary["n_layers_resumed"] == 4
     same(resumed, fresh)
     # other weights (layer 0 changed), manifest deleted again: layer 0's part no longer matches
     resave_with(ckpt, "model.layers.0.self_attn.o_proj.weight", lambda t: -t)
     (rd / "manifest.json").unlink()
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning, match="layer_00000.json"):
         resumed2 = report(str(ckpt), rd)
-    assert counter == [0]
+    assert analysed == [0]
     same(resumed2, report(str(ckpt)))
 
 
 @pytest.mark.parametrize("other", [{"seed": 1}, {"nulls": 5}, {"threshold": 0.5}], ids=["seed", "nulls", "threshold"])
-def test_parts_kept_after_the_manifest_is_deleted_are_not_taken_for_other_options(ckpt, tmp_path, counter, other):
-    """issue 30's replay: a report with seed=0, nulls=4 into DIR, DIR/manifest.json deleted, then a report with
+def test_parts_kept_after_the_manifest_is_deleted_are_not_taken_for_other_options(ckpt, tmp_path, analysed, other):
+    """A report with seed=0, nulls=4 into DIR, DIR/manifest.json deleted, then a report with
     other options: every layer is recomputed (with a warning naming the part), so the result labelled with the
     new options holds the new options' numbers, never the old ones (it equals a fresh report bit for bit)."""
     rd = tmp_path / "parts"
     report(str(ckpt), rd, seed=0)
     (rd / "manifest.json").unlink()
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning, match="made with other options"):
         resumed = report(str(ckpt), rd, **{"seed": 0, **other})
-    assert counter == [0, 1, 2, 3] and resumed.summary["n_layers_resumed"] == 0
+    assert analysed == [0, 1, 2, 3] and resumed.summary["n_layers_resumed"] == 0
     fresh = report(str(ckpt), **{"seed": 0, **other})
     same(resumed, fresh)
     if "seed" in other:  # the seed changes the scramble's draws: the old numbers would be visible
@@ -235,26 +222,26 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("name", list(DAMAGE))
-def test_damaged_part_is_recomputed_with_a_warning_naming_the_file(ckpt, tmp_path, counter, name):
+def test_damaged_part_is_recomputed_with_a_warning_naming_the_file(ckpt, tmp_path, analysed, name):
     rd = tmp_path / "parts"
     fresh = report(str(ckpt), rd)
     fname, damage = DAMAGE[name]
     damage(rd / fname)
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning) as rec:
         resumed = report(str(ckpt), rd)
-    assert counter == [1]
+    assert analysed == [1]
     msgs = stale_warnings(rec)
     assert any("layer_00001" in m and "recomputing layer 1" in m for m in msgs), msgs
     if fname.endswith(".parquet"):
         assert any(fname in m for m in msgs), msgs
     same(resumed, fresh)
     # the damaged part was rewritten: the next run reuses it
-    counter.clear()
+    analysed.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         report(str(ckpt), rd)
-    assert counter == []
+    assert analysed == []
 
 
 @pytest.mark.parametrize(
@@ -352,21 +339,21 @@ def rewrite_value_in_place(d: Path, tensor: str) -> Path:
 
 
 def test_trajectory_cache_recomputes_a_checkpoint_whose_bytes_changed_with_same_name_size_and_mtime(
-    ckpt, tmp_path, counter
+    ckpt, tmp_path, analysed
 ):
     cache = tmp_path / "cache"
     t1 = tli.trajectory([("step100", ckpt)], cache_dir=cache, progress=False)
-    assert counter == [0, 1, 2, 3] and not bool(t1.checkpoints["cached"].iloc[0])
-    counter.clear()
+    assert analysed == [0, 1, 2, 3] and not bool(t1.checkpoints["cached"].iloc[0])
+    analysed.clear()
     t2 = tli.trajectory([("step100", ckpt)], cache_dir=cache, progress=False)
-    assert counter == [] and bool(t2.checkpoints["cached"].iloc[0])
+    assert analysed == [] and bool(t2.checkpoints["cached"].iloc[0])
     pd.testing.assert_frame_equal(t1.heads, t2.heads, check_exact=True)
 
     rewrite_value_in_place(ckpt, "model.layers.3.self_attn.v_proj.weight")
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning, match="layer_00003.json"):
         t3 = tli.trajectory([("step100", ckpt)], cache_dir=cache, progress=False)
-    assert counter == [3] and not bool(t3.checkpoints["cached"].iloc[0])
+    assert analysed == [3] and not bool(t3.checkpoints["cached"].iloc[0])
     fresh = tli.idempotence_report(str(ckpt), progress=False)
     got = t3.heads.drop(columns=["checkpoint", "order", "step"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(got, fresh.heads.reset_index(drop=True), check_exact=True)
@@ -421,16 +408,16 @@ def test_saved_report_round_trip_is_exact_and_save_checks_its_arguments(ckpt, tm
         tli.load_report(3)
 
 
-def test_part_made_by_another_package_version_is_recomputed(ckpt, tmp_path, counter, monkeypatch):
+def test_part_made_by_another_package_version_is_recomputed(ckpt, tmp_path, analysed, monkeypatch):
     import tl_idempotence.report.parts as parts_mod
 
     rd = tmp_path / "parts"
     fresh = report(str(ckpt), rd, layers=[0, 1])
     monkeypatch.setattr(parts_mod, "_VERSION", "99.0")
-    counter.clear()
+    analysed.clear()
     with pytest.warns(UserWarning, match="made by tl_idempotence '0"):
         resumed = report(str(ckpt), rd, layers=[0, 1])
-    assert counter == [0, 1]
+    assert analysed == [0, 1]
     same(resumed, fresh)
 
 
@@ -499,12 +486,12 @@ PART_EDITS = {  # (edit of layer 1's record, recompute the digest, the exact rea
     "no table files": (lambda r, _: r.update(files={}), True, "its record lists no table files"),
     "row keys differ": (lambda r, _: r.update(row_keys=["nope"]), True, "its layer row is malformed"),
     "row not a mapping": (lambda r, _: r.update(row=list(r["row_keys"])), True, "its layer row is malformed"),
-    # a part without its row, or with an empty one, and row_keys [] to match (mutation testing: it loaded as a
+    # a part without its row, or with an empty one, and row_keys [] to match (taken, it would load as a
     # layer without values)
     "no row": (lambda r, _: (r.pop("row"), r.update(row_keys=[])), True, "its layer row is malformed"),
     "empty row": (lambda r, _: r.update(row={}, row_keys=[]), True, "its layer row is malformed"),
     "not parquet": (not_parquet, True, "layer_00001.heads.parquet is not a readable parquet file (Arrow"),
-    "damaged footer": (  # the reader's own words when the OSError has no strerror (mutation testing: never "None")
+    "damaged footer": (  # the reader's own words when the OSError has no strerror (never "None")
         damaged_footer,
         True,
         "layer_00001.heads.parquet cannot be read (Could not open Parquet input source '",
@@ -513,16 +500,16 @@ PART_EDITS = {  # (edit of layer 1's record, recompute the digest, the exact rea
 
 
 @pytest.mark.parametrize("case", list(PART_EDITS))
-def test_each_stale_part_says_exactly_why(ckpt, tmp_path, counter, case):
-    """A part that cannot be taken is recomputed with a UserWarning naming its file and the exact reason
-    (mutation testing showed the reasons were untested); the result equals a fresh report bit for bit."""
+def test_each_stale_part_says_exactly_why(ckpt, tmp_path, analysed, case):
+    """A part that cannot be taken is recomputed with a UserWarning naming its file and the exact reason;
+    the result equals a fresh report bit for bit."""
     edit, redigest, reason = PART_EDITS[case]
     rd = tmp_path / "parts"
     fresh = report(str(ckpt), rd)
     f = edit_part(rd, 1, edit, redigest)
     if case == "other options":  # the manifest would refuse the folder first: only the part's key is tested
         (rd / "manifest.json").unlink()
-    counter.clear()
+    analysed.clear()
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         resumed = report(str(ckpt), rd)
@@ -530,11 +517,11 @@ def test_each_stale_part_says_exactly_why(ckpt, tmp_path, counter, case):
     assert [w.category for w in got] == [UserWarning], [str(w.message) for w in record]
     assert str(got[0].message).startswith(f"Resume part {f}: {reason}"), str(got[0].message)
     assert str(got[0].message).endswith("; recomputing layer 1.")
-    assert counter == [1]
+    assert analysed == [1]
     same(resumed, fresh)
 
 
-def test_a_part_that_is_not_json_says_so(ckpt, tmp_path, counter):
+def test_a_part_that_is_not_json_says_so(ckpt, tmp_path, analysed):
     rd = tmp_path / "parts"
     report(str(ckpt), rd)
     f = rd / "layer_00002.json"
@@ -550,8 +537,8 @@ def test_a_part_that_is_not_json_says_so(ckpt, tmp_path, counter):
 
 def test_a_stale_part_warning_points_at_the_users_line(ckpt, tmp_path):
     """The warning is attributed to the caller's line (core.kwargs.warn_at_caller), not to the package's report
-    loop, so filters and tracebacks name the user's code (mutation testing of ResumeDir.load found stacklevel
-    untested)."""
+    loop, so filters and tracebacks name the user's code (a wrong stacklevel in ResumeDir.load
+    would fail)."""
     rd = tmp_path / "parts"
     tli.idempotence_report(str(ckpt), resume=rd, **OPTS)
     shutil.copyfile(rd / "layer_00000.json", rd / "layer_00003.json")

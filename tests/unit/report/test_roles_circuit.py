@@ -28,15 +28,8 @@ from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
 pytestmark = pytest.mark.bridge  # no HookedTransformer needed (its tests skip on 4.x): runs on both majors
 
 
-@pytest.fixture(scope="module")
-def rep():
-    r = tli.idempotence_report(closed_pairs_layers(), progress=False)
-    assert set(r.closed_heads.index) == {"L0H0", "L0H1", "L1H0", "L1H1"}
-    return r
-
-
-def test_circuit_counts_and_p_values(rep):
-    c = rep.circuit(["L0H0", "L0H1", "L1H0"], n_sets=4999, seed=1)
+def test_circuit_counts_and_p_values(closed_pairs_report):
+    c = closed_pairs_report.circuit(["L0H0", "L0H1", "L1H0"], n_sets=4999, seed=1)
     assert c.n_overlap == 3 and c.summary["n_measured"] == 12 and c.summary["n_closed"] == 4
     assert list(c.heads.index) == ["L0H0", "L0H1", "L1H0"] and c.heads["closed"].all()
     assert c.p_hypergeom == scipy.stats.hypergeom.sf(2, 12, 4, 3)
@@ -45,65 +38,69 @@ def test_circuit_counts_and_p_values(rep):
     assert c.summary["layers"] == {0: 2, 1: 1} and c.summary["p_layer_matched_floor"] == 1 / 5000
     assert abs(c.p_layer_matched - 1 / 45) < 0.009
     assert c.p_layer_matched == (1 + int((c.set_overlaps >= 3).sum())) / 5000
-    assert c.p_layer_matched == rep.circuit(["L0H0", "L0H1", "L1H0"], n_sets=4999, seed=1).p_layer_matched
-    none = rep.circuit([(0, 4), (1, 5)])
+    assert (
+        c.p_layer_matched == closed_pairs_report.circuit(["L0H0", "L0H1", "L1H0"], n_sets=4999, seed=1).p_layer_matched
+    )
+    none = closed_pairs_report.circuit([(0, 4), (1, 5)])
     assert none.n_overlap == 0 and none.p_hypergeom == 1.0 and none.p_layer_matched == 1.0
 
 
-def test_circuit_inputs_name_the_same_heads(rep):
+def test_circuit_inputs_name_the_same_heads(closed_pairs_report):
     want = ["L0H0", "L1H3"]
     for heads in (
         want,
         [(0, 0), (1, 3)],
         [("blocks.0.attn.hook_z", 0), ("blocks.1.attn.hook_pattern", 3)],
-        rep.hook_points(heads=[(0, 0), (1, 3)], hook="z"),
-        rep.hook_points(heads=[(0, 0), (1, 3)], hook="v"),  # MHA: each kv point serves its one query head
+        closed_pairs_report.hook_points(heads=[(0, 0), (1, 3)], hook="z"),
+        closed_pairs_report.hook_points(
+            heads=[(0, 0), (1, 3)], hook="v"
+        ),  # MHA: each kv point serves its one query head
         [(np.int64(0), np.int64(0)), (1, 3)],
-        rep.heads.loc[want],  # rows of rep.heads
+        closed_pairs_report.heads.loc[want],  # rows of closed_pairs_report.heads
         pd.Index(want),
     ):
-        assert list(rep.circuit(heads).heads.index) == want, heads
+        assert list(closed_pairs_report.circuit(heads).heads.index) == want, heads
 
 
-def test_circuit_refusals_name_the_heads(rep):
+def test_circuit_refusals_name_the_heads(closed_pairs_report):
     with pytest.raises(OptionError, match=r"\['L0H9'\] do not exist"):
-        rep.circuit(["L0H1", "L0H9"])
+        closed_pairs_report.circuit(["L0H1", "L0H9"])
     with pytest.raises(OptionError, match=r"\['L5H0'\] do not exist"):
-        rep.circuit([(5, 0)])
+        closed_pairs_report.circuit([(5, 0)])
     with pytest.raises(OptionError, match=r"\['L0H1'\] are listed more than once"):
-        rep.circuit([(0, 1), "L0H1"])
+        closed_pairs_report.circuit([(0, 1), "L0H1"])
     with pytest.raises(OptionError, match="no heads"):
-        rep.circuit([])
+        closed_pairs_report.circuit([])
     with pytest.raises(OptionTypeError, match="list of"):
-        rep.circuit("L0H1")
+        closed_pairs_report.circuit("L0H1")
     with pytest.raises(OptionTypeError, match="'X1' is not a head label"):
-        rep.circuit(["X1"])
+        closed_pairs_report.circuit(["X1"])
     with pytest.raises(OptionTypeError, match="head"):
-        rep.circuit([(0, 1.5)])
+        closed_pairs_report.circuit([(0, 1.5)])
     with pytest.raises(OptionTypeError, match="hook_points"):
-        rep.circuit([("blocks.0.attn.hook_v", 1)])
+        closed_pairs_report.circuit([("blocks.0.attn.hook_v", 1)])
     with pytest.raises(OptionTypeError, match="'layer' and 'head' columns"):
-        rep.circuit(rep.heads[["P"]])
+        closed_pairs_report.circuit(closed_pairs_report.heads[["P"]])
     with pytest.raises(OptionError, match="n_sets"):
-        rep.circuit(["L0H1"], n_sets=0)
+        closed_pairs_report.circuit(["L0H1"], n_sets=0)
     one = tli.idempotence_report(closed_pairs_layers(), layers=[0], progress=False)
     with pytest.raises(OptionError, match=r"\['L1H0'\] are outside the report's measured layers \[0\]"):
         one.circuit([(0, 1), (1, 0)])
 
 
-def test_roles_refusals(rep):
+def test_roles_refusals(closed_pairs_report):
     with pytest.raises(OptionError, match=r"rep.roles\(model=...\)"):
-        rep.roles()
-    other = fake_roles(rep, previous_token=0.0, duplicate_token=0.0, induction=0.0, copying=0.0)
+        closed_pairs_report.roles()
+    other = fake_roles(closed_pairs_report, previous_token=0.0, duplicate_token=0.0, induction=0.0, copying=0.0)
     other = HeadRoles(table=other.table.iloc[:6], summary=other.summary, info=other.info)
     with pytest.raises(OptionError, match=r"lack 6 head\(s\) the report measured \(\['L1H0'"):
-        rep.roles(roles=other)
+        closed_pairs_report.roles(roles=other)
     with pytest.raises(OptionTypeError, match="HeadRoles"):
-        rep.roles(roles=pd.DataFrame())
-    full = fake_roles(rep, previous_token=0.0, duplicate_token=0.0, induction=0.0, copying=0.0)
+        closed_pairs_report.roles(roles=pd.DataFrame())
+    full = fake_roles(closed_pairs_report, previous_token=0.0, duplicate_token=0.0, induction=0.0, copying=0.0)
     with pytest.raises(OptionError, match="n_permutations"):
-        rep.roles(roles=full, n_permutations=0)
-    a = rep.roles(roles=full, n_permutations=9).association
+        closed_pairs_report.roles(roles=full, n_permutations=0)
+    a = closed_pairs_report.roles(roles=full, n_permutations=9).association
     assert np.isnan(a.loc["induction", "spearman_rho"]) and "constant" in a.loc["induction", "note"]
 
 

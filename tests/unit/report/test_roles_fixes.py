@@ -163,7 +163,7 @@ def test_the_signed_copying_median_is_explained(rep, tmp_path):
     assoc = rep.roles(roles=fake_roles(rep, copying=cop), n_permutations=9)
     closed = assoc.table[assoc.table["closed"]]
     assert assoc.association.loc["copying", "median_closed"] == pytest.approx(np.median(closed["copying"]))
-    # issue 38: the signed median of a mixed set is not shown; the closed heads by sign are (and the agreement with α)
+    # the signed median of a mixed set is not shown; the closed heads by sign are (and the agreement with α)
     page = open(rep.save_html(tmp_path / "p.html", roles=assoc), encoding="utf-8").read()
     assert "1 copying (median |copying| 0.998), 1 suppressing (median |copying| 0.999)" in page
     assert "mixes copying" not in page

@@ -1,4 +1,4 @@
-"""Every join of two results takes one content check, and every result is immutable (issue 37, items 1, 2, 4).
+"""Every join of two results takes one content check, and every result is immutable.
 
 Replays, on tiny constructed models: the report's own model edited in place after the report was made
 (``W_V[0] += 1`` on a HookedTransformer; the same edit on a TransformerBridge, whose ``W_V`` is a view of the
@@ -49,7 +49,7 @@ def tiny_hooked(seed: int = 0, n_layers: int = 2, d_vocab: int = 40, d_vocab_out
 
 
 @pytest.fixture
-def hooked():
+def hooked_report():
     m = tiny_hooked()
     return m, tli.idempotence_report(m, progress=False, threshold=0.3)
 
@@ -62,8 +62,8 @@ def synthetic():
 # 1. one content check for every join ---------------------------------------------------------------------------
 
 
-def test_the_reports_own_model_edited_in_place_is_refused(hooked):
-    m, rep = hooked
+def test_the_reports_own_model_edited_in_place_is_refused(hooked_report):
+    m, rep = hooked_report
     before = rep.roles(n_permutations=9, **FAST)  # the same model, unchanged: joined
     assert len(before.table) == 8 and rep.model is m
     saved = m.blocks[0].attn.W_V.detach().clone()
@@ -104,8 +104,8 @@ def test_a_bridge_edited_in_place_is_refused(tmp_path):
         rep.roles(model=b, n_permutations=9, **FAST)
 
 
-def test_roles_with_another_model_is_refused(hooked):
-    m, rep = hooked
+def test_roles_with_another_model_is_refused(hooked_report):
+    m, rep = hooked_report
     hr = tli.head_roles(m, **FAST)
     other = tiny_hooked(seed=1)  # the same sizes and name, other weights
     with pytest.raises(ReportMismatchError, match=r"The model given.*layer 0's attention weights differ"):
@@ -114,8 +114,8 @@ def test_roles_with_another_model_is_refused(hooked):
     assert rep.roles(roles=hr, model=twin, n_permutations=9).roles is hr
 
 
-def test_circuit_roles_must_be_the_reports(hooked, synthetic):
-    _, rep = hooked
+def test_circuit_roles_must_be_the_reports(hooked_report, synthetic):
+    _, rep = hooked_report
     bigger = tli.head_roles(tiny_hooked(n_layers=3), **FAST)
     with pytest.raises(ReportMismatchError, match="model sizes differ: n_layers 2 vs 3"):
         rep.circuit(["L0H0"], roles=bigger)

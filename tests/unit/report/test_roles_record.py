@@ -1,28 +1,20 @@
-"""A saved head-roles record that contradicts itself is refused, digests recomputed (issue 37, item 3): ``kv_head``
+"""A saved head-roles record that contradicts itself is refused, digests recomputed: ``kv_head``
 against the kv map of the info's sizes, ``info.n_heads`` against the table, ``model_name`` against the info,
 ``n_tokens`` against the options and the sequence it states; ``save_roles`` refuses to write such a result."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 import tl_idempotence as tli
-from helpers import closed_pairs_layers
+from helpers import closed_pairs_layers, rewrite_saved
 from tl_idempotence.errors import OptionError, ReportFileError
 from tl_idempotence.probes.roles import ROLES, HeadRoles
 
 pytestmark = pytest.mark.bridge
-
-
-def redigest(rec: dict) -> str:
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +41,7 @@ def roles():
 
 def edited(folder: Path, record=None, table=None) -> Path:
     """The roles folder with its record and/or table edited, every sha256 and the digest recomputed."""
-    f = folder / "roles.json"
-    rec = json.loads(f.read_text())
-    if table is not None:
-        df = table(pd.read_parquet(folder / "roles.parquet"))
-        df.to_parquet(folder / "roles.parquet", index=False)
-        rec["files"]["roles"] = hashlib.sha256((folder / "roles.parquet").read_bytes()).hexdigest()
-    if record is not None:
-        record(rec)
-    rec["digest"] = redigest(rec)
-    f.write_text(json.dumps(rec))
-    return f
+    return rewrite_saved(folder, "roles.json", "roles", table, record)
 
 
 def refused(folder: Path) -> str:

@@ -1,5 +1,5 @@
 """The head-roles statistics (``report/roles.py``) against references written here from their definitions
-(issue 30; the mutation target ``roles_stats``): the exact permutation p of Spearman's ρ by enumerating every
+(the mutation target ``roles_stats`` runs these): the exact permutation p of Spearman's ρ by enumerating every
 pairing (integer sums of squared rank differences), the exact two-sided Mann-Whitney p by enumerating every
 split, Benjamini-Hochberg across the roles by its formula, which heads enter each count (a NaN P or score is
 left out, an α or score of 0 has no sign), every note's words, and the circuit's two p-values on constructions
@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import bh_list, mannwhitney_exact_p
 from tl_idempotence.core.heads import ModelInfo
 from tl_idempotence.probes.roles import HeadRoles
 from tl_idempotence.report.roles import circuit_overlap, role_association
@@ -60,33 +61,6 @@ def spearman_exact_p(x, y) -> tuple[float, float]:
     at_most = sum(v <= d2 for v in null)  # ρ_perm >= ρ
     at_least = sum(v >= d2 for v in null)  # ρ_perm <= ρ
     return rho, min(1.0, 2 * min(at_most, at_least) / len(null))
-
-
-def mannwhitney_exact_p(a, b) -> float:
-    """Two-sided exact Mann-Whitney p: U of every split of the pooled values into len(a) and len(b)."""
-    pooled = list(a) + list(b)
-
-    def u(xs, ys):
-        return sum(x > y for x in xs for y in ys)
-
-    obs = u(a, b)
-    null = []
-    for pick in itertools.combinations(range(len(pooled)), len(a)):
-        xs = [pooled[i] for i in pick]
-        ys = [pooled[i] for i in range(len(pooled)) if i not in pick]
-        null.append(u(xs, ys))
-    return min(1.0, 2 * min(sum(v <= obs for v in null), sum(v >= obs for v in null)) / len(null))
-
-
-def bh(p) -> list[float]:
-    """BH over the finite p-values, NaN outside the family."""
-    idx = [i for i, v in enumerate(p) if not math.isnan(v)]
-    m = len(idx)
-    order = sorted(idx, key=lambda i: p[i])
-    q = [NAN] * len(p)
-    for r, i in enumerate(order, start=1):
-        q[i] = min(min(1.0, m * p[order[k - 1]] / k) for k in range(r, m + 1))
-    return q
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +138,7 @@ def test_q_values_are_bh_across_the_roles(assoc):
     a = assoc.association
     for col in ("spearman", "mannwhitney"):
         p = a[f"{col}_p"].tolist()
-        np.testing.assert_allclose(a[f"{col}_q"], bh(p), rtol=1e-12, atol=0)
+        np.testing.assert_allclose(a[f"{col}_q"], bh_list(p), rtol=1e-12, atol=0)
         assert list(a.columns).index(f"{col}_q") == list(a.columns).index(f"{col}_p") + 1
     assert np.isnan(a.loc["previous_token", "spearman_q"])  # outside the family
 

@@ -1,6 +1,6 @@
-"""The survivors of the ``roles_assoc`` mutation run (issue 30), killed: every test calls ``role_association``
-itself (a module-scoped fixture is attributed by mutmut to the first test that uses it only, so the checks of
-the other tests never ran against a mutant), on a table whose answers are written here by hand or by
+"""``role_association`` value by value, each test calling it itself (a mutation tool attributes a module-scoped
+fixture to the first test that uses it only, so the other tests' checks would not run against a changed
+line), on a table whose answers are written here by hand or by
 enumeration: the exact column layout, ``n_closed`` and the medians of a role whose closed head has no score,
 every note's words and separator, the role's own random stream, a P that spans exactly 0 .. 1, no warning where a
 value is undefined, columns of Python objects read as numbers, and the roles kept in the result.
@@ -8,7 +8,6 @@ value is undefined, columns of Python objects read as numbers, and the roles kep
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
 
@@ -16,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import bh_list, mannwhitney_exact_p
 from tl_idempotence.core.heads import ModelInfo
 from tl_idempotence.errors import OptionError
 from tl_idempotence.probes.roles import HeadRoles
@@ -69,29 +69,6 @@ def spearman_rho(x, y) -> float:
     return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1))
 
 
-def mannwhitney_exact_p(a, b) -> float:
-    """Two-sided exact Mann-Whitney p: U of every split of the pooled values into len(a) and len(b)."""
-    pooled = list(a) + list(b)
-    obs = sum(x > y for x in a for y in b)
-    null = []
-    for pick in itertools.combinations(range(len(pooled)), len(a)):
-        xs = [pooled[i] for i in pick]
-        ys = [pooled[i] for i in range(len(pooled)) if i not in pick]
-        null.append(sum(x > y for x in xs for y in ys))
-    return min(1.0, 2 * min(sum(v <= obs for v in null), sum(v >= obs for v in null)) / len(null))
-
-
-def bh(p) -> list[float]:
-    """BH over the finite p-values, NaN outside the family."""
-    idx = [i for i, v in enumerate(p) if not math.isnan(v)]
-    m = len(idx)
-    order = sorted(idx, key=lambda i: p[i])
-    q = [NAN] * len(p)
-    for r, i in enumerate(order, start=1):
-        q[i] = min(min(1.0, m * p[order[k - 1]] / k) for k in range(r, m + 1))
-    return q
-
-
 def test_columns_counts_medians_and_mann_whitney():
     roles = roles_for()
     r = role_association(heads_table(), roles, 0.9, n_permutations=9, seed=1)
@@ -128,7 +105,7 @@ def test_columns_counts_medians_and_mann_whitney():
     for col in ("spearman", "mannwhitney"):
         p = [float(v) for v in a[f"{col}_p"]]
         assert a[f"{col}_q"].dtype == np.float64
-        np.testing.assert_allclose(a[f"{col}_q"].to_numpy(), bh(p), rtol=1e-12, atol=0)
+        np.testing.assert_allclose(a[f"{col}_q"].to_numpy(), bh_list(p), rtol=1e-12, atol=0)
 
 
 def test_a_p_that_spans_exactly_0_to_1_has_a_correlation():

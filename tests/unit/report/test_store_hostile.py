@@ -11,7 +11,7 @@
 * ``ReportSummary.from_dict`` validates every field's type and range (one table of bad values) and raises only
   the library's errors, naming the field.
 * ``rep.with_threshold(t)`` of an ``algebra=True`` report equals a fresh report at ``t`` on every summary field,
-  the algebra's closed range pairs and their angles included (issue 30).
+  the algebra's closed range pairs and their angles included.
 
 The model: a small synthetic GQA source (2 layers x 6 query heads sharing 2 kv heads, d_model 32, d_head 4)
 whose heads are oblique projections plus seeded noise of growing size, so that P spreads over (0, 1]: at 0.9
@@ -31,7 +31,7 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from helpers import SyntheticSource, closed_head_for
+from helpers import SyntheticSource, closed_head_for, rewrite_record
 from tl_idempotence.core.heads import LayerHeads, kv_layout
 from tl_idempotence.errors import OptionError, OptionTypeError, ReportFileError, TLIError
 from tl_idempotence.report.store import NOT_DERIVED, RECORD, TABLE_NAMES
@@ -67,19 +67,6 @@ def rep():
 @pytest.fixture
 def saved(rep, tmp_path):
     return Path(rep.save(tmp_path / "report"))
-
-
-def rewrite_record(folder: Path, edit, digest: bool = True) -> None:
-    """Edit report.json; with ``digest``, recompute its digest the way store.py does (so only the consistency
-    checks can catch the edit)."""
-    f = folder / RECORD
-    rec = json.loads(f.read_text())
-    edit(rec)
-    if digest:
-        body = {k: v for k, v in rec.items() if k != "digest"}
-        canon = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
-        rec["digest"] = hashlib.sha256(canon.encode("utf-8")).hexdigest()
-    f.write_text(json.dumps(rec, indent=1))
 
 
 def folder_bytes(d: Path) -> dict[str, bytes]:
@@ -345,7 +332,7 @@ def test_an_impossible_summary_in_a_saved_report_is_refused_naming_the_file_and_
 
 @pytest.mark.parametrize("t", [0.5, 0.0, 0.95])
 def test_with_threshold_equals_a_fresh_report_on_every_summary_field(rep, t, tmp_path):
-    """Issue 30: the algebra's closed range pairs and their angles at the new threshold too (at 0.5: 8 pairs,
+    """The algebra's closed range pairs and their angles at the new threshold too (at 0.5: 8 pairs,
     where the report at 0.9 has 2)."""
     fresh = tli.idempotence_report(
         gqa_source(), nulls=4, seed=1, search=True, algebra=True, threshold=t, progress=False
@@ -377,13 +364,13 @@ def test_a_report_saved_before_every_pairs_angles_were_kept_warns_when_lowered(s
     old = tli.load_report(saved)
     with pytest.warns(UserWarning, match=r"cover only the pairs closed at its run's threshold 0\.9, not every pair"):
         low = old.with_threshold(0.5)
-    # the one pair closed at 0.9 (of the 8 closed at 0.5), as the report said before issue 30
+    # the one pair closed at 0.9 (of the 8 closed at 0.5), as the record says
     assert low.summary["algebra_ranges_threshold"] == 0.9 and low.summary["algebra"]["n_closed_range_pairs"] == 1
     assert len(low.algebra.closed_ranges) == 1
 
 
 def test_a_record_written_before_a_derived_field_existed_loads_with_it(rep, saved):
-    """A report saved by 0.2 has no ``n_heads_q05`` (added in 0.3): it loads, the field computed from its tables;
+    """A record without ``n_heads_q05`` (a field derived from the tables) loads, the field computed from its tables;
     any other missing field is still an edit and is refused."""
     want = rep.summary["n_heads_q05"]
     assert isinstance(want, int)
@@ -412,7 +399,7 @@ def test_a_record_written_before_a_derived_field_existed_loads_with_it(rep, save
     ],
 )
 def test_a_head_index_that_is_not_a_whole_number_is_refused_not_truncated(saved, column, value, says):
-    """A lying index with every digest recomputed: a cast to int64 would read kv_head -0.5 as 0 (mutation run)."""
+    """A lying index with every digest recomputed: a cast to int64 would read kv_head -0.5 as 0."""
     f = saved / "heads.parquet"
     df = pd.read_parquet(f)
     if isinstance(value, str):  # the whole column as text (parquet holds one type per column)

@@ -1,4 +1,4 @@
-"""``read_record`` refuses every folder that lies, each with its own words (issue 30; the mutation targets
+"""``read_record`` refuses every folder that lies, each with its own words (the mutation targets
 ``store_digest`` and ``store_read`` run these, their fastest killing tests: a tiny synthetic report instead of
 SmolLM2).
 
@@ -24,6 +24,7 @@ import pytest
 import torch
 
 import tl_idempotence as tli
+from helpers import canonical_digest
 from tl_idempotence.core.files import record_digest
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.errors import MissingFileError, OptionTypeError, ReportFileError
@@ -54,11 +55,6 @@ def original(tmp_path_factory):
 @pytest.fixture
 def saved(original, tmp_path):
     return Path(shutil.copytree(original, tmp_path / "rep"))
-
-
-def canonical_digest(rec: dict) -> str:
-    body = {k: v for k, v in rec.items() if k != "digest"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
 
 
 def rewrite(folder: Path, edit=None, tables: dict[str, pd.DataFrame] | None = None) -> Path:
@@ -287,7 +283,7 @@ def test_column_edge_cases_are_judged_by_what_they_hold(saved, original):
     assert "kv_head" not in read_record(saved).heads.columns
 
 
-# ----------------------------------------------------------------- what read_record's mutation run found untested
+# ------------------------------------------------------------------------- every field of the record, each refused
 
 
 def test_a_record_that_is_not_json_is_refused_naming_it(saved):
@@ -315,7 +311,7 @@ def test_a_record_that_is_not_json_is_refused_naming_it(saved):
 def test_each_size_the_summary_repeats_is_checked_against_what_was_measured(saved, field, value, measured):
     """Each size is compared by its own name (an edit of one is refused here, before the summary is recomputed)."""
     f = rewrite(saved, lambda r: r["summary"].update({field: value}))
-    if field in ("n_heads_per_layer", "n_heads", "n_attention_layers"):  # impossible on its own (issue 37)
+    if field in ("n_heads_per_layer", "n_heads", "n_attention_layers"):  # impossible on its own
         msg = refused(saved)
         assert msg.startswith(f"{f} has a malformed info/options/summary record (OptionError: summary field ")
         assert ("n_kv_heads=2 is impossible" if field == "n_heads_per_layer" else "n_heads=") in msg
@@ -443,7 +439,7 @@ def test_a_model_whose_name_reads_as_a_float_saves_and_loads(tmp_path, name):
 )
 def test_an_index_column_that_is_not_whole_is_refused_naming_its_file(saved, original, table, column):
     """-0.5 in an index column is refused (a cast would make it head 0), and the message names the table's own
-    file and the column (store_digest's mutation run: the file name could be dropped or changed unnoticed)."""
+    file and the column (a message that dropped or changed the file name would fail)."""
     frame = pd.read_parquet(original / f"{table}.parquet")
     values = frame[column].to_numpy(dtype="float64", copy=True)
     values[0] = -0.5
@@ -461,7 +457,7 @@ def test_a_nullable_index_column_with_a_missing_value_is_refused_naming_its_file
     assert refused(saved) == f"{saved / 'heads.parquet'}: column 'head' has 1 missing value(s)."
 
 
-# ------------------------------------------------------------------- issue 37: edits that keep every count
+# ------------------------------------------------------------------------------- edits that keep every count
 # Each edit below keeps the counts a check by counts would compare (flags swapped within a layer, kv heads swapped,
 # q-values permuted) and has every sha256 and the digest recomputed (``rewrite``): only a check of every element
 # refuses it, naming the file, the column and the first head.
@@ -562,7 +558,7 @@ def test_from_dict_bounds_every_size_by_the_others(original, edit, says):
     assert str(e.value).startswith(says)
 
 
-# ------------------------------------------------------------------- issue 38: the scramble effect column
+# -------------------------------------------------------------------------------- the scramble effect column
 
 
 def test_scramble_effect_saves_and_loads_and_an_edited_one_is_refused(saved, original):
@@ -588,7 +584,7 @@ def test_scramble_effect_saves_and_loads_and_an_edited_one_is_refused(saved, ori
 
 
 def test_a_record_saved_before_the_scramble_effect_loads_without_it(saved):
-    """A record of an earlier version (no scramble_effect column) loads; the column is absent, never filled with a
+    """A record without a scramble_effect column loads; the column is absent, never filled with a
     made-up number, and the displays that read it say nothing of it."""
     rewrite(saved, tables={"heads": _heads(saved).drop(columns="scramble_effect")})
     rep = tli.load_report(saved)

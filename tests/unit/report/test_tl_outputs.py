@@ -14,15 +14,8 @@ import torch
 
 import tl_idempotence as tli
 from tl_idempotence.errors import OptionError
-from tl_idempotence.sources.tl import bridge_from_dir
-from tl_idempotence.testing import tiny_hf_dir
 
 pytestmark = pytest.mark.bridge  # checkpoint files and TransformerBridge only
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return bridge_from_dir(tiny_hf_dir(tmp_path_factory.mktemp("tl_out") / "tq", arch="llama"))
 
 
 # --------------------------------------------------------------------------- to_tensor
@@ -31,16 +24,16 @@ def tiny(tmp_path_factory):
 # --------------------------------------------------------------------------- hook_points
 
 
-def test_hook_points_zero_the_flagged_heads_in_run_with_hooks(tiny):
+def test_hook_points_zero_the_flagged_heads_in_run_with_hooks(tiny_llama):
     """The pairs drive TransformerLens hooks directly: zero the chosen heads' z and check the recorded z."""
-    rep = tli.idempotence_report(tiny, progress=False)
+    rep = tli.idempotence_report(tiny_llama, progress=False)
     top3 = rep.heads.sort_values("P", ascending=False, kind="stable").head(3)
     rep = rep.with_threshold(float(top3["P"].min()))  # the 3 highest-P heads of the random model are now "closed"
     pts = rep.hook_points()
     assert len(pts) == 3 and {(f"blocks.{a}.attn.hook_z", int(b)) for a, b in zip(top3["layer"], top3["head"])} == set(
         pts
     )
-    toks = tiny.to_tokens("w5 w6 w7 w8 w9 w4 w5 w6")
+    toks = tiny_llama.to_tokens("w5 w6 w7 w8 w9 w4 w5 w6")
     seen: dict[str, torch.Tensor] = {}
 
     def zero_head(h):
@@ -59,8 +52,8 @@ def test_hook_points_zero_the_flagged_heads_in_run_with_hooks(tiny):
 
     names = ["blocks.0.attn.hook_z", "blocks.1.attn.hook_z"]  # the tiny model's two layers
     hooks = [(name, zero_head(h)) for name, h in pts] + [(name, record(name)) for name in names]
-    logits = tiny.run_with_hooks(toks, fwd_hooks=hooks)
-    clean = tiny(toks)
+    logits = tiny_llama.run_with_hooks(toks, fwd_hooks=hooks)
+    clean = tiny_llama(toks)
     for name in names:
         z = seen[name]  # [batch, pos, head, d_head]
         zeroed = {h for n, h in pts if n == name}
@@ -72,12 +65,12 @@ def test_hook_points_zero_the_flagged_heads_in_run_with_hooks(tiny):
     assert not torch.allclose(logits, clean)  # ablating them changes the output
 
 
-def test_kv_hooks_get_kv_head_indices_deduplicated_with_the_query_heads_they_serve(tiny):
+def test_kv_hooks_get_kv_head_indices_deduplicated_with_the_query_heads_they_serve(tiny_llama):
     """hook_k/hook_v are [batch, pos, n_kv_heads, d_head] on GQA: a query head's index there would be wrong."""
 
     from tl_idempotence.report.hooks import HookPoint
 
-    rep = tli.idempotence_report(tiny, progress=False)  # 9 query heads on 3 kv heads
+    rep = tli.idempotence_report(tiny_llama, progress=False)  # 9 query heads on 3 kv heads
     sel = [(0, 0), (0, 2), (0, 4), (1, 8)]
     for hook in ("v", "k"):
         pts = rep.hook_points(heads=sel, hook=hook)
@@ -99,16 +92,16 @@ def test_kv_hooks_get_kv_head_indices_deduplicated_with_the_query_heads_they_ser
     assert (name, index) == (p.name, p.head) == ("blocks.0.attn.hook_k", 0)
 
 
-def test_result_hook_needs_use_attn_result(tiny):
-    rep = tli.idempotence_report(tiny, progress=False)
-    assert not tiny.cfg.use_attn_result
+def test_result_hook_needs_use_attn_result(tiny_llama):
+    rep = tli.idempotence_report(tiny_llama, progress=False)
+    assert not tiny_llama.cfg.use_attn_result
     with pytest.raises(OptionError, match=r"model\.set_use_attn_result\(True\)"):
         rep.hook_points(hook="result")  # the report's own model (alive) is checked
-    tiny.set_use_attn_result(True)
+    tiny_llama.set_use_attn_result(True)
     try:
         assert rep.hook_points(heads=[(1, 3)], hook="result") == [("blocks.1.attn.hook_result", 3)]
     finally:
-        tiny.set_use_attn_result(False)
+        tiny_llama.set_use_attn_result(False)
 
 
 # --------------------------------------------------------------------------- another threshold

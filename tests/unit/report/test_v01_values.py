@@ -13,18 +13,6 @@ import tl_idempotence as tli
 from reference_bits import assert_same_bits
 
 
-@pytest.fixture(scope="module")
-def zoo_ready():
-    """The zoo's cached files of both models (fetched once when missing), or skip/fail (conftest.unavailable)."""
-    from conftest import unavailable
-
-    try:
-        for name in ("smollm2-135m", "minilm-l6"):
-            tli.models.checkpoint_dir(name, progress=False)
-    except Exception as e:
-        unavailable("the zoo models' files", e)
-
-
 def test_minilm_checkpoint_files_nulls(zoo_ready):
     rep = tli.idempotence_report(str(tli.models.checkpoint_dir("minilm-l6", progress=False)), nulls=16, progress=False)
     assert_same_bits(rep.heads, "minilm_files_nulls16.heads")

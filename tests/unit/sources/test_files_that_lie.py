@@ -1,5 +1,5 @@
-"""Issue 11, class 4 "Files that lie" — and the file half of class 3 (checkpoint-source options checked where
-they enter) and of class 6 (a norm after W_O recorded for checkpoint and transformers sources).
+"""Files that lie (classes 1 to 4 below), checkpoint-source options checked where they enter (class 5), and a
+norm after W_O recorded for checkpoint and transformers sources (class 6).
 
 One table-driven test per class; every hostile input must raise the exact error type with a message that names
 the file (and the field / tensor / argument). The good paths give back exactly the tensors the test wrote.

@@ -1,5 +1,5 @@
-"""The name rule of ``sources/names.py`` checked value by value (issue 30: the mutation run of the target
-``name_resolver`` found what tests/sources/test_names.py left open): the zoo prefix cut exactly, ``~`` expanded,
+"""The name rule of ``sources/names.py`` checked value by value (the mutation target
+``name_resolver`` runs these): the zoo prefix cut exactly, ``~`` expanded,
 a dangling link taken for a path, every message in full, which folder a checkpoint file names and its label
 whatever the case of its suffix or the working folder.
 

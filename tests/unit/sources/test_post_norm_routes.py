@@ -12,28 +12,17 @@ import warnings
 
 import pytest
 
+from helpers import saved_tiny_model
 from tl_idempotence.sources.dispatch import head_source
 
 pytestmark = pytest.mark.bridge
-
-
-def _folder(tmp_path, model_type, hf_class):
-    from tl_idempotence.testing import tiny_model, tiny_tokenizer
-
-    model = tiny_model(model_type, hf_class)
-    d = tmp_path / "ck"  # no model-family word in the path (TL 3.x dispatches on names)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.save_pretrained(d)
-    tiny_tokenizer(128).save_pretrained(d)
-    return model, d
 
 
 def test_a_processed_bridge_keeps_the_note(tmp_path):
     """enable_compatibility_mode folds norms into W_V: the post-attention norm is still after W_O."""
     from tl_idempotence.testing import bridge_from_dir
 
-    _model, d = _folder(tmp_path, "gemma3_text", "Gemma3ForCausalLM")
+    _model, d = saved_tiny_model(tmp_path, "gemma3_text", "Gemma3ForCausalLM")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bridge = bridge_from_dir(d)

@@ -18,18 +18,12 @@ import pytest
 from safetensors.torch import load_file
 
 import tl_idempotence as tli
-from helpers import SyntheticSource, gaussian_layer, llama_like, neox_like, oblique_projection
+from helpers import SyntheticSource, gaussian_layer, oblique_projection
 from tl_idempotence.core.paper import PAPER
 from tl_idempotence.errors import MissingFileError, OptionError, UnknownModelError, UnknownOptionError
 from tl_idempotence.studies.compare import TABLE_COLUMNS, Comparison, ModelCount, comparison_table, resolve_items
 
 pytestmark = pytest.mark.bridge
-
-
-@pytest.fixture(scope="module")
-def ckpts(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compare_ckpts")
-    return {"A": llama_like(root / "ckA")[0], "B": neox_like(root / "ckB", n_layers=3, nq=8, dm=64)[0]}
 
 
 def synthetic(processing: dict | None = None, seed: int = 3) -> SyntheticSource:
@@ -39,12 +33,12 @@ def synthetic(processing: dict | None = None, seed: int = 3) -> SyntheticSource:
     return src
 
 
-def test_table_values_come_from_the_reports(ckpts, tmp_path):
-    rep_a = tli.idempotence_report(ckpts["A"], nulls=8, progress=False)
-    rep_b = tli.idempotence_report(ckpts["B"], nulls=8, progress=False)
+def test_table_values_come_from_the_reports(compare_ckpts, tmp_path):
+    rep_a = tli.idempotence_report(compare_ckpts["A"], nulls=8, progress=False)
+    rep_b = tli.idempotence_report(compare_ckpts["B"], nulls=8, progress=False)
     rep_b.save(tmp_path / "saved_b")
     with pytest.warns(UserWarning, match=r"identical measured weights.*\[\['a', 'a-again'\]\]"):
-        cmp = tli.compare({"a": rep_a, "b": tmp_path / "saved_b", "a-again": ckpts["A"]}, progress=False)
+        cmp = tli.compare({"a": rep_a, "b": tmp_path / "saved_b", "a-again": compare_ckpts["A"]}, progress=False)
     t = cmp.table
     assert list(t.columns) == TABLE_COLUMNS
     assert list(t["model"]) == ["a", "b", "a-again", "paper (low)", "paper (high)"]
@@ -71,7 +65,7 @@ def test_table_values_come_from_the_reports(ckpts, tmp_path):
     m = cmp.models_table.set_index("model")
     assert list(m["identical_weights"]) == [True, False, True]
     assert list(m["weights_group"]) == [1, 2, 1]
-    n_params = sum(v.numel() for f in Path(ckpts["A"]).glob("*.safetensors") for v in load_file(f).values())
+    n_params = sum(v.numel() for f in Path(compare_ckpts["A"]).glob("*.safetensors") for v in load_file(f).values())
     assert m.loc["a-again", "n_params"] == n_params and pd.isna(m.loc["a", "n_params"])
     assert any("identical measured weights" in w and "['a', 'a-again']" in w for w in cmp.warnings)
     # the heads of every model, with the model first
@@ -97,32 +91,32 @@ def test_paper_rows_hold_the_abstract_figures():
     assert len(comparison_table({"syn": cmp.reports["syn"]}, paper=False)) == 1
 
 
-def test_one_set_of_options_for_every_model(ckpts):
-    rep8 = tli.idempotence_report(ckpts["A"], nulls=8, progress=False)
-    rep0 = tli.idempotence_report(ckpts["B"], progress=False)
+def test_one_set_of_options_for_every_model(compare_ckpts):
+    rep8 = tli.idempotence_report(compare_ckpts["A"], nulls=8, progress=False)
+    rep0 = tli.idempotence_report(compare_ckpts["B"], progress=False)
     with pytest.raises(OptionError, match=r"Item 'ckA' is a report made with other options: nulls=8 \(asked: 0\)"):
-        tli.compare([rep8, ckpts["B"]], nulls=0, progress=False)
+        tli.compare([rep8, compare_ckpts["B"]], nulls=0, progress=False)
     with pytest.raises(OptionError, match=r"different nulls \(ckA: 8, ckB: 0\).*Pass nulls="):
         tli.compare([rep8, rep0], progress=False)
     with pytest.raises(OptionError, match=r"threshold=0.9 \(asked: 0.5\).*rep\.with_threshold\(t\)"):
         tli.compare([rep0], threshold=0.5, progress=False)
     with pytest.raises(OptionError, match=r"layers=None \(asked: \[0\]\)"):
         tli.compare([rep0], layers=[0], progress=False)
-    part = tli.idempotence_report(ckpts["B"], layers=[1, 0], progress=False)
+    part = tli.idempotence_report(compare_ckpts["B"], layers=[1, 0], progress=False)
     assert tli.compare([part], layers=[0, 1], progress=False).options.layers == (0, 1)  # order does not matter
     # layers not given: the layers the reports share; new items are measured on them too
-    one = tli.idempotence_report(ckpts["B"], layers=[1], progress=False)
-    inferred = tli.compare({"one": one, "new": ckpts["A"]}, progress=False)
+    one = tli.idempotence_report(compare_ckpts["B"], layers=[1], progress=False)
+    inferred = tli.compare({"one": one, "new": compare_ckpts["A"]}, progress=False)
     assert list(inferred.options.layers) == [1]
     assert inferred.heads.groupby("model")["layer"].unique().map(list).to_dict() == {"new": [1], "one": [1]}
     assert inferred.table.set_index("model").loc["one", "n_heads_total"] == one.summary["n_heads"]
     with pytest.raises(OptionError, match=r"measured on different layers \(one: \[1\], all: all\)"):
         tli.compare({"one": one, "all": rep0}, progress=False)
-    f32 = tli.idempotence_report(ckpts["B"], compute_dtype="float32", progress=False)
+    f32 = tli.idempotence_report(compare_ckpts["B"], compute_dtype="float32", progress=False)
     with pytest.raises(OptionError, match=r"compute_dtype='float32' \(asked: 'float64'\)"):
         tli.compare([f32], compute_dtype="float64", progress=False)
     with pytest.raises(OptionError, match=r"Item 'b' is a report made with other options: seed=3 \(asked: 0\)"):
-        Comparison.from_reports({"a": rep0, "b": tli.idempotence_report(ckpts["A"], seed=3, progress=False)})
+        Comparison.from_reports({"a": rep0, "b": tli.idempotence_report(compare_ckpts["A"], seed=3, progress=False)})
 
 
 def test_processed_weights_are_flagged():
@@ -140,18 +134,18 @@ def test_processed_weights_are_flagged():
     assert compare.PROCESSING_FLAGS == trajectory.PROCESSING_FLAGS  # models and trajectories compare the same flags
 
 
-def test_labels_and_items(ckpts, tmp_path, monkeypatch):
-    shutil.copytree(ckpts["A"], tmp_path / "other" / "ckA")
+def test_labels_and_items(compare_ckpts, tmp_path, monkeypatch):
+    shutil.copytree(compare_ckpts["A"], tmp_path / "other" / "ckA")
     with pytest.raises(OptionError, match=r"repeated labels \['ckA'\].*dict \{label: item\}"):
-        tli.compare([ckpts["A"], tmp_path / "other" / "ckA"], progress=False)
+        tli.compare([compare_ckpts["A"], tmp_path / "other" / "ckA"], progress=False)
     with pytest.raises(OptionError, match="is a callable and has no name"):
-        tli.compare([lambda: ckpts["A"]], progress=False)
-    cmp = tli.compare({"fn": lambda: ckpts["A"], "syn": synthetic()}, progress=False)
+        tli.compare([lambda: compare_ckpts["A"]], progress=False)
+    cmp = tli.compare({"fn": lambda: compare_ckpts["A"], "syn": synthetic()}, progress=False)
     assert list(cmp.reports) == ["fn", "syn"]
     with pytest.raises(OptionError, match="got no items"):
         tli.compare([], progress=False)
     with pytest.raises(OptionError, match="must not be empty"):
-        tli.compare({" ": ckpts["A"]}, progress=False)
+        tli.compare({" ": compare_ckpts["A"]}, progress=False)
     with pytest.raises(TypeError, match="cannot compare a int"):
         tli.compare([5], progress=False)
     with pytest.raises(MissingFileError, match="is not an existing file or folder, nor a zoo model name"):
@@ -161,11 +155,11 @@ def test_labels_and_items(ckpts, tmp_path, monkeypatch):
     with pytest.raises(UnknownModelError, match="Unknown zoo model 'nope'"):
         tli.compare(["zoo:nope"], progress=False)
     with pytest.raises(UnknownOptionError, match="did you mean 'nulls'"):
-        tli.compare([ckpts["A"]], nuls=8)
+        tli.compare([compare_ckpts["A"]], nuls=8)
     with pytest.raises(TypeError, match="threshold"):
-        tli.compare([ckpts["A"]], threshold="0.5", progress=False)
+        tli.compare([compare_ckpts["A"]], threshold="0.5", progress=False)
     with pytest.raises(OptionError, match=r"threshold must be in \[0, 1\]"):
-        tli.compare([ckpts["A"]], threshold=1.5, progress=False)
+        tli.compare([compare_ckpts["A"]], threshold=1.5, progress=False)
     # a local folder named like a zoo model is never silently replaced by (or taken for) the zoo model
     monkeypatch.chdir(tmp_path)
     (tmp_path / "minilm-l6").mkdir()

@@ -1,7 +1,7 @@
 """The ``__main__``-guard check of the cluster routes (``studies/cluster.py``: ``main_guard_problem``) under
 CPython 3.11's AST race: ``ast.parse`` raises ``SystemError: AST constructor recursion depth mismatch`` when another
 thread's parse (Python 3.11 formats tracebacks with ``ast``: Dask's threads, when a task fails) interleaves with
-it, and that SystemError came out of ``tli.sweep`` (issue 37). The race is replayed by an ``ast.parse`` that
+it; that SystemError must not come out of ``tli.sweep``. The race is replayed by an ``ast.parse`` that
 raises it; the real race needs a garbage collection at the right moment and is not replayable on demand."""
 
 from __future__ import annotations

@@ -130,8 +130,8 @@ def compute_failed(key: str) -> None:
 
 
 def test_a_recorded_task_error_is_not_logged_by_the_worker_and_nothing_else_is_dropped(stderr_of):
-    """Issue 37: a sweep item that raises was logged by each worker as "Compute Failed" with its traceback on
-    stderr, although the sweep records it (res.tasks, res.failed). The worker plugin drops exactly that record for
+    """A sweep item that raises would be logged by each worker as "Compute Failed" with its traceback on
+    stderr, though the sweep records it (res.tasks, res.failed). The worker plugin drops exactly that record for
     the keys of our runs; another task's failure, a worker's other errors and our own other records stay."""
     buf = stderr_of("distributed.worker")
     lg = logging.getLogger("distributed.worker")

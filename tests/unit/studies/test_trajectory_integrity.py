@@ -1,4 +1,4 @@
-"""Trajectories that mix what should not be mixed (issue 11, class 6).
+"""Trajectories that mix what should not be mixed.
 
 Checkpoints that are byte-identical to an earlier one, or that hold another checkpoint's shard
 (both happen in published lineages), are fingerprinted layer by layer and marked in
@@ -19,30 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
-from helpers import mixed_lineage
+from shared_fixtures import MIXED_LINEAGE_LAYERS as N_LAYERS
 from tl_idempotence.core.heads import LayerHeads, ModelInfo, kv_layout
 from tl_idempotence.errors import OptionError
 
-N_LAYERS = 4
 
-
-@pytest.fixture(scope="module")
-def lineage(tmp_path_factory):
-    """A (step 0), B (step 1: every o_proj changed), C (a byte copy of B), D (B with A's shard holding
-    layer 0's o_proj): D's layers come partly from A, partly from B (helpers.mixed_lineage)."""
-    return mixed_lineage(tmp_path_factory.mktemp("lineage"), N_LAYERS)
-
-
-@pytest.fixture(scope="module")
-def traj(lineage):
-    ck = [(f"step{i}", lineage[k]) for i, k in enumerate("ABCD")]
-    with pytest.warns(UserWarning) as rec:
-        t = tli.trajectory(ck, progress=False)
-    return t, [str(w.message) for w in rec]
-
-
-def test_identical_and_shared_checkpoints_are_marked_in_the_table(traj, lineage):
-    t, _ = traj
+def test_identical_and_shared_checkpoints_are_marked_in_the_table(mixed_traj, mixed_lineage_dirs):
+    t, _ = mixed_traj
     ck = t.checkpoints.set_index("checkpoint")
     assert ck.loc["step0", "identical_to"] == "" and ck.loc["step0", "shares_layers_with"] == ""
     assert ck.loc["step1", "identical_to"] == "" and ck.loc["step1", "n_shared_layers"] == 0
@@ -55,28 +38,28 @@ def test_identical_and_shared_checkpoints_are_marked_in_the_table(traj, lineage)
     # the per-layer fingerprints say which layer came from where
     fp = t.layers.pivot(index="layer", columns="checkpoint", values="fingerprint")
     for layer in range(N_LAYERS):
-        src = "step0" if layer in lineage["from_A"] else "step1"
+        src = "step0" if layer in mixed_lineage_dirs["from_A"] else "step1"
         assert fp.loc[layer, "step3"] == fp.loc[layer, src]
         assert fp.loc[layer, "step0"] != fp.loc[layer, "step1"]
     # and the numbers of the copied layers are those of the checkpoint they came from
     h = t.heads.set_index(["checkpoint", "layer", "head"])["P"]
     for layer in range(N_LAYERS):
-        src = "step0" if layer in lineage["from_A"] else "step1"
+        src = "step0" if layer in mixed_lineage_dirs["from_A"] else "step1"
         np.testing.assert_array_equal(h.loc["step3", layer].to_numpy(), h.loc[src, layer].to_numpy())
 
 
-def test_identical_and_shared_checkpoints_are_warned_about(traj):
-    _, msgs = traj
+def test_identical_and_shared_checkpoints_are_warned_about(mixed_traj):
+    _, msgs = mixed_traj
     m = [x for x in msgs if "not genuine distinct points" in x]
     assert len(m) == 1
     assert "step2 is identical to step1" in m[0]
     assert f"step3 shares {N_LAYERS} layer(s) with step0,step1,step2" in m[0]
 
 
-def test_distinct_checkpoints_are_not_marked(lineage):
+def test_distinct_checkpoints_are_not_marked(mixed_lineage_dirs):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # no warning at all
-        t = tli.trajectory([("a", lineage["A"]), ("b", lineage["B"])], progress=False)
+        t = tli.trajectory([("a", mixed_lineage_dirs["A"]), ("b", mixed_lineage_dirs["B"])], progress=False)
     assert (t.checkpoints["identical_to"] == "").all() and (t.checkpoints["shares_layers_with"] == "").all()
     assert (t.checkpoints["n_shared_layers"] == 0).all()
 

@@ -1,4 +1,4 @@
-"""The attention view only draws (issue 28): :func:`tl_idempotence.views.attention.draw_attention` takes patterns
+"""The attention view only draws: :func:`tl_idempotence.views.attention.draw_attention` takes patterns
 already computed — here built by hand, exact values, no model — and draws exactly them."""
 
 from __future__ import annotations
