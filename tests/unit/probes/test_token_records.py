@@ -34,11 +34,6 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
-
-
-@pytest.fixture(scope="module")
 def readout(bridge):
     return tli.head_tokens(bridge, heads=["L0H1", "L1H0", "L1H3"], k=4, n_tokens=40, seed=3)
 
