@@ -25,6 +25,7 @@ NOTEBOOKS = {
     "03_algebra_activations.ipynb": 1,
     "04_trajectories.ipynb": 3,
     "05_head_roles.ipynb": 2,
+    "06_head_tokens.ipynb": 3,
 }
 
 
@@ -112,3 +113,29 @@ def test_head_roles(tmp_path, monkeypatch, lineage_dir):
     assert "closed heads with alpha < 0: 7 | alpha > 0: 6 | min |copying|: 0.996" in text  # the words of the notebook
     # the lineage's table, sorted by induction score: its four layer-1 heads come first
     assert re.search(r"(?m)^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L1H\d .*\n^L0H\d ", text), text[-3000:]
+
+
+@pytest.mark.slow
+def test_head_tokens(tmp_path, monkeypatch, lineage_dir):
+    """SmolLM2 (tied) and the session lineage trained tied and untied: the notebook's words match its numbers."""
+    nb = _run("06_head_tokens.ipynb", tmp_path, monkeypatch, {"TLI_LINEAGE_DIR": str(lineage_dir)})
+    text = _text(nb)
+    assert "SmolLM2-135M ties its embeddings (W_U = W_Eᵀ exactly) | config tie_word_embeddings: True" in text
+    assert "closed heads: 13 of 270" in text
+    assert (
+        "tied: induction accuracy at step 200 1.0; the model ties its embeddings (W_U = W_Eᵀ exactly) | closed "
+        "heads: 4" in text
+    )
+    assert "untied: induction accuracy at step 200 1.0; the model does not tie its embeddings" in text
+    assert re.search(r"untied: .*\| closed heads: 0\n", text)
+    # the numbers the notebook's words give (seed 0)
+    assert "8 of 13 closed heads agree (two-sided sign test p = 0.58)" in text
+    assert "across 270 heads, Spearman ρ(α·P, effect) = +0.16 (permutation p = 0.008)" in text
+    assert (
+        "sign(effect) = sign(alpha): 8 of 13 | sign(copying_own) = sign(alpha): 13 | min |copying_own|: 0.9936" in text
+    )
+    assert (
+        "4 of 4 closed heads agree (two-sided sign test p = 0.12); across 8 heads, Spearman ρ(α·P, effect) = +0.95"
+        in text
+    )
+    assert "No head is closed; across 8 heads, Spearman ρ(α·P, effect) = +0.52 (permutation p = 0.21)" in text
