@@ -46,6 +46,8 @@ class FrozenResult(Result):
     frozen_hint: ClassVar[str] = "compute it again"
     #: Attributes that may be set after construction (``loaded_from``, set once by a loader; never a number).
     settable: ClassVar[frozenset[str]] = frozenset()
+    #: The typed record :meth:`_freeze_result` stores ``summary`` as (a :class:`FrozenSummary` subclass).
+    summary_type: ClassVar[type[FrozenSummary]]
 
     _table: pd.DataFrame
 
@@ -54,6 +56,19 @@ class FrozenResult(Result):
         handed out: :attr:`table` gives copies). Raises nothing."""
         for name, value in attrs.items():
             object.__setattr__(self, name, value.copy() if name == "_table" else value)
+
+    def _freeze_result(
+        self, table: pd.DataFrame, summary: Mapping[str, Any], loaded_from: str | None, **attrs: Any
+    ) -> None:
+        """:meth:`_freeze` of a result's ``_table`` (copied), ``summary`` (stored as :attr:`summary_type`),
+        ``loaded_from`` and ``attrs``; an ``options`` attribute is stored read-only (``None``: empty).
+
+        Raises:
+            OptionTypeError / OptionError: ``summary`` is not a mapping of :attr:`summary_type`'s fields.
+        """
+        if "options" in attrs:
+            attrs["options"] = frozen(dict(attrs["options"] or {}))
+        self._freeze(_table=table, summary=self.summary_type(summary), loaded_from=loaded_from, **attrs)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self.settable:

@@ -45,7 +45,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.frozen import frozen
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
@@ -150,6 +149,7 @@ class HeadTokens(FrozenResult, DrawnResult):
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "k", "median_self_rank")
     frozen_name: ClassVar[str] = "a head-tokens result is"
     frozen_hint: ClassVar[str] = "tli.head_tokens again"
+    summary_type: ClassVar[type[FrozenSummary]] = HeadTokensSummary
 
     _ranks: np.ndarray  # [heads, tokens] float64
     _tokens: np.ndarray  # [tokens] int64
@@ -170,15 +170,15 @@ class HeadTokens(FrozenResult, DrawnResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
+        self._freeze_result(
+            table,
+            summary,
+            loaded_from,
             _ranks=np.array(ranks, dtype=np.float64),  # never handed out: the properties give copies
             _tokens=np.array(tokens, dtype=np.int64),
             _top=MappingProxyType(dict(top)),
-            summary=HeadTokensSummary(summary),
             info=info,
-            options=frozen(dict(options or {})),
-            loaded_from=loaded_from,
+            options=options,
         )
 
     @property

@@ -26,7 +26,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.frozen import frozen
 from ..core.heads import ModelInfo, check_weights
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
@@ -109,6 +108,7 @@ class HeadRoles(FrozenResult, DrawnResult):
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "n_sequences", "seed")
     frozen_name: ClassVar[str] = "head roles are"
     frozen_hint: ClassVar[str] = "compute them again"
+    summary_type: ClassVar[type[FrozenSummary]] = HeadRolesSummary
     settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
     summary: HeadRolesSummary
@@ -124,13 +124,7 @@ class HeadRoles(FrozenResult, DrawnResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
-            summary=HeadRolesSummary(summary),
-            info=info,
-            options=frozen(dict(options or {})),
-            loaded_from=loaded_from,
-        )
+        self._freeze_result(table, summary, loaded_from, info=info, options=options)
 
     @property
     def layer_fingerprints(self) -> dict[int, str] | None:

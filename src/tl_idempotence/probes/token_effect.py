@@ -37,7 +37,6 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.frozen import frozen
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
@@ -115,6 +114,7 @@ class AttendedTokenEffect(FrozenResult, DrawnResult):
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_positions", "n_negative_q05", "n_positive_q05")
     frozen_name: ClassVar[str] = "an attended-token effect is"
     frozen_hint: ClassVar[str] = "tli.attended_token_effect again"
+    summary_type: ClassVar[type[FrozenSummary]] = AttendedTokenEffectSummary
 
     _positions: pd.DataFrame
     summary: AttendedTokenEffectSummary
@@ -131,14 +131,8 @@ class AttendedTokenEffect(FrozenResult, DrawnResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
-            _positions=positions.copy(),  # never handed out: the property gives copies
-            summary=AttendedTokenEffectSummary(summary),
-            info=info,
-            options=frozen(dict(options or {})),
-            loaded_from=loaded_from,
-        )
+        # _positions is never handed out: the property gives copies
+        self._freeze_result(table, summary, loaded_from, _positions=positions.copy(), info=info, options=options)
 
     @property
     def positions(self) -> pd.DataFrame:
