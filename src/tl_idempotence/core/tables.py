@@ -30,7 +30,9 @@ from .results import Result
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["FrozenResult", "FrozenSummary"]
+    from .heads import ModelInfo
+
+__all__ = ["FrozenResult", "FrozenSummary", "ModelResult"]
 
 
 class FrozenResult(Result):
@@ -50,6 +52,8 @@ class FrozenResult(Result):
     summary_type: ClassVar[type[FrozenSummary]]
 
     _table: pd.DataFrame
+    summary: FrozenSummary
+    loaded_from: str | None
 
     def _freeze(self, **attrs: Any) -> None:
         """Store ``attrs`` on a result whose ``__setattr__`` refuses (for ``__init__``); ``_table`` is copied (never
@@ -89,6 +93,15 @@ class FrozenResult(Result):
     def heads(self) -> pd.DataFrame:
         """:attr:`table` (every result has ``heads``): a copy, made on each read."""
         return self._table.copy()
+
+
+class ModelResult(FrozenResult):
+    """A :class:`FrozenResult` computed from one model (``HeadRoles``, ``HeadTokens``, ``AttendedTokenEffect``): it
+    also holds that model's :class:`~tl_idempotence.core.heads.ModelInfo` (:attr:`info`) and the read-only options
+    it was computed with (:attr:`options`), both stored by :meth:`~FrozenResult._freeze_result`."""
+
+    info: ModelInfo
+    options: Mapping[str, Any]
 
 
 def _refuse_item(*_: Any, **__: Any) -> NoReturn:

@@ -30,7 +30,7 @@ from ..core.heads import ModelInfo, check_weights
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.selection import head_labels
-from ..core.tables import FrozenResult, FrozenSummary
+from ..core.tables import FrozenSummary, ModelResult
 from ..errors import OptionError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
@@ -82,7 +82,7 @@ class HeadRolesSummary(FrozenSummary):
     median_copying: float | None
 
 
-class HeadRoles(FrozenResult, DrawnResult):
+class HeadRoles(ModelResult, DrawnResult):
     """Result of :func:`head_roles`. Immutable, like the report: :attr:`table` is a copy made on each read (editing
     it leaves the result as it is), :attr:`summary` (a typed :class:`HeadRolesSummary`) and :attr:`options` are
     read-only, and assigning an attribute raises
@@ -112,9 +112,6 @@ class HeadRoles(FrozenResult, DrawnResult):
     settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
     summary: HeadRolesSummary
-    info: ModelInfo
-    options: Mapping[str, Any]
-    loaded_from: str | None
 
     def __init__(
         self,

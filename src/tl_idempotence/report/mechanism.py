@@ -158,7 +158,6 @@ class Mechanism(FrozenResult, DrawnResult):
     tokens: HeadTokens | None
     effect: AttendedTokenEffect | None
     tie: EmbeddingTie
-    loaded_from: str | None
 
     def __init__(
         self,

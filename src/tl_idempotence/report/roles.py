@@ -115,7 +115,6 @@ class RoleAssociation(FrozenResult, DrawnResult):
     _association: pd.DataFrame
     summary: RoleAssociationSummary
     roles: HeadRoles | None
-    loaded_from: str | None
 
     def __init__(
         self,
