@@ -53,7 +53,16 @@ from ..core.selection import head_label, head_labels, select_heads
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
-from .token_records import TokenResult, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
+from .token_records import (
+    TokenResult,
+    check_summary,
+    edited_error,
+    embedding_fingerprint,
+    label_heads,
+    read_probe,
+    same_floats,
+    write_probe,
+)
 from .tokens import special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -718,10 +727,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
     table, ranks, top = tables["table"], tables["self_ranks"], tables["top"]
     if tuple(table.columns) != TABLE_COLUMNS:
         raise ReportFileError(f"{ft} has columns {list(table.columns)}, not a head-tokens table {list(TABLE_COLUMNS)}.")
-    table.index = head_labels(index_column(table, "layer", ft), index_column(table, "head", ft))
-    labels = list(table.index)
-    if table.index.duplicated().any() or not labels:
-        raise edited(ft, "no heads, or a head that repeats")
+    labels = label_heads(table, ft, "tli.head_tokens")
     if list(ranks.columns) != ["token_id", *labels]:
         raise edited(fr, f"columns {list(ranks.columns)[:6]} are not token_id and the table's heads")
     try:
@@ -762,9 +768,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         "median_self_rank": float(np.median(table["self_rank_median"].to_numpy(dtype=float))),
         "headline": _headline(table, k, R.shape[1]),
     }
-    for key, v in fresh_summary.items():
-        if summary.get(key) != v:
-            raise edited(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
+    check_summary(summary, fresh_summary, rec, "tli.head_tokens")
     opts = fields["options"]
     return HeadTokens(
         table=table, ranks=R, tokens=tok, top=top_of, summary=summary, info=info, options=opts, loaded_from=str(d)

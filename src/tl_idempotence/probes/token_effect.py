@@ -46,7 +46,16 @@ from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
 from .head_tokens import embedding_matrices
-from .token_records import TokenResult, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
+from .token_records import (
+    TokenResult,
+    check_summary,
+    edited_error,
+    embedding_fingerprint,
+    label_heads,
+    read_probe,
+    same_floats,
+    write_probe,
+)
 from .tokens import corpus_name, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -496,10 +505,7 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         raise ReportFileError(f"{ft} has columns {list(table.columns)}, not an attended-token-effect table.")
     if tuple(positions.columns) != POSITION_COLUMNS:
         raise ReportFileError(f"{fp} has columns {list(positions.columns)}, not {list(POSITION_COLUMNS)}.")
-    table.index = head_labels(index_column(table, "layer", ft), index_column(table, "head", ft))
-    labels = list(table.index)
-    if table.index.duplicated().any() or not labels:
-        raise edited(ft, "no heads, or a head that repeats")
+    labels = label_heads(table, ft, "tli.attended_token_effect")
     try:
         summary = AttendedTokenEffectSummary(fields["summary"])
     except (TypeError, ValueError, OptionError) as e:
@@ -527,9 +533,7 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         "n_positive_q05": int(((q <= 0.05) & (med > 0)).sum()),
         "headline": _headline(table),
     }
-    for key, v in fresh_summary.items():
-        if summary.get(key) != v:
-            raise edited(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
+    check_summary(summary, fresh_summary, rec, "tli.attended_token_effect")
     return AttendedTokenEffect(
         table=table, positions=positions, summary=summary, info=info, options=fields["options"], loaded_from=str(d)
     )

@@ -30,7 +30,8 @@ from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
-from ..core.records import float_keys, read_tables_record, write_tables_record
+from ..core.records import float_keys, index_column, read_tables_record, write_tables_record
+from ..core.selection import head_labels
 from ..core.tables import ModelResult
 from ..errors import OptionError, OptionTypeError, ReportFileError, ReportMismatchError
 from ..sources.tl import TLModelSource, is_tl_model
@@ -42,8 +43,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "TokenResult",
     "check_model_fits",
+    "check_summary",
     "edited_error",
     "embedding_fingerprint",
+    "label_heads",
     "read_probe",
     "same_floats",
     "write_probe",
@@ -109,6 +112,31 @@ class TokenResult(ModelResult, DrawnResult):
 def edited_error(f: Path, what: str, again: str) -> ReportFileError:
     """The refusal of a saved file that disagrees with the rest of its save: names the file and what differs."""
     return ReportFileError(f"{f}: {what}: the record or a table was edited. Compute {again} again.")
+
+
+def label_heads(table: pd.DataFrame, f: Path, again: str) -> list[str]:
+    """Index a saved per-head ``table`` (read from ``f``) by the ``"L10H8"`` labels of its ``layer``/``head``
+    columns, in place, and return them.
+
+    Raises:
+        ReportFileError: ``layer``/``head`` not whole numbers (:func:`~tl_idempotence.core.records.index_column`); no
+            heads, or a head that repeats (:func:`edited_error`, naming ``f``; ``again``: what to compute again).
+    """
+    table.index = head_labels(index_column(table, "layer", f), index_column(table, "head", f))
+    if table.index.duplicated().any() or not len(table):
+        raise edited_error(f, "no heads, or a head that repeats", again)
+    return list(table.index)
+
+
+def check_summary(summary: Mapping[str, Any], fresh: Mapping[str, Any], rec: Path, again: str) -> None:
+    """Refuse a saved ``summary`` (of the record ``rec``) whose fields differ from ``fresh``, what the tables give.
+
+    Raises:
+        ReportFileError: names the record and the first field that differs (:func:`edited_error`).
+    """
+    for key, v in fresh.items():
+        if summary.get(key) != v:
+            raise edited_error(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables", again)
 
 
 def same_floats(a: Any, b: Any) -> bool:
