@@ -23,6 +23,7 @@ import pandas as pd
 from .paper import FDR_LEVEL
 
 __all__ = [
+    "MEASURED_FIELDS",
     "SCRAMBLE_TEST",
     "HeadlineSummary",
     "circuit_headline",
@@ -31,6 +32,20 @@ __all__ = [
     "report_headline",
     "roles_headline",
 ]
+
+#: A report summary's own fields (not an analysis's), in the order they lead it: what was measured.
+MEASURED_FIELDS = (
+    "model_name",
+    "model_class",
+    "n_layers",
+    "n_attention_layers",
+    "n_heads",
+    "n_heads_per_layer",
+    "n_kv_heads",
+    "d_model",
+    "d_head",
+    "threshold",
+)
 
 #: What the scramble p- and q-values test, in the words every display uses beside them.
 SCRAMBLE_TEST = "trained orientation vs Haar-scrambled orientation with the same spectra (not closure)"

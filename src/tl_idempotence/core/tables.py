@@ -30,7 +30,9 @@ from .results import Result
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["FrozenResult", "FrozenSummary"]
+    from .heads import ModelInfo
+
+__all__ = ["FrozenResult", "FrozenSummary", "ModelResult"]
 
 
 class FrozenResult(Result):
@@ -46,14 +48,31 @@ class FrozenResult(Result):
     frozen_hint: ClassVar[str] = "compute it again"
     #: Attributes that may be set after construction (``loaded_from``, set once by a loader; never a number).
     settable: ClassVar[frozenset[str]] = frozenset()
+    #: The typed record :meth:`_freeze_result` stores ``summary`` as (a :class:`FrozenSummary` subclass).
+    summary_type: ClassVar[type[FrozenSummary]]
 
     _table: pd.DataFrame
+    summary: FrozenSummary
+    loaded_from: str | None
 
     def _freeze(self, **attrs: Any) -> None:
         """Store ``attrs`` on a result whose ``__setattr__`` refuses (for ``__init__``); ``_table`` is copied (never
         handed out: :attr:`table` gives copies). Raises nothing."""
         for name, value in attrs.items():
             object.__setattr__(self, name, value.copy() if name == "_table" else value)
+
+    def _freeze_result(
+        self, table: pd.DataFrame, summary: Mapping[str, Any], loaded_from: str | None, **attrs: Any
+    ) -> None:
+        """:meth:`_freeze` of a result's ``_table`` (copied), ``summary`` (stored as :attr:`summary_type`),
+        ``loaded_from`` and ``attrs``; an ``options`` attribute is stored read-only (``None``: empty).
+
+        Raises:
+            OptionTypeError / OptionError: ``summary`` is not a mapping of :attr:`summary_type`'s fields.
+        """
+        if "options" in attrs:
+            attrs["options"] = frozen(dict(attrs["options"] or {}))
+        self._freeze(_table=table, summary=self.summary_type(summary), loaded_from=loaded_from, **attrs)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self.settable:
@@ -74,6 +93,15 @@ class FrozenResult(Result):
     def heads(self) -> pd.DataFrame:
         """:attr:`table` (every result has ``heads``): a copy, made on each read."""
         return self._table.copy()
+
+
+class ModelResult(FrozenResult):
+    """A :class:`FrozenResult` computed from one model (``HeadRoles``, ``HeadTokens``, ``AttendedTokenEffect``): it
+    also holds that model's :class:`~tl_idempotence.core.heads.ModelInfo` (:attr:`info`) and the read-only options
+    it was computed with (:attr:`options`), both stored by :meth:`~FrozenResult._freeze_result`."""
+
+    info: ModelInfo
+    options: Mapping[str, Any]
 
 
 def _refuse_item(*_: Any, **__: Any) -> NoReturn:

@@ -10,7 +10,6 @@ with circuitsvis.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 from ..core.options import check_int, check_threshold, strict_kwargs
 from ..errors import OptionError, OptionTypeError, UnsupportedModelError
 from ..sources.tl import attention_layers, is_tl_model
+from ..views.attention import AttentionPatterns
 from .tokens import special_wrapping, tokenizer_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,42 +101,6 @@ def flagged_heads(
     out = FlaggedHeads((int(a), int(b)) for a, b in zip(pick["layer"], pick["head"]))
     out.why, out.n_closed, out.threshold, out.top_k = why, n_closed, threshold, cap
     return out
-
-
-@dataclass
-class AttentionPatterns:
-    """Attention patterns of some heads on one text.
-
-    Positions: ``len(tokens) == n_special + n_shown_text_tokens`` (the model's special tokens around the text,
-    e.g. SmolLM2's BOS ``<|im_start|>``, and the text's own tokens that were kept).
-
-    Attributes:
-        heads: the ``(layer, head)`` pairs, in order.
-        tokens: the token strings (with the model's special tokens): one per position.
-        patterns: ``[n_heads_sel, query, key]`` float32, rows sum to 1 (query and key: ``len(tokens)`` positions).
-        causal: every pattern is zero above the diagonal.
-        n_text_tokens: tokens the whole text has (without special tokens).
-        truncated: the text was cut to ``max_tokens`` (``n_text_tokens`` says how long it was).
-        special_tokens: the special tokens put around the text (their strings, in order), e.g. ``["<|im_start|>"]``.
-    """
-
-    heads: list[tuple[int, int]]
-    tokens: list[str]
-    patterns: np.ndarray
-    causal: bool
-    n_text_tokens: int
-    truncated: bool
-    special_tokens: list[str] = field(default_factory=list)
-
-    @property
-    def n_special(self) -> int:
-        """How many of the positions are special tokens (not the text's)."""
-        return len(self.special_tokens)
-
-    @property
-    def n_shown_text_tokens(self) -> int:
-        """How many of the text's own tokens are shown (``len(tokens) - n_special``)."""
-        return len(self.tokens) - self.n_special
 
 
 def _tokens_for(model: Any, text: str, max_tokens: int) -> tuple[torch.Tensor, list[str], int, int, list[str]]:

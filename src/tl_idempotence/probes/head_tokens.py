@@ -45,17 +45,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.frozen import frozen
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.records import index_column
 from ..core.selection import head_label, head_labels, select_heads
-from ..core.tables import FrozenResult, FrozenSummary
+from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
-from ..views.results import DrawnResult
-from .token_records import check_model_fits, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
+from .token_records import (
+    TokenResult,
+    check_summary,
+    edited_error,
+    embedding_fingerprint,
+    label_heads,
+    read_probe,
+    same_floats,
+    write_probe,
+)
 from .tokens import special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +133,7 @@ class HeadTokensSummary(FrozenSummary):
     headline: str
 
 
-class HeadTokens(FrozenResult, DrawnResult):
+class HeadTokens(TokenResult):
     """Result of :func:`head_tokens` (SPEC 12, token readout). Immutable: every frame and array handed out is a copy
     made on each read, :attr:`summary` (a typed :class:`HeadTokensSummary`) and :attr:`options` are read-only, and
     assigning an attribute raises ``dataclasses.FrozenInstanceError``.
@@ -150,14 +157,13 @@ class HeadTokens(FrozenResult, DrawnResult):
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "k", "median_self_rank")
     frozen_name: ClassVar[str] = "a head-tokens result is"
     frozen_hint: ClassVar[str] = "tli.head_tokens again"
+    summary_type: ClassVar[type[FrozenSummary]] = HeadTokensSummary
+    probe_name: ClassVar[str] = "head_tokens"
 
     _ranks: np.ndarray  # [heads, tokens] float64
     _tokens: np.ndarray  # [tokens] int64
     _top: Mapping[str, pd.DataFrame]
     summary: HeadTokensSummary
-    info: ModelInfo
-    options: Mapping[str, Any]
-    loaded_from: str | None
 
     def __init__(
         self,
@@ -170,15 +176,15 @@ class HeadTokens(FrozenResult, DrawnResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
+        self._freeze_result(
+            table,
+            summary,
+            loaded_from,
             _ranks=np.array(ranks, dtype=np.float64),  # never handed out: the properties give copies
             _tokens=np.array(tokens, dtype=np.int64),
             _top=MappingProxyType(dict(top)),
-            summary=HeadTokensSummary(summary),
             info=info,
-            options=frozen(dict(options or {})),
-            loaded_from=loaded_from,
+            options=options,
         )
 
     @property
@@ -190,11 +196,6 @@ class HeadTokens(FrozenResult, DrawnResult):
     def tokens(self) -> np.ndarray:
         """The source token ids measured (a copy)."""
         return self._tokens.copy()
-
-    @property
-    def headline(self) -> str:
-        """One sentence: what was asked, the answer, the supporting number."""
-        return str(self.summary["headline"])
 
     def top_tokens(self, head: str) -> pd.DataFrame:
         """What one head does to tokens: ``kind, rank, token_id, token, value`` rows (a copy).
@@ -224,16 +225,7 @@ class HeadTokens(FrozenResult, DrawnResult):
         Raises:
             TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``/``tail``).
         """
-        t = self._table.sort_values("self_rank_median", kind="stable")
-        cols = ["self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens"]
-        parts = [self.headline, f"({self.summary['convention']})", t[cols].head(n).to_string()]
-        if len(t) > n:
-            parts.append("...")
-            parts.append(t[cols].tail(min(n, len(t) - n)).to_string())
-        return "\n".join(parts)
-
-    def __str__(self) -> str:
-        return self.to_text()
+        return self.ranked_text("self_rank_median", ["self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens"], n)
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
@@ -244,16 +236,6 @@ class HeadTokens(FrozenResult, DrawnResult):
             OptionTypeError, OptionError, OutputOverInputError: as :func:`save_head_tokens`.
         """
         return save_head_tokens(self, path, overwrite=overwrite)
-
-    def check_model(self, model: Any) -> None:
-        """Refuse a model this result was not computed from: other sizes, weight processing, weights of a measured
-        layer (``summary["weights_fingerprint"]``) or embeddings (``summary["embedding_fingerprint"]``).
-
-        Raises:
-            OptionTypeError: not a TransformerLens model. ReportMismatchError: names what differs.
-        """
-        layers = sorted({int(x) for x in self._table["layer"]})
-        check_model_fits("head_tokens", self.summary, self.info, layers, model)
 
 
 def embedding_matrices(model: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -745,10 +727,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
     table, ranks, top = tables["table"], tables["self_ranks"], tables["top"]
     if tuple(table.columns) != TABLE_COLUMNS:
         raise ReportFileError(f"{ft} has columns {list(table.columns)}, not a head-tokens table {list(TABLE_COLUMNS)}.")
-    table.index = head_labels(index_column(table, "layer", ft), index_column(table, "head", ft))
-    labels = list(table.index)
-    if table.index.duplicated().any() or not labels:
-        raise edited(ft, "no heads, or a head that repeats")
+    labels = label_heads(table, ft, "tli.head_tokens")
     if list(ranks.columns) != ["token_id", *labels]:
         raise edited(fr, f"columns {list(ranks.columns)[:6]} are not token_id and the table's heads")
     try:
@@ -789,9 +768,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         "median_self_rank": float(np.median(table["self_rank_median"].to_numpy(dtype=float))),
         "headline": _headline(table, k, R.shape[1]),
     }
-    for key, v in fresh_summary.items():
-        if summary.get(key) != v:
-            raise edited(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
+    check_summary(summary, fresh_summary, rec, "tli.head_tokens")
     opts = fields["options"]
     return HeadTokens(
         table=table, ranks=R, tokens=tok, top=top_of, summary=summary, info=info, options=opts, loaded_from=str(d)

@@ -26,12 +26,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.frozen import frozen
 from ..core.heads import ModelInfo, check_weights
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.selection import head_labels
-from ..core.tables import FrozenResult, FrozenSummary
+from ..core.tables import FrozenSummary, ModelResult
 from ..errors import OptionError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
@@ -83,7 +82,7 @@ class HeadRolesSummary(FrozenSummary):
     median_copying: float | None
 
 
-class HeadRoles(FrozenResult, DrawnResult):
+class HeadRoles(ModelResult, DrawnResult):
     """Result of :func:`head_roles`. Immutable, like the report: :attr:`table` is a copy made on each read (editing
     it leaves the result as it is), :attr:`summary` (a typed :class:`HeadRolesSummary`) and :attr:`options` are
     read-only, and assigning an attribute raises
@@ -109,12 +108,10 @@ class HeadRoles(FrozenResult, DrawnResult):
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "n_sequences", "seed")
     frozen_name: ClassVar[str] = "head roles are"
     frozen_hint: ClassVar[str] = "compute them again"
+    summary_type: ClassVar[type[FrozenSummary]] = HeadRolesSummary
     settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
     summary: HeadRolesSummary
-    info: ModelInfo
-    options: Mapping[str, Any]
-    loaded_from: str | None
 
     def __init__(
         self,
@@ -124,13 +121,7 @@ class HeadRoles(FrozenResult, DrawnResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
-            summary=HeadRolesSummary(summary),
-            info=info,
-            options=frozen(dict(options or {})),
-            loaded_from=loaded_from,
-        )
+        self._freeze_result(table, summary, loaded_from, info=info, options=options)
 
     @property
     def layer_fingerprints(self) -> dict[int, str] | None:

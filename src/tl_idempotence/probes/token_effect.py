@@ -37,18 +37,25 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.frozen import frozen
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.records import index_column
 from ..core.selection import head_labels, select_heads
-from ..core.tables import FrozenResult, FrozenSummary
+from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
-from ..views.results import DrawnResult
 from .head_tokens import embedding_matrices
-from .token_records import check_model_fits, edited_error, embedding_fingerprint, read_probe, same_floats, write_probe
+from .token_records import (
+    TokenResult,
+    check_summary,
+    edited_error,
+    embedding_fingerprint,
+    label_heads,
+    read_probe,
+    same_floats,
+    write_probe,
+)
 from .tokens import corpus_name, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,7 +98,7 @@ class AttendedTokenEffectSummary(FrozenSummary):
     headline: str
 
 
-class AttendedTokenEffect(FrozenResult, DrawnResult):
+class AttendedTokenEffect(TokenResult):
     """Result of :func:`attended_token_effect` (SPEC 12, behaviour). Immutable: every frame handed out is a
     copy made on each read, :attr:`summary` (a typed :class:`AttendedTokenEffectSummary`) and :attr:`options` are
     read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
@@ -115,12 +122,11 @@ class AttendedTokenEffect(FrozenResult, DrawnResult):
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_positions", "n_negative_q05", "n_positive_q05")
     frozen_name: ClassVar[str] = "an attended-token effect is"
     frozen_hint: ClassVar[str] = "tli.attended_token_effect again"
+    summary_type: ClassVar[type[FrozenSummary]] = AttendedTokenEffectSummary
+    probe_name: ClassVar[str] = "attended_token_effect"
 
     _positions: pd.DataFrame
     summary: AttendedTokenEffectSummary
-    info: ModelInfo
-    options: Mapping[str, Any]
-    loaded_from: str | None
 
     def __init__(
         self,
@@ -131,24 +137,13 @@ class AttendedTokenEffect(FrozenResult, DrawnResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
-            _positions=positions.copy(),  # never handed out: the property gives copies
-            summary=AttendedTokenEffectSummary(summary),
-            info=info,
-            options=frozen(dict(options or {})),
-            loaded_from=loaded_from,
-        )
+        # _positions is never handed out: the property gives copies
+        self._freeze_result(table, summary, loaded_from, _positions=positions.copy(), info=info, options=options)
 
     @property
     def positions(self) -> pd.DataFrame:
         """The per-position records (a copy)."""
         return self._positions.copy()
-
-    @property
-    def headline(self) -> str:
-        """One sentence: what was asked, the answer, the supporting number."""
-        return str(self.summary["headline"])
 
     def to_text(self, n: int = 10) -> str:
         """The headline and the ``n`` heads with the most negative and most positive median effect.
@@ -157,14 +152,7 @@ class AttendedTokenEffect(FrozenResult, DrawnResult):
             TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``/``tail``).
         """
         cols = ["effect_median", "frac_negative", "null_median", "p_value", "q_value", "n_positions"]
-        t = self._table.sort_values("effect_median", kind="stable")[cols]
-        parts = [self.headline, f"({self.summary['convention']})", t.head(n).to_string()]
-        if len(t) > n:
-            parts += ["...", t.tail(min(n, len(t) - n)).to_string()]
-        return "\n".join(parts)
-
-    def __str__(self) -> str:
-        return self.to_text()
+        return self.ranked_text("effect_median", cols, n)
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
@@ -175,17 +163,6 @@ class AttendedTokenEffect(FrozenResult, DrawnResult):
             OptionTypeError, OptionError, OutputOverInputError: as :func:`save_attended_token_effect`.
         """
         return save_attended_token_effect(self, path, overwrite=overwrite)
-
-    def check_model(self, model: Any) -> None:
-        """Refuse a model this result was not computed from: other sizes, weight processing, weights of a measured
-        layer (``summary["weights_fingerprint"]``) or embeddings (``summary["embedding_fingerprint"]``).
-
-        Raises:
-            OptionTypeError: not a TransformerLens model. ReportMismatchError (an ``OptionError``): names what
-                differs.
-        """
-        layers = sorted({int(x) for x in self._table["layer"]})
-        check_model_fits("attended_token_effect", self.summary, self.info, layers, model)
 
 
 def _final_norm(model: Any) -> tuple[bool, bool]:
@@ -528,10 +505,7 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         raise ReportFileError(f"{ft} has columns {list(table.columns)}, not an attended-token-effect table.")
     if tuple(positions.columns) != POSITION_COLUMNS:
         raise ReportFileError(f"{fp} has columns {list(positions.columns)}, not {list(POSITION_COLUMNS)}.")
-    table.index = head_labels(index_column(table, "layer", ft), index_column(table, "head", ft))
-    labels = list(table.index)
-    if table.index.duplicated().any() or not labels:
-        raise edited(ft, "no heads, or a head that repeats")
+    labels = label_heads(table, ft, "tli.attended_token_effect")
     try:
         summary = AttendedTokenEffectSummary(fields["summary"])
     except (TypeError, ValueError, OptionError) as e:
@@ -559,9 +533,7 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         "n_positive_q05": int(((q <= 0.05) & (med > 0)).sum()),
         "headline": _headline(table),
     }
-    for key, v in fresh_summary.items():
-        if summary.get(key) != v:
-            raise edited(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
+    check_summary(summary, fresh_summary, rec, "tli.attended_token_effect")
     return AttendedTokenEffect(
         table=table, positions=positions, summary=summary, info=info, options=fields["options"], loaded_from=str(d)
     )

@@ -20,7 +20,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -30,14 +30,27 @@ from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
-from ..core.records import float_keys, read_tables_record, write_tables_record
+from ..core.records import float_keys, index_column, read_tables_record, write_tables_record
+from ..core.selection import head_labels
+from ..core.tables import ModelResult
 from ..errors import OptionError, OptionTypeError, ReportFileError, ReportMismatchError
 from ..sources.tl import TLModelSource, is_tl_model
+from ..views.results import DrawnResult
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
 
-__all__ = ["check_model_fits", "edited_error", "embedding_fingerprint", "read_probe", "same_floats", "write_probe"]
+__all__ = [
+    "TokenResult",
+    "check_model_fits",
+    "check_summary",
+    "edited_error",
+    "embedding_fingerprint",
+    "label_heads",
+    "read_probe",
+    "same_floats",
+    "write_probe",
+]
 
 _FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
@@ -53,9 +66,77 @@ def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
     return h.hexdigest()
 
 
+class TokenResult(ModelResult, DrawnResult):
+    """Base of the token probes' results (``HeadTokens``, ``AttendedTokenEffect``): their headline, their text
+    (:meth:`ranked_text`) and :meth:`check_model`, which refuses a model the result was not computed from."""
+
+    #: The probe's name in a refusal (``"head_tokens"``).
+    probe_name: ClassVar[str]
+
+    @property
+    def headline(self) -> str:
+        """One sentence: what was asked, the answer, the supporting number."""
+        return str(self.summary["headline"])
+
+    def to_text(self, n: int = 10) -> str:
+        """The result as plain text (each subclass says what)."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def ranked_text(self, by: str, cols: list[str], n: int) -> str:
+        """The headline, the convention and the ``cols`` of the ``n`` heads lowest and highest in ``by``.
+
+        Raises:
+            TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``/``tail``).
+        """
+        t = self._table.sort_values(by, kind="stable")[cols]
+        parts = [self.headline, f"({self.summary['convention']})", t.head(n).to_string()]
+        if len(t) > n:
+            parts += ["...", t.tail(min(n, len(t) - n)).to_string()]
+        return "\n".join(parts)
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model this result was not computed from: other sizes, weight processing, weights of a measured
+        layer (``summary["weights_fingerprint"]``) or embeddings (``summary["embedding_fingerprint"]``).
+
+        Raises:
+            OptionTypeError: not a TransformerLens model. ReportMismatchError (an ``OptionError``): names what
+                differs.
+        """
+        layers = sorted({int(x) for x in self._table["layer"]})
+        check_model_fits(self.probe_name, self.summary, self.info, layers, model)
+
+
 def edited_error(f: Path, what: str, again: str) -> ReportFileError:
     """The refusal of a saved file that disagrees with the rest of its save: names the file and what differs."""
     return ReportFileError(f"{f}: {what}: the record or a table was edited. Compute {again} again.")
+
+
+def label_heads(table: pd.DataFrame, f: Path, again: str) -> list[str]:
+    """Index a saved per-head ``table`` (read from ``f``) by the ``"L10H8"`` labels of its ``layer``/``head``
+    columns, in place, and return them.
+
+    Raises:
+        ReportFileError: ``layer``/``head`` not whole numbers (:func:`~tl_idempotence.core.records.index_column`); no
+            heads, or a head that repeats (:func:`edited_error`, naming ``f``; ``again``: what to compute again).
+    """
+    table.index = head_labels(index_column(table, "layer", f), index_column(table, "head", f))
+    if table.index.duplicated().any() or not len(table):
+        raise edited_error(f, "no heads, or a head that repeats", again)
+    return list(table.index)
+
+
+def check_summary(summary: Mapping[str, Any], fresh: Mapping[str, Any], rec: Path, again: str) -> None:
+    """Refuse a saved ``summary`` (of the record ``rec``) whose fields differ from ``fresh``, what the tables give.
+
+    Raises:
+        ReportFileError: names the record and the first field that differs (:func:`edited_error`).
+    """
+    for key, v in fresh.items():
+        if summary.get(key) != v:
+            raise edited_error(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables", again)
 
 
 def same_floats(a: Any, b: Any) -> bool:

@@ -151,13 +151,13 @@ class Mechanism(FrozenResult, DrawnResult):
     display_kind: ClassVar[str] = "mechanism"
     frozen_name: ClassVar[str] = "a mechanism result is"
     frozen_hint: ClassVar[str] = "rep.mechanism again"
+    summary_type: ClassVar[type[FrozenSummary]] = MechanismSummary
 
     _signs: pd.DataFrame
     summary: MechanismSummary
     tokens: HeadTokens | None
     effect: AttendedTokenEffect | None
     tie: EmbeddingTie
-    loaded_from: str | None
 
     def __init__(
         self,
@@ -169,15 +169,8 @@ class Mechanism(FrozenResult, DrawnResult):
         tie: EmbeddingTie,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
-            _signs=signs.copy(),  # never handed out: the property gives copies
-            summary=MechanismSummary(summary),
-            tokens=tokens,
-            effect=effect,
-            tie=tie,
-            loaded_from=loaded_from,
-        )
+        # _signs is never handed out: the property gives copies
+        self._freeze_result(table, summary, loaded_from, _signs=signs.copy(), tokens=tokens, effect=effect, tie=tie)
 
     @property
     def signs(self) -> pd.DataFrame:

@@ -109,12 +109,12 @@ class RoleAssociation(FrozenResult, DrawnResult):
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "n_permutations", "seed")
     frozen_name: ClassVar[str] = "a role association is"
     frozen_hint: ClassVar[str] = "rep.roles(...) again"
+    summary_type: ClassVar[type[FrozenSummary]] = RoleAssociationSummary
     settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
     _association: pd.DataFrame
     summary: RoleAssociationSummary
     roles: HeadRoles | None
-    loaded_from: str | None
 
     def __init__(
         self,
@@ -124,13 +124,8 @@ class RoleAssociation(FrozenResult, DrawnResult):
         roles: HeadRoles | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        self._freeze(
-            _table=table,
-            _association=association.copy(),  # never handed out: the property gives copies
-            summary=RoleAssociationSummary(summary),
-            roles=roles,
-            loaded_from=loaded_from,
-        )
+        # _association is never handed out: the property gives copies
+        self._freeze_result(table, summary, loaded_from, _association=association.copy(), roles=roles)
 
     @property
     def association(self) -> pd.DataFrame:

@@ -26,6 +26,7 @@ from ..core.files import package_code_sha256
 from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo, combined_fingerprint
 from ..core.paper import PAPER, PAPER_THRESHOLD
+from ..core.readings import MEASURED_FIELDS
 from ..errors import OptionError, OptionTypeError
 
 __all__ = [
@@ -73,20 +74,6 @@ REPR_FIELDS = (
     "frac_beats_scramble",
     "n_mismatch_closed",
     "n_feasible_layers",
-)
-
-#: The report's own summary fields (not an analysis's) in the order they lead the summary: what was measured.
-_MEASURED = (
-    "model_name",
-    "model_class",
-    "n_layers",
-    "n_attention_layers",
-    "n_heads",
-    "n_heads_per_layer",
-    "n_kv_heads",
-    "d_model",
-    "d_head",
-    "threshold",
 )
 
 
@@ -204,11 +191,11 @@ class ReportSummary(Mapping[str, Any]):
     # ---------------------------------------------------------------- read-only flat mapping of the set fields
     def _flat(self) -> dict[str, Any]:
         """Every field that is set, flat, in order, as stored (its lists and dicts read-only)."""
-        out = {k: getattr(self, k) for k in _MEASURED}
+        out = {k: getattr(self, k) for k in MEASURED_FIELDS}
         for r in self.analyses.values():
             out.update(r)  # a record's mapping: its set fields, as stored
         for f in fields(self):
-            if f.name not in _MEASURED and f.name != "analyses" and getattr(self, f.name) is not None:
+            if f.name not in MEASURED_FIELDS and f.name != "analyses" and getattr(self, f.name) is not None:
                 out[f.name] = getattr(self, f.name)
         return out
 
@@ -255,7 +242,7 @@ class ReportSummary(Mapping[str, Any]):
         if unknown:
             raise OptionError(f"summary keys {unknown[:5]} are not fields of a report summary")
         own = {f.name for f in fields(cls)} - {"analyses"}
-        missing = [k for k in _MEASURED if k not in d]
+        missing = [k for k in MEASURED_FIELDS if k not in d]
         records: dict[str, SummaryRecord] = {}
         for spec in _records():
             assert spec.summary is not None
@@ -423,7 +410,7 @@ def _validate(s: ReportSummary) -> None:
     Raises:
         OptionTypeError / OptionError: names the first field that is wrong (and the value, or both values).
     """
-    required = set(_MEASURED) | {"processing", "options", "versions"}
+    required = set(MEASURED_FIELDS) | {"processing", "options", "versions"}
     for name, rule in OWN_FIELD_RULES.items():
         v = getattr(s, name)
         if v is not None or name in required:  # None is "not set", for the fields that may be unset

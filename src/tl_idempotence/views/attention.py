@@ -1,7 +1,7 @@
 """Attention views of flagged heads with circuitsvis, offline: drawn from the probe's result, never run here.
 
 This module draws only: :func:`draw_attention` takes attention patterns already computed
-(:class:`tl_idempotence.probes.attention.AttentionPatterns`, described here by :class:`PatternsLike`);
+(:class:`AttentionPatterns`, which :func:`tl_idempotence.probes.attention.attention_patterns` computes);
 :mod:`tl_idempotence.report.attention` runs the probe, checks a model against a report and calls it
 (``tli.attention_view``, ``rep.show_attention``, the attention section of ``rep.save_html``).
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import html as _html
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,7 @@ from .text import format_P
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
 
-__all__ = ["MAX_NAME_CHARS", "AttentionView", "PatternsLike", "attention_section", "draw_attention"]
+__all__ = ["MAX_NAME_CHARS", "AttentionPatterns", "AttentionView", "attention_section", "draw_attention"]
 
 
 @dataclass(repr=False)
@@ -142,7 +142,7 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
 
-def _positions_text(pats: PatternsLike, max_tokens: int) -> str:
+def _positions_text(pats: AttentionPatterns, max_tokens: int) -> str:
     """How many of the text's tokens are shown and how many special tokens are added, e.g. "all 16 tokens of
     the text are shown, with 1 special token (<|im_start|>): 17 positions"."""
     sp = pats.n_special
@@ -158,9 +158,23 @@ def _positions_text(pats: PatternsLike, max_tokens: int) -> str:
     return shown
 
 
-class PatternsLike(Protocol):
-    """What the view draws: the probe's result (:class:`tl_idempotence.probes.attention.AttentionPatterns`),
-    named by its attributes so that the views never import the probes."""
+@dataclass
+class AttentionPatterns:
+    """Attention patterns of some heads on one text (:func:`tl_idempotence.probes.attention.attention_patterns`
+    computes them; :func:`draw_attention` draws them).
+
+    Positions: ``len(tokens) == n_special + n_shown_text_tokens`` (the model's special tokens around the text,
+    e.g. SmolLM2's BOS ``<|im_start|>``, and the text's own tokens that were kept).
+
+    Attributes:
+        heads: the ``(layer, head)`` pairs, in order.
+        tokens: the token strings (with the model's special tokens): one per position.
+        patterns: ``[n_heads_sel, query, key]`` float32, rows sum to 1 (query and key: ``len(tokens)`` positions).
+        causal: every pattern is zero above the diagonal.
+        n_text_tokens: tokens the whole text has (without special tokens).
+        truncated: the text was cut to ``max_tokens`` (``n_text_tokens`` says how long it was).
+        special_tokens: the special tokens put around the text (their strings, in order), e.g. ``["<|im_start|>"]``.
+    """
 
     heads: list[tuple[int, int]]
     tokens: list[str]
@@ -168,17 +182,21 @@ class PatternsLike(Protocol):
     causal: bool
     n_text_tokens: int
     truncated: bool
-    special_tokens: list[str]
+    special_tokens: list[str] = field(default_factory=list)
 
     @property
-    def n_special(self) -> int: ...
+    def n_special(self) -> int:
+        """How many of the positions are special tokens (not the text's)."""
+        return len(self.special_tokens)
 
     @property
-    def n_shown_text_tokens(self) -> int: ...
+    def n_shown_text_tokens(self) -> int:
+        """How many of the text's own tokens are shown (``len(tokens) - n_special``)."""
+        return len(self.tokens) - self.n_special
 
 
 def draw_attention(
-    pats: PatternsLike,
+    pats: AttentionPatterns,
     *,
     why: str,
     max_tokens: int,

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..core.processing import T_PROCESSING
-from ..core.readings import SCRAMBLE_TEST, HeadlineSummary, report_headline
+from ..core.readings import MEASURED_FIELDS, SCRAMBLE_TEST, HeadlineSummary, report_headline
 
 __all__ = [
     "P_VALUE_TESTS",
@@ -175,23 +175,7 @@ def summary_sections(summary: ReportSummaryLike) -> list[tuple[str, list[tuple[s
         return str(v)
 
     s = summary.to_dict()  # every field that is set, flat, in order: what the tables show
-    measured: list[tuple[str, str]] = [
-        (k, fmt(s[k]))
-        for k in (
-            "model_name",
-            "model_class",
-            "n_layers",
-            "n_attention_layers",
-            "n_heads",
-            "n_heads_per_layer",
-            "n_kv_heads",
-            "d_model",
-            "d_head",
-            "threshold",
-            "weights_fingerprint",
-        )
-        if k in s
-    ]
+    measured = [(k, fmt(s[k])) for k in (*MEASURED_FIELDS, "weights_fingerprint") if k in s]
     headline_keys = [
         k
         for k in s
