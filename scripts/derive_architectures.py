@@ -33,6 +33,7 @@ with the newest releases: the versions recorded aside, any difference is named w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ import re
 import sys
 import tempfile
 import warnings
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -357,13 +359,36 @@ def _adapter_names(model_type: str, arch: str, adapter: Any) -> tuple[str, str, 
     return blocks.name, f"{attn.name}.{v.name}", f"{attn.name}.{subs['o'].name}"
 
 
-def generate() -> dict[str, Any]:
+@contextlib.contextmanager
+def _quiet_libraries() -> Iterator[None]:
+    """Warnings, logging below ERROR and transformers' progress bars off while the table is derived, and every one
+    of them as it was afterwards (the tests call :func:`generate` in-process: a bar or a warning filter left off
+    would change what later tests see)."""
     import transformers
 
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    transformers.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
+    hf = transformers.utils.logging
+    level, verbosity, bars = logging.root.manager.disable, hf.get_verbosity(), hf.is_progress_bar_enabled()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore")
+        logging.disable(logging.WARNING)
+        hf.set_verbosity_error()
+        hf.disable_progress_bar()
+        try:
+            yield
+        finally:
+            logging.disable(level)
+            hf.set_verbosity(verbosity)
+            if bars:
+                hf.enable_progress_bar()
+
+
+def generate() -> dict[str, Any]:
+    """The derived table (``architectures_derived.json``'s content), with the libraries quiet while it runs."""
+    with _quiet_libraries():
+        return _generate()
+
+
+def _generate() -> dict[str, Any]:
     entries: dict[str, Any] = {}
     refused: dict[str, str] = {}
     not_derived: dict[str, str] = {}

@@ -470,10 +470,19 @@ def test_every_transformer_lens_adapter_type_is_covered_or_refused():
 
 @pytest.mark.slow
 def test_generated_table_is_what_the_installed_libraries_give():
-    """scripts/derive_architectures.py --check, in-process: the committed JSON is regenerated bit for bit."""
+    """scripts/derive_architectures.py --check, in-process: the committed JSON is regenerated bit for bit, and the
+    process is left as it was (transformers' progress bars and verbosity, warning filters, logging)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
     _require_the_table_libraries()
     gen = _generator()
+    before = (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity(), list(warnings.filters))
+    disabled = logging.root.manager.disable
     assert gen.dumps(gen.generate()) == (ROOT / "src/tl_idempotence/data/architectures_derived.json").read_text()
+    assert (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity(), list(warnings.filters)) == before
+    assert logging.root.manager.disable == disabled
 
 
 def test_file_route_imports_neither_transformer_lens_nor_transformers(tmp_path):
