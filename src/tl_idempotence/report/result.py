@@ -554,11 +554,26 @@ class IdempotenceReport(DrawnResult):
         """
         from ..probes.ablation import ablation
 
-        m = model if model is not None else self.model
-        if m is None:
-            raise OptionError("ablation needs the TransformerLens model: rep.ablation(model=...).")
+        m = self._model_to_run(model, "rep.ablation", "the ablation runs it with its heads zeroed")
         self.check_joins(model=m, processing_may_differ=True)  # the closed heads are this report's: of this model
         return ablation(m, self.closed_heads, **kwargs)
+
+    def _model_to_run(self, model: TLModel | None, call: str, why: str) -> TLModel:
+        """``model``, else the report's own live model, for a method that runs it (``call``: ``"rep.roles"``;
+        ``why``: what runs it). The caller checks it against the report (:meth:`check_joins`).
+
+        Raises:
+            OptionError: neither is given (names ``call`` and the model the report was measured from).
+        """
+        m = model if model is not None else self.model
+        if m is None:
+            raise OptionError(
+                f"{call} needs a TransformerLens model to run ({why}): this report was measured from "
+                f"{self.info.model_class} {self.info.model_name!r}, which is not alive here or gives weights only (a "
+                f"checkpoint path, a HeadSource). Pass {call}(model=...) with the HookedTransformer or "
+                "TransformerBridge of the same weights."
+            )
+        return m
 
     @strict_kwargs
     def roles(
@@ -625,14 +640,7 @@ class IdempotenceReport(DrawnResult):
                 self.check_joins(model=model)
             self.check_joins(roles=roles)
         else:
-            m = model if model is not None else self.model
-            if m is None:
-                raise OptionError(
-                    "rep.roles needs a TransformerLens model to run (the head detector runs it on tokens): this "
-                    f"report was measured from {self.info.model_class} {self.info.model_name!r}, which is not alive "
-                    "here or gives weights only (a checkpoint path, a HeadSource). Pass rep.roles(model=...) with "
-                    "the HookedTransformer or TransformerBridge of the same weights."
-                )
+            m = self._model_to_run(model, "rep.roles", "the head detector runs it on tokens")
             self.check_joins(model=m)  # before the model is run: the report's own model too (edited in place?)
             roles = head_roles(
                 m,
@@ -719,14 +727,7 @@ class IdempotenceReport(DrawnResult):
                 f"roles must be a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
                 f"{type(roles).__name__}."
             )
-        m = model if model is not None else self.model
-        if m is None:
-            raise OptionError(
-                "rep.mechanism needs the TransformerLens model (the attended-token effect runs it on text): this "
-                f"report was measured from {self.info.model_class} {self.info.model_name!r}, which is not alive here "
-                "or gives weights only. Pass rep.mechanism(model=...) with the HookedTransformer or "
-                "TransformerBridge of the same weights."
-            )
+        m = self._model_to_run(model, "rep.mechanism", "the attended-token effect runs it on text")
         self.check_joins(model=m)  # the one identity check: sizes, processing, every measured layer's weights
         hr = self.check_joins(roles=roles) if roles is not None else None
         h = self._heads

@@ -189,7 +189,10 @@ def test_hostile_inputs(joined):
 
     gc.collect()
     assert rep2.model is None  # the report keeps a weak reference only
-    with pytest.raises(OptionError, match="needs the TransformerLens model"):
+    with pytest.raises(
+        OptionError,
+        match=r"rep\.mechanism needs a TransformerLens model to run \(the attended-token effect .* gives weights only",
+    ):
         rep2.mechanism(texts=tokens(), **FAST)
     with pytest.raises(OptionError, match="at most d_vocab = 50"):
         rep.mechanism(texts=tokens(), k=51)
