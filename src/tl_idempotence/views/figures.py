@@ -647,6 +647,18 @@ ROLE_PANELS = {
 }
 
 
+def _closed_and_other(table: pd.DataFrame, ok: pd.Series, t: float) -> list[tuple[str, dict[str, Any], pd.DataFrame]]:
+    """``(legend name, marker, rows)`` of the heads selected by ``ok``: the other heads (grey) first, then the
+    closed ones (``P >= t``, red diamonds), as the scatter figures of heads draw them."""
+    return [
+        (name, marker, table[ok & (table["closed"].astype(bool) == closed)])
+        for closed, name, marker in (
+            (False, "other heads", {"color": "#7f7f7f", "size": 6, "opacity": 0.6}),
+            (True, f"closed (P >= {t:g})", {"color": "#e8175d", "size": 10, "symbol": "diamond"}),
+        )
+    ]
+
+
 def roles_figure(assoc: Any) -> go.Figure:
     """Each head role's score (y) against the head's P (x), one panel per role, from ``rep.roles(model=...)``.
 
@@ -688,11 +700,7 @@ def roles_figure(assoc: Any) -> go.Figure:
     fig.update_annotations(font={"size": 12})  # the subplot titles (the only annotations here)
     for i, r in enumerate(roles, start=1):
         ok = table["P"].notna() & table[r].notna()
-        for closed, name, marker in (
-            (False, "other heads", {"color": "#7f7f7f", "size": 6, "opacity": 0.6}),
-            (True, f"closed (P >= {t:g})", {"color": "#e8175d", "size": 10, "symbol": "diamond"}),
-        ):
-            part = table[ok & (table["closed"].astype(bool) == closed)]
+        for name, marker, part in _closed_and_other(table, ok, t):
             fig.add_trace(
                 go.Scatter(
                     x=part["P"].to_numpy(dtype=float),
@@ -759,11 +767,7 @@ def mechanism_figure(mech: Any) -> go.Figure:
     t = float(s["threshold"])
     ok = table["alpha_P"].notna() & table["effect_median"].notna()
     fig = go.Figure()
-    for closed, name, marker in (
-        (False, "other heads", {"color": "#7f7f7f", "size": 6, "opacity": 0.6}),
-        (True, f"closed (P >= {t:g})", {"color": "#e8175d", "size": 10, "symbol": "diamond"}),
-    ):
-        part = table[ok & (table["closed"].astype(bool) == closed)]
+    for name, marker, part in _closed_and_other(table, ok, t):
         fig.add_trace(
             go.Scatter(
                 x=part["alpha_P"].to_numpy(dtype=float),
