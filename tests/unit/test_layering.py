@@ -117,48 +117,84 @@ def test_library_never_imports_testing():
     assert not bad, "\n".join(bad)
 
 
-def deferred_lines() -> dict[str, set[int]]:
-    """{module: the lines of its imports that do not run when it is imported}: inside a function (a lazy import,
-    e.g. an analysis's factory that imports its class when called) or under ``if TYPE_CHECKING``."""
-    out: dict[str, set[int]] = {}
-    for path in sorted(SRC.rglob("*.py")):
-        lines = out.setdefault(module_name(path), set())
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            deferred = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or (
-                isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            )
-            if deferred:
-                lines.update(n.lineno for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom)))
-    return out
+def import_cycles() -> list[list[str]]:
+    """Every strongly connected component of more than one module in the graph of all imports of src/ (at module
+    level, inside a function and under ``if TYPE_CHECKING`` alike: a lazy or a typing import is a dependency too),
+    each as one cycle through it (``a -> b -> ... -> a``), sorted."""
+    graph: dict[str, set[str]] = {}
+    for a, b, _, _ in imports():
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set(stack[stack.index(v) :])
+            del stack[stack.index(v) :]
+            if len(comp) > 1:
+                components.append(comp)
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return sorted(_cycle_through(graph, comp) for comp in components)
+
+
+def _cycle_through(graph: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """One cycle through the first module of a strongly connected component, inside it (breadth-first: shortest)."""
+    start = min(comp)
+    paths = {start: [start]}
+    todo = [start]
+    while todo:
+        v = todo.pop(0)
+        for w in sorted(graph.get(v, ()) & comp):
+            if w == start:
+                return [*paths[v], start]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                todo.append(w)
+    raise AssertionError(f"no cycle through {start} in {sorted(comp)}")  # pragma: no cover - a component has one
 
 
 def test_no_import_cycles():
-    """No cycle among the imports that run when a module is imported (every import still runs down the layers:
-    test_imports_only_run_down_the_layers). A deferred import may close a loop inside a layer: the registry lists
-    each analysis's declaration, whose factory imports the analysis's class when called, which uses the options
-    the registry assembles."""
-    deferred = deferred_lines()
-    graph: dict[str, set[str]] = {}
-    for a, b, _, line in imports():
-        if a != b and line not in deferred[a]:
-            graph.setdefault(a, set()).add(b)
-    # package __init__ files are facades; a submodule importing its own package's __init__ is not a cycle risk here
-    state: dict[str, int] = {}
-    cycles: list[list[str]] = []
+    """No cycle among the imports of src/, counting the lazy ones (inside a function) and the ``TYPE_CHECKING`` ones:
+    each is a dependency a reader and a type checker follow. An analysis's declaration (``<name>_spec.py``) imports
+    its class in its factory, so the class imports neither its declaration nor the registry or the report options
+    assembled from it (it reads its own option by name from ``core.option_specs.GeneralOptions``)."""
+    cycles = import_cycles()
+    assert not cycles, "import cycles (one through each group of modules that import each other):\n" + "\n".join(
+        " -> ".join(c) for c in cycles
+    )
 
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in graph.get(node, ()):
-            if state.get(nxt) == 1:
-                cycles.append([*stack[stack.index(nxt) :], nxt] if nxt in stack else [node, nxt])
-            elif state.get(nxt) is None:
-                visit(nxt, [*stack, nxt])
-        state[node] = 2
 
-    for n in sorted(graph):
-        if state.get(n) is None:
-            visit(n, [n])
-    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+def test_the_cycle_rule_fails_on_a_planted_cycle(tmp_path, monkeypatch):
+    """The rule above can fail, also on a cycle closed only by a lazy import and a ``TYPE_CHECKING`` one."""
+    fake = tmp_path / "tl_idempotence"
+    (fake / "analyses").mkdir(parents=True)
+    for d in (fake, fake / "analyses"):
+        (d / "__init__.py").write_text("")
+    (fake / "analyses" / "a_spec.py").write_text("def analysis():\n    from .a import A\n\n    return A()\n")
+    (fake / "analyses" / "a.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .a_spec import analysis\n\nclass A: ...\n"
+    )
+    (fake / "analyses" / "b.py").write_text("from .a import A\n")  # on the way in, not in the cycle
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert import_cycles() == [
+        ["tl_idempotence.analyses.a", "tl_idempotence.analyses.a_spec", "tl_idempotence.analyses.a"]
+    ]
+    with pytest.raises(AssertionError, match=r"tl_idempotence\.analyses\.a -> tl_idempotence\.analyses\.a_spec -> "):
+        test_no_import_cycles()
 
 
 def test_no_higher_layer_named_in_a_string():

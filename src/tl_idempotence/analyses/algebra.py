@@ -14,12 +14,12 @@ import pandas as pd
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.heads import ModelInfo, source_info
+from ..core.option_specs import GeneralOptions
 from ..core.options import check_bool, resolve_layers, strict_kwargs
 from ..sources.dispatch import head_source
 from .algebra_maths import MHA_REASON, TABLES, SharedValueAlgebra, layer_algebra
 from .algebra_maths import empty_table as _empty
 from .base import LayerContext, LayerResult
-from .report_options import ReportOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import ArchitectureLike, DeviceLike, DtypeLike, LayersLike, ModelLike, RealLike
@@ -72,7 +72,7 @@ def shared_value_algebra(
     """
     from .loop import iter_layers
 
-    opts = ReportOptions(threshold=threshold, algebra=True, layers=layers, compute_dtype=compute_dtype, device=device)
+    opts = GeneralOptions(threshold=threshold, layers=layers, compute_dtype=compute_dtype, device=device)
     progress = check_bool(progress, "progress")
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
@@ -99,9 +99,9 @@ class AlgebraAnalysis:
     name: ClassVar[str] = "algebra"
     reason_column: ClassVar[str | None] = None
 
-    def enabled(self, options: ReportOptions) -> bool:
-        """Whether the report runs this analysis (when ``options.algebra``)."""
-        return options.algebra
+    def enabled(self, options: GeneralOptions) -> bool:
+        """Whether the report runs this analysis (when its option ``algebra`` is on)."""
+        return bool(options["algebra"])
 
     def layer(self, ctx: LayerContext) -> SharedValueAlgebra:
         """The algebra of one layer's context (SPEC 7), as a :class:`SharedValueAlgebra` of that layer."""
@@ -204,7 +204,7 @@ class AlgebraAnalysis:
         return heads, new_layers, new
 
     def summarize(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: GeneralOptions
     ) -> dict[str, Any]:
         """Model-level headline numbers (SPEC 7) from the concatenated per-layer results (JSON values):
         ``algebra`` (the :class:`SharedValueAlgebra` summary at the options' threshold) and

@@ -34,9 +34,9 @@ import torch
 
 from ..core.factors import principal_factors
 from ..core.heads import LayerHeads
+from ..core.option_specs import GeneralOptions
 from ..core.random import head_generator, layer_generator
 from ..maths.closure import CastBuffer, Closure, Grams, closure_from_grams, layer_grams
-from .report_options import ReportOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -52,17 +52,21 @@ class LayerContext:
         heads: the layer's :class:`~tl_idempotence.core.heads.LayerHeads` (column form).
         grams: its Gram products (``[n_heads]``, CPU float64; maybe power-of-two rescaled).
         closure: its :class:`~tl_idempotence.maths.closure.Closure` without factors.
-        options: the validated :class:`~tl_idempotence.analyses.report_options.ReportOptions`.
+        options: the validated options: a report's
+            :class:`~tl_idempotence.analyses.report_options.ReportOptions`, or the report's own options alone
+            (:class:`~tl_idempotence.core.option_specs.GeneralOptions`) for an entry point without a report. The
+            report's own are typed attributes (``options.threshold``); an analysis reads its own by name
+            (``options["nulls"]``).
     """
 
     heads: LayerHeads
     grams: Grams
     closure: Closure
-    options: ReportOptions
+    options: GeneralOptions
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def build(cls, heads: LayerHeads, options: ReportOptions, buffer: CastBuffer | None = None) -> LayerContext:
+    def build(cls, heads: LayerHeads, options: GeneralOptions, buffer: CastBuffer | None = None) -> LayerContext:
         """Compute the layer's Gram products (on ``options.device``) and closure once (``buffer``: memory reused
         across a loop's layers for the cast of O, :class:`~tl_idempotence.maths.closure.CastBuffer`)."""
         g = layer_grams(
@@ -139,8 +143,8 @@ class Analysis(Protocol):
     name: ClassVar[str]
     reason_column: ClassVar[str | None]
 
-    def enabled(self, options: ReportOptions) -> bool:
-        """Whether the options ask for this analysis."""
+    def enabled(self, options: GeneralOptions) -> bool:
+        """Whether the options ask for this analysis (a report's options: it reads its own, ``options["name"]``)."""
         ...
 
     def run(self, ctx: LayerContext) -> LayerResult:
@@ -148,7 +152,7 @@ class Analysis(Protocol):
         ...
 
     def summarize(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: GeneralOptions
     ) -> dict[str, Any]:
         """Model-level headline numbers from the concatenated per-layer results (JSON values)."""
         ...

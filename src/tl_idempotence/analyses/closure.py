@@ -4,8 +4,8 @@ Per head: ``alpha, P, norm, norm_T2, rank_O, rank_V, closed`` (``P >= threshold`
 ``reason`` (why P is NaN: a zero or nilpotent head). Per layer: ``n_closed``,
 ``median_P``, ``max_P``. Always enabled. ``closed`` and ``n_closed`` are the declared threshold rules
 (:data:`~tl_idempotence.analyses.closure_spec.CLOSED`, :data:`~tl_idempotence.analyses.closure_spec.N_CLOSED`),
-computed here through their kernels and at another threshold by
-:func:`~tl_idempotence.analyses.threshold.derive_at_threshold`. :func:`closed_flags` lives in
+computed here with their kernels (:func:`closed_flags`, :func:`~tl_idempotence.analyses.threshold.count_closed`) and
+at another threshold by :func:`~tl_idempotence.analyses.threshold.derive_at_threshold`. :func:`closed_flags` lives in
 :mod:`~tl_idempotence.analyses.threshold` (importable from here too).
 """
 
@@ -16,10 +16,9 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from ..core.option_specs import GeneralOptions
 from .base import LayerContext, LayerResult, nan_max, nan_median
-from .closure_spec import CLOSED, N_CLOSED
-from .report_options import ReportOptions
-from .threshold import closed_flags
+from .threshold import closed_flags, count_closed
 
 __all__ = ["ClosureAnalysis", "closed_flags"]
 
@@ -32,7 +31,7 @@ class ClosureAnalysis:
     name: ClassVar[str] = "closure"
     reason_column: ClassVar[str | None] = "reason"
 
-    def enabled(self, options: ReportOptions) -> bool:
+    def enabled(self, options: GeneralOptions) -> bool:
         """Whether the report runs this analysis (always)."""
         return True
 
@@ -44,7 +43,7 @@ class ClosureAnalysis:
         c = ctx.closure
         P = c.P.numpy()
         t = ctx.options.threshold
-        closed = CLOSED.flags(P, t)
+        closed = closed_flags(P, t)
         res = LayerResult(
             columns={
                 "alpha": c.alpha.numpy(),
@@ -56,14 +55,14 @@ class ClosureAnalysis:
                 "closed": closed,
                 "reason": np.asarray(c.reason, dtype=object).astype(str),
             },
-            values={"n_closed": N_CLOSED.count(P, t), "median_P": nan_median(P), "max_P": nan_max(P)},
+            values={"n_closed": count_closed(P, t), "median_P": nan_median(P), "max_P": nan_max(P)},
         )
         if not np.isfinite(P).any():
             res.notes.update(median_P=_NO_P, max_P=_NO_P)
         return res
 
     def summarize(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: GeneralOptions
     ) -> dict[str, Any]:
         """Model-level headline numbers (SPEC 2-3) from the concatenated per-layer results (JSON values)."""
         P = heads["P"].to_numpy(dtype=float)

@@ -24,11 +24,11 @@ import numpy as np
 import pandas as pd
 
 from ..core.heads import HeadSource, LayerHeads, ModelInfo, read_layer
+from ..core.option_specs import GeneralOptions
 from ..core.options import resolve_layers
 from ..core.threads import layer_macs, threads_for
 from ..maths.closure import CastBuffer
 from .base import Analysis, LayerContext
-from .report_options import ReportOptions
 
 __all__ = ["LayerPart", "LayerWork", "iter_layers", "run_layer"]
 
@@ -60,7 +60,7 @@ class LayerWork:
         heads: the layer's :class:`~tl_idempotence.core.heads.LayerHeads` (read and checked).
     """
 
-    def __init__(self, heads: LayerHeads, options: ReportOptions, buffer: CastBuffer) -> None:
+    def __init__(self, heads: LayerHeads, options: GeneralOptions, buffer: CastBuffer) -> None:
         self.layer = heads.layer
         self.heads = heads
         self._options = options
@@ -85,7 +85,7 @@ class LayerWork:
 def iter_layers(
     src: HeadSource,
     info: ModelInfo,
-    options: ReportOptions,
+    options: GeneralOptions,
     *,
     layers: Sequence[int] | None = None,
     progress: bool = True,

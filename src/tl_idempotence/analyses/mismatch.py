@@ -17,14 +17,13 @@ import torch
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.heads import LayerHeads, source_info
+from ..core.option_specs import GeneralOptions
 from ..core.options import strict_kwargs
 from ..maths.closure import Grams, apply_exponents, closure_from_grams, layer_grams
 from ..sources.dispatch import head_source
 from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult, nan_max
-from .mismatch_spec import N_MISMATCH_CLOSED
-from .report_options import ReportOptions
-from .threshold import closed_flags
+from .threshold import closed_flags, count_closed
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import ArchitectureLike, DeviceLike, DtypeLike, LayersLike, ModelLike, RealLike
@@ -114,7 +113,7 @@ def _layer_values(tab: pd.DataFrame, note: str, threshold: float) -> tuple[dict[
         "n_mismatch_pairs": len(tab),
         "mismatch_P_max": float(fin.max()) if fin.size else float("nan"),
         "mismatch_P_median": float(np.median(fin)) if fin.size else float("nan"),
-        "n_mismatch_closed": N_MISMATCH_CLOSED.count(P, threshold),
+        "n_mismatch_closed": count_closed(P, threshold),
         "mismatch_note": note,
     }
     notes = {}
@@ -193,7 +192,7 @@ def mismatch(
     """
     from .loop import iter_layers
 
-    opts = ReportOptions(threshold=threshold, layers=layers, compute_dtype=compute_dtype, device=device)
+    opts = GeneralOptions(threshold=threshold, layers=layers, compute_dtype=compute_dtype, device=device)
     threshold = opts.threshold
     src = head_source(model, architecture=architecture, prefix=prefix)
     info = source_info(src)
@@ -212,16 +211,17 @@ class MismatchAnalysis:
     """Per-layer mismatch summary of the report (SPEC 4a); runs when ``nulls > 0``.
 
     Tables: ``mismatch_pairs`` (every pair, from which the declared rule
-    :data:`~tl_idempotence.analyses.mismatch_spec.N_MISMATCH_CLOSED` derives ``n_mismatch_closed`` at another
+    :data:`~tl_idempotence.analyses.mismatch_spec.N_MISMATCH_CLOSED`, whose kernel gives ``n_mismatch_closed`` here,
+    derives it at another
     threshold).
     """
 
     name: ClassVar[str] = "mismatch"
     reason_column: ClassVar[str | None] = None
 
-    def enabled(self, options: ReportOptions) -> bool:
-        """Whether the report runs this analysis (when ``options.nulls > 0``)."""
-        return options.nulls > 0
+    def enabled(self, options: GeneralOptions) -> bool:
+        """Whether the report runs this analysis (when the scramble's option ``nulls > 0``)."""
+        return bool(options["nulls"] > 0)
 
     def run(self, ctx: LayerContext) -> LayerResult:
         """This analysis of one layer (SPEC 4a): the columns, values, tables and notes of the class docstring.
@@ -233,7 +233,7 @@ class MismatchAnalysis:
         return LayerResult(values=values, notes=notes, tables={"mismatch_pairs": tab})
 
     def summarize(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: GeneralOptions
     ) -> dict[str, Any]:
         """Model-level headline numbers (SPEC 4a) from the concatenated per-layer results (JSON values)."""
         s: dict[str, Any] = {

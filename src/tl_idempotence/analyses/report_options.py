@@ -22,18 +22,15 @@ Imports no torch at import (the CLI's ``--help`` reads the options).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import FrozenInstanceError
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..core.kwargs import unknown_option_error
-from ..core.option_specs import GENERAL_OPTIONS, REQUIRED, OptionSpec
+from ..core.option_specs import GENERAL_OPTIONS, REQUIRED, GeneralOptions, Option, OptionSpec
 from ..core.options import check_device_name, check_threshold
 from ..errors import OptionError, OptionTypeError
 from . import registry
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
     from typing_extensions import Unpack
 
     from ..core.hints import DeviceLike, DtypeLike, IntLike, LayersLike, NullsLike, RealLike
@@ -153,11 +150,12 @@ def _encode(name: str, value: Any) -> Any:
     return value
 
 
-class ReportOptions:
+class ReportOptions(GeneralOptions):
     """The validated options of a report (and of every route into it). Frozen (assigning an attribute raises
     ``dataclasses.FrozenInstanceError``), compared and hashed by value.
 
-    Its options are :func:`report_options`: the report's own (below) and every registered analysis's (``nulls``,
+    Its options are :func:`report_options`: the report's own (below; :class:`~tl_idempotence.core.option_specs.
+    GeneralOptions`, its base class, which is what an analysis reads) and every registered analysis's (``nulls``,
     ``search``, ``algebra``; declared beside the analysis), each validated by its declared validator when the
     options are built. Each is a typed attribute (``options.nulls``); an option of an analysis registered
     besides the paper's reads as ``options["name"]``.
@@ -179,98 +177,22 @@ class ReportOptions:
         OptionTypeError / OptionError / DeviceError: see the ``check_*`` functions.
     """
 
-    __slots__ = ("_values",)
-    _values: MappingProxyType[str, Any]
+    __slots__ = ()
+
+    # The options of the paper's analyses, typed (the report's own are GeneralOptions'): each the return type of its
+    # declared validator (tests/unit/analyses/test_report_options.py checks names, types and defaults against the
+    # registry). An option of an analysis registered besides these reads as ``options["name"]``.
+    nulls: Option[int] = Option("Orientation-scramble draws per head (0: no controls).")
+    search: Option[bool] = Option("Whether the constructive search runs.")
+    algebra: Option[bool] = Option("Whether the shared-value algebra runs.")
 
     def __init__(self, **options: Unpack[ReportOptionsArgs]) -> None:
-        specs = report_options()
-        given_ = dict(options)
-        check_option_names("ReportOptions()", given_)
-        values: dict[str, Any] = {}
-        for o in specs:
-            v = given_.get(o.name, o.default)
-            values[o.name] = o.validate(v)
-        object.__setattr__(self, "_values", MappingProxyType(values))
-
-    # The options of the paper's analyses and the report's own, typed: each the return type of its declared
-    # validator (tests/unit/analyses/test_report_options.py checks names, types and defaults against the registry).
-    # An option of an analysis registered besides these reads as ``options["name"]``.
-
-    @property
-    def threshold(self) -> float:
-        """P threshold of a "closed" head, in [0, 1]."""
-        return self._values["threshold"]
-
-    @property
-    def nulls(self) -> int:
-        """Orientation-scramble draws per head (0: no controls)."""
-        return self._values["nulls"]
-
-    @property
-    def seed(self) -> int:
-        """The seed of every random analysis (layer ``l`` draws from ``(seed, l)``)."""
-        return self._values["seed"]
-
-    @property
-    def search(self) -> bool:
-        """Whether the constructive search runs."""
-        return self._values["search"]
-
-    @property
-    def algebra(self) -> bool:
-        """Whether the shared-value algebra runs."""
-        return self._values["algebra"]
-
-    @property
-    def layers(self) -> tuple[int, ...] | None:
-        """The layer indices to measure, or None for all."""
-        return self._values["layers"]
-
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        """The dtype of the ``d_model``-long products."""
-        return self._values["compute_dtype"]
-
-    @property
-    def device(self) -> torch.device:
-        """Where the products and the batched r x r work run."""
-        return self._values["device"]
-
-    def __getitem__(self, name: str) -> Any:
-        """The value of the option ``name`` (any registered option).
-
-        Raises:
-            KeyError: no such option (names the options).
-        """
-        try:
-            return self._values[name]
-        except KeyError:
-            raise KeyError(f"ReportOptions has no option {name!r}; its options are {list(self._values)}") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to field {name!r}: ReportOptions is frozen")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete field {name!r}: ReportOptions is frozen")
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ReportOptions):
-            return NotImplemented
-        return dict(self._values) == dict(other._values)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._values.items()))
-
-    def __repr__(self) -> str:
-        return f"ReportOptions({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_restore, (dict(self._values),))
+        super().__init__(**options)
 
     @classmethod
-    def names(cls) -> list[str]:
-        """The option names (the order of :func:`report_options`)."""
-        return [o.name for o in report_options()]
+    def specs(cls) -> tuple[OptionSpec, ...]:
+        """The options it holds: :func:`report_options` (read from the registry at each call)."""
+        return report_options()
 
     @classmethod
     def from_kwargs(
@@ -341,7 +263,7 @@ class ReportOptions:
     def with_threshold(self, threshold: RealLike) -> ReportOptions:
         """A copy with another threshold (validated); the device is kept as is."""
         out = ReportOptions.from_record({**self.as_dict(), "threshold": check_threshold(threshold)})
-        return _restore({**out._values, "device": self.device})
+        return ReportOptions._restore({**out._values, "device": self.device})
 
     @classmethod
     def from_record(cls, record: object) -> ReportOptions:
@@ -379,11 +301,4 @@ class ReportOptions:
             device = torch.device(dev)
         except RuntimeError as e:
             raise OptionError(f"options.device={dev!r} is not a device name.") from e
-        return _restore({**out._values, "device": device})
-
-
-def _restore(values: Mapping[str, Any]) -> ReportOptions:
-    """Options from values already validated (unpickling, :meth:`ReportOptions.from_record`'s recorded device)."""
-    out = object.__new__(ReportOptions)
-    object.__setattr__(out, "_values", MappingProxyType(dict(values)))
-    return out
+        return cls._restore({**out._values, "device": device})

@@ -49,6 +49,7 @@ from torch import Tensor
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, default_of
 from ..core.heads import LayerHeads
 from ..core.kwargs import warn_at_caller
+from ..core.option_specs import GeneralOptions
 from ..core.options import check_bool, check_compute_dtype, check_device, check_int, check_seed, strict_kwargs
 from ..core.paper import FDR_LEVEL
 from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator
@@ -57,8 +58,7 @@ from ..maths.closure import Closure, closure
 from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult, nan_median
 from .orientation import Factors, P_from_Z, defined_for_orientation, factors_of, factors_of_closure
-from .report_options import ReportOptions
-from .scramble_spec import FRAC_SCRAMBLED_CLOSED
+from .threshold import fractions_closed
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import DeviceLike, DtypeLike, HeadWeightsLike, IntLike
@@ -423,23 +423,24 @@ class ScrambleAnalysis:
     ``frac_beats_scramble`` (over the layer's ``n_heads_compared`` heads with a defined comparison; NaN with
     a note when there is none), ``n_heads_compared``, ``trained_wins`` (the layer's median trained P beats it).
     Tables: ``scramble_draws`` (``layer, head, draw, P``) — every draw, for figures and for the declared
-    threshold rule :data:`~tl_idempotence.analyses.scramble_spec.FRAC_SCRAMBLED_CLOSED`, which gives
+    threshold rule :data:`~tl_idempotence.analyses.scramble_spec.FRAC_SCRAMBLED_CLOSED` (its kernel
+    :func:`~tl_idempotence.analyses.threshold.fractions_closed`), which gives
     ``frac_scrambled_closed`` (here at the run's threshold, and at another from the stored draws).
     """
 
     name: ClassVar[str] = "scramble"
     reason_column: ClassVar[str | None] = "scramble_reason"
 
-    def enabled(self, options: ReportOptions) -> bool:
-        """Whether the report runs this analysis (when ``options.nulls > 0``)."""
-        return options.nulls > 0
+    def enabled(self, options: GeneralOptions) -> bool:
+        """Whether the report runs this analysis (when its option ``nulls > 0``)."""
+        return bool(options["nulls"] > 0)
 
     def run(self, ctx: LayerContext) -> LayerResult:
         """This analysis of one layer (SPEC 4b): the columns, values, tables and notes of the class docstring.
 
         Raises: nothing of its own for a valid context (the context was built from checked heads and options).
         """
-        n = ctx.options.nulls
+        n = ctx.options["nulls"]
         K, D, rank_O, rank_V = ctx.principal(principal_K=False)
         f = factors_of(K, D, rank_O, rank_V, ctx.closure, ctx.grams.e_T)
         Pd, _ = scramble_draws(f, n, ctx.options.seed, ctx.layer, return_K=False, device=ctx.device)
@@ -454,8 +455,8 @@ class ScrambleAnalysis:
             }
         )
         cols: dict[str, np.ndarray] = dict(summ)
-        cols["frac_scrambled_closed"] = FRAC_SCRAMBLED_CLOSED.fractions(
-            draws, np.full(ctx.n_heads, ctx.layer), np.arange(ctx.n_heads), ctx.options.threshold
+        cols["frac_scrambled_closed"] = fractions_closed(
+            draws, "P", np.full(ctx.n_heads, ctx.layer), np.arange(ctx.n_heads), ctx.options.threshold
         )
         eff, eff_why = scramble_effect(f.P.numpy(), summ["P_scrambled_median"])
         cols["scramble_effect"] = eff
@@ -490,12 +491,12 @@ class ScrambleAnalysis:
         return res
 
     def summarize(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: GeneralOptions
     ) -> dict[str, Any]:
         """Model-level headline numbers (SPEC 4b) from the concatenated per-layer results (JSON values)."""
         defined = np.isfinite(heads["p_value"].to_numpy(dtype=float))
         s: dict[str, Any] = {
-            "n_scramble_draws": int(options.nulls),
+            "n_scramble_draws": int(options["nulls"]),
             "median_P_trained": nan_median(heads["P"]),
             "median_P_scrambled": nan_median(heads["P_scrambled_median"]),
             "n_heads_compared": int(defined.sum()),

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.heads import LayerHeads, source_info
+from ..core.option_specs import GeneralOptions
 from ..core.options import check_compute_dtype, check_device, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
 from ..core.selection import select_heads
@@ -50,8 +51,7 @@ from ..sources.dispatch import head_source
 from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
-from .report_options import ReportOptions
-from .search_spec import FEASIBLE, N_HEADS_FEASIBLE
+from .threshold import closed_flags, count_closed
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import (
@@ -516,7 +516,7 @@ def _search_source(src: Any, heads: Any, seed: int, dtype: Any, dev: Any, bud: d
 
     info = source_info(src)
     want = _wanted_heads(heads, list(src.layers()), info.n_heads)
-    opts = ReportOptions(seed=seed, compute_dtype=dtype, device=dev)
+    opts = GeneralOptions(seed=seed, compute_dtype=dtype, device=dev)
     parts = []
     for w in iter_layers(src, info, opts, layers=list(want), progress=False, desc="search"):
         c = closure_from_grams(w.context().grams, factors=True)  # = closure(heads, factors=True), grams reused
@@ -545,15 +545,16 @@ class SearchAnalysis:
     Per layer: ``feasible_P`` (best searched P in the layer), ``feasible`` (``feasible_P >=
     threshold``), ``feasible_head``, ``n_heads_feasible``, ``n_search_budget_stops``. ``feasible`` and
     ``n_heads_feasible`` are the declared threshold rules (:data:`~tl_idempotence.analyses.search_spec.FEASIBLE`,
-    :data:`~tl_idempotence.analyses.search_spec.N_HEADS_FEASIBLE`), computed here through their kernels.
+    :data:`~tl_idempotence.analyses.search_spec.N_HEADS_FEASIBLE`), computed here with their kernels
+    (:func:`~tl_idempotence.analyses.threshold.closed_flags`, :func:`~tl_idempotence.analyses.threshold.count_closed`).
     """
 
     name: ClassVar[str] = "search"
     reason_column: ClassVar[str | None] = "search_reason"
 
-    def enabled(self, options: ReportOptions) -> bool:
-        """Whether the report runs this analysis (when ``options.search``)."""
-        return options.search
+    def enabled(self, options: GeneralOptions) -> bool:
+        """Whether the report runs this analysis (when its option ``search`` is on)."""
+        return bool(options["search"])
 
     def run(self, ctx: LayerContext) -> LayerResult:
         """This analysis of one layer (SPEC 5): the columns, values, tables and notes of the class docstring.
@@ -570,9 +571,9 @@ class SearchAnalysis:
         fP = float(Ps[fin].max()) if fin.any() else float("nan")
         values = {
             "feasible_P": fP,
-            "feasible": bool(FEASIBLE.flags(fP, ctx.options.threshold)),
+            "feasible": bool(closed_flags(fP, ctx.options.threshold)),
             "feasible_head": int(np.nanargmax(np.where(fin, Ps, -np.inf))) if fin.any() else -1,
-            "n_heads_feasible": N_HEADS_FEASIBLE.count(Ps, ctx.options.threshold),
+            "n_heads_feasible": count_closed(Ps, ctx.options.threshold),
             "n_search_budget_stops": int((df["search_stopped_on"] == "budget").sum()),
         }
         notes = {} if fin.any() else {"feasible_P": "no head of the layer could be searched (see search_reason)"}
@@ -583,7 +584,7 @@ class SearchAnalysis:
         return LayerResult(columns=cols, values=values, notes=notes)
 
     def summarize(
-        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: ReportOptions
+        self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], options: GeneralOptions
     ) -> dict[str, Any]:
         """Model-level headline numbers (SPEC 5) from the concatenated per-layer results (JSON values)."""
         feas = layers["feasible"].to_numpy(dtype=bool)

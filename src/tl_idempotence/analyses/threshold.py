@@ -14,9 +14,11 @@ AnalysisSpec` (``threshold_rules``), as rules of this module:
 
 :func:`derive_at_threshold` applies rules to a report's frames and returns new frames (its inputs are never
 changed): the report's :meth:`~tl_idempotence.report.report.IdempotenceReport.with_threshold` uses it, and an
-analysis's ``run`` computes the same outputs for its layer through the same rules' kernels (:meth:`Flag.flags`,
-:meth:`CountPerLayer.count`, :meth:`FractionPerHead.fractions`), so each number has one code path. The analyses'
-contract test checks that the rules applied at ``t`` to a run at another threshold give a run at ``t``.
+analysis's ``run`` computes the same outputs for its layer with the kernels the rules apply (:func:`closed_flags`,
+:func:`count_closed`, :func:`fractions_closed`), so each number has one code path. An analysis's module calls the
+kernels, not its declared rules: the declaration (``<name>_spec.py``) imports the analysis's class, so the class does
+not import it back (no import cycle, ``tests/unit/test_layering.py``). The analyses' contract test checks that the
+rules applied at ``t`` to a run at another threshold give a run at ``t``.
 
 Imports no torch, numpy or pandas at import (the analyses' declarations, and so the CLI's ``--help``, read it).
 """
@@ -41,7 +43,9 @@ __all__ = [
     "FunctionRule",
     "ThresholdRule",
     "closed_flags",
+    "count_closed",
     "derive_at_threshold",
+    "fractions_closed",
 ]
 
 
@@ -55,6 +59,26 @@ def closed_flags(P: Any, threshold: float) -> np.ndarray:
     import numpy as np
 
     return np.nan_to_num(np.asarray(P, dtype=float), nan=-1.0) >= threshold
+
+
+def count_closed(P: Any, threshold: float) -> int:
+    """How many of ``P`` (any shape) are ``>= threshold`` (NaN not counted): :class:`CountPerLayer`'s kernel."""
+    return int(closed_flags(P, threshold).sum())
+
+
+def fractions_closed(table: pd.DataFrame, source: str, layer: Any, head: Any, threshold: float) -> np.ndarray:
+    """Per ``(layer[i], head[i])``, the fraction of its defined rows of the long table ``table`` (finite ``source``,
+    a P column) with ``source >= threshold``: ``[n]`` float64, NaN for a head without a defined row (0 of 0 is not
+    "never closed"). :class:`FractionPerHead`'s kernel."""
+    import numpy as np
+    import pandas as pd
+
+    P = table[source].to_numpy(dtype=float)
+    ok = np.isfinite(P)
+    hits = pd.DataFrame({"layer": table["layer"], "head": table["head"], "hit": ok & closed_flags(P, threshold)})
+    g = hits.assign(ok=ok).groupby(["layer", "head"])[["hit", "ok"]].sum()
+    frac = (g["hit"] / g["ok"].clip(lower=1)).where(g["ok"] > 0)
+    return frac.reindex(pd.MultiIndex.from_arrays([np.asarray(layer), np.asarray(head)])).to_numpy(dtype=float)
 
 
 def _frame(heads: pd.DataFrame, layers: pd.DataFrame, tables: Mapping[str, pd.DataFrame], name: str) -> Any:
@@ -116,8 +140,8 @@ class CountPerLayer:
     over: str = "heads"
 
     def count(self, source: Any, threshold: float) -> int:
-        """The kernel for one layer: how many ``source`` values are ``>= threshold``."""
-        return int(closed_flags(source, threshold).sum())
+        """The kernel for one layer: how many ``source`` values are ``>= threshold`` (:func:`count_closed`)."""
+        return count_closed(source, threshold)
 
     def apply(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], t: float) -> Frames:
         """The frames with the count at ``t`` (a new layers frame; the inputs are not changed)."""
@@ -146,16 +170,8 @@ class FractionPerHead:
 
     def fractions(self, table: pd.DataFrame, layer: Any, head: Any, threshold: float) -> np.ndarray:
         """The kernel: the fraction of each ``(layer[i], head[i])``'s defined rows of ``table`` at ``threshold``
-        (``[n]`` float64; NaN for a head without a defined row)."""
-        import numpy as np
-        import pandas as pd
-
-        P = table[self.source].to_numpy(dtype=float)
-        ok = np.isfinite(P)
-        hits = pd.DataFrame({"layer": table["layer"], "head": table["head"], "hit": ok & closed_flags(P, threshold)})
-        g = hits.assign(ok=ok).groupby(["layer", "head"])[["hit", "ok"]].sum()
-        frac = (g["hit"] / g["ok"].clip(lower=1)).where(g["ok"] > 0)
-        return frac.reindex(pd.MultiIndex.from_arrays([np.asarray(layer), np.asarray(head)])).to_numpy(dtype=float)
+        (``[n]`` float64; NaN for a head without a defined row; :func:`fractions_closed`)."""
+        return fractions_closed(table, self.source, layer, head, threshold)
 
     def apply(self, heads: pd.DataFrame, layers: pd.DataFrame, tables: dict[str, pd.DataFrame], t: float) -> Frames:
         """The frames with the fraction at ``t`` (a new heads frame; the inputs are not changed). A report without

@@ -6,10 +6,16 @@ defaults and validation, each declared once:
 
 * :class:`OptionSpec` — one option's name, default, validator, help, types and command-line form;
 * :data:`GENERAL_OPTIONS` — the report's own options (threshold, seed, layers, compute_dtype, device), here;
-  each analysis declares the option that switches it on beside its code (``analyses/<name>_spec.py``), and
-  :mod:`tl_idempotence.analyses.report_options` assembles them from the analyses' registry
-  (:func:`~tl_idempotence.analyses.report_options.report_options`) into
-  :class:`~tl_idempotence.analyses.report_options.ReportOptions`, the CLI's flags and the options docstrings.
+  each analysis declares the option that switches it on beside its code (``analyses/<name>_spec.py``,
+  :func:`on_off` for an on/off one), and :mod:`tl_idempotence.analyses.report_options` assembles them from the
+  analyses' registry (:func:`~tl_idempotence.analyses.report_options.report_options`) into
+  :class:`~tl_idempotence.analyses.report_options.ReportOptions`, the CLI's flags and the options docstrings;
+* :class:`GeneralOptions` — the report's own options, validated, frozen and typed (:class:`Option`): what an
+  analysis reads (its ``LayerContext.options``; its own option by name, ``options["nulls"]``) and the base class of
+  ``ReportOptions``. An analysis types its options as this class, never as ``ReportOptions``: that class is
+  assembled from the registry, which lists the analyses (an import cycle, refused by
+  ``tests/unit/test_layering.py``). The entry points that run an analysis's code without a report
+  (``shared_value_algebra``, ``mismatch``, ``constructive_search``) build one.
 
 The validators are :mod:`tl_idempotence.core.options`. Imports no torch (``tl-idempotence --help`` and a mistyped
 flag answer in a fraction of a second).
@@ -17,21 +23,22 @@ flag answer in a fraction of a second).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import FrozenInstanceError, dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
 
 from ..errors import OptionError, TLIError
 from .defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
-from .options import (
-    check_compute_dtype,
-    check_device,
-    check_layers,
-    check_seed,
-    check_threshold,
-)
+from .kwargs import unknown_option_error
+from .options import check_bool, check_compute_dtype, check_device, check_layers, check_seed, check_threshold
 
-__all__ = ["GENERAL_OPTIONS", "REQUIRED", "OptionSpec"]
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = ["GENERAL_OPTIONS", "REQUIRED", "GeneralOptions", "Option", "OptionSpec", "on_off"]
+
+T = TypeVar("T")
 
 
 #: :attr:`OptionSpec.absent` of an option every saved options record must hold.
@@ -143,6 +150,16 @@ class OptionSpec:
 _KINDS = frozenset({"threshold", "count", "flag", "layers", "choice", "device"})
 
 
+def on_off(name: str, help: str, position: float = 50.0, absent: Any = REQUIRED) -> OptionSpec:
+    """The option that switches an analysis on: a command-line flag (``--name``), default False, validated by
+    :func:`~tl_idempotence.core.options.check_bool` (the search's and the algebra's).
+
+    Raises:
+        OptionError: as :class:`OptionSpec` (a name that is no public identifier).
+    """
+    return OptionSpec(name, False, help, "flag", check=check_bool, position=position, absent=absent)
+
+
 #: The report's own options (not an analysis's), with their place among all options (:attr:`OptionSpec.position`).
 GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
     OptionSpec(
@@ -204,3 +221,117 @@ GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
         needs_torch=True,
     ),
 )
+
+
+class Option(Generic[T]):
+    """A typed, read-only attribute of :class:`GeneralOptions` (and of its subclass ``ReportOptions``): the validated
+    value of the option of the attribute's name, typed for static tools (``seed: Option[int] = Option("...")``
+    reads as an ``int``; a misspelled option is refused by a type checker).
+
+    Attributes:
+        name: the option (the attribute's name, set when the class is built).
+    """
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Option[T]: ...
+
+    @overload
+    def __get__(self, obj: GeneralOptions, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: GeneralOptions | None, owner: type | None = None) -> Option[T] | T:
+        return self if obj is None else obj[self.name]
+
+
+class GeneralOptions:
+    """The report's own options (:data:`GENERAL_OPTIONS`), each validated by its declared validator where it enters
+    (module docstring). Frozen (assigning an attribute raises ``dataclasses.FrozenInstanceError``), compared and
+    hashed by value; a subclass holds the options of its :meth:`specs` (``ReportOptions``: the analyses' too).
+
+    Attributes:
+        threshold: P threshold of a "closed" head, in [0, 1]. seed: the seed of every random analysis.
+        layers: the layer indices to measure, or ``None`` for all. compute_dtype: dtype of the ``d_model``-long
+        products. device: where the products and the batched r x r work run.
+
+    Raises:
+        UnknownOptionError: a keyword that is no option (names the closest valid ones).
+        OptionTypeError / OptionError / DeviceError: a bad value (the option's validator names it).
+    """
+
+    __slots__ = ("_values",)
+    _values: MappingProxyType[str, Any]
+
+    threshold: Option[float] = Option('P threshold of a "closed" head, in [0, 1].')
+    seed: Option[int] = Option("The seed of every random analysis (layer ``l`` draws from ``(seed, l)``).")
+    layers: Option[tuple[int, ...] | None] = Option("The layer indices to measure, or None for all.")
+    compute_dtype: Option[torch.dtype] = Option("The dtype of the ``d_model``-long products.")
+    device: Option[torch.device] = Option("Where the products and the batched r x r work run.")
+
+    def __init__(self, **options: Any) -> None:
+        specs = self.specs()
+        names = [o.name for o in specs]
+        unknown = [k for k in options if k not in names]
+        if unknown:
+            raise unknown_option_error(f"{type(self).__name__}()", unknown, names)
+        values = {o.name: o.validate(options.get(o.name, o.default)) for o in specs}
+        object.__setattr__(self, "_values", MappingProxyType(values))
+
+    @classmethod
+    def specs(cls) -> tuple[OptionSpec, ...]:
+        """The options it holds, in order (:attr:`OptionSpec.position`)."""
+        return tuple(sorted(GENERAL_OPTIONS, key=lambda o: o.position))
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """The option names (the order of :meth:`specs`)."""
+        return [o.name for o in cls.specs()]
+
+    @classmethod
+    def _restore(cls, values: Mapping[str, Any]) -> Self:
+        """Options from values already validated (unpickling; a recorded device kept as it is)."""
+        out = object.__new__(cls)
+        object.__setattr__(out, "_values", MappingProxyType(dict(values)))
+        return out
+
+    def __getitem__(self, name: str) -> Any:
+        """The value of the option ``name`` (any option it holds: an analysis reads its own this way).
+
+        Raises:
+            KeyError: no such option (names the options).
+        """
+        try:
+            return self._values[name]
+        except KeyError:
+            kind = type(self).__name__
+            raise KeyError(f"{kind} has no option {name!r}; its options are {list(self._values)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}: {type(self).__name__} is frozen")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}: {type(self).__name__} is frozen")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return dict(self._values) == dict(other._values)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._values.items()))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self._values.items())})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (type(self), dict(self._values)))
+
+
+def _restore(cls: type[GeneralOptions], values: Mapping[str, Any]) -> GeneralOptions:
+    """Unpickle options of ``cls`` (:meth:`GeneralOptions.__reduce__`)."""
+    return cls._restore(values)

@@ -13,17 +13,20 @@ import torch
 
 from tl_idempotence.analyses import report_options as ro
 from tl_idempotence.analyses.report_options import ReportOptions, report_options
+from tl_idempotence.core.option_specs import Option
 
 #: The names the annotations of the options and of their validators use.
 NAMES = {"torch": torch}
 
 
 def typed_attributes() -> dict[str, object]:
-    """{name: return type} of every typed option attribute ReportOptions declares (its properties)."""
+    """{name: type} of every typed option attribute ReportOptions declares (its ``Option[type]`` attributes, its base
+    class GeneralOptions' included), and no property besides."""
+    assert not [k for c in ReportOptions.__mro__ for k, v in vars(c).items() if isinstance(v, property)]
     return {
-        name: typing.get_type_hints(member.fget, localns=NAMES)["return"]
-        for name, member in vars(ReportOptions).items()
-        if isinstance(member, property)
+        name: typing.get_args(hint)[0]
+        for name, hint in typing.get_type_hints(ReportOptions, localns=NAMES).items()
+        if typing.get_origin(hint) is Option and isinstance(getattr(ReportOptions, name), Option)
     }
 
 
