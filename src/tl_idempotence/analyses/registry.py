@@ -1,8 +1,14 @@
 """The analyses the report runs, registered once, in order (each declared beside its code: :mod:`.spec`).
 
 Each entry is an analysis's :class:`~tl_idempotence.analyses.spec.AnalysisSpec` (from its torch-free
-``<name>_spec.py``), added by :func:`register`, which refuses an analysis whose name, option, head column or summary
-field another one already has. Everything that names the analyses or their options is assembled from this list:
+``<name>_spec.py``), added by :func:`register`, which refuses what it cannot run: a declaration with a field of the
+wrong type, an analysis whose name, option, head column or summary field another one already has, and an
+implementation that does not build an analysis of its name (a refused registration leaves the registry as it was).
+The paper's five analyses, registered here when the registry is imported, are not built then (their classes import
+torch, and ``import tl_idempotence`` and the CLI's ``--help`` must not): ``tests/unit/analyses/test_registry.py``
+builds and checks each. Every later :func:`register` call (a user's) builds its implementation at once.
+
+Everything that names the analyses or their options is assembled from this list:
 the report options (:mod:`~tl_idempotence.analyses.report_options`: :class:`~tl_idempotence.analyses.
 report_options.ReportOptions`' validation and defaults, the CLI's report flags, the options paragraph of every
 entry point's docstring), ``compare``'s and the sweeps' compared options
@@ -10,9 +16,9 @@ entry point's docstring), ``compare``'s and the sweeps' compared options
 summary's per-analysis records and the threshold-dependent outputs (:func:`threshold_rules`).
 
 To add an analysis: its module (the ``Analysis`` class) and its declaration (an ``AnalysisSpec`` with its option,
-head columns, summary record and a factory that imports its class), then one ``register`` line here and its
-typed option in :class:`~tl_idempotence.analyses.report_options.ReportOptions`. Imports no torch (the CLI's
-``--help`` reads it).
+head columns, summary record and a factory that imports its class), then its entry in :data:`BUILT_IN` here
+and its typed option in :class:`~tl_idempotence.analyses.report_options.ReportOptions`.
+Imports no torch (the CLI's ``--help`` reads it).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..core.option_specs import GENERAL_OPTIONS, OptionSpec
-from ..errors import RegistrationError
+from ..errors import OptionTypeError, RegistrationError
 from . import algebra_spec, closure_spec, mismatch_spec, scramble_spec, search_spec
 from .spec import AnalysisSpec
 
@@ -29,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
     from .threshold import ThresholdRule
 
-__all__ = ["ANALYSES", "analysis_options", "register", "report_analyses", "spec_of", "threshold_rules"]
+__all__ = ["ANALYSES", "BUILT_IN", "analysis_options", "register", "report_analyses", "spec_of", "threshold_rules"]
 
 #: The report's analyses in the order their columns appear (closure first), as :func:`register` adds them.
 ANALYSES: tuple[AnalysisSpec, ...] = ()
@@ -49,18 +55,29 @@ def _owners(specs: Sequence[AnalysisSpec]) -> dict[tuple[str, str], str]:
 
 
 def register(spec: AnalysisSpec) -> AnalysisSpec:
-    """Add ``spec`` to :data:`ANALYSES` (after the others), refusing a name that is taken.
+    """Add ``spec`` to :data:`ANALYSES` (after the others), refusing what the report could not run (module
+    docstring): its fields are checked again (:meth:`~tl_idempotence.analyses.spec.AnalysisSpec.check`), its names
+    against the registered ones, and its implementation is built now and checked
+    (:meth:`~tl_idempotence.analyses.spec.AnalysisSpec.analysis`: this imports its class, and torch with it).
 
     Returns ``spec``. Nothing is added when it is refused.
 
     Raises:
+        OptionTypeError: not an :class:`~tl_idempotence.analyses.spec.AnalysisSpec` (a ``TypeError``); a field of the
+            wrong type; an implementation that builds no analysis (names the analysis and what is wrong).
+        OptionError: an implementation that builds an analysis of another name, or that raises.
         RegistrationError: its name, one of its options, head columns or summary fields is already another
             analysis's (or a report option's): the message names the name and both owners.
-        TypeError: not an :class:`~tl_idempotence.analyses.spec.AnalysisSpec`.
     """
+    return _register(spec, build=True)
+
+
+def _register(spec: AnalysisSpec, build: bool) -> AnalysisSpec:
+    """:func:`register`; ``build=False`` for the paper's analyses at import (built by their unit test instead)."""
     global ANALYSES
     if not isinstance(spec, AnalysisSpec):
-        raise TypeError(f"register() takes an AnalysisSpec; got {type(spec).__name__}.")
+        raise OptionTypeError(f"register() takes an AnalysisSpec; got {type(spec).__name__}.")
+    spec.check()  # a declaration edited after it was built (object.__setattr__) is checked too
     taken = _owners(ANALYSES)
     mine = [("name", spec.name)]
     mine += [("option", o.name) for o in spec.options]
@@ -69,12 +86,16 @@ def register(spec: AnalysisSpec) -> AnalysisSpec:
     clashes = [f"its {what} {name!r} belongs to {taken[(what, name)]}" for what, name in mine if (what, name) in taken]
     if clashes:
         raise RegistrationError(f"cannot register analysis {spec.name!r}: " + "; ".join(clashes) + ".")
+    if build:
+        spec.analysis()
     ANALYSES = (*ANALYSES, spec)
     return spec
 
 
-for _spec in (closure_spec.SPEC, scramble_spec.SPEC, mismatch_spec.SPEC, search_spec.SPEC, algebra_spec.SPEC):
-    register(_spec)
+#: The paper's analyses, in column order (:data:`ANALYSES` starts with these).
+BUILT_IN = (closure_spec.SPEC, scramble_spec.SPEC, mismatch_spec.SPEC, search_spec.SPEC, algebra_spec.SPEC)
+for _spec in BUILT_IN:
+    _register(_spec, build=False)  # torch-free: tests/unit/analyses/test_registry.py builds each
 del _spec
 
 

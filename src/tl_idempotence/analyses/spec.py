@@ -20,13 +20,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..core.frozen import frozen, thawed
 from ..core.option_specs import OptionSpec
-from ..errors import OptionError, OptionTypeError
+from ..errors import OptionError, OptionTypeError, TLIError
+from .threshold import CountPerLayer, Flag, FractionPerHead, FunctionRule
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
     from .threshold import ThresholdRule
 
-__all__ = ["SUMMARY_RULES", "AnalysisSpec", "SummaryRecord", "check_summary_field", "nan_says_why", "rule"]
+__all__ = [
+    "ANALYSIS_MEMBERS",
+    "SUMMARY_RULES",
+    "AnalysisSpec",
+    "SummaryRecord",
+    "check_analysis",
+    "check_summary_field",
+    "nan_says_why",
+    "rule",
+]
 
 #: The rules a summary field may have (:func:`check_summary_field`): ``"size"`` an int >= 1; ``"count"`` an
 #: int >= 0 (``bool`` is not an int, a float is never truncated); ``"P"`` a float in [0, 1] or NaN (a median or
@@ -36,6 +46,11 @@ __all__ = ["SUMMARY_RULES", "AnalysisSpec", "SummaryRecord", "check_summary_fiel
 SUMMARY_RULES = frozenset({"size", "count", "P", "fraction", "threshold", "str", "layers", "strs", "per_layer", "dict"})
 
 _LOADED: dict[int, tuple[AnalysisSpec, Analysis]] = {}
+
+#: What an analysis object has: the members of the :class:`~tl_idempotence.analyses.base.Analysis` protocol
+#: (``tests/unit/analyses/test_registry.py`` checks the two agree; this module stays torch-free, ``base`` is not).
+ANALYSIS_MEMBERS = ("name", "reason_column", "enabled", "run", "summarize")
+_RULE_TYPES = (Flag, CountPerLayer, FractionPerHead, FunctionRule)
 
 
 def _is_int(v: Any) -> bool:
@@ -239,26 +254,125 @@ class AnalysisSpec:
     threshold_rules: tuple[ThresholdRule, ...] = ()
 
     def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Every field of the declaration against its type (at construction; :func:`~tl_idempotence.analyses.
+        registry.register` checks again), the lists made tuples. Its implementation is built and checked by
+        :meth:`analysis`.
+
+        Raises:
+            OptionTypeError: a field of the wrong type: a name that is no str, an implementation that is not
+                callable, options that are not :class:`~tl_idempotence.core.option_specs.OptionSpec`, head columns or
+                compared fields that are not a tuple or list of str (a str alone is refused), a summary that is no
+                :class:`SummaryRecord` subclass, threshold rules that are not rules of :mod:`.threshold`. OptionError:
+                a name that is no public identifier, a head column named twice, compared fields that are not fields
+                of its summary record. Each message names the field and the analysis.
+        """
+        if not isinstance(self.name, str):
+            raise OptionTypeError(f"an analysis name must be a str; got {type(self.name).__name__} {self.name!r}.")
         if not self.name.isidentifier() or self.name.startswith("_"):
             raise OptionError(f"an analysis name must be a public identifier; got {self.name!r}.")
-        object.__setattr__(self, "options", tuple(self.options))
-        object.__setattr__(self, "head_columns", tuple(self.head_columns))
-        object.__setattr__(self, "threshold_rules", tuple(self.threshold_rules))
-        known = self.summary.rules() if self.summary is not None else {}
-        stray = [c for c in self.compared if c not in known]
+        if not callable(self.implementation):
+            want = "a zero-argument callable returning its Analysis (a factory or the class)"
+            raise self._wrong("implementation", want, self.implementation)
+        options = self._items("options", OptionSpec, "OptionSpec")
+        head_columns = self._items("head_columns", str, "str")
+        twice = sorted({c for c in head_columns if head_columns.count(c) > 1})
+        if twice:
+            raise OptionError(f"analysis {self.name!r}: head_columns names {twice} twice.")
+        summary = self.summary
+        if summary is not None and not (isinstance(summary, type) and issubclass(summary, SummaryRecord)):
+            raise self._wrong("summary", "a SummaryRecord subclass or None", summary)
+        compared = self._items("compared", str, "str")
+        rules = self._items("threshold_rules", _RULE_TYPES, "Flag, CountPerLayer, FractionPerHead or FunctionRule")
+        for r in rules:
+            if isinstance(r, FunctionRule) and not callable(r.function):
+                raise self._wrong("threshold_rules", "rules whose FunctionRule.function is callable", r.function)
+        for name, value in (("options", options), ("head_columns", head_columns), ("compared", compared)):
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "threshold_rules", rules)
+        known = summary.rules() if summary is not None else {}
+        stray = [c for c in compared if c not in known]
         if stray:
             raise OptionError(f"analysis {self.name}: compared fields {stray} are not fields of its summary record.")
 
-    def analysis(self) -> Analysis:
-        """The analysis object (imported and built once per spec).
+    def _wrong(self, field: str, want: str, got: Any, given: str = "got") -> OptionTypeError:
+        """The error of a field of the wrong type (names the field, the analysis and what was given)."""
+        return OptionTypeError(
+            f"analysis {self.name!r}: {field} must be {want}; {given} {type(got).__name__} {_short(got)}."
+        )
+
+    def _items(self, field: str, kind: type | tuple[type, ...], what: str) -> tuple[Any, ...]:
+        """The field, a tuple or list of ``kind``, as a tuple.
 
         Raises:
-            OptionError: ``implementation`` builds an object whose ``name`` is
-                not this spec's.
+            OptionTypeError: not a tuple or list (a str alone included), or an item that is no ``kind``.
+        """
+        value = getattr(self, field)
+        if not isinstance(value, (tuple, list)):
+            raise self._wrong(field, f"a tuple (or list) of {what}", value)
+        bad = [v for v in value if not isinstance(v, kind)]
+        if bad:
+            raise self._wrong(field, f"a tuple (or list) of {what}", bad[0], given="it holds")
+        return tuple(value)
+
+    def analysis(self) -> Analysis:
+        """The analysis object (imported and built once per spec), checked (:func:`check_analysis`).
+
+        Raises:
+            OptionTypeError: ``implementation`` builds no :class:`~tl_idempotence.analyses.base.Analysis` (a member
+                missing or of the wrong type). OptionError: it builds one whose ``name`` is not this spec's, or it
+                raises an error that is not the library's (chained).
         """
         if id(self) not in _LOADED:
-            made = self.implementation()
-            if getattr(made, "name", None) != self.name:
-                raise OptionError(f"analysis {self.name}: its implementation is named {getattr(made, 'name', None)!r}.")
+            try:
+                made = self.implementation()
+            except TLIError:
+                raise
+            except Exception as e:
+                raise OptionError(
+                    f"analysis {self.name!r}: its implementation {self.implementation!r} raised {type(e).__name__}: {e}"
+                ) from e
+            check_analysis(self.name, made)
             _LOADED[id(self)] = (self, made)  # the spec kept alive with it: its id is never reused
         return _LOADED[id(self)][1]
+
+
+def check_analysis(name: str, made: Any) -> None:
+    """``made`` is an analysis called ``name``: it has every member of :data:`ANALYSIS_MEMBERS`, ``name`` and
+    ``reason_column`` (a str, or None) as attributes and ``enabled``, ``run`` and ``summarize`` callable.
+
+    Raises:
+        OptionTypeError: a class instead of an object; a member missing or of the wrong type (names the analysis,
+            the member and what it got).
+        OptionError: ``made.name`` is not ``name``.
+    """
+    if isinstance(made, type):
+        raise OptionTypeError(
+            f"analysis {name!r}: its implementation returned the class {made.__name__}, not an analysis object (give "
+            "the class itself as the implementation, or a factory that returns an instance)."
+        )
+    missing = [m for m in ANALYSIS_MEMBERS if not hasattr(made, m)]
+    if missing:
+        raise OptionTypeError(
+            f"analysis {name!r}: its implementation returned {type(made).__name__} {_short(made)}, which is no "
+            f"Analysis: it has no {', '.join(missing)} (an Analysis has {', '.join(ANALYSIS_MEMBERS)}: "
+            "tl_idempotence.analyses.base.Analysis)."
+        )
+    if made.name != name:
+        raise OptionError(f"analysis {name}: its implementation is named {made.name!r}.")
+    if made.reason_column is not None and not isinstance(made.reason_column, str):
+        raise OptionTypeError(
+            f"analysis {name!r}: its reason_column must be a str or None; got {type(made.reason_column).__name__} "
+            f"{made.reason_column!r}."
+        )
+    not_callable = [m for m in ANALYSIS_MEMBERS[2:] if not callable(getattr(made, m))]
+    if not_callable:
+        raise OptionTypeError(f"analysis {name!r}: its implementation's {', '.join(not_callable)} must be methods.")
+
+
+def _short(x: Any) -> str:
+    """``repr(x)``, cut to 80 characters."""
+    r = repr(x)
+    return r if len(r) <= 80 else r[:77] + "..."

@@ -18,9 +18,10 @@ import torch
 import tl_idempotence as tli
 from helpers import gaussian_layer
 from tl_idempotence.analyses import registry
-from tl_idempotence.analyses.base import LayerContext, LayerResult
+from tl_idempotence.analyses.base import Analysis, LayerContext, LayerResult
 from tl_idempotence.analyses.report_options import ReportOptions, ReportOptionsArgs, options_doc, report_options
-from tl_idempotence.analyses.spec import AnalysisSpec, SummaryRecord, rule
+from tl_idempotence.analyses.spec import ANALYSIS_MEMBERS, AnalysisSpec, SummaryRecord, check_analysis, rule
+from tl_idempotence.analyses.threshold import Flag, FunctionRule
 from tl_idempotence.cli import build_parser
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.core.option_specs import OptionSpec
@@ -203,8 +204,140 @@ def test_a_taken_name_is_refused_at_registration_naming_both_owners(monkeypatch,
 
 def test_a_registration_error_is_the_librarys_value_error():
     assert issubclass(RegistrationError, TLIError) and issubclass(RegistrationError, ValueError)
-    with pytest.raises(TypeError, match="takes an AnalysisSpec"):
+    with pytest.raises(OptionTypeError, match="takes an AnalysisSpec; got str"):  # a TypeError, as before
         registry.register("toy")  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------------------- what the registry cannot run
+
+
+class NoRun:
+    """An object with every member of an analysis but ``run``."""
+
+    name = "toy"
+    reason_column = None
+
+    def enabled(self, options: Any) -> bool:
+        return True
+
+    def summarize(self, *args: Any) -> dict[str, Any]:
+        return {}
+
+
+def raising() -> Any:
+    return 1 / 0
+
+
+def analysis_with(**members: Any) -> Any:
+    """A factory of a toy analysis with some members replaced."""
+    return lambda: type("Changed", (ToyAnalysis,), members)()
+
+
+#: (what is changed in TOY_SPEC, the error, the words): every field of the wrong type is refused when the declaration
+#: is built; the last rows build a declaration and are refused by ``register``, which builds the implementation.
+HOSTILE: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("name not a str", dict(name=5), OptionTypeError, "an analysis name must be a str; got int 5"),
+    ("name not an identifier", dict(name="my toy"), OptionError, "must be a public identifier; got 'my toy'"),
+    ("implementation a str", dict(implementation="notcallable"), OptionTypeError,
+     "analysis 'toy': implementation must be a zero-argument callable returning its Analysis (a factory or the "
+     "class); got str 'notcallable'."),
+    ("options holds an int", dict(options=[1]), OptionTypeError,
+     "analysis 'toy': options must be a tuple (or list) of OptionSpec; it holds int 1."),
+    ("options one spec", dict(options=TOY), OptionTypeError, "analysis 'toy': options must be a tuple (or list) of "
+     "OptionSpec; got OptionSpec"),
+    ("head_columns a str", dict(head_columns="x"), OptionTypeError,
+     "analysis 'toy': head_columns must be a tuple (or list) of str; got str 'x'."),
+    ("head_columns holds an int", dict(head_columns=("toy_P_squared", 3)), OptionTypeError,
+     "analysis 'toy': head_columns must be a tuple (or list) of str; it holds int 3."),
+    ("head_columns twice", dict(head_columns=("toy_P_squared", "toy_P_squared")), OptionError,
+     "analysis 'toy': head_columns names ['toy_P_squared'] twice."),
+    ("summary a type", dict(summary=int), OptionTypeError,
+     "analysis 'toy': summary must be a SummaryRecord subclass or None; got type <class 'int'>."),
+    ("summary a record", dict(summary=ToySummary(n_toy_heads=1, max_P_squared=0.5)), OptionTypeError,
+     "analysis 'toy': summary must be a SummaryRecord subclass or None; got ToySummary"),
+    ("compared an int", dict(compared=5), OptionTypeError,
+     "analysis 'toy': compared must be a tuple (or list) of str; got int 5."),
+    ("compared no field", dict(compared=("nope",)), OptionError,
+     "analysis toy: compared fields ['nope'] are not fields of its summary record."),
+    ("threshold_rules an object", dict(threshold_rules=[object()]), OptionTypeError,
+     "analysis 'toy': threshold_rules must be a tuple (or list) of Flag, CountPerLayer, FractionPerHead or "
+     "FunctionRule; it holds object <object object at"),
+    ("threshold_rules a rule", dict(threshold_rules=Flag("toy_closed", "P")), OptionTypeError,
+     "analysis 'toy': threshold_rules must be a tuple (or list) of Flag, CountPerLayer, FractionPerHead or "
+     "FunctionRule; got Flag Flag(column='toy_closed'"),
+    ("function rule not callable", dict(threshold_rules=(FunctionRule("f"),)), OptionTypeError,  # type: ignore[arg-type]
+     "analysis 'toy': threshold_rules must be rules whose FunctionRule.function is callable; got str 'f'."),
+    # built and refused by register (a user's registration builds its implementation at once)
+    ("returns None", dict(implementation=lambda: None), OptionTypeError,
+     "analysis 'toy': its implementation returned NoneType None, which is no Analysis: it has no name, "
+     "reason_column, enabled, run, summarize"),
+    ("returns a class", dict(implementation=lambda: ToyAnalysis), OptionTypeError,
+     "analysis 'toy': its implementation returned the class ToyAnalysis, not an analysis object"),
+    ("returns no run", dict(implementation=NoRun), OptionTypeError, "which is no Analysis: it has no run (an"),
+    ("returns another name", dict(implementation=analysis_with(name="other")), OptionError,
+     "analysis toy: its implementation is named 'other'."),
+    ("reason_column an int", dict(implementation=analysis_with(reason_column=5)), OptionTypeError,
+     "analysis 'toy': its reason_column must be a str or None; got int 5."),
+    ("run not a method", dict(implementation=analysis_with(run="x")), OptionTypeError,
+     "analysis 'toy': its implementation's run must be methods."),
+    ("implementation raises", dict(implementation=raising), OptionError,
+     "analysis 'toy': its implementation <function raising at"),
+]  # fmt: skip
+
+
+def refused_registration(change: dict[str, Any]) -> None:
+    """Declare the toy with ``change`` (refused there, or built) and register it."""
+    registry.register(dataclasses.replace(TOY_SPEC, **change))
+
+
+@pytest.mark.parametrize("change,error,words", [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_the_registry_refuses_what_it_cannot_run_with_the_librarys_error(monkeypatch, change, error, words):
+    monkeypatch.setattr(registry, "ANALYSES", registry.ANALYSES)
+    before = registry.ANALYSES
+    with pytest.raises(error, match=re.escape(words)):
+        refused_registration(change)
+    assert registry.ANALYSES is before
+    if "implementation" not in change or change["implementation"] == "notcallable":
+        return
+    # a declaration edited after it was built (its own checks passed) is checked again by register
+    edited = dataclasses.replace(TOY_SPEC)
+    object.__setattr__(edited, "implementation", change["implementation"])
+    with pytest.raises(error, match=re.escape(words)):
+        registry.register(edited)
+    assert registry.ANALYSES is before
+
+
+def test_register_checks_a_declaration_edited_after_it_was_built(monkeypatch):
+    monkeypatch.setattr(registry, "ANALYSES", registry.ANALYSES)
+    edited = dataclasses.replace(TOY_SPEC)
+    object.__setattr__(edited, "head_columns", "x")
+    with pytest.raises(OptionTypeError, match=re.escape("analysis 'toy': head_columns must be a tuple (or list)")):
+        registry.register(edited)
+    assert registry.ANALYSES == registry.BUILT_IN
+
+
+def test_a_refused_registration_leaves_the_registry_and_later_reports_as_they_were(monkeypatch):
+    monkeypatch.setattr(registry, "ANALYSES", registry.ANALYSES)
+    before = tli.idempotence_report(layers_of(5), nulls=4, progress=False)
+    for what, change, error, _ in HOSTILE:
+        with pytest.raises(error):
+            refused_registration(change)
+        assert registry.ANALYSES == registry.BUILT_IN, what
+    after = tli.idempotence_report(layers_of(5), nulls=4, progress=False)
+    pd.testing.assert_frame_equal(after.heads, before.heads)
+    assert after.summary == before.summary and after.options == before.options
+
+
+def test_the_built_in_analyses_build_an_analysis_of_their_name():
+    """The paper's analyses are registered without being built (importing the registry imports no torch), so they
+    are built and checked here, as register builds a user's."""
+    assert registry.ANALYSES[: len(registry.BUILT_IN)] == registry.BUILT_IN
+    for spec in registry.BUILT_IN:
+        made = spec.analysis()
+        check_analysis(spec.name, made)
+        assert isinstance(made, Analysis) and made.name == spec.name
+    protocol = {n for n in vars(Analysis) if not n.startswith("_")} | set(Analysis.__annotations__)
+    assert set(ANALYSIS_MEMBERS) == protocol  # the torch-free list is the protocol's
 
 
 # ----------------------------------------------------------------------------- the paper's analyses, as declared
