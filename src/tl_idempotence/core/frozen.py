@@ -6,13 +6,19 @@ as they are, ``rep.summary["closed_per_layer"][0] = 99`` changed the summary; ``
 value into :class:`FrozenDict` / :class:`FrozenList`: subclasses of ``dict`` and ``list`` (equal to, encoded in
 JSON as, and ``isinstance`` of the plain types) whose every mutating method raises ``TypeError``. They pickle
 and copy as themselves (``copy.deepcopy`` of one is a plain, editable copy, :func:`thawed`).
+
+:class:`NamedValue` is a typed, read-only attribute whose value its owner holds under the attribute's own name (the
+options' typed attributes, :class:`~tl_idempotence.core.option_specs.Option`).
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import Any, Generic, NoReturn, TypeVar, overload
 
-__all__ = ["FrozenDict", "FrozenList", "frozen", "thawed"]
+__all__ = ["FrozenDict", "FrozenList", "NamedValue", "frozen", "thawed"]
+
+T = TypeVar("T")
 
 _HINT = "a result's summary is read-only: edit a copy (copy.deepcopy(value), or summary.to_dict())"
 
@@ -80,3 +86,33 @@ def thawed(value: Any) -> Any:
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(thawed(v) for v in value)
     return value
+
+
+class NamedValue(Generic[T]):
+    """A typed, read-only attribute whose value its owner holds under the attribute's own name (one source):
+    ``read(obj, name)`` gives it; on the class, the descriptor itself. Static tools read ``x: NamedValue[int]`` on
+    an instance as an ``int``.
+
+    Attributes:
+        name: the attribute's name (set when the owner class is built).
+    """
+
+    def __init__(self, read: Callable[[Any, str], T], doc: str | None = None) -> None:
+        self.read = read
+        self.name = ""
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> NamedValue[T]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> T | NamedValue[T]:
+        return self if obj is None else self.read(obj, self.name)
+
+    def __set__(self, obj: object, value: Any) -> None:
+        raise AttributeError(f"{self.name} is read-only")

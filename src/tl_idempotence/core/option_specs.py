@@ -26,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import FrozenInstanceError, dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from ..errors import OptionError, TLIError
 from .defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
+from .frozen import NamedValue
 from .kwargs import unknown_option_error
 from .options import check_bool, check_compute_dtype, check_device, check_layers, check_seed, check_threshold
 
@@ -223,30 +224,19 @@ GENERAL_OPTIONS: tuple[OptionSpec, ...] = (
 )
 
 
-class Option(Generic[T]):
+class Option(NamedValue[T]):
     """A typed, read-only attribute of :class:`GeneralOptions` (and of its subclass ``ReportOptions``): the validated
     value of the option of the attribute's name, typed for static tools (``seed: Option[int] = Option("...")``
     reads as an ``int``; a misspelled option is refused by a type checker).
-
-    Attributes:
-        name: the option (the attribute's name, set when the class is built).
     """
 
     def __init__(self, doc: str) -> None:
-        self.__doc__ = doc
-        self.name = ""
+        super().__init__(_option_value, doc)
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
 
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> Option[T]: ...
-
-    @overload
-    def __get__(self, obj: GeneralOptions, owner: type | None = None) -> T: ...
-
-    def __get__(self, obj: GeneralOptions | None, owner: type | None = None) -> Option[T] | T:
-        return self if obj is None else obj[self.name]
+def _option_value(options: Any, name: str) -> Any:
+    """The value of the option ``name`` of ``options`` (:meth:`GeneralOptions.__getitem__`)."""
+    return options[name]
 
 
 class GeneralOptions:

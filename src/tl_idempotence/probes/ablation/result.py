@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar, overload
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import pandas as pd
 
+from ...core.frozen import NamedValue
 from ...core.heads import ModelInfo
 from ...core.selection import head_label, head_labels
 from ...core.tables import FrozenSummary
@@ -27,30 +28,15 @@ __all__ = ["Ablation", "AblationSummary", "Losses", "ablation_summary", "ablatio
 _T = TypeVar("_T")
 
 
-class _SummaryValue(Generic[_T]):
+class _SummaryValue(NamedValue[_T]):
     """A read-only attribute of a result read from its ``summary`` under the attribute's own name (one source),
     converted by ``convert`` (``float``, ``int``); on the class, the descriptor itself."""
 
     def __init__(self, convert: Callable[[Any], _T]) -> None:
-        self.convert = convert
-        self.key = ""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.key = name
-
-    @overload
-    def __get__(self, obj: None, owner: type | None = None) -> _SummaryValue[_T]: ...
-
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
-
-    def __get__(self, obj: object | None, owner: type | None = None) -> _T | _SummaryValue[_T]:
-        if obj is None:
-            return self
-        return self.convert(obj.summary[self.key])  # type: ignore[attr-defined]
+        super().__init__(lambda obj, key: convert(obj.summary[key]))
 
     def __set__(self, obj: object, value: Any) -> None:
-        raise AttributeError(f"{self.key} is read from summary[{self.key!r}]; it cannot be set")
+        raise AttributeError(f"{self.name} is read from summary[{self.name!r}]; it cannot be set")
 
 
 class AblationSummary(FrozenSummary):
