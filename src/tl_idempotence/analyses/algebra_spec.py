@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..core.option_specs import OptionSpec
-from ..core.options import check_bool
+from ..core.option_specs import on_off
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import FunctionRule
 
@@ -18,24 +17,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .base import Analysis
 
-__all__ = [
-    "ALGEBRA",
-    "AT_THRESHOLD",
-    "SPEC",
-    "AlgebraSummary",
-    "analysis",
-    "at_threshold",
-]
+__all__ = ["ALGEBRA", "AT_THRESHOLD", "SPEC", "AlgebraSummary", "analysis", "at_threshold"]
 
 #: ``algebra``: run the shared-value algebra.
-ALGEBRA = OptionSpec(
-    "algebra",
-    False,
-    "shared-value algebra per kv group (GQA/MQA)",
-    "flag",
-    check=check_bool,
-    position=40,
-)
+ALGEBRA = on_off("algebra", "shared-value algebra per kv group (GQA/MQA)", position=40)
 
 
 @dataclass(frozen=True)

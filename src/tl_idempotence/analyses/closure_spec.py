@@ -16,13 +16,7 @@ from .threshold import CountPerLayer, Flag
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
 
-__all__ = [
-    "CLOSED",
-    "N_CLOSED",
-    "SPEC",
-    "ClosureSummary",
-    "analysis",
-]
+__all__ = ["CLOSED", "N_CLOSED", "SPEC", "ClosureSummary", "analysis"]
 
 #: Per head: ``closed = P >= threshold`` (NaN: not closed; SPEC 2).
 CLOSED = Flag("closed", "P")

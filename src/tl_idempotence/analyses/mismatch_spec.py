@@ -14,12 +14,7 @@ from .threshold import CountPerLayer
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
 
-__all__ = [
-    "N_MISMATCH_CLOSED",
-    "SPEC",
-    "MismatchSummary",
-    "analysis",
-]
+__all__ = ["N_MISMATCH_CLOSED", "SPEC", "MismatchSummary", "analysis"]
 
 
 @dataclass(frozen=True)

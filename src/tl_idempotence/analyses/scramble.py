@@ -54,7 +54,7 @@ from ..core.options import check_bool, check_compute_dtype, check_device, check_
 from ..core.paper import FDR_LEVEL
 from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator
 from ..errors import OptionError
-from ..maths.closure import Closure, closure
+from ..maths.closure import Closure, closure, flat_fields
 from ..views.results import DrawnResult
 from .base import LayerContext, LayerResult, nan_median
 from .orientation import Factors, P_from_Z, defined_for_orientation, factors_of, factors_of_closure
@@ -298,18 +298,15 @@ class Scramble(DrawnResult):
         scramble_effect, beats_scramble, scramble_reason`` (``p_value`` tests trained vs Haar-scrambled orientation
         with the same spectra, not closure; ``scramble_effect`` = ``log10(P / P_scrambled_median)``,
         :func:`scramble_effect`)."""
-        n = int(self.P.numel())
-        eff, eff_why = scramble_effect(self.P.reshape(-1).numpy(), self.P_scrambled_median.reshape(-1).numpy())
+        cols = flat_fields(self, "P", "P_scrambled_median", "P_scrambled_q95", "p_value")
+        eff, eff_why = scramble_effect(cols["P"], cols["P_scrambled_median"])
         reason = np.asarray(self.reason, dtype=object).reshape(-1).astype(str)
         return pd.DataFrame(
             {
-                "index": np.arange(n),
-                "P": self.P.reshape(-1).numpy(),
-                "P_scrambled_median": self.P_scrambled_median.reshape(-1).numpy(),
-                "P_scrambled_q95": self.P_scrambled_q95.reshape(-1).numpy(),
-                "p_value": self.p_value.reshape(-1).numpy(),
+                "index": np.arange(int(self.P.numel())),
+                **cols,
                 "scramble_effect": eff,
-                "beats_scramble": self.beats_scramble.reshape(-1).numpy(),
+                **flat_fields(self, "beats_scramble"),
                 "scramble_reason": np.where(reason == "", eff_why, reason),
             }
         )

@@ -18,13 +18,7 @@ from .threshold import FractionPerHead
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
 
-__all__ = [
-    "FRAC_SCRAMBLED_CLOSED",
-    "NULLS",
-    "SPEC",
-    "ScrambleSummary",
-    "analysis",
-]
+__all__ = ["FRAC_SCRAMBLED_CLOSED", "NULLS", "SPEC", "ScrambleSummary", "analysis"]
 
 #: ``nulls``: scramble draws per head (0 = off); it also switches on the matched O/V mismatch.
 NULLS = OptionSpec(

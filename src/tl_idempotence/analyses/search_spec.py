@@ -8,32 +8,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..core.option_specs import OptionSpec
-from ..core.options import check_bool
+from ..core.option_specs import on_off
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import CountPerLayer, Flag
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Analysis
 
-__all__ = [
-    "FEASIBLE",
-    "N_HEADS_FEASIBLE",
-    "SEARCH",
-    "SPEC",
-    "SearchSummary",
-    "analysis",
-]
+__all__ = ["FEASIBLE", "N_HEADS_FEASIBLE", "SEARCH", "SPEC", "SearchSummary", "analysis"]
 
 #: ``search``: run the constructive search.
-SEARCH = OptionSpec(
-    "search",
-    False,
-    "constructive search: the feasible P per head and layer (minutes)",
-    "flag",
-    check=check_bool,
-    position=30,
-)
+SEARCH = on_off("search", "constructive search: the feasible P per head and layer (minutes)", position=30)
 
 
 @dataclass(frozen=True)

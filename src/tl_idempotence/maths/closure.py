@@ -63,6 +63,7 @@ __all__ = [
     "closure_from_grams",
     "closure_scalars",
     "closure_sums",
+    "flat_fields",
     "grams",
     "head_pair",
     "layer_grams",
@@ -331,17 +332,7 @@ def layer_grams(
     kv_dev = kv.to(O.device)
     G_O, G_Vk, M, e_O, e_Vk = _safe_gram_products(O, V, kv_dev, compute_dtype, buffer)
     e_V = None if e_Vk is None else e_Vk[kv]
-    G_V = G_Vk[kv_dev]
-    return Grams(
-        G_O=G_O.cpu(),
-        G_V=G_V.cpu(),
-        M=M.cpu(),
-        d_model=int(O.shape[-2]),
-        input_dtype=torch.promote_types(O.dtype, V.dtype),
-        e_O=e_O,
-        e_V=e_V,
-        kv_head_of=kv,
-    )
+    return _cpu_grams(O, V, (G_O, G_Vk[kv_dev], M, e_O, e_V), kv)
 
 
 def grams(
@@ -367,7 +358,18 @@ def grams(
         O, V = O.to(device), V.to(device)
     O = O.expand(*lead, *O.shape[-2:])
     V = V.expand(*lead, *V.shape[-2:])
-    G_O, G_V, M, e_O, e_V = _safe_gram_products(O, V, None, compute_dtype)
+    return _cpu_grams(O, V, _safe_gram_products(O, V, None, compute_dtype))
+
+
+def _cpu_grams(
+    O: Tensor,
+    V: Tensor,
+    products: tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None],
+    kv: Tensor | None = None,
+) -> Grams:
+    """:class:`Grams` on the CPU from ``(G_O, G_V, M, e_O, e_V)`` computed from the factors ``O`` and ``V`` (their
+    ``d_model`` and input dtype), with ``kv`` as ``kv_head_of``."""
+    G_O, G_V, M, e_O, e_V = products
     return Grams(
         G_O=G_O.cpu(),
         G_V=G_V.cpu(),
@@ -376,6 +378,7 @@ def grams(
         input_dtype=torch.promote_types(O.dtype, V.dtype),
         e_O=e_O,
         e_V=e_V,
+        kv_head_of=kv,
     )
 
 
@@ -534,19 +537,9 @@ class Closure(DrawnResult):
         """One row per head (flattened batch): ``index, alpha, P, norm, norm_T2, rank_O, rank_V, reason``."""
         import pandas as pd
 
-        n = int(self.P.numel())
-        return pd.DataFrame(
-            {
-                "index": np.arange(n),
-                "alpha": self.alpha.reshape(-1).numpy(),
-                "P": self.P.reshape(-1).numpy(),
-                "norm": self.norm.reshape(-1).numpy(),
-                "norm_T2": self.norm_T2.reshape(-1).numpy(),
-                "rank_O": self.rank_O.reshape(-1).numpy(),
-                "rank_V": self.rank_V.reshape(-1).numpy(),
-                "reason": np.asarray(self.reason, dtype=object).reshape(-1).astype(str),
-            }
-        )
+        cols = flat_fields(self, "alpha", "P", "norm", "norm_T2", "rank_O", "rank_V")
+        reason = np.asarray(self.reason, dtype=object).reshape(-1).astype(str)
+        return pd.DataFrame({"index": np.arange(int(self.P.numel())), **cols, "reason": reason})
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -560,6 +553,12 @@ class Closure(DrawnResult):
             "max_P": float(fin.max()) if fin.size else float("nan"),
             "n_undefined_P": int(P.size - fin.size),
         }
+
+
+def flat_fields(result: Any, *names: str) -> dict[str, np.ndarray]:
+    """The tensor fields ``names`` of a batch result, each flattened to a column (``[n]``, the batch in row-major
+    order, the field's own units): one row per head (:attr:`Closure.heads`, the scramble's ``heads``)."""
+    return {k: getattr(result, k).reshape(-1).numpy() for k in names}
 
 
 def closure_from_grams(g: Grams, factors: bool = False) -> Closure:
