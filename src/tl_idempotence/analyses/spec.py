@@ -5,7 +5,9 @@ Each report analysis has a small declaration module (``analyses/<name>_spec.py``
 switch it on (:class:`~tl_idempotence.core.option_specs.OptionSpec`: name, default, type, validator, help, CLI
 flag), the per-head columns it adds to ``rep.heads``, the summary numbers it contributes (and their field rules),
 how its threshold-dependent outputs are derived (:mod:`.threshold`), and its code: a factory function that imports
-its class when first called (so the declaration stays torch-free and every tool follows the call).
+its class when first called (so the declaration stays torch-free and every tool follows the call; the class does not
+import its declaration back, ``tests/unit/test_layering.py``). Each field's type is checked when the declaration is
+built; what the factory builds is checked (:func:`check_analysis`) when a user registers it and at first use.
 :mod:`tl_idempotence.analyses.registry` lists the specs once; the report options, the CLI's flags, the options
 docstrings and ``compare``'s option checks are assembled from it.
 """
