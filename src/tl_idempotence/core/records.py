@@ -22,14 +22,16 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
-from .files import atomic_write_bytes, atomic_write_text, read_json, record_digest, sha256_bytes, sha256_file
+from .files import read_json, record_digest, sha256_bytes, sha256_file
 from .jsonio import RECORD, json_ready, json_restore, json_text
 from .options import check_bool
+from .store import saved_folder, write_folder
 
 __all__ = [
     "INT_KEYS",
     "float_keys",
     "index_column",
+    "owned_files",
     "read_listed_tables",
     "read_tables_record",
     "same_value",
@@ -123,72 +125,62 @@ def write_tables_record(
     """Save a result as the report is saved (parquet tables + one JSON record with their sha256s and its own
     ``digest``; no pickle): ``<name>.parquet`` for each of ``tables`` (written without the index), then
     ``record_name`` (``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``; ``fields`` are made
-    strict JSON by ``json_ready`` under the record policy). Used by the head roles, the mechanism, the token readout
-    and the attended-token effect.
+    strict JSON by ``json_ready`` under the record policy), through THE store (:func:`~tl_idempotence.core.store.
+    write_folder`: written beside the folder and put in place in one step; a kill leaves the earlier save or the new
+    one, and of two saves into one fresh folder one wins, the other is refused). Used by the head roles, the
+    mechanism, the token readout and the attended-token effect.
 
     With ``overwrite=True`` a folder holding an earlier save is replaced when its record is of a format of
     ``replaces`` (``{format: the tables it writes}``; default ``{fmt: tables}``), passes its digest and lists only
-    tables of its format: only those files and the record are deleted; anything else in the folder stays.
+    tables of its format: anything else in the folder (a user's notes) is carried into the new save.
 
     Raises:
         OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder without a record
             of this format or with an edited record (names it; nothing is deleted), its parent does not exist,
-            or a write fails (names the file).
+            another save put a folder there first, or a write fails (names the file).
         OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
     """
     overwrite = check_bool(overwrite, "overwrite")
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The folder to save to must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
+    own = replaces if replaces is not None else {fmt: frozenset(tables)}
+    files: dict[str, bytes] = {}
+    digests: dict[str, str] = {}
+    for name, df in tables.items():
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        files[f"{name}.parquet"] = buf.getvalue()
+        digests[name] = sha256_bytes(buf.getvalue())
+    record = {"format": fmt, **json_ready(tag_int_keys(fields), RECORD), "files": digests}
+    record["digest"] = record_digest(record)
+    files[record_name] = json_text(record, RECORD, indent=1).encode("utf-8")
+    return write_folder(path, files, overwrite=overwrite, owned=lambda d: owned_files(d, record_name, own))
+
+
+def owned_files(d: Path, record_name: str, own: dict[str, frozenset[str]]) -> list[str]:
+    """The files an earlier save wrote in ``d`` (its record and the tables it lists), read from a record of a format
+    of ``own`` (``{format: the tables it writes}``) that passes its own digest and lists only tables of its format.
+
+    Raises:
+        OptionError: no record, an unreadable one, one of another format, an edited one or one that lists a table its
+            format does not write (names it; "nothing was deleted").
+    """
     rec_file = d / record_name
-    old: list[Path] = []
+    refuse = f"refusing to overwrite {d}: nothing was deleted."
+    if not rec_file.is_file():
+        raise OptionError(f"{d} holds no {record_name}; {refuse}")
     try:
-        if d.exists():
-            if not d.is_dir():
-                raise OptionError(f"Cannot save to {d}: it is a file.")
-            if any(d.iterdir()):
-                if not overwrite:
-                    raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
-                refuse = f"refusing to overwrite {d}: nothing was deleted."
-                if not rec_file.is_file():
-                    raise OptionError(f"{d} holds no {record_name}; {refuse}")
-                try:
-                    prev = json.loads(rec_file.read_text("utf-8"))
-                except (OSError, ValueError) as e:
-                    raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
-                own = replaces if replaces is not None else {fmt: frozenset(tables)}
-                if (
-                    not isinstance(prev, dict)
-                    or prev.get("format") not in own
-                    or prev.get("digest") != record_digest(prev)
-                ):
-                    raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
-                listed = prev.get("files")
-                names: dict[str, Any] = listed if isinstance(listed, dict) else {}
-                bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
-                if bad:
-                    raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
-                old = [rec_file, *(d / f"{n}.parquet" for n in names)]
-                rec_file.unlink()  # first: an interrupted overwrite leaves no record, never a mix that loads
-        if not d.parent.exists():
-            raise OptionError(f"Cannot save to {d}: the folder {d.parent} does not exist.")
-        d.mkdir(exist_ok=True)
-        files: dict[str, str] = {}
-        for name, df in tables.items():
-            buf = io.BytesIO()
-            df.to_parquet(buf, index=False)
-            atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
-            files[name] = sha256_bytes(buf.getvalue())
-        record = {"format": fmt, **json_ready(tag_int_keys(fields), RECORD), "files": files}
-        record["digest"] = record_digest(record)
-        atomic_write_text(rec_file, json_text(record, RECORD, indent=1))
-        written = {rec_file, *(d / f"{n}.parquet" for n in files)}
-        for p in old:
-            if p not in written:
-                p.unlink(missing_ok=True)
-    except OSError as e:
-        raise OptionError(f"Cannot save to {d}: {e.strerror or e} ({e.filename or d}).") from e
-    return d
+        prev = json.loads(rec_file.read_text("utf-8"))
+    except (OSError, ValueError) as e:
+        raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
+    if not isinstance(prev, dict) or prev.get("format") not in own or prev.get("digest") != record_digest(prev):
+        raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
+    listed = prev.get("files")
+    names: dict[str, Any] = listed if isinstance(listed, dict) else {}
+    bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
+    if bad:
+        raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
+    return [record_name, *(f"{n}.parquet" for n in names)]
 
 
 def read_tables_record(
@@ -213,7 +205,7 @@ def read_tables_record(
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), record_name)  # an overwrite stopped between its two renames
     if not d.is_dir():
         raise MissingFileError(f"{d} is not a folder; pass the folder the result was saved to.")
     rec_file = d / record_name
