@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,10 @@ from .options import check_bool
 from .store import saved_folder, write_folder
 
 __all__ = [
+    "INFO_FIELDS",
     "INT_KEYS",
+    "check_float_keys",
+    "check_identity",
     "float_keys",
     "index_column",
     "owned_files",
@@ -253,3 +257,106 @@ def float_keys(x: Any, out: set[str] | None = None) -> set[str]:
         for v in x:
             float_keys(v, out)
     return out
+
+
+#: The summary fields that restate the measured model's :class:`~tl_idempotence.core.heads.ModelInfo` fields.
+INFO_FIELDS = ("model_name", "model_class", "processing")
+
+
+def check_identity(
+    rec_file: Path,
+    summary: Mapping[str, Any],
+    options: Mapping[str, Any],
+    restated: tuple[str, ...] = (),
+    info: Any = None,
+    table: pd.DataFrame | None = None,
+    table_file: Path | None = None,
+) -> None:
+    """THE identity check every loader of a saved result runs (issue 45): what the record says was measured and how
+    must agree wherever it is stated twice, and the table's heads must be heads of that model.
+
+    * every summary field that restates the model's info (:data:`INFO_FIELDS`: name, class, weight processing) is
+      the info's;
+    * every option the summary restates (``restated``: ``seed``, ``k``, ...) is the same value of the same type in
+      both (``1`` is not ``True``);
+    * the table's ``layer``/``head`` are whole numbers within the info's sizes, each head once, and its ``kv_head``
+      (when it has one) is the kv map of the info's ``n_heads``/``n_kv_heads``
+      (:func:`~tl_idempotence.core.heads.kv_layout`: every model source reads its kv heads so).
+
+    Args:
+        rec_file: the record (named by a refusal). summary, options: the record's. restated: the options its summary
+            restates (a summary field of the same name may mean another thing: what was measured, not asked). info: its
+            :class:`~tl_idempotence.core.heads.ModelInfo` (None: a result without one). table, table_file: a per-head
+            table and its file (None: none).
+
+    Raises:
+        ReportFileError: names the file, the field or column, both values and the first head that disagrees.
+    """
+    from .heads import kv_layout
+
+    def refuse(where: Path, what: str) -> ReportFileError:
+        return ReportFileError(f"{where}: {what}: the record or a table was edited. Save the result again.")
+
+    if info is not None:
+        for k in INFO_FIELDS:
+            if k in summary and not same_value(_json_like(summary[k]), _json_like(getattr(info, k))):
+                raise refuse(rec_file, f"summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}")
+    for k in restated:
+        a, b = summary.get(k), options.get(k)
+        if type(a) is not type(b) or not same_value(_json_like(a), _json_like(b)):
+            raise refuse(rec_file, f"summary[{k!r}] is {a!r} but options[{k!r}] is {b!r}")
+    if table is None or info is None or not len(table):
+        return
+    where = table_file or rec_file
+    L, H = index_column(table, "layer", where), index_column(table, "head", where)
+    outside = (L < 0) | (L >= info.n_layers) | (H < 0) | (H >= info.n_heads)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise refuse(
+            where,
+            f"head L{L[i]}H{H[i]} is not a head of the record's model (info: {info.n_layers} layers of "
+            f"{info.n_heads} heads)",
+        )
+    if len(set(zip(L.tolist(), H.tolist()))) != len(L):
+        raise refuse(where, "a head repeats")
+    if "kv_head" in table.columns:
+        K = index_column(table, "kv_head", where)
+        try:
+            want = kv_layout(info.n_heads, info.n_kv_heads).numpy()[H]
+        except Exception as e:  # a kv layout the sizes cannot have (WeightError)
+            raise refuse(rec_file, f"info.n_heads={info.n_heads}, info.n_kv_heads={info.n_kv_heads}: {e}") from e
+        bad = want != K
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise refuse(
+                where,
+                f"column 'kv_head' disagrees with the kv map of info.n_heads={info.n_heads}, info.n_kv_heads="
+                f"{info.n_kv_heads} (tl_idempotence.kv_layout) at L{L[i]}H{H[i]} (first of {int(bad.sum())})",
+            )
+
+
+def check_float_keys(rec_file: Path, fields: Mapping[str, Any], listed: Any) -> None:
+    """A record's ``float_keys`` (the fields whose ``"NaN"`` strings read back as floats) must be the keys that hold
+    floats in its fields as read back (:func:`float_keys`): an edited list is refused.
+
+    Raises:
+        ReportFileError: names the record and the keys that differ.
+    """
+    fresh = sorted(float_keys({k: v for k, v in fields.items() if k != "float_keys"}))
+    if listed != fresh:
+        extra = sorted(set(listed or []) ^ set(fresh))[:5]
+        raise ReportFileError(
+            f"{rec_file}: float_keys is not the fields that hold floats (differs at {extra}): the "
+            "record was edited. Save the result again."
+        )
+
+
+def _json_like(x: Any) -> Any:
+    """``x`` with tuples as lists and numpy scalars as Python scalars (how a value reads back from JSON)."""
+    if isinstance(x, Mapping):
+        return {str(k): _json_like(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_like(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

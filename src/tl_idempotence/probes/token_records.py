@@ -30,8 +30,16 @@ from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
-from ..core.records import float_keys, index_column, read_tables_record, write_tables_record
+from ..core.records import (
+    check_float_keys,
+    check_identity,
+    float_keys,
+    index_column,
+    read_tables_record,
+    write_tables_record,
+)
 from ..core.selection import head_labels
+from ..core.stored import StoredResult
 from ..core.tables import ModelResult
 from ..errors import OptionError, OptionTypeError, ReportFileError, ReportMismatchError
 from ..sources.tl import TLModelSource, is_tl_model
@@ -41,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
 
 __all__ = [
+    "FREE_MODEL_FIELDS",
     "TokenResult",
     "check_model_fits",
     "check_summary",
@@ -54,6 +63,17 @@ __all__ = [
 
 _FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
+#: Record fields of a token probe's save that nothing else states (``StoreSpec.free_fields``): the model's sizes it
+#: did not use and the weights' sha256s, recorded once; :meth:`TokenResult.check_model` compares them with a model
+#: (an edited one refuses the model the result came from: loud, never a wrong number).
+FREE_MODEL_FIELDS = (
+    ("info.n_layers", "the model's layer count, recorded once (check_model compares it with a model)"),
+    ("info.d_model", "the model's width, recorded once (check_model compares it with a model)"),
+    ("info.d_head", "the model's head size, recorded once (check_model compares it with a model)"),
+    ("summary.weights_fingerprint", "the sha256 of the measured layers, recorded once (check_model reads it)"),
+    ("summary.embedding_fingerprint", "the sha256 of W_E and W_U, recorded once (check_model reads it)"),
+)
+
 
 def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
     """sha256 (hex) of W_E's and W_U's dtype, shape and bytes (C order). Raises nothing of its own."""
@@ -66,7 +86,7 @@ def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-class TokenResult(ModelResult, DrawnResult):
+class TokenResult(StoredResult, ModelResult, DrawnResult):
     """Base of the token probes' results (``HeadTokens``, ``AttendedTokenEffect``): their headline, their text
     (:meth:`ranked_text`) and :meth:`check_model`, which refuses a model the result was not computed from."""
 
@@ -177,9 +197,12 @@ def write_probe(
 
 
 def read_probe(
-    path: PathLike, fmt: str, record: str, names: frozenset[str]
+    path: PathLike, fmt: str, record: str, names: frozenset[str], restated: tuple[str, ...] = ("seed",)
 ) -> tuple[Path, dict[str, Any], dict[str, pd.DataFrame], ModelInfo]:
-    """Read what :func:`write_probe` wrote: ``(folder, record fields, tables, info)``, every digest checked.
+    """Read what :func:`write_probe` wrote: ``(folder, record fields, tables, info)``, every digest checked, and THE
+    identity check (:func:`~tl_idempotence.core.records.check_identity`: the summary's model fields against the info,
+    ``restated``, the options the summary restates, against the options, the table's heads and kv map against the
+    info's sizes).
 
     Raises:
         MissingFileError: no such folder, no record, a listed table missing (names it).
@@ -205,6 +228,8 @@ def read_probe(
         info = ModelInfo(**fields["info"])
     except (TypeError, ValueError) as e:
         raise ReportFileError(f"{rec}: a malformed info ({type(e).__name__}: {e}).") from e
+    check_float_keys(rec, fields, fk)
+    check_identity(rec, fields["summary"], fields["options"], restated, info, tables.get("table"), d / "table.parquet")
     return d, fields, tables, info
 
 

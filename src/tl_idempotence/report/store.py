@@ -50,6 +50,7 @@ __all__ = [
     "TABLE_NAMES",
     "ReportFileError",
     "ReportRecord",
+    "add_q_values",
     "read_record",
     "write_record",
 ]
@@ -290,6 +291,11 @@ def read_record(path: Any) -> ReportRecord:
     if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
         raise ReportFileError(f"{rec_file} lists no heads/layers tables.")
     frames = read_listed_tables(d, rec_file, files)
+    if rec.get("tables") != sorted(set(files) - {"heads", "layers"}):
+        raise ReportFileError(
+            f"{rec_file}: its list of tables {rec.get('tables')!r} is not the tables it holds "
+            f"{sorted(set(files) - {'heads', 'layers'})}: the record was edited. Save the report again from its source."
+        )
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
@@ -323,6 +329,18 @@ def read_record(path: Any) -> ReportRecord:
     if added:  # a record of an earlier version: the fields it predates, as its tables give them
         summary = summary.replace(**added)
     return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)
+
+
+def add_q_values(heads: pd.DataFrame) -> pd.DataFrame:
+    """``heads`` with ``q_value`` (Benjamini-Hochberg across every measured head,
+    :func:`~tl_idempotence.analyses.scramble.bh_q_values`) right after ``p_value``, when it has per-head scramble
+    p-values; a table without ``p_value`` is returned as it is. A report-level column: it depends on every
+    layer, so it is derived here, after the per-layer rows, never in a layer's part."""
+    if "p_value" not in heads.columns:
+        return heads
+    heads = heads.drop(columns="q_value", errors="ignore")
+    heads.insert(heads.columns.get_loc("p_value") + 1, "q_value", bh_q_values(heads["p_value"]))
+    return heads
 
 
 #: The record's key for a kv map other than :func:`~tl_idempotence.core.heads.kv_layout`'s (``{layer: [kv head of
