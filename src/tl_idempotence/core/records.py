@@ -39,6 +39,7 @@ __all__ = [
     "read_listed_tables",
     "read_tables_record",
     "same_value",
+    "tables_record_files",
     "tag_int_keys",
     "untag_int_keys",
     "write_tables_record",
@@ -125,6 +126,7 @@ def write_tables_record(
     fields: dict[str, Any],
     overwrite: Any,
     replaces: dict[str, frozenset[str]] | None = None,
+    parts: Mapping[str, Mapping[str, bytes]] | None = None,
 ) -> Path:
     """Save a result as the report is saved (parquet tables + one JSON record with their sha256s and its own
     ``digest``; no pickle): ``<name>.parquet`` for each of ``tables`` (written without the index), then
@@ -138,6 +140,9 @@ def write_tables_record(
     ``replaces`` (``{format: the tables it writes}``; default ``{fmt: tables}``), passes its digest and lists only
     tables of its format: anything else in the folder (a user's notes) is carried into the new save.
 
+    ``parts`` (``{sub-folder: {file name: bytes}}``, each a save of its own, e.g. a mechanism's ``head_tokens/``) are
+    written with it, in the same one step; ``fields`` must list them as ``"parts"`` (what an overwrite replaces).
+
     Raises:
         OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder without a record
             of this format or with an edited record (names it; nothing is deleted), its parent does not exist,
@@ -148,6 +153,18 @@ def write_tables_record(
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The folder to save to must be a path; got {type(path).__name__}.")
     own = replaces if replaces is not None else {fmt: frozenset(tables)}
+    files = {f"{sub}/{name}": data for sub, fs in (parts or {}).items() for name, data in fs.items()}
+    files.update(tables_record_files(fmt, record_name, tables, fields))  # the record last
+    return write_folder(path, files, overwrite=overwrite, owned=lambda d: owned_files(d, record_name, own))
+
+
+def tables_record_files(
+    fmt: str, record_name: str, tables: Mapping[str, pd.DataFrame], fields: Mapping[str, Any]
+) -> dict[str, bytes]:
+    """The files of a save (:func:`write_tables_record`) as bytes, the record last: ``<name>.parquet`` of each table
+    (without the index) and ``record_name``, ``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``
+    (``fields`` strict JSON under the record policy). Raises what pandas/pyarrow raise for a table they cannot write.
+    """
     files: dict[str, bytes] = {}
     digests: dict[str, str] = {}
     for name, df in tables.items():
@@ -155,10 +172,10 @@ def write_tables_record(
         df.to_parquet(buf, index=False)
         files[f"{name}.parquet"] = buf.getvalue()
         digests[name] = sha256_bytes(buf.getvalue())
-    record = {"format": fmt, **json_ready(tag_int_keys(fields), RECORD), "files": digests}
+    record = {"format": fmt, **json_ready(tag_int_keys(dict(fields)), RECORD), "files": digests}
     record["digest"] = record_digest(record)
     files[record_name] = json_text(record, RECORD, indent=1).encode("utf-8")
-    return write_folder(path, files, overwrite=overwrite, owned=lambda d: owned_files(d, record_name, own))
+    return files
 
 
 def owned_files(d: Path, record_name: str, own: dict[str, frozenset[str]]) -> list[str]:
@@ -184,7 +201,10 @@ def owned_files(d: Path, record_name: str, own: dict[str, frozenset[str]]) -> li
     bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
     if bad:
         raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
-    return [record_name, *(f"{n}.parquet" for n in names)]
+    parts = prev.get("parts") or []
+    if not (isinstance(parts, list) and all(isinstance(p, str) and re.fullmatch(r"[A-Za-z0-9_]+", p) for p in parts)):
+        raise OptionError(f"{rec_file} lists parts {parts!r} that are not folder names; {refuse}")
+    return [record_name, *(f"{n}.parquet" for n in names), *parts]
 
 
 def read_tables_record(

@@ -275,7 +275,8 @@ def write_folder(
     Args:
         path: the folder (``str`` or ``os.PathLike``, checked by the caller); a symbolic link to a folder is followed
             (the save replaces the folder it points to).
-        files: every file of the save, by name (no sub-folders).
+        files: every file of the save, by its path in the folder (``"a/b.parquet"`` for a part in a sub-folder),
+            in the order written (the record last).
         overwrite: replace an earlier save at ``path``.
         owned: called with an existing non-empty folder when ``overwrite``: the names of the files the earlier save
             wrote there (everything else in it is carried into the new save), or it raises
@@ -328,6 +329,8 @@ def write_folder(
         for name, data in files.items():
             f = new / name
             _step(f"write {name}", f)
+            if f.parent != new:  # a part of the save in a sub-folder (a mechanism's head_tokens/)
+                f.parent.mkdir(parents=True, exist_ok=True)
             with open(f, "wb") as fh:
                 fh.write(data)
                 fh.flush()

@@ -49,7 +49,7 @@ import torch
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.records import index_column
+from ..core.records import index_column, tables_record_files
 from ..core.selection import head_label, head_labels, select_heads
 from ..core.stored import StoreSpec
 from ..core.tables import FrozenSummary
@@ -62,6 +62,7 @@ from .token_records import (
     edited_error,
     embedding_fingerprint,
     label_heads,
+    probe_fields,
     read_probe,
     same_floats,
     write_probe,
@@ -757,12 +758,23 @@ def save_head_tokens(result: HeadTokens, path: PathLike, overwrite: bool = False
     """
     if not isinstance(result, HeadTokens):
         raise OptionTypeError(f"save_head_tokens saves a HeadTokens (tli.head_tokens); got {type(result).__name__}.")
+    tables, sigmas = _saved_tables(result)
+    return write_probe("head_tokens", path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, result, overwrite, sigmas)
+
+
+def _saved_tables(result: HeadTokens) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """The tables of a head-tokens save and its ``sigmas`` record field."""
     labels = list(result._table.index)
     ranks = pd.DataFrame({"token_id": result._tokens, **{lab: result._ranks[i] for i, lab in enumerate(labels)}})
     top = pd.concat([result._top[lab].assign(label=lab) for lab in labels], ignore_index=True)[["label", *TOP_COLUMNS]]
     tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "self_ranks": ranks, "top": top}
-    sigmas = {"sigmas": {lab: dict(result._top[lab].attrs) for lab in labels}}
-    return write_probe("head_tokens", path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, result, overwrite, sigmas)
+    return tables, {"sigmas": {lab: dict(result._top[lab].attrs) for lab in labels}}
+
+
+def head_tokens_files(result: HeadTokens) -> dict[str, bytes]:
+    """The files :func:`save_head_tokens` writes, as bytes (a mechanism save holds them as a part)."""
+    tables, sigmas = _saved_tables(result)
+    return tables_record_files(HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, probe_fields(result, sigmas))
 
 
 def load_head_tokens(path: PathLike) -> HeadTokens:

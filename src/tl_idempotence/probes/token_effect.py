@@ -40,7 +40,7 @@ import torch
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.records import index_column
+from ..core.records import index_column, tables_record_files
 from ..core.selection import head_labels, select_heads
 from ..core.stored import StoreSpec
 from ..core.tables import FrozenSummary
@@ -54,6 +54,7 @@ from .token_records import (
     edited_error,
     embedding_fingerprint,
     label_heads,
+    probe_fields,
     read_probe,
     same_floats,
     write_probe,
@@ -499,8 +500,17 @@ def save_attended_token_effect(result: AttendedTokenEffect, path: PathLike, over
             f"save_attended_token_effect saves an AttendedTokenEffect (tli.attended_token_effect); got "
             f"{type(result).__name__}."
         )
-    tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result._positions}
+    tables = _saved_tables(result)
     return write_probe("attended_token_effect", path, EFFECT_FORMAT, EFFECT_RECORD, tables, result, overwrite)
+
+
+def _saved_tables(result: AttendedTokenEffect) -> dict[str, pd.DataFrame]:
+    return {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result._positions}
+
+
+def attended_token_effect_files(result: AttendedTokenEffect) -> dict[str, bytes]:
+    """The files :func:`save_attended_token_effect` writes, as bytes (a mechanism save holds them as a part)."""
+    return tables_record_files(EFFECT_FORMAT, EFFECT_RECORD, _saved_tables(result), probe_fields(result))
 
 
 def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:

@@ -39,6 +39,7 @@ from ..core.records import (
     write_tables_record,
 )
 from ..core.selection import head_labels
+from ..core.store import saved_folder
 from ..core.stored import StoredResult
 from ..core.tables import ModelResult
 from ..errors import OptionError, OptionTypeError, ReportFileError, ReportMismatchError
@@ -56,6 +57,7 @@ __all__ = [
     "edited_error",
     "embedding_fingerprint",
     "label_heads",
+    "probe_fields",
     "read_probe",
     "same_floats",
     "write_probe",
@@ -189,11 +191,17 @@ def write_probe(
         )
     loaded = result.loaded_from
     refuse_outputs_over_inputs([("path", path)], [(f"the saved {what}", loaded)] if loaded else [])
+    return str(write_tables_record(path, fmt, record, tables, probe_fields(result, extra), overwrite))
+
+
+def probe_fields(result: Any, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The record fields of a token probe's save: ``summary``, ``options``, ``info`` (the
+    :class:`~tl_idempotence.core.heads.ModelInfo`'s fields), ``extra`` and ``float_keys``. Raises nothing."""
     summary, options = thawed(dict(result.summary)), thawed(dict(result.options))
     info = {f.name: thawed(getattr(result.info, f.name)) for f in dataclasses.fields(result.info)}
     fields: dict[str, Any] = {"summary": summary, "options": options, "info": info, **thawed(dict(extra or {}))}
     fields["float_keys"] = sorted(float_keys(fields))
-    return str(write_tables_record(path, fmt, record, tables, fields, overwrite))
+    return fields
 
 
 def read_probe(
@@ -212,7 +220,7 @@ def read_probe(
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), record)  # an overwrite stopped between its two renames
     rec = d / record
     raw, tables = read_tables_record(d, record, (fmt,), frozenset())
     fk = raw.get("float_keys")

@@ -56,12 +56,13 @@ from ..core.records import (
     write_tables_record,
 )
 from ..core.selection import head_labels
+from ..core.store import saved_folder
 from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
-from ..probes.head_tokens import load_head_tokens, save_head_tokens
+from ..probes.head_tokens import head_tokens_files, load_head_tokens
 from ..probes.tied import EmbeddingTie
-from ..probes.token_effect import load_attended_token_effect, save_attended_token_effect
+from ..probes.token_effect import attended_token_effect_files, load_attended_token_effect
 from ..views.results import DrawnResult
 from .roles import json_like
 
@@ -602,12 +603,14 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     parts = [name for name, part in (("head_tokens", result.tokens), ("attended_token_effect", result.effect)) if part]
     fields = {"summary": summary, "float_keys": sorted(float_keys(summary)), "parts": parts}
     tables = {"table": table, "signs": result._signs.reset_index()}
-    d = write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite)
-    if result.tokens is not None:  # after the record: the folder was empty (or an earlier save) when it was written
-        save_head_tokens(result.tokens, d / "head_tokens", overwrite=overwrite)
-    if result.effect is not None:
-        save_attended_token_effect(result.effect, d / "attended_token_effect", overwrite=overwrite)
-    return str(d)
+    files = {
+        "head_tokens": None if result.tokens is None else head_tokens_files(result.tokens),
+        "attended_token_effect": None if result.effect is None else attended_token_effect_files(result.effect),
+    }
+    parts_files = {name: fs for name, fs in files.items() if fs is not None}  # one folder, put in place in one step
+    return str(
+        write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite, parts=parts_files)
+    )
 
 
 def _refuse(f: Path, what: str) -> ReportFileError:
@@ -634,7 +637,7 @@ def load_mechanism(path: PathLike) -> Mechanism:
         OptionTypeError: ``path`` is not a path.
     """
     raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), MECHANISM_RECORD)  # an overwrite stopped between its two renames
     rec, ft, fs = d / MECHANISM_RECORD, d / "table.parquet", d / "signs.parquet"
     if set(tables) != {"table", "signs"}:
         raise ReportFileError(f"{rec} lists tables {sorted(tables)}; a mechanism save has ['signs', 'table'].")
