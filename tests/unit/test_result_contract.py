@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,16 @@ from tl_idempotence.core import store
 from tl_idempotence.core.stored import STORED
 from tl_idempotence.errors import MissingFileError, OptionError, OutputOverInputError, ReportFileError
 from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+
+
+class Stored(NamedTuple):
+    """One stored type under test: its name, class, case and two different results of it."""
+
+    name: str
+    cls: type
+    case: Case
+    a: Any
+    b: Any
 
 
 @dataclass(frozen=True)
@@ -193,7 +203,7 @@ def stored(request, world, result_classes):
         pytest.fail(f"{name!r} has a case here but no class declares StoreSpec(name={name!r})")
     case = CASES[name]
     a, b = case.make(world)
-    return name, STORED[name], case, a, b
+    return Stored(name, STORED[name], case, a, b)
 
 
 # --------------------------------------------------------------------------- the list cannot be skipped
@@ -239,7 +249,10 @@ def test_every_stored_type_has_a_case_and_every_saving_result_is_stored(result_c
 
 
 def test_a_round_trip_gives_the_same_result(stored, tmp_path):
-    name, cls, case, a, b = stored
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    b = stored.b
     back = _load(cls, Path(a.save(tmp_path / "res")))
     assert same(case, a, back) and not same(case, a, b)
     with pytest.raises(OutputOverInputError):  # over the folder it was read from
@@ -274,7 +287,10 @@ def _outcome(case: Case, cls: type, d: Path, candidates: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("mode", ["exchange", "two-renames"])
 def test_a_kill_at_any_instant_leaves_the_old_save_or_the_new(stored, tmp_path, monkeypatch, mode):
-    name, cls, case, a, b = stored
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    b = stored.b
     if mode == "two-renames":
         monkeypatch.setattr(store, "exchange", lambda x, y: False)
     root = tmp_path / "root"
@@ -297,7 +313,10 @@ def test_a_kill_at_any_instant_leaves_the_old_save_or_the_new(stored, tmp_path, 
 
 
 def test_two_saves_into_one_fresh_folder_one_wins(stored, tmp_path, monkeypatch):
-    name, cls, case, a, b = stored
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    b = stored.b
     d = tmp_path / "res"
     go, paused = threading.Event(), threading.Event()
 
@@ -369,7 +388,10 @@ def _get(rec: Any, keys: list[Any]) -> Any:
 
 
 def test_every_record_field_edited_with_its_digest_recomputed_is_refused(stored, tmp_path):
-    name, cls, case, a, b = stored
+    name = stored.name
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
     spec = cls.store
     d = Path(a.save(tmp_path / "res"))
     rec_file = d / spec.record
@@ -397,7 +419,9 @@ def test_every_record_field_edited_with_its_digest_recomputed_is_refused(stored,
 
 
 def test_every_file_truncated_or_missing_is_refused_naming_it(stored, tmp_path):
-    name, cls, case, a, b = stored
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
     d = Path(a.save(tmp_path / "res"))
     files = sorted(p for p in d.rglob("*") if p.is_file())
     for f in files:
@@ -415,14 +439,15 @@ def test_every_file_truncated_or_missing_is_refused_naming_it(stored, tmp_path):
 
 
 def test_frozen_attributes_and_copied_frames(stored):
-    name, cls, case, a, b = stored
+    case = stored.case
+    a = stored.a
     for attr in ("summary", *case.frames, "x_new_attribute"):
         with pytest.raises((FrozenInstanceError, AttributeError)):
             setattr(a, attr, None)
     for frame in case.frames:
         f = getattr(a, frame)
         if len(f):
-            f.iloc[0, 0] = f.iloc[1 % len(f), 0] if f.dtypes.iloc[0] != object else "edited"
+            f.iloc[0, 0] = f.iloc[1 % len(f), 0]
             f["__edit__"] = 1
         assert "__edit__" not in getattr(a, frame).columns
     with pytest.raises(TypeError):
@@ -430,7 +455,10 @@ def test_frozen_attributes_and_copied_frames(stored):
 
 
 def test_the_summarys_counts_are_what_the_table_gives(stored):
-    name, cls, case, a, b = stored
+    name = stored.name
+    case = stored.case
+    a = stored.a
+    b = stored.b
     for r in (a, b):
         for field, want in case.recount(r).items():
             assert r.summary[field] == want, (name, field)

@@ -192,7 +192,7 @@ def test_refusals_write_nothing(tmp_path):
         _save(d, "new", overwrite=False)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "x").write_text("x")
-    with pytest.raises(OptionError, match="holds no rec.json; refusing to overwrite .*nothing was deleted"):
+    with pytest.raises(OptionError, match=r"holds no rec\.json; refusing to overwrite .*nothing was deleted"):
         _save(tmp_path / "other", "new", overwrite=True)
     (tmp_path / "file").write_text("f")
     with pytest.raises(OptionError, match="it is a file"):
@@ -200,7 +200,7 @@ def test_refusals_write_nothing(tmp_path):
     with pytest.raises(OptionError, match="does not exist"):
         _save(tmp_path / "missing" / "res", "new", overwrite=False)
     (tmp_path / "link").symlink_to(tmp_path / "nowhere")
-    with pytest.raises(OptionError, match="symbolic link to .*nowhere, which does not exist"):
+    with pytest.raises(OptionError, match=r"symbolic link to .*nowhere, which does not exist"):
         _save(tmp_path / "link", "new", overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "other", "file", "link"])
     assert _read(d) == "old"
