@@ -20,6 +20,7 @@ there), with one case per type in :data:`CASES` below: a stored type without a c
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import shutil
 import threading
@@ -190,15 +191,12 @@ def _load(cls: type, path: Path) -> Any:
     return cls.load(path)
 
 
-@pytest.fixture(scope="module")
-def result_classes() -> list[type]:
-    """Every result class of the package (every module imported: each stored type is then in STORED)."""
-    return _result_classes()
-
-
 @pytest.fixture(params=sorted(CASES))
-def stored(request, world, result_classes):
+def stored(request, world, package_classes):
     name = request.param
+    for c in package_classes.values():
+        if c.store == name:
+            importlib.import_module(c.module)  # its class declares the StoreSpec: now in STORED
     if name not in STORED:
         pytest.fail(f"{name!r} has a case here but no class declares StoreSpec(name={name!r})")
     case = CASES[name]
@@ -209,40 +207,85 @@ def stored(request, world, result_classes):
 # --------------------------------------------------------------------------- the list cannot be skipped
 
 
-def _result_classes() -> list[type]:
-    import importlib
-    import pkgutil
+@dataclass(frozen=True)
+class ClassInfo:
+    """A class of the package as its source declares it (read with ast: nothing is imported)."""
 
-    from tl_idempotence.core.results import Result
+    name: str
+    module: str
+    bases: tuple[str, ...]
+    saves: bool  # defines a ``save`` method
+    store: str | None  # the name of the StoreSpec it declares in its body
 
-    pkg = importlib.import_module("tl_idempotence")
-    for m in pkgutil.walk_packages(pkg.__path__, "tl_idempotence."):
-        if m.name.endswith("__main__"):
-            continue
-        importlib.import_module(m.name)
-    out, todo = [], [Result]
-    while todo:
-        c = todo.pop()
-        for s in c.__subclasses__():
-            if s.__module__.startswith("tl_idempotence.") and s not in out:
-                out.append(s)
-                todo.append(s)
+
+def _package_classes() -> dict[str, ClassInfo]:
+    """Every class of src/tl_idempotence by name, read statically (the list of stored types cannot be skipped by a
+    class whose module was not imported)."""
+    import ast
+
+    import tl_idempotence
+
+    root = Path(tl_idempotence.__file__).parent
+    out: dict[str, ClassInfo] = {}
+    for f in sorted(root.rglob("*.py")):
+        module = ".".join(("tl_idempotence", *f.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(f.read_text("utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            store = None
+            for item in node.body:
+                value = item.value if isinstance(item, (ast.Assign, ast.AnnAssign)) else None
+                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "StoreSpec":
+                    store = next(ast.literal_eval(k.value) for k in value.keywords if k.arg == "name")
+            saves = any(isinstance(i, ast.FunctionDef) and i.name == "save" for i in node.body)
+            bases = tuple(b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases)
+            out[node.name] = ClassInfo(node.name, module, bases, saves, store)
     return out
+
+
+@pytest.fixture(scope="module")
+def package_classes() -> dict[str, ClassInfo]:
+    return _package_classes()
+
+
+def _ancestors(classes: dict[str, ClassInfo], name: str) -> set[str]:
+    """A class's name and its bases' names, through every level the package defines."""
+    todo, seen = [name], set()
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(classes[n].bases if n in classes else ())
+    return seen
+
+
+def _declares(classes: dict[str, ClassInfo], name: str) -> str | None:
+    """The StoreSpec name a class declares or inherits (by its bases' names), or None."""
+    todo, seen = [name], set()
+    while todo:
+        c = classes.get(todo.pop())
+        if c is None or c.name in seen:
+            continue
+        seen.add(c.name)
+        if c.store is not None:
+            return c.store
+        todo.extend(c.bases)
+    return None
 
 
 #: Result classes with a ``save`` that writes something other than a stored folder, and why.
 NOT_STORED = {
+    "StoredResult": "the base every stored type derives from (its save is abstract)",
     "AttentionView": "its save writes one HTML page through the output registry (core/outputs.py), not a result",
 }
 
 
-def test_every_stored_type_has_a_case_and_every_saving_result_is_stored(result_classes):
-    classes = result_classes
-    assert set(STORED) == set(CASES), f"stored types without a case: {sorted(set(STORED) - set(CASES))}"
-    stored_classes = tuple(STORED.values())
-    for c in classes:
-        if callable(getattr(c, "save", None)) and c.__name__ not in NOT_STORED:
-            assert issubclass(c, stored_classes), f"{c.__qualname__} saves itself but is not a stored result type"
+def test_every_stored_type_has_a_case_and_every_saving_class_is_stored(package_classes):
+    declared = {c.store: c for c in package_classes.values() if c.store is not None}
+    assert set(declared) == set(CASES), f"stored types without a case: {sorted(set(declared) - set(CASES))}"
+    for c in package_classes.values():
+        if c.saves and c.name not in NOT_STORED and "Result" in _ancestors(package_classes, c.name):
+            assert _declares(package_classes, c.name), f"{c.module}.{c.name} saves itself but is no stored type"
 
 
 # --------------------------------------------------------------------------- the contract
