@@ -57,6 +57,7 @@ __all__ = [
     "OUTPUT_FORMATS",
     "Output",
     "OutputFormat",
+    "file_path_problem",
     "known_formats_text",
     "output_format",
     "write_output",
@@ -202,6 +203,26 @@ def output_format(
     )
 
 
+def file_path_problem(path: str | os.PathLike[str]) -> str | None:
+    """THE rule for a file a writer writes, the same for the API (:func:`write_output`) and the CLI's ``--out``,
+    ``--csv``, ``--json`` (``cli/args.py``, checked before any work): what is wrong with ``path`` as a file to write,
+    in words (``"the folder /x does not exist"``), or None. A stream (:func:`~tl_idempotence.core.files.is_stream`)
+    is written in place: nothing is wrong with it. A path ending in a separator names a folder (``Path`` would drop
+    the separator: ``"x.html/"`` is never the file ``x.html``); an existing folder is not a file; the file's folder
+    must exist. Raises nothing."""
+    raw = os.fsdecode(os.fspath(path))
+    p = Path(raw).expanduser()
+    if is_stream(p):
+        return None
+    if raw.endswith(tuple(c for c in (os.sep, os.altsep, "/") if c)):
+        return f"a path ending in a separator names a folder; give a file name (e.g. {str(p)!r})"
+    if p.is_dir():
+        return "it is a folder; give a file name"
+    if not p.parent.exists():
+        return f"the folder {p.parent} does not exist"
+    return None
+
+
 def _label(out: Output, fmt: OutputFormat | None, formats: Sequence[OutputFormat]) -> str:
     """``"report page"``, ``"comparison CSV table"``; ``"report output"`` while the format is not known."""
     if fmt is None:
@@ -264,18 +285,11 @@ def write_output(
         assert out.folder is not None
         return out.folder(p, overwrite)
     label = _label(out, fmt, allowed)
-    raw = os.fspath(path)
-    if isinstance(raw, bytes):
-        raw = os.fsdecode(raw)
-    if raw.endswith(tuple(c for c in (os.sep, os.altsep, "/") if c)):  # Path() drops the trailing separator
-        raise OptionError(
-            f"Cannot write the {label} to {raw!r}: a path ending in a separator names a folder; give a file name "
-            f"(e.g. {str(p)!r})."
-        )
-    if p.is_dir():
-        raise OptionError(f"Cannot write the {label} to {p}: it is a folder; give a file name.")
-    if not p.parent.exists():
-        raise OptionError(f"Cannot write the {label} to {p}: the folder {p.parent} does not exist.")
+    problem = file_path_problem(path)
+    if problem is not None:
+        raw = os.fsdecode(os.fspath(path))
+        where = repr(raw) if problem.startswith("a path ending") else str(p)
+        raise OptionError(f"Cannot write the {label} to {where}: {problem}.")
     if not replace_files and not is_stream(p) and (p.exists() or p.is_symlink()):
         raise OptionError(f"Cannot write the {label} to {p}: the file exists; pass overwrite=True to replace it.")
     assert fmt.write is not None
