@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
+from ..core.outputs import check_save_target
 from ..core.records import (
     check_float_keys,
     check_identity,
@@ -42,7 +42,7 @@ from ..core.selection import head_labels
 from ..core.store import saved_folder
 from ..core.stored import StoredResult
 from ..core.tables import ModelResult
-from ..errors import OptionError, OptionTypeError, ReportFileError, ReportMismatchError
+from ..errors import OptionTypeError, ReportFileError, ReportMismatchError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
 
@@ -62,8 +62,6 @@ __all__ = [
     "same_floats",
     "write_probe",
 ]
-
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
 #: Record fields of a token probe's save that nothing else states (``StoreSpec.free_fields``): the model's sizes it
 #: did not use and the weights' sha256s, recorded once; :meth:`TokenResult.check_model` compares them with a model
@@ -184,13 +182,7 @@ def write_probe(
             extension; as :func:`~tl_idempotence.core.records.write_tables_record` (a non-empty folder, a missing
             parent, an edited earlier record; names it).
     """
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"A {what} save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a folder "
-            "name without extension."
-        )
-    loaded = result.loaded_from
-    refuse_outputs_over_inputs([("path", path)], [(f"the saved {what}", loaded)] if loaded else [])
+    check_save_target(path, f"A {what} save", what, result.loaded_from)
     return str(write_tables_record(path, fmt, record, tables, probe_fields(result, extra), overwrite))
 
 

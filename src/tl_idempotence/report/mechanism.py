@@ -36,7 +36,6 @@ whose sha256s and digest were recomputed is refused where it makes the record di
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -47,6 +46,7 @@ import pandas as pd
 from ..core.frozen import thawed
 from ..core.jsonio import json_restore
 from ..core.options import strict_kwargs
+from ..core.outputs import check_save_target
 from ..core.records import (
     check_float_keys,
     float_keys,
@@ -560,7 +560,6 @@ _RECOMPUTED = (
     "n_sign_tested", "n_agree", "sign_test_p", "n_spearman", "spearman_rho", "spearman_p", "n_closed_own_sign_alpha",
     "median_abs_copying_closed", "notes",
 )  # fmt: skip
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
 
 @strict_kwargs
@@ -583,18 +582,17 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
             ``.parquet``): a mechanism save is a folder; as the probes' savers for its parts (``head_tokens/``,
             ``attended_token_effect/``, written after the record).
     """
-    from ..core.files import refuse_outputs_over_inputs
 
     if not isinstance(result, Mechanism):
         raise OptionTypeError(f"save_mechanism saves a Mechanism (rep.mechanism); got {type(result).__name__}.")
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"A mechanism save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a "
-            "folder name without extension; for a page use rep.save_html(path, mechanism=...), for a table or JSON "
-            "rep.export(path) (the CLI's --mechanism)."
-        )
-    loaded = result.loaded_from
-    refuse_outputs_over_inputs([("path", path)], [("the saved mechanism", loaded)] if loaded else [])
+    check_save_target(
+        path,
+        "A mechanism save",
+        "mechanism",
+        result.loaded_from,
+        "; for a page use rep.save_html(path, mechanism=...), for a table or JSON rep.export(path) (the CLI's "
+        "--mechanism)",
+    )
     table = result._table
     cols = [c for c in table.columns if c not in ROLE_COLUMNS]
     if tuple(cols) != TABLE_COLUMNS:
