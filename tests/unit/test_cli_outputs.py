@@ -58,3 +58,21 @@ def test_out_csv_and_json_write_what_the_api_writes(tmp_path, monkeypatch, capsy
     assert json.loads(printed) == json.loads(Path(rep.export(tmp_path / "r.json")).read_text())
     assert cli.main(["report", str(ck), "--out", "r2.json", "--quiet"]) == 0
     assert Path("r2.json").read_text() == Path("r.json").read_text()
+
+
+@pytest.mark.parametrize("flag,name", [("--out", "x.html"), ("--csv", "x.csv"), ("--json", "x.json")])
+def test_a_path_ending_in_a_separator_is_refused_by_the_cli_as_by_the_api(flag, name, tmp_path, capsys):
+    """``--out x.html/`` once wrote ``x.html`` and exited 0 while ``rep.save_html("x.html/")`` refused it: both now
+    ask the one rule (core.outputs.file_path_problem) and refuse it, before any model is read."""
+    from tl_idempotence.core.outputs import file_path_problem
+
+    target = str(tmp_path / name) + "/"
+    problem = file_path_problem(target)
+    assert problem is not None and "ending in a separator" in problem
+    if flag != "--json":  # --json prints to stdout: no file argument
+        assert _exit(["report", str(tmp_path / "no-model"), flag, target]) == 2
+        assert problem in capsys.readouterr().err
+    rep = tli.idempotence_report(str(llama_like(tmp_path / "CK", n_layers=1)[0]), progress=False)
+    with pytest.raises(tli.errors.OptionError, match="ending in a separator"):
+        rep.export(target)
+    assert not (tmp_path / name).exists()

@@ -66,24 +66,24 @@ def parse_layers(s: str) -> list[int]:
 
 
 def output_file(s: str) -> str:
-    """A file to write (``--out``, ``--csv``, ``--html``): not empty, not a folder, in a writable folder that exists;
-    or a stream (``/dev/null``, ``/dev/stdout``, a named pipe: :func:`~tl_idempotence.core.files.is_stream`),
-    written in place whatever its folder."""
+    """A file to write (``--out``, ``--csv``, ``--json``): the API's rule
+    (:func:`~tl_idempotence.core.outputs.file_path_problem`: not a folder, nor a path ending in a separator, in a
+    folder that exists; a stream such as ``/dev/stdout`` is written in place), checked before any work, and a
+    writable folder. Returns the path as given (a trailing separator kept, so the writer refuses it too)."""
     from ..core.files import is_stream
+    from ..core.outputs import file_path_problem
 
     if not s.strip():
         raise argparse.ArgumentTypeError("must not be empty; give a file name")
+    problem = file_path_problem(s)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(
+            f"{s} is a folder; give a file name" if problem.startswith("it is") else problem
+        )
     p = Path(s).expanduser()
-    if is_stream(p):
-        return str(p)
-    if p.is_dir():
-        raise argparse.ArgumentTypeError(f"{s} is a folder; give a file name")
-    parent = p.parent
-    if not parent.is_dir():
-        raise argparse.ArgumentTypeError(f"the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"the folder {parent} is not writable")
-    return str(p)
+    if not is_stream(p) and not os.access(p.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"the folder {p.parent} is not writable")
+    return s
 
 
 def nonempty(s: str) -> str:

@@ -57,8 +57,11 @@ __all__ = [
     "OUTPUT_FORMATS",
     "Output",
     "OutputFormat",
+    "check_save_target",
+    "file_path_problem",
     "known_formats_text",
     "output_format",
+    "refuse_file_name",
     "write_output",
 ]
 
@@ -202,6 +205,66 @@ def output_format(
     )
 
 
+def file_path_problem(path: str | os.PathLike[str]) -> str | None:
+    """THE rule for a file a writer writes, the same for the API (:func:`write_output`) and the CLI's ``--out``,
+    ``--csv``, ``--json`` (``cli/args.py``, checked before any work): what is wrong with ``path`` as a file to write,
+    in words (``"the folder /x does not exist"``), or None. A stream (:func:`~tl_idempotence.core.files.is_stream`)
+    is written in place: nothing is wrong with it. A path ending in a separator names a folder (``Path`` would drop
+    the separator: ``"x.html/"`` is never the file ``x.html``); an existing folder is not a file; the file's folder
+    must exist. Raises nothing."""
+    raw = os.fsdecode(os.fspath(path))
+    p = Path(raw).expanduser()
+    if is_stream(p):
+        return None
+    if raw.endswith(tuple(c for c in (os.sep, os.altsep, "/") if c)):
+        return f"a path ending in a separator names a folder; give a file name (e.g. {str(p)!r})"
+    if p.is_dir():
+        return "it is a folder; give a file name"
+    if not p.parent.exists():
+        return f"the folder {p.parent} does not exist"
+    return None
+
+
+def refuse_file_name(path: Any, saver: str, hint: str = "") -> None:
+    """A result's save writes a folder: refuse a ``path`` whose extension is a file format's of the registry
+    (``.html``, ``.json``, ``.csv``, ``.parquet``, ...: a page, a table or JSON was meant). One rule for every saver.
+
+    Args:
+        path: the folder given (anything else than a path is left to the saver's own checks).
+        saver: how the message names the saver (``"A mechanism save"``, ``"save_roles"``).
+        hint: what to call instead, after "Give a folder name without extension".
+
+    Raises:
+        OptionError: the path ends in such an extension (names it).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        return
+    suffix = Path(path).suffix
+    if suffix.lower() in {s for f in OUTPUT_FORMATS for s in f.suffixes}:
+        raise OptionError(
+            f"{saver} writes a folder, not a file: {os.fsdecode(os.fspath(path))!r} ends in {suffix!r}. Give a folder "
+            f"name without extension{hint}."
+        )
+
+
+def check_save_target(path: Any, saver: str, what: str, loaded_from: Any, hint: str = "") -> None:
+    """What every result's save checks of its folder before anything is computed or written: not a file name
+    (:func:`refuse_file_name`) and not the folder the result was loaded from, nor in it
+    (:func:`~tl_idempotence.core.files.refuse_outputs_over_inputs`). The folder's own checks (a non-empty folder, a
+    missing parent, an earlier save of another kind) are THE store's (:func:`~tl_idempotence.core.store.write_folder`).
+
+    Args:
+        path: the folder given. saver: how a refusal names the saver (``"A mechanism save"``). what: the result in
+            words (``"mechanism"``: "the saved mechanism"). loaded_from: the folder it was loaded from, or None.
+            hint: what to call instead for a page or a table.
+
+    Raises:
+        OptionError: a file name. OutputOverInputError (an ``OptionError``): the folder it was loaded from, or in it.
+    """
+    refuse_file_name(path, saver, hint)
+    refuse_outputs_over_inputs([("path", path)], [(f"the saved {what}", loaded_from)] if loaded_from else [])
+
+
 def _label(out: Output, fmt: OutputFormat | None, formats: Sequence[OutputFormat]) -> str:
     """``"report page"``, ``"comparison CSV table"``; ``"report output"`` while the format is not known."""
     if fmt is None:
@@ -264,18 +327,11 @@ def write_output(
         assert out.folder is not None
         return out.folder(p, overwrite)
     label = _label(out, fmt, allowed)
-    raw = os.fspath(path)
-    if isinstance(raw, bytes):
-        raw = os.fsdecode(raw)
-    if raw.endswith(tuple(c for c in (os.sep, os.altsep, "/") if c)):  # Path() drops the trailing separator
-        raise OptionError(
-            f"Cannot write the {label} to {raw!r}: a path ending in a separator names a folder; give a file name "
-            f"(e.g. {str(p)!r})."
-        )
-    if p.is_dir():
-        raise OptionError(f"Cannot write the {label} to {p}: it is a folder; give a file name.")
-    if not p.parent.exists():
-        raise OptionError(f"Cannot write the {label} to {p}: the folder {p.parent} does not exist.")
+    problem = file_path_problem(path)
+    if problem is not None:
+        raw = os.fsdecode(os.fspath(path))
+        where = repr(raw) if problem.startswith("a path ending") else str(p)
+        raise OptionError(f"Cannot write the {label} to {where}: {problem}.")
     if not replace_files and not is_stream(p) and (p.exists() or p.is_symlink()):
         raise OptionError(f"Cannot write the {label} to {p}: the file exists; pass overwrite=True to replace it.")
     assert fmt.write is not None

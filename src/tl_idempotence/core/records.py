@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,23 @@ import numpy as np
 import pandas as pd
 
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
-from .files import atomic_write_bytes, atomic_write_text, read_json, record_digest, sha256_bytes, sha256_file
+from .files import read_json, record_digest, sha256_bytes, sha256_file
 from .jsonio import RECORD, json_ready, json_restore, json_text
 from .options import check_bool
+from .store import saved_folder, write_folder
 
 __all__ = [
+    "INFO_FIELDS",
     "INT_KEYS",
+    "check_float_keys",
+    "check_identity",
     "float_keys",
     "index_column",
+    "owned_files",
     "read_listed_tables",
     "read_tables_record",
     "same_value",
+    "tables_record_files",
     "tag_int_keys",
     "untag_int_keys",
     "write_tables_record",
@@ -119,76 +126,85 @@ def write_tables_record(
     fields: dict[str, Any],
     overwrite: Any,
     replaces: dict[str, frozenset[str]] | None = None,
+    parts: Mapping[str, Mapping[str, bytes]] | None = None,
 ) -> Path:
     """Save a result as the report is saved (parquet tables + one JSON record with their sha256s and its own
     ``digest``; no pickle): ``<name>.parquet`` for each of ``tables`` (written without the index), then
     ``record_name`` (``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``; ``fields`` are made
-    strict JSON by ``json_ready`` under the record policy). Used by the head roles, the mechanism, the token readout
-    and the attended-token effect.
+    strict JSON by ``json_ready`` under the record policy), through THE store (:func:`~tl_idempotence.core.store.
+    write_folder`: written beside the folder and put in place in one step; a kill leaves the earlier save or the new
+    one, and of two saves into one fresh folder one wins, the other is refused). Used by the head roles, the
+    mechanism, the token readout and the attended-token effect.
 
     With ``overwrite=True`` a folder holding an earlier save is replaced when its record is of a format of
     ``replaces`` (``{format: the tables it writes}``; default ``{fmt: tables}``), passes its digest and lists only
-    tables of its format: only those files and the record are deleted; anything else in the folder stays.
+    tables of its format: anything else in the folder (a user's notes) is carried into the new save.
+
+    ``parts`` (``{sub-folder: {file name: bytes}}``, each a save of its own, e.g. a mechanism's ``head_tokens/``) are
+    written with it, in the same one step; ``fields`` must list them as ``"parts"`` (what an overwrite replaces).
 
     Raises:
         OptionError: ``path`` is a file, a non-empty folder (without ``overwrite``), a folder without a record
             of this format or with an edited record (names it; nothing is deleted), its parent does not exist,
-            or a write fails (names the file).
+            another save put a folder there first, or a write fails (names the file).
         OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
     """
     overwrite = check_bool(overwrite, "overwrite")
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The folder to save to must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
+    own = replaces if replaces is not None else {fmt: frozenset(tables)}
+    files = {f"{sub}/{name}": data for sub, fs in (parts or {}).items() for name, data in fs.items()}
+    files.update(tables_record_files(fmt, record_name, tables, fields))  # the record last
+    return write_folder(path, files, overwrite=overwrite, owned=lambda d: owned_files(d, record_name, own))
+
+
+def tables_record_files(
+    fmt: str, record_name: str, tables: Mapping[str, pd.DataFrame], fields: Mapping[str, Any]
+) -> dict[str, bytes]:
+    """The files of a save (:func:`write_tables_record`) as bytes, the record last: ``<name>.parquet`` of each table
+    (without the index) and ``record_name``, ``{"format": fmt, **fields, "files": {name: sha256}, "digest": ...}``
+    (``fields`` strict JSON under the record policy). Raises what pandas/pyarrow raise for a table they cannot write.
+    """
+    files: dict[str, bytes] = {}
+    digests: dict[str, str] = {}
+    for name, df in tables.items():
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        files[f"{name}.parquet"] = buf.getvalue()
+        digests[name] = sha256_bytes(buf.getvalue())
+    record = {"format": fmt, **json_ready(tag_int_keys(dict(fields)), RECORD), "files": digests}
+    record["digest"] = record_digest(record)
+    files[record_name] = json_text(record, RECORD, indent=1).encode("utf-8")
+    return files
+
+
+def owned_files(d: Path, record_name: str, own: dict[str, frozenset[str]]) -> list[str]:
+    """The files an earlier save wrote in ``d`` (its record and the tables it lists), read from a record of a format
+    of ``own`` (``{format: the tables it writes}``) that passes its own digest and lists only tables of its format.
+
+    Raises:
+        OptionError: no record, an unreadable one, one of another format, an edited one or one that lists a table its
+            format does not write (names it; "nothing was deleted").
+    """
     rec_file = d / record_name
-    old: list[Path] = []
+    refuse = f"refusing to overwrite {d}: nothing was deleted."
+    if not rec_file.is_file():
+        raise OptionError(f"{d} holds no {record_name}; {refuse}")
     try:
-        if d.exists():
-            if not d.is_dir():
-                raise OptionError(f"Cannot save to {d}: it is a file.")
-            if any(d.iterdir()):
-                if not overwrite:
-                    raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
-                refuse = f"refusing to overwrite {d}: nothing was deleted."
-                if not rec_file.is_file():
-                    raise OptionError(f"{d} holds no {record_name}; {refuse}")
-                try:
-                    prev = json.loads(rec_file.read_text("utf-8"))
-                except (OSError, ValueError) as e:
-                    raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
-                own = replaces if replaces is not None else {fmt: frozenset(tables)}
-                if (
-                    not isinstance(prev, dict)
-                    or prev.get("format") not in own
-                    or prev.get("digest") != record_digest(prev)
-                ):
-                    raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
-                listed = prev.get("files")
-                names: dict[str, Any] = listed if isinstance(listed, dict) else {}
-                bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
-                if bad:
-                    raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
-                old = [rec_file, *(d / f"{n}.parquet" for n in names)]
-                rec_file.unlink()  # first: an interrupted overwrite leaves no record, never a mix that loads
-        if not d.parent.exists():
-            raise OptionError(f"Cannot save to {d}: the folder {d.parent} does not exist.")
-        d.mkdir(exist_ok=True)
-        files: dict[str, str] = {}
-        for name, df in tables.items():
-            buf = io.BytesIO()
-            df.to_parquet(buf, index=False)
-            atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
-            files[name] = sha256_bytes(buf.getvalue())
-        record = {"format": fmt, **json_ready(tag_int_keys(fields), RECORD), "files": files}
-        record["digest"] = record_digest(record)
-        atomic_write_text(rec_file, json_text(record, RECORD, indent=1))
-        written = {rec_file, *(d / f"{n}.parquet" for n in files)}
-        for p in old:
-            if p not in written:
-                p.unlink(missing_ok=True)
-    except OSError as e:
-        raise OptionError(f"Cannot save to {d}: {e.strerror or e} ({e.filename or d}).") from e
-    return d
+        prev = json.loads(rec_file.read_text("utf-8"))
+    except (OSError, ValueError) as e:
+        raise OptionError(f"{rec_file} cannot be read ({type(e).__name__}); {refuse}") from e
+    if not isinstance(prev, dict) or prev.get("format") not in own or prev.get("digest") != record_digest(prev):
+        raise OptionError(f"{rec_file} is not an unedited {' or '.join(own)} record; {refuse}")
+    listed = prev.get("files")
+    names: dict[str, Any] = listed if isinstance(listed, dict) else {}
+    bad = [n for n in names if not (isinstance(n, str) and n in own[prev["format"]])]
+    if bad:
+        raise OptionError(f"{rec_file} lists {bad[0]!r}, which this format does not write; {refuse}")
+    parts = prev.get("parts") or []
+    if not (isinstance(parts, list) and all(isinstance(p, str) and re.fullmatch(r"[A-Za-z0-9_]+", p) for p in parts)):
+        raise OptionError(f"{rec_file} lists parts {parts!r} that are not folder names; {refuse}")
+    return [record_name, *(f"{n}.parquet" for n in names), *parts]
 
 
 def read_tables_record(
@@ -213,7 +229,7 @@ def read_tables_record(
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), record_name)  # an overwrite stopped between its two renames
     if not d.is_dir():
         raise MissingFileError(f"{d} is not a folder; pass the folder the result was saved to.")
     rec_file = d / record_name
@@ -261,3 +277,106 @@ def float_keys(x: Any, out: set[str] | None = None) -> set[str]:
         for v in x:
             float_keys(v, out)
     return out
+
+
+#: The summary fields that restate the measured model's :class:`~tl_idempotence.core.heads.ModelInfo` fields.
+INFO_FIELDS = ("model_name", "model_class", "processing")
+
+
+def check_identity(
+    rec_file: Path,
+    summary: Mapping[str, Any],
+    options: Mapping[str, Any],
+    restated: tuple[str, ...] = (),
+    info: Any = None,
+    table: pd.DataFrame | None = None,
+    table_file: Path | None = None,
+) -> None:
+    """THE identity check every loader of a saved result runs (issue 45): what the record says was measured and how
+    must agree wherever it is stated twice, and the table's heads must be heads of that model.
+
+    * every summary field that restates the model's info (:data:`INFO_FIELDS`: name, class, weight processing) is
+      the info's;
+    * every option the summary restates (``restated``: ``seed``, ``k``, ...) is the same value of the same type in
+      both (``1`` is not ``True``);
+    * the table's ``layer``/``head`` are whole numbers within the info's sizes, each head once, and its ``kv_head``
+      (when it has one) is the kv map of the info's ``n_heads``/``n_kv_heads``
+      (:func:`~tl_idempotence.core.heads.kv_layout`: every model source reads its kv heads so).
+
+    Args:
+        rec_file: the record (named by a refusal). summary, options: the record's. restated: the options its summary
+            restates (a summary field of the same name may mean another thing: what was measured, not asked). info: its
+            :class:`~tl_idempotence.core.heads.ModelInfo` (None: a result without one). table, table_file: a per-head
+            table and its file (None: none).
+
+    Raises:
+        ReportFileError: names the file, the field or column, both values and the first head that disagrees.
+    """
+    from .heads import kv_layout
+
+    def refuse(where: Path, what: str) -> ReportFileError:
+        return ReportFileError(f"{where}: {what}: the record or a table was edited. Save the result again.")
+
+    if info is not None:
+        for k in INFO_FIELDS:
+            if k in summary and not same_value(_json_like(summary[k]), _json_like(getattr(info, k))):
+                raise refuse(rec_file, f"summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}")
+    for k in restated:
+        a, b = summary.get(k), options.get(k)
+        if type(a) is not type(b) or not same_value(_json_like(a), _json_like(b)):
+            raise refuse(rec_file, f"summary[{k!r}] is {a!r} but options[{k!r}] is {b!r}")
+    if table is None or info is None or not len(table):
+        return
+    where = table_file or rec_file
+    L, H = index_column(table, "layer", where), index_column(table, "head", where)
+    outside = (L < 0) | (L >= info.n_layers) | (H < 0) | (H >= info.n_heads)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise refuse(
+            where,
+            f"head L{L[i]}H{H[i]} is not a head of the record's model (info: {info.n_layers} layers of "
+            f"{info.n_heads} heads)",
+        )
+    if len(set(zip(L.tolist(), H.tolist()))) != len(L):
+        raise refuse(where, "a head repeats")
+    if "kv_head" in table.columns:
+        K = index_column(table, "kv_head", where)
+        try:
+            want = kv_layout(info.n_heads, info.n_kv_heads).numpy()[H]
+        except Exception as e:  # a kv layout the sizes cannot have (WeightError)
+            raise refuse(rec_file, f"info.n_heads={info.n_heads}, info.n_kv_heads={info.n_kv_heads}: {e}") from e
+        bad = want != K
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise refuse(
+                where,
+                f"column 'kv_head' disagrees with the kv map of info.n_heads={info.n_heads}, info.n_kv_heads="
+                f"{info.n_kv_heads} (tl_idempotence.kv_layout) at L{L[i]}H{H[i]} (first of {int(bad.sum())})",
+            )
+
+
+def check_float_keys(rec_file: Path, fields: Mapping[str, Any], listed: Any) -> None:
+    """A record's ``float_keys`` (the fields whose ``"NaN"`` strings read back as floats) must be the keys that hold
+    floats in its fields as read back (:func:`float_keys`): an edited list is refused.
+
+    Raises:
+        ReportFileError: names the record and the keys that differ.
+    """
+    fresh = sorted(float_keys({k: v for k, v in fields.items() if k != "float_keys"}))
+    if listed != fresh:
+        extra = sorted(set(listed or []) ^ set(fresh))[:5]
+        raise ReportFileError(
+            f"{rec_file}: float_keys is not the fields that hold floats (differs at {extra}): the "
+            "record was edited. Save the result again."
+        )
+
+
+def _json_like(x: Any) -> Any:
+    """``x`` with tuples as lists and numpy scalars as Python scalars (how a value reads back from JSON)."""
+    if isinstance(x, Mapping):
+        return {str(k): _json_like(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_like(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

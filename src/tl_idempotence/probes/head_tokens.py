@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,17 +49,20 @@ import torch
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.records import index_column
+from ..core.records import index_column, tables_record_files
 from ..core.selection import head_label, head_labels, select_heads
+from ..core.stored import StoreSpec
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from .token_records import (
+    FREE_MODEL_FIELDS,
     TokenResult,
     check_summary,
     edited_error,
     embedding_fingerprint,
     label_heads,
+    probe_fields,
     read_probe,
     same_floats,
     write_probe,
@@ -113,6 +117,54 @@ def _row_norms(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat([rows[s : s + 8192].double().norm(dim=1) for s in range(0, rows.shape[0], 8192)])
 
 
+def _check_stated(
+    rec: Path,
+    ft: Path,
+    fo: Path,
+    summary: Mapping[str, Any],
+    opts: Mapping[str, Any],
+    info: ModelInfo,
+    table: pd.DataFrame,
+    top: pd.DataFrame,
+    sigmas: Mapping[str, Mapping[str, float]],
+    n: int,
+) -> None:
+    """What a saved head-tokens record states that its tables give: the convention, how the tokens were chosen (and
+    the ``n_tokens`` asked), the number of singular directions (``n_directions``: the top table's ``read_d`` kinds,
+    each head's ``sigma_1..sigma_d``, ``sigma_1`` the table's ``sv_1``, at most ``d_head`` of them).
+
+    Raises:
+        ReportFileError: names the file and the field.
+    """
+    edited = functools.partial(edited_error, again="tli.head_tokens")
+    if summary.get("convention") != CONVENTION:
+        raise edited(rec, "summary['convention'] is not what tli.head_tokens writes")
+    seed, asked = summary.get("seed"), opts.get("n_tokens")
+    ways = {
+        f"{n} non-special token ids drawn without replacement (seed {seed})": asked == n,
+        f"every non-special token ({n}; n_tokens={asked} asked)": isinstance(asked, int) and asked >= n,
+        f"{n} token ids given": True,
+    }
+    if not ways.get(str(summary.get("tokens")), False):
+        raise edited(
+            rec,
+            f"summary['tokens'] ({summary.get('tokens')!r}) and options['n_tokens'] ({asked!r}) are not "
+            f"how {n} tokens are chosen",
+        )
+    kinds = sorted({str(x) for x in top["kind"]} - {"promoted", "suppressed"})
+    nd = opts.get("n_directions")
+    want = sorted([f"read_{i}" for i in range(1, (nd or 0) + 1)] + [f"write_{i}" for i in range(1, (nd or 0) + 1)])
+    if not isinstance(nd, int) or not 1 <= nd <= info.d_head or kinds != want:
+        raise edited(fo, f"its directions {kinds[:4]} are not options['n_directions'] = {nd!r} (at most d_head)")
+    for lab, sig in sigmas.items():
+        if list(sig) != [f"sigma_{i}" for i in range(1, nd + 1)] or sig["sigma_1"] != float(table.loc[lab, "sv_1"]):
+            raise edited(ft, f"{lab}'s sigmas in {rec.name} are not its sv_1 and options['n_directions'] = {nd}")
+
+
+HEAD_TOKENS_FORMAT = "tl_idempotence.head_tokens/1"
+HEAD_TOKENS_RECORD = "head_tokens.json"
+
+
 class HeadTokensSummary(FrozenSummary):
     """The summary of :class:`HeadTokens` (typed, read-only; a mapping of the fields given)."""
 
@@ -159,6 +211,17 @@ class HeadTokens(TokenResult):
     frozen_hint: ClassVar[str] = "tli.head_tokens again"
     summary_type: ClassVar[type[FrozenSummary]] = HeadTokensSummary
     probe_name: ClassVar[str] = "head_tokens"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="head_tokens",
+        record=HEAD_TOKENS_RECORD,
+        formats=(HEAD_TOKENS_FORMAT,),
+        free_fields=(
+            *FREE_MODEL_FIELDS,
+            ("options.chunk", "a performance setting: source tokens per product; no number depends on it"),
+            ("sigmas.*.sigma_[2-9]", "the singular values beyond the first, recorded once for the direction lists"),
+            ("sigmas.*.sigma_[1-9][0-9]*", "the singular values beyond the first, recorded once"),
+        ),
+    )
 
     _ranks: np.ndarray  # [heads, tokens] float64
     _tokens: np.ndarray  # [tokens] int64
@@ -226,6 +289,11 @@ class HeadTokens(TokenResult):
             TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``/``tail``).
         """
         return self.ranked_text("self_rank_median", ["self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens"], n)
+
+    @classmethod
+    def load(cls, path: PathLike) -> HeadTokens:
+        """:func:`load_head_tokens`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        return load_head_tokens(path)
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
@@ -666,8 +734,6 @@ def _compute(
     return table, np.stack(ranks), top
 
 
-HEAD_TOKENS_FORMAT = "tl_idempotence.head_tokens/1"
-HEAD_TOKENS_RECORD = "head_tokens.json"
 #: The columns of :attr:`HeadTokens.table` and of its ``top_tokens`` frames, in order.
 TABLE_COLUMNS = ("layer", "head", "kv_head", "self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens", "sv_1")
 TOP_COLUMNS = ("kind", "rank", "token_id", "token", "value")
@@ -692,12 +758,23 @@ def save_head_tokens(result: HeadTokens, path: PathLike, overwrite: bool = False
     """
     if not isinstance(result, HeadTokens):
         raise OptionTypeError(f"save_head_tokens saves a HeadTokens (tli.head_tokens); got {type(result).__name__}.")
+    tables, sigmas = _saved_tables(result)
+    return write_probe("head_tokens", path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, result, overwrite, sigmas)
+
+
+def _saved_tables(result: HeadTokens) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """The tables of a head-tokens save and its ``sigmas`` record field."""
     labels = list(result._table.index)
     ranks = pd.DataFrame({"token_id": result._tokens, **{lab: result._ranks[i] for i, lab in enumerate(labels)}})
     top = pd.concat([result._top[lab].assign(label=lab) for lab in labels], ignore_index=True)[["label", *TOP_COLUMNS]]
     tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "self_ranks": ranks, "top": top}
-    sigmas = {"sigmas": {lab: dict(result._top[lab].attrs) for lab in labels}}
-    return write_probe("head_tokens", path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, result, overwrite, sigmas)
+    return tables, {"sigmas": {lab: dict(result._top[lab].attrs) for lab in labels}}
+
+
+def head_tokens_files(result: HeadTokens) -> dict[str, bytes]:
+    """The files :func:`save_head_tokens` writes, as bytes (a mechanism save holds them as a part)."""
+    tables, sigmas = _saved_tables(result)
+    return tables_record_files(HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, probe_fields(result, sigmas))
 
 
 def load_head_tokens(path: PathLike) -> HeadTokens:
@@ -719,7 +796,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         OptionTypeError: ``path`` is not a path.
     """
     d, fields, tables, info = read_probe(
-        path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, frozenset({"table", "self_ranks", "top"})
+        path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, frozenset({"table", "self_ranks", "top"}), ("seed", "k")
     )
     rec, ft, fr, fo = d / HEAD_TOKENS_RECORD, d / "table.parquet", d / "self_ranks.parquet", d / "top.parquet"
     edited = functools.partial(edited_error, again="tli.head_tokens")
@@ -770,6 +847,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
     }
     check_summary(summary, fresh_summary, rec, "tli.head_tokens")
     opts = fields["options"]
+    _check_stated(rec, ft, fo, summary, opts, info, table, top, sigmas, R.shape[1])
     return HeadTokens(
         table=table, ranks=R, tokens=tok, top=top_of, summary=summary, info=info, options=opts, loaded_from=str(d)
     )

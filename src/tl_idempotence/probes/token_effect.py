@@ -40,18 +40,21 @@ import torch
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
-from ..core.records import index_column
+from ..core.records import index_column, tables_record_files
 from ..core.selection import head_labels, select_heads
+from ..core.stored import StoreSpec
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
 from .head_tokens import embedding_matrices
 from .token_records import (
+    FREE_MODEL_FIELDS,
     TokenResult,
     check_summary,
     edited_error,
     embedding_fingerprint,
     label_heads,
+    probe_fields,
     read_probe,
     same_floats,
     write_probe,
@@ -75,6 +78,14 @@ CONVENTION = (
     "over the vocabulary; source = the most-attended counted position (BOS and special tokens excluded); no norm "
     "weight/bias, no b_U; indirect paths and self-repair not measured"
 )
+
+
+EFFECT_FORMAT = "tl_idempotence.attended_token_effect/1"
+EFFECT_RECORD = "attended_token_effect.json"
+
+
+#: What ``summary["test"]`` says.
+TEST = "two-sided sign test of effect - null over positions (scipy binomtest), BH q over heads"
 
 
 class AttendedTokenEffectSummary(FrozenSummary):
@@ -124,6 +135,20 @@ class AttendedTokenEffect(TokenResult):
     frozen_hint: ClassVar[str] = "tli.attended_token_effect again"
     summary_type: ClassVar[type[FrozenSummary]] = AttendedTokenEffectSummary
     probe_name: ClassVar[str] = "attended_token_effect"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="attended_token_effect",
+        record=EFFECT_RECORD,
+        formats=(EFFECT_FORMAT,),
+        free_fields=(
+            *FREE_MODEL_FIELDS,
+            ("summary.final_norm", "how the model's final norm was read, recorded once from the model"),
+            ("summary.n_windows", "the windows run (the positions table holds those with a counted position)"),
+            ("options.seq_len", "the window length asked for (the positions table holds the windows as run)"),
+            ("options.max_tokens", "the token budget asked for (the positions table holds what was run)"),
+            ("options.batch_size", "a performance setting: windows per forward pass; no number depends on it"),
+            ("options.corpus", "the name of the text given, recorded once"),
+        ),
+    )
 
     _positions: pd.DataFrame
     summary: AttendedTokenEffectSummary
@@ -153,6 +178,11 @@ class AttendedTokenEffect(TokenResult):
         """
         cols = ["effect_median", "frac_negative", "null_median", "p_value", "q_value", "n_positions"]
         return self.ranked_text("effect_median", cols, n)
+
+    @classmethod
+    def load(cls, path: PathLike) -> AttendedTokenEffect:
+        """:func:`load_attended_token_effect`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        return load_attended_token_effect(path)
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
@@ -266,7 +296,7 @@ def attended_token_effect(
         "seed": seed,
         "convention": CONVENTION,
         "final_norm": ("LayerNorm (centred, / hook_scale)" if centre else "/ hook_scale") if has_scale else "none",
-        "test": "two-sided sign test of effect - null over positions (scipy binomtest), BH q over heads",
+        "test": TEST,
         "processing": dict(info.processing),
         "weights_fingerprint": combined_fingerprint([(lay, lh.fingerprint()) for lay, lh in layers.items()]),
         "embedding_fingerprint": embedding_fingerprint(W_E, W_U),
@@ -438,8 +468,6 @@ def _tables(
     return table, pd.concat(frames, ignore_index=True)
 
 
-EFFECT_FORMAT = "tl_idempotence.attended_token_effect/1"
-EFFECT_RECORD = "attended_token_effect.json"
 #: The columns of :attr:`AttendedTokenEffect.table` and :attr:`AttendedTokenEffect.positions`, in order.
 TABLE_COLUMNS = (
     "layer", "head", "kv_head", "n_positions", "effect_median", "frac_negative", "null_median", "median_diff",
@@ -472,8 +500,17 @@ def save_attended_token_effect(result: AttendedTokenEffect, path: PathLike, over
             f"save_attended_token_effect saves an AttendedTokenEffect (tli.attended_token_effect); got "
             f"{type(result).__name__}."
         )
-    tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result._positions}
+    tables = _saved_tables(result)
     return write_probe("attended_token_effect", path, EFFECT_FORMAT, EFFECT_RECORD, tables, result, overwrite)
+
+
+def _saved_tables(result: AttendedTokenEffect) -> dict[str, pd.DataFrame]:
+    return {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result._positions}
+
+
+def attended_token_effect_files(result: AttendedTokenEffect) -> dict[str, bytes]:
+    """The files :func:`save_attended_token_effect` writes, as bytes (a mechanism save holds them as a part)."""
+    return tables_record_files(EFFECT_FORMAT, EFFECT_RECORD, _saved_tables(result), probe_fields(result))
 
 
 def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
@@ -534,6 +571,9 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         "headline": _headline(table),
     }
     check_summary(summary, fresh_summary, rec, "tli.attended_token_effect")
+    for key, want in (("convention", CONVENTION), ("test", TEST)):
+        if summary.get(key) != want:
+            raise edited(rec, f"summary[{key!r}] is not what tli.attended_token_effect writes")
     return AttendedTokenEffect(
         table=table, positions=positions, summary=summary, info=info, options=fields["options"], loaded_from=str(d)
     )

@@ -26,14 +26,23 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
-from ..core.records import float_keys, index_column, read_tables_record, write_tables_record
+from ..core.outputs import check_save_target
+from ..core.records import (
+    check_float_keys,
+    check_identity,
+    float_keys,
+    index_column,
+    read_tables_record,
+    write_tables_record,
+)
 from ..core.selection import head_labels
+from ..core.store import saved_folder
+from ..core.stored import StoredResult
 from ..core.tables import ModelResult
-from ..errors import OptionError, OptionTypeError, ReportFileError, ReportMismatchError
+from ..errors import OptionTypeError, ReportFileError, ReportMismatchError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
 
@@ -41,18 +50,29 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
 
 __all__ = [
+    "FREE_MODEL_FIELDS",
     "TokenResult",
     "check_model_fits",
     "check_summary",
     "edited_error",
     "embedding_fingerprint",
     "label_heads",
+    "probe_fields",
     "read_probe",
     "same_floats",
     "write_probe",
 ]
 
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
+#: Record fields of a token probe's save that nothing else states (``StoreSpec.free_fields``): the model's sizes it
+#: did not use and the weights' sha256s, recorded once; :meth:`TokenResult.check_model` compares them with a model
+#: (an edited one refuses the model the result came from: loud, never a wrong number).
+FREE_MODEL_FIELDS = (
+    ("info.n_layers", "the model's layer count, recorded once (check_model compares it with a model)"),
+    ("info.d_model", "the model's width, recorded once (check_model compares it with a model)"),
+    ("info.d_head", "the model's head size, recorded once (check_model compares it with a model)"),
+    ("summary.weights_fingerprint", "the sha256 of the measured layers, recorded once (check_model reads it)"),
+    ("summary.embedding_fingerprint", "the sha256 of W_E and W_U, recorded once (check_model reads it)"),
+)
 
 
 def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
@@ -66,7 +86,7 @@ def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-class TokenResult(ModelResult, DrawnResult):
+class TokenResult(StoredResult, ModelResult, DrawnResult):
     """Base of the token probes' results (``HeadTokens``, ``AttendedTokenEffect``): their headline, their text
     (:meth:`ranked_text`) and :meth:`check_model`, which refuses a model the result was not computed from."""
 
@@ -162,24 +182,27 @@ def write_probe(
             extension; as :func:`~tl_idempotence.core.records.write_tables_record` (a non-empty folder, a missing
             parent, an edited earlier record; names it).
     """
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"A {what} save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a folder "
-            "name without extension."
-        )
-    loaded = result.loaded_from
-    refuse_outputs_over_inputs([("path", path)], [(f"the saved {what}", loaded)] if loaded else [])
+    check_save_target(path, f"A {what} save", what, result.loaded_from)
+    return str(write_tables_record(path, fmt, record, tables, probe_fields(result, extra), overwrite))
+
+
+def probe_fields(result: Any, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The record fields of a token probe's save: ``summary``, ``options``, ``info`` (the
+    :class:`~tl_idempotence.core.heads.ModelInfo`'s fields), ``extra`` and ``float_keys``. Raises nothing."""
     summary, options = thawed(dict(result.summary)), thawed(dict(result.options))
     info = {f.name: thawed(getattr(result.info, f.name)) for f in dataclasses.fields(result.info)}
     fields: dict[str, Any] = {"summary": summary, "options": options, "info": info, **thawed(dict(extra or {}))}
     fields["float_keys"] = sorted(float_keys(fields))
-    return str(write_tables_record(path, fmt, record, tables, fields, overwrite))
+    return fields
 
 
 def read_probe(
-    path: PathLike, fmt: str, record: str, names: frozenset[str]
+    path: PathLike, fmt: str, record: str, names: frozenset[str], restated: tuple[str, ...] = ("seed",)
 ) -> tuple[Path, dict[str, Any], dict[str, pd.DataFrame], ModelInfo]:
-    """Read what :func:`write_probe` wrote: ``(folder, record fields, tables, info)``, every digest checked.
+    """Read what :func:`write_probe` wrote: ``(folder, record fields, tables, info)``, every digest checked, and THE
+    identity check (:func:`~tl_idempotence.core.records.check_identity`: the summary's model fields against the info,
+    ``restated``, the options the summary restates, against the options, the table's heads and kv map against the
+    info's sizes).
 
     Raises:
         MissingFileError: no such folder, no record, a listed table missing (names it).
@@ -189,7 +212,7 @@ def read_probe(
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), record)  # an overwrite stopped between its two renames
     rec = d / record
     raw, tables = read_tables_record(d, record, (fmt,), frozenset())
     fk = raw.get("float_keys")
@@ -205,6 +228,8 @@ def read_probe(
         info = ModelInfo(**fields["info"])
     except (TypeError, ValueError) as e:
         raise ReportFileError(f"{rec}: a malformed info ({type(e).__name__}: {e}).") from e
+    check_float_keys(rec, fields, fk)
+    check_identity(rec, fields["summary"], fields["options"], restated, info, tables.get("table"), d / "table.parquet")
     return d, fields, tables, info
 
 

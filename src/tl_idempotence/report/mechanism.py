@@ -36,7 +36,6 @@ whose sha256s and digest were recomputed is refused where it makes the record di
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -47,13 +46,23 @@ import pandas as pd
 from ..core.frozen import thawed
 from ..core.jsonio import json_restore
 from ..core.options import strict_kwargs
-from ..core.records import float_keys, index_column, read_tables_record, same_value, write_tables_record
+from ..core.outputs import check_save_target
+from ..core.records import (
+    check_float_keys,
+    float_keys,
+    index_column,
+    read_tables_record,
+    same_value,
+    write_tables_record,
+)
 from ..core.selection import head_labels
+from ..core.store import saved_folder
+from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
-from ..probes.head_tokens import load_head_tokens, save_head_tokens
+from ..probes.head_tokens import head_tokens_files, load_head_tokens
 from ..probes.tied import EmbeddingTie
-from ..probes.token_effect import load_attended_token_effect, save_attended_token_effect
+from ..probes.token_effect import attended_token_effect_files, load_attended_token_effect
 from ..views.results import DrawnResult
 from .roles import json_like
 
@@ -86,6 +95,10 @@ QUESTION = "Does sign(α) predict the sign of a closed head's direct effect on t
 SIGNED = ("alpha", "effect_median", "copying", "copying_own")
 
 
+MECHANISM_FORMAT = "tl_idempotence.mechanism/1"
+MECHANISM_RECORD = "mechanism.json"
+
+
 class MechanismSummary(FrozenSummary):
     """The summary of :class:`Mechanism` (typed, read-only; a mapping of the fields given; a field not given reads
     as None). ``embedding_tie`` is the :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict; ``head_tokens``
@@ -116,7 +129,7 @@ class MechanismSummary(FrozenSummary):
     headline: str
 
 
-class Mechanism(FrozenResult, DrawnResult):
+class Mechanism(StoredResult, FrozenResult, DrawnResult):
     """Result of ``rep.mechanism(model=...)`` (module docstring). Immutable, like the report: :attr:`table` and
     :attr:`signs` are copies made on each read, :attr:`summary` is read-only, and assigning an attribute raises
     ``dataclasses.FrozenInstanceError``.
@@ -152,6 +165,16 @@ class Mechanism(FrozenResult, DrawnResult):
     frozen_name: ClassVar[str] = "a mechanism result is"
     frozen_hint: ClassVar[str] = "rep.mechanism again"
     summary_type: ClassVar[type[FrozenSummary]] = MechanismSummary
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="mechanism",
+        record=MECHANISM_RECORD,
+        formats=(MECHANISM_FORMAT,),
+        free_fields=(
+            ("summary.embedding_tie.how", "how the embeddings' tie was read off the model, recorded once"),
+            ("summary.embedding_tie.max_rel_diff", "the measured gap between W_U and W_Eᵀ, recorded once"),
+            ("summary.embedding_tie.dtypes", "the embeddings' dtypes, recorded once"),
+        ),
+    )
 
     _signs: pd.DataFrame
     summary: MechanismSummary
@@ -205,6 +228,11 @@ class Mechanism(FrozenResult, DrawnResult):
                 f"heads=[{head!r}]).top_tokens({head!r}) or rep.mechanism(model=...) again."
             )
         return self.tokens.top_tokens(head)
+
+    @classmethod
+    def load(cls, path: PathLike) -> Mechanism:
+        """:func:`~tl_idempotence.report.mechanism.load_mechanism`: a folder :meth:`save` wrote, checked."""
+        return load_mechanism(path)
 
     def save(self, path: PathLike, overwrite: bool = False) -> str:
         """Save to the folder ``path`` (:func:`~tl_idempotence.report.mechanism.save_mechanism`): parquet
@@ -450,7 +478,7 @@ def mechanism_join(
         "conventions": {
             "effect": effect.summary.get("convention"),
             "tokens": tokens.summary.get("convention"),
-            "copying_own": "Re Σλ / Σ|λ| over T's own eigenvalues (G = I)",
+            "copying_own": COPYING_OWN_CONVENTION,
         },
         "head_tokens": thawed(tokens.summary),
         "attended_token_effect": thawed(effect.summary),
@@ -517,8 +545,6 @@ def mechanism_record(mech: Mechanism) -> dict[str, Any]:
     return {"summary": s, "signs": signs}
 
 
-MECHANISM_FORMAT = "tl_idempotence.mechanism/1"
-MECHANISM_RECORD = "mechanism.json"
 #: The columns every mechanism table has, in order; the roles' columns may follow.
 TABLE_COLUMNS = (
     "layer", "head", "kv_head", "P", "alpha", "closed", "alpha_P", "effect_median", "frac_negative", "null_median",
@@ -534,7 +560,6 @@ _RECOMPUTED = (
     "n_sign_tested", "n_agree", "sign_test_p", "n_spearman", "spearman_rho", "spearman_p", "n_closed_own_sign_alpha",
     "median_abs_copying_closed", "notes",
 )  # fmt: skip
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
 
 @strict_kwargs
@@ -557,18 +582,17 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
             ``.parquet``): a mechanism save is a folder; as the probes' savers for its parts (``head_tokens/``,
             ``attended_token_effect/``, written after the record).
     """
-    from ..core.files import refuse_outputs_over_inputs
 
     if not isinstance(result, Mechanism):
         raise OptionTypeError(f"save_mechanism saves a Mechanism (rep.mechanism); got {type(result).__name__}.")
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"A mechanism save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a "
-            "folder name without extension; for a page use rep.save_html(path, mechanism=...), for a table or JSON "
-            "rep.export(path) (the CLI's --mechanism)."
-        )
-    loaded = result.loaded_from
-    refuse_outputs_over_inputs([("path", path)], [("the saved mechanism", loaded)] if loaded else [])
+    check_save_target(
+        path,
+        "A mechanism save",
+        "mechanism",
+        result.loaded_from,
+        "; for a page use rep.save_html(path, mechanism=...), for a table or JSON rep.export(path) (the CLI's "
+        "--mechanism)",
+    )
     table = result._table
     cols = [c for c in table.columns if c not in ROLE_COLUMNS]
     if tuple(cols) != TABLE_COLUMNS:
@@ -577,12 +601,14 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     parts = [name for name, part in (("head_tokens", result.tokens), ("attended_token_effect", result.effect)) if part]
     fields = {"summary": summary, "float_keys": sorted(float_keys(summary)), "parts": parts}
     tables = {"table": table, "signs": result._signs.reset_index()}
-    d = write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite)
-    if result.tokens is not None:  # after the record: the folder was empty (or an earlier save) when it was written
-        save_head_tokens(result.tokens, d / "head_tokens", overwrite=overwrite)
-    if result.effect is not None:
-        save_attended_token_effect(result.effect, d / "attended_token_effect", overwrite=overwrite)
-    return str(d)
+    files = {
+        "head_tokens": None if result.tokens is None else head_tokens_files(result.tokens),
+        "attended_token_effect": None if result.effect is None else attended_token_effect_files(result.effect),
+    }
+    parts_files = {name: fs for name, fs in files.items() if fs is not None}  # one folder, put in place in one step
+    return str(
+        write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite, parts=parts_files)
+    )
 
 
 def _refuse(f: Path, what: str) -> ReportFileError:
@@ -609,7 +635,7 @@ def load_mechanism(path: PathLike) -> Mechanism:
         OptionTypeError: ``path`` is not a path.
     """
     raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), MECHANISM_RECORD)  # an overwrite stopped between its two renames
     rec, ft, fs = d / MECHANISM_RECORD, d / "table.parquet", d / "signs.parquet"
     if set(tables) != {"table", "signs"}:
         raise ReportFileError(f"{rec} lists tables {sorted(tables)}; a mechanism save has ['signs', 'table'].")
@@ -617,6 +643,7 @@ def load_mechanism(path: PathLike) -> Mechanism:
     if not (isinstance(fk, list) and all(isinstance(k, str) for k in fk)) or not isinstance(raw.get("summary"), dict):
         raise ReportFileError(f"{rec}: a malformed record (no summary or float_keys).")
     summary: dict[str, Any] = json_restore(raw["summary"], frozenset(fk), int_keys=False)
+    check_float_keys(rec, {"summary": summary}, fk)
     table, signs = tables["table"], tables["signs"]
     cols = tuple(table.columns)
     if cols not in (TABLE_COLUMNS, (*TABLE_COLUMNS, *ROLE_COLUMNS)):
@@ -660,12 +687,44 @@ def load_mechanism(path: PathLike) -> Mechanism:
     head = mechanism_headline(summary, tie, stats["n_closed_own_sign_alpha"], stats["median_abs_copying_closed"])
     if summary.get("headline") != head:
         raise _refuse(rec, "summary['headline'] is not what the table and the summary give")
-    if not math.isfinite(threshold):
-        raise _refuse(rec, f"summary['threshold'] is {threshold!r}")
+    if not (0.0 <= threshold <= 1.0):
+        raise _refuse(rec, f"summary['threshold'] is {threshold!r}, not a P threshold in [0, 1]")
+    if not (1 <= n_perm <= 1 << 20) or summary.get("p_floor") != min(1.0, 2 / (n_perm + 1)):
+        raise _refuse(
+            rec, f"summary['n_permutations'] {n_perm!r} and summary['p_floor'] {summary.get('p_floor')!r} disagree"
+        )
+    _check_restated(rec, summary)
     tokens, effect = _load_parts(d, raw.get("parts", []), table, summary)
     return Mechanism(
         table=table, signs=stored, summary=summary, tokens=tokens, effect=effect, tie=tie, loaded_from=str(d)
     )
+
+
+#: What ``summary["conventions"]["copying_own"]`` says (the G = I copying score).
+COPYING_OWN_CONVENTION = "Re Σλ / Σ|λ| over T's own eigenvalues (G = I)"
+
+
+def _check_restated(rec: Path, summary: Mapping[str, Any]) -> None:
+    """What a mechanism summary restates of its probes' summaries (``head_tokens``, ``attended_token_effect``): the
+    model's name, the seed and the conventions; and the G = I convention's text.
+
+    Raises:
+        ReportFileError: names the record and the field that differs.
+    """
+    conv = summary.get("conventions")
+    if not isinstance(conv, Mapping) or conv.get("copying_own") != COPYING_OWN_CONVENTION:
+        raise _refuse(rec, "summary['conventions'] is not what rep.mechanism writes")
+    for part, key in (("head_tokens", "tokens"), ("attended_token_effect", "effect")):
+        ps = summary.get(part)
+        if not isinstance(ps, Mapping):
+            raise _refuse(rec, f"summary[{part!r}] is missing")
+        for field, mine in (("model_name", summary.get("model_name")), ("seed", summary.get("seed"))):
+            if ps.get(field) != mine or type(ps.get(field)) is not type(mine):
+                raise _refuse(
+                    rec, f"summary[{field!r}] is {mine!r} but summary[{part!r}][{field!r}] is {ps.get(field)!r}"
+                )
+        if conv.get(key) != ps.get("convention"):
+            raise _refuse(rec, f"summary['conventions'][{key!r}] is not summary[{part!r}]['convention']")
 
 
 #: The joined table's columns each probe gives (mechanism column, probe column).

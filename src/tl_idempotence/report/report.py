@@ -21,7 +21,6 @@ from ..analyses.base import Analysis
 from ..analyses.loop import LayerPart, concat_tables, iter_layers, run_layer
 from ..analyses.registry import report_analyses
 from ..analyses.report_options import ReportOptions, ReportOptionsArgs, documents_options
-from ..analyses.scramble import bh_q_values
 from ..core.files import check_work_folder, refuse_outputs_over_inputs
 from ..core.heads import ModelInfo, source_info
 from ..core.options import check_bool, resolve_layers
@@ -30,7 +29,7 @@ from ..errors import OptionTypeError, ResumeError
 from ..sources.dispatch import head_source, model_inputs
 from .parts import ResumeDir
 from .result import IdempotenceReport
-from .store import read_record
+from .store import add_q_values
 from .summary import build_summary
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,18 +69,7 @@ def load_report(path: PathLike) -> IdempotenceReport:
             P and the threshold, the kv map, or Benjamini-Hochberg of ``p_value`` give (names the column and the
             first head, ``L3H2``).
     """
-    rec = read_record(path)
-    heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # a table without q-values
-    heads.index = head_labels(heads["layer"], heads["head"])
-    return IdempotenceReport(
-        heads=heads,
-        layers=rec.layers,
-        tables=rec.tables,
-        summary=rec.summary,
-        info=rec.info,
-        options=rec.options,
-        inputs=[("the saved report", Path(path).expanduser().absolute())],
-    )
+    return IdempotenceReport.load(path)
 
 
 @documents_options
@@ -193,18 +181,6 @@ def report_with_options(
     if parts_dir is not None:
         rep = rep.with_summary(n_layers_resumed=n_resumed)
     return rep
-
-
-def add_q_values(heads: pd.DataFrame) -> pd.DataFrame:
-    """``heads`` with ``q_value`` (Benjamini-Hochberg across every measured head,
-    :func:`~tl_idempotence.analyses.scramble.bh_q_values`) right after ``p_value``, when it has per-head scramble
-    p-values; a table without ``p_value`` is returned as it is. A report-level column: it depends on every
-    layer, so it is derived here, after the per-layer rows, never in a layer's part."""
-    if "p_value" not in heads.columns:
-        return heads
-    heads = heads.drop(columns="q_value", errors="ignore")
-    heads.insert(heads.columns.get_loc("p_value") + 1, "q_value", bh_q_values(heads["p_value"]))
-    return heads
 
 
 def assemble(

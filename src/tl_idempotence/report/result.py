@@ -28,10 +28,13 @@ from ..core.kwargs import warn_at_caller
 from ..core.options import check_bool, check_threshold, strict_kwargs
 from ..core.outputs import FOLDER, write_output
 from ..core.readings import report_headline
+from ..core.selection import head_labels
+from ..core.stored import StoredResult, StoreSpec
 from ..errors import OptionError, OptionTypeError
 from ..views.results import DrawnResult
 from .export import report_output
 from .hooks import HOOK_AXES, HookPoint
+from .store import FORMAT, RECORD, add_q_values, read_record
 from .summary import REPR_FIELDS, RecordMap, ReportSummary, build_summary, format_paper_table, paper_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -61,7 +64,7 @@ class FrameTables(RecordMap[pd.DataFrame]):
         return f"FrameTables({list(self)})"
 
 
-class IdempotenceReport(DrawnResult):
+class IdempotenceReport(StoredResult, DrawnResult):
     """Result of :func:`idempotence_report`.
 
     Attributes:
@@ -109,6 +112,17 @@ class IdempotenceReport(DrawnResult):
     _model_ref: Any
 
     display_kind: ClassVar[str] = "report"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="report",
+        record=RECORD,
+        formats=(FORMAT,),
+        free_fields=(
+            ("summary.versions", "the versions of the code that computed the numbers: recorded once, provenance"),
+            ("summary.n_layers_resumed", "how many layers a resumed run took from its resume folder: provenance"),
+            ("summary.n_params", "a route's addition (a comparison's parameter count from checkpoint headers)"),
+            ("info.extra", "free-form notes of the source (its file names, the architecture's note)"),
+        ),
+    )
     #: the summary's repr fields but the mismatch count (eight fit the one-line repr)
     repr_keys: ClassVar[tuple[str, ...]] = tuple(k for k in REPR_FIELDS if k != "n_mismatch_closed")
 
@@ -851,6 +865,26 @@ class IdempotenceReport(DrawnResult):
             fingerprints={} if fps is None else fps,
         )
         return roles
+
+    @classmethod
+    def load(cls, path: PathLike) -> IdempotenceReport:
+        """A report saved with :meth:`save` (:func:`~tl_idempotence.report.report.load_report`, which calls this).
+
+        Raises:
+            MissingFileError / ReportFileError / OptionTypeError: as :func:`~tl_idempotence.report.report.load_report`.
+        """
+        rec = read_record(path)
+        heads = rec.heads if "q_value" in rec.heads.columns else add_q_values(rec.heads)  # a table without q-values
+        heads.index = head_labels(heads["layer"], heads["head"])
+        return cls(
+            heads=heads,
+            layers=rec.layers,
+            tables=rec.tables,
+            summary=rec.summary,
+            info=rec.info,
+            options=rec.options,
+            inputs=[("the saved report", Path(path).expanduser().absolute())],
+        )
 
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:

@@ -32,13 +32,14 @@ import pandas as pd
 from ..analyses.registry import report_analyses
 from ..analyses.report_options import ReportOptions, with_absent
 from ..analyses.scramble import bh_q_values, scramble_effect
-from ..core.files import atomic_write_bytes, atomic_write_text, read_json, record_digest, sha256_bytes
+from ..core.files import read_json, record_digest, sha256_bytes
 from ..core.heads import ModelInfo, kv_layout
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
 from ..core.options import check_bool
 from ..core.records import index_column, read_listed_tables, tag_int_keys, untag_int_keys
 from ..core.selection import head_label
+from ..core.store import saved_folder, write_folder
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
 from .summary import ReportSummary, build_summary, field_rules, optional_field
@@ -49,6 +50,7 @@ __all__ = [
     "TABLE_NAMES",
     "ReportFileError",
     "ReportRecord",
+    "add_q_values",
     "read_record",
     "write_record",
 ]
@@ -105,16 +107,18 @@ TABLE_NAMES = frozenset(
 )
 
 
-def _own_files(d: Path) -> list[Path]:
+def _own_files(d: Path) -> list[str]:
     """The files an earlier report save wrote in ``d``: ``report.json`` and the ``<table>.parquet`` its record
     lists, read from a record that passes its own digest and lists only tables the format writes.
 
     Raises:
-        OptionError: ``report.json`` is unreadable, not a record of this format, fails its digest (it was
-            edited: the files it lists may be anyone's), or lists a file the format does not write (names
-            the file; nothing was deleted).
+        OptionError: no ``report.json``, or it is unreadable, not a record of this format, fails its digest (it was
+            edited: the files it lists may be anyone's), or lists a file the format does not write (names the file;
+            nothing was deleted).
     """
     rec_file = d / RECORD
+    if not rec_file.is_file():
+        raise OptionError(f"{d} is not a saved report folder (no {RECORD}); refusing to overwrite it.")
     refuse = (
         f"refusing to overwrite {d}: nothing was deleted. Delete the old report's files yourself or save to "
         "another folder."
@@ -139,19 +143,20 @@ def _own_files(d: Path) -> list[Path]:
             f"{rec_file} lists {d / (str(foreign[0]) + '.parquet')}, which is not a table a report save writes; "
             f"{refuse}"
         )
-    return [rec_file, *(d / f"{n}.parquet" for n in files)]
+    return [RECORD, *(f"{n}.parquet" for n in files)]
 
 
 def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
-    """Write ``rec`` to the folder ``path`` (created); ``report.json`` is written last.
+    """Write ``rec`` to the folder ``path`` through THE store (:func:`~tl_idempotence.core.store.write_folder`):
+    every file is written into a new folder beside ``path`` and put in place in one step, so a kill at any instant
+    leaves the earlier report or this one (never neither, never a mix), and of two saves into one fresh folder
+    exactly one wins (the other is refused, naming the folder).
 
     With ``overwrite=True`` over an earlier report, only the files that report wrote are replaced
     (``report.json`` and the tables its record lists, by name, among :data:`TABLE_NAMES`): anything else
-    in the folder — a user's notes, a figure — stays. An earlier ``report.json`` that fails its own digest
-    (edited) or lists a file the format does not write is refused before anything is deleted. The old
-    ``report.json`` is removed first, so an interrupted overwrite leaves a folder that :func:`read_record`
-    refuses ("no report.json"), never a mix that loads. A symbolic link to a folder is followed (the
-    report is written in the folder it points to).
+    in the folder — a user's notes, a figure — is carried into the new save. An earlier ``report.json`` that fails
+    its own digest (edited) or lists a file the format does not write is refused before anything is written. A
+    symbolic link to a folder is followed (the report replaces the folder it points to).
 
     Args:
         rec: what to save.
@@ -165,59 +170,34 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
         OptionError: ``path`` is a file, a broken symbolic link, a non-empty folder (without
             ``overwrite``), a folder that holds no saved report or one whose ``report.json`` fails its
             digest or lists a file the format does not write (names it), or its parent folder does not exist;
-            a folder that cannot be listed or written (names it).
+            another save put a folder there first; a folder that cannot be listed or written (names it).
         OptionTypeError: ``path`` is not a path or ``overwrite`` not a bool.
     """
     overwrite = check_bool(overwrite, "overwrite")
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The report folder must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
-    if d.is_symlink() and not d.exists():
-        raise OptionError(
-            f"Cannot save the report to {d}: it is a symbolic link to {os.readlink(d)}, which does not exist."
-        )
-    old: list[Path] = []
-    try:
-        if d.exists():
-            if not d.is_dir():
-                raise OptionError(f"Cannot save the report to {d}: it is a file.")
-            if any(d.iterdir()):
-                if not overwrite:
-                    raise OptionError(f"{d} exists and is not empty; pass overwrite=True or another folder.")
-                if not (d / RECORD).is_file():
-                    raise OptionError(f"{d} is not a saved report folder (no {RECORD}); refusing to overwrite it.")
-                old = [p for p in _own_files(d) if p.is_file()]
-                (d / RECORD).unlink()  # first: an interrupted overwrite is "no report.json", never a mix
-        if not d.parent.exists():
-            raise OptionError(f"Cannot save the report to {d}: the folder {d.parent} does not exist.")
-        d.mkdir(exist_ok=True)
-        files: dict[str, str] = {}
-        for name, df in {"heads": rec.heads, "layers": rec.layers, **rec.tables}.items():
-            buf = io.BytesIO()
-            df.to_parquet(buf, index=False)
-            atomic_write_bytes(d / f"{name}.parquet", buf.getvalue())
-            files[name] = sha256_bytes(buf.getvalue())
-        record = {
-            "format": FORMAT,
-            "summary": json_safe(tag_int_keys(rec.summary.to_dict())),
-            "options": rec.options.as_dict(),
-            "info": _info_record(rec.info),
-            "files": files,
-            "tables": sorted(rec.tables),
-        }
-        kv_map = _stated_kv_map(rec.heads, rec.info)
-        if kv_map:  # only a report of LayerHeads with their own kv_head_of: every model source uses kv_layout
-            record[KV_MAP] = kv_map
-        record["digest"] = record_digest(record)
-        # insertion order: the summary reads back as it was
-        atomic_write_text(d / RECORD, json_text(record, JSON_RECORD, indent=1))
-        written = {d / RECORD, *(d / f"{n}.parquet" for n in files)}
-        for p in old:  # tables of the earlier report that this one does not have
-            if p not in written:
-                p.unlink(missing_ok=True)
-    except OSError as e:
-        raise OptionError(f"Cannot save the report to {d}: {e.strerror or e} ({e.filename or d}).") from e
-    return d
+    files: dict[str, bytes] = {}
+    digests: dict[str, str] = {}
+    for name, df in {"heads": rec.heads, "layers": rec.layers, **rec.tables}.items():
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        files[f"{name}.parquet"] = buf.getvalue()
+        digests[name] = sha256_bytes(buf.getvalue())
+    record = {
+        "format": FORMAT,
+        "summary": json_safe(tag_int_keys(rec.summary.to_dict())),
+        "options": rec.options.as_dict(),
+        "info": _info_record(rec.info),
+        "files": digests,
+        "tables": sorted(rec.tables),
+    }
+    kv_map = _stated_kv_map(rec.heads, rec.info)
+    if kv_map:  # only a report of LayerHeads with their own kv_head_of: every model source uses kv_layout
+        record[KV_MAP] = kv_map
+    record["digest"] = record_digest(record)
+    # insertion order: the summary reads back as it was
+    files[RECORD] = json_text(record, JSON_RECORD, indent=1).encode("utf-8")
+    return write_folder(path, files, overwrite=overwrite, owned=_own_files, what=" the report")
 
 
 def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, info: ModelInfo) -> None:
@@ -292,7 +272,7 @@ def read_record(path: Any) -> ReportRecord:
     """
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The report folder must be a path; got {type(path).__name__}.")
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), RECORD)  # an overwrite stopped between its two renames
     if not d.is_dir():
         raise MissingFileError(f"{d} is not a folder; pass the folder written by rep.save(...).")
     rec_file = d / RECORD
@@ -311,6 +291,11 @@ def read_record(path: Any) -> ReportRecord:
     if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
         raise ReportFileError(f"{rec_file} lists no heads/layers tables.")
     frames = read_listed_tables(d, rec_file, files)
+    if rec.get("tables") != sorted(set(files) - {"heads", "layers"}):
+        raise ReportFileError(
+            f"{rec_file}: its list of tables {rec.get('tables')!r} is not the tables it holds "
+            f"{sorted(set(files) - {'heads', 'layers'})}: the record was edited. Save the report again from its source."
+        )
     try:
         info = ModelInfo(**json_restore(rec["info"], set()))
         options = ReportOptions.from_record(rec["options"])
@@ -344,6 +329,18 @@ def read_record(path: Any) -> ReportRecord:
     if added:  # a record of an earlier version: the fields it predates, as its tables give them
         summary = summary.replace(**added)
     return ReportRecord(heads=heads, layers=layers, tables=frames, summary=summary, info=info, options=options)
+
+
+def add_q_values(heads: pd.DataFrame) -> pd.DataFrame:
+    """``heads`` with ``q_value`` (Benjamini-Hochberg across every measured head,
+    :func:`~tl_idempotence.analyses.scramble.bh_q_values`) right after ``p_value``, when it has per-head scramble
+    p-values; a table without ``p_value`` is returned as it is. A report-level column: it depends on every
+    layer, so it is derived here, after the per-layer rows, never in a layer's part."""
+    if "p_value" not in heads.columns:
+        return heads
+    heads = heads.drop(columns="q_value", errors="ignore")
+    heads.insert(heads.columns.get_loc("p_value") + 1, "q_value", bh_q_values(heads["p_value"]))
+    return heads
 
 
 #: The record's key for a kv map other than :func:`~tl_idempotence.core.heads.kv_layout`'s (``{layer: [kv head of

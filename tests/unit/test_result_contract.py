@@ -1,0 +1,507 @@
+"""One contract every stored result type passes (issue 45; core/stored.py).
+
+Parametrized over :data:`tl_idempotence.core.stored.STORED` (every result type that saves itself declares itself
+there), with one case per type in :data:`CASES` below: a stored type without a case, or a result class with a
+``save`` that is not a stored type, fails :func:`test_every_stored_type_has_a_case`. For each type:
+
+* a round trip gives the same result;
+* a SIGKILL at any instant of a save into a fresh folder leaves nothing or the new save, and of an overwrite the
+  earlier save or the new one, never neither, never a mix (``core.store.step_hook`` copies the folder's parent
+  before every step a save makes: what a kill at that instant leaves);
+* two saves into one fresh folder: exactly one wins, the other is refused naming the folder;
+* every field of the JSON record edited, with the digest recomputed: the loader refuses it, naming the folder
+  (except the fields the type declares free, ``StoreSpec.free_fields``, with why);
+* every file truncated or missing: refused, naming the file;
+* a save into the folder the result was loaded from: refused;
+* frozen attributes, frames handed out as copies;
+* the summary's counts (those the headline states) recomputed here from the table, independently.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import json
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import FrozenInstanceError, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import tl_idempotence as tli
+from helpers import canonical_digest
+from tl_idempotence.core import store
+from tl_idempotence.core.stored import STORED
+from tl_idempotence.errors import MissingFileError, OptionError, OutputOverInputError, ReportFileError
+from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+
+
+class Stored(NamedTuple):
+    """One stored type under test: its name, class, case and two different results of it."""
+
+    name: str
+    cls: type
+    case: Case
+    a: Any
+    b: Any
+
+
+@dataclass(frozen=True)
+class Case:
+    """How the contract builds and reads one stored type: two different results of it, the frames that say what it
+    holds, and the summary's counts recomputed independently from its table."""
+
+    make: Callable[[Any], tuple[Any, Any]]  # the module's fixtures -> (a, b)
+    frames: tuple[str, ...]  # public DataFrame attributes compared between two results
+    recount: Callable[[Any], dict[str, Any]]  # result -> {summary field: the value its table gives}
+
+
+# --------------------------------------------------------------------------- the shared tiny models
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_hf_dir(tmp_path_factory.mktemp("contract") / "tiny", n_layers=2)
+
+
+class World:
+    """The module's models and results, built once and only when a case asks for them."""
+
+    def __init__(self, bridge) -> None:
+        self.bridge = bridge
+        self._cache: dict[str, Any] = {}
+
+    def get(self, key: str, fn: Callable[[], Any]) -> Any:
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
+
+    @property
+    def rep(self):
+        return self.get("rep", lambda: tli.idempotence_report(self.bridge, nulls=4, algebra=True, progress=False))
+
+
+@pytest.fixture(scope="module")
+def world(bridge) -> World:
+    return World(bridge)
+
+
+def _closed(t: pd.DataFrame) -> int:
+    return int(t["closed"].sum())
+
+
+def _report_pair(w: World):
+    return w.rep, w.rep.with_threshold(0.05)
+
+
+def _tokens_pair(w: World):
+    heads = ["L0H1", "L1H0", "L1H3"]
+    return (
+        w.get("tok_a", lambda: tli.head_tokens(w.bridge, heads=heads, k=3, n_tokens=24, seed=3)),
+        w.get("tok_b", lambda: tli.head_tokens(w.bridge, heads=heads[:2], k=2, n_tokens=16, seed=4)),
+    )
+
+
+def _texts(seed: int) -> torch.Tensor:
+    return torch.randint(1, 60, (2, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def _effect_pair(w: World):
+    heads = ["L0H1", "L1H0", "L1H3"]
+    return (
+        w.get("eff_a", lambda: tli.attended_token_effect(w.bridge, heads=heads, texts=_texts(1), seed=1)),
+        w.get("eff_b", lambda: tli.attended_token_effect(w.bridge, heads=heads[1:], texts=_texts(2), seed=2)),
+    )
+
+
+def _mechanism_pair(w: World):
+    kw = dict(model=w.bridge, texts=_texts(3), n_tokens=16, k=2, n_permutations=19)
+    return (
+        w.get("mech_a", lambda: w.rep.mechanism(heads=["L0H1", "L1H0", "L1H3"], seed=1, **kw)),
+        w.get("mech_b", lambda: w.rep.mechanism(heads=["L0H0", "L1H2"], seed=2, **kw)),
+    )
+
+
+def _sign_count(col: str, sign: int) -> Callable[[Any], int]:
+    return lambda r: int((np.sign(r.table[col].to_numpy(dtype=float)) == sign).sum())
+
+
+CASES: dict[str, Case] = {
+    "report": Case(
+        _report_pair,
+        ("heads", "layers", "closed_heads"),
+        lambda r: {"n_closed": _closed(r.heads), "n_heads": len(r.heads)},
+    ),
+    "head_tokens": Case(
+        _tokens_pair,
+        ("table", "self_ranks"),
+        lambda r: {"n_heads": len(r.table), "n_tokens": int(r.table["n_tokens"].iloc[0])},
+    ),
+    "attended_token_effect": Case(
+        _effect_pair,
+        ("table", "positions"),
+        lambda r: {
+            "n_heads": len(r.table),
+            "n_positions": int(r.table["n_positions"].max()),
+        },
+    ),
+    "mechanism": Case(
+        _mechanism_pair,
+        ("table", "signs"),
+        lambda r: {
+            "n_heads": len(r.table),
+            "n_closed": _closed(r.table),
+        },
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def bridge(tiny_dir):
+    return bridge_from_dir(tiny_dir)
+
+
+# --------------------------------------------------------------------------- generic helpers
+
+
+def _frames(case: Case, r: Any) -> dict[str, pd.DataFrame]:
+    return {name: getattr(r, name) for name in case.frames}
+
+
+def _summary(r: Any) -> dict[str, Any]:
+    s = r.summary
+    return json.loads(json.dumps(s.to_dict() if hasattr(s, "to_dict") else dict(s), default=str))
+
+
+def same(case: Case, a: Any, b: Any) -> bool:
+    """Whether two results hold the same summary and frames (NaN equal to NaN)."""
+    if type(a) is not type(b) or _summary(a) != _summary(b):
+        return False
+    fa, fb = _frames(case, a), _frames(case, b)
+    return all(fa[k].equals(fb[k]) and list(fa[k].columns) == list(fb[k].columns) for k in fa)
+
+
+def _load(cls: type, path: Path) -> Any:
+    return cls.load(path)
+
+
+@pytest.fixture(params=sorted(CASES))
+def stored(request, world, package_classes):
+    name = request.param
+    for c in package_classes.values():
+        if c.store == name:
+            importlib.import_module(c.module)  # its class declares the StoreSpec: now in STORED
+    if name not in STORED:
+        pytest.fail(f"{name!r} has a case here but no class declares StoreSpec(name={name!r})")
+    case = CASES[name]
+    a, b = case.make(world)
+    return Stored(name, STORED[name], case, a, b)
+
+
+# --------------------------------------------------------------------------- the list cannot be skipped
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    """A class of the package as its source declares it (read with ast: nothing is imported)."""
+
+    name: str
+    module: str
+    bases: tuple[str, ...]
+    saves: bool  # defines a ``save`` method
+    store: str | None  # the name of the StoreSpec it declares in its body
+
+
+def _package_classes() -> dict[str, ClassInfo]:
+    """Every class of src/tl_idempotence by name, read statically (the list of stored types cannot be skipped by a
+    class whose module was not imported)."""
+    import ast
+
+    import tl_idempotence
+
+    root = Path(tl_idempotence.__file__).parent
+    out: dict[str, ClassInfo] = {}
+    for f in sorted(root.rglob("*.py")):
+        module = ".".join(("tl_idempotence", *f.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(f.read_text("utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            store = None
+            for item in node.body:
+                value = item.value if isinstance(item, (ast.Assign, ast.AnnAssign)) else None
+                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "StoreSpec":
+                    store = next(ast.literal_eval(k.value) for k in value.keywords if k.arg == "name")
+            saves = any(isinstance(i, ast.FunctionDef) and i.name == "save" for i in node.body)
+            bases = tuple(b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases)
+            out[node.name] = ClassInfo(node.name, module, bases, saves, store)
+    return out
+
+
+@pytest.fixture(scope="module")
+def package_classes() -> dict[str, ClassInfo]:
+    return _package_classes()
+
+
+def _ancestors(classes: dict[str, ClassInfo], name: str) -> set[str]:
+    """A class's name and its bases' names, through every level the package defines."""
+    todo, seen = [name], set()
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(classes[n].bases if n in classes else ())
+    return seen
+
+
+def _declares(classes: dict[str, ClassInfo], name: str) -> str | None:
+    """The StoreSpec name a class declares or inherits (by its bases' names), or None."""
+    todo, seen = [name], set()
+    while todo:
+        c = classes.get(todo.pop())
+        if c is None or c.name in seen:
+            continue
+        seen.add(c.name)
+        if c.store is not None:
+            return c.store
+        todo.extend(c.bases)
+    return None
+
+
+#: Result classes with a ``save`` that writes something other than a stored folder, and why.
+NOT_STORED = {
+    "StoredResult": "the base every stored type derives from (its save is abstract)",
+    "AttentionView": "its save writes one HTML page through the output registry (core/outputs.py), not a result",
+}
+
+
+def test_every_stored_type_has_a_case_and_every_saving_class_is_stored(package_classes):
+    declared = {c.store: c for c in package_classes.values() if c.store is not None}
+    assert set(declared) == set(CASES), f"stored types without a case: {sorted(set(declared) - set(CASES))}"
+    for c in package_classes.values():
+        if c.saves and c.name not in NOT_STORED and "Result" in _ancestors(package_classes, c.name):
+            assert _declares(package_classes, c.name), f"{c.module}.{c.name} saves itself but is no stored type"
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+def test_a_round_trip_gives_the_same_result(stored, tmp_path):
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    b = stored.b
+    back = _load(cls, Path(a.save(tmp_path / "res")))
+    assert same(case, a, back) and not same(case, a, b)
+    with pytest.raises(OutputOverInputError):  # over the folder it was read from
+        back.save(tmp_path / "res", overwrite=True)
+    with pytest.raises(OptionError, match="not empty"):
+        b.save(tmp_path / "res")
+    assert same(case, a, _load(cls, tmp_path / "res"))
+
+
+def _snapshots(monkeypatch, root: Path, out: Path) -> list[tuple[str, Path]]:
+    shots: list[tuple[str, Path]] = []
+
+    def hook(step: str, path: Path) -> None:
+        dst = out / f"{len(shots):03d}"
+        shutil.copytree(root, dst, symlinks=True)
+        shots.append((step, dst))
+
+    monkeypatch.setattr(store, "step_hook", hook)
+    return shots
+
+
+def _outcome(case: Case, cls: type, d: Path, candidates: dict[str, Any]) -> str:
+    try:
+        got = _load(cls, d)
+    except MissingFileError:
+        return "nothing"
+    for tag, r in candidates.items():
+        if same(case, got, r):
+            return tag
+    return "a mix"
+
+
+@pytest.mark.parametrize("mode", ["exchange", "two-renames"])
+def test_a_kill_at_any_instant_leaves_the_old_save_or_the_new(stored, tmp_path, monkeypatch, mode):
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    b = stored.b
+    if mode == "two-renames":
+        monkeypatch.setattr(store, "exchange", lambda x, y: False)
+    root = tmp_path / "root"
+    root.mkdir()
+    shots = _snapshots(monkeypatch, root, tmp_path / "fresh")
+    a.save(root / "res")
+    fresh = [_outcome(case, cls, s / "res", {"new": a}) for _, s in shots]
+    assert fresh[0] == "nothing" and fresh[-1] == "new" and set(fresh) <= {"nothing", "new"}, fresh
+    shots.clear()
+    monkeypatch.setattr(store, "step_hook", None)
+    (root / "res" / "notes.md").write_text("mine")
+    shots = _snapshots(monkeypatch, root, tmp_path / "over")
+    b.save(root / "res", overwrite=True)
+    monkeypatch.setattr(store, "step_hook", None)
+    over = [_outcome(case, cls, s / "res", {"old": a, "new": b}) for _, s in shots]
+    bad = [(step, got) for (step, _), got in zip(shots, over) if got not in ("old", "new")]
+    assert over[0] == "old" and over[-1] == "new" and not bad, bad
+    assert (root / "res" / "notes.md").read_text() == "mine"
+    assert sorted(p.name for p in root.iterdir()) == ["res"]
+
+
+def test_two_saves_into_one_fresh_folder_one_wins(stored, tmp_path, monkeypatch):
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    b = stored.b
+    d = tmp_path / "res"
+    go, paused = threading.Event(), threading.Event()
+
+    def hook(step: str, path: Path) -> None:
+        if threading.current_thread().name == "A" and step == "rename new to target":
+            paused.set()
+            assert go.wait(30)
+
+    monkeypatch.setattr(store, "step_hook", hook)
+    out: dict[str, Any] = {}
+
+    def run(tag: str, r: Any) -> None:
+        try:
+            out[tag] = r.save(d)
+        except OptionError as e:
+            out[tag] = e
+
+    t = threading.Thread(target=run, args=("a", a), name="A")
+    t.start()
+    assert paused.wait(30)
+    run("b", b)  # B finishes while A waits before its last step: B wins
+    go.set()
+    t.join()
+    assert isinstance(out["a"], OptionError) and str(d) in str(out["a"]) and "another save" in str(out["a"])
+    assert Path(out["b"]) == d and same(case, _load(cls, d), b)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res"]
+
+
+def _leaves(x: Any, path: str = "") -> list[tuple[str, list[Any]]]:
+    """``(dotted path, key path)`` of every leaf of a JSON value (a list's first element only, as ``*``)."""
+    if isinstance(x, dict):
+        out = []
+        for k, v in x.items():
+            for p, kp in _leaves(v, ""):
+                out.append(((f"{path}.{k}" if path else str(k)) + (f".{p}" if p else ""), [k, *kp]))
+        return out
+    if isinstance(x, list) and x:
+        return [(f"*.{p}" if p else "*", [0, *kp]) for p, kp in _leaves(x[0], "")]
+    return [("", [])]
+
+
+def _edited(v: Any) -> Any:
+    """Another value of the same JSON type."""
+    if isinstance(v, bool):
+        return not v
+    if isinstance(v, int):
+        return v + 1
+    if isinstance(v, float):
+        return v * 1.5 + 0.25
+    if isinstance(v, str):
+        return 0.5 if v in ("NaN", "Infinity", "-Infinity") else v + "x"
+    if v is None:
+        return 1
+    if isinstance(v, list):  # an empty list
+        return [0]
+    return {"x": 1}  # an empty dict
+
+
+def _set(rec: Any, keys: list[Any], value: Any) -> None:
+    for k in keys[:-1]:
+        rec = rec[k]
+    rec[keys[-1]] = value
+
+
+def _get(rec: Any, keys: list[Any]) -> Any:
+    for k in keys:
+        rec = rec[k]
+    return rec
+
+
+def test_every_record_field_edited_with_its_digest_recomputed_is_refused(stored, tmp_path):
+    name = stored.name
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    spec = cls.store
+    d = Path(a.save(tmp_path / "res"))
+    rec_file = d / spec.record
+    original = rec_file.read_text()
+    rec0 = json.loads(original)
+    accepted = []
+    for dotted, keys in _leaves(rec0):
+        if dotted == "digest" or any(
+            fnmatch.fnmatchcase(dotted, pat) or dotted.startswith(pat + ".") for pat, _ in spec.free_fields
+        ):
+            continue
+        rec = json.loads(original)
+        _set(rec, keys, _edited(_get(rec, keys)))
+        rec["digest"] = canonical_digest(rec)
+        rec_file.write_text(json.dumps(rec))
+        try:
+            _load(cls, d)
+        except (ReportFileError, MissingFileError) as e:
+            assert str(d) in str(e), f"{dotted}: the refusal does not name the folder: {e}"
+        else:
+            accepted.append(dotted)
+    rec_file.write_text(original)
+    assert not accepted, f"{name}: edits of these record fields load as if nothing happened: {accepted}"
+    assert same(case, _load(cls, d), a)
+
+
+def test_every_file_truncated_or_missing_is_refused_naming_it(stored, tmp_path):
+    cls = stored.cls
+    case = stored.case
+    a = stored.a
+    d = Path(a.save(tmp_path / "res"))
+    files = sorted(p for p in d.rglob("*") if p.is_file())
+    for f in files:
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2])
+        with pytest.raises((ReportFileError, MissingFileError)) as e:
+            _load(cls, d)
+        assert str(f.name) in str(e.value), (f, e.value)
+        f.unlink()
+        with pytest.raises((ReportFileError, MissingFileError)) as e:
+            _load(cls, d)
+        assert str(f.name) in str(e.value), (f, e.value)
+        f.write_bytes(data)
+    assert same(case, _load(cls, d), a)
+
+
+def test_frozen_attributes_and_copied_frames(stored):
+    case = stored.case
+    a = stored.a
+    for attr in ("summary", *case.frames, "x_new_attribute"):
+        with pytest.raises((FrozenInstanceError, AttributeError)):
+            setattr(a, attr, None)
+    for frame in case.frames:
+        f = getattr(a, frame)
+        if len(f):
+            f.iloc[0, 0] = f.iloc[1 % len(f), 0]
+            f["__edit__"] = 1
+        assert "__edit__" not in getattr(a, frame).columns
+    with pytest.raises(TypeError):
+        a.summary["__edit__"] = 1
+
+
+def test_the_summarys_counts_are_what_the_table_gives(stored):
+    name = stored.name
+    case = stored.case
+    a = stored.a
+    b = stored.b
+    for r in (a, b):
+        for field, want in case.recount(r).items():
+            assert r.summary[field] == want, (name, field)
