@@ -9,7 +9,7 @@ import dataclasses
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from ...core.kwargs import strict_kwargs
 from ...core.processing import PROCESSING_FLAGS
@@ -19,6 +19,9 @@ from .registry import model_spec
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Literal
+
+    from transformer_lens import HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge
 
     from ...core.hints import DeviceLike, PathLike
 
@@ -295,6 +298,37 @@ def _hooked_refusal(spec: dict[str, Any]) -> str | None:
     return None
 
 
+# For type checkers: the model class follows ``cls`` (``tli.models.load(...)`` is a TransformerBridge by default).
+@overload
+def load(
+    name: str = ...,
+    processing: Literal["raw", "tl"] = ...,
+    cls: Literal["bridge"] = ...,
+    *,
+    device: DeviceLike = ...,
+    source: PathLike | None = ...,
+    progress: bool = ...,
+) -> TransformerBridge: ...
+@overload
+def load(
+    name: str,
+    processing: Literal["raw", "tl"],
+    cls: Literal["hooked"],
+    *,
+    device: DeviceLike = ...,
+    source: PathLike | None = ...,
+    progress: bool = ...,
+) -> HookedTransformer: ...
+@overload
+def load(
+    name: str = ...,
+    processing: Literal["raw", "tl"] = ...,
+    *,
+    cls: Literal["hooked"],
+    device: DeviceLike = ...,
+    source: PathLike | None = ...,
+    progress: bool = ...,
+) -> HookedTransformer: ...
 @strict_kwargs
 def load(
     name: str = "smollm2-135m",
@@ -304,7 +338,7 @@ def load(
     device: DeviceLike = "cpu",
     source: PathLike | None = None,
     progress: bool = True,
-):
+) -> TransformerBridge | HookedTransformer:
     """Load a zoo model as a TransformerLens model, offline after the first fetch.
 
     Args:
