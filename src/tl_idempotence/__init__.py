@@ -154,7 +154,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tl_idempotence.report.roles import RoleAssociation as RoleAssociation
     from tl_idempotence.report.roles import load_roles as load_roles
     from tl_idempotence.report.roles import save_roles as save_roles
-    from tl_idempotence.sources import zoo as models
+    from tl_idempotence.sources import zoo as models  # noqa: F401 - tli.models, as _MODULES names it
     from tl_idempotence.sources.dispatch import head_source as head_source
     from tl_idempotence.sources.lineage import Lineage as Lineage
     from tl_idempotence.sources.lineage import train_lineage as train_lineage
