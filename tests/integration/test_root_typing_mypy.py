@@ -23,13 +23,13 @@ mypy_api = pytest.importorskip("mypy.api", reason="mypy is in the test extra")  
 SCRIPT = """
 import tl_idempotence as tli
 
-model = tli.models.load("smollm2-135m")
+model = tli.models.load("smollm2-135m", progress=False)
 reveal_type(model)
 rep = tli.idempotence_report(model, nulls=8)
 reveal_type(rep)
 reveal_type(tli.compare({"a": rep, "b": rep}))
 reveal_type(tli.head_tokens(model))
-reveal_type(tli.models.load("smollm2-135m", cls="hooked"))
+reveal_type(tli.models.load("smollm2-135m", cls="hooked", device="cpu"))
 reveal_type(tli.load_report("folder"))
 reveal_type(tli.errors.OptionError)
 tli.idempotense_report(model)

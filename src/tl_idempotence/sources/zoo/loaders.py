@@ -18,12 +18,23 @@ from .folders import attention_dir, checkpoint_dir
 from .registry import model_spec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Literal
+    from typing import Literal, TypedDict
 
     from transformer_lens import HookedTransformer
     from transformer_lens.model_bridge import TransformerBridge
+    from typing_extensions import Unpack
 
     from ...core.hints import DeviceLike, PathLike
+
+    _Processing = Literal["raw", "tl"]
+
+    class _LoadKeywords(TypedDict, total=False):
+        """The keyword-only options of :func:`load`, for its overloads."""
+
+        device: DeviceLike
+        source: PathLike | None
+        progress: bool
+
 
 __all__ = ["SOURCE_FILES", "load", "model_from_dir", "source"]
 
@@ -301,33 +312,15 @@ def _hooked_refusal(spec: dict[str, Any]) -> str | None:
 # For type checkers: the model class follows ``cls`` (``tli.models.load(...)`` is a TransformerBridge by default).
 @overload
 def load(
-    name: str = ...,
-    processing: Literal["raw", "tl"] = ...,
-    cls: Literal["bridge"] = ...,
-    *,
-    device: DeviceLike = ...,
-    source: PathLike | None = ...,
-    progress: bool = ...,
+    name: str = ..., processing: _Processing = ..., cls: Literal["bridge"] = ..., **kw: Unpack[_LoadKeywords]
 ) -> TransformerBridge: ...
 @overload
 def load(
-    name: str,
-    processing: Literal["raw", "tl"],
-    cls: Literal["hooked"],
-    *,
-    device: DeviceLike = ...,
-    source: PathLike | None = ...,
-    progress: bool = ...,
+    name: str, processing: _Processing, cls: Literal["hooked"], **kw: Unpack[_LoadKeywords]
 ) -> HookedTransformer: ...
 @overload
 def load(
-    name: str = ...,
-    processing: Literal["raw", "tl"] = ...,
-    *,
-    cls: Literal["hooked"],
-    device: DeviceLike = ...,
-    source: PathLike | None = ...,
-    progress: bool = ...,
+    name: str = ..., processing: _Processing = ..., *, cls: Literal["hooked"], **kw: Unpack[_LoadKeywords]
 ) -> HookedTransformer: ...
 @strict_kwargs
 def load(
