@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from ci_skips import CI_ALLOWED_SKIPS, ci_allows_skip, fail_unnamed_skip  # noqa: F401 - the rule, used here too
+from ci_skips import transformer_lens_major as _transformer_lens_major  # noqa: F401 - tests/unit/test_tiers.py
 from helpers import LINEAGE_KW  # needs tests/ on the path (set just above)
 
 #: The fixtures several test modules share (tests/shared_fixtures.py), for every tier.
@@ -66,56 +68,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         raise pytest.UsageError("a test's tier is its folder:\n  " + "\n  ".join(wrong))
 
 
-def _transformer_lens_major() -> int:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return int(version("transformer-lens").split(".")[0])
-    except (PackageNotFoundError, ValueError):
-        return 0
-
-
-#: The only skips CI accepts (CI=1), each with why it cannot run there: (a fragment of the skip reason,
-#: a predicate on this install). Any other skip under CI=1 is turned into a failure by the hook below, so a
-#: tier cannot pass by skipping (a missing browser, a library version, a model the zoo could not give).
-CI_ALLOWED_SKIPS: tuple[tuple[str, Callable[[], bool]], ...] = (
-    ("this machine has CUDA", lambda: True),  # a CPU-only check on a machine with a GPU (CI has none)
-    ("needs CUDA", lambda: True),  # the GPU checks: CI never has a GPU (the device tool runs them)
-    ("needs transformer-lens 3.x", lambda: _transformer_lens_major() >= 4),  # HookedTransformer: 3.x only
-    ("transformer-lens 4.x has no HookedTransformer", lambda: _transformer_lens_major() >= 4),
-)
-
-
-def ci_allows_skip(reason: str) -> bool:
-    """Whether a skip with this reason is one :data:`CI_ALLOWED_SKIPS` names for this install."""
-    return any(fragment in reason and applies() for fragment, applies in CI_ALLOWED_SKIPS)
-
-
-def fail_unnamed_skip(rep: pytest.TestReport | pytest.CollectReport) -> None:
-    """Under ``CI``, turn a skipped report whose reason :data:`CI_ALLOWED_SKIPS` does not name into a failure.
-
-    The one rule for every skip, whether a test skipped while it ran (``pytest.skip`` in its body or a
-    fixture, ``skipif`` marks) or a module skipped while it was collected (``pytest.skip(...,
-    allow_module_level=True)``, a module-level ``pytest.importorskip``): both hooks below call it.
-    """
-    if not os.environ.get("CI") or not rep.skipped or hasattr(rep, "wasxfail"):
-        return
-    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
-    if not ci_allows_skip(reason):
-        rep.outcome = "failed"
-        rep.longrepr = f"skipped under CI=1, which accepts only the skips tests/conftest.py names: {reason}"
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
-    """A test's skip under ``CI``: :func:`fail_unnamed_skip`."""
+    """A test's skip under ``CI``: :func:`ci_skips.fail_unnamed_skip` (the one rule, ``CI_ALLOWED_SKIPS``)."""
     outcome = yield
     fail_unnamed_skip(outcome.get_result())
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
-    """A module (or class) skipped while it was collected, under ``CI``: :func:`fail_unnamed_skip`."""
+    """A module (or class) skipped while it was collected, under ``CI``: :func:`ci_skips.fail_unnamed_skip`."""
     outcome = yield
     fail_unnamed_skip(outcome.get_result())
 

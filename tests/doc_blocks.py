@@ -10,10 +10,11 @@ the checkout); the namespace is a script's (``__name__ == "__main__"``), so a bl
 tests/unit/test_doc_blocks.py): a ``>>>`` block is a doctest whose printed lines are compared with what the
 code prints (ELLIPSIS, NORMALIZE_WHITESPACE, and sybil's NUMBER: a float agrees to within one unit of the
 last digit the page shows), another block asserts. Blocks that cannot run on a CI machine (a GPU, a SLURM
-or Kubernetes cluster, the Hugging Face hub, a re-download of the zoo) carry ``<!-- skip: next "why" -->``
-in the markdown. A page prepares what its blocks need (tiny checkpoints) in
-``<!-- invisible-code-block: python -->`` comments, which run but are not shown; sh/console blocks are not
-Python and are not run.
+or Kubernetes cluster, the Hugging Face hub, minutes of work) carry ``<!-- skip: next "why" -->`` in the
+markdown; under ``CI=1`` such a skip fails unless its reason is one tests/ci_skips.py allows (the one rule for
+every skip, ``CI_ALLOWED_SKIPS``: :func:`pytest_runtest_makereport`). A page prepares what its blocks need
+(tiny checkpoints) in ``<!-- invisible-code-block: python -->`` comments, which run but are not shown;
+sh/console blocks are not Python and are not run.
 
 The blocks load the real zoo model (smollm2-135m): they are integration tests, marked ``integration``; the
 README's quick command (``pytest -q tests/unit``) does not name them, ``-m "not slow and not integration"``
@@ -27,13 +28,17 @@ from __future__ import annotations
 import doctest
 import os
 import re
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sybil import Sybil
 from sybil.evaluators.doctest import NUMBER
-from sybil.integration.pytest import SybilItem
+from sybil.integration.pytest import SybilFile, SybilItem
 from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+
+from ci_skips import fail_unnamed_skip
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The markdown files whose python blocks are tests.
@@ -115,13 +120,11 @@ def unchecked_blocks(text: str) -> list[tuple[int, str]]:
     return found
 
 
-_collect_doc = SYBIL.pytest()
-
-
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    """Sybil's collector for the files of :data:`DOC_FILES`, nothing else."""
+    """Sybil's collector for the files of :data:`DOC_FILES`, nothing else (the list decides, not sybil's patterns:
+    tests/integration/test_ci_skips.py replays the hooks on a page of its own)."""
     if file_path.resolve() in DOC_FILES:
-        return _collect_doc(file_path, parent)
+        return SybilFile.from_parent(parent, path=file_path, sybils=[SYBIL])
     return None
 
 
@@ -130,3 +133,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if isinstance(item, SybilItem):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
+    """A doc block skipped by its ``<!-- skip: next "why" -->`` comment, under ``CI``: a failure unless the reason is
+    one tests/ci_skips.py allows (:func:`ci_skips.fail_unnamed_skip`, the rule of every pytest skip too)."""
+    outcome = yield
+    if isinstance(item, SybilItem):
+        fail_unnamed_skip(outcome.get_result(), doc_block=True)

@@ -435,7 +435,7 @@ def world_traversable_dir(prefix: str = "tli-perm-") -> Path:
 
 def hooked_or_skip(tiny_dir):
     """``tl_idempotence.testing.hooked_from_dir(tiny_dir)``, or a skip on transformer-lens 4.x (no HookedTransformer;
-    a skip CI accepts there: tests/conftest.py ``CI_ALLOWED_SKIPS``)."""
+    a skip CI accepts there: tests/ci_skips.py ``CI_ALLOWED_SKIPS``)."""
     from tl_idempotence.testing import hooked_from_dir
 
     try:

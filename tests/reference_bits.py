@@ -21,7 +21,7 @@ then demands every bit:
   cross) equal the recorded ones, ``feasible`` follows from the table's own searched P, and the winning
   restart (which may flip between restarts ending within rounding) must be a restart index where the recorded
   one is. Under ``CI=1`` this fallback fails unless :data:`CI_ALLOWED_UNRECORDED_KERNELS` names the signature
-  (as tests/conftest.py's ``CI_ALLOWED_SKIPS`` does for skips): CI's machine must have
+  (as tests/ci_skips.py's ``CI_ALLOWED_SKIPS`` does for skips): CI's machine must have
   its bits recorded. Record that machine's tables only from a commit whose numbers are known good.
 """
 

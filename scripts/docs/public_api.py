@@ -5,7 +5,8 @@ sources statically and cannot run that ``__getattr__``. This extension adds each
 member of ``tl_idempotence`` (``exports.public_names``): the reference pages say ``::: tl_idempotence.closure``,
 the rendered entry and ``objects.inv`` carry the public path ``tl_idempotence.closure``, and a module moved by a
 refactor needs no change to the pages (only ``_EXPORTS`` changes, as it must for the package itself). It also
-shows the docstrings' Sphinx roles (``:func:`~x.y` ``) as code spans, and writes the report options where a
+shows the docstrings' Sphinx roles (``:func:`~x.y` ``) as code spans, leaves out ``@overload`` signatures (for
+type checkers; the reference shows the real one), and writes the report options where a
 docstring says ``**options: the report options (REPORT_OPTIONS_DOC).``, as ``documents_options`` does at
 import (griffe reads the source, not ``__doc__``), from ``tl_idempotence.analyses.report_options`` (torch-free).
 
@@ -71,6 +72,9 @@ def _docstrings(obj: griffe.Object, option_specs: types.ModuleType) -> None:
         for param in obj.parameters:
             if param.kind in (griffe.ParameterKind.var_positional, griffe.ParameterKind.var_keyword):
                 param.default = None
+        # ``@overload`` signatures are for type checkers (``tli.models.load``'s model class follows ``cls``); the
+        # reference shows the one real signature, every parameter with its type and default, and the docstring
+        obj.overloads = None
     if obj.docstring is not None:
         text = raises_parentheticals_as_text(sphinx_roles_as_code(obj.docstring.value))
         marker = option_specs.OPTIONS_DOC_MARKER
@@ -88,7 +92,8 @@ def _docstrings(obj: griffe.Object, option_specs: types.ModuleType) -> None:
 
 class PublicExports(griffe.Extension):
     """Adds every public name of ``tl_idempotence`` as an alias member of the package; roles as code, a
-    ``Raises:`` item's parenthetical as text, no default shown for ``*args``/``**kwargs``."""
+    ``Raises:`` item's parenthetical as text, no default shown for ``*args``/``**kwargs``, no ``@overload``
+    signatures (the real signature only)."""
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs: Any) -> None:
         if pkg.name != PACKAGE:

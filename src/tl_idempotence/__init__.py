@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     __version__ = version("tl_idempotence")
@@ -105,16 +105,81 @@ _MODULES: dict[str, str] = {
 __all__ = sorted(_EXPORTS) + sorted(_MODULES)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _MODULES:
-        mod = importlib.import_module(_MODULES[name])
-        globals()[name] = mod
-        return mod
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tl_idempotence' has no attribute {name!r}")
+# For type checkers only (mypy, pyright, an editor's language server): every public name with its real type, from
+# the module the lazy loader takes it from (tests/unit/test_root_typing.py checks that this block and _EXPORTS,
+# _MODULES name the same). At run time nothing here is imported: ``import tl_idempotence`` stays light.
+if TYPE_CHECKING:  # pragma: no cover
+    from tl_idempotence import errors as errors
+    from tl_idempotence.analyses.algebra import SharedValueAlgebra as SharedValueAlgebra
+    from tl_idempotence.analyses.algebra import shared_value_algebra as shared_value_algebra
+    from tl_idempotence.analyses.mismatch import MismatchResult as MismatchResult
+    from tl_idempotence.analyses.mismatch import mismatch as mismatch
+    from tl_idempotence.analyses.report_options import ReportOptions as ReportOptions
+    from tl_idempotence.analyses.scramble import Scramble as Scramble
+    from tl_idempotence.analyses.scramble import orientation_scramble as orientation_scramble
+    from tl_idempotence.analyses.search import SearchResult as SearchResult
+    from tl_idempotence.analyses.search import constructive_search as constructive_search
+    from tl_idempotence.core.heads import HeadSource as HeadSource
+    from tl_idempotence.core.heads import LayerHeads as LayerHeads
+    from tl_idempotence.core.heads import ModelInfo as ModelInfo
+    from tl_idempotence.core.heads import kv_layout as kv_layout
+    from tl_idempotence.maths.closure import Closure as Closure
+    from tl_idempotence.maths.closure import closure as closure
+    from tl_idempotence.probes.ablation import Ablation as Ablation
+    from tl_idempotence.probes.ablation import ablation as ablation
+    from tl_idempotence.probes.activations import ActivationReturns as ActivationReturns
+    from tl_idempotence.probes.activations import activation_returns as activation_returns
+    from tl_idempotence.probes.attention import flagged_heads as flagged_heads
+    from tl_idempotence.probes.head_tokens import HeadTokens as HeadTokens
+    from tl_idempotence.probes.head_tokens import head_tokens as head_tokens
+    from tl_idempotence.probes.head_tokens import load_head_tokens as load_head_tokens
+    from tl_idempotence.probes.head_tokens import save_head_tokens as save_head_tokens
+    from tl_idempotence.probes.roles import HeadRoles as HeadRoles
+    from tl_idempotence.probes.roles import head_roles as head_roles
+    from tl_idempotence.probes.tied import EmbeddingTie as EmbeddingTie
+    from tl_idempotence.probes.tied import embedding_tie as embedding_tie
+    from tl_idempotence.probes.tied import own_copying_scores as own_copying_scores
+    from tl_idempotence.probes.token_effect import AttendedTokenEffect as AttendedTokenEffect
+    from tl_idempotence.probes.token_effect import attended_token_effect as attended_token_effect
+    from tl_idempotence.probes.token_effect import load_attended_token_effect as load_attended_token_effect
+    from tl_idempotence.probes.token_effect import save_attended_token_effect as save_attended_token_effect
+    from tl_idempotence.probes.tokens import default_corpus as default_corpus
+    from tl_idempotence.report.attention import attention_view as attention_view
+    from tl_idempotence.report.mechanism import Mechanism as Mechanism
+    from tl_idempotence.report.mechanism import load_mechanism as load_mechanism
+    from tl_idempotence.report.mechanism import save_mechanism as save_mechanism
+    from tl_idempotence.report.report import IdempotenceReport as IdempotenceReport
+    from tl_idempotence.report.report import idempotence_report as idempotence_report
+    from tl_idempotence.report.report import load_report as load_report
+    from tl_idempotence.report.roles import RoleAssociation as RoleAssociation
+    from tl_idempotence.report.roles import load_roles as load_roles
+    from tl_idempotence.report.roles import save_roles as save_roles
+    from tl_idempotence.sources import zoo as models  # noqa: F401 - tli.models, as _MODULES names it
+    from tl_idempotence.sources.dispatch import head_source as head_source
+    from tl_idempotence.sources.lineage import Lineage as Lineage
+    from tl_idempotence.sources.lineage import train_lineage as train_lineage
+    from tl_idempotence.studies.compare import Comparison as Comparison
+    from tl_idempotence.studies.compare import compare as compare
+    from tl_idempotence.studies.sweep import SweepResult as SweepResult
+    from tl_idempotence.studies.sweep import load_sweep as load_sweep
+    from tl_idempotence.studies.sweep import sweep as sweep
+    from tl_idempotence.studies.trajectory import Trajectory as Trajectory
+    from tl_idempotence.studies.trajectory import trajectory as trajectory
+    from tl_idempotence.views.attention import AttentionView as AttentionView
+
+else:
+    # The lazy loader (PEP 562), hidden from type checkers: they see the imports above, so a misspelled name is
+    # an error there instead of ``Any``.
+    def __getattr__(name: str) -> Any:
+        if name in _MODULES:
+            mod = importlib.import_module(_MODULES[name])
+            globals()[name] = mod
+            return mod
+        if name in _EXPORTS:
+            value = getattr(importlib.import_module(_EXPORTS[name]), name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module 'tl_idempotence' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

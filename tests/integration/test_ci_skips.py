@@ -1,5 +1,6 @@
-"""Under ``CI=1`` a skip is a failure unless tests/conftest.py's ``CI_ALLOWED_SKIPS`` names it:
-replayed in a fresh pytest process on the probes below, which skip only when that process asks them to."""
+"""Under ``CI=1`` a skip is a failure unless tests/ci_skips.py's ``CI_ALLOWED_SKIPS`` names it — a test's skip, a
+module's skip at collection and a README/docs block's ``<!-- skip: next "why" -->``: replayed in a fresh pytest
+process on the probes below, which skip only when that process asks them to."""
 
 from __future__ import annotations
 
@@ -107,3 +108,59 @@ def test_a_named_module_skip_stays_a_skip_under_ci(tmp_path):
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     ci = run_module_probe(tmp_path, MODULE_SKIP.format(reason="needs CUDA"), ci=True)
     assert ci.returncode == 5 and "1 skipped" in ci.stdout, ci.stdout  # 5: the module collected no test
+
+
+# ------------------------------------------------------------------ the docs' blocks: the same rule (tests/ci_skips.py)
+DOC_PAGE = """# A page
+
+<!-- skip: next "{reason}" -->
+```python
+raise RuntimeError("a skipped block ran")
+```
+
+```python
+assert 1 + 1 == 2
+```
+"""
+
+
+def run_doc_probe(tmp_path: Path, reason: str, ci: bool) -> subprocess.CompletedProcess:
+    """A temporary markdown page collected by the repository's own root conftest.py (copied beside it, its list of
+    doc files pointed at the page), in a fresh pytest process with or without ``CI=1``."""
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "page.md").write_text(DOC_PAGE.format(reason=reason), encoding="utf-8")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "conftest.py").write_text(
+        (root / "conftest.py").read_text(encoding="utf-8")
+        + "\nimport pathlib\n\nimport doc_blocks\n\n"
+        + "doc_blocks.DOC_FILES = frozenset([pathlib.Path(__file__).resolve().parent / 'page.md'])\n",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "tests"), *filter(None, [env.get("PYTHONPATH")])])
+    if ci:
+        env["CI"] = "1"
+    return subprocess.run(
+        [*(sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider"), "page.md"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+
+
+def test_a_doc_block_skipped_without_an_allowed_reason_fails_under_ci_and_skips_elsewhere(tmp_path):
+    reason = "the author could not be bothered to run it"
+    ci = run_doc_probe(tmp_path, reason, ci=True)
+    assert ci.returncode == 1, ci.stdout + ci.stderr
+    assert "1 failed, 2 passed" in ci.stdout and "skipped under CI=1, which accepts only the skips" in ci.stdout
+    assert reason in ci.stdout and "a skipped block ran" not in ci.stdout, ci.stdout
+    dev = run_doc_probe(tmp_path, reason, ci=False)
+    assert dev.returncode == 0 and "2 passed, 1 skipped" in dev.stdout, dev.stdout + dev.stderr
+
+
+@pytest.mark.parametrize("reason", ["needs CUDA: device='cuda'", "needs a cluster (SLURM)", "long-running: minutes"])
+def test_a_doc_block_skipped_with_an_allowed_reason_stays_a_skip_under_ci(tmp_path, reason):
+    ci = run_doc_probe(tmp_path, reason, ci=True)
+    assert ci.returncode == 0 and "2 passed, 1 skipped" in ci.stdout, ci.stdout + ci.stderr

@@ -21,8 +21,8 @@ Imports no torch at import (the CLI's ``--help`` reads the options).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypedDict
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from ..core.kwargs import unknown_option_error
 from ..core.option_specs import GENERAL_OPTIONS, REQUIRED, GeneralOptions, Option, OptionSpec
@@ -75,7 +75,10 @@ def options_doc(indent: str = "        ") -> str:
     return "\n".join(lines)
 
 
-def documents_options(fn: Any) -> Any:
+_Documented = TypeVar("_Documented", bound=Callable[..., Any])
+
+
+def documents_options(fn: _Documented) -> _Documented:
     """Decorator: write the report options' documentation (:func:`options_doc`) into ``fn``'s docstring where it
     holds :data:`OPTIONS_DOC_MARKER` (one declaration, every entry point's docs)."""
     doc = fn.__doc__ or ""

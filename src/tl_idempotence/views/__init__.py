@@ -1,8 +1,8 @@
-"""Layer 2 — every figure, page and display, drawn from results (never a model, a forward pass, a source, a
-probe or a study: ``tests/unit/test_layering.py``): plotly figures (:mod:`.figures`), the standalone
-HTML report (:mod:`.page`), circuitsvis attention views of computed patterns (:mod:`.attention`), notebook
-displays and :func:`use_offline_plotly` (figures that also render in a static HTML render of an
-executed notebook, offline; :mod:`.notebook`) and the words around the numbers (:mod:`.text`).
+"""Layer 2 — every figure, page and display, drawn from results (never a model, a forward pass, a source, a probe or a
+study: ``tests/unit/test_layering.py``): plotly figures (:mod:`.figures`; those of the probes joined to a report in
+:mod:`.role_figures`), the standalone HTML report (:mod:`.page`), circuitsvis attention views of computed patterns
+(:mod:`.attention`), notebook displays and :func:`use_offline_plotly` (figures that also render in a static HTML
+render of an executed notebook, offline; :mod:`.notebook`) and the words around the numbers (:mod:`.text`).
 
 The views import only ``errors`` and ``core`` and sit just above ``core``, below every layer that defines a result:
 a result's figure or page imports what it draws with here where it is used (``from ..views import heads_heatmap``),
@@ -17,6 +17,7 @@ from typing import Any
 
 from . import compare as _compare
 from . import figures as _figures
+from . import role_figures as _role_figures
 from .attention import AttentionView, attention_section, draw_attention
 from .compare import comparison_headline, comparison_html
 from .notebook import result_html, use_offline_plotly
@@ -42,8 +43,8 @@ algebra_figures = _returns_exportable(_figures.algebra_figures)
 algebra_summary_figure = _returns_exportable(_figures.algebra_summary_figure)
 heads_heatmap = _returns_exportable(_figures.heads_heatmap)
 report_figures = _returns_exportable(_figures.report_figures)
-roles_figure = _returns_exportable(_figures.roles_figure)
-mechanism_figure = _returns_exportable(_figures.mechanism_figure)
+roles_figure = _returns_exportable(_role_figures.roles_figure)
+mechanism_figure = _returns_exportable(_role_figures.mechanism_figure)
 scramble_figures = _returns_exportable(_figures.scramble_figures)
 trajectory_figure = _returns_exportable(_figures.trajectory_figure)
 trajectory_summary_figure = _returns_exportable(_figures.trajectory_summary_figure)

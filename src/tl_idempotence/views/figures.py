@@ -5,8 +5,10 @@
 * :func:`algebra_summary_figure`, :func:`algebra_figures` — the shared-value algebra.
 * :func:`activation_figure` — activation-level returns vs weight-level P.
 * :func:`trajectory_figure`, :func:`trajectory_summary_figure` — closure over training.
-* :func:`roles_figure` — each head role's score against P (``rep.roles(...)``), closed heads marked.
 * :func:`report_figures` — the figures of a report page, in order.
+
+The figures of the probes joined to a report — :func:`roles_figure` (``rep.roles(...)``) and
+:func:`mechanism_figure` (``rep.mechanism(...)``) — are drawn in :mod:`.role_figures` and importable from here too.
 
 Log-P axes run from just below the smallest positive value shown to 1 (P is at most 1).
 """
@@ -19,18 +21,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from .text import plot_text
+from .role_figures import ROLE_PANELS, mechanism_figure, roles_figure
+from .text import format_P_list, plot_text
 
 if TYPE_CHECKING:  # pragma: no cover
     import plotly.graph_objects as go
 
 __all__ = [
+    "ROLE_PANELS",
     "activation_figure",
     "algebra_figures",
     "algebra_summary_figure",
     "heads_heatmap",
     "heads_heatmap_spec",
     "log_P_range",
+    "mechanism_figure",
     "report_figures",
     "roles_figure",
     "scramble_figures",
@@ -52,13 +57,6 @@ def log_P_range(*arrays: Any, floor: float = 1e-8) -> list[float]:
     vals = vals[np.isfinite(vals) & (vals > 0)]
     lo = max(float(vals.min()), floor) if vals.size else 1e-4
     return [math.floor(math.log10(lo) * 4) / 4 - 0.1, 0.0]
-
-
-def _P_text(values: Any, threshold: float) -> list[str]:
-    """P values as hover text that never rounds across ``threshold`` (``views.text.format_P``)."""
-    from .text import format_P
-
-    return [format_P(float(v), threshold) for v in np.asarray(values, dtype=float)]
 
 
 def _threshold_band(fig: Any, threshold: float, x0: float, x1: float, row: int | None = None) -> None:
@@ -103,7 +101,7 @@ def heads_heatmap_spec(rep: Any, value: str = "P", height: int | None = None) ->
         [df.pivot(index="layer", columns="head", values=c).to_numpy(dtype=float) for c in custom_cols], -1
     )
     P_piv = df.pivot(index="layer", columns="head", values="P")
-    P_text = np.array(_P_text(P_piv.to_numpy(dtype=float).ravel(), rep.threshold)).reshape(P_piv.shape)
+    P_text = np.array(format_P_list(P_piv.to_numpy(dtype=float).ravel(), rep.threshold)).reshape(P_piv.shape)
     heat: dict[str, Any] = {
         "type": "heatmap",
         "z": piv.to_numpy(dtype=float),
@@ -134,7 +132,7 @@ def heads_heatmap_spec(rep: Any, value: str = "P", height: int | None = None) ->
                 "marker": {"symbol": "circle-open", "size": 14, "color": "#e8175d", "line": {"width": 2.5}},
                 "text": [
                     f"L{a}H{b}: P = {p}"
-                    for a, b, p in zip(closed["layer"], closed["head"], _P_text(closed["P"], rep.threshold))
+                    for a, b, p in zip(closed["layer"], closed["head"], format_P_list(closed["P"], rep.threshold))
                 ],
                 "hovertemplate": "%{text}<extra>closed</extra>",
                 "showlegend": True,
@@ -207,7 +205,7 @@ def _scramble_per_head(rep: Any) -> go.Figure:
         ("P_scrambled_median", "scrambled median", {"color": "gray", "width": 1.5}),
     ):
         f1.add_trace(go.Scatter(x=x, y=h[col], mode="lines", name=name, line=line, text=label, hovertemplate=hover))
-    P_txt = _P_text(h["P"], t)
+    P_txt = format_P_list(h["P"], t)
     f1.add_trace(
         go.Scatter(
             x=x,
@@ -388,7 +386,9 @@ def activation_figure(res: Any) -> go.Figure:
             mode="markers",
             name="trained head on text",
             marker={"color": np.where(df["closed"], "crimson", "steelblue"), "size": 6},
-            text=[f"{t}<br>P={p}" for t, p in zip(text, _P_text(df["P"], float(res.options.get("threshold", 0.9))))],
+            text=[
+                f"{t}<br>P={p}" for t, p in zip(text, format_P_list(df["P"], float(res.options.get("threshold", 0.9))))
+            ],
             hovertemplate="%{text}<br>median cos2=%{y:.4f}<extra></extra>",
         )
     )
@@ -481,7 +481,7 @@ def _tracked_head_traces(
                 legendgroup=name,
                 line={"color": color},
                 customdata=np.stack(
-                    [[plot_text(c) for c in d["checkpoint"]], d["alpha"], _P_text(d["P"], tr.threshold)], -1
+                    [[plot_text(c) for c in d["checkpoint"]], d["alpha"], format_P_list(d["P"], tr.threshold)], -1
                 ),
                 hovertemplate=f"{name}<br>%{{customdata[0]}}<br>P=%{{customdata[2]}}<br>α=%{{customdata[1]:.4g}}"
                 "<extra></extra>",
@@ -576,48 +576,24 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
         return np.where(a > 0, a, np.nan) if log_y else a
 
     fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=ck[xcol],
-            y=on_P_axis(ck["median_P"]),
-            mode="lines+markers",
-            name="median P (all heads)",
-            customdata=_P_text(ck["median_P"], tr.threshold),
-            hovertemplate="median P=%{customdata}<extra></extra>",
-        )
-    )
-    fig.add_trace(
-        go.Scatter(
-            x=ck[xcol],
-            y=ck["n_closed"] / ck["n_heads"],
-            mode="lines+markers",
-            name=f"fraction with P ≥ {tr.threshold:g}",
-            yaxis="y2",
-        )
-    )
+
+    def trace(rows: pd.DataFrame, y: Any, mode: str, name: str, **style: Any) -> None:
+        """One trace over the checkpoints (``rows``) on the x axis of the trajectory."""
+        fig.add_trace(go.Scatter(x=rows[xcol], y=y, mode=mode, name=name, **style))
+
+    hover: dict[str, Any] = {"customdata": format_P_list(ck["median_P"], tr.threshold)}  # never rounded across t
+    hover["hovertemplate"] = "median P=%{customdata}<extra></extra>"
+    trace(ck, on_P_axis(ck["median_P"]), "lines+markers", "median P (all heads)", **hover)
+    trace(ck, ck["n_closed"] / ck["n_heads"], "lines+markers", f"fraction with P ≥ {tr.threshold:g}", yaxis="y2")
     arrays = [ck["median_P"]]
     if "median_P_scrambled" in ck:
         arrays.append(ck["median_P_scrambled"])
-        fig.add_trace(
-            go.Scatter(
-                x=ck[xcol],
-                y=on_P_axis(ck["median_P_scrambled"]),
-                mode="lines",
-                name="median scrambled P (heads' scramble medians)",
-                line={"dash": "dot"},
-            )
-        )
+        scrambled = "median scrambled P (heads' scramble medians)"
+        trace(ck, on_P_axis(ck["median_P_scrambled"]), "lines", scrambled, line={"dash": "dot"})
     sus = _suspect_points(tr)
     if len(sus):
-        fig.add_trace(
-            go.Scatter(
-                x=sus[xcol],
-                y=on_P_axis(sus["median_P"]),
-                mode="markers",
-                name="identical / shared-layer checkpoint",
-                marker={"symbol": "x-open", "size": 14, "color": "black"},
-            )
-        )
+        suspect = {"symbol": "x-open", "size": 14, "color": "black"}
+        trace(sus, on_P_axis(sus["median_P"]), "markers", "identical / shared-layer checkpoint", marker=suspect)
     fig.update_layout(
         title=f"All heads over training: median P and the fraction closed (P ≥ {tr.threshold:g})",
         xaxis_title=xtitle,
@@ -633,175 +609,6 @@ def trajectory_summary_figure(tr: Any, log_y: bool = True) -> go.Figure:
             "showgrid": False,
         },
         legend={"orientation": "h", "y": -0.2},
-        template="plotly_white",
-    )
-    return fig
-
-
-#: The panels of :func:`roles_figure`: role column -> axis title.
-ROLE_PANELS = {
-    "previous_token": "previous-token score",
-    "duplicate_token": "duplicate-token score",
-    "induction": "induction score",
-    "copying": "copying score (Re Σλ / Σ|λ|)",
-}
-
-
-def _closed_and_other(table: pd.DataFrame, ok: pd.Series, t: float) -> list[tuple[str, dict[str, Any], pd.DataFrame]]:
-    """``(legend name, marker, rows)`` of the heads selected by ``ok``: the other heads (grey) first, then the
-    closed ones (``P >= t``, red diamonds), as the scatter figures of heads draw them."""
-    return [
-        (name, marker, table[ok & (table["closed"].astype(bool) == closed)])
-        for closed, name, marker in (
-            (False, "other heads", {"color": "#7f7f7f", "size": 6, "opacity": 0.6}),
-            (True, f"closed (P >= {t:g})", {"color": "#e8175d", "size": 10, "symbol": "diamond"}),
-        )
-    ]
-
-
-def roles_figure(assoc: Any) -> go.Figure:
-    """Each head role's score (y) against the head's P (x), one panel per role, from ``rep.roles(model=...)``.
-
-    Closed heads (P >= the report's threshold) are red diamonds, the others grey dots; the threshold is a dotted
-    vertical line; each panel's title gives the role's Spearman ρ with P and its BH q-value (the association table).
-    Hover: the head's label, P (never rounded across the threshold), α and the score. Heads with a NaN P or score
-    are left out (the association counts them out too; ``assoc.association["n"]``). Each panel's title names its
-    score (the y axis) on one line and ρ, q on a second, so titles of neighbouring panels do not overlap.
-
-    Args:
-        assoc: a :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table`` with ``P``, ``alpha``,
-            ``closed`` and the role columns; ``.association``; ``.summary["threshold"]``).
-
-    Raises:
-        OptionTypeError: ``assoc`` has no role table (not a ``rep.roles`` result).
-    """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    from ..errors import OptionTypeError
-
-    table = getattr(assoc, "table", None)
-    association = getattr(assoc, "association", None)
-    if not isinstance(table, pd.DataFrame) or not isinstance(association, pd.DataFrame):
-        raise OptionTypeError(
-            f"roles_figure draws rep.roles(model=...) (a RoleAssociation); got {type(assoc).__name__}."
-        )
-    t = float(assoc.summary["threshold"])
-    roles = [r for r in ROLE_PANELS if r in table.columns]
-    titles = []
-    for r in roles:
-        row = association.loc[r] if r in association.index else None
-        rho = float(row["spearman_rho"]) if row is not None else math.nan
-        q = float(row["spearman_q"]) if row is not None else math.nan
-        # two short lines (what the panel's y is; ρ and q), so that neighbouring panels' titles never overlap
-        stats = f"ρ = {rho:.2f}, q = {q:.2g}" if math.isfinite(rho) else "ρ undefined"
-        titles.append(f"{ROLE_PANELS[r]}<br>{stats}")
-    fig = make_subplots(rows=1, cols=len(roles), subplot_titles=titles, horizontal_spacing=0.07)
-    fig.update_annotations(font={"size": 12})  # the subplot titles (the only annotations here)
-    for i, r in enumerate(roles, start=1):
-        ok = table["P"].notna() & table[r].notna()
-        for name, marker, part in _closed_and_other(table, ok, t):
-            fig.add_trace(
-                go.Scatter(
-                    x=part["P"].to_numpy(dtype=float),
-                    y=part[r].to_numpy(dtype=float),
-                    mode="markers",
-                    name=name,
-                    legendgroup=name,
-                    showlegend=i == 1,
-                    marker=marker,
-                    text=[
-                        f"{lab}: P = {p}, α = {a:.4g}, {r} = {v:.4g}"
-                        for lab, p, a, v in zip(part.index, _P_text(part["P"], t), part["alpha"], part[r])
-                    ],
-                    hovertemplate="%{text}<extra></extra>",
-                ),
-                row=1,
-                col=i,
-            )
-        fig.add_vline(x=t, line={"color": "#e8175d", "width": 1, "dash": "dot"}, row=1, col=i)
-        fig.update_xaxes(title_text="P", range=[0, 1.02], row=1, col=i)
-    name = plot_text(str(assoc.summary.get("model_name", "model")))
-    fig.update_layout(
-        title={
-            "text": f"What the closed heads do: head roles against P, {name} ({int(table['closed'].sum())} closed)",
-            "y": 0.97,
-            "yanchor": "top",
-        },
-        height=420,
-        margin={"t": 120, "l": 50, "r": 30},  # room for the title above the two-line panel titles
-        legend={"orientation": "h", "y": -0.2},
-        template="plotly_white",
-    )
-    return fig
-
-
-def mechanism_figure(mech: Any) -> go.Figure:
-    """Each joined head's attended-token effect (y: the median standardized direct logit effect on the token it
-    attends to most, on text) against α·P (x), closed heads marked, from ``rep.mechanism(model=...)`` (SPEC §12).
-
-    Closed heads are red diamonds, the others grey dots; y = 0 and x = 0 are dotted lines, so a closed head in the
-    top-right or bottom-left quadrant is one whose effect has the sign of α. The title gives the sign agreement
-    among closed heads with its sign-test p and the Spearman ρ of α·P with the effect with its permutation p (the
-    result's summary). Hover: the head's label, P, α and the effect with its BH q. Heads with a NaN α·P or effect
-    are left out (the statistics count them out too).
-
-    Args:
-        mech: a :class:`~tl_idempotence.report.mechanism.Mechanism` (``.table`` with ``alpha_P``, ``P``,
-            ``alpha``, ``closed``, ``effect_median``, ``effect_q``; ``.summary``).
-
-    Raises:
-        OptionTypeError: ``mech`` has no such table (not a ``rep.mechanism`` result).
-    """
-    import plotly.graph_objects as go
-
-    from ..errors import OptionTypeError
-
-    table = getattr(mech, "table", None)
-    need = {"alpha_P", "P", "alpha", "closed", "effect_median", "effect_q"}
-    if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
-        raise OptionTypeError(
-            f"mechanism_figure draws rep.mechanism(model=...) (a Mechanism); got {type(mech).__name__}."
-        )
-    s = mech.summary
-    t = float(s["threshold"])
-    ok = table["alpha_P"].notna() & table["effect_median"].notna()
-    fig = go.Figure()
-    for name, marker, part in _closed_and_other(table, ok, t):
-        fig.add_trace(
-            go.Scatter(
-                x=part["alpha_P"].to_numpy(dtype=float),
-                y=part["effect_median"].to_numpy(dtype=float),
-                mode="markers",
-                name=name,
-                marker=marker,
-                text=[
-                    f"{lab}: P = {p}, α = {a:.4g}, effect = {e:.3g} (q = {q:.2g})"
-                    for lab, p, a, e, q in zip(
-                        part.index, _P_text(part["P"], t), part["alpha"], part["effect_median"], part["effect_q"]
-                    )
-                ],
-                hovertemplate="%{text}<extra></extra>",
-            )
-        )
-    fig.add_hline(y=0, line={"color": "#999", "width": 1, "dash": "dot"})
-    fig.add_vline(x=0, line={"color": "#999", "width": 1, "dash": "dot"})
-
-    def num(key: str) -> float:
-        v = s.get(key)
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
-
-    agree = f"sign(effect) = sign(α) for {s.get('n_agree')} of {s.get('n_sign_tested')} closed heads"
-    stats = f"{agree} (sign test p = {num('sign_test_p'):.2g}); Spearman ρ(α·P, effect) = {num('spearman_rho'):.2f}"
-    stats += f" (permutation p = {num('spearman_p'):.2g})"
-    name = plot_text(str(s.get("model_name", "model")))
-    fig.update_layout(
-        title={"text": f"What the heads do to the tokens they attend to: {name}<br><sub>{stats}</sub>"},
-        xaxis_title="α·P (sign of α, size of closure)",
-        yaxis_title="median attended-token effect (standardized over the vocabulary)",
-        height=480,
-        margin={"t": 100, "l": 60, "r": 30},
-        legend={"orientation": "h", "y": -0.18},
         template="plotly_white",
     )
     return fig

@@ -2,6 +2,7 @@
 
 * :func:`format_P` — P with as many decimals as it takes to stay on its side of the
   threshold (0.8998 at threshold 0.9 prints ``0.8998``, never ``0.900``).
+* :func:`format_P_list` — :func:`format_P` of each value of an array (the figures' hover text).
 * :func:`format_sig` — the same guarantee with significant digits, for tables of mixed scales.
 * :func:`headline` — one sentence that leads a report: the model, what weights were
   measured, how many heads closed, and against what null.
@@ -21,6 +22,7 @@ __all__ = [
     "P_VALUE_TESTS",
     "ReportSummaryLike",
     "format_P",
+    "format_P_list",
     "format_sig",
     "headline",
     "summary_sections",
@@ -30,24 +32,16 @@ __all__ = [
 
 class ReportSummaryLike(HeadlineSummary, Protocol):
     """What the words around a report read of its summary (:class:`~tl_idempotence.report.summary.ReportSummary`
-    is one): the headline's counts, the model, the weights' processing, the records and the flat form."""
+    is one): the headline's counts (:class:`~tl_idempotence.core.readings.HeadlineSummary`), the flat form
+    (``to_dict``) and, by name, ``model_name``, ``model_class``, ``n_attention_layers``, ``processing`` and the
+    ``closure``, ``scramble``, ``mismatch`` and ``search`` records (``None`` for one that did not run), as the
+    summary's fields and its ``__getattr__`` give them."""
 
-    @property
-    def model_name(self) -> Any: ...
-    @property
-    def model_class(self) -> Any: ...
-    @property
-    def n_attention_layers(self) -> Any: ...
-    @property
-    def processing(self) -> Any: ...
     @property
     def closure(self) -> Any: ...
     @property
     def scramble(self) -> Any: ...
-    @property
-    def mismatch(self) -> Any: ...
-    @property
-    def search(self) -> Any: ...
+    def __getattr__(self, name: str) -> Any: ...
     def to_dict(self) -> dict[str, Any]: ...
 
 
@@ -67,6 +61,14 @@ def format_P(P: float, threshold: float | None = None, digits: int = 4) -> str:
         return "undefined"
     P = float(P)
     return _on_its_side(P, threshold, lambda d: f"{P:.{d}f}", digits)
+
+
+def format_P_list(values: Any, threshold: float) -> list[str]:
+    """P values (any array-like of numbers) as text that never rounds across ``threshold`` (:func:`format_P` each):
+    the hover text of the figures."""
+    import numpy as np
+
+    return [format_P(float(v), threshold) for v in np.asarray(values, dtype=float)]
 
 
 def format_sig(value: float, threshold: float | None = None, sig: int = 6) -> str:

@@ -9,7 +9,7 @@ import dataclasses
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from ...core.kwargs import strict_kwargs
 from ...core.processing import PROCESSING_FLAGS
@@ -18,9 +18,23 @@ from .folders import attention_dir, checkpoint_dir
 from .registry import model_spec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from typing import Literal
+    from typing import Literal, TypedDict
+
+    from transformer_lens import HookedTransformer
+    from transformer_lens.model_bridge import TransformerBridge
+    from typing_extensions import Unpack
 
     from ...core.hints import DeviceLike, PathLike
+
+    _Processing = Literal["raw", "tl"]
+
+    class _LoadKeywords(TypedDict, total=False):
+        """The keyword-only options of :func:`load`, for its overloads."""
+
+        device: DeviceLike
+        source: PathLike | None
+        progress: bool
+
 
 __all__ = ["SOURCE_FILES", "load", "model_from_dir", "source"]
 
@@ -295,6 +309,19 @@ def _hooked_refusal(spec: dict[str, Any]) -> str | None:
     return None
 
 
+# For type checkers: the model class follows ``cls`` (``tli.models.load(...)`` is a TransformerBridge by default).
+@overload
+def load(
+    name: str = ..., processing: _Processing = ..., cls: Literal["bridge"] = ..., **kw: Unpack[_LoadKeywords]
+) -> TransformerBridge: ...
+@overload
+def load(
+    name: str, processing: _Processing, cls: Literal["hooked"], **kw: Unpack[_LoadKeywords]
+) -> HookedTransformer: ...
+@overload
+def load(
+    name: str = ..., processing: _Processing = ..., *, cls: Literal["hooked"], **kw: Unpack[_LoadKeywords]
+) -> HookedTransformer: ...
 @strict_kwargs
 def load(
     name: str = "smollm2-135m",
@@ -304,7 +331,7 @@ def load(
     device: DeviceLike = "cpu",
     source: PathLike | None = None,
     progress: bool = True,
-):
+) -> TransformerBridge | HookedTransformer:
     """Load a zoo model as a TransformerLens model, offline after the first fetch.
 
     Args:
