@@ -16,7 +16,7 @@ import pytest
 
 import tl_idempotence as tli
 from tl_idempotence.errors import OptionError, OptionTypeError
-from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+from tl_idempotence.testing import tiny_hf_dir
 
 pytestmark = pytest.mark.bridge
 
@@ -24,8 +24,8 @@ FAST = {"n_sequences": 1}
 
 
 @pytest.fixture(scope="module")
-def bridge(tmp_path_factory):
-    return bridge_from_dir(tiny_hf_dir(tmp_path_factory.mktemp("rl") / "tiny", n_layers=1))  # 9 heads
+def tiny_dir(tmp_path_factory):  # its TransformerBridge: the shared ``bridge`` fixture
+    return tiny_hf_dir(tmp_path_factory.mktemp("rl") / "tiny", n_layers=1)  # 9 heads on 3 kv heads
 
 
 @pytest.fixture(scope="module")
