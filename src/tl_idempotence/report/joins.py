@@ -100,7 +100,7 @@ def joined(rep: Any, joins: Mapping[str, Any] | None = None, **legacy: Any) -> d
     for k, v in legacy.items():
         if v is not None:
             if k in given:
-                raise OptionError(f"{k} is given twice (as {k}= and in joins=): give it once.")
+                raise OptionError(f"join {k!r} is given twice (by its own keyword and in joins=): give it once.")
             given[k] = v
     names = [s.name for s in JOINS]
     unknown = [k for k in given if k not in names]
