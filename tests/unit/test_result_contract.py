@@ -39,7 +39,7 @@ from helpers import canonical_digest
 from tl_idempotence.core import store
 from tl_idempotence.core.stored import STORED
 from tl_idempotence.errors import MissingFileError, OptionError, OutputOverInputError, ReportFileError
-from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+from tl_idempotence.testing import tiny_hf_dir
 
 
 class Stored(NamedTuple):
@@ -160,11 +160,6 @@ CASES: dict[str, Case] = {
         },
     ),
 }
-
-
-@pytest.fixture(scope="module")
-def bridge(tiny_dir):
-    return bridge_from_dir(tiny_dir)
 
 
 # --------------------------------------------------------------------------- generic helpers

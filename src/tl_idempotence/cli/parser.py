@@ -1,5 +1,6 @@
 """The argparse parser of ``tl-idempotence``: one builder per subcommand; the report options are generated
-from their declarations (:func:`~tl_idempotence.analyses.report_options.report_options`). Imports no torch."""
+from their declarations (:func:`~tl_idempotence.analyses.report_options.report_options`), the joined probes' flags
+from theirs (:mod:`tl_idempotence.report.joins`). Imports no torch."""
 
 from __future__ import annotations
 
@@ -78,6 +79,22 @@ def add_report_options(r: argparse.ArgumentParser) -> None:
         else:  # device: checked against this machine once parsed (exit 2 before any work)
             r.add_argument(o.flag, default=o.default, metavar=o.metavar, help=help_)
     _add_quiet_and_debug(r)
+
+
+def add_join_flags(r: argparse.ArgumentParser) -> None:
+    """The flags of the probes joined to the report (``--attention-text``, ``--roles``, ``--mechanism``, ...), one per
+    registered join that declares one, in the registry's order (:mod:`tl_idempotence.report.joins`: each
+    declaration's :class:`~tl_idempotence.report.join_spec.JoinFlag`; ``report`` computes them in that order)."""
+    from ..report.joins import JOINS
+
+    for spec in JOINS:
+        f = spec.cli
+        if f is None:
+            continue
+        if f.metavar is None:
+            r.add_argument(f.flag, action="store_true", help=f.help)
+        else:
+            r.add_argument(f.flag, type=nonempty, default=None, metavar=f.metavar, help=f.help)
 
 
 def _add_quiet_and_debug(p: argparse.ArgumentParser) -> None:
@@ -164,30 +181,7 @@ def _add_report_command(sub: Any, known: str) -> None:
         help="zoo models only, when a model object is needed: TransformerBridge (default) or "
         "HookedTransformer (transformer-lens 3.x)",
     )
-    r.add_argument(
-        "--attention-text",
-        type=nonempty,
-        default=None,
-        metavar="TEXT",
-        help="add circuitsvis attention patterns of the closed heads on TEXT to the HTML (needs a model "
-        "TransformerLens can run: a zoo model or a hub name)",
-    )
-    r.add_argument(
-        "--roles",
-        action="store_true",
-        help="also compute head roles (TransformerLens's previous-token, duplicate-token and induction scores and "
-        "the OV circuit's copying score) on the model and join them with the report: a page section, the role "
-        "columns in --csv, the association table in --json; the tokens and permutations are seeded by --seed (needs "
-        "a model TransformerLens can run: a zoo model or a hub name)",
-    )
-    r.add_argument(
-        "--mechanism",
-        action="store_true",
-        help="also measure what the heads do to tokens (SPEC 12: the OV circuit's token readout, each head's direct "
-        "effect on the token it attends to on the default corpus, the copying score with G = I) and whether sign(α) "
-        "predicts that effect (rep.mechanism): a page section, the columns in --csv, the result in --json; seeded "
-        "by --seed (needs a model TransformerLens can run: a zoo model or a hub name; minutes on a CPU)",
-    )
+    add_join_flags(r)
     r.add_argument(
         "--resume",
         type=folder,

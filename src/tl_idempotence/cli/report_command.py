@@ -71,23 +71,10 @@ def _resolve_model(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         parser.error(
             "--processing and --cls apply to zoo models (and hub names); a checkpoint path is read raw from its files"
         )
-    if kind == "path" and args.attention_text is not None:
-        parser.error(
-            "--attention-text needs a model TransformerLens can run (a zoo model or a hub name); a checkpoint "
-            "path is read as weights only"
-        )
-    if kind == "path" and args.roles:
-        parser.error(
-            "--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as weights "
-            "only (no model to run): use a zoo model or a hub name, or in Python "
-            "rep.roles(model=TransformerBridge.boot_transformers(folder))"
-        )
-    if kind == "path" and args.mechanism:
-        parser.error(
-            "--mechanism runs the model on text (the attended-token effect), and a checkpoint path is read as weights "
-            "only (no model to run): use a zoo model or a hub name, or in Python "
-            "rep.mechanism(model=TransformerBridge.boot_transformers(folder))"
-        )
+    if kind == "path":  # the joins asked for that run a model: none on weights only
+        for spec, _ in asked_joins(args):
+            if spec.cli is not None and spec.cli.needs_model is not None:
+                parser.error(spec.cli.needs_model)
     return kind, value
 
 
@@ -131,26 +118,27 @@ def _summary_text(rep: Any) -> str:
     return "\n".join(lines)
 
 
-def summary_json(rep: Any, roles: Any = None, mechanism: Any = None) -> str:
-    """``--json``: the report's JSON export (:func:`~tl_idempotence.report.report.export_record`, with ``--roles``
-    the role columns and the association) under the export NaN policy (NaN as null,
+def summary_json(rep: Any, roles: Any = None, mechanism: Any = None, *, joins: Any = None) -> str:
+    """``--json``: the report's JSON export (:func:`~tl_idempotence.report.export.export_record`, with the joins
+    asked for: ``--roles`` adds the role columns and the association, ...) under the export NaN policy (NaN as null,
     :data:`~tl_idempotence.core.jsonio.EXPORT`), as a ``.json`` output holds it."""
     from ..core.jsonio import EXPORT, json_text
     from ..report.export import export_record
 
-    return json_text(export_record(rep, roles, mechanism), EXPORT, indent=1)
+    return json_text(export_record(rep, roles, mechanism, joins=joins), EXPORT, indent=1)
 
 
-def _roles_text(roles: Any) -> str:
-    """The association table of ``--roles`` as text (one row per role)."""
-    import pandas as pd
+def asked_joins(args: argparse.Namespace) -> list[tuple[Any, Any]]:
+    """``(spec, value)`` of the joined probes whose flag was given (:mod:`tl_idempotence.report.joins`), in the
+    registry's order: what ``report`` computes after the report, in that order."""
+    from ..report.joins import JOINS
 
-    cols = ["n", "spearman_rho", "spearman_q", "median_closed", "median_other", "mannwhitney_q"]
-    with pd.option_context("display.float_format", "{:.3g}".format, "display.width", 200):
-        return (
-            "head roles vs closure (Spearman ρ of P and the score, BH q across roles):\n"
-            + roles.association[cols].to_string()
-        )
+    out = []
+    for spec in JOINS:
+        value = getattr(args, spec.cli.dest, None) if spec.cli is not None else None
+        if value is not None and value is not False:
+            out.append((spec, value))
+    return out
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -220,18 +208,17 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     page = _page_path(args)
     if args.csv and page and _same_file(args.csv, page):
         parser.error(f"--csv {args.csv} and --out {page} name the same file; give each its own file")
-    if args.attention_text is not None and page is None:
-        parser.error(
-            "--attention-text adds attention views to the HTML page: give --out (no page is written with "
-            "--json or --csv alone)"
-        )
+    asked = asked_joins(args)
+    page_only = [(spec.cli.flag, spec.cli.page_only) for spec, _ in asked if spec.cli.page_only]
+    for flag, what in page_only if page is None else ():
+        parser.error(f"{flag} {what}: give --out (no page is written with --json or --csv alone)")
     kind, value = _resolve_model(args, parser)
     reads = _model_inputs(kind, value)
     refuse_over_inputs(parser, [("--resume", args.resume)], reads)  # parts never go into the checkpoint
     refuse_over_inputs(parser, [("--out", page), ("--csv", args.csv)], [*reads, ("the resume folder", args.resume)])
     page_format = _check_formats(parser, page, args.csv, _out_stream_format(args))
-    if args.attention_text is not None and page_format != "html":
-        parser.error(f"--attention-text adds attention views to the HTML page: --out {page} is not a page (.html)")
+    for flag, what in page_only if page_format != "html" else ():
+        parser.error(f"{flag} {what}: --out {page} is not a page (.html)")
     from ..core.options import check_device
 
     check_device(args.device)  # a missing GPU fails before anything is loaded
@@ -244,9 +231,7 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if args.freeze_gc:
         gc.freeze()
 
-    needs_model = (
-        args.processing == "tl" or args.cls == "hooked" or args.attention_text is not None or args.roles
-    ) or args.mechanism
+    needs_model = args.processing == "tl" or args.cls == "hooked" or any(spec.cli.needs_model for spec, _ in asked)
     model: Any
     if kind == "zoo" and not needs_model:
         from ..sources import zoo
@@ -261,43 +246,34 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     else:
         model = value
     rep = idempotence_report(model, resume=args.resume, progress=not args.quiet, **report_options_of(args))
-    roles = None
-    if args.roles:
-        if not args.quiet:  # no bar: the detector's forward passes and the eigenvalues take seconds to a minute
-            print("tl-idempotence: computing head roles (head detector and copying score)...", file=sys.stderr)
-        roles = rep.roles(model=model, seed=args.seed)
-    mechanism = None
-    if args.mechanism:
-        if not args.quiet:
-            print("tl-idempotence: measuring what the heads do to tokens (token readout, attended-token effect)...",
-                  file=sys.stderr)  # fmt: skip
-        mechanism = rep.mechanism(model=model, roles=roles, seed=args.seed)
+    joins: dict[str, Any] = {}
+    for spec, value in asked:  # in the registry's order: a join may use the ones before it (--mechanism --roles)
+        if spec.cli.progress and not args.quiet:
+            print(spec.cli.progress, file=sys.stderr)
+        joins[spec.name] = spec.cli.compute(rep, model, value, joins, args)
     wrote = []
     from ..core.outputs import write_output
     from ..report.export import report_output
 
     if page is not None:
         existed = os.path.lexists(page)
-        view_model = model if needs_model or kind == "hub" else None
-        out = report_output(rep, attention_text=args.attention_text, model=view_model, roles=roles, mechanism=mechanism)
-        write_output(out, page, OUT_FORMATS, flag="--out", stream_format=_out_stream_format(args))
+        write_output(
+            report_output(rep, joins=joins), page, OUT_FORMATS, flag="--out", stream_format=_out_stream_format(args)
+        )
         wrote.append(_written(page, existed))
     if args.csv:
         existed = os.path.lexists(args.csv)
-        write_output(
-            report_output(rep, roles=roles, mechanism=mechanism), args.csv, ("csv",), flag="--csv", stream_format="csv"
-        )
+        write_output(report_output(rep, joins=joins), args.csv, ("csv",), flag="--csv", stream_format="csv")
         wrote.append(_written(args.csv, existed))
     if args.json:
-        print(summary_json(rep, roles, mechanism))
+        print(summary_json(rep, joins=joins))
         if wrote:  # stdout is the JSON alone; what was written goes to stderr
             print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
     else:
         print(_summary_text(rep))
-        if roles is not None:
-            print(_roles_text(roles))
-        if mechanism is not None:
-            print(mechanism.headline)
+        for spec, _ in asked:
+            if spec.cli.text is not None and spec.name in joins:
+                print(spec.cli.text(joins[spec.name]))
         if wrote:
             print(f"wrote {' and '.join(wrote)}")
     return EXIT_OK

@@ -9,14 +9,50 @@ name and a few headline numbers — never a tensor dump.
 The notebook display (``x._repr_html_()``) comes from
 :class:`tl_idempotence.views.results.DrawnResult`, the :class:`Result` every result class derives from:
 the views sit one layer above this one, so a result's display is an import the layering test sees.
+
+:data:`DISPLAYS` is the one registry of notebook displays, keyed by a result class's :attr:`Result.display_kind`:
+the views register the displays they draw (``views/notebook.py``: the report, a comparison, an ablation, a mechanism
+result), and a joined probe's declaration registers its own (``report/joins.py``). It lives here, below the views,
+so that registering a display imports neither pandas nor plotly (the command line's ``--help`` reads the joins'
+declarations and stays light).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
-__all__ = ["Result", "short_value"]
+from ..errors import RegistrationError
+
+__all__ = ["DISPLAYS", "Result", "register_display", "short_value"]
+
+#: The notebook displays by ``display_kind``: ``draw(result) -> HTML`` (plain HTML, no script); what
+#: :func:`tl_idempotence.views.notebook.result_html` draws (``"result"``, the generic display, is not here).
+DISPLAYS: dict[str, Callable[[Any], str]] = {}
+
+
+def register_display(kind: str, draw: Callable[[Any], str]) -> Callable[[Any], str]:
+    """Register ``draw`` as the notebook display of the result classes whose ``display_kind`` is ``kind``.
+
+    Registering the same function again is a no-op; returns ``draw``.
+
+    Raises:
+        RegistrationError: ``kind`` is not a non-empty str, is ``"result"`` (the generic display), or another
+            function already draws it (names the kind and both functions); ``draw`` is not callable.
+    """
+    if not isinstance(kind, str) or not kind or kind == "result":
+        raise RegistrationError(f"a display kind must be a non-empty str other than 'result'; got {kind!r}.")
+    if not callable(draw):
+        raise RegistrationError(f"the display of {kind!r} must be a function (result) -> HTML; got {draw!r}.")
+    have = DISPLAYS.get(kind)
+    if have is not None and have is not draw:
+        raise RegistrationError(
+            f"cannot register {getattr(draw, '__qualname__', draw)!r} as the display of {kind!r}: "
+            f"{getattr(have, '__qualname__', have)!r} already draws it."
+        )
+    DISPLAYS[kind] = draw
+    return draw
 
 
 def short_value(v: Any) -> str | None:
@@ -48,9 +84,9 @@ class Result:
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ()
-    #: Which notebook display :func:`tl_idempotence.views.notebook.result_html` draws (``"report"``,
-    #: ``"ablation"``, ``"comparison"``; ``"result"``: the generic one). Declared by the class, so the views
-    #: never import the layer that defines it.
+    #: Which notebook display :func:`tl_idempotence.views.notebook.result_html` draws: a key of :data:`DISPLAYS`
+    #: (``"report"``, ``"ablation"``, ``"comparison"``, ``"mechanism"``, a joined probe's own; ``"result"``: the
+    #: generic one). Declared by the class, so the views never import the layer that defines it.
     display_kind: ClassVar[str] = "result"
 
     def __repr__(self) -> str:

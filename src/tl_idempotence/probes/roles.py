@@ -3,7 +3,7 @@
 * ``previous_token``, ``duplicate_token``, ``induction``: TransformerLens's ``head_detector`` scores — a head's
   attention mass on a detection pattern (``get_*_head_detection_pattern`` and
   ``compute_head_attention_similarity_score`` with ``error_measure="mul"``, ``exclude_bos=True``) — on
-  ``n_sequences`` seeded sequences ``BOS x x`` (``x``: ``n_tokens`` random non-special token ids), averaged
+  ``n_sequences`` seeded sequences ``BOS x x`` (``x``: ``repeat_len`` random non-special token ids), averaged
   over the sequences as ``detect_head`` averages a list of prompts. The patterns come from the
   ``blocks.{l}.attn.hook_pattern`` hooks (``[batch, n_heads, query, key]``, per query head on GQA), the same on
   HookedTransformer and TransformerBridge.
@@ -27,6 +27,7 @@ import pandas as pd
 import torch
 
 from ..core.heads import ModelInfo, check_weights
+from ..core.kwargs import warn_at_caller
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.selection import head_labels
@@ -53,7 +54,7 @@ ROLES = (*ATTENTION_ROLES, "copying")
 VOCAB_CHUNK = 8192
 #: Attention-pattern elements per forward pass (``sequences · n_heads · pos²``; at least one sequence a pass).
 PATTERN_ELEMS = 1 << 24
-#: Stated maxima of ``n_tokens`` and ``n_sequences`` (checked before any allocation).
+#: Stated maxima of ``repeat_len`` and ``n_sequences`` (checked before any allocation).
 MAX_TOKENS = 1 << 14
 MAX_SEQUENCES = 1 << 12
 
@@ -100,7 +101,8 @@ class HeadRoles(ModelResult, DrawnResult):
             :meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`: what ``rep.roles(roles=...)`` and
             ``rep.circuit(roles=...)`` compare with the report's), ``median_*`` per role.
         info: the model's :class:`~tl_idempotence.core.heads.ModelInfo`.
-        options: ``n_tokens, n_sequences, seed``.
+        options: ``n_tokens, n_sequences, seed`` (``n_tokens``: the length of ``x`` in ``BOS x x``, the
+            ``repeat_len`` of :func:`head_roles`, under the record's name since 0.3.0; :attr:`repeat_len`).
         loaded_from: the folder :func:`~tl_idempotence.report.roles.load_roles` read it from (``save_roles``
             refuses to write there); None for a computed result.
     """
@@ -122,6 +124,14 @@ class HeadRoles(ModelResult, DrawnResult):
         loaded_from: str | None = None,
     ) -> None:
         self._freeze_result(table, summary, loaded_from, info=info, options=options)
+
+    @property
+    def repeat_len(self) -> int | None:
+        """The length of ``x`` in each ``BOS x x`` sequence the attention roles ran on (:func:`head_roles`'
+        ``repeat_len``; recorded as ``n_tokens`` in :attr:`options` and :attr:`summary`, the field saved roles hold
+        since 0.3.0), or None when the options record none."""
+        v = self.options.get("n_tokens")
+        return None if v is None else int(v)
 
     @property
     def layer_fingerprints(self) -> dict[int, str] | None:
@@ -278,9 +288,12 @@ def role_scores(model: Any, tokens: torch.Tensor, layers: list[int] | None = Non
     return {r: v / tokens.shape[0] for r, v in out.items()}
 
 
-def repeated_random_tokens(model: Any, n_tokens: int, n_sequences: int, seed: int) -> tuple[torch.Tensor, Any]:
-    """``[n_sequences, 1 + 2 n_tokens]`` sequences ``BOS x x`` (``x`` random non-special ids, seeded), and the BOS
-    id used (the tokenizer's ``bos_token_id``; ``None``: position 0 is a random id, still left out).
+def repeated_random_tokens(
+    model: Any, n_tokens: int, n_sequences: int, seed: int, name: str = "repeat_len"
+) -> tuple[torch.Tensor, Any]:
+    """``[n_sequences, 1 + 2 n_tokens]`` sequences ``BOS x x`` (``x``: ``n_tokens`` random non-special ids, seeded),
+    and the BOS id used (the tokenizer's ``bos_token_id``; ``None``: position 0 is a random id, still left out).
+    ``name``: the keyword the length was given as (the error names it).
 
     Raises:
         OptionError: the sequence does not fit the context (``1 + 2 n_tokens >= n_ctx``), or no non-special id.
@@ -289,9 +302,9 @@ def repeated_random_tokens(model: Any, n_tokens: int, n_sequences: int, seed: in
     length = 1 + 2 * n_tokens
     if n_ctx and length >= n_ctx:
         raise OptionError(
-            f"n_tokens={n_tokens} makes sequences of 1 + 2·{n_tokens} = {length} tokens, which do not fit the model's "
+            f"{name}={n_tokens} makes sequences of 1 + 2·{n_tokens} = {length} tokens, which do not fit the model's "
             f"context (TransformerLens's detector needs fewer than n_ctx = {n_ctx}); "
-            f"use n_tokens <= {(n_ctx - 2) // 2}."
+            f"use {name} <= {(n_ctx - 2) // 2}."
         )
     d_vocab = int(model.cfg.d_vocab)
     tok = getattr(model, "tokenizer", None)
@@ -311,15 +324,21 @@ def repeated_random_tokens(model: Any, n_tokens: int, n_sequences: int, seed: in
 
 
 @strict_kwargs
-def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, seed: IntLike = 0) -> HeadRoles:
+def head_roles(
+    model: Any, repeat_len: IntLike = 24, n_sequences: IntLike = 8, seed: IntLike = 0, n_tokens: IntLike | None = None
+) -> HeadRoles:
     """What each head does (SPEC 11): TransformerLens's attention-role scores and the OV circuit's copying score.
 
     Args:
         model: a TransformerLens model (HookedTransformer or TransformerBridge; GQA/MQA: one row per query head).
-        n_tokens: the length of the random block ``x`` of each ``BOS x x`` sequence (2 .. MAX_TOKENS = 16384;
-            ``1 + 2 n_tokens`` must be below ``n_ctx``).
+        repeat_len: the length of the random block ``x`` of each ``BOS x x`` sequence (2 .. MAX_TOKENS = 16384;
+            ``1 + 2 repeat_len`` must be below ``n_ctx``). The result records it as ``n_tokens`` in its
+            ``options`` and ``summary`` (the field of saved roles since 0.3.0) and as :attr:`HeadRoles.repeat_len`.
         n_sequences: how many seeded sequences the attention scores average over (1 .. MAX_SEQUENCES = 4096).
         seed: the seed of the random tokens.
+        n_tokens: the deprecated name of ``repeat_len`` (a ``DeprecationWarning``; its errors name it):
+            ``n_tokens`` is the token readout's sample of source tokens (:func:`~tl_idempotence.probes.head_tokens.
+            head_tokens`, ``rep.mechanism``).
 
     Returns:
         :class:`HeadRoles`; ``.table`` ``[n_layers · n_heads rows]``, indexed by ``"L10H8"`` labels.
@@ -329,14 +348,27 @@ def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, see
             vocabulary (``d_vocab_out != d_vocab``: names both sizes).
         WeightError: NaN/inf attention weights (names layer and head, as ``idempotence_report``), or NaN/inf
             ``W_E``/``W_U``; checked before the model is run.
-        OptionTypeError / OptionError: ``n_tokens``, ``n_sequences`` or ``seed`` of the wrong type or range, or
-            sequences that do not fit the context.
+        OptionTypeError / OptionError: ``repeat_len``, ``n_sequences`` or ``seed`` of the wrong type or range,
+            sequences that do not fit the context, or both ``repeat_len`` (other than its default) and ``n_tokens``.
     """
+    name = "repeat_len"
+    if n_tokens is not None:
+        if not (isinstance(repeat_len, int) and not isinstance(repeat_len, bool) and repeat_len == 24):
+            raise OptionError(
+                "head_roles takes repeat_len (the length of x in each BOS x x sequence); n_tokens is its deprecated "
+                "name: give repeat_len only."
+            )
+        warn_at_caller(
+            "head_roles(n_tokens=...) is deprecated: use repeat_len=..., the length of x in each BOS x x sequence "
+            "(n_tokens is the token readout's sample of source tokens, tli.head_tokens and rep.mechanism).",
+            DeprecationWarning,
+        )
+        repeat_len, name = n_tokens, "n_tokens"
     _check_model(model)
-    n_tokens = check_int(n_tokens, "n_tokens", 2, MAX_TOKENS)
+    length = check_int(repeat_len, name, 2, MAX_TOKENS)
     n_sequences = check_int(n_sequences, "n_sequences", 1, MAX_SEQUENCES)
     seed = check_seed(seed)
-    tokens, bos = repeated_random_tokens(model, n_tokens, n_sequences, seed)
+    tokens, bos = repeated_random_tokens(model, length, n_sequences, seed, name)
     table, info, fingerprints = copying_scores(model)
     layers = sorted(set(table["layer"].tolist()))
     scores = role_scores(model, tokens, layers)
@@ -351,10 +383,10 @@ def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, see
         "model_name": info.model_name,
         "model_class": info.model_class,
         "n_heads": len(table),
-        "n_tokens": n_tokens,
+        "n_tokens": length,  # the record's field since 0.3.0: the repeat length (HeadRoles.repeat_len)
         "n_sequences": n_sequences,
         "seed": seed,
-        "sequence": f"BOS x x, x = {n_tokens} random non-special token ids (BOS id {bos})",
+        "sequence": f"BOS x x, x = {length} random non-special token ids (BOS id {bos})",
         "exclude_bos": True,
         "error_measure": "mul",
         "copying": "Re Σλ / Σ|λ| of W_E W_V W_O W_U (eigenvalues via FactoredMatrix, d_head x d_head; no biases, no "
@@ -365,5 +397,5 @@ def head_roles(model: Any, n_tokens: IntLike = 24, n_sequences: IntLike = 8, see
     for role in ROLES:
         v = table[role].to_numpy(dtype=float)
         summary[f"median_{role}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
-    options = {"n_tokens": n_tokens, "n_sequences": n_sequences, "seed": seed}
+    options = {"n_tokens": length, "n_sequences": n_sequences, "seed": seed}
     return HeadRoles(table=table, summary=summary, info=info, options=options)

@@ -64,6 +64,8 @@ from ..probes.head_tokens import head_tokens_files, load_head_tokens
 from ..probes.tied import EmbeddingTie
 from ..probes.token_effect import attended_token_effect_files, load_attended_token_effect
 from ..views.results import DrawnResult
+from .mechanism_spec import DEFAULT_N_PERMUTATIONS as DEFAULT_N_PERMUTATIONS
+from .mechanism_spec import EXPORT_MECHANISM_COLUMNS
 from .roles import json_like
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,8 +87,6 @@ __all__ = [
     "sign_summary",
 ]
 
-#: Permutations of the Spearman test (two-sided p floor 2/(n + 1) = 0.002).
-DEFAULT_N_PERMUTATIONS = 999
 #: numpy SeedSequence tag of the permutation stream (never shared with another module's streams).
 _TAG_MECHANISM = 7
 #: The question every headline asks first.
@@ -487,13 +487,6 @@ def mechanism_join(
         summary, tie, stats["n_closed_own_sign_alpha"], stats["median_abs_copying_closed"]
     )
     return Mechanism(table=table, signs=signs, summary=summary, tokens=tokens, effect=effect, tie=tie)
-
-
-#: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``).
-EXPORT_MECHANISM_COLUMNS = (
-    "effect_median", "frac_negative", "null_median", "effect_p", "effect_q", "self_rank_median", "frac_top_k",
-    "frac_bottom_k", "copying", "copying_own", "sign_agrees",
-)  # fmt: skip
 
 
 def check_mechanism_fits_report(heads: pd.DataFrame, threshold: float, mech: Any) -> Mechanism:

@@ -32,8 +32,13 @@ from ..core.selection import head_labels
 from ..core.stored import StoredResult, StoreSpec
 from ..errors import OptionError, OptionTypeError
 from ..views.results import DrawnResult
+from .ablation_spec import ABLATION
+from .attention_spec import ATTENTION
 from .export import report_output
 from .hooks import HOOK_AXES, HookPoint
+from .join_spec import check_identity
+from .mechanism_spec import MECHANISM
+from .roles_spec import CIRCUIT, ROLES
 from .store import FORMAT, RECORD, add_q_values, read_record
 from .summary import REPR_FIELDS, RecordMap, ReportSummary, build_summary, format_paper_table, paper_table
 
@@ -454,6 +459,7 @@ class IdempotenceReport(StoredResult, DrawnResult):
         max_tokens: IntLike = 64,
         roles: RoleAssociation | None = None,
         mechanism: Mechanism | None = None,
+        joins: Mapping[str, Any] | None = None,
     ) -> str:
         """Write a standalone HTML report (plotly.js and the table code inlined, no CDN) and return the path.
 
@@ -471,6 +477,8 @@ class IdempotenceReport(StoredResult, DrawnResult):
             mechanism: this report's :meth:`mechanism` result: adds the section "What the closed heads do to
                 tokens" (per closed head α, P, the tokens it promotes and suppresses, the attended-token effect with
                 its null; the signed scores by sign; SPEC 12).
+            joins: join name -> result, for any registered join's section (:mod:`tl_idempotence.report.joins`;
+                ``{"roles": rep.roles(...)}`` is ``roles=``).
 
         Raises:
             OutputOverInputError (an ``OptionError``): ``path`` is (or links to) a file the report was read
@@ -478,13 +486,16 @@ class IdempotenceReport(StoredResult, DrawnResult):
             OptionError: ``path`` is empty, a folder, or its folder does not exist; an extension other than
                 ``.html``/``.htm`` (the output registry, :mod:`tl_idempotence.core.outputs`); ``attention_heads``,
                 ``top_k`` or ``max_tokens`` without ``attention_text``; an attention view without a model; ``roles``
-                joined with another report (names the heads); a ``mechanism`` of another report.
+                joined with another report (names the heads); a ``mechanism`` of another report; an unknown join.
             OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result; ``mechanism`` is
                 not a ``rep.mechanism(...)`` result.
         """
+        from .attention_spec import refuse_unused_options
+
         refuse_outputs_over_inputs([("path", path)], self.inputs)  # first, as every writer (write_output again)
-        out = report_output(  # checks roles against the report (renders nothing yet)
+        out = report_output(  # checks the joins against the report (renders nothing yet)
             self,
+            joins=joins,
             attention_text=attention_text,
             model=model,
             attention_heads=attention_heads,
@@ -494,18 +505,11 @@ class IdempotenceReport(StoredResult, DrawnResult):
             mechanism=mechanism,
         )
         if attention_text is None:  # options of the attention view alone would be silently ignored
-            ignored = [n for n, v in (("attention_heads", attention_heads), ("top_k", top_k)) if v is not None]
-            if not (isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens == 64):
-                ignored.append("max_tokens")
-            if ignored:
-                raise OptionError(
-                    f"{', '.join(ignored)} only apply to the attention view: give attention_text='...' too, or "
-                    "drop them."
-                )
+            refuse_unused_options(attention_heads, top_k, max_tokens)
         return str(write_output(out, path, ("html",)))
 
     @strict_kwargs
-    def export(self, path: PathLike, overwrite: bool = False) -> str:
+    def export(self, path: PathLike, overwrite: bool = False, joins: Mapping[str, Any] | None = None) -> str:
         """Write the report in the format the extension of ``path`` chooses (the output registry,
         :mod:`tl_idempotence.core.outputs`; docs/definitions.md "Output formats"):
 
@@ -513,6 +517,10 @@ class IdempotenceReport(StoredResult, DrawnResult):
         * ``.json``: ``{"summary": ..., "closed_heads": [...]}`` (the CLI's ``--json``; NaN as ``null``);
         * ``.csv`` / ``.parquet``: :attr:`heads` with its label first (the CLI's ``--csv``);
         * a path without extension (or an existing folder): the save format of :meth:`save`.
+
+        ``joins`` (join name -> result, e.g. ``{"roles": rep.roles(...)}``; :mod:`tl_idempotence.report.joins`) adds
+        each join's section to the page, its record to the JSON and its per-head columns to the JSON's closed heads
+        and the tables (refused, as by :meth:`save_html`, when it is not of this report).
 
         Returns:
             The path written.
@@ -526,7 +534,8 @@ class IdempotenceReport(StoredResult, DrawnResult):
             OptionTypeError: ``path`` is not a path, ``overwrite`` is not a bool.
         """
         overwrite = check_bool(overwrite, "overwrite")
-        return str(write_output(report_output(self), path, overwrite=overwrite, replace_files=overwrite))
+        out = report_output(self, joins=joins)
+        return str(write_output(out, path, overwrite=overwrite, replace_files=overwrite))
 
     @strict_kwargs
     def show_attention(
@@ -550,11 +559,11 @@ class IdempotenceReport(StoredResult, DrawnResult):
             :class:`tl_idempotence.views.attention.AttentionView` (displays itself in Jupyter).
 
         Raises:
-            OptionError: no TransformerLens model is available.
+            OptionError: no TransformerLens model is available; ``top_k`` below 1 or ``max_tokens`` below 2 (checked
+                first; OptionTypeError: not integers). ReportMismatchError (an OptionError): a model that is not
+                the one the report measured (sizes or weights).
         """
-        from .attention import report_attention_view
-
-        return report_attention_view(self, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
+        return ATTENTION(self, text, model, heads, top_k=top_k, max_tokens=max_tokens)
 
     def ablation(self, model: TLModel | None = None, **kwargs: Unpack[AblationArgs]) -> Ablation:
         """Ablate the report's closed heads in ``model`` against matched random sets (see ``tli.ablation``).
@@ -566,38 +575,18 @@ class IdempotenceReport(StoredResult, DrawnResult):
             ReportMismatchError (an OptionError): another model, or the report's own edited in place since.
             OptionError: no model. The errors of ``tli.ablation``.
         """
-        from ..probes.ablation import ablation
-
-        m = self._model_to_run(model, "rep.ablation", "the ablation runs it with its heads zeroed")
-        self.check_joins(model=m, processing_may_differ=True)  # the closed heads are this report's: of this model
-        return ablation(m, self.closed_heads, **kwargs)
-
-    def _model_to_run(self, model: TLModel | None, call: str, why: str) -> TLModel:
-        """``model``, else the report's own live model, for a method that runs it (``call``: ``"rep.roles"``;
-        ``why``: what runs it). The caller checks it against the report (:meth:`check_joins`).
-
-        Raises:
-            OptionError: neither is given (names ``call`` and the model the report was measured from).
-        """
-        m = model if model is not None else self.model
-        if m is None:
-            raise OptionError(
-                f"{call} needs a TransformerLens model to run ({why}): this report was measured from "
-                f"{self.info.model_class} {self.info.model_name!r}, which is not alive here or gives weights only (a "
-                f"checkpoint path, a HeadSource). Pass {call}(model=...) with the HookedTransformer or "
-                "TransformerBridge of the same weights."
-            )
-        return m
+        return ABLATION(self, model, **kwargs)
 
     @strict_kwargs
     def roles(
         self,
         model: TLModel | None = None,
         roles: HeadRoles | None = None,
-        n_tokens: IntLike | None = None,
+        repeat_len: IntLike | None = None,
         n_sequences: IntLike | None = None,
         n_permutations: IntLike = 999,
         seed: IntLike = 0,
+        n_tokens: IntLike | None = None,
     ) -> RoleAssociation:
         """What the closed heads do (SPEC 11): :func:`~tl_idempotence.probes.roles.head_roles` of ``model`` joined
         with this report's P, α and closed set, and each role's association with closure
@@ -612,13 +601,16 @@ class IdempotenceReport(StoredResult, DrawnResult):
                 patched for an experiment) is refused, never joined; make the report again.
             roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed, of the report's model (its
                 sizes, weight processing and the per-layer weight fingerprints it records are checked; roles made
-                by hand without ``layer_fingerprints`` are refused). ``n_tokens`` and ``n_sequences`` are then
+                by hand without ``layer_fingerprints`` are refused). ``repeat_len`` and ``n_sequences`` are then
                 refused unless they are what ``roles`` was made with (they would be ignored); a ``model`` is
                 refused unless it is, by content, the report's (and so the roles') model.
-            n_tokens: passed to ``head_roles`` (default 24).
+            repeat_len: the length of ``x`` in each ``BOS x x`` sequence of the head detector, passed to
+                ``head_roles`` (default 24).
             n_sequences: passed to ``head_roles`` (default 8).
             seed: its tokens' seed and the permutations'.
             n_permutations: permutations of each Spearman test.
+            n_tokens: the deprecated name of ``repeat_len`` (a ``DeprecationWarning``; ``n_tokens`` is the token
+                readout's sample in :meth:`mechanism`).
 
         Returns:
             :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
@@ -627,43 +619,20 @@ class IdempotenceReport(StoredResult, DrawnResult):
             ReportMismatchError (an OptionError): ``model`` (also the report's own, edited in place) or ``roles``
                 is not of the model this report measured (other sizes, weight processing or weights; names the
                 layer or what differs); ``roles`` with a ``model`` that is not the report's.
-            OptionError: no model; ``roles`` with ``n_tokens`` or ``n_sequences`` other than what they were made
-                with (names them). OptionTypeError: ``roles`` is not a HeadRoles. UnsupportedModelError /
-                WeightError: as ``head_roles``.
+            OptionError: no model; ``roles`` with ``repeat_len`` or ``n_sequences`` other than what they were made
+                with (names them); both ``repeat_len`` and ``n_tokens``. OptionTypeError: ``roles`` is not a
+                HeadRoles. UnsupportedModelError / WeightError: as ``head_roles``.
         """
-        from ..probes.roles import HeadRoles, head_roles
-        from .roles import role_association
-
-        if roles is not None:
-            if not isinstance(roles, HeadRoles):
-                raise OptionTypeError(
-                    f"roles must be the HeadRoles of tli.head_roles(model); got {type(roles).__name__}."
-                )
-            made = roles.options
-            ignored = [
-                f"{name}={value!r} (the roles were made with {made.get(name)!r})"
-                for name, value in (("n_tokens", n_tokens), ("n_sequences", n_sequences))
-                if value is not None and value != made.get(name)
-            ]
-            if ignored:
-                raise OptionError(
-                    f"rep.roles(roles=...) uses the head roles given; {', '.join(ignored)} would be ignored. Drop "
-                    "them, or pass model=... without roles= to compute the roles again."
-                )
-            if model is not None:  # it would be ignored: refused unless it is, by content, the roles' model
-                self.check_joins(model=model)
-            self.check_joins(roles=roles)
-        else:
-            m = self._model_to_run(model, "rep.roles", "the head detector runs it on tokens")
-            self.check_joins(model=m)  # before the model is run: the report's own model too (edited in place?)
-            roles = head_roles(
-                m,
-                n_tokens=24 if n_tokens is None else n_tokens,
-                n_sequences=8 if n_sequences is None else n_sequences,
-                seed=seed,
-            )
-            self.check_joins(roles=roles)  # the weights the scores were computed from (the same path)
-        return role_association(self.heads, roles, self.threshold, n_permutations=n_permutations, seed=seed)
+        return ROLES(
+            self,
+            model,
+            roles,
+            repeat_len=repeat_len,
+            n_sequences=n_sequences,
+            n_permutations=n_permutations,
+            seed=seed,
+            n_tokens=n_tokens,
+        )
 
     @strict_kwargs
     def mechanism(
@@ -719,52 +688,8 @@ class IdempotenceReport(StoredResult, DrawnResult):
             OptionTypeError: an option of the wrong type; ``roles`` neither result. UnsupportedModelError /
                 WeightError: as the probes (no ``W_E``/``W_U``, ``d_vocab_out != d_vocab``, NaN weights).
         """
-        from ..core.options import check_int, check_seed
-        from ..core.selection import head_labels, select_heads
-        from ..probes.head_tokens import MAX_TOKENS, head_tokens
-        from ..probes.roles import HeadRoles, copying_scores
-        from ..probes.tied import embedding_tie, own_copying_scores
-        from ..probes.token_effect import attended_token_effect
-        from .mechanism import mechanism_join
-        from .roles import RoleAssociation
-
-        n_perm = check_int(n_permutations, "n_permutations", 1, 1 << 20)
-        seed = check_seed(seed)
-        n_tokens = check_int(n_tokens, "n_tokens", 1, MAX_TOKENS)
-        k = check_int(k, "k", 1)
-        seq_len = check_int(seq_len, "seq_len", 2, 1 << 24)
-        if max_tokens is not None:
-            max_tokens = check_int(max_tokens, "max_tokens", 1)
-        batch_size = check_int(batch_size, "batch_size", 1, 1 << 20)
-        if roles is not None and not isinstance(roles, (HeadRoles, RoleAssociation)):
-            raise OptionTypeError(
-                f"roles must be a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
-                f"{type(roles).__name__}."
-            )
-        m = self._model_to_run(model, "rep.mechanism", "the attended-token effect runs it on text")
-        self.check_joins(model=m)  # the one identity check: sizes, processing, every measured layer's weights
-        hr = self.check_joins(roles=roles) if roles is not None else None
-        h = self._heads
-        measured = sorted(int(x) for x in h["layer"].unique())
-        sel = select_heads(heads, measured, self.info.n_heads, labels=True)
-        pairs = [(a, b) for a, hs in sorted(sel.items()) for b in hs]
-        labels = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
-        missing = [lab for lab in labels if lab not in h.index]
-        if missing:
-            raise OptionError(f"Heads {missing[:10]} are not heads this report measured.")
-        tie = embedding_tie(m)
-        d_vocab = int(getattr(m.cfg, "d_vocab", 0) or 0)
-        if d_vocab and k > d_vocab:
-            raise OptionError(f"k must be at most d_vocab = {d_vocab} (the token readout's top/bottom size); got {k}.")
-        effect = attended_token_effect(  # first: the text is checked before the readout's cost
-            m, heads=pairs, texts=texts, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed
-        )
-        tokens = head_tokens(m, heads=pairs, n_tokens=n_tokens, k=k, seed=seed)
-        copying, _, _ = copying_scores(m)
-        own, _ = own_copying_scores(m)
-        return mechanism_join(
-            h.loc[labels], self.threshold, tokens, effect, copying, own, tie, hr, n_permutations=n_perm, seed=seed
-        )
+        options = dict(n_tokens=n_tokens, k=k, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size)
+        return MECHANISM(self, model, texts, heads, roles, **options, n_permutations=n_permutations, seed=seed)
 
     @strict_kwargs
     def circuit(
@@ -790,11 +715,7 @@ class IdempotenceReport(StoredResult, DrawnResult):
                 a ``rep.roles(...)`` of another report.
             ReportMismatchError (an OptionError): ``roles`` of another model (sizes, processing, weights).
         """
-        from .roles import circuit_overlap, parse_circuit
-
-        pairs = parse_circuit(heads, self.info.n_layers, self.info.n_heads, self._heads["layer"].unique().tolist())
-        r = None if roles is None else self.check_joins(roles=roles)
-        return circuit_overlap(self.heads, pairs, self.threshold, roles=r, n_sets=n_sets, seed=seed)
+        return CIRCUIT(self, heads, roles, n_sets=n_sets, seed=seed)
 
     def check_joins(
         self, *, model: Any = None, roles: Any = None, processing_may_differ: bool = False
@@ -824,47 +745,25 @@ class IdempotenceReport(StoredResult, DrawnResult):
             OptionError: a RoleAssociation joined with another report (names the heads).
             OptionTypeError: ``roles`` is neither result.
         """
-        from ..probes.roles import HeadRoles
-        from ..sources.dispatch import head_source
-        from .identity import check_report_matches
-        from .roles import RoleAssociation, check_roles_fit_report
+        return check_identity(self, model=model, roles=roles, processing_may_differ=processing_may_differ)
 
-        if model is not None:
-            src = head_source(model)
-            own = self.model is not None and model is self.model
-            what = (
-                f"The report's own model, {src.info.model_name!r} ({type(model).__name__}), as it is now (changed "
-                "in place since the report was made?),"
-                if own
-                else f"The model given, {src.info.model_name!r} ({type(model).__name__}),"
-            )
-            fix = (
-                "Make the report again from the model as it is now (tli.idempotence_report(model))."
-                if own
-                else "Pass the model the report was made from, with the same weight processing."
-            )
-            check_report_matches(self, what=what, fix=fix, source=src, processing_may_differ=processing_may_differ)
-        if roles is None:
-            return None
-        if isinstance(roles, RoleAssociation):
-            check_roles_fit_report(self._heads, self.threshold, roles)
-            if roles.roles is None:
-                raise OptionError("This RoleAssociation carries no HeadRoles (it was not made by rep.roles).")
-            roles = roles.roles
-        if not isinstance(roles, HeadRoles):
-            raise OptionTypeError(
-                f"roles must be a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
-                f"{type(roles).__name__}."
-            )
-        fps = roles.layer_fingerprints
-        check_report_matches(
-            self,
-            what=f"The model of the roles given, {roles.info.model_name!r},",
-            fix="Pass the head roles of the model the report was made from (tli.head_roles(model)).",
-            info=roles.info,
-            fingerprints={} if fps is None else fps,
-        )
-        return roles
+    def join(self, name: str, *inputs: Any, **options: Any) -> Any:
+        """Run the registered join ``name`` with this report (:mod:`tl_idempotence.report.joins`: ``"roles"``,
+        ``"mechanism"``, ``"circuit"``, ``"ablation"``, ``"attention"`` or one registered since): what
+        :meth:`roles`, :meth:`mechanism`, :meth:`circuit`, :meth:`ablation` and :meth:`show_attention` call. Its
+        options take their declared defaults and validators; a model is checked against this report by content
+        first (:meth:`check_joins`).
+
+        Returns:
+            The join's result (for the page and the exports: ``rep.save_html(path, joins={name: result})``).
+
+        Raises:
+            OptionError: no such join (names the registered ones). UnknownOptionError: a keyword it does not take.
+            The join's own errors.
+        """
+        from .joins import join_spec
+
+        return join_spec(name)(self, *inputs, **options)
 
     @classmethod
     def load(cls, path: PathLike) -> IdempotenceReport:

@@ -38,6 +38,7 @@ from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
 from ..views.results import DrawnResult
+from .roles_spec import DEFAULT_N_PERMUTATIONS, DEFAULT_N_SETS, MAX_RESAMPLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -57,12 +58,6 @@ __all__ = [
     "save_roles",
 ]
 
-#: Permutations of the Spearman test per role (two-sided p floor 2/(n + 1) = 0.002).
-DEFAULT_N_PERMUTATIONS = 999
-#: Random layer-matched sets of the circuit test (p floor 1/(n + 1) = 0.001).
-DEFAULT_N_SETS = 999
-#: Stated maximum of both counts (checked before any allocation).
-MAX_RESAMPLES = 1 << 20
 #: numpy SeedSequence tags of the two random streams (never shared with the torch streams of core.random).
 _TAG_ASSOCIATION, _TAG_CIRCUIT = 6, 5
 

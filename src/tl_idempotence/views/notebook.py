@@ -1,6 +1,7 @@
 """Notebook displays of result objects and of plotly figures, online and in static renders, offline.
 
-* :func:`result_html` — the ``_repr_html_`` of any result: its class, its headline numbers and
+* :func:`result_html` — the ``_repr_html_`` of any result, chosen by its class's ``display_kind`` in one registry
+  (:data:`DISPLAYS`, :func:`register_display`): by default its class, its headline numbers and
   the first rows of its ``heads`` table; a report shows its headline sentence, the closed
   heads and a small colour-table heatmap of P; a comparison its headline sentence (which model has
   the largest share of closed heads) and its overview table (plain HTML and inline CSS, so it shows
@@ -27,14 +28,18 @@ import numpy as np
 import pandas as pd
 
 from ..core.readings import copying_by_sign, copying_sign_sentence
+from ..core.results import DISPLAYS, register_display
 from .text import format_P, format_sig, headline
 
 __all__ = [
+    "DISPLAYS",
     "OFFLINE_RENDERER",
     "PLOTLYJS_EMBEDDED",
     "figure_bundle",
+    "generic_html",
     "mini_heatmap",
     "plotlyjs_html",
+    "register_display",
     "result_html",
     "use_offline_plotly",
 ]
@@ -373,23 +378,35 @@ def _association_by_sign(assoc: pd.DataFrame, table: Any) -> tuple[pd.DataFrame,
     return shown, text
 
 
-def result_html(obj: Any) -> str:
-    """The notebook display of a result object (reports get their own, see the module docstring).
+for _kind, _draw in (
+    ("report", _report_html),
+    ("ablation", _ablation_html),
+    ("comparison", _comparison_html),
+    ("mechanism", _mechanism_html),
+):
+    register_display(_kind, _draw)
+del _kind, _draw
 
-    Any other result: its class name, its scalar summary numbers, its ``checkpoints`` table when
-    it has one (a trajectory), and its ``heads`` rows (the 10 with the highest P when there is a
-    P column). An ablation leads with a sentence and a table of its Δ loss, controls and p-value.
-    Plain HTML, no script: it shows in static renders too.
+
+def result_html(obj: Any) -> str:
+    """The notebook display of a result object: the display its class's ``display_kind`` names in the one registry
+    (:data:`~tl_idempotence.core.results.DISPLAYS`: the report, a comparison, an ablation and a mechanism result
+    registered here, a joined probe's own by its declaration, ``report/joins.py``), else the generic one below.
+
+    The generic display: its class name, its headline sentence (when it has one), its scalar summary numbers, its
+    ``checkpoints`` table when it has one (a trajectory), its ``association`` (``rep.roles``), and its ``heads``
+    rows (the 10 with the highest P when there is a P column). Plain HTML, no script: it shows in static renders too.
     """
     kind = getattr(type(obj), "display_kind", "result")  # Result.display_kind: the class says which display
-    if kind == "report":
-        return _report_html(obj)
-    if kind == "ablation":
-        return _ablation_html(obj)
-    if kind == "comparison":
-        return _comparison_html(obj)
-    if kind == "mechanism":
-        return _mechanism_html(obj)
+    draw = DISPLAYS.get(kind) if isinstance(kind, str) else None
+    if draw is not None:
+        return str(draw(obj))
+    return generic_html(obj)
+
+
+def generic_html(obj: Any) -> str:
+    """The generic notebook display of a result (what :func:`result_html` draws for a ``display_kind`` without a
+    registered display)."""
     name = type(obj).__name__
     try:
         summary = obj.summary

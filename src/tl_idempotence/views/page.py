@@ -11,6 +11,7 @@ itables' DataTables in offline mode, the page a jinja2 template
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
@@ -33,9 +34,11 @@ __all__ = [
     "datatable_html",
     "datatables_init_html",
     "display_frame",
+    "mechanism_section",
     "mechanism_section_tables",
     "p_value_note",
     "report_html",
+    "roles_section",
     "roles_section_tables",
 ]
 
@@ -366,11 +369,66 @@ def _mechanism_note(mech: Any) -> str:
     )
 
 
-def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None, mechanism: Any = None) -> str:
+def roles_section(assoc: Any, threshold: float) -> dict[str, Any]:
+    """The page's section "What the closed heads do" of a ``rep.roles(...)`` result (:func:`report_html`'s
+    ``sections``): its tables (:func:`roles_section_tables`), the note on what was measured, the figure of each
+    role's score against P, and the page headline's "Roles: ..." sentence."""
+    tabs = roles_section_tables(assoc, threshold)
+    return {
+        "id": "roles",
+        "title": "What the closed heads do",
+        "note": f"{assoc.headline} {_roles_note(assoc)}",
+        "tables": [
+            ("Role scores of the closed heads, by P", tabs["closed"] if len(tabs["closed"]) else ""),
+            ("The closed heads next to all heads", tabs["beside"]),
+            ("Association of each role with closure", tabs["association"]),
+            ("The top heads of each role", tabs["top"]),
+        ],
+        "figures": [roles_figure(assoc)],
+        "headline": f"Roles: {assoc.headline}",
+    }
+
+
+def mechanism_section(mech: Any, threshold: float) -> dict[str, Any]:
+    """The page's section "What the closed heads do to tokens" of a ``rep.mechanism(...)`` result
+    (:func:`report_html`'s ``sections``): the closed heads' rows and the signed scores by sign
+    (:func:`mechanism_section_tables`), the note, and the figure."""
+    mtabs = mechanism_section_tables(mech, threshold)
+    return {
+        "id": "mechanism",
+        "title": "What the closed heads do to tokens",
+        "note": _mechanism_note(mech),
+        "tables": [
+            ("The closed heads, by P", mtabs["closed"] if len(mtabs["closed"]) else ""),
+            ("Signed scores by sign", mtabs["signs"]),
+        ],
+        "figures": [mechanism_figure(mech)],
+    }
+
+
+def report_html(
+    rep: Any,
+    extra_html: list[str] | None = None,
+    roles: Any = None,
+    mechanism: Any = None,
+    *,
+    sections: Sequence[Mapping[str, Any]] = (),
+) -> str:
     """The standalone report page as a string (plotly.js inlined once; no remote scripts).
 
-    ``roles``: a ``rep.roles(model=...)`` result of this report (already checked by the caller); adds the section
-    "What the closed heads do" (:func:`roles_section_tables` and :func:`~tl_idempotence.views.figures.roles_figure`).
+    Args:
+        rep: the report.
+        extra_html: HTML blocks after the sections.
+        roles: a ``rep.roles(model=...)`` result of this report (already checked by the caller); adds the section
+            "What the closed heads do" (:func:`roles_section`).
+        mechanism: a ``rep.mechanism(...)`` result of this report (checked by the caller); adds the section "What
+            the closed heads do to tokens" (:func:`mechanism_section`).
+        sections: the joined probes' sections, in order after the report's own (what a join's declaration returns
+            for the page, ``report/joins.py``; the report layer passes these instead of ``roles``/``mechanism``):
+            each a mapping with ``id``, ``title``, ``note``, ``tables`` (``(caption, DataFrame or HTML)`` pairs; an
+            empty one reads "None."), ``figures`` and ``folded`` (figures: drawn here, plotly.js inlined once),
+            ``folded_title``, and ``headline`` (a sentence added to the page's headline); or ``html``, a block
+            placed after the sections (the attention view), with no heading of the page's own.
     """
     import jinja2
 
@@ -383,10 +441,11 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
         return out
 
     heat = div(heads_heatmap_spec(rep))
-    sections: list[dict[str, Any]] = []
+    more = [dict(sec) for sec in sections]
+    shown: list[dict[str, Any]] = []  # the page's sections: the report's own, then the joined probes'
     s = rep.summary
     if "P_scrambled_median" in rep.heads.columns:
-        sections.append(
+        shown.append(
             {
                 "id": "controls",
                 "title": "Null controls: orientation scramble and O/V mismatch",
@@ -399,13 +458,13 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
     alg = rep.algebra
     if alg is not None:
         if alg.empty:
-            sections.append(
+            shown.append(
                 {"id": "algebra", "title": "Shared-value algebra", "note": alg.reason, "figures": [], "folded": []}
             )
         else:
             per_layer = [div(f) for f in algebra_figures(alg)]
             a = alg.summary
-            sections.append(
+            shown.append(
                 {
                     "id": "algebra",
                     "title": "Shared-value algebra (GQA kv groups)",
@@ -419,37 +478,29 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
                     "folded_title": f"Per-layer α_ij and P_ij matrices ({len(per_layer)} layers)",
                 }
             )
-    if roles is not None:
-        tabs = roles_section_tables(roles, rep.threshold)
-        n_closed_roles = len(tabs["closed"])
-        sections.append(
-            {
-                "id": "roles",
-                "title": "What the closed heads do",
-                "note": f"{roles.headline} {_roles_note(roles)}",
-                "tables": [
-                    ("Role scores of the closed heads, by P", _table_html(tabs["closed"]) if n_closed_roles else ""),
-                    ("The closed heads next to all heads", _table_html(tabs["beside"])),
-                    ("Association of each role with closure", _table_html(tabs["association"])),
-                    ("The top heads of each role", _table_html(tabs["top"])),
-                ],
-                "figures": [div(roles_figure(roles))],
-                "folded": [],
-            }
-        )
+    if roles is not None:  # ``rep.roles(...)`` of this report (checked by the caller)
+        more.insert(0, roles_section(roles, rep.threshold))
     if mechanism is not None:  # ``rep.mechanism(...)`` of this report (checked by the caller)
-        mtabs = mechanism_section_tables(mechanism, rep.threshold)
-        sections.append(
+        more.insert(1 if roles is not None else 0, mechanism_section(mechanism, rep.threshold))
+    extra = list(extra_html or [])
+    lead = headline(s, rep.threshold)
+    for sec in more:  # the joined probes' sections, drawn in their order after the report's own
+        if sec.get("headline"):
+            lead += f" {sec['headline']}"
+        if sec.get("html") is not None:  # a block after the sections (the attention view)
+            extra.append(str(sec["html"]))
+            continue
+        shown.append(
             {
-                "id": "mechanism",
-                "title": "What the closed heads do to tokens",
-                "note": _mechanism_note(mechanism),
+                "id": sec["id"],
+                "title": sec["title"],
+                "note": sec.get("note", ""),
                 "tables": [
-                    ("The closed heads, by P", _table_html(mtabs["closed"]) if len(mtabs["closed"]) else ""),
-                    ("Signed scores by sign", _table_html(mtabs["signs"])),
+                    (cap, _table_html(t) if isinstance(t, pd.DataFrame) else t) for cap, t in sec.get("tables", [])
                 ],
-                "figures": [div(mechanism_figure(mechanism))],
-                "folded": [],
+                "figures": [div(f) for f in sec.get("figures", ())],
+                "folded": [div(f) for f in sec.get("folded", ())],
+                "folded_title": sec.get("folded_title", ""),
             }
         )
     paper = rep.paper_table(formatted=True)
@@ -458,7 +509,7 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
     heads = _display_frame(rep.heads.reset_index(), rep.threshold)
     return env.from_string(template).render(
         title=f"Idempotence report: {s.model_name}",
-        headline=headline(s, rep.threshold) + ("" if roles is None else f" Roles: {roles.headline}"),
+        headline=lead,
         threshold=f"{rep.threshold:g}",
         n_closed=int(s.closure.n_closed),
         closed_table=_table_html(closed_heads_table(rep)),
@@ -469,16 +520,16 @@ def report_html(rep: Any, extra_html: list[str] | None = None, roles: Any = None
             "paper: the figures of the paper's abstract (arXiv 2609.01129), over the models it surveyed; "
             "rows that say 'not run' need an analysis this report did not run."
         ),
-        sections=sections,
+        sections=shown,
         # the first screen names every section this run computed (the sections after the fixed three)
         contents=[
             ("closed-heads", "near-idempotent heads"),
             ("heatmap", "P over layer × head"),
             ("paper", "this model next to the paper"),
-            *((sec["id"], sec["title"]) for sec in sections),
+            *((sec["id"], sec["title"]) for sec in shown),
             ("details", "details: every head and layer, the summary"),
         ],
-        extra_html=list(extra_html or []),
+        extra_html=extra,
         n_heads=len(rep.heads),
         n_layers=len(rep.layers),
         heads_table=_datatable(heads),

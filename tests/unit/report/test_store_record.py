@@ -361,7 +361,9 @@ def test_an_unreadable_table_names_the_readers_error(saved):
 def test_a_table_name_is_letters_digits_and_underscores_of_either_case(saved, original):
     """``[A-Za-z0-9_]+``: a listed table the format does not write is checked against its sha256 and read."""
     extra = pd.DataFrame({"x": [1.0, 2.0]})
-    rewrite(saved, tables={"Extra_2": extra})
+    rewrite(saved, tables={"Extra_2": extra})  # listed in files but not in the record's list of tables: refused
+    assert "its list of tables" in refused(saved) and "['Extra_2', 'mismatch_pairs'" in refused(saved)
+    rewrite(saved, lambda r: r["tables"].insert(0, "Extra_2"))  # listed in both (issue 45's contract)
     assert read_record(saved).tables["Extra_2"].equals(extra)
     (saved / "Extra_2.parquet").write_bytes((saved / "Extra_2.parquet").read_bytes() + b"\0")
     assert refused(saved).startswith(f"{saved / 'Extra_2.parquet'} does not match the sha256 recorded in")
