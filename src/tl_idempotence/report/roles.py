@@ -20,7 +20,6 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,7 +33,7 @@ from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.readings import circuit_headline, roles_headline
 from ..core.records import index_column, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
-from ..core.tables import FrozenResult, FrozenSummary
+from ..core.tables import FrozenResult, FrozenSummary, ImmutableResult
 from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
 from ..views.results import DrawnResult
@@ -331,7 +330,7 @@ def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[in
     return pairs
 
 
-class Circuit(DrawnResult):
+class Circuit(ImmutableResult, DrawnResult):
     """Result of ``rep.circuit(heads)``. Immutable, like the report: :attr:`heads` is a copy made on each read,
     :attr:`summary` is read-only and :attr:`set_overlaps` a read-only array.
 
@@ -346,6 +345,8 @@ class Circuit(DrawnResult):
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "n_overlap", "n_closed", "p_hypergeom", "p_layer_matched")
+    frozen_name: ClassVar[str] = "a circuit result is"
+    frozen_hint: ClassVar[str] = "rep.circuit(...) again"
 
     _heads: pd.DataFrame
     summary: Mapping[str, Any]
@@ -358,12 +359,6 @@ class Circuit(DrawnResult):
         overlaps = np.array(np.zeros(0, dtype=np.int64) if set_overlaps is None else set_overlaps, copy=True)
         overlaps.flags.writeable = False
         set_("set_overlaps", overlaps)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to {name!r}: a circuit result is immutable.")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: a circuit result is immutable.")
 
     @property
     def heads(self) -> pd.DataFrame:
