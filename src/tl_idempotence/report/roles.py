@@ -33,6 +33,7 @@ from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.readings import circuit_headline, roles_headline
 from ..core.records import index_column, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
+from ..core.stats import spearman_permutation
 from ..core.tables import FrozenResult, FrozenSummary, ImmutableResult
 from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
@@ -153,20 +154,6 @@ class RoleAssociation(FrozenResult, DrawnResult):
         return save_roles(self, path, overwrite=overwrite)
 
 
-def _spearman_perm(x: np.ndarray, y: np.ndarray, n_perm: int, rng: np.random.Generator) -> tuple[float, float]:
-    from scipy.stats import permutation_test, spearmanr
-
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan"), float("nan")
-    rho = float(spearmanr(x, y).statistic)
-
-    def stat(a: np.ndarray) -> float:
-        return float(spearmanr(a, y).statistic)
-
-    res = permutation_test((x,), stat, permutation_type="pairings", n_resamples=n_perm, rng=rng)
-    return rho, float(res.pvalue)
-
-
 def role_association(
     heads: pd.DataFrame, roles: HeadRoles, threshold: float, n_permutations: Any = DEFAULT_N_PERMUTATIONS, seed: Any = 0
 ) -> RoleAssociation:
@@ -216,7 +203,7 @@ def role_association(
         s = np.abs(table["copying"].to_numpy(dtype=float)) if role == "|copying|" else table[role].to_numpy(dtype=float)
         ok = np.isfinite(P) & np.isfinite(s)
         notes = []
-        rho, p_rho = _spearman_perm(P[ok], s[ok], n_perm, _rng(seed, _TAG_ASSOCIATION, i))
+        rho, p_rho = spearman_permutation(P[ok], s[ok], n_perm, _rng(seed, _TAG_ASSOCIATION, i))
         if not np.isfinite(rho):
             notes.append("Spearman undefined (fewer than 3 heads or a constant P/score)")
         c, o = s[ok & closed], s[ok & ~closed]
