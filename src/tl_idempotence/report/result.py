@@ -132,18 +132,9 @@ class IdempotenceReport(ImmutableResult, DrawnResult):
                 model_ref = weakref.ref(model)
             except TypeError:  # pragma: no cover - objects without weakref support
                 model_ref = None
-        # the report is immutable once built (ImmutableResult); its frames are never handed out: the properties
-        # give copies
-        self._freeze(
-            _heads=heads,
-            _layers=layers,
-            _tables=dict(tables),
-            summary=summary,
-            info=info,
-            options=options,
-            inputs=tuple(inputs),
-            _model_ref=model_ref,
-        )
+        # immutable once built (ImmutableResult); the frames are never handed out: the properties give copies
+        self._freeze(_heads=heads, _layers=layers, _tables=dict(tables), summary=summary, info=info, options=options)
+        self._freeze(inputs=tuple(inputs), _model_ref=model_ref)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "threshold":  # the documented deprecation shim (it warns)
