@@ -203,9 +203,17 @@ TARGETS: dict[str, Target] = {
         Target(  # split from roles_stats: the association table (304 mutants)
             "roles_assoc",
             "src/tl_idempotence/report/roles.py",
-            ("tl_idempotence.report.roles.x__spearman_perm*", "tl_idempotence.report.roles.x_role_association*"),
-            ("tests/unit/report/test_roles_statistics.py", "tests/unit/report/test_roles_statistics_mutants.py"),
+            (  # the Spearman test is core/stats.py's, shared with rep.mechanism
+                "tl_idempotence.core.stats.x_spearman_permutation*",
+                "tl_idempotence.report.roles.x_role_association*",
+            ),
+            (
+                "tests/unit/report/test_roles_statistics.py",
+                "tests/unit/report/test_roles_statistics_mutants.py",
+                "tests/unit/core/test_stats.py",
+            ),
             "head roles vs closure: Spearman permutation p, Mann-Whitney, BH across roles, sign agreement",
+            more_sources=("src/tl_idempotence/core/stats.py",),
             marker=QUICK,
         ),
         Target(

@@ -76,8 +76,10 @@ import torch
 
 from ..core.defaults import DEFAULT_THRESHOLD
 from ..core.factors import DEGENERATE_RTOL, gram_eig, rank_rtol
+from ..core.frozen import frozen
 from ..core.heads import LayerHeads, ModelInfo
 from ..core.options import check_layers, check_threshold, strict_kwargs
+from ..core.tables import ImmutableResult
 from ..errors import OptionError
 from ..maths.closure import Grams, apply_exponents, closure_scalars, closure_sums
 from ..views.results import DrawnResult
@@ -145,11 +147,14 @@ def empty_table(cols: list[str]) -> pd.DataFrame:
 
 
 @dataclass(repr=False)
-class SharedValueAlgebra(DrawnResult):
+class SharedValueAlgebra(ImmutableResult, DrawnResult):
     """Shared-value algebra of one layer or a whole model (SPEC section 7), from
     :func:`~tl_idempotence.analyses.algebra.shared_value_algebra` or ``idempotence_report(..., algebra=True).algebra``.
 
-    One record type for one layer (:func:`layer_algebra`) and many (:meth:`concat`).
+    One record type for one layer (:func:`layer_algebra`) and many (:meth:`concat`). Immutable
+    (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a field raises
+    ``dataclasses.FrozenInstanceError``, its tables are copies made on each read; :meth:`at_threshold` gives it at
+    another threshold.
 
     Attributes:
         pairs: one row per ordered pair ``(i, j)`` within a kv group: ``alpha_ij``
@@ -188,10 +193,14 @@ class SharedValueAlgebra(DrawnResult):
     ranges: pd.DataFrame | None = None
 
     repr_keys: ClassVar[tuple[str, ...]] = ("n_groups", "median_P_offdiag", "median_alpha_spread", "algebra_reason")
+    frozen_name: ClassVar[str] = "a shared-value algebra is"
+    frozen_hint: ClassVar[str] = (
+        "algebra.at_threshold(t) for another threshold, dataclasses.replace(...) for a changed copy"
+    )
 
     def __post_init__(self) -> None:
         if self.ranges_threshold is None:
-            self.ranges_threshold = self.threshold
+            self._freeze(ranges_threshold=self.threshold)
 
     @property
     def empty(self) -> bool:
@@ -200,10 +209,11 @@ class SharedValueAlgebra(DrawnResult):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """Headline numbers: pair counts, median off-diagonal P_ij, spreads, closed-range angles."""
+        """Headline numbers: pair counts, median off-diagonal P_ij, spreads, closed-range angles (read-only)."""
         if self.empty:
-            return {"algebra_reason": self.reason}
-        off = self.pairs.loc[~self.pairs["diagonal"].astype(bool), "P_ij"].to_numpy(dtype=float)
+            return frozen({"algebra_reason": self.reason})
+        pairs, closed_ranges = self.pairs, self.closed_ranges
+        off = pairs.loc[~pairs["diagonal"].astype(bool), "P_ij"].to_numpy(dtype=float)
         off = off[np.isfinite(off)]
         sp = self.heads["alpha_spread"].to_numpy(dtype=float)
         sp = sp[np.isfinite(sp)]
@@ -213,11 +223,11 @@ class SharedValueAlgebra(DrawnResult):
             "median_P_offdiag": float(np.median(off)) if off.size else float("nan"),
             "frac_offdiag_P_ge_threshold": float((off >= self.threshold).mean()) if off.size else float("nan"),
             "median_alpha_spread": float(np.median(sp)) if sp.size else float("nan"),
-            "n_closed_range_pairs": len(self.closed_ranges),
+            "n_closed_range_pairs": len(closed_ranges),
         }
-        if len(self.closed_ranges):
-            out["median_min_angle_deg_closed"] = float(self.closed_ranges["min_angle_deg"].median())
-        return out
+        if len(closed_ranges):
+            out["median_min_angle_deg_closed"] = float(closed_ranges["min_angle_deg"].median())
+        return frozen(out)
 
     def matrices(self, layer: int) -> dict[int, tuple[list[int], np.ndarray, np.ndarray]]:
         """``{kv_head: (heads, alpha [n, n], P [n, n])}`` of one layer, row = ``i`` (left), column = ``j`` (right)."""

@@ -16,9 +16,11 @@ import pandas as pd
 import torch
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
+from ..core.frozen import frozen
 from ..core.heads import LayerHeads, source_info
 from ..core.option_specs import GeneralOptions
 from ..core.options import strict_kwargs
+from ..core.tables import ImmutableResult
 from ..maths.closure import Grams, apply_exponents, closure_from_grams, layer_grams
 from ..sources.dispatch import head_source
 from ..views.results import DrawnResult
@@ -123,8 +125,9 @@ def _layer_values(tab: pd.DataFrame, note: str, threshold: float) -> tuple[dict[
     return values, notes
 
 
-class MismatchResult(DrawnResult):
-    """Result of :func:`mismatch`.
+class MismatchResult(ImmutableResult, DrawnResult):
+    """Result of :func:`mismatch`. Immutable (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning an
+    attribute raises ``dataclasses.FrozenInstanceError``, its tables are copies made on each read.
 
     Attributes:
         pairs: one row per mismatched product (``PAIR_COLUMNS`` plus ``closed``); also :attr:`heads`.
@@ -134,9 +137,15 @@ class MismatchResult(DrawnResult):
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ("n_pairs", "n_closed", "max_P", "threshold")
+    frozen_name: ClassVar[str] = "a mismatch result is"
+    frozen_hint: ClassVar[str] = "MismatchResult(pairs, layers, threshold) for a changed one"
+
+    pairs: pd.DataFrame
+    layers: pd.DataFrame
+    threshold: float
 
     def __init__(self, pairs: pd.DataFrame, layers: pd.DataFrame, threshold: float):
-        self.pairs, self.layers, self.threshold = pairs, layers, float(threshold)
+        self._freeze(pairs=pairs, layers=layers, threshold=float(threshold))
 
     @property
     def heads(self) -> pd.DataFrame:
@@ -145,16 +154,19 @@ class MismatchResult(DrawnResult):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """``n_pairs``, ``n_closed`` (P >= threshold), ``max_P``, ``threshold``, ``notes``."""
-        P = self.pairs["P"].to_numpy(dtype=float) if len(self.pairs) else np.zeros(0)
+        """``n_pairs``, ``n_closed`` (P >= threshold), ``max_P``, ``threshold``, ``notes`` (read-only)."""
+        pairs = self.pairs
+        P = pairs["P"].to_numpy(dtype=float) if len(pairs) else np.zeros(0)
         notes = sorted({str(v) for v in self.layers.get("mismatch_note", []) if str(v)})
-        return {
-            "n_pairs": len(self.pairs),
-            "n_closed": int(closed_flags(P, self.threshold).sum()),
-            "max_P": nan_max(P),
-            "threshold": self.threshold,
-            "notes": notes,
-        }
+        return frozen(
+            {
+                "n_pairs": len(pairs),
+                "n_closed": int(closed_flags(P, self.threshold).sum()),
+                "max_P": nan_max(P),
+                "threshold": self.threshold,
+                "notes": notes,
+            }
+        )
 
 
 @strict_kwargs

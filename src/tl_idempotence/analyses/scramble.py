@@ -47,12 +47,14 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, default_of
+from ..core.frozen import frozen
 from ..core.heads import LayerHeads
 from ..core.kwargs import warn_at_caller
 from ..core.option_specs import GeneralOptions
 from ..core.options import check_bool, check_compute_dtype, check_device, check_int, check_seed, strict_kwargs
 from ..core.paper import FDR_LEVEL
 from ..core.random import embed_orthogonal, haar_orthogonal, layer_generator
+from ..core.tables import ImmutableResult
 from ..errors import OptionError
 from ..maths.closure import Closure, closure, flat_fields
 from ..views.results import DrawnResult
@@ -246,9 +248,11 @@ def _scramble_reasons(reason: np.ndarray, n_valid: np.ndarray) -> np.ndarray:
     return np.where((out == "") & (np.asarray(n_valid) == 0), NO_DRAWS, out)
 
 
-@dataclass(frozen=True, repr=False)
-class Scramble(DrawnResult):
-    """Orientation-scramble draws for a batch of heads (SPEC 4b). float64, CPU.
+@dataclass(repr=False)
+class Scramble(ImmutableResult, DrawnResult):
+    """Orientation-scramble draws for a batch of heads (SPEC 4b). float64, CPU. Immutable
+    (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a field raises
+    ``dataclasses.FrozenInstanceError``; ``dataclasses.replace`` gives a changed copy.
 
     Attributes:
         P: trained P, ``[*batch]``.
@@ -287,6 +291,8 @@ class Scramble(DrawnResult):
         "median_P_scrambled",
         "frac_beats_scramble",
     )
+    frozen_name: ClassVar[str] = "a scramble result is"
+    frozen_hint: ClassVar[str] = "dataclasses.replace(s, ...) for a changed copy"
 
     def table(self) -> pd.DataFrame:
         """One row per head (flattened batch) with the per-head summary columns (same as :attr:`heads`)."""
@@ -313,18 +319,21 @@ class Scramble(DrawnResult):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """``n_heads, n_draws, median_P_trained, median_P_scrambled, frac_beats_scramble, n_heads_compared``."""
+        """``n_heads, n_draws, median_P_trained, median_P_scrambled, frac_beats_scramble, n_heads_compared``
+        (read-only)."""
         pv = self.p_value.reshape(-1).numpy()
         defined = np.isfinite(pv)
         beats = self.beats_scramble.reshape(-1).numpy()
-        return {
-            "n_heads": int(self.P.numel()),
-            "n_draws": int(self.P_draws.shape[-1]),
-            "median_P_trained": nan_median(self.P.reshape(-1).numpy()),
-            "median_P_scrambled": nan_median(self.P_scrambled_median.reshape(-1).numpy()),
-            "n_heads_compared": int(defined.sum()),
-            "frac_beats_scramble": float(beats[defined].mean()) if defined.any() else float("nan"),
-        }
+        return frozen(
+            {
+                "n_heads": int(self.P.numel()),
+                "n_draws": int(self.P_draws.shape[-1]),
+                "median_P_trained": nan_median(self.P.reshape(-1).numpy()),
+                "median_P_scrambled": nan_median(self.P_scrambled_median.reshape(-1).numpy()),
+                "n_heads_compared": int(defined.sum()),
+                "frac_beats_scramble": float(beats[defined].mean()) if defined.any() else float("nan"),
+            }
+        )
 
 
 def _factors_for(x: Any, compute_dtype: torch.dtype, device: torch.device) -> tuple[Factors, Closure, int | None]:

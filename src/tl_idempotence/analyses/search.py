@@ -40,11 +40,13 @@ import torch
 from torch import Tensor
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
+from ..core.frozen import frozen
 from ..core.heads import LayerHeads, source_info
 from ..core.option_specs import GeneralOptions
 from ..core.options import check_compute_dtype, check_device, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import embed_orthogonal, haar_orthogonal, head_generator, sign_fixed_qr
 from ..core.selection import select_heads
+from ..core.tables import ImmutableResult
 from ..errors import OptionError, OptionTypeError
 from ..maths.closure import Closure, closure, closure_from_grams
 from ..sources.dispatch import head_source
@@ -184,9 +186,10 @@ def _optimize(
     return best_R1, best_R2, iters, done
 
 
-@dataclass(frozen=True, repr=False)
-class SearchResult(DrawnResult):
-    """Result of :func:`constructive_search`.
+@dataclass(repr=False)
+class SearchResult(ImmutableResult, DrawnResult):
+    """Result of :func:`constructive_search`. Immutable (:class:`~tl_idempotence.core.tables.ImmutableResult`):
+    assigning a field raises ``dataclasses.FrozenInstanceError``, :attr:`table` is a copy made on each read.
 
     Attributes:
         table: one row per searched head: ``layer, head, P`` (trained, attained),
@@ -209,6 +212,8 @@ class SearchResult(DrawnResult):
     threshold: float = DEFAULT_THRESHOLD
 
     repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "max_P_searched", "n_feasible", "n_budget_stops")
+    frozen_name: ClassVar[str] = "a search result is"
+    frozen_hint: ClassVar[str] = "dataclasses.replace(r, ...) for a changed copy"
 
     @property
     def heads(self) -> pd.DataFrame:
@@ -217,17 +222,20 @@ class SearchResult(DrawnResult):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """``n_heads, max_P_searched, median_P_searched, n_feasible, n_budget_stops, threshold``."""
-        Ps = self.table["P_searched"].to_numpy(dtype=float)
+        """``n_heads, max_P_searched, median_P_searched, n_feasible, n_budget_stops, threshold`` (read-only)."""
+        table = self.table
+        Ps = table["P_searched"].to_numpy(dtype=float)
         fin = Ps[np.isfinite(Ps)]
-        return {
-            "n_heads": len(self.table),
-            "max_P_searched": float(fin.max()) if fin.size else float("nan"),
-            "median_P_searched": float(np.median(fin)) if fin.size else float("nan"),
-            "n_feasible": int((fin >= self.threshold).sum()),
-            "n_budget_stops": int((self.table["search_stopped_on"] == "budget").sum()),
-            "threshold": self.threshold,
-        }
+        return frozen(
+            {
+                "n_heads": len(table),
+                "max_P_searched": float(fin.max()) if fin.size else float("nan"),
+                "median_P_searched": float(np.median(fin)) if fin.size else float("nan"),
+                "n_feasible": int((fin >= self.threshold).sum()),
+                "n_budget_stops": int((table["search_stopped_on"] == "budget").sum()),
+                "threshold": self.threshold,
+            }
+        )
 
 
 def search_factors(

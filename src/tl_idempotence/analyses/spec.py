@@ -14,14 +14,12 @@ docstrings and ``compare``'s option checks are assembled from it.
 
 from __future__ import annotations
 
-import math
-import numbers
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import MISSING, dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ..core.frozen import frozen, thawed
 from ..core.option_specs import OptionSpec
+from ..core.summaries import SUMMARY_RULES, SummaryRecord, check_summary_field, nan_says_why, rule
 from ..errors import OptionError, OptionTypeError, TLIError
 from .threshold import CountPerLayer, Flag, FractionPerHead, FunctionRule
 
@@ -40,188 +38,12 @@ __all__ = [
     "rule",
 ]
 
-#: The rules a summary field may have (:func:`check_summary_field`): ``"size"`` an int >= 1; ``"count"`` an
-#: int >= 0 (``bool`` is not an int, a float is never truncated); ``"P"`` a float in [0, 1] or NaN (a median or
-#: maximum of P over no defined value: undefined); ``"fraction"`` a float in [0, 1] or NaN (of nothing:
-#: undefined); ``"threshold"`` a finite float in [0, 1]; ``"str"``; ``"layers"`` a list of layer indices (ints
-#: >= 0); ``"strs"`` a list of str; ``"per_layer"`` a dict {layer index: count}; ``"dict"`` a dict keyed by str.
-SUMMARY_RULES = frozenset({"size", "count", "P", "fraction", "threshold", "str", "layers", "strs", "per_layer", "dict"})
-
 _LOADED: dict[int, tuple[AnalysisSpec, Analysis]] = {}
 
 #: What an analysis object has: the members of the :class:`~tl_idempotence.analyses.base.Analysis` protocol
 #: (``tests/unit/analyses/test_registry.py`` checks the two agree; this module stays torch-free, ``base`` is not).
 ANALYSIS_MEMBERS = ("name", "reason_column", "enabled", "run", "summarize")
 _RULE_TYPES = (Flag, CountPerLayer, FractionPerHead, FunctionRule)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool) and type(v).__name__ != "bool_"
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and type(v).__name__ != "bool_"
-
-
-def check_summary_field(name: str, rule: str, v: Any) -> None:
-    """One summary field against its rule (:data:`SUMMARY_RULES`).
-
-    Raises:
-        OptionTypeError: the wrong type (names the field and the value). OptionError: an impossible value.
-    """
-
-    def wrong_type(want: str) -> OptionTypeError:
-        return OptionTypeError(f"summary field {name} must be {want}; got {type(v).__name__} {v!r}.")
-
-    if rule == "str":
-        if not isinstance(v, str):
-            raise wrong_type("a str")
-    elif rule in ("size", "count"):
-        if not _is_int(v):
-            raise wrong_type("an int (not a bool or a float)")
-        lo = 1 if rule == "size" else 0
-        if v < lo:
-            raise OptionError(f"summary field {name}={v!r} is impossible: it must be an int >= {lo}.")
-    elif rule in ("P", "fraction", "threshold"):
-        if not _is_real(v):
-            raise wrong_type("a real number (not a bool or a str)")
-        x = float(v)
-        if math.isnan(x) and rule != "threshold":
-            return  # undefined (over no defined value); the fields that say why are checked with the counts
-        if not (math.isfinite(x) and 0.0 <= x <= 1.0):
-            what = "a finite number in [0, 1]" if rule == "threshold" else "in [0, 1] (or NaN: undefined)"
-            raise OptionError(f"summary field {name}={v!r} is impossible: it must be {what}.")
-    elif rule in ("layers", "strs"):
-        if not isinstance(v, list):
-            raise wrong_type("a list")
-        for x in v:
-            if rule == "strs" and not isinstance(x, str):
-                raise OptionTypeError(f"summary field {name} must be a list of str; it holds {type(x).__name__} {x!r}.")
-            if rule == "layers" and not (_is_int(x) and x >= 0):
-                raise OptionError(f"summary field {name} must be a list of layer indices (ints >= 0); it holds {x!r}.")
-    elif rule == "per_layer":
-        if not isinstance(v, dict):
-            raise wrong_type("a dict {layer: count}")
-        for k, x in v.items():
-            if not (_is_int(k) and k >= 0) or not (_is_int(x) and x >= 0):
-                raise OptionError(
-                    f"summary field {name} must map layer indices (ints >= 0) to counts (ints >= 0); it holds "
-                    f"{k!r}: {x!r}."
-                )
-    elif rule == "dict":
-        if not isinstance(v, dict):
-            raise wrong_type("a dict")
-        bad = [k for k in v if not isinstance(k, str)]
-        if bad:
-            raise OptionTypeError(f"summary field {name} must be keyed by str; it has the key {bad[0]!r}.")
-    else:  # pragma: no cover - a rule this function does not know
-        raise AssertionError(rule)
-
-
-def nan_says_why(name: str, value: Any, undefined: bool, why: str) -> None:
-    """A summary value that is NaN exactly when it is undefined (``undefined``: there is nothing to take it over).
-
-    Raises:
-        OptionError: NaN while defined, or a number while undefined (says ``why``: the counts that decide).
-    """
-    if value is not None and math.isnan(float(value)) != bool(undefined):
-        raise OptionError(f"summary field {name}={value!r} is impossible: it is NaN (undefined) exactly when {why}.")
-
-
-def rule(name: str) -> dict[str, str]:
-    """The metadata of a :class:`SummaryRecord` field with its rule (:data:`SUMMARY_RULES`):
-    ``n_closed: int = field(metadata=rule("count"))``; a field that may be unset (``None``, left out of
-    :meth:`SummaryRecord.to_dict`, e.g. notes that exist only when there is one) has ``default=None``.
-
-    Raises:
-        OptionError: not a known rule.
-    """
-    if name not in SUMMARY_RULES:
-        raise OptionError(f"summary rule {name!r} is not one of {sorted(SUMMARY_RULES)}.")
-    return {"rule": name}
-
-
-@dataclass(frozen=True)
-class SummaryRecord(Mapping[str, Any]):
-    """An analysis's model-level numbers: a frozen dataclass whose fields carry a :func:`rule`, each checked
-    against its rule when the record is built (and :attr:`bounds` among its own fields); also a read-only mapping
-    of the fields that are set.
-
-    The checks against the rest of the report (a count against ``n_heads``, a NaN that must say why) are
-    :attr:`bounds` naming report fields and :meth:`check`, which the report summary runs with its flat fields.
-    """
-
-    #: ``(count, total)``: a count that cannot exceed another number, of this record or of the report (``n_heads``).
-    bounds: ClassVar[tuple[tuple[str, str], ...]] = ()
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if v is None and f.default is None:
-                continue
-            check_summary_field(f.name, f.metadata["rule"], v)
-            object.__setattr__(self, f.name, frozen(v))  # its lists and dicts cannot be edited in place
-        own = self.to_dict()
-        for count, total in self.bounds:
-            a, b = own.get(count), own.get(total)
-            if a is not None and b is not None and a > b:
-                raise OptionError(f"summary field {count}={a!r} is impossible: more than {total}={b!r}.")
-
-    def check(self, report: Mapping[str, Any]) -> None:
-        """Checks of this record against the report's flat summary fields ``report`` (this record's included), e.g.
-        a NaN exactly when there is nothing to take it over; none by default. A field ``report`` lacks is not
-        checked.
-
-        Raises:
-            OptionError: names the fields and their values.
-        """
-
-    @classmethod
-    def rules(cls) -> dict[str, str]:
-        """``{field: rule}`` in order."""
-        return {f.name: f.metadata["rule"] for f in fields(cls)}
-
-    @classmethod
-    def required(cls) -> tuple[str, ...]:
-        """The fields that must be set."""
-        return tuple(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields that are set, in order (JSON values; the form a saved report holds): a plain, editable copy."""
-        return {f.name: thawed(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> SummaryRecord:
-        """A record from :meth:`to_dict`, checked.
-
-        Raises:
-            OptionTypeError: not a mapping; a field of the wrong type. OptionError: a key that is no field, a
-                required field missing, an impossible value (each named).
-        """
-        if not isinstance(d, Mapping):
-            raise OptionTypeError(f"a {cls.__name__} must be a mapping of its fields; got {type(d).__name__}.")
-        known = cls.rules()
-        unknown = [k for k in d if k not in known]
-        if unknown:
-            raise OptionError(f"summary keys {unknown[:5]} are not fields of {cls.__name__}")
-        missing = [k for k in cls.required() if k not in d]
-        if missing:
-            raise OptionError(f"summary lacks {missing[:5]}")
-        out = cls(**dict(d))
-        out.check(out.to_dict())
-        return out
-
-    def __getitem__(self, key: str) -> Any:
-        v = getattr(self, key, None) if isinstance(key, str) and key in self.rules() else None
-        if v is None:
-            raise KeyError(key)
-        return v
-
-    def __iter__(self) -> Iterator[str]:
-        return (f.name for f in fields(self) if getattr(self, f.name) is not None)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
 
 
 @dataclass(frozen=True)

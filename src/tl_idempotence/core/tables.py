@@ -1,65 +1,123 @@
-"""Frozen results with tables, and typed read-only summary records.
+"""The one way a result is frozen (:class:`ImmutableResult`), and the results that hold a per-head table.
 
-:class:`FrozenResult` is the base of the results that hold per-head tables (``HeadRoles``, ``RoleAssociation``,
-``HeadTokens``, ``AttendedTokenEffect``, ``Mechanism``): its :attr:`~FrozenResult.table` and
-:attr:`~FrozenResult.heads` are copies made on each read (editing one leaves the result as it is), and assigning or
-deleting an attribute raises ``dataclasses.FrozenInstanceError`` (but the names a subclass lists in
-:attr:`~FrozenResult.settable`, set once by a loader). A subclass's ``__init__`` stores its attributes with
-:meth:`~FrozenResult._freeze`.
+Every public result (every class deriving from :class:`~tl_idempotence.core.results.Result`: the closure maths'
+``Closure``, the analyses' results, the probes', the report, comparisons, sweeps, trajectories) derives from
+:class:`ImmutableResult`, one idiom:
 
-:class:`FrozenSummary` is the base of the typed summary records of those results and of ``Ablation``: a subclass
-declares its fields as class annotations (``n_heads: int``, in the order the producer writes them), and a record is
-a :class:`~tl_idempotence.core.frozen.FrozenDict` of the fields given: ``summary["n_heads"]``, ``dict(summary)``,
-``json.dumps(summary)`` and equality with a plain dict work as for a dict, and ``summary.n_heads`` reads a field by
-attribute (typed for mypy; ``None`` when the field was not given). A key that is no declared field is refused
-(``OptionError`` naming it), and assigning an attribute or an item raises.
+* **attributes are set once, by the constructor**: a dataclass result's generated ``__init__`` sets each field
+  once (its constructor, fields and ``dataclasses.replace`` stay as they are), any other ``__init__`` (and a
+  dataclass's ``__post_init__``) stores with :meth:`~ImmutableResult._freeze`. After that, assigning or deleting an
+  attribute raises ``dataclasses.FrozenInstanceError`` naming the result and how to get a changed one
+  (:attr:`~ImmutableResult.frozen_name`, :attr:`~ImmutableResult.frozen_hint`), but for the names a class lists in
+  :attr:`~ImmutableResult.settable` (``loaded_from``, set by a loader; never a number).
+* **tables are copied**: a DataFrame is copied when it is stored, and every public DataFrame attribute is handed
+  out as a copy made on each read (editing it leaves the result as it is; take it once in a loop). A property that
+  hands out a frame (``heads`` of a ``_table``, ``signs``, ``tables[name]``) copies it too; a property that builds
+  a new frame on each read already is one.
+* **dicts and lists are read-only**: stored as :func:`~tl_idempotence.core.frozen.frozen` values (``FrozenDict``,
+  ``FrozenList``; equal to and JSON-encoded as the plain types); a summary is a
+  :class:`~tl_idempotence.core.summaries.FrozenSummary` or such a read-only dict.
+
+``tests/unit/core/test_frozen_results.py`` finds every ``Result`` subclass of the package and checks each of these
+on a small instance (a result type without a factory there fails it).
+
+:class:`FrozenResult` is the :class:`ImmutableResult` of the results that hold a per-head table (``HeadRoles``,
+``RoleAssociation``, ``HeadTokens``, ``AttendedTokenEffect``, ``Mechanism``): its :attr:`~FrozenResult.table` and
+:attr:`~FrozenResult.heads` are copies of ``_table`` and its ``summary`` is stored as its :attr:`summary_type`
+(:meth:`~FrozenResult._freeze_result`). :class:`FrozenSummary` (re-exported from :mod:`.summaries`) is the one
+record class of every summary.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Mapping
 from dataclasses import FrozenInstanceError
-from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import OptionError, OptionTypeError
-from .frozen import FrozenDict, frozen, thawed
+from .frozen import FrozenDict, FrozenList, frozen
 from .results import Result
+from .summaries import FrozenSummary
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
     from .heads import ModelInfo
 
-__all__ = ["FrozenResult", "FrozenSummary", "ModelResult"]
+__all__ = ["FrozenResult", "FrozenSummary", "ImmutableResult", "ModelResult", "is_frame", "read_only"]
 
 
-class FrozenResult(Result):
-    """Base of an immutable result with a per-head table (module docstring).
+def is_frame(value: Any) -> bool:
+    """Whether ``value`` is a pandas DataFrame (without importing pandas: a frame exists only once it is)."""
+    pd = sys.modules.get("pandas")
+    return pd is not None and isinstance(value, pd.DataFrame)
 
-    Subclasses store ``_table`` (never handed out) and their other attributes with :meth:`_freeze` in their
-    ``__init__``, and name themselves in :attr:`frozen_name` (``"head roles are"``) and how to get a changed one in
-    :attr:`frozen_hint` (``"compute them again"``) for the error.
+
+def read_only(value: Any) -> Any:
+    """What a result stores for ``value``: a copy of a DataFrame, a dict or list made read-only
+    (:func:`~tl_idempotence.core.frozen.frozen`; one that already is, a typed summary included, as it is), any
+    other value as it is. Raises nothing."""
+    if isinstance(value, (FrozenDict, FrozenList)):
+        return value
+    if isinstance(value, (dict, list)):
+        return frozen(value)
+    if is_frame(value):
+        return value.copy()
+    return value
+
+
+class ImmutableResult(Result):
+    """THE base of every public result: frozen attributes, tables copied, dicts and lists read-only (module
+    docstring).
+
+    A subclass names itself in :attr:`frozen_name` (``"a report is"``) and how to get a changed one in
+    :attr:`frozen_hint` (``"rep.with_threshold(t) for another threshold"``), for the error.
     """
 
     #: Subject of the immutability error: ``"cannot assign to 'x': {frozen_name} immutable ({frozen_hint})."``.
     frozen_name: ClassVar[str] = "this result is"
     frozen_hint: ClassVar[str] = "compute it again"
-    #: Attributes that may be set after construction (``loaded_from``, set once by a loader; never a number).
+    #: Attributes that may be set after construction (``loaded_from``, set by a loader; never a number).
     settable: ClassVar[frozenset[str]] = frozenset()
+
+    def _freeze(self, **attrs: Any) -> None:
+        """Store ``attrs`` on a result whose ``__setattr__`` refuses (for ``__init__`` and ``__post_init__``), each as
+        :func:`read_only` gives it (a frame copied, a dict or list read-only). Raises nothing."""
+        for name, value in attrs.items():
+            object.__setattr__(self, name, read_only(value))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a dataclass's generated __init__ sets each field once; settable names any time
+        if name in self.settable or (
+            name in getattr(type(self), "__dataclass_fields__", ()) and name not in self.__dict__
+        ):
+            object.__setattr__(self, name, read_only(value))
+            return
+        raise FrozenInstanceError(f"cannot assign to {name!r}: {self.frozen_name} immutable ({self.frozen_hint}).")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete {name!r}: {self.frozen_name} immutable ({self.frozen_hint}).")
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if name[:1] != "_" and is_frame(value) and name in object.__getattribute__(self, "__dict__"):
+            return value.copy()  # a stored table, handed out: a copy made on each read
+        return value
+
+
+class FrozenResult(ImmutableResult):
+    """An :class:`ImmutableResult` with a per-head table (module docstring).
+
+    Subclasses store ``_table`` (never handed out) and their other attributes with :meth:`_freeze` or
+    :meth:`_freeze_result` in their ``__init__``.
+    """
+
     #: The typed record :meth:`_freeze_result` stores ``summary`` as (a :class:`FrozenSummary` subclass).
     summary_type: ClassVar[type[FrozenSummary]]
 
     _table: pd.DataFrame
     summary: FrozenSummary
     loaded_from: str | None
-
-    def _freeze(self, **attrs: Any) -> None:
-        """Store ``attrs`` on a result whose ``__setattr__`` refuses (for ``__init__``); ``_table`` is copied (never
-        handed out: :attr:`table` gives copies). Raises nothing."""
-        for name, value in attrs.items():
-            object.__setattr__(self, name, value.copy() if name == "_table" else value)
 
     def _freeze_result(
         self, table: pd.DataFrame, summary: Mapping[str, Any], loaded_from: str | None, **attrs: Any
@@ -71,17 +129,8 @@ class FrozenResult(Result):
             OptionTypeError / OptionError: ``summary`` is not a mapping of :attr:`summary_type`'s fields.
         """
         if "options" in attrs:
-            attrs["options"] = frozen(dict(attrs["options"] or {}))
+            attrs["options"] = dict(attrs["options"] or {})
         self._freeze(_table=table, summary=self.summary_type(summary), loaded_from=loaded_from, **attrs)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.settable:
-            object.__setattr__(self, name, value)
-            return
-        raise FrozenInstanceError(f"cannot assign to {name!r}: {self.frozen_name} immutable ({self.frozen_hint}).")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: {self.frozen_name} immutable.")
 
     @property
     def table(self) -> pd.DataFrame:
@@ -102,63 +151,3 @@ class ModelResult(FrozenResult):
 
     info: ModelInfo
     options: Mapping[str, Any]
-
-
-def _refuse_item(*_: Any, **__: Any) -> NoReturn:
-    raise TypeError("a result's summary is read-only: edit a copy (summary.to_dict())")
-
-
-class FrozenSummary(FrozenDict):
-    """A typed, read-only summary record (module docstring). Subclasses declare their fields as annotations.
-
-    Raises (on construction):
-        OptionTypeError: not a mapping. OptionError: a key that is not a declared field (names it and the record).
-    """
-
-    __slots__ = ()
-
-    def __init__(self, items: Mapping[str, Any] | Iterable[tuple[str, Any]] = (), /) -> None:
-        if not isinstance(items, Mapping):
-            try:
-                items = dict(items)
-            except (TypeError, ValueError) as e:
-                raise OptionTypeError(
-                    f"a {type(self).__name__} is made from a mapping of its fields; got {type(items).__name__}."
-                ) from e
-        known = self.fields()
-        unknown = [k for k in items if k not in known]
-        if unknown:
-            raise OptionError(
-                f"summary keys {unknown[:5]} are not fields of {type(self).__name__} (its fields: {list(known)})."
-            )
-        dict.__init__(self, {k: frozen(v) for k, v in items.items()})
-
-    @classmethod
-    @functools.cache
-    def fields(cls) -> tuple[str, ...]:
-        """The declared fields, in order (the base classes' first)."""
-        out: list[str] = []
-        for c in reversed(cls.__mro__):
-            if isinstance(c, type) and issubclass(c, FrozenSummary) and c is not FrozenSummary:
-                out += [k for k in inspect.get_annotations(c) if k not in out]
-        return tuple(out)
-
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("_") and name in type(self).fields():
-            return self.get(name)
-        raise AttributeError(f"{type(self).__name__} has no field {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to {name!r}: a result's summary is read-only (summary.to_dict()).")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: a result's summary is read-only.")
-
-    __setitem__ = __delitem__ = _refuse_item
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (dict(self),))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields given, in order, as a plain, editable dict (JSON values)."""
-        return {k: thawed(v) for k, v in self.items()}

@@ -37,7 +37,7 @@ exceeds float64 (``‖T²‖`` of weights ~1e±100) become ``inf``/0.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -46,8 +46,10 @@ from torch import Tensor
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE
 from ..core.factors import DEGENERATE_RTOL, gram_rank, principal_factors, rank_rtol
+from ..core.frozen import frozen
 from ..core.heads import LayerHeads, check_storage, check_weights
 from ..core.options import check_bool, check_compute_dtype, check_device, strict_kwargs
+from ..core.tables import ImmutableResult
 from ..errors import OptionError, OptionTypeError, WeightError
 from ..views.results import DrawnResult
 
@@ -473,9 +475,11 @@ def closure_scalars(
     return alpha, P, norm, norm_T2, inner, reason
 
 
-@dataclass(frozen=True, repr=False)
-class Closure(DrawnResult):
-    """Closure of a batch of heads (SPEC sections 2-3). All tensors float64 on the CPU.
+@dataclass(repr=False)
+class Closure(ImmutableResult, DrawnResult):
+    """Closure of a batch of heads (SPEC sections 2-3). All tensors float64 on the CPU. Immutable
+    (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a field raises
+    ``dataclasses.FrozenInstanceError``; ``dataclasses.replace`` gives a changed copy.
 
     Attributes:
         alpha: best scale ``α = ⟨T², T⟩_F / ‖T‖²_F``, ``[*batch]`` (units of the
@@ -514,6 +518,9 @@ class Closure(DrawnResult):
     D: Float[Tensor, "*batch r"] | None = None
     eigenvalues: Complex[Tensor, "*batch r"] | None = None
 
+    frozen_name: ClassVar[str] = "a closure result is"
+    frozen_hint: ClassVar[str] = "dataclasses.replace(c, ...) for a changed copy, c[idx] for some heads"
+
     @property
     def shape(self) -> torch.Size:
         """Leading (batch) shape."""
@@ -543,16 +550,18 @@ class Closure(DrawnResult):
 
     @property
     def summary(self) -> dict[str, Any]:
-        """``n_heads``, ``median_P``, ``max_P``, ``n_undefined_P``, ``batch_shape``."""
+        """``n_heads``, ``median_P``, ``max_P``, ``n_undefined_P``, ``batch_shape`` (read-only)."""
         P = self.P.reshape(-1).numpy()
         fin = P[np.isfinite(P)]
-        return {
-            "n_heads": int(P.size),
-            "batch_shape": list(self.P.shape),
-            "median_P": float(np.median(fin)) if fin.size else float("nan"),
-            "max_P": float(fin.max()) if fin.size else float("nan"),
-            "n_undefined_P": int(P.size - fin.size),
-        }
+        return frozen(
+            {
+                "n_heads": int(P.size),
+                "batch_shape": list(self.P.shape),
+                "median_P": float(np.median(fin)) if fin.size else float("nan"),
+                "max_P": float(fin.max()) if fin.size else float("nan"),
+                "n_undefined_P": int(P.size - fin.size),
+            }
+        )
 
 
 def flat_fields(result: Any, *names: str) -> dict[str, np.ndarray]:

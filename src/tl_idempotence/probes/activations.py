@@ -71,6 +71,7 @@ from ..core.kwargs import warn_at_caller
 from ..core.options import check_bool, check_int, check_seed, check_threshold, strict_kwargs
 from ..core.random import haar_orthogonal, head_generator, layer_generator
 from ..core.selection import head_labels, select_heads
+from ..core.tables import ImmutableResult
 from ..errors import OptionError, UnsupportedModelError, WeightError
 from ..maths.closure import closure_from_grams, layer_grams
 from ..sources.tl import TLModelSource, is_tl_model
@@ -276,8 +277,11 @@ def _q(x: np.ndarray, q: float) -> float:
 
 
 @dataclass(repr=False)
-class ActivationReturns(DrawnResult):
-    """Result of :func:`activation_returns` (SPEC section 8).
+class ActivationReturns(ImmutableResult, DrawnResult):
+    """Result of :func:`activation_returns` (SPEC section 8). Immutable
+    (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a field raises
+    ``dataclasses.FrozenInstanceError``, :attr:`heads` is a copy made on each read, :attr:`summary` and
+    :attr:`options` are read-only.
 
     Attributes:
         heads: one row per analysed head, indexed by ``"L10H8"`` labels like ``rep.heads`` (joinable by
@@ -303,6 +307,8 @@ class ActivationReturns(DrawnResult):
         "median_cos2_closed",
         "median_ctrl_cos2_all",
     )
+    frozen_name: ClassVar[str] = "activation returns are"
+    frozen_hint: ClassVar[str] = "tli.activation_returns(...) again, dataclasses.replace(...) for a changed copy"
 
     def figure(self) -> Any:
         """Plotly scatter: per head, median cos²(Ty, y) on text vs weight-level P (control in grey)."""

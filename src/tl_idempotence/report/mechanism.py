@@ -56,6 +56,7 @@ from ..core.records import (
     write_tables_record,
 )
 from ..core.selection import head_labels
+from ..core.stats import spearman_permutation
 from ..core.store import saved_folder
 from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import FrozenResult, FrozenSummary
@@ -294,20 +295,13 @@ def sign_summary(values: np.ndarray) -> dict[str, Any]:
 
 
 def _spearman(x: np.ndarray, y: np.ndarray, n_perm: int, seed: int) -> tuple[float, float, str]:
-    from scipy.stats import permutation_test, spearmanr
-
     if len(x) < 3:
         return math.nan, math.nan, f"Spearman undefined: {len(x)} head(s) with a defined α·P and effect (need 3)"
     if np.ptp(x) == 0 or np.ptp(y) == 0:
         return math.nan, math.nan, "Spearman undefined: α·P or the effect is constant over the heads"
-    rho = float(spearmanr(x, y).statistic)
-
-    def stat(a: np.ndarray) -> float:
-        return float(spearmanr(a, y).statistic)
-
     rng = np.random.default_rng(np.random.SeedSequence([seed, _TAG_MECHANISM]))
-    res = permutation_test((x,), stat, permutation_type="pairings", n_resamples=n_perm, rng=rng)
-    return rho, float(res.pvalue), ""
+    rho, p = spearman_permutation(x, y, n_perm, rng)
+    return rho, p, ""
 
 
 def _fmt_p(p: float) -> str:

@@ -6,11 +6,9 @@ tensors) and what it is written as. Made by :func:`~tl_idempotence.report.report
 
 from __future__ import annotations
 
-import functools
 import warnings
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,6 +28,7 @@ from ..core.outputs import FOLDER, write_output
 from ..core.readings import report_headline
 from ..core.selection import head_labels
 from ..core.stored import StoredResult, StoreSpec
+from ..core.tables import ImmutableResult
 from ..errors import OptionError, OptionTypeError
 from ..views.results import DrawnResult
 from .ablation_spec import ABLATION
@@ -69,7 +68,7 @@ class FrameTables(RecordMap[pd.DataFrame]):
         return f"FrameTables({list(self)})"
 
 
-class IdempotenceReport(StoredResult, DrawnResult):
+class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
     """Result of :func:`idempotence_report`.
 
     Attributes:
@@ -130,6 +129,10 @@ class IdempotenceReport(StoredResult, DrawnResult):
     )
     #: the summary's repr fields but the mismatch count (eight fit the one-line repr)
     repr_keys: ClassVar[tuple[str, ...]] = tuple(k for k in REPR_FIELDS if k != "n_mismatch_closed")
+    frozen_name: ClassVar[str] = "a report is"
+    frozen_hint: ClassVar[str] = (
+        "rep.with_threshold(t) for another threshold, rep.with_summary(...) for a route's additions to its summary"
+    )
 
     def __init__(
         self,
@@ -142,32 +145,21 @@ class IdempotenceReport(StoredResult, DrawnResult):
         model: TLModel | None = None,
         inputs: Sequence[tuple[str, Path]] = (),
     ) -> None:
-        set_ = functools.partial(object.__setattr__, self)  # the report is immutable once built (__setattr__)
-        set_("_heads", heads)  # never handed out: the properties give copies
-        set_("_layers", layers)
-        set_("_tables", dict(tables))
-        set_("summary", summary)
-        set_("info", info)
-        set_("options", options)
-        set_("inputs", tuple(inputs))
-        set_("_model_ref", None)
+        model_ref = None
         if model is not None:
             try:
-                set_("_model_ref", weakref.ref(model))
+                model_ref = weakref.ref(model)
             except TypeError:  # pragma: no cover - objects without weakref support
-                set_("_model_ref", None)
+                model_ref = None
+        # immutable once built (ImmutableResult); the frames are never handed out: the properties give copies
+        self._freeze(_heads=heads, _layers=layers, _tables=dict(tables), summary=summary, info=info, options=options)
+        self._freeze(inputs=tuple(inputs), _model_ref=model_ref)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "threshold":  # the documented deprecation shim (it warns)
             type(self).threshold.fset(self, value)  # type: ignore[attr-defined]
             return
-        raise FrozenInstanceError(
-            f"cannot assign to {name!r}: a report is immutable (rep.with_threshold(t) for another threshold, "
-            "rep.with_summary(...) for a route's additions to its summary)."
-        )
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: a report is immutable.")
+        super().__setattr__(name, value)
 
     def _evolve(self, **changes: Any) -> IdempotenceReport:
         """A copy with some attributes changed (the model reference kept)."""

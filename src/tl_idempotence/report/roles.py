@@ -20,7 +20,6 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import FrozenInstanceError
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -34,7 +33,8 @@ from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.readings import circuit_headline, roles_headline
 from ..core.records import index_column, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
-from ..core.tables import FrozenResult, FrozenSummary
+from ..core.stats import spearman_permutation
+from ..core.tables import FrozenResult, FrozenSummary, ImmutableResult
 from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
 from ..probes.roles import ROLES, HeadRoles
 from ..views.results import DrawnResult
@@ -149,20 +149,6 @@ class RoleAssociation(FrozenResult, DrawnResult):
         return save_roles(self, path, overwrite=overwrite)
 
 
-def _spearman_perm(x: np.ndarray, y: np.ndarray, n_perm: int, rng: np.random.Generator) -> tuple[float, float]:
-    from scipy.stats import permutation_test, spearmanr
-
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return float("nan"), float("nan")
-    rho = float(spearmanr(x, y).statistic)
-
-    def stat(a: np.ndarray) -> float:
-        return float(spearmanr(a, y).statistic)
-
-    res = permutation_test((x,), stat, permutation_type="pairings", n_resamples=n_perm, rng=rng)
-    return rho, float(res.pvalue)
-
-
 def role_association(
     heads: pd.DataFrame, roles: HeadRoles, threshold: float, n_permutations: Any = DEFAULT_N_PERMUTATIONS, seed: Any = 0
 ) -> RoleAssociation:
@@ -212,7 +198,7 @@ def role_association(
         s = np.abs(table["copying"].to_numpy(dtype=float)) if role == "|copying|" else table[role].to_numpy(dtype=float)
         ok = np.isfinite(P) & np.isfinite(s)
         notes = []
-        rho, p_rho = _spearman_perm(P[ok], s[ok], n_perm, _rng(seed, _TAG_ASSOCIATION, i))
+        rho, p_rho = spearman_permutation(P[ok], s[ok], n_perm, _rng(seed, _TAG_ASSOCIATION, i))
         if not np.isfinite(rho):
             notes.append("Spearman undefined (fewer than 3 heads or a constant P/score)")
         c, o = s[ok & closed], s[ok & ~closed]
@@ -326,7 +312,7 @@ def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[in
     return pairs
 
 
-class Circuit(DrawnResult):
+class Circuit(ImmutableResult, DrawnResult):
     """Result of ``rep.circuit(heads)``. Immutable, like the report: :attr:`heads` is a copy made on each read,
     :attr:`summary` is read-only and :attr:`set_overlaps` a read-only array.
 
@@ -341,6 +327,8 @@ class Circuit(DrawnResult):
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "n_overlap", "n_closed", "p_hypergeom", "p_layer_matched")
+    frozen_name: ClassVar[str] = "a circuit result is"
+    frozen_hint: ClassVar[str] = "rep.circuit(...) again"
 
     _heads: pd.DataFrame
     summary: Mapping[str, Any]
@@ -353,12 +341,6 @@ class Circuit(DrawnResult):
         overlaps = np.array(np.zeros(0, dtype=np.int64) if set_overlaps is None else set_overlaps, copy=True)
         overlaps.flags.writeable = False
         set_("set_overlaps", overlaps)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise FrozenInstanceError(f"cannot assign to {name!r}: a circuit result is immutable.")
-
-    def __delattr__(self, name: str) -> None:
-        raise FrozenInstanceError(f"cannot delete {name!r}: a circuit result is immutable.")
 
     @property
     def heads(self) -> pd.DataFrame:

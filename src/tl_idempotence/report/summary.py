@@ -27,6 +27,7 @@ from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo, combined_fingerprint
 from ..core.paper import PAPER, PAPER_THRESHOLD
 from ..core.readings import MEASURED_FIELDS
+from ..core.summaries import FrozenSummary
 from ..errors import OptionError, OptionTypeError
 
 __all__ = [
@@ -107,8 +108,10 @@ class RecordMap(Mapping[str, _V]):
 
 
 @dataclass(frozen=True, repr=False, eq=False)  # equality is the mapping's: equal to a dict of the same items
-class ReportSummary(Mapping[str, Any]):
-    """A report's summary: what was measured, each analysis's typed record, provenance.
+class ReportSummary(FrozenSummary):
+    """A report's summary: what was measured, each analysis's typed record, provenance. A
+    :class:`~tl_idempotence.core.summaries.FrozenSummary` (the one record class of every summary) whose items are the
+    flat view below.
 
     Composed: the report's own fields (below) and, under each analysis's name, that analysis's
     :class:`~tl_idempotence.analyses.spec.SummaryRecord` (declared beside its code, e.g.
@@ -118,7 +121,8 @@ class ReportSummary(Mapping[str, Any]):
 
     A read-only compatibility view keeps the flat form: the summary is a mapping of every field that is set —
     the report's and every record's, flat (``summary["n_closed"]``, ``"median_P_scrambled" in summary``,
-    ``dict(summary)``; the flat names also read as attributes, ``summary.n_closed``, ``None`` when not set);
+    ``dict(summary)``, ``json.dumps(summary)``; the flat names also read as attributes, ``summary.n_closed``,
+    ``None`` when not set);
     :meth:`to_dict` gives this flat JSON form (what a saved report and ``--json`` hold) and
     :meth:`from_dict` reads it back (refusing unknown keys; :func:`field_rules` has every flat field's rule).
 
@@ -167,6 +171,27 @@ class ReportSummary(Mapping[str, Any]):
         for f in fields(self):  # its lists and dicts (processing, versions, ...) cannot be edited in place
             if f.name != "analyses":
                 object.__setattr__(self, f.name, frozen(getattr(self, f.name)))
+        self._set_fields(self._flat())  # the flat view: the record's items (read-only)
+
+    @classmethod
+    def fields(cls) -> tuple[str, ...]:  # type: ignore[override]  # the flat view's (the registry's at each call)
+        """Every flat field, in order (:func:`field_rules`)."""
+        return tuple(field_rules())
+
+    @classmethod
+    def rules(cls) -> dict[str, str]:
+        """Every flat field's rule (:func:`field_rules`)."""
+        return field_rules()
+
+    @classmethod
+    def _make(cls, items: Mapping[str, Any]) -> ReportSummary:
+        return cls.from_dict(items)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_summary_from_state, (type(self), dict(self.__dict__)))
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReportSummary:
+        return self  # read-only all through (a deep copy of a report keeps its typed summary)
 
     # ---------------------------------------------------------------- the analyses' records
     def __getattr__(self, name: str) -> Any:
@@ -203,21 +228,6 @@ class ReportSummary(Mapping[str, Any]):
         """Every field that is set, flat, in order (what was measured, each analysis's record in registry order,
         provenance), as a plain dict (JSON values): an editable copy."""
         return thawed(self._flat())
-
-    def __getitem__(self, key: str) -> Any:
-        d = self._flat()
-        if not isinstance(key, str) or key not in d:
-            raise KeyError(key)
-        return d[key]  # read-only: an edit raises rather than changing a throwaway copy
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._flat())
-
-    def __len__(self) -> int:
-        return len(self._flat())
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self._flat()
 
     # ---------------------------------------------------------------- conversions
     @classmethod
@@ -289,6 +299,14 @@ class ReportSummary(Mapping[str, Any]):
             f"<div><b>ReportSummary</b> ({len(self)} fields; every one in <code>.to_dict()</code>)"
             f"<table>{rows}</table></div>"
         )
+
+
+def _summary_from_state(cls: type[ReportSummary], state: dict[str, Any]) -> ReportSummary:
+    """A pickled :class:`ReportSummary` (its fields and records as they were: no registry needed to read it)."""
+    out = cls.__new__(cls)
+    out.__dict__.update(state)
+    out._set_fields(out._flat())
+    return out
 
 
 #: The rules of the report's own fields (the analyses' are in their records: :func:`field_rules` has all).

@@ -33,8 +33,10 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.report_options import ReportOptions, ReportOptionsArgs, check_option_names, default, documents_options
+from ..core.frozen import frozen
 from ..core.options import check_bool, check_layers, strict_kwargs
 from ..core.outputs import Output, write_output
+from ..core.tables import ImmutableResult
 from ..errors import OptionError
 from ..report.identity import compared_options, option_differences, processing_key
 from ..report.report import IdempotenceReport, load_report
@@ -149,8 +151,11 @@ def _combined_heads(reports: Mapping[str, IdempotenceReport]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-class Comparison(DrawnResult):
-    """Result of :func:`compare`: many models measured with the same options.
+class Comparison(ImmutableResult, DrawnResult):
+    """Result of :func:`compare`: many models measured with the same options. Immutable
+    (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning an attribute raises
+    ``dataclasses.FrozenInstanceError``, :attr:`table` and :attr:`heads` are copies made on each read,
+    :attr:`reports` and :attr:`warnings` are read-only.
 
     Attributes:
         reports: ``{label: IdempotenceReport}`` in the order given.
@@ -198,6 +203,15 @@ class Comparison(DrawnResult):
         "n_processing_differs",
         "n_identical_weights",
     )
+    frozen_name: ClassVar[str] = "a comparison is"
+    frozen_hint: ClassVar[str] = "tli.compare(...) or Comparison.from_reports(...) again"
+
+    reports: Mapping[str, IdempotenceReport]
+    options: ReportOptions
+    inputs: tuple[tuple[str, Path], ...]
+    table: pd.DataFrame
+    heads: pd.DataFrame
+    warnings: Sequence[str]
 
     def __init__(
         self,
@@ -205,14 +219,15 @@ class Comparison(DrawnResult):
         options: ReportOptions,
         warn: bool = True,
     ) -> None:
-        self.reports: dict[str, IdempotenceReport] = dict(reports)
-        self.options = options
-        self.inputs: tuple[tuple[str, Path], ...] = tuple(
-            dict.fromkeys(pair for rep in self.reports.values() for pair in rep.inputs)
+        reps = dict(reports)
+        self._freeze(
+            reports=reps,
+            options=options,
+            inputs=tuple(dict.fromkeys(pair for rep in reps.values() for pair in rep.inputs)),
+            table=comparison_table(reps),
+            heads=_combined_heads(reps),
         )
-        self.table = comparison_table(self.reports)
-        self.heads = _combined_heads(self.reports)
-        self.warnings: list[str] = []
+        found: list[str] = []
         models = self.models_table
         differs = models.loc[models["processing_differs"].fillna(False).astype(bool), "model"].tolist()
         if differs:
@@ -220,19 +235,20 @@ class Comparison(DrawnResult):
                 f"{lab}: " + ", ".join(f"{k}={v}" for k, v in zip(PROCESSING_FLAGS, processing_key(rep.summary)))
                 for lab, rep in self.reports.items()
             )
-            self.warnings.append(
+            found.append(
                 f"Models {differs} were measured on weights processed differently from the others ({detail}); "
                 "processing changes T and so P (SPEC 10): measure every model raw (or every model processed)."
             )
         ident = models[models["identical_weights"].fillna(False).astype(bool)]
         if len(ident):
             groups = ident.groupby("weights_group")["model"].apply(list).tolist()
-            self.warnings.append(
+            found.append(
                 f"Models with identical measured weights (same weights_fingerprint): {groups}; they are one model "
                 "counted more than once."
             )
+        self._freeze(warnings=found)
         if warn:
-            for w in self.warnings:
+            for w in found:
                 warnings.warn(w, UserWarning, stacklevel=3)
 
     @classmethod
@@ -272,18 +288,21 @@ class Comparison(DrawnResult):
         """:attr:`table` in ten columns (:data:`OVERVIEW_COLUMNS`: label, heads, closed, medians against the null,
         mismatch, feasibility, raw weights), paper rows included; columns of analyses that did not run (all
         NaN) are left out. What the notebook display and the CLI print; :attr:`table` has every column."""
-        cols = [c for c in OVERVIEW_COLUMNS if c == "model" or self.models_table[c].notna().any()]
+        models = self.models_table
+        cols = [c for c in OVERVIEW_COLUMNS if c == "model" or models[c].notna().any()]
         return self.table[cols]
 
     @property
     def models_table(self) -> pd.DataFrame:
         """:attr:`table` without the paper's rows."""
-        return self.table[~self.table["is_paper"].astype(bool)].reset_index(drop=True)
+        table = self.table
+        return table[~table["is_paper"].astype(bool)].reset_index(drop=True)
 
     @property
     def paper(self) -> pd.DataFrame:
         """The paper's reference rows of :attr:`table`."""
-        return self.table[self.table["is_paper"].astype(bool)].reset_index(drop=True)
+        table = self.table
+        return table[table["is_paper"].astype(bool)].reset_index(drop=True)
 
     @property
     def threshold(self) -> float:
@@ -294,22 +313,24 @@ class Comparison(DrawnResult):
     def summary(self) -> dict[str, Any]:
         """``n_models, threshold, most_closed`` (the label of the model with the largest share of closed heads,
         the first on a tie, None without one: :attr:`headline`), ``nulls, n_heads, n_closed, min_pct_closed,
-        max_pct_closed, n_processing_differs, n_identical_weights``."""
+        max_pct_closed, n_processing_differs, n_identical_weights`` (read-only)."""
         m = self.models_table
         pct = m["pct_closed"].to_numpy(dtype=float)
         most = self.headline.most_closed
-        return {
-            "n_models": len(m),
-            "threshold": self.threshold,
-            "most_closed": most[0].model if most else None,
-            "nulls": self.options.nulls,
-            "n_heads": int(m["n_heads_total"].sum()) if len(m) else 0,
-            "n_closed": int(m["n_closed"].sum()) if len(m) else 0,
-            "min_pct_closed": float(np.min(pct)) if len(pct) else float("nan"),
-            "max_pct_closed": float(np.max(pct)) if len(pct) else float("nan"),
-            "n_processing_differs": int(m["processing_differs"].fillna(False).astype(bool).sum()),
-            "n_identical_weights": int(m["identical_weights"].fillna(False).astype(bool).sum()),
-        }
+        return frozen(
+            {
+                "n_models": len(m),
+                "threshold": self.threshold,
+                "most_closed": most[0].model if most else None,
+                "nulls": self.options.nulls,
+                "n_heads": int(m["n_heads_total"].sum()) if len(m) else 0,
+                "n_closed": int(m["n_closed"].sum()) if len(m) else 0,
+                "min_pct_closed": float(np.min(pct)) if len(pct) else float("nan"),
+                "max_pct_closed": float(np.max(pct)) if len(pct) else float("nan"),
+                "n_processing_differs": int(m["processing_differs"].fillna(False).astype(bool).sum()),
+                "n_identical_weights": int(m["identical_weights"].fillna(False).astype(bool).sum()),
+            }
+        )
 
     def figure(self) -> Any:
         """Per model: the distribution of trained P against the scramble null on one log axis (views)."""

@@ -50,9 +50,11 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.report_options import ReportOptions, ReportOptionsArgs, documents_options
+from ..core.frozen import frozen
 from ..core.heads import HeadSource, LayerHeads
 from ..core.options import check_bool, check_int, strict_kwargs
 from ..core.processing import T_PROCESSING
+from ..core.tables import ImmutableResult
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.identity import recorded_flags
 from ..report.report import report_with_options
@@ -339,8 +341,10 @@ def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFram
 
 
 @dataclass(repr=False)
-class Trajectory(DrawnResult):
-    """Result of :func:`trajectory`.
+class Trajectory(ImmutableResult, DrawnResult):
+    """Result of :func:`trajectory`. Immutable (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a
+    field raises ``dataclasses.FrozenInstanceError``, its tables are copies made on each read (take one once in a
+    loop), :attr:`options` is read-only.
 
     Attributes:
         heads: long table, one row per (checkpoint, layer, head): ``checkpoint`` (label),
@@ -381,20 +385,24 @@ class Trajectory(DrawnResult):
         "n_identical",
         "n_mixed",
     )
+    frozen_name: ClassVar[str] = "a trajectory is"
+    frozen_hint: ClassVar[str] = "tli.trajectory(...) again, dataclasses.replace(...) for a changed copy"
 
     @property
     def summary(self) -> dict[str, Any]:
-        """``n_checkpoints, first, final, n_closed_final, n_identical, n_mixed, threshold``."""
+        """``n_checkpoints, first, final, n_closed_final, n_identical, n_mixed, threshold`` (read-only)."""
         ck = self.checkpoints.sort_values("order")
-        return {
-            "n_checkpoints": len(ck),
-            "first": str(ck["checkpoint"].iloc[0]),
-            "final": self.final_label,
-            "n_closed_final": int(ck["n_closed"].iloc[-1]),
-            "n_identical": int((ck["identical_to"].astype(str) != "").sum()) if "identical_to" in ck else 0,
-            "n_mixed": int((ck["shares_layers_with"].astype(str) != "").sum()) if "shares_layers_with" in ck else 0,
-            "threshold": self.threshold,
-        }
+        return frozen(
+            {
+                "n_checkpoints": len(ck),
+                "first": str(ck["checkpoint"].iloc[0]),
+                "final": self.final_label,
+                "n_closed_final": int(ck["n_closed"].iloc[-1]),
+                "n_identical": int((ck["identical_to"].astype(str) != "").sum()) if "identical_to" in ck else 0,
+                "n_mixed": int((ck["shares_layers_with"].astype(str) != "").sum()) if "shares_layers_with" in ck else 0,
+                "threshold": self.threshold,
+            }
+        )
 
     @property
     def final_label(self) -> str:
@@ -403,7 +411,8 @@ class Trajectory(DrawnResult):
 
     def final(self) -> pd.DataFrame:
         """Rows of :attr:`heads` at the last checkpoint."""
-        return self.heads[self.heads["checkpoint"] == self.final_label]
+        heads = self.heads
+        return heads[heads["checkpoint"] == self.final_label]
 
     @strict_kwargs
     def tracked_heads(self, top_k: IntLike = 5) -> pd.DataFrame:
@@ -433,13 +442,14 @@ class Trajectory(DrawnResult):
         Raises:
             OptionError: ``value`` is not a numeric column of :attr:`heads`.
         """
-        if not isinstance(value, str) or value not in self.heads.columns or self.heads[value].dtype.kind not in "biuf":
+        heads = self.heads
+        if not isinstance(value, str) or value not in heads.columns or heads[value].dtype.kind not in "biuf":
             raise OptionError(
                 f"value={value!r} is not a numeric column of the trajectory's heads table; columns: "
-                f"{[c for c in self.heads.columns if self.heads[c].dtype.kind in 'biuf']}."
+                f"{[c for c in heads.columns if heads[c].dtype.kind in 'biuf']}."
             )
         order = self.checkpoints.sort_values("order")["checkpoint"].tolist()
-        w = self.heads.pivot_table(index=["layer", "head"], columns="checkpoint", values=value, sort=False)
+        w = heads.pivot_table(index=["layer", "head"], columns="checkpoint", values=value, sort=False)
         return w[[c for c in order if c in w.columns]]
 
     def x_axis(self) -> tuple[str, str]:

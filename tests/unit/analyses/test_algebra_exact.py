@@ -198,7 +198,8 @@ def test_at_threshold_rederives_flags_counts_and_closed_pairs_exactly():
     assert list(got.groups["n_closed"]) == [1, 1, 2, 0]
     assert list(zip(got.closed_ranges["layer"], got.closed_ranges["head_a"])) == [(1, 0)]
     assert got.threshold == 0.5 and got.ranges_threshold == 0.5
-    assert got.reason == "" and got.info is alg.info and got.pairs is alg.pairs and got.ranges is alg.ranges
+    # the same pairs and ranges (equal copies: the algebra is immutable and hands out copies, core/tables.py)
+    assert got.reason == "" and got.info is alg.info and got.pairs.equals(alg.pairs) and got.ranges.equals(alg.ranges)
     assert list(alg.heads["closed"]) == [False] * 6 and list(alg.groups["n_closed"]) == [9] * 4  # not edited
     lower = alg.at_threshold(0.25)
     assert list(lower.heads["closed"]) == [True, True, False, True, True, True]

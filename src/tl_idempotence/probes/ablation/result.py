@@ -18,7 +18,7 @@ import pandas as pd
 from ...core.frozen import NamedValue
 from ...core.heads import ModelInfo
 from ...core.selection import head_label, head_labels
-from ...core.tables import FrozenSummary
+from ...core.tables import FrozenSummary, ImmutableResult
 from ...views.results import DrawnResult
 from .controls import SetPlan, set_labels
 from .stats import BOOTSTRAP_DRAWS, bootstrap_intervals, rank_p_value
@@ -83,8 +83,10 @@ class AblationSummary(FrozenSummary):
 
 
 @dataclass(repr=False)
-class Ablation(DrawnResult):
-    """Result of :func:`ablation`.
+class Ablation(ImmutableResult, DrawnResult):
+    """Result of :func:`ablation`. Immutable (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a
+    field raises ``dataclasses.FrozenInstanceError``, its tables are copies made on each read, :attr:`summary` and
+    :attr:`options` are read-only.
 
     Attributes:
         heads: one row per flagged head, indexed by ``"L10H8"`` labels like ``rep.heads`` (joinable by
@@ -124,6 +126,10 @@ class Ablation(DrawnResult):
     window_losses: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     display_kind: ClassVar[str] = "ablation"
+    frozen_name: ClassVar[str] = "an ablation result is"
+    frozen_hint: ClassVar[str] = (
+        "rep.ablation(...) or tli.ablation(...) again, dataclasses.replace(...) for a changed copy"
+    )
     repr_keys: ClassVar[tuple[str, ...]] = (
         "delta_loss",
         "control_delta_median",
@@ -137,7 +143,7 @@ class Ablation(DrawnResult):
 
     def __post_init__(self) -> None:
         if not isinstance(self.summary, AblationSummary):  # typed and read-only, whatever mapping was given
-            self.summary = AblationSummary(self.summary)
+            self._freeze(summary=AblationSummary(self.summary))
 
     def __repr__(self) -> str:
         base = super().__repr__()

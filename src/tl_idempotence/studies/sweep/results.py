@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pandas as pd
 
 from ...analyses.report_options import ReportOptions
+from ...core.frozen import frozen
 from ...core.options import check_device_name, strict_kwargs
 from ...errors import OptionError, ReportMismatchError, TLIError
 from ...report.identity import describe_report, option_differences, report_mismatch
@@ -34,7 +35,7 @@ __all__ = ["SweepResult", "build_result", "load_finished", "load_sweep"]
 class SweepResult(Comparison):
     """Result of :func:`~tl_idempotence.studies.sweep.sweep` and :func:`load_sweep`: the
     :class:`~tl_idempotence.studies.compare.Comparison` of every item that finished, plus what happened
-    to each task.
+    to each task. Immutable, like the comparison: its tables are copies made on each read.
 
     Attributes:
         out: the sweep folder (``out/<dir>/`` holds each item's report; ``out/sweep.json`` the plan).
@@ -67,6 +68,15 @@ class SweepResult(Comparison):
         "min_pct_closed",
         "max_pct_closed",
     )
+    frozen_name: ClassVar[str] = "a sweep result is"
+    frozen_hint: ClassVar[str] = "load_sweep(out) again"
+
+    out: Path
+    tasks: pd.DataFrame
+    device: str
+    failed: pd.DataFrame
+    missing: pd.DataFrame
+    seconds: float
 
     def __init__(
         self,
@@ -81,28 +91,33 @@ class SweepResult(Comparison):
         missing: pd.DataFrame | None = None,
     ) -> None:
         super().__init__(reports, options, warn=warn)
-        self.inputs = (*self.inputs, ("the sweep folder", Path(out).absolute()))  # no page over its plan or reports
-        self.device = device
-        self.out = out
-        self.tasks = tasks
-        self.failed = failed
-        self.missing = missing if missing is not None else pd.DataFrame(columns=["label", "dir", "item", "reason"])
-        self.seconds = seconds
+        self._freeze(
+            inputs=(*self.inputs, ("the sweep folder", Path(out).absolute())),  # no page over its plan or reports
+            device=device,
+            out=out,
+            tasks=tasks,
+            failed=failed,
+            missing=missing if missing is not None else pd.DataFrame(columns=["label", "dir", "item", "reason"]),
+            seconds=seconds,
+        )
 
     @property
     def summary(self) -> dict[str, Any]:
         """The comparison's summary plus ``device`` (the device type of the reports, or the one asked),
-        ``n_computed, n_skipped, n_failed, n_missing, seconds``."""
-        st = self.tasks["status"] if len(self.tasks) else pd.Series([], dtype=str)
-        return {
-            **super().summary,
-            "device": self.options.device.type,
-            "n_computed": int((st == "computed").sum()),
-            "n_skipped": int((st == "skipped").sum()),
-            "n_failed": int((st == "failed").sum()),
-            "n_missing": int((st == "missing").sum()),
-            "seconds": self.seconds,
-        }
+        ``n_computed, n_skipped, n_failed, n_missing, seconds`` (read-only)."""
+        tasks = self.tasks
+        st = tasks["status"] if len(tasks) else pd.Series([], dtype=str)
+        return frozen(
+            {
+                **super().summary,
+                "device": self.options.device.type,
+                "n_computed": int((st == "computed").sum()),
+                "n_skipped": int((st == "skipped").sum()),
+                "n_failed": int((st == "failed").sum()),
+                "n_missing": int((st == "missing").sum()),
+                "seconds": self.seconds,
+            }
+        )
 
 
 def build_result(
