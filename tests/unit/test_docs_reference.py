@@ -125,7 +125,7 @@ def test_a_raises_parenthetical_leaves_the_exception_name():
 def test_constants_named_in_docstrings_carry_their_values():
     from tl_idempotence.probes import roles
 
-    assert f"(2 .. MAX_TOKENS = {roles.MAX_TOKENS};" in (roles.head_roles.__doc__ or "")
+    assert f"(2 .. MAX_REPEAT_LEN = {roles.MAX_REPEAT_LEN};" in (roles.head_roles.__doc__ or "")
     assert f"(1 .. MAX_SEQUENCES = {roles.MAX_SEQUENCES})." in (roles.head_roles.__doc__ or "")
 
 

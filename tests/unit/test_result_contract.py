@@ -128,11 +128,41 @@ def _mechanism_pair(w: World):
     )
 
 
+def _roles_pair(w: World):
+    return (
+        w.get("roles_a", lambda: tli.head_roles(w.bridge, repeat_len=6, n_sequences=2, seed=1)),
+        w.get("roles_b", lambda: tli.head_roles(w.bridge, repeat_len=5, n_sequences=2, seed=2)),
+    )
+
+
+def _association_pair(w: World):
+    a, b = _roles_pair(w)
+    return (
+        w.get("assoc_a", lambda: w.rep.roles(roles=a, n_permutations=19, seed=1)),
+        w.get("assoc_b", lambda: w.rep.roles(roles=b, n_permutations=29, seed=2)),
+    )
+
+
+def _median(t: pd.DataFrame, col: str) -> float:
+    v = t[col].to_numpy(dtype=float)
+    return float(np.median(v[np.isfinite(v)]))
+
+
 def _sign_count(col: str, sign: int) -> Callable[[Any], int]:
     return lambda r: int((np.sign(r.table[col].to_numpy(dtype=float)) == sign).sum())
 
 
 CASES: dict[str, Case] = {
+    "head_roles": Case(
+        _roles_pair,
+        ("table",),
+        lambda r: {"n_heads": len(r.table), **{f"median_{c}": _median(r.table, c) for c in ("induction", "copying")}},
+    ),
+    "role_association": Case(
+        _association_pair,
+        ("table", "association"),
+        lambda r: {"n_heads": len(r.table), "n_closed": _closed(r.table)},
+    ),
     "report": Case(
         _report_pair,
         ("heads", "layers", "closed_heads"),

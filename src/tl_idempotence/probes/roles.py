@@ -18,21 +18,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 import torch
 
-from ..core.heads import ModelInfo, check_weights
+from ..core.heads import ModelInfo, check_weights, kv_layout
 from ..core.kwargs import warn_at_caller
 from ..core.options import check_int, check_seed, strict_kwargs
+from ..core.outputs import check_save_target
 from ..core.random import layer_generator
-from ..core.selection import head_labels
+from ..core.records import index_column, read_tables_record, same_value, write_tables_record
+from ..core.selection import head_label, head_labels
+from ..core.store import saved_folder
+from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import FrozenSummary, ModelResult
-from ..errors import OptionError, UnsupportedModelError
+from ..errors import OptionError, ReportFileError, UnsupportedModelError, WeightError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
 from .tokens import special_ids
@@ -55,7 +62,7 @@ VOCAB_CHUNK = 8192
 #: Attention-pattern elements per forward pass (``sequences · n_heads · pos²``; at least one sequence a pass).
 PATTERN_ELEMS = 1 << 24
 #: Stated maxima of ``repeat_len`` and ``n_sequences`` (checked before any allocation).
-MAX_TOKENS = 1 << 14
+MAX_REPEAT_LEN = 1 << 14
 MAX_SEQUENCES = 1 << 12
 
 
@@ -83,7 +90,7 @@ class HeadRolesSummary(FrozenSummary):
     median_copying: float | None
 
 
-class HeadRoles(ModelResult, DrawnResult):
+class HeadRoles(StoredResult, ModelResult, DrawnResult):
     """Result of :func:`head_roles`. Immutable, like the report: :attr:`table` is a copy made on each read (editing
     it leaves the result as it is), :attr:`summary` (a typed :class:`HeadRolesSummary`) and :attr:`options` are
     read-only, and assigning an attribute raises
@@ -112,6 +119,16 @@ class HeadRoles(ModelResult, DrawnResult):
     frozen_hint: ClassVar[str] = "compute them again"
     summary_type: ClassVar[type[FrozenSummary]] = HeadRolesSummary
     settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="head_roles",
+        record="roles.json",
+        formats=("tl_idempotence.head_roles/1",),
+        free_fields=(
+            ("info.d_model", "the model's width, recorded once (identity checks compare it with a model)"),
+            ("info.d_head", "the model's head size, recorded once (identity checks compare it with a model)"),
+            ("summary.layer_fingerprints", "the weights' sha256 per layer, recorded once (joins compare them)"),
+        ),
+    )
 
     summary: HeadRolesSummary
 
@@ -144,6 +161,31 @@ class HeadRoles(ModelResult, DrawnResult):
             return {int(k): str(v) for k, v in fps.items()}
         except (TypeError, ValueError):
             return None
+
+    @classmethod
+    def load(cls, path: Any) -> HeadRoles:
+        """:func:`load_head_roles`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        return load_head_roles(path)
+
+    @strict_kwargs
+    def save(self, path: Any, overwrite: bool = False) -> str:
+        """Save as a folder of parquet tables and one JSON record ``roles.json`` with their sha256s (no pickle; THE
+        store: :func:`~tl_idempotence.core.records.write_tables_record`); :meth:`load` (or ``tli.load_roles``) reads
+        it back and refuses an edited file by name.
+
+        Raises:
+            OptionTypeError: ``path`` not a path; ``overwrite`` not a bool. OutputOverInputError (an ``OptionError``):
+                the folder it was loaded from. OptionError: a file name (``.html``, ``.json``, ...); as
+                :func:`~tl_idempotence.core.store.write_folder` (a non-empty folder, a missing parent, an earlier save
+                of another kind; names it).
+        """
+        check_save_target(path, "save_roles", "roles", self.loaded_from, ROLES_HINT)
+        tables = {"roles": self._table.loc[:, list(ROLE_TABLE_COLUMNS)]}
+        fields = head_roles_fields(self)
+        d = write_tables_record(
+            path, HEAD_ROLES_FORMAT, ROLES_RECORD, tables, fields, overwrite, replaces=ROLES_REPLACES
+        )
+        return str(d)
 
 
 def _check_model(model: Any) -> None:
@@ -331,7 +373,7 @@ def head_roles(
 
     Args:
         model: a TransformerLens model (HookedTransformer or TransformerBridge; GQA/MQA: one row per query head).
-        repeat_len: the length of the random block ``x`` of each ``BOS x x`` sequence (2 .. MAX_TOKENS = 16384;
+        repeat_len: the length of the random block ``x`` of each ``BOS x x`` sequence (2 .. MAX_REPEAT_LEN = 16384;
             ``1 + 2 repeat_len`` must be below ``n_ctx``). The result records it as ``n_tokens`` in its
             ``options`` and ``summary`` (the field of saved roles since 0.3.0) and as :attr:`HeadRoles.repeat_len`.
         n_sequences: how many seeded sequences the attention scores average over (1 .. MAX_SEQUENCES = 4096).
@@ -365,7 +407,7 @@ def head_roles(
         )
         repeat_len, name = n_tokens, "n_tokens"
     _check_model(model)
-    length = check_int(repeat_len, name, 2, MAX_TOKENS)
+    length = check_int(repeat_len, name, 2, MAX_REPEAT_LEN)
     n_sequences = check_int(n_sequences, "n_sequences", 1, MAX_SEQUENCES)
     seed = check_seed(seed)
     tokens, bos = repeated_random_tokens(model, length, n_sequences, seed, name)
@@ -387,10 +429,7 @@ def head_roles(
         "n_sequences": n_sequences,
         "seed": seed,
         "sequence": f"BOS x x, x = {length} random non-special token ids (BOS id {bos})",
-        "exclude_bos": True,
-        "error_measure": "mul",
-        "copying": "Re Σλ / Σ|λ| of W_E W_V W_O W_U (eigenvalues via FactoredMatrix, d_head x d_head; no biases, no "
-        "final norm)",
+        **FIXED_SUMMARY,
         "processing": dict(info.processing),
         "layer_fingerprints": fingerprints,
     }
@@ -399,3 +438,180 @@ def head_roles(
         summary[f"median_{role}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
     options = {"n_tokens": length, "n_sequences": n_sequences, "seed": seed}
     return HeadRoles(table=table, summary=summary, info=info, options=options)
+
+
+# ----------------------------------------------------------------------------- save and load (no pickle)
+
+#: The head-roles summary fields that state how the scores are defined (the same for every result).
+FIXED_SUMMARY = {
+    "exclude_bos": True,
+    "error_measure": "mul",
+    "copying": "Re Σλ / Σ|λ| of W_E W_V W_O W_U (eigenvalues via FactoredMatrix, d_head x d_head; no biases, no "
+    "final norm)",
+}
+#: What a roles save refused for a file name says to use instead.
+ROLES_HINT = "; for a page use rep.save_html(path, roles=...), for a table or JSON rep.export(path) (the CLI's --roles)"
+#: The record file of a saved roles result and its two formats.
+ROLES_RECORD = "roles.json"
+HEAD_ROLES_FORMAT = "tl_idempotence.head_roles/1"
+ASSOCIATION_FORMAT = "tl_idempotence.role_association/1"
+#: The columns of a head-roles table, in order.
+ROLE_TABLE_COLUMNS = ("layer", "head", "kv_head", *ROLES, "reason")
+#: The record fields (at any depth) that hold floats: only these read "NaN"/"Infinity" back as floats, so a text
+#: field that reads "NaN" (a model name, a note) stays text (:func:`~tl_idempotence.core.records.read_tables_record`).
+ROLES_FLOAT_KEYS = frozenset({*(f"median_{r}" for r in ROLES), "threshold", "p_floor"})
+
+
+def check_roles_record(
+    rec: Any,
+    f: Any,
+    df: pd.DataFrame,
+    L: np.ndarray,
+    H: np.ndarray,
+    info: ModelInfo,
+    summary: dict[str, Any],
+    options: dict[str, Any],
+    error: type[Exception] = ReportFileError,
+    edited: str = "the record or the table was edited",
+) -> None:
+    """A saved head-roles record must agree with itself: every measured layer has each of ``info.n_heads`` heads
+    once, ``kv_head`` is the kv map of the info's sizes (:func:`~tl_idempotence.core.heads.kv_layout`: head roles
+    run TransformerLens models, which use it), the summary's ``model_name``, ``model_class`` and ``processing`` are
+    the info's, and its ``n_tokens``, ``n_sequences``, ``seed`` are the options' (``n_tokens`` also the one its
+    ``sequence`` states).
+
+    :func:`save_roles` runs the same check (``error=OptionError``): it never writes what :func:`load_roles` refuses.
+
+    Raises:
+        ReportFileError (``error``): names the file and the field or column (the first head that disagrees, ``L3H2``).
+    """
+    if len(df):
+        per_layer = pd.Series(H).groupby(L).nunique()
+        short = per_layer[per_layer != info.n_heads]
+        if len(short):
+            raise error(
+                f"{f}: layer {int(short.index[0])} has {int(short.iloc[0])} heads, but the record's info.n_heads is "
+                f"{info.n_heads} (every head of each measured layer is scored): {edited}."
+            )
+        K = index_column(df, "kv_head", Path(str(f)))
+        try:
+            want = kv_layout(info.n_heads, info.n_kv_heads).numpy()[H]
+        except WeightError as e:
+            raise error(f"{rec}: field info.n_kv_heads: {e}") from e
+        bad = want != K
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise error(
+                f"{f}: column 'kv_head' disagrees with the kv map of info.n_heads={info.n_heads}, "
+                f"info.n_kv_heads={info.n_kv_heads} (tl_idempotence.kv_layout) at {head_label(L[i], H[i])} (first of "
+                f"{int(bad.sum())}): {edited}."
+            )
+    for k in ("model_name", "model_class", "processing"):
+        if k in summary and not same_value(_json_like(summary[k]), _json_like(getattr(info, k))):
+            raise error(f"{rec}: summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}: {edited}.")
+    for k in ("n_tokens", "n_sequences", "seed"):
+        if summary.get(k) != options.get(k) or type(summary.get(k)) is not type(options.get(k)):
+            raise error(
+                f"{rec}: summary[{k!r}] is {summary.get(k)!r} but options[{k!r}] is {options.get(k)!r}: {edited}."
+            )
+    if len(df) and sorted(set(L.tolist())) != list(range(info.n_layers)):
+        raise error(
+            f"{rec}: info.n_layers is {info.n_layers} but the table scores layers {sorted(set(L.tolist()))[:8]} "
+            f"(head roles score every layer): {edited}."
+        )
+    for k, v in FIXED_SUMMARY.items():
+        if k in summary and summary[k] != v:
+            raise error(f"{rec}: summary[{k!r}] is {summary[k]!r}, not what tli.head_roles states: {edited}.")
+    seq = summary.get("sequence")
+    pattern = rf"BOS x x, x = {summary.get('n_tokens')} random non-special token ids \(BOS id ([0-9]+|None)\)"
+    if ("sequence" in summary or "n_tokens" in summary) and not (isinstance(seq, str) and re.fullmatch(pattern, seq)):
+        raise error(
+            f"{rec}: summary['sequence'] ({seq!r}) does not state n_tokens={summary.get('n_tokens')!r}: {edited}."
+        )
+
+
+def restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -> HeadRoles:
+    """A HeadRoles from its saved table and record, refusing a table that does not fit the record (names it)."""
+    f = where / "roles.parquet"
+    if tuple(df.columns) != ROLE_TABLE_COLUMNS:
+        raise ReportFileError(f"{f} has columns {list(df.columns)}, not a head-roles table {list(ROLE_TABLE_COLUMNS)}.")
+    try:
+        info = ModelInfo(**fields["info"])
+        summary = dict(fields["summary"])
+        options = dict(fields["options"])
+        L = index_column(df, "layer", f)
+        H = index_column(df, "head", f)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ReportFileError(f"{where / ROLES_RECORD}: a malformed record or table ({type(e).__name__}: {e}).") from e
+    outside = len(df) > 0 and (H.max() >= info.n_heads or L.max() >= info.n_layers or min(H.min(), L.min()) < 0)
+    if len(set(zip(L.tolist(), H.tolist()))) != len(df) or outside:
+        raise ReportFileError(
+            f"{f}: heads that repeat or that the record's model does not have (its sizes: {info.n_layers} layers of "
+            f"{info.n_heads} heads)."
+        )
+    check_roles_record(where / ROLES_RECORD, f, df, L, H, info, summary, options)
+    recomputed: dict[str, Any] = {"n_heads": len(df)}
+    for role in ROLES:
+        v = df[role].to_numpy(dtype=float)
+        recomputed[f"median_{role}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
+    for k, v in recomputed.items():
+        if not same_value(summary.get(k), v):
+            raise ReportFileError(
+                f"{where / ROLES_RECORD}: summary[{k!r}] is {summary.get(k)!r} but {v!r} from {f}: the record or the "
+                "table was edited. Save the roles again from the model."
+            )
+    table = df.copy()
+    table.index = head_labels(L, H)
+    return HeadRoles(table=table, summary=summary, info=info, options=options)
+
+
+def head_roles_fields(roles: HeadRoles) -> dict[str, Any]:
+    """The record fields of a head-roles save (``summary``, ``options``, ``info``), checked as the loader checks them
+    (:func:`check_roles_record`, ``OptionError``: never written what :func:`load_head_roles` refuses).
+
+    Raises:
+        OptionError: the result does not agree with itself (names the field).
+    """
+    t = roles._table
+    check_roles_record(
+        "the HeadRoles", "its table", t, t["layer"].to_numpy(dtype=np.int64), t["head"].to_numpy(dtype=np.int64),
+        roles.info, dict(roles.summary), dict(roles.options), OptionError, "it would not load; nothing was written",
+    )  # fmt: skip
+    info = {f.name: getattr(roles.info, f.name) for f in dataclasses.fields(roles.info)}
+    return {"summary": roles.summary, "options": roles.options, "info": info}
+
+
+#: What a roles folder of either format holds (an overwrite replaces a save of either with one of either).
+ROLES_REPLACES = {
+    HEAD_ROLES_FORMAT: frozenset({"roles"}),
+    ASSOCIATION_FORMAT: frozenset({"roles", "table", "association"}),
+}
+
+
+def load_head_roles(path: Any) -> HeadRoles:
+    """Read back a :class:`HeadRoles` saved by :meth:`HeadRoles.save` (or ``save_roles``), every digest checked and
+    the record checked against its table (:func:`restore_head_roles`).
+
+    Raises:
+        MissingFileError: no such folder, no ``roles.json``, a listed table missing. ReportFileError: another format
+            (a role association: ``tli.load_roles`` reads both), an edited record or table (names it).
+        OptionTypeError: ``path`` is not a path.
+    """
+    fields, tables = read_tables_record(path, ROLES_RECORD, (HEAD_ROLES_FORMAT,), ROLES_FLOAT_KEYS)
+    d = saved_folder(Path(path).expanduser(), ROLES_RECORD)
+    if set(tables) != {"roles"}:
+        raise ReportFileError(f"{d / ROLES_RECORD} lists tables {sorted(tables)}; a {HEAD_ROLES_FORMAT} has ['roles'].")
+    roles = restore_head_roles(d, tables["roles"], fields)
+    roles.loaded_from = str(d)  # its save refuses to write over the folder it was read from
+    return roles
+
+
+def _json_like(x: Any) -> Any:
+    """``x`` with tuples as lists and numpy scalars as Python scalars (how a summary reads back from JSON)."""
+    if isinstance(x, dict):
+        return {str(k): _json_like(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_like(v) for v in x]
+    if isinstance(x, np.generic):
+        return x.item()
+    return x

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..core.outputs import Output
 from ..core.readings import report_headline
 from .attention_spec import ATTENTION, AttentionRequest
+from .join_defaults import EXPORT_ROLE_COLUMNS
 from .joins import joined, joined_heads, page_sections, records
-from .roles_spec import EXPORT_ROLE_COLUMNS
 from .store import ReportRecord, write_record
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -65,8 +65,8 @@ from ..probes.head_tokens import head_tokens_files, load_head_tokens
 from ..probes.tied import EmbeddingTie
 from ..probes.token_effect import attended_token_effect_files, load_attended_token_effect
 from ..views.results import DrawnResult
-from .mechanism_spec import DEFAULT_N_PERMUTATIONS as DEFAULT_N_PERMUTATIONS
-from .mechanism_spec import EXPORT_MECHANISM_COLUMNS
+from .join_defaults import DEFAULT_N_PERMUTATIONS as DEFAULT_N_PERMUTATIONS
+from .join_defaults import EXPORT_MECHANISM_COLUMNS
 from .roles import json_like
 
 if TYPE_CHECKING:  # pragma: no cover

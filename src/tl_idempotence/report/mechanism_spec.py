@@ -10,8 +10,8 @@ from ..core.kwargs import strict_kwargs
 from ..core.option_specs import OptionSpec
 from ..core.options import check_seed
 from ..errors import OptionError, OptionTypeError
+from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_RESAMPLES
 from .join_spec import JoinFlag, JoinSpec, check_identity, int_option, optional
-from .roles_spec import MAX_RESAMPLES
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -19,15 +19,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .mechanism import Mechanism
 
 __all__ = ["DEFAULT_N_PERMUTATIONS", "EXPORT_MECHANISM_COLUMNS", "MECHANISM"]
-
-#: Permutations of the Spearman test (two-sided p floor 2/(n + 1) = 0.002).
-DEFAULT_N_PERMUTATIONS = 999
-
-#: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``).
-EXPORT_MECHANISM_COLUMNS = (
-    "effect_median", "frac_negative", "null_median", "effect_p", "effect_q", "self_rank_median", "frac_top_k",
-    "frac_bottom_k", "copying", "copying_own", "sign_agrees",
-)  # fmt: skip
 
 
 def _check_n_tokens(x: Any, name: str) -> int:

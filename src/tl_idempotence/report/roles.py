@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,17 +27,32 @@ import pandas as pd
 
 from ..analyses.scramble import bh_q_values
 from ..core.frozen import frozen, thawed
-from ..core.heads import ModelInfo, kv_layout
+from ..core.heads import ModelInfo
 from ..core.options import check_int, check_seed, strict_kwargs
+from ..core.outputs import check_save_target
 from ..core.readings import circuit_headline, roles_headline
 from ..core.records import index_column, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
 from ..core.stats import spearman_permutation
+from ..core.store import saved_folder
+from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import FrozenResult, FrozenSummary, ImmutableResult
-from ..errors import OptionError, OptionTypeError, ReportFileError, WeightError
-from ..probes.roles import ROLES, HeadRoles
+from ..errors import OptionError, OptionTypeError, ReportFileError
+from ..probes.roles import (
+    ASSOCIATION_FORMAT,
+    HEAD_ROLES_FORMAT,
+    ROLE_TABLE_COLUMNS,
+    ROLES,
+    ROLES_FLOAT_KEYS,
+    ROLES_HINT,
+    ROLES_RECORD,
+    ROLES_REPLACES,
+    HeadRoles,
+    head_roles_fields,
+    restore_head_roles,
+)
 from ..views.results import DrawnResult
-from .roles_spec import DEFAULT_N_PERMUTATIONS, DEFAULT_N_SETS, MAX_RESAMPLES
+from .join_defaults import DEFAULT_N_PERMUTATIONS, DEFAULT_N_SETS, MAX_RESAMPLES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -81,7 +95,7 @@ class RoleAssociationSummary(FrozenSummary):
     roles: Mapping[str, Any] | None
 
 
-class RoleAssociation(FrozenResult, DrawnResult):
+class RoleAssociation(StoredResult, FrozenResult, DrawnResult):
     """Result of ``rep.roles(model=...)``. Immutable, like the report: :attr:`table` and :attr:`association` are
     copies made on each read (editing one leaves the result, and what :meth:`save` writes, as it is),
     :attr:`summary` is a typed read-only :class:`RoleAssociationSummary`, and assigning an attribute raises
@@ -106,6 +120,12 @@ class RoleAssociation(FrozenResult, DrawnResult):
     frozen_hint: ClassVar[str] = "rep.roles(...) again"
     summary_type: ClassVar[type[FrozenSummary]] = RoleAssociationSummary
     settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="role_association",
+        record="roles.json",
+        formats=("tl_idempotence.role_association/1",),
+        free_fields=HeadRoles.store.free_fields,
+    )
 
     _association: pd.DataFrame
     summary: RoleAssociationSummary
@@ -142,11 +162,20 @@ class RoleAssociation(FrozenResult, DrawnResult):
 
         return roles_figure(self)
 
+    @classmethod
+    def load(cls, path: PathLike) -> RoleAssociation:
+        """:func:`load_roles` of a folder :meth:`save` wrote (refused: a head-roles save, which
+        :meth:`HeadRoles.load` reads)."""
+        got = load_roles(path)
+        if not isinstance(got, RoleAssociation):
+            raise ReportFileError(f"{path} holds head roles, not a role association: read it with tli.load_roles.")
+        return got
+
     @strict_kwargs
     def save(self, path: PathLike, overwrite: bool = False) -> str:
         """Save as a folder of parquet tables and one JSON record with their sha256s (no pickle, like
         ``rep.save``); :func:`load_roles` reads it back and refuses an edited file by name. See :func:`save_roles`."""
-        return save_roles(self, path, overwrite=overwrite)
+        return _save_association(self, path, overwrite)
 
 
 def role_association(
@@ -464,19 +493,8 @@ def check_roles_fit_report(rep_heads: pd.DataFrame, threshold: float, assoc: Any
 
 # ----------------------------------------------------------------------------- save and load (no pickle)
 
-#: The record file of a saved roles result and its two formats.
-ROLES_RECORD = "roles.json"
-HEAD_ROLES_FORMAT = "tl_idempotence.head_roles/1"
-ASSOCIATION_FORMAT = "tl_idempotence.role_association/1"
-#: The columns of a head-roles table, in order.
-ROLE_TABLE_COLUMNS = ("layer", "head", "kv_head", *ROLES, "reason")
 #: The report columns a role association's table adds.
 JOIN_COLUMNS = ("P", "alpha", "closed")
-#: The record fields (at any depth) that hold floats: only these read "NaN"/"Infinity" back as floats, so a text
-#: field that reads "NaN" (a model name, a note) stays text (:func:`~tl_idempotence.core.records.read_tables_record`).
-ROLES_FLOAT_KEYS = frozenset({*(f"median_{r}" for r in ROLES), "threshold", "p_floor"})
-#: Extensions of single-file outputs: a roles save is a folder, never one of these.
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 
 
 def _info_fields(info: ModelInfo) -> dict[str, Any]:
@@ -505,142 +523,31 @@ def save_roles(result: HeadRoles | RoleAssociation, path: PathLike, overwrite: b
             ``.parquet``): a roles save is a folder (a page: ``rep.save_html(path, roles=...)``; a table or JSON:
             ``rep.export``).
     """
-    from ..core.files import refuse_outputs_over_inputs
-
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"save_roles writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a folder "
-            "name without extension; for a page use rep.save_html(path, roles=...), for a table or JSON "
-            "rep.export(path) (the CLI's --roles)."
-        )
-    loaded = getattr(result, "loaded_from", None)
-    refuse_outputs_over_inputs([("path", path)], [("the saved roles", loaded)] if loaded else [])
-    if isinstance(result, RoleAssociation):
-        if result.roles is None:
-            raise OptionError("This RoleAssociation carries no HeadRoles (it was not made by rep.roles); cannot save.")
-        roles = result.roles
-        tables = {
-            "roles": roles.table.loc[:, list(ROLE_TABLE_COLUMNS)],
-            "table": result.table.loc[:, [*ROLE_TABLE_COLUMNS, *JOIN_COLUMNS]],
-            "association": result.association.reset_index(),
-        }
-        fmt, extra = ASSOCIATION_FORMAT, {"association_summary": result.summary}
-    elif isinstance(result, HeadRoles):
-        roles = result
-        tables = {"roles": roles.table.loc[:, list(ROLE_TABLE_COLUMNS)]}
-        fmt, extra = HEAD_ROLES_FORMAT, {}
-    else:
-        raise OptionTypeError(
-            f"save_roles saves a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got "
-            f"{type(result).__name__}."
-        )
-    t = roles.table
-    _check_roles_record(
-        "the HeadRoles", "its table", t, t["layer"].to_numpy(dtype=np.int64), t["head"].to_numpy(dtype=np.int64),
-        roles.info, dict(roles.summary), dict(roles.options), OptionError, "it would not load; nothing was written",
-    )  # fmt: skip
-    fields = {"summary": roles.summary, "options": roles.options, "info": _info_fields(roles.info), **extra}
-    replaces = {
-        HEAD_ROLES_FORMAT: frozenset({"roles"}),
-        ASSOCIATION_FORMAT: frozenset({"roles", "table", "association"}),
-    }
-    return str(write_tables_record(path, fmt, ROLES_RECORD, tables, fields, overwrite, replaces=replaces))
+    if isinstance(result, (RoleAssociation, HeadRoles)):
+        return result.save(path, overwrite=overwrite)
+    raise OptionTypeError(
+        f"save_roles saves a HeadRoles (tli.head_roles) or a RoleAssociation (rep.roles); got {type(result).__name__}."
+    )
 
 
-def _check_roles_record(
-    rec: Any,
-    f: Any,
-    df: pd.DataFrame,
-    L: np.ndarray,
-    H: np.ndarray,
-    info: ModelInfo,
-    summary: dict[str, Any],
-    options: dict[str, Any],
-    error: type[Exception] = ReportFileError,
-    edited: str = "the record or the table was edited",
-) -> None:
-    """A saved head-roles record must agree with itself: every measured layer has each of ``info.n_heads`` heads
-    once, ``kv_head`` is the kv map of the info's sizes (:func:`~tl_idempotence.core.heads.kv_layout`: head roles
-    run TransformerLens models, which use it), the summary's ``model_name``, ``model_class`` and ``processing`` are
-    the info's, and its ``n_tokens``, ``n_sequences``, ``seed`` are the options' (``n_tokens`` also the one its
-    ``sequence`` states).
-
-    :func:`save_roles` runs the same check (``error=OptionError``): it never writes what :func:`load_roles` refuses.
+def _save_association(result: RoleAssociation, path: PathLike, overwrite: bool) -> str:
+    """:meth:`RoleAssociation.save` (its :func:`save_roles` layout), THE store: one folder put in place in one step.
 
     Raises:
-        ReportFileError (``error``): names the file and the field or column (the first head that disagrees, ``L3H2``).
+        as :func:`save_roles`; OptionError: a RoleAssociation without its HeadRoles.
     """
-    if len(df):
-        per_layer = pd.Series(H).groupby(L).nunique()
-        short = per_layer[per_layer != info.n_heads]
-        if len(short):
-            raise error(
-                f"{f}: layer {int(short.index[0])} has {int(short.iloc[0])} heads, but the record's info.n_heads is "
-                f"{info.n_heads} (every head of each measured layer is scored): {edited}."
-            )
-        K = index_column(df, "kv_head", Path(str(f)))
-        try:
-            want = kv_layout(info.n_heads, info.n_kv_heads).numpy()[H]
-        except WeightError as e:
-            raise error(f"{rec}: field info.n_kv_heads: {e}") from e
-        bad = want != K
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise error(
-                f"{f}: column 'kv_head' disagrees with the kv map of info.n_heads={info.n_heads}, "
-                f"info.n_kv_heads={info.n_kv_heads} (tl_idempotence.kv_layout) at {head_label(L[i], H[i])} (first of "
-                f"{int(bad.sum())}): {edited}."
-            )
-    for k in ("model_name", "model_class", "processing"):
-        if k in summary and not same_value(json_like(summary[k]), json_like(getattr(info, k))):
-            raise error(f"{rec}: summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}: {edited}.")
-    for k in ("n_tokens", "n_sequences", "seed"):
-        if summary.get(k) != options.get(k) or type(summary.get(k)) is not type(options.get(k)):
-            raise error(
-                f"{rec}: summary[{k!r}] is {summary.get(k)!r} but options[{k!r}] is {options.get(k)!r}: {edited}."
-            )
-    seq = summary.get("sequence")
-    if ("sequence" in summary or "n_tokens" in summary) and not (
-        isinstance(seq, str) and seq.startswith(f"BOS x x, x = {summary.get('n_tokens')} random ")
-    ):
-        raise error(
-            f"{rec}: summary['sequence'] ({seq!r}) does not state n_tokens={summary.get('n_tokens')!r}: {edited}."
-        )
-
-
-def _restore_head_roles(where: Path, df: pd.DataFrame, fields: dict[str, Any]) -> HeadRoles:
-    """A HeadRoles from its saved table and record, refusing a table that does not fit the record (names it)."""
-    f = where / "roles.parquet"
-    if tuple(df.columns) != ROLE_TABLE_COLUMNS:
-        raise ReportFileError(f"{f} has columns {list(df.columns)}, not a head-roles table {list(ROLE_TABLE_COLUMNS)}.")
-    try:
-        info = ModelInfo(**fields["info"])
-        summary = dict(fields["summary"])
-        options = dict(fields["options"])
-        L = index_column(df, "layer", f)
-        H = index_column(df, "head", f)
-    except (KeyError, TypeError, ValueError) as e:
-        raise ReportFileError(f"{where / ROLES_RECORD}: a malformed record or table ({type(e).__name__}: {e}).") from e
-    outside = len(df) > 0 and (H.max() >= info.n_heads or L.max() >= info.n_layers or min(H.min(), L.min()) < 0)
-    if len(set(zip(L.tolist(), H.tolist()))) != len(df) or outside:
-        raise ReportFileError(
-            f"{f}: heads that repeat or that the record's model does not have (its sizes: {info.n_layers} layers of "
-            f"{info.n_heads} heads)."
-        )
-    _check_roles_record(where / ROLES_RECORD, f, df, L, H, info, summary, options)
-    recomputed: dict[str, Any] = {"n_heads": len(df)}
-    for role in ROLES:
-        v = df[role].to_numpy(dtype=float)
-        recomputed[f"median_{role}"] = float(np.nanmedian(v)) if np.isfinite(v).any() else float("nan")
-    for k, v in recomputed.items():
-        if not same_value(summary.get(k), v):
-            raise ReportFileError(
-                f"{where / ROLES_RECORD}: summary[{k!r}] is {summary.get(k)!r} but {v!r} from {f}: the record or the "
-                "table was edited. Save the roles again from the model."
-            )
-    table = df.copy()
-    table.index = head_labels(L, H)
-    return HeadRoles(table=table, summary=summary, info=info, options=options)
+    check_save_target(path, "save_roles", "roles", result.loaded_from, ROLES_HINT)
+    if result.roles is None:
+        raise OptionError("This RoleAssociation carries no HeadRoles (it was not made by rep.roles); cannot save.")
+    roles = result.roles
+    tables = {
+        "roles": roles.table.loc[:, list(ROLE_TABLE_COLUMNS)],
+        "table": result.table.loc[:, [*ROLE_TABLE_COLUMNS, *JOIN_COLUMNS]],
+        "association": result.association.reset_index(),
+    }
+    fields = {**head_roles_fields(roles), "association_summary": result.summary}
+    d = write_tables_record(path, ASSOCIATION_FORMAT, ROLES_RECORD, tables, fields, overwrite, replaces=ROLES_REPLACES)
+    return str(d)
 
 
 def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
@@ -655,13 +562,13 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
         OptionTypeError: ``path`` is not a path.
     """
     fields, tables = read_tables_record(path, ROLES_RECORD, (HEAD_ROLES_FORMAT, ASSOCIATION_FORMAT), ROLES_FLOAT_KEYS)
-    d = Path(path).expanduser()
+    d = saved_folder(Path(path).expanduser(), ROLES_RECORD)  # an overwrite stopped between its two renames
     want = {"roles"} if fields["format"] == HEAD_ROLES_FORMAT else {"roles", "table", "association"}
     if set(tables) != want:
         raise ReportFileError(
             f"{d / ROLES_RECORD} lists tables {sorted(tables)}; a {fields['format']} has {sorted(want)}."
         )
-    roles = _restore_head_roles(d, tables["roles"], fields)
+    roles = restore_head_roles(d, tables["roles"], fields)
     roles.loaded_from = str(d)  # save_roles refuses to write over the folder it was read from
     if fields["format"] == HEAD_ROLES_FORMAT:
         return roles
@@ -684,6 +591,10 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
         threshold, n_perm, seed = float(s["threshold"]), int(s["n_permutations"]), int(s["seed"])
     except (KeyError, TypeError, ValueError) as e:
         raise ReportFileError(f"{d / ROLES_RECORD}: a malformed association summary ({type(e).__name__}: {e}).") from e
+    if not 0.0 <= threshold <= 1.0:
+        raise ReportFileError(
+            f"{d / ROLES_RECORD}: the association's threshold {threshold!r} is not in [0, 1]: edited."
+        )
     closed = table["closed"].to_numpy(dtype=bool)
     if not (closed == (table["P"].to_numpy(dtype=float) >= threshold)).all():
         raise ReportFileError(f"{f}: 'closed' disagrees with P >= threshold ({threshold:g}): a table was edited.")

@@ -10,6 +10,7 @@ from ..core.kwargs import strict_kwargs, warn_at_caller
 from ..core.option_specs import OptionSpec
 from ..core.options import check_seed
 from ..errors import OptionError, OptionTypeError
+from .join_defaults import DEFAULT_N_PERMUTATIONS, DEFAULT_N_SETS, EXPORT_ROLE_COLUMNS, MAX_RESAMPLES
 from .join_spec import JoinFlag, JoinSpec, check_identity, int_option
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,27 +28,18 @@ __all__ = [
     "check_length",
 ]
 
-#: Permutations of the Spearman test per role (two-sided p floor 2/(n + 1) = 0.002).
-DEFAULT_N_PERMUTATIONS = 999
-#: Random layer-matched sets of the circuit test (p floor 1/(n + 1) = 0.001).
-DEFAULT_N_SETS = 999
-#: Stated maximum of both counts (checked before any allocation).
-MAX_RESAMPLES = 1 << 20
-#: The role columns a report's exports add with ``roles`` (the CLI's ``--roles``: ``--csv`` and ``--json``).
-EXPORT_ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
-
 
 def check_length(x: Any, name: str) -> int | None:
     """The head detector's ``repeat_len`` (the length of ``x`` in each ``BOS x x`` sequence; None: not given):
-    an integer in 2 .. :data:`~tl_idempotence.probes.roles.MAX_TOKENS` (imports torch when called).
+    an integer in 2 .. :data:`~tl_idempotence.probes.roles.MAX_REPEAT_LEN` (imports torch when called).
 
     Raises:
         OptionTypeError: not an integer. OptionError: out of range (names ``name``).
     """
     from ..core.options import check_int
-    from ..probes.roles import MAX_TOKENS
+    from ..probes.roles import MAX_REPEAT_LEN
 
-    return None if x is None else check_int(x, name, 2, MAX_TOKENS)
+    return None if x is None else check_int(x, name, 2, MAX_REPEAT_LEN)
 
 
 def _check_sequences(x: Any, name: str) -> int | None:

@@ -118,16 +118,17 @@ def test_exports_refuse_roles_of_another_report(rep, tmp_path):
 
 
 def test_text_that_reads_nan_round_trips(rep, tmp_path):
+    # (the summary's copying / error_measure texts state the probe's fixed definitions: since issue 45's contract
+    # they are checked on save and load, so text that reads "NaN" is tried in the model's name only)
     made = fake_roles(rep, info=dataclasses.replace(rep.info, model_name="NaN"))
-    summary = {**made.summary, "model_name": "NaN", "copying": "Infinity", "error_measure": "NaN"}
+    summary = {**made.summary, "model_name": "NaN"}
     hr = HeadRoles(table=made.table, summary=summary, info=made.info, options=made.options)
     back = tli.load_roles(tli.save_roles(hr, tmp_path / "h"))
     assert back.info.model_name == "NaN" and back.info == hr.info
-    assert back.summary["copying"] == "Infinity" and back.summary["error_measure"] == "NaN"
-    assert back.summary["model_name"] == "NaN"
+    assert back.summary["model_name"] == "NaN" and isinstance(back.summary["model_name"], str)
     a = rep.roles(roles=hr, n_permutations=9)
     back_a = tli.load_roles(a.save(tmp_path / "a"))
-    assert back_a.summary["model_name"] == "NaN" and back_a.summary["roles"]["copying"] == "Infinity"
+    assert back_a.summary["model_name"] == "NaN" and isinstance(back_a.summary["roles"]["model_name"], str)
     nan_roles = fake_roles(rep, copying=float("nan"))  # a float field that is NaN still reads back as NaN
     b = tli.load_roles(tli.save_roles(nan_roles, tmp_path / "n"))
     assert np.isnan(b.summary["median_copying"])

@@ -1,0 +1,29 @@
+"""The defaults and stated maxima the joined probes share with their declarations (``roles_spec.py``,
+``mechanism_spec.py``): here, below both, so a probe's implementation (``roles.py``, ``mechanism.py``) never imports
+its declaration, which imports it (no import cycle, also not through lazy imports). Imports nothing.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DEFAULT_N_PERMUTATIONS",
+    "DEFAULT_N_SETS",
+    "EXPORT_MECHANISM_COLUMNS",
+    "EXPORT_ROLE_COLUMNS",
+    "MAX_RESAMPLES",
+]
+
+#: Permutations of a Spearman test (per role in ``rep.roles``; ``rep.mechanism``'s): two-sided p floor
+#: 2/(n + 1) = 0.002.
+DEFAULT_N_PERMUTATIONS = 999
+#: Random layer-matched sets of the circuit test (p floor 1/(n + 1) = 0.001).
+DEFAULT_N_SETS = 999
+#: Stated maximum of both counts (checked before any allocation).
+MAX_RESAMPLES = 1 << 20
+#: The role columns a report's exports add with ``roles`` (the CLI's ``--roles``: ``--csv`` and ``--json``).
+EXPORT_ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
+#: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``).
+EXPORT_MECHANISM_COLUMNS = (
+    "effect_median", "frac_negative", "null_median", "effect_p", "effect_q", "self_rank_median", "frac_top_k",
+    "frac_bottom_k", "copying", "copying_own", "sign_agrees",
+)  # fmt: skip
