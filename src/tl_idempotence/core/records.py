@@ -35,6 +35,7 @@ __all__ = [
     "check_identity",
     "float_keys",
     "index_column",
+    "json_like",
     "owned_files",
     "read_listed_tables",
     "read_tables_record",
@@ -319,11 +320,11 @@ def check_identity(
 
     if info is not None:
         for k in INFO_FIELDS:
-            if k in summary and not same_value(_json_like(summary[k]), _json_like(getattr(info, k))):
+            if k in summary and not same_value(json_like(summary[k]), json_like(getattr(info, k))):
                 raise refuse(rec_file, f"summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}")
     for k in restated:
         a, b = summary.get(k), options.get(k)
-        if type(a) is not type(b) or not same_value(_json_like(a), _json_like(b)):
+        if type(a) is not type(b) or not same_value(json_like(a), json_like(b)):
             raise refuse(rec_file, f"summary[{k!r}] is {a!r} but options[{k!r}] is {b!r}")
     if table is None or info is None or not len(table):
         return
@@ -371,12 +372,12 @@ def check_float_keys(rec_file: Path, fields: Mapping[str, Any], listed: Any) -> 
         )
 
 
-def _json_like(x: Any) -> Any:
+def json_like(x: Any) -> Any:
     """``x`` with tuples as lists and numpy scalars as Python scalars (how a value reads back from JSON)."""
     if isinstance(x, Mapping):
-        return {str(k): _json_like(v) for k, v in x.items()}
+        return {str(k): json_like(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_json_like(v) for v in x]
+        return [json_like(v) for v in x]
     if isinstance(x, np.generic):
         return x.item()
     return x

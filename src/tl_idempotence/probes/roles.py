@@ -34,7 +34,7 @@ from ..core.kwargs import warn_at_caller
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.outputs import check_save_target
 from ..core.random import layer_generator
-from ..core.records import index_column, read_tables_record, same_value, write_tables_record
+from ..core.records import index_column, json_like, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
 from ..core.store import saved_folder
 from ..core.stored import StoredResult, StoreSpec
@@ -507,7 +507,7 @@ def check_roles_record(
                 f"{int(bad.sum())}): {edited}."
             )
     for k in ("model_name", "model_class", "processing"):
-        if k in summary and not same_value(_json_like(summary[k]), _json_like(getattr(info, k))):
+        if k in summary and not same_value(json_like(summary[k]), json_like(getattr(info, k))):
             raise error(f"{rec}: summary[{k!r}] is {summary[k]!r} but info.{k} is {getattr(info, k)!r}: {edited}.")
     for k in ("n_tokens", "n_sequences", "seed"):
         if summary.get(k) != options.get(k) or type(summary.get(k)) is not type(options.get(k)):
@@ -604,14 +604,3 @@ def load_head_roles(path: Any) -> HeadRoles:
     roles = restore_head_roles(d, tables["roles"], fields)
     roles.loaded_from = str(d)  # its save refuses to write over the folder it was read from
     return roles
-
-
-def _json_like(x: Any) -> Any:
-    """``x`` with tuples as lists and numpy scalars as Python scalars (how a summary reads back from JSON)."""
-    if isinstance(x, dict):
-        return {str(k): _json_like(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_like(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x

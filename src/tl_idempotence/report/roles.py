@@ -31,7 +31,7 @@ from ..core.heads import ModelInfo
 from ..core.options import check_int, check_seed, strict_kwargs
 from ..core.outputs import check_save_target
 from ..core.readings import circuit_headline, roles_headline
-from ..core.records import index_column, read_tables_record, same_value, write_tables_record
+from ..core.records import index_column, json_like, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
 from ..core.stats import spearman_permutation
 from ..core.store import saved_folder
@@ -614,14 +614,3 @@ def load_roles(path: PathLike) -> HeadRoles | RoleAssociation:
         )
     fresh.loaded_from = str(d)
     return fresh
-
-
-def json_like(x: Any) -> Any:
-    """``x`` with tuples as lists and numpy scalars as Python scalars (how a summary reads back from JSON)."""
-    if isinstance(x, dict):
-        return {str(k): json_like(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [json_like(v) for v in x]
-    if isinstance(x, np.generic):
-        return x.item()
-    return x
