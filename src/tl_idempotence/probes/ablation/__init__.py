@@ -110,6 +110,7 @@ from .entry import ABLATION_KINDS, DEFAULT_N_CONTROLS, MAX_CONTROLS, AblationArg
 from .passes import CHECK_TOLERANCE, next_token_loss, next_token_losses
 from .result import Ablation
 from .stats import BOOTSTRAP_DRAWS, INTERVAL_LEVEL, bootstrap_intervals, percentile_interval, rank_p_value
+from .store import load_ablation
 
 __all__ = [
     "ABLATION_KINDS",
@@ -125,6 +126,7 @@ __all__ = [
     "ablation",
     "bootstrap_intervals",
     "count_matched_sets",
+    "load_ablation",
     "matched_controls",
     "next_token_loss",
     "next_token_losses",

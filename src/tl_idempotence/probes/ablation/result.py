@@ -16,13 +16,53 @@ import numpy as np
 import pandas as pd
 
 from ...core.heads import ModelInfo
+from ...core.options import strict_kwargs
 from ...core.selection import head_label, head_labels
+from ...core.stored import StoredResult, StoreSpec
 from ...core.tables import FrozenSummary
 from ...views.results import DrawnResult
 from .controls import SetPlan, set_labels
 from .stats import BOOTSTRAP_DRAWS, bootstrap_intervals, rank_p_value
 
-__all__ = ["Ablation", "AblationSummary", "Losses", "ablation_summary", "ablation_tables"]
+__all__ = [
+    "ABLATION_FORMAT",
+    "ABLATION_FREE_FIELDS",
+    "ABLATION_RECORD",
+    "Ablation",
+    "AblationSummary",
+    "Losses",
+    "ablation_summary",
+    "ablation_tables",
+    "set_names",
+    "window_sums_table",
+]
+
+#: The record format of a saved ablation (:mod:`tl_idempotence.probes.ablation.store`) and its file name.
+ABLATION_FORMAT = "tl_idempotence.ablation/1"
+ABLATION_RECORD = "ablation.json"
+#: The record fields of a saved ablation that nothing in the save derives or restates (``StoreSpec.free_fields``):
+#: the run's provenance and the model's sizes no number depends on. Every other field is recomputed or checked by
+#: :func:`~tl_idempotence.probes.ablation.store.load_ablation`.
+ABLATION_FREE_FIELDS = (
+    ("summary.seconds", "the run's wall time: provenance"),
+    ("summary.threads", "the torch threads the passes ran on: provenance (numbers agree across thread counts)"),
+    ("summary.threads_seconds_per_set", "the timings that chose the thread count: provenance"),
+    (
+        "summary.check_max_abs_diff",
+        "the run's own check (the empty head set against the clean pass, whose losses are not kept); the note it "
+        "gives against the tolerance is recomputed",
+    ),
+    ("options.seq_len", "the window length asked for (the window sums hold the windows as run; checked to fit)"),
+    ("options.max_tokens", "the token budget asked for (the window sums hold what was run)"),
+    ("options.batch_size", "a performance setting: head sets per forward pass; numbers agree across values"),
+    ("options.corpus", "the name of the text given, recorded once"),
+    ("info.n_layers", "the model's layer count, recorded once (the heads' layers are checked to lie within it)"),
+    ("info.d_model", "the model's width, recorded once: no number of an ablation depends on it"),
+    ("info.d_head", "the model's head size, recorded once: no number of an ablation depends on it"),
+    ("info.model_class", "the model's class, recorded once (the summary does not restate it)"),
+    ("info.processing", "the weights' processing, recorded once (the summary does not restate it)"),
+    ("info.extra", "free-form notes of the model's source"),
+)
 
 _T = TypeVar("_T")
 
@@ -97,7 +137,7 @@ class AblationSummary(FrozenSummary):
 
 
 @dataclass(repr=False)
-class Ablation(DrawnResult):
+class Ablation(StoredResult, DrawnResult):
     """Result of :func:`ablation`.
 
     Attributes:
@@ -123,6 +163,10 @@ class Ablation(DrawnResult):
             where it applies, ``note``.
         info: the measured model's :class:`~tl_idempotence.core.heads.ModelInfo`.
         options: the arguments (kind, n_controls, seed, seq_len, max_tokens, batch_size, singles, corpus).
+        window_sums: ``window_losses``' columns as summed losses (nats; ``n_tokens`` as is): the exact numbers every
+            loss and statistic above is computed from (what :meth:`save` keeps, and :meth:`load` recomputes from).
+        run_info: the passes' record (``batching, fallback_window, check_max_abs_diff, check_tolerance, threads,
+            threads_seconds_per_set, seconds``; :func:`~tl_idempotence.probes.ablation.passes.set_losses`).
 
     The headline numbers are also typed attributes, read from ``summary`` (one source): ``delta_loss``,
     ``p_value``, ``p_value_floor``, ``n_controls``, ``n_distinct_controls``, ``n_controls_at_least``,
@@ -136,8 +180,13 @@ class Ablation(DrawnResult):
     info: ModelInfo
     options: dict[str, Any] = field(default_factory=dict)
     window_losses: pd.DataFrame = field(default_factory=pd.DataFrame)
+    window_sums: pd.DataFrame = field(default_factory=pd.DataFrame)
+    run_info: Mapping[str, Any] = field(default_factory=dict)
 
     display_kind: ClassVar[str] = "ablation"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="ablation", record=ABLATION_RECORD, formats=(ABLATION_FORMAT,), free_fields=ABLATION_FREE_FIELDS
+    )
     repr_keys: ClassVar[tuple[str, ...]] = (
         "delta_loss",
         "control_delta_median",
@@ -186,6 +235,26 @@ class Ablation(DrawnResult):
     """The clean next-token loss (nats per counted token)."""
     loss_ablated = _SummaryValue(float)
     """The next-token loss with the flagged set ablated (nats per counted token)."""
+
+    @strict_kwargs
+    def save(self, path: Any, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`~tl_idempotence.probes.ablation.store.save_ablation`: parquet tables
+        and one JSON record; no pickle); :meth:`load` reads it back.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as :func:`~tl_idempotence.probes.ablation.store.
+                save_ablation`.
+        """
+        from .store import save_ablation
+
+        return save_ablation(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: Any) -> Ablation:
+        """:func:`~tl_idempotence.probes.ablation.store.load_ablation`: a folder :meth:`save` wrote, checked."""
+        from .store import load_ablation
+
+        return load_ablation(path)
 
 
 @dataclass(frozen=True)
@@ -283,6 +352,23 @@ def ablation_tables(
     win_df.insert(0, "n_tokens", L.n_tok)
     win_df.index.name = "window"
     return heads_df, ctrl_df, win_df
+
+
+def set_names(plan: SetPlan) -> list[str]:
+    """The head sets' column names in ``window_losses`` and ``window_sums``, in the order of their losses:
+    ``flagged``, ``control 0..n-1`` and, with singles, each head's label. Raises nothing."""
+    labels = [head_label(layer, h) for layer, h in plan.pairs] if plan.singles else []
+    return ["flagged", *[f"control {c}" for c in range(plan.n_controls)], *labels]
+
+
+def window_sums_table(plan: SetPlan, L: Losses) -> pd.DataFrame:
+    """The ablation's ``window_sums``: one row per text window, ``n_tokens`` (counted targets) and the summed loss
+    (nats) of ``clean`` and of every head set (:func:`set_names`): ``window_losses``' columns, before the division
+    by ``n_tokens``. Raises nothing of its own."""
+    sums_df = pd.DataFrame(np.vstack([L.clean, L.sums]).T, columns=["clean", *set_names(plan)])
+    sums_df.insert(0, "n_tokens", L.n_tok)
+    sums_df.index.name = "window"
+    return sums_df
 
 
 def _effect(plan: SetPlan, L: Losses, seed: int) -> tuple[dict[str, Any], int, int]:
