@@ -61,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "flagged_heads": "tl_idempotence.probes.attention",
     "Ablation": "tl_idempotence.probes.ablation",
     "ablation": "tl_idempotence.probes.ablation",
+    "load_ablation": "tl_idempotence.probes.ablation",
     "HeadRoles": "tl_idempotence.probes.roles",
     "head_roles": "tl_idempotence.probes.roles",
     "HeadTokens": "tl_idempotence.probes.head_tokens",
@@ -88,8 +89,10 @@ _EXPORTS: dict[str, str] = {
     # studies
     "Trajectory": "tl_idempotence.studies.trajectory",
     "trajectory": "tl_idempotence.studies.trajectory",
+    "load_trajectory": "tl_idempotence.studies.trajectory",
     "Comparison": "tl_idempotence.studies.compare",
     "compare": "tl_idempotence.studies.compare",
+    "load_comparison": "tl_idempotence.studies.compare",
     "SweepResult": "tl_idempotence.studies.sweep",
     "sweep": "tl_idempotence.studies.sweep",
     "load_sweep": "tl_idempotence.studies.sweep",

@@ -35,10 +35,18 @@ import pandas as pd
 from ..analyses.report_options import ReportOptions, ReportOptionsArgs, check_option_names, default, documents_options
 from ..core.options import check_bool, check_layers, strict_kwargs
 from ..core.outputs import Output, write_output
+from ..core.stored import StoredResult, StoreSpec
 from ..errors import OptionError
 from ..report.identity import compared_options, option_differences, processing_key
 from ..report.report import IdempotenceReport, load_report
 from ..views.results import DrawnResult
+from .compare_store import (
+    COMPARISON_FORMAT,
+    COMPARISON_FREE_FIELDS,
+    COMPARISON_RECORD,
+    load_comparison,
+    save_comparison,
+)
 from .compare_table import (
     OVERVIEW_COLUMNS,
     PAPER_LABEL,
@@ -82,6 +90,7 @@ __all__ = [
     "comparison_headline_of",
     "comparison_table",
     "item_inputs",
+    "load_comparison",
     "measure_item",
     "open_item",
     "option_differences",
@@ -149,7 +158,7 @@ def _combined_heads(reports: Mapping[str, IdempotenceReport]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-class Comparison(DrawnResult):
+class Comparison(StoredResult, DrawnResult):
     """Result of :func:`compare`: many models measured with the same options.
 
     Attributes:
@@ -185,9 +194,14 @@ class Comparison(DrawnResult):
         inputs: what its reports were read from on this machine (``(what, path)`` pairs, the union of every
             report's :attr:`~tl_idempotence.report.report.IdempotenceReport.inputs`): what :meth:`save_html`
             refuses to write over.
+
+    :meth:`save` writes a folder (its reports, its table, one record); :meth:`load` reads it back, checked.
     """
 
     display_kind: ClassVar[str] = "comparison"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="comparison", record=COMPARISON_RECORD, formats=(COMPARISON_FORMAT,), free_fields=COMPARISON_FREE_FIELDS
+    )
     repr_keys: ClassVar[tuple[str, ...]] = (
         "n_models",
         "threshold",
@@ -310,6 +324,24 @@ class Comparison(DrawnResult):
             "n_processing_differs": int(m["processing_differs"].fillna(False).astype(bool).sum()),
             "n_identical_weights": int(m["identical_weights"].fillna(False).astype(bool).sum()),
         }
+
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`~tl_idempotence.studies.compare_store.save_comparison`: each report
+        as a sub-folder, the table and one JSON record, put in place in one step; no pickle); :meth:`load` reads it
+        back. A sweep's result saves as the comparison of its finished items.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as
+                :func:`~tl_idempotence.studies.compare_store.save_comparison`.
+        """
+        return save_comparison(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: PathLike) -> Comparison:
+        """:func:`~tl_idempotence.studies.compare_store.load_comparison`: a folder :meth:`save` wrote, checked
+        (a :class:`Comparison`, also from ``SweepResult.load``: a sweep's folder is read by ``tli.load_sweep``)."""
+        return load_comparison(path)
 
     def figure(self) -> Any:
         """Per model: the distribution of trained P against the scramble null on one log axis (views)."""

@@ -53,6 +53,7 @@ from ..analyses.report_options import ReportOptions, ReportOptionsArgs, document
 from ..core.heads import HeadSource, LayerHeads
 from ..core.options import check_bool, check_int, strict_kwargs
 from ..core.processing import T_PROCESSING
+from ..core.stored import StoredResult, StoreSpec
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.identity import recorded_flags
 from ..report.report import report_with_options
@@ -61,6 +62,13 @@ from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
 from ..views.results import DrawnResult
 from .cluster import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
+from .trajectory_store import (
+    TRAJECTORY_FORMAT,
+    TRAJECTORY_FREE_FIELDS,
+    TRAJECTORY_RECORD,
+    load_trajectory,
+    save_trajectory,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import TypeAlias
@@ -82,7 +90,7 @@ if TYPE_CHECKING:  # pragma: no cover
         | Mapping[int, CheckpointSpec]
     )
 
-__all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "trajectory"]
+__all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "load_trajectory", "trajectory"]
 
 _HUB_KEYS = {"checkpoint_index", "checkpoint_value", "revision"}
 #: The processing flags that must agree along a trajectory (they change T; SPEC 10):
@@ -339,7 +347,7 @@ def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFram
 
 
 @dataclass(repr=False)
-class Trajectory(DrawnResult):
+class Trajectory(StoredResult, DrawnResult):
     """Result of :func:`trajectory`.
 
     Attributes:
@@ -365,6 +373,8 @@ class Trajectory(DrawnResult):
             checkpoint's, "" when none; only with ``allow_mixed_processing=True``).
         threshold: P threshold of "closed" (paper: 0.9).
         options: the analysis options (nulls, seed, search, layers, heads).
+
+    :meth:`save` writes a folder (the three tables and one record); :meth:`load` reads it back, checked.
     """
 
     heads: pd.DataFrame
@@ -381,6 +391,25 @@ class Trajectory(DrawnResult):
         "n_identical",
         "n_mixed",
     )
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="trajectory", record=TRAJECTORY_RECORD, formats=(TRAJECTORY_FORMAT,), free_fields=TRAJECTORY_FREE_FIELDS
+    )
+
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`~tl_idempotence.studies.trajectory_store.save_trajectory`: parquet
+        tables and one JSON record; no pickle); :meth:`load` reads it back.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as
+                :func:`~tl_idempotence.studies.trajectory_store.save_trajectory`.
+        """
+        return save_trajectory(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: PathLike) -> Trajectory:
+        """:func:`~tl_idempotence.studies.trajectory_store.load_trajectory`: a folder :meth:`save` wrote, checked."""
+        return load_trajectory(path)
 
     @property
     def summary(self) -> dict[str, Any]:
