@@ -61,6 +61,7 @@ _EXPORTS: dict[str, str] = {
     "flagged_heads": "tl_idempotence.probes.attention",
     "Ablation": "tl_idempotence.probes.ablation",
     "ablation": "tl_idempotence.probes.ablation",
+    "load_ablation": "tl_idempotence.probes.ablation",
     "HeadRoles": "tl_idempotence.probes.roles",
     "head_roles": "tl_idempotence.probes.roles",
     "HeadTokens": "tl_idempotence.probes.head_tokens",
@@ -88,8 +89,10 @@ _EXPORTS: dict[str, str] = {
     # studies
     "Trajectory": "tl_idempotence.studies.trajectory",
     "trajectory": "tl_idempotence.studies.trajectory",
+    "load_trajectory": "tl_idempotence.studies.trajectory",
     "Comparison": "tl_idempotence.studies.compare",
     "compare": "tl_idempotence.studies.compare",
+    "load_comparison": "tl_idempotence.studies.compare",
     "SweepResult": "tl_idempotence.studies.sweep",
     "sweep": "tl_idempotence.studies.sweep",
     "load_sweep": "tl_idempotence.studies.sweep",
@@ -127,6 +130,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tl_idempotence.maths.closure import closure as closure
     from tl_idempotence.probes.ablation import Ablation as Ablation
     from tl_idempotence.probes.ablation import ablation as ablation
+    from tl_idempotence.probes.ablation import load_ablation as load_ablation
     from tl_idempotence.probes.activations import ActivationReturns as ActivationReturns
     from tl_idempotence.probes.activations import activation_returns as activation_returns
     from tl_idempotence.probes.attention import flagged_heads as flagged_heads
@@ -160,10 +164,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from tl_idempotence.sources.lineage import train_lineage as train_lineage
     from tl_idempotence.studies.compare import Comparison as Comparison
     from tl_idempotence.studies.compare import compare as compare
+    from tl_idempotence.studies.compare import load_comparison as load_comparison
     from tl_idempotence.studies.sweep import SweepResult as SweepResult
     from tl_idempotence.studies.sweep import load_sweep as load_sweep
     from tl_idempotence.studies.sweep import sweep as sweep
     from tl_idempotence.studies.trajectory import Trajectory as Trajectory
+    from tl_idempotence.studies.trajectory import load_trajectory as load_trajectory
     from tl_idempotence.studies.trajectory import trajectory as trajectory
     from tl_idempotence.views.attention import AttentionView as AttentionView
 

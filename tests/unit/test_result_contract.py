@@ -24,6 +24,7 @@ import importlib
 import json
 import shutil
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import FrozenInstanceError, dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ import pytest
 import torch
 
 import tl_idempotence as tli
-from helpers import canonical_digest
+from helpers import canonical_digest, closed_pairs_layers
 from tl_idempotence.core import store
 from tl_idempotence.core.stored import STORED
 from tl_idempotence.errors import MissingFileError, OptionError, OutputOverInputError, ReportFileError
@@ -108,8 +109,8 @@ def _tokens_pair(w: World):
     )
 
 
-def _texts(seed: int) -> torch.Tensor:
-    return torch.randint(1, 60, (2, 16), generator=torch.Generator().manual_seed(seed))
+def _texts(seed: int, n: int = 2) -> torch.Tensor:
+    return torch.randint(1, 60, (n, 16), generator=torch.Generator().manual_seed(seed))
 
 
 def _effect_pair(w: World):
@@ -146,6 +147,71 @@ def _association_pair(w: World):
 def _median(t: pd.DataFrame, col: str) -> float:
     v = t[col].to_numpy(dtype=float)
     return float(np.median(v[np.isfinite(v)]))
+
+
+def _ablation_pair(w: World):
+    kw = dict(seq_len=16, progress=False)
+    return (
+        w.get(
+            "abl_a",
+            lambda: tli.ablation(
+                w.bridge, [(0, 1), (1, 0), (1, 3)], _texts(4, 4), n_controls=4, seed=1, singles=True, **kw
+            ),
+        ),
+        w.get("abl_b", lambda: tli.ablation(w.bridge, [(0, 0)], _texts(5), kind="zero", n_controls=0, seed=2, **kw)),
+    )
+
+
+def _pairs_reports(w: World):
+    """Three reports of synthetic layers (no model): two with the same options, one with nulls."""
+    return w.get(
+        "pairs_reports",
+        lambda: (
+            tli.idempotence_report(closed_pairs_layers(), progress=False),
+            tli.idempotence_report(closed_pairs_layers(alpha=(1.0, -1.0), zero_l1h5=True), progress=False),
+            tli.idempotence_report(closed_pairs_layers(), nulls=2, progress=False),
+        ),
+    )
+
+
+def _comparison_pair(w: World):
+    from tl_idempotence.studies.compare import Comparison
+
+    r1, r2, r3 = _pairs_reports(w)
+    return (
+        w.get("cmp_a", lambda: Comparison.from_reports({"A": r1, "B": r2})),
+        w.get("cmp_b", lambda: Comparison.from_reports({"solo": r3})),
+    )
+
+
+def _trajectory_pair(w: World):
+    a, b = closed_pairs_layers(), closed_pairs_layers(alpha=(1.0, -1.0), zero_l1h5=True)
+
+    def make_a():
+        with warnings.catch_warnings():  # step2 is identical to step1: warned about, and marked
+            warnings.simplefilter("ignore", UserWarning)
+            ck = [("step0", lambda: a), ("step1", lambda: b), ("step2", lambda: b)]
+            return tli.trajectory(ck, nulls=2, progress=False)
+
+    return (
+        w.get("traj_a", make_a),
+        w.get(
+            "traj_b",
+            lambda: tli.trajectory(
+                [("x", lambda: b), ("y", lambda: a)], heads=[(0, 1), (1, 5)], algebra=True, progress=False
+            ),
+        ),
+    )
+
+
+def _n_identical(layers: pd.DataFrame) -> int:
+    """Checkpoints whose every layer fingerprint is an earlier checkpoint's (read from the layers table)."""
+    seen, n = set(), 0
+    for _, g in layers.groupby("order", sort=True):
+        key = tuple(zip(g["layer"], g["fingerprint"]))
+        n += key in seen
+        seen.add(key)
+    return n
 
 
 def _sign_count(col: str, sign: int) -> Callable[[Any], int]:
@@ -187,6 +253,35 @@ CASES: dict[str, Case] = {
         lambda r: {
             "n_heads": len(r.table),
             "n_closed": _closed(r.table),
+        },
+    ),
+    "ablation": Case(
+        _ablation_pair,
+        ("heads", "controls", "window_losses", "window_sums"),
+        lambda r: {
+            "n_heads": len(r.heads),
+            "n_controls": len(r.controls),
+            "n_windows": len(r.window_sums),
+            "n_tokens": int(r.window_sums["n_tokens"].sum()),
+            "n_controls_at_least": int((r.controls["delta_loss"] >= r.summary["delta_loss"]).sum()),
+        },
+    ),
+    "comparison": Case(
+        _comparison_pair,
+        ("table", "heads"),
+        lambda r: {
+            "n_models": len(r.reports),
+            "n_heads": sum(len(rep.heads) for rep in r.reports.values()),
+            "n_closed": sum(_closed(rep.heads) for rep in r.reports.values()),
+        },
+    ),
+    "trajectory": Case(
+        _trajectory_pair,
+        ("heads", "layers", "checkpoints"),
+        lambda r: {
+            "n_checkpoints": r.heads["checkpoint"].nunique(),
+            "n_closed_final": _closed(r.heads[r.heads["order"] == r.heads["order"].max()]),
+            "n_identical": _n_identical(r.layers),
         },
     ),
 }
@@ -330,13 +425,29 @@ def test_a_round_trip_gives_the_same_result(stored, tmp_path):
     assert same(case, a, _load(cls, tmp_path / "res"))
 
 
+def _visible(root: Path) -> tuple[tuple[str, bytes], ...]:
+    """What a reader can see under ``root``: every folder and file (with its bytes) but those in a save's hidden new
+    folder (``.NAME.tli-new-...``), where no reader looks."""
+    seen = []
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root)
+        if not any(store.NEW_MARK in part for part in rel.parts):
+            seen.append((rel.as_posix(), p.read_bytes() if p.is_file() else b"/"))
+    return tuple(seen)
+
+
 def _snapshots(monkeypatch, root: Path, out: Path) -> list[tuple[str, Path]]:
+    """Before every step a save makes, a copy of ``root`` (what a kill then leaves); a step that leaves what a reader
+    sees as it was (a file written into the hidden new folder) shares the copy of the step before it."""
     shots: list[tuple[str, Path]] = []
+    copies: dict[tuple[tuple[str, bytes], ...], Path] = {}
 
     def hook(step: str, path: Path) -> None:
-        dst = out / f"{len(shots):03d}"
-        shutil.copytree(root, dst, symlinks=True)
-        shots.append((step, dst))
+        key = _visible(root)
+        if key not in copies:
+            copies[key] = out / f"{len(copies):03d}"
+            shutil.copytree(root, copies[key], symlinks=True)
+        shots.append((step, copies[key]))
 
     monkeypatch.setattr(store, "step_hook", hook)
     return shots
@@ -353,6 +464,15 @@ def _outcome(case: Case, cls: type, d: Path, candidates: dict[str, Any]) -> str:
     return "a mix"
 
 
+def _outcomes(case: Case, cls: type, shots: list[tuple[str, Path]], candidates: dict[str, Any]) -> list[str]:
+    """The :func:`_outcome` of each snapshot's ``res`` (each copy read once)."""
+    got: dict[Path, str] = {}
+    for _, s in shots:
+        if s not in got:
+            got[s] = _outcome(case, cls, s / "res", candidates)
+    return [got[s] for _, s in shots]
+
+
 @pytest.mark.parametrize("mode", ["exchange", "two-renames"])
 def test_a_kill_at_any_instant_leaves_the_old_save_or_the_new(stored, tmp_path, monkeypatch, mode):
     cls = stored.cls
@@ -365,7 +485,7 @@ def test_a_kill_at_any_instant_leaves_the_old_save_or_the_new(stored, tmp_path, 
     root.mkdir()
     shots = _snapshots(monkeypatch, root, tmp_path / "fresh")
     a.save(root / "res")
-    fresh = [_outcome(case, cls, s / "res", {"new": a}) for _, s in shots]
+    fresh = _outcomes(case, cls, shots, {"new": a})
     assert fresh[0] == "nothing" and fresh[-1] == "new" and set(fresh) <= {"nothing", "new"}, fresh
     shots.clear()
     monkeypatch.setattr(store, "step_hook", None)
@@ -373,7 +493,7 @@ def test_a_kill_at_any_instant_leaves_the_old_save_or_the_new(stored, tmp_path, 
     shots = _snapshots(monkeypatch, root, tmp_path / "over")
     b.save(root / "res", overwrite=True)
     monkeypatch.setattr(store, "step_hook", None)
-    over = [_outcome(case, cls, s / "res", {"old": a, "new": b}) for _, s in shots]
+    over = _outcomes(case, cls, shots, {"old": a, "new": b})
     bad = [(step, got) for (step, _), got in zip(shots, over) if got not in ("old", "new")]
     assert over[0] == "old" and over[-1] == "new" and not bad, bad
     assert (root / "res" / "notes.md").read_text() == "mine"

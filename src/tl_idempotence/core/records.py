@@ -37,6 +37,7 @@ __all__ = [
     "index_column",
     "json_like",
     "owned_files",
+    "read_fields_record",
     "read_listed_tables",
     "read_tables_record",
     "same_value",
@@ -252,6 +253,37 @@ def read_tables_record(
     body = {k: v for k, v in rec.items() if k not in ("files", "digest")}
     fields = untag_int_keys(json_restore(body, float_keys, int_keys=False))
     return fields, tables
+
+
+def read_fields_record(
+    path: Any, record_name: str, formats: tuple[str, ...], names: frozenset[str]
+) -> tuple[Path, dict[str, Any], dict[str, pd.DataFrame]]:
+    """Read a folder written by :func:`write_tables_record` whose record lists its float fields in ``float_keys``
+    (the loaders of a comparison and a trajectory): :func:`read_tables_record` (every digest checked), the
+    ``"NaN"``/``"Infinity"`` strings of the listed fields read back as floats, the list checked
+    (:func:`check_float_keys`) and the tables the record lists checked to be ``names``.
+
+    Returns:
+        ``(folder, record fields, {name: DataFrame})``: the folder read (the earlier save kept beside ``path`` by an
+        overwrite stopped between its two renames, :func:`~tl_idempotence.core.store.saved_folder`, else ``path``).
+
+    Raises:
+        MissingFileError, ReportFileError, OptionTypeError: as :func:`read_tables_record`; a ``float_keys`` that is
+            not a list of names or not the fields that hold floats; tables other than ``names`` (names the record).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
+    d = saved_folder(Path(path).expanduser(), record_name)
+    rec_file = d / record_name
+    raw, tables = read_tables_record(d, record_name, formats, frozenset())
+    listed = raw.get("float_keys")
+    if not (isinstance(listed, list) and all(isinstance(k, str) for k in listed)):
+        raise ReportFileError(f"{rec_file}: a malformed record (float_keys is not a list of names).")
+    fields = json_restore(raw, frozenset(listed), int_keys=False)
+    check_float_keys(rec_file, fields, listed)
+    if set(tables) != set(names):
+        raise ReportFileError(f"{rec_file} lists tables {sorted(tables)}; this save has {sorted(names)}.")
+    return d, fields, tables
 
 
 def same_value(a: Any, b: Any) -> bool:

@@ -52,6 +52,7 @@ __all__ = [
     "ReportRecord",
     "add_q_values",
     "read_record",
+    "record_files",
     "write_record",
 ]
 
@@ -176,6 +177,17 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
     overwrite = check_bool(overwrite, "overwrite")
     if not isinstance(path, (str, os.PathLike)):
         raise OptionTypeError(f"The report folder must be a path; got {type(path).__name__}.")
+    files = record_files(rec)
+    return write_folder(path, files, overwrite=overwrite, owned=_own_files, what=" the report")
+
+
+def record_files(rec: ReportRecord) -> dict[str, bytes]:
+    """The files :func:`write_record` writes for ``rec``, as bytes, ``report.json`` last (a comparison's save holds
+    each of its reports so, as a part of its folder).
+
+    Raises:
+        What pandas/pyarrow raise for a table they cannot write.
+    """
     files: dict[str, bytes] = {}
     digests: dict[str, str] = {}
     for name, df in {"heads": rec.heads, "layers": rec.layers, **rec.tables}.items():
@@ -197,7 +209,7 @@ def write_record(rec: ReportRecord, path: Any, overwrite: Any = False) -> Path:
     record["digest"] = record_digest(record)
     # insertion order: the summary reads back as it was
     files[RECORD] = json_text(record, JSON_RECORD, indent=1).encode("utf-8")
-    return write_folder(path, files, overwrite=overwrite, owned=_own_files, what=" the report")
+    return files
 
 
 def _check_tables_fit_info(d: Path, heads: pd.DataFrame, layers: pd.DataFrame, info: ModelInfo) -> None:

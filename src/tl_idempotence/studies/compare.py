@@ -36,11 +36,21 @@ from ..analyses.report_options import ReportOptions, ReportOptionsArgs, check_op
 from ..core.frozen import frozen
 from ..core.options import check_bool, check_layers, strict_kwargs
 from ..core.outputs import Output, write_output
+from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import ImmutableResult
 from ..errors import OptionError
 from ..report.identity import compared_options, option_differences, processing_key
 from ..report.report import IdempotenceReport, load_report
 from ..views.results import DrawnResult
+from .compare_store import (
+    COMPARISON_FORMAT,
+    COMPARISON_FREE_FIELDS,
+    COMPARISON_RECORD,
+    check_comparison,
+    edited_comparison,
+    read_comparison,
+    save_comparison,
+)
 from .compare_table import (
     OVERVIEW_COLUMNS,
     PAPER_LABEL,
@@ -84,6 +94,7 @@ __all__ = [
     "comparison_headline_of",
     "comparison_table",
     "item_inputs",
+    "load_comparison",
     "measure_item",
     "open_item",
     "option_differences",
@@ -151,7 +162,7 @@ def _combined_heads(reports: Mapping[str, IdempotenceReport]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-class Comparison(ImmutableResult, DrawnResult):
+class Comparison(StoredResult, ImmutableResult, DrawnResult):
     """Result of :func:`compare`: many models measured with the same options. Immutable
     (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning an attribute raises
     ``dataclasses.FrozenInstanceError``, :attr:`table` and :attr:`heads` are copies made on each read,
@@ -190,9 +201,14 @@ class Comparison(ImmutableResult, DrawnResult):
         inputs: what its reports were read from on this machine (``(what, path)`` pairs, the union of every
             report's :attr:`~tl_idempotence.report.report.IdempotenceReport.inputs`): what :meth:`save_html`
             refuses to write over.
+
+    :meth:`save` writes a folder (its reports, its table, one record); :meth:`load` reads it back, checked.
     """
 
     display_kind: ClassVar[str] = "comparison"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="comparison", record=COMPARISON_RECORD, formats=(COMPARISON_FORMAT,), free_fields=COMPARISON_FREE_FIELDS
+    )
     repr_keys: ClassVar[tuple[str, ...]] = (
         "n_models",
         "threshold",
@@ -332,6 +348,31 @@ class Comparison(ImmutableResult, DrawnResult):
             }
         )
 
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`~tl_idempotence.studies.compare_store.save_comparison`: each report
+        as a sub-folder, the table and one JSON record, put in place in one step; no pickle); :meth:`load` reads it
+        back. A sweep's result saves as the comparison of its finished items.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as
+                :func:`~tl_idempotence.studies.compare_store.save_comparison`.
+        """
+        return save_comparison(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: PathLike) -> Comparison:
+        """:func:`load_comparison`: a folder :meth:`save` wrote, checked (a :class:`Comparison`, also from
+        ``SweepResult.load``: a sweep's folder is read by ``tli.load_sweep``)."""
+        d, reports, options, fields = read_comparison(path)
+        try:
+            result = Comparison.from_reports(reports, options, warn=False)
+        except OptionError as e:
+            raise edited_comparison(d, f"its reports were not made with its options ({e})") from e
+        check_comparison(d, fields, result)
+        object.__setattr__(result, "loaded_from", str(d))  # set once by its loader (a frozen result allows it)
+        return result
+
     def figure(self) -> Any:
         """Per model: the distribution of trained P against the scramble null on one log axis (views)."""
         from ..views import comparison_figure
@@ -466,3 +507,25 @@ def compare(
     for it in resolved:
         reports[it.label] = given_reports[it.label] if it.label in given_reports else made[it.label]
     return Comparison(reports, opts)
+
+
+def load_comparison(path: PathLike) -> Comparison:
+    """Read back what :meth:`Comparison.save` wrote (:mod:`tl_idempotence.studies.compare_store`): every digest
+    checked, each report loaded and checked, the comparison rebuilt from them and the saved table and summary compared
+    with the rebuilt ones.
+
+    Args:
+        path: the folder.
+
+    Returns:
+        The :class:`Comparison` (its reports' ``inputs`` their sub-folders; its ``save`` refuses to write over the
+        folder).
+
+    Raises:
+        MissingFileError: no such folder, no ``comparison.json``, a listed table or report file missing (names it).
+        ReportFileError: another format; an edited record (digest), table or report file (sha256), each named;
+            labels, parts or options that are not a comparison's, reports made with other options than the saved
+            ones, a table or summary that is not what the reports give (names the file and the field).
+        OptionTypeError: ``path`` is not a path.
+    """
+    return Comparison.load(path)

@@ -54,6 +54,7 @@ from ..core.frozen import frozen
 from ..core.heads import HeadSource, LayerHeads
 from ..core.options import check_bool, check_int, strict_kwargs
 from ..core.processing import T_PROCESSING
+from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import ImmutableResult
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.identity import recorded_flags
@@ -63,6 +64,15 @@ from ..sources.lineage import Lineage, lineage_checkpoints
 from ..sources.tl import bridge_from_dir, is_tl_model
 from ..views.results import DrawnResult
 from .cluster import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
+from .trajectory_store import (
+    TRAJECTORY_FORMAT,
+    TRAJECTORY_FREE_FIELDS,
+    TRAJECTORY_RECORD,
+    check_trajectory_summary,
+    checkpoint_relations,
+    read_trajectory,
+    save_trajectory,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import TypeAlias
@@ -84,7 +94,7 @@ if TYPE_CHECKING:  # pragma: no cover
         | Mapping[int, CheckpointSpec]
     )
 
-__all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "trajectory"]
+__all__ = ["STEP_SOURCES", "Trajectory", "cache_name", "checkpoint_relations", "load_trajectory", "trajectory"]
 
 _HUB_KEYS = {"checkpoint_index", "checkpoint_value", "revision"}
 #: The processing flags that must agree along a trajectory (they change T; SPEC 10):
@@ -302,46 +312,8 @@ def _load_hub(name: str, options: dict[str, Any]) -> Any:
         ) from e
 
 
-def checkpoint_relations(fingerprints: dict[str, dict[int, str]]) -> pd.DataFrame:
-    """Which checkpoints are identical to, or share layers with, an earlier one.
-
-    Args:
-        fingerprints: ``{label: {layer: sha256}}`` in checkpoint order.
-
-    Returns:
-        One row per checkpoint: ``checkpoint``, ``identical_to`` (the first earlier checkpoint
-        whose every measured layer has the same fingerprint, else ""), ``shares_layers_with``
-        (earlier checkpoints with some but not all layers identical, comma-separated, else ""),
-        ``n_shared_layers`` (layers identical to some earlier checkpoint's same layer).
-    """
-    rows = []
-    seen: list[tuple[str, dict[int, str]]] = []
-    for label, fp in fingerprints.items():
-        identical = ""
-        partial: list[str] = []
-        shared: set[int] = set()
-        for other, ofp in seen:
-            common = [layer for layer in fp if layer in ofp]
-            same = [layer for layer in common if fp[layer] == ofp[layer]]
-            shared.update(same)
-            if common and len(same) == len(common) == len(fp) and not identical:
-                identical = other
-            elif same and len(same) < len(fp):
-                partial.append(other)
-        rows.append(
-            {
-                "checkpoint": label,
-                "identical_to": identical,
-                "shares_layers_with": ",".join(partial) if not identical else "",
-                "n_shared_layers": len(shared),
-            }
-        )
-        seen.append((label, fp))
-    return pd.DataFrame(rows)
-
-
 @dataclass(repr=False)
-class Trajectory(ImmutableResult, DrawnResult):
+class Trajectory(StoredResult, ImmutableResult, DrawnResult):
     """Result of :func:`trajectory`. Immutable (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a
     field raises ``dataclasses.FrozenInstanceError``, its tables are copies made on each read (take one once in a
     loop), :attr:`options` is read-only.
@@ -369,6 +341,8 @@ class Trajectory(ImmutableResult, DrawnResult):
             checkpoint's, "" when none; only with ``allow_mixed_processing=True``).
         threshold: P threshold of "closed" (paper: 0.9).
         options: the analysis options (nulls, seed, search, layers, heads).
+
+    :meth:`save` writes a folder (the three tables and one record); :meth:`load` reads it back, checked.
     """
 
     heads: pd.DataFrame
@@ -387,6 +361,29 @@ class Trajectory(ImmutableResult, DrawnResult):
     )
     frozen_name: ClassVar[str] = "a trajectory is"
     frozen_hint: ClassVar[str] = "tli.trajectory(...) again, dataclasses.replace(...) for a changed copy"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="trajectory", record=TRAJECTORY_RECORD, formats=(TRAJECTORY_FORMAT,), free_fields=TRAJECTORY_FREE_FIELDS
+    )
+
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`~tl_idempotence.studies.trajectory_store.save_trajectory`: parquet
+        tables and one JSON record; no pickle); :meth:`load` reads it back.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as
+                :func:`~tl_idempotence.studies.trajectory_store.save_trajectory`.
+        """
+        return save_trajectory(self, path, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, path: PathLike) -> Trajectory:
+        """:func:`load_trajectory`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        d, kwargs, summary = read_trajectory(path)
+        result = cls(**kwargs)
+        check_trajectory_summary(d, summary, dict(result.summary))
+        object.__setattr__(result, "loaded_from", str(d))  # set once by its loader (a frozen result allows it)
+        return result
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -743,3 +740,22 @@ def _combine(
     return Trajectory(
         heads=heads_df, layers=layers_df, checkpoints=pd.DataFrame(rows), threshold=threshold, options=options
     )
+
+
+def load_trajectory(path: PathLike) -> Trajectory:
+    """Read back what :meth:`Trajectory.save` wrote (:mod:`tl_idempotence.studies.trajectory_store`): every digest
+    checked, and what the record and the checkpoints table state recomputed from the heads and layers tables.
+
+    Args:
+        path: the folder.
+
+    Returns:
+        The :class:`Trajectory` (equal tables, options and summary; its ``save`` refuses to write over the folder).
+
+    Raises:
+        MissingFileError: no such folder, no ``trajectory.json``, a listed table missing (names it).
+        ReportFileError: another format; an edited record (digest) or table (sha256), each named; options, a column
+            or a summary field that is not what the tables give (names the file and the field).
+        OptionTypeError: ``path`` is not a path.
+    """
+    return Trajectory.load(path)

@@ -351,6 +351,6 @@ def test_a_dataclass_result_keeps_its_constructor_and_replace_gives_a_changed_co
     b = dataclasses.replace(a, options={"kind": "mean"})
     assert b.options == {"kind": "mean"} and a.options["kind"] == "zero" and b.heads.equals(a.heads)
     assert [f.name for f in dataclasses.fields(a)] == ["heads", "controls", "summary", "info", "options",
-                                                       "window_losses"]  # fmt: skip
+                                                       "window_losses", "window_sums", "run_info"]  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError, match=r"an ablation result is immutable \(rep\.ablation"):
         a.summary = {}

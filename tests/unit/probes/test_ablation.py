@@ -16,8 +16,13 @@ real run on SmolLM2 (slow) replays the default `rep.ablation(model=m)`: p <= 0.0
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
+import re
+import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -32,9 +37,10 @@ from helpers import (
     edit_safetensors,
     losses_with,
     reference_losses,
+    rewrite_saved,
 )
 from tl_idempotence.core.random import layer_generator
-from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
+from tl_idempotence.errors import OptionError, ReportFileError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.probes.ablation import (
     BOOTSTRAP_DRAWS,
     DEFAULT_N_CONTROLS,
@@ -643,3 +649,30 @@ def test_the_few_controls_warning_quotes_the_floor_of_the_sets_used():
         _p, floor, _n = rank_p_value(0.0, np.zeros(n_used))
         assert f"p >= {floor:.3g}:" in plan.warning
     assert plan_sets({0: [0]}, 21, 3, seed=0, singles=False).warning is None  # 20 distinct sets: no warning
+
+
+def test_a_saved_ablation_is_what_its_window_sums_give(bridge, tmp_path):
+    """Every table of a saved ablation is recomputed from its summed losses when it is read back: an edit of one,
+    its sha256 and the record's digest recomputed, is refused naming the file (the contract test,
+    tests/unit/test_result_contract.py, edits every field of the record)."""
+    ab = ablation(bridge, [(0, 1), (1, 0)], TEXTS, n_controls=3, seed=3, singles=True, **KW)
+    d = Path(ab.save(tmp_path / "ab"))
+    back = tli.load_ablation(d)
+    for name in ("heads", "controls", "window_losses", "window_sums"):
+        pd.testing.assert_frame_equal(getattr(back, name), getattr(ab, name), check_exact=True)
+    assert json.dumps(dict(back.summary)) == json.dumps(dict(ab.summary)) and back.run_info == ab.run_info
+    edits = {
+        "heads": (lambda t: t.assign(delta_loss=t["delta_loss"] + 1e-12), "heads.parquet"),
+        "window_losses": (lambda t: t.assign(flagged=t["flagged"].iloc[::-1].to_numpy()), "window_losses.parquet"),
+        "window_sums": (lambda t: t.assign(clean=t["clean"] * (1 + 1e-12)), "heads.parquet"),
+        "controls": (lambda t: t.assign(heads=["L0H1 L1H0", *t["heads"].iloc[1:]]), "controls.parquet"),
+    }
+    for i, (table, (edit, named)) in enumerate(edits.items()):
+        e = tmp_path / f"edit{i}"
+        shutil.copytree(d, e)
+        rewrite_saved(e, "ablation.json", table, edit)
+        with pytest.raises(ReportFileError, match=re.escape(str(e / named))):
+            tli.load_ablation(e)
+    made = dataclasses.replace(ab, window_sums=pd.DataFrame())  # built by hand: nothing to recompute from
+    with pytest.raises(OptionError, match="window_sums"):
+        made.save(tmp_path / "by_hand")

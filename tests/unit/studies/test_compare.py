@@ -9,6 +9,7 @@ minilm-l6 read from its checkpoint files gives the stored 0.1 per-head P; the fi
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from pathlib import Path
 
@@ -18,9 +19,15 @@ import pytest
 from safetensors.torch import load_file
 
 import tl_idempotence as tli
-from helpers import SyntheticSource, gaussian_layer, oblique_projection
+from helpers import SyntheticSource, gaussian_layer, oblique_projection, rewrite_saved
 from tl_idempotence.core.paper import PAPER
-from tl_idempotence.errors import MissingFileError, OptionError, UnknownModelError, UnknownOptionError
+from tl_idempotence.errors import (
+    MissingFileError,
+    OptionError,
+    ReportFileError,
+    UnknownModelError,
+    UnknownOptionError,
+)
 from tl_idempotence.studies.compare import TABLE_COLUMNS, Comparison, ModelCount, comparison_table, resolve_items
 
 pytestmark = pytest.mark.bridge
@@ -269,3 +276,34 @@ def test_the_headline_answers_first_which_model_has_most_closed_heads(tmp_path):
     assert str(one.headline) == (
         "two: 2 of 8 heads are closed (P ≥ 0.9), 25.00 % (the paper, at P ≥ 0.9: 3.98–8.00 % per model)."
     )
+
+
+def test_a_saved_comparison_is_rebuilt_from_its_reports(tmp_path):
+    """A saved comparison holds its reports: read back, it is rebuilt from them with the saved options, and a table
+    or a report that is not what was saved (its sha256 and the record's digest recomputed) is refused naming the file
+    (the contract test, tests/unit/test_result_contract.py, edits every field of the record)."""
+    cmp = tli.compare({"a": synthetic(seed=3), "b": synthetic(seed=5)}, progress=False)
+    d = Path(cmp.save(tmp_path / "c"))
+    back = tli.load_comparison(d)
+    assert list(back.reports) == ["a", "b"] and back.options == cmp.options and back.summary == cmp.summary
+    pd.testing.assert_frame_equal(back.table, cmp.table, check_exact=True)
+    pd.testing.assert_frame_equal(back.heads, cmp.heads, check_exact=True)
+    e = tmp_path / "edited_table"
+    shutil.copytree(d, e)
+    rewrite_saved(e, "comparison.json", "table", lambda t: t.assign(median_P=t["median_P"] * 1.001))
+    with pytest.raises(ReportFileError, match=re.escape(str(e / "table.parquet"))):
+        tli.load_comparison(e)
+    swapped = tmp_path / "swapped"  # a's report under b's label and b's under a's: every row is another model's
+    shutil.copytree(d, swapped)
+    for a, b in (("report_0", "tmp"), ("report_1", "report_0"), ("tmp", "report_1")):
+        (swapped / a).rename(swapped / b)
+    with pytest.raises(ReportFileError, match=re.escape(str(swapped / "table.parquet"))):
+        tli.load_comparison(swapped)
+    other = tmp_path / "other_options"  # b's report replaced by one made with nulls
+    shutil.copytree(d, other)
+    shutil.rmtree(other / "report_1")
+    tli.idempotence_report(synthetic(seed=5), nulls=2, progress=False).save(other / "report_1")
+    with pytest.raises(ReportFileError, match=re.escape(str(other / "comparison.json")) + ".*nulls"):
+        tli.load_comparison(other)
+    with pytest.raises(OptionError, match="not empty"):
+        cmp.save(d)

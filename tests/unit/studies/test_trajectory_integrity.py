@@ -11,17 +11,22 @@ are not refused.
 
 from __future__ import annotations
 
+import re
+import shutil
 import warnings
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import tl_idempotence as tli
+from helpers import rewrite_saved
 from shared_fixtures import MIXED_LINEAGE_LAYERS as N_LAYERS
 from tl_idempotence.core.heads import LayerHeads, ModelInfo, kv_layout
-from tl_idempotence.errors import OptionError
+from tl_idempotence.errors import OptionError, ReportFileError
 
 
 def test_identical_and_shared_checkpoints_are_marked_in_the_table(mixed_traj, mixed_lineage_dirs):
@@ -108,7 +113,7 @@ def test_mixing_raw_and_processed_weights_is_refused(raw_and_processed):
         assert w in msg, msg
 
 
-def test_mixing_allowed_is_marked_and_warned(raw_and_processed):
+def test_mixing_allowed_is_marked_and_warned(raw_and_processed, tmp_path):
     _, raw, proc = raw_and_processed
     with pytest.warns(UserWarning, match="processed differently"):
         t = tli.trajectory([("raw", raw), ("processed", proc)], progress=False, allow_mixed_processing=True)
@@ -118,6 +123,8 @@ def test_mixing_allowed_is_marked_and_warned(raw_and_processed):
     assert bool(ck.loc["raw", "processing_raw"]) and not bool(ck.loc["processed", "processing_raw"])
     # the jump the flags warn about is real: folding the norm scales into W_V moved P
     P = t.wide("P")
+    back = tli.load_trajectory(t.save(tmp_path / "saved"))  # processing_differs recomputed from the flags
+    pd.testing.assert_frame_equal(back.checkpoints, t.checkpoints, check_exact=True)
     assert not np.allclose(P["raw"].to_numpy(), P["processed"].to_numpy(), rtol=0, atol=1e-6)
 
 
@@ -162,3 +169,30 @@ def test_user_sources_with_different_processing_are_refused_and_unknown_processi
         warnings.simplefilter("error", UserWarning)
         t = tli.trajectory([("a", raw), ("b", unknown), ("c", raw.__class__({"raw": True}, seed=3))], progress=False)
     assert (t.checkpoints["processing_differs"] == "").all()
+
+
+def test_a_saved_trajectory_is_what_its_tables_give(mixed_traj, tmp_path):
+    """A saved trajectory reads back equal, and each checkpoint's numbers and relations are recomputed from its heads
+    and layers: an edit of a table, its sha256 and the record's digest recomputed, is refused naming the file (the
+    contract test, tests/unit/test_result_contract.py, edits every field of the record)."""
+    t, _ = mixed_traj
+    d = Path(t.save(tmp_path / "t"))
+    back = tli.load_trajectory(d)
+    for name in ("heads", "layers", "checkpoints"):
+        pd.testing.assert_frame_equal(getattr(back, name), getattr(t, name), check_exact=True)
+    assert back.summary == t.summary and back.options == t.options
+    first_fp = lambda df: df.assign(fingerprint=["0" * 64, *df["fingerprint"].iloc[1:]])  # noqa: E731
+    edits = [
+        ("checkpoints", lambda c: c.assign(identical_to=["", "", "", "step1"]), "checkpoints.parquet"),
+        ("checkpoints", lambda c: c.assign(n_closed=c["n_closed"] + 1), "checkpoints.parquet"),
+        ("layers", first_fp, "checkpoints.parquet"),  # step0's layer 0: its weights fingerprint and relations
+        ("heads", lambda h: h.assign(P=h["P"] * 0.999), "checkpoints.parquet"),  # every median_P
+        ("heads", lambda h: h.assign(closed=~h["closed"]), "heads.parquet"),
+        ("layers", lambda df: df.assign(step=df["step"] + 1), "layers.parquet"),
+    ]
+    for i, (table, edit, named) in enumerate(edits):
+        e = tmp_path / f"edit{i}"
+        shutil.copytree(d, e)
+        rewrite_saved(e, "trajectory.json", table, edit)
+        with pytest.raises(ReportFileError, match=re.escape(str(e / named))):
+            tli.load_trajectory(e)

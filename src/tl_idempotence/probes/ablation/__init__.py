@@ -108,7 +108,7 @@ from __future__ import annotations
 from .controls import ENUMERATE_AT_MOST, MIN_CONTROLS_FOR_P_005, count_matched_sets, matched_controls
 from .entry import ABLATION_KINDS, DEFAULT_N_CONTROLS, MAX_CONTROLS, AblationArgs, ablation
 from .passes import CHECK_TOLERANCE, next_token_loss, next_token_losses
-from .result import Ablation
+from .result import Ablation, load_ablation
 from .stats import BOOTSTRAP_DRAWS, INTERVAL_LEVEL, bootstrap_intervals, percentile_interval, rank_p_value
 
 __all__ = [
@@ -125,6 +125,7 @@ __all__ = [
     "ablation",
     "bootstrap_intervals",
     "count_matched_sets",
+    "load_ablation",
     "matched_controls",
     "next_token_loss",
     "next_token_losses",

@@ -19,8 +19,9 @@ from ...errors import OptionError, OptionTypeError, UnsupportedModelError
 from ...sources.tl import TLModelSource, is_tl_model
 from ..tokens import corpus_name, prepare_tokens
 from .controls import plan_sets
+from .kinds import ABLATION_HOOKS, ABLATION_KINDS
 from .passes import run_sets
-from .result import Ablation, AblationSummary, Losses, ablation_summary, ablation_tables
+from .result import Ablation, AblationSummary, Losses, ablation_summary, ablation_tables, window_sums_table
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Literal
@@ -29,24 +30,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ...core.hints import HeadsLike, IntLike, TextsLike, TLModel
 
-__all__ = ["ABLATION_KINDS", "DEFAULT_N_CONTROLS", "MAX_CONTROLS", "AblationArgs", "ablation"]
+__all__ = ["ABLATION_HOOKS", "ABLATION_KINDS", "DEFAULT_N_CONTROLS", "MAX_CONTROLS", "AblationArgs", "ablation"]
 
-#: Ablation kinds: replace a head's ``hook_z`` by its clean mean, or by zeros.
-ABLATION_KINDS = ("mean", "zero")
 #: The most control sets accepted.
 MAX_CONTROLS = 1000
 #: Default number of matched control sets: the p-value's floor is 1/40 = 0.025, so a flagged set that beats
 #: all of them, or all but one, gets p <= 0.05.
 DEFAULT_N_CONTROLS = default_of("tli.ablation", "n_controls")
-
-#: What an ablation of each kind records of its hook (its ``options``).
-_ABLATION_HOOK: dict[str, dict[str, str | None]] = {
-    "mean": {
-        "hook": "blocks.{l}.attn.hook_z",
-        "mean_over": "every counted (non-special) position of the evaluated windows, clean run, per head",
-    },
-    "zero": {"hook": "blocks.{l}.attn.hook_z", "mean_over": None},
-}
 
 
 def _is_causal(model: Any) -> bool:
@@ -244,7 +234,7 @@ def ablation(
         "batch_size": batch_size,
         "singles": singles,
         "corpus": corpus_name(texts),
-        **_ABLATION_HOOK[kind],
+        **ABLATION_HOOKS[kind],
     }
     return Ablation(
         heads=heads_df,
@@ -253,4 +243,6 @@ def ablation(
         info=src.info,
         options=options,
         window_losses=win_df,
+        window_sums=window_sums_table(plan, losses),
+        run_info=run,
     )

@@ -24,12 +24,14 @@ from torch import Tensor
 from ...core.threads import explicit_threads
 from .schedule import Schedule
 
-__all__ = ["CHECK_TOLERANCE", "next_token_loss", "next_token_losses", "run_sets", "set_losses"]
+__all__ = ["CHECK_TOLERANCE", "CHECK_TOLERANCES", "next_token_loss", "next_token_losses", "run_sets", "set_losses"]
 
 #: Largest accepted |loss(empty set in a batched pass) − loss(clean pass)| per window, nats per token, for
 #: float32/float64 models (half precision: :data:`_HALF_CHECK_TOLERANCE`).
 CHECK_TOLERANCE = 1e-3
 _HALF_CHECK_TOLERANCE = 5e-2
+#: Every tolerance a run checks with (a saved ablation's ``check_tolerance`` is one of them).
+CHECK_TOLERANCES = (CHECK_TOLERANCE, _HALF_CHECK_TOLERANCE)
 
 
 def next_token_losses(

@@ -26,6 +26,7 @@ from ...analyses.report_options import ReportOptions
 from ...core.files import atomic_write_text, read_json, sha256_file
 from ...core.jsonio import RECORD as RECORD_NAN_POLICY
 from ...core.jsonio import json_restore, json_text
+from ...core.store import OLD_MARK, install_folder, saved_folder
 from ...errors import OptionError, ReportFileError, TLIError
 from ...report.identity import origin_of, report_mismatch
 from ...report.report import IdempotenceReport, load_report
@@ -54,7 +55,9 @@ __all__ = [
 ITEM_FORMAT = "tl_idempotence.sweep-item/1"
 #: Prefix of the folder a report is written to before it is renamed to ``OUT/<dir>``.
 TMP_PREFIX = ".tli-tmp-"
-#: Prefix of the name the replaced report takes while the new one is put in place.
+#: Prefix of the name a replaced report took while the new one was put in place, before the sweep put its reports
+#: in place through THE store (:func:`~tl_idempotence.core.store.install_folder`, which keeps it as
+#: ``.<dir>.tli-old-RANDOM`` where the file system has no atomic exchange); such leftovers are still removed.
 OLD_PREFIX = ".tli-old-"
 _MARKER = re.compile(r"^started-([0-9a-f]{12})-(\d+)-([0-9a-f]{8})\.json$")
 #: The task record's float fields: the only ones whose "NaN"/"Infinity" strings are read back as floats
@@ -161,9 +164,12 @@ class ItemFiles:
         atomic_write_text(self.record_path, json_text(rec, RECORD_NAN_POLICY, indent=1, default=str))
 
     def report_digest(self) -> str | None:
-        """sha256 of ``OUT/<dir>/report.json`` (it holds the sha256 of every table: it keys the whole report)."""
+        """sha256 of ``OUT/<dir>/report.json`` (it holds the sha256 of every table: it keys the whole report); of
+        the earlier report kept beside it when a replacement was stopped between its two renames
+        (:func:`~tl_idempotence.core.store.saved_folder`, as :func:`~tl_idempotence.report.report.load_report`
+        reads it)."""
         try:
-            return sha256_file(self.target / RECORD)
+            return sha256_file(saved_folder(self.target, RECORD) / RECORD)
         except OSError:
             return None
 
@@ -212,12 +218,15 @@ class ItemFiles:
         return died
 
     def clean_leftovers(self) -> None:
-        """Temporary folders of this item left by a killed task (never another item's, never a finished report)."""
+        """Temporary folders of this item left by a killed task (never another item's, never a finished report; an
+        earlier report kept beside ``OUT/<dir>`` by a replacement stopped between its two renames only once a report
+        is in place again)."""
         pattern = re.compile(
             rf"^(?:{re.escape(TMP_PREFIX)}|{re.escape(OLD_PREFIX)}){re.escape(self.dirname)}-[0-9a-f]{{8}}$"
         )
+        kept = re.compile(rf"^\.{re.escape(self.dirname)}{re.escape(OLD_MARK)}[0-9a-f]{{8}}$")
         for p in self.out.iterdir():
-            if pattern.match(p.name) and p.is_dir():
+            if (pattern.match(p.name) or (kept.match(p.name) and self.target.is_dir())) and p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
 
 
@@ -324,17 +333,6 @@ def refuse_foreign_folder(target: Path, label: str) -> None:
             f"{target} (the folder of item {label!r}) exists and holds files that are not a saved report; "
             "move them away or choose another out folder (nothing was computed)."
         )
-
-
-def _install(tmp: Path, target: Path) -> None:
-    """Put the finished report folder ``tmp`` at ``target`` (renames; the old copy is removed last)."""
-    old = None
-    if target.exists():
-        old = target.with_name(f"{OLD_PREFIX}{target.name}-{uuid.uuid4().hex[:8]}")
-        os.replace(target, old)
-    os.replace(tmp, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def run_sweep_task(task: SweepTask, attempt: int = 1, wait: bool = True) -> dict[str, Any]:
@@ -454,13 +452,17 @@ def _skip(at: _Attempt, files: ItemFiles, saved: IdempotenceReport) -> dict[str,
 
 
 def _save(at: _Attempt, files: ItemFiles, rep: IdempotenceReport, reason: str) -> dict[str, Any]:
-    """Save a measured report to a temporary folder, record it, then rename it to ``OUT/<dir>``."""
+    """Save a measured report to a temporary folder, record it, then put it at ``OUT/<dir>`` in one step (THE store's
+    :func:`~tl_idempotence.core.store.install_folder`: an atomic exchange with an earlier report where the system
+    offers one, else two renames whose gap readers see through, :func:`~tl_idempotence.core.store.saved_folder`)."""
     tmp = files.out / f"{TMP_PREFIX}{at.task.dirname}-{uuid.uuid4().hex[:8]}"
     try:
         rep.save(tmp)
         out = at.row("computed", reason, sha256_file(tmp / RECORD), rep.summary.weights_fingerprint)
-        files.write_record(out, at.task.item)  # before the rename: a death in between leaves a record that
-        _install(tmp, files.target)  # does not describe OUT/<dir>, so the next attempt computes again
+        # recorded before it is put in place: a death in between leaves a record that does not describe OUT/<dir>,
+        # so the next attempt computes again
+        files.write_record(out, at.task.item)
+        install_folder(tmp, files.target, replace=files.target.exists())
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
