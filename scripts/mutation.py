@@ -355,7 +355,7 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
     ),
     HandMutant(
         "ablation_kv_column_is_head",
-        "src/tl_idempotence/probes/ablation/result.py",
+        "src/tl_idempotence/probes/ablation/tables.py",
         '"kv_head": [int(kv_of[h]) for _, h in pairs],',
         '"kv_head": [int(h) for _, h in pairs],',
         _ABL_TESTS,
@@ -419,7 +419,7 @@ HAND_MUTANTS: tuple[HandMutant, ...] = (
     ),
     HandMutant(
         "roles_store_kv_head",
-        "src/tl_idempotence/report/roles.py",
+        "src/tl_idempotence/probes/roles.py",
         "        bad = want != K\n",
         "        bad = np.sort(want) != np.sort(K)\n",
         ("tests/unit/report/test_roles_record.py",),
