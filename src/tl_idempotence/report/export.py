@@ -168,15 +168,7 @@ def report_output(
         return str(report_html(rep, sections=sections))
 
     def folder(path: Path, overwrite: bool) -> Path:
-        rec = ReportRecord(
-            heads=rep.heads,
-            layers=rep.layers,
-            tables=dict(rep.tables),
-            summary=rep.summary,
-            info=rep.info,
-            options=rep.options,
-        )
-        return write_record(rec, path, overwrite=overwrite)
+        return write_record(ReportRecord.of(rep), path, overwrite=overwrite)
 
     return Output(
         what="report",
