@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ..core.kwargs import by_name
 from ..core.option_specs import GENERAL_OPTIONS, OptionSpec
 from ..errors import OptionTypeError, RegistrationError
 from . import algebra_spec, closure_spec, mismatch_spec, scramble_spec, search_spec
@@ -125,7 +126,4 @@ def spec_of(name: str) -> AnalysisSpec:
     Raises:
         KeyError: no such analysis (names the registered ones).
     """
-    for s in ANALYSES:
-        if s.name == name:
-            return s
-    raise KeyError(f"no analysis {name!r}; registered: {[s.name for s in ANALYSES]}")
+    return by_name(ANALYSES, name, lambda names: KeyError(f"no analysis {name!r}; registered: {names}"))

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-from ..core.kwargs import unknown_option_error
+from ..core.kwargs import by_name, unknown_option_error
 from ..core.option_specs import GENERAL_OPTIONS, REQUIRED, GeneralOptions, Option, OptionSpec
 from ..core.options import check_device_name, check_threshold
 from ..errors import OptionError, OptionTypeError
@@ -135,11 +135,7 @@ def default(name: str) -> Any:
     Raises:
         UnknownOptionError: no such option (names the closest ones).
     """
-    specs = report_options()
-    for o in specs:
-        if o.name == name:
-            return o.default
-    raise unknown_option_error("report options", [name], [o.name for o in specs])
+    return by_name(report_options(), name, lambda names: unknown_option_error("report options", [name], names)).default
 
 
 def _encode(name: str, value: Any) -> Any:

@@ -4,6 +4,7 @@ path use it too).
 * :func:`strict_kwargs` — decorator: an unknown keyword raises
   :class:`~tl_idempotence.errors.UnknownOptionError` naming the closest valid ones.
 * :func:`unknown_option_error` — that error, for code that checks keywords itself.
+* :func:`by_name` — THE lookup of a declaration (an option, an analysis, a join) by its name.
 * :func:`warn_at_caller` — a warning attributed to the first caller outside the package (a deprecated
   keyword warns at the user's line, through :func:`strict_kwargs`'s wrapper or any other).
 """
@@ -15,11 +16,11 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from ..errors import UnknownOptionError
 
-__all__ = ["strict_kwargs", "unknown_option_error", "warn_at_caller"]
+__all__ = ["by_name", "strict_kwargs", "unknown_option_error", "warn_at_caller"]
 
 #: Top-level modules whose frames a warning skips: the package, and the runtime type checkers that may wrap
 #: its functions (jaxtyping's import hook instruments it with beartype while the tests run).
@@ -51,6 +52,27 @@ def unknown_option_error(where: str, unknown: Iterable[str], valid: Iterable[str
         close = difflib.get_close_matches(k, valid, n=3, cutoff=0.5)
         parts.append(f"{k!r}" + (f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""))
     return UnknownOptionError(f"{where} got unknown option(s) {', '.join(parts)}. Valid options: {', '.join(valid)}.")
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=_Named)
+
+
+def by_name(items: Iterable[N], name: str, missing: Callable[[list[str]], Exception]) -> N:
+    """THE lookup of a declaration by its ``name`` (an option, an analysis, a join): the first of ``items`` so named.
+
+    Raises:
+        ``missing(names)``, with every item's name in order: none is called ``name``.
+    """
+    items = tuple(items)
+    for x in items:
+        if x.name == name:
+            return x
+    raise missing([x.name for x in items])
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -23,6 +23,7 @@ import pandas as pd
 from .paper import FDR_LEVEL
 
 __all__ = [
+    "CLOSED_HEAD_COLUMNS",
     "MEASURED_FIELDS",
     "SCRAMBLE_TEST",
     "HeadlineSummary",
@@ -32,6 +33,10 @@ __all__ = [
     "report_headline",
     "roles_headline",
 ]
+
+#: The per-head columns a list of closed heads leads with, after the head's label (those its table has): the JSON
+#: export's ``closed_heads`` (:data:`~tl_idempotence.report.export.EXPORT_HEAD_COLUMNS`) and a comparison page's.
+CLOSED_HEAD_COLUMNS = ("layer", "head", "kv_head", "alpha", "P", "P_scrambled_median", "p_value")
 
 #: A report summary's own fields (not an analysis's), in the order they lead it: what was measured.
 MEASURED_FIELDS = (

@@ -15,9 +15,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -31,11 +31,13 @@ from .store import saved_folder, write_folder
 __all__ = [
     "INFO_FIELDS",
     "INT_KEYS",
+    "RecordWords",
     "check_float_keys",
     "check_identity",
     "float_keys",
     "index_column",
     "json_like",
+    "open_record",
     "owned_files",
     "read_fields_record",
     "read_listed_tables",
@@ -209,6 +211,53 @@ def owned_files(d: Path, record_name: str, own: dict[str, frozenset[str]]) -> li
     return [record_name, *(f"{n}.parquet" for n in names), *parts]
 
 
+class RecordWords(NamedTuple):
+    """How the refusals of :func:`open_record` name what they read (the defaults: any saved result's; the report's
+    own loader names a report)."""
+
+    folder: str = "The saved folder"
+    saved_by: str = "the folder the result was saved to"
+    result: str = "result"
+    record: str = "saved record"
+    edited: str = "the record"
+
+
+def open_record(
+    path: Any, record_name: str, formats: tuple[str, ...], words: RecordWords | None = None
+) -> tuple[Path, Path, dict[str, Any]]:
+    """The record of a saved folder, opened as every loader opens it: the folder (the earlier save kept beside
+    ``path`` by an overwrite stopped between its two renames, :func:`~tl_idempotence.core.store.saved_folder`), its
+    record read as JSON, of one of ``formats`` and passing its own digest (its tables are not read here).
+
+    Returns:
+        ``(folder, record file, record)``, the record as written (``files`` and ``digest`` included).
+
+    Raises:
+        OptionTypeError: ``path`` is not a path. MissingFileError: no such folder, no record (names it).
+        ReportFileError: an unreadable record, a record of another format, an edited record (digest); names the file.
+    """
+    words = words or RecordWords()
+    if not isinstance(path, (str, os.PathLike)):
+        raise OptionTypeError(f"{words.folder} must be a path; got {type(path).__name__}.")
+    d = saved_folder(Path(path).expanduser(), record_name)  # an overwrite stopped between its two renames
+    if not d.is_dir():
+        raise MissingFileError(f"{d} is not a folder; pass {words.saved_by}.")
+    rec_file = d / record_name
+    if not rec_file.is_file():
+        why = f"it is not a saved {words.result} (or the save was interrupted)"
+        raise MissingFileError(f"{d} has no {record_name}: {why}.")
+    rec = read_json(rec_file, ReportFileError, words.record)
+    if not isinstance(rec, dict) or rec.get("format") not in formats:
+        fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
+        raise ReportFileError(f"{rec_file} is not a {' or '.join(formats)} record (format {fmt!r}).")
+    if rec.get("digest") != record_digest(rec):
+        raise ReportFileError(
+            f"{rec_file} does not match its recorded sha256 digest: {words.edited} was edited or damaged. Save the "
+            f"{words.result} again from its source."
+        )
+    return d, rec_file, rec
+
+
 def read_tables_record(
     path: Any, record_name: str, formats: tuple[str, ...], float_keys: frozenset[str]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -229,23 +278,7 @@ def read_tables_record(
             recorded sha256 or is not parquet (names the file).
         OptionTypeError: ``path`` is not a path.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise OptionTypeError(f"The saved folder must be a path; got {type(path).__name__}.")
-    d = saved_folder(Path(path).expanduser(), record_name)  # an overwrite stopped between its two renames
-    if not d.is_dir():
-        raise MissingFileError(f"{d} is not a folder; pass the folder the result was saved to.")
-    rec_file = d / record_name
-    if not rec_file.is_file():
-        raise MissingFileError(f"{d} has no {record_name}: it is not a saved result (or the save was interrupted).")
-    rec = read_json(rec_file, ReportFileError, "saved record")
-    if not isinstance(rec, dict) or rec.get("format") not in formats:
-        fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
-        raise ReportFileError(f"{rec_file} is not a {' or '.join(formats)} record (format {fmt!r}).")
-    if rec.get("digest") != record_digest(rec):
-        raise ReportFileError(
-            f"{rec_file} does not match its recorded sha256 digest: the record was edited or damaged. Save the result "
-            "again from its source."
-        )
+    d, rec_file, rec = open_record(path, record_name, formats)
     files = rec.get("files")
     if not isinstance(files, dict):
         raise ReportFileError(f"{rec_file} lists no tables.")
@@ -350,6 +383,11 @@ def check_identity(
     def refuse(where: Path, what: str) -> ReportFileError:
         return ReportFileError(f"{where}: {what}: the record or a table was edited. Save the result again.")
 
+    def refuse_first(bad: np.ndarray, what: Callable[[int], str]) -> None:
+        """Refuse the table at its first row where ``bad`` holds (``what(row)`` says what is wrong there)."""
+        if bad.any():
+            raise refuse(where, what(int(np.flatnonzero(bad)[0])))
+
     if info is not None:
         for k in INFO_FIELDS:
             if k in summary and not same_value(json_like(summary[k]), json_like(getattr(info, k))):
@@ -362,14 +400,13 @@ def check_identity(
         return
     where = table_file or rec_file
     L, H = index_column(table, "layer", where), index_column(table, "head", where)
-    outside = (L < 0) | (L >= info.n_layers) | (H < 0) | (H >= info.n_heads)
-    if outside.any():
-        i = int(np.flatnonzero(outside)[0])
-        raise refuse(
-            where,
+    refuse_first(
+        (L < 0) | (L >= info.n_layers) | (H < 0) | (H >= info.n_heads),
+        lambda i: (
             f"head L{L[i]}H{H[i]} is not a head of the record's model (info: {info.n_layers} layers of "
-            f"{info.n_heads} heads)",
-        )
+            f"{info.n_heads} heads)"
+        ),
+    )
     if len(set(zip(L.tolist(), H.tolist()))) != len(L):
         raise refuse(where, "a head repeats")
     if "kv_head" in table.columns:
@@ -379,13 +416,13 @@ def check_identity(
         except Exception as e:  # a kv layout the sizes cannot have (WeightError)
             raise refuse(rec_file, f"info.n_heads={info.n_heads}, info.n_kv_heads={info.n_kv_heads}: {e}") from e
         bad = want != K
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise refuse(
-                where,
+        refuse_first(
+            bad,
+            lambda i: (
                 f"column 'kv_head' disagrees with the kv map of info.n_heads={info.n_heads}, info.n_kv_heads="
-                f"{info.n_kv_heads} (tl_idempotence.kv_layout) at L{L[i]}H{H[i]} (first of {int(bad.sum())})",
-            )
+                f"{info.n_kv_heads} (tl_idempotence.kv_layout) at L{L[i]}H{H[i]} (first of {int(bad.sum())})"
+            ),
+        )
 
 
 def check_float_keys(rec_file: Path, fields: Mapping[str, Any], listed: Any) -> None:

@@ -8,32 +8,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.kwargs import strict_kwargs
-from ..core.option_specs import OptionSpec
 from ..errors import OptionError, OptionTypeError
-from .join_spec import JoinFlag, JoinSpec, int_option, optional
+from .join_spec import JoinFlag, JoinSpec, count_option, int_option, optional
 
 __all__ = ["ATTENTION", "AttentionRequest", "refuse_unused_options"]
 
 
-_MAX_TOKENS = OptionSpec(
+_MAX_TOKENS = count_option(
     "max_tokens",
     64,
     "cut the text to this many tokens, special tokens included (the view says so when it cuts)",
-    "count",
-    "N",
-    types="int",
-    hint="IntLike",
-    check=int_option(2),
+    int_option(2),
 )
-_TOP_K = OptionSpec(
+_TOP_K = count_option(
     "top_k",
     None,
     "cap on the default heads (every closed head, else the top 8 by P)",
-    "count",
-    "K",
-    types="int | None",
-    hint="IntLike | None",
-    check=optional(int_option(1)),
+    optional(int_option(1)),
+    metavar="K",
+    none=True,
 )
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.outputs import Output
-from ..core.readings import report_headline
+from ..core.readings import CLOSED_HEAD_COLUMNS, report_headline
 from .attention_spec import ATTENTION, AttentionRequest
 from .join_defaults import EXPORT_ROLE_COLUMNS
 from .joins import joined, joined_heads, page_sections, records
@@ -62,18 +62,7 @@ class WrittenReport(Protocol):
 _ATTENTION_MAX_TOKENS = ATTENTION.option("max_tokens").default
 
 #: The per-head columns of the JSON export's ``closed_heads`` (those the report has), after the head's label.
-EXPORT_HEAD_COLUMNS = (
-    "layer",
-    "head",
-    "kv_head",
-    "alpha",
-    "P",
-    "P_scrambled_median",
-    "p_value",
-    "q_value",
-    "scramble_effect",
-    "P_searched",
-)
+EXPORT_HEAD_COLUMNS = (*CLOSED_HEAD_COLUMNS, "q_value", "scramble_effect", "P_searched")
 
 
 def heads_with_roles(heads: pd.DataFrame, roles: RoleAssociation | None) -> pd.DataFrame:
@@ -168,15 +157,7 @@ def report_output(
         return str(report_html(rep, sections=sections))
 
     def folder(path: Path, overwrite: bool) -> Path:
-        rec = ReportRecord(
-            heads=rep.heads,
-            layers=rep.layers,
-            tables=dict(rep.tables),
-            summary=rep.summary,
-            info=rep.info,
-            options=rep.options,
-        )
-        return write_record(rec, path, overwrite=overwrite)
+        return write_record(ReportRecord.of(rep), path, overwrite=overwrite)
 
     return Output(
         what="report",

@@ -27,9 +27,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..core.kwargs import unknown_option_error
+from ..core.kwargs import by_name, unknown_option_error
 from ..core.option_specs import OptionSpec
-from ..core.options import check_int
+from ..core.options import check_int, check_seed
 from ..errors import OptionError, OptionTypeError, RegistrationError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,9 +42,11 @@ __all__ = [
     "JoinFlag",
     "JoinSpec",
     "check_identity",
+    "count_option",
     "int_option",
     "model_to_run",
     "optional",
+    "seed_option",
 ]
 
 #: How a join checks a model given for it (:func:`check_identity`): ``"weights"``: its sizes, weight processing and
@@ -75,6 +77,31 @@ def int_option(minimum: int | None = None, maximum: int | None = None) -> Callab
         return check_int(x, name, minimum, maximum)
 
     return checked
+
+
+def count_option(
+    name: str,
+    default: int | None,
+    help_: str,
+    check: Callable[[Any, str], Any],
+    *,
+    metavar: str = "N",
+    none: bool = False,
+    needs_torch: bool = False,
+) -> OptionSpec:
+    """A join's integer option (kind ``"count"``): typed ``int`` (``IntLike``), or ``int | None`` (``IntLike | None``)
+    where ``none`` (None: "not given" or "no limit", which ``check`` accepts). Raises what :class:`OptionSpec` does."""
+    types = "int | None" if none else "int"
+    hint = "IntLike | None" if none else "IntLike"
+    return OptionSpec(
+        name, default, help_, "count", metavar, types=types, hint=hint, check=check, needs_torch=needs_torch
+    )
+
+
+def seed_option(help_: str) -> OptionSpec:
+    """A join's ``seed`` option: default 0, ``--seed S``, validated by
+    :func:`~tl_idempotence.core.options.check_seed`. Raises nothing."""
+    return count_option("seed", 0, help_, check_seed, metavar="S")
 
 
 @dataclass(frozen=True)
@@ -212,10 +239,9 @@ class JoinSpec:
         Raises:
             KeyError: no such option (names the declared ones).
         """
-        for o in self.options:
-            if o.name == name:
-                return o
-        raise KeyError(f"join {self.name!r} has no option {name!r}; options: {[o.name for o in self.options]}")
+        return by_name(
+            self.options, name, lambda names: KeyError(f"join {self.name!r} has no option {name!r}; options: {names}")
+        )
 
     def defaults(self) -> dict[str, Any]:
         """``{option: default}`` in declaration order."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..core.kwargs import by_name
 from ..core.results import register_display
 from ..errors import OptionError, RegistrationError
 from .ablation_spec import ABLATION
@@ -75,10 +76,7 @@ def join_spec(name: str) -> JoinSpec:
     Raises:
         OptionError: no such join (names the registered ones).
     """
-    for s in JOINS:
-        if s.name == name:
-            return s
-    raise OptionError(f"no join {name!r}; registered: {[s.name for s in JOINS]}.")
+    return by_name(JOINS, name, lambda names: OptionError(f"no join {name!r}; registered: {names}."))
 
 
 def joined(rep: Any, joins: Mapping[str, Any] | None = None, **legacy: Any) -> dict[str, Any]:

@@ -7,11 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.kwargs import strict_kwargs
-from ..core.option_specs import OptionSpec
-from ..core.options import check_seed
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_RESAMPLES
-from .join_spec import JoinFlag, JoinSpec, check_identity, int_option, optional
+from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, int_option, optional, seed_option
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -28,10 +26,6 @@ def _check_n_tokens(x: Any, name: str) -> int:
     from ..probes.head_tokens import MAX_TOKENS
 
     return check_int(x, name, 1, MAX_TOKENS)
-
-
-def _count(name: str, default: Any, help_: str, check: Any, **more: Any) -> OptionSpec:
-    return OptionSpec(name, default, help_, "count", "N", types="int", hint="IntLike", check=check, **more)
 
 
 @strict_kwargs
@@ -125,36 +119,24 @@ MECHANISM = JoinSpec(
     result=_mechanism,
     run=run_mechanism,
     options=(
-        _count("n_tokens", 512, "the token readout's sample of source tokens", _check_n_tokens, needs_torch=True),
-        _count("k", 20, "the token readout's top/bottom size", int_option(1)),
-        _count("seq_len", 128, "the attended-token effect's window length", int_option(2, 1 << 24)),
-        OptionSpec(
+        count_option("n_tokens", 512, "the token readout's sample of source tokens", _check_n_tokens, needs_torch=True),
+        count_option("k", 20, "the token readout's top/bottom size", int_option(1)),
+        count_option("seq_len", 128, "the attended-token effect's window length", int_option(2, 1 << 24)),
+        count_option(
             "max_tokens",
             2048,
             "the attended-token effect's token budget (None: no budget)",
-            "count",
-            "N",
-            types="int | None",
-            hint="IntLike | None",
-            check=optional(int_option(1)),
+            optional(int_option(1)),
+            none=True,
         ),
-        _count("batch_size", 8, "the attended-token effect's windows per forward pass", int_option(1, 1 << 20)),
-        _count(
+        count_option("batch_size", 8, "the attended-token effect's windows per forward pass", int_option(1, 1 << 20)),
+        count_option(
             "n_permutations",
             DEFAULT_N_PERMUTATIONS,
             f"permutations of the Spearman test (1 .. {MAX_RESAMPLES})",
             int_option(1, MAX_RESAMPLES),
         ),
-        OptionSpec(
-            "seed",
-            0,
-            "the token sample's, the null sources' and the permutations' seed",
-            "count",
-            "S",
-            types="int",
-            hint="IntLike",
-            check=check_seed,
-        ),
+        seed_option("the token sample's, the null sources' and the permutations' seed"),
     ),
     model="weights",
     why="the attended-token effect runs it on text",

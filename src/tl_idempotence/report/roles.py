@@ -119,10 +119,10 @@ class RoleAssociation(StoredResult, FrozenResult, DrawnResult):
     frozen_name: ClassVar[str] = "a role association is"
     frozen_hint: ClassVar[str] = "rep.roles(...) again"
     summary_type: ClassVar[type[FrozenSummary]] = RoleAssociationSummary
-    settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
-    store: ClassVar[StoreSpec] = StoreSpec(
+    settable: ClassVar[frozenset[str]] = HeadRoles.settable  # loaded_from, set once by load_roles
+    store: ClassVar[StoreSpec] = StoreSpec(  # saved as head roles are, in their record file (load_roles reads both)
         name="role_association",
-        record="roles.json",
+        record=HeadRoles.store.record,
         formats=("tl_idempotence.role_association/1",),
         free_fields=HeadRoles.store.free_fields,
     )

@@ -7,11 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.kwargs import strict_kwargs, warn_at_caller
-from ..core.option_specs import OptionSpec
-from ..core.options import check_seed
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import DEFAULT_N_PERMUTATIONS, DEFAULT_N_SETS, EXPORT_ROLE_COLUMNS, MAX_RESAMPLES
-from .join_spec import JoinFlag, JoinSpec, check_identity, int_option
+from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, int_option, seed_option
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -49,20 +47,13 @@ def _check_sequences(x: Any, name: str) -> int | None:
     return None if x is None else check_int(x, name, 1, MAX_SEQUENCES)
 
 
-_PERMUTATIONS = OptionSpec(
+_PERMUTATIONS = count_option(
     "n_permutations",
     DEFAULT_N_PERMUTATIONS,
     f"permutations of each Spearman test (1 .. {MAX_RESAMPLES})",
-    "count",
-    "N",
-    types="int",
-    hint="IntLike",
-    check=int_option(1, MAX_RESAMPLES),
+    int_option(1, MAX_RESAMPLES),
 )
-_SEED = OptionSpec(
-    "seed", 0, "the seed of the head detector's tokens and of the permutations", "count", "S", types="int",
-    hint="IntLike", check=check_seed,
-)  # fmt: skip
+_SEED = seed_option("the seed of the head detector's tokens and of the permutations")
 
 
 @strict_kwargs
@@ -170,26 +161,20 @@ ROLES = JoinSpec(
     result=_role_association,
     run=run_roles,
     options=(
-        OptionSpec(
+        count_option(
             "repeat_len",
             None,
             "the length of x in each BOS x x sequence of the head detector (None: the detector's default, 24)",
-            "count",
-            "N",
-            types="int | None",
-            hint="IntLike | None",
-            check=check_length,
+            check_length,
+            none=True,
             needs_torch=True,
         ),
-        OptionSpec(
+        count_option(
             "n_sequences",
             None,
             "seeded sequences the attention roles average over (None: the detector's default, 8)",
-            "count",
-            "N",
-            types="int | None",
-            hint="IntLike | None",
-            check=_check_sequences,
+            _check_sequences,
+            none=True,
             needs_torch=True,
         ),
         _PERMUTATIONS,
@@ -242,17 +227,13 @@ CIRCUIT = JoinSpec(
     result=_circuit,
     run=run_circuit,
     options=(
-        OptionSpec(
+        count_option(
             "n_sets",
             DEFAULT_N_SETS,
             f"random layer-matched sets of the permutation p-value (1 .. {MAX_RESAMPLES}; floor 1/(n_sets + 1))",
-            "count",
-            "N",
-            types="int",
-            hint="IntLike",
-            check=int_option(1, MAX_RESAMPLES),
+            int_option(1, MAX_RESAMPLES),
         ),
-        OptionSpec("seed", 0, "the random sets' seed", "count", "S", types="int", hint="IntLike", check=check_seed),
+        seed_option("the random sets' seed"),
     ),
     roles=True,
 )

@@ -32,15 +32,22 @@ import pandas as pd
 from ..analyses.registry import report_analyses
 from ..analyses.report_options import ReportOptions, with_absent
 from ..analyses.scramble import bh_q_values, scramble_effect
-from ..core.files import read_json, record_digest, sha256_bytes
+from ..core.files import record_digest, sha256_bytes
 from ..core.heads import ModelInfo, kv_layout
 from ..core.jsonio import RECORD as JSON_RECORD
 from ..core.jsonio import json_text
 from ..core.options import check_bool
-from ..core.records import index_column, read_listed_tables, tag_int_keys, untag_int_keys
+from ..core.records import (
+    RecordWords,
+    index_column,
+    open_record,
+    read_listed_tables,
+    tag_int_keys,
+    untag_int_keys,
+)
 from ..core.selection import head_label
-from ..core.store import saved_folder, write_folder
-from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
+from ..core.store import write_folder
+from ..errors import OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
 from .summary import ReportSummary, build_summary, field_rules, optional_field
 
@@ -70,6 +77,12 @@ class ReportRecord:
     summary: ReportSummary
     info: ModelInfo
     options: ReportOptions
+
+    @classmethod
+    def of(cls, rep: Any) -> ReportRecord:
+        """The record of a report (anything with a report's ``heads``, ``layers``, ``tables``, ``summary``, ``info``
+        and ``options``): what ``rep.save`` and a comparison's report parts write. Raises nothing."""
+        return cls(rep.heads, rep.layers, dict(rep.tables), rep.summary, rep.info, rep.options)
 
 
 def _info_record(info: ModelInfo) -> dict[str, Any]:
@@ -269,6 +282,13 @@ def _restore_summary(raw: Any) -> Any:
     return restored
 
 
+#: How :func:`read_record`'s refusals name a saved report.
+_WORDS = RecordWords(
+    "The report folder", "the folder written by rep.save(...)", "report", "report record",
+    "the record (summary, options, file list)",
+)  # fmt: skip
+
+
 def read_record(path: Any) -> ReportRecord:
     """Read a folder written by :func:`write_record`, checking every file against its recorded sha256.
 
@@ -282,23 +302,7 @@ def read_record(path: Any) -> ReportRecord:
             (:func:`_check_summary_fits_tables`: names the field and both values).
         OptionTypeError: ``path`` is not a path.
     """
-    if not isinstance(path, (str, os.PathLike)):
-        raise OptionTypeError(f"The report folder must be a path; got {type(path).__name__}.")
-    d = saved_folder(Path(path).expanduser(), RECORD)  # an overwrite stopped between its two renames
-    if not d.is_dir():
-        raise MissingFileError(f"{d} is not a folder; pass the folder written by rep.save(...).")
-    rec_file = d / RECORD
-    if not rec_file.is_file():
-        raise MissingFileError(f"{d} has no {RECORD}: it is not a saved report (or the save was interrupted).")
-    rec = read_json(rec_file, ReportFileError, "report record")
-    if not isinstance(rec, dict) or rec.get("format") != FORMAT:
-        fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
-        raise ReportFileError(f"{rec_file} is not a {FORMAT} record (format {fmt!r}).")
-    if rec.get("digest") != record_digest(rec):
-        raise ReportFileError(
-            f"{rec_file} does not match its recorded sha256 digest: the record (summary, options, file list) was "
-            "edited or damaged. Save the report again from its source."
-        )
+    d, rec_file, rec = open_record(path, RECORD, (FORMAT,), _WORDS)
     files = rec.get("files")
     if not isinstance(files, dict) or not {"heads", "layers"} <= set(files):
         raise ReportFileError(f"{rec_file} lists no heads/layers tables.")

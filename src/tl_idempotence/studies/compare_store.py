@@ -17,7 +17,6 @@ the sweep folder's: :func:`~tl_idempotence.studies.sweep.load_sweep` reads them)
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ import pandas as pd
 from ..analyses.report_options import ReportOptions
 from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
+from ..core.outputs import refuse_file_name
 from ..core.records import float_keys, read_fields_record, same_value, write_tables_record
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..report.report import IdempotenceReport
@@ -56,7 +56,6 @@ COMPARISON_FREE_FIELDS = (
         "compared (results agree across devices to float64 rounding)",
     ),
 )
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 _FIELDS = ["format", "labels", "parts", "options", "summary", "float_keys"]
 
 
@@ -80,27 +79,11 @@ def save_comparison(result: Any, path: PathLike, overwrite: bool = False) -> str
     """
     if not (hasattr(result, "reports") and hasattr(result, "table") and hasattr(result, "options")):  # a Comparison
         raise OptionTypeError(f"save_comparison saves a Comparison (tli.compare); got {type(result).__name__}.")
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"A comparison save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a "
-            "folder name without extension (cmp.export(path) writes the table or the page)."
-        )
+    refuse_file_name(path, "A comparison save", " (cmp.export(path) writes the table or the page)")
     loaded = getattr(result, "loaded_from", None)
     inputs = [*result.inputs, *([("the saved comparison", loaded)] if loaded else [])]
     refuse_outputs_over_inputs([("path", path)], inputs)
-    parts = {
-        _part(i): record_files(
-            ReportRecord(
-                heads=rep.heads,
-                layers=rep.layers,
-                tables=dict(rep.tables),
-                summary=rep.summary,
-                info=rep.info,
-                options=rep.options,
-            )
-        )
-        for i, rep in enumerate(result.reports.values())
-    }
+    parts = {_part(i): record_files(ReportRecord.of(rep)) for i, rep in enumerate(result.reports.values())}
     fields: dict[str, Any] = {
         "labels": list(result.reports),
         "parts": list(parts),

@@ -20,7 +20,6 @@ analyses ran: ``nulls``, ``search``, ``algebra``); and the summary. What nothing
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from ..analyses.report_options import ReportOptions
-from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.heads import combined_fingerprint
+from ..core.outputs import check_save_target
 from ..core.processing import T_PROCESSING
 from ..core.records import float_keys, index_column, read_fields_record, same_value, write_tables_record
 from ..errors import OptionError, OptionTypeError, ReportFileError
@@ -69,7 +68,6 @@ TRAJECTORY_FREE_FIELDS = (
         "where the reports were computed: provenance (results agree across devices to float64 rounding)",
     ),
 )
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 _FIELDS = ["format", "threshold", "options", "summary", "float_keys"]
 _LEAD = ["checkpoint", "order", "step"]
 
@@ -89,13 +87,7 @@ def save_trajectory(result: Any, path: PathLike, overwrite: bool = False) -> str
     """
     if not (hasattr(result, "checkpoints") and hasattr(result, "threshold")):  # a Trajectory (defined above this)
         raise OptionTypeError(f"save_trajectory saves a Trajectory (tli.trajectory); got {type(result).__name__}.")
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"A trajectory save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a "
-            "folder name without extension."
-        )
-    loaded = getattr(result, "loaded_from", None)
-    refuse_outputs_over_inputs([("path", path)], [("the saved trajectory", loaded)] if loaded else [])
+    check_save_target(path, "A trajectory save", "trajectory", getattr(result, "loaded_from", None))
     fields: dict[str, Any] = {
         "threshold": float(result.threshold),
         "options": thawed(dict(result.options)),

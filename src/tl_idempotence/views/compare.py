@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..core.paper import PAPER, PAPER_THRESHOLD
+from ..core.readings import CLOSED_HEAD_COLUMNS
 from .figures import log_P_range
 from .page import datatable_html, datatables_init_html, display_frame
 from .text import plot_text
@@ -204,22 +205,7 @@ def comparison_html(cmp: Any) -> str:
     fig = comparison_figure(cmp).to_html(full_html=False, include_plotlyjs=True)
     h = cmp.heads
     closed = h[h["closed"].astype(bool)] if "closed" in h.columns else h.iloc[0:0]
-    cols = [
-        c
-        for c in (
-            "model",
-            "head_label",
-            "layer",
-            "head",
-            "kv_head",
-            "alpha",
-            "P",
-            "P_scrambled_median",
-            "p_value",
-            "P_searched",
-        )
-        if c in closed.columns
-    ]
+    cols = [c for c in ("model", "head_label", *CLOSED_HEAD_COLUMNS, "P_searched") if c in closed.columns]
     if len(closed):
         closed = closed[cols].sort_values(["model", "P"], ascending=[True, False], kind="stable")
     env = jinja2.Environment(autoescape=jinja2.select_autoescape(default=True))

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ...core.files import refuse_outputs_over_inputs
 from ...core.heads import ModelInfo, kv_layout
+from ...core.outputs import check_save_target
 from ...core.records import check_identity, index_column, same_value, write_tables_record
 from ...errors import OptionError, OptionTypeError, ReportFileError
 from ..token_records import edited_error, probe_fields, read_probe
@@ -92,7 +91,6 @@ _OPTION_NAMES = ("kind", "n_controls", "seed", "seq_len", "max_tokens", "batch_s
 #: The summary's bootstrap interval ends: recomputed to 1e-9 (relative), not bit for bit, because the bootstrap's
 #: matrix products go through BLAS, whose kernels may sum in another order on another machine.
 _INTERVAL_ENDS = ("delta_loss_ci_low", "delta_loss_ci_high", "excess_ci_low", "excess_ci_high")
-_FILE_SUFFIXES = (".html", ".htm", ".json", ".csv", ".parquet")
 _AGAIN = "tli.ablation"
 _LABEL = re.compile(r"L(\d+)H(\d+)")
 
@@ -120,13 +118,7 @@ def save_ablation(result: Any, path: PathLike, overwrite: bool = False) -> str:
             "keeps them so that every number can be recomputed when it is read back. Compute it again with "
             "tli.ablation (or rep.ablation)."
         )
-    if isinstance(path, (str, os.PathLike)) and Path(path).suffix.lower() in _FILE_SUFFIXES:
-        raise OptionError(
-            f"An ablation save writes a folder, not a file: {str(path)!r} ends in {Path(path).suffix!r}. Give a "
-            "folder name without extension."
-        )
-    loaded = getattr(result, "loaded_from", None)
-    refuse_outputs_over_inputs([("path", path)], [("the saved ablation", loaded)] if loaded else [])
+    check_save_target(path, "An ablation save", "ablation", getattr(result, "loaded_from", None))
     tables = {
         "heads": result.heads,
         "controls": result.controls,
