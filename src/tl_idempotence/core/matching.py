@@ -256,7 +256,7 @@ def matched_difference(
     statistic: str = "mean",
     n_permutations: int = 9999,
     seed: int = 0,
-    max_exact: int = 20000,
+    max_exact: int = 100_000,
 ) -> MatchedDifference:
     """Closed heads against their matched controls in a per-head quantity, tested within layers (module docstring).
 
@@ -315,16 +315,22 @@ def matched_difference(
     tol = 1e-9 * max(1.0, float(np.abs(X).max()))
     sizes = [(len(xs), sum(is_closed[x] for x in xs)) for xs in strata.values()]
     total = math.prod(math.comb(n, c) for n, c in sizes)
-    offsets = np.cumsum([0] + [n for n, _ in sizes])
+    offsets = np.cumsum([0, *(n for n, _ in sizes)])
     if total <= max_exact:
         method, n_rel, used_seed = "exact", total, None
-        per_layer = [list(itertools.combinations(range(n), c)) for n, c in sizes]
-        masks = np.zeros((total, len(pool)), dtype=bool)
-        for row, combo in enumerate(itertools.product(*per_layer)):
-            for off, idx in zip(offsets[:-1], combo, strict=True):
-                masks[row, off + np.asarray(idx, dtype=np.int64)] = True
-        d = _stat_rows(X, masks, statistic, n_c) - _stat_rows(X, ~masks, statistic, n_k)
-        p = float((np.abs(d) >= abs(obs) - tol).sum() / total)
+        combos = []  # per layer: [C(n, c), n] masks of every choice of its closed heads
+        for n, c in sizes:
+            cm = np.zeros((math.comb(n, c), n), dtype=bool)
+            for row, idx in enumerate(itertools.combinations(range(n), c)):
+                cm[row, list(idx)] = True
+            combos.append(cm)
+        hits = 0
+        for s0 in range(0, total, 4096):  # the relabellings in blocks (bounded memory)
+            which = np.unravel_index(np.arange(s0, min(s0 + 4096, total)), [len(cm) for cm in combos])
+            masks = np.concatenate([cm[w] for cm, w in zip(combos, which, strict=True)], axis=1)
+            d = _stat_rows(X, masks, statistic, n_c) - _stat_rows(X, ~masks, statistic, n_k)
+            hits += int((np.abs(d) >= abs(obs) - tol).sum())
+        p = hits / total
         floor = 1.0 / total
     else:
         method, n_rel, used_seed = "permutation", int(n_permutations), int(seed)

@@ -233,9 +233,7 @@ def _start(Kn: np.ndarray, d: np.ndarray) -> np.ndarray | None:
     return max(cands, key=lambda Y: float(np.sum(Y * Kn)))
 
 
-def nearest_closure_free(
-    K: np.ndarray, D: np.ndarray, max_iter: int = FREE_MAX_ITER
-) -> FreeSolution:
+def nearest_closure_free(K: np.ndarray, D: np.ndarray, max_iter: int = FREE_MAX_ITER) -> FreeSolution:
     """The nearest ``K'`` to ``K`` (Frobenius) with ``⟨K' D K', K'⟩ = 0`` (module docstring: a cone; Riemannian
     conjugate gradients for the unit ``Y`` maximizing ``⟨K, Y⟩``, then ``K' = ⟨K, Y⟩ Y``).
 
