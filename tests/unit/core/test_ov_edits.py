@@ -145,7 +145,7 @@ def test_closure_free_has_no_closure_and_is_the_nearest_point_found():
     e = closure_free_edits(lh)
     for h in range(1, 4):
         assert e.reason[h] == ""
-        O, V, T, Tf = dense(lh, h, e.N[h])
+        _, _, T, Tf = dense(lh, h, e.N[h])
         assert abs(np.sum((Tf @ Tf) * Tf)) <= 1e-11 * np.linalg.norm(Tf) ** 3  # ⟨T_f², T_f⟩ = 0: α = P = 0
         assert abs(float(e.alpha_after[h])) < 1e-10 and float(e.P_after[h]) < 1e-20
         rel = np.linalg.norm(T - Tf) / np.linalg.norm(T)

@@ -34,7 +34,8 @@ def dense_facts(O, V):
     nA = np.linalg.norm(A)
     return {
         "alpha": a, "asymmetry": np.linalg.norm(T - T.T) / np.linalg.norm(T), "proj_rank": k,
-        "proj_distance": np.linalg.norm(A - P) / nA, "proj_rank_any": any_k, "proj_distance_any": np.linalg.norm(A - P_any) / nA,
+        "proj_distance": np.linalg.norm(A - P) / nA, "proj_rank_any": any_k,
+        "proj_distance_any": np.linalg.norm(A - P_any) / nA,
         "A": A,
     }  # fmt: skip
 
