@@ -36,7 +36,8 @@ rounding floor of the gradient is 1e-8 to 3e-7 on SmolLM2's closed heads, d_head
 the Newton retraction of ``K`` and the nearest roots of ``g`` on 8 seeded lines through ``K``; the point found is a
 local nearest point (a Gauss-Newton projection alone, ``K_{n+1} = K - μ_n ∇g(K_n)``, does not converge for closed
 heads: the constraint's curvature matters there). On SmolLM2's 13 closed heads it takes 100-650 steps (~2 s a
-head on a loaded 2-core CPU) and changes ``T`` by 51-53 % (``‖T - T_f‖/‖T‖``). Not converged in ``FREE_MAX_ITER`` steps: refused.
+head on a loaded 2-core CPU) and changes ``T`` by 51-53 % (``‖T - T_f‖/‖T‖``). Not converged in
+``FREE_MAX_ITER`` steps: refused.
 Mapped back: ``T' = Q_O K' Q_Vᵀ = O R_O⁻¹ K' R_V⁻ᵀ Vᵀ``, so ``N = R_O⁻¹ K' R_V⁻ᵀ`` (``K' = K`` gives ``N = I``).
 Heads whose ``O`` or ``V`` is rank-deficient (numerical rank below ``d_head``, the tolerance of
 :func:`~tl_idempotence.core.factors.rank_rtol`) are refused: ``R_O`` or ``R_V`` has no inverse and the principal
