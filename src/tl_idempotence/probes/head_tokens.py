@@ -54,7 +54,7 @@ from ..core.stored import StoreSpec
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
-from .readout import float64_tiles, gamma64, layer_counts, row_norms, svd_directions
+from .readout import direction_extremes, float64_tiles, gamma64, layer_counts, row_norms, svd_directions
 from .token_records import (
     FREE_MODEL_FIELDS,
     TokenResult,
@@ -98,6 +98,8 @@ CONVENTION = (
     "rows of W_E W_V W_O W_U (TransformerLens row form; the kv head's W_V on GQA): no biases, no positional "
     "embedding, no final norm"
 )
+
+
 def _check_stated(
     rec: Path,
     ft: Path,
@@ -248,9 +250,7 @@ class HeadTokens(TokenResult):
     @property
     def self_cosines(self) -> pd.DataFrame:
         """Every self-cosine, ``[heads, tokens]`` (class docstring; index: labels; columns: token ids; a copy)."""
-        return pd.DataFrame(
-            self._cosines.copy(), index=self._table.index.copy(), columns=pd.Index(self._tokens.copy())
-        )
+        return pd.DataFrame(self._cosines.copy(), index=self._table.index.copy(), columns=pd.Index(self._tokens.copy()))
 
     @property
     def tokens(self) -> np.ndarray:
@@ -510,6 +510,7 @@ def _compute(
 
     tokenizer = getattr(model, "tokenizer", None)
     rows, ranks, cosines = [], [], []
+    reads, writes, sigmas, labels = [], [], [], []
     top: dict[str, pd.DataFrame] = {}
     n_heads = sum(len(hs) for hs in sel.values())
     desc = f"token readout ({n_heads} heads x {len(tok_ids)} tokens; ~0.2 CPU-s/head on SmolLM2)"
@@ -527,7 +528,6 @@ def _compute(
         O64 = torch.stack([lh.O[h].to(dev, torch.float64).T for h in hs])  # [heads, d_head, d_model]
         xs = [x_kv[int(lh.kv_head_of[h])] for h in hs]
         above_l, below_l, L_l, yn_l, zn_l = layer_counts(xs, O64, U_rows, u_norm, tok, chunk, VOCAB_TILE, U_tiles)
-        reads, writes, sigmas = [], [], []
         for j, h in enumerate(hs):
             kv = int(lh.kv_head_of[h])
             W_O64 = O64[j]
@@ -543,6 +543,7 @@ def _compute(
             reads.append(rd)
             writes.append(wr)
             sigmas.append(sg)
+            labels.append(head_label(lay, h))
             keep = ~flat
             rows.append(
                 {
@@ -558,31 +559,26 @@ def _compute(
                     "reason": no_spread_reason(r),
                 }
             )
-        # token scores of every selected head's directions in one product per side: [d_vocab, heads * n]
-        R = torch.cat(reads, 1).to(torch.float32)
-        Wr = torch.cat(writes, 1).to(torch.float32)
-        read_scores = torch.cat([W_E[s : s + 8192].to(dev, torch.float32) @ R for s in range(0, d_vocab, 8192)])
-        write_scores = Wr.T @ W_U32  # [heads * n, d_vocab]
-        nd = reads[0].shape[1]
-        for j, h in enumerate(hs):
-            i = len(ranks) - len(hs) + j
-            recs = self_lists(tok_ids, ranks[i], cosines[i], k)
-            sig = {}
-            for d in range(nd):
-                rs = read_scores[:, j * nd + d].double()
-                ws = write_scores[j * nd + d].double()
-                if float(rs.max()) < -float(rs.min()):  # the pair's sign: the read side's largest |score| > 0
-                    rs, ws = -rs, -ws
-                kk = min(k, d_vocab)
-                for name, sc in ((f"read_{d + 1}", rs), (f"write_{d + 1}", ws)):
-                    val, idx = torch.topk(sc, kk)
-                    for q in range(kk):
-                        recs.append((name, q + 1, int(idx[q]), float(val[q])))
-                sig[f"sigma_{d + 1}"] = float(sigmas[j][d])
-            df = pd.DataFrame(recs, columns=["kind", "rank", "token_id", "value"])
-            df.insert(3, "token", token_texts(tokenizer, df["token_id"].tolist()))
-            df.attrs = sig
-            top[head_label(lay, h)] = df
+    # the tokens every head's singular directions read (W_E) and write (W_U): one pass over the vocabulary for all
+    nd = reads[0].shape[1]
+    kk = min(k, d_vocab)
+    ext = direction_extremes(W_E, W_U32, torch.cat(reads, 1), torch.cat(writes, 1), kk, dev)
+    for i, label in enumerate(labels):
+        recs = self_lists(tok_ids, ranks[i], cosines[i], k)
+        sig = {}
+        for d in range(nd):
+            c = i * nd + d
+            # the pair's sign: the read side's largest |score| positive (else both sides negated)
+            flip = float(ext["read_top"][0][0, c]) < -float(ext["read_bottom"][0][0, c])
+            for name, side in ((f"read_{d + 1}", "read"), (f"write_{d + 1}", "write")):
+                val, idx = ext[f"{side}_bottom"] if flip else ext[f"{side}_top"]
+                for q in range(kk):
+                    recs.append((name, q + 1, int(idx[q, c]), -float(val[q, c]) if flip else float(val[q, c])))
+            sig[f"sigma_{d + 1}"] = float(sigmas[i][d])
+        df = pd.DataFrame(recs, columns=["kind", "rank", "token_id", "value"])
+        df.insert(3, "token", token_texts(tokenizer, df["token_id"].tolist()))
+        df.attrs = sig
+        top[label] = df
     table = pd.DataFrame(rows)
     table.index = head_labels(table["layer"], table["head"])
     return table, np.stack(ranks), np.stack(cosines), top
@@ -767,11 +763,13 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
     for i, lab in enumerate(labels):
         t = top[top["label"] == lab].drop(columns="label").reset_index(drop=True)
         want = pd.DataFrame(self_lists(tok, R[i], Cs[i], k), columns=["kind", "rank", "token_id", "value"])
-        got = t[t["kind"].isin(SELF_KINDS)]
-        if got["kind"].tolist() != want["kind"].tolist() or got["token_id"].tolist() != want["token_id"].tolist():
+        if t[t["kind"].isin(SELF_KINDS)]["kind"].tolist() != want["kind"].tolist():
             raise edited(fo, f"{lab}'s token lists are not what {fr.name} and {fc.name} give")
-        if not (same_floats(got["value"], want["value"]) and got["rank"].tolist() == want["rank"].tolist()):
-            raise edited(fo, f"{lab}'s token lists are not what {fr.name} and {fc.name} give")
+        for kind in SELF_KINDS:
+            got, w = t[t["kind"] == kind], want[want["kind"] == kind]
+            same = got["token_id"].tolist() == w["token_id"].tolist() and got["rank"].tolist() == w["rank"].tolist()
+            if not (same and same_floats(got["value"], w["value"])):
+                raise edited(fo, f"{lab}'s {kind} tokens are not what {fr.name} and {fc.name} give")
         t.attrs = sigmas[lab]
         top_of[lab] = t
     fresh_summary = {

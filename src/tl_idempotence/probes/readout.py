@@ -22,7 +22,9 @@ import torch
 
 __all__ = [
     "RECOUNT_ELEMS",
+    "SCORE_ROWS",
     "U64_CACHE_BYTES",
+    "direction_extremes",
     "float64_tiles",
     "gamma32",
     "gamma64",
@@ -53,7 +55,6 @@ def gamma64(n: int) -> float:
 def row_norms(rows: torch.Tensor) -> torch.Tensor:
     """float64 Euclidean norms of ``rows`` (``[m, d]``), 8192 rows at a time (no float64 copy of the whole)."""
     return torch.cat([rows[s : s + 8192].double().norm(dim=1) for s in range(0, rows.shape[0], 8192)])
-
 
 
 def _up32(v: torch.Tensor) -> torch.Tensor:
@@ -183,7 +184,6 @@ def _recount(
         below.index_add_(0, rr, (exact < Lr).long())
 
 
-
 def svd_directions(V: torch.Tensor, W_O: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Leading ``n`` singular triplets of ``V @ W_O`` (``[d_model, d_head] @ [d_head, d_model]``, float64) from the
     factors: ``(read [d_model, n], sigma [n], write [d_model, n])`` with ``V W_O = Σ σ_i read_i write_iᵀ``."""
@@ -191,3 +191,44 @@ def svd_directions(V: torch.Tensor, W_O: torch.Tensor, n: int) -> tuple[torch.Te
     Qo, Ro = torch.linalg.qr(W_O.T)
     A, S, Bt = torch.linalg.svd(Rv @ Ro.T)
     return Qv @ A[:, :n], S[:n], Qo @ Bt.T[:, :n]
+
+
+#: Vocabulary rows per block of the singular directions' token scores.
+SCORE_ROWS = 8192
+
+
+def direction_extremes(
+    W_E: torch.Tensor, W_U32: torch.Tensor, reads: torch.Tensor, writes: torch.Tensor, k: int, dev: torch.device
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The ``k`` largest and smallest token scores of each direction, in one pass over the vocabulary for all.
+
+    ``reads``/``writes``: ``[d_model, m]`` (float64) columns; the scores ``W_E @ reads[:, j]`` and
+    ``writes[:, j] @ W_U`` are float32 products over blocks of :data:`SCORE_ROWS` tokens, each block's top and
+    bottom ``k`` merged into the running ones (never the ``[d_vocab, m]`` scores at once).
+
+    Returns:
+        ``{"read_top", "read_bottom", "write_top", "write_bottom"}``: each ``(values [k, m] float32, ids [k, m])``,
+        the top largest first and the bottom smallest first.
+    """
+    R = reads.to(dev, torch.float32)
+    Wt = writes.to(dev, torch.float32).T.contiguous()  # [m, d_model]
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def merge(key: str, vals: torch.Tensor, ids: torch.Tensor, largest: bool) -> None:
+        if key in out:
+            vals = torch.cat([out[key][0], vals])
+            ids = torch.cat([out[key][1], ids])
+        v, i = torch.topk(vals, min(k, len(vals)), dim=0, largest=largest, sorted=True)
+        out[key] = (v, torch.gather(ids, 0, i))
+
+    d_vocab = int(W_E.shape[0])
+    for s in range(0, d_vocab, SCORE_ROWS):
+        e = min(d_vocab, s + SCORE_ROWS)
+        ids = torch.arange(s, e, device=dev).unsqueeze(1)
+        rs = W_E[s:e].to(dev, torch.float32) @ R  # [block, m]
+        ws = (Wt @ W_U32[:, s:e]).T  # [block, m]
+        for side, sc in (("read", rs), ("write", ws)):
+            full = ids.expand(-1, sc.shape[1])
+            merge(f"{side}_top", sc, full, True)
+            merge(f"{side}_bottom", sc, full, False)
+    return out

@@ -472,6 +472,7 @@ class _Run:
         progress: bool,
     ) -> None:
         self.model, self.sel, self.ops, self.U = model, sel, ops, U
+        self.U_rows = U.T.contiguous()  # [d_vocab, d_model]: a token's column of W_U~ as one contiguous row
         self.has_scale, self.post_hooks, self.batch_size, self.progress = has_scale, post_hooks, batch_size, progress
         self.gen = layer_generator(seed, None, "token_effect")  # one stream for the whole call, in window order
         self.store: dict[str, torch.Tensor] = {}
@@ -514,7 +515,7 @@ class _Run:
         return self.recs
 
     def _batch(self, batch: torch.Tensor, cnt: torch.Tensor, start: int) -> None:
-        U, dev = self.U, self.U.device
+        dev = self.U.device
         cnt = cnt.to(dev)
         P = batch.shape[1]
         tb = batch.to(dev)
@@ -552,8 +553,8 @@ class _Run:
                 std = ((zh @ op.G[j] * zh).sum(-1) - mean**2).clamp_min(0).sqrt()
                 y = zh @ op.W_O[j]  # [n, d_model]: the head's output (before the scales)
                 t_src, t_null = tb[b_idx, src], tb[b_idx, null_src]
-                raw = (y * U[:, t_src].T).sum(-1)
-                raw_null = (y * U[:, t_null].T).sum(-1)
+                raw = (y * self.U_rows[t_src]).sum(-1)
+                raw_null = (y * self.U_rows[t_null]).sum(-1)
                 r = self.recs[(lay, h)]
                 r["window"].append(window)
                 r["pos"].append(pos)
