@@ -410,9 +410,10 @@ def head_tokens(
         seed: the sample's seed.
         n_directions: leading singular directions of ``W_V W_O`` read per head (1 .. d_head).
         chunk: source tokens per ``[chunk, VOCAB_TILE]`` float32 logit block (default
-            ``max(1, 2^19 // min(VOCAB_TILE, d_vocab))``, 256 on SmolLM2; memory ``~ chunk · VOCAB_TILE`` floats,
-            a ``VOCAB_TILE x heads · d_head`` float64 tile per layer and a float64 copy of ``W_U`` up to 512 MiB,
-            never ``d_vocab²``).
+            ``max(1, 2^19 // min(VOCAB_TILE, d_vocab))``, 256 on SmolLM2; the heads of a layer are taken together,
+            as many as fit ``2^21`` logits a block, :data:`~tl_idempotence.probes.readout.HEAD_BLOCK_ELEMS`; memory
+            ``~ heads · chunk · VOCAB_TILE`` floats up to that, a ``VOCAB_TILE x heads · d_head`` float64 tile per
+            layer and a float64 copy of ``W_U`` up to 512 MiB, never ``d_vocab²``).
         progress: a tqdm bar over the layers on stderr (as the report's).
 
     Returns:

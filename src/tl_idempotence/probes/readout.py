@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "HEAD_BLOCK_ELEMS",
     "RECOUNT_ELEMS",
     "SCORE_ROWS",
     "U64_CACHE_BYTES",
@@ -35,6 +36,8 @@ __all__ = [
 
 #: Largest float64 copy of W_U kept for one call (larger unembeddings are converted tile by tile).
 U64_CACHE_BYTES = 1 << 29
+#: float32 logits per block at most when the heads of a layer are taken together (``heads x chunk x tile``).
+HEAD_BLOCK_ELEMS = 1 << 21
 #: float64 elements gathered at a time by the recount of close calls.
 RECOUNT_ELEMS = 1 << 22
 
@@ -107,51 +110,52 @@ def layer_counts(
     d_vocab = U_rows.shape[0]
     dev = O64.device
     OT = O64.reshape(H * d_head, d_model).T  # [d_model, H * d_head]
-    ys = [x @ O64[j] for j, x in enumerate(xs)]  # [n, d_model] float64
-    U_tok = U_rows[tok].double()
-    Ls = [(y * U_tok).sum(-1) for y in ys]  # [n] float64: ℓ_t
-    x32s = [x.to(torch.float32) for x in xs]
+    X = torch.stack(xs)  # [H, n, d_head] float64
+    Y = torch.bmm(X, O64)  # [H, n, d_model] float64: y = fl64(x @ W_O), per head
+    L = (Y * U_rows[tok].double()).sum(-1)  # [H, n] float64: ℓ_t
+    X32 = X.to(torch.float32)
     g1 = gamma32(d_head) * (1 + _U32) ** 2 + 2 * _U32 + _U32**2
     g2 = gamma64(d_head) + 3 * gamma64(d_model)
     slack = 1 + 1e-9  # the norms' and the bound's own float64 rounding (relative <= 1e-13)
-    xn = [x.norm(dim=1) for x in xs]
-    zn = [(x.abs() @ O64[j].abs()).norm(dim=1) for j, x in enumerate(xs)]
+    xn = X.norm(dim=2)  # [H, n]
+    zn = torch.bmm(X.abs(), O64.abs()).norm(dim=2)  # [H, n]
     above = torch.zeros(H, n, dtype=torch.long, device=dev)
     below = torch.zeros(H, n, dtype=torch.long, device=dev)
     c_rows = min(chunk, n)
     width = min(tile, d_vocab)
-    buf = torch.empty(c_rows, width, dtype=torch.float32, device=dev)
-    m_up = torch.empty(c_rows, width, dtype=torch.bool, device=dev)
+    hb = max(1, min(H, HEAD_BLOCK_ELEMS // (c_rows * width)))  # heads per block: fewer, larger operations
+    buf = torch.empty(hb, c_rows, width, dtype=torch.float32, device=dev)
+    m_up = torch.empty(hb, c_rows, width, dtype=torch.bool, device=dev)
     m_dn = torch.empty_like(m_up)
     for a in range(0, d_vocab, tile):
         T = min(tile, d_vocab - a)
         W64 = U_tiles(a, T) @ OT  # [T, H * d_head]: W_OU's columns of this tile, every head
-        W32 = W64.to(torch.float32)
+        W32 = W64.to(torch.float32).view(T, H, d_head).permute(1, 2, 0).contiguous()  # [H, d_head, T]
         c_max = W64.view(T, H, d_head).norm(dim=2).amax(0)  # [H]
         u_max = float(u_norm[a : a + T].max())
         in_tile = ((tok >= a) & (tok < a + T)).to(torch.int32)
-        for j in range(H):
-            b = (g1 * xn[j] * float(c_max[j]) + g2 * zn[j] * u_max) * slack
-            b = b + (Ls[j].abs() + b) * 2.0**-51  # L ± b's own float64 rounding
-            hi, lo = _up32(Ls[j] + b), _down32(Ls[j] - b)
-            Wt = W32[:, j * d_head : (j + 1) * d_head].T  # [d_head, T]
+        B = (g1 * xn * c_max[:, None] + g2 * zn * u_max) * slack  # [H, n]
+        B = B + (L.abs() + B) * 2.0**-51  # L ± b's own float64 rounding
+        hi, lo = _up32(L + B), _down32(L - B)  # [H, n] float32
+        for h0 in range(0, H, hb):
+            hs = min(hb, H - h0)
             for c in range(0, n, chunk):
                 cs = min(chunk, n - c)
-                lg = torch.mm(x32s[j][c : c + cs], Wt, out=buf[:cs, :T])
-                up = torch.gt(lg, hi[c : c + cs, None], out=m_up[:cs, :T])
-                dn = torch.lt(lg, lo[c : c + cs, None], out=m_dn[:cs, :T])
-                n_up = up.view(torch.uint8).sum(1, dtype=torch.int32)
-                n_dn = dn.view(torch.uint8).sum(1, dtype=torch.int32)
-                above[j, c : c + cs] += n_up
-                below[j, c : c + cs] += n_dn
+                lg = torch.bmm(X32[h0 : h0 + hs, c : c + cs], W32[h0 : h0 + hs], out=buf[:hs, :cs, :T])
+                up = torch.gt(lg, hi[h0 : h0 + hs, c : c + cs, None], out=m_up[:hs, :cs, :T])
+                dn = torch.lt(lg, lo[h0 : h0 + hs, c : c + cs, None], out=m_dn[:hs, :cs, :T])
+                n_up = up.view(torch.uint8).sum(2, dtype=torch.int32)  # [hs, cs]
+                n_dn = dn.view(torch.uint8).sum(2, dtype=torch.int32)
+                above[h0 : h0 + hs, c : c + cs] += n_up
+                below[h0 : h0 + hs, c : c + cs] += n_dn
                 # rows with close calls besides their source token (always close: |logit32_t - ℓ_t| <= b)
-                rows = (n_up + n_dn + in_tile[c : c + cs] < T).nonzero().squeeze(1)
+                hh, rows = (n_up + n_dn + in_tile[None, c : c + cs] < T).nonzero(as_tuple=True)
                 if len(rows):
-                    rr, u = (~(up[rows] | dn[rows])).nonzero(as_tuple=True)
-                    r, u = rows[rr] + c, u + a
+                    k, u = (~(up[hh, rows] | dn[hh, rows])).nonzero(as_tuple=True)
+                    j, r, u = hh[k] + h0, rows[k] + c, u + a
                     keep = u != tok[r]
-                    _recount(ys[j], Ls[j], U_rows, r[keep], u[keep], above[j], below[j])
-    return above, below, torch.stack(Ls), torch.stack([y.norm(dim=1) for y in ys]), torch.stack(zn)
+                    _recount(Y, L, U_rows, j[keep], r[keep], u[keep], above, below)
+    return above, below, L, Y.norm(dim=2), zn
 
 
 def float64_tiles(U_rows: torch.Tensor) -> Any:
@@ -166,22 +170,26 @@ def float64_tiles(U_rows: torch.Tensor) -> Any:
 
 
 def _recount(
-    y: torch.Tensor,
+    Y: torch.Tensor,
     L: torch.Tensor,
     U_rows: torch.Tensor,
+    j: torch.Tensor,
     r: torch.Tensor,
     u: torch.Tensor,
     above: torch.Tensor,
     below: torch.Tensor,
 ) -> None:
-    """Adds to ``above[r]`` / ``below[r]`` whether ``ℓ_u = fl64(y[r] · W_U[:, u]) > / < L[r]`` (in place)."""
-    step = max(1, RECOUNT_ELEMS // y.shape[1])
+    """Adds to ``above[j, r]`` / ``below[j, r]`` whether ``ℓ_u = fl64(Y[j, r] · W_U[:, u]) > / < L[j, r]`` (in
+    place; ``Y`` ``[heads, n, d_model]``)."""
+    step = max(1, RECOUNT_ELEMS // Y.shape[2])
+    n = Y.shape[1]
     for s in range(0, len(r), step):
-        rr, uu = r[s : s + step], u[s : s + step]
-        exact = (y[rr] * U_rows[uu].double()).sum(-1)
-        Lr = L[rr]
-        above.index_add_(0, rr, (exact > Lr).long())
-        below.index_add_(0, rr, (exact < Lr).long())
+        jj, rr, uu = j[s : s + step], r[s : s + step], u[s : s + step]
+        exact = (Y[jj, rr] * U_rows[uu].double()).sum(-1)
+        Lr = L[jj, rr]
+        flat = jj * n + rr
+        above.view(-1).index_add_(0, flat, (exact > Lr).long())
+        below.view(-1).index_add_(0, flat, (exact < Lr).long())
 
 
 def svd_directions(V: torch.Tensor, W_O: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
