@@ -150,3 +150,19 @@ def test_processing_records_every_flag(bridge):
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return tiny_hf_dir(tmp_path_factory.mktemp("token_norms") / "tiny", n_layers=1)
+
+
+def test_progress_bars_go_to_stderr_and_can_be_switched_off(bridge, capsys):
+    from tl_idempotence.errors import OptionTypeError
+
+    toks = torch.randint(4, 100, (2, 10), generator=torch.Generator().manual_seed(1))
+    tli.head_tokens(bridge, heads=["L0H0"], n_tokens=4, k=1)
+    tli.attended_token_effect(bridge, heads=["L0H0"], texts=toks, batch_size=1)
+    out, err = capsys.readouterr()
+    assert out == "" and "token readout (1 heads x 4 tokens" in err and "attended-token effect (2 windows" in err
+    tli.head_tokens(bridge, heads=["L0H0"], n_tokens=4, k=1, progress=False)
+    tli.attended_token_effect(bridge, heads=["L0H0"], texts=toks, progress=False)
+    assert capsys.readouterr() == ("", "")
+    for fn in (tli.head_tokens, tli.attended_token_effect):
+        with pytest.raises(OptionTypeError, match="progress"):
+            fn(bridge, heads=["L0H0"], progress="yes")
