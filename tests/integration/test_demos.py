@@ -129,13 +129,17 @@ def test_head_tokens(tmp_path, monkeypatch, lineage_dir):
     assert "untied: induction accuracy at step 200 1.0; the model does not tie its embeddings" in text
     assert re.search(r"untied: .*\| closed heads: 0\n", text)
     # the numbers the notebook's words give (seed 0)
-    assert "8 of 13 closed heads agree (two-sided sign test p = 0.58)" in text
+    # the direction is the tested one, effect - null (issue 46): 8 of 13 by it (L12H5 agrees, L29H1 does not)
+    assert (
+        "8 of 13 closed heads agree (direction: the sign of effect - null, what each head's test tests; two-sided "
+        "sign test p = 0.58)" in text
+    )
     assert "across 270 heads, Spearman ρ(α·P, effect) = +0.16 (permutation p = 0.008)" in text
+    assert "direction = sign(alpha): 8 of 13 | sign(copying_own) = sign(alpha): 13 | min |copying_own|: 0.9936" in text
     assert (
-        "sign(effect) = sign(alpha): 8 of 13 | sign(copying_own) = sign(alpha): 13 | min |copying_own|: 0.9936" in text
+        "Too few closed heads to tell: 4 of 4 closed heads agree (direction: the sign of effect - null, what each "
+        "head's test tests; two-sided sign test p = 0.12, and with 4 heads it cannot be below 0.125 > 0.05); across 8 "
+        "heads, Spearman ρ(α·P, effect) = +0.95" in text
     )
-    assert (
-        "4 of 4 closed heads agree (two-sided sign test p = 0.12); across 8 heads, Spearman ρ(α·P, effect) = +0.95"
-        in text
-    )
+    assert re.search(r"L10H8 alpha = -19\.39\n  promoted +\(none", text)  # a suppressor has no promoted list
     assert "No head is closed; across 8 heads, Spearman ρ(α·P, effect) = +0.52 (permutation p = 0.21)" in text

@@ -11,18 +11,17 @@ over a seeded sample of source tokens (or the ``tokens`` given): the median self
 the fraction of tokens in their own row's top ``k`` (``#{u != t : logit_u > logit_t} < k``) and bottom ``k``
 (``#{u != t : logit_u < logit_t} < k``).
 
-Computation (never a ``d_vocab²`` matrix), per layer and per tile of ``VOCAB_TILE`` vocabulary columns: one
-float64 product ``W_U[:, tile]ᵀ @ W_O[heads]ᵀ`` gives the ``W_OU = W_O[h] @ W_U`` columns of every selected head of
-the layer (``[tile, heads · d_head]``; float64 because ``W_O W_U`` cancels heavily: a float32 product's rounding
-bound, in ``|W_O| |W_U|``, left ~200 close calls per row on SmolLM2, this one ~2); per head and chunk of ``chunk``
-source tokens the float32 logits ``fl32(x) @ fl32(W_OU)`` (``x = W_E[tokens] @ W_V``, inner dimension
-``d_head``) are compared with ``logit_t ± b`` (one ``>``, one ``<`` and their counts per block). The ranks are
-those of the float64 rows ``ℓ_u = fl64(fl64(x @ W_O) · W_U[:, u])`` (the row form's association): ``b`` is a
-rigorous bound on ``|logit32_u - ℓ_u|`` over the tile (``γ_n = n u / (1 - n u)`` of the standard dot-product
-analysis, Cauchy-Schwarz over the inner dimension: ``g1 ‖x‖ max ‖W_OU[:, u]‖ + g2 ‖|x| |W_O|‖ max ‖W_U[:, u]‖``,
-:func:`_layer_counts`), and the logits within ``b`` of ``logit_t`` (the source token itself among them) are
-recomputed as ``ℓ_u`` and compared exactly, so a rank never depends on float32 rounding. TF32 is switched off on
-CUDA while the products run.
+Computation (never a ``d_vocab²`` matrix): per layer and per tile of ``VOCAB_TILE`` vocabulary columns, float32
+logits with a rigorous rounding bound and the close calls recounted in float64, so a rank is that of the float64
+row ``ℓ_u = fl64(fl64(x @ W_O) · W_U[:, u])`` (``x = W_E[t] @ W_V``) and never depends on float32 rounding
+(:mod:`.readout`). TF32 is switched off on CUDA while the products run.
+
+**Rows without spread** (SPEC 13). A row has no spread when the head's float64 output for the token,
+``y = x @ W_O``, is zero within the rounding bound of its own computation (``‖y‖ <= γ_{d_head} ‖|x| |W_O|‖ +
+‖γ_{d_model} |W_E[t]| |W_V| |W_O|‖``: a zero ``W_O``, a zero ``W_V`` of its kv group, a zero embedding row), or
+when no logit of the row differs from the source token's (every logit tied: ``W_U = 0``). Its self-rank would be
+0 (a tied logit is not counted above), so it is NaN instead, left out of every statistic, with the head's
+``reason``; a head with no row of spread has NaN statistics and no headline names it.
 
 The leading singular directions of ``W_V[h] W_O[h]`` (``d_model x d_model``, rank ``<= d_head``) are
 computed from the ``d_head``-sized factors (QR of ``W_V`` and ``W_O^T``, SVD of the ``d_head x d_head``
@@ -46,28 +45,31 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
-from ..core.options import check_int, check_seed, strict_kwargs
+from ..core.heads import ModelInfo, combined_fingerprint, read_layer
+from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.records import index_column, tables_record_files
 from ..core.selection import head_label, head_labels, select_heads
 from ..core.stored import StoreSpec
 from ..core.tables import FrozenSummary
-from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
-from ..sources.tl import TLModelSource, is_tl_model
+from ..errors import OptionError, OptionTypeError, ReportFileError
+from ..sources.tl import TLModelSource
+from .readout import direction_extremes, float64_tiles, gamma64, layer_counts, row_norms, svd_directions
 from .token_records import (
     FREE_MODEL_FIELDS,
     TokenResult,
     check_summary,
     edited_error,
     embedding_fingerprint,
+    embedding_matrices,
     label_heads,
     probe_fields,
+    probe_info,
     read_probe,
     same_floats,
     write_probe,
 )
-from .tokens import special_ids
+from .tokens import special_ids, token_texts
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import IntLike, PathLike
@@ -89,10 +91,6 @@ MAX_TOKENS = 1 << 20
 VOCAB_TILE = 2048
 #: Logit elements per block when ``chunk`` is not given (``chunk = max(1, LOGIT_ELEMS // min(VOCAB_TILE, d_vocab))``).
 LOGIT_ELEMS = 1 << 19
-#: Largest float64 copy of W_U kept for one call (larger unembeddings are converted tile by tile).
-U64_CACHE_BYTES = 1 << 29
-#: float64 elements gathered at a time by the recount of close calls.
-RECOUNT_ELEMS = 1 << 22
 #: Leading singular directions kept per head by default.
 N_DIRECTIONS = 3
 #: What the readout includes, stated in every result.
@@ -100,21 +98,6 @@ CONVENTION = (
     "rows of W_E W_V W_O W_U (TransformerLens row form; the kv head's W_V on GQA): no biases, no positional "
     "embedding, no final norm"
 )
-_U32 = 2.0**-24  # float32 unit roundoff
-_U64 = 2.0**-53  # float64 unit roundoff
-
-
-def _gamma(n: int) -> float:
-    return n * _U32 / (1 - n * _U32)
-
-
-def _gamma64(n: int) -> float:
-    return n * _U64 / (1 - n * _U64)
-
-
-def _row_norms(rows: torch.Tensor) -> torch.Tensor:
-    """float64 Euclidean norms of ``rows`` (``[m, d]``), 8192 rows at a time (no float64 copy of the whole)."""
-    return torch.cat([rows[s : s + 8192].double().norm(dim=1) for s in range(0, rows.shape[0], 8192)])
 
 
 def _check_stated(
@@ -151,7 +134,7 @@ def _check_stated(
             f"summary['tokens'] ({summary.get('tokens')!r}) and options['n_tokens'] ({asked!r}) are not "
             f"how {n} tokens are chosen",
         )
-    kinds = sorted({str(x) for x in top["kind"]} - {"promoted", "suppressed"})
+    kinds = sorted({str(x) for x in top["kind"]} - set(SELF_KINDS))
     nd = opts.get("n_directions")
     want = sorted([f"read_{i}" for i in range(1, (nd or 0) + 1)] + [f"write_{i}" for i in range(1, (nd or 0) + 1)])
     if not isinstance(nd, int) or not 1 <= nd <= info.d_head or kinds != want:
@@ -192,10 +175,15 @@ class HeadTokens(TokenResult):
 
     Attributes (properties):
         table: one row per head, indexed by ``"L10H8"`` labels: ``layer, head, kv_head``, ``self_rank_median``
-            (numpy's median over the tokens; 0: promotes its source token most, 1: suppresses it most),
-            ``frac_top_k``, ``frac_bottom_k`` (fractions of the tokens in their own row's top / bottom ``k``),
-            ``n_tokens``, ``sv_1`` (the largest singular value of ``W_V W_O``).
-        self_ranks: ``[heads, tokens]`` DataFrame of every self-rank (columns: the token ids).
+            (numpy's median over the tokens with a defined self-rank; 0: promotes its source token most, 1:
+            suppresses it most), ``frac_top_k``, ``frac_bottom_k`` (fractions of those tokens in their own row's top
+            / bottom ``k``), ``n_tokens`` (tokens read), ``sv_1`` (the largest singular value of ``W_V W_O``),
+            ``n_ranked`` (tokens with a defined self-rank) and ``reason`` (why some or all are NaN: rows without
+            spread, module docstring; "" when none is).
+        self_ranks: ``[heads, tokens]`` DataFrame of every self-rank (columns: the token ids; NaN: no spread).
+        self_cosines: ``[heads, tokens]`` DataFrame of ``cos(y_t, W_U[:, t]) = ℓ_t / (‖y_t‖ ‖W_U[:, t]‖)``, the
+            source token's logit with both norms divided out (``y_t = W_E[t] W_V W_O``; NaN without spread or for a
+            zero unembedding column): the ``*_cosine`` lists of ``top_tokens``.
         tokens: the source token ids (int64 array, a copy).
         summary: ``model_name, model_class, n_heads, n_tokens, k, seed, d_vocab, tokens`` (how they were
             chosen), ``convention``, ``processing``, ``weights_fingerprint`` (the report's combined key over the
@@ -224,6 +212,7 @@ class HeadTokens(TokenResult):
     )
 
     _ranks: np.ndarray  # [heads, tokens] float64
+    _cosines: np.ndarray  # [heads, tokens] float64
     _tokens: np.ndarray  # [tokens] int64
     _top: Mapping[str, pd.DataFrame]
     summary: HeadTokensSummary
@@ -238,12 +227,15 @@ class HeadTokens(TokenResult):
         info: ModelInfo,
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
+        cosines: np.ndarray | None = None,
     ) -> None:
+        ranks = np.array(ranks, dtype=np.float64)
         self._freeze_result(
             table,
             summary,
             loaded_from,
-            _ranks=np.array(ranks, dtype=np.float64),  # never handed out: the properties give copies
+            _ranks=ranks,  # never handed out: the properties give copies
+            _cosines=np.full_like(ranks, np.nan) if cosines is None else np.array(cosines, dtype=np.float64),
             _tokens=np.array(tokens, dtype=np.int64),
             _top=MappingProxyType(dict(top)),
             info=info,
@@ -256,6 +248,11 @@ class HeadTokens(TokenResult):
         return pd.DataFrame(self._ranks.copy(), index=self._table.index.copy(), columns=pd.Index(self._tokens.copy()))
 
     @property
+    def self_cosines(self) -> pd.DataFrame:
+        """Every self-cosine, ``[heads, tokens]`` (class docstring; index: labels; columns: token ids; a copy)."""
+        return pd.DataFrame(self._cosines.copy(), index=self._table.index.copy(), columns=pd.Index(self._tokens.copy()))
+
+    @property
     def tokens(self) -> np.ndarray:
         """The source token ids measured (a copy)."""
         return self._tokens.copy()
@@ -263,10 +260,17 @@ class HeadTokens(TokenResult):
     def top_tokens(self, head: str) -> pd.DataFrame:
         """What one head does to tokens: ``kind, rank, token_id, token, value`` rows (a copy).
 
-        ``kind``: ``"promoted"`` / ``"suppressed"`` (the sampled source tokens the head ranks highest / lowest in
-        their own row; ``value``: the self-rank), ``"read_i"`` / ``"write_i"`` (the tokens the ``i``-th singular
-        direction of ``W_V W_O`` reads via ``W_E`` and writes via ``W_U``; ``value``: the token's score on it,
-        ``sigma_i`` in ``summary`` of the frame's ``attrs``). ``token``: the tokenizer's text, or None.
+        ``kind``: ``"promoted"`` (at most ``k`` of the source tokens read whose self-rank is below 0.5, i.e. the
+        head ranks them in the upper half of their own row, lowest self-rank first; ``value``: the self-rank),
+        ``"suppressed"`` (self-rank above 0.5, highest first): a head that suppresses every token it reads has no
+        promoted list, never a list of suppressed tokens called promoted. ``"promoted_cosine"`` /
+        ``"suppressed_cosine"``: the same by the self-cosine (``value``; positive / negative, largest ``|cos|``
+        first), the ranking with the norms of the token's embedding path and of its unembedding divided out, so a
+        token does not lead the list by a large ``‖W_U[:, t]‖`` (compare the two). ``"read_i"`` / ``"write_i"``
+        (the tokens the ``i``-th singular direction of ``W_V W_O`` reads via ``W_E`` and writes via ``W_U``;
+        ``value``: the token's score on it, ``sigma_i`` in the frame's ``attrs``). ``token``: the tokenizer's
+        text (a token that is not whole UTF-8 text, e.g. one byte of a character, as the ``repr`` of its bytes:
+        ``"b'\\xe2\\x80'"``), or None. Tokens without a defined self-rank are in no list.
 
         Raises:
             OptionTypeError: ``head`` not a label string. OptionError: a head this result did not measure.
@@ -304,51 +308,6 @@ class HeadTokens(TokenResult):
             OptionTypeError, OptionError, OutputOverInputError: as :func:`save_head_tokens`.
         """
         return save_head_tokens(self, path, overwrite=overwrite)
-
-
-def embedding_matrices(model: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(W_E [d_vocab, d_model], W_U [d_model, d_vocab])`` of a TransformerLens model, checked (SPEC 12).
-
-    Raises:
-        UnsupportedModelError: not a TransformerLens model, no ``W_E``/``W_U``, shapes that do not chain, or
-            ``d_vocab_out != d_vocab`` (names which).
-        WeightError: NaN/inf, non-float, sparse or meta weights (:func:`~tl_idempotence.core.heads.check_weights`).
-    """
-    if not is_tl_model(model):
-        raise UnsupportedModelError(
-            f"{where} reads a TransformerLens model (HookedTransformer or TransformerBridge); got "
-            f"{type(model).__name__}. Load one with tli.models.load(name)."
-        )
-    mats = []
-    for name in ("W_E", "W_U"):
-        try:
-            w = getattr(model, name)
-        except Exception as e:  # any failure means the model has no such matrix
-            raise UnsupportedModelError(
-                f"{where} needs the model's embedding and unembedding (model.W_E, model.W_U); "
-                f"{type(model).__name__} has no {name} ({type(e).__name__})."
-            ) from e
-        if not isinstance(w, torch.Tensor) or w.ndim != 2:
-            raise UnsupportedModelError(
-                f"{where}: model.{name} must be a 2-D tensor; got {getattr(w, 'shape', type(w).__name__)}."
-            )
-        mats.append(w.detach())
-    W_E, W_U = mats
-    d_model = int(model.cfg.d_model)
-    if W_E.shape[1] != d_model or W_U.shape[0] != d_model:
-        raise UnsupportedModelError(
-            f"{where}: W_E {tuple(W_E.shape)} and W_U {tuple(W_U.shape)} do not chain through d_model={d_model}."
-        )
-    if W_U.shape[1] != W_E.shape[0]:
-        raise UnsupportedModelError(
-            f"{where}: d_vocab_out ({W_U.shape[1]}, W_U's columns) != d_vocab ({W_E.shape[0]}, W_E's rows); a "
-            "token's row of the OV circuit has no logit of its own token to compare."
-        )
-    if W_E.shape[0] < 2:
-        raise UnsupportedModelError(f"{where}: d_vocab = {W_E.shape[0]}; a rank needs at least two tokens.")
-    check_weights(W_E, "W_E (model.W_E)")
-    check_weights(W_U, "W_U (model.W_U)")
-    return W_E, W_U
 
 
 def token_ids(tokens: Any, d_vocab: int, name: str = "tokens") -> np.ndarray:
@@ -393,166 +352,35 @@ def _sample_tokens(model: Any, d_vocab: int, n_tokens: int, seed: int) -> tuple[
     return np.sort(allowed[pick].numpy()), f"{n_tokens} non-special token ids drawn without replacement (seed {seed})"
 
 
-def _up32(v: torch.Tensor) -> torch.Tensor:
-    """float32 values ``>= v`` (float64), the nearest such (inf when beyond float32's range)."""
-    f = v.to(torch.float32)
-    low = f.double() < v
-    return torch.where(low, torch.nextafter(f, torch.full_like(f, float("inf"))), f)
-
-
-def _down32(v: torch.Tensor) -> torch.Tensor:
-    """float32 values ``<= v`` (float64), the nearest such (-inf when beyond float32's range)."""
-    f = v.to(torch.float32)
-    high = f.double() > v
-    return torch.where(high, torch.nextafter(f, torch.full_like(f, float("-inf"))), f)
-
-
-def _layer_counts(
-    xs: list[torch.Tensor],
-    O64: torch.Tensor,
-    U_rows: torch.Tensor,
-    u_norm: torch.Tensor,
-    tok: torch.Tensor,
-    chunk: int,
-    tile: int,
-    U_tiles: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(above, below)`` ``[heads, n]`` int64 counts of the selected heads of one layer (module docstring).
-
-    ``xs``: per head ``[n, d_head]`` float64 ``W_E[tokens] @ W_V[kv]``; ``O64``: ``[heads, d_head, d_model]``
-    float64 ``W_O``; ``U_rows``: ``[d_vocab, d_model]`` (``W_U`` transposed; float32 or float64);
-    ``u_norm``: ``[d_vocab]`` float64 norms of its rows; ``tok``: ``[n]`` ids; ``U_tiles(a, T)``: its rows
-    ``a .. a+T`` in float64 (:func:`_float64_tiles`).
-
-    Per tile of ``tile`` vocabulary columns, one float64 product ``W_U[:, tile]ᵀ @ W_O[heads]ᵀ`` gives every
-    head's ``W_OU`` columns (``[tile, heads * d_head]``); each head's float32 logits ``fl32(x) @ fl32(W_OU)``
-    (inner dimension ``d_head``) are compared with per-row thresholds ``logit_t ± b``. With
-    ``y = fl64(x @ W_O)`` and the reference logits ``ℓ_u = fl64(y · W_U[:, u])`` (the row form's association;
-    ``logit_t = ℓ_t``), the standard dot-product bounds give, for every ``u`` of the tile,
-
-        |logit32_u - ℓ_u| <= g1 ‖x‖ max_tile ‖W_OU[:, u]‖ + g2 ‖|x| |W_O|‖ max_tile ‖W_U[:, u]‖ = b
-
-    (Cauchy-Schwarz over the inner dimensions; ``g1 = γ_{d_head}(1+u)² + 2u + u²`` for the float32 product and
-    the two float32 casts, ``g2 = γ64_{d_head} + 3 γ64_{d_model}`` for the float64 products on both sides).
-    A logit above ``fl32↑(logit_t + b)`` or below ``fl32↓(logit_t - b)`` is surely above / below; the rest
-    (the source token itself always among them) are recomputed as ``ℓ_u`` and compared exactly.
-    """
-    H, d_head, d_model = O64.shape
-    n = len(tok)
-    d_vocab = U_rows.shape[0]
-    dev = O64.device
-    OT = O64.reshape(H * d_head, d_model).T  # [d_model, H * d_head]
-    ys = [x @ O64[j] for j, x in enumerate(xs)]  # [n, d_model] float64
-    U_tok = U_rows[tok].double()
-    Ls = [(y * U_tok).sum(-1) for y in ys]  # [n] float64: ℓ_t
-    x32s = [x.to(torch.float32) for x in xs]
-    g1 = _gamma(d_head) * (1 + _U32) ** 2 + 2 * _U32 + _U32**2
-    g2 = _gamma64(d_head) + 3 * _gamma64(d_model)
-    slack = 1 + 1e-9  # the norms' and the bound's own float64 rounding (relative <= 1e-13)
-    xn = [x.norm(dim=1) for x in xs]
-    zn = [(x.abs() @ O64[j].abs()).norm(dim=1) for j, x in enumerate(xs)]
-    above = torch.zeros(H, n, dtype=torch.long, device=dev)
-    below = torch.zeros(H, n, dtype=torch.long, device=dev)
-    c_rows = min(chunk, n)
-    width = min(tile, d_vocab)
-    buf = torch.empty(c_rows, width, dtype=torch.float32, device=dev)
-    m_up = torch.empty(c_rows, width, dtype=torch.bool, device=dev)
-    m_dn = torch.empty_like(m_up)
-    for a in range(0, d_vocab, tile):
-        T = min(tile, d_vocab - a)
-        W64 = U_tiles(a, T) @ OT  # [T, H * d_head]: W_OU's columns of this tile, every head
-        W32 = W64.to(torch.float32)
-        c_max = W64.view(T, H, d_head).norm(dim=2).amax(0)  # [H]
-        u_max = float(u_norm[a : a + T].max())
-        in_tile = ((tok >= a) & (tok < a + T)).to(torch.int32)
-        for j in range(H):
-            b = (g1 * xn[j] * float(c_max[j]) + g2 * zn[j] * u_max) * slack
-            b = b + (Ls[j].abs() + b) * 2.0**-51  # L ± b's own float64 rounding
-            hi, lo = _up32(Ls[j] + b), _down32(Ls[j] - b)
-            Wt = W32[:, j * d_head : (j + 1) * d_head].T  # [d_head, T]
-            for c in range(0, n, chunk):
-                cs = min(chunk, n - c)
-                lg = torch.mm(x32s[j][c : c + cs], Wt, out=buf[:cs, :T])
-                up = torch.gt(lg, hi[c : c + cs, None], out=m_up[:cs, :T])
-                dn = torch.lt(lg, lo[c : c + cs, None], out=m_dn[:cs, :T])
-                n_up = up.view(torch.uint8).sum(1, dtype=torch.int32)
-                n_dn = dn.view(torch.uint8).sum(1, dtype=torch.int32)
-                above[j, c : c + cs] += n_up
-                below[j, c : c + cs] += n_dn
-                # rows with close calls besides their source token (always close: |logit32_t - ℓ_t| <= b)
-                rows = (n_up + n_dn + in_tile[c : c + cs] < T).nonzero().squeeze(1)
-                if len(rows):
-                    rr, u = (~(up[rows] | dn[rows])).nonzero(as_tuple=True)
-                    r, u = rows[rr] + c, u + a
-                    keep = u != tok[r]
-                    _recount(ys[j], Ls[j], U_rows, r[keep], u[keep], above[j], below[j])
-    return above, below
-
-
-def _float64_tiles(U_rows: torch.Tensor) -> Any:
-    """``f(a, T)``: rows ``a .. a+T`` of ``U_rows`` in float64 (from one float64 copy when it takes at most
-    ``U64_CACHE_BYTES``, else converted per call)."""
-    if U_rows.dtype == torch.float64:
-        return lambda a, T: U_rows[a : a + T]
-    if U_rows.numel() * 8 <= U64_CACHE_BYTES:
-        U64 = U_rows.double()
-        return lambda a, T: U64[a : a + T]
-    return lambda a, T: U_rows[a : a + T].double()
-
-
-def _recount(
-    y: torch.Tensor,
-    L: torch.Tensor,
-    U_rows: torch.Tensor,
-    r: torch.Tensor,
-    u: torch.Tensor,
-    above: torch.Tensor,
-    below: torch.Tensor,
-) -> None:
-    """Adds to ``above[r]`` / ``below[r]`` whether ``ℓ_u = fl64(y[r] · W_U[:, u]) > / < L[r]`` (in place)."""
-    step = max(1, RECOUNT_ELEMS // y.shape[1])
-    for s in range(0, len(r), step):
-        rr, uu = r[s : s + step], u[s : s + step]
-        exact = (y[rr] * U_rows[uu].double()).sum(-1)
-        Lr = L[rr]
-        above.index_add_(0, rr, (exact > Lr).long())
-        below.index_add_(0, rr, (exact < Lr).long())
-
-
-def _svd_directions(V: torch.Tensor, W_O: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Leading ``n`` singular triplets of ``V @ W_O`` (``[d_model, d_head] @ [d_head, d_model]``, float64) from the
-    factors: ``(read [d_model, n], sigma [n], write [d_model, n])`` with ``V W_O = Σ σ_i read_i write_iᵀ``."""
-    Qv, Rv = torch.linalg.qr(V)
-    Qo, Ro = torch.linalg.qr(W_O.T)
-    A, S, Bt = torch.linalg.svd(Rv @ Ro.T)
-    return Qv @ A[:, :n], S[:n], Qo @ Bt.T[:, :n]
-
-
-def _decode(tok: Any, ids: list[int]) -> list[str | None]:
-    if tok is None:
-        return [None] * len(ids)
-    out: list[str | None] = []
-    for i in ids:
-        try:
-            out.append(str(tok.decode([int(i)])))
-        except Exception:  # noqa: BLE001 - a display string only
-            out.append(None)
-    return out
-
-
-def _headline(table: pd.DataFrame, k: int, n_tokens: int) -> str:
+def _headline(table: pd.DataFrame, k: int, n_tokens: int, post_norm: str | None = None) -> str:
     med = table["self_rank_median"].to_numpy(dtype=float)
+    fin = np.isfinite(med)
     n = len(table)
-    n_copy = int((med < 0.5).sum())
-    i_lo, i_hi = int(np.argmin(med)), int(np.argmax(med))
-    lo, hi = table.index[i_lo], table.index[i_hi]
-    return (
-        f"Do the heads' OV circuits promote the token they read? {n_copy} of {n} heads rank their source token in "
-        f"the upper half of its own row (median self-rank < 0.5, over {n_tokens} tokens); the strongest copier is "
-        f"{lo} (median self-rank {med[i_lo]:.3g}, {table['frac_top_k'].iloc[i_lo]:.0%} of tokens in their own "
-        f"top {k}) and the strongest suppressor {hi} (median self-rank {med[i_hi]:.3g}, "
-        f"{table['frac_bottom_k'].iloc[i_hi]:.0%} in their bottom {k})."
-    )
+    n_copy = int((fin & (med < 0.5)).sum())
+    parts = [
+        f"Do the heads' OV circuits promote the token they read? {n_copy} of {int(fin.sum())} heads with a defined "
+        f"self-rank rank their source token in the upper half of its own row (median self-rank < 0.5, over "
+        f"{n_tokens} tokens)"
+    ]
+    if fin.any():
+        i_lo = int(np.nanargmin(med))
+        i_hi = int(np.nanargmax(med))
+        if med[i_lo] < 0.5:
+            parts.append(
+                f"the strongest copier is {table.index[i_lo]} (median self-rank {med[i_lo]:.3g}, "
+                f"{table['frac_top_k'].iloc[i_lo]:.0%} of tokens in their own top {k})"
+            )
+        if med[i_hi] > 0.5:
+            parts.append(
+                f"the strongest suppressor {table.index[i_hi]} (median self-rank {med[i_hi]:.3g}, "
+                f"{table['frac_bottom_k'].iloc[i_hi]:.0%} in their bottom {k})"
+            )
+    if n - int(fin.sum()):
+        parts.append(f"{n - int(fin.sum())} of {n} heads have no defined self-rank (NaN, no spread: see reason)")
+    text = "; ".join(parts) + "."
+    if post_norm:
+        text += f" In this model {post_norm}; the readout (W_E W_V W_O W_U) leaves that norm out."
+    return text
 
 
 @strict_kwargs
@@ -566,6 +394,7 @@ def head_tokens(
     *,
     n_directions: IntLike = N_DIRECTIONS,
     chunk: IntLike | None = None,
+    progress: bool = True,
 ) -> HeadTokens:
     """The OV circuit read in tokens, weights only (SPEC 12): each head's self-rank of its source tokens.
 
@@ -581,9 +410,11 @@ def head_tokens(
         seed: the sample's seed.
         n_directions: leading singular directions of ``W_V W_O`` read per head (1 .. d_head).
         chunk: source tokens per ``[chunk, VOCAB_TILE]`` float32 logit block (default
-            ``max(1, 2^19 // min(VOCAB_TILE, d_vocab))``, 256 on SmolLM2; memory ``~ chunk · VOCAB_TILE`` floats,
-            a ``VOCAB_TILE x heads · d_head`` float64 tile per layer and a float64 copy of ``W_U`` up to 512 MiB,
-            never ``d_vocab²``).
+            ``max(1, 2^19 // min(VOCAB_TILE, d_vocab))``, 256 on SmolLM2; the heads of a layer are taken together,
+            as many as fit ``2^21`` logits a block, :data:`~tl_idempotence.probes.readout.HEAD_BLOCK_ELEMS`; memory
+            ``~ heads · chunk · VOCAB_TILE`` floats up to that, a ``VOCAB_TILE x heads · d_head`` float64 tile per
+            layer and a float64 copy of ``W_U`` up to 512 MiB, never ``d_vocab²``).
+        progress: a tqdm bar over the layers on stderr (as the report's).
 
     Returns:
         :class:`HeadTokens` (``.table`` indexed by ``"L10H8"``; ``.top_tokens(label)``; ``.headline``).
@@ -597,7 +428,7 @@ def head_tokens(
     W_E, W_U = embedding_matrices(model, "head_tokens")
     d_vocab = int(W_E.shape[0])
     src = TLModelSource(model)
-    info = src.info
+    info = probe_info(model, src.info, W_U)
     sel = select_heads(heads, list(src.layers()), info.n_heads, labels=True)
     k = check_int(k, "k", 1, d_vocab)
     n_tokens = check_int(n_tokens, "n_tokens", 1, MAX_TOKENS)
@@ -605,6 +436,7 @@ def head_tokens(
     n_directions = check_int(n_directions, "n_directions", 1, info.d_head)
     default_chunk = max(1, LOGIT_ELEMS // min(VOCAB_TILE, d_vocab))
     chunk = default_chunk if chunk is None else check_int(chunk, "chunk", 1, MAX_TOKENS)
+    progress = check_bool(progress, "progress")
     if tokens is None:
         tok_ids, how = _sample_tokens(model, d_vocab, n_tokens, seed)
     else:
@@ -616,7 +448,9 @@ def head_tokens(
     torch.set_float32_matmul_precision("highest")  # no TF32 / bf16 float32 products: the bounds assume float32
     try:
         with torch.no_grad():
-            table, ranks, top = _compute(model, W_E, W_U, layers, sel, tok_ids, k, n_directions, chunk, dev)
+            table, ranks, cosines, top = _compute(
+                model, W_E, W_U, layers, sel, tok_ids, k, n_directions, chunk, dev, progress
+            )
     finally:
         torch.set_float32_matmul_precision(precision)
     summary: dict[str, Any] = {
@@ -632,11 +466,20 @@ def head_tokens(
         "processing": dict(info.processing),
         "weights_fingerprint": combined_fingerprint([(lay, lh.fingerprint()) for lay, lh in layers.items()]),
         "embedding_fingerprint": embedding_fingerprint(W_E, W_U),
-        "median_self_rank": float(np.median(table["self_rank_median"].to_numpy(dtype=float))),
-        "headline": _headline(table, k, len(tok_ids)),
+        "median_self_rank": rank_stats(table["self_rank_median"].to_numpy(dtype=float))["self_rank_median"],
+        "headline": _headline(table, k, len(tok_ids), info.extra.get("post_attention_norm")),
     }
     options = {"k": k, "n_tokens": n_tokens, "seed": seed, "n_directions": n_directions, "chunk": chunk}
-    return HeadTokens(table=table, ranks=ranks, tokens=tok_ids, top=top, summary=summary, info=info, options=options)
+    return HeadTokens(
+        table=table,
+        ranks=ranks,
+        tokens=tok_ids,
+        top=top,
+        summary=summary,
+        info=info,
+        options=options,
+        cosines=cosines,
+    )
 
 
 def _compute(
@@ -650,7 +493,10 @@ def _compute(
     n_directions: int,
     chunk: int,
     dev: torch.device,
-) -> tuple[pd.DataFrame, np.ndarray, dict[str, pd.DataFrame]]:
+    progress: bool,
+) -> tuple[pd.DataFrame, np.ndarray, np.ndarray, dict[str, pd.DataFrame]]:
+    from ..core.progress import progress_bar
+
     d_vocab = int(W_E.shape[0])
     tok = torch.as_tensor(tok_ids, dtype=torch.long, device=dev)
     W_U32 = W_U.to(dev, torch.float32)
@@ -658,94 +504,164 @@ def _compute(
     # W_U's columns as rows, in its own precision when that is float64 (else float32, exact for bf16/fp16): the
     # reference logits are computed from them; a view of W_E, no copy, on a tied float32 model
     U_rows = (W_U.to(dev, torch.float64) if W_U.dtype == torch.float64 else W_U32).T.contiguous()
-    u_norm = _row_norms(U_rows)
-    U_tiles = _float64_tiles(U_rows)
+    u_norm = row_norms(U_rows)
+    U_tiles = float64_tiles(U_rows)
+    u_tok = u_norm[tok]  # [n]: ‖W_U[:, t]‖
+    g_x = gamma64(int(W_E.shape[1]))  # rounding of x = fl64(W_E[t] @ W_V)
 
     tokenizer = getattr(model, "tokenizer", None)
-    rows, ranks = [], []
+    rows, ranks, cosines = [], [], []
+    reads, writes, sigmas, labels = [], [], [], []
     top: dict[str, pd.DataFrame] = {}
-    for lay, hs in sel.items():
+    n_heads = sum(len(hs) for hs in sel.values())
+    desc = f"token readout ({n_heads} heads x {len(tok_ids)} tokens; ~0.2 CPU-s/head on SmolLM2)"
+    for lay in progress_bar(list(sel), desc=desc, total=len(sel), unit="layer", enabled=progress):
+        hs = sel[lay]
         lh = layers[lay]
         V64 = lh.V.to(dev, torch.float64)  # [n_kv, d_model, d_head]
         x_kv: dict[int, torch.Tensor] = {}
+        ex_kv: dict[int, torch.Tensor] = {}
         for h in hs:
             kv = int(lh.kv_head_of[h])
             if kv not in x_kv:
                 x_kv[kv] = E_tok64 @ V64[kv]
+                ex_kv[kv] = g_x * (E_tok64.abs() @ V64[kv].abs())  # bound on |x - e_t W_V|
         O64 = torch.stack([lh.O[h].to(dev, torch.float64).T for h in hs])  # [heads, d_head, d_model]
         xs = [x_kv[int(lh.kv_head_of[h])] for h in hs]
-        above_l, below_l = _layer_counts(xs, O64, U_rows, u_norm, tok, chunk, VOCAB_TILE, U_tiles)
-        reads, writes, sigmas = [], [], []
+        above_l, below_l, L_l, yn_l, zn_l = layer_counts(xs, O64, U_rows, u_norm, tok, chunk, VOCAB_TILE, U_tiles)
         for j, h in enumerate(hs):
             kv = int(lh.kv_head_of[h])
             W_O64 = O64[j]
             above, below = above_l[j], below_l[j]
-            r = (above.double() / (d_vocab - 1)).cpu().numpy()
+            # no spread (module docstring): y = x W_O zero within its float64 rounding, or every logit tied
+            y_noise = gamma64(d_head_of(W_O64)) * zn_l[j] + (ex_kv[kv] @ W_O64.abs()).norm(dim=1)
+            flat = (yn_l[j] <= y_noise) | (above + below == 0)
+            r = (above.double() / (d_vocab - 1)).masked_fill(flat, float("nan")).cpu().numpy()
+            cos = (L_l[j] / (yn_l[j] * u_tok)).masked_fill(flat | (u_tok == 0), float("nan")).cpu().numpy()
             ranks.append(r)
-            rd, sg, wr = _svd_directions(V64[kv], W_O64, n_directions)
+            cosines.append(cos)
+            rd, sg, wr = svd_directions(V64[kv], W_O64, n_directions)
             reads.append(rd)
             writes.append(wr)
             sigmas.append(sg)
+            labels.append(head_label(lay, h))
+            keep = ~flat
             rows.append(
                 {
                     "layer": lay,
                     "head": h,
                     "kv_head": kv,
-                    "self_rank_median": float(np.median(r)),
-                    "frac_top_k": float((above < k).double().mean()),
-                    "frac_bottom_k": float((below < k).double().mean()),
+                    **rank_stats(r),
+                    "frac_top_k": _share(above < k, keep),
+                    "frac_bottom_k": _share(below < k, keep),
                     "n_tokens": len(r),
                     "sv_1": float(sg[0]),
+                    "n_ranked": int(keep.sum()),
+                    "reason": no_spread_reason(r),
                 }
             )
-        # token scores of every selected head's directions in one product per side: [d_vocab, heads * n]
-        R = torch.cat(reads, 1).to(torch.float32)
-        Wr = torch.cat(writes, 1).to(torch.float32)
-        read_scores = torch.cat([W_E[s : s + 8192].to(dev, torch.float32) @ R for s in range(0, d_vocab, 8192)])
-        write_scores = Wr.T @ W_U32  # [heads * n, d_vocab]
-        nd = reads[0].shape[1]
-        for j, h in enumerate(hs):
-            label = head_label(lay, h)
-            r = ranks[len(ranks) - len(hs) + j]
-            order = np.lexsort((tok_ids, r))  # by self-rank, then id
-            recs: list[tuple[str, int, int, float]] = []
-            for i, o in enumerate(order[:k]):
-                recs.append(("promoted", i + 1, int(tok_ids[o]), float(r[o])))
-            for i, o in enumerate(np.lexsort((tok_ids, -r))[:k]):
-                recs.append(("suppressed", i + 1, int(tok_ids[o]), float(r[o])))
-            sig = {}
-            for d in range(nd):
-                rs = read_scores[:, j * nd + d].double()
-                ws = write_scores[j * nd + d].double()
-                if float(rs.max()) < -float(rs.min()):  # the pair's sign: the read side's largest |score| > 0
-                    rs, ws = -rs, -ws
-                kk = min(k, d_vocab)
-                for name, sc in ((f"read_{d + 1}", rs), (f"write_{d + 1}", ws)):
-                    val, idx = torch.topk(sc, kk)
-                    for i in range(kk):
-                        recs.append((name, i + 1, int(idx[i]), float(val[i])))
-                sig[f"sigma_{d + 1}"] = float(sigmas[j][d])
-            df = pd.DataFrame(recs, columns=["kind", "rank", "token_id", "value"])
-            df.insert(3, "token", _decode(tokenizer, df["token_id"].tolist()))
-            df.attrs = sig
-            top[label] = df
+    # the tokens every head's singular directions read (W_E) and write (W_U): one pass over the vocabulary for all
+    nd = reads[0].shape[1]
+    kk = min(k, d_vocab)
+    ext = direction_extremes(W_E, W_U32, torch.cat(reads, 1), torch.cat(writes, 1), kk, dev)
+    for i, label in enumerate(labels):
+        recs = self_lists(tok_ids, ranks[i], cosines[i], k)
+        sig = {}
+        for d in range(nd):
+            c = i * nd + d
+            # the pair's sign: the read side's largest |score| positive (else both sides negated)
+            flip = float(ext["read_top"][0][0, c]) < -float(ext["read_bottom"][0][0, c])
+            for name, side in ((f"read_{d + 1}", "read"), (f"write_{d + 1}", "write")):
+                val, idx = ext[f"{side}_bottom"] if flip else ext[f"{side}_top"]
+                for q in range(kk):
+                    recs.append((name, q + 1, int(idx[q, c]), -float(val[q, c]) if flip else float(val[q, c])))
+            sig[f"sigma_{d + 1}"] = float(sigmas[i][d])
+        df = pd.DataFrame(recs, columns=["kind", "rank", "token_id", "value"])
+        df.insert(3, "token", token_texts(tokenizer, df["token_id"].tolist()))
+        df.attrs = sig
+        top[label] = df
     table = pd.DataFrame(rows)
     table.index = head_labels(table["layer"], table["head"])
-    return table, np.stack(ranks), top
+    return table, np.stack(ranks), np.stack(cosines), top
+
+
+def d_head_of(W_O: torch.Tensor) -> int:
+    """The inner dimension of ``x @ W_O`` (``W_O [d_head, d_model]``)."""
+    return int(W_O.shape[0])
+
+
+def _share(hit: torch.Tensor, keep: torch.Tensor) -> float:
+    """The fraction of ``hit`` among the ``keep`` entries (NaN when none is kept)."""
+    n = int(keep.sum())
+    return float((hit & keep).sum()) / n if n else float("nan")
+
+
+def rank_stats(r: np.ndarray) -> dict[str, float]:
+    """``{"self_rank_median": numpy's median of the finite self-ranks}`` (NaN when none is). Raises nothing."""
+    fin = r[np.isfinite(r)]
+    return {"self_rank_median": float(np.median(fin)) if len(fin) else float("nan")}
+
+
+#: Why self-ranks are NaN (the table's ``reason``; "" when every token read has one).
+REASON_NONE_RANKED = (
+    "no token's row has spread: the head's output is zero within float rounding for every token read (its W_O or "
+    "its kv group's W_V is zero) or every logit of each row ties (W_U is zero)"
+)
+
+
+def no_spread_reason(r: np.ndarray) -> str:
+    """The ``reason`` of a head's self-ranks ``r`` (NaN: a row without spread). Raises nothing."""
+    n_nan = int((~np.isfinite(r)).sum())
+    if not n_nan:
+        return ""
+    if n_nan == len(r):
+        return REASON_NONE_RANKED
+    return (
+        f"{n_nan} of {len(r)} tokens' rows have no spread and are left out (NaN self-rank): the head's output for "
+        "them is zero within float rounding (a zero embedding row) or every logit ties"
+    )
+
+
+#: The self-rank lists of ``top_tokens`` and their rule: a token is promoted only in the upper half of its own row.
+PROMOTED, SUPPRESSED = "promoted", "suppressed"
+PROMOTED_COS, SUPPRESSED_COS = "promoted_cosine", "suppressed_cosine"
+SELF_KINDS = (PROMOTED, SUPPRESSED, PROMOTED_COS, SUPPRESSED_COS)
+
+
+def self_lists(tok_ids: np.ndarray, r: np.ndarray, cos: np.ndarray, k: int) -> list[tuple[str, int, int, float]]:
+    """The ``top_tokens`` rows read from the self-ranks ``r`` and self-cosines ``cos`` of the tokens ``tok_ids``:
+    ``promoted`` (at most ``k`` tokens of self-rank < 0.5, lowest first), ``suppressed`` (self-rank > 0.5, highest
+    first), ``promoted_cosine`` (cosine > 0, highest first) and ``suppressed_cosine`` (cosine < 0, lowest first);
+    ties by token id; NaN entries never listed. Raises nothing."""
+    out: list[tuple[str, int, int, float]] = []
+    for kind, v, keep, sign in (
+        (PROMOTED, r, r < 0.5, 1.0),
+        (SUPPRESSED, r, r > 0.5, -1.0),
+        (PROMOTED_COS, cos, cos > 0, -1.0),
+        (SUPPRESSED_COS, cos, cos < 0, 1.0),
+    ):
+        with np.errstate(invalid="ignore"):
+            idx = np.flatnonzero(np.isfinite(v) & keep)
+        order = idx[np.lexsort((tok_ids[idx], sign * v[idx]))][:k]
+        out += [(kind, i + 1, int(tok_ids[o]), float(v[o])) for i, o in enumerate(order)]
+    return out
 
 
 #: The columns of :attr:`HeadTokens.table` and of its ``top_tokens`` frames, in order.
-TABLE_COLUMNS = ("layer", "head", "kv_head", "self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens", "sv_1")
+TABLE_COLUMNS = (
+    "layer", "head", "kv_head", "self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens", "sv_1", "n_ranked",
+    "reason",
+)  # fmt: skip
 TOP_COLUMNS = ("kind", "rank", "token_id", "token", "value")
 
 
 @strict_kwargs
 def save_head_tokens(result: HeadTokens, path: PathLike, overwrite: bool = False) -> str:
     """Save a :class:`HeadTokens` to the folder ``path``: ``table.parquet`` (:attr:`HeadTokens.table`; labels
-    rebuilt from ``layer``/``head``), ``self_ranks.parquet`` (a ``token_id`` column and one column of self-ranks per
-    head label, in the table's order), ``top.parquet`` (every head's ``top_tokens`` frame with a ``label`` column)
-    and ``head_tokens.json`` (summary, options, info, the frames' ``sigma_i``, the sha256 of every table and the
-    record's own digest; no pickle).
+    rebuilt from ``layer``/``head``), ``self_ranks.parquet`` and ``self_cosines.parquet`` (a ``token_id`` column and
+    one column of self-ranks / self-cosines per head label, in the table's order), ``top.parquet`` (every head's
+    ``top_tokens`` frame with a ``label`` column) and ``head_tokens.json`` (summary, options, info, the frames'
+    ``sigma_i``, the sha256 of every table and the record's own digest; no pickle).
 
     Returns:
         The folder, as a string.
@@ -766,8 +682,9 @@ def _saved_tables(result: HeadTokens) -> tuple[dict[str, pd.DataFrame], dict[str
     """The tables of a head-tokens save and its ``sigmas`` record field."""
     labels = list(result._table.index)
     ranks = pd.DataFrame({"token_id": result._tokens, **{lab: result._ranks[i] for i, lab in enumerate(labels)}})
+    cos = pd.DataFrame({"token_id": result._tokens, **{lab: result._cosines[i] for i, lab in enumerate(labels)}})
     top = pd.concat([result._top[lab].assign(label=lab) for lab in labels], ignore_index=True)[["label", *TOP_COLUMNS]]
-    tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "self_ranks": ranks, "top": top}
+    tables = {"table": result._table.loc[:, list(TABLE_COLUMNS)], "self_ranks": ranks, "self_cosines": cos, "top": top}
     return tables, {"sigmas": {lab: dict(result._top[lab].attrs) for lab in labels}}
 
 
@@ -779,8 +696,9 @@ def head_tokens_files(result: HeadTokens) -> dict[str, bytes]:
 
 def load_head_tokens(path: PathLike) -> HeadTokens:
     """Read back what :func:`save_head_tokens` wrote, checking every digest and recomputing what the tables give:
-    each head's ``self_rank_median``, ``frac_top_k`` and ``n_tokens`` and its promoted / suppressed tokens from
-    the self-ranks, and the summary's ``n_heads``, ``n_tokens``, ``median_self_rank`` and ``headline``.
+    each head's ``self_rank_median``, ``frac_top_k``, ``n_tokens``, ``n_ranked`` and ``reason`` and its token lists
+    from the self-ranks and self-cosines, and the summary's ``n_heads``, ``n_tokens``, ``median_self_rank`` and
+    ``headline``.
 
     Args:
         path: the folder.
@@ -795,18 +713,19 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
             names the file and the field).
         OptionTypeError: ``path`` is not a path.
     """
-    d, fields, tables, info = read_probe(
-        path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, frozenset({"table", "self_ranks", "top"}), ("seed", "k")
-    )
+    names = frozenset({"table", "self_ranks", "self_cosines", "top"})
+    d, fields, tables, info = read_probe(path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, names, ("seed", "k"))
     rec, ft, fr, fo = d / HEAD_TOKENS_RECORD, d / "table.parquet", d / "self_ranks.parquet", d / "top.parquet"
+    fc = d / "self_cosines.parquet"
     edited = functools.partial(edited_error, again="tli.head_tokens")
 
-    table, ranks, top = tables["table"], tables["self_ranks"], tables["top"]
+    table, ranks, cosines, top = tables["table"], tables["self_ranks"], tables["self_cosines"], tables["top"]
     if tuple(table.columns) != TABLE_COLUMNS:
         raise ReportFileError(f"{ft} has columns {list(table.columns)}, not a head-tokens table {list(TABLE_COLUMNS)}.")
     labels = label_heads(table, ft, "tli.head_tokens")
-    if list(ranks.columns) != ["token_id", *labels]:
-        raise edited(fr, f"columns {list(ranks.columns)[:6]} are not token_id and the table's heads")
+    for f, frame in ((fr, ranks), (fc, cosines)):
+        if list(frame.columns) != ["token_id", *labels]:
+            raise edited(f, f"columns {list(frame.columns)[:6]} are not token_id and the table's heads")
     try:
         summary = HeadTokensSummary(fields["summary"])
         d_vocab, k = int(summary["d_vocab"]), int(summary["k"])
@@ -814,40 +733,63 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
     except (KeyError, TypeError, ValueError, AttributeError, OptionError) as e:
         raise ReportFileError(f"{rec}: a malformed summary or record ({type(e).__name__}: {e}).") from e
     tok = index_column(ranks, "token_id", fr)
+    if not np.array_equal(index_column(cosines, "token_id", fc), tok):
+        raise edited(fc, f"its token ids are not those of {fr.name}")
     R = ranks.loc[:, labels].to_numpy(dtype=np.float64).T  # [heads, tokens]
+    Cs = cosines.loc[:, labels].to_numpy(dtype=np.float64).T
     if len(np.unique(tok)) != len(tok) or (len(tok) and (tok.min() < 0 or tok.max() >= d_vocab)):
         raise edited(fr, f"token ids that repeat or lie outside [0, d_vocab = {d_vocab})")
-    above = np.round(R * (d_vocab - 1))
-    if not (np.isfinite(R).all() and (R >= 0).all() and (R <= 1).all() and same_floats(above / (d_vocab - 1), R)):
-        raise edited(fr, f"self-ranks that are not counts / (d_vocab - 1) = {d_vocab - 1}")
+    fin = np.isfinite(R)
+    above = np.round(np.where(fin, R, 0) * (d_vocab - 1))
+    Rf = np.where(fin, R, 0)
+    if not (np.isnan(R[~fin]).all() and (Rf >= 0).all() and (Rf <= 1).all() and same_floats(above / (d_vocab - 1), Rf)):
+        raise edited(fr, f"self-ranks that are not counts / (d_vocab - 1) = {d_vocab - 1} (or NaN)")
+    if not (np.isnan(Cs[~np.isfinite(Cs)]).all() and (np.abs(Cs[np.isfinite(Cs)]) <= 1 + 1e-12).all()):
+        raise edited(fc, "self-cosines outside [-1, 1]")
+    if (np.isfinite(Cs) & ~fin).any():
+        raise edited(fc, f"a self-cosine where {fr.name} has no self-rank (a row without spread)")
     for col, fresh in (
-        ("self_rank_median", np.median(R, axis=1)),
-        ("frac_top_k", (above < k).mean(axis=1)),
+        ("self_rank_median", [rank_stats(r)["self_rank_median"] for r in R]),
+        ("frac_top_k", [float((a[f] < k).mean()) if f.any() else np.nan for a, f in zip(above, fin)]),
         ("n_tokens", np.full(len(labels), R.shape[1])),
+        ("n_ranked", fin.sum(axis=1)),
     ):
         if not same_floats(table[col].to_numpy(dtype=float), fresh):
             raise edited(ft, f"{col!r} is not what {fr.name} gives")
+    if table["reason"].astype(object).tolist() != [no_spread_reason(r) for r in R]:
+        raise edited(ft, f"'reason' is not what {fr.name} gives")
     if tuple(top.columns) != ("label", *TOP_COLUMNS):
         raise edited(fo, f"columns {list(top.columns)} are not {['label', *TOP_COLUMNS]}")
     top_of: dict[str, pd.DataFrame] = {}
     for i, lab in enumerate(labels):
         t = top[top["label"] == lab].drop(columns="label").reset_index(drop=True)
-        order = {"promoted": np.lexsort((tok, R[i]))[:k], "suppressed": np.lexsort((tok, -R[i]))[:k]}
-        for kind, o in order.items():
-            rows = t[t["kind"] == kind]
-            if list(rows["token_id"]) != tok[o].tolist() or not same_floats(rows["value"], R[i][o]):
-                raise edited(fo, f"{lab}'s {kind} tokens are not what {fr.name} gives")
+        want = pd.DataFrame(self_lists(tok, R[i], Cs[i], k), columns=["kind", "rank", "token_id", "value"])
+        if t[t["kind"].isin(SELF_KINDS)]["kind"].tolist() != want["kind"].tolist():
+            raise edited(fo, f"{lab}'s token lists are not what {fr.name} and {fc.name} give")
+        for kind in SELF_KINDS:
+            got, w = t[t["kind"] == kind], want[want["kind"] == kind]
+            same = got["token_id"].tolist() == w["token_id"].tolist() and got["rank"].tolist() == w["rank"].tolist()
+            if not (same and same_floats(got["value"], w["value"])):
+                raise edited(fo, f"{lab}'s {kind} tokens are not what {fr.name} and {fc.name} give")
         t.attrs = sigmas[lab]
         top_of[lab] = t
     fresh_summary = {
         "n_heads": len(labels),
         "n_tokens": R.shape[1],
-        "median_self_rank": float(np.median(table["self_rank_median"].to_numpy(dtype=float))),
-        "headline": _headline(table, k, R.shape[1]),
+        "median_self_rank": rank_stats(table["self_rank_median"].to_numpy(dtype=float))["self_rank_median"],
+        "headline": _headline(table, k, R.shape[1], info.extra.get("post_attention_norm")),
     }
     check_summary(summary, fresh_summary, rec, "tli.head_tokens")
     opts = fields["options"]
     _check_stated(rec, ft, fo, summary, opts, info, table, top, sigmas, R.shape[1])
     return HeadTokens(
-        table=table, ranks=R, tokens=tok, top=top_of, summary=summary, info=info, options=opts, loaded_from=str(d)
+        table=table,
+        ranks=R,
+        tokens=tok,
+        top=top_of,
+        summary=summary,
+        info=info,
+        options=opts,
+        loaded_from=str(d),
+        cosines=Cs,
     )

@@ -47,7 +47,17 @@ from .tokens import special_ids
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import IntLike
 
-__all__ = ["ATTENTION_ROLES", "ROLES", "HeadRoles", "HeadRolesSummary", "copying_scores", "head_roles", "role_scores"]
+__all__ = [
+    "ATTENTION_ROLES",
+    "COPYING_NAN_REASON",
+    "ROLES",
+    "HeadRoles",
+    "HeadRolesSummary",
+    "copying_scores",
+    "eigen_floor",
+    "head_roles",
+    "role_scores",
+]
 
 #: The attention roles: column name -> TransformerLens's detection pattern name.
 ATTENTION_ROLES = {
@@ -226,12 +236,28 @@ def _check_vocab(W_E: torch.Tensor, W_U: torch.Tensor) -> None:
     check_weights(W_U.transpose(0, 1).unsqueeze(-1), "W_U (the unembedding)", "token")  # names the column
 
 
+#: Why a copying score is NaN (its ``reason``).
+COPYING_NAN_REASON = (
+    "the full OV circuit has no nonzero eigenvalue beyond float rounding (Σ|λ| <= √(d_head u) ‖W_O W_U W_E W_V‖_F: a "
+    "zero W_O, a zero W_V of its kv group, W_U = 0, or a nilpotent head)"
+)
+
+
+def eigen_floor(A: torch.Tensor) -> torch.Tensor:
+    """``√(n u) ‖A‖_F`` per ``[..., n, n]`` matrix (float64 ``u = 2^-53``): below it, a spectrum's ``Σ|λ|`` is not
+    told from float rounding (a defective, e.g. nilpotent, matrix's computed eigenvalues are of order
+    ``√(u) ‖A‖``, not 0), so a copying score ``Re Σλ / Σ|λ|`` is NaN there. Raises nothing."""
+    n = int(A.shape[-1])
+    return math.sqrt(n * 2.0**-53) * torch.linalg.matrix_norm(A)
+
+
 def copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo, dict[str, str]]:
     """The copying score of every query head (module docstring): ``Re Σλ / Σ|λ|`` of ``W_E W_V W_O W_U``.
 
     Returns:
         ``(table, info, layer_fingerprints)``: ``table`` has ``layer, head, kv_head, copying, reason`` (one row
-        per query head in layer, head order; ``reason`` says why a score is NaN), ``info`` the model's ModelInfo,
+        per query head in layer, head order; ``reason`` says why a score is NaN: no eigenvalue beyond float rounding,
+        :func:`eigen_floor`), ``info`` the model's ModelInfo,
         ``layer_fingerprints`` ``{"layer": sha256}`` of each layer's O and V as they were read
         (:meth:`~tl_idempotence.core.heads.LayerHeads.fingerprint`, the key a report records).
 
@@ -259,18 +285,20 @@ def copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo, dict[str, str]]
             fingerprints[str(lh.layer)] = lh.fingerprint()
             V = lh.V.double()[lh.kv_head_of.to(lh.V.device)]  # [n_heads, d_model, d_head]: model.OV's expansion
             W_O = lh.O.double().transpose(-1, -2)  # [n_heads, d_head, d_model]
-            lam = FactoredMatrix(V, W_O @ M.to(V.device)).eigenvalues  # [n_heads, d_head] complex
+            WOM = W_O @ M.to(V.device)  # [n_heads, d_head, d_model]
+            lam = FactoredMatrix(V, WOM).eigenvalues  # [n_heads, d_head] complex
             num = lam.real.sum(-1).cpu().numpy()
             den = lam.abs().sum(-1).cpu().numpy()
+            floor = eigen_floor(WOM @ V).cpu().numpy()  # the d_head x d_head product's rounding floor
             for h in range(len(num)):
-                ok = bool(den[h] > 0) and math.isfinite(float(den[h]))
+                ok = bool(den[h] > floor[h]) and math.isfinite(float(den[h]))
                 rows.append(
                     {
                         "layer": lh.layer,
                         "head": h,
                         "kv_head": int(lh.kv_head_of[h]),
                         "copying": float(num[h] / den[h]) if ok else float("nan"),
-                        "reason": "" if ok else "the full OV circuit has no nonzero eigenvalue (Σ|λ| = 0)",
+                        "reason": "" if ok else COPYING_NAN_REASON,
                     }
                 )
     return pd.DataFrame(rows), src.info, fingerprints

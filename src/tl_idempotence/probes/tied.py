@@ -34,10 +34,16 @@ from ..core.heads import ModelInfo
 from ..core.selection import head_labels
 from ..errors import UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
-from .head_tokens import embedding_matrices
+from .roles import eigen_floor
+from .token_records import embedding_matrices
 
 __all__ = ["EmbeddingTie", "embedding_tie", "own_copying_scores"]
 
+#: Why a G = I copying score is NaN (its ``reason``; :func:`~tl_idempotence.probes.roles.eigen_floor`).
+OWN_NAN_REASON = (
+    "T has no nonzero eigenvalue beyond float rounding (Σ|λ| <= √(d_head u) ‖W_O W_V‖_F: a zero W_O, a zero W_V "
+    "of its kv group, or a nilpotent head)"
+)
 #: Vocabulary rows per block when comparing W_U with W_Eᵀ.
 _ROWS = 8192
 
@@ -140,8 +146,9 @@ def own_copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo]:
 
     Returns:
         ``(table, info)``: ``table`` indexed by ``"L10H8"`` labels with ``layer, head, kv_head, copying_own,
-        reason`` (``reason`` says why a score is NaN: ``T`` has no nonzero eigenvalue, e.g. a nilpotent or zero
-        head), one row per query head in layer, head order.
+        reason`` (``reason`` says why a score is NaN: ``T`` has no eigenvalue beyond float rounding, e.g. a
+        nilpotent or zero head, :func:`~tl_idempotence.probes.roles.eigen_floor`), one row per query head in layer,
+        head order.
 
     Raises:
         UnsupportedModelError: not a TransformerLens model.
@@ -164,15 +171,16 @@ def own_copying_scores(model: Any) -> tuple[pd.DataFrame, ModelInfo]:
             lam = FactoredMatrix(V, W_O).eigenvalues  # [n_heads, d_head]: those of W_O W_V
             num = lam.real.sum(-1).cpu().tolist()
             den = lam.abs().sum(-1).cpu().tolist()
+            floor = eigen_floor(W_O @ V).cpu().tolist()
             for h, (a, b) in enumerate(zip(num, den)):
-                ok = b > 0 and math.isfinite(b)
+                ok = b > floor[h] and math.isfinite(b)
                 rows.append(
                     {
                         "layer": lh.layer,
                         "head": h,
                         "kv_head": int(lh.kv_head_of[h]),
                         "copying_own": a / b if ok else math.nan,
-                        "reason": "" if ok else "T has no nonzero eigenvalue (Σ|λ| = 0)",
+                        "reason": "" if ok else OWN_NAN_REASON,
                     }
                 )
     table = pd.DataFrame(rows, columns=["layer", "head", "kv_head", "copying_own", "reason"])

@@ -27,9 +27,10 @@ import pandas as pd
 import torch
 
 from ..core.frozen import thawed
-from ..core.heads import ModelInfo, combined_fingerprint, read_layer
+from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
 from ..core.outputs import check_save_target
+from ..core.processing import PROCESSING_FLAGS
 from ..core.records import (
     check_float_keys,
     check_identity,
@@ -42,7 +43,7 @@ from ..core.selection import head_labels
 from ..core.store import saved_folder
 from ..core.stored import StoredResult
 from ..core.tables import ModelResult
-from ..errors import OptionTypeError, ReportFileError, ReportMismatchError
+from ..errors import OptionTypeError, ReportFileError, ReportMismatchError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
 
@@ -56,8 +57,10 @@ __all__ = [
     "check_summary",
     "edited_error",
     "embedding_fingerprint",
+    "embedding_matrices",
     "label_heads",
     "probe_fields",
+    "probe_info",
     "read_probe",
     "same_floats",
     "write_probe",
@@ -73,6 +76,81 @@ FREE_MODEL_FIELDS = (
     ("summary.weights_fingerprint", "the sha256 of the measured layers, recorded once (check_model reads it)"),
     ("summary.embedding_fingerprint", "the sha256 of W_E and W_U, recorded once (check_model reads it)"),
 )
+
+
+#: What ``summary["processing"]`` says of a flag TransformerLens keeps no record of and the weights cannot show.
+NOT_RECORDED = "not recorded: TransformerLens keeps no flag for it and the weights read here cannot show it"
+
+
+def probe_info(model: Any, info: ModelInfo, W_U: torch.Tensor) -> ModelInfo:
+    """``info`` with every weight-processing flag (:data:`~tl_idempotence.core.processing.PROCESSING_FLAGS`) in its
+    ``processing``: a flag the model's record lacks (a model not loaded by ``tli.models.load``) is read where the
+    weights show it (``center_unembed``: every row of ``W_U`` has mean 0 over the vocabulary, within float rounding
+    of its scale; None for ``W_U = 0``) or recorded as None with a note (``fold_value_biases``). The same for the
+    probes' results and :func:`check_model_fits`. Raises nothing of its own.
+    """
+    proc = dict(info.processing)
+    if all(k in proc for k in PROCESSING_FLAGS):
+        return info
+    if "center_unembed" not in proc:
+        with torch.no_grad():  # row by row: no float64 copy of W_U
+            top = max((float(r.abs().max()) for r in W_U), default=0.0)
+            worst = max((float(r.double().mean().abs()) for r in W_U), default=0.0)
+        eps = torch.finfo(W_U.dtype).eps if W_U.dtype.is_floating_point else 0.0
+        proc["center_unembed"] = None if top == 0 else bool(worst <= 4 * eps * top)
+        proc["center_unembed_note"] = (
+            "inferred from W_U's row means over the vocabulary (TL records no flag)" if top else "W_U is zero"
+        )
+    for k in PROCESSING_FLAGS:
+        if k not in proc:
+            proc[k] = None
+            proc[f"{k}_note"] = NOT_RECORDED
+    return dataclasses.replace(info, processing=proc)
+
+
+def embedding_matrices(model: Any, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W_E [d_vocab, d_model], W_U [d_model, d_vocab])`` of a TransformerLens model, checked (SPEC 12).
+
+    Raises:
+        UnsupportedModelError: not a TransformerLens model, no ``W_E``/``W_U``, shapes that do not chain, or
+            ``d_vocab_out != d_vocab`` (names which).
+        WeightError: NaN/inf, non-float, sparse or meta weights (:func:`~tl_idempotence.core.heads.check_weights`).
+    """
+    if not is_tl_model(model):
+        raise UnsupportedModelError(
+            f"{where} reads a TransformerLens model (HookedTransformer or TransformerBridge); got "
+            f"{type(model).__name__}. Load one with tli.models.load(name)."
+        )
+    mats = []
+    for name in ("W_E", "W_U"):
+        try:
+            w = getattr(model, name)
+        except Exception as e:  # any failure means the model has no such matrix
+            raise UnsupportedModelError(
+                f"{where} needs the model's embedding and unembedding (model.W_E, model.W_U); "
+                f"{type(model).__name__} has no {name} ({type(e).__name__})."
+            ) from e
+        if not isinstance(w, torch.Tensor) or w.ndim != 2:
+            raise UnsupportedModelError(
+                f"{where}: model.{name} must be a 2-D tensor; got {getattr(w, 'shape', type(w).__name__)}."
+            )
+        mats.append(w.detach())
+    W_E, W_U = mats
+    d_model = int(model.cfg.d_model)
+    if W_E.shape[1] != d_model or W_U.shape[0] != d_model:
+        raise UnsupportedModelError(
+            f"{where}: W_E {tuple(W_E.shape)} and W_U {tuple(W_U.shape)} do not chain through d_model={d_model}."
+        )
+    if W_U.shape[1] != W_E.shape[0]:
+        raise UnsupportedModelError(
+            f"{where}: d_vocab_out ({W_U.shape[1]}, W_U's columns) != d_vocab ({W_E.shape[0]}, W_E's rows); a "
+            "token's row of the OV circuit has no logit of its own token to compare."
+        )
+    if W_E.shape[0] < 2:
+        raise UnsupportedModelError(f"{where}: d_vocab = {W_E.shape[0]}; a rank needs at least two tokens.")
+    check_weights(W_E, "W_E (model.W_E)")
+    check_weights(W_U, "W_U (model.W_U)")
+    return W_E, W_U
 
 
 def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
@@ -246,7 +324,8 @@ def check_model_fits(what: str, summary: Mapping[str, Any], info: ModelInfo, lay
             f"got {type(model).__name__}."
         )
     src = TLModelSource(model)
-    mine = src.info
+    with torch.no_grad():
+        mine = probe_info(model, src.info, model.W_U.detach())
     again = f"compute the {what} result again from this model."
     if mine.sizes != info.sizes:
         raise ReportMismatchError(

@@ -7,11 +7,15 @@
   special-token position — BOS/CLS/EOS/SEP/PAD — is run but not counted).
 * :func:`tokenizer_of`, :func:`special_ids`, :func:`special_wrapping` — what those need
   from a TransformerLens model's tokenizer.
+* :func:`token_texts` — a token's text for display: a token that is not whole UTF-8 text (one byte of a
+  character) as the ``repr`` of its bytes, never ``'\ufffd'``.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import re
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -35,6 +39,7 @@ __all__ = [
     "prepare_tokens",
     "special_ids",
     "special_wrapping",
+    "token_texts",
     "tokenizer_of",
 ]
 
@@ -180,6 +185,63 @@ def special_ids(tok: Any) -> set[int]:
         if isinstance(v, int):
             ids.add(v)
     return ids
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet read back: each of its 256 characters -> the byte it stands for."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def _token_bytes(tok: Any, i: int) -> bytes | None:
+    """The bytes token ``i`` stands for, when its piece says (SentencePiece byte fallback ``<0xE2>``, or GPT-2's
+    byte-level alphabet); else None."""
+    try:
+        piece = tok.convert_ids_to_tokens(int(i))
+    except Exception:  # noqa: BLE001 - a display string only
+        return None
+    if not isinstance(piece, str) or not piece:
+        return None
+    m = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+    if m:
+        return bytes([int(m.group(1), 16)])
+    dec = _byte_decoder()
+    if all(c in dec for c in piece):
+        return bytes(dec[c] for c in piece)
+    return None
+
+
+def token_texts(tok: Any, ids: list[int]) -> list[str | None]:
+    """Each token id's text for display (SPEC 12 token lists): the tokenizer's ``decode([id])``, except that a token
+    whose bytes are not whole UTF-8 text (one or two bytes of a character: ``decode`` gives ``'\ufffd'``) is shown
+    as the ``repr`` of its bytes, e.g. ``"b'\\xe2\\x80'"``. None without a tokenizer or where decoding fails.
+    Raises nothing."""
+    if tok is None:
+        return [None] * len(ids)
+    out: list[str | None] = []
+    for i in ids:
+        try:
+            text = str(tok.decode([int(i)]))
+        except Exception:  # noqa: BLE001 - a display string only
+            out.append(None)
+            continue
+        if "\ufffd" in text:
+            raw = _token_bytes(tok, i)
+            if raw is not None:
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    text = repr(raw)
+        out.append(text)
+    return out
 
 
 def special_wrapping(model: Any, tok: Any) -> tuple[list[int], list[int]]:

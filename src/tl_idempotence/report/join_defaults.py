@@ -22,8 +22,9 @@ DEFAULT_N_SETS = 999
 MAX_RESAMPLES = 1 << 20
 #: The role columns a report's exports add with ``roles`` (the CLI's ``--roles``: ``--csv`` and ``--json``).
 EXPORT_ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
-#: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``).
+#: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``); the table's
+#: ``reason`` goes out as ``mechanism_reason`` (the report's own ``reason`` is the closure's).
 EXPORT_MECHANISM_COLUMNS = (
     "effect_median", "frac_negative", "null_median", "effect_p", "effect_q", "self_rank_median", "frac_top_k",
-    "frac_bottom_k", "copying", "copying_own", "sign_agrees",
+    "frac_bottom_k", "copying", "copying_own", "sign_agrees", "median_diff", "direction", "mechanism_reason",
 )  # fmt: skip

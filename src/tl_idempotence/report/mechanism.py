@@ -6,14 +6,20 @@ readout (:func:`~tl_idempotence.probes.head_tokens.head_tokens`), the attended-t
 (:func:`~tl_idempotence.probes.roles.copying_scores`) and the copying score with ``G = I``
 (:func:`~tl_idempotence.probes.tied.own_copying_scores`), and answers two questions:
 
-* among closed heads with ``α ≠ 0`` and a nonzero median effect: how many have ``sign(effect_median) = sign(α)``,
-  with a two-sided sign test (``scipy.stats.binomtest``, p = 1/2);
+* among closed heads with ``α ≠ 0`` and a nonzero direction: how many have ``direction = sign(α)``, with a
+  two-sided sign test (``scipy.stats.binomtest``, p = 1/2). A head's **direction** is the direction its own test
+  tests (SPEC 13): the sign of ``effect - null`` counted over its positions (``n_pos_diff - n_neg_diff`` of
+  :func:`~tl_idempotence.probes.token_effect.attended_token_effect`), not the sign of its median effect by itself
+  (``effect_median``, shown beside it). With ``n`` heads the two-sided sign test's smallest p is ``2^(1 - n)``
+  (``summary["sign_test_floor"]``): with fewer than 6 heads it cannot reach 0.05, and the headline says so instead
+  of "not detectably";
 * among all joined heads with a defined ``α·P`` and effect: the Spearman correlation of ``α·P`` with
   ``effect_median`` (scipy), with a seeded two-sided permutation p (scipy's ``permutation_test``, pairings;
   floor ``2/(n_permutations + 1)``).
 
-Signed scores (α, the effect, both copying scores) are summarized by sign (:attr:`Mechanism.signs`: counts of
-positive and negative values and the median ``|x|`` of each), never as one median of a mixed set. Whether the
+Signed scores (α, the direction with ``|median_diff|``, the effect by itself, both copying scores) are summarized by
+sign (:attr:`Mechanism.signs`: counts of positive and negative values and the median ``|x|`` of each), never as one
+median of a mixed set. Whether the
 model ties its embeddings (:func:`~tl_idempotence.probes.tied.embedding_tie`) is stated, and for a tied model
 the headline says which part of "closed ⇒ copying = sign(α)" is algebra.
 
@@ -67,6 +73,7 @@ from ..probes.token_effect import attended_token_effect_files, load_attended_tok
 from ..views.results import DrawnResult
 from .join_defaults import DEFAULT_N_PERMUTATIONS as DEFAULT_N_PERMUTATIONS
 from .join_defaults import EXPORT_MECHANISM_COLUMNS
+from .mechanism_stats import joined_reasons, sign_summary, sign_test_floor, signs_frame
 from .roles import json_like
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,8 +99,10 @@ __all__ = [
 _TAG_MECHANISM = 7
 #: The question every headline asks first.
 QUESTION = "Does sign(α) predict the sign of a closed head's direct effect on the token it attends to?"
-#: The signed columns :attr:`Mechanism.signs` summarizes.
-SIGNED = ("alpha", "effect_median", "copying", "copying_own")
+#: The signed columns :attr:`Mechanism.signs` summarizes (``direction``: counted by sign, ``|median_diff|`` the size).
+SIGNED = ("alpha", "direction", "effect_median", "copying", "copying_own")
+#: The level the sign test is read at, and the smallest number of heads whose two-sided sign test can reach it.
+LEVEL = 0.05
 
 
 MECHANISM_FORMAT = "tl_idempotence.mechanism/1"
@@ -113,6 +122,7 @@ class MechanismSummary(FrozenSummary):
     n_sign_tested: int
     n_agree: int
     sign_test_p: float
+    sign_test_floor: float
     n_spearman: int
     spearman_rho: float
     spearman_p: float
@@ -138,14 +148,19 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
     Attributes:
         table: one row per joined head, indexed by ``"L10H8"``: ``layer, head, kv_head, P, alpha, closed,
             alpha_P`` (the report's), ``effect_median, frac_negative, null_median, effect_p, effect_q,
-            n_positions`` (the attended-token effect: standardized, direct, on text), ``self_rank_median,
-            frac_top_k, frac_bottom_k`` (the token readout), ``copying`` (the full OV circuit's score),
-            ``copying_own`` (the same with ``G = I``: T's own eigenvalues), ``sign_agrees`` (closed heads with
-            ``α ≠ 0`` and a nonzero effect: ``sign(effect_median) == sign(α)``; NA otherwise), and the attention
-            roles (``previous_token, duplicate_token, induction``) when roles were given.
+            n_positions`` (the attended-token effect: standardized, direct, on text; ``effect_median`` by itself,
+            not against its null), ``self_rank_median, frac_top_k, frac_bottom_k`` (the token readout),
+            ``copying`` (the full OV circuit's score), ``copying_own`` (the same with ``G = I``: T's own
+            eigenvalues), ``sign_agrees`` (closed heads with ``α ≠ 0`` and a nonzero direction:
+            ``direction == sign(α)``; NA otherwise), ``median_diff`` (median of effect - null), ``direction`` (the
+            tested direction: +1 raises the attended token against the null, -1 lowers it, 0 even, NaN without a
+            position), ``reason`` (why a number of the row is NaN, by part; "" if none), and the attention roles
+            (``previous_token, duplicate_token, induction``) when roles were given.
         signs: one row per (signed column, group ``closed``/``all``): ``n_positive, median_abs_positive,
-            n_negative, median_abs_negative, n_zero, n_nan``.
-        summary: ``model_name, n_heads, n_closed, threshold, n_sign_tested, n_agree, sign_test_p, n_spearman,
+            n_negative, median_abs_negative, n_zero, n_nan`` (``direction``: heads by direction, the median
+            ``|median_diff|`` of each side).
+        summary: ``model_name, n_heads, n_closed, threshold, n_sign_tested, n_agree, sign_test_p, sign_test_floor``
+            (the smallest p the two-sided sign test can give with ``n_sign_tested`` heads), ``n_spearman,
             spearman_rho, spearman_p, n_permutations, p_floor, seed, tied, embedding_tie`` (the
             :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict), ``n_closed_own_sign_alpha`` (closed heads
             whose G = I score has the sign of α), ``headline``, ``notes``, and the probes' ``conventions``.
@@ -265,7 +280,7 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         Raises:
             TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``).
         """
-        cols = ["P", "alpha", "effect_median", "effect_q", "self_rank_median", "copying", "copying_own"]
+        cols = ["P", "alpha", "effect_median", "direction", "effect_q", "self_rank_median", "copying", "copying_own"]
         t = self._table
         closed = t[t["closed"]].sort_values("P", ascending=False, kind="stable")[cols]
         parts = [self.headline, f"closed heads ({len(closed)}):", closed.head(n).to_string() if len(closed) else "-"]
@@ -276,22 +291,6 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
 
     def __str__(self) -> str:
         return self.to_text()
-
-
-def sign_summary(values: np.ndarray) -> dict[str, Any]:
-    """A signed score by sign: ``n_positive, median_abs_positive, n_negative, median_abs_negative, n_zero, n_nan``
-    (numpy's median; NaN for an empty side). Never one median of a mixed set."""
-    v = np.asarray(values, dtype=float)
-    fin = np.isfinite(v)
-    pos, neg = v[fin & (v > 0)], v[fin & (v < 0)]
-    return {
-        "n_positive": len(pos),
-        "median_abs_positive": float(np.median(pos)) if len(pos) else math.nan,
-        "n_negative": len(neg),
-        "median_abs_negative": float(np.median(-neg)) if len(neg) else math.nan,
-        "n_zero": int((fin & (v == 0)).sum()),
-        "n_nan": int((~fin).sum()),
-    }
 
 
 def _spearman(x: np.ndarray, y: np.ndarray, n_perm: int, seed: int) -> tuple[float, float, str]:
@@ -310,16 +309,27 @@ def _fmt_p(p: float) -> str:
 
 def mechanism_headline(s: dict[str, Any], tie: EmbeddingTie, n_closed_own: int, med_abs_copy: float) -> str:
     n, k, p = s["n_sign_tested"], s["n_agree"], s["sign_test_p"]
+    floor = sign_test_floor(n)
     if s["n_closed"] == 0:
         first = f"{QUESTION} No head is closed"
     elif n == 0:
-        first = f"{QUESTION} Undefined: no closed head of {s['n_closed']} has both α ≠ 0 and a nonzero median effect"
+        first = (
+            f"{QUESTION} Undefined: no closed head of {s['n_closed']} has both α ≠ 0 and a direction (effect - null "
+            "with more positions one way than the other)"
+        )
     else:
-        if math.isfinite(p) and p <= 0.05:
-            answer = "Yes" if 2 * k > n else "The opposite"
+        agree = (
+            f"{k} of {n} closed heads agree (direction: the sign of effect - null, what each head's test tests; "
+            f"two-sided sign test p = {_fmt_p(p)}"
+        )
+        if floor > LEVEL:
+            first = (
+                f"{QUESTION} Too few closed heads to tell: {agree}, and with {n} heads it cannot be below "
+                f"{floor:.3g} > {LEVEL:g})"
+            )
         else:
-            answer = "Not detectably"
-        first = f"{QUESTION} {answer}: {k} of {n} closed heads agree (two-sided sign test p = {_fmt_p(p)})"
+            answer = ("Yes" if 2 * k > n else "The opposite") if math.isfinite(p) and p <= LEVEL else "Not detectably"
+            first = f"{QUESTION} {answer}: {agree})"
     rho = s["spearman_rho"]
     second = (
         f"across {s['n_spearman']} heads, Spearman ρ(α·P, effect) = {rho:+.2f} (permutation p = "
@@ -343,30 +353,36 @@ def derive_tests(table: pd.DataFrame, n_permutations: int, seed: int) -> tuple[A
     :func:`~tl_idempotence.report.mechanism.load_mechanism` recomputes a saved one with it.
 
     Args:
-        table: the joined columns ``alpha, P, closed, effect_median, alpha_P, copying, copying_own`` (any others
-            are ignored; ``sign_agrees``, when present, is not read).
+        table: the joined columns ``alpha, P, closed, direction, median_diff, effect_median, alpha_P, copying,
+            copying_own`` (any others are ignored; ``sign_agrees``, when present, is not read).
         n_permutations, seed: the Spearman test's permutations and seed.
 
     Returns:
-        ``(sign_agrees, signs, stats)``: a nullable boolean array, the signs frame, and ``n_sign_tested, n_agree,
-        sign_test_p, n_spearman, spearman_rho, spearman_p, n_closed_own_sign_alpha, median_abs_copying_closed,
+        ``(sign_agrees, signs, stats)``: a nullable boolean array (``direction == sign(α)`` for closed heads with
+        ``α ≠ 0`` and a nonzero direction), the signs frame, and ``n_sign_tested, n_agree, sign_test_p,
+        sign_test_floor, n_spearman, spearman_rho, spearman_p, n_closed_own_sign_alpha, median_abs_copying_closed,
         notes``.
     """
     from scipy.stats import binomtest
 
     alpha = table["alpha"].to_numpy(dtype=float)
+    direction = table["direction"].to_numpy(dtype=float)
     eff = table["effect_median"].to_numpy(dtype=float)
     closed = table["closed"].to_numpy(dtype=bool)
-    tested = closed & np.isfinite(alpha) & (alpha != 0) & np.isfinite(eff) & (eff != 0)
-    agrees = np.sign(alpha) == np.sign(eff)
+    tested = closed & np.isfinite(alpha) & (alpha != 0) & np.isfinite(direction) & (direction != 0)
+    agrees = np.sign(alpha) == direction
     sign_agrees = pd.array([bool(a) if t else pd.NA for a, t in zip(agrees, tested)], dtype="boolean")
     notes = []
     n_tested, n_agree = int(tested.sum()), int((agrees & tested).sum())
     if n_tested:
         p_sign = float(binomtest(n_agree, n_tested, 0.5, alternative="two-sided").pvalue)
+        if sign_test_floor(n_tested) > LEVEL:
+            notes.append(
+                f"sign test: {n_tested} closed heads cannot give p below {sign_test_floor(n_tested):.3g} (> {LEVEL:g})"
+            )
     else:
         p_sign = math.nan
-        notes.append("sign test undefined: no closed head with α ≠ 0 and a nonzero median effect")
+        notes.append("sign test undefined: no closed head with α ≠ 0 and a nonzero direction (effect - null)")
     ap = table["alpha_P"].to_numpy(dtype=float)
     ok = np.isfinite(ap) & np.isfinite(eff)
     rho, p_rho, why = _spearman(ap[ok], eff[ok], n_permutations, seed)
@@ -376,16 +392,11 @@ def derive_tests(table: pd.DataFrame, n_permutations: int, seed: int) -> tuple[A
     n_closed_own = int((closed & np.isfinite(own_v) & (np.sign(own_v) == np.sign(alpha)) & (alpha != 0)).sum())
     cv = np.abs(table["copying"].to_numpy(dtype=float))[closed]
     med_abs_copy = float(np.median(cv[np.isfinite(cv)])) if np.isfinite(cv).any() else math.nan
-    rows = []
-    for col in SIGNED:
-        v = table[col].to_numpy(dtype=float)
-        for group, mask in (("closed", closed), ("all", np.ones(len(v), dtype=bool))):
-            rows.append({"quantity": col, "group": group, **sign_summary(v[mask])})
-    signs = pd.DataFrame(rows).set_index(["quantity", "group"])
     stats = {
         "n_sign_tested": n_tested,
         "n_agree": n_agree,
         "sign_test_p": p_sign,
+        "sign_test_floor": sign_test_floor(n_tested),
         "n_spearman": int(ok.sum()),
         "spearman_rho": rho,
         "spearman_p": p_rho,
@@ -393,7 +404,7 @@ def derive_tests(table: pd.DataFrame, n_permutations: int, seed: int) -> tuple[A
         "median_abs_copying_closed": med_abs_copy,
         "notes": "; ".join(notes),
     }
-    return sign_agrees, signs, stats
+    return sign_agrees, signs_frame(table, closed, SIGNED), stats
 
 
 def mechanism_join(
@@ -434,10 +445,7 @@ def mechanism_join(
     table = heads.loc[:, ["layer", "head", "kv_head", "P", "alpha", "closed"]].copy()
     table["alpha_P"] = table["alpha"].to_numpy(dtype=float) * table["P"].to_numpy(dtype=float)
     e = et.loc[labels]
-    for col, src in (
-        ("effect_median", "effect_median"), ("frac_negative", "frac_negative"), ("null_median", "null_median"),
-        ("effect_p", "p_value"), ("effect_q", "q_value"), ("n_positions", "n_positions"),
-    ):  # fmt: skip
+    for col, src in _PART_COLUMNS["attended_token_effect"][:6]:
         table[col] = e[src].to_numpy()
     tk = tt.loc[labels]
     for col in ("self_rank_median", "frac_top_k", "frac_bottom_k"):
@@ -448,6 +456,9 @@ def mechanism_join(
         rt = roles.table
         for col in ("previous_token", "duplicate_token", "induction"):
             table[col] = rt.loc[labels, col].to_numpy(dtype=float)
+    table.insert(list(table.columns).index("copying_own") + 1, "median_diff", e["median_diff"].to_numpy(dtype=float))
+    table.insert(list(table.columns).index("median_diff") + 1, "direction", e["direction"].to_numpy(dtype=float))
+    table.insert(list(table.columns).index("direction") + 1, "reason", joined_reasons(labels, e, tk, cop, own))
     agrees_col, signs, stats = derive_tests(table, n_permutations, seed)
     table.insert(list(table.columns).index("copying_own") + 1, "sign_agrees", agrees_col)
     summary: dict[str, Any] = {
@@ -458,6 +469,7 @@ def mechanism_join(
         "n_sign_tested": stats["n_sign_tested"],
         "n_agree": stats["n_agree"],
         "sign_test_p": stats["sign_test_p"],
+        "sign_test_floor": stats["sign_test_floor"],
         "n_spearman": stats["n_spearman"],
         "spearman_rho": stats["spearman_rho"],
         "spearman_p": stats["spearman_p"],
@@ -519,7 +531,7 @@ def check_mechanism_fits_report(heads: pd.DataFrame, threshold: float, mech: Any
 
 def mechanism_columns(mech: Mechanism) -> pd.DataFrame:
     """The :data:`EXPORT_MECHANISM_COLUMNS` of ``mech`` (``sign_agrees`` as object: True/False/None)."""
-    t = mech._table.loc[:, list(EXPORT_MECHANISM_COLUMNS)].copy()
+    t = mech._table.rename(columns={"reason": "mechanism_reason"}).loc[:, list(EXPORT_MECHANISM_COLUMNS)].copy()
     t["sign_agrees"] = [None if pd.isna(v) else bool(v) for v in t["sign_agrees"]]
     return t.astype({"sign_agrees": object})
 
@@ -536,7 +548,7 @@ def mechanism_record(mech: Mechanism) -> dict[str, Any]:
 TABLE_COLUMNS = (
     "layer", "head", "kv_head", "P", "alpha", "closed", "alpha_P", "effect_median", "frac_negative", "null_median",
     "effect_p", "effect_q", "n_positions", "self_rank_median", "frac_top_k", "frac_bottom_k", "copying",
-    "copying_own", "sign_agrees",
+    "copying_own", "sign_agrees", "median_diff", "direction", "reason",
 )  # fmt: skip
 ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction")
 SIGNS_COLUMNS = (
@@ -544,8 +556,8 @@ SIGNS_COLUMNS = (
 )  # fmt: skip
 #: The summary fields :func:`load_mechanism` recomputes from the table.
 _RECOMPUTED = (
-    "n_sign_tested", "n_agree", "sign_test_p", "n_spearman", "spearman_rho", "spearman_p", "n_closed_own_sign_alpha",
-    "median_abs_copying_closed", "notes",
+    "n_sign_tested", "n_agree", "sign_test_p", "sign_test_floor", "n_spearman", "spearman_rho", "spearman_p",
+    "n_closed_own_sign_alpha", "median_abs_copying_closed", "notes",
 )  # fmt: skip
 
 
@@ -650,11 +662,18 @@ def load_mechanism(path: PathLike) -> Mechanism:
         raise _refuse(ft, f"'closed' disagrees with P >= threshold ({threshold:g})")
     if not same_value((alpha * P).tolist(), table["alpha_P"].to_numpy(dtype=float).tolist()):
         raise _refuse(ft, "'alpha_P' is not alpha * P")
+    direction, effect = table["direction"].to_numpy(dtype=float), table["effect_median"].to_numpy(dtype=float)
+    if not (np.isin(direction[np.isfinite(direction)], (-1.0, 0.0, 1.0)).all()) or not (
+        np.array_equal(np.isnan(direction), np.isnan(effect))
+    ):
+        raise _refuse(ft, "'direction' is not -1, 0 or +1 where the effect is defined and NaN where it is not")
+    if not all(isinstance(x, str) for x in table["reason"]):
+        raise _refuse(ft, "'reason' is not text")
     agrees, fresh_signs, stats = derive_tests(table, n_perm, seed)
     if str(table["sign_agrees"].dtype) != "boolean" or not table["sign_agrees"].equals(
         pd.Series(agrees, index=table.index, name="sign_agrees")
     ):
-        raise _refuse(ft, "'sign_agrees' is not what alpha, closed and effect_median give")
+        raise _refuse(ft, "'sign_agrees' is not what alpha, closed and direction give")
     stored = signs.set_index(["quantity", "group"])
     same_signs = list(stored.index) == list(fresh_signs.index) and list(stored.columns) == list(fresh_signs.columns)
     for col in fresh_signs.columns if same_signs else []:
@@ -721,7 +740,8 @@ _PART_COLUMNS = {
     ),
     "attended_token_effect": (
         ("effect_median", "effect_median"), ("frac_negative", "frac_negative"), ("null_median", "null_median"),
-        ("effect_p", "p_value"), ("effect_q", "q_value"), ("n_positions", "n_positions"),
+        ("effect_p", "effect_p"), ("effect_q", "effect_q"), ("n_positions", "n_positions"),
+        ("median_diff", "median_diff"), ("direction", "direction"),
     ),
 }  # fmt: skip
 

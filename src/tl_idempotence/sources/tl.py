@@ -30,6 +30,7 @@ __all__ = [
     "TLModelSource",
     "attention_layers",
     "bridge_from_dir",
+    "is_causal_lm",
     "is_tl_model",
     "tl_post_attention_note",
     "tl_processing",
@@ -46,6 +47,27 @@ def _class_names(obj: Any) -> list[str]:
 def is_tl_model(model: Any) -> bool:
     """Whether ``model`` is a TransformerLens model (checked by class name; transformer_lens is not imported)."""
     return any(n in TL_CLASSES for n in _class_names(model))
+
+
+def is_causal_lm(model: Any) -> bool:
+    """Whether a TransformerLens model attends causally (a position sees itself and earlier positions only).
+
+    ``HookedEncoder``/``HookedEncoderDecoder`` are not; a ``TransformerBridge`` is when the ``transformers`` model
+    it wraps can generate (``can_generate()``: a BERT-like ``BertModel``/``BertForMaskedLM`` cannot); otherwise
+    the config's ``attention_dir`` (``"causal"`` unless it says ``"bidirectional"``). Raises nothing.
+    """
+    names = _class_names(model)
+    if "HookedEncoder" in names or "HookedEncoderDecoder" in names:
+        return False
+    if "TransformerBridge" in names:
+        hf = model.__dict__.get("original_model", None) or getattr(model, "original_model", None)
+        can = getattr(hf, "can_generate", None)
+        if callable(can):
+            try:
+                return bool(can())
+            except Exception:  # noqa: BLE001 - a model that cannot say: read the config below
+                pass
+    return getattr(getattr(model, "cfg", None), "attention_dir", "causal") == "causal"
 
 
 def attention_layers(model: Any) -> list[int]:

@@ -111,7 +111,13 @@ def test_the_sign_test_and_spearman_are_scipys(joined):
     assert s["spearman_rho"] == pytest.approx(rho, abs=1e-12) and s["n_spearman"] == 5
     assert 2 / 100 <= s["spearman_p"] <= 1 and s["p_floor"] == pytest.approx(0.02)
     assert "4 of 4 closed heads agree" in mech.headline
-    assert "Not detectably" in mech.headline  # p = 0.125 with four heads: no claim
+    # p = 0.125 with four heads, the smallest four heads allow: the headline says the floor, not "not detectably"
+    assert s["sign_test_floor"] == 0.125 and "Not detectably" not in mech.headline
+    assert "Too few closed heads to tell" in mech.headline and "with 4 heads it cannot be below 0.125 > 0.05" in (
+        mech.headline
+    )
+    # the direction is the tested one (effect - null): here the same as the effect's own sign
+    np.testing.assert_array_equal(t["direction"].to_numpy()[:4], np.sign(ALPHAS))
 
 
 def test_tied_algebra_and_signs_by_sign(joined):
@@ -129,7 +135,12 @@ def test_tied_algebra_and_signs_by_sign(joined):
     assert row["median_abs_negative"] == pytest.approx(2.25, rel=1e-5)  # median of |-1.5|, |-3|
     e = sg.loc[("effect_median", "closed")]
     assert (e["n_positive"], e["n_negative"], e["n_zero"], e["n_nan"]) == (2, 2, 0, 0)
-    assert set(sg.index.get_level_values(0)) == {"alpha", "effect_median", "copying", "copying_own"}
+    # the tested direction counted by sign, sized by |effect - null| (issue 46: the signs table uses it)
+    d = sg.loc[("direction", "closed")]
+    assert (d["n_positive"], d["n_negative"], d["n_zero"], d["n_nan"]) == (2, 2, 0, 0)
+    md = t["median_diff"].to_numpy()[:4]
+    assert d["median_abs_positive"] == np.median(np.abs(md[np.array(ALPHAS) > 0]))
+    assert set(sg.index.get_level_values(0)) == {"alpha", "direction", "effect_median", "copying", "copying_own"}
 
 
 def test_an_untied_model_is_said_to_be_untied():
@@ -233,7 +244,7 @@ def test_page_json_and_csv_carry_the_mechanism(joined, tmp_path):
 
     write_output(report_output(rep, mechanism=mech), tmp_path / "r.json", ("json",))
     rec = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
-    assert rec["mechanism"]["summary"]["n_agree"] == 4 and len(rec["mechanism"]["signs"]) == 8
+    assert rec["mechanism"]["summary"]["n_agree"] == 4 and len(rec["mechanism"]["signs"]) == 10  # 5 quantities x 2
     by = {h["label"]: h for h in rec["closed_heads"]}
     assert by["L0H1"]["effect_median"] == pytest.approx(mech.table.loc["L0H1", "effect_median"])
     assert by["L0H1"]["sign_agrees"] is True
