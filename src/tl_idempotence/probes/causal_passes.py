@@ -251,12 +251,13 @@ class _State:
 
 
 def _copy_changes(
-    e: Tensor, c64: Tensor, p_c: Tensor, t: Tensor, target: Tensor, bufs: tuple[Tensor, Tensor]
+    e: Tensor, c64: Tensor, p_c: Tensor, log_norm: Tensor, t: Tensor, target: Tensor, bufs: tuple[Tensor, Tensor]
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One copy's changes at a window's counted destinations (module docstring, "Per copy"): ``(total, total_std,
     loss)``, each ``[n_q]`` float64, from its logits ``e [n_q, d_vocab]`` (the model's dtype), the clean ones ``c64``
-    (float64) and their softmax ``p_c``, the attended tokens ``t`` and the next tokens ``target``. ``bufs``: two
-    ``[n_q, d_vocab]`` float64 buffers (overwritten)."""
+    (float64), their softmax ``p_c`` and the log of its sum as the products below round it (``log_norm``), the
+    attended tokens ``t`` and the next tokens ``target``. ``bufs``: two ``[n_q, d_vocab]`` float64 buffers
+    (overwritten)."""
     d, ex = bufs
     torch.sub(e.to(d.device), c64, out=d)  # float64, as the difference of the two logits in float64
     total = d.gather(1, t[:, None])[:, 0]
@@ -264,12 +265,13 @@ def _copy_changes(
     total_std = standardize_var(total, mean, var)
     torch.exp(d, out=ex)
     s = torch.bmm(ex.unsqueeze(1), p_c.unsqueeze(2))[:, 0, 0]  # Σ_u softmax(clean)_u exp(d_u)
-    lse = torch.log(s)  # lse(logits') - lse(logits)
+    lse = torch.log(s)
     bad = ~(torch.isfinite(s) & (s > 0))
     if bool(bad.any()):  # d beyond exp's range in float64: those rows shifted by their maximum
         db = d[bad]
         m = db.max(1).values
         lse[bad] = torch.log((p_c[bad] * torch.exp(db - m[:, None])).sum(1)) + m
+    lse = lse - log_norm  # lse(logits') - lse(logits): exactly 0 where d is 0 (the softmax's sum, rounded as s is)
     return total, total_std, lse - d.gather(1, target[:, None])[:, 0]
 
 
@@ -406,6 +408,7 @@ def _batch(
         c64 = clean[w, qs.to(clean.device)].to(dev, torch.float64)  # [n_q, d_vocab]
         p_c = torch.softmax(c64, -1)
         bufs = (torch.empty_like(c64), torch.empty_like(c64))  # reused by every copy: no allocation per copy
+        log_norm = torch.log(torch.bmm(torch.ones_like(p_c).unsqueeze(1), p_c.unsqueeze(2))[:, 0, 0])
         x1 = batch[w : w + 1]
         for ci, chunk in enumerate(st.chunks):
             st.threads.before(ci)
@@ -419,7 +422,7 @@ def _batch(
             for k, i in enumerate(chunk):
                 s = side[i]
                 total, total_std, loss = _copy_changes(
-                    logits[k + off, qs.to(logits.device)], c64, p_c, s["t"][rows], target[rows], bufs
+                    logits[k + off, qs.to(logits.device)], c64, p_c, log_norm, s["t"][rows], target[rows], bufs
                 )
                 s["total"][rows] = total
                 s["total_std"][rows] = total_std

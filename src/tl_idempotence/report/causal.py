@@ -501,7 +501,10 @@ def load_causal_test(path: PathLike) -> CausalTest:
         cand.index = head_labels(index_column(cand, "layer", f["candidates"]), index_column(cand, "head", f["candidates"]))
     except (KeyError, TypeError, ValueError, OptionError) as e:
         raise ReportFileError(f"{rec}: a malformed summary or candidates ({type(e).__name__}: {e}).") from e
-    return _check_loaded(d, rec, f, tables, summary, probe, cand, threshold, k, size, n_perm, seed, variants)
+    try:
+        return _check_loaded(d, rec, f, tables, summary, probe, cand, threshold, k, size, n_perm, seed, variants)
+    except (OptionError, OptionTypeError) as e:  # the matching or the comparison refused what the record says
+        raise _refuse(rec, f"the summary or a table cannot be what rep.causal wrote ({e})") from e
 
 
 def _check_loaded(
@@ -511,6 +514,8 @@ def _check_loaded(
 ) -> CausalTest:  # fmt: skip
     """The loader's recomputations (:func:`load_causal_test`)."""
     table, pairs, comp = tables["table"], tables["pairs"], tables["comparison"]
+    if list(probe.summary["variants"]) != variants:
+        raise _refuse(rec, "summary['variants'] is not the probe's (causal_closure/)")
     if tuple(cand.columns) != CANDIDATE_COLUMNS or cand["closed"].dtype != bool:
         raise _refuse(f["candidates"], f"columns {list(cand.columns)} are not {list(CANDIDATE_COLUMNS)}")
     if not (cand["closed"].to_numpy() == (cand["P"].to_numpy(dtype=float) >= threshold)).all():
@@ -536,6 +541,4 @@ def _check_loaded(
     for key, v in want.items():
         if not same_value(json_like(summary.get(key)), json_like(v)) or type(summary.get(key)) is not type(v):
             raise _refuse(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables")
-    if list(probe.summary["variants"]) != variants:
-        raise _refuse(rec, "summary['variants'] is not the probe's (causal_closure/)")
     return CausalTest(table, pairs, comp, cand, summary, probe, loaded_from=str(d))
