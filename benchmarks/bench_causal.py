@@ -71,10 +71,15 @@ def main(argv: list[str] | None = None) -> None:
         ps = p.summary
         print(
             md_row(
-                label, f"`{call}`", f"{w:.1f} s", f"{c:.1f} s", f"{ps['n_positions']} in {ps['n_windows']} windows",
-                f"{ps['n_heads']} x {len(ps['variants'])}", f"{ps['batching']}, {ps['edits_per_pass']} edits a pass",
+                label,
+                f"`{call}`",
+                f"{w:.1f} s",
+                f"{c:.1f} s",
+                f"{ps['n_positions']} in {ps['n_windows']} windows",
+                f"{ps['n_heads']} x {len(ps['variants'])}",
+                f"{ps['batching']}, {ps['edits_per_pass']} edits a pass",
                 ps["threads"],
-            )  # fmt: skip
+            )
         )
     print(f"\n{ct.headline}\n")
     comp = ct.comparison

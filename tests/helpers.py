@@ -822,12 +822,16 @@ def plant_causal(t: dict) -> None:
 
 
 def causal_O(w, layer, h):
-    return w[f"model.layers.{layer}.self_attn.o_proj.weight"][:, h * CAUSAL_DH : (h + 1) * CAUSAL_DH]  # [d_model, d_head]
+    return w[f"model.layers.{layer}.self_attn.o_proj.weight"][
+        :, h * CAUSAL_DH : (h + 1) * CAUSAL_DH
+    ]  # [d_model, d_head]
 
 
 def causal_V(w, layer, h):
     g = h // 3
-    return w[f"model.layers.{layer}.self_attn.v_proj.weight"][g * CAUSAL_DH : (g + 1) * CAUSAL_DH].T  # [d_model, d_head]
+    return w[f"model.layers.{layer}.self_attn.v_proj.weight"][
+        g * CAUSAL_DH : (g + 1) * CAUSAL_DH
+    ].T  # [d_model, d_head]
 
 
 def causal_closure_only_N(w, layer, h):

@@ -382,7 +382,9 @@ def causal_closure(
         W_O = {lay: lh.O.to(dev, torch.float64).transpose(-1, -2) for lay, lh in layers.items()}
         plan, rows = _plan(layers, sel, vs)
         per_pass = per_pass_asked or auto_edits_per_pass(len(plan), int(toks.shape[1]), int(W_U.shape[1]))
-        recs, run_info = _measure(model, toks, counted, plan, vs, sel, W_O, U, has_scale, batch_size, per_pass, progress)
+        recs, run_info = _measure(
+            model, toks, counted, plan, vs, sel, W_O, U, has_scale, batch_size, per_pass, progress
+        )
     options = {
         "seq_len": seq_len, "max_tokens": max_tokens, "batch_size": batch_size, "edits_per_pass": per_pass_asked,
         "variants": list(vs), "corpus": corpus_name(texts),
@@ -520,9 +522,7 @@ def save_causal_closure(result: CausalClosure, path: PathLike, overwrite: bool =
         raise OptionTypeError(
             f"save_causal_closure saves a CausalClosure (tli.causal_closure); got {type(result).__name__}."
         )
-    return write_probe(
-        "causal_closure", path, CAUSAL_FORMAT, CAUSAL_RECORD, closure_tables(result), result, overwrite
-    )
+    return write_probe("causal_closure", path, CAUSAL_FORMAT, CAUSAL_RECORD, closure_tables(result), result, overwrite)
 
 
 def closure_tables(result: CausalClosure) -> dict[str, pd.DataFrame]:

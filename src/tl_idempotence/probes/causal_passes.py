@@ -115,7 +115,9 @@ def standardize(raw: Tensor, mean: Tensor, sq: Tensor) -> Tensor:
     """``(raw - mean) / std`` with ``std = sqrt(sq - mean²)`` (population); NaN where ``std`` is 0 to rounding."""
     std = (sq - mean**2).clamp_min(0).sqrt()
     ok = std > 1e-12 * (sq.abs().sqrt() + 1e-300)
-    return torch.where(ok, (raw - mean) / torch.where(ok, std, torch.ones_like(std)), torch.full_like(raw, float("nan")))
+    return torch.where(
+        ok, (raw - mean) / torch.where(ok, std, torch.ones_like(std)), torch.full_like(raw, float("nan"))
+    )
 
 
 def standardize_var(raw: Tensor, mean: Tensor, var: Tensor) -> Tensor:
@@ -123,7 +125,9 @@ def standardize_var(raw: Tensor, mean: Tensor, var: Tensor) -> Tensor:
     ``var + mean²``, as :func:`standardize`)."""
     std = var.clamp_min(0).sqrt()
     ok = std > 1e-12 * ((var + mean**2).abs().sqrt() + 1e-300)
-    return torch.where(ok, (raw - mean) / torch.where(ok, std, torch.ones_like(std)), torch.full_like(raw, float("nan")))
+    return torch.where(
+        ok, (raw - mean) / torch.where(ok, std, torch.ones_like(std)), torch.full_like(raw, float("nan"))
+    )
 
 
 def _repeat_hook(n: int) -> Callable[..., Tensor]:
@@ -232,7 +236,7 @@ class _State:
                 if diff <= tol:
                     self._record(diff)
                     return logits
-            except Exception:  # the model refused the repeated residual: repeat the input (re-raises if it fails)
+            except Exception:  # noqa: BLE001 - the model refused the repeated residual: the input repeated instead
                 pass
             self.mode, self.fallback_window = "repeated input", window
         logits = self.forward(x1, self.chunks[0], True, False)

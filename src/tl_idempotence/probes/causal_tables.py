@@ -167,7 +167,11 @@ def _same(a: pd.Series, b: pd.Series) -> bool:
 
 
 def check_saved(
-    table: pd.DataFrame, changes: pd.DataFrame, positions: pd.DataFrame, variants: Sequence[str], files: Mapping[str, Path]
+    table: pd.DataFrame,
+    changes: pd.DataFrame,
+    positions: pd.DataFrame,
+    variants: Sequence[str],
+    files: Mapping[str, Path],
 ) -> str:
     """A saved causal closure's tables recomputed from its positions (the loader's check). ``table`` is indexed by
     label already; ``files``: ``{"table": ..., "changes": ..., "positions": ...}`` (named by a refusal).
@@ -188,7 +192,9 @@ def check_saved(
     if tuple(changes.columns) != CHANGE_COLUMNS:
         raise ReportFileError(f"{files['changes']} has columns {list(changes.columns)}, not {list(CHANGE_COLUMNS)}.")
     if tuple(positions.columns) != POSITION_COLUMNS:
-        raise ReportFileError(f"{files['positions']} has columns {list(positions.columns)}, not {list(POSITION_COLUMNS)}.")
+        raise ReportFileError(
+            f"{files['positions']} has columns {list(positions.columns)}, not {list(POSITION_COLUMNS)}."
+        )
     want_cols = [*BASE_COLUMNS, *(f"{c}_{v}" for v in variants for c in WIDE)]
     if list(table.columns) != want_cols:
         raise ReportFileError(f"{files['table']} has columns {list(table.columns)}, not {want_cols}.")

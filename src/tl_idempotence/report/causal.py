@@ -50,9 +50,9 @@ from ..core.store import saved_folder
 from ..core.stored import StoredResult, StoreSpec
 from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
-from ..probes.causal import CausalClosure, closure_tables, load_causal_closure
 from ..probes.causal import CAUSAL_FORMAT as PROBE_FORMAT
 from ..probes.causal import CAUSAL_RECORD as PROBE_RECORD
+from ..probes.causal import CausalClosure, closure_tables, load_causal_closure
 from ..probes.token_records import probe_fields
 from ..views.results import DrawnResult
 
@@ -94,6 +94,13 @@ STATISTIC = "mean"
 MAX_EXACT = 100_000
 #: The level the headline reads p at.
 LEVEL = 0.05
+
+
+#: Why the permutations' count and seed are free fields of a save.
+_ONLY_DRAWN = (
+    "used only where the relabellings exceed 100,000 (the comparison records the method and count used, recomputed "
+    "on load)"
+)
 
 
 class CausalTestSummary(FrozenSummary):
@@ -143,11 +150,9 @@ class CausalTest(StoredResult, FrozenResult, DrawnResult):
         record=CAUSAL_TEST_RECORD,
         formats=(CAUSAL_TEST_FORMAT,),
         free_fields=(
-            ("summary.n_permutations", "used only where the relabellings exceed 100,000 (the comparison records the "
-             "method and count used, recomputed on load)"),
-            ("summary.seed", "used only where the relabellings exceed 100,000 (the comparison records the method "
-             "and count used, recomputed on load)"),
-        ),  # fmt: skip
+            ("summary.n_permutations", _ONLY_DRAWN),
+            ("summary.seed", _ONLY_DRAWN),
+        ),
     )
 
     _pairs: pd.DataFrame
@@ -235,9 +240,9 @@ def comparisons(
     if fin.any():
         from scipy.stats import false_discovery_control
 
-        q = np.full(len(p), np.nan)
-        q[fin] = false_discovery_control(p[fin], method="bh")
-        out["q_value"] = q
+        qv = np.full(len(p), np.nan)
+        qv[fin] = false_discovery_control(p[fin], method="bh")
+        out["q_value"] = qv
     return out
 
 
@@ -396,8 +401,9 @@ def check_causal_fits_report(heads: pd.DataFrame, threshold: float, result: Any)
             bad += [lab for lab, same in zip(cand.index, (a == b) | (np.isnan(a) & np.isnan(b))) if not same]
     if bad or float(result.summary["threshold"]) != float(threshold):
         raise OptionError(
-            f"This causal test was made with another report (heads, P, α, ‖T‖ or closed differ at {sorted(set(bad))[:5]}"
-            f", or threshold {result.summary['threshold']} != {threshold:g}): make it with this report, rep.causal()."
+            "This causal test was made with another report (heads, P, α, ‖T‖ or closed differ at "
+            f"{sorted(set(bad))[:5]}, or threshold {result.summary['threshold']} != {threshold:g}): make it with this "
+            "report, rep.causal()."
         )
     return result
 
@@ -462,9 +468,7 @@ def _refuse(f: Path, what: str) -> ReportFileError:
 def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     if list(a.columns) != list(b.columns) or len(a) != len(b):
         return False
-    return all(
-        same_value(json_like(a[c].tolist()), json_like(b[c].tolist())) for c in a.columns
-    )
+    return all(same_value(json_like(a[c].tolist()), json_like(b[c].tolist())) for c in a.columns)
 
 
 def load_causal_test(path: PathLike) -> CausalTest:
@@ -498,7 +502,9 @@ def load_causal_test(path: PathLike) -> CausalTest:
         threshold, k, size = float(s["threshold"]), int(s["controls_per_head"]), str(s["size"])
         n_perm, seed, variants = int(s["n_permutations"]), int(s["seed"]), list(s["variants"])
         cand = tables["candidates"]
-        cand.index = head_labels(index_column(cand, "layer", f["candidates"]), index_column(cand, "head", f["candidates"]))
+        cand.index = head_labels(
+            index_column(cand, "layer", f["candidates"]), index_column(cand, "head", f["candidates"])
+        )
     except (KeyError, TypeError, ValueError, OptionError) as e:
         raise ReportFileError(f"{rec}: a malformed summary or candidates ({type(e).__name__}: {e}).") from e
     try:

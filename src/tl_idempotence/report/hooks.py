@@ -100,6 +100,5 @@ def hook_points_of(rep: Any, heads: Any, hook: Any, model: Any) -> list[HookPoin
     for layer, h in pairs:
         served.setdefault((layer, kv_of[(layer, h)]), []).append(h)
     return [
-        HookPoint(f"blocks.{layer}.attn.hook_{hook}", kv, layer, axis, tuple(hs))
-        for (layer, kv), hs in served.items()
+        HookPoint(f"blocks.{layer}.attn.hook_{hook}", kv, layer, axis, tuple(hs)) for (layer, kv), hs in served.items()
     ]

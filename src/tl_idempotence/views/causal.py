@@ -38,7 +38,8 @@ def causal_tables(result: Any) -> dict[str, pd.DataFrame]:
     comp = pd.DataFrame({
         "variant": c["variant"], "quantity": c["quantity"], "closed (mean)": [_num(x) for x in c["closed"]],
         "controls (mean)": [_num(x) for x in c["controls"]], "difference": [_num(x) for x in c["difference"]],
-        "p": [_num(x) for x in c["p_value"]], "BH q": [_num(x) for x in c["q_value"]], "p floor": [_num(x) for x in c["p_floor"]], "method": c["method"],
+        "p": [_num(x) for x in c["p_value"]], "BH q": [_num(x) for x in c["q_value"]],
+        "p floor": [_num(x) for x in c["p_floor"]], "method": c["method"],
         "heads": [f"{a} vs {b}" for a, b in zip(c["n_closed"], c["n_controls"], strict=True)],
     })  # fmt: skip
     t = result.table

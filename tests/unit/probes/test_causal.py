@@ -30,11 +30,11 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import CAUSAL_DH as DH
-from helpers import causal_reference as reference
 from helpers import causal_closure_only_N as closure_only_N
-from helpers import edit_safetensors, hooked_or_skip, plant_causal
 from helpers import causal_O as O_of
+from helpers import causal_reference as reference
 from helpers import causal_V as V_of
+from helpers import edit_safetensors, hooked_or_skip, plant_causal
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.maths.ov_edits import closure_free_edits

@@ -70,7 +70,7 @@ def ct(rep):
 def expected_pairs(heads: pd.DataFrame, k: int = 1) -> list[tuple[str, str]]:
     """Greedy nearest |α| within each layer, without replacement (ties to the lower head), by hand."""
     out = []
-    for layer, g in heads.groupby("layer"):
+    for _, g in heads.groupby("layer"):
         closed = g[g["closed"]]
         free = {lab: abs(a) for lab, a, c in zip(g.index, g["alpha"], g["closed"], strict=True) if not c}
         options = sorted(
@@ -189,7 +189,7 @@ def test_refusals(rep, bridge):
     kw = dict(texts=_texts(), progress=False)
     with pytest.raises(OptionError, match=r"heads \['L0H0'\] are not closed at this report's threshold"):
         rep.causal(heads=["L0H0", "L0H5"], **kw)
-    with pytest.raises(OptionError, match="no closed head at threshold 0.5"):
+    with pytest.raises(OptionError, match=r"no closed head at threshold 0\.5"):
         rep.with_threshold(0.5).causal(**kw)
     with pytest.raises(OptionError, match="size must be one of"):
         rep.causal(size="abs", **kw)
