@@ -44,17 +44,9 @@ from tl_idempotence.probes.causal_passes import Edit, auto_edits_per_pass, chunk
 from tl_idempotence.probes.causal_tables import NO_CHANGE
 from tl_idempotence.testing import tiny_hf_dir
 
-pytestmark = pytest.mark.bridge
+pytestmark = [pytest.mark.bridge, pytest.mark.usefixtures("one_torch_thread")]
 
 HEADS = ["L0H1", "L1H4", "L1H5"]  # L1H4 (closed) and L1H5 share kv head 1
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

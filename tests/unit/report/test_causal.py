@@ -34,16 +34,10 @@ from tl_idempotence.report.causal_spec import CAUSAL
 from tl_idempotence.report.join_defaults import CAUSAL_VARIANTS
 from tl_idempotence.testing import tiny_hf_dir
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 CLOSED = ["L0H5", "L0H7", "L0H8", "L1H1", "L1H2"]
 VS = ("closure_only", "zero")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
