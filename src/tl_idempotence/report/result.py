@@ -33,8 +33,9 @@ from ..errors import OptionError, OptionTypeError
 from ..views.results import DrawnResult
 from .ablation_spec import ABLATION
 from .attention_spec import ATTENTION
+from .causal_spec import CAUSAL
 from .export import report_output
-from .hooks import HOOK_AXES, HookPoint
+from .hooks import HookPoint, hook_points_of
 from .join_spec import check_identity
 from .mechanism_spec import MECHANISM
 from .roles_spec import CIRCUIT, ROLES
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import HeadPairs, HeadsLike, IntLike, PathLike, RealLike, TLModel
     from ..probes.ablation import Ablation, AblationArgs
     from ..probes.roles import HeadRoles
+    from .causal import CausalTest
     from .mechanism import Mechanism
     from .roles import Circuit, RoleAssociation
 
@@ -386,44 +388,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             OptionTypeError: ``hook`` is not a string. OptionError: an unknown selector or hook name; ``"result"``
                 on a model without ``use_attn_result``.
         """
-        if not isinstance(hook, str):
-            raise OptionTypeError(f"hook must be one of {tuple(HOOK_AXES)}; got {type(hook).__name__} {hook!r}.")
-        if hook not in HOOK_AXES:
-            raise OptionError(f"hook must be one of {tuple(HOOK_AXES)}; got {hook!r}.")
-        if hook == "result":
-            m = model if model is not None else self.model
-            cfg = getattr(m, "cfg", None)
-            if cfg is not None and not getattr(cfg, "use_attn_result", False):
-                raise OptionError(
-                    "hook_result fires only when the model computes per-head results, and this model's "
-                    "cfg.use_attn_result is off: call model.set_use_attn_result(True) first (it costs a "
-                    "[batch, pos, n_heads, d_model] tensor per layer), or use hook='z' (the same heads, before W_O)."
-                )
-        if isinstance(heads, str):
-            if heads == "closed":
-                df = self.closed_heads
-            elif heads == "all":
-                df = self._heads
-            else:
-                raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
-            pairs = [(int(a), int(b)) for a, b in zip(df["layer"], df["head"])]
-        else:
-            from ..core.selection import select_heads
-
-            sel = select_heads(heads, sorted({int(v) for v in self._heads["layer"]}), self.info.n_heads)
-            pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
-        kind, axis = HOOK_AXES[hook]
-        if kind == "query":
-            return [HookPoint(f"blocks.{layer}.attn.hook_{hook}", h, layer, axis, (h,)) for layer, h in pairs]
-        h = self._heads
-        kv_of = {(int(a), int(b)): int(k) for a, b, k in zip(h["layer"], h["head"], h["kv_head"])}
-        served: dict[tuple[int, int], list[int]] = {}
-        for layer, h in pairs:
-            served.setdefault((layer, kv_of[(layer, h)]), []).append(h)
-        return [
-            HookPoint(f"blocks.{layer}.attn.hook_{hook}", kv, layer, axis, tuple(hs))
-            for (layer, kv), hs in served.items()
-        ]
+        return hook_points_of(self, heads, hook, model)
 
     # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
     @strict_kwargs
@@ -682,6 +647,50 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         """
         options = dict(n_tokens=n_tokens, k=k, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size)
         return MECHANISM(self, model, texts, heads, roles, **options, n_permutations=n_permutations, seed=seed)
+
+    @strict_kwargs
+    def causal(
+        self,
+        model: TLModel | None = None,
+        texts: Any = None,
+        heads: HeadsLike | None = None,
+        *,
+        variants: str | Sequence[str] = ("closure_free", "closure_only", "zero", "mean"),
+        n_controls: IntLike = 1,
+        size: Literal["abs_alpha", "norm"] = "abs_alpha",
+        seq_len: IntLike = 128,
+        max_tokens: IntLike | None = 512,
+        batch_size: IntLike = 8,
+        n_permutations: IntLike = 9999,
+        seed: IntLike = 0,
+        progress: bool = True,
+    ) -> CausalTest:
+        """A causal test of closure (SPEC 13; :mod:`tl_idempotence.report.causal`): this report's closed heads (or
+        ``heads``, closed ones) and ``n_controls`` non-closed heads of each one's layer nearest in ``size`` (|α| or
+        ‖T‖_F, from this report) edited by :func:`~tl_idempotence.probes.causal.causal_closure` (closure-free,
+        closure-only, zero, mean at ``hook_z``); per head the attended token's total and direct final-logit change,
+        self-repair and the loss change; closed against controls per variant (difference of means, two-sided p from
+        relabelling within layers, exact up to 100,000 relabellings, else ``n_permutations`` draws seeded by
+        ``seed``).
+
+        Args:
+            model: the TransformerLens model (default: the report's own while alive), checked against the report by
+                content first (:meth:`check_joins`). texts: the text (None: the default corpus). seq_len, max_tokens,
+                batch_size: the probe's windows (``max_tokens`` in whole windows; None: all). progress: a bar.
+
+        Returns:
+            :class:`~tl_idempotence.report.causal.CausalTest` (``.headline``, ``.comparison``, ``.table``, ``.pairs``).
+
+        Cost: about one forward pass of the text per variant and head run, batched (README's cost table).
+
+        Raises:
+            ReportMismatchError (an OptionError): ``model`` is not of the model this report measured.
+            OptionError: no model or closed head; ``heads`` not closed or not measured; options out of range.
+                OptionTypeError: an option's type. UnsupportedModelError: as the probe (a norm after ``W_O``).
+        """
+        options = dict(variants=variants, n_controls=n_controls, size=size, seq_len=seq_len, max_tokens=max_tokens)
+        return CAUSAL(self, model, texts, heads, **options, batch_size=batch_size, n_permutations=n_permutations,
+                      seed=seed, progress=progress)  # fmt: skip
 
     @strict_kwargs
     def circuit(
