@@ -184,3 +184,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def small_search_budget(monkeypatch) -> None:
+    """The constructive search with 40 iterations a restart instead of its default 200 (``analyses.search.DEFAULTS``):
+    for tests of what the search's code path guarantees at any budget (one row per head, determinism for the seed
+    and layer, the threshold rules, the declared columns); tests of the search's numbers use its defaults."""
+    from tl_idempotence.analyses import search
+
+    monkeypatch.setitem(search.DEFAULTS, "max_iters", 40)
