@@ -544,6 +544,8 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         n_permutations: IntLike = 999,
         seed: IntLike = 0,
         n_tokens: IntLike | None = None,
+        *,
+        progress: bool = True,
     ) -> RoleAssociation:
         """What the closed heads do (SPEC 11): :func:`~tl_idempotence.probes.roles.head_roles` of ``model`` joined
         with this report's P, α and closed set, and each role's association with closure
@@ -568,6 +570,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             n_permutations: permutations of each Spearman test.
             n_tokens: the deprecated name of ``repeat_len`` (a ``DeprecationWarning``; ``n_tokens`` is the token
                 readout's sample in :meth:`mechanism`).
+            progress: tqdm bars on stderr (as the report's): ``head_roles``' over the layers (when the roles are
+                computed here) and the association's over the roles. About 5 CPU-s with the defaults on
+                SmolLM2-135M (README, "What each analysis costs").
 
         Returns:
             :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
@@ -578,7 +583,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
                 layer or what differs); ``roles`` with a ``model`` that is not the report's.
             OptionError: no model; ``roles`` with ``repeat_len`` or ``n_sequences`` other than what they were made
                 with (names them); both ``repeat_len`` and ``n_tokens``. OptionTypeError: ``roles`` is not a
-                HeadRoles. UnsupportedModelError / WeightError: as ``head_roles``.
+                HeadRoles; ``progress`` is not a bool. UnsupportedModelError / WeightError: as ``head_roles``.
         """
         return ROLES(
             self,
@@ -589,6 +594,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             n_permutations=n_permutations,
             seed=seed,
             n_tokens=n_tokens,
+            progress=progress,
         )
 
     @strict_kwargs
