@@ -219,12 +219,22 @@ class CausalClosure(TokenResult):
         return self._positions.copy()
 
     def to_text(self, n: int = 10) -> str:
-        """The headline, the convention and the per-head table (``n`` is not used: every head is shown)."""
+        """The headline, the convention and the per-head table (``n`` is not used: every head is shown).
+
+        Raises:
+            Nothing of its own: ``n`` is accepted for the common ``to_text(n)`` signature and not read.
+        """
         return "\n".join([self.headline, f"({self.summary['convention']})", self._table.to_string()])
 
     @classmethod
     def load(cls, path: PathLike) -> CausalClosure:
-        """:func:`load_causal_closure`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        """:func:`load_causal_closure`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         return load_causal_closure(path)
 
     @strict_kwargs
@@ -337,7 +347,9 @@ def causal_closure(
             ``layer``/``head`` columns.
         texts: as :func:`~tl_idempotence.probes.token_effect.attended_token_effect`.
         variants: names from :data:`VARIANTS` (a string or a sequence).
-        seq_len, max_tokens, text_column: as the attended-token effect.
+        seq_len: as the attended-token effect.
+        max_tokens: as the attended-token effect.
+        text_column: as the attended-token effect.
         batch_size: windows per clean pass (and per pass of the means).
         edits_per_pass: edits batched into one forward pass of a window (None: as many as
             :data:`~tl_idempotence.probes.causal_passes.LOGITS_BUDGET` logits allow, at most 64; 1: one forward pass

@@ -296,7 +296,13 @@ class HeadTokens(TokenResult):
 
     @classmethod
     def load(cls, path: PathLike) -> HeadTokens:
-        """:func:`load_head_tokens`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        """:func:`load_head_tokens`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         return load_head_tokens(path)
 
     @strict_kwargs

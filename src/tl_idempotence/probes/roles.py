@@ -175,7 +175,13 @@ class HeadRoles(StoredResult, ModelResult, DrawnResult):
 
     @classmethod
     def load(cls, path: Any) -> HeadRoles:
-        """:func:`load_head_roles`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        """:func:`load_head_roles`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         return load_head_roles(path)
 
     @strict_kwargs

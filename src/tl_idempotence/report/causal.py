@@ -198,7 +198,13 @@ class CausalTest(StoredResult, FrozenResult, DrawnResult):
 
     @classmethod
     def load(cls, path: PathLike) -> CausalTest:
-        """:func:`load_causal_test`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        """:func:`load_causal_test`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         return load_causal_test(path)
 
     def save(self, path: PathLike, overwrite: bool = False) -> str:

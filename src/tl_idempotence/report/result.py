@@ -756,7 +756,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
 
     def join(self, name: str, *inputs: Any, **options: Any) -> Any:
         """Run the registered join ``name`` with this report (:mod:`tl_idempotence.report.joins`: ``"roles"``,
-        ``"mechanism"``, ``"circuit"``, ``"ablation"``, ``"attention"`` or one registered since): what
+        ``"mechanism"``, ``"circuit"``, ``"ablation"``, ``"causal"``, ``"attention"`` or one registered since): what
         :meth:`roles`, :meth:`mechanism`, :meth:`circuit`, :meth:`ablation` and :meth:`show_attention` call. Its
         options take their declared defaults and validators; a model is checked against this report by content
         first (:meth:`check_joins`).
@@ -765,8 +765,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             The join's result (for the page and the exports: ``rep.save_html(path, joins={name: result})``).
 
         Raises:
-            OptionError: no such join (names the registered ones). UnknownOptionError: a keyword it does not take.
-            The join's own errors.
+            OptionError: no such join (names the registered ones).
+            UnknownOptionError: a keyword it does not take.
+            Exception: the join's own errors pass through unchanged.
         """
         from .joins import join_spec
 

@@ -166,7 +166,13 @@ class RoleAssociation(StoredResult, FrozenResult, DrawnResult):
     @classmethod
     def load(cls, path: PathLike) -> RoleAssociation:
         """:func:`load_roles` of a folder :meth:`save` wrote (refused: a head-roles save, which
-        :meth:`HeadRoles.load` reads)."""
+        :meth:`HeadRoles.load` reads).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format (a head-roles save: read it with tli.load_roles), an edited or foreign
+                file, or a field that is not what the saved tables give (names the file and the field).
+        """
         got = load_roles(path)
         if not isinstance(got, RoleAssociation):
             raise ReportFileError(f"{path} holds head roles, not a role association: read it with tli.load_roles.")
