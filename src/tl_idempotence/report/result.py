@@ -428,12 +428,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             attention_heads: ``(layer, head)`` pairs to show (default: every closed head, else the top 8 by P).
             top_k: cap on the default heads.
             max_tokens: cut the text to this many tokens (the page says so when it cuts).
-            roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (the closed
-                heads' role scores next to all heads, the association table, the top heads of each role and
-                the figure of each role's score against P; SPEC 11).
+            roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (SPEC 11).
             mechanism: this report's :meth:`mechanism` result: adds the section "What the closed heads do to
-                tokens" (per closed head α, P, the tokens it promotes and suppresses, the attended-token effect with
-                its null; the signed scores by sign; SPEC 12).
+                tokens" (SPEC 12).
             joins: join name -> result, for any registered join's section (:mod:`tl_idempotence.report.joins`;
                 ``{"roles": rep.roles(...)}`` is ``roles=``).
 
@@ -553,16 +550,11 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         among closed and other heads, Mann-Whitney p, BH q across roles).
 
         Args:
-            model: the TransformerLens model (default: the one the report was made from, while it is alive). It is
-                checked against the report first, by content (:meth:`check_joins`: sizes, weight processing and
-                every measured layer's O/V sha256 fingerprint read now), since its role scores are joined to the
-                report's P by label: the report's own model edited in place since the report was made (a weight
-                patched for an experiment) is refused, never joined; make the report again.
-            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed, of the report's model (its
-                sizes, weight processing and the per-layer weight fingerprints it records are checked; roles made
-                by hand without ``layer_fingerprints`` are refused). ``repeat_len`` and ``n_sequences`` are then
-                refused unless they are what ``roles`` was made with (they would be ignored); a ``model`` is
-                refused unless it is, by content, the report's (and so the roles') model.
+            model: the TransformerLens model (default: the report's own, while it is alive), checked against the
+                report by content first (:meth:`check_joins`); the report's own model edited in place is refused.
+            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` of the report's model (checked as
+                :meth:`check_joins` does); ``repeat_len``/``n_sequences`` other than what it was made with and a
+                ``model`` that is not, by content, the report's are refused.
             repeat_len: the length of ``x`` in each ``BOS x x`` sequence of the head detector, passed to
                 ``head_roles`` (default 24).
             n_sequences: passed to ``head_roles`` (default 8).
