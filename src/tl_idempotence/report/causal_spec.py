@@ -204,8 +204,8 @@ CAUSAL = JoinSpec(
         "closure-free, closure-only, zero and mean at hook_z; the attended token's final-logit change, self-repair "
         "and the loss change, closed against controls within layers; rep.causal): a page section, the columns in "
         "--csv, the result in --json; seeded by --seed (needs a model TransformerLens can run; CPU-minutes)",
-        compute=lambda rep, model, value, joined, args: rep.causal(
-            model=model, seed=args.seed, progress=not args.quiet
+        compute=lambda rep, model, value, joined, args, progress=True: rep.causal(
+            model=model, seed=args.seed, progress=progress
         ),
         needs_model="--causal runs the model with heads edited, and a checkpoint path is read as weights only (no "
         "model to run): use a zoo model or a hub name, or in Python "
