@@ -19,8 +19,10 @@ Usage::
   ``DIR/population_heads.csv`` (every head), and a markdown note (``--md``) with the command, the CPU seconds
   (``time.process_time`` plus the children's), the wall time, the machine's load, the per-model table and the answer.
 
-Runs on a 2-core machine (torch's threads as set; ``--threads`` to choose): the lineages are tiny (about 8 CPU-s
-each, trained and measured), SmolLM2-135M's mechanism about a minute, Gemma-3-270M's a few.
+Runs on a 2-core machine (torch's threads as set; ``--threads`` to choose). The default run took 1,021 CPU-s and
+26.5 min wall on this project's 2-core machine at load 4-7 (2026-12-07; docs/population.md): the 20 lineages 152
+CPU-s (trained and measured), Gemma-3-270M 664 (its readout over a 262k vocabulary), SmolLM2-135M 199. Cheaper:
+``--models smollm2-135m minilm-l6`` (about 355 CPU-s), ``--seeds N``, smaller ``--n-tokens``/``--max-tokens``.
 """
 
 from __future__ import annotations
