@@ -36,8 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: The lineage's training settings (``train_lineage``'s defaults but the checkpoints kept: the first and the last).
-LINEAGE = {"steps": 200, "save_steps": (200,)}
+#: The lineage's training steps (``train_lineage``'s default); only the last checkpoint is kept.
+STEPS = 200
 
 
 def cpu_seconds() -> float:
@@ -69,7 +69,7 @@ def lineage_mechanism(root: Path, seed: int, tied: bool, texts: Any) -> tuple[An
 
     folder = root / f"{'tied' if tied else 'untied'}_s{seed}"
     reused = (folder / "lineage.json").exists()
-    lin = tli.train_lineage(folder, seed=seed, tie_word_embeddings=tied, **LINEAGE)
+    lin = tli.train_lineage(folder, seed=seed, tie_word_embeddings=tied, steps=STEPS, save_steps=(STEPS,))
     model = TransformerBridge.boot_transformers(str(lin.checkpoints[-1][1]), device="cpu")
     rep = tli.idempotence_report(model, progress=False)
     mech = rep.mechanism(model=model, texts=texts, max_tokens=None, k=5, seed=0)
