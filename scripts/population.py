@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp.export(args.out / "population.csv", overwrite=True)
     cmp.export(args.out / "population.json", overwrite=True)
     atomic_write_text(args.out / "population_heads.csv", cmp.heads.to_csv(index=False))
-    for label, item in items.items():  # each mechanism as the library saves it (tli.load reads it back)
+    for label, item in items.items():  # each mechanism as the library saves it (tli.load_mechanism reads it back)
         if not isinstance(item, BaseException):
             item.save(args.out / "mechanisms" / label, overwrite=True)
     timing = {
