@@ -106,7 +106,7 @@ def markdown(cmp: Any, command: str, timing: dict[str, Any], extra: dict[str, di
     lines = [
         "# The population run (issue 47)",
         "",
-        'Made by `scripts/population.py` (SPEC 13 "Population"; docs/definitions.md "A population of models").',
+        'Made by `scripts/population.py` (SPEC 13 "Population"; docs/population.md).',
         "",
         f"Command: `{command}`",
         "",

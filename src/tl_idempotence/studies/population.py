@@ -5,8 +5,8 @@ mechanism was refused, such as an encoder, is given as the exception that refuse
 :class:`MechanismComparison`: one row per model (refused models included, with the reason: never dropped), the
 pooled heads, a combined test across models and a headline that states the answer at the population level and what
 does not hold. The statistics are :mod:`tl_idempotence.studies.population_stats`' (computed from each mechanism's
-per-head table with :mod:`tl_idempotence.core.matching` and :mod:`tl_idempotence.core.stats`; docs/definitions.md
-"A population of models").
+per-head table with :mod:`tl_idempotence.core.matching` and :mod:`tl_idempotence.core.stats`; docs/population.md,
+"The statistics").
 
 The result is not stored (no ``save``): :meth:`MechanismComparison.export` writes its table (``.csv``,
 ``.parquet``) or its summary and table (``.json``) through the output registry (:mod:`tl_idempotence.core.outputs`);
