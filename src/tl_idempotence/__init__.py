@@ -96,6 +96,8 @@ _EXPORTS: dict[str, str] = {
     "Comparison": "tl_idempotence.studies.compare",
     "compare": "tl_idempotence.studies.compare",
     "load_comparison": "tl_idempotence.studies.compare",
+    "MechanismComparison": "tl_idempotence.studies.population",
+    "compare_mechanisms": "tl_idempotence.studies.population",
     "SweepResult": "tl_idempotence.studies.sweep",
     "sweep": "tl_idempotence.studies.sweep",
     "load_sweep": "tl_idempotence.studies.sweep",
@@ -171,6 +173,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from tl_idempotence.studies.compare import Comparison as Comparison
     from tl_idempotence.studies.compare import compare as compare
     from tl_idempotence.studies.compare import load_comparison as load_comparison
+    from tl_idempotence.studies.population import MechanismComparison as MechanismComparison
+    from tl_idempotence.studies.population import compare_mechanisms as compare_mechanisms
     from tl_idempotence.studies.sweep import SweepResult as SweepResult
     from tl_idempotence.studies.sweep import load_sweep as load_sweep
     from tl_idempotence.studies.sweep import sweep as sweep

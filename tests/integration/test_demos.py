@@ -26,6 +26,7 @@ NOTEBOOKS = {
     "04_trajectories.ipynb": 3,
     "05_head_roles.ipynb": 2,
     "06_head_tokens.ipynb": 3,
+    "07_population.ipynb": 1,
 }
 
 
@@ -143,3 +144,51 @@ def test_head_tokens(tmp_path, monkeypatch, lineage_dir):
     )
     assert re.search(r"L10H8 alpha = -19\.39\n  promoted +\(none", text)  # a suppressor has no promoted list
     assert "No head is closed; across 8 heads, Spearman ρ(α·P, effect) = +0.52 (permutation p = 0.21)" in text
+
+
+def _markdown(nb) -> str:
+    """The Markdown the notebook's code displays (its words written from its numbers)."""
+    return "\n".join(
+        str(o.get("data", {}).get("text/markdown", "")) for c in nb.cells if c.cell_type == "code" for o in c.outputs
+    )
+
+
+@pytest.mark.slow
+def test_population(tmp_path, monkeypatch):
+    """6 lineages (seeds 0-2, tied and untied), SmolLM2 on a small budget and MiniLM (refused): the words the
+    notebook writes from its numbers are those numbers (every draw seeded 0; 160 CPU-s)."""
+    nb = _run("07_population.ipynb", tmp_path, monkeypatch, {"TLI_POPULATION_DIR": str(tmp_path / "population")})
+    text, words = _text(nb), _markdown(nb)
+    assert "closed heads per tied lineage: [4, 2, 4]\nclosed heads per untied lineage: [0, 0, 0]" in text
+    assert "smollm2-135m | closed heads: 13 of 270" in text
+    assert "minilm-l6 refused: attended_token_effect needs a causal language model" in text
+    assert "Refused (1, rows with the reason): minilm-l6." in text
+    assert "Refused, kept as rows with the reason: minilm-l6." in words
+    # the answer at the population level: the headline's pooled numbers are the ones the last cell writes
+    m = re.search(
+        r"(\w[\w ]+): pooled over the (\d+) of (\d+) measured models with matched controls, closed heads agree "
+        r"\(direction = sign\(α\)\) at rate (\d\.\d\d) \((\d+) heads\) and their matched controls at (\d\.\d\d) "
+        r"\((\d+) heads\), difference ([+-]\d\.\d\d), p = (\S+) ",
+        text,
+    )
+    assert m, text[-3000:]
+    assert m.groups() == ("Not detectably", "2", "7", "0.79", "14", "0.53", "15", "+0.25", "0.15")
+    assert (
+        f"**{m[1]}.** Pooled over the {m[2]} of {m[3]} measured models that have a closed head with a non-closed "
+        f"head of its layer, closed heads agree at rate {m[4]} ({m[5]} heads) and their matched controls at {m[6]} "
+        f"({m[7]} heads): difference {m[8]}, p = {m[9]} " in words
+    )
+    # what holds and what does not: the headline's clauses, each a bullet of the last cell
+    assert "Holds: closed heads agree more often than 1/2 (19 of 22, 86%, two-sided sign test p = 8.6e-04" in text
+    assert "* Holds: closed heads agree more often than 1/2 (19 of 22, 86%, two-sided sign test p = 8.6e-04" in words
+    clause = "α·P tracks the effect within (model, layer) strata (pooled ρ = +0.10, p = 0.72 permuted within them"
+    assert f"Does not hold: {clause}" in text and f"* Does not hold: {clause}" in words
+    assert "2 of 7 models have no matched control" in text and "* Not testable: 2 of 7 models have no matched" in words
+    # where the agreement comes from: the per-layer counts and the bullet written from them
+    assert re.search(r"tied\s+0\s+12\s+12\s+0\s+0\n\s+1\s+12\s+12\s+10\s+12\n", text), text[-3000:]
+    assert "tied lineages (closed or not): layer 0: 0 of 12 agree (0 closed); layer 1: 12 of 12 agree (10 closed)" in (
+        words
+    )
+    assert "untied lineages (closed or not): layer 0: 7 of 12 agree (0 closed); layer 1: 10 of 12 agree" in words
+    assert "tied lineages with unstratified p <= 0.05: 3 of 3 | within layers: 0 of 3" in text
+    assert "at most 0.05 in 3 of 3 tied lineages unstratified and in 0 permuted within layers" in words

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import compare as _compare
 from . import figures as _figures
+from . import population as _population
 from . import role_figures as _role_figures
 from .attention import AttentionView, attention_section, draw_attention
 from .compare import comparison_headline, comparison_html
@@ -49,6 +50,7 @@ scramble_figures = _returns_exportable(_figures.scramble_figures)
 trajectory_figure = _returns_exportable(_figures.trajectory_figure)
 trajectory_summary_figure = _returns_exportable(_figures.trajectory_summary_figure)
 comparison_figure = _returns_exportable(_compare.comparison_figure)
+mechanism_comparison_figure = _returns_exportable(_population.mechanism_comparison_figure)
 
 __all__ = [
     "AttentionView",
@@ -61,6 +63,7 @@ __all__ = [
     "comparison_html",
     "draw_attention",
     "heads_heatmap",
+    "mechanism_comparison_figure",
     "mechanism_figure",
     "report_figures",
     "report_html",

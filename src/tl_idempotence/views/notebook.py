@@ -29,6 +29,7 @@ import pandas as pd
 
 from ..core.readings import copying_by_sign, copying_sign_sentence
 from ..core.results import DISPLAYS, register_display
+from .population import mechanism_comparison_html
 from .text import format_P, format_sig, headline
 
 __all__ = [
@@ -383,6 +384,7 @@ for _kind, _draw in (
     ("ablation", _ablation_html),
     ("comparison", _comparison_html),
     ("mechanism", _mechanism_html),
+    ("mechanism_comparison", mechanism_comparison_html),
 ):
     register_display(_kind, _draw)
 del _kind, _draw

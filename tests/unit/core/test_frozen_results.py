@@ -249,6 +249,15 @@ def sweep_result(b: dict[str, Any]) -> Any:
     return SweepResult({"a": rep}, rep.options, Path("sweep-out"), tasks, failed, seconds=1.0, warn=False)
 
 
+def mechanism_comparison(b: dict[str, Any]) -> Any:
+    from tl_idempotence.studies.population import MechanismComparison
+
+    table = pd.DataFrame({"model": ["a"], "status": ["measured"], "n_closed": [1]})
+    heads = pd.DataFrame({"model": ["a"], "label": ["L0H0"], "agrees": [1.0]})
+    summary = {"n_models": 1, "refused": [], "holds": ["x"], "headline": "h"}
+    return MechanismComparison(table, heads, summary, {"by": "abs_alpha", "k": 1})
+
+
 #: One factory per result type (qualified name -> a function of a cache shared by the factories).
 FACTORIES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "tl_idempotence.maths.closure.Closure": closure,
@@ -268,6 +277,7 @@ FACTORIES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "tl_idempotence.report.mechanism.Mechanism": mechanism,
     "tl_idempotence.report.result.IdempotenceReport": report,
     "tl_idempotence.studies.compare.Comparison": comparison,
+    "tl_idempotence.studies.population.MechanismComparison": mechanism_comparison,
     "tl_idempotence.studies.sweep.results.SweepResult": sweep_result,
     "tl_idempotence.studies.trajectory.Trajectory": trajectory,
 }
