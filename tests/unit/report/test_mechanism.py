@@ -221,7 +221,9 @@ def test_roles_are_joined_through_the_reports_identity_check(joined):
     hr = tli.head_roles(m, n_tokens=4, n_sequences=2)
     mech = rep.mechanism(texts=tokens(), roles=hr, heads=rep.closed_heads, **FAST)
     t = mech.table
-    assert list(t.index) == ["L0H0", "L0H1", "L0H2", "L0H3"]
+    # the closed heads asked for, and their matched control (the layer's one non-closed head, reused: SPEC 13)
+    assert list(t.index) == ["L0H0", "L0H1", "L0H2", "L0H3", "L0H4"]
+    assert t["asked"].tolist() == [True] * 4 + [False] and t.loc["L0H4", "control_of"] == "L0H0, L0H1, L0H2, L0H3"
     np.testing.assert_array_equal(t["previous_token"].to_numpy(), hr.table.loc[t.index, "previous_token"].to_numpy())
     assert (t["previous_token"] > 0.9).all()  # every head attends to the previous position
     other = constructed(seed=4)
@@ -290,21 +292,27 @@ def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):
     from tl_idempotence.errors import MissingFileError, OutputOverInputError, ReportFileError
 
     _, _, mech = joined
+    from tl_idempotence.core.records import json_like, same_value
+
     back = tli.load_mechanism(mech.save(tmp_path / "m"))
     assert back.table.equals(mech.table) and list(back.table.dtypes) == list(mech.table.dtypes)
-    assert back.signs.equals(mech.signs) and dict(back.summary) == dict(mech.summary)
+    assert back.signs.equals(mech.signs) and same_value(json_like(dict(back.summary)), json_like(dict(mech.summary)))
+    assert back.weights.equals(mech.weights) and back.stability.equals(mech.stability)
     assert back.headline == mech.headline and back.tie == mech.tie
     assert back.tokens.table.equals(mech.tokens.table) and back.tokens.summary == mech.tokens.summary
     assert back.top_tokens("L0H0").equals(mech.top_tokens("L0H0"))
     assert back.effect.positions.equals(mech.effect.positions) and back.effect.summary == mech.effect.summary
-    old = Path(mech.save(tmp_path / "old"))  # a save without the probes' results (as written before they were kept)
+    old = Path(mech.save(tmp_path / "old"))  # a save without the token readout loads, without its top tokens
     shutil.rmtree(old / "head_tokens")
-    shutil.rmtree(old / "attended_token_effect")
-    _redigest(old, record=lambda r: r.pop("parts"))
+    _redigest(old, record=lambda r: r.update(parts=["attended_token_effect"]))
     back_old = tli.load_mechanism(old)
-    assert back_old.tokens is None and back_old.effect is None and back_old.table.equals(mech.table)
+    assert back_old.tokens is None and back_old.effect is not None and back_old.table.equals(mech.table)
     with pytest.raises(OptionError, match="not the token readout"):
         back_old.top_tokens("L0H0")
+    shutil.rmtree(old / "attended_token_effect")  # without the effect (its positions give the intervals): refused
+    _redigest(old, record=lambda r: r.update(parts=[]))
+    with pytest.raises(ReportFileError, match="attended-token effect"):
+        tli.load_mechanism(old)
     part = Path(mech.save(tmp_path / "p")) / "head_tokens"  # a part that is not the joined table's
     bump = {"table": lambda df: df.assign(frac_bottom_k=df["frac_bottom_k"] + (df["head"] == 2) * 0.5)}  # no headline
     redigest(part, "head_tokens.json", tables=bump)
