@@ -12,7 +12,9 @@ part of the targets), then time
 * ``tli.head_roles(model)`` with every default (24-token ``x``, 8 sequences, seed 0; includes the copying scores)
   (target < 30 s), with its peak memory the same way;
 * ``rep.roles(roles=...)``: the association with closure alone (5 Spearman permutation tests of 999 permutations,
-  Mann-Whitney, BH), given the roles.
+  Mann-Whitney, BH), given the roles;
+* ``rep.roles(model=model)`` with every default: what ``--roles`` runs (the model checked against the report by
+  content, ``head_roles`` and the association), with its progress bars (``--no-bars`` turns them off).
 
 Wall and CPU seconds of the process (all threads). ``--threads 0`` (the default) leaves torch's own thread count.
 The output is a markdown table with the date, the load average before and after, torch's thread count and the
@@ -31,6 +33,7 @@ from _harness import bench_parser, loadavg, md_header, md_row, peak_above_start,
 
 def main(argv: list[str] | None = None) -> None:
     ap = bench_parser(__doc__)
+    ap.add_argument("--no-bars", action="store_true", help="time rep.roles(model=model) with progress=False")
     args = ap.parse_args(argv)
 
     import torch
@@ -45,8 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     d_vocab = int(model.cfg.d_vocab)
     dense_gb = d_vocab**2 * 8 / 1024**3
     w_cop, c_cop, m_cop, (table, _, _) = peak_above_start(lambda: copying_scores(model))
-    w_roles, c_roles, m_roles, roles = peak_above_start(lambda: tli.head_roles(model))
-    w_assoc, c_assoc, _, assoc = peak_above_start(lambda: rep.roles(roles=roles))
+    w_roles, c_roles, m_roles, roles = peak_above_start(lambda: tli.head_roles(model, progress=False))
+    w_assoc, c_assoc, _, assoc = peak_above_start(lambda: rep.roles(roles=roles, progress=False))
+    w_full, c_full, m_full, _ = peak_above_start(lambda: rep.roles(model=model, progress=not args.no_bars))
     load_after = loadavg()
 
     def gb(v: float | None) -> str:
@@ -63,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     print(md_row(f"copying scores, {len(table)} heads", f"{w_cop:.2f} s", f"{c_cop:.2f} s", gb(m_cop), "< 5 s"))
     print(md_row("`tli.head_roles(model)`, defaults", f"{w_roles:.2f} s", f"{c_roles:.2f} s", gb(m_roles), "< 30 s"))
     print(md_row("`rep.roles(roles=...)`: association only", f"{w_assoc:.2f} s", f"{c_assoc:.2f} s", "", ""))
+    bars = "no bars" if args.no_bars else "with its bars"
+    print(md_row(f"`rep.roles(model=model)`, defaults, {bars}", f"{w_full:.2f} s", f"{c_full:.2f} s", gb(m_full), ""))
     a = assoc.association
     print(
         f"\nassociation: |copying| ρ = {a.loc['|copying|', 'spearman_rho']:.3f}, Mann-Whitney q = "

@@ -803,3 +803,75 @@ def redigest(folder: Path, record: str, tables=None, fields=None) -> None:
         rewrite_saved(folder, record, edit_record=fields)
     for i, (name, fn) in enumerate(items):
         rewrite_saved(folder, record, name, fn, fields if i == len(items) - 1 else None)
+
+
+#: d_head of the causal probe's planted checkpoint (:func:`plant_causal`: 9 heads on 3 kv heads, d_model 72).
+CAUSAL_DH = 8
+
+
+def plant_causal(t: dict) -> None:
+    """The causal probe's planted checkpoint (tests/unit/probes/test_causal.py): L1H4 exactly closed (``M = -1.5 I``),
+    L0H2 writes nothing, the final norm's weight random."""
+    g = torch.Generator().manual_seed(5)
+    t["model.norm.weight"] = 0.5 + torch.rand(72, generator=g)
+    V = torch.zeros(72, CAUSAL_DH)
+    V[torch.arange(CAUSAL_DH) * 9, torch.arange(CAUSAL_DH)] = 0.5
+    t["model.layers.1.self_attn.v_proj.weight"][CAUSAL_DH : 2 * CAUSAL_DH] = V.T
+    t["model.layers.1.self_attn.o_proj.weight"][:, 4 * CAUSAL_DH : 5 * CAUSAL_DH] = -6.0 * V
+    t["model.layers.0.self_attn.o_proj.weight"][:, 2 * CAUSAL_DH : 3 * CAUSAL_DH] = 0.0  # L0H2 writes nothing
+
+
+def causal_O(w, layer, h):
+    return w[f"model.layers.{layer}.self_attn.o_proj.weight"][
+        :, h * CAUSAL_DH : (h + 1) * CAUSAL_DH
+    ]  # [d_model, d_head]
+
+
+def causal_V(w, layer, h):
+    g = h // 3
+    return w[f"model.layers.{layer}.self_attn.v_proj.weight"][
+        g * CAUSAL_DH : (g + 1) * CAUSAL_DH
+    ].T  # [d_model, d_head]
+
+
+def causal_closure_only_N(w, layer, h):
+    O, V = causal_O(w, layer, h).numpy(), causal_V(w, layer, h).numpy()
+    T = O @ V.T
+    alpha = np.sum((T @ T) * T) / np.sum(T * T)
+    return torch.from_numpy(alpha * np.linalg.inv(V.T @ O))
+
+
+def causal_reference(model, w, toks, layer, h, kind, value, clean_run=None):
+    """Per counted destination: (window, pos, source, token, total, direct, loss) by a plain hook on hook_z."""
+    counted = toks != 1
+    with torch.no_grad():
+        clean, cache = clean_run or model.run_with_cache(toks)
+
+        def hook(z, hook):
+            z = z.clone()
+            z[:, :, h] = {"map": lambda x: x @ value.T, "zero": lambda x: 0 * x, "mean": lambda x: value + 0 * x}[kind](
+                z[:, :, h]
+            )
+            return z
+
+        edited = model.run_with_hooks(toks, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)])
+    z = cache[f"blocks.{layer}.attn.hook_z"][:, :, h]
+    pat = cache[f"blocks.{layer}.attn.hook_pattern"][:, h]
+    scale = cache["ln_final.hook_scale"][..., 0]
+    W_O, W_U, norm_w = causal_O(w, layer, h).T, model.W_U.detach().double(), w["model.norm.weight"]
+    lp0, lp1 = torch.log_softmax(clean, -1), torch.log_softmax(edited, -1)
+    out = []
+    for b in range(toks.shape[0]):
+        for q in range(toks.shape[1]):
+            if not counted[b, q]:
+                continue
+            s = max((k for k in range(q + 1) if counted[b, k]), key=lambda k: (pat[b, q, k].item(), -k))
+            t = int(toks[b, s])
+            z_new = {"map": z[b, q] @ value.T if kind == "map" else None, "zero": 0 * z[b, q], "mean": value}[kind]
+            direct = float(((z_new - z[b, q]) @ W_O / scale[b, q] * norm_w) @ W_U[:, t])
+            loss = np.nan
+            if q + 1 < toks.shape[1] and counted[b, q + 1]:
+                nxt = int(toks[b, q + 1])
+                loss = float(lp0[b, q, nxt] - lp1[b, q, nxt])
+            out.append((b, q, s, t, float(edited[b, q, t] - clean[b, q, t]), direct, loss))
+    return np.array(out, dtype=float)

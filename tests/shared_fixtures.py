@@ -17,6 +17,8 @@ that uses them, as a fixture written in that module would be.
 * ``zoo_ready``: the zoo's files of SmolLM2-135M and all-MiniLM-L6-v2 are on this machine (or skip/fail).
 * ``analysed``: the layers the report loop analyses (``run_layer`` calls).
 * ``no_array_environment``: no job-array index variable (SLURM, PBS, LSF, SGE) in the environment.
+* ``one_torch_thread``: torch on one thread for the module (tiny models' forward passes in test code: torch's threads
+  only add barrier waits there, several times slower on a machine whose cores are busy), restored after.
 """
 
 from __future__ import annotations
@@ -171,3 +173,24 @@ def no_array_environment(monkeypatch) -> None:
     """No job-array index variable (``helpers.ARRAY_INDEX_VARIABLES``) in the environment."""
     for name in ARRAY_INDEX_VARIABLES:
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch on one thread while the module runs (module docstring), torch's count restored after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def small_search_budget(monkeypatch) -> None:
+    """The constructive search with 40 iterations a restart instead of its default 200 (``analyses.search.DEFAULTS``):
+    for tests of what the search's code path guarantees at any budget (one row per head, determinism for the seed
+    and layer, the threshold rules, the declared columns); tests of the search's numbers use its defaults."""
+    from tl_idempotence.analyses import search
+
+    monkeypatch.setitem(search.DEFAULTS, "max_iters", 40)

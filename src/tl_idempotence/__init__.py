@@ -73,6 +73,8 @@ _EXPORTS: dict[str, str] = {
     "load_attended_token_effect": "tl_idempotence.probes.token_effect",
     "save_attended_token_effect": "tl_idempotence.probes.token_effect",
     "EmbeddingTie": "tl_idempotence.probes.tied",
+    "CausalClosure": "tl_idempotence.probes.causal",
+    "causal_closure": "tl_idempotence.probes.causal",
     "embedding_tie": "tl_idempotence.probes.tied",
     "own_copying_scores": "tl_idempotence.probes.tied",
     # report
@@ -82,6 +84,7 @@ _EXPORTS: dict[str, str] = {
     "attention_view": "tl_idempotence.report.attention",  # runs the probe, then the view draws
     "RoleAssociation": "tl_idempotence.report.roles",
     "Mechanism": "tl_idempotence.report.mechanism",
+    "CausalTest": "tl_idempotence.report.causal",
     "load_roles": "tl_idempotence.report.roles",
     "save_roles": "tl_idempotence.report.roles",
     "load_mechanism": "tl_idempotence.report.mechanism",
@@ -134,6 +137,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from tl_idempotence.probes.activations import ActivationReturns as ActivationReturns
     from tl_idempotence.probes.activations import activation_returns as activation_returns
     from tl_idempotence.probes.attention import flagged_heads as flagged_heads
+    from tl_idempotence.probes.causal import CausalClosure as CausalClosure
+    from tl_idempotence.probes.causal import causal_closure as causal_closure
     from tl_idempotence.probes.head_tokens import HeadTokens as HeadTokens
     from tl_idempotence.probes.head_tokens import head_tokens as head_tokens
     from tl_idempotence.probes.head_tokens import load_head_tokens as load_head_tokens
@@ -149,6 +154,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tl_idempotence.probes.token_effect import save_attended_token_effect as save_attended_token_effect
     from tl_idempotence.probes.tokens import default_corpus as default_corpus
     from tl_idempotence.report.attention import attention_view as attention_view
+    from tl_idempotence.report.causal import CausalTest as CausalTest
     from tl_idempotence.report.mechanism import Mechanism as Mechanism
     from tl_idempotence.report.mechanism import load_mechanism as load_mechanism
     from tl_idempotence.report.mechanism import save_mechanism as save_mechanism

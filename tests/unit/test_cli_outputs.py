@@ -5,6 +5,8 @@ ones, before any model is read."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -76,3 +78,70 @@ def test_a_path_ending_in_a_separator_is_refused_by_the_cli_as_by_the_api(flag, 
     with pytest.raises(tli.errors.OptionError, match="ending in a separator"):
         rep.export(target)
     assert not (tmp_path / name).exists()
+
+
+@pytest.fixture(scope="module")
+def ck1(tmp_path_factory):
+    return str(llama_like(tmp_path_factory.mktemp("stdout") / "CK", n_layers=1)[0])
+
+
+def test_data_on_stdout_is_the_data_alone(ck1, tmp_path, monkeypatch, capfd):
+    """``--csv /dev/stdout``: file descriptor 1 gets the heads table alone, the summary and what was written go to
+    stderr; ``--json --out /dev/stdout`` writes the one JSON export once; two outputs to stdout exit 2."""
+    monkeypatch.chdir(tmp_path)
+    rep = tli.idempotence_report(ck1, progress=False)
+    assert cli.main(["report", ck1, "--csv", "/dev/stdout", "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert out == rep.heads.to_csv(index=True, index_label="label")
+    assert rep.headline in err and err.rstrip().endswith("tl-idempotence: wrote /dev/stdout"), err
+    assert cli.main(["report", ck1, "--json", "--out", "/dev/stdout", "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out) == json.loads(Path(rep.export(tmp_path / "r.json")).read_text())
+    assert err == "tl-idempotence: wrote /dev/stdout\n"
+    assert cli.main(["report", ck1, "--csv", "h.csv", "--quiet"]) == 0  # no data on stdout: the summary there
+    out, err = capfd.readouterr()
+    assert rep.headline in out and out.rstrip().endswith("wrote h.csv") and err == ""
+    for argv in (["--json", "--csv", "/dev/stdout"], ["--out", "/dev/stdout", "--csv", "/dev/fd/1"]):
+        assert _exit(["report", ck1, *argv, "--quiet"]) == 2
+        out, err = capfd.readouterr()
+        assert out == "" and "both write to standard output, where their data would mix" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h.csv", "r.json"]
+
+
+def test_an_output_that_is_the_file_stdout_is_redirected_to(ck1, tmp_path, capfd):
+    """``--csv f.csv > f.csv``: the same file by device and inode, so stdout is data; f.csv is the table alone."""
+    f = tmp_path / "f.csv"
+    sys.stdout.flush()
+    saved = os.dup(1)
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # what a shell's > does
+    os.dup2(fd, 1)
+    os.close(fd)
+    try:
+        code = cli.main(["report", ck1, "--csv", str(f), "--quiet"])
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    _, err = capfd.readouterr()
+    assert code == 0 and "heads are closed" in err and "tl-idempotence: wrote" in err, err
+    table = pd.read_csv(f)
+    assert list(table.columns[:3]) == ["label", "layer", "head"] and len(table) == 6
+    assert f.read_text() == tli.idempotence_report(ck1, progress=False).heads.to_csv(index_label="label")
+
+
+def test_a_library_that_prints_while_the_run_goes_on_prints_to_stderr(ck1, monkeypatch, capfd):
+    """TransformerLens's loaders print ("Loaded pretrained model ..."): with data on stdout, to stderr."""
+    import tl_idempotence.report.report as report_module
+
+    real = report_module.idempotence_report
+
+    def chatty(*a, **kw):
+        print("Loaded pretrained model tiny into HookedTransformer")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(report_module, "idempotence_report", chatty)
+    assert cli.main(["report", ck1, "--csv", "/dev/stdout", "--quiet"]) == 0
+    out, err = capfd.readouterr()
+    assert out.startswith("label,layer,head,") and "Loaded" not in out and "Loaded pretrained model" in err
+    assert cli.main(["report", ck1, "--csv", "/dev/null", "--quiet"]) == 0  # stdout not data: left alone
+    assert "Loaded pretrained model" in capfd.readouterr().out

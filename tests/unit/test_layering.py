@@ -314,3 +314,25 @@ def test_the_views_rule_fails_on_a_view_that_runs_a_model(tmp_path, monkeypatch)
     with pytest.raises(AssertionError, match=r"bad\.py:1 imports torch[\s\S]*bad\.py:5 calls run_with_hooks"):
         test_views_open_no_model_and_run_no_forward_pass()
     assert Path(tl_idempotence.__file__).parent != fake_src  # the real package is untouched
+
+
+#: The most lines a module of the package may have (the brief's size rule; issue 45 found two over it).
+MAX_MODULE_LINES = 800
+
+
+def _long_modules(root: Path) -> list[str]:
+    return sorted(
+        f"{p.relative_to(root)} ({n} lines)"
+        for p in root.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    )
+
+
+def test_no_module_is_over_the_size_rule():
+    assert _long_modules(SRC) == []
+
+
+def test_the_size_rule_fails_on_a_planted_long_module(tmp_path):
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert _long_modules(tmp_path) == [f"long.py ({MAX_MODULE_LINES + 1} lines)"]

@@ -131,6 +131,23 @@ def _mechanism_pair(w: World):
     )
 
 
+def _causal_closure_pair(w: World):
+    kw = dict(progress=False)
+    return (
+        w.get("cc_a", lambda: tli.causal_closure(w.bridge, ["L0H1", "L1H0", "L1H3"], _texts(6), **kw)),
+        w.get("cc_b", lambda: tli.causal_closure(w.bridge, ["L1H2"], _texts(7), variants=("zero", "mean"), **kw)),
+    )
+
+
+def _causal_test_pair(w: World):
+    # threshold 0.03: L0H5, L0H7, L0H8, L1H1, L1H2 closed (P 0.033-0.074), the other 13 heads below 0.021
+    kw = dict(texts=_texts(8), progress=False)
+    return (
+        w.get("ct_a", lambda: w.rep.with_threshold(0.03).causal(variants=("closure_only", "zero"), **kw)),
+        w.get("ct_b", lambda: w.rep.with_threshold(0.05).causal(variants="mean", size="norm", n_controls=2, **kw)),
+    )
+
+
 def _roles_pair(w: World):
     return (
         w.get("roles_a", lambda: tli.head_roles(w.bridge, repeat_len=6, n_sequences=2, seed=1)),
@@ -255,6 +272,20 @@ CASES: dict[str, Case] = {
         lambda r: {
             "n_heads": len(r.table),
             "n_closed": _closed(r.table),
+        },
+    ),
+    "causal_closure": Case(
+        _causal_closure_pair,
+        ("table", "changes", "positions"),
+        lambda r: {"n_heads": len(r.table), "n_positions": int(r.table["n_positions"].max())},
+    ),
+    "causal_test": Case(
+        _causal_test_pair,
+        ("table", "pairs", "comparison", "candidates"),
+        lambda r: {
+            "n_closed": int((r.table["group"] == "closed").sum()),
+            "n_control_heads": int((r.table["group"] == "control").sum()),
+            "n_matched": r.pairs["closed_label"].nunique(),
         },
     ),
     "ablation": Case(

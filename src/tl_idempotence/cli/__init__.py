@@ -39,7 +39,10 @@ that the folders of ``--out`` and ``--csv`` exist and that no output is, or link
 reads: the checkpoint's files, the zoo cache, the resume folder's parts; ``sweep``: the items' checkpoints and
 the sweep folder's files); 1 failure, with a one-line reason on stderr (the
 traceback with ``--debug``); 130 interrupted. Progress goes to stderr, the summary (or ``--json``) to
-stdout; a closed pipe on stdout (``| head -1``) ends quietly. ``--help`` imports no torch.
+stdout; a closed pipe on stdout (``| head -1``) ends quietly. When data goes to stdout (``--json``, ``--csv
+/dev/stdout``, ``--out /dev/stdout``, or an output that is the file or pipe stdout is: ``--csv f.csv > f.csv``),
+stdout holds that data alone, once: the summary, the joins' text and what was written go to stderr, and two
+outputs to stdout exit 2. ``--help`` imports no torch.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ was asked for (the page, ``--csv``, ``--json`` or the text summary)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import sys
@@ -202,9 +203,38 @@ def _written(path: str, existed: bool) -> str:
     return f"{path} (replaced the file that was there)" if existed and not is_stream(path) else path
 
 
+def _stdout_data(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, page: str | None, page_format: str | None
+) -> list[str]:
+    """The outputs that write this process's standard output (:func:`~tl_idempotence.core.files.is_stdout`: by
+    name, ``/dev/stdout``, or because file descriptor 1 is that file or pipe), as ``--json``, ``--out PATH``,
+    ``--csv PATH``; with any, stdout is data only and every human line goes to stderr. ``--json`` with ``--out``
+    writing the JSON export to stdout is one output (the same record, written once). Two others exit 2 (before any
+    work): their bytes would mix."""
+    from ..core.files import is_stdout
+
+    out = [f"--out {page}"] if page is not None and is_stdout(page) else []
+    if args.json and not (out and page_format == "json"):
+        out.append("--json")
+    if args.csv and is_stdout(args.csv):
+        out.append(f"--csv {args.csv}")
+    if len(out) > 1:
+        both = "both" if len(out) == 2 else "all"
+        parser.error(
+            f"{' and '.join(out)} {both} write to standard output, where their data would mix: give all but one of "
+            "them a file"
+        )
+    return out
+
+
 def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``report``: every argument checked (exit 2) before the model is read, then the report measured and
-    written as asked (the page, ``--csv``, ``--json`` or the text summary); returns the exit code."""
+    written as asked (the page, ``--csv``, ``--json`` or the text summary); returns the exit code.
+
+    Standard output holds the data alone when data goes there (``--json``, ``--csv /dev/stdout``, ``--out
+    /dev/stdout``, or an output that is the file stdout is redirected to: :func:`_stdout_data`): the text
+    summary, the joins' text, what was written and anything a library prints while the run goes on (the model's
+    loader) go to stderr, and the data is written once, parseable."""
     page = _page_path(args)
     if args.csv and page and _same_file(args.csv, page):
         parser.error(f"--csv {args.csv} and --out {page} name the same file; give each its own file")
@@ -219,9 +249,35 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     page_format = _check_formats(parser, page, args.csv, _out_stream_format(args))
     for flag, what in page_only if page_format != "html" else ():
         parser.error(f"{flag} {what}: --out {page} is not a page (.html)")
+    data_out = _stdout_data(parser, args, page, page_format)
     from ..core.options import check_device
 
     check_device(args.device)  # a missing GPU fails before anything is loaded
+    stdout = sys.stdout
+    human = sys.stderr if data_out else stdout
+    # stdout is data: a library's own prints while the run goes on (TransformerLens's loaders) go to stderr too
+    with contextlib.redirect_stdout(sys.stderr) if data_out else contextlib.nullcontext():
+        rep, joins = _measure(args, kind, value, asked)
+        wrote = _write_files(args, page, rep, joins)
+    if "--json" in data_out:  # (else --out wrote this record to stdout already)
+        print(summary_json(rep, joins=joins), file=stdout)
+    if not args.json:
+        print(_summary_text(rep), file=human)
+        for spec, _ in asked:
+            if spec.cli.text is not None and spec.name in joins:
+                print(spec.cli.text(joins[spec.name]), file=human)
+    if wrote and (args.json or data_out):  # stdout is the data alone: what was written goes to stderr
+        print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
+    elif wrote:
+        print(f"wrote {' and '.join(wrote)}", file=human)
+    return EXIT_OK
+
+
+def _measure(
+    args: argparse.Namespace, kind: str, value: str, asked: list[tuple[Any, Any]]
+) -> tuple[Any, dict[str, Any]]:
+    """The model read (zoo source or model, hub model or checkpoint path), the report measured and the joins
+    asked for computed, with their progress on stderr (none with ``--quiet``): ``(report, {join name: result})``."""
     from ..report.report import idempotence_report
 
     # torch and pandas are imported now: ~200,000 objects that every full collection of the run, and
@@ -250,11 +306,17 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     for spec, value in asked:  # in the registry's order: a join may use the ones before it (--mechanism --roles)
         if spec.cli.progress and not args.quiet:
             print(spec.cli.progress, file=sys.stderr)
-        joins[spec.name] = spec.cli.compute(rep, model, value, joins, args)
-    wrote = []
+        joins[spec.name] = spec.cli.run(rep, model, value, joins, args, progress=not args.quiet)
+    return rep, joins
+
+
+def _write_files(args: argparse.Namespace, page: str | None, rep: Any, joins: dict[str, Any]) -> list[str]:
+    """``--out`` and ``--csv`` written (a stream in place: :func:`~tl_idempotence.core.outputs.write_output`);
+    returns what was written, for the line that says so."""
     from ..core.outputs import write_output
     from ..report.export import report_output
 
+    wrote = []
     if page is not None:
         existed = os.path.lexists(page)
         write_output(
@@ -265,15 +327,4 @@ def cmd_report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         existed = os.path.lexists(args.csv)
         write_output(report_output(rep, joins=joins), args.csv, ("csv",), flag="--csv", stream_format="csv")
         wrote.append(_written(args.csv, existed))
-    if args.json:
-        print(summary_json(rep, joins=joins))
-        if wrote:  # stdout is the JSON alone; what was written goes to stderr
-            print(f"tl-idempotence: wrote {' and '.join(wrote)}", file=sys.stderr)
-    else:
-        print(_summary_text(rep))
-        for spec, _ in asked:
-            if spec.cli.text is not None and spec.name in joins:
-                print(spec.cli.text(joins[spec.name]))
-        if wrote:
-            print(f"wrote {' and '.join(wrote)}")
-    return EXIT_OK
+    return wrote

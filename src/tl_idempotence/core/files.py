@@ -4,6 +4,8 @@
 * :func:`atomic_write_bytes` / :func:`atomic_write_text` — write a temp file in the same
   directory, ``fsync``, ``os.replace``: a file with its final name is always complete; a stream
   (:func:`is_stream`: ``/dev/null``, ``/dev/stdout``, a named pipe) is written in place.
+* :func:`is_stdout` — whether a path is this process's standard output (by name, or the same file as file
+  descriptor 1): where a command writes its data, its human text goes to stderr.
 * :func:`read_json` — parse a JSON file; an unreadable or malformed file raises the
   caller's error class with the file's name (never a bare ``JSONDecodeError``).
 * :func:`package_code_sha256` — sha256 of this package's own code and data files: what resumed
@@ -36,6 +38,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_work_folder",
+    "is_stdout",
     "is_stream",
     "package_code_sha256",
     "read_json",
@@ -287,6 +290,54 @@ def is_stream(path: str | os.PathLike[str]) -> bool:
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
 
 
+#: This process's standard output by name (whatever it points to).
+_STDOUT_NAME = re.compile(r"/dev/stdout|/dev/fd/1|/proc/(self|thread-self)/fd/1")
+
+
+def _stdout_id() -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of what file descriptor 1 is (a file, a pipe, a terminal); None when it is closed."""
+    try:
+        st = os.fstat(1)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def is_stdout(path: str | os.PathLike[str]) -> bool:
+    """Whether writing ``path`` writes this process's standard output: its name (``/dev/stdout``, ``/dev/fd/1``,
+    ``/proc/self/fd/1``, whatever they point to), or the file, pipe or terminal it names is the one file
+    descriptor 1 is (``st_dev`` and ``st_ino``, links followed: ``report --csv f.csv > f.csv``, ``/dev/fd/3`` with
+    ``3>&1``). The null device is never standard output here (what is written there is discarded either way).
+    Raises nothing."""
+    try:
+        s = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    except (TypeError, ValueError):
+        return False
+    if _STDOUT_NAME.fullmatch(s):
+        return True
+    mine = _stdout_id()
+    if mine is None:
+        return False
+    try:
+        st = os.stat(s)
+        null = os.stat(os.devnull)
+    except (OSError, ValueError):
+        return False
+    same = (st.st_dev, st.st_ino) == mine
+    return same and not stat.S_ISDIR(st.st_mode) and (st.st_dev, st.st_ino) != (null.st_dev, null.st_ino)
+
+
+def _write_stdout(data: bytes) -> None:
+    """``data`` written to file descriptor 1 itself, after what ``sys.stdout`` holds: the offset it shares with
+    every print of this process moves past it (a second open of ``/dev/stdout`` has its own offset, so a later
+    print into a redirected file would overwrite the data from its start)."""
+    for stream in {id(s): s for s in (sys.stdout, sys.__stdout__) if s is not None}.values():
+        stream.flush()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same directory + fsync + ``os.replace``).
 
@@ -295,12 +346,16 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     on two machines, or in two containers, writing one file on a shared filesystem can share a pid).
 
     A stream (:func:`is_stream`: ``/dev/null``, ``/dev/stdout``, a named pipe) is not replaced but written in
-    place, opened for appending (``/dev/stdout`` redirected to a file keeps what this process printed
-    before; ``sys.stdout`` is flushed first so the order holds). ``BrokenPipeError`` (the reader went
-    away, ``| head``) propagates.
+    place: this process's standard output (:func:`is_stdout`) through file descriptor 1 itself, after
+    ``sys.stdout`` is flushed (so what the process printed before and prints after keeps its order, in a
+    redirected file too), another stream opened for appending. ``BrokenPipeError`` (the reader went away,
+    ``| head``) propagates.
     """
     p = Path(path)
     if is_stream(p):
+        if is_stdout(p):
+            _write_stdout(data)
+            return p
         if sys.stdout is not None:
             sys.stdout.flush()
         with open(p, "ab") as f:

@@ -37,9 +37,18 @@ excluded) and its token ``t = tokens[s]``. Every change is **edited - clean** at
 
 **Per head and variant** (:attr:`CausalClosure.changes`): the medians of the changes, the mean and median loss
 change, and the two-sided sign test of ``total`` over the positions (``scipy.stats.binomtest``, p = 1/2, zeros
-dropped; NaN when every change is 0), Benjamini-Hochberg q over the heads of each variant. A variant a head has
-not (a singular ``M``, a rank-deficient head, ``α = 0``) is NaN with its ``reason``. ``rel_change`` is
+dropped), Benjamini-Hochberg q over the heads of each variant. A variant a head has not (a singular ``M``, a
+rank-deficient head, ``α = 0``) is NaN with its ``reason``; a variant whose every total change is exactly 0 (a head
+whose ``W_O`` is zero; closure-only of an exactly closed head) has p and q NaN and the reason
+:data:`~tl_idempotence.probes.causal_tables.NO_CHANGE`, never a best score. ``rel_change`` is
 ``‖T - T'‖_F / ‖T‖_F`` of the weight edits (1 for ``zero``; NaN for ``mean``, which is no OV edit).
+
+**Passes** (:mod:`~tl_idempotence.probes.causal_passes`): a first pass for the means (with ``mean``), then per batch
+of windows a clean pass and every edit batched, ``edits_per_pass`` edits a forward pass sharing the layers before the
+first edited one; the numbers are those of one pass per edit to float rounding (``edits_per_pass=1``).
+
+Saved as the token probes are (:meth:`CausalClosure.save`, :func:`load_causal_closure`: parquet tables and one
+digested JSON record; the loader recomputes every statistic from the positions).
 
 Refused: a model whose attention output passes through a norm after ``W_O`` (Gemma-2/3: the direct path is not
 ``z W_O`` there).
@@ -47,6 +56,7 @@ Refused: a model whose attention output passes through a norm after ``W_O`` (Gem
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from collections.abc import Mapping
@@ -60,45 +70,58 @@ from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_bool, check_int, strict_kwargs
 from ..core.progress import progress_bar
 from ..core.selection import head_labels, select_heads
-from ..core.tables import FrozenSummary, ModelResult
-from ..errors import OptionError, OptionTypeError, UnsupportedModelError
+from ..core.stored import StoreSpec
+from ..core.tables import FrozenSummary
+from ..core.threads import threads_for
+from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..maths.closure import closure
 from ..maths.ov_edits import closure_free_edits, closure_only_edits
 from ..sources.tl import TLModelSource
-from ..views.results import DrawnResult
+from .causal_passes import Edit, auto_edits_per_pass, run_passes
+from .causal_tables import (
+    CHANGE_COLUMNS,
+    CONVENTION,
+    NO_CHANGE,
+    POSITION_COLUMNS,
+    TEST,
+    VARIANTS,
+    changes_frame,
+    check_saved,
+    headline,
+    wide_table,
+)
 from .head_tokens import embedding_matrices
-from .token_records import embedding_fingerprint
+from .token_records import (
+    FREE_MODEL_FIELDS,
+    TokenResult,
+    check_summary,
+    edited_error,
+    embedding_fingerprint,
+    label_heads,
+    read_probe,
+    write_probe,
+)
 from .tokens import corpus_name, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.hints import IntLike
+    from ..core.hints import IntLike, PathLike
 
-__all__ = ["CHANGE_COLUMNS", "POSITION_COLUMNS", "VARIANTS", "CausalClosure", "CausalClosureSummary", "causal_closure"]
+__all__ = [
+    "CAUSAL_FORMAT",
+    "CAUSAL_RECORD",
+    "CHANGE_COLUMNS",
+    "NO_CHANGE",
+    "POSITION_COLUMNS",
+    "VARIANTS",
+    "CausalClosure",
+    "CausalClosureSummary",
+    "causal_closure",
+    "load_causal_closure",
+    "save_causal_closure",
+]
 
-#: The variants, in the order they run.
-VARIANTS = ("closure_free", "closure_only", "zero", "mean")
-
-CONVENTION = (
-    "edited - clean at each counted destination; token = the clean run's most-attended counted source; total = "
-    "final-logit change; direct = (z' - z) W_O through the final norm at the clean scale (weight applied) and W_U; "
-    "self_repair = direct - total; loss = next-token cross-entropy change (nats)"
-)
-TEST = "two-sided sign test of the total change over positions (scipy binomtest), BH q over heads per variant"
-
-POSITION_COLUMNS = (
-    "label", "variant", "window", "pos", "source_pos", "token", "total", "total_std", "direct", "direct_std",
-    "self_repair", "loss",
-)  # fmt: skip
-CHANGE_COLUMNS = (
-    "label", "layer", "head", "kv_head", "variant", "rel_change", "n_positions", "total_median", "total_std_median",
-    "direct_median", "direct_std_median", "self_repair_median", "loss_change_mean", "loss_change_median", "n_loss",
-    "n_pos_total", "n_neg_total", "p_value", "q_value", "reason",
-)  # fmt: skip
-#: The per-variant columns of :attr:`CausalClosure.table` (``{column}_{variant}``) and where each comes from.
-_WIDE = {
-    "total": "total_median", "direct": "direct_median", "self_repair": "self_repair_median", "loss": "loss_change_mean",
-    "p": "p_value", "q": "q_value", "rel_change": "rel_change",
-}  # fmt: skip
+CAUSAL_FORMAT = "tli-causal-closure-1"
+CAUSAL_RECORD = "causal_closure.json"
 
 
 class CausalClosureSummary(FrozenSummary):
@@ -117,13 +140,17 @@ class CausalClosureSummary(FrozenSummary):
     processing: Mapping[str, Any]
     weights_fingerprint: str
     embedding_fingerprint: str
+    batching: str
+    edits_per_pass: int
+    check_max_abs_diff: float
+    threads: int
     headline: str
 
 
-class CausalClosure(ModelResult, DrawnResult):
+class CausalClosure(TokenResult):
     """Result of :func:`causal_closure` (SPEC 13; module docstring). Immutable: frames are copies made on each
     read, :attr:`summary` and :attr:`options` are read-only, assigning an attribute raises
-    ``dataclasses.FrozenInstanceError``. Not saved (no ``save``).
+    ``dataclasses.FrozenInstanceError``.
 
     Attributes (properties):
         table: one row per head, indexed by ``"L10H8"``: ``layer, head, kv_head, alpha, P, n_positions`` and, per
@@ -131,13 +158,36 @@ class CausalClosure(ModelResult, DrawnResult):
             change, nats), ``p_{v}, q_{v}`` (sign test of the total change, BH q), ``rel_change_{v}``.
         changes: one row per (head, variant): :data:`CHANGE_COLUMNS`.
         positions: one row per (head, variant, window, destination): :data:`POSITION_COLUMNS`.
-        summary: :class:`CausalClosureSummary`. info: the model's ModelInfo. options: the run's settings.
+        summary: :class:`CausalClosureSummary` (``batching``, ``edits_per_pass``: how the passes ran;
+            ``check_max_abs_diff``: the batched unedited copy's largest logit difference from the clean pass, NaN
+            without a check). info: the model's ModelInfo. options: the run's settings.
+        loaded_from: the folder :func:`load_causal_closure` read it from, else None.
     """
 
     repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_positions", "n_windows")
     frozen_name: ClassVar[str] = "a causal closure test is"
     frozen_hint: ClassVar[str] = "tli.causal_closure again"
     summary_type: ClassVar[type[FrozenSummary]] = CausalClosureSummary
+    probe_name: ClassVar[str] = "causal_closure"
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="causal_closure",
+        record=CAUSAL_RECORD,
+        formats=(CAUSAL_FORMAT,),
+        free_fields=(
+            *FREE_MODEL_FIELDS,
+            ("summary.final_norm", "how the model's final norm was read, recorded once from the model"),
+            ("summary.n_windows", "the windows run (the positions table holds those with a counted position)"),
+            ("summary.batching", "how the passes were batched: no number depends on it beyond float rounding"),
+            ("summary.edits_per_pass", "a performance setting: edits per forward pass"),
+            ("summary.check_max_abs_diff", "measured during the run (the batched check copy), recorded once"),
+            ("summary.threads", "a performance setting: torch's thread count of the edited passes"),
+            ("options.seq_len", "the window length asked for (the positions table holds the windows as run)"),
+            ("options.max_tokens", "the token budget asked for (the positions table holds what was run)"),
+            ("options.batch_size", "a performance setting: windows per clean pass; no number depends on it"),
+            ("options.edits_per_pass", "a performance setting: edits per forward pass, as asked (None: automatic)"),
+            ("options.corpus", "the name of the text given, recorded once"),
+        ),
+    )
 
     _positions: pd.DataFrame
     _changes: pd.DataFrame
@@ -151,10 +201,12 @@ class CausalClosure(ModelResult, DrawnResult):
         summary: Mapping[str, Any],
         info: ModelInfo,
         options: Mapping[str, Any] | None = None,
+        loaded_from: str | None = None,
     ) -> None:
         self._freeze_result(
-            table, summary, None, _changes=changes.copy(), _positions=positions.copy(), info=info, options=options
-        )
+            table, summary, loaded_from, _changes=changes.copy(), _positions=positions.copy(), info=info,
+            options=options,
+        )  # fmt: skip
 
     @property
     def changes(self) -> pd.DataFrame:
@@ -166,13 +218,33 @@ class CausalClosure(ModelResult, DrawnResult):
         """One row per (head, variant, window, destination position) (a copy)."""
         return self._positions.copy()
 
-    @property
-    def headline(self) -> str:
-        """One sentence per variant: how many heads' edits lower or raise the attended token's final logit."""
-        return str(self.summary["headline"])
+    def to_text(self, n: int = 10) -> str:
+        """The headline, the convention and the per-head table (``n`` is not used: every head is shown).
 
-    def __str__(self) -> str:
+        Raises:
+            Nothing of its own: ``n`` is accepted for the common ``to_text(n)`` signature and not read.
+        """
         return "\n".join([self.headline, f"({self.summary['convention']})", self._table.to_string()])
+
+    @classmethod
+    def load(cls, path: PathLike) -> CausalClosure:
+        """:func:`load_causal_closure`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
+        return load_causal_closure(path)
+
+    @strict_kwargs
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` (:func:`save_causal_closure`); :func:`load_causal_closure` reads it back.
+
+        Raises:
+            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_causal_closure`.
+        """
+        return save_causal_closure(self, path, overwrite=overwrite)
 
 
 def _check_variants(variants: Any) -> tuple[str, ...]:
@@ -229,24 +301,6 @@ def _norm_map(model: Any, d_model: int, dev: torch.device) -> tuple[torch.Tensor
     )
 
 
-def _edit_hook(h: int, kind: str, value: torch.Tensor | None) -> Any:
-    """``hook_z`` edit of head ``h``: ``z Nᵀ`` (``kind="map"``, ``value = N``), 0, or the mean ``value``."""
-
-    def hook(z: torch.Tensor, hook: Any = None) -> torch.Tensor:
-        z = z.clone()
-        if kind == "map":
-            assert value is not None
-            z[:, :, h] = z[:, :, h] @ value.to(z.device, z.dtype).T
-        elif kind == "zero":
-            z[:, :, h] = 0.0
-        else:
-            assert value is not None
-            z[:, :, h] = value.to(z.device, z.dtype)
-        return z
-
-    return hook
-
-
 def _means(model: Any, toks: torch.Tensor, counted: torch.Tensor, sel: dict[int, list[int]], bs: int, bar: Any) -> dict:
     """``{layer: [n_heads, d_head] float64}``: ``z`` averaged over every counted position (the mean ablation)."""
     sums: dict[int, torch.Tensor] = {}
@@ -269,149 +323,6 @@ def _means(model: Any, toks: torch.Tensor, counted: torch.Tensor, sel: dict[int,
     return {lay: s / n for lay, s in sums.items()}
 
 
-def _ce(logits: torch.Tensor, batch: torch.Tensor, cnt: torch.Tensor) -> torch.Tensor:
-    """``[B, P]`` float64 next-token cross-entropy at each position (NaN without a counted next token)."""
-    lp = torch.log_softmax(logits.double(), -1)
-    out = torch.full(batch.shape, float("nan"), dtype=torch.float64, device=logits.device)
-    ce = -lp[:, :-1].gather(-1, batch[:, 1:, None].to(logits.device))[..., 0]
-    out[:, :-1] = torch.where(cnt[:, 1:].to(logits.device), ce, torch.full_like(ce, float("nan")))
-    return out
-
-
-def _standardize(raw: torch.Tensor, mean: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
-    std = (sq - mean**2).clamp_min(0).sqrt()
-    ok = std > 1e-12 * (sq.abs().sqrt() + 1e-300)
-    return torch.where(
-        ok, (raw - mean) / torch.where(ok, std, torch.ones_like(std)), torch.full_like(raw, float("nan"))
-    )
-
-
-def _run(
-    model: Any, toks: torch.Tensor, counted: torch.Tensor, plan: list[tuple[Any, ...]],
-    W_O: dict[int, torch.Tensor], U: torch.Tensor, has_scale: bool, bs: int, bar: Any,
-) -> dict[tuple[int, int, str], dict[str, list[np.ndarray]]]:  # fmt: skip
-    """Every batch: a clean pass (z, pattern, scale, logits), then one pass per planned (layer, head, variant)."""
-    dev = U.device
-    u_bar = U.mean(1)
-    C = (U @ U.T) / U.shape[1]
-    layers = sorted({p[0] for p in plan})
-    store: dict[str, torch.Tensor] = {}
-
-    def keep(name: str) -> Any:
-        def hook(x: torch.Tensor, hook: Any = None) -> None:
-            store[name] = x.detach()
-
-        return hook
-
-    names = [f"blocks.{lay}.attn.hook_{w}" for lay in layers for w in ("z", "pattern")]
-    names += ["ln_final.hook_scale"] if has_scale else []
-    fwd = [(n, keep(n)) for n in names]
-    recs: dict[tuple[int, int, str], dict[str, list[np.ndarray]]] = {(p[0], p[1], p[2]): {} for p in plan}
-    device = getattr(model.cfg, "device", None) or "cpu"
-    for start in range(0, len(toks), bs):
-        batch = toks[start : start + bs].to(device)
-        cnt = counted[start : start + bs].to(dev)
-        store.clear()
-        clean = model.run_with_hooks(batch, fwd_hooks=fwd, return_type="logits").detach().to(dev, torch.float64)
-        ce0 = _ce(clean, batch, cnt)
-        P = batch.shape[1]
-        elig = torch.ones(P, P, dtype=torch.bool, device=dev).tril().unsqueeze(0) & cnt.unsqueeze(1)
-        b_idx, q_idx = (cnt & elig.any(-1)).nonzero(as_tuple=True)
-        scale = (
-            store["ln_final.hook_scale"].to(dev, torch.float64)[b_idx, q_idx, 0]
-            if has_scale
-            else torch.ones(len(b_idx), dtype=torch.float64, device=dev)
-        )
-        tb = batch.to(dev)
-        for lay, h, variant, kind, value in plan:
-            z = store[f"blocks.{lay}.attn.hook_z"][b_idx, q_idx, h].to(dev, torch.float64)  # [n, d_head]
-            pat = store[f"blocks.{lay}.attn.hook_pattern"][b_idx, h, q_idx].to(dev, torch.float64)  # [n, k]
-            src = torch.where(elig[b_idx, q_idx], pat, torch.full_like(pat, -1.0)).argmax(-1)
-            t = tb[b_idx, src]
-            hooks = [(f"blocks.{lay}.attn.hook_z", _edit_hook(h, kind, value))]
-            edited = model.run_with_hooks(batch, fwd_hooks=hooks, return_type="logits").detach().to(dev, torch.float64)
-            bar.update(1)
-            delta = (edited - clean)[b_idx, q_idx]  # [n, d_vocab]
-            total = delta.gather(1, t[:, None])[:, 0]
-            total_std = _standardize(total, delta.mean(1), (delta**2).mean(1))
-            if kind == "map":
-                z_new = z @ value.to(dev, torch.float64).T
-            elif kind == "zero":
-                z_new = torch.zeros_like(z)
-            else:
-                z_new = value.to(dev, torch.float64).expand_as(z)
-            y = ((z_new - z) @ W_O[lay][h]) / scale[:, None]  # [n, d_model], before the norm's linear part
-            direct = (y * U[:, t].T).sum(-1)
-            mean = y @ u_bar
-            direct_std = _standardize(direct, mean, (y @ C * y).sum(-1))
-            loss = (_ce(edited, batch, cnt) - ce0)[b_idx, q_idx]
-            r = recs[(lay, h, variant)]
-            for key, val in (
-                ("window", b_idx + start), ("pos", q_idx), ("source_pos", src), ("token", t), ("total", total),
-                ("total_std", total_std), ("direct", direct), ("direct_std", direct_std),
-                ("self_repair", direct - total), ("loss", loss),
-            ):  # fmt: skip
-                r.setdefault(key, []).append(val.cpu().numpy())
-    return recs
-
-
-def _sign_test(x: np.ndarray) -> tuple[int, int, float]:
-    from scipy.stats import binomtest
-
-    pos, neg = int((x > 0).sum()), int((x < 0).sum())
-    if pos + neg == 0:
-        return pos, neg, float("nan")
-    return pos, neg, float(binomtest(pos, pos + neg, 0.5).pvalue)
-
-
-def _med(x: np.ndarray) -> float:
-    x = x[np.isfinite(x)]
-    return float(np.median(x)) if x.size else float("nan")
-
-
-def _change_row(pos: pd.DataFrame) -> dict[str, Any]:
-    tot = pos["total"].to_numpy(dtype=float)
-    loss = pos["loss"].to_numpy(dtype=float)
-    npos, nneg, p = _sign_test(tot[np.isfinite(tot)])
-    fin = loss[np.isfinite(loss)]
-    return {
-        "n_positions": len(pos), "total_median": _med(tot), "total_std_median": _med(pos["total_std"].to_numpy()),
-        "direct_median": _med(pos["direct"].to_numpy()), "direct_std_median": _med(pos["direct_std"].to_numpy()),
-        "self_repair_median": _med(pos["self_repair"].to_numpy()),
-        "loss_change_mean": float(fin.mean()) if fin.size else float("nan"), "loss_change_median": _med(fin),
-        "n_loss": int(fin.size),
-        "n_pos_total": npos, "n_neg_total": nneg, "p_value": p,
-    }  # fmt: skip
-
-
-def _q_values(changes: pd.DataFrame) -> np.ndarray:
-    from scipy.stats import false_discovery_control
-
-    q = np.full(len(changes), np.nan)
-    for _, idx in changes.groupby("variant", sort=False).indices.items():
-        p = changes["p_value"].to_numpy(dtype=float)[idx]
-        fin = np.isfinite(p)
-        if fin.any():
-            q[idx[fin]] = false_discovery_control(p[fin], method="bh")
-    return q
-
-
-def _headline(changes: pd.DataFrame) -> str:
-    parts = []
-    for v, g in changes.groupby("variant", sort=False):
-        q, tot = g["q_value"].to_numpy(dtype=float), g["total_median"].to_numpy(dtype=float)
-        sig = np.isfinite(q) & (q <= 0.05)
-        n_def = int(np.isfinite(tot).sum())
-        parts.append(
-            f"{v}: {int((sig & (tot < 0)).sum())} lower and {int((sig & (tot > 0)).sum())} raise it (of {n_def} heads "
-            "with the variant)"
-        )
-    return (
-        "What does editing each head do to the final logit of the token it attends to (sign test of the total change, "
-        "BH q <= 0.05)? " + "; ".join(parts) + "."
-    )
-
-
 @strict_kwargs
 def causal_closure(
     model: Any,
@@ -422,6 +333,7 @@ def causal_closure(
     seq_len: IntLike = 128,
     max_tokens: IntLike | None = 2048,
     batch_size: IntLike = 8,
+    edits_per_pass: IntLike | None = None,
     text_column: str = "text",
     progress: bool = True,
 ) -> CausalClosure:
@@ -431,20 +343,31 @@ def causal_closure(
     Args:
         model: a TransformerLens model (HookedTransformer or TransformerBridge; causal), with ``W_E``/``W_U`` and no
             norm after ``W_O``.
-        heads: ``None`` (every head: one forward pass per head, variant and batch), ``(layer, head)`` pairs,
-            ``"L10H8"`` labels or a DataFrame with ``layer``/``head`` columns.
+        heads: ``None`` (every head), ``(layer, head)`` pairs, ``"L10H8"`` labels or a DataFrame with
+            ``layer``/``head`` columns.
         texts: as :func:`~tl_idempotence.probes.token_effect.attended_token_effect`.
         variants: names from :data:`VARIANTS` (a string or a sequence).
-        seq_len, max_tokens, batch_size, text_column: as the attended-token effect.
+        seq_len: as the attended-token effect.
+        max_tokens: as the attended-token effect.
+        text_column: as the attended-token effect.
+        batch_size: windows per clean pass (and per pass of the means).
+        edits_per_pass: edits batched into one forward pass of a window (None: as many as
+            :data:`~tl_idempotence.probes.causal_passes.LOGITS_BUDGET` logits allow, at most 64; 1: one forward pass
+            per edit and window, the unbatched path). Numbers do not depend on it beyond float rounding.
         progress: show a progress bar (forward passes).
 
     Returns:
         :class:`CausalClosure`.
 
+    Cost: per edit, the layers from its own on and the unembedding, on every window (the layers before it shared by
+    the edits of a pass); SmolLM2's 26 heads x 4 variants on 634 tokens: about 200 CPU-s on one thread, ~0.37 CPU-s per
+    edit and window of 128 tokens (README's cost table).
+
     Raises:
         UnsupportedModelError: not a TransformerLens model, no ``W_E``/``W_U``, a norm after ``W_O``, a final norm
             that is not affine at a fixed scale.
         WeightError: NaN/inf weights. OptionTypeError / OptionError: unknown heads or variants, bad text or counts.
+        RuntimeError: the model's output depends on the batch (module :mod:`~tl_idempotence.probes.causal_passes`).
     """
     W_E, W_U = embedding_matrices(model, "causal_closure")
     src = TLModelSource(model)
@@ -459,6 +382,7 @@ def causal_closure(
     seq_len = check_int(seq_len, "seq_len", 2, 1 << 24)
     max_tokens = None if max_tokens is None else check_int(max_tokens, "max_tokens", 1)
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 20)
+    per_pass_asked = None if edits_per_pass is None else check_int(edits_per_pass, "edits_per_pass", 1, 1 << 16)
     progress = check_bool(progress, "progress")
     toks, counted = prepare_tokens(model, texts, seq_len=seq_len, max_tokens=max_tokens, text_column=text_column)
     if not bool(counted.any()):
@@ -469,92 +393,118 @@ def causal_closure(
         L, has_scale, norm_text = _norm_map(model, info.d_model, dev)
         U = L @ W_U.to(dev, torch.float64)
         W_O = {lay: lh.O.to(dev, torch.float64).transpose(-1, -2) for lay, lh in layers.items()}
-        edits = {}
-        for lay, lh in layers.items():
-            if "closure_free" in vs:
-                edits[(lay, "closure_free")] = closure_free_edits(lh, sel[lay])
-            if "closure_only" in vs:
-                edits[(lay, "closure_only")] = closure_only_edits(lh, sel[lay])
-        plan, rows = [], []
-        for lay, hs in sel.items():
-            c = closure(layers[lay], factors=False)
-            for h in hs:
-                for v in vs:
-                    reason, rel, value, kind = "", float("nan"), None, v
-                    if v in ("closure_free", "closure_only"):
-                        e = edits[(lay, v)]
-                        reason, rel, value, kind = str(e.reason[h]), float(e.rel_change[h]), e.N[h], "map"
-                    elif v == "zero":
-                        rel = 1.0
-                    rows.append({"layer": lay, "head": h, "variant": v, "rel_change": rel, "reason": reason,
-                                 "alpha": float(c.alpha[h]), "P": float(c.P[h])})  # fmt: skip
-                    if not reason:
-                        plan.append([lay, h, v, kind, value])
-        n_b = math.ceil(len(toks) / batch_size)
-        total_steps = n_b * (len(plan) + ("mean" in vs))
-        was_training = bool(getattr(model, "training", False))
-        model.eval()
-        try:
-            with progress_bar(total=total_steps, desc="causal closure (forward passes)", enabled=progress) as bar:
-                if "mean" in vs:
-                    means = _means(model, toks, counted, sel, batch_size, bar)
-                    for p in plan:
-                        if p[3] == "mean":
-                            p[4] = means[p[0]][p[1]]
-                recs = _run(model, toks, counted, [tuple(p) for p in plan], W_O, U, has_scale, batch_size, bar)
-        finally:
-            if was_training:
-                model.train()
-    return _assemble(recs, rows, layers, vs, info, toks, W_E, W_U, norm_text, {
-        "seq_len": seq_len, "max_tokens": max_tokens, "batch_size": batch_size, "variants": list(vs),
-        "corpus": corpus_name(texts),
-    })  # fmt: skip
+        plan, rows = _plan(layers, sel, vs)
+        per_pass = per_pass_asked or auto_edits_per_pass(len(plan), int(toks.shape[1]), int(W_U.shape[1]))
+        recs, run_info = _measure(
+            model, toks, counted, plan, vs, sel, W_O, U, has_scale, batch_size, per_pass, progress
+        )
+    options = {
+        "seq_len": seq_len, "max_tokens": max_tokens, "batch_size": batch_size, "edits_per_pass": per_pass_asked,
+        "variants": list(vs), "corpus": corpus_name(texts),
+    }  # fmt: skip
+    return _assemble(recs, rows, layers, vs, info, toks, W_E, W_U, norm_text, run_info, options)
+
+
+def _plan(layers: dict, sel: dict[int, list[int]], vs: tuple[str, ...]) -> tuple[list[Edit], list[dict[str, Any]]]:
+    """The edits to run (``"mean"`` values filled later) and one row per (head, variant): its α, P, the edit's
+    ``rel_change`` and ``reason`` ("" where it runs)."""
+    edits = {}
+    for lay, lh in layers.items():
+        if "closure_free" in vs:
+            edits[(lay, "closure_free")] = closure_free_edits(lh, sel[lay])
+        if "closure_only" in vs:
+            edits[(lay, "closure_only")] = closure_only_edits(lh, sel[lay])
+    plan, rows = [], []
+    for lay, hs in sel.items():
+        c = closure(layers[lay], factors=False)
+        for h in hs:
+            for v in vs:
+                reason, rel, value, kind = "", float("nan"), None, v
+                if v in ("closure_free", "closure_only"):
+                    e = edits[(lay, v)]
+                    reason, rel, value, kind = str(e.reason[h]), float(e.rel_change[h]), e.N[h], "map"
+                elif v == "zero":
+                    rel = 1.0
+                rows.append({"layer": lay, "head": h, "variant": v, "rel_change": rel, "reason": reason,
+                             "alpha": float(c.alpha[h]), "P": float(c.P[h])})  # fmt: skip
+                if not reason:
+                    plan.append(Edit(lay, h, v, kind, value))
+    return plan, rows
+
+
+def _measure(
+    model: Any, toks: torch.Tensor, counted: torch.Tensor, plan: list[Edit], vs: tuple[str, ...],
+    sel: dict[int, list[int]], W_O: dict, U: torch.Tensor, has_scale: bool, batch_size: int, per_pass: int,
+    progress: bool,
+) -> tuple[dict, dict[str, Any]]:  # fmt: skip
+    """The passes (the means first, with ``mean``), in eval mode, on the thread count the clean passes' size takes."""
+    from .causal_passes import chunk_edits
+
+    if not plan:
+        info = {"batching": "no edit ran", "edits_per_pass": per_pass, "check_max_abs_diff": float("nan")}
+        return {}, {**info, "threads": torch.get_num_threads()}
+    n_b = math.ceil(len(toks) / batch_size)
+    steps = n_b * (1 + ("mean" in vs)) + len(toks) * len(chunk_edits(plan, per_pass))
+    macs = _clean_macs(model, int(toks.shape[1]), batch_size)
+    was_training = bool(getattr(model, "training", False))
+    model.eval()
+    try:
+        with (
+            progress_bar(total=steps, desc="causal closure (forward passes)", enabled=progress) as bar,
+            threads_for(macs),
+        ):
+            if "mean" in vs:
+                means = _means(model, toks, counted, sel, batch_size, bar)
+                plan = [Edit(e.layer, e.head, e.variant, e.kind, means[e.layer][e.head]) if e.kind == "mean" else e
+                        for e in plan]  # fmt: skip
+            return run_passes(model, toks, counted, plan, W_O, U, has_scale, batch_size, per_pass, bar)
+    finally:
+        if was_training:
+            model.train()
+
+
+def _clean_macs(model: Any, seq_len: int, batch_size: int) -> int:
+    from .ablation.schedule import layer_cost
+
+    block, unembed = layer_cost(model.cfg)
+    return int(batch_size * seq_len * (int(model.cfg.n_layers) * block + unembed))
 
 
 def _assemble(
     recs: dict, rows: list[dict], layers: dict, vs: tuple[str, ...], info: ModelInfo, toks: torch.Tensor,
-    W_E: torch.Tensor, W_U: torch.Tensor, norm_text: str, options: dict,
+    W_E: torch.Tensor, W_U: torch.Tensor, norm_text: str, run_info: Mapping[str, Any], options: dict,
 ) -> CausalClosure:  # fmt: skip
     """The result's frames and summary from the passes' records."""
-    frames, changes = [], []
-    for row in rows:
-        lay, h, v = row["layer"], row["head"], row["variant"]
-        r = recs.get((lay, h, v))
-        label = f"L{lay}H{h}"
-        if r:
-            pos = pd.DataFrame({k: np.concatenate(x) for k, x in r.items()})
-            for col in ("window", "pos", "source_pos", "token"):
-                pos[col] = pos[col].astype(np.int64)
-            pos.insert(0, "variant", v)
-            pos.insert(0, "label", label)
-            frames.append(pos)
-            stats = _change_row(pos)
-        else:
-            stats = _change_row(pd.DataFrame({c: np.zeros(0) for c in POSITION_COLUMNS[6:]}))
-            stats["n_positions"] = 0
-        kv = int(layers[lay].kv_head_of[h])
-        changes.append({"label": label, "layer": lay, "head": h, "kv_head": kv, "variant": v,
-                        "rel_change": row["rel_change"], **stats, "reason": row["reason"]})  # fmt: skip
-    ch = pd.DataFrame(changes)
-    ch.insert(ch.columns.get_loc("p_value") + 1, "q_value", _q_values(ch))
-    ch = ch.loc[:, list(CHANGE_COLUMNS)]
+    frames = []
+    for key, r in recs.items():
+        pos = pd.DataFrame({k: np.concatenate(x) for k, x in r.items()})
+        for col in ("window", "pos", "source_pos", "token"):
+            pos[col] = pos[col].astype(np.int64)
+        pos.insert(0, "variant", key[2])
+        pos.insert(0, "label", f"L{key[0]}H{key[1]}")
+        frames.append(pos)
+    order = {(f"L{r['layer']}H{r['head']}", r["variant"]): i for i, r in enumerate(rows)}
     positions = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(POSITION_COLUMNS))
     positions = positions.loc[:, list(POSITION_COLUMNS)]
+    if len(positions):  # the rows' order (head, variant), then window and position
+        rank = [order[(lab, v)] for lab, v in zip(positions["label"], positions["variant"], strict=True)]
+        positions = positions.iloc[np.lexsort((positions["pos"], positions["window"], rank))].reset_index(drop=True)
+    edits = pd.DataFrame([
+        {"label": f"L{r['layer']}H{r['head']}", "layer": r["layer"], "head": r["head"],
+         "kv_head": int(layers[r["layer"]].kv_head_of[r["head"]]), "variant": r["variant"],
+         "rel_change": r["rel_change"], "reason": r["reason"]}
+        for r in rows
+    ])  # fmt: skip
+    ch = changes_frame(edits, positions)
     base = pd.DataFrame(rows).drop_duplicates(["layer", "head"]).loc[:, ["layer", "head", "alpha", "P"]]
-    base.insert(
-        2, "kv_head", [int(layers[lay].kv_head_of[h]) for lay, h in zip(base["layer"], base["head"], strict=True)]
-    )
+    base.insert(2, "kv_head", [int(layers[a].kv_head_of[b]) for a, b in zip(base["layer"], base["head"], strict=True)])
     base.index = head_labels(base["layer"], base["head"])
-    base["n_positions"] = ch.groupby("label")["n_positions"].max().reindex(base.index).to_numpy()
-    for v in vs:
-        g = ch[ch["variant"] == v].set_index("label")
-        for col, src_col in _WIDE.items():
-            base[f"{col}_{v}"] = g[src_col].reindex(base.index).to_numpy()
+    table = wide_table(base, ch, vs)
     summary = {
         "model_name": info.model_name,
         "model_class": info.model_class,
-        "n_heads": len(base),
-        "n_positions": int(base["n_positions"].max()) if len(base) else 0,
+        "n_heads": len(table),
+        "n_positions": int(table["n_positions"].max()) if len(table) else 0,
         "n_windows": len(toks),
         "variants": list(vs),
         "convention": CONVENTION,
@@ -563,6 +513,78 @@ def _assemble(
         "processing": dict(info.processing),
         "weights_fingerprint": combined_fingerprint([(lay, lh.fingerprint()) for lay, lh in layers.items()]),
         "embedding_fingerprint": embedding_fingerprint(W_E, W_U),
-        "headline": _headline(ch),
+        **run_info,
+        "headline": headline(ch),
     }
-    return CausalClosure(table=base, changes=ch, positions=positions, summary=summary, info=info, options=options)
+    return CausalClosure(table=table, changes=ch, positions=positions, summary=summary, info=info, options=options)
+
+
+@strict_kwargs
+def save_causal_closure(result: CausalClosure, path: PathLike, overwrite: bool = False) -> str:
+    """Save a causal closure test to the folder ``path``: ``table.parquet``, ``changes.parquet``,
+    ``positions.parquet`` and ``causal_closure.json`` (summary, options, info, the sha256 of each table and the
+    record's digest; no pickle), through the one store.
+
+    Raises:
+        OptionTypeError: ``result`` is not a :class:`CausalClosure`; ``path`` not a path; ``overwrite`` not a bool.
+        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
+        OptionError: ``path`` ends in a file extension; a non-empty folder, a missing parent, an edited earlier
+            record (names it).
+    """
+    if not isinstance(result, CausalClosure):
+        raise OptionTypeError(
+            f"save_causal_closure saves a CausalClosure (tli.causal_closure); got {type(result).__name__}."
+        )
+    return write_probe("causal_closure", path, CAUSAL_FORMAT, CAUSAL_RECORD, closure_tables(result), result, overwrite)
+
+
+def closure_tables(result: CausalClosure) -> dict[str, pd.DataFrame]:
+    """The tables a causal closure save holds (``table`` with ``layer``/``head`` as columns, not the index)."""
+    return {"table": result._table, "changes": result._changes, "positions": result._positions}
+
+
+def load_causal_closure(path: PathLike) -> CausalClosure:
+    """Read back what :func:`save_causal_closure` wrote, checking every digest and recomputing from the positions the
+    changes (medians, loss means, sign tests, BH q, the no-change reason), the per-head table and the summary's
+    ``n_heads``, ``n_positions``, ``variants`` and ``headline``.
+
+    Raises:
+        MissingFileError: no such folder, no ``causal_closure.json``, a listed table missing (names it).
+        ReportFileError: another format; an edited record (digest) or table (sha256), each named; a column, number or
+            summary field that is not what the positions give (names the file and the field).
+        OptionTypeError: ``path`` is not a path.
+    """
+    names = frozenset({"table", "changes", "positions"})
+    d, fields, tables, info = read_probe(path, CAUSAL_FORMAT, CAUSAL_RECORD, names, restated=())
+    rec = d / CAUSAL_RECORD
+    files = {n: d / f"{n}.parquet" for n in names}
+    edited = functools.partial(edited_error, again="tli.causal_closure")
+    table, changes, positions = tables["table"], tables["changes"], tables["positions"]
+    label_heads(table, files["table"], "tli.causal_closure")
+    try:
+        summary = CausalClosureSummary(fields["summary"])
+        variants = _check_variants(fields["options"].get("variants"))
+    except (TypeError, ValueError, OptionError) as e:
+        raise ReportFileError(f"{rec}: a malformed summary or options ({type(e).__name__}: {e}).") from e
+    if list(variants) != list(fields["options"]["variants"]) or summary.get("variants") != list(variants):
+        raise edited(rec, "summary['variants'] and options['variants'] are not the same variants in order")
+    for col in ("window", "pos", "source_pos", "token"):
+        if len(positions):
+            positions[col] = np.asarray(positions[col], dtype=np.int64)
+    head = check_saved(table, changes, positions, variants, files)
+    fresh = {
+        "n_heads": len(table),
+        "n_positions": int(table["n_positions"].max()) if len(table) else 0,
+        "convention": CONVENTION,
+        "test": TEST,
+        "headline": head,
+    }
+    check_summary(summary, fresh, rec, "tli.causal_closure")
+    if isinstance(summary.get("n_windows"), bool) or not isinstance(summary.get("n_windows"), int):
+        raise edited(rec, "summary['n_windows'] is not a count")
+    if len(positions) and int(positions["window"].max()) >= summary["n_windows"]:
+        raise edited(rec, f"summary['n_windows'] {summary['n_windows']} is fewer than the windows of the positions")
+    return CausalClosure(
+        table=table, changes=changes, positions=positions, summary=summary, info=info, options=fields["options"],
+        loaded_from=str(d),
+    )  # fmt: skip

@@ -296,7 +296,13 @@ class HeadTokens(TokenResult):
 
     @classmethod
     def load(cls, path: PathLike) -> HeadTokens:
-        """:func:`load_head_tokens`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        """:func:`load_head_tokens`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         return load_head_tokens(path)
 
     @strict_kwargs
@@ -534,7 +540,7 @@ def _compute(
             W_O64 = O64[j]
             above, below = above_l[j], below_l[j]
             # no spread (module docstring): y = x W_O zero within its float64 rounding, or every logit tied
-            y_noise = gamma64(d_head_of(W_O64)) * zn_l[j] + (ex_kv[kv] @ W_O64.abs()).norm(dim=1)
+            y_noise = gamma64(int(W_O64.shape[0])) * zn_l[j] + (ex_kv[kv] @ W_O64.abs()).norm(dim=1)
             flat = (yn_l[j] <= y_noise) | (above + below == 0)
             r = (above.double() / (d_vocab - 1)).masked_fill(flat, float("nan")).cpu().numpy()
             cos = (L_l[j] / (yn_l[j] * u_tok)).masked_fill(flat | (u_tok == 0), float("nan")).cpu().numpy()
@@ -583,11 +589,6 @@ def _compute(
     table = pd.DataFrame(rows)
     table.index = head_labels(table["layer"], table["head"])
     return table, np.stack(ranks), np.stack(cosines), top
-
-
-def d_head_of(W_O: torch.Tensor) -> int:
-    """The inner dimension of ``x @ W_O`` (``W_O [d_head, d_model]``)."""
-    return int(W_O.shape[0])
 
 
 def _share(hit: torch.Tensor, keep: torch.Tensor) -> float:

@@ -218,7 +218,13 @@ class AttendedTokenEffect(TokenResult):
 
     @classmethod
     def load(cls, path: PathLike) -> AttendedTokenEffect:
-        """:func:`load_attended_token_effect`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        """:func:`load_attended_token_effect`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         return load_attended_token_effect(path)
 
     @strict_kwargs

@@ -6,6 +6,8 @@ its declaration, which imports it (no import cycle, also not through lazy import
 from __future__ import annotations
 
 __all__ = [
+    "CAUSAL_N_PERMUTATIONS",
+    "CAUSAL_VARIANTS",
     "DEFAULT_N_PERMUTATIONS",
     "DEFAULT_N_SETS",
     "EXPORT_MECHANISM_COLUMNS",
@@ -18,6 +20,11 @@ __all__ = [
 DEFAULT_N_PERMUTATIONS = 999
 #: Random layer-matched sets of the circuit test (p floor 1/(n + 1) = 0.001).
 DEFAULT_N_SETS = 999
+#: The causal test's OV edits (``rep.causal``), in the order they run: ``probes.causal_tables.VARIANTS`` (a test
+#: checks the two agree; here so that the declaration imports no pandas).
+CAUSAL_VARIANTS = ("closure_free", "closure_only", "zero", "mean")
+#: Relabellings ``rep.causal`` draws where more than 100,000 exist (p floor 1/(n + 1) = 1e-4); fewer are enumerated.
+CAUSAL_N_PERMUTATIONS = 9999
 #: Stated maximum of both counts (checked before any allocation).
 MAX_RESAMPLES = 1 << 20
 #: The role columns a report's exports add with ``roles`` (the CLI's ``--roles``: ``--csv`` and ``--json``).

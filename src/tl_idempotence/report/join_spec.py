@@ -114,7 +114,9 @@ class JoinFlag:
         compute: ``compute(rep, model, value, joined, args) -> result``: the join computed for the command line
             (``model``: what the report was measured from, a model object or a checkpoint path; ``value``: the
             flag's value, True for a switch; ``joined``: the results of the joins before it, by name; ``args``:
-            the parsed arguments, e.g. ``args.seed``).
+            the parsed arguments, e.g. ``args.seed``). A join that shows progress bars takes ``progress`` too
+            (a keyword: False with ``--quiet``), and passes it on (``rep.roles(..., progress=progress)``);
+            :meth:`run` passes it only to a ``compute`` that takes it.
         metavar: None: a switch (present = True); else the flag takes a non-empty string (``TEXT``).
         needs_model: the usage error (exit 2) when MODEL is a checkpoint path, read as weights only (no model to
             run); None: the join works on weights (a model is not loaded for it).
@@ -152,6 +154,24 @@ class JoinFlag:
     def dest(self) -> str:
         """The attribute of the parsed arguments (``--attention-text``: ``attention_text``)."""
         return self.flag[2:].replace("-", "_")
+
+    @property
+    def takes_progress(self) -> bool:
+        """Whether :attr:`compute` takes ``progress`` (a parameter of that name, or ``**kwargs``)."""
+        import inspect
+
+        try:
+            params = inspect.signature(self.compute).parameters.values()
+        except (TypeError, ValueError):  # pragma: no cover - a callable without a signature
+            return False
+        return any(p.name == "progress" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+    def run(self, rep: Any, model: Any, value: Any, joined: Mapping[str, Any], args: Any, *, progress: bool) -> Any:
+        """:attr:`compute` for the command line, with ``progress`` (its bars on stderr, or none with ``--quiet``)
+        when it takes it (:attr:`takes_progress`). Raises what ``compute`` raises."""
+        if self.takes_progress:
+            return self.compute(rep, model, value, joined, args, progress=progress)
+        return self.compute(rep, model, value, joined, args)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 Each entry is a join's :class:`~tl_idempotence.report.join_spec.JoinSpec` (from its torch-free
 ``report/<name>_spec.py``), added by :func:`register_join`, which refuses a join whose name or command-line flag
 another one already has. Everything that names the joins is assembled from this list, in its order: the report's
-methods (``rep.roles``, ``rep.mechanism``, ``rep.circuit``, ``rep.ablation``, ``rep.show_attention``: thin calls of
-their declarations, and :meth:`~tl_idempotence.report.report.IdempotenceReport.join` for any registered join), the
-page's sections (:func:`page_sections`), the JSON export's records and the exports' per-head columns
+methods (``rep.roles``, ``rep.mechanism``, ``rep.circuit``, ``rep.ablation``, ``rep.causal``,
+``rep.show_attention``: thin calls of their declarations, and
+:meth:`~tl_idempotence.report.report.IdempotenceReport.join` for any registered join), the page's sections
+(:func:`page_sections`), the JSON export's records and the exports' per-head columns
 (:func:`~tl_idempotence.report.export.export_record`, :func:`~tl_idempotence.report.export.report_output`, both
 taking a ``joins`` mapping of join name -> result), the command line's flags and what ``report`` computes for them
 (``cli/parser.py``, ``cli/report_command.py``) and the notebook displays a join brings
@@ -26,6 +27,7 @@ from ..core.results import register_display
 from ..errors import OptionError, RegistrationError
 from .ablation_spec import ABLATION
 from .attention_spec import ATTENTION
+from .causal_spec import CAUSAL
 from .join_spec import JoinSpec
 from .mechanism_spec import MECHANISM
 from .roles_spec import CIRCUIT, ROLES
@@ -65,7 +67,7 @@ def register_join(spec: JoinSpec) -> JoinSpec:
     return spec
 
 
-for _spec in (ATTENTION, ROLES, MECHANISM, CIRCUIT, ABLATION):
+for _spec in (ATTENTION, ROLES, MECHANISM, CIRCUIT, ABLATION, CAUSAL):
     register_join(_spec)
 del _spec
 

@@ -273,7 +273,13 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
 
     @classmethod
     def load(cls, path: PathLike) -> Mechanism:
-        """:func:`~tl_idempotence.report.mechanism.load_mechanism`: a folder :meth:`save` wrote, checked."""
+        """:func:`~tl_idempotence.report.mechanism.load_mechanism`: a folder :meth:`save` wrote, checked.
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         return load_mechanism(path)
 
     def save(self, path: PathLike, overwrite: bool = False) -> str:

@@ -33,8 +33,9 @@ from ..errors import OptionError, OptionTypeError
 from ..views.results import DrawnResult
 from .ablation_spec import ABLATION
 from .attention_spec import ATTENTION
+from .causal_spec import CAUSAL
 from .export import report_output
-from .hooks import HOOK_AXES, HookPoint
+from .hooks import HookPoint, hook_points_of
 from .join_spec import check_identity
 from .mechanism_spec import MECHANISM
 from .roles_spec import CIRCUIT, ROLES
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import HeadPairs, HeadsLike, IntLike, PathLike, RealLike, TLModel
     from ..probes.ablation import Ablation, AblationArgs
     from ..probes.roles import HeadRoles
+    from .causal import CausalTest
     from .mechanism import Mechanism
     from .roles import Circuit, RoleAssociation
 
@@ -386,44 +388,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             OptionTypeError: ``hook`` is not a string. OptionError: an unknown selector or hook name; ``"result"``
                 on a model without ``use_attn_result``.
         """
-        if not isinstance(hook, str):
-            raise OptionTypeError(f"hook must be one of {tuple(HOOK_AXES)}; got {type(hook).__name__} {hook!r}.")
-        if hook not in HOOK_AXES:
-            raise OptionError(f"hook must be one of {tuple(HOOK_AXES)}; got {hook!r}.")
-        if hook == "result":
-            m = model if model is not None else self.model
-            cfg = getattr(m, "cfg", None)
-            if cfg is not None and not getattr(cfg, "use_attn_result", False):
-                raise OptionError(
-                    "hook_result fires only when the model computes per-head results, and this model's "
-                    "cfg.use_attn_result is off: call model.set_use_attn_result(True) first (it costs a "
-                    "[batch, pos, n_heads, d_model] tensor per layer), or use hook='z' (the same heads, before W_O)."
-                )
-        if isinstance(heads, str):
-            if heads == "closed":
-                df = self.closed_heads
-            elif heads == "all":
-                df = self._heads
-            else:
-                raise OptionError(f"heads must be 'closed', 'all' or (layer, head) pairs; got {heads!r}.")
-            pairs = [(int(a), int(b)) for a, b in zip(df["layer"], df["head"])]
-        else:
-            from ..core.selection import select_heads
-
-            sel = select_heads(heads, sorted({int(v) for v in self._heads["layer"]}), self.info.n_heads)
-            pairs = [(layer, h) for layer, hs in sel.items() for h in hs]
-        kind, axis = HOOK_AXES[hook]
-        if kind == "query":
-            return [HookPoint(f"blocks.{layer}.attn.hook_{hook}", h, layer, axis, (h,)) for layer, h in pairs]
-        h = self._heads
-        kv_of = {(int(a), int(b)): int(k) for a, b, k in zip(h["layer"], h["head"], h["kv_head"])}
-        served: dict[tuple[int, int], list[int]] = {}
-        for layer, h in pairs:
-            served.setdefault((layer, kv_of[(layer, h)]), []).append(h)
-        return [
-            HookPoint(f"blocks.{layer}.attn.hook_{hook}", kv, layer, axis, tuple(hs))
-            for (layer, kv), hs in served.items()
-        ]
+        return hook_points_of(self, heads, hook, model)
 
     # ------------------------------------------------------------------ views (drawn by tl_idempotence.views)
     @strict_kwargs
@@ -463,12 +428,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             attention_heads: ``(layer, head)`` pairs to show (default: every closed head, else the top 8 by P).
             top_k: cap on the default heads.
             max_tokens: cut the text to this many tokens (the page says so when it cuts).
-            roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (the closed
-                heads' role scores next to all heads, the association table, the top heads of each role and
-                the figure of each role's score against P; SPEC 11).
+            roles: this report's :meth:`roles` result: adds the section "What the closed heads do" (SPEC 11).
             mechanism: this report's :meth:`mechanism` result: adds the section "What the closed heads do to
-                tokens" (per closed head α, P, the tokens it promotes and suppresses, the attended-token effect with
-                its null; the signed scores by sign; SPEC 12).
+                tokens" (SPEC 12).
             joins: join name -> result, for any registered join's section (:mod:`tl_idempotence.report.joins`;
                 ``{"roles": rep.roles(...)}`` is ``roles=``).
 
@@ -579,6 +541,8 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         n_permutations: IntLike = 999,
         seed: IntLike = 0,
         n_tokens: IntLike | None = None,
+        *,
+        progress: bool = True,
     ) -> RoleAssociation:
         """What the closed heads do (SPEC 11): :func:`~tl_idempotence.probes.roles.head_roles` of ``model`` joined
         with this report's P, α and closed set, and each role's association with closure
@@ -586,16 +550,11 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         among closed and other heads, Mann-Whitney p, BH q across roles).
 
         Args:
-            model: the TransformerLens model (default: the one the report was made from, while it is alive). It is
-                checked against the report first, by content (:meth:`check_joins`: sizes, weight processing and
-                every measured layer's O/V sha256 fingerprint read now), since its role scores are joined to the
-                report's P by label: the report's own model edited in place since the report was made (a weight
-                patched for an experiment) is refused, never joined; make the report again.
-            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` already computed, of the report's model (its
-                sizes, weight processing and the per-layer weight fingerprints it records are checked; roles made
-                by hand without ``layer_fingerprints`` are refused). ``repeat_len`` and ``n_sequences`` are then
-                refused unless they are what ``roles`` was made with (they would be ignored); a ``model`` is
-                refused unless it is, by content, the report's (and so the roles') model.
+            model: the TransformerLens model (default: the report's own, while it is alive), checked against the
+                report by content first (:meth:`check_joins`); the report's own model edited in place is refused.
+            roles: a :class:`~tl_idempotence.probes.roles.HeadRoles` of the report's model (checked as
+                :meth:`check_joins` does); ``repeat_len``/``n_sequences`` other than what it was made with and a
+                ``model`` that is not, by content, the report's are refused.
             repeat_len: the length of ``x`` in each ``BOS x x`` sequence of the head detector, passed to
                 ``head_roles`` (default 24).
             n_sequences: passed to ``head_roles`` (default 8).
@@ -603,6 +562,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             n_permutations: permutations of each Spearman test.
             n_tokens: the deprecated name of ``repeat_len`` (a ``DeprecationWarning``; ``n_tokens`` is the token
                 readout's sample in :meth:`mechanism`).
+            progress: tqdm bars on stderr (as the report's): ``head_roles``' over the layers (when the roles are
+                computed here) and the association's over the roles. About 5 CPU-s with the defaults on
+                SmolLM2-135M (README, "What each analysis costs").
 
         Returns:
             :class:`~tl_idempotence.report.roles.RoleAssociation` (``.table``, ``.association``).
@@ -613,7 +575,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
                 layer or what differs); ``roles`` with a ``model`` that is not the report's.
             OptionError: no model; ``roles`` with ``repeat_len`` or ``n_sequences`` other than what they were made
                 with (names them); both ``repeat_len`` and ``n_tokens``. OptionTypeError: ``roles`` is not a
-                HeadRoles. UnsupportedModelError / WeightError: as ``head_roles``.
+                HeadRoles; ``progress`` is not a bool. UnsupportedModelError / WeightError: as ``head_roles``.
         """
         return ROLES(
             self,
@@ -624,6 +586,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             n_permutations=n_permutations,
             seed=seed,
             n_tokens=n_tokens,
+            progress=progress,
         )
 
     @strict_kwargs
@@ -691,6 +654,50 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         return MECHANISM(self, model, texts, heads, roles, **options, n_permutations=n_permutations, seed=seed, **more)
 
     @strict_kwargs
+    def causal(
+        self,
+        model: TLModel | None = None,
+        texts: Any = None,
+        heads: HeadsLike | None = None,
+        *,
+        variants: str | Sequence[str] = ("closure_free", "closure_only", "zero", "mean"),
+        n_controls: IntLike = 1,
+        size: Literal["abs_alpha", "norm"] = "abs_alpha",
+        seq_len: IntLike = 128,
+        max_tokens: IntLike | None = 512,
+        batch_size: IntLike = 8,
+        n_permutations: IntLike = 9999,
+        seed: IntLike = 0,
+        progress: bool = True,
+    ) -> CausalTest:
+        """A causal test of closure (SPEC 13; :mod:`tl_idempotence.report.causal`): this report's closed heads (or
+        ``heads``, closed ones) and ``n_controls`` non-closed heads of each one's layer nearest in ``size`` (|α| or
+        ‖T‖_F, from this report) edited by :func:`~tl_idempotence.probes.causal.causal_closure` (closure-free,
+        closure-only, zero, mean at ``hook_z``); per head the attended token's total and direct final-logit change,
+        self-repair and the loss change; closed against controls per variant (difference of means, two-sided p from
+        relabelling within layers, exact up to 100,000 relabellings, else ``n_permutations`` draws seeded by
+        ``seed``).
+
+        Args:
+            model: the TransformerLens model (default: the report's own while alive), checked against the report by
+                content first (:meth:`check_joins`). texts: the text (None: the default corpus). seq_len, max_tokens,
+                batch_size: the probe's windows (``max_tokens`` in whole windows; None: all). progress: a bar.
+
+        Returns:
+            :class:`~tl_idempotence.report.causal.CausalTest` (``.headline``, ``.comparison``, ``.table``, ``.pairs``).
+
+        Cost: about one forward pass of the text per variant and head run, batched (README's cost table).
+
+        Raises:
+            ReportMismatchError (an OptionError): ``model`` is not of the model this report measured.
+            OptionError: no model or closed head; ``heads`` not closed or not measured; options out of range.
+                OptionTypeError: an option's type. UnsupportedModelError: as the probe (a norm after ``W_O``).
+        """
+        options = dict(variants=variants, n_controls=n_controls, size=size, seq_len=seq_len, max_tokens=max_tokens)
+        return CAUSAL(self, model, texts, heads, **options, batch_size=batch_size, n_permutations=n_permutations,
+                      seed=seed, progress=progress)  # fmt: skip
+
+    @strict_kwargs
     def circuit(
         self, heads: Any, roles: HeadRoles | RoleAssociation | None = None, n_sets: IntLike = 999, seed: IntLike = 0
     ) -> Circuit:
@@ -748,7 +755,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
 
     def join(self, name: str, *inputs: Any, **options: Any) -> Any:
         """Run the registered join ``name`` with this report (:mod:`tl_idempotence.report.joins`: ``"roles"``,
-        ``"mechanism"``, ``"circuit"``, ``"ablation"``, ``"attention"`` or one registered since): what
+        ``"mechanism"``, ``"circuit"``, ``"ablation"``, ``"causal"``, ``"attention"`` or one registered since): what
         :meth:`roles`, :meth:`mechanism`, :meth:`circuit`, :meth:`ablation` and :meth:`show_attention` call. Its
         options take their declared defaults and validators; a model is checked against this report by content
         first (:meth:`check_joins`).
@@ -757,8 +764,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             The join's result (for the page and the exports: ``rep.save_html(path, joins={name: result})``).
 
         Raises:
-            OptionError: no such join (names the registered ones). UnknownOptionError: a keyword it does not take.
-            The join's own errors.
+            OptionError: no such join (names the registered ones).
+            UnknownOptionError: a keyword it does not take.
+            Exception: the join's own errors pass through unchanged.
         """
         from .joins import join_spec
 

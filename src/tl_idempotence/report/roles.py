@@ -28,8 +28,9 @@ import pandas as pd
 from ..analyses.scramble import bh_q_values
 from ..core.frozen import frozen, thawed
 from ..core.heads import ModelInfo
-from ..core.options import check_int, check_seed, strict_kwargs
+from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.outputs import check_save_target
+from ..core.progress import progress_bar
 from ..core.readings import circuit_headline, roles_headline
 from ..core.records import index_column, json_like, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
@@ -165,7 +166,13 @@ class RoleAssociation(StoredResult, FrozenResult, DrawnResult):
     @classmethod
     def load(cls, path: PathLike) -> RoleAssociation:
         """:func:`load_roles` of a folder :meth:`save` wrote (refused: a head-roles save, which
-        :meth:`HeadRoles.load` reads)."""
+        :meth:`HeadRoles.load` reads).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format (a head-roles save: read it with tli.load_roles), an edited or foreign
+                file, or a field that is not what the saved tables give (names the file and the field).
+        """
         got = load_roles(path)
         if not isinstance(got, RoleAssociation):
             raise ReportFileError(f"{path} holds head roles, not a role association: read it with tli.load_roles.")
@@ -179,7 +186,13 @@ class RoleAssociation(StoredResult, FrozenResult, DrawnResult):
 
 
 def role_association(
-    heads: pd.DataFrame, roles: HeadRoles, threshold: float, n_permutations: Any = DEFAULT_N_PERMUTATIONS, seed: Any = 0
+    heads: pd.DataFrame,
+    roles: HeadRoles,
+    threshold: float,
+    n_permutations: Any = DEFAULT_N_PERMUTATIONS,
+    seed: Any = 0,
+    *,
+    progress: bool = False,
 ) -> RoleAssociation:
     """Join a report's heads with head roles and test each role's association with closure (module docstring).
 
@@ -189,6 +202,8 @@ def role_association(
         threshold: the report's P threshold (stated in the summary).
         n_permutations: permutations of each Spearman test (1 .. MAX_RESAMPLES).
         seed: the permutations' seed (each role its own stream).
+        progress: a tqdm bar on stderr over the roles' tests (``rep.roles(progress=True)``; a load recomputes
+            the association without one).
 
     Returns:
         :class:`RoleAssociation`.
@@ -202,6 +217,7 @@ def role_association(
         raise OptionTypeError(f"roles must be the HeadRoles of tli.head_roles(model); got {type(roles).__name__}.")
     n_perm = check_int(n_permutations, "n_permutations", 1, MAX_RESAMPLES)
     seed = check_seed(seed)
+    progress = check_bool(progress, "progress")
     role_table = roles.table  # a copy: taken once
     absent = [c for c in ("layer", "head", "kv_head", *ROLES) if c not in role_table.columns]
     if absent:  # a HeadRoles made by hand without every score: named, not a KeyError from pandas
@@ -223,7 +239,8 @@ def role_association(
     closed = table["closed"].to_numpy(dtype=bool)
     rows = []
     names = [*ROLES, "|copying|"]
-    for i, role in enumerate(names):
+    desc = f"association with closure ({len(names)} roles x {n_perm} permutations; ~0.3 CPU-s/role on SmolLM2)"
+    for i, role in enumerate(progress_bar(names, desc=desc, unit="role", enabled=progress)):
         s = np.abs(table["copying"].to_numpy(dtype=float)) if role == "|copying|" else table[role].to_numpy(dtype=float)
         ok = np.isfinite(P) & np.isfinite(s)
         notes = []

@@ -67,13 +67,17 @@ def run_roles(
     n_permutations: int,
     seed: int,
     n_tokens: Any = None,
+    progress: Any = True,
 ) -> RoleAssociation:
     """``rep.roles`` (its docstring): the head roles given, or computed on the model once it is checked against the
     report by content, joined with the report's P, α and closed set. ``n_tokens``: the deprecated name of
-    ``repeat_len`` (warns; its errors name it)."""
+    ``repeat_len`` (warns; its errors name it). ``progress``: the bars of ``head_roles`` and of the association
+    on stderr (a bool; not a computation option: declared by the body, as the report's own ``progress``)."""
+    from ..core.options import check_bool
     from ..probes.roles import HeadRoles, head_roles
     from .roles import role_association
 
+    progress = check_bool(progress, "progress")
     length_name = "repeat_len"
     if n_tokens is not None:
         if repeat_len is not None:
@@ -108,9 +112,11 @@ def run_roles(
     else:
         m = ROLES.model_of(rep, model)  # before the model is run: the report's own model too (edited in place?)
         given = {k: v for k, v in (("repeat_len", repeat_len), ("n_sequences", n_sequences)) if v is not None}
-        roles = head_roles(m, **given, seed=seed)  # the head detector's defaults for what is not given
+        roles = head_roles(m, **given, seed=seed, progress=progress)  # the detector's defaults for what is not given
         check_identity(rep, roles=roles)  # the weights the scores were computed from (the same path)
-    return role_association(rep.heads, roles, rep.threshold, n_permutations=n_permutations, seed=seed)
+    return role_association(
+        rep.heads, roles, rep.threshold, n_permutations=n_permutations, seed=seed, progress=progress
+    )
 
 
 def _fits(rep: Any, assoc: Any) -> Any:
@@ -193,11 +199,13 @@ ROLES = JoinSpec(
         "circuit's copying score) on the model and join them with the report: a page section, the role columns in "
         "--csv, the association table in --json; the tokens and permutations are seeded by --seed (needs a model "
         "TransformerLens can run: a zoo model or a hub name)",
-        compute=lambda rep, model, value, joined, args: rep.roles(model=model, seed=args.seed),
+        compute=lambda rep, model, value, joined, args, progress=True: rep.roles(
+            model=model, seed=args.seed, progress=progress
+        ),
         needs_model="--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as "
         "weights only (no model to run): use a zoo model or a hub name, or in Python "
         "rep.roles(model=TransformerBridge.boot_transformers(folder))",
-        # no bar: the detector's forward passes and the eigenvalues take seconds to a minute
+        # then the bars of head_roles and of the association (seconds on SmolLM2, minutes on a loaded machine)
         progress="tl-idempotence: computing head roles (head detector and copying score)...",
         text=_text,
     ),

@@ -363,7 +363,13 @@ class Comparison(StoredResult, ImmutableResult, DrawnResult):
     @classmethod
     def load(cls, path: PathLike) -> Comparison:
         """:func:`load_comparison`: a folder :meth:`save` wrote, checked (a :class:`Comparison`, also from
-        ``SweepResult.load``: a sweep's folder is read by ``tli.load_sweep``)."""
+        ``SweepResult.load``: a sweep's folder is read by ``tli.load_sweep``).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         d, reports, options, fields = read_comparison(path)
         try:
             result = Comparison.from_reports(reports, options, warn=False)

@@ -378,7 +378,13 @@ class Trajectory(StoredResult, ImmutableResult, DrawnResult):
 
     @classmethod
     def load(cls, path: PathLike) -> Trajectory:
-        """:func:`load_trajectory`: a folder :meth:`save` wrote, checked (raises as it does)."""
+        """:func:`load_trajectory`: a folder :meth:`save` wrote, checked (raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         d, kwargs, summary = read_trajectory(path)
         result = cls(**kwargs)
         check_trajectory_summary(d, summary, dict(result.summary))

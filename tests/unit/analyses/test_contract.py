@@ -26,6 +26,10 @@ REPORT_ANALYSES = report_analyses()
 ANALYSES = {a.name: a for a in REPORT_ANALYSES}
 
 
+# the search's code path with a small budget: what this contract checks holds at any budget (shared_fixtures.py)
+pytestmark = pytest.mark.usefixtures("small_search_budget")
+
+
 def degenerate_layer(layer: int = 1) -> LayerHeads:
     """6 query heads on 2 kv heads: head 0 zero, head 1 with span(O) ⟂ span(V) (nilpotent), head 4 exactly
     idempotent (T = projection), the rest Gaussian."""

@@ -361,7 +361,7 @@ def test_the_registry_lists_the_papers_analyses_in_column_order():
 
 
 @pytest.mark.parametrize("spec", registry.ANALYSES, ids=lambda s: s.name)
-def test_each_analysis_declares_the_head_columns_it_writes(spec):
+def test_each_analysis_declares_the_head_columns_it_writes(spec, small_search_budget):
     lh = gaussian_layer(1, 6, 2, 24, 4, seed=11)
     res = spec.analysis().run(LayerContext.build(lh, ReportOptions(nulls=4, search=True, algebra=True)))
     assert tuple(res.columns) == spec.head_columns

@@ -124,3 +124,66 @@ def test_what_a_stream_is(tmp_path: Path):
         "null-link",
         "pipe",
     ]
+
+
+class _Fd1:
+    """File descriptor 1 pointed at ``target`` (opened without O_APPEND, as a shell's ``>``) while the block runs,
+    then back: what a redirected process sees, in this process."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = target
+
+    def __enter__(self) -> _Fd1:
+        import sys
+
+        sys.stdout.flush()
+        self.saved = os.dup(1)
+        fd = os.open(self.target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.close(fd)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.dup2(self.saved, 1)
+        os.close(self.saved)
+
+
+def test_what_standard_output_is(tmp_path: Path):
+    """is_stdout: by name, or the very file (or pipe) file descriptor 1 is; never another file, nor /dev/null."""
+    from tl_idempotence.core.files import is_stdout
+
+    out, other = tmp_path / "out.csv", tmp_path / "other.csv"
+    other.write_text("x")
+    os.symlink(out, tmp_path / "link.csv")
+    with _Fd1(out):
+        for p in ["/dev/stdout", "/dev/fd/1", "/proc/self/fd/1", out, tmp_path / "link.csv", str(out)]:
+            assert is_stdout(p), p
+        for p in [other, "/dev/stderr", "/dev/fd/2", "/dev/null", tmp_path, tmp_path / "missing", "", "-"]:
+            assert not is_stdout(p), p
+    with _Fd1(Path(os.devnull)):  # stdout discarded: writing /dev/null is not "data on stdout"
+        assert not is_stdout("/dev/null") and is_stdout("/dev/stdout")
+    r, w = os.pipe()
+    try:
+        saved = os.dup(1)
+        os.dup2(w, 1)
+        try:  # a pipe: only its names (the pipe has no path), or /dev/fd/N of a copy of fd 1
+            assert is_stdout("/dev/stdout") and is_stdout(f"/dev/fd/{w}") and not is_stdout(out)
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_stdout_is_written_through_its_own_descriptor(tmp_path: Path):
+    """atomic_write_bytes('/dev/stdout') into a redirected file keeps the order of what the process writes to
+    stdout before and after (a second open of /dev/stdout, for appending, was overwritten by the next print)."""
+    from tl_idempotence.core.files import atomic_write_bytes
+
+    out = tmp_path / "out.txt"
+    with _Fd1(out):
+        os.write(1, b"before\n")
+        assert atomic_write_bytes("/dev/stdout", b"label,P\nL0H0,0.5\n") == Path("/dev/stdout")
+        os.write(1, b"after\n")
+    assert out.read_bytes() == b"before\nlabel,P\nL0H0,0.5\nafter\n"

@@ -119,6 +119,36 @@ def attended_token_effect(b: dict[str, Any]) -> Any:
     )
 
 
+def causal_closure(b: dict[str, Any]) -> Any:
+    from tl_idempotence.probes.causal import CausalClosure
+
+    changes = pd.DataFrame({"label": ["L0H0"], "variant": ["zero"], "total_median": [0.25], "reason": [""]})
+    positions = pd.DataFrame({"label": ["L0H0"], "variant": ["zero"], "pos": [3], "total": [0.25]})
+    return CausalClosure(
+        per_head(total_zero=[0.25, -0.1]),
+        changes,
+        positions,
+        {"model_name": "syn", "n_heads": 2, "headline": "h", "variants": ["zero"]},
+        INFO,
+        options={"variants": ["zero"]},
+    )
+
+
+def causal_test(b: dict[str, Any]) -> Any:
+    from tl_idempotence.report.causal import CausalTest
+
+    pairs = pd.DataFrame({"layer": [0], "closed_label": ["L0H0"], "control_label": ["L0H1"]})
+    comparison = pd.DataFrame({"variant": ["zero"], "quantity": ["loss"], "difference": [0.1], "p_value": [0.5]})
+    return CausalTest(
+        per_head(group=["closed", "control"], total_zero=[0.25, -0.1]),
+        pairs,
+        comparison,
+        per_head(closed=[True, False]),
+        {"model_name": "syn", "n_closed": 1, "headline": "h", "variants": ["zero"], "notes": ["a note"]},
+        causal_closure(b),
+    )
+
+
 def role_association(b: dict[str, Any]) -> Any:
     from tl_idempotence.report.roles import RoleAssociation
 
@@ -231,6 +261,8 @@ FACTORIES: dict[str, Callable[[dict[str, Any]], Any]] = {
     "tl_idempotence.probes.roles.HeadRoles": head_roles,
     "tl_idempotence.probes.head_tokens.HeadTokens": head_tokens,
     "tl_idempotence.probes.token_effect.AttendedTokenEffect": attended_token_effect,
+    "tl_idempotence.probes.causal.CausalClosure": causal_closure,
+    "tl_idempotence.report.causal.CausalTest": causal_test,
     "tl_idempotence.report.roles.RoleAssociation": role_association,
     "tl_idempotence.report.roles.Circuit": circuit,
     "tl_idempotence.report.mechanism.Mechanism": mechanism,

@@ -1,15 +1,22 @@
 """tli's causal test of closure (probes/causal.py, SPEC 13): edit a head's OV, measure the attended token's final logit.
 
-A tiny Llama/GQA checkpoint (9 heads on 3 kv heads, d_head 8) with two planted facts: query head L1H4 is exactly
+A tiny Llama/GQA checkpoint (9 heads on 3 kv heads, d_head 8) with three planted facts: query head L1H4 is exactly
 closed (its kv group's ``V = 0.5 [e_0, e_9, ..., e_63]`` and ``O = -6 V``, so ``M = VᵀO = -1.5 I`` exactly in float32
-and float64), and the final norm's weight is random (so the direct path's weight matters). Run in float64:
+and float64), query head L0H2 writes nothing (``W_O = 0``), and the final norm's weight is random (so the direct path's
+weight matters). Run in float64 on one torch thread (the module's fixture; the machine's other jobs make torch's
+threads slow on tiny products):
 
 * closure-only leaves the closed head's outputs as they are (float64 precision);
 * every variant's per-position total, direct, self-repair and loss changes equal a plain TransformerLens
   ``run_with_hooks`` on ``hook_z`` with ``N`` built independently (numpy from the checkpoint's tensors for
   closure-only; the mean from ``run_with_cache``), the direct path through the checkpoint's own norm weight;
 * the GQA heads of one kv group get their own ``N``; the sign test and BH q are scipy's on the positions;
+* the batched passes (several edits a forward pass, the prefix shared) give the numbers of one pass per edit, also
+  when the shared prefix is refused (the check copy differs: the input is repeated instead);
+* the head that writes nothing changes nothing, and says so (a reason, no sign test), and has no OV edit;
 * bad arguments and a post-attention norm are refused; the result is frozen.
+
+The TransformerBridge's run against a plain hook is tests/integration/probes/test_causal_bridge.py.
 """
 
 from __future__ import annotations
@@ -17,37 +24,35 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import edit_safetensors, hooked_or_skip
+from helpers import CAUSAL_DH as DH
+from helpers import causal_closure_only_N as closure_only_N
+from helpers import causal_O as O_of
+from helpers import causal_reference as reference
+from helpers import causal_V as V_of
+from helpers import edit_safetensors, hooked_or_skip, plant_causal
 from tl_idempotence.core.heads import LayerHeads
 from tl_idempotence.errors import OptionError, UnknownOptionError, UnsupportedModelError
 from tl_idempotence.maths.ov_edits import closure_free_edits
-from tl_idempotence.probes import causal
+from tl_idempotence.probes import causal, causal_passes
 from tl_idempotence.probes.causal import causal_closure
-from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+from tl_idempotence.probes.causal_passes import Edit, auto_edits_per_pass, chunk_edits
+from tl_idempotence.probes.causal_tables import NO_CHANGE
+from tl_idempotence.testing import tiny_hf_dir
 
-pytestmark = pytest.mark.bridge
+pytestmark = [pytest.mark.bridge, pytest.mark.usefixtures("one_torch_thread")]
 
-DH = 8
 HEADS = ["L0H1", "L1H4", "L1H5"]  # L1H4 (closed) and L1H5 share kv head 1
-
-
-def _plant(t: dict) -> None:
-    g = torch.Generator().manual_seed(5)
-    t["model.norm.weight"] = 0.5 + torch.rand(72, generator=g)
-    V = torch.zeros(72, DH)
-    V[torch.arange(DH) * 9, torch.arange(DH)] = 0.5
-    t["model.layers.1.self_attn.v_proj.weight"][DH : 2 * DH] = V.T
-    t["model.layers.1.self_attn.o_proj.weight"][:, 4 * DH : 5 * DH] = -6.0 * V
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     d = tiny_hf_dir(tmp_path_factory.mktemp("causal") / "tiny", n_layers=2)
-    edit_safetensors(d, _plant)
+    edit_safetensors(d, plant_causal)
     return d
 
 
@@ -79,58 +84,6 @@ def _toks():
 @pytest.fixture(scope="module")
 def result(model64):
     return causal_closure(model64, heads=HEADS, texts=_toks(), batch_size=2, progress=False)
-
-
-def O_of(w, layer, h):
-    return w[f"model.layers.{layer}.self_attn.o_proj.weight"][:, h * DH : (h + 1) * DH]  # [d_model, d_head]
-
-
-def V_of(w, layer, h):
-    g = h // 3
-    return w[f"model.layers.{layer}.self_attn.v_proj.weight"][g * DH : (g + 1) * DH].T  # [d_model, d_head]
-
-
-def closure_only_N(w, layer, h):
-    O, V = O_of(w, layer, h).numpy(), V_of(w, layer, h).numpy()
-    T = O @ V.T
-    alpha = np.sum((T @ T) * T) / np.sum(T * T)
-    return torch.from_numpy(alpha * np.linalg.inv(V.T @ O))
-
-
-def reference(model, w, toks, layer, h, kind, value, clean_run=None):
-    """Per counted destination: (window, pos, source, token, total, direct, loss) by a plain hook on hook_z."""
-    counted = toks != 1
-    with torch.no_grad():
-        clean, cache = clean_run or model.run_with_cache(toks)
-
-        def hook(z, hook):
-            z = z.clone()
-            z[:, :, h] = {"map": lambda x: x @ value.T, "zero": lambda x: 0 * x, "mean": lambda x: value + 0 * x}[kind](
-                z[:, :, h]
-            )
-            return z
-
-        edited = model.run_with_hooks(toks, fwd_hooks=[(f"blocks.{layer}.attn.hook_z", hook)])
-    z = cache[f"blocks.{layer}.attn.hook_z"][:, :, h]
-    pat = cache[f"blocks.{layer}.attn.hook_pattern"][:, h]
-    scale = cache["ln_final.hook_scale"][..., 0]
-    W_O, W_U, norm_w = O_of(w, layer, h).T, model.W_U.detach().double(), w["model.norm.weight"]
-    lp0, lp1 = torch.log_softmax(clean, -1), torch.log_softmax(edited, -1)
-    out = []
-    for b in range(toks.shape[0]):
-        for q in range(toks.shape[1]):
-            if not counted[b, q]:
-                continue
-            s = max((k for k in range(q + 1) if counted[b, k]), key=lambda k: (pat[b, q, k].item(), -k))
-            t = int(toks[b, s])
-            z_new = {"map": z[b, q] @ value.T if kind == "map" else None, "zero": 0 * z[b, q], "mean": value}[kind]
-            direct = float(((z_new - z[b, q]) @ W_O / scale[b, q] * norm_w) @ W_U[:, t])
-            loss = np.nan
-            if q + 1 < toks.shape[1] and counted[b, q + 1]:
-                nxt = int(toks[b, q + 1])
-                loss = float(lp0[b, q, nxt] - lp1[b, q, nxt])
-            out.append((b, q, s, t, float(edited[b, q, t] - clean[b, q, t]), direct, loss))
-    return np.array(out, dtype=float)
 
 
 def test_closure_only_leaves_an_exactly_closed_head_as_it_is(result, weights):
@@ -218,21 +171,7 @@ def test_the_result_is_frozen_and_hands_out_copies(result):
     p["total"] = 0.0
     assert np.abs(result.positions["total"]).max() > 0
     assert "closure_free" in result.headline and result.summary["final_norm"].startswith("weight applied")
-    assert not hasattr(result, "save")
-
-
-def test_a_transformer_bridge_gives_what_a_plain_hook_gives(tiny_dir, weights):
-    bridge = bridge_from_dir(tiny_dir)
-    bridge.to(torch.float64)
-    toks = _toks()[:1]
-    r = causal_closure(bridge, heads=["L1H4", "L1H5"], texts=toks, variants=("closure_only", "zero"), progress=False)
-    pos = r.positions
-    assert np.abs(pos[(pos["label"] == "L1H4") & (pos["variant"] == "closure_only")]["total"]).max() < 1e-10
-    p = pos[(pos["label"] == "L1H5") & (pos["variant"] == "zero")].sort_values("pos")
-    ref = reference(bridge, weights, toks, 1, 5, "zero", None)
-    np.testing.assert_array_equal(p["source_pos"], ref[:, 2].astype(int))
-    for col, i in (("total", 4), ("direct", 5), ("loss", 6)):
-        np.testing.assert_allclose(p[col], ref[:, i], rtol=1e-8, atol=1e-12)
+    assert result.summary["batching"] == "shared prefix" and result.summary["check_max_abs_diff"] < 1e-12
 
 
 def test_bad_arguments_are_refused(model64, monkeypatch):
@@ -256,3 +195,55 @@ def test_bad_arguments_are_refused(model64, monkeypatch):
     monkeypatch.setattr(causal, "TLModelSource", PostNorm)
     with pytest.raises(UnsupportedModelError, match="norm after W_O"):
         causal_closure(model64, heads=["L0H1"], texts=toks, progress=False)
+
+
+def test_the_batched_passes_give_the_numbers_of_one_pass_per_edit(model64, result):
+    one = causal_closure(model64, heads=HEADS, texts=_toks(), batch_size=2, edits_per_pass=1, progress=False)
+    two = causal_closure(model64, heads=HEADS, texts=_toks(), batch_size=3, edits_per_pass=2, progress=False)
+    assert result.summary["edits_per_pass"] == 12 and one.summary["batching"] == "one edit per pass"
+    assert two.summary["edits_per_pass"] == 2 and two.summary["batching"] == "shared prefix"
+    for other in (one, two):
+        a, b = result.positions, other.positions
+        assert list(a.columns) == list(b.columns) and len(a) == len(b) == 3 * 4 * 33
+        for col in a.columns:
+            if a[col].dtype.kind in "fc":
+                np.testing.assert_allclose(b[col], a[col], rtol=1e-12, atol=1e-15, err_msg=col)
+            else:
+                assert list(a[col]) == list(b[col]), col
+        pd.testing.assert_frame_equal(result.changes, other.changes, rtol=1e-10)
+
+
+def test_a_refused_shared_prefix_falls_back_to_the_repeated_input(model64, result, monkeypatch):
+    def shifted(n):  # the repeated residual comes back changed: the unedited copy no longer equals the clean pass
+        return lambda x, hook=None: x.repeat(n, *([1] * (x.ndim - 1))) + 1e-3
+
+    monkeypatch.setattr(causal_passes, "_repeat_hook", shifted)
+    r = causal_closure(model64, heads=HEADS, texts=_toks(), batch_size=2, progress=False)
+    assert r.summary["batching"] == "repeated input from window 0" and r.summary["check_max_abs_diff"] < 1e-12
+    np.testing.assert_allclose(r.positions["total"], result.positions["total"], rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(r.positions["loss"], result.positions["loss"], rtol=1e-12, atol=1e-15)
+
+
+def test_a_head_that_writes_nothing_changes_nothing_and_says_so(model64):
+    r = causal_closure(model64, heads=["L0H2"], texts=_toks(), progress=False)
+    ch = r.changes.set_index("variant")
+    for v in ("closure_free", "closure_only"):  # T = 0: no closure to remove or keep
+        assert ch.loc[v, "n_positions"] == 0 and ch.loc[v, "reason"] and np.isnan(ch.loc[v, "total_median"])
+    for v in ("zero", "mean"):
+        assert ch.loc[v, "n_positions"] == 33 and ch.loc[v, "reason"] == NO_CHANGE
+        assert ch.loc[v, "total_median"] == 0.0 and np.isnan(ch.loc[v, "p_value"]) and np.isnan(ch.loc[v, "q_value"])
+        assert ch.loc[v, "n_pos_total"] == ch.loc[v, "n_neg_total"] == 0
+    pos = r.positions
+    assert len(pos) == 66 and (pos[["total", "direct", "self_repair"]].to_numpy() == 0).all()
+    assert np.nanmax(np.abs(pos["loss"])) == 0.0
+    assert "0 lower and 0 raise it (of 2 heads" not in r.headline and "zero: 0 lower and 0 raise it" in r.headline
+
+
+def test_edits_are_chunked_in_layer_order_within_their_spread_and_capacity():
+    edits = [Edit(layer, h, "zero", "zero", None) for layer, h in [(9, 0), (0, 1), (1, 2), (0, 3), (2, 0), (3, 1)]]
+    assert chunk_edits(edits, 3) == [[1, 3, 2], [4, 5], [0]]  # layers 0 0 1 | 2 3 | 9 (at most 2 layers past the first)
+    assert chunk_edits(edits, 1) == [[1], [3], [2], [4], [5], [0]]
+    assert chunk_edits(edits, 64) == [[1, 3, 2, 4], [5], [0]]
+    assert auto_edits_per_pass(104, 128, 49152) == 20  # 2^27 logits: 21 copies, one the unedited check
+    assert auto_edits_per_pass(3, 12, 100) == 3 and auto_edits_per_pass(500, 2, 10) == 64
+    assert auto_edits_per_pass(5, 1 << 20, 1 << 20) == 1

@@ -193,3 +193,30 @@ def test_hostile_inputs(bridge):
         tli.head_roles(bridge, seed="0")
     with pytest.raises(UnknownOptionError, match="n_tokens"):
         tli.head_roles(bridge, n_token=8)
+
+
+def test_progress_bars_go_to_stderr_count_every_layer_and_can_be_switched_off(bridge, capsys, monkeypatch):
+    """head_roles' one bar: each layer's copying score, then each layer in each detector pass (2 layers, 3
+    sequences in one pass: 4 steps; one sequence a pass: 2 + 2·3 = 8); rep.roles adds the association's bar."""
+    import tl_idempotence.probes.roles as roles_mod
+
+    tli.head_roles(bridge, repeat_len=4, n_sequences=3)
+    out, err = capsys.readouterr()
+    assert out == "" and "head roles (each layer's copying score, then its detector scores" in err
+    assert "| 4/4 [" in err and "/4 [" in err.replace("| 4/4 [", "")  # drawn as it goes, and ends at its total
+    monkeypatch.setattr(roles_mod, "PATTERN_ELEMS", 1)  # every sequence its own forward pass
+    tli.head_roles(bridge, repeat_len=4, n_sequences=3)
+    assert "| 8/8 [" in capsys.readouterr().err
+    monkeypatch.undo()
+    rep = tli.idempotence_report(bridge, progress=False)
+    rep.roles(model=bridge, repeat_len=4, n_sequences=3, n_permutations=9)
+    out, err = capsys.readouterr()
+    assert out == "" and "| 4/4 [" in err and "association with closure (5 roles x 9 permutations" in err
+    assert "| 5/5 [" in err
+    tli.head_roles(bridge, repeat_len=4, n_sequences=3, progress=False)
+    rep.roles(model=bridge, repeat_len=4, n_sequences=3, n_permutations=9, progress=False)
+    assert capsys.readouterr() == ("", "")
+    with pytest.raises(OptionTypeError, match="progress"):
+        tli.head_roles(bridge, progress="yes")
+    with pytest.raises(OptionTypeError, match="progress"):
+        rep.roles(model=bridge, progress=1)

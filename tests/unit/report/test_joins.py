@@ -203,6 +203,7 @@ def _signature_defaults(fn) -> dict:
         ("mechanism", tli.IdempotenceReport.mechanism),
         ("circuit", tli.IdempotenceReport.circuit),
         ("attention", tli.IdempotenceReport.show_attention),
+        ("causal", tli.IdempotenceReport.causal),
     ],
 )
 def test_each_methods_defaults_are_its_declarations(name, method):
@@ -227,9 +228,9 @@ def test_the_page_options_and_the_probes_state_the_declared_defaults():
 
 
 def test_the_registry_lists_each_join_once_in_order():
-    assert [s.name for s in joins.JOINS] == ["attention", "roles", "mechanism", "circuit", "ablation"]
+    assert [s.name for s in joins.JOINS] == ["attention", "roles", "mechanism", "circuit", "ablation", "causal"]
     flags = [s.cli.flag for s in joins.JOINS if s.cli is not None]
-    assert flags == ["--attention-text", "--roles", "--mechanism"]
+    assert flags == ["--attention-text", "--roles", "--mechanism", "--causal"]
     for s in joins.JOINS:  # every result type's display: the views' own (report, ablation, mechanism) or generic
         kind = s.result().display_kind if hasattr(s.result(), "display_kind") else "result"
         assert kind == "result" or kind in DISPLAYS, s.name
@@ -269,7 +270,7 @@ def test_the_registry_refuses_a_taken_name_flag_or_display(monkeypatch):
         joins.register_join(_spec(display=lambda r: "", display_kind="mechanism"))
     with pytest.raises(RegistrationError, match="takes a JoinSpec"):
         joins.register_join("roles")
-    assert [s.name for s in joins.JOINS] == ["attention", "roles", "mechanism", "circuit", "ablation"]
+    assert [s.name for s in joins.JOINS] == ["attention", "roles", "mechanism", "circuit", "ablation", "causal"]
     with pytest.raises(RegistrationError, match="'--bad flag'"):
         JoinFlag("--bad flag", "x", compute=lambda *a: None)
     with pytest.raises(RegistrationError, match="other than 'result'"):

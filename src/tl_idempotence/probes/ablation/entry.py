@@ -16,7 +16,7 @@ from ...core.kwargs import warn_at_caller
 from ...core.options import check_bool, check_int, check_seed, strict_kwargs
 from ...core.selection import select_heads
 from ...errors import OptionError, OptionTypeError, UnsupportedModelError
-from ...sources.tl import TLModelSource, is_tl_model
+from ...sources.tl import TLModelSource, is_causal_lm, is_tl_model
 from ..tokens import corpus_name, prepare_tokens
 from .controls import plan_sets
 from .kinds import ABLATION_HOOKS, ABLATION_KINDS
@@ -39,18 +39,6 @@ MAX_CONTROLS = 1000
 DEFAULT_N_CONTROLS = default_of("tli.ablation", "n_controls")
 
 
-def _is_causal(model: Any) -> bool:
-    names = [c.__name__ for c in type(model).__mro__]
-    if "HookedEncoder" in names or "HookedEncoderDecoder" in names:
-        return False
-    if "TransformerBridge" in names:
-        hf = getattr(model, "original_model", None)
-        can = getattr(hf, "can_generate", None)
-        if callable(can):
-            return bool(can())
-    return getattr(getattr(model, "cfg", None), "attention_dir", "causal") == "causal"
-
-
 def _check_model(model: Any) -> None:
     """Refuse what ``ablation`` cannot run: not a TransformerLens model, or not a causal LM.
 
@@ -62,7 +50,7 @@ def _check_model(model: Any) -> None:
             f"ablation needs a TransformerLens model (HookedTransformer or TransformerBridge) to run with hooks; got "
             f"{type(model).__name__}. Load one with tl_idempotence.models.load(...)."
         )
-    if not _is_causal(model):
+    if not is_causal_lm(model):
         raise UnsupportedModelError(
             f"ablation measures next-token loss, which needs a causal language model; {type(model).__name__} "
             f"({getattr(model.cfg, 'model_name', '?')}) is an encoder (bidirectional attention)."

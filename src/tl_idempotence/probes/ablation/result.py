@@ -161,7 +161,13 @@ class Ablation(StoredResult, ImmutableResult, DrawnResult):
 
     @classmethod
     def load(cls, path: Any) -> Ablation:
-        """A folder :meth:`save` wrote, checked and recomputed (:func:`load_ablation`; raises as it does)."""
+        """A folder :meth:`save` wrote, checked and recomputed (:func:`load_ablation`; raises as it does).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+        """
         kwargs, folder = read_ablation(path)
         result = cls(**kwargs)
         object.__setattr__(result, "loaded_from", folder)  # set once by its loader (a frozen result allows it)

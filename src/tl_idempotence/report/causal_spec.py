@@ -1,0 +1,218 @@
+"""The declaration of ``rep.causal`` (a causal test of closure, SPEC 13; :mod:`.causal`): its options, identity check,
+page section, export and flag. Torch- and pandas-free (:mod:`.join_spec`); the body imports the probe when called."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..core.kwargs import strict_kwargs
+from ..core.option_specs import OptionSpec
+from ..errors import OptionError, OptionTypeError
+from .join_defaults import CAUSAL_N_PERMUTATIONS, CAUSAL_VARIANTS, MAX_RESAMPLES
+from .join_spec import JoinFlag, JoinSpec, count_option, int_option, optional, seed_option
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from .causal import CausalTest
+
+__all__ = ["CAUSAL"]
+
+#: The sizes controls are matched on (``core.matching.match_controls``' ``by``).
+SIZES = ("abs_alpha", "norm")
+
+
+def check_variants(x: Any, name: str) -> tuple[str, ...]:
+    """Names from :data:`~tl_idempotence.report.join_defaults.CAUSAL_VARIANTS` (a string or a sequence), distinct,
+    returned in that order.
+
+    Raises:
+        OptionTypeError: not a string or a sequence of strings. OptionError: an unknown, repeated or no variant.
+    """
+    if isinstance(x, str):
+        x = (x,)
+    if not isinstance(x, (list, tuple)):
+        raise OptionTypeError(f"{name} must be names from {CAUSAL_VARIANTS} (a str or a list); got {type(x).__name__}.")
+    bad = [v for v in x if not isinstance(v, str) or v not in CAUSAL_VARIANTS]
+    if bad or not x or len(set(x)) != len(x):
+        raise OptionError(f"{name} must be distinct names from {CAUSAL_VARIANTS}; got {list(x)}.")
+    return tuple(v for v in CAUSAL_VARIANTS if v in x)
+
+
+def check_size(x: Any, name: str) -> str:
+    """``"abs_alpha"`` or ``"norm"``.
+
+    Raises:
+        OptionTypeError: not a string. OptionError: another string.
+    """
+    if not isinstance(x, str):
+        raise OptionTypeError(f"{name} must be one of {SIZES}; got {type(x).__name__}.")
+    if x not in SIZES:
+        raise OptionError(f"{name} must be one of {SIZES} (|α| or ‖T‖_F); got {x!r}.")
+    return x
+
+
+@strict_kwargs
+def run_causal(
+    rep: Any,
+    model: Any = None,
+    texts: Any = None,
+    heads: Any = None,
+    *,
+    variants: tuple[str, ...],
+    n_controls: int,
+    size: str,
+    seq_len: int,
+    max_tokens: int | None,
+    batch_size: int,
+    n_permutations: int,
+    seed: int,
+    progress: bool = True,
+) -> CausalTest:
+    """``rep.causal`` (its docstring): the model checked against the report by content, the closed heads (or
+    ``heads``) matched with controls, the probe run on both and the groups compared."""
+    from ..core.selection import head_labels, select_heads
+    from ..probes.causal import causal_closure
+    from .causal import causal_join, plan_heads
+
+    m = CAUSAL.model_of(rep, model)  # the one identity check: sizes, processing, every measured layer's weights
+    h = rep.heads
+    closed = [lab for lab, c in zip(h.index, h["closed"], strict=True) if bool(c)]
+    if heads is None:
+        chosen = closed
+    else:
+        measured = sorted(int(x) for x in h["layer"].unique())
+        sel = select_heads(heads, measured, rep.info.n_heads, labels=True)
+        pairs = [(a, b) for a, hs in sorted(sel.items()) for b in hs]
+        chosen = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
+        missing = [lab for lab in chosen if lab not in h.index]
+        if missing:
+            raise OptionError(f"Heads {missing[:10]} are not heads this report measured.")
+        other = [lab for lab in chosen if lab not in set(closed)]
+        if other:
+            raise OptionError(
+                f"heads {other[:10]} are not closed at this report's threshold ({rep.threshold:g}): rep.causal tests "
+                "closed heads against non-closed controls. Lower the threshold (rep.with_threshold(t).causal()) or run "
+                "tli.causal_closure(model, heads=...) on any heads."
+            )
+    if not chosen:
+        raise OptionError(
+            f"This report has no closed head at threshold {rep.threshold:g}: nothing to test. Lower the threshold "
+            "(rep.with_threshold(t).causal()) or run tli.causal_closure(model, heads=...) on any heads."
+        )
+    _, matching = plan_heads(h, chosen, n_controls, size)
+    order = {lab: i for i, lab in enumerate(h.index)}
+    run = sorted({*chosen, *matching.controls}, key=order.__getitem__)
+    probe = causal_closure(
+        m, heads=run, texts=texts, variants=variants, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size,
+        progress=progress,
+    )  # fmt: skip
+    return causal_join(
+        probe, h, chosen, rep.threshold, k=n_controls, size=size, n_permutations=n_permutations, seed=seed
+    )
+
+
+def _causal() -> type:
+    from .causal import CausalTest
+
+    return CausalTest
+
+
+def _fits(rep: Any, result: Any) -> Any:
+    from .causal import check_causal_fits_report
+
+    return check_causal_fits_report(rep.heads, rep.threshold, result)
+
+
+def _section(rep: Any, result: Any) -> Any:
+    from ..views.causal import causal_section
+
+    return causal_section(result)
+
+
+def _record(result: Any) -> dict[str, Any]:
+    from .causal import causal_record
+
+    return causal_record(result)
+
+
+def _columns(result: Any) -> pd.DataFrame:
+    from .causal import causal_columns
+
+    return causal_columns(result)
+
+
+def _display(result: Any) -> str:
+    from ..views.causal import causal_html
+
+    return causal_html(result)
+
+
+CAUSAL = JoinSpec(
+    name="causal",
+    call="rep.causal",
+    result=_causal,
+    run=run_causal,
+    options=(
+        OptionSpec(
+            "variants",
+            CAUSAL_VARIANTS,
+            "the OV edits (closure_free, closure_only, zero, mean)",
+            "choice",
+            choices=CAUSAL_VARIANTS,
+            types="str | Sequence[str]",
+            hint="str | Sequence[str]",
+            check=check_variants,
+        ),
+        count_option("n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)),
+        OptionSpec(
+            "size",
+            "abs_alpha",
+            "what controls are matched on: |α| (abs_alpha) or ‖T‖_F (norm)",
+            "choice",
+            choices=SIZES,
+            types="str",
+            hint="str",
+            check=check_size,
+        ),
+        count_option("seq_len", 128, "the probe's window length", int_option(2, 1 << 24)),
+        count_option(
+            "max_tokens",
+            512,
+            "the probe's token budget (whole windows; None: the whole text)",
+            optional(int_option(1)),
+            none=True,
+        ),
+        count_option("batch_size", 8, "windows per clean forward pass", int_option(1, 1 << 20)),
+        count_option(
+            "n_permutations",
+            CAUSAL_N_PERMUTATIONS,
+            f"relabellings drawn where more than 100,000 exist (1 .. {MAX_RESAMPLES})",
+            int_option(1, MAX_RESAMPLES),
+        ),
+        seed_option("the drawn relabellings' seed"),
+    ),
+    model="weights",
+    why="the causal test runs it with each head's OV edited",
+    fits=_fits,
+    page=_section,
+    record=_record,
+    columns=_columns,
+    cli=JoinFlag(
+        "--causal",
+        "also run the causal test of closure (SPEC 13: each closed head and a matched control of its layer edited "
+        "closure-free, closure-only, zero and mean at hook_z; the attended token's final-logit change, self-repair "
+        "and the loss change, closed against controls within layers; rep.causal): a page section, the columns in "
+        "--csv, the result in --json; seeded by --seed (needs a model TransformerLens can run; CPU-minutes)",
+        compute=lambda rep, model, value, joined, args: rep.causal(
+            model=model, seed=args.seed, progress=not args.quiet
+        ),
+        needs_model="--causal runs the model with heads edited, and a checkpoint path is read as weights only (no "
+        "model to run): use a zoo model or a hub name, or in Python "
+        "rep.causal(model=TransformerBridge.boot_transformers(folder))",
+        progress="tl-idempotence: the causal test of closure (closed heads and matched controls edited)...",
+        text=lambda result: str(result.headline),
+    ),
+    display=_display,
+    display_kind="causal",
+)
