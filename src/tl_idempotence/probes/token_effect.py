@@ -726,8 +726,8 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
     rows = []
     for lab in labels:
         g = groups.get(lab, positions.iloc[:0])
-        cols = (g[c].to_numpy(dtype=np.float64) for c in ("effect", "null_effect", "raw_effect"))
-        rows.append(_head_stats(*cols, _pred_flags(g["predicted"])))
+        eff, ne, raw = (g[c].to_numpy(dtype=np.float64) for c in ("effect", "null_effect", "raw_effect"))
+        rows.append(_head_stats(eff, ne, raw, _pred_flags(g["predicted"])))
     fresh = pd.DataFrame(rows, index=table.index)
     fresh.insert(0, "kv_head", table["kv_head"].to_numpy())
     _insert_q_values(fresh)

@@ -62,13 +62,20 @@ from ..probes.tied import EmbeddingTie
 from ..views.results import DrawnResult
 from .join_defaults import DEFAULT_N_PERMUTATIONS as DEFAULT_N_PERMUTATIONS
 from .join_defaults import EXPORT_MECHANISM_COLUMNS
-from .mechanism_controls import DERIVED_COLUMNS, STABILITY_COLUMNS, controls_matching, derive_controls
+from .mechanism_controls import STABILITY_COLUMNS, controls_matching
 from .mechanism_headline import QUESTION as QUESTION
 from .mechanism_headline import mechanism_headline
 from .mechanism_stats import LEVEL as LEVEL
 from .mechanism_stats import SIGNED as SIGNED
-from .mechanism_stats import derive_tests, joined_reasons
+from .mechanism_stats import derive_tests as derive_tests
+from .mechanism_stats import joined_reasons
 from .mechanism_stats import sign_summary as sign_summary
+from .mechanism_tables import COPYING_OWN_CONVENTION, PART_COLUMNS, PROJECTION_COLUMNS, ROLE_COLUMNS, derive_all
+from .mechanism_tables import MECHANISM_FORMAT as MECHANISM_FORMAT
+from .mechanism_tables import MECHANISM_RECORD as MECHANISM_RECORD
+from .mechanism_tables import RECOMPUTED as RECOMPUTED
+from .mechanism_tables import TABLE_COLUMNS as TABLE_COLUMNS
+from .mechanism_tables import derived as derived
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -88,9 +95,6 @@ __all__ = [
     "save_mechanism",
     "sign_summary",
 ]
-
-MECHANISM_FORMAT = "tl_idempotence.mechanism/2"
-MECHANISM_RECORD = "mechanism.json"
 
 
 class MechanismSummary(FrozenSummary):
@@ -112,6 +116,7 @@ class MechanismSummary(FrozenSummary):
     n_spearman: int
     spearman_rho: float
     spearman_p: float
+    spearman_p_within_layer: float
     spearman_p_unstratified: float
     n_strata: int
     n_permutations: int
@@ -169,10 +174,10 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         stability: ``label, set, direction``: each closed head's and control's direction in each text set
             (``set0`` the one the table is of).
         summary: ``model_name, n_heads, n_closed, n_asked, threshold, n_sign_tested, n_agree, sign_test_p,
-            sign_test_floor, n_spearman, spearman_rho, spearman_p`` (within layers), ``spearman_p_unstratified,
-            n_strata, n_permutations, p_floor, seed, tied, embedding_tie, n_closed_own_sign_alpha,
-            median_abs_copying_closed``, the sections ``matched, base_rates, projection, stability,
-            copy_suppression``, ``headline``, ``notes``, and the probes' ``conventions``.
+            sign_test_floor, n_spearman, spearman_rho, spearman_p`` (within layers; also named
+            ``spearman_p_within_layer``), ``spearman_p_unstratified, n_strata, n_permutations, p_floor, seed, tied,
+            embedding_tie, n_closed_own_sign_alpha, median_abs_copying_closed``, the sections ``matched, base_rates,
+            projection, stability, copy_suppression``, ``headline``, ``notes``, and the probes' ``conventions``.
         tokens: the :class:`~tl_idempotence.probes.head_tokens.HeadTokens` joined (its ``top_tokens``); None for
             a result read back from a save that holds none.
         effect: the :class:`~tl_idempotence.probes.token_effect.AttendedTokenEffect` joined (its positions).
@@ -329,34 +334,6 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         return self.to_text()
 
 
-#: What ``summary["conventions"]["copying_own"]`` says (the G = I copying score).
-COPYING_OWN_CONVENTION = "Re Σλ / Σ|λ| over T's own eigenvalues (G = I)"
-#: The columns every mechanism table has, in order; the roles' columns may follow.
-TABLE_COLUMNS = (
-    "layer", "head", "kv_head", "P", "alpha", "closed", "alpha_P", "effect_median", "frac_negative", "null_median",
-    "effect_p", "effect_q", "n_positions", "self_rank_median", "frac_top_k", "frac_bottom_k", "copying",
-    "copying_own", "sign_agrees", "median_diff", "direction", "reason", "asked", *DERIVED_COLUMNS, "asymmetry",
-    "proj_rank", "proj_distance", "proj_rank_any", "proj_distance_any", "n_predicted", "effect_median_predicted",
-    "median_diff_predicted", "effect_p_predicted", "direction_predicted", "n_unpredicted",
-    "effect_median_unpredicted", "median_diff_unpredicted", "effect_p_unpredicted", "direction_unpredicted",
-)  # fmt: skip
-ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction")
-#: The projection facts the table joins (:func:`~tl_idempotence.maths.projection_facts.projection_facts`).
-PROJECTION_COLUMNS = ("asymmetry", "proj_rank", "proj_distance", "proj_rank_any", "proj_distance_any")
-#: The joined table's columns each probe gives (mechanism column, probe column).
-PART_COLUMNS = {
-    "head_tokens": (
-        ("self_rank_median", "self_rank_median"), ("frac_top_k", "frac_top_k"), ("frac_bottom_k", "frac_bottom_k"),
-    ),
-    "attended_token_effect": (
-        ("effect_median", "effect_median"), ("frac_negative", "frac_negative"), ("null_median", "null_median"),
-        ("effect_p", "effect_p"), ("effect_q", "effect_q"), ("n_positions", "n_positions"),
-        ("median_diff", "median_diff"), ("direction", "direction"),
-        *((c, c) for c in TABLE_COLUMNS[TABLE_COLUMNS.index("n_predicted") :]),
-    ),
-}  # fmt: skip
-
-
 def stability_frame(sets: Sequence[tuple[str, pd.DataFrame]], compared: Sequence[str]) -> pd.DataFrame:
     """``Mechanism.stability``: each compared head's direction (the effect table's) in each named text set."""
     rows = [
@@ -437,7 +414,7 @@ def mechanism_join(
         "match_by": match_by, "n_controls": n_controls, "n_boot": n_boot, "sets": ["set0", *(n for n, _ in sets)],
         "predicted_k": effect.summary.get("predicted_k"),
     }  # fmt: skip
-    table, signs, summary = _derived(
+    table, signs, summary = derive_all(
         table, weights, effect.positions, stability, {**settings, "seed": seed, "n_permutations": n_permutations}
     )
     if roles is not None:
@@ -470,64 +447,6 @@ def mechanism_join(
         table=table, signs=signs, summary=summary, tokens=tokens, effect=effect, tie=tie, weights=weights,
         stability=stability,
     )  # fmt: skip
-
-
-#: The summary fields :func:`derived` recomputes from the tables (with the settings it reads from the summary).
-RECOMPUTED = (
-    "n_sign_tested", "n_agree", "sign_test_p", "sign_test_floor", "n_spearman", "spearman_rho", "spearman_p",
-    "spearman_p_unstratified", "n_strata", "n_closed_own_sign_alpha", "median_abs_copying_closed", "matched",
-    "base_rates", "projection", "stability", "copy_suppression", "notes",
-)  # fmt: skip
-
-
-def _derived(
-    table: pd.DataFrame,
-    weights: pd.DataFrame,
-    positions: pd.DataFrame,
-    stability: pd.DataFrame,
-    settings: Mapping[str, Any],
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """``table`` with every derived column (in :data:`TABLE_COLUMNS` order), its signs and the summary fields
-    :data:`RECOMPUTED` (``settings``: ``seed, n_permutations, match_by, n_controls, n_boot, sets, predicted_k``)."""
-    s = dict(settings)
-    agrees, signs, stats = derive_tests(table, s["n_permutations"], s["seed"])
-    columns, sections = derive_controls(
-        table, weights, positions, stability, seed=s["seed"], n_permutations=s["n_permutations"],
-        match_by=s["match_by"], n_controls=s["n_controls"], n_boot=s["n_boot"], sets=s["sets"],
-        predicted_k=s["predicted_k"],
-    )  # fmt: skip
-    out = table.copy()
-    out["sign_agrees"] = agrees
-    for col, v in columns.items():
-        out[col] = v
-    extra = [c for c in out.columns if c not in TABLE_COLUMNS]
-    out = out[[*TABLE_COLUMNS, *extra]]
-    return out, signs, {**stats, **sections}
-
-
-def derived(
-    table: pd.DataFrame, weights: pd.DataFrame, positions: pd.DataFrame, stability: pd.DataFrame, summary: Any
-) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """What a saved mechanism's tables give (:func:`~tl_idempotence.report.mechanism_store.load_mechanism`): the
-    table with its derived columns recomputed, the signs and the summary fields :data:`RECOMPUTED`, with the
-    settings the summary records.
-
-    Raises:
-        KeyError / TypeError / ValueError: a summary without its settings. OptionError / OptionTypeError: settings
-            the derivations refuse.
-    """
-    s = summary["settings"]
-    settings = {
-        "seed": int(summary["seed"]),
-        "n_permutations": int(summary["n_permutations"]),
-        "match_by": s["match_by"],
-        "n_controls": s["n_controls"],
-        "n_boot": s["n_boot"],
-        "sets": list(s["sets"]),
-        "predicted_k": s["predicted_k"],
-    }
-    base = table.drop(columns=["sign_agrees", *DERIVED_COLUMNS])
-    return _derived(base, weights, positions, stability, settings)
 
 
 def check_mechanism_fits_report(heads: pd.DataFrame, threshold: float, mech: Any) -> Mechanism:
@@ -608,8 +527,11 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
             ``.parquet``): a mechanism save is a folder; a result without the attended-token effect it was made
             with; as the probes' savers for its parts (``head_tokens/``, ``attended_token_effect/``).
     """
+    from ..errors import OptionTypeError
     from .mechanism_store import write_mechanism
 
+    if not isinstance(result, Mechanism):
+        raise OptionTypeError(f"save_mechanism saves a Mechanism (rep.mechanism); got {type(result).__name__}.")
     return write_mechanism(result, path, overwrite=overwrite)
 
 
@@ -635,4 +557,4 @@ def load_mechanism(path: PathLike) -> Mechanism:
     """
     from .mechanism_store import read_mechanism
 
-    return read_mechanism(path)
+    return read_mechanism(path, Mechanism)

@@ -137,7 +137,9 @@ def run_mechanism(
     def pairs_of(labels: Any) -> list[tuple[int, int]]:
         return [(int(h.loc[x, "layer"]), int(h.loc[x, "head"])) for x in labels]
 
-    kw = dict(seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed, progress=progress)
+    kw: dict[str, Any] = dict(
+        seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed, progress=progress
+    )
     effect = attended_token_effect(  # first: the text is checked before the readout's cost
         m, heads=pairs_of(joined), texts=sets[0], predicted_k=predicted_k, predicted_heads=pairs_of(compared), **kw
     )
@@ -271,8 +273,8 @@ MECHANISM = JoinSpec(
         "effect on the token it attends to on the default corpus, the copying score with G = I) and whether sign(α) "
         "predicts that effect (rep.mechanism): a page section, the columns in --csv, the result in --json; seeded "
         "by --seed (needs a model TransformerLens can run: a zoo model or a hub name; minutes on a CPU)",
-        compute=lambda rep, model, value, joined, args: rep.mechanism(
-            model=model, roles=joined.get("roles"), seed=args.seed
+        compute=lambda rep, model, value, joined, args, progress=True: rep.mechanism(
+            model=model, roles=joined.get("roles"), seed=args.seed, progress=progress
         ),
         needs_model="--mechanism runs the model on text (the attended-token effect), and a checkpoint path is read "
         "as weights only (no model to run): use a zoo model or a hub name, or in Python "

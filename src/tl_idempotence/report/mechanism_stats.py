@@ -139,7 +139,8 @@ def derive_tests(table: pd.DataFrame, n_permutations: int, seed: int) -> tuple[A
     Returns:
         ``(sign_agrees, signs, stats)``: a nullable boolean array (``direction == sign(α)`` for closed heads with
         ``α ≠ 0`` and a nonzero direction), the signs frame, and ``n_sign_tested, n_agree, sign_test_p,
-        sign_test_floor, n_spearman, spearman_rho, spearman_p, spearman_p_unstratified, n_strata,
+        sign_test_floor, n_spearman, spearman_rho, spearman_p, spearman_p_within_layer`` (the same p, named),
+        ``spearman_p_unstratified, n_strata,
         n_closed_own_sign_alpha, median_abs_copying_closed, notes``.
     """
     from scipy.stats import binomtest
@@ -180,6 +181,7 @@ def derive_tests(table: pd.DataFrame, n_permutations: int, seed: int) -> tuple[A
         "n_spearman": int(ok.sum()),
         "spearman_rho": rho,
         "spearman_p": p_within,
+        "spearman_p_within_layer": p_within,
         "spearman_p_unstratified": p_across,
         "n_strata": n_strata,
         "n_closed_own_sign_alpha": n_closed_own,

@@ -35,20 +35,19 @@ from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.head_tokens import head_tokens_files, load_head_tokens
 from ..probes.tied import EmbeddingTie
 from ..probes.token_effect import attended_token_effect_files, load_attended_token_effect
-from .mechanism import (
+from .mechanism_controls import DERIVED_COLUMNS, STABILITY_COLUMNS, WEIGHT_COLUMNS, controls_matching
+from .mechanism_headline import mechanism_headline
+from .mechanism_stats import SIGNED
+from .mechanism_tables import (
     COPYING_OWN_CONVENTION,
     MECHANISM_FORMAT,
     MECHANISM_RECORD,
     PART_COLUMNS,
     RECOMPUTED,
     ROLE_COLUMNS,
-    SIGNED,
     TABLE_COLUMNS,
-    Mechanism,
     derived,
-    mechanism_headline,
 )
-from .mechanism_controls import DERIVED_COLUMNS, STABILITY_COLUMNS, WEIGHT_COLUMNS, controls_matching
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -64,12 +63,11 @@ SIGNS_COLUMNS = (
 TABLES = frozenset({"table", "signs", "weights", "stability"})
 
 
-def write_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -> str:
-    """:func:`~tl_idempotence.report.mechanism.save_mechanism` (its docstring says what it writes and raises)."""
+def write_mechanism(result: Any, path: PathLike, overwrite: bool = False) -> str:
+    """:func:`~tl_idempotence.report.mechanism.save_mechanism` (its docstring says what it writes and raises; it
+    checks that ``result`` is a ``Mechanism``)."""
     from ..core.options import check_bool
 
-    if not isinstance(result, Mechanism):
-        raise OptionTypeError(f"save_mechanism saves a Mechanism (rep.mechanism); got {type(result).__name__}.")
     check_bool(overwrite, "overwrite")
     check_save_target(
         path,
@@ -195,8 +193,9 @@ def _check_stability(fs: Path, stability: pd.DataFrame, table: pd.DataFrame, set
         raise _refuse(fs, "set0's directions are not the table's")
 
 
-def read_mechanism(path: PathLike) -> Mechanism:
-    """:func:`~tl_idempotence.report.mechanism.load_mechanism` (its docstring says what it checks and raises)."""
+def read_mechanism(path: PathLike, make: Any) -> Any:
+    """:func:`~tl_idempotence.report.mechanism.load_mechanism` (its docstring says what it checks and raises);
+    ``make`` is the ``Mechanism`` class (passed in: this module does not import the one that imports it)."""
     raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
     d = saved_folder(Path(path).expanduser(), MECHANISM_RECORD)  # an overwrite stopped between its two renames
     rec, ft, fs = d / MECHANISM_RECORD, d / "table.parquet", d / "signs.parquet"
@@ -254,7 +253,7 @@ def read_mechanism(path: PathLike) -> Mechanism:
             raise _refuse(rec, f"summary[{k!r}] is {summary.get(k)!r} but {v!r} from the tables")
     _check_stated(rec, summary, tie, n_perm)
     tokens = _load_parts(d, parts, table, summary, "head_tokens")  # last: every cheaper check first
-    return Mechanism(
+    return make(
         table=table, signs=stored, summary=summary, tokens=tokens, effect=effect, tie=tie, loaded_from=str(d),
         weights=weights, stability=stability,
     )  # fmt: skip

@@ -610,12 +610,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         n_boot: IntLike = 1000,
         progress: bool = True,
     ) -> Mechanism:
-        """What the closed heads do to tokens, and what holds it up (SPEC 12-13): this report's P, α and closed set
-        joined with the token readout, the attended-token effect on text, both copying scores and the distance
-        from an orthogonal projection; whether sign(α) predicts the direction of the effect among closed heads
-        (sign test), against non-closed heads of the same layer matched on size, with α·P's Spearman test permuted
-        within layers, the weights-only results' base rates, bootstrap intervals, the stability across text sets
-        and the copy-suppression split (:mod:`tl_idempotence.report.mechanism`).
+        """What the closed heads do to tokens, and what holds it up (SPEC 12-13; :mod:`.mechanism`): whether sign(α)
+        predicts the direction of the effect among closed heads, against matched non-closed heads, α·P's Spearman
+        permuted within layers, base rates, intervals, stability across text sets, the copy-suppression split.
 
         Args:
             model: the TransformerLens model (default: the report's own, while it is alive), checked against the
@@ -626,32 +623,29 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             heads: the heads to join (None: every head measured; pairs, ``"L10H8"`` labels or a DataFrame such as
                 ``rep.closed_heads``); the closed heads' matched controls are joined with them.
             roles: head roles of the report's model (``tli.head_roles`` or ``rep.roles(...)``), added to the table.
-            n_tokens, k: the token readout's sample of source tokens and its top/bottom size.
-            seq_len, max_tokens, batch_size: the attended-token effect's window length (None: 128, or ``n_ctx`` when
-                smaller), token budget and windows per pass.
-            n_permutations: permutations of the Spearman tests and of the matched comparison when not exact.
-            seed: the token sample's, the null sources', the permutations' and the bootstrap's seed.
+            n_tokens, k: the token readout's sample of source tokens and its top/bottom size. seq_len, max_tokens,
+                batch_size: the attended-token effect's window (None: 128, or ``n_ctx`` when smaller), token budget
+                and windows per pass. n_permutations: of the Spearman tests and the matched comparison when not
+                exact. seed: the token sample's, null sources', permutations' and bootstrap's seed.
             match_by: ``"abs_alpha"`` (``|α|``) or ``"norm"`` (``‖T‖_F``): the size controls are matched on.
             n_controls: matched controls per closed head. predicted_k: the copy-suppression condition's ``k``
                 (None: not measured). n_boot: bootstrap replicates. progress: the probes' bars on stderr.
 
         Returns:
-            :class:`~tl_idempotence.report.mechanism.Mechanism` (``.headline``, ``.table`` indexed by ``"L10H8"``,
-            ``.signs``, ``.weights``, ``.stability``, ``.top_tokens(label)``).
-
-        Cost: a hash pass over the weights, a forward pass per ``batch_size`` windows and text set, ``d_vocab``
-        logits per position in the closed heads' layers, ``n_tokens · d_vocab · d_head`` per joined head.
+            :class:`~tl_idempotence.report.mechanism.Mechanism` (``.headline``, ``.table``, ``.signs``, ``.weights``,
+            ``.stability``, ``.top_tokens(label)``). Cost: a hash pass over the weights, a forward pass per
+            ``batch_size`` windows and text set, ``d_vocab`` logits per position in the closed heads' layers.
 
         Raises:
             ReportMismatchError (an OptionError): ``model`` (also the report's own, edited in place) or ``roles``
-                is not of the model this report measured (names the layer or what differs).
-            OptionError: no model; heads outside the measured layers or unknown; counts out of range.
-            OptionTypeError: an option of the wrong type; ``roles`` neither result; a list mixing text sets and
-                texts. UnsupportedModelError / WeightError: as the probes.
+                is not of the model this report measured (names the layer or what differs). OptionError: no model;
+                heads outside the measured layers or unknown; counts out of range. OptionTypeError: an option of
+                the wrong type; ``roles`` neither result; a list mixing text sets and texts.
+            UnsupportedModelError / WeightError: as the probes.
         """
-        options = dict(n_tokens=n_tokens, k=k, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size)
+        options = dict(n_tokens=n_tokens, k=k, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed)
         more = dict(match_by=match_by, n_controls=n_controls, predicted_k=predicted_k, n_boot=n_boot, progress=progress)
-        return MECHANISM(self, model, texts, heads, roles, **options, n_permutations=n_permutations, seed=seed, **more)
+        return MECHANISM(self, model, texts, heads, roles, **options, n_permutations=n_permutations, **more)
 
     @strict_kwargs
     def causal(
