@@ -341,3 +341,41 @@ def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):
     (d / "signs.parquet").unlink()
     with pytest.raises(MissingFileError, match=r"signs\.parquet"):
         tli.load_mechanism(d)
+
+
+def test_projection_facts_and_the_copy_suppression_split_by_hand(joined):
+    """Heads 0..3 are ``c Π`` with Π an orthogonal projection: symmetric and at distance 0 from one (the only case
+    docs/definitions.md §12's proof covers); head 4's ``‖T - Tᵀ‖/‖T‖`` is numpy's. The copy-suppression condition is
+    the attended token among the 10 largest logits of ``blocks.0.hook_resid_pre`` read through ``W_U`` (no norm
+    here), by hand, and the split's medians are those of the positions it flags."""
+    m, _, mech = joined
+    t = mech.table
+    closed = ["L0H0", "L0H1", "L0H2", "L0H3"]
+    np.testing.assert_allclose(t.loc[closed, "asymmetry"].to_numpy(dtype=float), 0.0, atol=1e-6)
+    np.testing.assert_allclose(t.loc[closed, "proj_distance"].to_numpy(dtype=float), 0.0, atol=1e-6)
+    attn = m.blocks[0].attn
+    T = (attn.W_V[4] @ attn.W_O[4]).detach().double().numpy()
+    asym = np.linalg.norm(T - T.T) / np.linalg.norm(T)
+    assert t.loc["L0H4", "asymmetry"] == pytest.approx(asym, rel=1e-5) and asym > 0.5
+    s = mech.summary["projection"]
+    assert s["asymmetry_max"] == pytest.approx(0.0, abs=1e-6) and s["n_measured"] == 4
+    pos = mech.effect.positions
+    with torch.no_grad():
+        _, cache = m.run_with_cache(tokens())
+    logits = (cache["blocks.0.hook_resid_pre"].double() @ m.W_U.detach().double()).numpy()  # [window, pos, d_vocab]
+    w, q, tok = (pos[c].to_numpy(dtype=int) for c in ("window", "pos", "token"))
+    own = logits[w, q, tok]
+    rank = (logits[w, q, :] > own[:, None]).sum(axis=1)
+    np.testing.assert_array_equal(pos["predicted"].to_numpy(dtype=bool), rank < 10)
+    assert 0 < (rank < 10).sum() < len(rank)  # both conditions occur
+    k = int(np.median(rank)) + 1  # a k some token sits just outside of (rank == k): an off-by-one shows
+    assert (rank == k).any()
+    pk = tli.attended_token_effect(m, texts=tokens(), predicted_k=k, progress=False).positions
+    np.testing.assert_array_equal(pk["predicted"].to_numpy(dtype=bool), rank < k)
+    for lab in [*closed, "L0H4"]:
+        g = pos[pos["label"] == lab]
+        flag = g["predicted"].to_numpy(dtype=bool)
+        assert t.loc[lab, "n_predicted"] == flag.sum() and t.loc[lab, "n_unpredicted"] == (~flag).sum()
+        for cond, sel in (("predicted", flag), ("unpredicted", ~flag)):
+            want = np.median(g["effect"].to_numpy()[sel]) if sel.any() else np.nan
+            np.testing.assert_allclose(t.loc[lab, f"effect_median_{cond}"], want, rtol=1e-12)
