@@ -241,6 +241,18 @@ def test_page_json_and_csv_carry_the_mechanism(joined, tmp_path):
     assert "What the closed heads do to tokens" in page and "Signed scores by sign" in page
     sec = page[page.index("What the closed heads do to tokens") :]
     assert all(f"L0H{h}" in sec for h in range(4)) and "copying (G = I)" in sec
+    # the direction and the comparison with matched controls and base rates (SPEC 13)
+    assert "direction (effect - null)" in sec and "Closed heads against matched controls and base rates" in sec
+    from tl_idempotence.views.page import mechanism_section_tables
+
+    tabs = mechanism_section_tables(mech, rep.threshold)
+    by_head = dict(zip(tabs["closed"]["head"], tabs["closed"]["direction (effect - null)"], strict=True))
+    assert by_head == {"L0H0": "raises", "L0H1": "lowers", "L0H2": "raises", "L0H3": "lowers"}  # sign α, by P
+    assert set(tabs["closed"]["matched control(s)"]) == {"L0H4"}
+    assert tabs["compared"]["quantity"].tolist()[-2:] == [
+        "sign(copying) = sign(α), share",
+        "sign(G = I score) = sign(α)",
+    ]
     from tl_idempotence.core.outputs import write_output
     from tl_idempotence.report.export import report_output
 
