@@ -391,3 +391,25 @@ def test_projection_facts_and_the_copy_suppression_split_by_hand(joined):
         for cond, sel in (("predicted", flag), ("unpredicted", ~flag)):
             want = np.median(g["effect"].to_numpy()[sel]) if sel.any() else np.nan
             np.testing.assert_allclose(t.loc[lab, f"effect_median_{cond}"], want, rtol=1e-12)
+
+
+def test_several_text_sets_and_seeded_intervals(joined):
+    """``texts=[set0, set1]``: each compared head's direction in set1 is the attended-token effect's on set1 alone,
+    ``direction_kept`` the same nonzero direction in both, ``n_kept`` their count among the closed heads; the
+    bootstrap intervals are seeded (another call with the same first set and seed gives the same numbers)."""
+    m, rep, mech = joined
+    two = rep.mechanism(texts=[tokens(1), tokens(3)], heads=rep.closed_heads, progress=False, **FAST)
+    compared = ["L0H0", "L0H1", "L0H2", "L0H3", "L0H4"]
+    st = two.stability
+    assert st["set"].tolist() == ["set0"] * 5 + ["set1"] * 5 and st["label"].tolist() == compared * 2
+    d1 = tli.attended_token_effect(m, heads=compared, texts=tokens(3), predicted_k=None, progress=False).table
+    np.testing.assert_array_equal(st["direction"].to_numpy()[5:], d1.loc[compared, "direction"].to_numpy())
+    d0 = st["direction"].to_numpy()[:5]
+    kept = (d0 == d1.loc[compared, "direction"].to_numpy()) & (d0 != 0)
+    assert two.table.loc[compared, "direction_kept"].tolist() == kept.tolist() == [True] * 4 + [False]  # L0H4 flips
+    s = two.summary["stability"]
+    assert s["n_sets"] == 2 and s["n_kept"] == int(kept[:4].sum()) and s["n_compared"] == 4
+    # seeded: the fixture's call (the same first set, heads and seed) gave the same intervals
+    cols = ["median_diff_lo", "median_diff_hi", "effect_median_lo", "effect_median_hi", "direction_stability"]
+    assert np.isfinite(two.table.loc[compared, cols].to_numpy(dtype=float)).all()
+    np.testing.assert_array_equal(two.table.loc[compared, cols].to_numpy(), mech.table.loc[compared, cols].to_numpy())
