@@ -11,7 +11,8 @@ makes a result with it and :func:`~tl_idempotence.report.mechanism.load_mechanis
   head(s) each control is matched to. The closed heads' agreement ``direction = sign(α)`` (``agrees_alpha``, defined
   for every head with α ≠ 0 and a nonzero direction) and their effect against the null in the direction their α
   predicts (``aligned_diff = sign(α) · median_diff``) against their controls':
-  :func:`~tl_idempotence.core.matching.matched_difference` (mean of the agreement, median of ``aligned_diff``),
+  :func:`~tl_idempotence.core.matching.matched_difference` (mean of the agreement, median of ``aligned_diff``, and
+  median of ``|median_diff|``, how far the effect is from its null either way: ``abs_median_diff``),
   relabelling closed and control heads **within each layer**, exact when the relabellings are few (p floor
   ``1 / #relabellings``), else seeded draws (floor ``1 / (n_permutations + 1)``).
 * **Base rates** (:func:`~tl_idempotence.core.matching.base_rates`) of the weights-only results over every measured
@@ -113,6 +114,7 @@ def _matched(t: pd.DataFrame, matching: Matching, seed: int, n_perm: int) -> dic
             "layer": t["layer"].to_numpy(),
             "agrees": t["agrees_alpha"].astype("Float64").to_numpy(dtype=float, na_value=np.nan),
             "aligned": t["aligned_diff"].to_numpy(dtype=float),
+            "size": np.abs(t["median_diff"].to_numpy(dtype=float)),
         },
         index=t.index,
     )
@@ -125,6 +127,7 @@ def _matched(t: pd.DataFrame, matching: Matching, seed: int, n_perm: int) -> dic
         "n_reused": int(pairs["reused"].sum()) if len(pairs) else 0,
         "agreement": _difference(frame, "agrees", matching, "mean", _seed_of(seed, 2), n_perm),
         "aligned": _difference(frame, "aligned", matching, "median", _seed_of(seed, 3), n_perm),
+        "abs_median_diff": _difference(frame, "size", matching, "median", _seed_of(seed, 5), n_perm),
         "notes": " ".join(matching.notes),
     }
 

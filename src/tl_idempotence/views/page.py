@@ -381,7 +381,8 @@ def _compared_table(s: Any) -> pd.DataFrame:
     weights-only signs beside the non-closed heads' base rate (SPEC 13)."""
     rows = []
     m = s.get("matched") or {}
-    for key, what in (("agreement", "direction = sign(α), share"), ("aligned", "median sign(α)·(effect - null)")):
+    for key, what in (("agreement", "direction = sign(α), share"), ("aligned", "median sign(α)·(effect - null)"),
+                      ("abs_median_diff", "median |effect - null|")):  # fmt: skip
         a = m.get(key) or {}
         if a and a.get("method") != "none":
             rows.append({"quantity": what, "closed heads": f"{a['value_closed']:.3g} (n = {a['n_closed']})",

@@ -158,6 +158,18 @@ def test_the_matched_comparison_is_against_the_matched_controls(derived):
     aligned = {lab: np.sign(ALPHA[i]) * MEDIAN_DIFF[i] for i, lab in enumerate(LABELS)}
     assert e["value_closed"] == pytest.approx(np.median([aligned[x] for x in closed]))
     assert e["value_controls"] == pytest.approx(np.median([aligned[x] for x in controls]))
+    z = m["abs_median_diff"]  # the size either way, closed against their controls
+    size = {lab: abs(MEDIAN_DIFF[i]) for i, lab in enumerate(LABELS)}
+    assert z["value_closed"] == pytest.approx(np.median([size[x] for x in closed]))
+    assert z["value_controls"] == pytest.approx(np.median([size[x] for x in controls]))
+    sdiffs = []
+    for c0 in itertools.combinations(pool0, 2):
+        for c1 in itertools.combinations(pool1, 1):
+            cl = [*c0, *c1]
+            ct = [x for x in pool0 + pool1 if x not in cl]
+            sdiffs.append(np.median([size[x] for x in cl]) - np.median([size[x] for x in ct]))
+    obs = z["difference"]
+    assert z["p_value"] == pytest.approx(np.mean(np.abs(sdiffs) >= abs(obs) - 1e-9))
     assert "matched on |α|" in mechanism_headline(s | {"n_closed": 3}, _tie())
 
 
