@@ -133,17 +133,27 @@ def test_head_tokens(tmp_path, monkeypatch, lineage_dir):
     # the direction is the tested one, effect - null (issue 46): 8 of 13 by it (L12H5 agrees, L29H1 does not)
     assert (
         "8 of 13 closed heads agree (direction: the sign of effect - null, what each head's test tests; two-sided "
-        "sign test p = 0.58)" in text
+        "sign test p = 0.58; 95% bootstrap interval 7-11 heads)" in text
     )
-    assert "across 270 heads, Spearman ρ(α·P, effect) = +0.16 (permutation p = 0.008)" in text
+    # issue 47: matched controls, the Spearman p within layers beside the across-layers one, the base rate
+    assert "the 13 closed heads agree at 62% vs 62% (difference +0.00, exact within-layer p = 1" in text
+    assert (
+        "across 270 heads, Spearman ρ(α·P, effect) = +0.16 (within-layer permutation p = 0.54, 30 layers with two or "
+        "more heads; across layers p = 0.008, which depth confounds)" in text
+    )
+    assert "sign(copying) = sign(α) for 13 of 13 closed heads and 89% of 257 non-closed heads (chance of 13" in text
     assert "direction = sign(alpha): 8 of 13 | sign(copying_own) = sign(alpha): 13 | min |copying_own|: 0.9936" in text
     assert (
         "Too few closed heads to tell: 4 of 4 closed heads agree (direction: the sign of effect - null, what each "
-        "head's test tests; two-sided sign test p = 0.12, and with 4 heads it cannot be below 0.125 > 0.05); across 8 "
-        "heads, Spearman ρ(α·P, effect) = +0.95" in text
+        "head's test tests; two-sided sign test p = 0.12; 95% bootstrap interval 4-4 heads, and with 4 heads it cannot "
+        "be below 0.125 > 0.05); no closed head has a control of its layer with a direction (matched on |α|); across "
+        "8 heads, Spearman ρ(α·P, effect) = +0.95 (within-layer permutation p = 0.062" in text
     )
     assert re.search(r"L10H8 alpha = -19\.39\n  promoted +\(none", text)  # a suppressor has no promoted list
-    assert "No head is closed; across 8 heads, Spearman ρ(α·P, effect) = +0.52 (permutation p = 0.21)" in text
+    assert (
+        "No head is closed; across 8 heads, Spearman ρ(α·P, effect) = +0.52 (within-layer permutation p = 0.5, 2 "
+        "layers with two or more heads; across layers p = 0.21, which depth confounds)" in text
+    )
 
 
 def _markdown(nb) -> str:

@@ -122,10 +122,12 @@ def _effect_pair(w: World):
 
 
 def _mechanism_pair(w: World):
-    kw = dict(model=w.bridge, texts=_texts(3), n_tokens=16, k=2, n_permutations=19)
+    kw = dict(model=w.bridge, n_tokens=16, k=2, n_permutations=19, n_boot=20, progress=False)
+    low = w.get("rep_low", lambda: w.rep.with_threshold(0.03))  # closed heads, with matched controls (SPEC 13)
+    two_sets = [_texts(3), _texts(6)]  # the stability across text sets
     return (
-        w.get("mech_a", lambda: w.rep.mechanism(heads=["L0H1", "L1H0", "L1H3"], seed=1, **kw)),
-        w.get("mech_b", lambda: w.rep.mechanism(heads=["L0H0", "L1H2"], seed=2, **kw)),
+        w.get("mech_a", lambda: low.mechanism(heads=["L0H5", "L1H1", "L1H3"], texts=two_sets, seed=1, **kw)),
+        w.get("mech_b", lambda: w.rep.mechanism(heads=["L0H0", "L1H2"], texts=_texts(3), seed=2, **kw)),
     )
 
 
@@ -584,7 +586,7 @@ def _edited(v: Any) -> Any:
     if isinstance(v, int):
         return v + 1
     if isinstance(v, float):
-        return v * 1.5 + 0.25
+        return v * 1.5 + 0.25 if v != -0.5 else 0.0  # -0.5 is the map's fixed point: another value
     if isinstance(v, str):
         return 0.5 if v in ("NaN", "Infinity", "-Infinity") else v + "x"
     if v is None:

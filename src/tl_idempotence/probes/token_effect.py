@@ -34,6 +34,16 @@ it; SPEC 13); the effect's own median (``effect_median``, not against the null) 
 sign test over ``n`` positions cannot give ``p`` below ``2^(1 - n)``: a head with fewer than 6 positions cannot
 reach 0.05, and the headline says how many such heads there are.
 
+**The copy-suppression condition** (McDougall et al. 2023; SPEC 13): at each position, whether the attended token
+``t`` is already **predicted** at the head's input, i.e. among the ``predicted_k`` (default 10) largest logits of the
+residual stream before the head's layer, ``blocks.{l}.hook_resid_pre`` at the destination ``q`` read as the output
+is read (through ``W_U~``; the final norm's scale at ``q`` divides every logit alike and leaves the ranks; no norm
+weight, no ``b_U``): ``#{u != t : logit_u > logit_t} < k`` in float64 (ties go to ``t``;
+:func:`~tl_idempotence.probes.token_effect_run.top_k_flags`, exact without every position's float64 logits). Each
+head's effect, effect - null and its sign test are split by it (``_predicted`` / ``_unpredicted`` columns):
+suppression heads are expected to act where the token is predicted. ``predicted_heads`` limits it to some heads
+(its cost is ``d_vocab`` logits per position and layer).
+
 Direct effects only: what the head's output does through later layers (indirect paths) and what other
 components do in response (self-repair) are not measured.
 """
@@ -50,13 +60,13 @@ import torch
 
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
-from ..core.random import layer_generator
 from ..core.records import index_column, tables_record_files
 from ..core.selection import head_labels, select_heads
 from ..core.stored import StoreSpec
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_causal_lm
+from .token_effect_run import EffectRun, LayerOps
 from .token_records import (
     FREE_MODEL_FIELDS,
     TokenResult,
@@ -74,6 +84,8 @@ from .token_records import (
 from .tokens import corpus_name, prepare_tokens, tokenizer_of
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
+
     from ..core.hints import IntLike, PathLike
 
 __all__ = [
@@ -88,7 +100,8 @@ __all__ = [
 CONVENTION = (
     "direct effect: hook_z @ W_O / ln_final.hook_scale @ W_U (centred over d_model for a LayerNorm), standardized "
     "over the vocabulary; source = the most-attended counted position (BOS and special tokens excluded); no norm "
-    "weight/bias, no b_U; indirect paths and self-repair not measured"
+    "weight/bias, no b_U; indirect paths and self-repair not measured; predicted: the attended token among the "
+    "predicted_k largest logits of blocks.{l}.hook_resid_pre at the destination read through W_U (as the output)"
 )
 
 
@@ -110,6 +123,7 @@ class AttendedTokenEffectSummary(FrozenSummary):
     n_positions: int
     n_windows: int
     seed: int
+    predicted_k: int | None
     convention: str
     final_norm: str
     test: str
@@ -135,9 +149,13 @@ class AttendedTokenEffect(TokenResult):
             norms' scales; "raw" means unstandardized), ``direction`` (the tested direction, SPEC 13: the sign of
             ``n_pos_diff - n_neg_diff``, +1 raises the attended token's logit against the null, -1 lowers it, 0 as
             many positions each way, NaN without a position), ``effect_p`` (two-sided sign test of effect - null),
-            ``effect_q`` (BH over all the heads measured), ``reason`` (why a head's numbers are NaN; "" if none).
+            ``effect_q`` (BH over all the heads measured), ``reason`` (why a head's numbers are NaN; "" if none),
+            and the copy-suppression split (module docstring): ``n_predicted, effect_median_predicted,
+            median_diff_predicted, effect_p_predicted, direction_predicted`` over the positions where the attended
+            token is already predicted at the head's input, the same ``_unpredicted`` where it is not (``n_``
+            both 0 and the rest NaN: not measured).
         positions: every (head, window, position) record: ``label, window, pos, source_pos, token, effect,
-            null_source_pos, null_effect, raw_effect``.
+            null_source_pos, null_effect, raw_effect, predicted`` (nullable boolean: NA where not measured).
         summary: ``model_name, n_heads, n_positions, n_windows, seed, convention, test, processing,
             weights_fingerprint, embedding_fingerprint``, ``n_negative_q05, n_positive_q05`` (heads whose test
             reaches ``effect_q <= 0.05`` with direction -1 / +1: they lower / raise the attended token against
@@ -230,6 +248,10 @@ def _final_norm(model: Any) -> tuple[bool, bool]:
 
 #: The run-time scale of the norm after ``W_O`` (Gemma-2/3 in TransformerLens and its bridge), per layer.
 POST_NORM_HOOK = "blocks.{l}.ln1_post.hook_scale"
+#: The window length when ``seq_len`` is not given (the model's ``n_ctx`` when that is smaller).
+DEFAULT_SEQ_LEN = 128
+#: The copy-suppression condition's ``k`` when not given: the attended token among the 10 largest logits.
+DEFAULT_PREDICTED_K = 10
 #: The two-sided sign test's smallest p over ``n`` positions is ``2^(1 - n)``: below 6 it cannot reach 0.05.
 MIN_POSITIONS_05 = 6
 
@@ -355,6 +377,8 @@ def attended_token_effect(
     seed: IntLike = 0,
     text_column: str = "text",
     progress: bool = True,
+    predicted_k: IntLike | None = DEFAULT_PREDICTED_K,
+    predicted_heads: Any = None,
 ) -> AttendedTokenEffect:
     """The direct effect of each head on the token it attends to most, on real text (SPEC 12-13; module docstring).
 
@@ -370,12 +394,19 @@ def attended_token_effect(
         batch_size: windows per forward pass (no number depends on it). seed: the null sources' seed.
         text_column: a Dataset's text column.
         progress: a tqdm bar over the forward passes on stderr (as the report's).
+        predicted_k: the copy-suppression condition's ``k`` (module docstring: whether the attended token is among
+            the ``k`` largest logits of the residual stream at the head's input), 1 .. d_vocab; None: not measured
+            (every ``predicted`` NA, the split columns 0 / NaN).
+        predicted_heads: the heads whose positions get the condition (as ``heads``; None: every head measured; a
+            head not measured here is refused). The condition reads ``d_vocab`` logits per position and layer: on
+            SmolLM2 about 0.5-1 CPU-s per layer and 2048 tokens.
 
     Returns:
         :class:`AttendedTokenEffect` (``.table`` indexed by ``"L10H8"``, ``.positions``, ``.headline``).
 
     Cost: one forward pass per ``batch_size`` windows (hooks on the selected layers' ``hook_z``/``hook_pattern``),
-    then ``~positions · d_head²`` multiply-adds per head (SmolLM2-135M, 270 heads, 2048 tokens: ~20 CPU-s).
+    then ``~positions · d_head²`` multiply-adds per head (SmolLM2-135M, 270 heads, 2048 tokens: ~20 CPU-s), and the
+    condition's logits (``predicted_heads``).
 
     Raises:
         UnsupportedModelError: not a TransformerLens model, no ``W_E``/``W_U``, ``d_vocab_out != d_vocab``; not a
@@ -396,6 +427,9 @@ def attended_token_effect(
     batch_size = check_int(batch_size, "batch_size", 1, 1 << 20)
     seed = check_seed(seed)
     progress = check_bool(progress, "progress")
+    k_pred, pred_sel = _check_predicted(
+        predicted_k, predicted_heads, sel, list(src.layers()), info.n_heads, int(W_U.shape[1])
+    )
     toks, counted = prepare_tokens(model, texts, seq_len=seq_len, max_tokens=max_tokens, text_column=text_column)
     _check_windows(model, toks)
     if not bool(counted.any()):
@@ -413,8 +447,8 @@ def attended_token_effect(
         for s in range(0, d_vocab, 8192):
             C += U[:, s : s + 8192] @ U[:, s : s + 8192].T
         C /= d_vocab
-        ops = {lay: _LayerOps(lh.O.to(dev, torch.float64), sel[lay], u_bar, C) for lay, lh in layers.items()}
-        run = _Run(model, sel, ops, U, has_scale, post_hooks, batch_size, seed, progress)
+        ops = {lay: LayerOps(lh.O.to(dev, torch.float64), sel[lay], u_bar, C) for lay, lh in layers.items()}
+        run = EffectRun(model, sel, ops, U, has_scale, post_hooks, batch_size, seed, progress, k_pred, pred_sel)
         recs = run.collect(toks, counted)
     table, positions = _tables(recs, sel, layers)
     final = ("LayerNorm (centred, / hook_scale)" if centre else "/ hook_scale") if has_scale else "none"
@@ -427,6 +461,7 @@ def attended_token_effect(
         "n_positions": int(table["n_positions"].max()) if len(table) else 0,
         "n_windows": len(toks),
         "seed": seed,
+        "predicted_k": k_pred,
         "convention": CONVENTION,
         "final_norm": final,
         "test": TEST,
@@ -441,138 +476,33 @@ def attended_token_effect(
         "max_tokens": max_tokens,
         "batch_size": batch_size,
         "seed": seed,
+        "predicted_k": k_pred,
         "corpus": corpus_name(texts),
     }
     return AttendedTokenEffect(table=table, positions=positions, summary=summary, info=info, options=options)
 
 
-#: The window length when ``seq_len`` is not given (the model's ``n_ctx`` when that is smaller).
-DEFAULT_SEQ_LEN = 128
+def _check_predicted(
+    k: Any, heads: Any, sel: dict[int, list[int]], layers: list[int], n_heads: int, d_vocab: int
+) -> tuple[int | None, dict[int, set[int]]]:
+    """The copy-suppression condition's ``k`` (None: not measured) and ``{layer: {heads}}`` it is measured for.
 
-
-class _LayerOps:
-    """One layer's selected heads in ``d_head`` form (module docstring): ``W_O`` ``[heads, d_head, d_model]``,
-    ``W_O ū`` ``[heads, d_head]`` and ``W_O C W_Oᵀ`` ``[heads, d_head, d_head]`` (float64)."""
-
-    def __init__(self, O: torch.Tensor, heads: list[int], u_bar: torch.Tensor, C: torch.Tensor) -> None:
-        W_O = O.transpose(-1, -2)[heads]  # [h, d_head, d_model]
-        self.index = {h: j for j, h in enumerate(heads)}
-        self.W_O = W_O
-        self.w_mean = W_O @ u_bar  # [h, d_head]
-        self.G = W_O @ C @ W_O.transpose(-1, -2)  # [h, d_head, d_head]
-
-
-class _Run:
-    """The forward passes of :func:`attended_token_effect` and the per-position records of every selected head."""
-
-    def __init__(
-        self,
-        model: Any,
-        sel: dict[int, list[int]],
-        ops: dict[int, _LayerOps],
-        U: torch.Tensor,
-        has_scale: bool,
-        post_hooks: dict[int, str],
-        batch_size: int,
-        seed: int,
-        progress: bool,
-    ) -> None:
-        self.model, self.sel, self.ops, self.U = model, sel, ops, U
-        self.U_rows = U.T.contiguous()  # [d_vocab, d_model]: a token's column of W_U~ as one contiguous row
-        self.has_scale, self.post_hooks, self.batch_size, self.progress = has_scale, post_hooks, batch_size, progress
-        self.gen = layer_generator(seed, None, "token_effect")  # one stream for the whole call, in window order
-        self.store: dict[str, torch.Tensor] = {}
-        self.recs: dict[tuple[int, int], dict[str, list[np.ndarray]]] = {
-            (lay, h): {k: [] for k in ("window", "pos", "src", "tok", "eff", "nsrc", "neff", "raw")}
-            for lay, hs in sel.items()
-            for h in hs
-        }
-
-    def _hook(self, name: str) -> Any:
-        def hook(x: torch.Tensor, hook: Any = None) -> None:
-            self.store[name] = x.detach()
-
-        return hook
-
-    def collect(self, toks: torch.Tensor, counted: torch.Tensor) -> dict[tuple[int, int], dict[str, list[np.ndarray]]]:
-        """Run every window (``batch_size`` at a time, the model in eval mode and back) and return the records."""
-        from ..core.progress import progress_bar
-
-        names = [f"blocks.{lay}.attn.hook_{w}" for lay in self.sel for w in ("z", "pattern")]
-        names += list(self.post_hooks.values())
-        if self.has_scale:
-            names.append("ln_final.hook_scale")
-        fwd = [(n, self._hook(n)) for n in names]
-        device = getattr(self.model.cfg, "device", None) or "cpu"
-        was_training = bool(getattr(self.model, "training", False))
-        n_heads = sum(len(hs) for hs in self.sel.values())
-        desc = (
-            f"attended-token effect ({len(toks)} windows x {toks.shape[1]} tokens, {n_heads} heads; "
-            "~6 CPU-ms/token on SmolLM2)"
-        )
-        starts = range(0, len(toks), self.batch_size)
-        self.model.eval()
-        try:
-            for start in progress_bar(starts, desc=desc, total=len(starts), unit="batch", enabled=self.progress):
-                batch = toks[start : start + self.batch_size]
-                self.store.clear()
-                self.model.run_with_hooks(batch.to(device), fwd_hooks=fwd, return_type=None)
-                self._batch(batch, counted[start : start + self.batch_size], start)
-        finally:
-            if was_training:
-                self.model.train()
-        return self.recs
-
-    def _batch(self, batch: torch.Tensor, cnt: torch.Tensor, start: int) -> None:
-        dev = self.U.device
-        cnt = cnt.to(dev)
-        P = batch.shape[1]
-        tb = batch.to(dev)
-        # eligible sources of destination q: counted keys k <= q (q itself included)
-        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-        elig = causal.unsqueeze(0) & cnt.unsqueeze(1)  # [B, q, k]
-        dest = cnt & elig.any(-1)  # [B, q]
-        b_idx, q_idx = dest.nonzero(as_tuple=True)
-        if not len(b_idx):
-            return
-        # the null: a uniform draw among the eligible keys of each destination (one draw per position, shared by
-        # the heads of a pass; the call's one generator, row by row in window order)
-        w = elig[b_idx, q_idx].double()
-        null_src = torch.multinomial(w.cpu(), 1, generator=self.gen).squeeze(1).to(dev)
-        scale = torch.ones(len(b_idx), dtype=torch.float64, device=dev)
-        if self.has_scale:
-            scale = self.store["ln_final.hook_scale"].to(dev, torch.float64)[b_idx, q_idx, 0]
-        window = (b_idx + start).cpu().numpy()
-        pos = q_idx.cpu().numpy()
-        nsrc = null_src.cpu().numpy()
-        for lay, hs in self.sel.items():
-            op = self.ops[lay]
-            z = self.store[f"blocks.{lay}.attn.hook_z"][b_idx, q_idx].to(dev, torch.float64)  # [n, n_heads, d_head]
-            pat = self.store[f"blocks.{lay}.attn.hook_pattern"]  # [B, n_heads, q, k]
-            s = scale
-            if lay in self.post_hooks:
-                s = s * self.store[self.post_hooks[lay]].to(dev, torch.float64)[b_idx, q_idx, 0]
-            for h in hs:
-                j = op.index[h]
-                p = pat[b_idx, h, q_idx].to(dev, torch.float64)  # [n, k]
-                p = torch.where(elig[b_idx, q_idx], p, torch.full_like(p, -1.0))
-                src = p.argmax(-1)
-                zh = z[:, h]  # [n, d_head]
-                mean = zh @ op.w_mean[j]
-                std = ((zh @ op.G[j] * zh).sum(-1) - mean**2).clamp_min(0).sqrt()
-                y = zh @ op.W_O[j]  # [n, d_model]: the head's output (before the scales)
-                t_src, t_null = tb[b_idx, src], tb[b_idx, null_src]
-                raw = (y * self.U_rows[t_src]).sum(-1)
-                raw_null = (y * self.U_rows[t_null]).sum(-1)
-                r = self.recs[(lay, h)]
-                r["window"].append(window)
-                r["pos"].append(pos)
-                r["src"].append(src.cpu().numpy())
-                r["tok"].append(t_src.cpu().numpy())
-                r["eff"].append(((raw - mean) / std).cpu().numpy())
-                r["nsrc"].append(nsrc)
-                r["neff"].append(((raw_null - mean) / std).cpu().numpy())
-                r["raw"].append((raw / s).cpu().numpy())
+    Raises:
+        OptionTypeError / OptionError: ``k`` not an integer in ``1 .. d_vocab``; ``predicted_heads`` that are not
+            heads, or heads this call does not measure (names them).
+    """
+    if k is None:
+        return None, {}
+    k = check_int(k, "predicted_k", 1, d_vocab)
+    if heads is None:
+        return k, {lay: set(hs) for lay, hs in sel.items()}
+    if isinstance(heads, (list, tuple)) and not heads:
+        return k, {}
+    want = select_heads(heads, layers, n_heads, labels=True)
+    extra = [f"L{lay}H{h}" for lay, hs in want.items() for h in hs if h not in sel.get(lay, ())]
+    if extra:
+        raise OptionError(f"predicted_heads {extra[:5]} are not among the heads measured (heads=).")
+    return k, {lay: set(hs) for lay, hs in want.items()}
 
 
 #: Why a head's statistics are NaN (the table's ``reason``; "" when every number is defined).
@@ -583,9 +513,10 @@ REASON_NO_SPREAD = (
 REASON_ALL_TIED = "every position's effect equals its null's: the sign test has nothing to count"
 
 
-def _head_stats(eff: np.ndarray, neff: np.ndarray, raw: np.ndarray) -> dict[str, Any]:
-    """One head's row from its positions' standardized effects, null effects and raw effects (a position whose
-    effect or null is not finite, a zero output, is left out), from ``n_positions`` to ``reason``."""
+def _head_stats(eff: np.ndarray, neff: np.ndarray, raw: np.ndarray, pred: np.ndarray | None = None) -> dict[str, Any]:
+    """One head's row from its positions' standardized effects, null effects, raw effects and copy-suppression
+    condition (``pred``: 1 predicted, 0 not, -1 not measured; a position whose effect or null is not finite, a zero
+    output, is left out), from ``n_positions`` to ``reason`` and the split columns (:data:`SPLIT_COLUMNS`)."""
     ok = np.isfinite(eff) & np.isfinite(neff)  # a zero output (std 0) has no standardized effect
     d = eff[ok] - neff[ok]
     npos, nneg, p = _sign_test(d)
@@ -593,7 +524,7 @@ def _head_stats(eff: np.ndarray, neff: np.ndarray, raw: np.ndarray) -> dict[str,
     reason = "" if ok.any() else REASON_NO_SPREAD
     if ok.any() and npos + nneg == 0:
         reason = REASON_ALL_TIED
-    return {
+    row = {
         "n_positions": int(ok.sum()),
         "effect_median": float(np.median(eff[ok])) if ok.any() else nan,
         "frac_negative": float((eff[ok] < 0).mean()) if ok.any() else nan,
@@ -606,6 +537,23 @@ def _head_stats(eff: np.ndarray, neff: np.ndarray, raw: np.ndarray) -> dict[str,
         "direction": float(np.sign(npos - nneg)) if ok.any() else nan,
         "reason": reason,
     }
+    flags = np.full(len(eff), -1, dtype=np.int8) if pred is None else np.asarray(pred, dtype=np.int8)
+    for name, value in (("predicted", 1), ("unpredicted", 0)):
+        m = ok & (flags == value)
+        dm = eff[m] - neff[m]
+        n_p, n_n, p_m = _sign_test(dm)
+        row[f"n_{name}"] = int(m.sum())
+        row[f"effect_median_{name}"] = float(np.median(eff[m])) if m.any() else nan
+        row[f"median_diff_{name}"] = float(np.median(dm)) if m.any() else nan
+        row[f"effect_p_{name}"] = p_m
+        row[f"direction_{name}"] = float(np.sign(n_p - n_n)) if m.any() else nan
+    return row
+
+
+def _pred_flags(predicted: pd.Series) -> np.ndarray:
+    """The positions' ``predicted`` column (nullable boolean) as int8: 1, 0, or -1 where not measured."""
+    v = predicted.astype("boolean")
+    return np.where(v.isna().to_numpy(), -1, v.fillna(False).to_numpy(dtype=bool).astype(np.int8)).astype(np.int8)
 
 
 def _insert_q_values(table: pd.DataFrame) -> None:
@@ -633,7 +581,12 @@ def _tables(
         cat = {k: np.concatenate(v) if v else np.zeros(0) for k, v in r.items()}
         eff, neff = cat["eff"], cat["neff"]
         rows.append(
-            {"layer": lay, "head": h, "kv_head": int(layers[lay].kv_head_of[h]), **_head_stats(eff, neff, cat["raw"])}
+            {
+                "layer": lay,
+                "head": h,
+                "kv_head": int(layers[lay].kv_head_of[h]),
+                **_head_stats(eff, neff, cat["raw"], cat["pred"]),
+            }
         )
         frames.append(
             pd.DataFrame(
@@ -647,6 +600,7 @@ def _tables(
                     "null_source_pos": cat["nsrc"].astype(np.int64),
                     "null_effect": neff,
                     "raw_effect": cat["raw"],
+                    "predicted": pd.arrays.BooleanArray(cat["pred"] == 1, cat["pred"] < 0),
                 }
             )
         )
@@ -661,14 +615,20 @@ def _tables(
 TABLE_COLUMNS = (
     "layer", "head", "kv_head", "n_positions", "effect_median", "frac_negative", "null_median", "median_diff",
     "n_pos_diff", "n_neg_diff", "p_value", "q_value", "raw_effect_median", "direction", "effect_p", "effect_q",
-    "reason",
+    "reason", "n_predicted", "effect_median_predicted", "median_diff_predicted", "effect_p_predicted",
+    "direction_predicted", "n_unpredicted", "effect_median_unpredicted", "median_diff_unpredicted",
+    "effect_p_unpredicted", "direction_unpredicted",
 )  # fmt: skip
+#: The columns of the copy-suppression split (module docstring): each head's positions where the attended token is
+#: already predicted at the head's input (``_predicted``) and where it is not (``_unpredicted``).
+SPLIT_COLUMNS = TABLE_COLUMNS[TABLE_COLUMNS.index("n_predicted") :]
 #: ``p_value``/``q_value`` are the deprecated names of ``effect_p``/``effect_q`` (the same test; kept, equal, until
 #: 0.5.0 at the earliest): the mechanism and the report's exports name it ``effect_p``/``effect_q``, since their
 #: ``p_value``/``q_value`` are the scramble test's.
 DEPRECATED_ALIASES = {"p_value": "effect_p", "q_value": "effect_q"}
 POSITION_COLUMNS = (
     "label", "window", "pos", "source_pos", "token", "effect", "null_source_pos", "null_effect", "raw_effect",
+    "predicted",
 )  # fmt: skip
 
 
@@ -707,6 +667,22 @@ def attended_token_effect_files(result: AttendedTokenEffect) -> dict[str, bytes]
     return tables_record_files(EFFECT_FORMAT, EFFECT_RECORD, _saved_tables(result), probe_fields(result))
 
 
+def _check_predicted_column(positions: pd.DataFrame, k: Any, fp: Path, edited: Any) -> None:
+    """Refuse a ``predicted`` column that is not a nullable boolean, that is measured at some of a head's positions
+    and not at others, or measured although the record's ``predicted_k`` is None (names the file)."""
+    col = positions["predicted"]
+    if str(col.dtype) != "boolean":
+        raise edited(fp, f"'predicted' is {col.dtype}, not a nullable boolean")
+    na = col.isna()
+    if k is None and not na.all():
+        raise edited(fp, "'predicted' is measured although predicted_k is None")
+    if not (isinstance(k, int) and not isinstance(k, bool)) and k is not None:
+        raise edited(fp, f"predicted_k {k!r} is not a whole number or None")
+    mixed = na.groupby(positions["label"], sort=False).nunique()
+    if (mixed > 1).any():
+        raise edited(fp, f"'predicted' is measured at some positions of {list(mixed[mixed > 1].index)[:3]} only")
+
+
 def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
     """Read back what :func:`save_attended_token_effect` wrote, checking every digest and recomputing from the
     positions every column of the table (medians, counts, sign test, BH q-values) and the summary's ``n_heads``,
@@ -727,7 +703,7 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         OptionTypeError: ``path`` is not a path.
     """
     names = frozenset({"table", "positions"})
-    d, fields, tables, info = read_probe(path, EFFECT_FORMAT, EFFECT_RECORD, names)
+    d, fields, tables, info = read_probe(path, EFFECT_FORMAT, EFFECT_RECORD, names, ("seed", "predicted_k"))
     rec, ft, fp = d / EFFECT_RECORD, d / "table.parquet", d / "positions.parquet"
     edited = functools.partial(edited_error, again="tli.attended_token_effect")
 
@@ -745,11 +721,13 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         index_column(positions, col, fp)  # whole numbers
     if set(positions["label"]) - set(labels):
         raise edited(fp, f"positions of heads the table lacks ({sorted(set(positions['label']) - set(labels))[:5]})")
+    _check_predicted_column(positions, summary.get("predicted_k"), fp, edited)
     groups = {lab: g for lab, g in positions.groupby("label", sort=False)}
     rows = []
     for lab in labels:
         g = groups.get(lab, positions.iloc[:0])
-        rows.append(_head_stats(*(g[c].to_numpy(dtype=np.float64) for c in ("effect", "null_effect", "raw_effect"))))
+        eff, ne, raw = (g[c].to_numpy(dtype=np.float64) for c in ("effect", "null_effect", "raw_effect"))
+        rows.append(_head_stats(eff, ne, raw, _pred_flags(g["predicted"])))
     fresh = pd.DataFrame(rows, index=table.index)
     fresh.insert(0, "kv_head", table["kv_head"].to_numpy())
     _insert_q_values(fresh)

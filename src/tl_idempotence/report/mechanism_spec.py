@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.kwargs import strict_kwargs
+from ..core.option_specs import OptionSpec
+from ..core.options import check_bool
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_RESAMPLES
 from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, int_option, optional, seed_option
@@ -19,6 +21,25 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DEFAULT_N_PERMUTATIONS", "EXPORT_MECHANISM_COLUMNS", "MECHANISM"]
 
 
+#: The sizes the matched controls can be nearest in (``core.matching.match_controls``' ``by``).
+MATCH_BY = ("abs_alpha", "norm")
+#: The copy-suppression condition's default k (``attended_token_effect``'s ``predicted_k``; imports nothing).
+DEFAULT_PREDICTED_K = 10
+
+
+def _check_match_by(x: Any, name: str) -> str:
+    """One of :data:`MATCH_BY`.
+
+    Raises:
+        OptionTypeError: not a string. OptionError: another string (names the choices).
+    """
+    if not isinstance(x, str):
+        raise OptionTypeError(f"{name} must be one of {list(MATCH_BY)}; got {type(x).__name__}.")
+    if x not in MATCH_BY:
+        raise OptionError(f"{name} must be one of {list(MATCH_BY)}; got {x!r}.")
+    return x
+
+
 def _check_n_tokens(x: Any, name: str) -> int:
     """The token readout's sample of source tokens: 1 .. :data:`~tl_idempotence.probes.head_tokens.MAX_TOKENS`
     (imports torch when called)."""
@@ -26,6 +47,30 @@ def _check_n_tokens(x: Any, name: str) -> int:
     from ..probes.head_tokens import MAX_TOKENS
 
     return check_int(x, name, 1, MAX_TOKENS)
+
+
+def _text_sets(texts: Any) -> list[Any]:
+    """``texts`` as a list of text sets: a list or tuple of two or more sets (each ``None``, a list or tuple of texts,
+    a token tensor or array, or a ``datasets.Dataset``) is several; anything else is one.
+
+    Raises:
+        OptionTypeError: a list mixing text sets with single texts (strings, paths).
+    """
+    import os
+
+    def one_set(x: Any) -> bool:
+        return x is None or isinstance(x, (list, tuple)) or hasattr(x, "shape") or hasattr(x, "column_names")
+
+    if not isinstance(texts, (list, tuple)) or not texts or not any(one_set(x) for x in texts):
+        return [texts]
+    if not all(one_set(x) for x in texts):
+        bad = next(x for x in texts if not one_set(x))
+        raise OptionTypeError(
+            "texts: a list of text sets (for the stability across sets) holds only sets (None, lists of texts, token "
+            f"tensors, datasets); this one also holds {type(bad).__name__} {bad!r:.40}"
+            + (" (a list of texts is one set: pass it alone)" if isinstance(bad, (str, os.PathLike)) else "")
+        )
+    return list(texts)
 
 
 @strict_kwargs
@@ -38,20 +83,30 @@ def run_mechanism(
     *,
     n_tokens: int,
     k: int,
-    seq_len: int,
+    seq_len: int | None,
     max_tokens: int | None,
     batch_size: int,
     n_permutations: int,
     seed: int,
+    match_by: str,
+    n_controls: int,
+    predicted_k: int | None,
+    n_boot: int,
+    progress: bool,
 ) -> Mechanism:
-    """``rep.mechanism`` (its docstring): the model checked against the report by content (and ``roles``), then the
-    token readout, the attended-token effect and both copying scores of the chosen heads, joined and tested."""
+    """``rep.mechanism`` (its docstring): the model checked against the report by content (and ``roles``), the
+    matched controls of the closed heads asked for (SPEC 13), then the attended-token effect (on every text set),
+    the token readout, both copying scores and the projection facts of the joined heads, joined and tested."""
+    from ..core.heads import read_layer
     from ..core.selection import head_labels, select_heads
+    from ..maths.projection_facts import projection_facts
     from ..probes.head_tokens import head_tokens
     from ..probes.roles import HeadRoles, copying_scores
     from ..probes.tied import embedding_tie, own_copying_scores
     from ..probes.token_effect import attended_token_effect
+    from ..sources.tl import TLModelSource
     from .mechanism import mechanism_join
+    from .mechanism_controls import controls_matching, weights_frame
     from .roles import RoleAssociation
 
     if roles is not None and not isinstance(roles, (HeadRoles, RoleAssociation)):
@@ -64,23 +119,49 @@ def run_mechanism(
     measured = sorted(int(x) for x in h["layer"].unique())
     sel = select_heads(heads, measured, rep.info.n_heads, labels=True)
     pairs = [(a, b) for a, hs in sorted(sel.items()) for b in hs]
-    labels = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
-    missing = [lab for lab in labels if lab not in h.index]
+    asked = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
+    missing = [lab for lab in asked if lab not in h.index]
     if missing:
         raise OptionError(f"Heads {missing[:10]} are not heads this report measured.")
     tie = embedding_tie(m)
     d_vocab = int(getattr(m.cfg, "d_vocab", 0) or 0)
-    if d_vocab and k > d_vocab:
-        raise OptionError(f"k must be at most d_vocab = {d_vocab} (the token readout's top/bottom size); got {k}.")
-    effect = attended_token_effect(  # first: the text is checked before the readout's cost
-        m, heads=pairs, texts=texts, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed
+    for name, v in (("k", k), ("predicted_k", predicted_k)):
+        if d_vocab and v is not None and v > d_vocab:
+            raise OptionError(f"{name} must be at most d_vocab = {d_vocab}; got {v}.")
+    sets = _text_sets(texts)
+    matching = controls_matching(h, asked, n_controls, match_by)  # weights only: the report's |α|, ‖T‖, closed
+    joined = h.index[h.index.isin(asked) | h.index.isin(matching.controls)]  # the report's order
+    closed = set(h.index[h["closed"].to_numpy(dtype=bool)])
+    compared = [lab for lab in joined if lab in closed or lab in set(matching.controls)]
+
+    def pairs_of(labels: Any) -> list[tuple[int, int]]:
+        return [(int(h.loc[x, "layer"]), int(h.loc[x, "head"])) for x in labels]
+
+    kw: dict[str, Any] = dict(
+        seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed, progress=progress
     )
-    tokens = head_tokens(m, heads=pairs, n_tokens=n_tokens, k=k, seed=seed)
+    effect = attended_token_effect(  # first: the text is checked before the readout's cost
+        m, heads=pairs_of(joined), texts=sets[0], predicted_k=predicted_k, predicted_heads=pairs_of(compared), **kw
+    )
+    more = [
+        (f"set{i}", attended_token_effect(m, heads=pairs_of(compared), texts=s, predicted_k=None, **kw).table)
+        for i, s in enumerate(sets[1:], 1)
+        if compared
+    ]
+    more += [(f"set{i}", effect.table.iloc[:0]) for i in range(len(more) + 1, len(sets))]  # nothing to compare
+    tokens = head_tokens(m, heads=pairs_of(joined), n_tokens=n_tokens, k=k, seed=seed, progress=progress)
     copying, _, _ = copying_scores(m)
     own, _ = own_copying_scores(m)
+    src = TLModelSource(m)
+    by_layer: dict[int, list[int]] = {}
+    for a, b in pairs_of(joined):
+        by_layer.setdefault(a, []).append(b)
+    proj = projection_facts((read_layer(src, lay, src.info) for lay in sorted(by_layer)), heads=by_layer)
     return mechanism_join(
-        h.loc[labels], rep.threshold, tokens, effect, copying, own, tie, hr, n_permutations=n_permutations, seed=seed
-    )
+        h.loc[joined], rep.threshold, tokens, effect, copying, own, tie, hr, weights=weights_frame(h, copying, own),
+        projection=proj, asked=asked, sets=more, n_permutations=n_permutations, seed=seed, match_by=match_by,
+        n_controls=n_controls, n_boot=n_boot,
+    )  # fmt: skip
 
 
 def _mechanism() -> type:
@@ -121,7 +202,13 @@ MECHANISM = JoinSpec(
     options=(
         count_option("n_tokens", 512, "the token readout's sample of source tokens", _check_n_tokens, needs_torch=True),
         count_option("k", 20, "the token readout's top/bottom size", int_option(1)),
-        count_option("seq_len", 128, "the attended-token effect's window length", int_option(2, 1 << 24)),
+        count_option(
+            "seq_len",
+            None,
+            "the attended-token effect's window length (None: 128, or the model's n_ctx when smaller)",
+            optional(int_option(2, 1 << 24)),
+            none=True,
+        ),
         count_option(
             "max_tokens",
             2048,
@@ -136,7 +223,42 @@ MECHANISM = JoinSpec(
             f"permutations of the Spearman test (1 .. {MAX_RESAMPLES})",
             int_option(1, MAX_RESAMPLES),
         ),
-        seed_option("the token sample's, the null sources' and the permutations' seed"),
+        seed_option("the token sample's, the null sources', the permutations' and the bootstrap's seed"),
+        OptionSpec(
+            "match_by",
+            "abs_alpha",
+            "the size the matched controls are nearest in: 'abs_alpha' (|α|) or 'norm' (‖T‖_F)",
+            "choice",
+            "SIZE",
+            choices=MATCH_BY,
+            types="str",
+            hint="str",
+            check=_check_match_by,
+        ),
+        count_option("n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)),
+        count_option(
+            "predicted_k",
+            DEFAULT_PREDICTED_K,
+            "the copy-suppression condition's k: the attended token among the k largest logits at the head's input "
+            "(None: not measured)",
+            optional(int_option(1)),
+            none=True,
+        ),
+        count_option(
+            "n_boot",
+            1000,
+            f"bootstrap replicates of the intervals (10 .. {MAX_RESAMPLES})",
+            int_option(10, MAX_RESAMPLES),
+        ),
+        OptionSpec(
+            "progress",
+            True,
+            "tqdm bars of both probes on stderr",
+            "choice",
+            types="bool",
+            hint="bool",
+            check=check_bool,
+        ),
     ),
     model="weights",
     why="the attended-token effect runs it on text",
@@ -151,8 +273,8 @@ MECHANISM = JoinSpec(
         "effect on the token it attends to on the default corpus, the copying score with G = I) and whether sign(α) "
         "predicts that effect (rep.mechanism): a page section, the columns in --csv, the result in --json; seeded "
         "by --seed (needs a model TransformerLens can run: a zoo model or a hub name; minutes on a CPU)",
-        compute=lambda rep, model, value, joined, args: rep.mechanism(
-            model=model, roles=joined.get("roles"), seed=args.seed
+        compute=lambda rep, model, value, joined, args, progress=True: rep.mechanism(
+            model=model, roles=joined.get("roles"), seed=args.seed, progress=progress
         ),
         needs_model="--mechanism runs the model on text (the attended-token effect), and a checkpoint path is read "
         "as weights only (no model to run): use a zoo model or a hub name, or in Python "

@@ -599,52 +599,53 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         *,
         n_tokens: IntLike = 512,
         k: IntLike = 20,
-        seq_len: IntLike = 128,
+        seq_len: IntLike | None = None,
         max_tokens: IntLike | None = 2048,
         batch_size: IntLike = 8,
         n_permutations: IntLike = 999,
         seed: IntLike = 0,
+        match_by: str = "abs_alpha",
+        n_controls: IntLike = 1,
+        predicted_k: IntLike | None = 10,
+        n_boot: IntLike = 1000,
+        progress: bool = True,
     ) -> Mechanism:
-        """What the closed heads do to tokens (SPEC 12): this report's P, α and closed set joined with the token
-        readout (:func:`~tl_idempotence.probes.head_tokens.head_tokens`), the attended-token effect on text
-        (:func:`~tl_idempotence.probes.token_effect.attended_token_effect`), the copying score and the copying
-        score with G = I (:func:`~tl_idempotence.probes.tied.own_copying_scores`), and whether sign(α) predicts
-        the sign of the effect (:func:`~tl_idempotence.report.mechanism.mechanism_join`: a sign test among closed
-        heads, Spearman of α·P with the effect and a seeded permutation p among all joined heads).
+        """What the closed heads do to tokens, and what holds it up (SPEC 12-13; :mod:`.mechanism`): whether sign(α)
+        predicts the direction of the effect among closed heads, against matched non-closed heads, α·P's Spearman
+        permuted within layers, base rates, intervals, stability across text sets, the copy-suppression split.
 
         Args:
-            model: the TransformerLens model (default: the one the report was made from, while it is alive),
-                checked against the report first by content (:meth:`check_joins`, weight processing included): the
-                report's own model edited in place since is refused.
-            texts: the text of the attended-token effect (None: the default corpus; as ``attended_token_effect``).
-            heads: the heads to join (None: every head the report measured; ``(layer, head)`` pairs, ``"L10H8"``
-                labels or a DataFrame such as ``rep.closed_heads``); the Spearman test runs over these.
-            roles: head roles of the report's model (``tli.head_roles`` or ``rep.roles(...)``, checked by
-                :meth:`check_joins`): their attention-role scores are added to the table.
-            n_tokens: the token readout's sample of source tokens.
-            k: the token readout's top/bottom size.
-            seq_len: the attended-token effect's window length.
-            max_tokens: the attended-token effect's token budget.
-            batch_size: the attended-token effect's windows per forward pass.
-            n_permutations: permutations of the Spearman test (1 .. 2^20).
-            seed: the token sample's, the null sources' and the permutations' seed.
+            model: the TransformerLens model (default: the report's own, while it is alive), checked against the
+                report by content first (:meth:`check_joins`): the report's own model edited in place is refused.
+            texts: the attended-token effect's text (None: the default corpus; as ``attended_token_effect``), or a
+                list of two or more text sets (each as ``texts``): the table is of the first, and each closed head's
+                direction in every set gives the stability across sets.
+            heads: the heads to join (None: every head measured; pairs, ``"L10H8"`` labels or a DataFrame such as
+                ``rep.closed_heads``); the closed heads' matched controls are joined with them.
+            roles: head roles of the report's model (``tli.head_roles`` or ``rep.roles(...)``), added to the table.
+            n_tokens, k: the token readout's sample of source tokens and its top/bottom size. seq_len, max_tokens,
+                batch_size: the attended-token effect's window (None: 128, or ``n_ctx`` when smaller), token budget
+                and windows per pass. n_permutations: of the Spearman tests and the matched comparison when not
+                exact. seed: the token sample's, null sources', permutations' and bootstrap's seed.
+            match_by: ``"abs_alpha"`` (``|α|``) or ``"norm"`` (``‖T‖_F``): the size controls are matched on.
+            n_controls: matched controls per closed head. predicted_k: the copy-suppression condition's ``k``
+                (None: not measured). n_boot: bootstrap replicates. progress: the probes' bars on stderr.
 
         Returns:
-            :class:`~tl_idempotence.report.mechanism.Mechanism` (``.headline``, ``.table`` indexed by ``"L10H8"``,
-            ``.signs``, ``.top_tokens(label)``).
-
-        Cost: one hash pass over the measured weights, one forward pass per ``batch_size`` windows, and about
-        ``n_tokens · d_vocab · d_head`` multiply-adds per joined head (the readout).
+            :class:`~tl_idempotence.report.mechanism.Mechanism` (``.headline``, ``.table``, ``.signs``, ``.weights``,
+            ``.stability``, ``.top_tokens(label)``). Cost: a hash pass over the weights, a forward pass per
+            ``batch_size`` windows and text set, ``d_vocab`` logits per position in the closed heads' layers.
 
         Raises:
             ReportMismatchError (an OptionError): ``model`` (also the report's own, edited in place) or ``roles``
-                is not of the model this report measured (names the layer or what differs).
-            OptionError: no model; heads outside the measured layers or unknown; counts out of range.
-            OptionTypeError: an option of the wrong type; ``roles`` neither result. UnsupportedModelError /
-                WeightError: as the probes (no ``W_E``/``W_U``, ``d_vocab_out != d_vocab``, NaN weights).
+                is not of the model this report measured (names the layer or what differs). OptionError: no model;
+                heads outside the measured layers or unknown; counts out of range. OptionTypeError: an option of
+                the wrong type; ``roles`` neither result; a list mixing text sets and texts.
+            UnsupportedModelError / WeightError: as the probes.
         """
-        options = dict(n_tokens=n_tokens, k=k, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size)
-        return MECHANISM(self, model, texts, heads, roles, **options, n_permutations=n_permutations, seed=seed)
+        options = dict(n_tokens=n_tokens, k=k, seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed)
+        more = dict(match_by=match_by, n_controls=n_controls, predicted_k=predicted_k, n_boot=n_boot, progress=progress)
+        return MECHANISM(self, model, texts, heads, roles, **options, n_permutations=n_permutations, **more)
 
     @strict_kwargs
     def causal(

@@ -346,15 +346,55 @@ def mechanism_section_tables(mech: Any, threshold: float, n_tokens: int = 5) -> 
                 "effect (median)": f"{r['effect_median']:+.3g}",
                 "null (median)": f"{r['null_median']:+.3g}",
                 "p / BH q": f"{r['effect_p']:.2g} / {r['effect_q']:.2g}",
+                "direction (effect - null)": _direction_text(r["direction"]),
+                "median effect - null (95% interval)": _interval_text(r),
                 "sign = sign(α)": "" if pd.isna(r["sign_agrees"]) else ("yes" if r["sign_agrees"] else "no"),
                 "copying": f"{r['copying']:+.3g}",
                 "copying (G = I)": f"{r['copying_own']:+.3g}",
+                "‖T - Tᵀ‖/‖T‖": f"{r['asymmetry']:.2f}" if "asymmetry" in r else "",
+                "distance from an orthogonal projection": f"{r['proj_distance']:.2f}" if "proj_distance" in r else "",
+                "matched control(s)": _controls_of(t, lab),
             }
         )
     signs = mech.signs.reset_index()
     for col in ("median_abs_positive", "median_abs_negative"):
         signs[col] = [f"{v:.3g}" for v in signs[col]]
-    return {"closed": pd.DataFrame(rows), "signs": signs}
+    return {"closed": pd.DataFrame(rows), "signs": signs, "compared": _compared_table(mech.summary)}
+
+
+def _controls_of(t: pd.DataFrame, lab: str) -> str:
+    of = t["control_of"] if "control_of" in t.columns else pd.Series("", index=t.index)
+    return ", ".join(x for x, o in of.items() if lab in str(o).split(", "))
+
+
+def _direction_text(d: Any) -> str:
+    return "" if not np.isfinite(d) else {1.0: "raises", -1.0: "lowers", 0.0: "even"}[float(d)]
+
+
+def _interval_text(r: Any) -> str:
+    lo, hi = r.get("median_diff_lo", np.nan), r.get("median_diff_hi", np.nan)
+    return f"{r['median_diff']:+.3g}" + ("" if not np.isfinite(lo) else f" ({lo:+.3g} to {hi:+.3g})")
+
+
+def _compared_table(s: Any) -> pd.DataFrame:
+    """Closed heads beside their matched controls (direction vs sign α, effect - null along α) and the
+    weights-only signs beside the non-closed heads' base rate (SPEC 13)."""
+    rows = []
+    m = s.get("matched") or {}
+    for key, what in (("agreement", "direction = sign(α), share"), ("aligned", "median sign(α)·(effect - null)"),
+                      ("abs_median_diff", "median |effect - null|")):  # fmt: skip
+        a = m.get(key) or {}
+        if a and a.get("method") != "none":
+            rows.append({"quantity": what, "closed heads": f"{a['value_closed']:.3g} (n = {a['n_closed']})",
+                         "comparison heads": f"{a['value_controls']:.3g} (n = {a['n_controls']}, matched controls)",
+                         "p": f"{a['p_value']:.2g} ({a['method']}, within layers)"})  # fmt: skip
+    for key, what in (("copying", "sign(copying) = sign(α), share"), ("copying_own", "sign(G = I score) = sign(α)")):
+        b = (s.get("base_rates") or {}).get(key) or {}
+        if b.get("n_closed"):
+            rows.append({"quantity": what, "closed heads": f"{b['k_closed']} of {b['n_closed']}",
+                         "comparison heads": f"{b['k_other']} of {b['n_other']} (every non-closed head)",
+                         "p": f"{b['fisher_p']:.2g} (Fisher)"})  # fmt: skip
+    return pd.DataFrame(rows, columns=["quantity", "closed heads", "comparison heads", "p"])
 
 
 def _mechanism_note(mech: Any) -> str:
@@ -364,8 +404,9 @@ def _mechanism_note(mech: Any) -> str:
         f"{mech.headline} Attended-token effect: {conv.get('effect')}; null: the same head's effect on a seeded random "
         f"earlier token, two-sided sign test, BH q over the heads. Token readout: {conv.get('tokens')}. Copying "
         "(G = I): Re Σλ / Σ|λ| over T's own eigenvalues, exactly sign(α) for T = α·(any projection); on a tied model "
-        "an orthogonal projection also gives copying = sign(α) exactly (docs/definitions.md §12). Direct effects "
-        "only: indirect paths and self-repair are not measured."
+        "copying = sign(α) is algebra only for T = α·Π with Π an orthogonal projection (docs/definitions.md §12): "
+        "each closed head's distance from one is in the table, and the non-closed heads' rate beside it. Direct "
+        "effects only: indirect paths and self-repair are not measured."
     )
 
 
@@ -400,6 +441,7 @@ def mechanism_section(mech: Any, threshold: float) -> dict[str, Any]:
         "note": _mechanism_note(mech),
         "tables": [
             ("The closed heads, by P", mtabs["closed"] if len(mtabs["closed"]) else ""),
+            ("Closed heads against matched controls and base rates", mtabs["compared"]),
             ("Signed scores by sign", mtabs["signs"]),
         ],
         "figures": [mechanism_figure(mech)],

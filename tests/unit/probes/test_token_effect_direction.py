@@ -99,6 +99,7 @@ def test_derive_tests_counts_by_direction():
 
     t = pd.DataFrame(
         {
+            "layer": [0, 0, 0, 0],
             "alpha": [2.0, 1.0, -1.0, 3.0],
             "P": [0.95, 0.95, 0.95, 0.5],
             "closed": [True, True, True, False],
