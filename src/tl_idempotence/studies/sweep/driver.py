@@ -198,7 +198,8 @@ def sweep(
         reports, rows, failures = collect_outcomes(d, tasks, entries, outcomes, retries)
         seconds, what = time.perf_counter() - t_start, f" after {retries} retries"
         result = build_result(d, entries, reports, rows, failures, {}, record, device_name, seconds, what)
-        result.inputs = (*result.inputs, *item_inputs(resolved))  # result.save_html never over an item's files
+        # set once before the result is handed out (a frozen result allows it): save_html never over an item's files
+        object.__setattr__(result, "inputs", (*result.inputs, *item_inputs(resolved)))
         write_outcome_record(d, result, entries, record)
         return result
 
