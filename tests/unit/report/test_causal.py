@@ -229,8 +229,10 @@ def test_the_join_is_on_the_page_in_the_exports_the_notebook_and_the_command_lin
     assert CAUSAL.cli is not None and CAUSAL.cli.text is not None and CAUSAL.cli.text(ct) == ct.headline
     calls = []
     fake = SimpleNamespace(causal=lambda **kw: calls.append(kw))
-    CAUSAL.cli.compute(fake, "m", True, {}, SimpleNamespace(seed=3, quiet=True))
-    assert calls == [{"model": "m", "seed": 3, "progress": False}]
+    CAUSAL.cli.compute(fake, "m", True, {}, SimpleNamespace(seed=3), progress=False)  # JoinFlag.run passes it
+    CAUSAL.cli.compute(fake, "m", True, {}, SimpleNamespace(seed=4))
+    assert calls == [{"model": "m", "seed": 3, "progress": False}, {"model": "m", "seed": 4, "progress": True}]
+    assert CAUSAL.cli.takes_progress
 
 
 def test_the_declared_variants_are_the_probes():
