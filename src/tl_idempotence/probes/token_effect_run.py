@@ -161,10 +161,8 @@ class EffectRun:
         device = getattr(self.model.cfg, "device", None) or "cpu"
         was_training = bool(getattr(self.model, "training", False))
         n_heads = sum(len(hs) for hs in self.sel.values())
-        desc = (
-            f"attended-token effect ({len(toks)} windows x {toks.shape[1]} tokens, {n_heads} heads; "
-            "~6 CPU-ms/token on SmolLM2)"
-        )
+        cost = f"~{6 + len(self.predicted)} CPU-ms/token on SmolLM2"  # ~1 per layer of the copy-suppression split
+        desc = f"attended-token effect ({len(toks)} windows x {toks.shape[1]} tokens, {n_heads} heads; {cost})"
         starts = range(0, len(toks), self.batch_size)
         self.model.eval()
         try:
