@@ -623,18 +623,21 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             heads: the heads to join (None: every head measured; pairs, ``"L10H8"`` labels or a DataFrame such as
                 ``rep.closed_heads``); the closed heads' matched controls are joined with them.
             roles: head roles of the report's model (``tli.head_roles`` or ``rep.roles(...)``), added to the table.
-            n_tokens, k: the token readout's sample of source tokens and its top/bottom size. seq_len, max_tokens,
-                batch_size: the attended-token effect's window (None: 128, or ``n_ctx`` when smaller), token budget
-                and windows per pass. n_permutations: of the Spearman tests and the matched comparison when not
-                exact. seed: the token sample's, null sources', permutations' and bootstrap's seed.
+            n_tokens: the token readout's sample of source tokens.
+            k: the token readout's top/bottom size.
+            seq_len: the attended-token effect's window (None: 128, or ``n_ctx`` when smaller).
+            max_tokens: the attended-token effect's token budget.
+            batch_size: the attended-token effect's windows per pass.
+            n_permutations: of the Spearman tests and the matched comparison when not exact.
+            seed: the token sample's, null sources', permutations' and bootstrap's seed.
             match_by: ``"abs_alpha"`` (``|α|``) or ``"norm"`` (``‖T‖_F``): the size controls are matched on.
-            n_controls: matched controls per closed head. predicted_k: the copy-suppression condition's ``k``
-                (None: not measured). n_boot: bootstrap replicates. progress: the probes' bars on stderr.
+            n_controls: matched controls per closed head.
+            predicted_k: the copy-suppression condition's ``k`` (None: not measured).
+            n_boot: bootstrap replicates.
+            progress: the probes' bars on stderr.
 
         Returns:
-            :class:`~tl_idempotence.report.mechanism.Mechanism` (``.headline``, ``.table``, ``.signs``, ``.weights``,
-            ``.stability``, ``.top_tokens(label)``). Cost: a hash pass over the weights, a forward pass per
-            ``batch_size`` windows and text set, ``d_vocab`` logits per position in the closed heads' layers.
+            :class:`~tl_idempotence.report.mechanism.Mechanism`. Cost: README "What each analysis costs".
 
         Raises:
             ReportMismatchError (an OptionError): ``model`` (also the report's own, edited in place) or ``roles``
@@ -664,13 +667,10 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         seed: IntLike = 0,
         progress: bool = True,
     ) -> CausalTest:
-        """A causal test of closure (SPEC 13; :mod:`tl_idempotence.report.causal`): this report's closed heads (or
-        ``heads``, closed ones) and ``n_controls`` non-closed heads of each one's layer nearest in ``size`` (|α| or
-        ‖T‖_F, from this report) edited by :func:`~tl_idempotence.probes.causal.causal_closure` (closure-free,
-        closure-only, zero, mean at ``hook_z``); per head the attended token's total and direct final-logit change,
-        self-repair and the loss change; closed against controls per variant (difference of means, two-sided p from
-        relabelling within layers, exact up to 100,000 relabellings, else ``n_permutations`` draws seeded by
-        ``seed``).
+        """A causal test of closure (SPEC 13; :mod:`tl_idempotence.report.causal`): the closed heads (or ``heads``)
+        and ``n_controls`` non-closed heads of each one's layer nearest in ``size`` edited by
+        :func:`~tl_idempotence.probes.causal.causal_closure`; closed against controls per variant (relabelling
+        within layers, exact up to 100,000 relabellings, else ``n_permutations`` draws seeded by ``seed``).
 
         Args:
             model: the TransformerLens model (default: the report's own while alive), checked against the report by
