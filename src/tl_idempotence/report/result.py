@@ -629,7 +629,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
                 exact. seed: the token sample's, null sources', permutations' and bootstrap's seed.
             match_by: ``"abs_alpha"`` (``|α|``) or ``"norm"`` (``‖T‖_F``): the size controls are matched on.
             n_controls: matched controls per closed head. predicted_k: the copy-suppression condition's ``k``
-                (None: not measured). n_boot: bootstrap replicates. progress: the probes' bars on stderr.
+                (None: not measured). n_boot: bootstrap replicates (10 .. 10,000). progress: the probes' bars on stderr.
 
         Returns:
             :class:`~tl_idempotence.report.mechanism.Mechanism` (``.headline``, ``.table``, ``.signs``, ``.weights``,
