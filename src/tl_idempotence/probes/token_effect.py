@@ -398,8 +398,8 @@ def attended_token_effect(
             the ``k`` largest logits of the residual stream at the head's input), 1 .. d_vocab; None: not measured
             (every ``predicted`` NA, the split columns 0 / NaN).
         predicted_heads: the heads whose positions get the condition (as ``heads``; None: every head measured; a
-            head not measured here is refused). The condition reads ``d_vocab`` logits per position and layer: on
-            SmolLM2 about 0.5-1 CPU-s per layer and 2048 tokens.
+            head not measured here is refused, and so is any with ``predicted_k=None``). The condition reads
+            ``d_vocab`` logits per position and layer: on SmolLM2 about 0.5-1 CPU-s per layer and 2048 tokens.
 
     Returns:
         :class:`AttendedTokenEffect` (``.table`` indexed by ``"L10H8"``, ``.positions``, ``.headline``).
@@ -489,16 +489,21 @@ def _check_predicted(
 
     Raises:
         OptionTypeError / OptionError: ``k`` not an integer in ``1 .. d_vocab``; ``predicted_heads`` that are not
-            heads, or heads this call does not measure (names them).
+            heads, or heads this call does not measure (names them), or given with ``k`` None.
     """
     if k is None:
+        if heads is not None:  # never silently ignored: the condition is not measured at all
+            raise OptionError("predicted_heads is given but predicted_k is None (the condition is not measured).")
         return None, {}
     k = check_int(k, "predicted_k", 1, d_vocab)
     if heads is None:
         return k, {lay: set(hs) for lay, hs in sel.items()}
     if isinstance(heads, (list, tuple)) and not heads:
         return k, {}
-    want = select_heads(heads, layers, n_heads, labels=True)
+    try:
+        want = select_heads(heads, layers, n_heads, labels=True)
+    except (OptionError, OptionTypeError) as e:  # the same class, naming the argument
+        raise type(e)(f"predicted_heads: {e}") from e
     extra = [f"L{lay}H{h}" for lay, hs in want.items() for h in hs if h not in sel.get(lay, ())]
     if extra:
         raise OptionError(f"predicted_heads {extra[:5]} are not among the heads measured (heads=).")

@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_N_SETS",
     "EXPORT_MECHANISM_COLUMNS",
     "EXPORT_ROLE_COLUMNS",
+    "MAX_BOOT",
     "MAX_RESAMPLES",
 ]
 
@@ -27,6 +28,9 @@ CAUSAL_VARIANTS = ("closure_free", "closure_only", "zero", "mean")
 CAUSAL_N_PERMUTATIONS = 9999
 #: Stated maximum of both counts (checked before any allocation).
 MAX_RESAMPLES = 1 << 20
+#: ``rep.mechanism``'s most bootstrap replicates: ``probes.effect_stability.MAX_BOOT`` (a test checks the two agree;
+#: here so that the declaration imports no pandas).
+MAX_BOOT = 10_000
 #: The role columns a report's exports add with ``roles`` (the CLI's ``--roles``: ``--csv`` and ``--json``).
 EXPORT_ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction", "copying")
 #: The per-head columns the report's exports add with a mechanism result (``--csv``, ``--json``); the table's

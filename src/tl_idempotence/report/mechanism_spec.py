@@ -10,7 +10,7 @@ from ..core.kwargs import strict_kwargs
 from ..core.option_specs import OptionSpec
 from ..core.options import check_bool
 from ..errors import OptionError, OptionTypeError
-from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_RESAMPLES
+from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_BOOT, MAX_RESAMPLES
 from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, int_option, optional, seed_option
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,13 +55,16 @@ def _text_sets(texts: Any) -> list[Any]:
 
     Raises:
         OptionTypeError: a list mixing text sets with single texts (strings, paths).
+        OptionError: an empty list, or an empty set in the list (names it), before any set runs.
     """
     import os
 
     def one_set(x: Any) -> bool:
         return x is None or isinstance(x, (list, tuple)) or hasattr(x, "shape") or hasattr(x, "column_names")
 
-    if not isinstance(texts, (list, tuple)) or not texts or not any(one_set(x) for x in texts):
+    if isinstance(texts, (list, tuple)) and not texts:
+        raise OptionError("texts is an empty list: no text and no text set (None: the default corpus).")
+    if not isinstance(texts, (list, tuple)) or not any(one_set(x) for x in texts):
         return [texts]
     if not all(one_set(x) for x in texts):
         bad = next(x for x in texts if not one_set(x))
@@ -70,7 +73,33 @@ def _text_sets(texts: Any) -> list[Any]:
             f"tensors, datasets); this one also holds {type(bad).__name__} {bad!r:.40}"
             + (" (a list of texts is one set: pass it alone)" if isinstance(bad, (str, os.PathLike)) else "")
         )
+    empty = [
+        i for i, x in enumerate(texts)
+        if (isinstance(x, (list, tuple)) and not x) or (hasattr(x, "shape") and 0 in tuple(x.shape))
+    ]  # fmt: skip
+    if empty:
+        raise OptionError(f"texts[{empty[0]}] is an empty text set (each set of texts=[set1, set2, ...] needs text).")
+    for j, b in enumerate(texts):
+        i = next((i for i, a in enumerate(texts[:j]) if _same_set(a, b)), None)
+        if i is not None:  # every head would keep its direction: a stability of one text read twice
+            raise OptionError(f"texts[{j}] is texts[{i}] again: the stability across sets needs different texts.")
     return list(texts)
+
+
+def _same_set(a: Any, b: Any) -> bool:
+    """Whether two text sets are one: the same object, equal lists of texts or equal token arrays."""
+    if a is b:
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return all(isinstance(x, str) for x in (*a, *b)) and list(a) == list(b)
+    if hasattr(a, "shape") and hasattr(b, "shape") and not hasattr(a, "column_names"):
+        import numpy as np
+
+        def host(x: Any) -> Any:
+            return np.asarray(x.detach().cpu() if hasattr(x, "detach") else x)
+
+        return bool(np.array_equal(host(a), host(b)))
+    return False
 
 
 @strict_kwargs
@@ -141,8 +170,9 @@ def run_mechanism(
         seq_len=seq_len, max_tokens=max_tokens, batch_size=batch_size, seed=seed, progress=progress
     )
     effect = attended_token_effect(  # first: the text is checked before the readout's cost
-        m, heads=pairs_of(joined), texts=sets[0], predicted_k=predicted_k, predicted_heads=pairs_of(compared), **kw
-    )
+        m, heads=pairs_of(joined), texts=sets[0], predicted_k=predicted_k,
+        predicted_heads=None if predicted_k is None else pairs_of(compared), **kw,
+    )  # fmt: skip
     more = [
         (f"set{i}", attended_token_effect(m, heads=pairs_of(compared), texts=s, predicted_k=None, **kw).table)
         for i, s in enumerate(sets[1:], 1)
@@ -247,8 +277,8 @@ MECHANISM = JoinSpec(
         count_option(
             "n_boot",
             1000,
-            f"bootstrap replicates of the intervals (10 .. {MAX_RESAMPLES})",
-            int_option(10, MAX_RESAMPLES),
+            f"bootstrap replicates of the intervals (10 .. {MAX_BOOT})",
+            int_option(10, MAX_BOOT),
         ),
         OptionSpec(
             "progress",

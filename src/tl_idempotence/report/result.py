@@ -633,7 +633,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             match_by: ``"abs_alpha"`` (``|α|``) or ``"norm"`` (``‖T‖_F``): the size controls are matched on.
             n_controls: matched controls per closed head.
             predicted_k: the copy-suppression condition's ``k`` (None: not measured).
-            n_boot: bootstrap replicates.
+            n_boot: bootstrap replicates (10 .. 10,000).
             progress: the probes' bars on stderr.
 
         Returns:

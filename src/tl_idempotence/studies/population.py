@@ -328,7 +328,8 @@ def _items(mechanisms: Any) -> dict[str, Mechanism | BaseException]:
 
     Raises:
         OptionTypeError: not a mapping; a label that is not a str; a value neither a Mechanism nor an exception.
-        OptionError: no items; an empty label; one Mechanism under two labels; mechanisms of different thresholds.
+        OptionError: no items; an empty label; one Mechanism under two labels, or two equal ones (a saved and a fresh
+            result of one model); mechanisms of different thresholds.
     """
     if not isinstance(mechanisms, Mapping):
         raise OptionTypeError(
@@ -337,6 +338,7 @@ def _items(mechanisms: Any) -> dict[str, Mechanism | BaseException]:
     if not mechanisms:
         raise OptionError("compare_mechanisms needs at least one mechanism.")
     seen: dict[int, str] = {}
+    tables: dict[str, pd.DataFrame] = {}
     thresholds: dict[str, float] = {}
     for label, m in mechanisms.items():
         if not isinstance(label, str) or not label:
@@ -344,7 +346,14 @@ def _items(mechanisms: Any) -> dict[str, Mechanism | BaseException]:
         if isinstance(m, Mechanism):
             if id(m) in seen:
                 raise OptionError(f"{label!r} and {seen[id(m)]!r} are the same mechanism result: one model twice.")
-            seen[id(m)] = label
+            table = m.table
+            same = next((lab for lab, t in tables.items() if t.equals(table)), None)
+            if same is not None:  # a saved result and a fresh one of one model: counted twice otherwise
+                raise OptionError(
+                    f"{label!r} and {same!r} are equal mechanism results (the same table, e.g. one loaded with "
+                    "tli.load_mechanism and one fresh): one model twice. Give each model once."
+                )
+            seen[id(m)], tables[label] = label, table
             thresholds[label] = float(m.summary.get("threshold", math.nan))
         elif not isinstance(m, BaseException):
             raise OptionTypeError(
@@ -390,7 +399,8 @@ def compare_mechanisms(
 
     Raises:
         OptionTypeError: not a mapping; a label not a str; a value neither a Mechanism nor an exception; an option
-            of the wrong type. OptionError: no items; one Mechanism under two labels; mechanisms at different
+            of the wrong type. OptionError: no items; one Mechanism under two labels or two equal ones (one model
+            twice, e.g. a saved and a fresh result); mechanisms at different
             thresholds; a mechanism table without the columns needed (names the model); ``by`` not a column; a count
             out of range.
         UnknownOptionError: an unknown keyword.

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pandas.api.types import is_bool_dtype, is_numeric_dtype
 
 from ..core.matching import PAIR_COLUMNS, Matching, base_rates, match_controls, matched_difference
 from ..core.stats import spearman_permutation
@@ -214,6 +215,11 @@ def model_row(
     size = "alpha" if by == "abs_alpha" else by
     if size not in t.columns:
         raise OptionError(f"by={by!r}: the mechanism of {label!r} has no column {size!r} to match sizes on.")
+    if size in ("layer", "head", "closed") or not is_numeric_dtype(t[size]) or is_bool_dtype(t[size]):
+        raise OptionError(
+            f"by={by!r}: the column {size!r} of the mechanism of {label!r} is not a size (a number per head; not "
+            "layer, head or closed): use 'abs_alpha' or a numeric column such as 'P'."
+        )
     match = match_controls(heads.assign(**{size: t[size].to_numpy()}), k=k, by=by)
     md = matched_difference(heads, "agrees", match, n_permutations=n_permutations, seed=seed, max_exact=max_exact)
     notes += ["no head is closed"] if int(closed.sum()) == 0 else list(md.notes)
