@@ -147,7 +147,7 @@ def _causal_test_pair(w: World):
     kw = dict(texts=_texts(8), progress=False)
     return (
         w.get("ct_a", lambda: w.rep.with_threshold(0.03).causal(variants=("closure_only", "zero"), **kw)),
-        w.get("ct_b", lambda: w.rep.with_threshold(0.05).causal(variants="mean", size="norm", n_controls=2, **kw)),
+        w.get("ct_b", lambda: w.rep.with_threshold(0.05).causal(variants="mean", match_by="norm", n_controls=2, **kw)),
     )
 
 

@@ -3,7 +3,7 @@ and their matched controls edited (:func:`~tl_idempotence.probes.causal.causal_c
 compared per variant.
 
 **Controls** (:func:`~tl_idempotence.core.matching.match_controls`): for each closed head the ``n_controls``
-non-closed heads of the same layer nearest in size (``size="abs_alpha"``: ``|α|``; ``"norm"``: ``‖T‖_F``), from
+non-closed heads of the same layer nearest in size (``match_by="abs_alpha"``: ``|α|``; ``"norm"``: ``‖T‖_F``), from
 the report's own α, ‖T‖ and closed flags (the ``candidates`` table: every head of the closed heads' layers).
 
 **Per head** (:attr:`CausalTest.table`): the probe's medians over positions, per variant ``v``: ``total_{v}`` (the
@@ -112,8 +112,8 @@ class CausalTestSummary(FrozenSummary):
     n_closed: int
     n_matched: int
     n_control_heads: int
-    controls_per_head: int
-    size: str
+    n_controls: int
+    match_by: str
     variants: list[str]
     statistic: str
     n_permutations: int
@@ -343,8 +343,8 @@ def _summary(
         "n_closed": int((table["group"] == "closed").sum()),
         "n_matched": n_matched,
         "n_control_heads": n_ctrl,
-        "controls_per_head": int(k),
-        "size": size,
+        "n_controls": int(k),
+        "match_by": size,
         "variants": list(variants),
         "statistic": STATISTIC,
         "n_permutations": int(n_permutations),
@@ -505,7 +505,7 @@ def load_causal_test(path: PathLike) -> CausalTest:
     probe = load_causal_closure(d / "causal_closure")
     try:
         s = CausalTestSummary(summary)
-        threshold, k, size = float(s["threshold"]), int(s["controls_per_head"]), str(s["size"])
+        threshold, k, size = float(s["threshold"]), int(s["n_controls"]), str(s["match_by"])
         n_perm, seed, variants = int(s["n_permutations"]), int(s["seed"]), list(s["variants"])
         cand = tables["candidates"]
         cand.index = head_labels(
@@ -541,7 +541,7 @@ def _check_loaded(
     keep = [lab for lab in cand.index if lab in set(chosen) or not bool(cand.loc[lab, "closed"])]
     matching = _matching(cand.loc[keep], k, size)
     if not _frames_equal(pairs, matching.pairs):
-        raise _refuse(f["pairs"], "the pairs are not what the candidates, controls_per_head and size give")
+        raise _refuse(f["pairs"], "the pairs are not what the candidates, n_controls and match_by give")
     heads = cand.copy()
     fresh = _per_head(probe, heads, matching.pairs, variants)
     if not _frames_equal(table, fresh):

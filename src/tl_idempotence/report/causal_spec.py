@@ -61,7 +61,7 @@ def run_causal(
     *,
     variants: tuple[str, ...],
     n_controls: int,
-    size: str,
+    match_by: str,
     seq_len: int,
     max_tokens: int | None,
     batch_size: int,
@@ -100,7 +100,7 @@ def run_causal(
             f"This report has no closed head at threshold {rep.threshold:g}: nothing to test. Lower the threshold "
             "(rep.with_threshold(t).causal()) or run tli.causal_closure(model, heads=...) on any heads."
         )
-    _, matching = plan_heads(h, chosen, n_controls, size)
+    _, matching = plan_heads(h, chosen, n_controls, match_by)
     order = {lab: i for i, lab in enumerate(h.index)}
     run = sorted({*chosen, *matching.controls}, key=order.__getitem__)
     probe = causal_closure(
@@ -108,7 +108,7 @@ def run_causal(
         progress=progress,
     )  # fmt: skip
     return causal_join(
-        probe, h, chosen, rep.threshold, k=n_controls, size=size, n_permutations=n_permutations, seed=seed
+        probe, h, chosen, rep.threshold, k=n_controls, size=match_by, n_permutations=n_permutations, seed=seed
     )
 
 
@@ -166,7 +166,7 @@ CAUSAL = JoinSpec(
         ),
         count_option("n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)),
         OptionSpec(
-            "size",
+            "match_by",
             "abs_alpha",
             "what controls are matched on: |α| (abs_alpha) or ‖T‖_F (norm)",
             "choice",

@@ -659,7 +659,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         *,
         variants: str | Sequence[str] = ("closure_free", "closure_only", "zero", "mean"),
         n_controls: IntLike = 1,
-        size: Literal["abs_alpha", "norm"] = "abs_alpha",
+        match_by: Literal["abs_alpha", "norm"] = "abs_alpha",
         seq_len: IntLike = 128,
         max_tokens: IntLike | None = 512,
         batch_size: IntLike = 8,
@@ -668,7 +668,7 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
         progress: bool = True,
     ) -> CausalTest:
         """A causal test of closure (SPEC 13; :mod:`tl_idempotence.report.causal`): the closed heads (or ``heads``)
-        and ``n_controls`` non-closed heads of each one's layer nearest in ``size`` edited by
+        and ``n_controls`` non-closed heads of each one's layer nearest in ``match_by`` edited by
         :func:`~tl_idempotence.probes.causal.causal_closure`; closed against controls per variant (relabelling
         within layers, exact up to 100,000 relabellings, else ``n_permutations`` draws seeded by ``seed``).
 
@@ -687,9 +687,9 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
             OptionError: no model or closed head; ``heads`` not closed or not measured; options out of range.
                 OptionTypeError: an option's type. UnsupportedModelError: as the probe (a norm after ``W_O``).
         """
-        options = dict(variants=variants, n_controls=n_controls, size=size, seq_len=seq_len, max_tokens=max_tokens)
-        return CAUSAL(self, model, texts, heads, **options, batch_size=batch_size, n_permutations=n_permutations,
-                      seed=seed, progress=progress)  # fmt: skip
+        options = dict(variants=variants, n_controls=n_controls, match_by=match_by, seq_len=seq_len)
+        return CAUSAL(self, model, texts, heads, **options, max_tokens=max_tokens, batch_size=batch_size,
+                      n_permutations=n_permutations, seed=seed, progress=progress)  # fmt: skip
 
     @strict_kwargs
     def circuit(

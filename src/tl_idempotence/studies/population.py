@@ -99,8 +99,8 @@ class MechanismComparisonSummary(FrozenSummary):
     holds: Sequence[str]
     does_not_hold: Sequence[str]
     untestable: Sequence[str]
-    by: str
-    k: int
+    match_by: str
+    n_controls: int
     n_permutations: int
     seed: int
     max_exact: int
@@ -251,9 +251,9 @@ class MechanismComparison(ImmutableResult, DrawnResult):
             (``n_spearman_pooled, spearman_rho_pooled, spearman_p_within``; ``n_models_spearman_05``: models whose
             within-layer p is at most ``level``), ``answer`` (``"yes"``, ``"opposite"``, ``"not detectably"``,
             ``"too few"``, ``"undefined"``), ``holds``, ``does_not_hold`` and ``untestable`` (clauses: the claims beside
-            the test that hold, those that do not, the models no test reaches), the options (``by, k,
+            the test that hold, those that do not, the models no test reaches), the options (``match_by, n_controls,
             n_permutations, seed, max_exact, level``) and ``headline``.
-        options: ``by, k, n_permutations, seed, max_exact``.
+        options: ``match_by, n_controls, n_permutations, seed, max_exact``.
     """
 
     display_kind: ClassVar[str] = "mechanism_comparison"
@@ -372,8 +372,8 @@ def _items(mechanisms: Any) -> dict[str, Mechanism | BaseException]:
 def compare_mechanisms(
     mechanisms: Mapping[str, Mechanism | BaseException],
     *,
-    by: str = "abs_alpha",
-    k: IntLike = 1,
+    match_by: str = "abs_alpha",
+    n_controls: IntLike = 1,
     n_permutations: IntLike = DEFAULT_N_PERMUTATIONS,
     seed: IntLike = 0,
     max_exact: IntLike = 100_000,
@@ -385,9 +385,10 @@ def compare_mechanisms(
         mechanisms: ``{label: rep.mechanism(model=...)}``, in the order the table lists them; a model whose
             mechanism was refused (an encoder: ``UnsupportedModelError``) is given as that exception and becomes a
             row with ``status="refused"`` and the reason.
-        by: the size the matched controls are matched on: ``"abs_alpha"`` (``|α|``) or a numeric column of every
+        match_by: the size the matched controls are matched on (as ``rep.mechanism``'s and ``rep.causal``'s):
+            ``"abs_alpha"`` (``|α|``) or a numeric column of every
             mechanism table (e.g. ``"P"``).
-        k: matched controls per closed head (>= 1), from the non-closed heads of its layer.
+        n_controls: matched controls per closed head (>= 1), from the non-closed heads of its layer.
         n_permutations: seeded draws of each test whose relabellings or permutations are more than ``max_exact`` (the
             matched differences) or than this (the Spearman tests); 1 .. 2^20.
         seed: the draws' seed.
@@ -400,15 +401,14 @@ def compare_mechanisms(
     Raises:
         OptionTypeError: not a mapping; a label not a str; a value neither a Mechanism nor an exception; an option
             of the wrong type. OptionError: no items; one Mechanism under two labels or two equal ones (one model
-            twice, e.g. a saved and a fresh result); mechanisms at different
-            thresholds; a mechanism table without the columns needed (names the model); ``by`` not a column; a count
-            out of range.
+            twice, e.g. a saved and a fresh result); mechanisms at different thresholds; a mechanism table without
+            the columns needed (names the model); ``match_by`` not a column; a count out of range.
         UnknownOptionError: an unknown keyword.
     """
     items = _items(mechanisms)
-    if not isinstance(by, str):
-        raise OptionTypeError(f"by must be 'abs_alpha' or a column name; got {type(by).__name__}.")
-    k = check_int(k, "k", 1, 1 << 10)
+    if not isinstance(match_by, str):
+        raise OptionTypeError(f"match_by must be 'abs_alpha' or a column name; got {type(match_by).__name__}.")
+    n_controls = check_int(n_controls, "n_controls", 1, 1 << 10)
     n_permutations = check_int(n_permutations, "n_permutations", 1, 1 << 20)
     seed = check_seed(seed)
     max_exact = check_int(max_exact, "max_exact", 1, 10_000_000)
@@ -423,7 +423,7 @@ def compare_mechanisms(
         s = m.summary
         threshold = float(s.get("threshold", math.nan))
         row, h, match = model_row(
-            label, m.table, model_name=s.get("model_name"), tied=s.get("tied"), by=by, k=k,
+            label, m.table, model_name=s.get("model_name"), tied=s.get("tied"), by=match_by, k=n_controls,
             n_permutations=n_permutations, seed=seed, max_exact=max_exact, index=i,
         )  # fmt: skip
         rows.append(row)
@@ -433,7 +433,8 @@ def compare_mechanisms(
     pooled = pd.concat(heads, ignore_index=True) if heads else pd.DataFrame(columns=list(HEAD_COLUMNS))
     measured = table[table["status"] == "measured"]
     combined = combined_tests(table, pooled, matchings, n_permutations=n_permutations, seed=seed, max_exact=max_exact)
-    options = {"by": by, "k": k, "n_permutations": n_permutations, "seed": seed, "max_exact": max_exact}
+    options = {"match_by": match_by, "n_controls": n_controls, "n_permutations": n_permutations, "seed": seed}
+    options["max_exact"] = max_exact
     tied = [t for t in measured["tied"] if isinstance(t, bool)]
     summary: dict[str, Any] = {
         "n_models": len(table),

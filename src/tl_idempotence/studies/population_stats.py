@@ -214,10 +214,10 @@ def model_row(
     heads.index = list(t.index)
     size = "alpha" if by == "abs_alpha" else by
     if size not in t.columns:
-        raise OptionError(f"by={by!r}: the mechanism of {label!r} has no column {size!r} to match sizes on.")
+        raise OptionError(f"match_by={by!r}: the mechanism of {label!r} has no column {size!r} to match sizes on.")
     if size in ("layer", "head", "closed") or not is_numeric_dtype(t[size]) or is_bool_dtype(t[size]):
         raise OptionError(
-            f"by={by!r}: the column {size!r} of the mechanism of {label!r} is not a size (a number per head; not "
+            f"match_by={by!r}: the column {size!r} of the mechanism of {label!r} is not a size (a number per head; not "
             "layer, head or closed): use 'abs_alpha' or a numeric column such as 'P'."
         )
     match = match_controls(heads.assign(**{size: t[size].to_numpy()}), k=k, by=by)

@@ -96,7 +96,7 @@ def test_the_controls_are_the_nearest_non_closed_heads_of_the_same_layer(rep, ct
     for col in ("P", "alpha", "norm"):
         np.testing.assert_array_equal(t[col], h.loc[t.index, col])
     s = ct.summary
-    assert (s["n_closed"], s["n_matched"], s["n_control_heads"], s["controls_per_head"]) == (5, 5, 5, 1)
+    assert (s["n_closed"], s["n_matched"], s["n_control_heads"], s["n_controls"]) == (5, 5, 5, 1)
     two = causal_mod.plan_heads(h, CLOSED, 2, "norm")[1].pairs  # k = 2 on ‖T‖: every closed head, two controls
     assert list(zip(two["closed_label"], two["control_label"], strict=True)) == expected_pairs(
         h.assign(alpha=h["norm"]), 2
@@ -185,10 +185,10 @@ def test_refusals(rep, bridge):
         rep.causal(heads=["L0H0", "L0H5"], **kw)
     with pytest.raises(OptionError, match=r"no closed head at threshold 0\.5"):
         rep.with_threshold(0.5).causal(**kw)
-    with pytest.raises(OptionError, match="size must be one of"):
-        rep.causal(size="abs", **kw)
-    with pytest.raises(OptionTypeError, match="size must be one of"):
-        rep.causal(size=1, **kw)
+    with pytest.raises(OptionError, match="match_by must be one of"):
+        rep.causal(match_by="abs", **kw)
+    with pytest.raises(OptionTypeError, match="match_by must be one of"):
+        rep.causal(match_by=1, **kw)
     with pytest.raises(OptionError, match="variants must be distinct names"):
         rep.causal(variants=["zero", "zero"], **kw)
     with pytest.raises(OptionError, match="n_controls"):

@@ -268,11 +268,13 @@ def test_refusals():
     with pytest.raises(OptionError, match=r"'a' lacks the columns \['direction'\]"):
         compare_mechanisms({"a": bad})
     with pytest.raises(OptionError, match="no column 'norm'"):
-        compare_mechanisms({"a": m}, by="norm")
+        compare_mechanisms({"a": m}, match_by="norm")
     with pytest.raises(UnknownOptionError):
         compare_mechanisms({"a": m}, n_perm=9)
-    with pytest.raises(OptionError):
-        compare_mechanisms({"a": m}, k=0)
+    with pytest.raises(OptionError, match="n_controls"):
+        compare_mechanisms({"a": m}, n_controls=0)
+    with pytest.raises(UnknownOptionError):  # one name for one thing: k is the token readout's top/bottom size
+        compare_mechanisms({"a": m}, k=1)
 
 
 def test_result_export_display_figure(tmp_path):

@@ -48,21 +48,21 @@ BAD = [
     ({"": A}, {}, OptionTypeError, "label"),
     ({"a": A, "b": A}, {}, OptionError, "'b' and 'a'"),
     ({"a": A, "b": mech(ROWS, "a")}, {}, OptionError, "'b' and 'a' are equal"),  # a saved one and a fresh one
-    ({"a": A, "b": B}, {"by": "abs_alfa"}, OptionError, "by='abs_alfa'"),
-    ({"a": A, "b": B}, {"by": "norm"}, OptionError, "by='norm'"),  # rep.mechanism's size; no column here
-    ({"a": A, "b": B}, {"by": "closed"}, OptionError, "by='closed'"),  # accepted before: no size at all
-    ({"a": A, "b": B}, {"by": "layer"}, OptionError, "by='layer'"),  # accepted before: every candidate tied
-    ({"a": A, "b": B}, {"by": "reason"}, OptionError, "by='reason'"),
-    ({"a": A, "b": B}, {"by": 3}, OptionTypeError, "by"),
-    ({"a": A, "b": B}, {"by": None}, OptionTypeError, "by"),
-    ({"a": A, "b": B}, {"k": "1"}, OptionTypeError, "k"),
-    ({"a": A, "b": B}, {"k": 2.5}, OptionTypeError, "k"),
-    ({"a": A, "b": B}, {"k": True}, OptionTypeError, "k"),
-    ({"a": A, "b": B}, {"k": torch.tensor(1)}, OptionTypeError, "k"),
-    ({"a": A, "b": B}, {"k": 0}, OptionError, "k"),
-    ({"a": A, "b": B}, {"k": -1}, OptionError, "k"),
-    ({"a": A, "b": B}, {"k": 10**12}, OptionError, "k"),
-    ({"a": A, "b": B}, {"k": math.nan}, OptionTypeError, "k"),
+    ({"a": A, "b": B}, {"match_by": "abs_alfa"}, OptionError, "match_by='abs_alfa'"),
+    ({"a": A, "b": B}, {"match_by": "norm"}, OptionError, "match_by='norm'"),  # rep.mechanism's size; no column here
+    ({"a": A, "b": B}, {"match_by": "closed"}, OptionError, "match_by='closed'"),  # accepted before: no size at all
+    ({"a": A, "b": B}, {"match_by": "layer"}, OptionError, "match_by='layer'"),  # accepted before: every candidate tied
+    ({"a": A, "b": B}, {"match_by": "reason"}, OptionError, "match_by='reason'"),
+    ({"a": A, "b": B}, {"match_by": 3}, OptionTypeError, "match_by"),
+    ({"a": A, "b": B}, {"match_by": None}, OptionTypeError, "match_by"),
+    ({"a": A, "b": B}, {"n_controls": "1"}, OptionTypeError, "n_controls"),
+    ({"a": A, "b": B}, {"n_controls": 2.5}, OptionTypeError, "n_controls"),
+    ({"a": A, "b": B}, {"n_controls": True}, OptionTypeError, "n_controls"),
+    ({"a": A, "b": B}, {"n_controls": torch.tensor(1)}, OptionTypeError, "n_controls"),
+    ({"a": A, "b": B}, {"n_controls": 0}, OptionError, "n_controls"),
+    ({"a": A, "b": B}, {"n_controls": -1}, OptionError, "n_controls"),
+    ({"a": A, "b": B}, {"n_controls": 10**12}, OptionError, "n_controls"),
+    ({"a": A, "b": B}, {"n_controls": math.nan}, OptionTypeError, "n_controls"),
     ({"a": A, "b": B}, {"n_permutations": "99"}, OptionTypeError, "n_permutations"),
     ({"a": A, "b": B}, {"n_permutations": 99.0}, OptionTypeError, "n_permutations"),
     ({"a": A, "b": B}, {"n_permutations": 0}, OptionError, "n_permutations"),
@@ -90,10 +90,10 @@ def test_compare_mechanisms_refuses_hostile_inputs_where_they_enter(mechanisms, 
 
 def test_numpy_integers_and_a_population_without_closed_heads():
     i64 = np.int64
-    c = compare_mechanisms({"a": A, "b": B}, k=i64(1), n_permutations=i64(99), seed=i64(2), max_exact=i64(50))
-    assert c.options == {"by": "abs_alpha", "k": 1, "n_permutations": 99, "seed": 2, "max_exact": 50}
-    assert all(type(v) is int for k, v in c.options.items() if k != "by")
-    plain = compare_mechanisms({"a": A, "b": B}, k=1, n_permutations=99, seed=2, max_exact=50)
+    c = compare_mechanisms({"a": A, "b": B}, n_controls=i64(1), n_permutations=i64(99), seed=i64(2), max_exact=i64(50))
+    assert c.options == {"match_by": "abs_alpha", "n_controls": 1, "n_permutations": 99, "seed": 2, "max_exact": 50}
+    assert all(type(v) is int for k, v in c.options.items() if k != "match_by")
+    plain = compare_mechanisms({"a": A, "b": B}, n_controls=1, n_permutations=99, seed=2, max_exact=50)
     assert c.summary["pooled_p"] == plain.summary["pooled_p"] and c.summary["answer"] == plain.summary["answer"]
     no_closed = [(r[0], r[1], False, *r[3:]) for r in ROWS]
     u = compare_mechanisms({"x": mech(no_closed, "x"), "y": mech(no_closed[:3], "y")})
