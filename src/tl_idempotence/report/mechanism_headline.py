@@ -86,7 +86,7 @@ def _matched(s: Mapping[str, Any]) -> str | None:
     )
     if e.get("method") != "none":
         text += (
-            f"; effect - null in the direction of α: median {e['value_closed']:+.2f} vs {e['value_controls']:+.2f} "
+            f"; effect - null in the direction of α: median {e['value_closed']:+.2g} vs {e['value_controls']:+.2g} "
             f"(p = {fmt_p(e['p_value'])})"
         )
     return text

@@ -211,3 +211,17 @@ def test_projection_range_bootstrap_and_split(derived):
     assert (st["n_agree"], st["n_agree_lo"], st["n_agree_hi"]) == (3, 3, 3)
     cs = s["copy_suppression"]
     assert cs["predicted"]["n_tested"] == 0 and cs["unpredicted"]["n_agree"] == 3
+
+
+def test_the_headline_writes_small_aligned_medians_with_their_digits():
+    """Medians of effect - null are often ~1e-3 logits: '+0.00 vs +0.00' hid SmolLM2's +0.0015 vs 0."""
+    from tl_idempotence.report.mechanism_headline import _matched
+
+    agreement = dict(
+        n_controls=13, n_closed=13, value_closed=0.62, value_controls=0.62, difference=0.0, method="exact",
+        p_value=1.0, p_floor=2.2e-5,
+    )  # fmt: skip
+    aligned = dict(value_closed=0.0015, value_controls=-0.00042, p_value=0.66, method="exact")
+    text = _matched({"n_closed": 13, "matched": {"by": "abs_alpha", "agreement": agreement, "aligned": aligned}})
+    assert "matched on |α|" in text and "62% vs 62% (difference +0.00, exact within-layer p = 1, floor 2.2e-05)" in text
+    assert "median +0.0015 vs -0.00042 (p = 0.66)" in text
