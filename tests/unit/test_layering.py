@@ -10,6 +10,7 @@ locator and no hand-down from the root; no module names a higher layer in a stri
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -62,9 +63,16 @@ def resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
 
 
 def imports() -> list[tuple[str, str, str | None, int]]:
-    """(importer, imported module, imported name or None, line) for every import in src/."""
+    """(importer, imported module, imported name or None, line) for every import in src/ (parsed once per tree and
+    content: a planted tree, or an edited file, is parsed again)."""
+    files = tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(SRC.rglob("*.py")))
+    return list(_imports(SRC, files))
+
+
+@functools.lru_cache(maxsize=4)
+def _imports(src: Path, files: tuple[tuple[Path, int, int], ...]) -> tuple[tuple[str, str, str | None, int], ...]:
     out = []
-    for path in sorted(SRC.rglob("*.py")):
+    for path, _, _ in files:
         mod = module_name(path)
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
@@ -79,7 +87,7 @@ def imports() -> list[tuple[str, str, str | None, int]]:
                             SRC.parent / Path(*full.split(".")) / "__init__.py"
                         ).exists()
                         out.append((mod, full if is_mod else target, None if is_mod else a.name, node.lineno))
-    return out
+    return tuple(out)
 
 
 def test_the_walk_sees_the_package():
