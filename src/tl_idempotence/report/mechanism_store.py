@@ -196,7 +196,15 @@ def _check_stability(fs: Path, stability: pd.DataFrame, table: pd.DataFrame, set
 def read_mechanism(path: PathLike, make: Any) -> Any:
     """:func:`~tl_idempotence.report.mechanism.load_mechanism` (its docstring says what it checks and raises);
     ``make`` is the ``Mechanism`` class (passed in: this module does not import the one that imports it)."""
-    raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
+    try:
+        raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
+    except ReportFileError as e:
+        if "(format 'tl_idempotence.mechanism/1')" not in str(e):
+            raise
+        raise ReportFileError(
+            f"{e} It was saved before rep.mechanism gave matched controls, base rates and intervals (issue 47): its "
+            "record lacks the weights of every measured head they need. Make it again with rep.mechanism(...)."
+        ) from e
     d = saved_folder(Path(path).expanduser(), MECHANISM_RECORD)  # an overwrite stopped between its two renames
     rec, ft, fs = d / MECHANISM_RECORD, d / "table.parquet", d / "signs.parquet"
     if set(tables) != TABLES:
