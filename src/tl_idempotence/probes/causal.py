@@ -93,6 +93,7 @@ from .causal_tables import (
 from .head_tokens import embedding_matrices
 from .token_records import (
     FREE_MODEL_FIELDS,
+    FREE_WINDOW_FIELDS,
     TokenResult,
     check_summary,
     edited_error,
@@ -175,17 +176,13 @@ class CausalClosure(TokenResult):
         formats=(CAUSAL_FORMAT,),
         free_fields=(
             *FREE_MODEL_FIELDS,
-            ("summary.final_norm", "how the model's final norm was read, recorded once from the model"),
-            ("summary.n_windows", "the windows run (the positions table holds those with a counted position)"),
+            *FREE_WINDOW_FIELDS,
             ("summary.batching", "how the passes were batched: no number depends on it beyond float rounding"),
             ("summary.edits_per_pass", "a performance setting: edits per forward pass"),
             ("summary.check_max_abs_diff", "measured during the run (the batched check copy), recorded once"),
             ("summary.threads", "a performance setting: torch's thread count of the edited passes"),
-            ("options.seq_len", "the window length asked for (the positions table holds the windows as run)"),
-            ("options.max_tokens", "the token budget asked for (the positions table holds what was run)"),
             ("options.batch_size", "a performance setting: windows per clean pass; no number depends on it"),
             ("options.edits_per_pass", "a performance setting: edits per forward pass, as asked (None: automatic)"),
-            ("options.corpus", "the name of the text given, recorded once"),
         ),
     )
 

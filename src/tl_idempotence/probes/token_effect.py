@@ -69,6 +69,7 @@ from ..sources.tl import TLModelSource, is_causal_lm
 from .token_effect_run import EffectRun, LayerOps
 from .token_records import (
     FREE_MODEL_FIELDS,
+    FREE_WINDOW_FIELDS,
     TokenResult,
     check_summary,
     edited_error,
@@ -177,12 +178,8 @@ class AttendedTokenEffect(TokenResult):
         formats=(EFFECT_FORMAT,),
         free_fields=(
             *FREE_MODEL_FIELDS,
-            ("summary.final_norm", "how the model's final norm was read, recorded once from the model"),
-            ("summary.n_windows", "the windows run (the positions table holds those with a counted position)"),
-            ("options.seq_len", "the window length asked for (the positions table holds the windows as run)"),
-            ("options.max_tokens", "the token budget asked for (the positions table holds what was run)"),
+            *FREE_WINDOW_FIELDS,
             ("options.batch_size", "a performance setting: windows per forward pass; no number depends on it"),
-            ("options.corpus", "the name of the text given, recorded once"),
         ),
     )
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "FREE_MODEL_FIELDS",
+    "FREE_WINDOW_FIELDS",
     "TokenResult",
     "check_model_fits",
     "check_summary",
@@ -75,6 +76,15 @@ FREE_MODEL_FIELDS = (
     ("info.d_head", "the model's head size, recorded once (check_model compares it with a model)"),
     ("summary.weights_fingerprint", "the sha256 of the measured layers, recorded once (check_model reads it)"),
     ("summary.embedding_fingerprint", "the sha256 of W_E and W_U, recorded once (check_model reads it)"),
+)
+#: Record fields of a save of a probe run over windows of text (the attended-token effect, the causal test of
+#: closure) that nothing else states: what was asked for and how the model's final norm was read.
+FREE_WINDOW_FIELDS = (
+    ("summary.final_norm", "how the model's final norm was read, recorded once from the model"),
+    ("summary.n_windows", "the windows run (the positions table holds those with a counted position)"),
+    ("options.seq_len", "the window length asked for (the positions table holds the windows as run)"),
+    ("options.max_tokens", "the token budget asked for (the positions table holds what was run)"),
+    ("options.corpus", "the name of the text given, recorded once"),
 )
 
 
