@@ -60,7 +60,7 @@ from torch import Tensor
 from ..core.factors import rank_rtol
 from ..core.heads import LayerHeads
 from ..errors import OptionError
-from .closure import closure
+from .closure import Closure, closure
 
 __all__ = [
     "CLOSURE_ONLY_RCOND",
@@ -318,19 +318,25 @@ def edit_change(
     return rel, float(c.alpha), float(c.P)
 
 
-def _empty(lh: LayerHeads, variant: str, alpha: Tensor) -> dict:
+def _begin_edits(lh: LayerHeads, heads: list[int] | None, variant: str) -> tuple[list[int], Closure, dict]:
+    """The layer's weights checked, the heads asked, its closure, and the fields of its :class:`OVEdits` before any
+    head is edited (every head NaN with reason ``"not asked"``). Raises what ``check_finite`` and ``_heads`` do."""
+    lh.check_finite()
+    hs = _heads(lh, heads)
+    c = closure(lh, factors=False)
     n, r = lh.n_heads, lh.d_head
-    return {
+    out = {
         "variant": variant,
         "layer": lh.layer,
         "N": torch.full((n, r, r), float("nan"), dtype=torch.float64),
         "rel_change": torch.full((n,), float("nan"), dtype=torch.float64),
-        "alpha": alpha,
+        "alpha": c.alpha.clone(),
         "alpha_after": torch.full((n,), float("nan"), dtype=torch.float64),
         "P_after": torch.full((n,), float("nan"), dtype=torch.float64),
         "iterations": np.zeros(n, dtype=np.int64),
-        "reason": np.full(n, "", dtype=object),
+        "reason": np.full(n, "not asked", dtype=object),
     }
+    return hs, c, out
 
 
 def _finish(out: dict, lh: LayerHeads, h: int, N: Tensor) -> None:
@@ -360,11 +366,7 @@ def closure_only_edits(lh: LayerHeads, heads: list[int] | None = None) -> OVEdit
     Raises:
         OptionError: a head outside the layer. WeightError: non-finite weights (names the head).
     """
-    lh.check_finite()
-    hs = _heads(lh, heads)
-    c = closure(lh, factors=False)
-    out = _empty(lh, "closure_only", c.alpha.clone())
-    out["reason"][:] = "not asked"
+    hs, c, out = _begin_edits(lh, heads, "closure_only")
     for h in hs:
         alpha = float(c.alpha[h])
         if not np.isfinite(alpha) or alpha == 0:
@@ -400,11 +402,7 @@ def closure_free_edits(lh: LayerHeads, heads: list[int] | None = None, max_iter:
     Raises:
         OptionError: a head outside the layer. WeightError: non-finite weights (names the head).
     """
-    lh.check_finite()
-    hs = _heads(lh, heads)
-    c = closure(lh, factors=False)
-    out = _empty(lh, "closure_free", c.alpha.clone())
-    out["reason"][:] = "not asked"
+    hs, _, out = _begin_edits(lh, heads, "closure_free")
     r = lh.d_head
     for h in hs:
         fr = principal_frame(lh.O[h], lh.V[int(lh.kv_head_of[h])])
