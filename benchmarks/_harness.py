@@ -57,6 +57,18 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return time.perf_counter() - t, time.process_time() - c, out
 
 
+def smollm2_and_report() -> tuple[Any, Any, float, float]:
+    """``(model, report, wall s of the load, wall s of the report)``: the zoo's SmolLM2-135M and its report, both
+    timed (not part of any target) and said on stderr with the closed heads' count: what the forward-pass
+    benchmarks start from."""
+    import tl_idempotence as tli
+
+    wall_load, _, model = timed(lambda: tli.models.load("smollm2-135m", progress=False))
+    wall_rep, _, rep = timed(lambda: model.idempotence_report(progress=False))
+    print(f"load {wall_load:.1f} s, report {wall_rep:.1f} s; {len(rep.closed_heads)} closed heads", file=sys.stderr)
+    return model, rep, wall_load, wall_rep
+
+
 def peak_above_start(fn: Callable[[], Any]) -> tuple[float, float, float | None, Any]:
     """``(wall s, CPU s, peak RSS above the RSS at the start in GiB or None, result)`` of ``fn()``: the process's
     peak resident set (Linux ``VmHWM``, reset through ``/proc/self/clear_refs`` before the call) above its resident

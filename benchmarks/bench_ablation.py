@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from _harness import bench_parser, loadavg, md_header, md_row, setting, timed, use_threads
+from _harness import bench_parser, loadavg, md_header, md_row, setting, smollm2_and_report, timed, use_threads
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,13 +34,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import numpy as np
 
-    import tl_idempotence as tli
-
     use_threads(args.threads)
     load_before = loadavg()
-    wall_load, _, model = timed(lambda: tli.models.load("smollm2-135m", progress=False))
-    wall_rep, _, rep = timed(lambda: model.idempotence_report(progress=False))
-    print(f"load {wall_load:.1f} s, report {wall_rep:.1f} s; {len(rep.closed_heads)} closed heads", file=sys.stderr)
+    model, rep, wall_load, wall_rep = smollm2_and_report()
 
     runs: list[tuple[str, str, float, float, Any]] = []
     wall, cpu, ab = timed(lambda: rep.ablation(model=model))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from _harness import bench_parser, loadavg, md_header, md_row, setting, timed, use_threads
+from _harness import bench_parser, loadavg, md_header, md_row, setting, smollm2_and_report, timed, use_threads
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,9 +38,7 @@ def main(argv: list[str] | None = None) -> None:
 
     use_threads(args.threads)
     load_before = loadavg()
-    wall_load, _, model = timed(lambda: tli.models.load("smollm2-135m", progress=False))
-    wall_rep, _, rep = timed(lambda: model.idempotence_report(progress=False))
-    print(f"load {wall_load:.1f} s, report {wall_rep:.1f} s; {len(rep.closed_heads)} closed heads", file=sys.stderr)
+    model, rep, wall_load, wall_rep = smollm2_and_report()
 
     wall, cpu, ct = timed(lambda: rep.causal(model=model, max_tokens=args.max_tokens, progress=False))
     print(f"rep.causal: wall {wall:.1f} s, CPU {cpu:.1f} s (load {loadavg()})", file=sys.stderr)
