@@ -9,7 +9,7 @@ from ..core.kwargs import strict_kwargs
 from ..core.option_specs import OptionSpec
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import CAUSAL_N_PERMUTATIONS, CAUSAL_VARIANTS, MAX_RESAMPLES
-from .join_spec import JoinFlag, JoinSpec, count_option, int_option, optional, seed_option
+from .join_spec import JoinFlag, JoinSpec, count_option, int_option, match_by_option, optional, seed_option
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -17,9 +17,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .causal import CausalTest
 
 __all__ = ["CAUSAL"]
-
-#: The sizes controls are matched on (``core.matching.match_controls``' ``by``).
-SIZES = ("abs_alpha", "norm")
 
 
 def check_variants(x: Any, name: str) -> tuple[str, ...]:
@@ -37,19 +34,6 @@ def check_variants(x: Any, name: str) -> tuple[str, ...]:
     if bad or not x or len(set(x)) != len(x):
         raise OptionError(f"{name} must be distinct names from {CAUSAL_VARIANTS}; got {list(x)}.")
     return tuple(v for v in CAUSAL_VARIANTS if v in x)
-
-
-def check_size(x: Any, name: str) -> str:
-    """``"abs_alpha"`` or ``"norm"``.
-
-    Raises:
-        OptionTypeError: not a string. OptionError: another string.
-    """
-    if not isinstance(x, str):
-        raise OptionTypeError(f"{name} must be one of {SIZES}; got {type(x).__name__}.")
-    if x not in SIZES:
-        raise OptionError(f"{name} must be one of {SIZES} (|α| or ‖T‖_F); got {x!r}.")
-    return x
 
 
 @strict_kwargs
@@ -165,16 +149,7 @@ CAUSAL = JoinSpec(
             check=check_variants,
         ),
         count_option("n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)),
-        OptionSpec(
-            "match_by",
-            "abs_alpha",
-            "what controls are matched on: |α| (abs_alpha) or ‖T‖_F (norm)",
-            "choice",
-            choices=SIZES,
-            types="str",
-            hint="str",
-            check=check_size,
-        ),
+        match_by_option("what controls are matched on: |α| (abs_alpha) or ‖T‖_F (norm)"),
         count_option("seq_len", 128, "the probe's window length", int_option(2, 1 << 24)),
         count_option(
             "max_tokens",

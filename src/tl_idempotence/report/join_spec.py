@@ -38,12 +38,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..probes.roles import HeadRoles
 
 __all__ = [
+    "MATCH_BY",
     "MODEL_CHECKS",
     "JoinFlag",
     "JoinSpec",
     "check_identity",
+    "check_match_by",
     "count_option",
     "int_option",
+    "match_by_option",
     "model_to_run",
     "optional",
     "seed_option",
@@ -102,6 +105,32 @@ def seed_option(help_: str) -> OptionSpec:
     """A join's ``seed`` option: default 0, ``--seed S``, validated by
     :func:`~tl_idempotence.core.options.check_seed`. Raises nothing."""
     return count_option("seed", 0, help_, check_seed, metavar="S")
+
+
+#: The sizes matched controls can be nearest in (``core.matching.match_controls``' ``by``): |α| or ‖T‖_F.
+MATCH_BY = ("abs_alpha", "norm")
+
+
+def check_match_by(x: Any, name: str) -> str:
+    """One of :data:`MATCH_BY`.
+
+    Raises:
+        OptionTypeError: not a string. OptionError: another string (names the choices).
+    """
+    if not isinstance(x, str):
+        raise OptionTypeError(f"{name} must be one of {MATCH_BY}; got {type(x).__name__}.")
+    if x not in MATCH_BY:
+        raise OptionError(f"{name} must be one of {MATCH_BY} (|α| or ‖T‖_F); got {x!r}.")
+    return x
+
+
+def match_by_option(help_: str) -> OptionSpec:
+    """A join's ``match_by`` option (``rep.mechanism``'s and ``rep.causal``'s matched controls): default
+    ``"abs_alpha"``, one of :data:`MATCH_BY`, validated by :func:`check_match_by`. Raises nothing."""
+    return OptionSpec(
+        "match_by", "abs_alpha", help_, "choice", "SIZE", choices=MATCH_BY, types="str", hint="str",
+        check=check_match_by,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,16 @@ from ..core.option_specs import OptionSpec
 from ..core.options import check_bool
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_BOOT, MAX_RESAMPLES
-from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, int_option, optional, seed_option
+from .join_spec import (
+    JoinFlag,
+    JoinSpec,
+    check_identity,
+    count_option,
+    int_option,
+    match_by_option,
+    optional,
+    seed_option,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -21,23 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DEFAULT_N_PERMUTATIONS", "EXPORT_MECHANISM_COLUMNS", "MECHANISM"]
 
 
-#: The sizes the matched controls can be nearest in (``core.matching.match_controls``' ``by``).
-MATCH_BY = ("abs_alpha", "norm")
 #: The copy-suppression condition's default k (``attended_token_effect``'s ``predicted_k``; imports nothing).
 DEFAULT_PREDICTED_K = 10
-
-
-def _check_match_by(x: Any, name: str) -> str:
-    """One of :data:`MATCH_BY`.
-
-    Raises:
-        OptionTypeError: not a string. OptionError: another string (names the choices).
-    """
-    if not isinstance(x, str):
-        raise OptionTypeError(f"{name} must be one of {list(MATCH_BY)}; got {type(x).__name__}.")
-    if x not in MATCH_BY:
-        raise OptionError(f"{name} must be one of {list(MATCH_BY)}; got {x!r}.")
-    return x
 
 
 def _check_n_tokens(x: Any, name: str) -> int:
@@ -254,17 +248,7 @@ MECHANISM = JoinSpec(
             int_option(1, MAX_RESAMPLES),
         ),
         seed_option("the token sample's, the null sources', the permutations' and the bootstrap's seed"),
-        OptionSpec(
-            "match_by",
-            "abs_alpha",
-            "the size the matched controls are nearest in: 'abs_alpha' (|α|) or 'norm' (‖T‖_F)",
-            "choice",
-            "SIZE",
-            choices=MATCH_BY,
-            types="str",
-            hint="str",
-            check=_check_match_by,
-        ),
+        match_by_option("the size the matched controls are nearest in: 'abs_alpha' (|α|) or 'norm' (‖T‖_F)"),
         count_option("n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)),
         count_option(
             "predicted_k",
