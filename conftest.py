@@ -1,7 +1,12 @@
 """Root conftest: the python blocks of README.md and docs/*.md as integration tests (tests/doc_blocks.py), their
-skips judged under ``CI=1`` by the rule of every skip (tests/ci_skips.py)."""
+skips judged under ``CI=1`` by the rule of every skip (tests/ci_skips.py); and, first, the shape checks of every
+run (tests/shapecheck.py: jaxtyping's import hook on the modules with shape annotations)."""
 
-from doc_blocks import (  # noqa: F401
+import shapecheck
+
+shapecheck.install()  # before anything imports tl_idempotence
+
+from doc_blocks import (  # noqa: E402, F401
     doc_workdir,
     pytest_collect_file,
     pytest_collection_modifyitems,

@@ -1,5 +1,5 @@
 """The result contract's record-field test with EVERY field of every stored type edited (the quick tier edits a
-seeded sample of 60 per type: tests/unit/test_result_contract.py, ``QUICK_FIELDS``), in a fresh process as CI runs
+seeded sample of 24 per type: tests/unit/test_result_contract.py, ``QUICK_FIELDS``), in a fresh process as CI runs
 it. About 20 CPU-s."""
 
 from __future__ import annotations

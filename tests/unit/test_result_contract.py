@@ -614,7 +614,7 @@ def _get(rec: Any, keys: list[Any]) -> Any:
 #: How many record fields of one type the quick tier edits (a seeded sample, the same on every run, when a record has
 #: more); ``TLI_CONTRACT_FIELDS=all`` edits every one: tests/integration/test_result_contract_all_fields.py runs this
 #: test so in CI (a mechanism's record has ~190 fields, each edit a full load: ~12 s).
-QUICK_FIELDS = os.environ.get("TLI_CONTRACT_FIELDS", "60")
+QUICK_FIELDS = os.environ.get("TLI_CONTRACT_FIELDS", "24")
 
 
 def _fields(rec0: Any, spec: Any) -> list[tuple[str, list[Any]]]:
