@@ -4,7 +4,7 @@ run (tests/shapecheck.py: jaxtyping's import hook on the modules with shape anno
 
 import shapecheck
 
-shapecheck.install()  # before anything imports tl_idempotence
+shapecheck.install_unless_switched_off()  # before anything imports tl_idempotence
 
 from doc_blocks import (  # noqa: E402, F401
     doc_workdir,

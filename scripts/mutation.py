@@ -21,8 +21,9 @@ replacement) to a copy of the committed tree, runs the mutant's tests there and 
 
 Not part of any pytest tier: CI runs it as its own stage after the tests (``.ci/run``: the targets in
 ``TLI_CI_MUTATION``, default ``kv_map``; ``all`` runs every target).
-Needs ``pip install -e ".[mutation]"`` (mutmut). jaxtyping's pytest hook is switched off inside the run
-(mutmut imports the package before pytest starts, which that hook refuses); the tests run as written.
+Needs ``pip install -e ".[mutation]"`` (mutmut). The tests' shape checks (jaxtyping's import hook,
+tests/shapecheck.py) are switched off inside the run, ``TLI_SHAPECHECK=off`` (mutmut imports the package before
+pytest starts, which that hook refuses); the tests run as written.
 Exit status: 0 when every target's score (equivalents excluded) is at least ``--min-score`` (default 0.9).
 """
 
@@ -551,7 +552,7 @@ def scratch_copy(dest: Path) -> None:
 
 
 def mutmut_table(t: Target) -> str:
-    pytest_args = ["-p", "no:randomly", "-p", "no:jaxtyping", "-o", "addopts=-ra --import-mode=importlib", "-x", "-q"]
+    pytest_args = ["-p", "no:randomly", "-o", "addopts=-ra --import-mode=importlib", "-x", "-q"]
     for node in t.deselect:
         pytest_args += ["--deselect", node]
     if t.marker is not None:
@@ -578,6 +579,7 @@ def run_target(t: Target, max_children: int, keep: bool) -> dict:
         mutmut = [sys.executable, "-m", "mutmut"]
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutmut puts mutants/src first
         env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # one thread per mutant: no pool to inherit
+        env["TLI_SHAPECHECK"] = "off"  # mutmut imports the package before pytest: tests/shapecheck.py
         t0 = time.perf_counter()
         run = subprocess.run(
             [*mutmut, "run", "--max-children", str(max_children), *t.mutants],

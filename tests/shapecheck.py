@@ -18,6 +18,7 @@ check an error users never see.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import types
@@ -83,3 +84,21 @@ def install() -> list[str]:
         raise RuntimeError(f"shapecheck cannot check these modules because they are already imported: {early}")
     install_import_hook(names, "shapecheck.checker")
     return names
+
+
+#: The environment switch: ``TLI_SHAPECHECK=off`` runs the tests without the hook (scripts/mutation.py: mutmut
+#: imports the package before pytest starts, which :func:`install` refuses); ``on`` (the default) installs it.
+SWITCH = "TLI_SHAPECHECK"
+
+
+def install_unless_switched_off() -> list[str]:
+    """:func:`install` unless ``TLI_SHAPECHECK=off``; returns the instrumented modules (none when off).
+
+    Raises:
+        RuntimeError: ``TLI_SHAPECHECK`` is neither ``on`` nor ``off`` (a typo must not switch the checks off), or
+            :func:`install` refused.
+    """
+    value = os.environ.get(SWITCH, "on")
+    if value not in ("on", "off"):
+        raise RuntimeError(f"{SWITCH} must be 'on' or 'off'; got {value!r}")
+    return install() if value == "on" else []

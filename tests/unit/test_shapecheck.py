@@ -104,3 +104,18 @@ def test_the_checker_is_on_an_instrumented_function_and_off_elsewhere():
     assert not hasattr(check_int, "__wrapped__")
     with pytest.raises(jaxtyping.TypeCheckError):
         closure_sums(*(torch.ones(1, 3, 2, dtype=torch.float64),) * 3)
+
+
+@pytest.mark.parametrize("value", ["of", "OFF", "0", ""])
+def test_a_switch_that_is_not_on_or_off_is_refused(value: str, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(shapecheck.SWITCH, value)
+    with pytest.raises(RuntimeError, match="must be 'on' or 'off'"):
+        shapecheck.install_unless_switched_off()
+
+
+def test_off_installs_nothing_and_on_installs(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(shapecheck.SWITCH, "off")
+    assert shapecheck.install_unless_switched_off() == []
+    monkeypatch.setenv(shapecheck.SWITCH, "on")
+    with pytest.raises(RuntimeError, match="already imported"):  # on: it tries, and the package is imported here
+        shapecheck.install_unless_switched_off()
