@@ -270,6 +270,15 @@ def record_digest(record: dict[str, Any]) -> str:
 _OWN_STREAM = re.compile(r"/dev/(stdout|stderr|fd/[0-9]+)|/proc/(self|thread-self)/fd/[0-9]+")
 
 
+def _absolute(path: Any) -> str | None:
+    """``path`` absolute, ``~`` expanded (links not followed): the name :func:`is_stream` and :func:`is_stdout`
+    match; None where ``path`` is no path (another type, a NUL byte)."""
+    try:
+        return os.path.abspath(os.path.expanduser(os.fspath(path)))
+    except (TypeError, ValueError):
+        return None
+
+
 def is_stream(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` names a stream rather than a file to replace: an existing character device, FIFO or
     socket (``/dev/null``, a terminal, a named pipe made by ``mkfifo``), or one of this process's own streams by
@@ -277,9 +286,8 @@ def is_stream(path: str | os.PathLike[str]) -> bool:
     stream has no extension to choose a format and is written in place (:func:`atomic_write_bytes`). Symbolic
     links are followed; a path that does not exist, a regular file or a folder is not a stream. Raises nothing.
     """
-    try:
-        s = os.path.abspath(os.path.expanduser(os.fspath(path)))
-    except (TypeError, ValueError):
+    s = _absolute(path)
+    if s is None:
         return False
     if _OWN_STREAM.fullmatch(s):
         return True
@@ -309,9 +317,8 @@ def is_stdout(path: str | os.PathLike[str]) -> bool:
     descriptor 1 is (``st_dev`` and ``st_ino``, links followed: ``report --csv f.csv > f.csv``, ``/dev/fd/3`` with
     ``3>&1``). The null device is never standard output here (what is written there is discarded either way).
     Raises nothing."""
-    try:
-        s = os.path.abspath(os.path.expanduser(os.fspath(path)))
-    except (TypeError, ValueError):
+    s = _absolute(path)
+    if s is None:
         return False
     if _STDOUT_NAME.fullmatch(s):
         return True

@@ -8,8 +8,19 @@ from typing import TYPE_CHECKING, Any
 from ..core.kwargs import strict_kwargs
 from ..core.option_specs import OptionSpec
 from ..errors import OptionError, OptionTypeError
-from .join_defaults import CAUSAL_N_PERMUTATIONS, CAUSAL_VARIANTS, MAX_RESAMPLES
-from .join_spec import JoinFlag, JoinSpec, count_option, int_option, match_by_option, optional, seed_option
+from .join_defaults import CAUSAL_N_PERMUTATIONS, CAUSAL_VARIANTS
+from .join_spec import (
+    JoinFlag,
+    JoinSpec,
+    controls_option,
+    count_option,
+    int_option,
+    match_by_option,
+    needs_model_text,
+    resamples_option,
+    seed_option,
+    tokens_option,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -148,23 +159,12 @@ CAUSAL = JoinSpec(
             hint="str | Sequence[str]",
             check=check_variants,
         ),
-        count_option("n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)),
+        controls_option(),
         match_by_option("what controls are matched on: |α| (abs_alpha) or ‖T‖_F (norm)"),
         count_option("seq_len", 128, "the probe's window length", int_option(2, 1 << 24)),
-        count_option(
-            "max_tokens",
-            512,
-            "the probe's token budget (whole windows; None: the whole text)",
-            optional(int_option(1)),
-            none=True,
-        ),
+        tokens_option(512, "the probe's token budget (whole windows; None: the whole text)"),
         count_option("batch_size", 8, "windows per clean forward pass", int_option(1, 1 << 20)),
-        count_option(
-            "n_permutations",
-            CAUSAL_N_PERMUTATIONS,
-            f"relabellings drawn where more than 100,000 exist (1 .. {MAX_RESAMPLES})",
-            int_option(1, MAX_RESAMPLES),
-        ),
+        resamples_option("n_permutations", CAUSAL_N_PERMUTATIONS, "relabellings drawn where more than 100,000 exist"),
         seed_option("the drawn relabellings' seed"),
     ),
     model="weights",
@@ -182,9 +182,7 @@ CAUSAL = JoinSpec(
         compute=lambda rep, model, value, joined, args, progress=True: rep.causal(
             model=model, seed=args.seed, progress=progress
         ),
-        needs_model="--causal runs the model with heads edited, and a checkpoint path is read as weights only (no "
-        "model to run): use a zoo model or a hub name, or in Python "
-        "rep.causal(model=TransformerBridge.boot_transformers(folder))",
+        needs_model=needs_model_text("--causal", "runs the model with heads edited", "rep.causal"),
         progress="tl-idempotence: the causal test of closure (closed heads and matched controls edited)...",
         text=lambda result: str(result.headline),
     ),

@@ -31,6 +31,7 @@ from ..core.kwargs import by_name, unknown_option_error
 from ..core.option_specs import OptionSpec
 from ..core.options import check_int, check_seed
 from ..errors import OptionError, OptionTypeError, RegistrationError
+from .join_defaults import MAX_RESAMPLES
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -44,12 +45,16 @@ __all__ = [
     "JoinSpec",
     "check_identity",
     "check_match_by",
+    "controls_option",
     "count_option",
     "int_option",
     "match_by_option",
     "model_to_run",
+    "needs_model_text",
     "optional",
+    "resamples_option",
     "seed_option",
+    "tokens_option",
 ]
 
 #: How a join checks a model given for it (:func:`check_identity`): ``"weights"``: its sizes, weight processing and
@@ -107,6 +112,29 @@ def seed_option(help_: str) -> OptionSpec:
     return count_option("seed", 0, help_, check_seed, metavar="S")
 
 
+def resamples_option(name: str, default: int, what: str, note: str = "") -> OptionSpec:
+    """A join's count of random draws (permutations, relabellings, random sets): an integer in 1 ..
+    :data:`~tl_idempotence.report.join_defaults.MAX_RESAMPLES`, its help ``"{what} (1 .. {MAX_RESAMPLES}{note})"``.
+    Raises what :class:`OptionSpec` does."""
+    return count_option(name, default, f"{what} (1 .. {MAX_RESAMPLES}{note})", int_option(1, MAX_RESAMPLES))
+
+
+def tokens_option(default: int | None, help_: str) -> OptionSpec:
+    """A join's token budget ``max_tokens``: an integer >= 1, or None (no budget). Raises what :class:`OptionSpec`
+    does."""
+    return count_option("max_tokens", default, help_, optional(int_option(1)), none=True)
+
+
+def needs_model_text(flag: str, runs: str, call: str) -> str:
+    """A join flag's :attr:`JoinFlag.needs_model`: ``flag`` ``runs`` (what it does with the model), and a checkpoint
+    path is read as weights only, so: a zoo model, a hub name, or ``call`` in Python on a booted model. Raises
+    nothing."""
+    return (
+        f"{flag} {runs}, and a checkpoint path is read as weights only (no model to run): use a zoo model or a hub "
+        f"name, or in Python {call}(model=TransformerBridge.boot_transformers(folder))"
+    )
+
+
 #: The sizes matched controls can be nearest in (``core.matching.match_controls``' ``by``): |α| or ‖T‖_F.
 MATCH_BY = ("abs_alpha", "norm")
 
@@ -131,6 +159,14 @@ def match_by_option(help_: str) -> OptionSpec:
         "match_by", "abs_alpha", help_, "choice", "SIZE", choices=MATCH_BY, types="str", hint="str",
         check=check_match_by,
     )  # fmt: skip
+
+
+def controls_option() -> OptionSpec:
+    """A join's ``n_controls`` option (``rep.mechanism``'s and ``rep.causal``'s matched controls): default 1, an
+    integer in 1 .. 64. Raises nothing."""
+    return count_option(
+        "n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)
+    )
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,20 @@ from ..core.kwargs import strict_kwargs
 from ..core.option_specs import OptionSpec
 from ..core.options import check_bool
 from ..errors import OptionError, OptionTypeError
-from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_BOOT, MAX_RESAMPLES
+from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX_BOOT
 from .join_spec import (
     JoinFlag,
     JoinSpec,
     check_identity,
+    controls_option,
     count_option,
     int_option,
     match_by_option,
+    needs_model_text,
     optional,
+    resamples_option,
     seed_option,
+    tokens_option,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -233,23 +237,12 @@ MECHANISM = JoinSpec(
             optional(int_option(2, 1 << 24)),
             none=True,
         ),
-        count_option(
-            "max_tokens",
-            2048,
-            "the attended-token effect's token budget (None: no budget)",
-            optional(int_option(1)),
-            none=True,
-        ),
+        tokens_option(2048, "the attended-token effect's token budget (None: no budget)"),
         count_option("batch_size", 8, "the attended-token effect's windows per forward pass", int_option(1, 1 << 20)),
-        count_option(
-            "n_permutations",
-            DEFAULT_N_PERMUTATIONS,
-            f"permutations of the Spearman test (1 .. {MAX_RESAMPLES})",
-            int_option(1, MAX_RESAMPLES),
-        ),
+        resamples_option("n_permutations", DEFAULT_N_PERMUTATIONS, "permutations of the Spearman test"),
         seed_option("the token sample's, the null sources', the permutations' and the bootstrap's seed"),
         match_by_option("the size the matched controls are nearest in: 'abs_alpha' (|α|) or 'norm' (‖T‖_F)"),
-        count_option("n_controls", 1, "matched controls per closed head (same layer, nearest size)", int_option(1, 64)),
+        controls_option(),
         count_option(
             "predicted_k",
             DEFAULT_PREDICTED_K,
@@ -290,9 +283,9 @@ MECHANISM = JoinSpec(
         compute=lambda rep, model, value, joined, args, progress=True: rep.mechanism(
             model=model, roles=joined.get("roles"), seed=args.seed, progress=progress
         ),
-        needs_model="--mechanism runs the model on text (the attended-token effect), and a checkpoint path is read "
-        "as weights only (no model to run): use a zoo model or a hub name, or in Python "
-        "rep.mechanism(model=TransformerBridge.boot_transformers(folder))",
+        needs_model=needs_model_text(
+            "--mechanism", "runs the model on text (the attended-token effect)", "rep.mechanism"
+        ),
         progress="tl-idempotence: measuring what the heads do to tokens (token readout, attended-token effect)...",
         text=lambda mech: str(mech.headline),
     ),

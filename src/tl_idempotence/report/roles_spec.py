@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.kwargs import strict_kwargs, warn_at_caller
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import DEFAULT_N_PERMUTATIONS, DEFAULT_N_SETS, EXPORT_ROLE_COLUMNS, MAX_RESAMPLES
-from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, int_option, seed_option
+from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, needs_model_text, resamples_option, seed_option
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -47,12 +47,7 @@ def _check_sequences(x: Any, name: str) -> int | None:
     return None if x is None else check_int(x, name, 1, MAX_SEQUENCES)
 
 
-_PERMUTATIONS = count_option(
-    "n_permutations",
-    DEFAULT_N_PERMUTATIONS,
-    f"permutations of each Spearman test (1 .. {MAX_RESAMPLES})",
-    int_option(1, MAX_RESAMPLES),
-)
+_PERMUTATIONS = resamples_option("n_permutations", DEFAULT_N_PERMUTATIONS, "permutations of each Spearman test")
 _SEED = seed_option("the seed of the head detector's tokens and of the permutations")
 
 
@@ -202,9 +197,7 @@ ROLES = JoinSpec(
         compute=lambda rep, model, value, joined, args, progress=True: rep.roles(
             model=model, seed=args.seed, progress=progress
         ),
-        needs_model="--roles runs TransformerLens's head detector on the model, and a checkpoint path is read as "
-        "weights only (no model to run): use a zoo model or a hub name, or in Python "
-        "rep.roles(model=TransformerBridge.boot_transformers(folder))",
+        needs_model=needs_model_text("--roles", "runs TransformerLens's head detector on the model", "rep.roles"),
         # then the bars of head_roles and of the association (seconds on SmolLM2, minutes on a loaded machine)
         progress="tl-idempotence: computing head roles (head detector and copying score)...",
         text=_text,
@@ -235,11 +228,8 @@ CIRCUIT = JoinSpec(
     result=_circuit,
     run=run_circuit,
     options=(
-        count_option(
-            "n_sets",
-            DEFAULT_N_SETS,
-            f"random layer-matched sets of the permutation p-value (1 .. {MAX_RESAMPLES}; floor 1/(n_sets + 1))",
-            int_option(1, MAX_RESAMPLES),
+        resamples_option(
+            "n_sets", DEFAULT_N_SETS, "random layer-matched sets of the permutation p-value", "; floor 1/(n_sets + 1)"
         ),
         seed_option("the random sets' seed"),
     ),

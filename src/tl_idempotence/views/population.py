@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from .role_figures import drawn_table
 from .text import format_sig, plot_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -76,14 +77,11 @@ def mechanism_comparison_figure(cmp: Any) -> go.Figure:
     """
     import plotly.graph_objects as go
 
-    from ..errors import OptionTypeError
-
-    t = getattr(cmp, "table", None)
-    need = {"model", "agree_rate", "matched_control_rate", "other_agree_rate", "status", "notes"}
-    if not isinstance(t, pd.DataFrame) or not need <= set(t.columns):
-        raise OptionTypeError(
-            f"mechanism_comparison_figure draws tli.compare_mechanisms(...); got {type(cmp).__name__}."
-        )
+    t = drawn_table(
+        cmp,
+        {"model", "agree_rate", "matched_control_rate", "other_agree_rate", "status", "notes"},
+        "mechanism_comparison_figure draws tli.compare_mechanisms(...)",
+    )
     s = cmp.summary
     x = [plot_text(m) for m in t["model"]]
     fig = go.Figure()

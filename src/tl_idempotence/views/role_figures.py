@@ -23,6 +23,20 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ROLE_PANELS", "mechanism_figure", "roles_figure"]
 
 
+def drawn_table(result: Any, columns: set[str], draws: str) -> pd.DataFrame:
+    """``result.table``, the table a figure draws, when it is a DataFrame with ``columns``.
+
+    Raises:
+        OptionTypeError: no such table (``"{draws}; got {type(result).__name__}."``).
+    """
+    from ..errors import OptionTypeError
+
+    table = getattr(result, "table", None)
+    if not isinstance(table, pd.DataFrame) or not columns <= set(table.columns):
+        raise OptionTypeError(f"{draws}; got {type(result).__name__}.")
+    return table
+
+
 #: The panels of :func:`roles_figure`: role column -> axis title.
 ROLE_PANELS = {
     "previous_token": "previous-token score",
@@ -140,14 +154,11 @@ def mechanism_figure(mech: Any) -> go.Figure:
     """
     import plotly.graph_objects as go
 
-    from ..errors import OptionTypeError
-
-    table = getattr(mech, "table", None)
-    need = {"alpha_P", "P", "alpha", "closed", "effect_median", "effect_q"}
-    if not isinstance(table, pd.DataFrame) or not need <= set(table.columns):
-        raise OptionTypeError(
-            f"mechanism_figure draws rep.mechanism(model=...) (a Mechanism); got {type(mech).__name__}."
-        )
+    table = drawn_table(
+        mech,
+        {"alpha_P", "P", "alpha", "closed", "effect_median", "effect_q"},
+        "mechanism_figure draws rep.mechanism(model=...) (a Mechanism)",
+    )
     s = mech.summary
     t = float(s["threshold"])
     ok = table["alpha_P"].notna() & table["effect_median"].notna()

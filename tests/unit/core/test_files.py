@@ -126,6 +126,21 @@ def test_what_a_stream_is(tmp_path: Path):
     ]
 
 
+def test_streams_by_a_home_relative_name_and_what_is_no_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """is_stream and is_stdout read ``~`` as the home folder (one rule for both), and a value that is no path (a NUL
+    byte, another type) is neither, never an error."""
+    from tl_idempotence.core.files import is_stdout, is_stream
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    os.mkfifo(tmp_path / "pipe")
+    out = tmp_path / "out.csv"
+    assert is_stream("~/pipe") and not is_stream("~/out.csv")
+    with _Fd1(out):
+        assert is_stdout("~/out.csv") and not is_stdout("~/pipe")
+        for bad in ["a\0b", 3, None]:
+            assert not is_stream(bad) and not is_stdout(bad), bad
+
+
 class _Fd1:
     """File descriptor 1 pointed at ``target`` (opened without O_APPEND, as a shell's ``>``) while the block runs,
     then back: what a redirected process sees, in this process."""
