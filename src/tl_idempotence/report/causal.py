@@ -47,7 +47,7 @@ from ..core.records import (
 )
 from ..core.selection import head_labels
 from ..core.store import saved_folder
-from ..core.stored import StoredResult, StoreSpec
+from ..core.stored import StoredResult, StoreSpec, loads, saves
 from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.causal import CAUSAL_FORMAT as PROBE_FORMAT
@@ -195,25 +195,6 @@ class CausalTest(StoredResult, FrozenResult, DrawnResult):
     def headline(self) -> str:
         """What holds and what does not (module docstring), with the groups' sizes and the p floor."""
         return str(self.summary["headline"])
-
-    @classmethod
-    def load(cls, path: PathLike) -> CausalTest:
-        """:func:`load_causal_test`: a folder :meth:`save` wrote, checked (raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_causal_test(path)
-
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`save_causal_test`); :func:`load_causal_test` reads it back.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_causal_test`.
-        """
-        return save_causal_test(self, path, overwrite=overwrite)
 
     def __str__(self) -> str:
         return "\n".join([self.headline, self._comparison.to_string(index=False)])
@@ -435,6 +416,7 @@ def causal_record(result: CausalTest) -> dict[str, Any]:
     }
 
 
+@saves("causal_test")
 def save_causal_test(result: CausalTest, path: PathLike, overwrite: bool = False) -> str:
     """Save a causal test to the folder ``path``: ``table``, ``pairs``, ``comparison`` and ``candidates`` (parquet),
     ``causal_test.json`` (the summary, the sha256 of each table, its digest) and the probe's own save in
@@ -477,6 +459,7 @@ def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return all(same_value(json_like(a[c].tolist()), json_like(b[c].tolist())) for c in a.columns)
 
 
+@loads("causal_test")
 def load_causal_test(path: PathLike) -> CausalTest:
     """Read back what :func:`save_causal_test` wrote, checking every digest and recomputing the matching (from the
     candidates), the per-head table (from the probe's save, whose loader recomputes it from the positions), the

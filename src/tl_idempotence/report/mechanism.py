@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.frozen import thawed
-from ..core.stored import StoredResult, StoreSpec
+from ..core.stored import StoredResult, StoreSpec, loads, saves
 from ..core.tables import FrozenResult, FrozenSummary
 from ..probes.tied import EmbeddingTie
 from ..views.results import DrawnResult
@@ -276,34 +276,6 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
             )
         return self.tokens.top_tokens(head)
 
-    @classmethod
-    def load(cls, path: PathLike) -> Mechanism:
-        """:func:`~tl_idempotence.report.mechanism.load_mechanism`: a folder :meth:`save` wrote, checked.
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_mechanism(path)
-
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`~tl_idempotence.report.mechanism.save_mechanism`): parquet
-        tables and one JSON record with their sha256s and its own digest, no pickle.
-
-        Args:
-            path: a folder that does not exist yet (or is empty), or an earlier mechanism save with ``overwrite``.
-            overwrite: replace an earlier mechanism save's files (only those).
-
-        Returns:
-            The folder, as a string.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as
-                :func:`~tl_idempotence.report.mechanism.save_mechanism`.
-        """
-        return save_mechanism(self, path, overwrite=overwrite)
-
     def figure(self) -> Any:
         """Plotly figure: each joined head's attended-token effect against α·P, closed heads marked, the sign
         agreement and the Spearman ρ in its title (:func:`tl_idempotence.views.figures.mechanism_figure`)."""
@@ -508,6 +480,7 @@ def mechanism_record(mech: Mechanism) -> dict[str, Any]:
     return {"summary": s, "signs": signs, "controls": pairs}
 
 
+@saves("mechanism")
 def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -> str:
     """Save a mechanism result (``rep.mechanism``) to the folder ``path`` (module docstring); ``Mechanism.save``.
 
@@ -535,6 +508,7 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     return write_mechanism(result, path, overwrite=overwrite)
 
 
+@loads("mechanism")
 def load_mechanism(path: PathLike) -> Mechanism:
     """Read back what :func:`save_mechanism` wrote, checking every digest and recomputing what the tables give.
 
