@@ -186,8 +186,8 @@ class CausalClosure(TokenResult):
         ),
     )
 
-    _positions: pd.DataFrame
-    _changes: pd.DataFrame
+    positions: pd.DataFrame
+    changes: pd.DataFrame
     summary: CausalClosureSummary
 
     def __init__(
@@ -201,19 +201,9 @@ class CausalClosure(TokenResult):
         loaded_from: str | None = None,
     ) -> None:
         self._freeze_result(
-            table, summary, loaded_from, _changes=changes.copy(), _positions=positions.copy(), info=info,
+            table, summary, loaded_from, changes=changes, positions=positions, info=info,
             options=options,
         )  # fmt: skip
-
-    @property
-    def changes(self) -> pd.DataFrame:
-        """One row per (head, variant) (a copy)."""
-        return self._changes.copy()
-
-    @property
-    def positions(self) -> pd.DataFrame:
-        """One row per (head, variant, window, destination position) (a copy)."""
-        return self._positions.copy()
 
     def to_text(self, n: int = 10) -> str:
         """The headline, the convention and the per-head table (``n`` is not used: every head is shown).
@@ -518,7 +508,7 @@ def save_causal_closure(result: CausalClosure, path: PathLike, overwrite: bool =
 
 def closure_tables(result: CausalClosure) -> dict[str, pd.DataFrame]:
     """The tables a causal closure save holds (``table`` with ``layer``/``head`` as columns, not the index)."""
-    return {"table": result._table, "changes": result._changes, "positions": result._positions}
+    return {"table": result._table, "changes": result.changes, "positions": result.positions}
 
 
 @loads("causal_closure")

@@ -183,7 +183,7 @@ class AttendedTokenEffect(TokenResult):
         ),
     )
 
-    _positions: pd.DataFrame
+    positions: pd.DataFrame
     summary: AttendedTokenEffectSummary
 
     def __init__(
@@ -195,13 +195,7 @@ class AttendedTokenEffect(TokenResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        # _positions is never handed out: the property gives copies
-        self._freeze_result(table, summary, loaded_from, _positions=positions.copy(), info=info, options=options)
-
-    @property
-    def positions(self) -> pd.DataFrame:
-        """The per-position records (a copy)."""
-        return self._positions.copy()
+        self._freeze_result(table, summary, loaded_from, positions=positions, info=info, options=options)
 
     def to_text(self, n: int = 10) -> str:
         """The headline and the ``n`` heads with the most negative and most positive median effect (by itself), with
@@ -641,7 +635,7 @@ def save_attended_token_effect(result: AttendedTokenEffect, path: PathLike, over
 
 
 def _saved_tables(result: AttendedTokenEffect) -> dict[str, pd.DataFrame]:
-    return {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result._positions}
+    return {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result.positions}
 
 
 def attended_token_effect_files(result: AttendedTokenEffect) -> dict[str, bytes]:

@@ -204,9 +204,9 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         ),
     )
 
-    _signs: pd.DataFrame
-    _weights: pd.DataFrame
-    _stability: pd.DataFrame
+    signs: pd.DataFrame
+    weights: pd.DataFrame
+    stability: pd.DataFrame
     summary: MechanismSummary
     tokens: HeadTokens | None
     effect: AttendedTokenEffect | None
@@ -224,27 +224,12 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         weights: pd.DataFrame | None = None,
         stability: pd.DataFrame | None = None,
     ) -> None:
-        # the frames are never handed out: the properties give copies
+        # every frame is stored copied and handed out as a copy made on each read (ImmutableResult)
         self._freeze_result(
-            table, summary, loaded_from, _signs=signs.copy(), tokens=tokens, effect=effect, tie=tie,
-            _weights=(pd.DataFrame() if weights is None else weights).copy(),
-            _stability=(pd.DataFrame(columns=list(STABILITY_COLUMNS)) if stability is None else stability).copy(),
+            table, summary, loaded_from, signs=signs, tokens=tokens, effect=effect, tie=tie,
+            weights=pd.DataFrame() if weights is None else weights,
+            stability=pd.DataFrame(columns=list(STABILITY_COLUMNS)) if stability is None else stability,
         )  # fmt: skip
-
-    @property
-    def signs(self) -> pd.DataFrame:
-        """The signed columns summarized by sign (class docstring): a copy."""
-        return self._signs.copy()
-
-    @property
-    def weights(self) -> pd.DataFrame:
-        """Every measured head's weights-only numbers (class docstring): a copy."""
-        return self._weights.copy()
-
-    @property
-    def stability(self) -> pd.DataFrame:
-        """Each compared head's direction in each text set (class docstring): a copy."""
-        return self._stability.copy()
 
     @property
     def headline(self) -> str:
@@ -299,7 +284,7 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         controls = t[t["control_of"] != ""][["control_of", "alpha", "median_diff", "direction", "agrees_alpha"]]
         if len(controls):
             parts += [f"matched controls ({len(controls)}):", controls.head(n).to_string()]
-        parts += ["by sign:", self._signs.to_string()]
+        parts += ["by sign:", self.signs.to_string()]
         return "\n".join(parts)
 
     def __str__(self) -> str:
@@ -436,7 +421,7 @@ def check_mechanism_fits_report(heads: pd.DataFrame, threshold: float, mech: Any
     if not isinstance(mech, Mechanism):
         raise OptionTypeError(f"mechanism must be the result of rep.mechanism(model=...); got {type(mech).__name__}.")
     bad: list[str] = []
-    for t in (mech._table, mech._weights):
+    for t in (mech._table, mech.weights):
         lack = [x for x in t.index if x not in heads.index]
         if lack:
             raise OptionError(
@@ -469,7 +454,7 @@ def mechanism_record(mech: Mechanism) -> dict[str, Any]:
     """The JSON export of a mechanism result: its summary (without the probes' own summaries), its ``signs`` rows
     and its matched pairs (closed head, control), under ``"mechanism"`` of the report's ``--json``."""
     s = {k: v for k, v in thawed(mech.summary).items() if k not in ("head_tokens", "attended_token_effect")}
-    signs = [{"quantity": q, "group": g, **row.to_dict()} for (q, g), row in mech._signs.iterrows()]
+    signs = [{"quantity": q, "group": g, **row.to_dict()} for (q, g), row in mech.signs.iterrows()]
     t = mech._table
     pairs = [
         {"closed": c.strip(), "control": lab}
