@@ -133,14 +133,20 @@ def check_callable(site: Site, path: str, fn: griffe.Function, need_raises: bool
             problems.append(f"{path}: no 'Raises:' section (the errors it raises)")
 
 
-def check_class(site: Site, path: str, cls: griffe.Class, problems: list[str]) -> None:
+def check_class(site: Site, path: str, cls: griffe.Class, problems: list[str], inherited: tuple[str, ...] = ()) -> None:
+    """The class's constructor and every public method it defines, and those of ``inherited`` it inherits (rendered
+    by mkdocs.yml's ``inherited_members``), as :func:`check_callable`."""
     init = cls.members.get("__init__")
     init_fn = init.final_target if init is not None and init.is_alias else init
     if isinstance(init_fn, griffe.Function):
         check_callable(site, path, init_fn, need_raises=False, problems=problems)
     elif site.entry(path) is None:
         problems.append(f"{path}: no rendered entry in objects.inv")
-    for name, member in cls.members.items():
+    members = dict(cls.members)
+    for name in inherited:
+        if name not in members and name in cls.inherited_members:
+            members[name] = cls.inherited_members[name]
+    for name, member in members.items():
         if name.startswith("_"):
             continue
         target = member.final_target if member.is_alias else member
@@ -162,6 +168,8 @@ def check(site_dir: Path, mkdocs_yml: Path = ROOT / "mkdocs.yml") -> list[str]:
         docstring_options=loader_options,
     )
     site = Site(site_dir)
+    listed = options.get("inherited_members")
+    inherited = tuple(listed) if isinstance(listed, list) else ()
     problems: list[str] = []
     for name in sorted(public_names()):
         path = f"{PACKAGE}.{name}"
@@ -169,7 +177,7 @@ def check(site_dir: Path, mkdocs_yml: Path = ROOT / "mkdocs.yml") -> list[str]:
         if isinstance(obj, griffe.Function):
             check_callable(site, path, obj, need_raises=True, problems=problems)
         elif isinstance(obj, griffe.Class):
-            check_class(site, path, obj, problems)
+            check_class(site, path, obj, problems, inherited)
         elif isinstance(obj, griffe.Module):
             if site.entry(path) is None:
                 problems.append(f"{path}: no rendered entry in objects.inv")
@@ -179,7 +187,7 @@ def check(site_dir: Path, mkdocs_yml: Path = ROOT / "mkdocs.yml") -> list[str]:
                     need = f"{name}.{member}" not in NO_RAISES
                     check_callable(site, f"{path}.{member}", target, need_raises=need, problems=problems)
                 elif isinstance(target, griffe.Class):
-                    check_class(site, f"{path}.{member}", target, problems)
+                    check_class(site, f"{path}.{member}", target, problems, inherited)
                 elif site.entry(f"{path}.{member}") is None:
                     problems.append(f"{path}.{member}: no rendered entry in objects.inv")
         else:

@@ -17,7 +17,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,9 @@ from .files import read_json, record_digest, sha256_bytes, sha256_file
 from .jsonio import RECORD, json_ready, json_restore, json_text
 from .options import check_bool
 from .store import saved_folder, write_folder
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .stored import StoreSpec
 
 __all__ = [
     "INFO_FIELDS",
@@ -41,11 +44,13 @@ __all__ = [
     "owned_files",
     "read_fields_record",
     "read_listed_tables",
+    "read_summary_record",
     "read_tables_record",
     "same_value",
     "tables_record_files",
     "tag_int_keys",
     "untag_int_keys",
+    "write_summary_record",
     "write_tables_record",
 ]
 
@@ -317,6 +322,58 @@ def read_fields_record(
     if set(tables) != set(names):
         raise ReportFileError(f"{rec_file} lists tables {sorted(tables)}; this save has {sorted(names)}.")
     return d, fields, tables
+
+
+def write_summary_record(
+    path: Any,
+    store: StoreSpec,
+    tables: dict[str, pd.DataFrame],
+    summary: Mapping[str, Any],
+    parts: Mapping[str, Mapping[str, bytes]],
+    overwrite: Any,
+) -> Path:
+    """:func:`write_tables_record` of a stored type (its ``store``: the record's name, this version's format) whose
+    record holds its ``summary`` (its float fields listed in ``float_keys``) and the names of the sub-folders it
+    holds (``parts``: ``{name: {file: bytes}}``, each written as ``name/``): a causal test, a mechanism;
+    :func:`read_summary_record` reads it back.
+
+    Raises:
+        OptionError, OptionTypeError: as :func:`write_tables_record` (names the folder or file).
+    """
+    summary = dict(summary)
+    fields = {"summary": summary, "float_keys": sorted(float_keys(summary)), "parts": list(parts)}
+    return write_tables_record(path, store.formats[0], store.record, tables, fields, overwrite, parts=parts)
+
+
+def read_summary_record(
+    path: Any, store: StoreSpec, names: frozenset[str], what: str
+) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, pd.DataFrame]]:
+    """Read a folder written by :func:`write_summary_record` (a causal test, a mechanism): :func:`read_tables_record`
+    of the ``store``'s record and formats (every digest checked), the tables the record lists checked to be
+    ``names``, and the summary's ``"NaN"`` / ``"Infinity"`` strings of the fields ``float_keys`` lists read back as
+    floats, the list checked (:func:`check_float_keys`).
+
+    Returns:
+        ``(folder, raw record, summary, {name: DataFrame})``: the folder read (the earlier save kept beside ``path``
+        by an overwrite stopped between its two renames, :func:`~tl_idempotence.core.store.saved_folder`, else
+        ``path``).
+
+    Raises:
+        MissingFileError, ReportFileError, OptionTypeError: as :func:`read_tables_record`; tables other than
+            ``names`` (names the record and ``what`` the save is, ``"a mechanism"``); no summary, a ``float_keys``
+            that is not a list of names or not the fields that hold floats.
+    """
+    raw, tables = read_tables_record(path, store.record, store.formats, frozenset())
+    d = saved_folder(Path(path).expanduser(), store.record)  # an overwrite stopped between its two renames
+    rec = d / store.record
+    if set(tables) != set(names):
+        raise ReportFileError(f"{rec} lists tables {sorted(tables)}; {what} save has {sorted(names)}.")
+    fk = raw.get("float_keys")
+    if not (isinstance(fk, list) and all(isinstance(k, str) for k in fk)) or not isinstance(raw.get("summary"), dict):
+        raise ReportFileError(f"{rec}: a malformed record (no summary or float_keys).")
+    summary: dict[str, Any] = json_restore(raw["summary"], frozenset(fk), int_keys=False)
+    check_float_keys(rec, {"summary": summary}, fk)
+    return d, raw, summary, tables
 
 
 def same_value(a: Any, b: Any) -> bool:

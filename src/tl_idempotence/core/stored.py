@@ -17,15 +17,31 @@ A stored result class derives from :class:`StoredResult` and declares, in its cl
   missing files, frozen attributes, copied frames, the headline's counts recomputed from the table. A stored type
   without a case there, or a result class with a ``save`` that is not a stored type, fails that test.
 
-Imports the standard library only.
+:meth:`StoredResult.save` and :meth:`StoredResult.load` are THE front ends of every stored type (one docstring, one
+keyword check): each calls the function its type's module declares with :func:`saves` / :func:`loads`
+(``@saves("head_tokens")`` on ``save_head_tokens``), found by the :class:`StoreSpec` name the class declares or
+inherits. A type whose save or load needs more (a report, a role association) overrides the method.
+
+Imports the standard library only (and the package's keyword check and errors).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-__all__ = ["STORED", "StoreSpec", "StoredResult"]
+from .kwargs import unknown_option_error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self
+
+    from .hints import PathLike
+
+__all__ = ["STORED", "StoreSpec", "StoredResult", "loads", "saves"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -53,11 +69,64 @@ class StoreSpec:
 
 #: Every stored result type by its :attr:`StoreSpec.name` (filled as their modules are imported).
 STORED: dict[str, type[StoredResult]] = {}
+#: The save function (``fn(result, path, overwrite=...)``) and the load function (``fn(path)``) of each stored type,
+#: by its :attr:`StoreSpec.name` (filled by :func:`saves` and :func:`loads` as their modules are imported).
+_SAVE: dict[str, Callable[..., str]] = {}
+_LOAD: dict[str, Callable[[Any], Any]] = {}
+
+
+def saves(name: str) -> Callable[[F], F]:
+    """Decorator: the function (``fn(result, path, overwrite=...)``) is what ``save`` of the stored type ``name``
+    calls (module docstring). Raises nothing; returns the function unchanged."""
+
+    def register(fn: F) -> F:
+        _SAVE[name] = fn
+        return fn
+
+    return register
+
+
+def loads(name: str) -> Callable[[F], F]:
+    """Decorator: the function (``fn(path)``) is what ``load`` of the stored type ``name`` calls (module docstring).
+    Raises nothing; returns the function unchanged."""
+
+    def register(fn: F) -> F:
+        _LOAD[name] = fn
+        return fn
+
+    return register
+
+
+def _declaring(cls: type) -> type:
+    """The class of ``cls``'s MRO that declares its :class:`StoreSpec` (a sweep's result: the comparison)."""
+    return next((c for c in cls.__mro__ if "store" in c.__dict__), cls)
+
+
+def _function(table: dict[str, Callable[..., Any]], cls: type[StoredResult], what: str) -> Callable[..., Any]:
+    fn = table.get(cls.store.name)
+    if fn is None:  # pragma: no cover - the contract test saves and loads every stored type
+        raise NotImplementedError(f"{cls.__qualname__} declares no {what} function (core.stored.{what}s).")
+    return fn
+
+
+def _strict_save(fn: F) -> F:
+    """:func:`~tl_idempotence.core.kwargs.strict_kwargs` for :meth:`StoredResult.save`, naming the stored type (an
+    unknown keyword raises :class:`~tl_idempotence.errors.UnknownOptionError`: ``HeadTokens.save() got ...``)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        unknown = [k for k in kwargs if k not in ("self", "path", "overwrite")]
+        if unknown:
+            owner = _declaring(type(args[0])) if args else StoredResult
+            raise unknown_option_error(f"{owner.__qualname__}.save()", unknown, ("path", "overwrite"))
+        return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class StoredResult:
-    """Base of a result that saves itself (module docstring): subclasses declare :attr:`store` in their class body
-    and implement :meth:`save` and :meth:`load`."""
+    """Base of a result that saves itself (module docstring): subclasses declare :attr:`store` in their class body;
+    their module declares the type's save and load functions (:func:`saves`, :func:`loads`)."""
 
     store: ClassVar[StoreSpec]
 
@@ -73,11 +142,48 @@ class StoredResult:
             raise TypeError(f"stored result name {spec.name!r} is taken by {other.__qualname__}.")
         STORED[spec.name] = cls
 
-    def save(self, path: Any, overwrite: bool = False) -> str:  # pragma: no cover - every stored type defines it
-        """Save to the folder ``path`` (THE store); returns the folder."""
-        raise NotImplementedError
+    @_strict_save
+    def save(self, path: PathLike, overwrite: bool = False) -> str:
+        """Save to the folder ``path`` through THE store (:func:`~tl_idempotence.core.store.write_folder`): the
+        result's tables as parquet files and one JSON record (the ``record`` of its :attr:`store`) with their
+        sha256s and its own digest, no pickle, written beside the folder and put in place in one step. The type's
+        ``save_*`` function (``tli.save_head_tokens``, ...) says its tables; :meth:`load` reads the folder back.
+
+        Args:
+            path: a folder that does not exist yet (or is empty), or an earlier save of this type with ``overwrite``.
+            overwrite: replace an earlier save of this type (its own files; other files in the folder are kept).
+
+        Returns:
+            The folder, as a string.
+
+        Raises:
+            OptionTypeError: ``path`` not a path; ``overwrite`` not a bool.
+            UnknownOptionError: a keyword other than ``path`` and ``overwrite``.
+            OutputOverInputError (an ``OptionError``): ``path`` is the folder the result was loaded from, or in it
+                (or another file or folder it was read from).
+            OptionError: ``path`` ends in a file extension; as :func:`~tl_idempotence.core.store.write_folder` (a
+                file, a non-empty folder without ``overwrite``, an earlier save of another kind, a missing parent;
+                names it); a result without what its save needs (one made by hand: compute it again).
+        """
+        return str(_function(_SAVE, type(self), "save")(self, path, overwrite=overwrite))
 
     @classmethod
-    def load(cls, path: Any) -> Any:  # pragma: no cover - every stored type defines it
-        """Read a folder this type saved, checked."""
-        raise NotImplementedError
+    def load(cls, path: PathLike) -> Self:
+        """Read back a folder :meth:`save` wrote (the type's ``load_*`` function: ``tli.load_head_tokens``, ...),
+        checking every file's sha256 and the record's digest and recomputing from the tables what the record states.
+
+        Args:
+            path: the folder.
+
+        Returns:
+            The result (equal tables and summary), ``loaded_from`` the folder (its :meth:`save` refuses to write
+            there).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+            OptionTypeError: ``path`` is not a path.
+        """
+        result: Self = _function(_LOAD, cls, "load")(path)
+        return result

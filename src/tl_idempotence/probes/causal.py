@@ -70,7 +70,7 @@ from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_bool, check_int, strict_kwargs
 from ..core.progress import progress_bar
 from ..core.selection import head_labels, select_heads
-from ..core.stored import StoreSpec
+from ..core.stored import StoreSpec, loads, saves
 from ..core.tables import FrozenSummary
 from ..core.threads import threads_for
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
@@ -186,8 +186,8 @@ class CausalClosure(TokenResult):
         ),
     )
 
-    _positions: pd.DataFrame
-    _changes: pd.DataFrame
+    positions: pd.DataFrame
+    changes: pd.DataFrame
     summary: CausalClosureSummary
 
     def __init__(
@@ -201,19 +201,9 @@ class CausalClosure(TokenResult):
         loaded_from: str | None = None,
     ) -> None:
         self._freeze_result(
-            table, summary, loaded_from, _changes=changes.copy(), _positions=positions.copy(), info=info,
+            table, summary, loaded_from, changes=changes, positions=positions, info=info,
             options=options,
         )  # fmt: skip
-
-    @property
-    def changes(self) -> pd.DataFrame:
-        """One row per (head, variant) (a copy)."""
-        return self._changes.copy()
-
-    @property
-    def positions(self) -> pd.DataFrame:
-        """One row per (head, variant, window, destination position) (a copy)."""
-        return self._positions.copy()
 
     def to_text(self, n: int = 10) -> str:
         """The headline, the convention and the per-head table (``n`` is not used: every head is shown).
@@ -222,26 +212,6 @@ class CausalClosure(TokenResult):
             Nothing of its own: ``n`` is accepted for the common ``to_text(n)`` signature and not read.
         """
         return "\n".join([self.headline, f"({self.summary['convention']})", self._table.to_string()])
-
-    @classmethod
-    def load(cls, path: PathLike) -> CausalClosure:
-        """:func:`load_causal_closure`: a folder :meth:`save` wrote, checked (raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_causal_closure(path)
-
-    @strict_kwargs
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`save_causal_closure`); :func:`load_causal_closure` reads it back.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_causal_closure`.
-        """
-        return save_causal_closure(self, path, overwrite=overwrite)
 
 
 def _check_variants(variants: Any) -> tuple[str, ...]:
@@ -516,6 +486,7 @@ def _assemble(
     return CausalClosure(table=table, changes=ch, positions=positions, summary=summary, info=info, options=options)
 
 
+@saves("causal_closure")
 @strict_kwargs
 def save_causal_closure(result: CausalClosure, path: PathLike, overwrite: bool = False) -> str:
     """Save a causal closure test to the folder ``path``: ``table.parquet``, ``changes.parquet``,
@@ -537,9 +508,10 @@ def save_causal_closure(result: CausalClosure, path: PathLike, overwrite: bool =
 
 def closure_tables(result: CausalClosure) -> dict[str, pd.DataFrame]:
     """The tables a causal closure save holds (``table`` with ``layer``/``head`` as columns, not the index)."""
-    return {"table": result._table, "changes": result._changes, "positions": result._positions}
+    return {"table": result._table, "changes": result.changes, "positions": result.positions}
 
 
+@loads("causal_closure")
 def load_causal_closure(path: PathLike) -> CausalClosure:
     """Read back what :func:`save_causal_closure` wrote, checking every digest and recomputing from the positions the
     changes (medians, loss means, sign tests, BH q, the no-change reason), the per-head table and the summary's

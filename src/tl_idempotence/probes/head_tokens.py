@@ -50,7 +50,7 @@ from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.records import index_column, tables_record_files
 from ..core.selection import head_label, head_labels, select_heads
-from ..core.stored import StoreSpec
+from ..core.stored import StoreSpec, loads, saves
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
@@ -293,27 +293,6 @@ class HeadTokens(TokenResult):
             TypeError / ValueError: ``n`` is not a non-negative whole number (pandas' ``head``/``tail``).
         """
         return self.ranked_text("self_rank_median", ["self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens"], n)
-
-    @classmethod
-    def load(cls, path: PathLike) -> HeadTokens:
-        """:func:`load_head_tokens`: a folder :meth:`save` wrote, checked (raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_head_tokens(path)
-
-    @strict_kwargs
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`save_head_tokens`: parquet tables and one JSON record with their
-        sha256s and its own digest; no pickle); :func:`load_head_tokens` reads it back.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_head_tokens`.
-        """
-        return save_head_tokens(self, path, overwrite=overwrite)
 
 
 def token_ids(tokens: Any, d_vocab: int, name: str = "tokens") -> np.ndarray:
@@ -656,6 +635,7 @@ TABLE_COLUMNS = (
 TOP_COLUMNS = ("kind", "rank", "token_id", "token", "value")
 
 
+@saves("head_tokens")
 @strict_kwargs
 def save_head_tokens(result: HeadTokens, path: PathLike, overwrite: bool = False) -> str:
     """Save a :class:`HeadTokens` to the folder ``path``: ``table.parquet`` (:attr:`HeadTokens.table`; labels
@@ -695,6 +675,7 @@ def head_tokens_files(result: HeadTokens) -> dict[str, bytes]:
     return tables_record_files(HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, tables, probe_fields(result, sigmas))
 
 
+@loads("head_tokens")
 def load_head_tokens(path: PathLike) -> HeadTokens:
     """Read back what :func:`save_head_tokens` wrote, checking every digest and recomputing what the tables give:
     each head's ``self_rank_median``, ``frac_top_k``, ``n_tokens``, ``n_ranked`` and ``reason`` and its token lists

@@ -38,7 +38,7 @@ from ..core.random import layer_generator
 from ..core.records import index_column, json_like, read_tables_record, same_value, write_tables_record
 from ..core.selection import head_label, head_labels
 from ..core.store import saved_folder
-from ..core.stored import StoredResult, StoreSpec
+from ..core.stored import StoredResult, StoreSpec, loads, saves
 from ..core.tables import FrozenSummary, ModelResult
 from ..errors import OptionError, ReportFileError, UnsupportedModelError, WeightError
 from ..sources.tl import TLModelSource, is_tl_model
@@ -172,37 +172,6 @@ class HeadRoles(StoredResult, ModelResult, DrawnResult):
             return {int(k): str(v) for k, v in fps.items()}
         except (TypeError, ValueError):
             return None
-
-    @classmethod
-    def load(cls, path: Any) -> HeadRoles:
-        """:func:`load_head_roles`: a folder :meth:`save` wrote, checked (raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_head_roles(path)
-
-    @strict_kwargs
-    def save(self, path: Any, overwrite: bool = False) -> str:
-        """Save as a folder of parquet tables and one JSON record ``roles.json`` with their sha256s (no pickle; THE
-        store: :func:`~tl_idempotence.core.records.write_tables_record`); :meth:`load` (or ``tli.load_roles``) reads
-        it back and refuses an edited file by name.
-
-        Raises:
-            OptionTypeError: ``path`` not a path; ``overwrite`` not a bool. OutputOverInputError (an ``OptionError``):
-                the folder it was loaded from. OptionError: a file name (``.html``, ``.json``, ...); as
-                :func:`~tl_idempotence.core.store.write_folder` (a non-empty folder, a missing parent, an earlier save
-                of another kind; names it).
-        """
-        check_save_target(path, "save_roles", "roles", self.loaded_from, ROLES_HINT)
-        tables = {"roles": self._table.loc[:, list(ROLE_TABLE_COLUMNS)]}
-        fields = head_roles_fields(self)
-        d = write_tables_record(
-            path, HEAD_ROLES_FORMAT, ROLES_RECORD, tables, fields, overwrite, replaces=ROLES_REPLACES
-        )
-        return str(d)
 
 
 def _check_model(model: Any) -> None:
@@ -660,6 +629,26 @@ ROLES_REPLACES = {
 }
 
 
+@saves("head_roles")
+def _save_head_roles(result: HeadRoles, path: Any, overwrite: bool) -> str:
+    """:meth:`HeadRoles.save`: a folder of parquet tables and one JSON record ``roles.json`` with their sha256s (no
+    pickle; THE store: :func:`~tl_idempotence.core.records.write_tables_record`); :meth:`HeadRoles.load` (or
+    ``tli.load_roles``) reads it back and refuses an edited file by name.
+
+    Raises:
+        OptionTypeError: ``path`` not a path; ``overwrite`` not a bool. OutputOverInputError (an ``OptionError``):
+            the folder it was loaded from. OptionError: a file name (``.html``, ``.json``, ...); as
+            :func:`~tl_idempotence.core.store.write_folder` (a non-empty folder, a missing parent, an earlier save of
+            another kind; names it).
+    """
+    check_save_target(path, "save_roles", "roles", result.loaded_from, ROLES_HINT)
+    tables = {"roles": result._table.loc[:, list(ROLE_TABLE_COLUMNS)]}
+    fields = head_roles_fields(result)
+    d = write_tables_record(path, HEAD_ROLES_FORMAT, ROLES_RECORD, tables, fields, overwrite, replaces=ROLES_REPLACES)
+    return str(d)
+
+
+@loads("head_roles")
 def load_head_roles(path: Any) -> HeadRoles:
     """Read back a :class:`HeadRoles` saved by :meth:`HeadRoles.save` (or ``save_roles``), every digest checked and
     the record checked against its table (:func:`restore_head_roles`).

@@ -62,7 +62,7 @@ from ..core.heads import ModelInfo, combined_fingerprint, read_layer
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.records import index_column, tables_record_files
 from ..core.selection import head_labels, select_heads
-from ..core.stored import StoreSpec
+from ..core.stored import StoreSpec, loads, saves
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_causal_lm
@@ -183,7 +183,7 @@ class AttendedTokenEffect(TokenResult):
         ),
     )
 
-    _positions: pd.DataFrame
+    positions: pd.DataFrame
     summary: AttendedTokenEffectSummary
 
     def __init__(
@@ -195,13 +195,7 @@ class AttendedTokenEffect(TokenResult):
         options: Mapping[str, Any] | None = None,
         loaded_from: str | None = None,
     ) -> None:
-        # _positions is never handed out: the property gives copies
-        self._freeze_result(table, summary, loaded_from, _positions=positions.copy(), info=info, options=options)
-
-    @property
-    def positions(self) -> pd.DataFrame:
-        """The per-position records (a copy)."""
-        return self._positions.copy()
+        self._freeze_result(table, summary, loaded_from, positions=positions, info=info, options=options)
 
     def to_text(self, n: int = 10) -> str:
         """The headline and the ``n`` heads with the most negative and most positive median effect (by itself), with
@@ -212,27 +206,6 @@ class AttendedTokenEffect(TokenResult):
         """
         cols = ["effect_median", "frac_negative", "null_median", "direction", "effect_p", "effect_q", "n_positions"]
         return self.ranked_text("effect_median", cols, n)
-
-    @classmethod
-    def load(cls, path: PathLike) -> AttendedTokenEffect:
-        """:func:`load_attended_token_effect`: a folder :meth:`save` wrote, checked (raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_attended_token_effect(path)
-
-    @strict_kwargs
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`save_attended_token_effect`: parquet tables and one JSON record with
-        their sha256s and its own digest; no pickle); :func:`load_attended_token_effect` reads it back.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_attended_token_effect`.
-        """
-        return save_attended_token_effect(self, path, overwrite=overwrite)
 
 
 def _final_norm(model: Any) -> tuple[bool, bool]:
@@ -634,6 +607,7 @@ POSITION_COLUMNS = (
 )  # fmt: skip
 
 
+@saves("attended_token_effect")
 @strict_kwargs
 def save_attended_token_effect(result: AttendedTokenEffect, path: PathLike, overwrite: bool = False) -> str:
     """Save an :class:`AttendedTokenEffect` to the folder ``path``: ``table.parquet``
@@ -661,7 +635,7 @@ def save_attended_token_effect(result: AttendedTokenEffect, path: PathLike, over
 
 
 def _saved_tables(result: AttendedTokenEffect) -> dict[str, pd.DataFrame]:
-    return {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result._positions}
+    return {"table": result._table.loc[:, list(TABLE_COLUMNS)], "positions": result.positions}
 
 
 def attended_token_effect_files(result: AttendedTokenEffect) -> dict[str, bytes]:
@@ -685,6 +659,7 @@ def _check_predicted_column(positions: pd.DataFrame, k: Any, fp: Path, edited: A
         raise edited(fp, f"'predicted' is measured at some positions of {list(mixed[mixed > 1].index)[:3]} only")
 
 
+@loads("attended_token_effect")
 def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
     """Read back what :func:`save_attended_token_effect` wrote, checking every digest and recomputing from the
     positions every column of the table (medians, counts, sign test, BH q-values) and the summary's ``n_heads``,

@@ -33,21 +33,17 @@ import numpy as np
 import pandas as pd
 
 from ..core.frozen import thawed
-from ..core.jsonio import json_restore
 from ..core.matching import Matching, match_controls, matched_difference
 from ..core.outputs import check_save_target
 from ..core.records import (
-    check_float_keys,
-    float_keys,
     index_column,
     json_like,
-    read_tables_record,
+    read_summary_record,
     same_value,
-    write_tables_record,
+    write_summary_record,
 )
 from ..core.selection import head_labels
-from ..core.store import saved_folder
-from ..core.stored import StoredResult, StoreSpec
+from ..core.stored import StoredResult, StoreSpec, loads, saves
 from ..core.tables import FrozenResult, FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.causal import CAUSAL_FORMAT as PROBE_FORMAT
@@ -155,9 +151,9 @@ class CausalTest(StoredResult, FrozenResult, DrawnResult):
         ),
     )
 
-    _pairs: pd.DataFrame
-    _comparison: pd.DataFrame
-    _candidates: pd.DataFrame
+    pairs: pd.DataFrame
+    comparison: pd.DataFrame
+    candidates: pd.DataFrame
     summary: CausalTestSummary
     probe: CausalClosure
 
@@ -172,51 +168,17 @@ class CausalTest(StoredResult, FrozenResult, DrawnResult):
         loaded_from: str | None = None,
     ) -> None:
         self._freeze_result(
-            table, summary, loaded_from, _pairs=pairs.copy(), _comparison=comparison.copy(),
-            _candidates=candidates.copy(), probe=probe,
+            table, summary, loaded_from, pairs=pairs, comparison=comparison, candidates=candidates,
+            probe=probe,
         )  # fmt: skip
-
-    @property
-    def pairs(self) -> pd.DataFrame:
-        """The matched pairs (a copy)."""
-        return self._pairs.copy()
-
-    @property
-    def comparison(self) -> pd.DataFrame:
-        """Closed against controls, per variant and quantity (a copy)."""
-        return self._comparison.copy()
-
-    @property
-    def candidates(self) -> pd.DataFrame:
-        """The heads the controls were chosen from (a copy)."""
-        return self._candidates.copy()
 
     @property
     def headline(self) -> str:
         """What holds and what does not (module docstring), with the groups' sizes and the p floor."""
         return str(self.summary["headline"])
 
-    @classmethod
-    def load(cls, path: PathLike) -> CausalTest:
-        """:func:`load_causal_test`: a folder :meth:`save` wrote, checked (raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_causal_test(path)
-
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`save_causal_test`); :func:`load_causal_test` reads it back.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as :func:`save_causal_test`.
-        """
-        return save_causal_test(self, path, overwrite=overwrite)
-
     def __str__(self) -> str:
-        return "\n".join([self.headline, self._comparison.to_string(index=False)])
+        return "\n".join([self.headline, self.comparison.to_string(index=False)])
 
 
 def _matching(candidates: pd.DataFrame, k: int, size: str) -> Matching:
@@ -307,7 +269,7 @@ def causal_headline(comparison: pd.DataFrame, n_matched: int, n_controls: int, s
 
 def _per_head(probe: CausalClosure, heads: pd.DataFrame, pairs: pd.DataFrame, variants: Sequence[str]) -> pd.DataFrame:
     """The per-head table (class docstring) from the probe's table and changes and the report's heads."""
-    pt, ch = probe._table, probe._changes
+    pt, ch = probe._table, probe.changes
     mates: dict[str, list[str]] = {}
     for a, b in zip(pairs["closed_label"], pairs["control_label"], strict=True):
         mates.setdefault(a, []).append(b)
@@ -397,7 +359,7 @@ def check_causal_fits_report(heads: pd.DataFrame, threshold: float, result: Any)
     """
     if not isinstance(result, CausalTest):
         raise OptionTypeError(f"causal must be the result of rep.causal(...); got {type(result).__name__}.")
-    cand = result._candidates
+    cand = result.candidates
     lack = [x for x in cand.index if x not in heads.index]
     bad = list(lack)
     if not lack:
@@ -430,11 +392,12 @@ def causal_record(result: CausalTest) -> dict[str, Any]:
     """The JSON export of a causal test: its summary, the comparison rows and the matched pairs."""
     return {
         "summary": thawed(dict(result.summary)),
-        "comparison": result._comparison.to_dict("records"),
-        "pairs": result._pairs.to_dict("records"),
+        "comparison": result.comparison.to_dict("records"),
+        "pairs": result.pairs.to_dict("records"),
     }
 
 
+@saves("causal_test")
 def save_causal_test(result: CausalTest, path: PathLike, overwrite: bool = False) -> str:
     """Save a causal test to the folder ``path``: ``table``, ``pairs``, ``comparison`` and ``candidates`` (parquet),
     ``causal_test.json`` (the summary, the sha256 of each table, its digest) and the probe's own save in
@@ -451,20 +414,16 @@ def save_causal_test(result: CausalTest, path: PathLike, overwrite: bool = False
     if not isinstance(result, CausalTest):
         raise OptionTypeError(f"save_causal_test saves a CausalTest (rep.causal); got {type(result).__name__}.")
     check_save_target(path, "A causal test save", "causal_test", result.loaded_from)
-    summary = thawed(dict(result.summary))
-    fields = {"summary": summary, "float_keys": sorted(float_keys(summary)), "parts": ["causal_closure"]}
     tables = {
         "table": result._table,
-        "pairs": result._pairs,
-        "comparison": result._comparison,
-        "candidates": result._candidates,
+        "pairs": result.pairs,
+        "comparison": result.comparison,
+        "candidates": result.candidates,
     }
     part = tables_record_files(PROBE_FORMAT, PROBE_RECORD, closure_tables(result.probe), probe_fields(result.probe))
-    return str(
-        write_tables_record(
-            path, CAUSAL_TEST_FORMAT, CAUSAL_TEST_RECORD, tables, fields, overwrite, parts={"causal_closure": part}
-        )
-    )
+    summary = thawed(dict(result.summary))
+    parts = {"causal_closure": part}
+    return str(write_summary_record(path, CausalTest.store, tables, summary, parts, overwrite))
 
 
 def _refuse(f: Path, what: str) -> ReportFileError:
@@ -477,6 +436,7 @@ def _frames_equal(a: pd.DataFrame, b: pd.DataFrame) -> bool:
     return all(same_value(json_like(a[c].tolist()), json_like(b[c].tolist())) for c in a.columns)
 
 
+@loads("causal_test")
 def load_causal_test(path: PathLike) -> CausalTest:
     """Read back what :func:`save_causal_test` wrote, checking every digest and recomputing the matching (from the
     candidates), the per-head table (from the probe's save, whose loader recomputes it from the positions), the
@@ -489,19 +449,12 @@ def load_causal_test(path: PathLike) -> CausalTest:
             loader.
         OptionTypeError: ``path`` is not a path.
     """
-    raw, tables = read_tables_record(path, CAUSAL_TEST_RECORD, (CAUSAL_TEST_FORMAT,), frozenset())
-    d = saved_folder(Path(path).expanduser(), CAUSAL_TEST_RECORD)
+    names = frozenset({"table", "pairs", "comparison", "candidates"})
+    d, raw, summary, tables = read_summary_record(path, CausalTest.store, names, "a causal test")
     rec = d / CAUSAL_TEST_RECORD
     f = {n: d / f"{n}.parquet" for n in ("table", "pairs", "comparison", "candidates")}
-    if set(tables) != set(f):
-        raise ReportFileError(f"{rec} lists tables {sorted(tables)}; a causal test save has {sorted(f)}.")
-    fk = raw.get("float_keys")
-    if not (isinstance(fk, list) and all(isinstance(x, str) for x in fk)) or not isinstance(raw.get("summary"), dict):
-        raise ReportFileError(f"{rec}: a malformed record (no summary or float_keys).")
     if raw.get("parts") != ["causal_closure"]:
         raise _refuse(rec, f"parts {raw.get('parts')!r} are not ['causal_closure']")
-    summary: dict[str, Any] = json_restore(raw["summary"], frozenset(fk), int_keys=False)
-    check_float_keys(rec, {"summary": summary}, fk)
     probe = load_causal_closure(d / "causal_closure")
     try:
         s = CausalTestSummary(summary)

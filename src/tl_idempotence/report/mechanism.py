@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from ..core.frozen import thawed
-from ..core.stored import StoredResult, StoreSpec
+from ..core.stored import StoredResult, StoreSpec, loads, saves
 from ..core.tables import FrozenResult, FrozenSummary
 from ..probes.tied import EmbeddingTie
 from ..views.results import DrawnResult
@@ -204,9 +204,9 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         ),
     )
 
-    _signs: pd.DataFrame
-    _weights: pd.DataFrame
-    _stability: pd.DataFrame
+    signs: pd.DataFrame
+    weights: pd.DataFrame
+    stability: pd.DataFrame
     summary: MechanismSummary
     tokens: HeadTokens | None
     effect: AttendedTokenEffect | None
@@ -224,27 +224,12 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         weights: pd.DataFrame | None = None,
         stability: pd.DataFrame | None = None,
     ) -> None:
-        # the frames are never handed out: the properties give copies
+        # every frame is stored copied and handed out as a copy made on each read (ImmutableResult)
         self._freeze_result(
-            table, summary, loaded_from, _signs=signs.copy(), tokens=tokens, effect=effect, tie=tie,
-            _weights=(pd.DataFrame() if weights is None else weights).copy(),
-            _stability=(pd.DataFrame(columns=list(STABILITY_COLUMNS)) if stability is None else stability).copy(),
+            table, summary, loaded_from, signs=signs, tokens=tokens, effect=effect, tie=tie,
+            weights=pd.DataFrame() if weights is None else weights,
+            stability=pd.DataFrame(columns=list(STABILITY_COLUMNS)) if stability is None else stability,
         )  # fmt: skip
-
-    @property
-    def signs(self) -> pd.DataFrame:
-        """The signed columns summarized by sign (class docstring): a copy."""
-        return self._signs.copy()
-
-    @property
-    def weights(self) -> pd.DataFrame:
-        """Every measured head's weights-only numbers (class docstring): a copy."""
-        return self._weights.copy()
-
-    @property
-    def stability(self) -> pd.DataFrame:
-        """Each compared head's direction in each text set (class docstring): a copy."""
-        return self._stability.copy()
 
     @property
     def headline(self) -> str:
@@ -276,34 +261,6 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
             )
         return self.tokens.top_tokens(head)
 
-    @classmethod
-    def load(cls, path: PathLike) -> Mechanism:
-        """:func:`~tl_idempotence.report.mechanism.load_mechanism`: a folder :meth:`save` wrote, checked.
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        return load_mechanism(path)
-
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`~tl_idempotence.report.mechanism.save_mechanism`): parquet
-        tables and one JSON record with their sha256s and its own digest, no pickle.
-
-        Args:
-            path: a folder that does not exist yet (or is empty), or an earlier mechanism save with ``overwrite``.
-            overwrite: replace an earlier mechanism save's files (only those).
-
-        Returns:
-            The folder, as a string.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as
-                :func:`~tl_idempotence.report.mechanism.save_mechanism`.
-        """
-        return save_mechanism(self, path, overwrite=overwrite)
-
     def figure(self) -> Any:
         """Plotly figure: each joined head's attended-token effect against α·P, closed heads marked, the sign
         agreement and the Spearman ρ in its title (:func:`tl_idempotence.views.figures.mechanism_figure`)."""
@@ -327,7 +284,7 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
         controls = t[t["control_of"] != ""][["control_of", "alpha", "median_diff", "direction", "agrees_alpha"]]
         if len(controls):
             parts += [f"matched controls ({len(controls)}):", controls.head(n).to_string()]
-        parts += ["by sign:", self._signs.to_string()]
+        parts += ["by sign:", self.signs.to_string()]
         return "\n".join(parts)
 
     def __str__(self) -> str:
@@ -464,7 +421,7 @@ def check_mechanism_fits_report(heads: pd.DataFrame, threshold: float, mech: Any
     if not isinstance(mech, Mechanism):
         raise OptionTypeError(f"mechanism must be the result of rep.mechanism(model=...); got {type(mech).__name__}.")
     bad: list[str] = []
-    for t in (mech._table, mech._weights):
+    for t in (mech._table, mech.weights):
         lack = [x for x in t.index if x not in heads.index]
         if lack:
             raise OptionError(
@@ -497,7 +454,7 @@ def mechanism_record(mech: Mechanism) -> dict[str, Any]:
     """The JSON export of a mechanism result: its summary (without the probes' own summaries), its ``signs`` rows
     and its matched pairs (closed head, control), under ``"mechanism"`` of the report's ``--json``."""
     s = {k: v for k, v in thawed(mech.summary).items() if k not in ("head_tokens", "attended_token_effect")}
-    signs = [{"quantity": q, "group": g, **row.to_dict()} for (q, g), row in mech._signs.iterrows()]
+    signs = [{"quantity": q, "group": g, **row.to_dict()} for (q, g), row in mech.signs.iterrows()]
     t = mech._table
     pairs = [
         {"closed": c.strip(), "control": lab}
@@ -508,6 +465,7 @@ def mechanism_record(mech: Mechanism) -> dict[str, Any]:
     return {"summary": s, "signs": signs, "controls": pairs}
 
 
+@saves("mechanism")
 def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -> str:
     """Save a mechanism result (``rep.mechanism``) to the folder ``path`` (module docstring); ``Mechanism.save``.
 
@@ -535,6 +493,7 @@ def save_mechanism(result: Mechanism, path: PathLike, overwrite: bool = False) -
     return write_mechanism(result, path, overwrite=overwrite)
 
 
+@loads("mechanism")
 def load_mechanism(path: PathLike) -> Mechanism:
     """Read back what :func:`save_mechanism` wrote, checking every digest and recomputing what the tables give.
 

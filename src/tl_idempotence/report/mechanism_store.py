@@ -21,16 +21,13 @@ import pandas as pd
 from ..core.jsonio import json_restore
 from ..core.outputs import check_save_target
 from ..core.records import (
-    check_float_keys,
-    float_keys,
     index_column,
     json_like,
-    read_tables_record,
+    read_summary_record,
     same_value,
-    write_tables_record,
+    write_summary_record,
 )
 from ..core.selection import head_labels
-from ..core.store import saved_folder
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.head_tokens import head_tokens_files, load_head_tokens
 from ..probes.tied import EmbeddingTie
@@ -40,7 +37,6 @@ from .mechanism_headline import mechanism_headline
 from .mechanism_stats import SIGNED
 from .mechanism_tables import (
     COPYING_OWN_CONVENTION,
-    MECHANISM_FORMAT,
     MECHANISM_RECORD,
     PART_COLUMNS,
     RECOMPUTED,
@@ -85,23 +81,18 @@ def write_mechanism(result: Any, path: PathLike, overwrite: bool = False) -> str
         raise OptionError(
             "This Mechanism holds no attended-token effect (its positions give its intervals): not saved."
         )
-    summary = dict(result.summary)
-    parts = [name for name, part in (("head_tokens", result.tokens), ("attended_token_effect", result.effect)) if part]
-    fields = {"summary": summary, "float_keys": sorted(float_keys(summary)), "parts": parts}
     tables = {
         "table": table,
-        "signs": result._signs.reset_index(),
-        "weights": result._weights,
-        "stability": result._stability,
+        "signs": result.signs.reset_index(),
+        "weights": result.weights,
+        "stability": result.stability,
     }
     files = {
         "head_tokens": None if result.tokens is None else head_tokens_files(result.tokens),
         "attended_token_effect": attended_token_effect_files(result.effect),
     }
-    parts_files = {name: fs for name, fs in files.items() if fs is not None}  # one folder, put in place in one step
-    return str(
-        write_tables_record(path, MECHANISM_FORMAT, MECHANISM_RECORD, tables, fields, overwrite, parts=parts_files)
-    )
+    parts = {name: fs for name, fs in files.items() if fs is not None}  # one folder, put in place in one step
+    return str(write_summary_record(path, result.store, tables, result.summary, parts, overwrite))
 
 
 def _refuse(f: Path, what: str) -> ReportFileError:
@@ -197,7 +188,7 @@ def read_mechanism(path: PathLike, make: Any) -> Any:
     """:func:`~tl_idempotence.report.mechanism.load_mechanism` (its docstring says what it checks and raises);
     ``make`` is the ``Mechanism`` class (passed in: this module does not import the one that imports it)."""
     try:
-        raw, tables = read_tables_record(path, MECHANISM_RECORD, (MECHANISM_FORMAT,), frozenset())
+        d, raw, summary, tables = read_summary_record(path, make.store, TABLES, "a mechanism")
     except ReportFileError as e:
         if "(format 'tl_idempotence.mechanism/1')" not in str(e):
             raise
@@ -205,15 +196,7 @@ def read_mechanism(path: PathLike, make: Any) -> Any:
             f"{e} It was saved before rep.mechanism gave matched controls, base rates and intervals (issue 47): its "
             "record lacks the weights of every measured head they need. Make it again with rep.mechanism(...)."
         ) from e
-    d = saved_folder(Path(path).expanduser(), MECHANISM_RECORD)  # an overwrite stopped between its two renames
     rec, ft, fs = d / MECHANISM_RECORD, d / "table.parquet", d / "signs.parquet"
-    if set(tables) != TABLES:
-        raise ReportFileError(f"{rec} lists tables {sorted(tables)}; a mechanism save has {sorted(TABLES)}.")
-    fk = raw.get("float_keys")
-    if not (isinstance(fk, list) and all(isinstance(k, str) for k in fk)) or not isinstance(raw.get("summary"), dict):
-        raise ReportFileError(f"{rec}: a malformed record (no summary or float_keys).")
-    summary: dict[str, Any] = json_restore(raw["summary"], frozenset(fk), int_keys=False)
-    check_float_keys(rec, {"summary": summary}, fk)
     _columns(d, tables)
     table, signs, weights, stability = (tables[k] for k in ("table", "signs", "weights", "stability"))
     table.index = head_labels(index_column(table, "layer", ft), index_column(table, "head", ft))

@@ -36,7 +36,7 @@ from ..analyses.report_options import ReportOptions, ReportOptionsArgs, check_op
 from ..core.frozen import frozen
 from ..core.options import check_bool, check_layers, strict_kwargs
 from ..core.outputs import Output, write_output
-from ..core.stored import StoredResult, StoreSpec
+from ..core.stored import StoredResult, StoreSpec, loads
 from ..core.tables import ImmutableResult
 from ..errors import OptionError
 from ..report.identity import compared_options, option_differences, processing_key
@@ -49,7 +49,6 @@ from .compare_store import (
     check_comparison,
     edited_comparison,
     read_comparison,
-    save_comparison,
 )
 from .compare_table import (
     OVERVIEW_COLUMNS,
@@ -348,37 +347,6 @@ class Comparison(StoredResult, ImmutableResult, DrawnResult):
             }
         )
 
-    @strict_kwargs
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`~tl_idempotence.studies.compare_store.save_comparison`: each report
-        as a sub-folder, the table and one JSON record, put in place in one step; no pickle); :meth:`load` reads it
-        back. A sweep's result saves as the comparison of its finished items.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as
-                :func:`~tl_idempotence.studies.compare_store.save_comparison`.
-        """
-        return save_comparison(self, path, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, path: PathLike) -> Comparison:
-        """:func:`load_comparison`: a folder :meth:`save` wrote, checked (a :class:`Comparison`, also from
-        ``SweepResult.load``: a sweep's folder is read by ``tli.load_sweep``).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        d, reports, options, fields = read_comparison(path)
-        try:
-            result = Comparison.from_reports(reports, options, warn=False)
-        except OptionError as e:
-            raise edited_comparison(d, f"its reports were not made with its options ({e})") from e
-        check_comparison(d, fields, result)
-        object.__setattr__(result, "loaded_from", str(d))  # set once by its loader (a frozen result allows it)
-        return result
-
     def figure(self) -> Any:
         """Per model: the distribution of trained P against the scramble null on one log axis (views)."""
         from ..views import comparison_figure
@@ -515,6 +483,7 @@ def compare(
     return Comparison(reports, opts)
 
 
+@loads("comparison")
 def load_comparison(path: PathLike) -> Comparison:
     """Read back what :meth:`Comparison.save` wrote (:mod:`tl_idempotence.studies.compare_store`): every digest
     checked, each report loaded and checked, the comparison rebuilt from them and the saved table and summary compared
@@ -534,4 +503,11 @@ def load_comparison(path: PathLike) -> Comparison:
             ones, a table or summary that is not what the reports give (names the file and the field).
         OptionTypeError: ``path`` is not a path.
     """
-    return Comparison.load(path)
+    d, reports, options, fields = read_comparison(path)
+    try:
+        result = Comparison.from_reports(reports, options, warn=False)
+    except OptionError as e:
+        raise edited_comparison(d, f"its reports were not made with its options ({e})") from e
+    check_comparison(d, fields, result)
+    object.__setattr__(result, "loaded_from", str(d))  # set once by its loader (a frozen result allows it)
+    return result

@@ -28,6 +28,7 @@ from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.outputs import refuse_file_name
 from ..core.records import float_keys, read_fields_record, same_value, write_tables_record
+from ..core.stored import saves
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..report.report import IdempotenceReport
 from ..report.store import ReportRecord, record_files
@@ -63,6 +64,7 @@ def _part(i: int) -> str:
     return f"report_{i}"
 
 
+@saves("comparison")
 def save_comparison(result: Any, path: PathLike, overwrite: bool = False) -> str:
     """Save a comparison to the folder ``path`` (module docstring: its reports as sub-folders, its table and one
     JSON record, put in place in one step; no pickle); :func:`load_comparison` reads it back.

@@ -54,7 +54,7 @@ from ..core.frozen import frozen
 from ..core.heads import HeadSource, LayerHeads
 from ..core.options import check_bool, check_int, strict_kwargs
 from ..core.processing import T_PROCESSING
-from ..core.stored import StoredResult, StoreSpec
+from ..core.stored import StoredResult, StoreSpec, loads
 from ..core.tables import ImmutableResult
 from ..errors import MissingFileError, OptionError, OptionTypeError
 from ..report.identity import recorded_flags
@@ -71,7 +71,6 @@ from .trajectory_store import (
     check_trajectory_summary,
     checkpoint_relations,
     read_trajectory,
-    save_trajectory,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -364,32 +363,6 @@ class Trajectory(StoredResult, ImmutableResult, DrawnResult):
     store: ClassVar[StoreSpec] = StoreSpec(
         name="trajectory", record=TRAJECTORY_RECORD, formats=(TRAJECTORY_FORMAT,), free_fields=TRAJECTORY_FREE_FIELDS
     )
-
-    @strict_kwargs
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`~tl_idempotence.studies.trajectory_store.save_trajectory`: parquet
-        tables and one JSON record; no pickle); :meth:`load` reads it back.
-
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as
-                :func:`~tl_idempotence.studies.trajectory_store.save_trajectory`.
-        """
-        return save_trajectory(self, path, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, path: PathLike) -> Trajectory:
-        """:func:`load_trajectory`: a folder :meth:`save` wrote, checked (raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        d, kwargs, summary = read_trajectory(path)
-        result = cls(**kwargs)
-        check_trajectory_summary(d, summary, dict(result.summary))
-        object.__setattr__(result, "loaded_from", str(d))  # set once by its loader (a frozen result allows it)
-        return result
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -748,6 +721,7 @@ def _combine(
     )
 
 
+@loads("trajectory")
 def load_trajectory(path: PathLike) -> Trajectory:
     """Read back what :meth:`Trajectory.save` wrote (:mod:`tl_idempotence.studies.trajectory_store`): every digest
     checked, and what the record and the checkpoints table state recomputed from the heads and layers tables.
@@ -764,4 +738,8 @@ def load_trajectory(path: PathLike) -> Trajectory:
             or a summary field that is not what the tables give (names the file and the field).
         OptionTypeError: ``path`` is not a path.
     """
-    return Trajectory.load(path)
+    d, kwargs, summary = read_trajectory(path)
+    result = Trajectory(**kwargs)
+    check_trajectory_summary(d, summary, dict(result.summary))
+    object.__setattr__(result, "loaded_from", str(d))  # set once by its loader (a frozen result allows it)
+    return result

@@ -33,6 +33,7 @@ from ..core.heads import combined_fingerprint
 from ..core.outputs import check_save_target
 from ..core.processing import T_PROCESSING
 from ..core.records import float_keys, index_column, read_fields_record, same_value, write_tables_record
+from ..core.stored import saves
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from .compare_store import check_same_table
 
@@ -72,6 +73,7 @@ _FIELDS = ["format", "threshold", "options", "summary", "float_keys"]
 _LEAD = ["checkpoint", "order", "step"]
 
 
+@saves("trajectory")
 def save_trajectory(result: Any, path: PathLike, overwrite: bool = False) -> str:
     """Save a trajectory to the folder ``path`` (module docstring: three parquet tables and one JSON record; no
     pickle); :func:`load_trajectory` reads it back.

@@ -12,11 +12,10 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from ...core.heads import ModelInfo
-from ...core.options import strict_kwargs
-from ...core.stored import StoredResult, StoreSpec
+from ...core.stored import StoredResult, StoreSpec, loads
 from ...core.tables import ImmutableResult
 from ...views.results import DrawnResult
-from .store import ABLATION_FORMAT, ABLATION_FREE_FIELDS, ABLATION_RECORD, read_ablation, save_ablation
+from .store import ABLATION_FORMAT, ABLATION_FREE_FIELDS, ABLATION_RECORD, read_ablation
 from .tables import (
     AblationSummary,
     Losses,
@@ -148,32 +147,8 @@ class Ablation(StoredResult, ImmutableResult, DrawnResult):
     loss_ablated = _SummaryValue(float)
     """The next-token loss with the flagged set ablated (nats per counted token)."""
 
-    @strict_kwargs
-    def save(self, path: Any, overwrite: bool = False) -> str:
-        """Save to the folder ``path`` (:func:`~tl_idempotence.probes.ablation.store.save_ablation`: parquet tables
-        and one JSON record; no pickle); :meth:`load` reads it back.
 
-        Raises:
-            OptionTypeError, OptionError, OutputOverInputError: as :func:`~tl_idempotence.probes.ablation.store.
-                save_ablation`.
-        """
-        return save_ablation(self, path, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, path: Any) -> Ablation:
-        """A folder :meth:`save` wrote, checked and recomputed (:func:`load_ablation`; raises as it does).
-
-        Raises:
-            MissingFileError: no such folder, or a file its record lists is missing (names it).
-            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
-                give (names the file and the field).
-        """
-        kwargs, folder = read_ablation(path)
-        result = cls(**kwargs)
-        object.__setattr__(result, "loaded_from", folder)  # set once by its loader (a frozen result allows it)
-        return result
-
-
+@loads("ablation")
 def load_ablation(path: Any) -> Ablation:
     """Read back what :meth:`Ablation.save` wrote, checking every digest and recomputing from the window sums what
     the record and the other tables state (:func:`~tl_idempotence.probes.ablation.store.read_ablation`).
@@ -189,4 +164,7 @@ def load_ablation(path: Any) -> Ablation:
             file and the field).
         OptionTypeError: ``path`` is not a path.
     """
-    return Ablation.load(path)
+    kwargs, folder = read_ablation(path)
+    result = Ablation(**kwargs)
+    object.__setattr__(result, "loaded_from", folder)  # set once by its loader (a frozen result allows it)
+    return result

@@ -37,6 +37,7 @@ import pandas as pd
 from ...core.heads import ModelInfo, kv_layout
 from ...core.outputs import check_save_target
 from ...core.records import check_identity, index_column, same_value, write_tables_record
+from ...core.stored import saves
 from ...errors import OptionError, OptionTypeError, ReportFileError
 from ..token_records import edited_error, probe_fields, read_probe
 from .controls import SetPlan, plan_sets, set_labels
@@ -95,6 +96,7 @@ _AGAIN = "tli.ablation"
 _LABEL = re.compile(r"L(\d+)H(\d+)")
 
 
+@saves("ablation")
 def save_ablation(result: Any, path: PathLike, overwrite: bool = False) -> str:
     """Save an :class:`~tl_idempotence.probes.ablation.result.Ablation` to the folder ``path`` (module docstring:
     parquet tables and one JSON record; no pickle); :func:`load_ablation` reads it back.
