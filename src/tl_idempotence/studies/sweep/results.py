@@ -101,6 +101,19 @@ class SweepResult(Comparison):
             seconds=seconds,
         )
 
+    @classmethod
+    def load(cls, path: PathLike) -> Comparison:  # type: ignore[override]  # a Comparison, as it always was
+        """:meth:`Comparison.load`: a folder ``SweepResult.save`` wrote, read back as the :class:`Comparison` it
+        is (what happened to each item is not saved: a sweep's own folder is read by :func:`load_sweep`).
+
+        Raises:
+            MissingFileError: no such folder, or a file its record lists is missing (names it).
+            ReportFileError: another format, an edited or foreign file, or a field that is not what the saved tables
+                give (names the file and the field).
+            OptionTypeError: ``path`` is not a path.
+        """
+        return Comparison.load(path)
+
     @property
     def summary(self) -> dict[str, Any]:
         """The comparison's summary plus ``device`` (the device type of the reports, or the one asked),
