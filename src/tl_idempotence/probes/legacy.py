@@ -58,6 +58,12 @@ def _malformed(rec: Path, e: Exception) -> ReportFileError:
     return ReportFileError(f"{rec}: a {V030} save whose tables or record are malformed ({type(e).__name__}: {e}).")
 
 
+def _refuse_marked(rec: Path, fields: dict[str, Any]) -> None:
+    """Refuse a 0.3.0 record holding the field only an upgrade sets (0.3.0 never wrote it)."""
+    if NOT_MEASURED in fields.get("summary", {}):
+        raise ReportFileError(f"{rec} was edited: summary[{NOT_MEASURED!r}] is a field {V030} never wrote.")
+
+
 def _labels(table: pd.DataFrame) -> list[str]:
     return list(head_labels(table["layer"].to_numpy(dtype=np.int64), table["head"].to_numpy(dtype=np.int64)))
 
@@ -73,6 +79,7 @@ def head_tokens_v030(
     def upgrade(rec: Path, fields: dict[str, Any], tables: dict[str, Any]) -> tuple[dict, dict] | None:
         if set(tables) != {"table", "self_ranks", "top"} or tuple(tables["table"].columns) != V030_TOKENS_COLUMNS:
             return None
+        _refuse_marked(rec, fields)
         table = tables["table"]
         try:
             ranks, top = tables["self_ranks"], tables["top"]
@@ -120,6 +127,7 @@ def effect_v030(
     def upgrade(rec: Path, fields: dict[str, Any], tables: dict[str, Any]) -> tuple[dict, dict] | None:
         if set(tables) != {"table", "positions"} or tuple(tables["table"].columns) != V030_EFFECT_COLUMNS:
             return None
+        _refuse_marked(rec, fields)
         table, positions = tables["table"], tables["positions"]
         try:
             if fields["summary"].get("convention") != V030_EFFECT_CONVENTION:
