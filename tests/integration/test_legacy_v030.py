@@ -41,6 +41,7 @@ def test_the_report_and_roles_are_todays(model):
 def test_head_tokens_are_todays_but_the_cosines(model):
     tokens = tli.load_head_tokens(DATA / "head_tokens")
     t = tokens.table
+    tokens.check_model(model)  # the flags 0.3.0 did not record are not compared; the weights' fingerprints are
     now = tli.head_tokens(model, k=4, n_tokens=24, seed=0, progress=False)
     pd.testing.assert_frame_equal(t, now.table, check_exact=False, rtol=1e-12)  # n_ranked and reason recomputed
     pd.testing.assert_frame_equal(tokens.self_ranks, now.self_ranks)
@@ -55,6 +56,7 @@ def test_the_attended_token_effect_is_todays_but_the_split(model):
     effect = tli.load_attended_token_effect(DATA / "attended_token_effect")
     t = effect.table
     split = [c for c in t.columns if c.endswith(("_predicted", "_unpredicted"))]
+    effect.check_model(model)
     texts = torch.randint(4, 100, (4, 16), generator=torch.Generator().manual_seed(0))  # make.py's texts()
     now = tli.attended_token_effect(model, texts=texts, seq_len=16, max_tokens=64, batch_size=4, seed=0, progress=False)
     same = [c for c in t.columns if c not in split and c not in ("n_predicted", "n_unpredicted")]
@@ -62,3 +64,12 @@ def test_the_attended_token_effect_is_todays_but_the_split(model):
     for k in ("n_negative_q05", "n_positive_q05", "n_positions"):
         assert effect.summary[k] == now.summary[k], k
     assert now.headline.startswith(effect.headline.split(" Not measured:")[0])
+
+
+def test_a_030_result_is_refused_with_another_model(tmp_path):
+    from tl_idempotence.errors import ReportMismatchError
+    from tl_idempotence.testing import bridge_from_dir, tiny_hf_dir
+
+    other = bridge_from_dir(tiny_hf_dir(tmp_path / "other", arch="llama", n_layers=2, seed=1))
+    with pytest.raises(ReportMismatchError, match="other attention weights"):
+        tli.load_head_tokens(DATA / "head_tokens").check_model(other)

@@ -29,7 +29,7 @@ import torch
 from ..core.frozen import thawed
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
-from ..core.legacy import summary_after_check
+from ..core.legacy import NOT_MEASURED, summary_after_check
 from ..core.legacy import upgrade as upgrade_layout
 from ..core.outputs import check_save_target
 from ..core.processing import PROCESSING_FLAGS
@@ -350,7 +350,10 @@ def check_model_fits(what: str, summary: Mapping[str, Any], info: ModelInfo, lay
         raise ReportMismatchError(
             f"This {what} result is of a model of sizes {info.sizes}; this one has {mine.sizes}: {again}"
         )
-    if dict(mine.processing) != dict(info.processing):
+    proc = dict(mine.processing)
+    if NOT_MEASURED in summary:  # a 0.3.0 save predates two flags: not compared (W_U's fingerprint is, below)
+        proc = {k: v for k, v in proc.items() if k in info.processing}
+    if proc != dict(info.processing):
         raise ReportMismatchError(
             f"This {what} result was computed from weights processed as {dict(info.processing)}; this model's are "
             f"{dict(mine.processing)}: {again}"
