@@ -9,7 +9,8 @@ It builds ``tiny_hf_dir(arch="llama", n_layers=2)`` (seed 0: 9 query heads on 3 
 TransformerBridge and saves every result 0.3.0 could save, each in its own folder here: ``report`` (rep.save),
 ``head_roles`` and ``role_association`` (save_roles), ``head_tokens``, ``attended_token_effect`` and ``mechanism``
 (their .save). 0.3.0 had no saved ablation, comparison or trajectory. ``numbers.json`` holds the key numbers the
-old code computed (what the loaders must give back). tests/unit/test_legacy_v030.py and tests/integration/test_legacy_v030.py read them.
+old code computed (what the loaders must give back). tests/unit/test_legacy_v030.py and
+tests/integration/test_legacy_v030.py read them.
 """
 
 from __future__ import annotations
