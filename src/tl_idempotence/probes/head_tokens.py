@@ -46,6 +46,7 @@ import pandas as pd
 import torch
 
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
+from ..core.legacy import register
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.records import index_column, tables_record_files
@@ -54,6 +55,7 @@ from ..core.stored import StoreSpec, loads, saves
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..sources.tl import TLModelSource
+from .legacy import head_tokens_v030
 from .readout import direction_extremes, float64_tiles, gamma64, layer_counts, row_norms, svd_directions
 from .token_records import (
     FREE_MODEL_FIELDS,
@@ -166,6 +168,7 @@ class HeadTokensSummary(FrozenSummary):
     embedding_fingerprint: str
     median_self_rank: float
     headline: str
+    not_measured: Mapping[str, str]
 
 
 class HeadTokens(TokenResult):
@@ -633,6 +636,7 @@ TABLE_COLUMNS = (
     "reason",
 )  # fmt: skip
 TOP_COLUMNS = ("kind", "rank", "token_id", "token", "value")
+register(HEAD_TOKENS_RECORD, head_tokens_v030(self_lists, no_spread_reason, SELF_KINDS))  # 0.3.0 saves (issue 45)
 
 
 @saves("head_tokens")
@@ -761,7 +765,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         "median_self_rank": rank_stats(table["self_rank_median"].to_numpy(dtype=float))["self_rank_median"],
         "headline": _headline(table, k, R.shape[1], info.extra.get("post_attention_norm")),
     }
-    check_summary(summary, fresh_summary, rec, "tli.head_tokens")
+    summary = check_summary(summary, fresh_summary, rec, "tli.head_tokens")
     opts = fields["options"]
     _check_stated(rec, ft, fo, summary, opts, info, table, top, sigmas, R.shape[1])
     return HeadTokens(

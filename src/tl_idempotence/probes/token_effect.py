@@ -59,6 +59,7 @@ import pandas as pd
 import torch
 
 from ..core.heads import ModelInfo, combined_fingerprint, read_layer
+from ..core.legacy import register
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.records import index_column, tables_record_files
 from ..core.selection import head_labels, select_heads
@@ -66,6 +67,7 @@ from ..core.stored import StoreSpec, loads, saves
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_causal_lm
+from .legacy import effect_v030
 from .token_effect_run import EffectRun, LayerOps
 from .token_records import (
     FREE_MODEL_FIELDS,
@@ -134,6 +136,7 @@ class AttendedTokenEffectSummary(FrozenSummary):
     n_negative_q05: int
     n_positive_q05: int
     headline: str
+    not_measured: Mapping[str, str]
 
 
 class AttendedTokenEffect(TokenResult):
@@ -723,10 +726,15 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
         "n_positive_q05": n_pos,
         "headline": _headline(table),
     }
-    check_summary(summary, fresh_summary, rec, "tli.attended_token_effect")
+    summary = check_summary(summary, fresh_summary, rec, "tli.attended_token_effect")
     for key, want in (("convention", CONVENTION), ("test", TEST)):
         if summary.get(key) != want:
             raise edited(rec, f"summary[{key!r}] is not what tli.attended_token_effect writes")
     return AttendedTokenEffect(
         table=table, positions=positions, summary=summary, info=info, options=fields["options"], loaded_from=str(d)
     )
+
+
+register(  # 0.3.0 saves (issue 45)
+    EFFECT_RECORD, effect_v030(TABLE_COLUMNS, CONVENTION, (REASON_NO_SPREAD, REASON_ALL_TIED), direction_counts)
+)

@@ -29,6 +29,8 @@ import torch
 from ..core.frozen import thawed
 from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
+from ..core.legacy import NOT_MEASURED, summary_after_check
+from ..core.legacy import upgrade as upgrade_layout
 from ..core.outputs import check_save_target
 from ..core.processing import PROCESSING_FLAGS
 from ..core.records import (
@@ -236,15 +238,21 @@ def label_heads(table: pd.DataFrame, f: Path, again: str) -> list[str]:
     return list(table.index)
 
 
-def check_summary(summary: Mapping[str, Any], fresh: Mapping[str, Any], rec: Path, again: str) -> None:
-    """Refuse a saved ``summary`` (of the record ``rec``) whose fields differ from ``fresh``, what the tables give.
+def check_summary(summary: Any, fresh: Mapping[str, Any], rec: Path, again: str) -> Any:
+    """Refuse a saved ``summary`` (of the record ``rec``) whose fields differ from ``fresh``, what the tables give;
+    the headline wanted is ``fresh``'s followed by what was not measured (a save of an earlier layout,
+    :mod:`tl_idempotence.core.legacy`). Returns the summary to keep (an upgraded one with its headline set).
 
     Raises:
         ReportFileError: names the record and the first field that differs (:func:`edited_error`).
     """
+    if "headline" in fresh:
+        summary, want = summary_after_check(summary, fresh["headline"])
+        fresh = {**fresh, "headline": want}
     for key, v in fresh.items():
         if summary.get(key) != v:
             raise edited_error(rec, f"summary[{key!r}] is {summary.get(key)!r} but {v!r} from the tables", again)
+    return summary
 
 
 def same_floats(a: Any, b: Any) -> bool:
@@ -303,6 +311,7 @@ def read_probe(
     d = saved_folder(Path(path).expanduser(), record)  # an overwrite stopped between its two renames
     rec = d / record
     raw, tables = read_tables_record(d, record, (fmt,), frozenset())
+    raw, tables = upgrade_layout(rec, raw, tables)  # a save of an earlier layout (0.3.0), checked as written
     fk = raw.get("float_keys")
     if not (isinstance(fk, list) and all(isinstance(k, str) for k in fk)):
         raise ReportFileError(f"{rec}: a malformed record (float_keys is not a list of names).")
@@ -341,7 +350,10 @@ def check_model_fits(what: str, summary: Mapping[str, Any], info: ModelInfo, lay
         raise ReportMismatchError(
             f"This {what} result is of a model of sizes {info.sizes}; this one has {mine.sizes}: {again}"
         )
-    if dict(mine.processing) != dict(info.processing):
+    proc = dict(mine.processing)
+    if NOT_MEASURED in summary:  # a 0.3.0 save predates two flags: not compared (W_U's fingerprint is, below)
+        proc = {k: v for k, v in proc.items() if k in info.processing}
+    if proc != dict(info.processing):
         raise ReportMismatchError(
             f"This {what} result was computed from weights processed as {dict(info.processing)}; this model's are "
             f"{dict(mine.processing)}: {again}"

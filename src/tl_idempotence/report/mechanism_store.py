@@ -194,7 +194,9 @@ def read_mechanism(path: PathLike, make: Any) -> Any:
             raise
         raise ReportFileError(
             f"{e} It was saved before rep.mechanism gave matched controls, base rates and intervals (issue 47): its "
-            "record lacks the weights of every measured head they need. Make it again with rep.mechanism(...)."
+            "record lacks the weights of every measured head they need. Make it again with rep.mechanism(...); "
+            "its parts load by themselves (tli.load_head_tokens(folder/'head_tokens'), "
+            "tli.load_attended_token_effect(folder/'attended_token_effect'))."
         ) from e
     rec, ft, fs = d / MECHANISM_RECORD, d / "table.parquet", d / "signs.parquet"
     _columns(d, tables)
