@@ -6,6 +6,7 @@ its reason: tests/unit/test_legacy_v030.py)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +74,127 @@ def test_a_030_result_is_refused_with_another_model(tmp_path):
     other = bridge_from_dir(tiny_hf_dir(tmp_path / "other", arch="llama", n_layers=2, seed=1))
     with pytest.raises(ReportMismatchError, match="other attention weights"):
         tli.load_head_tokens(DATA / "head_tokens").check_model(other)
+
+
+def test_a_030_mechanism_is_todays_but_what_it_does_not_hold(model):
+    """What a 0.3.0 mechanism's tables determine is what rep.mechanism gives today on the same model (make.py's
+    call); the rest is NaN / None and named (tests/unit/test_legacy_v030.py)."""
+    mech = tli.load_mechanism(DATA / "mechanism")
+    rep = tli.idempotence_report(model, nulls=8, seed=0, progress=False)
+    texts = torch.randint(4, 100, (4, 16), generator=torch.Generator().manual_seed(0))  # make.py's texts()
+    opts = {"n_tokens": 24, "k": 4, "seq_len": 16, "max_tokens": 64, "batch_size": 4}  # make.py's OPTS
+    now = rep.mechanism(model, texts=texts, n_permutations=99, seed=0, progress=False, **opts)
+    t, n = mech.table, now.table
+    assert list(t.index) == list(n.index)
+    same = ["layer", "head", "kv_head", "closed", "sign_agrees", "direction", "reason", "asked", "control_of",
+            "agrees_alpha", "n_positions", "median_diff", "frac_top_k", "frac_bottom_k"]  # fmt: skip
+    pd.testing.assert_frame_equal(t[same], n[same])
+    close = ["P", "alpha", "alpha_P", "effect_median", "frac_negative", "null_median", "effect_p", "effect_q",
+             "self_rank_median", "copying", "copying_own", "aligned_diff"]  # fmt: skip
+    pd.testing.assert_frame_equal(t[close], n[close], check_exact=False, rtol=1e-6, atol=1e-12)
+    for k in ("n_closed", "n_sign_tested", "n_agree", "n_spearman", "n_strata", "spearman_p",
+              "spearman_p_unstratified", "n_closed_own_sign_alpha", "notes"):  # fmt: skip
+        assert mech.summary[k] == now.summary[k], k
+    assert mech.summary["spearman_rho"] == pytest.approx(now.summary["spearman_rho"], rel=1e-9)
+    pd.testing.assert_frame_equal(mech.signs, now.signs, check_exact=False, rtol=1e-6)
+    assert mech.headline.split(" Not measured:")[0] == now.headline  # no closed head: no control, interval or split
+    # what needs the weights of every measured head or the model: today's has it, the 0.3.0 one says it has not
+    assert np.isfinite(n["proj_distance"]).all() and t["proj_distance"].isna().all()
+    assert now.summary["base_rates"] and mech.summary["base_rates"] is None
+    assert np.isfinite(now.weights["norm"]).all() and mech.weights["norm"].isna().all()
+
+
+def _closed_030(tmp_path, threshold: float):
+    """The 0.3.0 mechanism save at another threshold: a folder 0.3.0 could have written (its table's ``closed`` and
+    every field 0.3.0 derived from it recomputed by 0.3.0's rules), digests recomputed."""
+    from tests.helpers import redigest
+
+    from tl_idempotence.probes.tied import EmbeddingTie
+    from tl_idempotence.report.mechanism_legacy import _old_headline, _old_tests
+
+    d = Path(tmp_path) / "m"
+    shutil.copytree(DATA / "mechanism", d)
+    t = pd.read_parquet(d / "table.parquet")
+    t["closed"] = t["P"] >= threshold
+    agrees, signs, stats = _old_tests(t, 99, 0)
+    t["sign_agrees"] = agrees
+
+    def fields(r):
+        s = r["summary"]
+        s.update({k: "NaN" if isinstance(v, float) and not np.isfinite(v) else v for k, v in stats.items()})
+        s.update(threshold=threshold, n_closed=int(t["closed"].sum()))
+        s["headline"] = _old_headline({**stats, **s}, EmbeddingTie(**s["embedding_tie"]))
+
+    redigest(d, "mechanism.json", tables={"table": lambda _: t, "signs": lambda _: signs}, fields=fields)
+    return d
+
+
+def test_a_030_mechanism_with_closed_heads_loads_without_controls(tmp_path):
+    d = _closed_030(tmp_path, 0.03)
+    m = tli.load_mechanism(d)
+    closed = ["L0H5", "L0H7", "L0H8", "L1H1", "L1H2"]
+    assert list(m.table.index[m.table["closed"]]) == closed and m.summary["n_sign_tested"] == 5
+    assert list(m.stability["label"]) == closed and (m.stability["set"] == "set0").all()
+    agree = [bool(np.sign(m.table.loc[h, "alpha"]) == m.table.loc[h, "direction"]) for h in closed]
+    assert m.summary["n_agree"] == sum(agree)
+    assert m.headline.startswith(
+        f"{m.headline.split('?')[0]}? Too few closed heads to tell: {sum(agree)} of 5 closed heads agree"
+    )
+    assert "matched" not in m.headline.split(" Not measured:")[0] and (m.table["control_of"] == "").all()
+    assert m.table.loc[closed, "median_diff_lo"].isna().all()
+    back = tli.load_mechanism(m.save(tmp_path / "again"))
+    assert back.headline == m.headline
+    pd.testing.assert_frame_equal(back.stability, m.stability)
+
+
+@pytest.mark.parametrize(
+    ("table", "edit", "match"),
+    [
+        ("table", lambda df: df.assign(alpha=df["alpha"].where(df.index != 0, df["alpha"] * 1.5)), "alpha_P"),
+        ("table", lambda df: df.assign(effect_median=df["effect_median"] + 1e-3), "signs.parquet"),
+        ("table", lambda df: df.assign(sign_agrees=pd.array([True] * len(df), dtype="boolean")), "sign_agrees"),
+        ("signs", lambda df: df.assign(n_zero=df["n_zero"] + 1), "signs.parquet"),
+        (None, lambda r: r["summary"].update(n_agree=1), "n_agree"),
+        (None, lambda r: r["summary"].update(spearman_p=0.04), "spearman_p"),
+        (None, lambda r: r["summary"].update(headline="Yes."), "headline"),
+        (None, lambda r: r["summary"].update(not_measured={"x": "y"}), "not_measured"),
+        (None, lambda r: r["summary"]["conventions"].update(tokens="other"), "conventions"),
+        (None, lambda r: r.update(parts=["head_tokens"]), "parts"),
+        (None, lambda r: r["summary"]["attended_token_effect"].update(n_windows=5), "attended_token_effect"),
+    ],
+)  # fmt: skip
+def test_an_edited_030_mechanism_is_refused_by_name(tmp_path, table, edit, match):
+    """A 0.3.0 mechanism that lies (an edit with its digests recomputed) is refused naming its folder."""
+    from tests.helpers import redigest
+
+    from tl_idempotence.errors import ReportFileError
+
+    d = shutil.copytree(DATA / "mechanism", tmp_path / "m")
+    redigest(d, "mechanism.json", **({"fields": edit} if table is None else {"tables": {table: edit}}))
+    with pytest.raises(ReportFileError, match=str(d)) as e:
+        tli.load_mechanism(d)
+    assert match in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("table", "edit", "match"),
+    [
+        (None, lambda r: r["summary"]["not_measured"].popitem(), "not_measured"),
+        (None, lambda r: r["summary"].update(matched={}), "matched"),
+        ("table", lambda df: df.assign(control_of=["L0H1", *[""] * (len(df) - 1)]), "stability.parquet"),
+        ("table", lambda df: df.assign(proj_distance=0.5), "proj"),
+        ("weights", lambda df: df.assign(norm=1.0), "weights"),
+        ("weights", lambda df: df.iloc[:-1], "weights"),
+        ("table", lambda df: df.assign(median_diff_lo=-1.0), "median_diff_lo"),
+    ],
+)  # fmt: skip
+def test_an_edited_resave_of_a_030_mechanism_is_refused_by_name(tmp_path, table, edit, match):
+    from tests.helpers import redigest
+
+    from tl_idempotence.errors import ReportFileError
+
+    d = Path(tli.load_mechanism(DATA / "mechanism").save(tmp_path / "m"))
+    redigest(d, "mechanism.json", **({"fields": edit} if table is None else {"tables": {table: edit}}))
+    with pytest.raises(ReportFileError, match=str(d)) as e:
+        tli.load_mechanism(d)
+    assert match in str(e.value)

@@ -5,13 +5,15 @@ the same model (building it is the cost of a quick-tier file).
 
 Head tokens and the attended-token effect changed layout after 0.3.0 (issue 46): their upgrade
 (``probes/legacy.py``) recomputes what the saved tables determine and leaves NaN, with a reason in
-``summary["not_measured"]`` and the headline, what needs the model. A mechanism of 0.3.0 (``mechanism/1``) is refused
-saying why; its parts load.
+``summary["not_measured"]`` and the headline, what needs the model. A mechanism of 0.3.0 (``mechanism/1``) loads the
+same way (``report/mechanism_legacy.py``): checked as written, its tests recomputed, its controls, base rates,
+projection facts, intervals and split not measured.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -109,12 +111,82 @@ def test_a_resave_loads_as_this_versions_layout(tokens, effect, tmp_path):
             load(d)
 
 
-def test_a_mechanism_of_030_is_refused_and_its_parts_load():
-    refused = r"mechanism/1.*saved before rep.mechanism gave matched controls.*its parts load by themselves"
-    with pytest.raises(ReportFileError, match=refused):
-        tli.load_mechanism(DATA / "mechanism")
-    assert tli.load_head_tokens(DATA / "mechanism" / "head_tokens").summary[NOT_MEASURED]
-    assert tli.load_attended_token_effect(DATA / "mechanism" / "attended_token_effect").summary[NOT_MEASURED]
+@pytest.fixture(scope="module")
+def mech():
+    return tli.load_mechanism(DATA / "mechanism")
+
+
+def test_a_mechanism_of_030_loads_recomputed_and_marked(mech):
+    """What the saved tables give is recomputed (the 0.3.0 across-layers Spearman p comes back as today's
+    unstratified p); what needs every measured head's weights or the model is NaN / None, named, and the headline
+    says so after what was measured."""
+    from tl_idempotence.report.mechanism_legacy import V030_NOT_MEASURED
+    from tl_idempotence.report.mechanism_tables import PROJECTION_COLUMNS, TABLE_COLUMNS
+
+    old = pd.read_parquet(DATA / "mechanism" / "table.parquet")
+    t = mech.table
+    assert tuple(t.columns) == TABLE_COLUMNS and list(t.index) == NUMBERS["head_tokens"]["labels"]
+    for col in ("P", "alpha", "alpha_P", "effect_median", "effect_q", "copying", "copying_own", "self_rank_median"):
+        np.testing.assert_array_equal(t[col].to_numpy(dtype=float), old[col].to_numpy(dtype=float), err_msg=col)
+    eff = mech.effect.table
+    np.testing.assert_array_equal(t["direction"].to_numpy(), eff["direction"].to_numpy())
+    np.testing.assert_array_equal(t["aligned_diff"], np.sign(t["alpha"]) * eff["median_diff"])
+    a, dr = np.sign(t["alpha"].to_numpy()), t["direction"].to_numpy()
+    want = [None if x == 0 or y == 0 else bool(x == y) for x, y in zip(a, dr)]
+    assert [None if pd.isna(v) else bool(v) for v in t["agrees_alpha"]] == want and want.count(True) == 6
+    assert t["sign_agrees"].isna().all()  # no closed head
+    assert t["asked"].all() and (t["control_of"] == "").all()
+    s = mech.summary
+    assert (s["n_closed"], s["n_sign_tested"], s["n_spearman"], s["n_strata"]) == (0, 0, 18, 2)
+    assert s["spearman_rho"] == 0.2776057791537668 and s["spearman_p_unstratified"] == 0.34  # 0.3.0's own
+    assert s["spearman_p"] == s["spearman_p_within_layer"] == 0.36
+    lo_hi = [c for c in t.columns if c.endswith(("_lo", "_hi"))] + ["direction_stability", *PROJECTION_COLUMNS[::2]]
+    assert t[lo_hi].isna().all().all() and (t[["proj_rank", "proj_rank_any"]] == -1).all().all()
+    assert t["direction_kept"].isna().all() and mech.weights["norm"].isna().all()
+    assert all(s[k] is None for k in ("matched", "base_rates", "projection", "stability", "copy_suppression"))
+    assert dict(s[NOT_MEASURED]) == V030_NOT_MEASURED
+    head = NUMBERS["mechanism"]["headline"].split(" (permutation p")[0]
+    assert mech.headline.startswith(head + " (within-layer permutation p = 0.36, 2 layers")
+    assert "across layers p = 0.34" in mech.headline
+    assert mech.headline.endswith(
+        ". Not measured: " + "; ".join(f"{k} ({v})" for k, v in V030_NOT_MEASURED.items()) + "."
+    )
+    assert dict(mech.effect.summary[NOT_MEASURED]) and dict(mech.tokens.summary[NOT_MEASURED])
+
+
+def test_a_resaved_030_mechanism_loads_as_this_versions_layout(mech, tmp_path):
+    d = Path(mech.save(tmp_path / "m"))
+    saved = json.loads((d / "mechanism.json").read_text())
+    assert saved["format"] == "tl_idempotence.mechanism/2"
+    assert set(saved["files"]) == {"table", "signs", "weights", "stability"}
+    back = tli.load_mechanism(d)
+    assert back.headline == mech.headline and back.loaded_from == str(d)
+    pd.testing.assert_frame_equal(back.table, mech.table)
+    assert dict(back.summary[NOT_MEASURED]) == dict(mech.summary[NOT_MEASURED])
+    redigest(d, "mechanism.json", fields=lambda r: r["summary"].update(headline=mech.headline.split(" Not")[0]))
+    with pytest.raises(ReportFileError, match=r"mechanism\.json.*headline"):
+        tli.load_mechanism(d)
+
+
+def test_a_030_mechanism_that_lies_about_its_tests_is_refused_by_name(tmp_path):
+    """0.3.0's own numbers are checked as written before the upgrade replaces them (more: the integration file)."""
+    d = shutil.copytree(DATA / "mechanism", tmp_path / "m")
+    redigest(d, "mechanism.json", fields=lambda r: r["summary"].update(spearman_p=0.04))
+    with pytest.raises(ReportFileError, match=rf"{d}/mechanism\.json was edited: summary\['spearman_p'\] is 0\.04"):
+        tli.load_mechanism(d)
+
+
+def test_the_headline_of_a_030_mechanism_never_answers_beyond_controls():
+    """A sign test that holds against chance says the matched controls were not measured (never a bare "Yes")."""
+    from tl_idempotence.probes.tied import EmbeddingTie
+    from tl_idempotence.report.mechanism_headline import mechanism_headline
+
+    tie = EmbeddingTie(tied=False, how="untied", max_abs_diff=0.1, max_rel_diff=1.0, declared=False, dtypes="f")
+    s = {"n_closed": 8, "n_sign_tested": 8, "n_agree": 8, "sign_test_p": 2 / 256, "spearman_rho": math.nan,
+         "n_spearman": 2, "matched": None, "stability": None, "copy_suppression": None, "base_rates": None}  # fmt: skip
+    assert ("Yes against chance (matched controls not measured): 8 of 8") in mechanism_headline(s, tie)
+    s["matched"] = {}
+    assert "(no matched control to compare with)" in mechanism_headline(s, tie)
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ import pandas as pd
 from ..errors import MissingFileError, OptionError, OptionTypeError, ReportFileError
 from .files import read_json, record_digest, sha256_bytes, sha256_file
 from .jsonio import RECORD, json_ready, json_restore, json_text
+from .legacy import upgrade as upgrade_layout
 from .options import check_bool
 from .store import saved_folder, write_folder
 
@@ -346,12 +347,14 @@ def write_summary_record(
 
 
 def read_summary_record(
-    path: Any, store: StoreSpec, names: frozenset[str], what: str
+    path: Any, store: StoreSpec, names: frozenset[str], what: str, old_formats: tuple[str, ...] = ()
 ) -> tuple[Path, dict[str, Any], dict[str, Any], dict[str, pd.DataFrame]]:
     """Read a folder written by :func:`write_summary_record` (a causal test, a mechanism): :func:`read_tables_record`
-    of the ``store``'s record and formats (every digest checked), the tables the record lists checked to be
-    ``names``, and the summary's ``"NaN"`` / ``"Infinity"`` strings of the fields ``float_keys`` lists read back as
-    floats, the list checked (:func:`check_float_keys`).
+    of the ``store``'s record and formats (every digest checked; ``old_formats``: formats of an earlier layout also
+    read, then turned into this version's by the upgrade registered for the record,
+    :func:`~tl_idempotence.core.legacy.upgrade`), the tables the record lists checked to be ``names``, and the
+    summary's ``"NaN"`` / ``"Infinity"`` strings of the fields ``float_keys`` lists read back as floats, the list
+    checked (:func:`check_float_keys`).
 
     Returns:
         ``(folder, raw record, summary, {name: DataFrame})``: the folder read (the earlier save kept beside ``path``
@@ -363,9 +366,10 @@ def read_summary_record(
             ``names`` (names the record and ``what`` the save is, ``"a mechanism"``); no summary, a ``float_keys``
             that is not a list of names or not the fields that hold floats.
     """
-    raw, tables = read_tables_record(path, store.record, store.formats, frozenset())
+    raw, tables = read_tables_record(path, store.record, (*store.formats, *old_formats), frozenset())
     d = saved_folder(Path(path).expanduser(), store.record)  # an overwrite stopped between its two renames
     rec = d / store.record
+    raw, tables = upgrade_layout(rec, raw, tables)  # a save of an earlier layout (0.3.0), checked as written
     if set(tables) != set(names):
         raise ReportFileError(f"{rec} lists tables {sorted(tables)}; {what} save has {sorted(names)}.")
     fk = raw.get("float_keys")

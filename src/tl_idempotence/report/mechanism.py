@@ -101,7 +101,8 @@ class MechanismSummary(FrozenSummary):
     """The summary of :class:`Mechanism` (typed, read-only; a mapping of the fields given; a field not given reads
     as None). ``embedding_tie`` is the :class:`~tl_idempotence.probes.tied.EmbeddingTie` as a dict; ``head_tokens``
     and ``attended_token_effect`` are the probes' own summaries; ``matched``, ``base_rates``, ``projection``,
-    ``stability`` and ``copy_suppression`` the sections of :mod:`~tl_idempotence.report.mechanism_controls`."""
+    ``stability`` and ``copy_suppression`` the sections of :mod:`~tl_idempotence.report.mechanism_controls` (None,
+    each, for a result read from a 0.3.0 save: ``not_measured`` says why, :mod:`.mechanism_legacy`)."""
 
     __slots__ = ()
     model_name: str | None
@@ -137,6 +138,7 @@ class MechanismSummary(FrozenSummary):
     head_tokens: Mapping[str, Any]
     attended_token_effect: Mapping[str, Any]
     headline: str
+    not_measured: Mapping[str, str]
 
 
 class Mechanism(StoredResult, FrozenResult, DrawnResult):
@@ -506,7 +508,9 @@ def load_mechanism(path: PathLike) -> Mechanism:
 
     Raises:
         MissingFileError: no such folder, no ``mechanism.json``, a listed table missing (names it).
-        ReportFileError: another format (a save of an earlier development version: make it again); an edited
+        ReportFileError: another format (a save of an earlier development version: make it again; a 0.3.0 save,
+            ``mechanism/1``, loads with what it does not hold NaN / None and named in ``summary["not_measured"]``,
+            :mod:`.mechanism_legacy`); an edited
             record (digest) or table (sha256), each named; a table whose columns, derived columns, matched
             controls, intervals or signs, or a summary whose counts, tests, comparisons or headline, are not what
             the tables give (an edit whose digests were recomputed; names the file and the field); a save without

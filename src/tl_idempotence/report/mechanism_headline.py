@@ -4,7 +4,8 @@
 and :func:`~tl_idempotence.report.mechanism_controls.derive_controls` give) and the embedding tie, so a loader
 recomputes it from a saved table. In order: the question and its answer by the sign test among the closed heads,
 with the agreement count's bootstrap interval; the matched-control comparison (the answer is "Yes" only when the
-closed heads also beat their controls); the Spearman test within layers with the across-layers p beside it; the
+closed heads also beat their controls; "against chance (matched controls not measured)" when the summary has no
+comparison, a result read from a 0.3.0 save); the Spearman test within layers with the across-layers p beside it; the
 stability across text sets; the copy-suppression split; the weights-only results with their base rates among the
 non-closed heads and the closed heads' distance from the algebra's case; the tie of the embeddings.
 """
@@ -62,7 +63,9 @@ def _first(s: Mapping[str, Any]) -> str:
         return f"{QUESTION} Not detectably: {agree})"
     answer = "Yes" if 2 * k > n else "The opposite"
     mp = ((s.get("matched") or {}).get("agreement") or {}).get("p_value", math.nan)
-    if mp is None or not math.isfinite(mp):
+    if s.get("matched") is None:  # a result read from a 0.3.0 save: its summary says so ("not_measured")
+        answer += " against chance (matched controls not measured)"
+    elif mp is None or not math.isfinite(mp):
         answer += " against chance (no matched control to compare with)"
     elif mp > LEVEL:
         answer += " against chance, but not beyond matched controls"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from ..core.jsonio import json_restore
+from ..core.legacy import NOT_MEASURED, register, summary_after_check
 from ..core.outputs import check_save_target
 from ..core.records import (
     index_column,
@@ -30,10 +30,18 @@ from ..core.records import (
 from ..core.selection import head_labels
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..probes.head_tokens import head_tokens_files, load_head_tokens
+from ..probes.legacy import V030
 from ..probes.tied import EmbeddingTie
 from ..probes.token_effect import attended_token_effect_files, load_attended_token_effect
 from .mechanism_controls import DERIVED_COLUMNS, STABILITY_COLUMNS, WEIGHT_COLUMNS, controls_matching
 from .mechanism_headline import mechanism_headline
+from .mechanism_legacy import (
+    V030_MECHANISM_FORMAT,
+    V030_NOT_MEASURED,
+    check_unmeasured_v030,
+    derived_v030,
+    mechanism_v030,
+)
 from .mechanism_stats import SIGNED
 from .mechanism_tables import (
     COPYING_OWN_CONVENTION,
@@ -41,7 +49,9 @@ from .mechanism_tables import (
     PART_COLUMNS,
     RECOMPUTED,
     ROLE_COLUMNS,
+    SIGNS_COLUMNS,
     TABLE_COLUMNS,
+    check_part_summary,
     derived,
 )
 
@@ -52,9 +62,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["SIGNS_COLUMNS", "read_mechanism", "write_mechanism"]
 
-SIGNS_COLUMNS = (
-    "quantity", "group", "n_positive", "median_abs_positive", "n_negative", "median_abs_negative", "n_zero", "n_nan",
-)  # fmt: skip
 #: The tables of a mechanism save.
 TABLES = frozenset({"table", "signs", "weights", "stability"})
 
@@ -187,17 +194,10 @@ def _check_stability(fs: Path, stability: pd.DataFrame, table: pd.DataFrame, set
 def read_mechanism(path: PathLike, make: Any) -> Any:
     """:func:`~tl_idempotence.report.mechanism.load_mechanism` (its docstring says what it checks and raises);
     ``make`` is the ``Mechanism`` class (passed in: this module does not import the one that imports it)."""
-    try:
-        d, raw, summary, tables = read_summary_record(path, make.store, TABLES, "a mechanism")
-    except ReportFileError as e:
-        if "(format 'tl_idempotence.mechanism/1')" not in str(e):
-            raise
-        raise ReportFileError(
-            f"{e} It was saved before rep.mechanism gave matched controls, base rates and intervals (issue 47): its "
-            "record lacks the weights of every measured head they need. Make it again with rep.mechanism(...); "
-            "its parts load by themselves (tli.load_head_tokens(folder/'head_tokens'), "
-            "tli.load_attended_token_effect(folder/'attended_token_effect'))."
-        ) from e
+    d, raw, summary, tables = read_summary_record(
+        path, make.store, TABLES, "a mechanism", old_formats=(V030_MECHANISM_FORMAT,)
+    )
+    legacy = _legacy(d / MECHANISM_RECORD, summary)
     rec, ft, fs = d / MECHANISM_RECORD, d / "table.parquet", d / "signs.parquet"
     _columns(d, tables)
     table, signs, weights, stability = (tables[k] for k in ("table", "signs", "weights", "stability"))
@@ -213,6 +213,8 @@ def read_mechanism(path: PathLike, make: Any) -> Any:
         raise _refuse(rec, f"summary['threshold'] is {threshold!r}, not a P threshold in [0, 1]")
     _check_table(ft, table, threshold)
     _check_weights(d / "weights.parquet", ft, weights, table, threshold)
+    if legacy:
+        check_unmeasured_v030(ft, d / "weights.parquet", table, weights)
     _check_stability(d / "stability.parquet", stability, table, (summary.get("settings") or {}).get("sets"))
     parts = raw.get("parts")
     if not (isinstance(parts, list) and set(parts) <= set(PART_COLUMNS) and len(set(parts)) == len(parts)):
@@ -222,10 +224,13 @@ def read_mechanism(path: PathLike, make: Any) -> Any:
             f"{rec}: a mechanism save holds its attended-token effect (attended_token_effect/: its positions give the "
             "intervals and the split); this one lists none. Save the mechanism again (rep.mechanism)."
         )
-    for name in parts:  # first, from the parts' records alone: a summary that is not its part's (no table read)
-        _check_part_summary(d, name, summary)
+    for name in parts if raw.get("format") != V030_MECHANISM_FORMAT else ():  # the upgrade checked a 0.3.0 one's
+        check_part_summary(d, name, summary)  # first, from the parts' records alone (no table read)
     effect = _load_parts(d, parts, table, summary, "attended_token_effect")
-    fresh_table, fresh_signs, stats = _recompute(rec, table, weights, effect, stability, summary)
+    if legacy:  # what a 0.3.0 save determines (mechanism_legacy); the rest is not measured
+        fresh_table, fresh_signs, stats = derived_v030(table, summary)
+    else:
+        fresh_table, fresh_signs, stats = _recompute(rec, table, weights, effect, stability, summary)
     for col in ("sign_agrees", *DERIVED_COLUMNS):
         if not _same_column(table[col], fresh_table[col].array):
             raise _refuse(ft, f"{col!r} is not what the tables give")
@@ -244,7 +249,7 @@ def read_mechanism(path: PathLike, make: Any) -> Any:
     for k, v in fresh.items():
         if not same_value(json_like(summary.get(k)), json_like(v)):
             raise _refuse(rec, f"summary[{k!r}] is {summary.get(k)!r} but {v!r} from the tables")
-    _check_stated(rec, summary, tie, n_perm)
+    summary = _check_stated(rec, summary, tie, n_perm)
     tokens = _load_parts(d, parts, table, summary, "head_tokens")  # last: every cheaper check first
     return make(
         table=table, signs=stored, summary=summary, tokens=tokens, effect=effect, tie=tie, loaded_from=str(d),
@@ -281,12 +286,15 @@ def _recompute(
         raise _refuse(rec, f"the summary's settings are refused ({type(e).__name__}: {e})") from e
 
 
-def _check_stated(rec: Path, summary: Mapping[str, Any], tie: EmbeddingTie, n_perm: int) -> None:
-    """What the summary states besides the recomputed fields: the tie, the headline, the permutations' floor, the
-    bootstrap's level and what it restates of its probes (:func:`_check_restated`)."""
+def _check_stated(rec: Path, summary: Mapping[str, Any], tie: EmbeddingTie, n_perm: int) -> Any:
+    """What the summary states besides the recomputed fields: the tie, the headline (followed by what was not
+    measured, :func:`~tl_idempotence.core.legacy.summary_after_check`), the permutations' floor, the bootstrap's level
+    and what it restates of its probes (:func:`_check_restated`). Returns the summary (an upgraded one's headline
+    set)."""
     if tie.tied is not summary.get("tied"):
         raise _refuse(rec, f"summary['tied'] is {summary.get('tied')!r} but embedding_tie.tied is {tie.tied!r}")
-    if summary.get("headline") != mechanism_headline(summary, tie):
+    summary, want = summary_after_check(summary, mechanism_headline(summary, tie))
+    if summary.get("headline") != want:
         raise _refuse(rec, "summary['headline'] is not what the table and the summary give")
     if not (1 <= n_perm <= 1 << 20) or summary.get("p_floor") != min(1.0, 2 / (n_perm + 1)):
         raise _refuse(
@@ -295,6 +303,19 @@ def _check_stated(rec: Path, summary: Mapping[str, Any], tie: EmbeddingTie, n_pe
     if not isinstance(summary.get("seed"), int) or isinstance(summary.get("seed"), bool) or summary["seed"] < 0:
         raise _refuse(rec, f"summary['seed'] {summary.get('seed')!r} is not a seed")
     _check_restated(rec, summary)
+    return summary
+
+
+def _legacy(rec: Path, summary: Mapping[str, Any]) -> bool:
+    """Whether ``summary`` is of a mechanism read from a 0.3.0 save (upgraded now, or saved again since): its
+    ``not_measured`` field is :data:`~tl_idempotence.report.mechanism_legacy.V030_NOT_MEASURED` (another one is
+    refused, naming ``rec``)."""
+    nm = summary.get(NOT_MEASURED)
+    if nm is None:
+        return False
+    if not same_value(json_like(nm), V030_NOT_MEASURED):
+        raise _refuse(rec, f"summary[{NOT_MEASURED!r}] is not what a mechanism of a {V030} save holds")
+    return True
 
 
 def _check_restated(rec: Path, summary: Mapping[str, Any]) -> None:
@@ -318,25 +339,6 @@ def _check_restated(rec: Path, summary: Mapping[str, Any]) -> None:
                 )
         if conv.get(key) != ps.get("convention"):
             raise _refuse(rec, f"summary['conventions'][{key!r}] is not summary[{part!r}]['convention']")
-
-
-def _check_part_summary(d: Path, name: str, summary: Mapping[str, Any]) -> None:
-    """Refuse ``summary[name]`` when it is not the summary the part's own record holds (read as JSON, nothing else:
-    the part's loader checks the part later).
-
-    Raises:
-        ReportFileError: names the part's folder (a missing or unreadable record: its loader's refusal later).
-    """
-    import json
-
-    f = d / name / f"{name}.json"
-    try:
-        raw = json.loads(f.read_text(encoding="utf-8"))
-        theirs = json_restore(raw["summary"], frozenset(raw["float_keys"]), int_keys=False)
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # the part's loader names what is wrong with it
-    if not same_value(json_like(theirs), json_like(summary.get(name))):
-        raise _refuse(d / name, f"its summary is not summary[{name!r}] of {MECHANISM_RECORD}")
 
 
 def _load_parts(d: Path, parts: Any, table: pd.DataFrame, summary: Mapping[str, Any], name: str) -> Any:
@@ -368,3 +370,6 @@ def _load_parts(d: Path, parts: Any, table: pd.DataFrame, summary: Mapping[str, 
     if not same_value(json_like(thawed(part.summary)), json_like(thawed(summary.get(name)))):
         raise _refuse(where, f"its summary is not summary[{name!r}] of {MECHANISM_RECORD}")
     return part
+
+
+register(MECHANISM_RECORD, mechanism_v030)  # a save of 0.3.0 (mechanism/1): mechanism_legacy

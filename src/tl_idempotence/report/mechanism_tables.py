@@ -5,11 +5,16 @@ saves and reads one back, recomputing every derived column and summary field wit
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ..core.jsonio import json_restore
+from ..core.records import json_like, same_value
+from ..errors import ReportFileError
 from .mechanism_controls import DERIVED_COLUMNS, derive_controls
 from .mechanism_stats import derive_tests
 
@@ -21,7 +26,9 @@ __all__ = [
     "PROJECTION_COLUMNS",
     "RECOMPUTED",
     "ROLE_COLUMNS",
+    "SIGNS_COLUMNS",
     "TABLE_COLUMNS",
+    "check_part_summary",
     "derive_all",
     "derived",
 ]
@@ -41,6 +48,10 @@ TABLE_COLUMNS = (
     "effect_median_unpredicted", "median_diff_unpredicted", "effect_p_unpredicted", "direction_unpredicted",
 )  # fmt: skip
 ROLE_COLUMNS = ("previous_token", "duplicate_token", "induction")
+#: The columns of ``signs.parquet`` (:attr:`~tl_idempotence.report.mechanism.Mechanism.signs` with its index).
+SIGNS_COLUMNS = (
+    "quantity", "group", "n_positive", "median_abs_positive", "n_negative", "median_abs_negative", "n_zero", "n_nan",
+)  # fmt: skip
 #: The projection facts the table joins (:func:`~tl_idempotence.maths.projection_facts.projection_facts`).
 PROJECTION_COLUMNS = ("asymmetry", "proj_rank", "proj_distance", "proj_rank_any", "proj_distance_any")
 #: The joined table's columns each probe gives (mechanism column, probe column).
@@ -114,3 +125,23 @@ def derived(
     }
     base = table.drop(columns=["sign_agrees", *DERIVED_COLUMNS])
     return derive_all(base, weights, positions, stability, settings)
+
+
+def check_part_summary(d: Path, name: str, summary: Mapping[str, Any]) -> None:
+    """Refuse ``summary[name]`` of the mechanism save ``d`` when it is not the summary the part's own record holds
+    (read as JSON, nothing else: the part's loader checks the part later).
+
+    Raises:
+        ReportFileError: names the part's folder (a missing or unreadable record: its loader's refusal later).
+    """
+    f = d / name / f"{name}.json"
+    try:
+        raw = json.loads(f.read_text(encoding="utf-8"))
+        theirs = json_restore(raw["summary"], frozenset(raw["float_keys"]), int_keys=False)
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # the part's loader names what is wrong with it
+    if not same_value(json_like(theirs), json_like(summary.get(name))):
+        raise ReportFileError(
+            f"{d / name}: its summary is not summary[{name!r}] of {MECHANISM_RECORD}: the record or a table was "
+            "edited. Save the mechanism again (rep.mechanism)."
+        )

@@ -325,9 +325,9 @@ def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):
     _redigest(old, record=lambda r: r.update(parts=[]))
     with pytest.raises(ReportFileError, match="attended-token effect"):
         tli.load_mechanism(old)
-    v1 = Path(mech.save(tmp_path / "v1"))  # a save of the format before issue 47: refused, saying what to do
+    v1 = Path(mech.save(tmp_path / "v1"))  # today's tables under 0.3.0's format (it loads: test_legacy_v030.py)
     _redigest(v1, record=lambda r: r.update(format="tl_idempotence.mechanism/1"))
-    with pytest.raises(ReportFileError, match=r"mechanism/1.*saved before rep.mechanism gave matched controls"):
+    with pytest.raises(ReportFileError, match=r"v1/mechanism\.json was edited: it lists tables .*not what 0\.3\.0"):
         tli.load_mechanism(v1)
     part = Path(mech.save(tmp_path / "p")) / "head_tokens"  # a part that is not the joined table's
     bump = {"table": lambda df: df.assign(frac_bottom_k=df["frac_bottom_k"] + (df["head"] == 2) * 0.5)}  # no headline
