@@ -130,7 +130,12 @@ def test_a_mechanism_of_030_loads_recomputed_and_marked(mech):
         np.testing.assert_array_equal(t[col].to_numpy(dtype=float), old[col].to_numpy(dtype=float), err_msg=col)
     eff = mech.effect.table
     np.testing.assert_array_equal(t["direction"].to_numpy(), eff["direction"].to_numpy())
-    np.testing.assert_array_equal(t["aligned_diff"], np.sign(t["alpha"]) * eff["median_diff"])
+    np.testing.assert_array_equal(t["aligned_diff"], np.sign(t["alpha"]) * eff["median_diff"])  # 0 here: ties
+    from tl_idempotence.report.mechanism_legacy import derived_v030
+
+    md = np.linspace(-1.0, 1.0, len(t))  # the saved effect's medians of effect - null are all 0 (tied positions)
+    fresh, _, _ = derived_v030(t.assign(median_diff=md), mech.summary)
+    np.testing.assert_array_equal(fresh["aligned_diff"], np.sign(t["alpha"]) * md)
     a, dr = np.sign(t["alpha"].to_numpy()), t["direction"].to_numpy()
     want = [None if x == 0 or y == 0 else bool(x == y) for x, y in zip(a, dr)]
     assert [None if pd.isna(v) else bool(v) for v in t["agrees_alpha"]] == want and want.count(True) == 6
