@@ -198,3 +198,29 @@ def test_an_edited_resave_of_a_030_mechanism_is_refused_by_name(tmp_path, table,
     with pytest.raises(ReportFileError, match=str(d)) as e:
         tli.load_mechanism(d)
     assert match in str(e.value)
+
+
+def test_a_030_mechanism_with_roles_or_without_a_part(tmp_path):
+    """0.3.0 saved the roles' columns when given and only the parts it held: the roles are carried, a save without
+    the token readout loads with ``tokens`` None, one without the attended-token effect is refused saying why."""
+    from tests.helpers import redigest
+
+    from tl_idempotence.errors import ReportFileError
+
+    roles = {"previous_token": 0.25, "duplicate_token": 0.5, "induction": 0.75}
+    d = shutil.copytree(DATA / "mechanism", tmp_path / "roles")
+    redigest(d, "mechanism.json", tables={"table": lambda df: df.assign(**roles)})
+    m = tli.load_mechanism(d)
+    assert list(m.table.columns[-3:]) == list(roles) and (m.table["induction"] == 0.75).all()
+    assert tli.load_mechanism(m.save(tmp_path / "roles_again")).table.equals(m.table)
+    d = shutil.copytree(DATA / "mechanism", tmp_path / "no_tokens")
+    shutil.rmtree(d / "head_tokens")
+    redigest(d, "mechanism.json", fields=lambda r: r.update(parts=["attended_token_effect"]))
+    m = tli.load_mechanism(d)
+    assert m.tokens is None and m.summary["head_tokens"]["k"] == 4  # 0.3.0's restated summary, as saved
+    assert tli.load_mechanism(m.save(tmp_path / "no_tokens_again")).headline == m.headline
+    d = shutil.copytree(DATA / "mechanism", tmp_path / "no_effect")
+    shutil.rmtree(d / "attended_token_effect")
+    redigest(d, "mechanism.json", fields=lambda r: r.update(parts=["head_tokens"]))
+    with pytest.raises(ReportFileError, match=rf"{d}/mechanism\.json: a 0\.3\.0 mechanism saved without its attended"):
+        tli.load_mechanism(d)

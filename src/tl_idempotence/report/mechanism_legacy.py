@@ -50,6 +50,7 @@ from .mechanism_stats import agreement, derive_tests, joined_reasons, sign_summa
 from .mechanism_tables import (
     COPYING_OWN_CONVENTION,
     PROJECTION_COLUMNS,
+    ROLE_COLUMNS,
     SIGNS_COLUMNS,
     TABLE_COLUMNS,
     check_part_summary,
@@ -66,7 +67,7 @@ __all__ = [
 ]
 
 V030_MECHANISM_FORMAT = "tl_idempotence.mechanism/1"
-#: The joined table of 0.3.0.
+#: The joined table of 0.3.0 (the roles' columns may follow).
 V030_TABLE_COLUMNS = TABLE_COLUMNS[: TABLE_COLUMNS.index("sign_agrees") + 1]
 #: The summary fields of 0.3.0.
 V030_MECHANISM_SUMMARY = frozenset({
@@ -90,6 +91,8 @@ V030_NOT_MEASURED = {
         V030, _AGAIN
     ),
 }
+#: The parts a 0.3.0 save can list.
+_PARTS = (["head_tokens"], ["attended_token_effect"], ["head_tokens", "attended_token_effect"])
 #: The summary sections of this version a 0.3.0 save cannot give (None in the upgraded summary).
 V030_SECTIONS = ("matched", "base_rates", "projection", "stability", "copy_suppression")
 
@@ -170,7 +173,8 @@ def _old_headline(s: Mapping[str, Any], tie: EmbeddingTie) -> str:
 
 def _check_as_written(rec: Path, table: pd.DataFrame, signs: pd.DataFrame, s: Mapping[str, Any]) -> EmbeddingTie:
     """Refuse a 0.3.0 record whose fields are not what 0.3.0 derived from its table (names ``rec``)."""
-    if tuple(table.columns) != V030_TABLE_COLUMNS or tuple(signs.columns) != SIGNS_COLUMNS:
+    cols = tuple(table.columns)
+    if cols not in (V030_TABLE_COLUMNS, (*V030_TABLE_COLUMNS, *ROLE_COLUMNS)) or tuple(signs.columns) != SIGNS_COLUMNS:
         raise _edited(rec, "its table or signs have other columns")
     if set(s) != V030_MECHANISM_SUMMARY:
         raise _edited(rec, f"its summary has fields {sorted(set(s) ^ V030_MECHANISM_SUMMARY)[:5]} (added or missing)")
@@ -249,17 +253,20 @@ def mechanism_v030(rec: Path, fields: dict[str, Any], tables: dict[str, Any]) ->
     if fields.get("format") != V030_MECHANISM_FORMAT:
         return None
     try:
-        if set(tables) != {"table", "signs"} or fields.get("parts") not in (
-            ["head_tokens", "attended_token_effect"],
-            ["attended_token_effect"],
-        ):
-            raise _edited(rec, f"it lists tables {sorted(tables)} and parts {fields.get('parts')!r}")
+        parts = fields.get("parts")
+        if set(tables) != {"table", "signs"} or parts not in ([], *_PARTS):
+            raise _edited(rec, f"it lists tables {sorted(tables)} and parts {parts!r}")
+        if "attended_token_effect" not in parts:
+            raise ReportFileError(
+                f"{rec}: a {V030} mechanism saved without its attended-token effect (parts {parts!r}): each head's "
+                f"tested direction, the sign test and every comparison need its positions. Make it again with {_AGAIN}."
+            )
         s = json_restore(fields["summary"], frozenset(fields["float_keys"]), int_keys=False)
         old = tables["table"]
         tie = _check_as_written(rec, old, tables["signs"], s)
         d = rec.parent
-        parts = {name: _part(d, name, s) for name in fields["parts"]}
-        effect, tokens = parts["attended_token_effect"], parts.get("head_tokens")
+        loaded = {name: _part(d, name, s) for name in parts}
+        effect, tokens = loaded["attended_token_effect"], loaded.get("head_tokens")
         labels = [f"L{int(a)}H{int(b)}" for a, b in zip(old["layer"], old["head"], strict=True)]
         t = old.drop(columns="sign_agrees").set_axis(labels)
         e = effect._table.loc[labels]
