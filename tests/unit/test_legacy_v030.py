@@ -226,3 +226,12 @@ def test_a_truncated_030_table_is_refused_by_name(tmp_path):
     f.write_bytes(f.read_bytes()[:-100])
     with pytest.raises(ReportFileError, match=r"self_ranks\.parquet"):
         tli.load_head_tokens(d)
+
+
+def test_a_030_mechanism_cannot_enter_a_population(mech):
+    """Its controls were not measured: tli.compare_mechanisms refuses it, naming the label and what is missing,
+    rather than pooling it with results whose controls were matched over every head of their layer."""
+    from tl_idempotence.errors import OptionError
+
+    with pytest.raises(OptionError, match=r"mechanisms\['old'\] was saved by an earlier version .*matched controls"):
+        tli.compare_mechanisms({"old": mech})

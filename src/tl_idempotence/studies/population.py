@@ -402,8 +402,9 @@ def compare_mechanisms(
     Raises:
         OptionTypeError: not a mapping; a label not a str; a value neither a Mechanism nor an exception; an option
             of the wrong type. OptionError: no items; one Mechanism under two labels or two equal ones (one model
-            twice, e.g. a saved and a fresh result); mechanisms at different thresholds; a mechanism table without
-            the columns needed (names the model); ``match_by`` not a column; a count out of range.
+            twice, e.g. a saved and a fresh result); mechanisms at different thresholds; a mechanism saved by an
+            earlier version with parts not measured (``summary["not_measured"]``: a 0.3.0 save); a mechanism table
+            without the columns needed (names the model); ``match_by`` not a column; a count out of range.
         UnknownOptionError: an unknown keyword.
     """
     items = _items(mechanisms)
@@ -422,6 +423,12 @@ def compare_mechanisms(
             rows.append(refused_row(label, f"{type(m).__name__}: {m}"))
             continue
         s = m.summary
+        if s.get("not_measured"):
+            raise OptionError(
+                f"mechanisms[{label!r}] was saved by an earlier version and has parts not measured "
+                f"({', '.join(s['not_measured'])}): a population needs every model measured the same way; "
+                "compute it again with rep.mechanism(model=...)."
+            )
         threshold = float(s.get("threshold", math.nan))
         row, h, match = model_row(
             label, m.table, model_name=s.get("model_name"), tied=s.get("tied"), by=match_by, k=n_controls,
