@@ -235,3 +235,16 @@ def test_a_030_mechanism_cannot_enter_a_population(mech):
 
     with pytest.raises(OptionError, match=r"mechanisms\['old'\] was saved by an earlier version .*matched controls"):
         tli.compare_mechanisms({"old": mech})
+
+
+def test_a_resaved_030_head_tokens_stripped_of_its_mark_is_refused(tokens, tmp_path):
+    """Its cosines are missing at every ranked token: only a save that says they were not measured may hold that."""
+
+    def strip(rec):
+        rec["summary"].pop(NOT_MEASURED)
+        rec["summary"]["headline"] = rec["summary"]["headline"].split(" Not measured:")[0]
+
+    d = Path(tokens.save(tmp_path / "t"))
+    redigest(d, "head_tokens.json", fields=strip)
+    with pytest.raises(ReportFileError, match=r"self_cosines\.parquet.*no self-cosine at any token"):
+        tli.load_head_tokens(d)

@@ -60,6 +60,7 @@ from .readout import direction_extremes, float64_tiles, gamma64, layer_counts, r
 from .token_records import (
     FREE_MODEL_FIELDS,
     TokenResult,
+    check_missing_cosines,
     check_summary,
     edited_error,
     embedding_fingerprint,
@@ -144,6 +145,9 @@ def _check_stated(
     for lab, sig in sigmas.items():
         if list(sig) != [f"sigma_{i}" for i in range(1, nd + 1)] or sig["sigma_1"] != float(table.loc[lab, "sv_1"]):
             raise edited(ft, f"{lab}'s sigmas in {rec.name} are not its sv_1 and options['n_directions'] = {nd}")
+        v = np.array(list(sig.values()), dtype=np.float64)
+        if not (np.isfinite(v).all() and (v >= 0).all() and (np.diff(v) <= 0).all()):
+            raise edited(rec, f"{lab}'s sigmas are not singular values (finite, >= 0, non-increasing)")
 
 
 HEAD_TOKENS_FORMAT = "tl_idempotence.head_tokens/1"
@@ -734,6 +738,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         raise edited(fc, "self-cosines outside [-1, 1]")
     if (np.isfinite(Cs) & ~fin).any():
         raise edited(fc, f"a self-cosine where {fr.name} has no self-rank (a row without spread)")
+    check_missing_cosines(fc, fr, fin, np.isfinite(Cs), fields.get("summary"), edited)
     for col, fresh in (
         ("self_rank_median", [rank_stats(r)["self_rank_median"] for r in R]),
         ("frac_top_k", [float((a[f] < k).mean()) if f.any() else np.nan for a, f in zip(above, fin)]),

@@ -56,6 +56,7 @@ __all__ = [
     "FREE_MODEL_FIELDS",
     "FREE_WINDOW_FIELDS",
     "TokenResult",
+    "check_missing_cosines",
     "check_model_fits",
     "check_summary",
     "edited_error",
@@ -370,4 +371,30 @@ def check_model_fits(what: str, summary: Mapping[str, Any], info: ModelInfo, lay
         raise ReportMismatchError(
             f"This {what} result was computed from other embeddings (W_E, W_U: embedding_fingerprint "
             f"{str(summary.get('embedding_fingerprint'))[:12]}..., this model's {efp[:12]}...): {again}"
+        )
+
+
+def check_missing_cosines(
+    fc: Path, fr: Path, ranked: np.ndarray, has_cosine: np.ndarray, summary: Any, edited: Any
+) -> None:
+    """A self-cosine is missing at a ranked token only where the token's unembedding column is zero (the cosine's
+    denominator): then for every head that ranks the token, so the same tokens for every head, and not at every
+    ranked token at once (a head's output would then have to vanish on every token with an unembedding), unless the
+    save says the cosines were not measured (``summary["not_measured"]``, a 0.3.0 save). ``ranked``,
+    ``has_cosine``: ``[heads, tokens]``; ``edited``: the loader's :func:`edited_error`.
+
+    Raises:
+        ReportFileError: missing cosines that no unembedding gives (names ``fc``).
+    """
+    gap = ranked & ~has_cosine
+    if not gap.any():
+        return
+    nm = summary.get(NOT_MEASURED) if isinstance(summary, dict) else None
+    if nm and any("self_cosines" in k for k in nm):
+        return
+    if (gap.any(axis=0) & (ranked & has_cosine).any(axis=0)).any():
+        raise edited(fc, f"a missing self-cosine at a token another head has one for ({fr.name} ranks both)")
+    if not (ranked & has_cosine).any():
+        raise edited(
+            fc, f"no self-cosine at any token {fr.name} ranks, and its record does not say they were not measured"
         )

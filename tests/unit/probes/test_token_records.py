@@ -77,12 +77,22 @@ def test_attended_token_effect_round_trip(effect, tmp_path):
         ("self_ranks", lambda df: df.assign(L1H0=df["L0H1"].to_numpy()), "self_rank_median"),
         ("table", lambda df: df.assign(frac_top_k=df["frac_top_k"] + 0.25), "frac_top_k"),
         ("top", lambda df: df.assign(token_id=df["token_id"][::-1].to_numpy()), "promoted"),
+        # a missing cosine only where the token's unembedding is zero: then for every head, never for all tokens
+        ("self_cosines", lambda df: df.assign(L1H0=np.where(df.index == 3, np.nan, df["L1H0"])), "missing self-cos"),
+        ("self_cosines", lambda df: df.assign(**{c: np.nan for c in df.columns[1:]}), "no self-cosine at any"),
     ],
 )
 def test_head_tokens_refuses_a_table_edit_with_recomputed_digests(readout, tmp_path, table, edit, field):
     d = Path(readout.save(tmp_path / "t"))
     redigest(d, "head_tokens.json", tables={table: edit})
     with pytest.raises(ReportFileError, match=rf"\.parquet.*({field})"):
+        tli.load_head_tokens(d)
+
+
+def test_head_tokens_refuses_singular_values_out_of_order(readout, tmp_path):
+    d = Path(readout.save(tmp_path / "t"))
+    redigest(d, "head_tokens.json", fields=lambda r: r["sigmas"]["L1H0"].update(sigma_2=9.0))
+    with pytest.raises(ReportFileError, match=r"head_tokens\.json.*L1H0's sigmas are not singular values"):
         tli.load_head_tokens(d)
 
 
