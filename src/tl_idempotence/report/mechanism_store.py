@@ -215,6 +215,8 @@ def read_mechanism(path: PathLike, make: Any) -> Any:
     _check_weights(d / "weights.parquet", ft, weights, table, threshold)
     if legacy:
         check_unmeasured_v030(ft, d / "weights.parquet", table, weights)
+    elif not np.isfinite(weights["norm"].to_numpy(dtype=float)).all():  # every measured head's ‖T‖_F
+        raise _refuse(d / "weights.parquet", "'norm' is not a number for every head (only a 0.3.0 save lacks it)")
     _check_stability(d / "stability.parquet", stability, table, (summary.get("settings") or {}).get("sets"))
     parts = raw.get("parts")
     if not (isinstance(parts, list) and set(parts) <= set(PART_COLUMNS) and len(set(parts)) == len(parts)):

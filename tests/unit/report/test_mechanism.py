@@ -353,6 +353,10 @@ def test_a_saved_mechanism_round_trips_and_refuses_edits(joined, tmp_path):
     _redigest(d, record=lambda r: r["summary"].update(n_agree=0))
     with pytest.raises(ReportFileError, match=r"mechanism\.json.*n_agree"):
         tli.load_mechanism(d)
+    d = Path(mech.save(tmp_path / "w"))  # the tell of a 0.3.0 result re-saved then stripped of its mark
+    rewrite_saved(d, "mechanism.json", "weights", lambda df: df.assign(norm=np.nan))
+    with pytest.raises(ReportFileError, match=r"weights\.parquet.*'norm' is not a number for every head"):
+        tli.load_mechanism(d)
     d = Path(mech.save(tmp_path / "s"))
     (d / "signs.parquet").unlink()
     with pytest.raises(MissingFileError, match=r"signs\.parquet"):
