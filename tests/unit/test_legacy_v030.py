@@ -248,3 +248,46 @@ def test_a_resaved_030_head_tokens_stripped_of_its_mark_is_refused(tokens, tmp_p
     redigest(d, "head_tokens.json", fields=strip)
     with pytest.raises(ReportFileError, match=r"self_cosines\.parquet.*no self-cosine at any token"):
         tli.load_head_tokens(d)
+
+
+def _set(df: pd.DataFrame, col: str, row: int, v) -> pd.DataFrame:
+    df = df.copy()
+    df.loc[row, col] = v
+    return df
+
+
+_COSINE_ROW = pd.DataFrame([{"label": "L0H0", "kind": "promoted_cosine", "rank": 1, "token_id": 4, "token": "w4",
+                             "value": 0.9}])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "tables", "fields", "match"),
+    [
+        ("head_tokens", {"top": lambda df: _set(df, "token_id", 0, 4)}, None, "L0H0's promoted/suppressed rows"),
+        ("head_tokens", {"top": lambda df: _set(df, "value", 5, 0.9)}, None, "L0H0's promoted/suppressed rows"),
+        ("head_tokens", {"top": lambda df: df[~((df["label"] == "L1H2") & (df["kind"] == "suppressed"))]}, None,
+         "L1H2's promoted/suppressed rows"),
+        ("head_tokens", {"top": lambda df: pd.concat([df, _COSINE_ROW], ignore_index=True)}, None,
+         r"it lists L0H0's kinds \['promoted_cosine'\]"),
+        ("head_tokens", {"top": lambda df: df.assign(label=df["label"].replace("L0H0", "L9H0"))}, None, "L9H0"),
+        ("head_tokens", None, lambda r: r["summary"].update(headline=r["summary"]["headline"] + " x"), "headline"),
+        ("head_tokens", None, lambda r: r["options"].update(extra=1), r"its options has fields \['extra'\]"),
+        ("attended_token_effect", None, lambda r: r["summary"].update(n_negative_q05=3), "n_negative_q05"),
+        ("attended_token_effect", None, lambda r: r["summary"].update(n_positive_q05=1), "n_positive_q05"),
+        ("attended_token_effect", None, lambda r: r["summary"].update(headline=r["summary"]["headline"] + " x"),
+         "headline"),
+        ("attended_token_effect", None, lambda r: r["options"].update(predicted_k=10),
+         r"its options has fields \['predicted_k'\]"),
+        ("attended_token_effect", None, lambda r: r["summary"].update(predicted_k=10),
+         r"its summary has fields \['predicted_k'\]"),
+    ],
+)  # fmt: skip
+def test_a_030_save_is_checked_as_written_before_its_upgrade(tmp_path, name, tables, fields, match):
+    """What 0.3.0 derived and the upgrade recomputes (the self lists, the counts by the median's sign, the headlines)
+    is first checked equal to what 0.3.0's rules give from the saved tables, and the record holds only 0.3.0's fields:
+    a lie is refused naming its file, never overwritten (found by a hostile review)."""
+    d = shutil.copytree(DATA / name, tmp_path / name)
+    redigest(d, f"{name}.json", tables=tables, fields=fields)
+    load = tli.load_head_tokens if name == "head_tokens" else tli.load_attended_token_effect
+    with pytest.raises(ReportFileError, match=f"{d}.* was edited: .*{match}"):
+        load(d)
