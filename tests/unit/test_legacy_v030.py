@@ -291,3 +291,21 @@ def test_a_030_save_is_checked_as_written_before_its_upgrade(tmp_path, name, tab
     load = tli.load_head_tokens if name == "head_tokens" else tli.load_attended_token_effect
     with pytest.raises(ReportFileError, match=f"{d}.* was edited: .*{match}"):
         load(d)
+
+
+def test_only_the_030_mark_excuses_missing_cosines(tokens, tmp_path):
+    """A re-save whose mark names the cosines in other words (the headline kept in step) is refused: only the key a
+    0.3.0 upgrade writes (``V030_COSINES``) says the cosines were not measured."""
+    from tl_idempotence.probes.legacy import V030_COSINES
+
+    other = "the self_cosines (not measured)"
+
+    def reword(rec):
+        s = rec["summary"]
+        s[NOT_MEASURED] = {other: s[NOT_MEASURED].pop(V030_COSINES)}
+        s["headline"] = s["headline"].replace(V030_COSINES, other)
+
+    d = Path(tokens.save(tmp_path / "t"))
+    redigest(d, "head_tokens.json", fields=reword)
+    with pytest.raises(ReportFileError, match=r"self_cosines\.parquet.*no self-cosine at any token"):
+        tli.load_head_tokens(d)

@@ -738,7 +738,7 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
         raise edited(fc, "self-cosines outside [-1, 1]")
     if (np.isfinite(Cs) & ~fin).any():
         raise edited(fc, f"a self-cosine where {fr.name} has no self-rank (a row without spread)")
-    check_missing_cosines(fc, fr, fin, np.isfinite(Cs), fields.get("summary"), edited)
+    check_missing_cosines(fc, fr, fin, np.isfinite(Cs), fields.get("summary"))
     for col, fresh in (
         ("self_rank_median", [rank_stats(r)["self_rank_median"] for r in R]),
         ("frac_top_k", [float((a[f] < k).mean()) if f.any() else np.nan for a, f in zip(above, fin)]),

@@ -41,10 +41,20 @@ from ..core.legacy import NOT_MEASURED, Upgrade, not_in_save, pending_headline
 from ..core.selection import head_labels
 from ..errors import ReportFileError
 
-__all__ = ["V030", "V030_EFFECT_COLUMNS", "V030_TOKENS_COLUMNS", "effect_v030", "head_tokens_v030"]
+__all__ = [
+    "V030",
+    "V030_COSINES",
+    "V030_EFFECT_COLUMNS",
+    "V030_TOKENS_COLUMNS",
+    "effect_v030",
+    "head_tokens_v030",
+    "malformed_v030",
+]
 
 #: The version whose layouts this module reads.
 V030 = "0.3.0"
+#: The ``summary["not_measured"]`` key of a head-tokens result read from a 0.3.0 save: what it lacks.
+V030_COSINES = "self_cosines and the *_cosine token lists"
 #: The head-tokens table of 0.3.0.
 V030_TOKENS_COLUMNS = (
     "layer", "head", "kv_head", "self_rank_median", "frac_top_k", "frac_bottom_k", "n_tokens", "sv_1",
@@ -78,7 +88,8 @@ V030_EFFECT_FIELDS = {
 }  # fmt: skip
 
 
-def _malformed(rec: Path, e: Exception) -> ReportFileError:
+def malformed_v030(rec: Path, e: Exception) -> ReportFileError:
+    """The refusal of a 0.3.0 save (its record ``rec``) whose tables or record are malformed (``e`` says how)."""
     return ReportFileError(f"{rec}: a {V030} save whose tables or record are malformed ({type(e).__name__}: {e}).")
 
 
@@ -213,13 +224,11 @@ def head_tokens_v030(
         except ReportFileError:
             raise
         except (KeyError, TypeError, ValueError) as e:
-            raise _malformed(rec, e) from e
+            raise malformed_v030(rec, e) from e
         summary = {
             **fields["summary"],
             "headline": pending_headline(),
-            NOT_MEASURED: {
-                "self_cosines and the *_cosine token lists": not_in_save(V030, "tli.head_tokens(model, ...)")
-            },
+            NOT_MEASURED: {V030_COSINES: not_in_save(V030, "tli.head_tokens(model, ...)")},
         }
         tables = {"table": new, "self_ranks": ranks, "self_cosines": cos, "top": new_top}
         return {**fields, "summary": summary}, tables
@@ -277,7 +286,7 @@ def effect_v030(
         except ReportFileError:
             raise
         except (KeyError, TypeError, ValueError) as e:
-            raise _malformed(rec, e) from e
+            raise malformed_v030(rec, e) from e
         why = not_in_save(V030, "tli.attended_token_effect(model, texts, predicted_k=10)")
         summary = {
             **fields["summary"],

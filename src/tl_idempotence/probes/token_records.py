@@ -48,6 +48,7 @@ from ..core.tables import ModelResult
 from ..errors import OptionTypeError, ReportFileError, ReportMismatchError, UnsupportedModelError
 from ..sources.tl import TLModelSource, is_tl_model
 from ..views.results import DrawnResult
+from .legacy import V030_COSINES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..core.hints import PathLike
@@ -374,27 +375,27 @@ def check_model_fits(what: str, summary: Mapping[str, Any], info: ModelInfo, lay
         )
 
 
-def check_missing_cosines(
-    fc: Path, fr: Path, ranked: np.ndarray, has_cosine: np.ndarray, summary: Any, edited: Any
-) -> None:
+def check_missing_cosines(fc: Path, fr: Path, ranked: np.ndarray, has_cosine: np.ndarray, summary: Any) -> None:
     """A self-cosine is missing at a ranked token only where the token's unembedding column is zero (the cosine's
     denominator): then for every head that ranks the token, so the same tokens for every head, and not at every
     ranked token at once (a head's output would then have to vanish on every token with an unembedding), unless the
-    save says the cosines were not measured (``summary["not_measured"]``, a 0.3.0 save). ``ranked``,
-    ``has_cosine``: ``[heads, tokens]``; ``edited``: the loader's :func:`edited_error`.
+    save says the cosines were not measured (``summary["not_measured"]`` holds
+    :data:`~tl_idempotence.probes.legacy.V030_COSINES`: a 0.3.0 save). ``ranked``, ``has_cosine``: ``[heads,
+    tokens]``.
 
     Raises:
         ReportFileError: missing cosines that no unembedding gives (names ``fc``).
     """
+    again = "tli.head_tokens"
     gap = ranked & ~has_cosine
     if not gap.any():
         return
     nm = summary.get(NOT_MEASURED) if isinstance(summary, dict) else None
-    if nm and any("self_cosines" in k for k in nm):
+    if isinstance(nm, dict) and V030_COSINES in nm:
         return
     if (gap.any(axis=0) & (ranked & has_cosine).any(axis=0)).any():
-        raise edited(fc, f"a missing self-cosine at a token another head has one for ({fr.name} ranks both)")
+        why = f"a missing self-cosine at a token another head has one for ({fr.name} ranks both)"
+        raise edited_error(fc, why, again)
     if not (ranked & has_cosine).any():
-        raise edited(
-            fc, f"no self-cosine at any token {fr.name} ranks, and its record does not say they were not measured"
-        )
+        why = f"no self-cosine at any token {fr.name} ranks, and its record does not say they were not measured"
+        raise edited_error(fc, why, again)

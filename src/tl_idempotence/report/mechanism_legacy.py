@@ -40,9 +40,10 @@ from ..core.frozen import thawed
 from ..core.jsonio import json_restore
 from ..core.legacy import NOT_MEASURED, not_in_save, pending_headline
 from ..core.records import float_keys, json_like, same_value
+from ..core.selection import head_labels
 from ..core.stats import spearman_permutation
 from ..errors import ReportFileError
-from ..probes.legacy import V030
+from ..probes.legacy import V030, malformed_v030
 from ..probes.tied import EmbeddingTie
 from .mechanism_controls import DERIVED_COLUMNS, STABILITY_COLUMNS, WEIGHT_COLUMNS
 from .mechanism_headline import QUESTION, fmt_p
@@ -267,7 +268,7 @@ def mechanism_v030(rec: Path, fields: dict[str, Any], tables: dict[str, Any]) ->
         d = rec.parent
         loaded = {name: _part(d, name, s) for name in parts}
         effect, tokens = loaded["attended_token_effect"], loaded.get("head_tokens")
-        labels = [f"L{int(a)}H{int(b)}" for a, b in zip(old["layer"], old["head"], strict=True)]
+        labels = list(head_labels(old["layer"].to_numpy(dtype=np.int64), old["head"].to_numpy(dtype=np.int64)))
         t = old.drop(columns="sign_agrees").set_axis(labels)
         e = effect._table.loc[labels]
         for col in ("median_diff", "direction"):
@@ -304,9 +305,7 @@ def mechanism_v030(rec: Path, fields: dict[str, Any], tables: dict[str, Any]) ->
     except ReportFileError:
         raise
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise ReportFileError(
-            f"{rec}: a {V030} save whose tables or record are malformed ({type(e).__name__}: {e})."
-        ) from e
+        raise malformed_v030(rec, e) from e
     new = {**fields, "summary": summary, "float_keys": sorted(float_keys({"summary": summary}))}
     cols = list(STABILITY_COLUMNS)
     return new, {
