@@ -13,10 +13,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import pandas as pd
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
-from ..core.heads import ModelInfo, source_info
+from ..core.heads import ModelInfo
 from ..core.option_specs import GeneralOptions
 from ..core.options import check_bool, resolve_layers, strict_kwargs
-from ..sources.dispatch import head_source
 from .algebra_maths import MHA_REASON, TABLES, SharedValueAlgebra, layer_algebra
 from .algebra_maths import empty_table as _empty
 from .base import LayerContext, LayerResult
@@ -70,18 +69,17 @@ def shared_value_algebra(
         OptionError / OptionTypeError: bad threshold, unknown layer indices.
         WeightError: NaN/inf weights. UnsupportedModelError: unsupported model object.
     """
-    from .loop import iter_layers
+    from .loop import open_model
 
     opts = GeneralOptions(threshold=threshold, layers=layers, compute_dtype=compute_dtype, device=device)
     progress = check_bool(progress, "progress")
-    src = head_source(model, architecture=architecture, prefix=prefix)
-    info = source_info(src)
-    resolve_layers(opts.layers, list(src.layers()))  # unknown layers are refused for MHA models too
-    if info.n_kv_heads == info.n_heads:
-        return SharedValueAlgebra.concat([], info, opts.threshold)
+    walk = open_model(model, opts, architecture=architecture, prefix=prefix)
+    resolve_layers(opts.layers, list(walk.source.layers()))  # unknown layers are refused for MHA models too
+    if walk.info.n_kv_heads == walk.info.n_heads:
+        return SharedValueAlgebra.concat([], walk.info, opts.threshold)
     analysis = AlgebraAnalysis()
-    parts = [analysis.layer(w.context()) for w in iter_layers(src, info, opts, progress=progress, desc="algebra")]
-    return SharedValueAlgebra.concat(parts, info, opts.threshold)
+    parts = [analysis.layer(ctx) for ctx in walk.contexts(progress=progress, desc="algebra")]
+    return SharedValueAlgebra.concat(parts, walk.info, opts.threshold)
 
 
 #: The layer value naming the threshold a layer's closed ranges were computed at.

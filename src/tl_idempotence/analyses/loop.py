@@ -11,26 +11,32 @@ memory reused across layers). :func:`run_layer` runs analyses on one context and
 
 The report (with its resume parts), the shared-value algebra, the O/V mismatch and the constructive search
 all iterate with :func:`iter_layers` and analyse with the analyses of :mod:`.registry`; a layer's weights are
-dropped before the next is read, so memory is bounded by one layer (SPEC 9).
+dropped before the next is read, so memory is bounded by one layer (SPEC 9). An entry point that takes a model
+without a report (the algebra, the mismatch) opens it with :func:`open_model` and walks its
+:meth:`ModelWalk.contexts`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
-from ..core.heads import HeadSource, LayerHeads, ModelInfo, read_layer
+from ..core.heads import HeadSource, LayerHeads, ModelInfo, read_layer, source_info
 from ..core.option_specs import GeneralOptions
 from ..core.options import resolve_layers
 from ..core.threads import layer_macs, threads_for
 from ..maths.closure import CastBuffer
+from ..sources.dispatch import head_source
 from .base import Analysis, LayerContext
 
-__all__ = ["LayerPart", "LayerWork", "iter_layers", "run_layer"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..core.hints import ArchitectureLike, ModelLike
+
+__all__ = ["LayerPart", "LayerWork", "ModelWalk", "iter_layers", "open_model", "run_layer"]
 
 
 @dataclass
@@ -116,6 +122,41 @@ def iter_layers(
     with threads_for(layer_macs(info.n_heads, info.n_kv_heads, info.d_model, info.d_head)):
         for layer in progress_bar(todo, desc=desc, unit="layer", enabled=progress):
             yield LayerWork(read_layer(src, layer, info), options, buffer)
+
+
+@dataclass(frozen=True)
+class ModelWalk:
+    """A model opened by :func:`open_model` for an entry point's walk over its layers.
+
+    Attributes:
+        source: the model's :class:`~tl_idempotence.core.heads.HeadSource`.
+        info: its :class:`~tl_idempotence.core.heads.ModelInfo`.
+        options: the validated options (``options.layers`` chooses the layers walked).
+    """
+
+    source: HeadSource
+    info: ModelInfo
+    options: GeneralOptions
+
+    def contexts(self, *, progress: bool, desc: str) -> Iterator[LayerContext]:
+        """Each chosen layer's :class:`~tl_idempotence.analyses.base.LayerContext`, in order (:func:`iter_layers`,
+        its bar shown when ``progress``, described by ``desc``; its errors)."""
+        for work in iter_layers(self.source, self.info, self.options, progress=progress, desc=desc):
+            yield work.context()
+
+
+def open_model(
+    model: ModelLike, options: GeneralOptions, *, architecture: ArchitectureLike | None, prefix: str | None
+) -> ModelWalk:
+    """``model``'s head source (:func:`~tl_idempotence.sources.dispatch.head_source` with the checkpoint options
+    ``architecture`` and ``prefix``) and its info, to walk with ``options``; nothing is read yet.
+
+    Raises:
+        The errors of :func:`~tl_idempotence.sources.dispatch.head_source` (UnsupportedModelError, CheckpointError,
+        MissingFileError, OptionError / OptionTypeError) and of :func:`~tl_idempotence.core.heads.source_info`.
+    """
+    src = head_source(model, architecture=architecture, prefix=prefix)
+    return ModelWalk(src, source_info(src), options)
 
 
 def run_layer(ctx: LayerContext, analyses: Sequence[Analysis], fingerprint: str) -> LayerPart:

@@ -17,14 +17,13 @@ import torch
 
 from ..core.defaults import DEFAULT_COMPUTE_DTYPE, DEFAULT_DEVICE, DEFAULT_THRESHOLD
 from ..core.frozen import frozen
-from ..core.heads import LayerHeads, source_info
+from ..core.heads import LayerHeads
 from ..core.option_specs import GeneralOptions
 from ..core.options import strict_kwargs
 from ..core.tables import ImmutableResult
 from ..maths.closure import Grams, apply_exponents, closure_from_grams, layer_grams
-from ..sources.dispatch import head_source
 from ..views.results import DrawnResult
-from .base import LayerContext, LayerResult, nan_max
+from .base import LayerContext, LayerResult, nan_max, nan_median
 from .threshold import closed_flags, count_closed
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,8 +112,8 @@ def _layer_values(tab: pd.DataFrame, note: str, threshold: float) -> tuple[dict[
     fin = P[np.isfinite(P)]
     values = {
         "n_mismatch_pairs": len(tab),
-        "mismatch_P_max": float(fin.max()) if fin.size else float("nan"),
-        "mismatch_P_median": float(np.median(fin)) if fin.size else float("nan"),
+        "mismatch_P_max": nan_max(fin),
+        "mismatch_P_median": nan_median(fin),
         "n_mismatch_closed": count_closed(P, threshold),
         "mismatch_note": note,
     }
@@ -202,18 +201,17 @@ def mismatch(
         OptionError / OptionTypeError: bad threshold, layers, dtype; an unknown layer.
         UnsupportedModelError: unsupported ``model``.
     """
-    from .loop import iter_layers
+    from .loop import open_model
 
     opts = GeneralOptions(threshold=threshold, layers=layers, compute_dtype=compute_dtype, device=device)
     threshold = opts.threshold
-    src = head_source(model, architecture=architecture, prefix=prefix)
-    info = source_info(src)
+    walk = open_model(model, opts, architecture=architecture, prefix=prefix)
     analysis = MismatchAnalysis()
     tabs, rows = [], []
-    for w in iter_layers(src, info, opts, progress=False, desc="mismatch"):
-        res = analysis.run(w.context())
+    for ctx in walk.contexts(progress=False, desc="mismatch"):
+        res = analysis.run(ctx)
         tabs.append(res.tables["mismatch_pairs"])
-        rows.append({"layer": w.layer, **res.values})
+        rows.append({"layer": ctx.heads.layer, **res.values})
     pairs = pd.concat(tabs, ignore_index=True) if tabs else pd.DataFrame(columns=PAIR_COLUMNS)
     pairs["closed"] = closed_flags(pairs["P"].to_numpy(dtype=float), threshold)
     return MismatchResult(pairs=pairs, layers=pd.DataFrame(rows), threshold=threshold)

@@ -51,7 +51,7 @@ from ..errors import OptionError, OptionTypeError
 from ..maths.closure import Closure, closure, closure_from_grams
 from ..sources.dispatch import head_source
 from ..views.results import DrawnResult
-from .base import LayerContext, LayerResult
+from .base import LayerContext, LayerResult, nan_max, nan_median
 from .orientation import Factors, P_of_K, defined_for_orientation, factors_of, factors_of_closure
 from .threshold import closed_flags, count_closed
 
@@ -229,8 +229,8 @@ class SearchResult(ImmutableResult, DrawnResult):
         return frozen(
             {
                 "n_heads": len(table),
-                "max_P_searched": float(fin.max()) if fin.size else float("nan"),
-                "median_P_searched": float(np.median(fin)) if fin.size else float("nan"),
+                "max_P_searched": nan_max(fin),
+                "median_P_searched": nan_median(fin),
                 "n_feasible": int((fin >= self.threshold).sum()),
                 "n_budget_stops": int((table["search_stopped_on"] == "budget").sum()),
                 "threshold": self.threshold,
