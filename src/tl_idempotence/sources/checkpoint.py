@@ -50,7 +50,6 @@ alone; ``info.extra["post_attention_norm"]`` says so, and the report's summary n
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import os
 import re
@@ -368,18 +367,37 @@ class CheckpointSource:
             yield self.layer_heads(layer)
 
 
-def _info(name: str, cls: str, s: Sizes, processing: dict[str, Any], extra: dict[str, Any]) -> ModelInfo:
-    return ModelInfo(**vars(s.sizes), model_name=name, model_class=cls, processing=processing, extra=extra)
+def _raw_processing(source: str, fmt: str, **more: Any) -> dict[str, Any]:
+    """``info.processing`` of every route: the raw weights (nothing folded, nothing centred), what they were read
+    from (``source``, ``fmt``), then ``more`` (the route's path, files and sha256s) in the order given."""
+    return {"raw": True, "fold_ln": False, "center_writing_weights": False, "source": source, "format": fmt, **more}
 
 
 def _described_source(
-    store: Any, sizes: Sizes, entry: dict[str, Any], arch: str, root: str, info: ModelInfo, **options: Any
+    store: Any,
+    sizes: Sizes,
+    entry: dict[str, Any],
+    arch: str,
+    root: str,
+    *,
+    name: str,
+    cls: str,
+    processing: dict[str, Any],
+    **options: Any,
 ) -> CheckpointSource:
-    """The :class:`CheckpointSource` of every route, its ``info.extra`` noting a norm after ``W_O`` when the
-    tensors hold one (:func:`post_attention_note`, the one rule); ``options`` as :class:`CheckpointSource`'s."""
+    """The :class:`CheckpointSource` of every route and its :class:`ModelInfo`: ``name`` as it may be shared
+    (:func:`~tl_idempotence.core.files.shareable_name`), ``cls``, ``processing``, and ``info.extra`` the format (and
+    path) of ``processing``, the architecture, the tensor root and a note of a norm after ``W_O`` when the tensors
+    hold one (:func:`post_attention_note`, the one rule); ``options`` as :class:`CheckpointSource`'s."""
+    name = shareable_name(name)
+    extra: dict[str, Any] = {"format": processing["format"]}
+    if "path" in processing:
+        extra["path"] = processing["path"]
+    extra.update(architecture=arch, tensor_root=root)
     note = post_attention_note(store.keys(), entry, root, sizes.n_layers)
     if note:
-        info = dataclasses.replace(info, extra={**info.extra, "post_attention_norm": note})
+        extra["post_attention_norm"] = note
+    info = ModelInfo(**vars(sizes.sizes), model_name=name, model_class=cls, processing=processing, extra=extra)
     return CheckpointSource(store, sizes, entry, arch, root, info, **options)
 
 
@@ -495,30 +513,27 @@ def from_hf_dir(path: Any, architecture: Any = None, prefix: Any = None, check_f
     if prefix is None:
         _check_roots_unambiguous(store, entry, root)
     files = sorted(set(store.map.values()))
-    processing = {
-        "raw": True,
-        "fold_ln": False,
-        "center_writing_weights": False,
-        "source": "checkpoint file",
-        "format": "safetensors",
-        "path": d.name,  # the folder's name: what is shared never holds a machine path (its files' sha256 follow)
-        "files": files,
-        "config_sha256": sha256_file(cfg_file),
-    }
+    processing = _raw_processing(
+        "checkpoint file",
+        "safetensors",
+        path=d.name,  # the folder's name: what is shared never holds a machine path (its files' sha256 follow)
+        files=files,
+        config_sha256=sha256_file(cfg_file),
+    )
     if store.index_file is not None:
         processing["index_sha256"] = sha256_file(store.index_file)
     else:
         # the header (names, shapes, offsets) identifies a single-file checkpoint cheaply
         processing["header_sha256"] = {f: sha256_file(d / f, limit=8 + store.header(f).header_len) for f in files}
-    name = shareable_name(str(config.get("_name_or_path") or d.name))
-    extra: dict[str, Any] = {"format": "safetensors", "path": d.name, "architecture": arch, "tensor_root": root}
     return _described_source(
         store,
         sizes,
         entry,
         arch,
         root,
-        _info(name, f"safetensors checkpoint ({arch})", sizes, processing, extra),
+        name=str(config.get("_name_or_path") or d.name),
+        cls=f"safetensors checkpoint ({arch})",
+        processing=processing,
         check_finite=check_finite,
         declared_by=f"config.json ({cfg_file})",
         extra_layers=extra_layers,
@@ -617,33 +632,30 @@ def from_gguf(path: Any, check_finite: Any = True) -> CheckpointSource:
     if entry["layer"].format(l=0) + entry["v"]["tensor"] not in store.tensors:
         v_entry = entry["v_fused"]
     entry = {**entry, "v": v_entry}
-    processing = {
-        "raw": True,
-        "fold_ln": False,
-        "center_writing_weights": False,
-        "source": "checkpoint file",
-        "format": "gguf",
-        "path": p.name,
-        "files": [p.name],
-        "file_size": p.stat().st_size,
-        "header_sha256": sha256_file(p, limit=int(store.reader_.data_offset)),
-        "dequantized": sorted(
+    processing = _raw_processing(
+        "checkpoint file",
+        "gguf",
+        path=p.name,
+        files=[p.name],
+        file_size=p.stat().st_size,
+        header_sha256=sha256_file(p, limit=int(store.reader_.data_offset)),
+        dequantized=sorted(
             {
                 store.tensors[n].tensor_type.name
                 for n in store.tensors
                 if n.endswith((v_entry["tensor"], entry["o"]["tensor"]))
             }
         ),
-    }
-    name = shareable_name(str(store.field("general.name") or p.stem))
-    extra: dict[str, Any] = {"format": "gguf", "path": p.name, "architecture": f"gguf:{arch}", "tensor_root": ""}
+    )
     return _described_source(
         store,
         sizes,
         entry,
         f"gguf:{arch}",
         "",
-        _info(name, f"GGUF checkpoint ({arch})", sizes, processing, extra),
+        name=str(store.field("general.name") or p.stem),
+        cls=f"GGUF checkpoint ({arch})",
+        processing=processing,
         check_finite=check_finite,
         declared_by=f"the GGUF metadata ({arch}.block_count = {n_layers})",
         sizes_from=f"the GGUF metadata of {p}",
@@ -676,22 +688,15 @@ def from_transformers(
     sizes = sizes_from_config(config, where, entry)
     store = ModuleStore(model)
     root = _find_root(store.keys(), entry, sizes, prefix, type(model).__name__)
-    processing = {
-        "raw": True,
-        "fold_ln": False,
-        "center_writing_weights": False,
-        "source": "transformers model parameters",
-        "format": "transformers",
-    }
-    name = shareable_name(str(config.get("_name_or_path") or type(model).__name__))
-    extra: dict[str, Any] = {"format": "transformers", "architecture": arch, "tensor_root": root}
     return _described_source(
         store,
         sizes,
         entry,
         arch,
         root,
-        _info(name, type(model).__name__, sizes, processing, extra),
+        name=str(config.get("_name_or_path") or type(model).__name__),
+        cls=type(model).__name__,
+        processing=_raw_processing("transformers model parameters", "transformers"),
         check_finite=check_finite,
         declared_by=where,
         extra_layers=_extra_layers(config, where),
