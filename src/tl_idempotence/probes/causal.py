@@ -59,7 +59,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -105,7 +105,7 @@ from .token_records import (
 from .tokens import corpus_name, prepare_tokens
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.hints import IntLike, PathLike
+    from ..core.hints import HeadsLike, IntLike, PathLike, TextsLike, TLModel
 
 __all__ = [
     "CAUSAL_FORMAT",
@@ -292,11 +292,11 @@ def _means(model: Any, toks: torch.Tensor, counted: torch.Tensor, sel: dict[int,
 
 @strict_kwargs
 def causal_closure(
-    model: Any,
-    heads: Any = None,
-    texts: Any = None,
+    model: TLModel,
+    heads: HeadsLike | Iterable[str] | None = None,
+    texts: TextsLike | None = None,
     *,
-    variants: Any = VARIANTS,
+    variants: str | Sequence[str] = VARIANTS,
     seq_len: IntLike = 128,
     max_tokens: IntLike | None = 2048,
     batch_size: IntLike = 8,

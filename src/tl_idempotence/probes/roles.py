@@ -46,7 +46,7 @@ from ..views.results import DrawnResult
 from .tokens import special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.hints import IntLike
+    from ..core.hints import IntLike, TLModel
 
 __all__ = [
     "ATTENTION_ROLES",
@@ -393,7 +393,7 @@ def repeated_random_tokens(
 
 @strict_kwargs
 def head_roles(
-    model: Any,
+    model: TLModel,
     repeat_len: IntLike = 24,
     n_sequences: IntLike = 8,
     seed: IntLike = 0,
