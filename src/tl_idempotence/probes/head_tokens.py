@@ -36,7 +36,7 @@ convention, as the copying score of :mod:`.roles`): the result says so in ``summ
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -75,7 +75,7 @@ from .token_records import (
 from .tokens import special_ids, token_texts
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..core.hints import IntLike, PathLike
+    from ..core.hints import ArrayLike, HeadsLike, IntLike, PathLike, TLModel
 
 __all__ = [
     "CONVENTION",
@@ -377,9 +377,9 @@ def _headline(table: pd.DataFrame, k: int, n_tokens: int, post_norm: str | None 
 
 @strict_kwargs
 def head_tokens(
-    model: Any,
-    heads: Any = None,
-    tokens: Any = None,
+    model: TLModel,
+    heads: HeadsLike | Iterable[str] | None = None,
+    tokens: Iterable[IntLike] | ArrayLike | None = None,
     k: IntLike = 20,
     n_tokens: IntLike = 512,
     seed: IntLike = 0,

@@ -51,7 +51,7 @@ components do in response (self-repair) are not measured.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -89,7 +89,7 @@ from .tokens import corpus_name, prepare_tokens, tokenizer_of
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
-    from ..core.hints import IntLike, PathLike
+    from ..core.hints import HeadsLike, IntLike, PathLike, TextsLike, TLModel
 
 __all__ = [
     "AttendedTokenEffect",
@@ -340,9 +340,9 @@ def _headline(t: pd.DataFrame) -> str:
 
 @strict_kwargs
 def attended_token_effect(
-    model: Any,
-    heads: Any = None,
-    texts: Any = None,
+    model: TLModel,
+    heads: HeadsLike | Iterable[str] | None = None,
+    texts: TextsLike | None = None,
     *,
     seq_len: IntLike | None = None,
     max_tokens: IntLike | None = 2048,
@@ -351,7 +351,7 @@ def attended_token_effect(
     text_column: str = "text",
     progress: bool = True,
     predicted_k: IntLike | None = DEFAULT_PREDICTED_K,
-    predicted_heads: Any = None,
+    predicted_heads: HeadsLike | Iterable[str] | None = None,
 ) -> AttendedTokenEffect:
     """The direct effect of each head on the token it attends to most, on real text (SPEC 12-13; module docstring).
 

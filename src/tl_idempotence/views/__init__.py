@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ParamSpec
 
 from . import compare as _compare
 from . import figures as _figures
@@ -24,13 +24,16 @@ from .compare import comparison_headline, comparison_html
 from .notebook import result_html, use_offline_plotly
 from .page import report_html
 
+_P = ParamSpec("_P")
 
-def _returns_exportable(fn: Callable[..., Any]) -> Callable[..., Any]:
+
+def _returns_exportable(fn: Callable[_P, Any]) -> Callable[_P, Any]:
     """``fn`` whose figure (or list of figures) comes back as :class:`.exportable.ExportableFigure`: the figures
-    the library hands to users render in a static notebook export too (:mod:`.exportable`)."""
+    the library hands to users render in a static notebook export too (:mod:`.exportable`); a type checker sees
+    ``fn``'s parameters."""
 
     @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Any:
         from .exportable import exportable
 
         out = fn(*args, **kwargs)
