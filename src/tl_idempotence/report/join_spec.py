@@ -32,7 +32,7 @@ from ..core.kwargs import by_name, unknown_option_error
 from ..core.option_specs import OptionSpec
 from ..core.options import check_int, check_seed
 from ..errors import OptionError, OptionTypeError, RegistrationError
-from .join_defaults import MAX_RESAMPLES
+from .join_defaults import MAX_BATCH_SIZE, MAX_RESAMPLES, MAX_SEQ_LEN
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -45,6 +45,7 @@ __all__ = [
     "MODEL_CHECKS",
     "JoinFlag",
     "JoinSpec",
+    "batch_size_option",
     "check_identity",
     "check_match_by",
     "controls_option",
@@ -60,6 +61,7 @@ __all__ = [
     "resamples_option",
     "seed_option",
     "seeded_call",
+    "seq_len_option",
     "tokens_option",
 ]
 
@@ -129,6 +131,20 @@ def tokens_option(default: int | None, help_: str) -> OptionSpec:
     """A join's token budget ``max_tokens``: an integer >= 1, or None (no budget). Raises what :class:`OptionSpec`
     does."""
     return count_option("max_tokens", default, help_, optional(int_option(1)), none=True)
+
+
+def seq_len_option(default: int | None, help_: str) -> OptionSpec:
+    """A join's window length ``seq_len``: an integer in 2 ..
+    :data:`~tl_idempotence.report.join_defaults.MAX_SEQ_LEN`, or also None (the probe's own default) where ``default``
+    is None. Raises what :class:`OptionSpec` does."""
+    check, none = int_option(2, MAX_SEQ_LEN), default is None
+    return count_option("seq_len", default, help_, optional(check) if none else check, none=none)
+
+
+def batch_size_option(help_: str) -> OptionSpec:
+    """A join's ``batch_size``, windows per forward pass: default 8, an integer in 1 ..
+    :data:`~tl_idempotence.report.join_defaults.MAX_BATCH_SIZE`. Raises nothing."""
+    return count_option("batch_size", 8, help_, int_option(1, MAX_BATCH_SIZE))
 
 
 def needs_model_text(flag: str, runs: str, call: str) -> str:

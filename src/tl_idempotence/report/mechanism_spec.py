@@ -15,6 +15,7 @@ from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX
 from .join_spec import (
     JoinFlag,
     JoinSpec,
+    batch_size_option,
     check_identity,
     controls_option,
     count_option,
@@ -27,6 +28,7 @@ from .join_spec import (
     report_heads,
     resamples_option,
     seed_option,
+    seq_len_option,
     tokens_option,
 )
 
@@ -200,15 +202,11 @@ MECHANISM = JoinSpec(
     options=(
         count_option("n_tokens", 512, "the token readout's sample of source tokens", _check_n_tokens, needs_torch=True),
         count_option("k", 20, "the token readout's top/bottom size", int_option(1)),
-        count_option(
-            "seq_len",
-            None,
-            "the attended-token effect's window length (None: 128, or the model's n_ctx when smaller)",
-            optional(int_option(2, 1 << 24)),
-            none=True,
+        seq_len_option(
+            None, "the attended-token effect's window length (None: 128, or the model's n_ctx when smaller)"
         ),
         tokens_option(2048, "the attended-token effect's token budget (None: no budget)"),
-        count_option("batch_size", 8, "the attended-token effect's windows per forward pass", int_option(1, 1 << 20)),
+        batch_size_option("the attended-token effect's windows per forward pass"),
         resamples_option("n_permutations", DEFAULT_N_PERMUTATIONS, "permutations of the Spearman test"),
         seed_option("the token sample's, the null sources', the permutations' and the bootstrap's seed"),
         match_by_option("the size the matched controls are nearest in: 'abs_alpha' (|α|) or 'norm' (‖T‖_F)"),

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from tl_idempotence.errors import OptionError, RegistrationError
+from tl_idempotence.errors import OptionError, OptionTypeError, RegistrationError
+from tl_idempotence.report import join_defaults
 from tl_idempotence.report.join_spec import (
     JoinFlag,
     JoinSpec,
@@ -74,3 +75,20 @@ def test_report_heads_are_labels_of_measured_heads_in_order():
     rep.heads = rep.heads.drop(index="L1H1")  # a head of a measured layer the table lacks
     with pytest.raises(OptionError, match=r"Heads \['L1H1'\] are not heads this report measured."):
         report_heads(rep, [(1, 1), (0, 0)])
+
+
+def test_the_window_options_state_the_probes_limits():
+    from tl_idempotence.probes.tokens import MAX_SEQ_LEN
+
+    assert join_defaults.MAX_SEQ_LEN == MAX_SEQ_LEN  # the declared maximum is the probe's
+    causal, mechanism = (next(s for s in JOINS if s.name == n) for n in ("causal", "mechanism"))
+    assert (causal.option("seq_len").default, mechanism.option("seq_len").default) == (128, None)
+    for spec in (causal, mechanism):
+        seq_len, batch = spec.option("seq_len"), spec.option("batch_size")
+        assert (seq_len.validate(MAX_SEQ_LEN), batch.validate(1 << 20), batch.default) == (MAX_SEQ_LEN, 1 << 20, 8)
+        for option, bad in ((seq_len, 1), (seq_len, MAX_SEQ_LEN + 1), (batch, 0), (batch, (1 << 20) + 1)):
+            with pytest.raises(OptionError, match=option.name):
+                option.validate(bad)
+    assert mechanism.option("seq_len").validate(None) is None
+    with pytest.raises(OptionTypeError, match="seq_len"):
+        causal.option("seq_len").validate(None)
