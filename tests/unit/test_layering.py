@@ -63,8 +63,9 @@ def resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
 
 
 def imports() -> list[tuple[str, str, str | None, int]]:
-    """(importer, imported module, imported name or None, line) for every import in src/ (parsed once per tree and
-    content: a planted tree, or an edited file, is parsed again)."""
+    """(importer, imported module, imported name or None, line) for every import in src/, a lazy reference
+    ``Lazy("tl_idempotence.<module>", "<name>")`` (``core/lazy.py``) included (parsed once per tree and content: a
+    planted tree, or an edited file, is parsed again)."""
     files = tuple((p, p.stat().st_mtime_ns, p.stat().st_size) for p in sorted(SRC.rglob("*.py")))
     return list(_imports(SRC, files))
 
@@ -76,7 +77,10 @@ def _imports(src: Path, files: tuple[tuple[Path, int, int], ...]) -> tuple[tuple
         mod = module_name(path)
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
+            ref = lazy_reference(node)
+            if ref is not None:
+                out.append((mod, *ref, node.lineno))
+            elif isinstance(node, ast.Import):
                 out += [(mod, a.name, None, node.lineno) for a in node.names if a.name.startswith("tl_idempotence")]
             elif isinstance(node, ast.ImportFrom):
                 target = resolve(mod, path.name == "__init__.py", node)
@@ -90,11 +94,27 @@ def _imports(src: Path, files: tuple[tuple[Path, int, int], ...]) -> tuple[tuple
     return tuple(out)
 
 
+def lazy_reference(node: ast.AST) -> tuple[str, str | None] | None:
+    """(module, name or None) of ``Lazy("tl_idempotence...", "name")``, the way an import of it is recorded (a
+    submodule by its module name); None for any other node."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Lazy"):
+        return None
+    args = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    if len(args) != 2 or not args[0].startswith("tl_idempotence"):
+        return None
+    full = f"{args[0]}.{args[1]}"
+    is_mod = (SRC.parent / Path(*full.split("."))).with_suffix(".py").exists()
+    return (full, None) if is_mod else (args[0], args[1])
+
+
 def test_the_walk_sees_the_package():
     found = imports()
     importers = {a for a, *_ in found}
     assert {"tl_idempotence.report.report", "tl_idempotence.analyses.scramble", "tl_idempotence.cli"} <= importers
     assert len(found) > 100
+    assert ("tl_idempotence.analyses.algebra_spec", "tl_idempotence.analyses.algebra", "AlgebraAnalysis") in {
+        (a, b, n) for a, b, n, _ in found
+    }  # a lazy reference is an import
 
 
 def test_imports_only_run_down_the_layers():
@@ -203,6 +223,20 @@ def test_the_cycle_rule_fails_on_a_planted_cycle(tmp_path, monkeypatch):
     ]
     with pytest.raises(AssertionError, match=r"tl_idempotence\.analyses\.a -> tl_idempotence\.analyses\.a_spec -> "):
         test_no_import_cycles()
+
+
+def test_the_cycle_rule_sees_a_lazy_reference(tmp_path, monkeypatch):
+    """A cycle closed by a lazy reference (``Lazy("module", "name")``, imported on first use) is a cycle too."""
+    fake = tmp_path / "tl_idempotence"
+    (fake / "analyses").mkdir(parents=True)
+    for d in (fake, fake / "analyses"):
+        (d / "__init__.py").write_text("")
+    (fake / "analyses" / "a_spec.py").write_text('analysis = Lazy("tl_idempotence.analyses.a", "A")\n')
+    (fake / "analyses" / "a.py").write_text("from .a_spec import analysis\n\nclass A: ...\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert import_cycles() == [
+        ["tl_idempotence.analyses.a", "tl_idempotence.analyses.a_spec", "tl_idempotence.analyses.a"]
+    ]
 
 
 def test_no_higher_layer_named_in_a_string():

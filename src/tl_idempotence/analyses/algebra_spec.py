@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..core.lazy import Lazy
 from ..core.option_specs import on_off
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import FunctionRule
@@ -15,7 +16,6 @@ from .threshold import FunctionRule
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from .base import Analysis
 
 __all__ = ["ALGEBRA", "AT_THRESHOLD", "SPEC", "AlgebraSummary", "analysis", "at_threshold"]
 
@@ -52,11 +52,8 @@ def at_threshold(
 AT_THRESHOLD = FunctionRule(at_threshold)
 
 
-def analysis() -> Analysis:
-    """The algebra analysis (:class:`.algebra.AlgebraAnalysis`, imported on first use: stays torch-free)."""
-    from .algebra import AlgebraAnalysis
-
-    return AlgebraAnalysis()
+#: The algebra analysis (:class:`.algebra.AlgebraAnalysis`): calling it imports the class and builds one.
+analysis = Lazy("tl_idempotence.analyses.algebra", "AlgebraAnalysis")
 
 
 SPEC = AnalysisSpec(

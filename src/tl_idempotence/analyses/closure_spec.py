@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..core.lazy import Lazy
 from ..errors import OptionError
 from .spec import AnalysisSpec, SummaryRecord, nan_says_why, rule
 from .threshold import CountPerLayer, Flag
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .base import Analysis
 
 __all__ = ["CLOSED", "N_CLOSED", "SPEC", "ClosureSummary", "analysis"]
 
@@ -71,11 +69,8 @@ class ClosureSummary(SummaryRecord):
             nan_says_why(name, getattr(self, name), undefined, why)
 
 
-def analysis() -> Analysis:
-    """The closure analysis (:class:`.closure.ClosureAnalysis`, imported on first use: stays torch-free)."""
-    from .closure import ClosureAnalysis
-
-    return ClosureAnalysis()
+#: The closure analysis (:class:`.closure.ClosureAnalysis`): calling it imports the class and builds one.
+analysis = Lazy("tl_idempotence.analyses.closure", "ClosureAnalysis")
 
 
 SPEC = AnalysisSpec(

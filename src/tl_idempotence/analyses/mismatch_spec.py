@@ -6,13 +6,10 @@ Torch-free (the registry, and so the CLI's ``--help``, reads it); the code is :m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ..core.lazy import Lazy
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import CountPerLayer
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .base import Analysis
 
 __all__ = ["N_MISMATCH_CLOSED", "SPEC", "MismatchSummary", "analysis"]
 
@@ -38,11 +35,8 @@ class MismatchSummary(SummaryRecord):
 N_MISMATCH_CLOSED = CountPerLayer("n_mismatch_closed", "P", over="mismatch_pairs")
 
 
-def analysis() -> Analysis:
-    """The mismatch analysis (:class:`.mismatch.MismatchAnalysis`, imported on first use: stays torch-free)."""
-    from .mismatch import MismatchAnalysis
-
-    return MismatchAnalysis()
+#: The mismatch analysis (:class:`.mismatch.MismatchAnalysis`): calling it imports the class and builds one.
+analysis = Lazy("tl_idempotence.analyses.mismatch", "MismatchAnalysis")
 
 
 SPEC = AnalysisSpec(

@@ -16,8 +16,8 @@ entry point's docstring), ``compare``'s and the sweeps' compared options
 summary's per-analysis records and the threshold-dependent outputs (:func:`threshold_rules`).
 
 To add an analysis: its module (the ``Analysis`` class) and its declaration (an ``AnalysisSpec`` with its option,
-head columns, summary record and a factory that imports its class), then its entry in :data:`BUILT_IN` here
-and its typed option in :class:`~tl_idempotence.analyses.report_options.ReportOptions`.
+head columns, summary record and a lazy reference to its class, :class:`~tl_idempotence.core.lazy.Lazy`), then its
+entry in :data:`BUILT_IN` here and its typed option in :class:`~tl_idempotence.analyses.report_options.ReportOptions`.
 Imports no torch (the CLI's ``--help`` reads it).
 """
 

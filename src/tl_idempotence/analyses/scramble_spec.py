@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.defaults import default_of
+from ..core.lazy import Lazy
 from ..core.option_specs import OptionSpec
 from ..core.options import check_nulls
 from .spec import AnalysisSpec, SummaryRecord, nan_says_why, rule
 from .threshold import FractionPerHead
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .base import Analysis
 
 __all__ = ["FRAC_SCRAMBLED_CLOSED", "NULLS", "SPEC", "ScrambleSummary", "analysis"]
 
@@ -80,11 +78,8 @@ class ScrambleSummary(SummaryRecord):
 FRAC_SCRAMBLED_CLOSED = FractionPerHead("frac_scrambled_closed", "scramble_draws", "P")
 
 
-def analysis() -> Analysis:
-    """The scramble analysis (:class:`.scramble.ScrambleAnalysis`, imported on first use: stays torch-free)."""
-    from .scramble import ScrambleAnalysis
-
-    return ScrambleAnalysis()
+#: The scramble analysis (:class:`.scramble.ScrambleAnalysis`): calling it imports the class and builds one.
+analysis = Lazy("tl_idempotence.analyses.scramble", "ScrambleAnalysis")
 
 
 SPEC = AnalysisSpec(

@@ -6,14 +6,11 @@ Torch-free (the registry, and so the CLI's ``--help``, reads it); the code is :m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ..core.lazy import Lazy
 from ..core.option_specs import on_off
 from .spec import AnalysisSpec, SummaryRecord, rule
 from .threshold import CountPerLayer, Flag
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .base import Analysis
 
 __all__ = ["FEASIBLE", "N_HEADS_FEASIBLE", "SEARCH", "SPEC", "SearchSummary", "analysis"]
 
@@ -41,11 +38,8 @@ N_HEADS_FEASIBLE = CountPerLayer("n_heads_feasible", "P_searched")
 FEASIBLE = Flag("feasible", "feasible_P", frame="layers")
 
 
-def analysis() -> Analysis:
-    """The search analysis (:class:`.search.SearchAnalysis`, imported on first use: stays torch-free)."""
-    from .search import SearchAnalysis
-
-    return SearchAnalysis()
+#: The search analysis (:class:`.search.SearchAnalysis`): calling it imports the class and builds one.
+analysis = Lazy("tl_idempotence.analyses.search", "SearchAnalysis")
 
 
 SPEC = AnalysisSpec(

@@ -4,10 +4,11 @@ Each report analysis has a small declaration module (``analyses/<name>_spec.py``
 ``tl-idempotence --help`` stays fast) holding one :class:`AnalysisSpec`: its name, the report option(s) that
 switch it on (:class:`~tl_idempotence.core.option_specs.OptionSpec`: name, default, type, validator, help, CLI
 flag), the per-head columns it adds to ``rep.heads``, the summary numbers it contributes (and their field rules),
-how its threshold-dependent outputs are derived (:mod:`.threshold`), and its code: a factory function that imports
-its class when first called (so the declaration stays torch-free and every tool follows the call; the class does not
-import its declaration back, ``tests/unit/test_layering.py``). Each field's type is checked when the declaration is
-built; what the factory builds is checked (:func:`check_analysis`) when a user registers it and at first use.
+how its threshold-dependent outputs are derived (:mod:`.threshold`), and its code: a lazy reference to its class
+(:class:`~tl_idempotence.core.lazy.Lazy`, imported when first called, so the declaration stays torch-free; the
+class does not import its declaration back, ``tests/unit/test_layering.py``). Each field's type is checked when the
+declaration is built; what the factory builds is checked (:func:`check_analysis`) when a user registers it and at
+first use.
 :mod:`tl_idempotence.analyses.registry` lists the specs once; the report options, the CLI's flags, the options
 docstrings and ``compare``'s option checks are assembled from it.
 """
@@ -53,7 +54,8 @@ class AnalysisSpec:
     Attributes:
         name: short name (``"scramble"``); the progress bar and error messages use it.
         implementation: a zero-argument factory returning its :class:`~tl_idempotence.analyses.base.Analysis`
-            (a small function that imports the class, called on first use; or the class itself).
+            (a :class:`~tl_idempotence.core.lazy.Lazy` reference to its class, imported on first use; a function;
+            or the class itself).
         options: the report options this analysis declares (usually one on/off option; none for the closure).
         head_columns: the per-head columns its ``run`` adds to ``rep.heads``, in order (the contract test checks
             them against what it returns).

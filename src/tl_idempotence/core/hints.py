@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
     import torch
 
-    from .heads import HeadSource, LayerHeads
+    from .heads import HeadSource, LayerHeads, ModelInfo
 
 __all__ = [
     "ArchitectureLike",
@@ -33,6 +33,7 @@ __all__ = [
     "HeadsLike",
     "HeadsReport",
     "IntLike",
+    "JoinReport",
     "LayersLike",
     "ModelLike",
     "NullsLike",
@@ -100,6 +101,14 @@ class HeadsReport(Protocol):
 
     @property
     def threshold(self) -> float: ...
+
+
+class JoinReport(HeadsReport, Protocol):
+    """What a join runs on (an ``IdempotenceReport``): a per-head table and a threshold, and what was measured
+    (``info``: the model's sizes, name and class)."""
+
+    @property
+    def info(self) -> ModelInfo: ...
 
 
 class TextDataset(Protocol):

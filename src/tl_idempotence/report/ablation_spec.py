@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..core.lazy import Lazy
 from .join_spec import JoinSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -23,16 +24,10 @@ def run_ablation(rep: Any, model: Any = None, **options: Any) -> Ablation:
     return ablation(m, rep.closed_heads, **options)
 
 
-def _ablation() -> type:
-    from ..probes.ablation import Ablation
-
-    return Ablation
-
-
 ABLATION = JoinSpec(
     name="ablation",
     call="rep.ablation",
-    result=_ablation,
+    result=Lazy("tl_idempotence.probes.ablation", "Ablation").load,
     run=run_ablation,
     options=(),  # tli.ablation's own (AblationArgs), forwarded and validated there
     model="weights_any_processing",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.kwargs import strict_kwargs
+from ..core.lazy import Lazy
 from ..errors import OptionError, OptionTypeError
 from .join_spec import JoinFlag, JoinSpec, count_option, int_option, optional
 
@@ -69,12 +70,6 @@ def run_attention(rep: Any, text: Any, model: Any = None, heads: Any = None, *, 
     return report_attention_view(rep, text, model=model, heads=heads, top_k=top_k, max_tokens=max_tokens)
 
 
-def _view() -> type:
-    from ..views.attention import AttentionView
-
-    return AttentionView
-
-
 def _fits(rep: Any, value: Any) -> AttentionRequest:
     if isinstance(value, str):
         return AttentionRequest(value)
@@ -98,7 +93,7 @@ def _section(rep: Any, req: AttentionRequest) -> dict[str, Any]:
 ATTENTION = JoinSpec(
     name="attention",
     call="rep.show_attention",
-    result=_view,
+    result=Lazy("tl_idempotence.views.attention", "AttentionView").load,
     run=run_attention,
     options=(_TOP_K, _MAX_TOKENS),
     model="weights_any_processing",

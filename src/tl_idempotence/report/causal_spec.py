@@ -6,25 +6,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.kwargs import strict_kwargs
+from ..core.lazy import Lazy
 from ..core.option_specs import OptionSpec
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import CAUSAL_N_PERMUTATIONS, CAUSAL_VARIANTS
 from .join_spec import (
     JoinFlag,
     JoinSpec,
+    batch_size_option,
     controls_option,
-    count_option,
-    int_option,
+    fits_heads,
     match_by_option,
     needs_model_text,
+    report_heads,
     resamples_option,
     seed_option,
+    seq_len_option,
     tokens_option,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
-
+    from ..core.hints import HeadsLike, JoinReport, TextsLike, TLModel
     from .causal import CausalTest
 
 __all__ = ["CAUSAL"]
@@ -49,10 +51,10 @@ def check_variants(x: Any, name: str) -> tuple[str, ...]:
 
 @strict_kwargs
 def run_causal(
-    rep: Any,
-    model: Any = None,
-    texts: Any = None,
-    heads: Any = None,
+    rep: JoinReport,
+    model: TLModel | None = None,
+    texts: TextsLike | None = None,
+    heads: HeadsLike | None = None,
     *,
     variants: tuple[str, ...],
     n_controls: int,
@@ -66,7 +68,6 @@ def run_causal(
 ) -> CausalTest:
     """``rep.causal`` (its docstring): the model checked against the report by content, the closed heads (or
     ``heads``) matched with controls, the probe run on both and the groups compared."""
-    from ..core.selection import head_labels, select_heads
     from ..probes.causal import causal_closure
     from .causal import causal_join, plan_heads
 
@@ -76,13 +77,7 @@ def run_causal(
     if heads is None:
         chosen = closed
     else:
-        measured = sorted(int(x) for x in h["layer"].unique())
-        sel = select_heads(heads, measured, rep.info.n_heads, labels=True)
-        pairs = [(a, b) for a, hs in sorted(sel.items()) for b in hs]
-        chosen = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
-        missing = [lab for lab in chosen if lab not in h.index]
-        if missing:
-            raise OptionError(f"Heads {missing[:10]} are not heads this report measured.")
+        chosen = report_heads(rep, heads)
         other = [lab for lab in chosen if lab not in set(closed)]
         if other:
             raise OptionError(
@@ -107,46 +102,16 @@ def run_causal(
     )
 
 
-def _causal() -> type:
-    from .causal import CausalTest
-
-    return CausalTest
-
-
-def _fits(rep: Any, result: Any) -> Any:
-    from .causal import check_causal_fits_report
-
-    return check_causal_fits_report(rep.heads, rep.threshold, result)
-
-
 def _section(rep: Any, result: Any) -> Any:
     from ..views.causal import causal_section
 
     return causal_section(result)
 
 
-def _record(result: Any) -> dict[str, Any]:
-    from .causal import causal_record
-
-    return causal_record(result)
-
-
-def _columns(result: Any) -> pd.DataFrame:
-    from .causal import causal_columns
-
-    return causal_columns(result)
-
-
-def _display(result: Any) -> str:
-    from ..views.causal import causal_html
-
-    return causal_html(result)
-
-
 CAUSAL = JoinSpec(
     name="causal",
     call="rep.causal",
-    result=_causal,
+    result=Lazy("tl_idempotence.report.causal", "CausalTest").load,
     run=run_causal,
     options=(
         OptionSpec(
@@ -161,31 +126,28 @@ CAUSAL = JoinSpec(
         ),
         controls_option(),
         match_by_option("what controls are matched on: |α| (abs_alpha) or ‖T‖_F (norm)"),
-        count_option("seq_len", 128, "the probe's window length", int_option(2, 1 << 24)),
+        seq_len_option(128, "the probe's window length"),
         tokens_option(512, "the probe's token budget (whole windows; None: the whole text)"),
-        count_option("batch_size", 8, "windows per clean forward pass", int_option(1, 1 << 20)),
+        batch_size_option("windows per clean forward pass"),
         resamples_option("n_permutations", CAUSAL_N_PERMUTATIONS, "relabellings drawn where more than 100,000 exist"),
         seed_option("the drawn relabellings' seed"),
     ),
     model="weights",
     why="the causal test runs it with each head's OV edited",
-    fits=_fits,
+    fits=fits_heads(Lazy("tl_idempotence.report.causal", "check_causal_fits_report")),
     page=_section,
-    record=_record,
-    columns=_columns,
+    record=Lazy("tl_idempotence.report.causal", "causal_record"),
+    columns=Lazy("tl_idempotence.report.causal", "causal_columns"),
     cli=JoinFlag(
         "--causal",
         "also run the causal test of closure (SPEC 13: each closed head and a matched control of its layer edited "
         "closure-free, closure-only, zero and mean at hook_z; the attended token's final-logit change, self-repair "
         "and the loss change, closed against controls within layers; rep.causal): a page section, the columns in "
         "--csv, the result in --json; seeded by --seed (needs a model TransformerLens can run; CPU-minutes)",
-        compute=lambda rep, model, value, joined, args, progress=True: rep.causal(
-            model=model, seed=args.seed, progress=progress
-        ),
         needs_model=needs_model_text("--causal", "runs the model with heads edited", "rep.causal"),
         progress="tl-idempotence: the causal test of closure (closed heads and matched controls edited)...",
         text=lambda result: str(result.headline),
     ),
-    display=_display,
+    display=Lazy("tl_idempotence.views.causal", "causal_html"),
     display_kind="causal",
 )

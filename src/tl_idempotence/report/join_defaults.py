@@ -12,8 +12,10 @@ __all__ = [
     "DEFAULT_N_SETS",
     "EXPORT_MECHANISM_COLUMNS",
     "EXPORT_ROLE_COLUMNS",
+    "MAX_BATCH_SIZE",
     "MAX_BOOT",
     "MAX_RESAMPLES",
+    "MAX_SEQ_LEN",
 ]
 
 #: Permutations of a Spearman test (per role in ``rep.roles``; ``rep.mechanism``'s): two-sided p floor
@@ -28,6 +30,11 @@ CAUSAL_VARIANTS = ("closure_free", "closure_only", "zero", "mean")
 CAUSAL_N_PERMUTATIONS = 9999
 #: Stated maximum of both counts (checked before any allocation).
 MAX_RESAMPLES = 1 << 20
+#: The longest window (``seq_len``) a join's probe runs: ``probes.tokens.MAX_SEQ_LEN`` (a test checks the two agree;
+#: here so that the declarations import no torch).
+MAX_SEQ_LEN = 1 << 24
+#: The most windows per forward pass (``batch_size``) a join's probe takes.
+MAX_BATCH_SIZE = 1 << 20
 #: ``rep.mechanism``'s most bootstrap replicates: ``probes.effect_stability.MAX_BOOT`` (a test checks the two agree;
 #: here so that the declaration imports no pandas).
 MAX_BOOT = 10_000

@@ -22,6 +22,7 @@ reads the flags).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,11 +32,12 @@ from ..core.kwargs import by_name, unknown_option_error
 from ..core.option_specs import OptionSpec
 from ..core.options import check_int, check_seed
 from ..errors import OptionError, OptionTypeError, RegistrationError
-from .join_defaults import MAX_RESAMPLES
+from .join_defaults import MAX_BATCH_SIZE, MAX_RESAMPLES, MAX_SEQ_LEN
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
+    from ..core.hints import HeadsLike, JoinReport
     from ..probes.roles import HeadRoles
 
 __all__ = [
@@ -43,17 +45,23 @@ __all__ = [
     "MODEL_CHECKS",
     "JoinFlag",
     "JoinSpec",
+    "batch_size_option",
     "check_identity",
     "check_match_by",
     "controls_option",
     "count_option",
+    "fits_heads",
     "int_option",
     "match_by_option",
     "model_to_run",
     "needs_model_text",
     "optional",
+    "page_at_threshold",
+    "report_heads",
     "resamples_option",
     "seed_option",
+    "seeded_call",
+    "seq_len_option",
     "tokens_option",
 ]
 
@@ -125,6 +133,20 @@ def tokens_option(default: int | None, help_: str) -> OptionSpec:
     return count_option("max_tokens", default, help_, optional(int_option(1)), none=True)
 
 
+def seq_len_option(default: int | None, help_: str) -> OptionSpec:
+    """A join's window length ``seq_len``: an integer in 2 ..
+    :data:`~tl_idempotence.report.join_defaults.MAX_SEQ_LEN`, or also None (the probe's own default) where ``default``
+    is None. Raises what :class:`OptionSpec` does."""
+    check, none = int_option(2, MAX_SEQ_LEN), default is None
+    return count_option("seq_len", default, help_, optional(check) if none else check, none=none)
+
+
+def batch_size_option(help_: str) -> OptionSpec:
+    """A join's ``batch_size``, windows per forward pass: default 8, an integer in 1 ..
+    :data:`~tl_idempotence.report.join_defaults.MAX_BATCH_SIZE`. Raises nothing."""
+    return count_option("batch_size", 8, help_, int_option(1, MAX_BATCH_SIZE))
+
+
 def needs_model_text(flag: str, runs: str, call: str) -> str:
     """A join flag's :attr:`JoinFlag.needs_model`: ``flag`` ``runs`` (what it does with the model), and a checkpoint
     path is read as weights only, so: a zoo model, a hub name, or ``call`` in Python on a booted model. Raises
@@ -133,6 +155,62 @@ def needs_model_text(flag: str, runs: str, call: str) -> str:
         f"{flag} {runs}, and a checkpoint path is read as weights only (no model to run): use a zoo model or a hub "
         f"name, or in Python {call}(model=TransformerBridge.boot_transformers(folder))"
     )
+
+
+def seeded_call(call: str) -> Callable[..., Any]:
+    """A join flag's :attr:`JoinFlag.compute` that is the plain seeded call of the report's method ``call``
+    (``"rep.roles"``): ``rep.roles(model=model, seed=args.seed, progress=progress)``. Raises nothing (the method
+    is looked up when the flag runs)."""
+    method = call.removeprefix("rep.")
+
+    def compute(rep: Any, model: Any, value: Any, joined: Any, args: Any, progress: bool = True) -> Any:
+        return getattr(rep, method)(model=model, seed=args.seed, progress=progress)
+
+    return compute
+
+
+def fits_heads(check: Callable[[pd.DataFrame, float, Any], Any]) -> Callable[[Any, Any], Any]:
+    """A join's :attr:`JoinSpec.fits`: ``check(rep.heads, rep.threshold, value)``, the result checked against the
+    report's heads and threshold (``check`` a :class:`~tl_idempotence.core.lazy.Lazy` reference, imported when
+    first called). Raises what ``check`` raises."""
+
+    def fits(rep: Any, value: Any) -> Any:
+        return check(rep.heads, rep.threshold, value)
+
+    return fits
+
+
+def page_at_threshold(section: Callable[[Any, float], Mapping[str, Any]]) -> Callable[[Any, Any], Mapping[str, Any]]:
+    """A join's :attr:`JoinSpec.page`: ``section(value, rep.threshold)``, its page section at the report's threshold
+    (``section`` a :class:`~tl_idempotence.core.lazy.Lazy` reference, imported when first called). Raises what
+    ``section`` raises."""
+
+    def page(rep: Any, value: Any) -> Mapping[str, Any]:
+        return section(value, rep.threshold)
+
+    return page
+
+
+def report_heads(rep: JoinReport, heads: HeadsLike | None) -> list[str]:
+    """The labels (``"L10H8"``) of ``heads`` (None: every measured head; pairs, a DataFrame or labels:
+    :func:`~tl_idempotence.core.selection.select_heads`), in layer and head order, against ``rep``'s sizes and
+    measured layers.
+
+    Raises:
+        OptionError: a head out of range (:func:`~tl_idempotence.core.selection.select_heads`), or one the report
+            did not measure (names up to ten).
+    """
+    from ..core.selection import head_labels, select_heads
+
+    h = rep.heads
+    measured = sorted(int(x) for x in h["layer"].unique())
+    sel = select_heads(heads, measured, rep.info.n_heads, labels=True)
+    pairs = [(a, b) for a, hs in sorted(sel.items()) for b in hs]
+    asked = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
+    missing = [lab for lab in asked if lab not in h.index]
+    if missing:
+        raise OptionError(f"Heads {missing[:10]} are not heads this report measured.")
+    return asked
 
 
 #: The sizes matched controls can be nearest in (``core.matching.match_controls``' ``by``): |α| or ‖T‖_F.
@@ -181,7 +259,8 @@ class JoinFlag:
             flag's value, True for a switch; ``joined``: the results of the joins before it, by name; ``args``:
             the parsed arguments, e.g. ``args.seed``). A join that shows progress bars takes ``progress`` too
             (a keyword: False with ``--quiet``), and passes it on (``rep.roles(..., progress=progress)``);
-            :meth:`run` passes it only to a ``compute`` that takes it.
+            :meth:`run` passes it only to a ``compute`` that takes it. None (the default): the plain seeded call
+            of its join, which :class:`JoinSpec` fills in (:func:`seeded_call`).
         metavar: None: a switch (present = True); else the flag takes a non-empty string (``TEXT``).
         needs_model: the usage error (exit 2) when MODEL is a checkpoint path, read as weights only (no model to
             run); None: the join works on weights (a model is not loaded for it).
@@ -193,7 +272,7 @@ class JoinFlag:
 
     flag: str
     help: str
-    compute: Callable[..., Any]
+    compute: Callable[..., Any] | None = None
     metavar: str | None = None
     needs_model: str | None = None
     page_only: str | None = None
@@ -212,7 +291,7 @@ class JoinFlag:
                 raise RegistrationError(f"flag {self.flag}: {what} must be None or a non-empty str; got {v!r}.")
         for what in ("compute", "text"):
             v = getattr(self, what)
-            if not callable(v) and not (what == "text" and v is None):
+            if not callable(v) and v is not None:
                 raise RegistrationError(f"flag {self.flag}: {what} must be a function; got {v!r}.")
 
     @property
@@ -225,6 +304,8 @@ class JoinFlag:
         """Whether :attr:`compute` takes ``progress`` (a parameter of that name, or ``**kwargs``)."""
         import inspect
 
+        if self.compute is None:
+            return False
         try:
             params = inspect.signature(self.compute).parameters.values()
         except (TypeError, ValueError):  # pragma: no cover - a callable without a signature
@@ -233,7 +314,14 @@ class JoinFlag:
 
     def run(self, rep: Any, model: Any, value: Any, joined: Mapping[str, Any], args: Any, *, progress: bool) -> Any:
         """:attr:`compute` for the command line, with ``progress`` (its bars on stderr, or none with ``--quiet``)
-        when it takes it (:attr:`takes_progress`). Raises what ``compute`` raises."""
+        when it takes it (:attr:`takes_progress`).
+
+        Raises:
+            RegistrationError: no ``compute`` (a flag outside a :class:`JoinSpec`, which fills it in). What
+                ``compute`` raises.
+        """
+        if self.compute is None:
+            raise RegistrationError(f"flag {self.flag}: compute is None (a JoinSpec fills in its seeded call).")
         if self.takes_progress:
             return self.compute(rep, model, value, joined, args, progress=progress)
         return self.compute(rep, model, value, joined, args)
@@ -263,7 +351,8 @@ class JoinSpec:
         record: ``record(value) -> JSON-able``: what the JSON export holds under :attr:`name`, or None.
         columns: ``columns(value) -> DataFrame``: per-head columns indexed by label, added to the heads table of
             the exports (``--csv``) and to the export's ``closed_heads`` (those the heads do not have yet), or None.
-        cli: its command-line flag, or None.
+        cli: its command-line flag, or None; a flag without ``compute`` gets the plain seeded call of :attr:`call`
+            (:func:`seeded_call`: ``rep.roles(model=model, seed=args.seed, progress=progress)``).
         display: ``display(result) -> HTML``: its notebook display, registered under :attr:`display_kind` (None:
             the views draw its result's ``display_kind`` already, or the generic display does).
         display_kind: the ``display_kind`` its result type declares (with ``display``).
@@ -315,6 +404,10 @@ class JoinSpec:
             raise refuse("a join on the page or in the exports declares fits (its result checked as the report's).")
         if self.cli is not None and not isinstance(self.cli, JoinFlag):
             raise refuse(f"cli must be a JoinFlag or None; got {self.cli!r}.")
+        if self.cli is not None and self.cli.compute is None:
+            if not self.call.startswith("rep.") or not self.call[4:].isidentifier():
+                raise refuse(f"its flag {self.cli.flag} needs compute: {self.call!r} is no method of the report.")
+            object.__setattr__(self, "cli", dataclasses.replace(self.cli, compute=seeded_call(self.call)))
         if not isinstance(self.display_kind, str) or (self.display is not None and self.display_kind == "result"):
             raise refuse("a display is registered under the display_kind of its result type (not 'result').")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.kwargs import strict_kwargs
+from ..core.lazy import Lazy
 from ..core.option_specs import OptionSpec
 from ..core.options import check_bool
 from ..errors import OptionError, OptionTypeError
@@ -14,22 +15,30 @@ from .join_defaults import DEFAULT_N_PERMUTATIONS, EXPORT_MECHANISM_COLUMNS, MAX
 from .join_spec import (
     JoinFlag,
     JoinSpec,
+    batch_size_option,
     check_identity,
     controls_option,
     count_option,
+    fits_heads,
     int_option,
     match_by_option,
     needs_model_text,
     optional,
+    page_at_threshold,
+    report_heads,
     resamples_option,
     seed_option,
+    seq_len_option,
     tokens_option,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
+    from collections.abc import Sequence
 
+    from ..core.hints import HeadsLike, JoinReport, TextsLike, TLModel
+    from ..probes.roles import HeadRoles
     from .mechanism import Mechanism
+    from .roles import RoleAssociation
 
 __all__ = ["DEFAULT_N_PERMUTATIONS", "EXPORT_MECHANISM_COLUMNS", "MECHANISM"]
 
@@ -102,11 +111,11 @@ def _same_set(a: Any, b: Any) -> bool:
 
 @strict_kwargs
 def run_mechanism(
-    rep: Any,
-    model: Any = None,
-    texts: Any = None,
-    heads: Any = None,
-    roles: Any = None,
+    rep: JoinReport,
+    model: TLModel | None = None,
+    texts: TextsLike | Sequence[TextsLike | None] | None = None,
+    heads: HeadsLike | None = None,
+    roles: HeadRoles | RoleAssociation | None = None,
     *,
     n_tokens: int,
     k: int,
@@ -125,7 +134,6 @@ def run_mechanism(
     matched controls of the closed heads asked for (SPEC 13), then the attended-token effect (on every text set),
     the token readout, both copying scores and the projection facts of the joined heads, joined and tested."""
     from ..core.heads import read_layer
-    from ..core.selection import head_labels, select_heads
     from ..maths.projection_facts import projection_facts
     from ..probes.head_tokens import head_tokens
     from ..probes.roles import HeadRoles, copying_scores
@@ -143,13 +151,7 @@ def run_mechanism(
     m = MECHANISM.model_of(rep, model)  # the one identity check: sizes, processing, every measured layer's weights
     hr = check_identity(rep, roles=roles) if roles is not None else None
     h = rep.heads
-    measured = sorted(int(x) for x in h["layer"].unique())
-    sel = select_heads(heads, measured, rep.info.n_heads, labels=True)
-    pairs = [(a, b) for a, hs in sorted(sel.items()) for b in hs]
-    asked = list(head_labels([a for a, _ in pairs], [b for _, b in pairs]))
-    missing = [lab for lab in asked if lab not in h.index]
-    if missing:
-        raise OptionError(f"Heads {missing[:10]} are not heads this report measured.")
+    asked = report_heads(rep, heads)
     tie = embedding_tie(m)
     d_vocab = int(getattr(m.cfg, "d_vocab", 0) or 0)
     for name, v in (("k", k), ("predicted_k", predicted_k)):
@@ -192,53 +194,19 @@ def run_mechanism(
     )  # fmt: skip
 
 
-def _mechanism() -> type:
-    from .mechanism import Mechanism
-
-    return Mechanism
-
-
-def _fits(rep: Any, mech: Any) -> Any:
-    from .mechanism import check_mechanism_fits_report
-
-    return check_mechanism_fits_report(rep.heads, rep.threshold, mech)
-
-
-def _section(rep: Any, mech: Any) -> Any:
-    from ..views.page import mechanism_section
-
-    return mechanism_section(mech, rep.threshold)
-
-
-def _record(mech: Any) -> dict[str, Any]:
-    from .mechanism import mechanism_record
-
-    return mechanism_record(mech)
-
-
-def _columns(mech: Any) -> pd.DataFrame:
-    from .mechanism import mechanism_columns
-
-    return mechanism_columns(mech)
-
-
 MECHANISM = JoinSpec(
     name="mechanism",
     call="rep.mechanism",
-    result=_mechanism,
+    result=Lazy("tl_idempotence.report.mechanism", "Mechanism").load,
     run=run_mechanism,
     options=(
         count_option("n_tokens", 512, "the token readout's sample of source tokens", _check_n_tokens, needs_torch=True),
         count_option("k", 20, "the token readout's top/bottom size", int_option(1)),
-        count_option(
-            "seq_len",
-            None,
-            "the attended-token effect's window length (None: 128, or the model's n_ctx when smaller)",
-            optional(int_option(2, 1 << 24)),
-            none=True,
+        seq_len_option(
+            None, "the attended-token effect's window length (None: 128, or the model's n_ctx when smaller)"
         ),
         tokens_option(2048, "the attended-token effect's token budget (None: no budget)"),
-        count_option("batch_size", 8, "the attended-token effect's windows per forward pass", int_option(1, 1 << 20)),
+        batch_size_option("the attended-token effect's windows per forward pass"),
         resamples_option("n_permutations", DEFAULT_N_PERMUTATIONS, "permutations of the Spearman test"),
         seed_option("the token sample's, the null sources', the permutations' and the bootstrap's seed"),
         match_by_option("the size the matched controls are nearest in: 'abs_alpha' (|α|) or 'norm' (‖T‖_F)"),
@@ -270,10 +238,10 @@ MECHANISM = JoinSpec(
     model="weights",
     why="the attended-token effect runs it on text",
     roles=True,
-    fits=_fits,
-    page=_section,
-    record=_record,
-    columns=_columns,
+    fits=fits_heads(Lazy("tl_idempotence.report.mechanism", "check_mechanism_fits_report")),
+    page=page_at_threshold(Lazy("tl_idempotence.views.page", "mechanism_section")),
+    record=Lazy("tl_idempotence.report.mechanism", "mechanism_record"),
+    columns=Lazy("tl_idempotence.report.mechanism", "mechanism_columns"),
     cli=JoinFlag(
         "--mechanism",
         "also measure what the heads do to tokens (SPEC 12: the OV circuit's token readout, each head's direct "

@@ -7,9 +7,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..core.kwargs import strict_kwargs, warn_at_caller
+from ..core.lazy import Lazy
 from ..errors import OptionError, OptionTypeError
 from .join_defaults import DEFAULT_N_PERMUTATIONS, DEFAULT_N_SETS, EXPORT_ROLE_COLUMNS, MAX_RESAMPLES
-from .join_spec import JoinFlag, JoinSpec, check_identity, count_option, needs_model_text, resamples_option, seed_option
+from .join_spec import (
+    JoinFlag,
+    JoinSpec,
+    check_identity,
+    count_option,
+    fits_heads,
+    needs_model_text,
+    page_at_threshold,
+    resamples_option,
+    seed_option,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -114,18 +125,6 @@ def run_roles(
     )
 
 
-def _fits(rep: Any, assoc: Any) -> Any:
-    from .roles import check_roles_fit_report
-
-    return check_roles_fit_report(rep.heads, rep.threshold, assoc)
-
-
-def _section(rep: Any, assoc: Any) -> Any:
-    from ..views.page import roles_section
-
-    return roles_section(assoc, rep.threshold)
-
-
 def _record(assoc: Any) -> dict[str, Any]:
     return {
         "headline": assoc.headline,
@@ -150,16 +149,10 @@ def _text(assoc: Any) -> str:
         )
 
 
-def _role_association() -> type:
-    from .roles import RoleAssociation
-
-    return RoleAssociation
-
-
 ROLES = JoinSpec(
     name="roles",
     call="rep.roles",
-    result=_role_association,
+    result=Lazy("tl_idempotence.report.roles", "RoleAssociation").load,
     run=run_roles,
     options=(
         count_option(
@@ -184,8 +177,8 @@ ROLES = JoinSpec(
     model="weights",
     why="the head detector runs it on tokens",
     roles=True,
-    fits=_fits,
-    page=_section,
+    fits=fits_heads(Lazy("tl_idempotence.report.roles", "check_roles_fit_report")),
+    page=page_at_threshold(Lazy("tl_idempotence.views.page", "roles_section")),
     record=_record,
     columns=_columns,
     cli=JoinFlag(
@@ -194,9 +187,6 @@ ROLES = JoinSpec(
         "circuit's copying score) on the model and join them with the report: a page section, the role columns in "
         "--csv, the association table in --json; the tokens and permutations are seeded by --seed (needs a model "
         "TransformerLens can run: a zoo model or a hub name)",
-        compute=lambda rep, model, value, joined, args, progress=True: rep.roles(
-            model=model, seed=args.seed, progress=progress
-        ),
         needs_model=needs_model_text("--roles", "runs TransformerLens's head detector on the model", "rep.roles"),
         # then the bars of head_roles and of the association (seconds on SmolLM2, minutes on a loaded machine)
         progress="tl-idempotence: computing head roles (head detector and copying score)...",
@@ -216,16 +206,10 @@ def run_circuit(rep: Any, heads: Any, roles: Any = None, *, n_sets: int, seed: i
     return circuit_overlap(rep.heads, pairs, rep.threshold, roles=r, n_sets=n_sets, seed=seed)
 
 
-def _circuit() -> type:
-    from .roles import Circuit
-
-    return Circuit
-
-
 CIRCUIT = JoinSpec(
     name="circuit",
     call="rep.circuit",
-    result=_circuit,
+    result=Lazy("tl_idempotence.report.roles", "Circuit").load,
     run=run_circuit,
     options=(
         resamples_option(

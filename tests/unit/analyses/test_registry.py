@@ -24,6 +24,7 @@ from tl_idempotence.analyses.spec import ANALYSIS_MEMBERS, AnalysisSpec, Summary
 from tl_idempotence.analyses.threshold import Flag, FunctionRule
 from tl_idempotence.cli import build_parser
 from tl_idempotence.core.heads import LayerHeads
+from tl_idempotence.core.lazy import Lazy
 from tl_idempotence.core.option_specs import OptionSpec
 from tl_idempotence.core.options import check_bool
 from tl_idempotence.errors import OptionError, OptionTypeError, RegistrationError, TLIError, UnknownOptionError
@@ -282,6 +283,11 @@ HOSTILE: list[tuple[str, dict[str, Any], type[Exception], str]] = [
      "analysis 'toy': its implementation's run must be methods."),
     ("implementation raises", dict(implementation=raising), OptionError,
      "analysis 'toy': its implementation <function raising at"),
+    ("lazy of no module", dict(implementation=Lazy("tl_idempotence.analyses.no_toy", "ToyAnalysis")), OptionError,
+     "analysis 'toy': its implementation Lazy('tl_idempotence.analyses.no_toy:ToyAnalysis') raised "
+     "ModuleNotFoundError: No module named 'tl_idempotence.analyses.no_toy'"),
+    ("lazy of no class", dict(implementation=Lazy("tl_idempotence.analyses.spec", "ToyAnalysis")), OptionError,
+     "analysis 'toy': its implementation Lazy('tl_idempotence.analyses.spec:ToyAnalysis') raised AttributeError"),
 ]  # fmt: skip
 
 
