@@ -68,7 +68,7 @@ No approximate-sharing analysis is offered.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -147,7 +147,15 @@ def empty_table(cols: list[str]) -> pd.DataFrame:
 
 
 @dataclass(repr=False)
-class SharedValueAlgebra(ImmutableResult, DrawnResult):
+class SharedValueAlgebra(
+    ImmutableResult,
+    DrawnResult,
+    repr_keys="n_groups median_P_offdiag median_alpha_spread algebra_reason",
+    frozen=(
+        "a shared-value algebra is",
+        "algebra.at_threshold(t) for another threshold, dataclasses.replace(...) for a changed copy",
+    ),
+):
     """Shared-value algebra of one layer or a whole model (SPEC section 7), from
     :func:`~tl_idempotence.analyses.algebra.shared_value_algebra` or ``idempotence_report(..., algebra=True).algebra``.
 
@@ -191,12 +199,6 @@ class SharedValueAlgebra(ImmutableResult, DrawnResult):
     threshold: float = DEFAULT_THRESHOLD
     ranges_threshold: float | None = None
     ranges: pd.DataFrame | None = None
-
-    repr_keys: ClassVar[tuple[str, ...]] = ("n_groups", "median_P_offdiag", "median_alpha_spread", "algebra_reason")
-    frozen_name: ClassVar[str] = "a shared-value algebra is"
-    frozen_hint: ClassVar[str] = (
-        "algebra.at_threshold(t) for another threshold, dataclasses.replace(...) for a changed copy"
-    )
 
     def __post_init__(self) -> None:
         if self.ranges_threshold is None:

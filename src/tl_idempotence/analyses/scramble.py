@@ -249,7 +249,12 @@ def _scramble_reasons(reason: np.ndarray, n_valid: np.ndarray) -> np.ndarray:
 
 
 @dataclass(repr=False)
-class Scramble(ImmutableResult, DrawnResult):
+class Scramble(
+    ImmutableResult,
+    DrawnResult,
+    repr_keys="n_heads n_draws median_P_trained median_P_scrambled frac_beats_scramble",
+    frozen=("a scramble result is", "dataclasses.replace(s, ...) for a changed copy"),
+):
     """Orientation-scramble draws for a batch of heads (SPEC 4b). float64, CPU. Immutable
     (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a field raises
     ``dataclasses.FrozenInstanceError``; ``dataclasses.replace`` gives a changed copy.
@@ -283,16 +288,6 @@ class Scramble(ImmutableResult, DrawnResult):
     rank_V: Int[Tensor, "*batch"]
     K_draws: Tensor | None
     reason: np.ndarray
-
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "n_heads",
-        "n_draws",
-        "median_P_trained",
-        "median_P_scrambled",
-        "frac_beats_scramble",
-    )
-    frozen_name: ClassVar[str] = "a scramble result is"
-    frozen_hint: ClassVar[str] = "dataclasses.replace(s, ...) for a changed copy"
 
     def table(self) -> pd.DataFrame:
         """One row per head (flattened batch) with the per-head summary columns (same as :attr:`heads`)."""

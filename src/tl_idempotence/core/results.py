@@ -89,6 +89,19 @@ class Result:
     #: generic one). Declared by the class, so the views never import the layer that defines it.
     display_kind: ClassVar[str] = "result"
 
+    def __init_subclass__(
+        cls, *, repr_keys: str | tuple[str, ...] | None = None, display_kind: str | None = None, **kwargs: Any
+    ) -> None:
+        """A subclass declares its :attr:`repr_keys` and :attr:`display_kind` as class keywords
+        (``class Scramble(ImmutableResult, repr_keys="n_heads n_draws")``), the summary keys as one space-separated
+        string (split into the tuple) or a tuple; a keyword left out keeps what the class body or a base says.
+        Raises nothing of its own."""
+        super().__init_subclass__(**kwargs)
+        if repr_keys is not None:
+            cls.repr_keys = tuple(repr_keys.split()) if isinstance(repr_keys, str) else tuple(repr_keys)
+        if display_kind is not None:
+            cls.display_kind = display_kind
+
     def __repr__(self) -> str:
         try:
             s = self.summary  # type: ignore[attr-defined]

@@ -71,7 +71,8 @@ class ImmutableResult(Result):
     docstring).
 
     A subclass names itself in :attr:`frozen_name` (``"a report is"``) and how to get a changed one in
-    :attr:`frozen_hint` (``"rep.with_threshold(t) for another threshold"``), for the error.
+    :attr:`frozen_hint` (``"rep.with_threshold(t) for another threshold"``), for the error: both in one class
+    keyword, ``frozen=(name, hint)`` (:meth:`__init_subclass__`).
     """
 
     #: Subject of the immutability error: ``"cannot assign to 'x': {frozen_name} immutable ({frozen_hint})."``.
@@ -79,6 +80,14 @@ class ImmutableResult(Result):
     frozen_hint: ClassVar[str] = "compute it again"
     #: Attributes that may be set after construction (``loaded_from``, set by a loader; never a number).
     settable: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, *, frozen: tuple[str, str] | None = None, **kwargs: Any) -> None:
+        """A subclass declares ``frozen=(frozen_name, frozen_hint)`` as a class keyword
+        (``class Scramble(ImmutableResult, frozen=("a scramble result is", "compute it again"))``); left out, it keeps
+        what its body or a base says. Raises nothing of its own."""
+        super().__init_subclass__(**kwargs)
+        if frozen is not None:
+            cls.frozen_name, cls.frozen_hint = frozen
 
     def _freeze(self, **attrs: Any) -> None:
         """Store ``attrs`` on a result whose ``__setattr__`` refuses (for ``__init__`` and ``__post_init__``), each as
@@ -114,6 +123,13 @@ class FrozenResult(ImmutableResult):
 
     #: The typed record :meth:`_freeze_result` stores ``summary`` as (a :class:`FrozenSummary` subclass).
     summary_type: ClassVar[type[FrozenSummary]]
+
+    def __init_subclass__(cls, *, summary_type: type[FrozenSummary] | None = None, **kwargs: Any) -> None:
+        """A subclass declares its :attr:`summary_type` as a class keyword (``summary_type=HeadRolesSummary``).
+        Raises nothing of its own."""
+        super().__init_subclass__(**kwargs)
+        if summary_type is not None:
+            cls.summary_type = summary_type
 
     _table: pd.DataFrame
     summary: FrozenSummary

@@ -56,7 +56,7 @@ attention mask) with the same exclusion rule.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -277,7 +277,12 @@ def _q(x: np.ndarray, q: float) -> float:
 
 
 @dataclass(repr=False)
-class ActivationReturns(ImmutableResult, DrawnResult):
+class ActivationReturns(
+    ImmutableResult,
+    DrawnResult,
+    repr_keys="n_heads n_tokens median_cos2_all median_cos2_closed median_ctrl_cos2_all",
+    frozen=("activation returns are", "tli.activation_returns(...) again, dataclasses.replace(...) for a changed copy"),
+):
     """Result of :func:`activation_returns` (SPEC section 8). Immutable
     (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a field raises
     ``dataclasses.FrozenInstanceError``, :attr:`heads` is a copy made on each read, :attr:`summary` and
@@ -299,16 +304,6 @@ class ActivationReturns(ImmutableResult, DrawnResult):
     summary: dict[str, Any]
     info: ModelInfo
     options: dict[str, Any] = field(default_factory=dict)
-
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "n_heads",
-        "n_tokens",
-        "median_cos2_all",
-        "median_cos2_closed",
-        "median_ctrl_cos2_all",
-    )
-    frozen_name: ClassVar[str] = "activation returns are"
-    frozen_hint: ClassVar[str] = "tli.activation_returns(...) again, dataclasses.replace(...) for a changed copy"
 
     def figure(self) -> Any:
         """Plotly scatter: per head, median cos²(Ty, y) on text vs weight-level P (control in grey)."""

@@ -148,7 +148,25 @@ class CausalClosureSummary(FrozenSummary):
     headline: str
 
 
-class CausalClosure(TokenResult):
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+CAUSAL_FREE_FIELDS = (
+    *FREE_MODEL_FIELDS,
+    *FREE_WINDOW_FIELDS,
+    ("summary.batching", "how the passes were batched: no number depends on it beyond float rounding"),
+    ("summary.edits_per_pass", "a performance setting: edits per forward pass"),
+    ("summary.check_max_abs_diff", "measured during the run (the batched check copy), recorded once"),
+    ("summary.threads", "a performance setting: torch's thread count of the edited passes"),
+    ("options.batch_size", "a performance setting: windows per clean pass; no number depends on it"),
+    ("options.edits_per_pass", "a performance setting: edits per forward pass, as asked (None: automatic)"),
+)
+
+
+class CausalClosure(
+    TokenResult,
+    repr_keys="model_name n_heads n_positions n_windows",
+    frozen=("a causal closure test is", "tli.causal_closure again"),
+    summary_type=CausalClosureSummary,
+):
     """Result of :func:`causal_closure` (SPEC 13; module docstring). Immutable: frames are copies made on each
     read, :attr:`summary` and :attr:`options` are read-only, assigning an attribute raises
     ``dataclasses.FrozenInstanceError``.
@@ -165,25 +183,11 @@ class CausalClosure(TokenResult):
         loaded_from: the folder :func:`load_causal_closure` read it from, else None.
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_positions", "n_windows")
-    frozen_name: ClassVar[str] = "a causal closure test is"
-    frozen_hint: ClassVar[str] = "tli.causal_closure again"
-    summary_type: ClassVar[type[FrozenSummary]] = CausalClosureSummary
-    probe_name: ClassVar[str] = "causal_closure"
     store: ClassVar[StoreSpec] = StoreSpec(
         name="causal_closure",
         record=CAUSAL_RECORD,
         formats=(CAUSAL_FORMAT,),
-        free_fields=(
-            *FREE_MODEL_FIELDS,
-            *FREE_WINDOW_FIELDS,
-            ("summary.batching", "how the passes were batched: no number depends on it beyond float rounding"),
-            ("summary.edits_per_pass", "a performance setting: edits per forward pass"),
-            ("summary.check_max_abs_diff", "measured during the run (the batched check copy), recorded once"),
-            ("summary.threads", "a performance setting: torch's thread count of the edited passes"),
-            ("options.batch_size", "a performance setting: windows per clean pass; no number depends on it"),
-            ("options.edits_per_pass", "a performance setting: edits per forward pass, as asked (None: automatic)"),
-        ),
+        free_fields=CAUSAL_FREE_FIELDS,
     )
 
     positions: pd.DataFrame
@@ -494,10 +498,8 @@ def save_causal_closure(result: CausalClosure, path: PathLike, overwrite: bool =
     record's digest; no pickle), through the one store.
 
     Raises:
-        OptionTypeError: ``result`` is not a :class:`CausalClosure`; ``path`` not a path; ``overwrite`` not a bool.
-        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
-        OptionError: ``path`` ends in a file extension; a non-empty folder, a missing parent, an edited earlier
-            record (names it).
+        OptionTypeError: ``result`` is not a :class:`CausalClosure`; every other error as
+            :meth:`StoredResult.save <tl_idempotence.core.stored.StoredResult.save>`.
     """
     if not isinstance(result, CausalClosure):
         raise OptionTypeError(

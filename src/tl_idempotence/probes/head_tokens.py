@@ -175,7 +175,21 @@ class HeadTokensSummary(FrozenSummary):
     not_measured: Mapping[str, str]
 
 
-class HeadTokens(TokenResult):
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+HEAD_TOKENS_FREE_FIELDS = (
+    *FREE_MODEL_FIELDS,
+    ("options.chunk", "a performance setting: source tokens per product; no number depends on it"),
+    ("sigmas.*.sigma_[2-9]", "the singular values beyond the first, recorded once for the direction lists"),
+    ("sigmas.*.sigma_[1-9][0-9]*", "the singular values beyond the first, recorded once"),
+)
+
+
+class HeadTokens(
+    TokenResult,
+    repr_keys="model_name n_heads n_tokens k median_self_rank",
+    frozen=("a head-tokens result is", "tli.head_tokens again"),
+    summary_type=HeadTokensSummary,
+):
     """Result of :func:`head_tokens` (SPEC 12, token readout). Immutable: every frame and array handed out is a copy
     made on each read, :attr:`summary` (a typed :class:`HeadTokensSummary`) and :attr:`options` are read-only, and
     assigning an attribute raises ``dataclasses.FrozenInstanceError``.
@@ -201,21 +215,11 @@ class HeadTokens(TokenResult):
             None.
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "k", "median_self_rank")
-    frozen_name: ClassVar[str] = "a head-tokens result is"
-    frozen_hint: ClassVar[str] = "tli.head_tokens again"
-    summary_type: ClassVar[type[FrozenSummary]] = HeadTokensSummary
-    probe_name: ClassVar[str] = "head_tokens"
     store: ClassVar[StoreSpec] = StoreSpec(
         name="head_tokens",
         record=HEAD_TOKENS_RECORD,
         formats=(HEAD_TOKENS_FORMAT,),
-        free_fields=(
-            *FREE_MODEL_FIELDS,
-            ("options.chunk", "a performance setting: source tokens per product; no number depends on it"),
-            ("sigmas.*.sigma_[2-9]", "the singular values beyond the first, recorded once for the direction lists"),
-            ("sigmas.*.sigma_[1-9][0-9]*", "the singular values beyond the first, recorded once"),
-        ),
+        free_fields=HEAD_TOKENS_FREE_FIELDS,
     )
 
     _ranks: np.ndarray  # [heads, tokens] float64
@@ -656,10 +660,8 @@ def save_head_tokens(result: HeadTokens, path: PathLike, overwrite: bool = False
         The folder, as a string.
 
     Raises:
-        OptionTypeError: ``result`` is not a :class:`HeadTokens`; ``path`` not a path; ``overwrite`` not a bool.
-        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
-        OptionError: ``path`` ends in a file extension; a non-empty folder without ``overwrite``, a missing parent,
-            an edited earlier record (:func:`~tl_idempotence.core.records.write_tables_record`; names it).
+        OptionTypeError: ``result`` is not a :class:`HeadTokens`; every other error as
+            :meth:`StoredResult.save <tl_idempotence.core.stored.StoredResult.save>`.
     """
     if not isinstance(result, HeadTokens):
         raise OptionTypeError(f"save_head_tokens saves a HeadTokens (tli.head_tokens); got {type(result).__name__}.")

@@ -101,7 +101,22 @@ class HeadRolesSummary(FrozenSummary):
     median_copying: float | None
 
 
-class HeadRoles(StoredResult, ModelResult, DrawnResult):
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+HEAD_ROLES_FREE_FIELDS = (
+    ("info.d_model", "the model's width, recorded once (identity checks compare it with a model)"),
+    ("info.d_head", "the model's head size, recorded once (identity checks compare it with a model)"),
+    ("summary.layer_fingerprints", "the weights' sha256 per layer, recorded once (joins compare them)"),
+)
+
+
+class HeadRoles(
+    StoredResult,
+    ModelResult,
+    DrawnResult,
+    repr_keys="model_name n_heads n_tokens n_sequences seed",
+    frozen=("head roles are", "compute them again"),
+    summary_type=HeadRolesSummary,
+):
     """Result of :func:`head_roles`. Immutable, like the report: :attr:`table` is a copy made on each read (editing
     it leaves the result as it is), :attr:`summary` (a typed :class:`HeadRolesSummary`) and :attr:`options` are
     read-only, and assigning an attribute raises
@@ -125,21 +140,14 @@ class HeadRoles(StoredResult, ModelResult, DrawnResult):
             refuses to write there); None for a computed result.
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_tokens", "n_sequences", "seed")
-    frozen_name: ClassVar[str] = "head roles are"
-    frozen_hint: ClassVar[str] = "compute them again"
-    summary_type: ClassVar[type[FrozenSummary]] = HeadRolesSummary
-    settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
     store: ClassVar[StoreSpec] = StoreSpec(
         name="head_roles",
         record="roles.json",
         formats=("tl_idempotence.head_roles/1",),
-        free_fields=(
-            ("info.d_model", "the model's width, recorded once (identity checks compare it with a model)"),
-            ("info.d_head", "the model's head size, recorded once (identity checks compare it with a model)"),
-            ("summary.layer_fingerprints", "the weights' sha256 per layer, recorded once (joins compare them)"),
-        ),
+        free_fields=HEAD_ROLES_FREE_FIELDS,
     )
+
+    settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
     summary: HeadRolesSummary
 

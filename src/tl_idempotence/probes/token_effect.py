@@ -139,7 +139,20 @@ class AttendedTokenEffectSummary(FrozenSummary):
     not_measured: Mapping[str, str]
 
 
-class AttendedTokenEffect(TokenResult):
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+EFFECT_FREE_FIELDS = (
+    *FREE_MODEL_FIELDS,
+    *FREE_WINDOW_FIELDS,
+    ("options.batch_size", "a performance setting: windows per forward pass; no number depends on it"),
+)
+
+
+class AttendedTokenEffect(
+    TokenResult,
+    repr_keys="model_name n_heads n_positions n_negative_q05 n_positive_q05",
+    frozen=("an attended-token effect is", "tli.attended_token_effect again"),
+    summary_type=AttendedTokenEffectSummary,
+):
     """Result of :func:`attended_token_effect` (SPEC 12, behaviour). Immutable: every frame handed out is a
     copy made on each read, :attr:`summary` (a typed :class:`AttendedTokenEffectSummary`) and :attr:`options` are
     read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
@@ -170,20 +183,11 @@ class AttendedTokenEffect(TokenResult):
             there), else None.
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_positions", "n_negative_q05", "n_positive_q05")
-    frozen_name: ClassVar[str] = "an attended-token effect is"
-    frozen_hint: ClassVar[str] = "tli.attended_token_effect again"
-    summary_type: ClassVar[type[FrozenSummary]] = AttendedTokenEffectSummary
-    probe_name: ClassVar[str] = "attended_token_effect"
     store: ClassVar[StoreSpec] = StoreSpec(
         name="attended_token_effect",
         record=EFFECT_RECORD,
         formats=(EFFECT_FORMAT,),
-        free_fields=(
-            *FREE_MODEL_FIELDS,
-            *FREE_WINDOW_FIELDS,
-            ("options.batch_size", "a performance setting: windows per forward pass; no number depends on it"),
-        ),
+        free_fields=EFFECT_FREE_FIELDS,
     )
 
     positions: pd.DataFrame
@@ -622,11 +626,8 @@ def save_attended_token_effect(result: AttendedTokenEffect, path: PathLike, over
         The folder, as a string.
 
     Raises:
-        OptionTypeError: ``result`` is not an :class:`AttendedTokenEffect`; ``path`` not a path; ``overwrite`` not a
-            bool.
-        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
-        OptionError: ``path`` ends in a file extension; a non-empty folder without ``overwrite``, a missing parent,
-            an edited earlier record (:func:`~tl_idempotence.core.records.write_tables_record`; names it).
+        OptionTypeError: ``result`` is not an :class:`AttendedTokenEffect`; every other error as
+            :meth:`StoredResult.save <tl_idempotence.core.stored.StoredResult.save>`.
     """
     if not isinstance(result, AttendedTokenEffect):
         raise OptionTypeError(

@@ -182,8 +182,13 @@ class TokenResult(StoredResult, ModelResult, DrawnResult):
     """Base of the token probes' results (``HeadTokens``, ``AttendedTokenEffect``): their headline, their text
     (:meth:`ranked_text`) and :meth:`check_model`, which refuses a model the result was not computed from."""
 
-    #: The probe's name in a refusal (``"head_tokens"``).
+    #: The probe's name in a refusal (``"head_tokens"``): the name its :class:`~tl_idempotence.core.stored.StoreSpec`
+    #: declares (the probe's function's name).
     probe_name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.probe_name = cls.store.name
 
     @property
     def headline(self) -> str:

@@ -119,7 +119,22 @@ class CausalTestSummary(FrozenSummary):
     headline: str
 
 
-class CausalTest(StoredResult, FrozenResult, DrawnResult):
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+CAUSAL_TEST_FREE_FIELDS = (
+    ("summary.n_permutations", _ONLY_DRAWN),
+    ("summary.seed", _ONLY_DRAWN),
+)
+
+
+class CausalTest(
+    StoredResult,
+    FrozenResult,
+    DrawnResult,
+    repr_keys="model_name n_closed n_matched n_control_heads variants",
+    display_kind="causal",
+    frozen=("a causal test is", "rep.causal again"),
+    summary_type=CausalTestSummary,
+):
     """Result of ``rep.causal(...)`` (module docstring). Immutable: frames are copies made on each read, the summary is
     read-only, assigning an attribute raises ``dataclasses.FrozenInstanceError``.
 
@@ -136,19 +151,11 @@ class CausalTest(StoredResult, FrozenResult, DrawnResult):
         loaded_from: the folder :func:`load_causal_test` read it from, else None.
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_closed", "n_matched", "n_control_heads", "variants")
-    display_kind: ClassVar[str] = "causal"
-    frozen_name: ClassVar[str] = "a causal test is"
-    frozen_hint: ClassVar[str] = "rep.causal again"
-    summary_type: ClassVar[type[FrozenSummary]] = CausalTestSummary
     store: ClassVar[StoreSpec] = StoreSpec(
         name="causal_test",
         record=CAUSAL_TEST_RECORD,
         formats=(CAUSAL_TEST_FORMAT,),
-        free_fields=(
-            ("summary.n_permutations", _ONLY_DRAWN),
-            ("summary.seed", _ONLY_DRAWN),
-        ),
+        free_fields=CAUSAL_TEST_FREE_FIELDS,
     )
 
     pairs: pd.DataFrame
@@ -404,10 +411,8 @@ def save_causal_test(result: CausalTest, path: PathLike, overwrite: bool = False
     ``causal_closure/``, through the one store; no pickle.
 
     Raises:
-        OptionTypeError: ``result`` is not a :class:`CausalTest`; ``path`` not a path; ``overwrite`` not a bool.
-        OutputOverInputError (an ``OptionError``): ``path`` is the folder ``result`` was loaded from, or in it.
-        OptionError: ``path`` ends in a file extension; a non-empty folder, a missing parent, an edited earlier
-            record (names it).
+        OptionTypeError: ``result`` is not a :class:`CausalTest`; every other error as
+            :meth:`StoredResult.save <tl_idempotence.core.stored.StoredResult.save>`.
     """
     from ..core.records import tables_record_files
 

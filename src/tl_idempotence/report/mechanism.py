@@ -141,7 +141,23 @@ class MechanismSummary(FrozenSummary):
     not_measured: Mapping[str, str]
 
 
-class Mechanism(StoredResult, FrozenResult, DrawnResult):
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+MECHANISM_FREE_FIELDS = (
+    ("summary.embedding_tie.how", "how the embeddings' tie was read off the model, recorded once"),
+    ("summary.embedding_tie.max_rel_diff", "the measured gap between W_U and W_Eᵀ, recorded once"),
+    ("summary.embedding_tie.dtypes", "the embeddings' dtypes, recorded once"),
+)
+
+
+class Mechanism(
+    StoredResult,
+    FrozenResult,
+    DrawnResult,
+    repr_keys="model_name n_heads n_closed n_agree n_sign_tested sign_test_p spearman_rho tied",
+    display_kind="mechanism",
+    frozen=("a mechanism result is", "rep.mechanism again"),
+    summary_type=MechanismSummary,
+):
     """Result of ``rep.mechanism(model=...)`` (module docstring). Immutable, like the report: :attr:`table`,
     :attr:`signs`, :attr:`weights` and :attr:`stability` are copies made on each read, :attr:`summary` is
     read-only, and assigning an attribute raises ``dataclasses.FrozenInstanceError``.
@@ -188,22 +204,11 @@ class Mechanism(StoredResult, FrozenResult, DrawnResult):
             (:meth:`save` refuses to write there), else None.
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "model_name", "n_heads", "n_closed", "n_agree", "n_sign_tested", "sign_test_p", "spearman_rho", "tied",
-    )  # fmt: skip
-    display_kind: ClassVar[str] = "mechanism"
-    frozen_name: ClassVar[str] = "a mechanism result is"
-    frozen_hint: ClassVar[str] = "rep.mechanism again"
-    summary_type: ClassVar[type[FrozenSummary]] = MechanismSummary
     store: ClassVar[StoreSpec] = StoreSpec(
         name="mechanism",
         record=MECHANISM_RECORD,
         formats=(MECHANISM_FORMAT,),
-        free_fields=(
-            ("summary.embedding_tie.how", "how the embeddings' tie was read off the model, recorded once"),
-            ("summary.embedding_tie.max_rel_diff", "the measured gap between W_U and W_Eᵀ, recorded once"),
-            ("summary.embedding_tie.dtypes", "the embeddings' dtypes, recorded once"),
-        ),
+        free_fields=MECHANISM_FREE_FIELDS,
     )
 
     signs: pd.DataFrame

@@ -39,7 +39,7 @@ from .hooks import HookPoint, hook_points_of
 from .join_spec import check_identity
 from .mechanism_spec import MECHANISM
 from .roles_spec import CIRCUIT, ROLES
-from .store import FORMAT, RECORD, add_q_values, read_record
+from .store import FORMAT, RECORD, REPORT_FREE_FIELDS, add_q_values, read_record
 from .summary import REPR_FIELDS, RecordMap, ReportSummary, build_summary, format_paper_table, paper_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,7 +70,18 @@ class FrameTables(RecordMap[pd.DataFrame]):
         return f"FrameTables({list(self)})"
 
 
-class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
+class IdempotenceReport(
+    StoredResult,
+    ImmutableResult,
+    DrawnResult,
+    display_kind="report",
+    # the summary's repr fields but the mismatch count (eight fit the one-line repr)
+    repr_keys=tuple(k for k in REPR_FIELDS if k != "n_mismatch_closed"),
+    frozen=(
+        "a report is",
+        "rep.with_threshold(t) for another threshold, rep.with_summary(...) for a route's additions to its summary",
+    ),
+):
     """Result of :func:`idempotence_report`.
 
     Attributes:
@@ -117,23 +128,11 @@ class IdempotenceReport(StoredResult, ImmutableResult, DrawnResult):
     options: ReportOptions
     _model_ref: Any
 
-    display_kind: ClassVar[str] = "report"
     store: ClassVar[StoreSpec] = StoreSpec(
         name="report",
         record=RECORD,
         formats=(FORMAT,),
-        free_fields=(
-            ("summary.versions", "the versions of the code that computed the numbers: recorded once, provenance"),
-            ("summary.n_layers_resumed", "how many layers a resumed run took from its resume folder: provenance"),
-            ("summary.n_params", "a route's addition (a comparison's parameter count from checkpoint headers)"),
-            ("info.extra", "free-form notes of the source (its file names, the architecture's note)"),
-        ),
-    )
-    #: the summary's repr fields but the mismatch count (eight fit the one-line repr)
-    repr_keys: ClassVar[tuple[str, ...]] = tuple(k for k in REPR_FIELDS if k != "n_mismatch_closed")
-    frozen_name: ClassVar[str] = "a report is"
-    frozen_hint: ClassVar[str] = (
-        "rep.with_threshold(t) for another threshold, rep.with_summary(...) for a route's additions to its summary"
+        free_fields=REPORT_FREE_FIELDS,
     )
 
     def __init__(

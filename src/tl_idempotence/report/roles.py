@@ -96,7 +96,14 @@ class RoleAssociationSummary(FrozenSummary):
     roles: Mapping[str, Any] | None
 
 
-class RoleAssociation(StoredResult, FrozenResult, DrawnResult):
+class RoleAssociation(
+    StoredResult,
+    FrozenResult,
+    DrawnResult,
+    repr_keys="model_name n_heads n_closed n_permutations seed",
+    frozen=("a role association is", "rep.roles(...) again"),
+    summary_type=RoleAssociationSummary,
+):
     """Result of ``rep.roles(model=...)``. Immutable, like the report: :attr:`table` and :attr:`association` are
     copies made on each read (editing one leaves the result, and what :meth:`save` writes, as it is),
     :attr:`summary` is a typed read-only :class:`RoleAssociationSummary`, and assigning an attribute raises
@@ -116,17 +123,14 @@ class RoleAssociation(StoredResult, FrozenResult, DrawnResult):
         loaded_from: the folder :func:`load_roles` read it from (:func:`save_roles` refuses to write there).
     """
 
-    repr_keys: ClassVar[tuple[str, ...]] = ("model_name", "n_heads", "n_closed", "n_permutations", "seed")
-    frozen_name: ClassVar[str] = "a role association is"
-    frozen_hint: ClassVar[str] = "rep.roles(...) again"
-    summary_type: ClassVar[type[FrozenSummary]] = RoleAssociationSummary
-    settable: ClassVar[frozenset[str]] = HeadRoles.settable  # loaded_from, set once by load_roles
     store: ClassVar[StoreSpec] = StoreSpec(  # saved as head roles are, in their record file (load_roles reads both)
         name="role_association",
         record=HeadRoles.store.record,
         formats=("tl_idempotence.role_association/1",),
         free_fields=HeadRoles.store.free_fields,
     )
+
+    settable: ClassVar[frozenset[str]] = HeadRoles.settable  # loaded_from, set once by load_roles
 
     _association: pd.DataFrame
     summary: RoleAssociationSummary
@@ -358,7 +362,12 @@ def parse_circuit(heads: Any, n_layers: int, n_heads: int, measured: Iterable[in
     return pairs
 
 
-class Circuit(ImmutableResult, DrawnResult):
+class Circuit(
+    ImmutableResult,
+    DrawnResult,
+    repr_keys="n_heads n_overlap n_closed p_hypergeom p_layer_matched",
+    frozen=("a circuit result is", "rep.circuit(...) again"),
+):
     """Result of ``rep.circuit(heads)``. Immutable, like the report: :attr:`heads` is a copy made on each read,
     :attr:`summary` is read-only and :attr:`set_overlaps` a read-only array.
 
@@ -371,10 +380,6 @@ class Circuit(ImmutableResult, DrawnResult):
             ``seed``, ``layers`` ({layer: circuit heads in it}), ``threshold``.
         set_overlaps: ``[n_sets]`` int64, the overlap of each random layer-matched set.
     """
-
-    repr_keys: ClassVar[tuple[str, ...]] = ("n_heads", "n_overlap", "n_closed", "p_hypergeom", "p_layer_matched")
-    frozen_name: ClassVar[str] = "a circuit result is"
-    frozen_hint: ClassVar[str] = "rep.circuit(...) again"
 
     _heads: pd.DataFrame
     summary: Mapping[str, Any]

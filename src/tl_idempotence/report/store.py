@@ -65,6 +65,13 @@ __all__ = [
 
 FORMAT = "tl_idempotence.report/1"
 RECORD = "report.json"
+#: The record fields of a saved report that nothing derives or restates, with why (``StoreSpec.free_fields``).
+REPORT_FREE_FIELDS = (
+    ("summary.versions", "the versions of the code that computed the numbers: recorded once, provenance"),
+    ("summary.n_layers_resumed", "how many layers a resumed run took from its resume folder: provenance"),
+    ("summary.n_params", "a route's addition (a comparison's parameter count from checkpoint headers)"),
+    ("info.extra", "free-form notes of the source (its file names, the architecture's note)"),
+)
 
 
 @dataclass

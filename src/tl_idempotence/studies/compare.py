@@ -161,7 +161,14 @@ def _combined_heads(reports: Mapping[str, IdempotenceReport]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-class Comparison(StoredResult, ImmutableResult, DrawnResult):
+class Comparison(
+    StoredResult,
+    ImmutableResult,
+    DrawnResult,
+    display_kind="comparison",
+    repr_keys="n_models threshold most_closed max_pct_closed n_heads n_closed n_processing_differs n_identical_weights",
+    frozen=("a comparison is", "tli.compare(...) or Comparison.from_reports(...) again"),
+):
     """Result of :func:`compare`: many models measured with the same options. Immutable
     (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning an attribute raises
     ``dataclasses.FrozenInstanceError``, :attr:`table` and :attr:`heads` are copies made on each read,
@@ -204,22 +211,9 @@ class Comparison(StoredResult, ImmutableResult, DrawnResult):
     :meth:`save` writes a folder (its reports, its table, one record); :meth:`load` reads it back, checked.
     """
 
-    display_kind: ClassVar[str] = "comparison"
     store: ClassVar[StoreSpec] = StoreSpec(
         name="comparison", record=COMPARISON_RECORD, formats=(COMPARISON_FORMAT,), free_fields=COMPARISON_FREE_FIELDS
     )
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "n_models",
-        "threshold",
-        "most_closed",
-        "max_pct_closed",
-        "n_heads",
-        "n_closed",
-        "n_processing_differs",
-        "n_identical_weights",
-    )
-    frozen_name: ClassVar[str] = "a comparison is"
-    frozen_hint: ClassVar[str] = "tli.compare(...) or Comparison.from_reports(...) again"
 
     reports: Mapping[str, IdempotenceReport]
     options: ReportOptions

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -222,7 +222,13 @@ def population_headline(s: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-class MechanismComparison(ImmutableResult, DrawnResult):
+class MechanismComparison(
+    ImmutableResult,
+    DrawnResult,
+    display_kind="mechanism_comparison",
+    repr_keys="n_models n_measured n_refused n_models_compared pooled_difference pooled_p answer",
+    frozen=("a mechanism comparison is", "tli.compare_mechanisms(...) again"),
+):
     """Result of :func:`compare_mechanisms`: a population of mechanism results and the tests across them. Immutable
     (:class:`~tl_idempotence.core.tables.ImmutableResult`): :attr:`table` and :attr:`heads` are copies made on each
     read, :attr:`summary` and :attr:`options` are read-only.
@@ -256,13 +262,6 @@ class MechanismComparison(ImmutableResult, DrawnResult):
             n_permutations, seed, max_exact, level``) and ``headline``.
         options: ``match_by, n_controls, n_permutations, seed, max_exact``.
     """
-
-    display_kind: ClassVar[str] = "mechanism_comparison"
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "n_models", "n_measured", "n_refused", "n_models_compared", "pooled_difference", "pooled_p", "answer",
-    )  # fmt: skip
-    frozen_name: ClassVar[str] = "a mechanism comparison is"
-    frozen_hint: ClassVar[str] = "tli.compare_mechanisms(...) again"
 
     table: pd.DataFrame
     heads: pd.DataFrame

@@ -312,7 +312,13 @@ def _load_hub(name: str, options: dict[str, Any]) -> Any:
 
 
 @dataclass(repr=False)
-class Trajectory(StoredResult, ImmutableResult, DrawnResult):
+class Trajectory(
+    StoredResult,
+    ImmutableResult,
+    DrawnResult,
+    repr_keys="n_checkpoints first final n_closed_final n_identical n_mixed",
+    frozen=("a trajectory is", "tli.trajectory(...) again, dataclasses.replace(...) for a changed copy"),
+):
     """Result of :func:`trajectory`. Immutable (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a
     field raises ``dataclasses.FrozenInstanceError``, its tables are copies made on each read (take one once in a
     loop), :attr:`options` is read-only.
@@ -344,25 +350,15 @@ class Trajectory(StoredResult, ImmutableResult, DrawnResult):
     :meth:`save` writes a folder (the three tables and one record); :meth:`load` reads it back, checked.
     """
 
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="trajectory", record=TRAJECTORY_RECORD, formats=(TRAJECTORY_FORMAT,), free_fields=TRAJECTORY_FREE_FIELDS
+    )
+
     heads: pd.DataFrame
     layers: pd.DataFrame
     checkpoints: pd.DataFrame
     threshold: float
     options: dict[str, Any] = field(default_factory=dict)
-
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "n_checkpoints",
-        "first",
-        "final",
-        "n_closed_final",
-        "n_identical",
-        "n_mixed",
-    )
-    frozen_name: ClassVar[str] = "a trajectory is"
-    frozen_hint: ClassVar[str] = "tli.trajectory(...) again, dataclasses.replace(...) for a changed copy"
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="trajectory", record=TRAJECTORY_RECORD, formats=(TRAJECTORY_FORMAT,), free_fields=TRAJECTORY_FREE_FIELDS
-    )
 
     @property
     def summary(self) -> dict[str, Any]:

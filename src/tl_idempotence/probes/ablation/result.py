@@ -42,7 +42,17 @@ __all__ = [
 
 
 @dataclass(repr=False)
-class Ablation(StoredResult, ImmutableResult, DrawnResult):
+class Ablation(
+    StoredResult,
+    ImmutableResult,
+    DrawnResult,
+    repr_keys="delta_loss control_delta_median p_value n_controls n_heads kind n_tokens loss_clean",
+    display_kind="ablation",
+    frozen=(
+        "an ablation result is",
+        "rep.ablation(...) or tli.ablation(...) again, dataclasses.replace(...) for a changed copy",
+    ),
+):
     """Result of :func:`ablation`. Immutable (:class:`~tl_idempotence.core.tables.ImmutableResult`): assigning a
     field raises ``dataclasses.FrozenInstanceError``, its tables are copies made on each read, :attr:`summary` and
     :attr:`options` are read-only.
@@ -81,6 +91,10 @@ class Ablation(StoredResult, ImmutableResult, DrawnResult):
     ``loss_clean``, ``loss_ablated``. ``repr`` ends with ``controls_warning`` when there is one.
     """
 
+    store: ClassVar[StoreSpec] = StoreSpec(
+        name="ablation", record=ABLATION_RECORD, formats=(ABLATION_FORMAT,), free_fields=ABLATION_FREE_FIELDS
+    )
+
     heads: pd.DataFrame
     controls: pd.DataFrame
     summary: AblationSummary
@@ -89,25 +103,6 @@ class Ablation(StoredResult, ImmutableResult, DrawnResult):
     window_losses: pd.DataFrame = field(default_factory=pd.DataFrame)
     window_sums: pd.DataFrame = field(default_factory=pd.DataFrame)
     run_info: Mapping[str, Any] = field(default_factory=dict)
-
-    display_kind: ClassVar[str] = "ablation"
-    frozen_name: ClassVar[str] = "an ablation result is"
-    frozen_hint: ClassVar[str] = (
-        "rep.ablation(...) or tli.ablation(...) again, dataclasses.replace(...) for a changed copy"
-    )
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="ablation", record=ABLATION_RECORD, formats=(ABLATION_FORMAT,), free_fields=ABLATION_FREE_FIELDS
-    )
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "delta_loss",
-        "control_delta_median",
-        "p_value",
-        "n_controls",
-        "n_heads",
-        "kind",
-        "n_tokens",
-        "loss_clean",
-    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.summary, AblationSummary):  # typed and read-only, whatever mapping was given

@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -32,7 +32,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["SweepResult", "build_result", "load_finished", "load_sweep"]
 
 
-class SweepResult(Comparison):
+class SweepResult(
+    Comparison,
+    repr_keys="n_models n_computed n_skipped n_failed n_missing threshold n_closed min_pct_closed max_pct_closed",
+    frozen=("a sweep result is", "load_sweep(out) again"),
+):
     """Result of :func:`~tl_idempotence.studies.sweep.sweep` and :func:`load_sweep`: the
     :class:`~tl_idempotence.studies.compare.Comparison` of every item that finished, plus what happened
     to each task. Immutable, like the comparison: its tables are copies made on each read.
@@ -56,20 +60,6 @@ class SweepResult(Comparison):
         seconds: wall time of the whole sweep (of reading the folder, for :func:`load_sweep`).
         (and every attribute of :class:`Comparison`: ``table``, ``heads``, ``reports``, ...)
     """
-
-    repr_keys: ClassVar[tuple[str, ...]] = (
-        "n_models",
-        "n_computed",
-        "n_skipped",
-        "n_failed",
-        "n_missing",
-        "threshold",
-        "n_closed",
-        "min_pct_closed",
-        "max_pct_closed",
-    )
-    frozen_name: ClassVar[str] = "a sweep result is"
-    frozen_hint: ClassVar[str] = "load_sweep(out) again"
 
     out: Path
     tasks: pd.DataFrame

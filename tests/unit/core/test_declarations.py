@@ -1,0 +1,77 @@
+"""A result class declares its summary keys, immutability message, display and summary type as class keywords
+(core.results.Result, core.tables.ImmutableResult / FrozenResult): the ClassVars read as a class body would set
+them, a keyword left out keeps the base's, and an unknown keyword is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tl_idempotence.core.summaries import FrozenSummary
+from tl_idempotence.core.tables import FrozenResult, ImmutableResult
+from tl_idempotence.probes.causal import CausalClosure
+from tl_idempotence.probes.head_tokens import HeadTokens
+from tl_idempotence.probes.token_effect import AttendedTokenEffect
+from tl_idempotence.report.result import IdempotenceReport
+
+
+class _Summary(FrozenSummary):
+    __slots__ = ()
+    n: int
+
+
+class _Declared(ImmutableResult, repr_keys="n  m\tk", display_kind="ablation", frozen=("a thing is", "redo it")):
+    @property
+    def summary(self) -> dict[str, object]:
+        return {"n": 1, "k": 2.5, "m": "x", "z": 3}
+
+
+class _Inherits(_Declared):
+    pass
+
+
+class _Typed(FrozenResult, repr_keys=("n",), summary_type=_Summary):
+    pass
+
+
+def test_keywords_set_the_class_vars() -> None:
+    assert _Declared.repr_keys == ("n", "m", "k")
+    assert (_Declared.display_kind, _Declared.frozen_name, _Declared.frozen_hint) == (
+        "ablation",
+        "a thing is",
+        "redo it",
+    )
+    assert repr(_Declared()) == "_Declared(n=1, m='x', k=2.5)"
+    with pytest.raises(
+        dataclasses.FrozenInstanceError, match=r"^cannot assign to 'n': a thing is immutable \(redo it\)\.$"
+    ):
+        _Declared().n = 2
+    assert (_Typed.repr_keys, _Typed.summary_type, _Typed.frozen_name) == (("n",), _Summary, "this result is")
+
+
+def test_left_out_keywords_inherit() -> None:
+    assert "repr_keys" not in _Inherits.__dict__ and "frozen_name" not in _Inherits.__dict__
+    assert (_Inherits.repr_keys, _Inherits.frozen_hint, _Inherits.display_kind) == (
+        ("n", "m", "k"),
+        "redo it",
+        "ablation",
+    )
+
+
+def test_unknown_keyword_is_refused() -> None:
+    with pytest.raises(TypeError):
+
+        class _Typo(ImmutableResult, frozn=("a", "b")):  # type: ignore[call-arg]
+            pass
+
+
+def test_library_declarations() -> None:
+    assert IdempotenceReport.display_kind == "report" and "n_mismatch_closed" not in IdempotenceReport.repr_keys
+    assert HeadTokens.repr_keys == ("model_name", "n_heads", "n_tokens", "k", "median_self_rank")
+    # a token probe's name in a refusal is its store's name
+    assert [c.probe_name for c in (HeadTokens, AttendedTokenEffect, CausalClosure)] == [
+        "head_tokens",
+        "attended_token_effect",
+        "causal_closure",
+    ]
