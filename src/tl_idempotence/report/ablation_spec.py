@@ -26,7 +26,6 @@ def run_ablation(rep: Any, model: Any = None, **options: Any) -> Ablation:
 
 ABLATION = JoinSpec(
     name="ablation",
-    call="rep.ablation",
     result=Lazy("tl_idempotence.probes.ablation", "Ablation").load,
     run=run_ablation,
     options=(),  # tli.ablation's own (AblationArgs), forwarded and validated there

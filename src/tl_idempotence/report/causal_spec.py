@@ -110,7 +110,6 @@ def _section(rep: Any, result: Any) -> Any:
 
 CAUSAL = JoinSpec(
     name="causal",
-    call="rep.causal",
     result=Lazy("tl_idempotence.report.causal", "CausalTest").load,
     run=run_causal,
     options=(

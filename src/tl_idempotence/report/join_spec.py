@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "MATCH_BY",
+    "METHOD_CALL",
     "MODEL_CHECKS",
     "JoinFlag",
     "JoinSpec",
@@ -327,14 +328,19 @@ class JoinFlag:
         return self.compute(rep, model, value, joined, args)
 
 
-@dataclass(frozen=True)
+#: :attr:`JoinSpec.call` when not given: the report's method of the join's name (``"rep.roles"``).
+METHOD_CALL = "rep.<name>"
+
+
+@dataclass(frozen=True, kw_only=True)
 class JoinSpec:
     """One probe joined to the report, declared once (module docstring).
 
     Attributes:
         name: the join's name: its key in the ``joins`` mapping of the page and the exports, and of its record in
             the JSON export.
-        call: how users call it, for messages (``"rep.roles"``).
+        call: how users call it, for messages (``"rep.roles"``); not given (:data:`METHOD_CALL`): ``"rep."`` and
+            :attr:`name`, the report's method of that name.
         result: a factory returning its result type (imported when called: the declaration stays torch-free).
         run: the join's body, ``run(rep, *inputs, **options)``: the options arrive filled with their defaults and
             validated (:meth:`__call__`); it checks identity (:meth:`model_of`, :func:`check_identity`) before any
@@ -359,7 +365,7 @@ class JoinSpec:
     """
 
     name: str
-    call: str
+    call: str = METHOD_CALL
     result: Callable[[], type]
     run: Callable[..., Any]
     options: tuple[OptionSpec, ...] = ()
@@ -382,6 +388,8 @@ class JoinSpec:
             raise RegistrationError(f"a join's name must be a public identifier; got {self.name!r}.")
         if self.name in _RESERVED:
             raise refuse(f"the JSON export already has the key {self.name!r}; choose another name.")
+        if self.call == METHOD_CALL:
+            object.__setattr__(self, "call", f"rep.{self.name}")
         if not isinstance(self.call, str) or not self.call:
             raise refuse(f"call must be how users call it (a str such as 'rep.{self.name}'); got {self.call!r}.")
         if not isinstance(self.options, tuple) or not all(isinstance(o, OptionSpec) for o in self.options):

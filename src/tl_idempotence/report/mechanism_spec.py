@@ -196,7 +196,6 @@ def run_mechanism(
 
 MECHANISM = JoinSpec(
     name="mechanism",
-    call="rep.mechanism",
     result=Lazy("tl_idempotence.report.mechanism", "Mechanism").load,
     run=run_mechanism,
     options=(

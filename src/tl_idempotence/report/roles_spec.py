@@ -151,7 +151,6 @@ def _text(assoc: Any) -> str:
 
 ROLES = JoinSpec(
     name="roles",
-    call="rep.roles",
     result=Lazy("tl_idempotence.report.roles", "RoleAssociation").load,
     run=run_roles,
     options=(
@@ -208,7 +207,6 @@ def run_circuit(rep: Any, heads: Any, roles: Any = None, *, n_sets: int, seed: i
 
 CIRCUIT = JoinSpec(
     name="circuit",
-    call="rep.circuit",
     result=Lazy("tl_idempotence.report.roles", "Circuit").load,
     run=run_circuit,
     options=(

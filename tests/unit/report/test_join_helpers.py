@@ -54,6 +54,26 @@ def test_the_built_in_seeded_flags_call_their_join():
         assert got == dict(model="m", seed=3, progress=False)
 
 
+def test_a_join_without_call_is_the_reports_method_of_its_name():
+    plain = JoinSpec(name="toy", result=lambda: object, run=lambda rep: None, cli=JoinFlag("--toy", "x"))
+    assert plain.call == "rep.toy"
+    assert plain.cli.run(_Rep(), "m", True, {}, SimpleNamespace(seed=1), progress=False)[0] == "toy"
+    assert _spec(call="rep.join('toy')", compute=lambda *a: None).call == "rep.join('toy')"
+    calls = {s.name: s.call for s in JOINS}
+    assert calls == {
+        "attention": "rep.show_attention",
+        "roles": "rep.roles",
+        "mechanism": "rep.mechanism",
+        "circuit": "rep.circuit",
+        "ablation": "rep.ablation",
+        "causal": "rep.causal",
+    }
+    with pytest.raises(RegistrationError, match="call must be how users call it"):
+        _spec(call="")
+    with pytest.raises(TypeError):
+        JoinSpec("toy", "rep.toy", lambda: object, lambda rep: None)  # keywords only
+
+
 def test_a_flag_without_compute_needs_a_join_method():
     with pytest.raises(RegistrationError, match=r"its flag --toy needs compute: \"rep.join\('t'\)\" is no method"):
         _spec(call="rep.join('t')")
