@@ -56,7 +56,6 @@ Refused: a model whose attention output passes through a norm after ``W_O`` (Gem
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -96,10 +95,8 @@ from .token_records import (
     FREE_WINDOW_FIELDS,
     TokenResult,
     check_summary,
-    edited_error,
     embedding_fingerprint,
-    label_heads,
-    read_probe,
+    read_probe_save,
     write_probe,
 )
 from .tokens import corpus_name, prepare_tokens
@@ -526,12 +523,10 @@ def load_causal_closure(path: PathLike) -> CausalClosure:
         OptionTypeError: ``path`` is not a path.
     """
     names = frozenset({"table", "changes", "positions"})
-    d, fields, tables, info = read_probe(path, CAUSAL_FORMAT, CAUSAL_RECORD, names, restated=())
-    rec = d / CAUSAL_RECORD
-    files = {n: d / f"{n}.parquet" for n in names}
-    edited = functools.partial(edited_error, again="tli.causal_closure")
-    table, changes, positions = tables["table"], tables["changes"], tables["positions"]
-    label_heads(table, files["table"], "tli.causal_closure")
+    save = read_probe_save(path, CAUSAL_FORMAT, CAUSAL_RECORD, names, (), "tli.causal_closure", {})
+    d, rec, fields, info, edited = save.folder, save.record, save.fields, save.info, save.edited
+    files = {n: save.file(n) for n in names}
+    table, changes, positions = save.tables["table"], save.tables["changes"], save.tables["positions"]
     try:
         summary = CausalClosureSummary(fields["summary"])
         variants = _check_variants(fields["options"].get("variants"))

@@ -45,16 +45,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.heads import ModelInfo, combined_fingerprint, read_layer
+from ..core.heads import ModelInfo, read_layer
 from ..core.legacy import register
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.random import layer_generator
 from ..core.records import index_column, tables_record_files
-from ..core.selection import head_label, head_labels, select_heads
+from ..core.selection import head_label, head_labels
 from ..core.stored import StoreSpec, loads, saves
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError
-from ..sources.tl import TLModelSource
 from .legacy import head_tokens_v030
 from .readout import direction_extremes, float64_tiles, gamma64, layer_counts, row_norms, svd_directions
 from .token_records import (
@@ -63,12 +62,11 @@ from .token_records import (
     check_missing_cosines,
     check_summary,
     edited_error,
-    embedding_fingerprint,
     embedding_matrices,
-    label_heads,
+    model_fingerprints,
     probe_fields,
-    probe_info,
-    read_probe,
+    probe_model,
+    read_probe_save,
     same_floats,
     write_probe,
 )
@@ -421,11 +419,8 @@ def head_tokens(
         OptionTypeError / OptionError: an unknown head or label, ``k`` outside ``1 .. d_vocab``, empty or
             out-of-range ``tokens``, ``n_tokens``/``seed``/``n_directions``/``chunk`` of the wrong type or range.
     """
-    W_E, W_U = embedding_matrices(model, "head_tokens")
+    W_E, W_U, src, info, sel = probe_model(model, heads, "head_tokens")
     d_vocab = int(W_E.shape[0])
-    src = TLModelSource(model)
-    info = probe_info(model, src.info, W_U)
-    sel = select_heads(heads, list(src.layers()), info.n_heads, labels=True)
     k = check_int(k, "k", 1, d_vocab)
     n_tokens = check_int(n_tokens, "n_tokens", 1, MAX_TOKENS)
     seed = check_seed(seed)
@@ -460,8 +455,7 @@ def head_tokens(
         "tokens": how,
         "convention": CONVENTION,
         "processing": dict(info.processing),
-        "weights_fingerprint": combined_fingerprint([(lay, lh.fingerprint()) for lay, lh in layers.items()]),
-        "embedding_fingerprint": embedding_fingerprint(W_E, W_U),
+        **model_fingerprints(layers, W_E, W_U),
         "median_self_rank": rank_stats(table["self_rank_median"].to_numpy(dtype=float))["self_rank_median"],
         "headline": _headline(table, k, len(tok_ids), info.extra.get("post_attention_norm")),
     }
@@ -705,16 +699,14 @@ def load_head_tokens(path: PathLike) -> HeadTokens:
             names the file and the field).
         OptionTypeError: ``path`` is not a path.
     """
-    names = frozenset({"table", "self_ranks", "self_cosines", "top"})
-    d, fields, tables, info = read_probe(path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, names, ("seed", "k"))
-    rec, ft, fr, fo = d / HEAD_TOKENS_RECORD, d / "table.parquet", d / "self_ranks.parquet", d / "top.parquet"
-    fc = d / "self_cosines.parquet"
-    edited = functools.partial(edited_error, again="tli.head_tokens")
-
-    table, ranks, cosines, top = tables["table"], tables["self_ranks"], tables["self_cosines"], tables["top"]
-    if tuple(table.columns) != TABLE_COLUMNS:
-        raise ReportFileError(f"{ft} has columns {list(table.columns)}, not a head-tokens table {list(TABLE_COLUMNS)}.")
-    labels = label_heads(table, ft, "tli.head_tokens")
+    names = ("table", "self_ranks", "self_cosines", "top")
+    columns = {"table": (TABLE_COLUMNS, f"a head-tokens table {list(TABLE_COLUMNS)}")}
+    save = read_probe_save(
+        path, HEAD_TOKENS_FORMAT, HEAD_TOKENS_RECORD, frozenset(names), ("seed", "k"), "tli.head_tokens", columns
+    )
+    d, rec, fields, info, labels, edited = save.folder, save.record, save.fields, save.info, save.labels, save.edited
+    ft, fr, fc, fo = (save.file(n) for n in names)
+    table, ranks, cosines, top = (save.tables[n] for n in names)
     for f, frame in ((fr, ranks), (fc, cosines)):
         if list(frame.columns) != ["token_id", *labels]:
             raise edited(f, f"columns {list(frame.columns)[:6]} are not token_id and the table's heads")

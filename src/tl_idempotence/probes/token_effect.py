@@ -50,7 +50,6 @@ components do in response (self-repair) are not measured.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,7 +57,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..core.heads import ModelInfo, combined_fingerprint, read_layer
+from ..core.heads import ModelInfo, read_layer
 from ..core.legacy import register
 from ..core.options import check_bool, check_int, check_seed, strict_kwargs
 from ..core.records import index_column, tables_record_files
@@ -66,7 +65,7 @@ from ..core.selection import head_labels, select_heads
 from ..core.stored import StoreSpec, loads, saves
 from ..core.tables import FrozenSummary
 from ..errors import OptionError, OptionTypeError, ReportFileError, UnsupportedModelError
-from ..sources.tl import TLModelSource, is_causal_lm
+from ..sources.tl import is_causal_lm
 from .legacy import effect_v030
 from .token_effect_run import EffectRun, LayerOps
 from .token_records import (
@@ -74,13 +73,10 @@ from .token_records import (
     FREE_WINDOW_FIELDS,
     TokenResult,
     check_summary,
-    edited_error,
-    embedding_fingerprint,
-    embedding_matrices,
-    label_heads,
+    model_fingerprints,
     probe_fields,
-    probe_info,
-    read_probe,
+    probe_model,
+    read_probe_save,
     same_floats,
     write_probe,
 )
@@ -393,10 +389,7 @@ def attended_token_effect(
             seed; an explicit ``seq_len`` (text) or token rows longer than the model's ``n_ctx`` (names it); no
             destination position with an eligible source.
     """
-    W_E, W_U = embedding_matrices(model, "attended_token_effect")
-    src = TLModelSource(model)
-    info = probe_info(model, src.info, W_U)
-    sel = select_heads(heads, list(src.layers()), info.n_heads, labels=True)
+    W_E, W_U, src, info, sel = probe_model(model, heads, "attended_token_effect")
     post_hooks = _check_runnable(model, info, list(sel))
     seq_len = _check_context(model, seq_len, texts)
     if max_tokens is not None:
@@ -443,8 +436,7 @@ def attended_token_effect(
         "final_norm": final,
         "test": TEST,
         "processing": dict(info.processing),
-        "weights_fingerprint": combined_fingerprint([(lay, lh.fingerprint()) for lay, lh in layers.items()]),
-        "embedding_fingerprint": embedding_fingerprint(W_E, W_U),
+        **model_fingerprints(layers, W_E, W_U),
     }
     summary["n_negative_q05"], summary["n_positive_q05"] = direction_counts(table)
     summary["headline"] = _headline(table)
@@ -683,17 +675,22 @@ def load_attended_token_effect(path: PathLike) -> AttendedTokenEffect:
             recomputed; names the file and the field).
         OptionTypeError: ``path`` is not a path.
     """
-    names = frozenset({"table", "positions"})
-    d, fields, tables, info = read_probe(path, EFFECT_FORMAT, EFFECT_RECORD, names, ("seed", "predicted_k"))
-    rec, ft, fp = d / EFFECT_RECORD, d / "table.parquet", d / "positions.parquet"
-    edited = functools.partial(edited_error, again="tli.attended_token_effect")
-
-    table, positions = tables["table"], tables["positions"]
-    if tuple(table.columns) != TABLE_COLUMNS:
-        raise ReportFileError(f"{ft} has columns {list(table.columns)}, not an attended-token-effect table.")
-    if tuple(positions.columns) != POSITION_COLUMNS:
-        raise ReportFileError(f"{fp} has columns {list(positions.columns)}, not {list(POSITION_COLUMNS)}.")
-    labels = label_heads(table, ft, "tli.attended_token_effect")
+    columns = {
+        "table": (TABLE_COLUMNS, "an attended-token-effect table"),
+        "positions": (POSITION_COLUMNS, f"{list(POSITION_COLUMNS)}"),
+    }
+    save = read_probe_save(
+        path,
+        EFFECT_FORMAT,
+        EFFECT_RECORD,
+        frozenset(columns),
+        ("seed", "predicted_k"),
+        "tli.attended_token_effect",
+        columns,
+    )
+    d, rec, fields, info, labels, edited = save.folder, save.record, save.fields, save.info, save.labels, save.edited
+    ft, fp = save.file("table"), save.file("positions")
+    table, positions = save.tables["table"], save.tables["positions"]
     try:
         summary = AttendedTokenEffectSummary(fields["summary"])
     except (TypeError, ValueError, OptionError) as e:

@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 
 from ..core.frozen import thawed
-from ..core.heads import ModelInfo, check_weights, combined_fingerprint, read_layer
+from ..core.heads import LayerHeads, ModelInfo, check_weights, combined_fingerprint, read_layer
 from ..core.jsonio import json_restore
 from ..core.legacy import NOT_MEASURED, summary_after_check
 from ..core.legacy import upgrade as upgrade_layout
@@ -41,7 +41,7 @@ from ..core.records import (
     read_tables_record,
     write_tables_record,
 )
-from ..core.selection import head_labels
+from ..core.selection import head_labels, select_heads
 from ..core.store import saved_folder
 from ..core.stored import StoredResult
 from ..core.tables import ModelResult
@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "FREE_MODEL_FIELDS",
     "FREE_WINDOW_FIELDS",
+    "ProbeSave",
     "TokenResult",
     "check_missing_cosines",
     "check_model_fits",
@@ -64,9 +65,12 @@ __all__ = [
     "embedding_fingerprint",
     "embedding_matrices",
     "label_heads",
+    "model_fingerprints",
     "probe_fields",
     "probe_info",
+    "probe_model",
     "read_probe",
+    "read_probe_save",
     "same_floats",
     "write_probe",
 ]
@@ -176,6 +180,33 @@ def embedding_fingerprint(W_E: torch.Tensor, W_U: torch.Tensor) -> str:
         for s in range(0, w.shape[0], 4096):  # row blocks: no full copy of a transposed or tied matrix
             h.update(w[s : s + 4096].contiguous().view(torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
+
+
+def probe_model(
+    model: Any, heads: Any, where: str
+) -> tuple[torch.Tensor, torch.Tensor, TLModelSource, ModelInfo, dict[int, list[int]]]:
+    """What a token probe reads of ``model`` first (SPEC 12): ``(W_E, W_U, source, info, heads)``: the checked
+    embedding and unembedding (:func:`embedding_matrices`; ``where``: the probe, for messages), its head source,
+    its info with every processing flag (:func:`probe_info`) and ``heads`` selected
+    (:func:`~tl_idempotence.core.selection.select_heads`, labels accepted: ``{layer: sorted heads}``).
+
+    Raises:
+        The errors of :func:`embedding_matrices` and of ``select_heads`` (OptionTypeError / OptionError).
+    """
+    W_E, W_U = embedding_matrices(model, where)
+    src = TLModelSource(model)
+    info = probe_info(model, src.info, W_U)
+    return W_E, W_U, src, info, select_heads(heads, list(src.layers()), info.n_heads, labels=True)
+
+
+def model_fingerprints(layers: Mapping[int, LayerHeads], W_E: torch.Tensor, W_U: torch.Tensor) -> dict[str, str]:
+    """A token probe's summary fields of the weights it read: ``weights_fingerprint`` (of the measured ``layers``,
+    :func:`~tl_idempotence.core.heads.combined_fingerprint`) and ``embedding_fingerprint``
+    (:func:`embedding_fingerprint`). Raises nothing."""
+    return {
+        "weights_fingerprint": combined_fingerprint([(lay, lh.fingerprint()) for lay, lh in layers.items()]),
+        "embedding_fingerprint": embedding_fingerprint(W_E, W_U),
+    }
 
 
 class TokenResult(StoredResult, ModelResult, DrawnResult):
@@ -335,6 +366,53 @@ def read_probe(
     check_float_keys(rec, fields, fk)
     check_identity(rec, fields["summary"], fields["options"], restated, info, tables.get("table"), d / "table.parquet")
     return d, fields, tables, info
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeSave:
+    """A probe's save read back by :func:`read_probe_save`: its folder, record file, record fields, tables, info and
+    head labels (its table indexed by them), and ``again``, what to compute again when a file was edited."""
+
+    folder: Path
+    record: Path
+    fields: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+    info: ModelInfo
+    labels: list[str]
+    again: str
+
+    def file(self, name: str) -> Path:
+        """The file of the table ``name`` (``table.parquet``)."""
+        return self.folder / f"{name}.parquet"
+
+    def edited(self, f: Path, what: str) -> ReportFileError:
+        """:func:`edited_error` of ``f``, with what to compute again."""
+        return edited_error(f, what, self.again)
+
+
+def read_probe_save(
+    path: PathLike,
+    fmt: str,
+    record: str,
+    names: frozenset[str],
+    restated: tuple[str, ...],
+    again: str,
+    columns: Mapping[str, tuple[tuple[str, ...], str]],
+) -> ProbeSave:
+    """What every token probe's loader reads first: :func:`read_probe`, then the columns of the tables in
+    ``columns`` (name -> (columns, what they are for the message)), in order, then the head labels of its
+    ``table`` (:func:`label_heads`; ``again``: what to compute again).
+
+    Raises:
+        The errors of :func:`read_probe` and :func:`label_heads`. ReportFileError: a table of other columns
+            (``"{file} has columns [...], not {what}."``).
+    """
+    d, fields, tables, info = read_probe(path, fmt, record, names, restated)
+    for name, (want, what) in columns.items():
+        if tuple(tables[name].columns) != want:
+            raise ReportFileError(f"{d / f'{name}.parquet'} has columns {list(tables[name].columns)}, not {what}.")
+    labels = label_heads(tables["table"], d / "table.parquet", again)
+    return ProbeSave(d, d / record, fields, tables, info, labels, again)
 
 
 def check_model_fits(what: str, summary: Mapping[str, Any], info: ModelInfo, layers: list[int], model: Any) -> None:

@@ -89,6 +89,23 @@ def test_head_tokens_refuses_a_table_edit_with_recomputed_digests(readout, tmp_p
         tli.load_head_tokens(d)
 
 
+@pytest.mark.parametrize(
+    ("which", "table", "match"),
+    [
+        ("readout", "table", r"table\.parquet has columns \[.*\], not a head-tokens table \['layer'"),
+        ("effect", "table", r"table\.parquet has columns \[.*\], not an attended-token-effect table\.$"),
+        ("effect", "positions", r"positions\.parquet has columns \[.*\], not \['label'"),
+    ],
+)
+def test_a_table_of_other_columns_is_refused_naming_it(readout, effect, tmp_path, which, table, match):
+    result, load = (readout, tli.load_head_tokens) if which == "readout" else (effect, tli.load_attended_token_effect)
+    d = Path(result.save(tmp_path / "c"))
+    record = "head_tokens.json" if which == "readout" else "attended_token_effect.json"
+    redigest(d, record, tables={table: lambda df: df.drop(columns=df.columns[-1])})
+    with pytest.raises(ReportFileError, match=match):
+        load(d)
+
+
 def test_head_tokens_refuses_singular_values_out_of_order(readout, tmp_path):
     d = Path(readout.save(tmp_path / "t"))
     redigest(d, "head_tokens.json", fields=lambda r: r["sigmas"]["L1H0"].update(sigma_2=9.0))
