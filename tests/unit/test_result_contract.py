@@ -381,18 +381,31 @@ def _package_classes() -> dict[str, ClassInfo]:
 
     import tl_idempotence
 
+    def spec_name(value: ast.expr | None) -> str | None:
+        """The name of ``StoreSpec(name=...)``, or of the module-level StoreSpec it names (``store = X_STORE``)."""
+        if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "StoreSpec":
+            return next(ast.literal_eval(k.value) for k in value.keywords if k.arg == "name")
+        return specs.get(value.id) if isinstance(value, ast.Name) else None
+
     root = Path(tl_idempotence.__file__).parent
+    trees = {f: ast.parse(f.read_text("utf-8")) for f in sorted(root.rglob("*.py"))}
+    specs: dict[str, str] = {}  # the package's module-level ``X_STORE = StoreSpec(name=...)`` by variable name
+    for tree in trees.values():
+        for item in tree.body:
+            if isinstance(item, ast.Assign) and len(item.targets) == 1 and isinstance(item.targets[0], ast.Name):
+                name = spec_name(item.value) if isinstance(item.value, ast.Call) else None
+                if name is not None:
+                    specs[item.targets[0].id] = name
     out: dict[str, ClassInfo] = {}
-    for f in sorted(root.rglob("*.py")):
+    for f, tree in trees.items():
         module = ".".join(("tl_idempotence", *f.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
-        for node in ast.walk(ast.parse(f.read_text("utf-8"))):
+        for node in ast.walk(tree):
             if not isinstance(node, ast.ClassDef):
                 continue
             store = None
             for item in node.body:
                 value = item.value if isinstance(item, (ast.Assign, ast.AnnAssign)) else None
-                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "StoreSpec":
-                    store = next(ast.literal_eval(k.value) for k in value.keywords if k.arg == "name")
+                store = spec_name(value) or store
             saves = any(isinstance(i, ast.FunctionDef) and i.name == "save" for i in node.body)
             bases = tuple(b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases)
             out[node.name] = ClassInfo(node.name, module, bases, saves, store)

@@ -1,7 +1,7 @@
 """THE list of stored result types: every result that saves itself declares it here, once, and passes one contract.
 
 A stored result class derives from :class:`StoredResult` and declares, in its class body, a :class:`StoreSpec`
-(``store = StoreSpec(name="report", record="report.json", formats=(...), ...)``): the class is then in
+(``store = StoreSpec(name="report", formats=(...), ...)``, its record ``report.json``): the class is then in
 :data:`STORED` under that name. Every stored result
 
 * saves through THE store (:func:`~tl_idempotence.core.store.write_folder`: written beside its folder and put in
@@ -50,21 +50,28 @@ class StoreSpec:
 
     Attributes:
         name: the type's name in :data:`STORED` (``"report"``, ``"head_roles"``).
-        record: the record's file name in the folder (``"report.json"``).
-        formats: the record ``format`` values its loader reads (this version's first).
+        record: the record's file name in the folder (``"report.json"``); not given (``""``): ``f"{name}.json"``.
+        formats: the record ``format`` values its loader reads (this version's first: :attr:`format`).
         free_fields: record fields (dotted paths into the JSON record, a list index as ``*``) that nothing derives
             or restates, with why: an edit of one loads as edited (provenance such as the versions that computed the
             numbers, or wall-clock seconds). Every other field's edit is refused by the loader.
     """
 
     name: str
-    record: str
-    formats: tuple[str, ...]
+    record: str = ""
+    formats: tuple[str, ...] = ()
     free_fields: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.record and self.name.isidentifier():
+            object.__setattr__(self, "record", f"{self.name}.json")
         if not (self.name.isidentifier() and self.record.endswith(".json") and self.formats):
             raise ValueError(f"a StoreSpec needs a name, a .json record and its formats; got {self!r}.")
+
+    @property
+    def format(self) -> str:
+        """The record ``format`` this version writes (the first of :attr:`formats`)."""
+        return self.formats[0]
 
 
 #: Every stored result type by its :attr:`StoreSpec.name` (filled as their modules are imported).

@@ -107,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "CAUSAL_FORMAT",
     "CAUSAL_RECORD",
+    "CAUSAL_STORE",
     "CHANGE_COLUMNS",
     "NO_CHANGE",
     "POSITION_COLUMNS",
@@ -118,8 +119,21 @@ __all__ = [
     "save_causal_closure",
 ]
 
-CAUSAL_FORMAT = "tli-causal-closure-1"
-CAUSAL_RECORD = "causal_closure.json"
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+CAUSAL_FREE_FIELDS = (
+    *FREE_MODEL_FIELDS,
+    *FREE_WINDOW_FIELDS,
+    ("summary.batching", "how the passes were batched: no number depends on it beyond float rounding"),
+    ("summary.edits_per_pass", "a performance setting: edits per forward pass"),
+    ("summary.check_max_abs_diff", "measured during the run (the batched check copy), recorded once"),
+    ("summary.threads", "a performance setting: torch's thread count of the edited passes"),
+    ("options.batch_size", "a performance setting: windows per clean pass; no number depends on it"),
+    ("options.edits_per_pass", "a performance setting: edits per forward pass, as asked (None: automatic)"),
+)
+#: How a causal closure is stored (:class:`~tl_idempotence.core.stored.StoreSpec`).
+CAUSAL_STORE = StoreSpec(name="causal_closure", formats=("tli-causal-closure-1",), free_fields=CAUSAL_FREE_FIELDS)
+CAUSAL_FORMAT = CAUSAL_STORE.format
+CAUSAL_RECORD = CAUSAL_STORE.record
 
 
 class CausalClosureSummary(FrozenSummary):
@@ -145,19 +159,6 @@ class CausalClosureSummary(FrozenSummary):
     headline: str
 
 
-#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
-CAUSAL_FREE_FIELDS = (
-    *FREE_MODEL_FIELDS,
-    *FREE_WINDOW_FIELDS,
-    ("summary.batching", "how the passes were batched: no number depends on it beyond float rounding"),
-    ("summary.edits_per_pass", "a performance setting: edits per forward pass"),
-    ("summary.check_max_abs_diff", "measured during the run (the batched check copy), recorded once"),
-    ("summary.threads", "a performance setting: torch's thread count of the edited passes"),
-    ("options.batch_size", "a performance setting: windows per clean pass; no number depends on it"),
-    ("options.edits_per_pass", "a performance setting: edits per forward pass, as asked (None: automatic)"),
-)
-
-
 class CausalClosure(
     TokenResult,
     repr_keys="model_name n_heads n_positions n_windows",
@@ -180,12 +181,7 @@ class CausalClosure(
         loaded_from: the folder :func:`load_causal_closure` read it from, else None.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="causal_closure",
-        record=CAUSAL_RECORD,
-        formats=(CAUSAL_FORMAT,),
-        free_fields=CAUSAL_FREE_FIELDS,
-    )
+    store: ClassVar[StoreSpec] = CAUSAL_STORE
 
     positions: pd.DataFrame
     changes: pd.DataFrame

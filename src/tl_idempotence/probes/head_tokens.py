@@ -148,8 +148,19 @@ def _check_stated(
             raise edited(rec, f"{lab}'s sigmas are not singular values (finite, >= 0, non-increasing)")
 
 
-HEAD_TOKENS_FORMAT = "tl_idempotence.head_tokens/1"
-HEAD_TOKENS_RECORD = "head_tokens.json"
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+HEAD_TOKENS_FREE_FIELDS = (
+    *FREE_MODEL_FIELDS,
+    ("options.chunk", "a performance setting: source tokens per product; no number depends on it"),
+    ("sigmas.*.sigma_[2-9]", "the singular values beyond the first, recorded once for the direction lists"),
+    ("sigmas.*.sigma_[1-9][0-9]*", "the singular values beyond the first, recorded once"),
+)
+#: How a head-tokens result is stored (:class:`~tl_idempotence.core.stored.StoreSpec`).
+HEAD_TOKENS_STORE = StoreSpec(
+    name="head_tokens", formats=("tl_idempotence.head_tokens/1",), free_fields=HEAD_TOKENS_FREE_FIELDS
+)
+HEAD_TOKENS_FORMAT = HEAD_TOKENS_STORE.format
+HEAD_TOKENS_RECORD = HEAD_TOKENS_STORE.record
 
 
 class HeadTokensSummary(FrozenSummary):
@@ -171,15 +182,6 @@ class HeadTokensSummary(FrozenSummary):
     median_self_rank: float
     headline: str
     not_measured: Mapping[str, str]
-
-
-#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
-HEAD_TOKENS_FREE_FIELDS = (
-    *FREE_MODEL_FIELDS,
-    ("options.chunk", "a performance setting: source tokens per product; no number depends on it"),
-    ("sigmas.*.sigma_[2-9]", "the singular values beyond the first, recorded once for the direction lists"),
-    ("sigmas.*.sigma_[1-9][0-9]*", "the singular values beyond the first, recorded once"),
-)
 
 
 class HeadTokens(
@@ -213,12 +215,7 @@ class HeadTokens(
             None.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="head_tokens",
-        record=HEAD_TOKENS_RECORD,
-        formats=(HEAD_TOKENS_FORMAT,),
-        free_fields=HEAD_TOKENS_FREE_FIELDS,
-    )
+    store: ClassVar[StoreSpec] = HEAD_TOKENS_STORE
 
     _ranks: np.ndarray  # [heads, tokens] float64
     _cosines: np.ndarray  # [heads, tokens] float64

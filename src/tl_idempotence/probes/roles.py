@@ -107,6 +107,11 @@ HEAD_ROLES_FREE_FIELDS = (
     ("info.d_head", "the model's head size, recorded once (identity checks compare it with a model)"),
     ("summary.layer_fingerprints", "the weights' sha256 per layer, recorded once (joins compare them)"),
 )
+#: How head roles are stored (:class:`~tl_idempotence.core.stored.StoreSpec`): their record file (a role
+#: association's too, :data:`ROLES_RECORD`) and format (:data:`HEAD_ROLES_FORMAT`).
+HEAD_ROLES_STORE = StoreSpec(
+    name="head_roles", record="roles.json", formats=("tl_idempotence.head_roles/1",), free_fields=HEAD_ROLES_FREE_FIELDS
+)
 
 
 class HeadRoles(
@@ -140,12 +145,7 @@ class HeadRoles(
             refuses to write there); None for a computed result.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="head_roles",
-        record="roles.json",
-        formats=("tl_idempotence.head_roles/1",),
-        free_fields=HEAD_ROLES_FREE_FIELDS,
-    )
+    store: ClassVar[StoreSpec] = HEAD_ROLES_STORE
 
     settable: ClassVar[frozenset[str]] = frozenset({"loaded_from"})  # set once by load_roles, never a number
 
@@ -501,8 +501,8 @@ FIXED_SUMMARY = {
 #: What a roles save refused for a file name says to use instead.
 ROLES_HINT = "; for a page use rep.save_html(path, roles=...), for a table or JSON rep.export(path) (the CLI's --roles)"
 #: The record file of a saved roles result and its two formats.
-ROLES_RECORD = "roles.json"
-HEAD_ROLES_FORMAT = "tl_idempotence.head_roles/1"
+ROLES_RECORD = HEAD_ROLES_STORE.record
+HEAD_ROLES_FORMAT = HEAD_ROLES_STORE.format
 ASSOCIATION_FORMAT = "tl_idempotence.role_association/1"
 #: The columns of a head-roles table, in order.
 ROLE_TABLE_COLUMNS = ("layer", "head", "kv_head", *ROLES, "reason")

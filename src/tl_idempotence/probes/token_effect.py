@@ -104,8 +104,18 @@ CONVENTION = (
 )
 
 
-EFFECT_FORMAT = "tl_idempotence.attended_token_effect/1"
-EFFECT_RECORD = "attended_token_effect.json"
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+EFFECT_FREE_FIELDS = (
+    *FREE_MODEL_FIELDS,
+    *FREE_WINDOW_FIELDS,
+    ("options.batch_size", "a performance setting: windows per forward pass; no number depends on it"),
+)
+#: How an attended-token effect is stored (:class:`~tl_idempotence.core.stored.StoreSpec`).
+EFFECT_STORE = StoreSpec(
+    name="attended_token_effect", formats=("tl_idempotence.attended_token_effect/1",), free_fields=EFFECT_FREE_FIELDS
+)
+EFFECT_FORMAT = EFFECT_STORE.format
+EFFECT_RECORD = EFFECT_STORE.record
 
 
 #: What ``summary["test"]`` says.
@@ -133,14 +143,6 @@ class AttendedTokenEffectSummary(FrozenSummary):
     n_positive_q05: int
     headline: str
     not_measured: Mapping[str, str]
-
-
-#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
-EFFECT_FREE_FIELDS = (
-    *FREE_MODEL_FIELDS,
-    *FREE_WINDOW_FIELDS,
-    ("options.batch_size", "a performance setting: windows per forward pass; no number depends on it"),
-)
 
 
 class AttendedTokenEffect(
@@ -179,12 +181,7 @@ class AttendedTokenEffect(
             there), else None.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="attended_token_effect",
-        record=EFFECT_RECORD,
-        formats=(EFFECT_FORMAT,),
-        free_fields=EFFECT_FREE_FIELDS,
-    )
+    store: ClassVar[StoreSpec] = EFFECT_STORE
 
     positions: pd.DataFrame
     summary: AttendedTokenEffectSummary

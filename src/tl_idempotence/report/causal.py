@@ -68,8 +68,20 @@ __all__ = [
     "save_causal_test",
 ]
 
-CAUSAL_TEST_FORMAT = "tli-causal-test-1"
-CAUSAL_TEST_RECORD = "causal_test.json"
+#: Why the permutations' count and seed are free fields of a save.
+_ONLY_DRAWN = (
+    "used only where the relabellings exceed 100,000 (the comparison records the method and count used, recomputed "
+    "on load)"
+)
+#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
+CAUSAL_TEST_FREE_FIELDS = (
+    ("summary.n_permutations", _ONLY_DRAWN),
+    ("summary.seed", _ONLY_DRAWN),
+)
+#: How a causal test is stored (:class:`~tl_idempotence.core.stored.StoreSpec`).
+CAUSAL_TEST_STORE = StoreSpec(name="causal_test", formats=("tli-causal-test-1",), free_fields=CAUSAL_TEST_FREE_FIELDS)
+CAUSAL_TEST_FORMAT = CAUSAL_TEST_STORE.format
+CAUSAL_TEST_RECORD = CAUSAL_TEST_STORE.record
 #: The quantities compared, closed against controls (per-head column ``{quantity}_{variant}``), and what each is.
 QUANTITIES = {
     "abs_total": "|median total change| of the attended token's final logit (logit units)",
@@ -92,13 +104,6 @@ MAX_EXACT = 100_000
 LEVEL = 0.05
 
 
-#: Why the permutations' count and seed are free fields of a save.
-_ONLY_DRAWN = (
-    "used only where the relabellings exceed 100,000 (the comparison records the method and count used, recomputed "
-    "on load)"
-)
-
-
 class CausalTestSummary(FrozenSummary):
     """The summary of :class:`CausalTest` (typed, read-only)."""
 
@@ -117,13 +122,6 @@ class CausalTestSummary(FrozenSummary):
     n_positions: int
     notes: list[str]
     headline: str
-
-
-#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
-CAUSAL_TEST_FREE_FIELDS = (
-    ("summary.n_permutations", _ONLY_DRAWN),
-    ("summary.seed", _ONLY_DRAWN),
-)
 
 
 class CausalTest(
@@ -151,12 +149,7 @@ class CausalTest(
         loaded_from: the folder :func:`load_causal_test` read it from, else None.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="causal_test",
-        record=CAUSAL_TEST_RECORD,
-        formats=(CAUSAL_TEST_FORMAT,),
-        free_fields=CAUSAL_TEST_FREE_FIELDS,
-    )
+    store: ClassVar[StoreSpec] = CAUSAL_TEST_STORE
 
     pairs: pd.DataFrame
     comparison: pd.DataFrame

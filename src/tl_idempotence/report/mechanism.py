@@ -70,7 +70,14 @@ from .mechanism_stats import SIGNED as SIGNED
 from .mechanism_stats import derive_tests as derive_tests
 from .mechanism_stats import joined_reasons
 from .mechanism_stats import sign_summary as sign_summary
-from .mechanism_tables import COPYING_OWN_CONVENTION, PART_COLUMNS, PROJECTION_COLUMNS, ROLE_COLUMNS, derive_all
+from .mechanism_tables import (
+    COPYING_OWN_CONVENTION,
+    MECHANISM_STORE,
+    PART_COLUMNS,
+    PROJECTION_COLUMNS,
+    ROLE_COLUMNS,
+    derive_all,
+)
 from .mechanism_tables import MECHANISM_FORMAT as MECHANISM_FORMAT
 from .mechanism_tables import MECHANISM_RECORD as MECHANISM_RECORD
 from .mechanism_tables import RECOMPUTED as RECOMPUTED
@@ -141,14 +148,6 @@ class MechanismSummary(FrozenSummary):
     not_measured: Mapping[str, str]
 
 
-#: The record fields of its save that nothing derives or restates, with why (:attr:`StoreSpec.free_fields`).
-MECHANISM_FREE_FIELDS = (
-    ("summary.embedding_tie.how", "how the embeddings' tie was read off the model, recorded once"),
-    ("summary.embedding_tie.max_rel_diff", "the measured gap between W_U and W_Eᵀ, recorded once"),
-    ("summary.embedding_tie.dtypes", "the embeddings' dtypes, recorded once"),
-)
-
-
 class Mechanism(
     StoredResult,
     FrozenResult,
@@ -204,12 +203,7 @@ class Mechanism(
             (:meth:`save` refuses to write there), else None.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="mechanism",
-        record=MECHANISM_RECORD,
-        formats=(MECHANISM_FORMAT,),
-        free_fields=MECHANISM_FREE_FIELDS,
-    )
+    store: ClassVar[StoreSpec] = MECHANISM_STORE
 
     signs: pd.DataFrame
     weights: pd.DataFrame

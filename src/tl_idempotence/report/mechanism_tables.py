@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..core.jsonio import json_restore
 from ..core.records import json_like, same_value
+from ..core.stored import StoreSpec
 from ..errors import ReportFileError
 from .mechanism_controls import DERIVED_COLUMNS, derive_controls
 from .mechanism_stats import derive_tests
@@ -22,6 +23,7 @@ __all__ = [
     "COPYING_OWN_CONVENTION",
     "MECHANISM_FORMAT",
     "MECHANISM_RECORD",
+    "MECHANISM_STORE",
     "PART_COLUMNS",
     "PROJECTION_COLUMNS",
     "RECOMPUTED",
@@ -33,8 +35,19 @@ __all__ = [
     "derived",
 ]
 
-MECHANISM_FORMAT = "tl_idempotence.mechanism/2"
-MECHANISM_RECORD = "mechanism.json"
+#: How a mechanism result is stored (:class:`~tl_idempotence.core.stored.StoreSpec`): its record's format and the
+#: record fields of its save that nothing derives or restates, with why.
+MECHANISM_STORE = StoreSpec(
+    name="mechanism",
+    formats=("tl_idempotence.mechanism/2",),
+    free_fields=(
+        ("summary.embedding_tie.how", "how the embeddings' tie was read off the model, recorded once"),
+        ("summary.embedding_tie.max_rel_diff", "the measured gap between W_U and W_Eᵀ, recorded once"),
+        ("summary.embedding_tie.dtypes", "the embeddings' dtypes, recorded once"),
+    ),
+)
+MECHANISM_FORMAT = MECHANISM_STORE.format
+MECHANISM_RECORD = MECHANISM_STORE.record
 
 #: What ``summary["conventions"]["copying_own"]`` says (the G = I copying score).
 COPYING_OWN_CONVENTION = "Re Σλ / Σ|λ| over T's own eigenvalues (G = I)"

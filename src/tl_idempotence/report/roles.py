@@ -126,7 +126,7 @@ class RoleAssociation(
     store: ClassVar[StoreSpec] = StoreSpec(  # saved as head roles are, in their record file (load_roles reads both)
         name="role_association",
         record=HeadRoles.store.record,
-        formats=("tl_idempotence.role_association/1",),
+        formats=(ASSOCIATION_FORMAT,),
         free_fields=HeadRoles.store.free_fields,
     )
 

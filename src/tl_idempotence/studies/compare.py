@@ -43,9 +43,7 @@ from ..report.identity import compared_options, option_differences, processing_k
 from ..report.report import IdempotenceReport, load_report
 from ..views.results import DrawnResult
 from .compare_store import (
-    COMPARISON_FORMAT,
-    COMPARISON_FREE_FIELDS,
-    COMPARISON_RECORD,
+    COMPARISON_STORE,
     check_comparison,
     edited_comparison,
     read_comparison,
@@ -211,9 +209,7 @@ class Comparison(
     :meth:`save` writes a folder (its reports, its table, one record); :meth:`load` reads it back, checked.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="comparison", record=COMPARISON_RECORD, formats=(COMPARISON_FORMAT,), free_fields=COMPARISON_FREE_FIELDS
-    )
+    store: ClassVar[StoreSpec] = COMPARISON_STORE
 
     reports: Mapping[str, IdempotenceReport]
     options: ReportOptions

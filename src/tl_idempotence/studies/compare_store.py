@@ -28,7 +28,7 @@ from ..core.files import refuse_outputs_over_inputs
 from ..core.frozen import thawed
 from ..core.outputs import refuse_file_name
 from ..core.records import float_keys, read_fields_record, same_value, write_tables_record
-from ..core.stored import saves
+from ..core.stored import StoreSpec, saves
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from ..report.report import IdempotenceReport
 from ..report.store import ReportRecord, record_files
@@ -40,6 +40,7 @@ __all__ = [
     "COMPARISON_FORMAT",
     "COMPARISON_FREE_FIELDS",
     "COMPARISON_RECORD",
+    "COMPARISON_STORE",
     "check_comparison",
     "check_same_table",
     "edited_comparison",
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 COMPARISON_FORMAT = "tl_idempotence.comparison/1"
-COMPARISON_RECORD = "comparison.json"
 #: The record fields of a saved comparison that nothing in it restates (``StoreSpec.free_fields``).
 COMPARISON_FREE_FIELDS = (
     (
@@ -57,6 +57,9 @@ COMPARISON_FREE_FIELDS = (
         "compared (results agree across devices to float64 rounding)",
     ),
 )
+#: How a comparison is stored (:class:`~tl_idempotence.core.stored.StoreSpec`), and its record's file name.
+COMPARISON_STORE = StoreSpec(name="comparison", formats=(COMPARISON_FORMAT,), free_fields=COMPARISON_FREE_FIELDS)
+COMPARISON_RECORD = COMPARISON_STORE.record
 _FIELDS = ["format", "labels", "parts", "options", "summary", "float_keys"]
 
 

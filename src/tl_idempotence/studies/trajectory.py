@@ -65,9 +65,7 @@ from ..sources.tl import bridge_from_dir, is_tl_model
 from ..views.results import DrawnResult
 from .cluster import cache_name, check_cluster_trajectory, run_trajectory_on_cluster
 from .trajectory_store import (
-    TRAJECTORY_FORMAT,
-    TRAJECTORY_FREE_FIELDS,
-    TRAJECTORY_RECORD,
+    TRAJECTORY_STORE,
     check_trajectory_summary,
     checkpoint_relations,
     read_trajectory,
@@ -350,9 +348,7 @@ class Trajectory(
     :meth:`save` writes a folder (the three tables and one record); :meth:`load` reads it back, checked.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="trajectory", record=TRAJECTORY_RECORD, formats=(TRAJECTORY_FORMAT,), free_fields=TRAJECTORY_FREE_FIELDS
-    )
+    store: ClassVar[StoreSpec] = TRAJECTORY_STORE
 
     heads: pd.DataFrame
     layers: pd.DataFrame

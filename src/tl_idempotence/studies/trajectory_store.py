@@ -33,7 +33,7 @@ from ..core.heads import combined_fingerprint
 from ..core.outputs import check_save_target
 from ..core.processing import T_PROCESSING
 from ..core.records import float_keys, index_column, read_fields_record, same_value, write_tables_record
-from ..core.stored import saves
+from ..core.stored import StoreSpec, saves
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from .compare_store import check_same_table
 
@@ -44,6 +44,7 @@ __all__ = [
     "TRAJECTORY_FORMAT",
     "TRAJECTORY_FREE_FIELDS",
     "TRAJECTORY_RECORD",
+    "TRAJECTORY_STORE",
     "TRAJECTORY_TABLES",
     "check_trajectory_summary",
     "checkpoint_relations",
@@ -52,7 +53,6 @@ __all__ = [
 ]
 
 TRAJECTORY_FORMAT = "tl_idempotence.trajectory/1"
-TRAJECTORY_RECORD = "trajectory.json"
 TRAJECTORY_TABLES = ("heads", "layers", "checkpoints")
 #: The record fields of a saved trajectory that its tables do not restate (``StoreSpec.free_fields``): a trajectory
 #: keeps each checkpoint's per-head and per-layer results, not the draws or the run.
@@ -69,6 +69,9 @@ TRAJECTORY_FREE_FIELDS = (
         "where the reports were computed: provenance (results agree across devices to float64 rounding)",
     ),
 )
+#: How a trajectory is stored (:class:`~tl_idempotence.core.stored.StoreSpec`), and its record's file name.
+TRAJECTORY_STORE = StoreSpec(name="trajectory", formats=(TRAJECTORY_FORMAT,), free_fields=TRAJECTORY_FREE_FIELDS)
+TRAJECTORY_RECORD = TRAJECTORY_STORE.record
 _FIELDS = ["format", "threshold", "options", "summary", "float_keys"]
 _LEAD = ["checkpoint", "order", "step"]
 

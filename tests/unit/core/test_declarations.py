@@ -75,3 +75,29 @@ def test_library_declarations() -> None:
         "attended_token_effect",
         "causal_closure",
     ]
+
+
+def test_a_store_spec_states_its_record_once():
+    """A StoreSpec's record is ``<name>.json`` unless it says otherwise, and ``format`` is its first format; every
+    stored type's constants read their StoreSpec (issue 45)."""
+    from tl_idempotence.core.stored import STORED, StoreSpec
+    from tl_idempotence.probes import causal, roles
+    from tl_idempotence.probes.ablation import store as ablation_store
+    from tl_idempotence.report import roles as role_association  # noqa: F401 (its type in STORED)
+
+    spec = StoreSpec(name="probe_x", formats=("x/2", "x/1"))
+    assert (spec.record, spec.format, spec.free_fields) == ("probe_x.json", "x/2", ())
+    assert repr(spec) == "StoreSpec(name='probe_x', record='probe_x.json', formats=('x/2', 'x/1'), free_fields=())"
+    assert StoreSpec("roles_x", "roles.json", ("r/1",)).record == "roles.json"  # an exception states its own
+    with pytest.raises(ValueError, match=r"a StoreSpec needs a name, a \.json record and its formats"):
+        StoreSpec(name="probe_x")
+    with pytest.raises(ValueError, match="a StoreSpec needs"):
+        StoreSpec(name="not a name", formats=("x/1",))
+    assert (causal.CAUSAL_RECORD, causal.CAUSAL_FORMAT) == ("causal_closure.json", "tli-causal-closure-1")
+    assert (roles.ROLES_RECORD, roles.HEAD_ROLES_FORMAT) == ("roles.json", "tl_idempotence.head_roles/1")
+    assert ablation_store.ABLATION_RECORD == "ablation.json"
+    assert STORED["ablation"].store is ablation_store.ABLATION_STORE
+    assert {n: c.store.record for n, c in STORED.items() if c.store.record != f"{n}.json"} == {
+        "head_roles": "roles.json",
+        "role_association": "roles.json",
+    }

@@ -15,7 +15,7 @@ from ...core.heads import ModelInfo
 from ...core.stored import StoredResult, StoreSpec, loads
 from ...core.tables import ImmutableResult
 from ...views.results import DrawnResult
-from .store import ABLATION_FORMAT, ABLATION_FREE_FIELDS, ABLATION_RECORD, read_ablation
+from .store import ABLATION_FORMAT, ABLATION_FREE_FIELDS, ABLATION_RECORD, ABLATION_STORE, read_ablation
 from .tables import (
     AblationSummary,
     Losses,
@@ -91,9 +91,7 @@ class Ablation(
     ``loss_clean``, ``loss_ablated``. ``repr`` ends with ``controls_warning`` when there is one.
     """
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="ablation", record=ABLATION_RECORD, formats=(ABLATION_FORMAT,), free_fields=ABLATION_FREE_FIELDS
-    )
+    store: ClassVar[StoreSpec] = ABLATION_STORE
 
     heads: pd.DataFrame
     controls: pd.DataFrame

@@ -37,7 +37,7 @@ import pandas as pd
 from ...core.heads import ModelInfo, kv_layout
 from ...core.outputs import check_save_target
 from ...core.records import check_identity, index_column, same_value, write_tables_record
-from ...core.stored import saves
+from ...core.stored import StoreSpec, saves
 from ...errors import OptionError, OptionTypeError, ReportFileError
 from ..token_records import edited_error, probe_fields, read_probe
 from .controls import SetPlan, plan_sets, set_labels
@@ -52,14 +52,14 @@ __all__ = [
     "ABLATION_FORMAT",
     "ABLATION_FREE_FIELDS",
     "ABLATION_RECORD",
+    "ABLATION_STORE",
     "ABLATION_TABLES",
     "read_ablation",
     "save_ablation",
 ]
 
-#: The record format of a saved ablation (:mod:`tl_idempotence.probes.ablation.store`) and its file name.
+#: The record format of a saved ablation (:mod:`tl_idempotence.probes.ablation.store`).
 ABLATION_FORMAT = "tl_idempotence.ablation/1"
-ABLATION_RECORD = "ablation.json"
 #: The record fields of a saved ablation that nothing in the save derives or restates (``StoreSpec.free_fields``):
 #: the run's provenance and the model's sizes no number depends on. Every other field is recomputed or checked by
 #: :func:`~tl_idempotence.probes.ablation.store.load_ablation`.
@@ -83,6 +83,9 @@ ABLATION_FREE_FIELDS = (
     ("info.processing", "the weights' processing, recorded once (the summary does not restate it)"),
     ("info.extra", "free-form notes of the model's source"),
 )
+#: How an ablation is stored (:class:`~tl_idempotence.core.stored.StoreSpec`), and its record's file name.
+ABLATION_STORE = StoreSpec(name="ablation", formats=(ABLATION_FORMAT,), free_fields=ABLATION_FREE_FIELDS)
+ABLATION_RECORD = ABLATION_STORE.record
 
 
 #: The tables of a saved ablation.
