@@ -39,7 +39,7 @@ from .hooks import HookPoint, hook_points_of
 from .join_spec import check_identity
 from .mechanism_spec import MECHANISM
 from .roles_spec import CIRCUIT, ROLES
-from .store import FORMAT, RECORD, REPORT_FREE_FIELDS, add_q_values, read_record
+from .store import REPORT_STORE, add_q_values, read_record
 from .summary import REPR_FIELDS, RecordMap, ReportSummary, build_summary, format_paper_table, paper_table
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -128,12 +128,7 @@ class IdempotenceReport(
     options: ReportOptions
     _model_ref: Any
 
-    store: ClassVar[StoreSpec] = StoreSpec(
-        name="report",
-        record=RECORD,
-        formats=(FORMAT,),
-        free_fields=REPORT_FREE_FIELDS,
-    )
+    store: ClassVar[StoreSpec] = REPORT_STORE
 
     def __init__(
         self,

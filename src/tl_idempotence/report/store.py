@@ -47,6 +47,7 @@ from ..core.records import (
 )
 from ..core.selection import head_label
 from ..core.store import write_folder
+from ..core.stored import StoreSpec
 from ..errors import OptionError, OptionTypeError, ReportFileError
 from .parts import json_restore, json_safe
 from .summary import ReportSummary, build_summary, field_rules, optional_field
@@ -54,6 +55,7 @@ from .summary import ReportSummary, build_summary, field_rules, optional_field
 __all__ = [
     "FORMAT",
     "RECORD",
+    "REPORT_STORE",
     "TABLE_NAMES",
     "ReportFileError",
     "ReportRecord",
@@ -63,8 +65,6 @@ __all__ = [
     "write_record",
 ]
 
-FORMAT = "tl_idempotence.report/1"
-RECORD = "report.json"
 #: The record fields of a saved report that nothing derives or restates, with why (``StoreSpec.free_fields``).
 REPORT_FREE_FIELDS = (
     ("summary.versions", "the versions of the code that computed the numbers: recorded once, provenance"),
@@ -72,6 +72,10 @@ REPORT_FREE_FIELDS = (
     ("summary.n_params", "a route's addition (a comparison's parameter count from checkpoint headers)"),
     ("info.extra", "free-form notes of the source (its file names, the architecture's note)"),
 )
+#: How a report is stored (:class:`~tl_idempotence.core.stored.StoreSpec`).
+REPORT_STORE = StoreSpec(name="report", formats=("tl_idempotence.report/1",), free_fields=REPORT_FREE_FIELDS)
+FORMAT = REPORT_STORE.format
+RECORD = REPORT_STORE.record
 
 
 @dataclass
