@@ -94,14 +94,27 @@ def _imports(src: Path, files: tuple[tuple[Path, int, int], ...]) -> tuple[tuple
     return tuple(out)
 
 
-def lazy_reference(node: ast.AST) -> tuple[str, str | None] | None:
-    """(module, name or None) of ``Lazy("tl_idempotence...", "name")``, the way an import of it is recorded (a
-    submodule by its module name); None for any other node."""
+def lazy_arguments(node: ast.AST) -> tuple[object, object] | None:
+    """(module, name) of a ``Lazy(...)`` call, positional or by keyword, each the literal str it is or None where
+    it is not a literal (a computed reference, which :func:`test_every_lazy_reference_is_two_literal_strings`
+    refuses); None for any other node."""
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Lazy"):
         return None
-    args = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-    if len(args) != 2 or not args[0].startswith("tl_idempotence"):
+    given = dict(zip(("module", "name"), node.args, strict=False)) | {k.arg: k.value for k in node.keywords if k.arg}
+
+    def literal(v: ast.AST | None) -> object:
+        return v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else None
+
+    return literal(given.get("module")), literal(given.get("name"))
+
+
+def lazy_reference(node: ast.AST) -> tuple[str, str | None] | None:
+    """(module, name or None) of ``Lazy("tl_idempotence...", "name")`` (positional or by keyword), the way an import
+    of it is recorded (a submodule by its module name); None for any other node."""
+    args = lazy_arguments(node)
+    if args is None or not all(isinstance(a, str) for a in args) or not str(args[0]).startswith("tl_idempotence"):
         return None
+    args = (str(args[0]), str(args[1]))
     full = f"{args[0]}.{args[1]}"
     is_mod = (SRC.parent / Path(*full.split("."))).with_suffix(".py").exists()
     return (full, None) if is_mod else (args[0], args[1])
@@ -115,6 +128,28 @@ def test_the_walk_sees_the_package():
     assert ("tl_idempotence.analyses.algebra_spec", "tl_idempotence.analyses.algebra", "AlgebraAnalysis") in {
         (a, b, n) for a, b, n, _ in found
     }  # a lazy reference is an import
+
+
+def test_every_lazy_reference_is_two_literal_strings():
+    """A ``Lazy`` in src/ names its module and attribute by literal strings, so that the walk above sees it as an
+    import (layers, private names, cycles) and the views' rule sees a model library named in one."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            args = lazy_arguments(node)
+            if args is not None and not all(isinstance(a, str) for a in args):
+                bad.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not bad, f"Lazy references not of two literal strings: {bad}"
+
+
+def test_the_lazy_rules_see_every_form(tmp_path):
+    """Planted: a Lazy by keyword is recorded as an import; a computed one is found by the rule above."""
+    keyword = ast.parse('Lazy(module="tl_idempotence.analyses.loop", name="_private")').body[0].value  # type: ignore[attr-defined]
+    assert lazy_reference(keyword) == ("tl_idempotence.analyses.loop", "_private")
+    computed = ast.parse('Lazy("tl_idempotence.analyses." + "algebra", "_priv")').body[0].value  # type: ignore[attr-defined]
+    assert lazy_arguments(computed) == (None, "_priv")
+    library = ast.parse('Lazy("torch", "zeros")').body[0].value  # type: ignore[attr-defined]
+    assert lazy_arguments(library) == ("torch", "zeros") and lazy_reference(library) is None
 
 
 def test_imports_only_run_down_the_layers():
@@ -327,6 +362,8 @@ def test_views_open_no_model_and_run_no_forward_pass():
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 names = [node.module or ""]
+            elif (lazy := lazy_arguments(node)) is not None and isinstance(lazy[0], str):
+                names = [lazy[0]]  # a lazy reference to a library is an import of it
             bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] in MODEL_LIBRARIES]
             if isinstance(node, ast.Call):
                 f = node.func

@@ -95,11 +95,25 @@ class Result:
         """A subclass declares its :attr:`repr_keys` and :attr:`display_kind` as class keywords
         (``class Scramble(ImmutableResult, repr_keys="n_heads n_draws")``), the summary keys as one space-separated
         string (split into the tuple) or a tuple; a keyword left out keeps what the class body or a base says.
-        Raises nothing of its own."""
+
+        Raises:
+            RegistrationError: ``repr_keys`` not a str or a tuple of str; ``display_kind`` not a non-empty str (at
+                the class statement, naming the class).
+        """
         super().__init_subclass__(**kwargs)
         if repr_keys is not None:
-            cls.repr_keys = tuple(repr_keys.split()) if isinstance(repr_keys, str) else tuple(repr_keys)
+            keys = tuple(repr_keys.split()) if isinstance(repr_keys, str) else repr_keys
+            if not isinstance(keys, tuple) or not all(isinstance(k, str) and k for k in keys):
+                raise RegistrationError(
+                    f"class {cls.__name__}: repr_keys must be summary keys (one space-separated str, or a tuple of "
+                    f"str); got {repr_keys!r}."
+                )
+            cls.repr_keys = keys
         if display_kind is not None:
+            if not isinstance(display_kind, str) or not display_kind:
+                raise RegistrationError(
+                    f"class {cls.__name__}: display_kind must be a non-empty str; got {display_kind!r}."
+                )
             cls.display_kind = display_kind
 
     def __repr__(self) -> str:

@@ -63,6 +63,8 @@ class StoreSpec:
     free_fields: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not isinstance(self.record, str):
+            raise ValueError(f"a StoreSpec's name and record are str; got {self!r}.")
         if not self.record and self.name.isidentifier():
             object.__setattr__(self, "record", f"{self.name}.json")
         if not (self.name.isidentifier() and self.record.endswith(".json") and self.formats):

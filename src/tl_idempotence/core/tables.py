@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import FrozenInstanceError
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..errors import RegistrationError
 from .frozen import FrozenDict, FrozenList, frozen
 from .results import Result
 from .summaries import FrozenSummary
@@ -84,9 +85,18 @@ class ImmutableResult(Result):
     def __init_subclass__(cls, *, frozen: tuple[str, str] | None = None, **kwargs: Any) -> None:
         """A subclass declares ``frozen=(frozen_name, frozen_hint)`` as a class keyword
         (``class Scramble(ImmutableResult, frozen=("a scramble result is", "compute it again"))``); left out, it keeps
-        what its body or a base says. Raises nothing of its own."""
+        what its body or a base says.
+
+        Raises:
+            RegistrationError: ``frozen`` is not a tuple of two non-empty str (at the class statement, naming it).
+        """
         super().__init_subclass__(**kwargs)
         if frozen is not None:
+            if not (isinstance(frozen, tuple) and len(frozen) == 2 and all(isinstance(x, str) and x for x in frozen)):
+                raise RegistrationError(
+                    f"class {cls.__name__}: frozen must be (frozen_name, frozen_hint), two non-empty str; "
+                    f"got {frozen!r}."
+                )
             cls.frozen_name, cls.frozen_hint = frozen
 
     def _freeze(self, **attrs: Any) -> None:
@@ -126,9 +136,16 @@ class FrozenResult(ImmutableResult):
 
     def __init_subclass__(cls, *, summary_type: type[FrozenSummary] | None = None, **kwargs: Any) -> None:
         """A subclass declares its :attr:`summary_type` as a class keyword (``summary_type=HeadRolesSummary``).
-        Raises nothing of its own."""
+
+        Raises:
+            RegistrationError: ``summary_type`` is not a :class:`FrozenSummary` subclass (at the class statement).
+        """
         super().__init_subclass__(**kwargs)
         if summary_type is not None:
+            if not (isinstance(summary_type, type) and issubclass(summary_type, FrozenSummary)):
+                raise RegistrationError(
+                    f"class {cls.__name__}: summary_type must be a FrozenSummary subclass; got {summary_type!r}."
+                )
             cls.summary_type = summary_type
 
     _table: pd.DataFrame

@@ -218,8 +218,11 @@ class TokenResult(StoredResult, ModelResult, DrawnResult):
     probe_name: ClassVar[str]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that declares its own ``store`` and no ``probe_name`` gets the store's name. Raises nothing."""
         super().__init_subclass__(**kwargs)
-        cls.probe_name = cls.store.name
+        store = cls.__dict__.get("store")
+        if store is not None and "probe_name" not in cls.__dict__:
+            cls.probe_name = store.name
 
     @property
     def headline(self) -> str:

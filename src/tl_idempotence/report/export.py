@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..core.outputs import Output
 from ..core.readings import CLOSED_HEAD_COLUMNS, report_headline
+from .attention_spec import ATTENTION, AttentionRequest
 from .join_defaults import EXPORT_ROLE_COLUMNS
 from .joins import joined, joined_heads, page_sections, records
 from .store import ReportRecord, write_record
@@ -21,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..analyses.report_options import ReportOptions
     from ..core.heads import ModelInfo
+    from ..core.hints import HeadPairs, IntLike, TLModel
     from .mechanism import Mechanism
     from .roles import RoleAssociation
     from .summary import ReportSummary
@@ -55,6 +57,9 @@ class WrittenReport(Protocol):
     info: ModelInfo
     options: ReportOptions
 
+
+#: The attention section's default cut of its text (the attention join's declared ``max_tokens``).
+_ATTENTION_MAX_TOKENS = ATTENTION.option("max_tokens").default
 
 #: The per-head columns of the JSON export's ``closed_heads`` (those the report has), after the head's label.
 EXPORT_HEAD_COLUMNS = (*CLOSED_HEAD_COLUMNS, "q_value", "scramble_effect", "P_searched")
@@ -111,7 +116,18 @@ def _export(rep: WrittenReport, joins: Mapping[str, Any]) -> dict[str, Any]:
     return {**out, **records(joins)}
 
 
-def report_output(rep: WrittenReport, *, joins: Mapping[str, Any] | None = None) -> Output:
+def report_output(
+    rep: WrittenReport,
+    *,
+    joins: Mapping[str, Any] | None = None,
+    attention_text: str | None = None,
+    model: TLModel | None = None,
+    attention_heads: HeadPairs | None = None,
+    top_k: IntLike | None = None,
+    max_tokens: IntLike = _ATTENTION_MAX_TOKENS,
+    roles: RoleAssociation | None = None,
+    mechanism: Mechanism | None = None,
+) -> Output:
     """What a report can be written as (:class:`~tl_idempotence.core.outputs.Output`): its page (the report's own
     sections, then each join's section in registry order), its JSON export (:func:`export_record`), its ``heads``
     table with the label first (and the joins' per-head columns), and the save format
@@ -125,12 +141,14 @@ def report_output(rep: WrittenReport, *, joins: Mapping[str, Any] | None = None)
             section "What the closed heads do"), ``"mechanism"`` (``rep.mechanism(...)``), ``"attention"`` (a text
             or an :class:`~tl_idempotence.report.attention_spec.AttentionRequest`: the attention section, the probe
             runs the model when the page is rendered), or a registered join's.
-
-    Raises:
-        OptionTypeError: ``joins`` is not a mapping. OptionError: an unknown join; a join with no page or export;
-            the errors of each join's ``fits`` (a result of another report).
+        attention_text, model, attention_heads, top_k, max_tokens: the attention section (as ``joins``'
+            ``"attention"``: the text, the model it runs, the heads, their cap, the text's cut).
+        roles, mechanism: as ``joins``' ``"roles"`` and ``"mechanism"``.
     """
-    checked = joined(rep, joins)
+    request = None
+    if attention_text is not None:
+        request = AttentionRequest(attention_text, model, attention_heads, top_k, max_tokens)
+    checked = joined(rep, joins, attention=request, roles=roles, mechanism=mechanism)
 
     def page() -> str:
         sections = page_sections(rep, checked)

@@ -35,7 +35,7 @@ from .roles_spec import CIRCUIT, ROLES
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-__all__ = ["JOINS", "given_joins", "join_spec", "joined", "joined_heads", "page_sections", "register_join"]
+__all__ = ["JOINS", "join_spec", "joined", "joined_heads", "page_sections", "register_join"]
 
 #: The joins in the order their sections, records and columns appear (and their flags in ``--help``).
 JOINS: tuple[JoinSpec, ...] = ()
@@ -81,12 +81,16 @@ def join_spec(name: str) -> JoinSpec:
     return by_name(JOINS, name, lambda names: OptionError(f"no join {name!r}; registered: {names}."))
 
 
-def given_joins(joins: Mapping[str, Any] | None = None, **legacy: Any) -> dict[str, Any]:
-    """``joins`` (join name -> result) merged with ``legacy``, the keywords of before the joins were declared
-    (``roles=``, ``mechanism=``, ``attention=``); None values are dropped. Checks no result (:func:`joined` does).
+def joined(rep: Any, joins: Mapping[str, Any] | None = None, **legacy: Any) -> dict[str, Any]:
+    """The joins given for ``rep``'s page or exports, by name in registry order, each checked as this report's by its
+    declaration (``fits``: a result of another report is refused, never joined to the wrong heads by label).
+
+    ``legacy``: the keywords of before the joins were declared (``roles=``, ``mechanism=``, ``attention=``), merged
+    with ``joins``; None values are dropped.
 
     Raises:
-        OptionTypeError: ``joins`` is not a mapping. OptionError: a join given twice (by its keyword and in ``joins``).
+        OptionTypeError: ``joins`` is not a mapping. OptionError: an unknown join (names the registered ones), a join
+            with no page or export, a join given twice; the errors of each join's ``fits``.
     """
     from ..errors import OptionTypeError
 
@@ -98,21 +102,6 @@ def given_joins(joins: Mapping[str, Any] | None = None, **legacy: Any) -> dict[s
             if k in given:
                 raise OptionError(f"join {k!r} is given twice (by its own keyword and in joins=): give it once.")
             given[k] = v
-    return given
-
-
-def joined(rep: Any, joins: Mapping[str, Any] | None = None, **legacy: Any) -> dict[str, Any]:
-    """The joins given for ``rep``'s page or exports, by name in registry order, each checked as this report's by its
-    declaration (``fits``: a result of another report is refused, never joined to the wrong heads by label).
-
-    ``legacy``: the keywords of before the joins were declared (``roles=``, ``mechanism=``, ``attention=``), merged
-    with ``joins`` (:func:`given_joins`).
-
-    Raises:
-        OptionTypeError: ``joins`` is not a mapping. OptionError: an unknown join (names the registered ones), a join
-            with no page or export, a join given twice; the errors of each join's ``fits``.
-    """
-    given = given_joins(joins, **legacy)
     names = [s.name for s in JOINS]
     unknown = [k for k in given if k not in names]
     if unknown:

@@ -438,15 +438,20 @@ class IdempotenceReport(
             OptionTypeError: ``path`` is not a path; ``roles`` is not a ``rep.roles(...)`` result; ``mechanism`` is
                 not a ``rep.mechanism(...)`` result.
         """
-        from .attention_spec import AttentionRequest, refuse_unused_options
-        from .joins import given_joins
+        from .attention_spec import refuse_unused_options
 
         refuse_outputs_over_inputs([("path", path)], self.inputs)  # first, as every writer (write_output again)
-        request = None
-        if attention_text is not None:
-            request = AttentionRequest(attention_text, model, attention_heads, top_k, max_tokens)
-        given = given_joins(joins, attention=request, roles=roles, mechanism=mechanism)
-        out = report_output(self, joins=given)  # checks the joins against the report (renders nothing yet)
+        out = report_output(  # checks the joins against the report (renders nothing yet)
+            self,
+            joins=joins,
+            attention_text=attention_text,
+            model=model,
+            attention_heads=attention_heads,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            roles=roles,
+            mechanism=mechanism,
+        )
         if attention_text is None:  # options of the attention view alone would be silently ignored
             refuse_unused_options(attention_heads, top_k, max_tokens)
         return str(write_output(out, path, ("html",)))

@@ -101,3 +101,41 @@ def test_a_store_spec_states_its_record_once():
         "head_roles": "roles.json",
         "role_association": "roles.json",
     }
+
+
+@pytest.mark.parametrize(
+    ("base", "keywords", "named"),
+    [
+        (ImmutableResult, {"frozen": ("only one",)}, "frozen"),
+        (ImmutableResult, {"frozen": "ab"}, "frozen"),  # a str of two characters is not (name, hint)
+        (ImmutableResult, {"frozen": ("a", "")}, "frozen"),
+        (ImmutableResult, {"repr_keys": 5}, "repr_keys"),
+        (ImmutableResult, {"repr_keys": ["n", "k"]}, "repr_keys"),  # a list, not the declared tuple
+        (ImmutableResult, {"repr_keys": ("n", 5)}, "repr_keys"),
+        (ImmutableResult, {"display_kind": 5}, "display_kind"),
+        (ImmutableResult, {"display_kind": ""}, "display_kind"),
+        (FrozenResult, {"summary_type": 5}, "summary_type"),
+        (FrozenResult, {"summary_type": dict}, "summary_type"),
+    ],
+)
+def test_a_bad_class_keyword_is_refused_at_the_class_statement(base, keywords, named) -> None:
+    from tl_idempotence.errors import RegistrationError
+
+    with pytest.raises(RegistrationError, match=rf"^class Bad: {named} must be"):
+        type("Bad", (base,), {}, **keywords)
+
+
+def test_a_token_probe_names_itself_by_its_own_store_unless_its_body_says() -> None:
+    from tl_idempotence.probes.token_records import TokenResult
+
+    assert type("Sub", (HeadTokens,), {"probe_name": "zz"}).probe_name == "zz"  # the class body wins
+    assert type("Sub2", (HeadTokens,), {}).probe_name == "head_tokens"  # inherited
+    assert not hasattr(type("NoStore", (TokenResult,), {}), "probe_name")  # no store: nothing to name it by
+
+
+def test_a_store_spec_record_of_another_type_is_refused() -> None:
+    from tl_idempotence.core.stored import StoreSpec
+
+    for bad in (None, 5):
+        with pytest.raises(ValueError, match="name and record are str"):
+            StoreSpec(name="x", record=bad, formats=("f/1",))  # type: ignore[arg-type]

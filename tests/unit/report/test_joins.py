@@ -215,8 +215,11 @@ def test_each_methods_defaults_are_its_declarations(name, method):
 
 
 def test_the_page_options_and_the_probes_state_the_declared_defaults():
+    from tl_idempotence.report.export import report_output
+
     attention = joins.join_spec("attention").defaults()
     assert _signature_defaults(tli.IdempotenceReport.save_html)["max_tokens"] == attention["max_tokens"]
+    assert _signature_defaults(report_output)["max_tokens"] == attention["max_tokens"]
     mech = joins.join_spec("mechanism").defaults()
     probes = {**_signature_defaults(tli.head_tokens), **_signature_defaults(tli.attended_token_effect)}
     assert {k: probes[k] for k in ("n_tokens", "k", "seq_len", "max_tokens", "batch_size")} == {

@@ -256,13 +256,13 @@ def test_page_json_and_csv_carry_the_mechanism(joined, tmp_path):
     from tl_idempotence.core.outputs import write_output
     from tl_idempotence.report.export import report_output
 
-    write_output(report_output(rep, joins={"mechanism": mech}), tmp_path / "r.json", ("json",))
+    write_output(report_output(rep, mechanism=mech), tmp_path / "r.json", ("json",))
     rec = json.loads((tmp_path / "r.json").read_text(encoding="utf-8"))
     assert rec["mechanism"]["summary"]["n_agree"] == 4 and len(rec["mechanism"]["signs"]) == 10  # 5 quantities x 2
     by = {h["label"]: h for h in rec["closed_heads"]}
     assert by["L0H1"]["effect_median"] == pytest.approx(mech.table.loc["L0H1", "effect_median"])
     assert by["L0H1"]["sign_agrees"] is True
-    write_output(report_output(rep, joins={"mechanism": mech}), tmp_path / "r.csv", ("csv",))
+    write_output(report_output(rep, mechanism=mech), tmp_path / "r.csv", ("csv",))
     csv = pd.read_csv(tmp_path / "r.csv").set_index("label")
     np.testing.assert_allclose(csv["copying_own"].to_numpy(), mech.table["copying_own"].to_numpy(), atol=1e-12)
     # a mechanism of another report (another threshold) is refused, never joined by label

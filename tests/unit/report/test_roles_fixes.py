@@ -110,7 +110,7 @@ def test_exports_refuse_roles_of_another_report(rep, tmp_path):
     with pytest.raises(OptionError, match="another report"):
         export_record(other, assoc)
     with pytest.raises(OptionError, match="another report"):
-        report_output(other, joins={"roles": assoc})
+        report_output(other, roles=assoc)
     assert export_record(rep, assoc)["roles"]["summary"] == assoc.summary
 
 
