@@ -241,18 +241,33 @@ def test_no_import_cycles():
     )
 
 
+def planted_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str]) -> Path:
+    """A fake ``tl_idempotence`` under ``tmp_path`` holding ``files`` (path in the package -> source; every folder
+    gets an empty ``__init__.py``), made the tree these rules walk (``SRC``) for the test."""
+    fake = tmp_path / "tl_idempotence"
+    for rel, text in files.items():
+        for folder in (fake, *(fake / p for p in reversed(Path(rel).parents[:-1]))):  # top down
+            folder.mkdir(exist_ok=True)
+            (folder / "__init__.py").touch()
+        (fake / rel).write_text(text)
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    return fake
+
+
 def test_the_cycle_rule_fails_on_a_planted_cycle(tmp_path, monkeypatch):
     """The rule above can fail, also on a cycle closed only by a lazy import and a ``TYPE_CHECKING`` one."""
-    fake = tmp_path / "tl_idempotence"
-    (fake / "analyses").mkdir(parents=True)
-    for d in (fake, fake / "analyses"):
-        (d / "__init__.py").write_text("")
-    (fake / "analyses" / "a_spec.py").write_text("def analysis():\n    from .a import A\n\n    return A()\n")
-    (fake / "analyses" / "a.py").write_text(
-        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .a_spec import analysis\n\nclass A: ...\n"
+    planted_package(
+        tmp_path,
+        monkeypatch,
+        {
+            "analyses/a_spec.py": "def analysis():\n    from .a import A\n\n    return A()\n",
+            "analyses/a.py": (
+                "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .a_spec import analysis\n\n"
+                "class A: ...\n"
+            ),
+            "analyses/b.py": "from .a import A\n",  # on the way in, not in the cycle
+        },
     )
-    (fake / "analyses" / "b.py").write_text("from .a import A\n")  # on the way in, not in the cycle
-    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
     assert import_cycles() == [
         ["tl_idempotence.analyses.a", "tl_idempotence.analyses.a_spec", "tl_idempotence.analyses.a"]
     ]
@@ -262,13 +277,14 @@ def test_the_cycle_rule_fails_on_a_planted_cycle(tmp_path, monkeypatch):
 
 def test_the_cycle_rule_sees_a_lazy_reference(tmp_path, monkeypatch):
     """A cycle closed by a lazy reference (``Lazy("module", "name")``, imported on first use) is a cycle too."""
-    fake = tmp_path / "tl_idempotence"
-    (fake / "analyses").mkdir(parents=True)
-    for d in (fake, fake / "analyses"):
-        (d / "__init__.py").write_text("")
-    (fake / "analyses" / "a_spec.py").write_text('analysis = Lazy("tl_idempotence.analyses.a", "A")\n')
-    (fake / "analyses" / "a.py").write_text("from .a_spec import analysis\n\nclass A: ...\n")
-    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    planted_package(
+        tmp_path,
+        monkeypatch,
+        {
+            "analyses/a_spec.py": 'analysis = Lazy("tl_idempotence.analyses.a", "A")\n',
+            "analyses/a.py": "from .a_spec import analysis\n\nclass A: ...\n",
+        },
+    )
     assert import_cycles() == [
         ["tl_idempotence.analyses.a", "tl_idempotence.analyses.a_spec", "tl_idempotence.analyses.a"]
     ]
@@ -377,17 +393,17 @@ def test_the_views_rule_fails_on_a_view_that_runs_a_model(tmp_path, monkeypatch)
     """The two checks above can fail: a views module that imports the probes and runs a model is caught."""
     import tl_idempotence
 
-    fake_src = tmp_path / "tl_idempotence"
-    (fake_src / "views").mkdir(parents=True)
-    (fake_src / "probes").mkdir()
-    for d in (fake_src, fake_src / "views", fake_src / "probes"):
-        (d / "__init__.py").write_text("")
-    (fake_src / "probes" / "attention.py").write_text("def attention_patterns(m, t, h):\n    return None\n")
-    (fake_src / "views" / "bad.py").write_text(
-        "import torch\nfrom ..probes.attention import attention_patterns\n\n"
-        "def draw(model, toks):\n    return model.run_with_hooks(toks)\n"
+    fake_src = planted_package(
+        tmp_path,
+        monkeypatch,
+        {
+            "probes/attention.py": "def attention_patterns(m, t, h):\n    return None\n",
+            "views/bad.py": (
+                "import torch\nfrom ..probes.attention import attention_patterns\n\n"
+                "def draw(model, toks):\n    return model.run_with_hooks(toks)\n"
+            ),
+        },
     )
-    monkeypatch.setattr(sys.modules[__name__], "SRC", fake_src)
     with pytest.raises(AssertionError, match=r"tl_idempotence\.views\.bad imports tl_idempotence\.probes\.attention"):
         test_views_import_no_source_probe_or_study()
     with pytest.raises(AssertionError, match=r"bad\.py:1 imports torch[\s\S]*bad\.py:5 calls run_with_hooks"):
